@@ -1,0 +1,9 @@
+"""timewheel: hierarchical timing wheels and a Kafka-style request purgatory for Python.
+
+Layers, lowest first: :class:`TimingWheel` (the core, Cython with a pure-Python twin).
+"""
+
+from ._version import __version__
+from .wheel import IMPLEMENTATION, TimingWheel
+
+__all__ = ["__version__", "IMPLEMENTATION", "TimingWheel"]

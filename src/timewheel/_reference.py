@@ -1,0 +1,474 @@
+"""Pure-Python twin of :mod:`timewheel._core`.
+
+It implements the same algorithm as the extension, step for step, so that the two give
+identical answers (handles included) for any sequence of calls. It is the oracle of the
+property tests and the fallback when the extension is missing or
+``TIMEWHEEL_NO_EXTENSIONS=1`` is set.
+
+Layout (shared with the extension):
+
+* Entries live in a slab of parallel arrays. A free slot is reused last-in first-out;
+  when the slab is exhausted the next slot is the high-water mark. A handle is
+  ``generation << 32 | slot``; freeing a slot bumps its generation, so a stale handle
+  never matches a reused slot. When the wheel becomes empty the slab is reset (its
+  memory returned) and new generations start above every generation issued before.
+* Level ``k`` has ``wheel_size`` buckets of width ``tick * wheel_size**k``. Times are
+  placed relative to ``start`` as unsigned 64-bit offsets, so any int64 deadline fits;
+  the level whose span would exceed 2**64 is the top and takes everything.
+* Entries already due when scheduled go to a separate *due* bucket.
+* A bucket sits in a min-heap keyed by the earliest deadline scheduled into it since it
+  was last flushed (Kafka keys by bucket start; keying by deadline keeps ``advance``
+  exact for any ``tick`` and makes ``next_deadline`` the true earliest deadline unless
+  that entry was cancelled). Advancing pops buckets whose key is due, emits the entries
+  whose deadline has passed and re-places the rest (the cascade). Empty ticks are never
+  walked.
+* Expired entries come out sorted by (deadline, schedule sequence).
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["TimingWheel"]
+
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+_U64 = 1 << 64
+MAX_WHEEL_SIZE = 1 << 16
+MAX_SLOTS = (1 << 32) - 1
+_GEN_MAX = (1 << 31) - 1
+_FREE = -2  # bucket id of a free slot
+_DUE = -1  # bucket id of the due bucket
+
+
+def _next_gen(gen: int) -> int:
+    return gen + 1 if gen < _GEN_MAX else 1
+
+
+def check_int(name: str, value: Any, lo: int = INT64_MIN, hi: int = INT64_MAX) -> int:
+    """Return ``value`` as an int, or raise naming ``name`` (bools are refused)."""
+    if isinstance(value, (bool, np.bool_)) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    v = operator.index(value)
+    if v < lo or v > hi:
+        raise ValueError(f"{name} must be between {lo} and {hi}, got {v}")
+    return v
+
+
+def check_int64_array(name: str, value: Any) -> npt.NDArray[np.int64]:
+    """Return ``value`` as a contiguous 1-D int64 array, or raise naming ``name``."""
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray of int64, got {type(value).__name__}")
+    if value.dtype != np.int64:
+        raise TypeError(f"{name} must have dtype int64, got {value.dtype}")
+    if value.ndim != 1:
+        raise ValueError(f"{name} must be 1-dimensional, got {value.ndim} dimensions")
+    return np.ascontiguousarray(value)
+
+
+class TimingWheel:
+    """Hierarchical timing wheel (pure-Python reference implementation).
+
+    ``TimingWheel(tick=1, wheel_size=20, start=0)``: level 0 has ``wheel_size``
+    buckets of width ``tick``; each level above is ``wheel_size`` times wider and is
+    created when a deadline first needs it. Time is an integer in a unit the caller
+    picks; the wheel has no clock and is told the time through :meth:`advance`.
+    Every method is safe to call from any thread.
+    """
+
+    def __init__(self, tick: int = 1, wheel_size: int = 20, start: int = 0) -> None:
+        tick = check_int("tick", tick, 1, INT64_MAX)
+        wheel_size = check_int("wheel_size", wheel_size, 2, MAX_WHEEL_SIZE)
+        start = check_int("start", start)
+        self._tick = tick
+        self._wheel = wheel_size
+        self._start = start
+        self._now = start
+        self._lock = threading.Lock()
+        # level k tick widths; the last one may be the top (span >= 2**64)
+        self._ticks: List[int] = []
+        # buckets: index k*wheel_size + slot; parallel lists
+        self._bhead: List[int] = []
+        self._btail: List[int] = []
+        self._bkey: List[int] = []
+        self._bpos: List[int] = []
+        self._due_head = -1
+        self._due_tail = -1
+        self._due_key = 0
+        self._due_pos = -1
+        # heap of bucket ids (_DUE for the due bucket)
+        self._heap: List[int] = []
+        # slab
+        self._deadline: List[int] = []
+        self._seq: List[int] = []
+        self._prev: List[int] = []
+        self._next: List[int] = []
+        self._bucket: List[int] = []
+        self._gen: List[int] = []
+        self._item: List[Any] = []
+        self._free: List[int] = []
+        self._gen_floor = 1
+        self._gen_ceiling = 1
+        self._next_seq = 0
+        self._len = 0
+        self._add_level()
+
+    # -- properties ---------------------------------------------------------------
+    @property
+    def now(self) -> int:
+        """The wheel's current time (never decreases)."""
+        return self._now
+
+    @property
+    def tick(self) -> int:
+        """Width of a level-0 bucket."""
+        return self._tick
+
+    @property
+    def wheel_size(self) -> int:
+        """Buckets per level."""
+        return self._wheel
+
+    @property
+    def levels(self) -> int:
+        """Number of levels created so far."""
+        return len(self._ticks)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __repr__(self) -> str:
+        return (
+            f"<TimingWheel tick={self._tick} wheel_size={self._wheel} now={self._now} "
+            f"pending={self._len} levels={len(self._ticks)} (pure Python)>"
+        )
+
+    # -- public API ---------------------------------------------------------------
+    def schedule(self, deadline: int, item: Any) -> int:
+        """Schedule ``item`` at ``deadline``; return a handle (int > 0) for :meth:`cancel`.
+
+        A deadline at or before :attr:`now` is due at the next :meth:`advance`.
+        """
+        d = check_int("deadline", deadline)
+        with self._lock:
+            return self._schedule(d, item)
+
+    def cancel(self, handle: int) -> bool:
+        """Cancel a pending entry; True only if ``handle`` was pending."""
+        h = check_int("handle", handle, -(1 << 200), 1 << 200)
+        with self._lock:
+            return self._cancel(h)
+
+    def advance(self, now: int) -> List[Any]:
+        """Move time to ``max(self.now, now)`` and return the items now due.
+
+        Items are ordered by deadline, then by the order they were scheduled.
+        """
+        t = check_int("now", now)
+        with self._lock:
+            return self._expire(t)[1]
+
+    def next_deadline(self) -> Optional[int]:
+        """Earliest time at which :meth:`advance` may return something; None if empty.
+
+        It is the earliest pending deadline, or earlier if that entry was cancelled.
+        """
+        with self._lock:
+            if self._len == 0:
+                return None
+            heap = self._heap
+            while heap and self._bucket_empty(heap[0]):
+                self._heap_pop()
+            return self._key_of(heap[0])
+
+    def schedule_many(
+        self, deadlines: npt.NDArray[np.int64], items: Optional[Sequence[Any]] = None
+    ) -> npt.NDArray[np.int64]:
+        """Schedule one entry per deadline (an int64 array); return their handles.
+
+        ``items``, when given, is a sequence of the same length; otherwise every item is
+        None.
+        """
+        arr = check_int64_array("deadlines", deadlines)
+        if items is not None:
+            try:
+                n_items = len(items)
+            except TypeError:
+                raise TypeError(
+                    f"items must be a sequence or None, got {type(items).__name__}"
+                ) from None
+            if n_items != arr.shape[0]:
+                raise ValueError(
+                    f"items must have the same length as deadlines ({arr.shape[0]}), "
+                    f"got {n_items}"
+                )
+        out = np.empty(arr.shape[0], dtype=np.int64)
+        with self._lock:
+            if items is None:
+                for i, d in enumerate(arr.tolist()):
+                    out[i] = self._schedule(d, None)
+            else:
+                for i, d in enumerate(arr.tolist()):
+                    out[i] = self._schedule(d, items[i])
+        return out
+
+    def cancel_many(self, handles: npt.NDArray[np.int64]) -> int:
+        """Cancel every handle in an int64 array; return how many were pending."""
+        arr = check_int64_array("handles", handles)
+        n = 0
+        with self._lock:
+            for h in arr.tolist():
+                n += self._cancel(h)
+        return n
+
+    def advance_many(self, now: int) -> npt.NDArray[np.int64]:
+        """Like :meth:`advance`, but return the handles of the expired entries."""
+        t = check_int("now", now)
+        with self._lock:
+            handles = self._expire(t)[0]
+        return np.array(handles, dtype=np.int64)
+
+    # -- internals ----------------------------------------------------------------
+    def _add_level(self) -> None:
+        w = self._wheel
+        tick = self._tick * w ** len(self._ticks)
+        self._ticks.append(tick)
+        self._bhead.extend([-1] * w)
+        self._btail.extend([-1] * w)
+        self._bkey.extend([0] * w)
+        self._bpos.extend([-1] * w)
+
+    def _is_top(self, level: int) -> bool:
+        return self._ticks[level] * self._wheel >= _U64
+
+    def _alloc(self) -> int:
+        if self._free:
+            return self._free.pop()
+        slot = len(self._deadline)
+        if slot >= MAX_SLOTS:
+            raise MemoryError("timing wheel is full (2**32 - 1 entries)")
+        self._deadline.append(0)
+        self._seq.append(0)
+        self._prev.append(-1)
+        self._next.append(-1)
+        self._bucket.append(_FREE)
+        self._gen.append(self._gen_floor)
+        self._item.append(None)
+        return slot
+
+    def _release(self, slot: int) -> None:
+        g = _next_gen(self._gen[slot])
+        self._gen[slot] = g
+        if g > self._gen_ceiling:
+            self._gen_ceiling = g
+        self._bucket[slot] = _FREE
+        self._item[slot] = None
+        self._free.append(slot)
+        self._len -= 1
+
+    def _reset_if_empty(self) -> None:
+        """Return the slab's memory once nothing is pending."""
+        if self._len:
+            return
+        for b in self._heap:
+            if b == _DUE:
+                self._due_pos = -1
+            else:
+                self._bpos[b] = -1
+        self._heap.clear()
+        self._due_head = self._due_tail = -1
+        self._gen_floor = _next_gen(self._gen_ceiling)
+        self._gen_ceiling = self._gen_floor
+        for arr in (self._deadline, self._seq, self._prev, self._next,
+                    self._bucket, self._gen, self._item, self._free):
+            arr.clear()
+
+    def _schedule(self, d: int, item: Any) -> int:
+        slot = self._alloc()
+        self._deadline[slot] = d
+        self._seq[slot] = self._next_seq
+        self._next_seq += 1
+        self._item[slot] = item
+        self._len += 1
+        self._place(slot)
+        return (self._gen[slot] << 32) | slot
+
+    def _place(self, slot: int) -> None:
+        d = self._deadline[slot]
+        if d <= self._now:
+            self._link(slot, _DUE, d)
+            return
+        rel = d - self._start
+        now_rel = self._now - self._start
+        level = 0
+        while True:
+            tk = self._ticks[level]
+            if self._is_top(level) or rel - (now_rel - now_rel % tk) < tk * self._wheel:
+                break
+            level += 1
+            if level == len(self._ticks):
+                self._add_level()
+        b = level * self._wheel + (rel // tk) % self._wheel
+        self._link(slot, b, d)
+
+    def _link(self, slot: int, b: int, d: int) -> None:
+        if b == _DUE:
+            tail = self._due_tail
+            if tail < 0:
+                self._due_head = slot
+            else:
+                self._next[tail] = slot
+            self._due_tail = slot
+        else:
+            tail = self._btail[b]
+            if tail < 0:
+                self._bhead[b] = slot
+            else:
+                self._next[tail] = slot
+            self._btail[b] = slot
+        self._prev[slot] = tail
+        self._next[slot] = -1
+        self._bucket[slot] = b
+        pos = self._due_pos if b == _DUE else self._bpos[b]
+        if pos < 0:
+            self._set_key(b, d)
+            self._heap_push(b)
+        elif d < self._key_of(b):
+            self._set_key(b, d)
+            self._sift_up(pos)
+
+    def _unlink(self, slot: int) -> None:
+        b = self._bucket[slot]
+        p, n = self._prev[slot], self._next[slot]
+        if p >= 0:
+            self._next[p] = n
+        elif b == _DUE:
+            self._due_head = n
+        else:
+            self._bhead[b] = n
+        if n >= 0:
+            self._prev[n] = p
+        elif b == _DUE:
+            self._due_tail = p
+        else:
+            self._btail[b] = p
+
+    def _cancel(self, h: int) -> bool:
+        if h <= 0:
+            return False
+        slot, gen = h & 0xFFFFFFFF, h >> 32
+        if slot >= len(self._gen) or self._gen[slot] != gen or self._bucket[slot] == _FREE:
+            return False
+        self._unlink(slot)
+        self._release(slot)
+        self._reset_if_empty()
+        return True
+
+    def _expire(self, t: int) -> Tuple[List[int], List[Any]]:
+        """Move time to ``max(now, t)``, free every due entry, return (handles, items)."""
+        if t > self._now:
+            self._now = t
+        now = self._now
+        expired: List[int] = []
+        heap = self._heap
+        while heap and self._key_of(heap[0]) <= now:
+            b = self._heap_pop()
+            if b == _DUE:
+                s = self._due_head
+                self._due_head = self._due_tail = -1
+            else:
+                s = self._bhead[b]
+                self._bhead[b] = self._btail[b] = -1
+            while s >= 0:
+                nxt = self._next[s]
+                if self._deadline[s] <= now:
+                    expired.append(s)
+                else:
+                    self._place(s)
+                s = nxt
+        if not expired:
+            return [], []
+        dl, sq = self._deadline, self._seq
+        expired.sort(key=lambda s: (dl[s], sq[s]))
+        handles = [(self._gen[s] << 32) | s for s in expired]
+        items = [self._item[s] for s in expired]
+        for s in expired:
+            self._release(s)
+        self._reset_if_empty()
+        return handles, items
+
+    def _bucket_empty(self, b: int) -> bool:
+        return (self._due_head if b == _DUE else self._bhead[b]) < 0
+
+    # -- bucket heap keyed by earliest scheduled deadline -----------------------------
+    def _key_of(self, b: int) -> int:
+        return self._due_key if b == _DUE else self._bkey[b]
+
+    def _set_key(self, b: int, key: int) -> None:
+        if b == _DUE:
+            self._due_key = key
+        else:
+            self._bkey[b] = key
+
+    def _set_pos(self, b: int, pos: int) -> None:
+        if b == _DUE:
+            self._due_pos = pos
+        else:
+            self._bpos[b] = pos
+
+    def _heap_push(self, b: int) -> None:
+        self._heap.append(b)
+        self._set_pos(b, len(self._heap) - 1)
+        self._sift_up(len(self._heap) - 1)
+
+    def _heap_pop(self) -> int:
+        heap = self._heap
+        top = heap[0]
+        last = heap.pop()
+        self._set_pos(top, -1)
+        if heap:
+            heap[0] = last
+            self._set_pos(last, 0)
+            self._sift_down(0)
+        return top
+
+    def _sift_up(self, pos: int) -> None:
+        heap = self._heap
+        b = heap[pos]
+        key = self._key_of(b)
+        while pos > 0:
+            parent = (pos - 1) >> 1
+            pb = heap[parent]
+            if self._key_of(pb) <= key:
+                break
+            heap[pos] = pb
+            self._set_pos(pb, pos)
+            pos = parent
+        heap[pos] = b
+        self._set_pos(b, pos)
+
+    def _sift_down(self, pos: int) -> None:
+        heap = self._heap
+        n = len(heap)
+        b = heap[pos]
+        key = self._key_of(b)
+        while True:
+            child = 2 * pos + 1
+            if child >= n:
+                break
+            if child + 1 < n and self._key_of(heap[child + 1]) < self._key_of(heap[child]):
+                child += 1
+            cb = heap[child]
+            if self._key_of(cb) >= key:
+                break
+            heap[pos] = cb
+            self._set_pos(cb, pos)
+            pos = child
+        heap[pos] = b
+        self._set_pos(b, pos)
+

@@ -1,0 +1,47 @@
+"""Shared fixtures: every core test runs against both implementations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from timewheel import wheel as _wheel
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--no-c-extensions",
+        action="store_true",
+        default=False,
+        help="run only against the pure-Python implementation",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not (config.getoption("--no-c-extensions") or _wheel.CTimingWheel is None):
+        return
+    skip = pytest.mark.skip(reason="C extension not in use")
+    for item in items:
+        if "c_only" in item.keywords:
+            item.add_marker(skip)
+
+
+_IMPLS = ["cython", "python"]
+
+
+@pytest.fixture(params=_IMPLS)
+def impl(request: pytest.FixtureRequest) -> str:
+    """Name of the implementation under test."""
+    if request.param == "cython":
+        if request.config.getoption("--no-c-extensions"):
+            pytest.skip("--no-c-extensions")
+        if _wheel.CTimingWheel is None:
+            pytest.skip("C extension not built")
+    return str(request.param)
+
+
+@pytest.fixture
+def TW(impl: str) -> Any:
+    """The TimingWheel class of the implementation under test."""
+    return _wheel.CTimingWheel if impl == "cython" else _wheel.PyTimingWheel
