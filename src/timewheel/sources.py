@@ -382,8 +382,9 @@ def _check_names(name: str, value: Any) -> tuple[str, ...]:
 class Fair(Strategy):
     """Round-robin: split the budget evenly, the first pick rotating every round.
 
-    What a source cannot fill passes to the ones after it in the same round. ``names``
-    limits the strategy to those sources (default: all the scheduler's sources).
+    A source that falls short of its share is not asked again this round; what it left
+    is split among the others in another pass.
+    ``names`` limits the strategy to those sources (default: all the scheduler's).
     """
 
     def __init__(self, names: Sequence[str] | None = None) -> None:
@@ -398,15 +399,25 @@ class Fair(Strategy):
     def allocate(self, names: Sequence[str], budget: int, take: Take) -> None:
         """Give each source an even share of ``budget``, rotating who goes first."""
         order = self._names or tuple(names)
-        count = len(order)
-        first = self._round % count
+        first = self._round % len(order)
         self._round = first + 1
+        turn = order[first:] + order[:first]
         remaining = budget
-        for i in range(count):
-            if remaining <= 0:
-                break
-            share = -(-remaining // (count - i))  # ceiling: the rounding extra rotates too
-            remaining -= take(order[(first + i) % count], share)
+        while remaining > 0 and turn:
+            # Shares are fixed for the whole pass, so a source that follows one which
+            # fell short does not absorb its share; the shortfall is split next pass.
+            base, extra = divmod(remaining, len(turn))
+            filled: list[str] = []
+            for i, name in enumerate(turn):
+                share = base + (i < extra)
+                if not share:
+                    filled += turn[i:]
+                    break
+                got = take(name, share)
+                remaining -= got
+                if got >= share:
+                    filled.append(name)
+            turn = tuple(filled)
 
     def __repr__(self) -> str:
         return f"Fair({list(self._names) if self._names else ''})"
