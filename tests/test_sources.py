@@ -9,6 +9,7 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -216,25 +217,34 @@ def test_offer_all_rolls_back_when_an_items_eq_raises() -> None:
     assert len(q) == 1 and "fine" not in q
 
 
+@dataclass(frozen=True)
+class Key:
+    """An item hashed by Python code, so the interpreter may switch threads mid-offer."""
+
+    n: int
+
+
 def test_concurrent_producers_queue_each_item_once(busy_switching: None) -> None:
-    q: SetQueue[int] = SetQueue()
-    accepted: list[int] = []  # list.append is atomic, so threads may share it
-    span = 2000
+    span = 1000
+    singles = [Key(i) for i in range(span)]
+    batches = [[Key(i) for i in range(start, start + 10)] for start in range(span, 2 * span, 10)]
+    for _ in range(4):  # races are rare: give them several chances
+        q: SetQueue[Key] = SetQueue()
+        accepted: list[int] = []  # list.append is atomic, so threads may share it
 
-    def producer(offset: int) -> Callable[[], None]:
-        def run() -> None:
-            for i in range(span):
-                item = (i + offset) % span  # everyone offers every item, in rotated order
-                if q.offer(item):
-                    accepted.append(item)
-            accepted.extend(range(span, span + 100)[: q.offer_all(range(span, span + 100))])
+        def producer(reverse: bool) -> Callable[[], None]:
+            def run() -> None:
+                for item in reversed(singles) if reverse else singles:
+                    accepted.append(q.offer(item))
+                for batch in reversed(batches) if reverse else batches:
+                    accepted.append(q.offer_all(batch))
 
-        return run
+            return run
 
-    run_threads(*(producer(k * 500) for k in range(4)))
-    assert sorted(accepted) == list(range(span + 100))
-    everything = q.poll(10 * span)
-    assert sorted(everything) == list(range(span + 100)) and len(q) == 0
+        run_threads(*(producer(k % 2 == 1) for k in range(4)))
+        assert sum(accepted) == 2 * span  # each item accepted by exactly one producer
+        everything = q.poll(10 * span)
+        assert sorted(k.n for k in everything) == list(range(2 * span)) and len(q) == 0
 
 
 def test_concurrent_consumers_take_each_item_once_in_order(busy_switching: None) -> None:
