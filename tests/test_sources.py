@@ -228,20 +228,20 @@ def test_concurrent_producers_queue_each_item_once(busy_switching: None) -> None
     span = 1000
     singles = [Key(i) for i in range(span)]
     batches = [[Key(i) for i in range(start, start + 10)] for start in range(span, 2 * span, 10)]
+
+    def producer(q: SetQueue[Key], accepted: list[int], reverse: bool) -> Callable[[], None]:
+        def run() -> None:
+            for item in reversed(singles) if reverse else singles:
+                accepted.append(q.offer(item))  # list.append is atomic: threads may share it
+            for batch in reversed(batches) if reverse else batches:
+                accepted.append(q.offer_all(batch))
+
+        return run
+
     for _ in range(4):  # races are rare: give them several chances
         q: SetQueue[Key] = SetQueue()
-        accepted: list[int] = []  # list.append is atomic, so threads may share it
-
-        def producer(reverse: bool) -> Callable[[], None]:
-            def run() -> None:
-                for item in reversed(singles) if reverse else singles:
-                    accepted.append(q.offer(item))
-                for batch in reversed(batches) if reverse else batches:
-                    accepted.append(q.offer_all(batch))
-
-            return run
-
-        run_threads(*(producer(k % 2 == 1) for k in range(4)))
+        accepted: list[int] = []
+        run_threads(*(producer(q, accepted, k % 2 == 1) for k in range(4)))
         assert sum(accepted) == 2 * span  # each item accepted by exactly one producer
         everything = q.poll(10 * span)
         assert sorted(k.n for k in everything) == list(range(2 * span)) and len(q) == 0
@@ -261,7 +261,7 @@ def test_concurrent_consumers_take_each_item_once_in_order(busy_switching: None)
     run_threads(*(consumer(k) for k in range(4)))
     for mine in taken:
         assert mine == sorted(mine)  # FIFO as seen by each consumer
-    assert sorted(sum(taken, [])) == list(range(5000))
+    assert sorted(itertools.chain(*taken)) == list(range(5000))
 
 
 def test_mixed_producers_and_consumers_deliver_what_was_accepted(busy_switching: None) -> None:
@@ -413,7 +413,7 @@ def test_one_replenish_at_a_time_under_concurrent_callers(busy_switching: None) 
 
         run_threads(*(consumer(k) for k in range(4)))
     assert fast.max_active == 1 and fast.calls > 10
-    everything = sum(got, [])
+    everything = list(itertools.chain(*got))
     assert len(everything) == len(set(everything))
 
 
@@ -479,9 +479,7 @@ def _fetch_in_child(conn: Any) -> None:
     conn.close()
 
 
-@pytest.mark.skipif(
-    "fork" not in multiprocessing.get_all_start_methods(), reason="needs fork"
-)
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs fork")
 def test_works_when_created_in_a_forked_worker() -> None:
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe()
@@ -710,7 +708,9 @@ def test_back_pressure_holds_with_a_concurrent_downstream() -> None:
     with Scheduler(sources, Fair(), sink, max_outstanding=30, batch_size=8) as scheduler:
         worker = threading.Thread(target=downstream)
         loop_result: list[int] = []
-        loop = threading.Thread(target=lambda: loop_result.append(scheduler.run(stop, idle_wait=0.001)))
+        loop = threading.Thread(
+            target=lambda: loop_result.append(scheduler.run(stop, idle_wait=0.001))
+        )
         worker.start()
         loop.start()
         assert enough.wait(30)

@@ -99,9 +99,7 @@ class SetQueue(Generic[T]):
             # it also drops duplicates within the batch.
             fresh = dict.fromkeys(items)
         except TypeError as exc:
-            raise TypeError(
-                f"items must be an iterable of hashable values, got {items!r}"
-            ) from exc
+            raise TypeError(f"items must be an iterable of hashable values, got {items!r}") from exc
         ticket = next(self._tickets)
         claim = self._claims.setdefault
         try:
@@ -230,9 +228,7 @@ class QueueingSource(Generic[T]):
             if self._in_flight is not None:
                 self._in_flight.update(items)
             start = (
-                not self._replenishing
-                and not self._closed
-                and len(self._queue) <= self._threshold
+                not self._replenishing and not self._closed and len(self._queue) <= self._threshold
             )
             if start:
                 self._replenishing = True
@@ -249,10 +245,10 @@ class QueueingSource(Generic[T]):
         """
         if self._in_flight is None:
             return 0
-        items = list(items)
+        done = set(items)  # hash everything before touching the in-flight set
         with self._lock:
             before = len(self._in_flight)
-            self._in_flight.difference_update(items)
+            self._in_flight.difference_update(done)
             return before - len(self._in_flight)
 
     def metrics(self) -> dict[str, int]:
@@ -478,7 +474,9 @@ class Scheduler:
     ) -> None:
         """Validate, and wrap plain sources in :class:`QueueingSource`."""
         if not isinstance(sources, Mapping) or not sources:
-            raise TypeError(f"sources must be a non-empty mapping of name to source, got {sources!r}")
+            raise TypeError(
+                f"sources must be a non-empty mapping of name to source, got {sources!r}"
+            )
         for name, source in sources.items():
             if not isinstance(name, str):
                 raise TypeError(f"source names must be str, got {name!r}")
@@ -561,7 +559,7 @@ class Scheduler:
 
     def close(self, timeout: float | None = None) -> bool:
         """Close the sources this scheduler wrapped; False if ``timeout`` passed first."""
-        return all([source.close(timeout) for source in self._owned])
+        return all([source.close(timeout) for source in self._owned])  # close every one
 
     def __enter__(self) -> Scheduler:
         return self
