@@ -133,6 +133,7 @@ class ThreadPool:
         self._name = name
         self._lock = threading.Lock()
         self._idle: List[_Worker] = []
+        self._parked = threading.Condition(self._lock)
         self._queue: Deque[Task] = deque()
         self._threads: List[threading.Thread] = []
         self._shutdown = False
@@ -225,11 +226,20 @@ class ThreadPool:
                 if self._shutdown:
                     return None
                 self._idle.append(worker)
+                self._parked.notify_all()
                 # Whoever wakes us (a hand-off or shutdown) has already taken us off
                 # the idle list, so nobody else can hand us a second task.
                 worker.wake.wait()
                 if worker.task is not None:
                     return worker.task
+
+    def wait_idle(self, count: int = 1, timeout: Optional[float] = None) -> bool:
+        """Block until at least ``count`` threads are parked idle; False on timeout.
+
+        Lets a caller (or a test) know the pool has quiesced without guessing a sleep.
+        """
+        with self._lock:
+            return self._parked.wait_for(lambda: len(self._idle) >= count, timeout)
 
     def shutdown(self, wait: bool = True) -> None:
         """Refuse new work; threads finish queued tasks, then exit.
@@ -448,6 +458,27 @@ class ExecuteProduceConsume(ExecutionStrategy):
             if self._pool.try_execute(self._hunt):
                 self._dispatch_outstanding = True
                 self._dispatches += 1
+
+    def dispatch(self) -> None:
+        """Have a pool thread produce, never the caller; returns at once.
+
+        For callers that must not run tasks themselves, such as a timer's reaper thread
+        that has just offered expired tasks. If a thread is producing or a dispatch is
+        already on its way, that thread polls the producer again instead; otherwise one
+        dispatch is sent, queued in the pool if no thread is idle.
+        """
+        with self._lock:
+            if self._producing or self._dispatch_outstanding:
+                self._more_wanted = True
+                return
+            self._dispatch_outstanding = True
+            self._dispatches += 1
+        try:
+            self._pool.execute(self._hunt)
+        except PoolShutDown:
+            with self._lock:
+                self._dispatch_outstanding = False
+            self.produce()
 
     def _hunt(self) -> None:
         """Body of a dispatch: become the producer and produce-and-run from here."""
