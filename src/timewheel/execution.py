@@ -300,7 +300,7 @@ class ExecutionStrategy(ABC):
         self._role_free = threading.Condition(self._lock)
         self._producing = False
         self._more_wanted = False
-        self._waiting = 0
+        self._standby = False  # a thread waits to take the role as soon as it is free
         # Marks the threads inside this strategy's production loop, so that a task
         # calling produce() does not recurse into a second loop on the same stack.
         self._inside = threading.local()
@@ -376,12 +376,8 @@ class ExecutionStrategy(ABC):
         self._producing = False
         if drained:
             self._more_wanted = False
-        if self._waiting:
-            # After a drain every waiter may leave; otherwise one can take over.
-            if drained:
-                self._role_free.notify_all()
-            else:
-                self._role_free.notify()
+        if self._standby:
+            self._role_free.notify()
 
     def _consume(self, task: Task) -> None:
         """Run one produced task, logging and counting what it raises."""
@@ -428,11 +424,12 @@ class ProduceExecuteConsume(ExecutionStrategy):
 class ExecuteProduceConsume(ExecutionStrategy):
     """Eat What You Kill: a thread produces a task only to run it itself.
 
-    After producing a task the thread gives up the producing role; if no other thread
-    is waiting to take it and no dispatch is outstanding, it offers production to an
-    idle pool thread (``try_execute``). Then it runs its task and, afterwards, takes the
-    role back (waiting while another thread holds it) to produce again. Each thread
-    holds at most one produced-but-unstarted task, which is the back pressure.
+    After producing a task the thread gives up the producing role and wakes the standby
+    thread, if there is one; otherwise, unless a dispatch is already outstanding, it
+    offers production to an idle pool thread (``try_execute``). Then it runs its task.
+    Afterwards it takes the role back if it is free; if not, it becomes the standby,
+    or leaves if there already is one. Each thread holds at most one
+    produced-but-unstarted task, which is the back pressure.
     """
 
     def __init__(self, producer: Producer, pool: ThreadPool) -> None:
@@ -447,12 +444,13 @@ class ExecuteProduceConsume(ExecutionStrategy):
         while (task := self._next_task()) is not None:
             self._hand_on_production()
             self._consume(task)
-            self._take_role()
+            if not self._take_role():
+                return
 
     def _hand_on_production(self) -> None:
         with self._lock:
             self._release_role(drained=False)
-            if self._waiting or self._dispatch_outstanding:
+            if self._standby or self._dispatch_outstanding:
                 return  # someone is already on the way to produce
             # Lock order is strategy, then pool; the pool never calls back under its lock.
             if self._pool.try_execute(self._hunt):
@@ -484,21 +482,29 @@ class ExecuteProduceConsume(ExecutionStrategy):
         """Body of a dispatch: become the producer and produce-and-run from here."""
         with self._lock:
             self._dispatch_outstanding = False
-        self._take_role()
+        if not self._take_role():
+            return
         self._inside.active = True
         try:
             self._production_loop()
         finally:
             self._inside.active = False
 
-    def _take_role(self) -> None:
-        # Waiting rather than leaving when the role is taken closes a race: a thread
-        # that left could not yet be idle when the holder next tries to dispatch, and
-        # production would stall behind the holder's task. Holders keep the role only
-        # while calling producer.produce(), so the wait is short.
+    def _take_role(self) -> bool:
+        """Take the producing role, waiting as the standby if need be; False to leave.
+
+        The standby closes a race: a thread that left could not yet be idle when the
+        holder next tries to dispatch, and production would stall behind the holder's
+        task. Only one thread stands by, so the others go back to the pool where
+        other producers can recruit them.
+        """
         with self._lock:
-            while self._producing:
-                self._waiting += 1
-                self._role_free.wait()
-                self._waiting -= 1
+            if self._producing:
+                if self._standby:
+                    return False
+                self._standby = True
+                while self._producing:
+                    self._role_free.wait()
+                self._standby = False
             self._producing = True
+            return True

@@ -43,7 +43,7 @@ from timewheel.execution import (
 
 STRATEGIES = ("ProduceConsume", "ProduceExecuteConsume", "ExecuteProduceConsume")
 
-_REQUEST_LINES = (
+REQUEST_LINES = (
     "GET /orders?customer=4711&status=open&limit=20&sort=-created",
     "GET /search?q=timing+wheel&page=3&lang=en&safe=1",
     "POST /cart/add?sku=A-1002&qty=2&session=9f8e7d&currency=EUR",
@@ -51,13 +51,15 @@ _REQUEST_LINES = (
 )
 
 
-def _parse(line: str) -> Dict[str, object]:
+def parse_request(line: str) -> Dict[str, object]:
+    """Production: split a request line and parse its query string into a dict."""
     method, _, target = line.partition(" ")
     path, _, query = target.partition("?")
     return {"method": method, "path": path.split("/")[1:], "params": dict(parse_qsl(query))}
 
 
-def _respond(request: Dict[str, object]) -> str:
+def respond(request: Dict[str, object]) -> str:
+    """Consumption: build the JSON response to a parsed request."""
     params = request["params"]
     assert isinstance(params, dict)
     items = [{"key": k, "value": v, "weight": len(k) * len(v)} for k, v in sorted(params.items())]
@@ -105,12 +107,12 @@ class _Connection:
         wait = arrival - time.perf_counter_ns()
         if wait > 0:
             time.sleep(wait / 1e9)  # the connection is idle until its next request
-        request = _parse(_REQUEST_LINES[number % len(_REQUEST_LINES)])
+        request = parse_request(REQUEST_LINES[number % len(REQUEST_LINES)])
         blocking = self._blocking_every > 0 and number % self._blocking_every == 37 % self._blocking_every
         return partial(self._handle, request, arrival, blocking)
 
     def _handle(self, request: Dict[str, object], arrival: int, blocking: bool) -> None:
-        _respond(request)
+        respond(request)
         if blocking:
             time.sleep(self._block_s)  # models a blocking I/O call inside the task
             self._run.complete(None)
@@ -169,50 +171,58 @@ def _run_once(
     return run, wall, cpu, strategies
 
 
-def _saturated(name: str, args: argparse.Namespace, blocking: bool) -> Tuple[float, float, int, float]:
-    """Median over ``--repeat`` runs: throughput, CPU us/task, peak pending, dispatches/task."""
-    rows = []
-    for _ in range(args.repeat):
-        run, wall, cpu, strategies = _run_once(name, [0] * args.requests, args, blocking)
-        stats = [s.stats() for s in strategies]
-        rows.append(
-            (
-                run.total / wall,
-                cpu / run.total * 1e6,
-                max(st.peak_pending for st in stats),
-                sum(st.dispatches for st in stats) / run.total,
-            )
-        )
-    rows.sort()
-    return rows[len(rows) // 2]
+def _saturated(name: str, args: argparse.Namespace, blocking: bool) -> Tuple[float, ...]:
+    """One saturated run: throughput, CPU us/task, peak pending, dispatches/task."""
+    run, wall, cpu, strategies = _run_once(name, [0] * args.requests, args, blocking)
+    stats = [s.stats() for s in strategies]
+    return (
+        run.total / wall,
+        cpu / run.total * 1e6,
+        max(st.peak_pending for st in stats),
+        sum(st.dispatches for st in stats) / run.total,
+    )
 
 
-def _paced(name: str, args: argparse.Namespace, blocking: bool, rate: float) -> Tuple[float, float]:
-    """p50 and p99 arrival-to-completion latency of fast tasks, in microseconds."""
+def _paced(name: str, args: argparse.Namespace, blocking: bool, rate: float) -> Tuple[float, ...]:
+    """One paced run: p50 and p99 arrival-to-completion latency of fast tasks, in us."""
     per_conn_rate = rate / args.producers
-    n = max(1, int(per_conn_rate * args.paced_seconds))
+    n = max(2, int(per_conn_rate * args.paced_seconds))
     gap_ns = 1e9 / per_conn_rate
     arrivals = [int(k * gap_ns) for k in range(n)]
     run, _, _, _ = _run_once(name, arrivals, args, blocking)
-    lat = sorted(run.latencies_ns)
-    q = statistics.quantiles(lat, n=100, method="inclusive")
+    q = statistics.quantiles(run.latencies_ns, n=100, method="inclusive")
     return q[49] / 1000, q[98] / 1000
+
+
+Cell = Tuple[str, bool]
+
+
+def _interleaved(
+    args: argparse.Namespace, one_run: Callable[[str, bool], Tuple[float, ...]]
+) -> Dict[Cell, Tuple[float, ...]]:
+    """Run every cell ``--repeat`` times, rotating the order each round so that noise
+    from other processes falls on every strategy alike; keep each figure's median."""
+    cells = [(name, blocking) for blocking in (False, True) for name in STRATEGIES]
+    samples: Dict[Cell, List[Tuple[float, ...]]] = {cell: [] for cell in cells}
+    for round_ in range(args.repeat):
+        shift = round_ % len(cells)
+        for cell in cells[shift:] + cells[:shift]:
+            samples[cell].append(one_run(*cell))
+    return {
+        cell: tuple(statistics.median(column) for column in zip(*rows))
+        for cell, rows in samples.items()
+    }
 
 
 def measure(args: argparse.Namespace) -> Tuple[List[Result], float]:
     """Run every strategy with and without blocking tasks; return results and the paced rate."""
-    saturated = {
-        (name, blocking): _saturated(name, args, blocking)
-        for blocking in (False, True)
-        for name in STRATEGIES
-    }
+    saturated = _interleaved(args, lambda name, blocking: _saturated(name, args, blocking))
     rate = args.load * saturated[("ProduceConsume", False)][0]
+    paced = _interleaved(args, lambda name, blocking: _paced(name, args, blocking, rate))
     results = []
-    for blocking in (False, True):
-        for name in STRATEGIES:
-            p50, p99 = _paced(name, args, blocking, rate)
-            tput, cpu, peak, disp = saturated[(name, blocking)]
-            results.append(Result(name, blocking, tput, cpu, peak, disp, p50, p99))
+    for (name, blocking), (tput, cpu, peak, disp) in saturated.items():
+        p50, p99 = paced[(name, blocking)]
+        results.append(Result(name, blocking, tput, cpu, int(peak), disp, p50, p99))
     return results, rate
 
 
@@ -275,12 +285,12 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     )
     p.add_argument("--producers", type=_positive(int), default=4, help="connections (default 4)")
     p.add_argument("--requests", type=_positive(int), default=4000, help="per connection, saturated (default 4000)")
-    p.add_argument("--threads", type=_positive(int), default=4, help="pool threads (default 4)")
+    p.add_argument("--threads", type=_positive(int), default=8, help="pool threads (default 8)")
     p.add_argument("--blocking-every", type=_positive(int), default=100, help="1 request in N blocks (default 100)")
     p.add_argument("--block-ms", type=_positive(float), default=5.0, help="how long it blocks (default 5)")
     p.add_argument("--load", type=_positive(float), default=0.5, help="paced rate / saturated PC rate (default 0.5)")
-    p.add_argument("--paced-seconds", type=_positive(float), default=1.0, help="length of a paced run (default 1)")
-    p.add_argument("--repeat", type=_positive(int), default=3, help="saturated runs per cell, median kept (default 3)")
+    p.add_argument("--paced-seconds", type=_positive(float), default=0.5, help="length of a paced run (default 0.5)")
+    p.add_argument("--repeat", type=_positive(int), default=3, help="runs per cell, median kept (default 3)")
     p.add_argument("--timeout", type=_positive(float), default=120.0, help="give up on a run after this (s)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--check", action="store_true", help="exit 1 if a target of the issue is missed")
