@@ -505,3 +505,20 @@ def test_wheel_expirations_are_not_held_up_by_blocking_callbacks_within_pool_siz
         release.set()
         assert tally.wait_total(101)
     assert strategy.stats().errors == 0
+
+
+@pytest.mark.parametrize("name", ["ProduceExecuteConsume", "ExecuteProduceConsume"])
+def test_tasks_run_on_the_caller_once_the_pool_is_shut_down(name: str) -> None:
+    pool = ThreadPool(max_threads=2)
+    pool.shutdown()
+    queue = TaskQueue()
+    strategy = make(name, queue, pool)
+    tally = Tally()
+    queue.offer_all([tally.task(0), tally.task(1)])
+    if isinstance(strategy, ExecuteProduceConsume):
+        strategy.dispatch()
+    else:
+        strategy.produce()
+    assert tally.runs == Counter({0: 1, 1: 1})
+    assert tally.threads == {threading.get_ident()}
+    assert pool.threads == 0
