@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from functools import partial
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, cast
 from urllib.parse import parse_qsl
 
 from timewheel.execution import (
@@ -60,8 +60,7 @@ def parse_request(line: str) -> Dict[str, object]:
 
 def respond(request: Dict[str, object]) -> str:
     """Consumption: build the JSON response to a parsed request."""
-    params = request["params"]
-    assert isinstance(params, dict)
+    params = cast(Dict[str, str], request["params"])
     items = [{"key": k, "value": v, "weight": len(k) * len(v)} for k, v in sorted(params.items())]
     return json.dumps({"route": request["path"], "items": items, "n": len(items)})
 
@@ -108,7 +107,8 @@ class _Connection:
         if wait > 0:
             time.sleep(wait / 1e9)  # the connection is idle until its next request
         request = parse_request(REQUEST_LINES[number % len(REQUEST_LINES)])
-        blocking = self._blocking_every > 0 and number % self._blocking_every == 37 % self._blocking_every
+        every = self._blocking_every
+        blocking = every > 0 and number % every == every - 1
         return partial(self._handle, request, arrival, blocking)
 
     def _handle(self, request: Dict[str, object], arrival: int, blocking: bool) -> None:
