@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from typing import Callable, Iterator, List, Optional
+from typing import Iterator, List, Optional
 
 import pytest
 

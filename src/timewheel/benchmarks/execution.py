@@ -284,14 +284,28 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--producers", type=_positive(int), default=4, help="connections (default 4)")
-    p.add_argument("--requests", type=_positive(int), default=4000, help="per connection, saturated (default 4000)")
+    p.add_argument(
+        "--requests", type=_positive(int), default=4000, help="per connection, saturated (default 4000)"
+    )
     p.add_argument("--threads", type=_positive(int), default=8, help="pool threads (default 8)")
-    p.add_argument("--blocking-every", type=_positive(int), default=100, help="1 request in N blocks (default 100)")
-    p.add_argument("--block-ms", type=_positive(float), default=5.0, help="how long it blocks (default 5)")
-    p.add_argument("--load", type=_positive(float), default=0.5, help="paced rate / saturated PC rate (default 0.5)")
-    p.add_argument("--paced-seconds", type=_positive(float), default=0.5, help="length of a paced run (default 0.5)")
-    p.add_argument("--repeat", type=_positive(int), default=3, help="runs per cell, median kept (default 3)")
-    p.add_argument("--timeout", type=_positive(float), default=120.0, help="give up on a run after this (s)")
+    p.add_argument(
+        "--blocking-every", type=_positive(int), default=100, help="1 request in N blocks (default 100)"
+    )
+    p.add_argument(
+        "--block-ms", type=_positive(float), default=5.0, help="how long it blocks (default 5)"
+    )
+    p.add_argument(
+        "--load", type=_positive(float), default=0.5, help="paced rate / saturated PC rate (default 0.5)"
+    )
+    p.add_argument(
+        "--paced-seconds", type=_positive(float), default=0.5, help="length of a paced run (default 0.5)"
+    )
+    p.add_argument(
+        "--repeat", type=_positive(int), default=3, help="runs per cell, median kept (default 3)"
+    )
+    p.add_argument(
+        "--timeout", type=_positive(float), default=120.0, help="give up on a run after this (s)"
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--check", action="store_true", help="exit 1 if a target of the issue is missed")
     p.set_defaults(func=main)
