@@ -4,11 +4,29 @@ Layers, lowest first: :class:`TimingWheel` (the core, Cython with a pure-Python 
 """
 
 from ._version import __version__
+from .execution import (
+    ExecuteProduceConsume,
+    ExecutionStats,
+    PoolShutDown,
+    ProduceConsume,
+    ProduceExecuteConsume,
+    Producer,
+    TaskQueue,
+    ThreadPool,
+)
 from .sources import Fair, PreferThenFair, QueueingSource, Scheduler, SetQueue
 from .wheel import IMPLEMENTATION, TimingWheel
 
 __all__ = [
     "IMPLEMENTATION",
+    "ExecuteProduceConsume",
+    "ExecutionStats",
+    "PoolShutDown",
+    "ProduceConsume",
+    "ProduceExecuteConsume",
+    "Producer",
+    "TaskQueue",
+    "ThreadPool",
     "Fair",
     "PreferThenFair",
     "QueueingSource",

@@ -10,7 +10,7 @@ from typing import List, Optional
 # Modules that add a subcommand through add_parser(subparsers); imported when the CLI starts,
 # so each keeps its heavy imports (pyspark, matplotlib) inside its main().
 _COMMANDS = ["timewheel.demo"]
-_BENCHMARKS: List[str] = []
+_BENCHMARKS: List[str] = ["timewheel.benchmarks.execution"]
 
 
 def build_parser() -> argparse.ArgumentParser:
