@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from timewheel import wheel as _wheel
+
+# The wheel builds run the suite once per wheel (on a dozen runners, some free-threaded
+# interpreters), so there property tests trade depth for time and get no per-example deadline.
+settings.register_profile("wheels", max_examples=25, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
