@@ -23,6 +23,7 @@ import timewheel
 from timewheel import (
     ExecuteProduceConsume,
     ExecutionStats,
+    ExecutionStrategy,
     Fair,
     PoolShutDown,
     PreferThenFair,
@@ -32,12 +33,14 @@ from timewheel import (
     QueueingSource,
     Scheduler,
     SetQueue,
+    Sink,
+    Source,
+    Strategy,
     TaskQueue,
     ThreadPool,
     TimingWheel,
 )
-from timewheel.execution import ExecutionStrategy, Task
-from timewheel.sources import Sink, Source, Strategy
+from timewheel.execution import Task
 
 WAIT = 10.0  # every wait is bounded, so a hang fails the example instead of blocking CI
 

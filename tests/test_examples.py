@@ -1,7 +1,8 @@
-"""The typed example runs and checks itself against the copy of timewheel under test."""
+"""The examples users copy from: the typed example and the package docstring both run."""
 
 from __future__ import annotations
 
+import doctest
 import os
 import subprocess
 import sys
@@ -25,3 +26,8 @@ def test_typed_usage_example_runs(impl: str) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert f"timewheel {timewheel.__version__} ({impl}): " in result.stdout
+
+
+def test_package_docstring_example_holds() -> None:
+    result = doctest.testmod(timewheel)
+    assert result.attempted > 0 and result.failed == 0
