@@ -15,6 +15,7 @@ target owns is created lazily in the process that uses it (after the worker fork
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import http.client
 import itertools
@@ -88,58 +89,22 @@ def row_keys(row: Mapping[str, Any], key_cols: Sequence[str]) -> Tuple[Any, ...]
     return tuple(dict.fromkeys(row[col] for col in key_cols if row[col] is not None))
 
 
-class _Replies:
-    """The per-process half of a :class:`SimulatedDownstream`: RNG, held keys, reply heap.
+class _Delivery:
+    """One thread per process that runs callbacks at their due time (a heap, not a thread per call)."""
 
-    One daemon thread delivers every reply at its due time, so a million calls in
-    flight cost a million heap entries, not a million threads.
-    """
-
-    def __init__(self, seed: Optional[int]) -> None:
+    def __init__(self) -> None:
         self.pid = os.getpid()
-        self.rng = random.Random(seed)
         self.lock = threading.Lock()
         self.wakeup = threading.Condition(self.lock)
-        self.heap: List[Tuple[float, int, OnDone, Optional[str], Tuple[Any, ...]]] = []
+        self.heap: List[Tuple[float, int, Callable[[], None]]] = []
         self.seq = itertools.count()
-        self.held: Dict[Any, int] = {}
-        self.calls = 0
-        self.overlaps = 0
-        self.callback_errors = 0
         self.thread: Optional[threading.Thread] = None
 
-    def hold(self, keys: Tuple[Any, ...]) -> Optional[str]:
-        """Mark ``keys`` in flight; return an error naming the first key already held."""
-        clash = None
+    def at(self, due: float, callback: Callable[[], None]) -> None:
         with self.lock:
-            self.calls += 1
-            for key in keys:
-                if self.held.get(key) and clash is None:
-                    clash = key
-                self.held[key] = self.held.get(key, 0) + 1
-            if clash is not None:
-                self.overlaps += 1
-        return None if clash is None else f"key overlap on {clash!r}"
-
-    def release(self, keys: Tuple[Any, ...]) -> None:
-        with self.lock:
-            self._release_locked(keys)
-
-    def _release_locked(self, keys: Tuple[Any, ...]) -> None:
-        for key in keys:
-            left = self.held[key] - 1
-            if left:
-                self.held[key] = left
-            else:
-                del self.held[key]
-
-    def deliver_at(self, due: float, on_done: OnDone, error: Optional[str], keys: Tuple[Any, ...]) -> None:
-        with self.lock:
-            heapq.heappush(self.heap, (due, next(self.seq), on_done, error, keys))
+            heapq.heappush(self.heap, (due, next(self.seq), callback))
             if self.thread is None:
-                self.thread = threading.Thread(
-                    target=self._run, name="timewheel-sim-replies", daemon=True
-                )
+                self.thread = threading.Thread(target=self._run, name="timewheel-sim-replies", daemon=True)
                 self.thread.start()
             elif self.heap[0][0] == due:
                 self.wakeup.notify()
@@ -156,16 +121,69 @@ class _Replies:
                 now = time.monotonic()
                 due = []
                 while self.heap and self.heap[0][0] <= now:
-                    _, _, on_done, error, keys = heapq.heappop(self.heap)
-                    self._release_locked(keys)
-                    due.append((on_done, error))
-            for on_done, error in due:
-                try:
-                    on_done(error is None, error)
-                except Exception:
-                    with self.lock:
-                        self.callback_errors += 1
-                    log.exception("on_done callback of SimulatedDownstream raised")
+                    due.append(heapq.heappop(self.heap)[2])
+            for callback in due:
+                callback()  # never raises: _SimState.reply guards the user's callback
+
+
+_DELIVERY: Optional[_Delivery] = None
+_DELIVERY_LOCK = threading.Lock()
+
+
+def _delivery() -> _Delivery:
+    """This process's delivery thread; a copy inherited through fork has no thread, so is replaced."""
+    global _DELIVERY
+    delivery = _DELIVERY
+    if delivery is not None and delivery.pid == os.getpid():
+        return delivery
+    with _DELIVERY_LOCK:
+        if _DELIVERY is None or _DELIVERY.pid != os.getpid():
+            _DELIVERY = _Delivery()
+        return _DELIVERY
+
+
+class _SimState:
+    """The per-process half of a :class:`SimulatedDownstream`: its RNG, held keys and counters."""
+
+    def __init__(self, seed: Optional[int]) -> None:
+        self.pid = os.getpid()
+        self.rng = random.Random(seed)
+        self.lock = threading.Lock()
+        self.held: Dict[Any, int] = {}
+        self.calls = 0
+        self.overlaps = 0
+        self.callback_errors = 0
+
+    def hold(self, keys: Tuple[Any, ...]) -> Optional[str]:
+        """Mark ``keys`` in flight; return an error naming the first key already held."""
+        clash = None
+        with self.lock:
+            self.calls += 1
+            for key in keys:
+                if self.held.get(key) and clash is None:
+                    clash = key
+                self.held[key] = self.held.get(key, 0) + 1
+            if clash is not None:
+                self.overlaps += 1
+        return None if clash is None else f"key overlap on {clash!r}"
+
+    def release(self, keys: Tuple[Any, ...]) -> None:
+        with self.lock:
+            for key in keys:
+                left = self.held[key] - 1
+                if left:
+                    self.held[key] = left
+                else:
+                    del self.held[key]
+
+    def reply(self, on_done: OnDone, error: Optional[str], keys: Tuple[Any, ...]) -> None:
+        self.release(keys)
+        try:
+            on_done(error is None, error)
+        except Exception:
+            with self.lock:
+                self.callback_errors += 1
+            log.exception("on_done callback of SimulatedDownstream raised")
 
 
 class SimulatedDownstream:
@@ -213,8 +231,8 @@ class SimulatedDownstream:
         self.exclusive_cols = _check_columns("exclusive_cols", exclusive_cols)
         self._mu = math.log(p50 / 1000.0)
         self._sigma = math.log(p75 / p50) / _Z75
-        self._replies: Optional[_Replies] = None
-        self._replies_lock = threading.Lock()
+        self._state: Optional[_SimState] = None
+        self._state_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return (
@@ -224,23 +242,22 @@ class SimulatedDownstream:
 
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
-        state["_replies"] = None
-        del state["_replies_lock"]
+        state["_state"] = None
+        del state["_state_lock"]
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._replies_lock = threading.Lock()
+        self._state_lock = threading.Lock()
 
-    def _live(self) -> _Replies:
-        replies = self._replies
-        if replies is None or replies.pid != os.getpid():
-            # A copy inherited through fork has no delivery thread: start afresh.
-            with self._replies_lock:
-                replies = self._replies
-                if replies is None or replies.pid != os.getpid():
-                    replies = self._replies = _Replies(self.seed)
-        return replies
+    def _live(self) -> _SimState:
+        state = self._state
+        if state is None or state.pid != os.getpid():
+            with self._state_lock:
+                state = self._state
+                if state is None or state.pid != os.getpid():
+                    state = self._state = _SimState(self.seed)
+        return state
 
     @property
     def calls(self) -> int:
@@ -257,45 +274,69 @@ class SimulatedDownstream:
         """``on_done`` callbacks that raised (each was logged on the ``timewheel`` logger)."""
         return self._live().callback_errors
 
-    def _start(self, row: Mapping[str, Any]) -> Tuple[_Replies, float, Optional[str], Tuple[Any, ...]]:
+    def _start(self, row: Mapping[str, Any]) -> Tuple[_SimState, float, Optional[str], Tuple[Any, ...]]:
         """Draw one call's latency (s) and outcome, and hold its keys."""
-        replies = self._live()
-        with replies.lock:
-            latency = replies.rng.lognormvariate(self._mu, self._sigma)
-            failed = replies.rng.random() < self.failure_rate
+        state = self._live()
+        with state.lock:
+            latency = state.rng.lognormvariate(self._mu, self._sigma)
+            failed = state.rng.random() < self.failure_rate
         keys = row_keys(row, self.exclusive_cols)
-        error = replies.hold(keys)
+        error = state.hold(keys)
         if error is None and failed:
             error = "simulated failure"
-        return replies, latency, error, keys
+        return state, latency, error, keys
 
     def submit(self, row: Mapping[str, Any], on_done: OnDone) -> None:
-        """Start a call; ``on_done`` runs on the delivery thread after the latency."""
-        replies, latency, error, keys = self._start(row)
-        replies.deliver_at(time.monotonic() + latency, on_done, error, keys)
+        """Start a call; ``on_done`` runs on the process's delivery thread after the latency."""
+        state, latency, error, keys = self._start(row)
+        _delivery().at(time.monotonic() + latency, functools.partial(state.reply, on_done, error, keys))
 
     def call(self, row: Mapping[str, Any], timeout_s: float) -> None:
         """Block for the latency; raise DownstreamTimeout past ``timeout_s``, DownstreamError on failure."""
-        replies, latency, error, keys = self._start(row)
+        state, latency, error, keys = self._start(row)
         try:
             if latency > timeout_s:
                 time.sleep(max(timeout_s, 0.0))
                 raise DownstreamTimeout(f"no reply within {timeout_s * 1000:.0f} ms")
             time.sleep(latency)
         finally:
-            replies.release(keys)
+            state.release(keys)
         if error is not None:
             raise DownstreamError(error)
 
     async def acall(self, row: Mapping[str, Any]) -> None:
         """Await the latency; raise DownstreamError on failure (cancel it to time it out)."""
-        replies, latency, error, keys = self._start(row)
+        state, latency, error, keys = self._start(row)
         try:
             await asyncio.sleep(latency)
         finally:
-            replies.release(keys)
+            state.release(keys)
         if error is not None:
             raise DownstreamError(error)
+
+
+class _HttpPool:
+    """The per-process connections of one endpoint: one keep-alive connection per thread."""
+
+    def __init__(self, max_connections: int) -> None:
+        self.pid = os.getpid()
+        self.local = threading.local()
+        self.lock = threading.Lock()
+        self.connections: List[http.client.HTTPConnection] = []
+        self.executor = ThreadPoolExecutor(max_connections, thread_name_prefix="timewheel-http")
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True)
+        with self.lock:
+            connections, self.connections = self.connections, []
+        for conn in connections:
+            conn.close()
+
+
+# Shared by every copy of an HttpDownstream in this process (Spark unpickles a fresh copy
+# for every task), so connections and threads are made once per worker, not per task.
+_HTTP_POOLS: Dict[Tuple[str, float, int], _HttpPool] = {}
+_HTTP_POOLS_LOCK = threading.Lock()
 
 
 class HttpDownstream:
@@ -303,8 +344,10 @@ class HttpDownstream:
 
     A 2xx answer is success; any other status, or a connection error, is a failure
     whose error names it. ``submit`` and ``acall`` run the blocking request on a pool
-    of ``max_connections`` threads (each keeps one connection open) with a socket
-    timeout of ``timeout_s``; ``call`` uses the caller's thread and timeout.
+    of ``max_connections`` threads with a socket timeout of ``timeout_s``; ``call``
+    uses the caller's thread and timeout. Each thread keeps one connection open; the
+    connections and threads are shared by all copies of the target in a process
+    until :meth:`close`.
     """
 
     def __init__(self, url: str, timeout_s: float = 30.0, max_connections: int = 32) -> None:
@@ -326,26 +369,32 @@ class HttpDownstream:
         self._host = parts.hostname
         self._port = parts.port
         self._path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        self._pid = -1
-        self._local = threading.local()
-        self._pool: Optional[ThreadPoolExecutor] = None
-        self._pool_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"HttpDownstream({self.url!r})"
 
-    def __getstate__(self) -> Dict[str, Any]:
-        return {"url": self.url, "timeout_s": self.timeout_s, "max_connections": self.max_connections}
+    def _pool(self) -> _HttpPool:
+        key = (self.url, self.timeout_s, self.max_connections)
+        with _HTTP_POOLS_LOCK:
+            pool = _HTTP_POOLS.get(key)
+            if pool is None or pool.pid != os.getpid():
+                pool = _HTTP_POOLS[key] = _HttpPool(self.max_connections)
+            return pool
 
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__(**state)  # type: ignore[misc]
+    def close(self) -> None:
+        """Close this endpoint's connections and threads in this process (made again on next use)."""
+        with _HTTP_POOLS_LOCK:
+            pool = _HTTP_POOLS.pop((self.url, self.timeout_s, self.max_connections), None)
+        if pool is not None and pool.pid == os.getpid():
+            pool.close()
 
-    def _connection(self, timeout_s: float) -> http.client.HTTPConnection:
-        conn: Optional[http.client.HTTPConnection] = getattr(self._local, "conn", None)
+    def _connection(self, pool: _HttpPool, timeout_s: float) -> http.client.HTTPConnection:
+        conn: Optional[http.client.HTTPConnection] = getattr(pool.local, "conn", None)
         if conn is None:
             cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            conn = cls(self._host, self._port, timeout=timeout_s)
-            self._local.conn = conn
+            conn = pool.local.conn = cls(self._host, self._port, timeout=timeout_s)
+            with pool.lock:
+                pool.connections.append(conn)
         else:
             conn.timeout = timeout_s
             if conn.sock is not None:
@@ -355,32 +404,20 @@ class HttpDownstream:
     def call(self, row: Mapping[str, Any], timeout_s: float) -> None:
         """POST ``row``; raise DownstreamTimeout or DownstreamError unless the answer is 2xx."""
         body = json.dumps(row, default=str).encode()
-        conn = self._connection(timeout_s)
+        conn = self._connection(self._pool(), timeout_s)
         try:
             conn.request("POST", self._path, body, {"Content-Type": "application/json"})
             response = conn.getresponse()
             text = response.read()
         except TimeoutError as exc:
-            conn.close()
-            self._local.conn = None
+            conn.close()  # a late answer must not be read as the next request's
             raise DownstreamTimeout(f"no reply within {timeout_s * 1000:.0f} ms") from exc
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
-            self._local.conn = None
             raise DownstreamError(f"{type(exc).__name__}: {exc}") from exc
-        if response.will_close:
-            conn.close()
-            self._local.conn = None
         if not 200 <= response.status < 300:
             detail = text[:200].decode("utf-8", "replace")
             raise DownstreamError(f"HTTP {response.status}: {detail}")
-
-    def _executor(self) -> ThreadPoolExecutor:
-        with self._pool_lock:
-            if self._pool is None or self._pid != os.getpid():
-                self._pid = os.getpid()
-                self._pool = ThreadPoolExecutor(self.max_connections, thread_name_prefix="timewheel-http")
-            return self._pool
 
     def submit(self, row: Mapping[str, Any], on_done: OnDone) -> None:
         """Queue the request on the connection pool; ``on_done`` runs on a pool thread."""
@@ -397,12 +434,12 @@ class HttpDownstream:
             except Exception:
                 log.exception("on_done callback of HttpDownstream raised")
 
-        self._executor().submit(run)
+        self._pool().executor.submit(run)
 
     async def acall(self, row: Mapping[str, Any]) -> None:
         """Await the request, run on the connection pool."""
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor(), self.call, row, self.timeout_s)
+        await loop.run_in_executor(self._pool().executor, self.call, row, self.timeout_s)
 
 
 _SIM_PARAMS = {"pct50": float, "pct75": float, "failures": float, "seed": int}
