@@ -76,7 +76,7 @@ def _attempts_blocking(row: Dict[str, Any], target: Any, config: DispatchConfig)
         try:
             blocking_call(target, row, timeout_s)
         except Exception as exc:
-            status, error = classify(exc)
+            status, error = classify(exc, config)
         else:
             return Outcome(row, OK, attempt, (time.monotonic() - start) * 1000.0, None)
         if attempt > config.retries:
@@ -148,7 +148,7 @@ def asyncio_engine(
             try:
                 await asyncio.wait_for(async_call(target, row), timeout_s)
             except Exception as exc:
-                status, error = classify(exc)
+                status, error = classify(exc, config)
             else:
                 return Outcome(row, OK, attempt, (time.monotonic() - start) * 1000.0, None)
             if attempt > config.retries:

@@ -76,10 +76,10 @@ class Engine(Protocol):
         """Yield an Outcome for every row of ``rows``, exactly once."""
 
 
-def classify(exc: BaseException) -> Tuple[str, str]:
-    """Status and error message for an attempt that raised ``exc``."""
+def classify(exc: BaseException, config: DispatchConfig) -> Tuple[str, str]:
+    """Status and error message for an attempt that raised ``exc`` (the same words from every engine)."""
     if isinstance(exc, (DownstreamTimeout, TimeoutError)):
-        return TIMEOUT, str(exc) or "timed out"
+        return TIMEOUT, f"no reply within {config.timeout_ms} ms"
     if isinstance(exc, DownstreamError):
         return FAILED, str(exc)
     return FAILED, f"{type(exc).__name__}: {exc}"
@@ -120,10 +120,10 @@ class WorkerRuntime:
             self._objects[name] = (spec, obj)
             return obj
 
-    def names(self) -> Tuple[str, ...]:
-        """Names of the objects kept now."""
+    def objects(self) -> Dict[str, Any]:
+        """The objects kept now, by name."""
         with self._lock:
-            return tuple(self._objects)
+            return {name: obj for name, (_, obj) in self._objects.items()}
 
     def close(self) -> None:
         """Close everything kept (thread pools shut down, event loops closed)."""
