@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import pickle
+import random
 import statistics
 import threading
 import time
@@ -300,3 +301,15 @@ def test_adapters_give_submit_only_targets_the_blocking_and_async_forms() -> Non
             await asyncio.wait_for(async_call(SubmitOnly(None), {}), 0.01)
 
     asyncio.run(scenario())
+
+
+def test_expected_attempt_matches_a_seeded_sample() -> None:
+    sim = SimulatedDownstream(pct50_ms=20, pct75_ms=60, failure_rate=0.01, seed=0)
+    mean, redo = sim.expected_attempt(200)
+    rng = random.Random(0)
+    mu, sigma = math.log(20), math.log(3) / 0.6744897501960817
+    draws = [rng.lognormvariate(mu, sigma) for _ in range(200_000)]
+    assert mean == pytest.approx(statistics.fmean(min(d, 200) for d in draws), rel=0.02)
+    late = sum(d > 200 for d in draws) / len(draws)
+    assert redo == pytest.approx(late + (1 - late) * 0.01, rel=0.03)
+    assert sim.expected_attempt(10**9)[0] == pytest.approx(20 * math.exp(sigma**2 / 2), rel=1e-6)

@@ -67,6 +67,10 @@ class DownstreamTimeout(TimeoutError):
     """The call did not end within its timeout."""
 
 
+def _normal_cdf(x: float) -> float:
+    return 0.5 * (1 + math.erf(x / math.sqrt(2)))
+
+
 def _check_number(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
@@ -273,6 +277,19 @@ class SimulatedDownstream:
     def callback_errors(self) -> int:
         """``on_done`` callbacks that raised (each was logged on the ``timewheel`` logger)."""
         return self._live().callback_errors
+
+    def expected_attempt(self, timeout_ms: float) -> Tuple[float, float]:
+        """Mean duration (ms) of one attempt cut off at ``timeout_ms``, and the chance it does not succeed."""
+        mu, sigma, t = self._mu + math.log(1000.0), self._sigma, float(timeout_ms)
+        if sigma == 0:
+            in_time = 1.0 if self.pct50_ms <= t else 0.0
+            mean = min(self.pct50_ms, t)
+        else:
+            z = (math.log(t) - mu) / sigma
+            in_time = _normal_cdf(z)
+            # E[L; L < t] for a log-normal, plus t for the attempts cut off at t.
+            mean = math.exp(mu + sigma * sigma / 2) * _normal_cdf(z - sigma) + t * (1 - in_time)
+        return mean, (1 - in_time) + in_time * self.failure_rate
 
     def _start(self, row: Mapping[str, Any]) -> Tuple[_SimState, float, Optional[str], Tuple[Any, ...]]:
         """Draw one call's latency (s) and outcome, and hold its keys."""
