@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
-from typing import Any, Dict, Iterator, List, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -29,11 +30,11 @@ def engine(request: pytest.FixtureRequest) -> Any:
     return get_engine(request.param)
 
 
-def run(engine: Any, rows: List[Dict[str, Any]], target: Any, **config: Any) -> List[Outcome]:
+def run(engine: Any, rows: list[dict[str, Any]], target: Any, **config: Any) -> list[Outcome]:
     return list(engine(iter(rows), target, DispatchConfig(**config)))
 
 
-def by_id(outcomes: List[Outcome]) -> Dict[Any, Outcome]:
+def by_id(outcomes: list[Outcome]) -> dict[Any, Outcome]:
     ids = [o.row["id"] for o in outcomes]
     assert len(ids) == len(set(ids)), "an id came back twice"
     return {o.row["id"]: o for o in outcomes}
@@ -43,7 +44,9 @@ def test_every_row_comes_back_once_whatever_fails_or_times_out(engine: Any) -> N
     # pct75 above the timeout: about a fifth of the attempts time out, a tenth fail.
     sim = SimulatedDownstream(pct50_ms=2, pct75_ms=12, failure_rate=0.1, seed=2)
     rows = [{"id": i} for i in range(1500)]
-    outcomes = by_id(run(engine, rows, sim, timeout_ms=10, max_in_flight=64, retries=1, backoff_ms=1))
+    outcomes = by_id(
+        run(engine, rows, sim, timeout_ms=10, max_in_flight=64, retries=1, backoff_ms=1)
+    )
     assert set(outcomes) == set(range(1500))
     counts = collections.Counter(o.status for o in outcomes.values())
     assert set(counts) == {"ok", "failed", "timeout"} and sum(counts.values()) == 1500
@@ -62,14 +65,17 @@ class Flaky:
 
     def __init__(self, failures: int) -> None:
         self.failures = failures
-        self.seen: Dict[Any, int] = collections.Counter()
+        self.seen: dict[Any, int] = collections.Counter()
         self.lock = threading.Lock()
 
-    def submit(self, row: Dict[str, Any], on_done: OnDone) -> None:
+    def submit(self, row: dict[str, Any], on_done: OnDone) -> None:
         with self.lock:
             self.seen[row["id"]] += 1
             attempt = self.seen[row["id"]]
-        on_done(attempt > self.failures, None if attempt > self.failures else f"attempt {attempt} refused")
+        on_done(
+            attempt > self.failures,
+            None if attempt > self.failures else f"attempt {attempt} refused",
+        )
 
 
 def test_failures_are_retried_up_to_retries(engine: Any) -> None:
@@ -77,7 +83,9 @@ def test_failures_are_retried_up_to_retries(engine: Any) -> None:
     recovered = by_id(run(engine, rows, Flaky(2), retries=2, backoff_ms=1, max_in_flight=8))
     assert {(o.status, o.attempts, o.error) for o in recovered.values()} == {("ok", 3, None)}
     exhausted = by_id(run(engine, rows, Flaky(5), retries=2, backoff_ms=1, max_in_flight=8))
-    assert {(o.status, o.attempts, o.error) for o in exhausted.values()} == {("failed", 3, "attempt 3 refused")}
+    assert {(o.status, o.attempts, o.error) for o in exhausted.values()} == {
+        ("failed", 3, "attempt 3 refused")
+    }
 
 
 def test_backoff_spaces_the_retries(engine: Any) -> None:
@@ -93,7 +101,7 @@ class Stalled:
         self.calls = 0
         self.lock = threading.Lock()
 
-    def submit(self, row: Dict[str, Any], on_done: OnDone) -> None:
+    def submit(self, row: dict[str, Any], on_done: OnDone) -> None:
         with self.lock:
             self.calls += 1
 
@@ -101,7 +109,9 @@ class Stalled:
 def test_a_stalled_target_times_out_every_attempt(engine: Any) -> None:
     stalled = Stalled()
     rows = [{"id": i} for i in range(20)]
-    outcomes = by_id(run(engine, rows, stalled, timeout_ms=30, retries=1, backoff_ms=1, max_in_flight=20))
+    outcomes = by_id(
+        run(engine, rows, stalled, timeout_ms=30, retries=1, backoff_ms=1, max_in_flight=20)
+    )
     assert {(o.status, o.attempts) for o in outcomes.values()} == {("timeout", 2)}
     assert all(o.latency_ms >= 60 for o in outcomes.values())
     assert stalled.calls == 40
@@ -116,12 +126,12 @@ class Gauge:
         self.most = 0
         self.lock = threading.Lock()
 
-    def submit(self, row: Dict[str, Any], on_done: OnDone) -> None:
+    def submit(self, row: dict[str, Any], on_done: OnDone) -> None:
         with self.lock:
             self.in_flight += 1
             self.most = max(self.most, self.in_flight)
 
-        def done(ok: bool, error: Optional[str]) -> None:
+        def done(ok: bool, error: str | None) -> None:
             with self.lock:
                 self.in_flight -= 1
             on_done(ok, error)
@@ -131,7 +141,9 @@ class Gauge:
 
 def test_in_flight_calls_never_exceed_max_in_flight(engine: Any) -> None:
     gauge = Gauge(SimulatedDownstream(pct50_ms=3, pct75_ms=6, seed=1))
-    outcomes = run(engine, [{"id": i} for i in range(400)], gauge, max_in_flight=16, timeout_ms=1000)
+    outcomes = run(
+        engine, [{"id": i} for i in range(400)], gauge, max_in_flight=16, timeout_ms=1000
+    )
     assert len(by_id(outcomes)) == 400
     assert 2 <= gauge.most <= 16
     assert gauge.in_flight == 0
@@ -156,7 +168,7 @@ def test_without_key_cols_the_simulator_does_see_overlaps(engine: Any) -> None:
 
 
 def test_an_input_error_propagates(engine: Any) -> None:
-    def rows() -> Iterator[Dict[str, Any]]:
+    def rows() -> Iterator[dict[str, Any]]:
         yield {"id": 1}
         raise RuntimeError("input broke")
 
@@ -166,7 +178,9 @@ def test_an_input_error_propagates(engine: Any) -> None:
 
 def test_a_partition_stopped_early_leaves_nothing_for_the_next(engine: Any) -> None:
     sim = SimulatedDownstream(pct50_ms=5, pct75_ms=20, seed=9)
-    first = engine(iter([{"id": i, "task": 1} for i in range(200)]), sim, DispatchConfig(max_in_flight=32))
+    first = engine(
+        iter([{"id": i, "task": 1} for i in range(200)]), sim, DispatchConfig(max_in_flight=32)
+    )
     taken = [next(first) for _ in range(5)]
     first.close()
     assert len({o.row["id"] for o in taken}) == 5
@@ -198,7 +212,7 @@ def test_worker_runtime_is_remade_in_a_forked_child_and_shared_replaces_on_new_s
         runtime.close()
 
     own = WorkerRuntime()
-    closed: List[int] = []
+    closed: list[int] = []
 
     class Pool:
         def __init__(self, size: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any, List
+from typing import Any
 
 import pytest
 
@@ -14,19 +14,35 @@ from timewheel import pipeline
 pytestmark = pytest.mark.spark
 
 
-def run_cli(argv: List[str]) -> int:
+def run_cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="timewheel")
     pipeline.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["pipeline", *argv])
     return int(args.func(args))
 
 
-def test_generated_rows_end_to_end(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_generated_rows_end_to_end(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out"
-    code = run_cli([
-        "--generate", "3000", "--output", str(out), "--target", "sim://?pct50=2&pct75=10&failures=0.05&seed=3",
-        "--timeout-ms", "20", "--max-in-flight", "64", "--retries", "1", "--backoff-ms", "1",
-    ])
+    code = run_cli(
+        [
+            "--generate",
+            "3000",
+            "--output",
+            str(out),
+            "--target",
+            "sim://?pct50=2&pct75=10&failures=0.05&seed=3",
+            "--timeout-ms",
+            "20",
+            "--max-in-flight",
+            "64",
+            "--retries",
+            "1",
+            "--backoff-ms",
+            "1",
+        ]
+    )
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     assert json.loads(capsys.readouterr().out) == summary
@@ -47,15 +63,29 @@ def test_csv_input_with_key_columns(spark: Any, tmp_path: Path) -> None:
     csv = tmp_path / "transfers.csv"
     csv.write_text("txn,src,dst\n" + "".join(f"{i},{i % 5},{(i + 2) % 5}\n" for i in range(200)))
     out = tmp_path / "out"
-    code = run_cli([
-        "--input", str(csv), "--output", str(out), "--id-col", "txn", "--key-cols", "src, dst",
-        "--target", "sim://?pct50=1&pct75=2", "--retries", "0",
-    ])
+    code = run_cli(
+        [
+            "--input",
+            str(csv),
+            "--output",
+            str(out),
+            "--id-col",
+            "txn",
+            "--key-cols",
+            "src, dst",
+            "--target",
+            "sim://?pct50=1&pct75=2",
+            "--retries",
+            "0",
+        ]
+    )
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == {"ok": 200, "failed": 0, "timeout": 0}
     assert summary["key_cols"] == ["src", "dst"]
-    assert sorted(r["txn"] for r in spark.read.parquet(str(out / "rows")).select("txn").collect()) == list(range(200))
+    assert sorted(
+        r["txn"] for r in spark.read.parquet(str(out / "rows")).select("txn").collect()
+    ) == list(range(200))
 
 
 @pytest.mark.parametrize(
@@ -67,7 +97,7 @@ def test_csv_input_with_key_columns(spark: Any, tmp_path: Path) -> None:
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(
-    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: List[str], words: str
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], words: str
 ) -> None:
     assert run_cli([*argv, "--output", str(tmp_path / "out")]) == 2
     assert words in capsys.readouterr().err

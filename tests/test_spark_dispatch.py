@@ -6,17 +6,18 @@ import http.server
 import json
 import os
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 pytest.importorskip("pyspark")
 
-from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql import functions as F
 
-from timewheel.engines import engine_names, worker_runtime  # noqa: E402
-from timewheel.spark import dispatch, output_schema  # noqa: E402
-from timewheel.targets import HttpDownstream, SimulatedDownstream  # noqa: E402
+from timewheel.engines import engine_names, worker_runtime
+from timewheel.spark import dispatch, output_schema
+from timewheel.targets import HttpDownstream, SimulatedDownstream
 
 pytestmark = pytest.mark.spark
 
@@ -32,7 +33,16 @@ def test_every_id_comes_back_exactly_once(spark: Any, engine: str) -> None:
     n = 3000
     df = spark.range(n, numPartitions=3).withColumn("payload", F.concat(F.lit("row-"), F.col("id")))
     sim = SimulatedDownstream(pct50_ms=2, pct75_ms=12, failure_rate=0.1, seed=1)
-    out = dispatch(df, sim, id_col="id", timeout_ms=10, max_in_flight=64, retries=1, backoff_ms=1, _engine=engine)
+    out = dispatch(
+        df,
+        sim,
+        id_col="id",
+        timeout_ms=10,
+        max_in_flight=64,
+        retries=1,
+        backoff_ms=1,
+        _engine=engine,
+    )
     assert out.schema == output_schema(df.schema)
     rows = out.select("id", "payload", "status", "attempts", "error").collect()
     ids = [r["id"] for r in rows]
@@ -51,7 +61,9 @@ def test_key_exclusivity_and_co_partitioning(spark: Any, engine: str) -> None:
     data = [(i, i % 16, (i * 5 + 1) % 16) for i in range(1200)]
     df = spark.createDataFrame(data, "id long, src long, dst long").repartition(3)
     sim = SimulatedDownstream(pct50_ms=1, pct75_ms=3, seed=2, exclusive_cols=("src", "dst"))
-    out = dispatch(df, sim, id_col="id", key_cols=("src", "dst"), retries=0, max_in_flight=32, _engine=engine)
+    out = dispatch(
+        df, sim, id_col="id", key_cols=("src", "dst"), retries=0, max_in_flight=32, _engine=engine
+    )
     out = out.withColumn("part", F.spark_partition_id()).cache()
     try:
         # An overlap would fail its row with "key overlap on ..." (retries=0 keeps it visible).
@@ -101,7 +113,16 @@ def recorder() -> Iterator[Any]:
 def test_http_target_served_on_loopback(spark: Any, recorder: Any, engine: str) -> None:
     df = spark.range(140, numPartitions=2).withColumn("note", F.lit("hello"))
     target = HttpDownstream(f"http://127.0.0.1:{recorder.server_port}/ingest", max_connections=8)
-    out = dispatch(df, target, id_col="id", timeout_ms=5000, retries=1, backoff_ms=1, max_in_flight=8, _engine=engine)
+    out = dispatch(
+        df,
+        target,
+        id_col="id",
+        timeout_ms=5000,
+        retries=1,
+        backoff_ms=1,
+        max_in_flight=8,
+        _engine=engine,
+    )
     rows = {r["id"]: r for r in out.collect()}
     assert sorted(rows) == list(range(140))
     for i, r in rows.items():
@@ -125,7 +146,11 @@ BAD = [
     ({"id_col": "nope"}, ValueError, "id_col 'nope' is not a column of df"),
     ({"id_col": 3}, TypeError, "id_col must be a column name (str), got 3"),
     ({"key_cols": ["acct", "missing"]}, ValueError, "key column 'missing' is not a column of df"),
-    ({"key_cols": "acct"}, TypeError, "key_cols must be a list or tuple of column names, got 'acct'"),
+    (
+        {"key_cols": "acct"},
+        TypeError,
+        "key_cols must be a list or tuple of column names, got 'acct'",
+    ),
     ({"timeout_ms": 0}, ValueError, "timeout_ms must be positive, got 0"),
     ({"timeout_ms": -5}, ValueError, "timeout_ms must be positive, got -5"),
     ({"timeout_ms": 1.5}, TypeError, "timeout_ms must be an int, got 1.5"),
@@ -140,7 +165,9 @@ BAD = [
 
 
 @pytest.mark.parametrize(("change", "exc", "words"), BAD, ids=[str(b[0]) for b in BAD])
-def test_bad_input_is_refused_before_any_job(spark: Any, change: dict, exc: type, words: str) -> None:
+def test_bad_input_is_refused_before_any_job(
+    spark: Any, change: dict, exc: type, words: str
+) -> None:
     df = spark.createDataFrame([(1, 10)], "id long, acct long")
     kwargs: dict = {"target": SimulatedDownstream(1, 2), "id_col": "id", **change}
     target = kwargs.pop("target")
@@ -156,7 +183,7 @@ def test_bad_input_is_refused_before_any_job(spark: Any, change: dict, exc: type
 
 
 def test_bad_dataframes_are_refused(spark: Any) -> None:
-    with pytest.raises(TypeError, match="df must be a pyspark.sql.DataFrame, got list"):
+    with pytest.raises(TypeError, match=r"df must be a pyspark\.sql\.DataFrame, got list"):
         dispatch([], SimulatedDownstream(1, 2), id_col="id")
     clash = spark.createDataFrame([(1, "x")], "id long, status string")
     with pytest.raises(ValueError, match=r"df already has result column\(s\) \['status'\]"):

@@ -12,7 +12,8 @@ import random
 import statistics
 import threading
 import time
-from typing import Any, Iterator, List, Optional, Tuple
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -31,17 +32,19 @@ class Replies:
     """Collects on_done calls; wait(n) returns once n have arrived."""
 
     def __init__(self) -> None:
-        self.got: List[Tuple[bool, Optional[str], float]] = []
+        self.got: list[tuple[bool, str | None, float]] = []
         self.cond = threading.Condition()
 
-    def on_done(self, ok: bool, error: Optional[str]) -> None:
+    def on_done(self, ok: bool, error: str | None) -> None:
         with self.cond:
             self.got.append((ok, error, time.monotonic()))
             self.cond.notify_all()
 
     def wait(self, n: int, timeout: float = 10.0) -> None:
         with self.cond:
-            assert self.cond.wait_for(lambda: len(self.got) >= n, timeout), f"{len(self.got)} of {n} replies"
+            assert self.cond.wait_for(lambda: len(self.got) >= n, timeout), (
+                f"{len(self.got)} of {n} replies"
+            )
 
 
 @pytest.mark.parametrize(
@@ -53,9 +56,21 @@ class Replies:
         ({"pct50_ms": True, "pct75_ms": 60}, TypeError, "pct50_ms must be a number, got True"),
         ({"pct50_ms": 20, "pct75_ms": 10}, ValueError, "pct75_ms must be >= pct50_ms (20), got 10"),
         ({"pct50_ms": 20, "pct75_ms": math.inf}, ValueError, "pct75_ms must be finite, got inf"),
-        ({"pct50_ms": 20, "pct75_ms": 60, "failure_rate": 1.5}, ValueError, "failure_rate must be between 0 and 1, got 1.5"),
-        ({"pct50_ms": 20, "pct75_ms": 60, "seed": 1.0}, TypeError, "seed must be an int or None, got 1.0"),
-        ({"pct50_ms": 20, "pct75_ms": 60, "exclusive_cols": "a"}, TypeError, "exclusive_cols must be a list or tuple"),
+        (
+            {"pct50_ms": 20, "pct75_ms": 60, "failure_rate": 1.5},
+            ValueError,
+            "failure_rate must be between 0 and 1, got 1.5",
+        ),
+        (
+            {"pct50_ms": 20, "pct75_ms": 60, "seed": 1.0},
+            TypeError,
+            "seed must be an int or None, got 1.0",
+        ),
+        (
+            {"pct50_ms": 20, "pct75_ms": 60, "exclusive_cols": "a"},
+            TypeError,
+            "exclusive_cols must be a list or tuple",
+        ),
     ],
 )
 def test_simulated_bad_arguments(kwargs: dict, exc: type, words: str) -> None:
@@ -66,14 +81,14 @@ def test_simulated_bad_arguments(kwargs: dict, exc: type, words: str) -> None:
 
 def test_simulated_latency_has_the_given_median_and_is_never_early() -> None:
     sim = SimulatedDownstream(pct50_ms=3, pct75_ms=9, seed=3)
-    delays_ms: List[float] = []
+    delays_ms: list[float] = []
     done = threading.Semaphore(0)
     n = 300
 
     def send(i: int) -> None:
         start = time.monotonic()
 
-        def on_done(ok: bool, error: Optional[str]) -> None:
+        def on_done(ok: bool, error: str | None) -> None:
             delays_ms.append((time.monotonic() - start) * 1000)
             done.release()
 
@@ -92,7 +107,7 @@ def test_simulated_latency_has_the_given_median_and_is_never_early() -> None:
 
 
 def test_simulated_failure_rate_and_seed_reproduce() -> None:
-    def failures(seed: int) -> List[int]:
+    def failures(seed: int) -> list[int]:
         sim = SimulatedDownstream(pct50_ms=0.01, pct75_ms=0.02, failure_rate=0.3, seed=seed)
         out = []
         for i in range(2000):
@@ -152,7 +167,7 @@ def test_simulated_callback_that_raises_is_logged_counted_and_does_not_stop_deli
     sim = SimulatedDownstream(pct50_ms=1, pct75_ms=1)
     replies = Replies()
 
-    def bad(ok: bool, error: Optional[str]) -> None:
+    def bad(ok: bool, error: str | None) -> None:
         raise RuntimeError("callback bug")
 
     with caplog.at_level(logging.ERROR, logger="timewheel"):
@@ -164,7 +179,9 @@ def test_simulated_callback_that_raises_is_logged_counted_and_does_not_stop_deli
 
 
 def test_simulated_pickles_without_its_runtime() -> None:
-    sim = SimulatedDownstream(pct50_ms=1, pct75_ms=2, failure_rate=0.5, seed=5, exclusive_cols=["k"])
+    sim = SimulatedDownstream(
+        pct50_ms=1, pct75_ms=2, failure_rate=0.5, seed=5, exclusive_cols=["k"]
+    )
     replies = Replies()
     sim.submit({"k": 1}, replies.on_done)
     copy = pickle.loads(pickle.dumps(sim))
@@ -225,7 +242,9 @@ def http_server() -> Iterator[Any]:
         server.server_close()
 
 
-def test_http_posts_json_over_one_keep_alive_connection(http_server: Any, request: pytest.FixtureRequest) -> None:
+def test_http_posts_json_over_one_keep_alive_connection(
+    http_server: Any, request: pytest.FixtureRequest
+) -> None:
     url = f"http://127.0.0.1:{http_server.server_port}/rows"
     target = HttpDownstream(url)
     request.addfinalizer(target.close)
@@ -240,7 +259,10 @@ def test_http_posts_json_over_one_keep_alive_connection(http_server: Any, reques
     target.submit({"id": 7}, replies.on_done)
     target.submit({"id": 8, "fail": True}, replies.on_done)
     replies.wait(2)
-    assert sorted((ok, err) for ok, err, _ in replies.got) == [(False, "HTTP 500: nope"), (True, None)]
+    assert sorted((ok, err) for ok, err, _ in replies.got) == [
+        (False, "HTTP 500: nope"),
+        (True, None),
+    ]
     copy = pickle.loads(pickle.dumps(target))
     copy.call({"id": 9}, timeout_s=5.0)
     assert http_server.bodies[-1] == {"id": 9}
@@ -263,7 +285,11 @@ def test_http_unreachable_is_a_failure() -> None:
 @pytest.mark.parametrize(
     ("args", "exc", "words"),
     [
-        (("ftp://h/",), ValueError, "url must be an http:// or https:// URL with a host, got 'ftp://h/'"),
+        (
+            ("ftp://h/",),
+            ValueError,
+            "url must be an http:// or https:// URL with a host, got 'ftp://h/'",
+        ),
         ((b"http://h/",), TypeError, "url must be a str"),
         (("http://h/", 0), ValueError, "timeout_s must be > 0, got 0"),
         (("http://h/", 1.0, 0), ValueError, "max_connections must be >= 1, got 0"),
@@ -278,7 +304,7 @@ def test_http_bad_arguments(args: tuple, exc: type, words: str) -> None:
 class SubmitOnly:
     """A target with only submit(): replies at once with a fixed outcome, or never."""
 
-    def __init__(self, outcome: Optional[Tuple[bool, Optional[str]]]) -> None:
+    def __init__(self, outcome: tuple[bool, str | None] | None) -> None:
         self.outcome = outcome
 
     def submit(self, row: Any, on_done: Any) -> None:

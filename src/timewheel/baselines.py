@@ -21,29 +21,30 @@ import collections
 import queue
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Deque, Dict, Iterable, Iterator, Optional, Set, Tuple
+from typing import Any
 
 from .engines import OK, DispatchConfig, Outcome, backoff_s, classify, worker_runtime
 from .targets import async_call, blocking_call, row_keys
 
-__all__ = ["threads_engine", "asyncio_engine"]
+__all__ = ["asyncio_engine", "threads_engine"]
 
 
 class _KeyLatch:
     """All-or-nothing hold on a set of key values, for threads."""
 
     def __init__(self) -> None:
-        self._held: Set[Any] = set()
+        self._held: set[Any] = set()
         self._free = threading.Condition()
 
-    def acquire(self, keys: Tuple[Any, ...]) -> None:
+    def acquire(self, keys: tuple[Any, ...]) -> None:
         with self._free:
             while not self._held.isdisjoint(keys):
                 self._free.wait()
             self._held.update(keys)
 
-    def release(self, keys: Tuple[Any, ...]) -> None:
+    def release(self, keys: tuple[Any, ...]) -> None:
         with self._free:
             self._held.difference_update(keys)
             self._free.notify_all()
@@ -53,21 +54,21 @@ class _AsyncKeyLatch:
     """All-or-nothing hold on a set of key values, for coroutines of one loop."""
 
     def __init__(self) -> None:
-        self._held: Set[Any] = set()
+        self._held: set[Any] = set()
         self._free = asyncio.Condition()
 
-    async def acquire(self, keys: Tuple[Any, ...]) -> None:
+    async def acquire(self, keys: tuple[Any, ...]) -> None:
         async with self._free:
             await self._free.wait_for(lambda: self._held.isdisjoint(keys))
             self._held.update(keys)
 
-    async def release(self, keys: Tuple[Any, ...]) -> None:
+    async def release(self, keys: tuple[Any, ...]) -> None:
         async with self._free:
             self._held.difference_update(keys)
             self._free.notify_all()
 
 
-def _attempts_blocking(row: Dict[str, Any], target: Any, config: DispatchConfig) -> Outcome:
+def _attempts_blocking(row: dict[str, Any], target: Any, config: DispatchConfig) -> Outcome:
     timeout_s = config.timeout_ms / 1000.0
     start = time.monotonic()
     attempt = 0
@@ -85,7 +86,7 @@ def _attempts_blocking(row: Dict[str, Any], target: Any, config: DispatchConfig)
 
 
 def threads_engine(
-    rows: Iterable[Dict[str, Any]], target: Any, config: DispatchConfig
+    rows: Iterable[dict[str, Any]], target: Any, config: DispatchConfig
 ) -> Iterator[Outcome]:
     """Dispatch ``rows`` from a pool of ``max_in_flight`` threads; yield outcomes as they end."""
     pool = worker_runtime().shared(
@@ -94,9 +95,9 @@ def threads_engine(
         lambda: ThreadPoolExecutor(config.max_in_flight, thread_name_prefix="timewheel-baseline"),
     )
     latch = _KeyLatch() if config.key_cols else None
-    done: "queue.SimpleQueue[Future[Outcome]]" = queue.SimpleQueue()
+    done: queue.SimpleQueue[Future[Outcome]] = queue.SimpleQueue()
 
-    def one_row(row: Dict[str, Any]) -> Outcome:
+    def one_row(row: dict[str, Any]) -> Outcome:
         if latch is None:
             return _attempts_blocking(row, target, config)
         keys = row_keys(row, config.key_cols)
@@ -129,18 +130,18 @@ def threads_engine(
 
 
 def asyncio_engine(
-    rows: Iterable[Dict[str, Any]], target: Any, config: DispatchConfig
+    rows: Iterable[dict[str, Any]], target: Any, config: DispatchConfig
 ) -> Iterator[Outcome]:
     """Dispatch ``rows`` from one event loop, at most ``max_in_flight`` at a time."""
     loop = worker_runtime().shared("asyncio-engine-loop", None, asyncio.new_event_loop)
     timeout_s = config.timeout_ms / 1000.0
-    results: Deque[Outcome] = collections.deque()
+    results: collections.deque[Outcome] = collections.deque()
     # Made by start() inside the loop: asyncio primitives belong to one loop.
-    prims: Dict[str, Any] = {}
-    tasks: Set["asyncio.Task[None]"] = set()
+    prims: dict[str, Any] = {}
+    tasks: set[asyncio.Task[None]] = set()
     outstanding = 0
 
-    async def attempts(row: Dict[str, Any]) -> Outcome:
+    async def attempts(row: dict[str, Any]) -> Outcome:
         start = time.monotonic()
         attempt = 0
         while True:
@@ -155,9 +156,9 @@ def asyncio_engine(
                 return Outcome(row, status, attempt, (time.monotonic() - start) * 1000.0, error)
             await asyncio.sleep(backoff_s(config))
 
-    async def one_row(row: Dict[str, Any]) -> None:
+    async def one_row(row: dict[str, Any]) -> None:
         nonlocal outstanding
-        latch: Optional[_AsyncKeyLatch] = prims["latch"]
+        latch: _AsyncKeyLatch | None = prims["latch"]
         try:
             if latch is None:
                 outcome = await attempts(row)
@@ -190,7 +191,7 @@ def asyncio_engine(
         await prims["ready"].wait()
         prims["ready"].clear()
 
-    async def start() -> "asyncio.Task[None]":
+    async def start() -> asyncio.Task[None]:
         prims["slots"] = asyncio.Semaphore(config.max_in_flight)
         prims["ready"] = asyncio.Event()
         prims["latch"] = _AsyncKeyLatch() if config.key_cols else None

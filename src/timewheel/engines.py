@@ -17,22 +17,29 @@ import logging
 import os
 import random
 import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Iterator, NamedTuple, Optional, Protocol, Tuple, TypeVar
+from typing import (
+    Any,
+    Callable,
+    NamedTuple,
+    Protocol,
+    TypeVar,
+)
 
 from .targets import DownstreamError, DownstreamTimeout
 
 __all__ = [
-    "DispatchConfig",
-    "Outcome",
-    "Engine",
-    "WorkerRuntime",
-    "worker_runtime",
-    "get_engine",
-    "engine_names",
     "DEFAULT_ENGINE",
-    "classify",
+    "DispatchConfig",
+    "Engine",
+    "Outcome",
+    "WorkerRuntime",
     "backoff_s",
+    "classify",
+    "engine_names",
+    "get_engine",
+    "worker_runtime",
 ]
 
 log = logging.getLogger("timewheel")
@@ -50,7 +57,7 @@ class DispatchConfig:
     max_in_flight: int = 256
     retries: int = 2
     backoff_ms: int = 100
-    key_cols: Tuple[str, ...] = ()
+    key_cols: tuple[str, ...] = ()
 
 
 class Outcome(NamedTuple):
@@ -60,24 +67,24 @@ class Outcome(NamedTuple):
     included; time spent waiting for a free slot or for its keys is not counted.
     """
 
-    row: Dict[str, Any]
+    row: dict[str, Any]
     status: str
     attempts: int
     latency_ms: float
-    error: Optional[str]
+    error: str | None
 
 
 class Engine(Protocol):
     """Runs one partition's rows against the target; yields one Outcome per row."""
 
     def __call__(
-        self, rows: Iterable[Dict[str, Any]], target: Any, config: DispatchConfig
+        self, rows: Iterable[dict[str, Any]], target: Any, config: DispatchConfig
     ) -> Iterator[Outcome]:
         """Yield an Outcome for every row of ``rows``, exactly once."""
 
 
-def classify(exc: BaseException, config: DispatchConfig) -> Tuple[str, str]:
-    """Status and error message for an attempt that raised ``exc`` (the same words from every engine)."""
+def classify(exc: BaseException, config: DispatchConfig) -> tuple[str, str]:
+    """Status and error message for an attempt that raised ``exc``, worded alike by every engine."""
     if isinstance(exc, (DownstreamTimeout, TimeoutError)):
         return TIMEOUT, f"no reply within {config.timeout_ms} ms"
     if isinstance(exc, DownstreamError):
@@ -101,7 +108,7 @@ class WorkerRuntime:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.tasks = 0
-        self._objects: Dict[str, Tuple[Any, Any]] = {}
+        self._objects: dict[str, tuple[Any, Any]] = {}
         self._lock = threading.Lock()
 
     def shared(self, name: str, spec: Any, factory: Callable[[], T]) -> T:
@@ -120,7 +127,7 @@ class WorkerRuntime:
             self._objects[name] = (spec, obj)
             return obj
 
-    def objects(self) -> Dict[str, Any]:
+    def objects(self) -> dict[str, Any]:
         """The objects kept now, by name."""
         with self._lock:
             return {name: obj for name, (_, obj) in self._objects.items()}
@@ -140,7 +147,7 @@ def _close(obj: Any) -> None:
             return
 
 
-_RUNTIME: Optional[WorkerRuntime] = None
+_RUNTIME: WorkerRuntime | None = None
 _RUNTIME_LOCK = threading.Lock()
 
 
@@ -171,7 +178,7 @@ _ENGINES = {
 DEFAULT_ENGINE = "asyncio"
 
 
-def engine_names() -> Tuple[str, ...]:
+def engine_names() -> tuple[str, ...]:
     """Names :func:`get_engine` accepts."""
     return tuple(_ENGINES)
 

@@ -18,9 +18,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any
 
-__all__ = ["add_parser", "main", "DEMO_ROWS", "DEFAULT_TARGET"]
+__all__ = ["DEFAULT_TARGET", "DEMO_ROWS", "add_parser", "main"]
 
 #: Rows the demo generates.
 DEMO_ROWS = 1_000_000
@@ -47,15 +47,39 @@ def _non_negative(text: str) -> int:
 
 def add_dispatch_options(parser: argparse.ArgumentParser) -> None:
     """The options that map onto ``dispatch``'s arguments (shared with the benchmark)."""
-    parser.add_argument("--master", default="local[*]", help="Spark master URL (default: %(default)s)")
-    parser.add_argument("--target", default=DEFAULT_TARGET, help="sim://?pct50=..&pct75=..&failures=..&seed=.. or an http(s):// URL (default: %(default)s)")
-    parser.add_argument("--timeout-ms", type=_positive, default=1000, help="per-call timeout (default: %(default)s)")
-    parser.add_argument("--max-in-flight", type=_positive, default=256, help="calls outstanding per partition (default: %(default)s)")
-    parser.add_argument("--retries", type=_non_negative, default=2, help="retries after a failure or timeout (default: %(default)s)")
-    parser.add_argument("--backoff-ms", type=_non_negative, default=100, help="wait before a retry, with jitter (default: %(default)s)")
+    parser.add_argument(
+        "--master", default="local[*]", help="Spark master URL (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--target",
+        default=DEFAULT_TARGET,
+        help="sim://?pct50=..&pct75=..&failures=..&seed=.. or an http(s):// URL "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--timeout-ms", type=_positive, default=1000, help="per-call timeout (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--max-in-flight",
+        type=_positive,
+        default=256,
+        help="calls outstanding per partition (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--retries",
+        type=_non_negative,
+        default=2,
+        help="retries after a failure or timeout (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--backoff-ms",
+        type=_non_negative,
+        default=100,
+        help="wait before a retry, with jitter (default: %(default)s)",
+    )
 
 
-def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``pipeline`` subcommand."""
     parser = subparsers.add_parser(
         "pipeline",
@@ -64,17 +88,34 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--input", help="Parquet file/directory, or CSV (name ends in .csv; header row)")
-    source.add_argument("--generate", type=_positive, metavar="N", help=f"generate N rows (default: {DEMO_ROWS:,} when there is no --input)")
-    parser.add_argument("--output", default="timewheel-pipeline-output", help="directory for rows/, summary.json and latency.png (default: %(default)s)")
-    parser.add_argument("--id-col", default="id", help="column that identifies a row (default: %(default)s)")
-    parser.add_argument("--key-cols", default="", help="comma-separated key columns; rows sharing a value are never in flight together")
+    source.add_argument(
+        "--input", help="Parquet file/directory, or CSV (name ends in .csv; header row)"
+    )
+    source.add_argument(
+        "--generate",
+        type=_positive,
+        metavar="N",
+        help=f"generate N rows (default: {DEMO_ROWS:,} when there is no --input)",
+    )
+    parser.add_argument(
+        "--output",
+        default="timewheel-pipeline-output",
+        help="directory for rows/, summary.json and latency.png (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--id-col", default="id", help="column that identifies a row (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--key-cols",
+        default="",
+        help="comma-separated key columns; rows sharing a value are never in flight together",
+    )
     add_dispatch_options(parser)
     parser.add_argument("--engine", default=None, help=argparse.SUPPRESS)
     parser.set_defaults(func=main)
 
 
-def spark_session(master: str, app_name: str) -> Tuple[Any, bool]:
+def spark_session(master: str, app_name: str) -> tuple[Any, bool]:
     """A quiet SparkSession on ``master`` and whether it is new (so ours to stop).
 
     An active session (in a notebook, or a test) is reused as it is. A local master
@@ -90,7 +131,9 @@ def spark_session(master: str, app_name: str) -> Tuple[Any, bool]:
     builder = builder.config("spark.ui.showConsoleProgress", "false")
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
+            "spark.driver.host", "127.0.0.1"
+        )
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session, True
@@ -118,7 +161,7 @@ class Progress:
         self._thread = threading.Thread(target=self._run, name="timewheel-progress", daemon=True)
         self._start = time.monotonic()
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         self._thread.start()
         return self
 
@@ -136,10 +179,15 @@ class Progress:
                     done += info.numCompletedTasks
                     total += info.numTasks
             elapsed = time.monotonic() - self._start
-            print(f"\r{self._label}: {done}/{total} tasks of running stages, {elapsed:.0f} s", end="", file=sys.stderr, flush=True)
+            print(
+                f"\r{self._label}: {done}/{total} tasks of running stages, {elapsed:.0f} s",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
-def summarize(result: Any, elapsed_s: float) -> Dict[str, Any]:
+def summarize(result: Any, elapsed_s: float) -> dict[str, Any]:
     """Rows per status, attempts, latency percentiles and throughput of a dispatch result."""
     from pyspark.sql import functions as F
 
@@ -157,7 +205,10 @@ def summarize(result: Any, elapsed_s: float) -> Dict[str, Any]:
     return {
         "rows": rows,
         "status": {s: statuses.get(s, 0) for s in ("ok", "failed", "timeout")},
-        "attempts": {"total": sum(k * v for k, v in attempts.items()), "rows_by_attempts": {str(k): attempts[k] for k in sorted(attempts)}},
+        "attempts": {
+            "total": sum(k * v for k, v in attempts.items()),
+            "rows_by_attempts": {str(k): attempts[k] for k in sorted(attempts)},
+        },
         "latency_ms": latency,
         "elapsed_s": round(elapsed_s, 3),
         "rows_per_s": round(rows / elapsed_s, 1) if elapsed_s > 0 else None,
@@ -173,17 +224,29 @@ def latency_histogram(result: Any, path: Path) -> None:
     from pyspark.sql import functions as F
 
     bins_per_decade = 20
-    binned = result.select("status", F.floor(F.log10(F.greatest(F.col("latency_ms"), F.lit(0.01))) * bins_per_decade).alias("bin"))
-    counts: Dict[str, Dict[int, int]] = {}
+    binned = result.select(
+        "status",
+        F.floor(F.log10(F.greatest(F.col("latency_ms"), F.lit(0.01))) * bins_per_decade).alias(
+            "bin"
+        ),
+    )
+    counts: dict[str, dict[int, int]] = {}
     for r in binned.groupBy("status", "bin").count().collect():
         counts.setdefault(r["status"], {})[int(r["bin"])] = r["count"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for status in ("ok", "failed", "timeout"):
         if status in counts:
             edges = sorted(counts[status])
-            ax.bar([10 ** (b / bins_per_decade) for b in edges], [counts[status][b] for b in edges],
-                   width=[10 ** ((b + 1) / bins_per_decade) - 10 ** (b / bins_per_decade) for b in edges],
-                   align="edge", alpha=0.6, label=status)
+            ax.bar(
+                [10 ** (b / bins_per_decade) for b in edges],
+                [counts[status][b] for b in edges],
+                width=[
+                    10 ** ((b + 1) / bins_per_decade) - 10 ** (b / bins_per_decade) for b in edges
+                ],
+                align="edge",
+                alpha=0.6,
+                label=status,
+            )
     ax.set_xscale("log")
     ax.set_xlabel("latency from first call to outcome (ms)")
     ax.set_ylabel("rows")
@@ -210,13 +273,23 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.input:
             reader = spark.read.option("header", True).option("inferSchema", True)
-            df = reader.csv(args.input) if args.input.lower().endswith(".csv") else spark.read.parquet(args.input)
+            df = (
+                reader.csv(args.input)
+                if args.input.lower().endswith(".csv")
+                else spark.read.parquet(args.input)
+            )
         else:
             df = generated_rows(spark, args.generate or DEMO_ROWS)
         try:
             result = dispatch(
-                df, target, id_col=args.id_col, key_cols=key_cols, timeout_ms=args.timeout_ms,
-                max_in_flight=args.max_in_flight, retries=args.retries, backoff_ms=args.backoff_ms,
+                df,
+                target,
+                id_col=args.id_col,
+                key_cols=key_cols,
+                timeout_ms=args.timeout_ms,
+                max_in_flight=args.max_in_flight,
+                retries=args.retries,
+                backoff_ms=args.backoff_ms,
                 _engine=args.engine,
             )
         except (TypeError, ValueError) as exc:
@@ -232,14 +305,23 @@ def main(args: argparse.Namespace) -> int:
         # Read the written rows back: recomputing `result` would call the target again.
         written = spark.read.parquet(str(rows_path))
         summary = summarize(written, elapsed)
-        summary.update(target=repr(target), master=args.master, engine=args.engine or "default",
-                       timeout_ms=args.timeout_ms, max_in_flight=args.max_in_flight,
-                       retries=args.retries, backoff_ms=args.backoff_ms, key_cols=key_cols)
+        summary.update(
+            target=repr(target),
+            master=args.master,
+            engine=args.engine or "default",
+            timeout_ms=args.timeout_ms,
+            max_in_flight=args.max_in_flight,
+            retries=args.retries,
+            backoff_ms=args.backoff_ms,
+            key_cols=key_cols,
+        )
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         latency_histogram(written, out_dir / "latency.png")
     finally:
         if owned:
             spark.stop()
     print(json.dumps(summary, indent=2))
-    print(f"wrote {rows_path}, {out_dir / 'summary.json'}, {out_dir / 'latency.png'}", file=sys.stderr)
+    print(
+        f"wrote {rows_path}, {out_dir / 'summary.json'}, {out_dir / 'latency.png'}", file=sys.stderr
+    )
     return 0

@@ -16,7 +16,8 @@ partitions may share a value of the second column).
 from __future__ import annotations
 
 import pickle
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 from pyspark import cloudpickle
@@ -25,7 +26,7 @@ from pyspark.sql.types import DoubleType, IntegerType, StringType, StructField, 
 
 from .engines import DEFAULT_ENGINE, DispatchConfig, get_engine, worker_runtime
 
-__all__ = ["dispatch", "output_schema", "RESULT_COLUMNS", "STATUSES"]
+__all__ = ["RESULT_COLUMNS", "STATUSES", "dispatch", "output_schema"]
 
 #: The columns ``dispatch`` adds to the input's.
 RESULT_COLUMNS = ("status", "attempts", "latency_ms", "error")
@@ -102,7 +103,7 @@ def _validate(
     if not callable(submit):
         raise TypeError(f"target must have a submit(row, on_done) method, got {target!r}")
     try:
-        cloudpickle.dumps(target)
+        cloudpickle.dumps(target)  # type: ignore[no-untyped-call]
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
         raise TypeError(f"target {target!r} cannot be pickled for Spark's workers: {exc}") from exc
     return config
@@ -119,18 +120,24 @@ class _PartitionDispatch:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         worker_runtime().tasks += 1
         engine = get_engine(self.engine)
-        schemas: List[pa.Schema] = []
+        schemas: list[pa.Schema] = []
 
-        def rows() -> Iterator[Dict[str, Any]]:
+        def rows() -> Iterator[dict[str, Any]]:
             for batch in batches:
                 if not schemas:
                     schemas.append(pa.schema([*batch.schema, *_ARROW_RESULT_FIELDS]))
                 yield from batch.to_pylist()
 
-        out: List[Dict[str, Any]] = []
+        out: list[dict[str, Any]] = []
         for row, status, attempts, latency_ms, error in engine(rows(), self.target, self.config):
             out.append(
-                {**row, "status": status, "attempts": attempts, "latency_ms": latency_ms, "error": error}
+                {
+                    **row,
+                    "status": status,
+                    "attempts": attempts,
+                    "latency_ms": latency_ms,
+                    "error": error,
+                }
             )
             if len(out) == _OUT_BATCH_ROWS:
                 yield pa.RecordBatch.from_pylist(out, schema=schemas[0])
@@ -149,9 +156,9 @@ def dispatch(
     max_in_flight: int = 256,
     retries: int = 2,
     backoff_ms: int = 100,
-    _engine: Optional[str] = None,
+    _engine: str | None = None,
 ) -> DataFrame:
-    """Send every row of ``df`` to ``target`` from the executors; return each row once with its outcome.
+    """Send each row of ``df`` to ``target`` from the executors; return it once, with its outcome.
 
     The result has ``df``'s columns plus ``status`` (``ok``, ``failed`` or ``timeout``:
     how the last attempt ended), ``attempts``, ``latency_ms`` (first call to final

@@ -27,20 +27,21 @@ import random
 import threading
 import time
 import urllib.parse
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Optional, Protocol
 
 __all__ = [
-    "Target",
-    "OnDone",
     "DownstreamError",
     "DownstreamTimeout",
-    "SimulatedDownstream",
     "HttpDownstream",
-    "target_from_url",
-    "row_keys",
-    "blocking_call",
+    "OnDone",
+    "SimulatedDownstream",
+    "Target",
     "async_call",
+    "blocking_call",
+    "row_keys",
+    "target_from_url",
 ]
 
 log = logging.getLogger("timewheel")
@@ -79,7 +80,7 @@ def _check_number(name: str, value: Any) -> float:
     return float(value)
 
 
-def _check_columns(name: str, value: Any) -> Tuple[str, ...]:
+def _check_columns(name: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise TypeError(f"{name} must be a list or tuple of column names, got {value!r}")
     for col in value:
@@ -88,27 +89,29 @@ def _check_columns(name: str, value: Any) -> Tuple[str, ...]:
     return tuple(value)
 
 
-def row_keys(row: Mapping[str, Any], key_cols: Sequence[str]) -> Tuple[Any, ...]:
+def row_keys(row: Mapping[str, Any], key_cols: Sequence[str]) -> tuple[Any, ...]:
     """The distinct non-null values of ``key_cols`` in ``row``: the keys a call holds."""
     return tuple(dict.fromkeys(row[col] for col in key_cols if row[col] is not None))
 
 
 class _Delivery:
-    """One thread per process that runs callbacks at their due time (a heap, not a thread per call)."""
+    """One thread per process runs callbacks at their due time: a heap, not a thread per call."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.lock = threading.Lock()
         self.wakeup = threading.Condition(self.lock)
-        self.heap: List[Tuple[float, int, Callable[[], None]]] = []
+        self.heap: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = itertools.count()
-        self.thread: Optional[threading.Thread] = None
+        self.thread: threading.Thread | None = None
 
     def at(self, due: float, callback: Callable[[], None]) -> None:
         with self.lock:
             heapq.heappush(self.heap, (due, next(self.seq), callback))
             if self.thread is None:
-                self.thread = threading.Thread(target=self._run, name="timewheel-sim-replies", daemon=True)
+                self.thread = threading.Thread(
+                    target=self._run, name="timewheel-sim-replies", daemon=True
+                )
                 self.thread.start()
             elif self.heap[0][0] == due:
                 self.wakeup.notify()
@@ -130,12 +133,12 @@ class _Delivery:
                 callback()  # never raises: _SimState.reply guards the user's callback
 
 
-_DELIVERY: Optional[_Delivery] = None
+_DELIVERY: _Delivery | None = None
 _DELIVERY_LOCK = threading.Lock()
 
 
 def _delivery() -> _Delivery:
-    """This process's delivery thread; a copy inherited through fork has no thread, so is replaced."""
+    """This process's delivery thread (one inherited through fork has no thread: replaced)."""
     global _DELIVERY
     delivery = _DELIVERY
     if delivery is not None and delivery.pid == os.getpid():
@@ -149,16 +152,16 @@ def _delivery() -> _Delivery:
 class _SimState:
     """The per-process half of a :class:`SimulatedDownstream`: its RNG, held keys and counters."""
 
-    def __init__(self, seed: Optional[int]) -> None:
+    def __init__(self, seed: int | None) -> None:
         self.pid = os.getpid()
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
-        self.held: Dict[Any, int] = {}
+        self.held: dict[Any, int] = {}
         self.calls = 0
         self.overlaps = 0
         self.callback_errors = 0
 
-    def hold(self, keys: Tuple[Any, ...]) -> Optional[str]:
+    def hold(self, keys: tuple[Any, ...]) -> str | None:
         """Mark ``keys`` in flight; return an error naming the first key already held."""
         clash = None
         with self.lock:
@@ -171,7 +174,7 @@ class _SimState:
                 self.overlaps += 1
         return None if clash is None else f"key overlap on {clash!r}"
 
-    def release(self, keys: Tuple[Any, ...]) -> None:
+    def release(self, keys: tuple[Any, ...]) -> None:
         with self.lock:
             for key in keys:
                 left = self.held[key] - 1
@@ -180,7 +183,7 @@ class _SimState:
                 else:
                     del self.held[key]
 
-    def reply(self, on_done: OnDone, error: Optional[str], keys: Tuple[Any, ...]) -> None:
+    def reply(self, on_done: OnDone, error: str | None, keys: tuple[Any, ...]) -> None:
         self.release(keys)
         try:
             on_done(error is None, error)
@@ -214,7 +217,7 @@ class SimulatedDownstream:
         pct50_ms: float,
         pct75_ms: float,
         failure_rate: float = 0.0,
-        seed: Optional[int] = None,
+        seed: int | None = None,
         exclusive_cols: Sequence[str] = (),
     ) -> None:
         p50 = _check_number("pct50_ms", pct50_ms)
@@ -235,7 +238,7 @@ class SimulatedDownstream:
         self.exclusive_cols = _check_columns("exclusive_cols", exclusive_cols)
         self._mu = math.log(p50 / 1000.0)
         self._sigma = math.log(p75 / p50) / _Z75
-        self._state: Optional[_SimState] = None
+        self._state: _SimState | None = None
         self._state_lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -244,13 +247,13 @@ class SimulatedDownstream:
             f"failure_rate={self.failure_rate:g}, seed={self.seed!r})"
         )
 
-    def __getstate__(self) -> Dict[str, Any]:
+    def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_state"] = None
         del state["_state_lock"]
         return state
 
-    def __setstate__(self, state: Dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._state_lock = threading.Lock()
 
@@ -278,8 +281,8 @@ class SimulatedDownstream:
         """``on_done`` callbacks that raised (each was logged on the ``timewheel`` logger)."""
         return self._live().callback_errors
 
-    def expected_attempt(self, timeout_ms: float) -> Tuple[float, float]:
-        """Mean duration (ms) of one attempt cut off at ``timeout_ms``, and the chance it does not succeed."""
+    def expected_attempt(self, timeout_ms: float) -> tuple[float, float]:
+        """Mean length (ms) of one attempt cut off at ``timeout_ms``, and its chance to fail."""
         mu, sigma, t = self._mu + math.log(1000.0), self._sigma, float(timeout_ms)
         if sigma == 0:
             in_time = 1.0 if self.pct50_ms <= t else 0.0
@@ -291,7 +294,9 @@ class SimulatedDownstream:
             mean = math.exp(mu + sigma * sigma / 2) * _normal_cdf(z - sigma) + t * (1 - in_time)
         return mean, (1 - in_time) + in_time * self.failure_rate
 
-    def _start(self, row: Mapping[str, Any]) -> Tuple[_SimState, float, Optional[str], Tuple[Any, ...]]:
+    def _start(
+        self, row: Mapping[str, Any]
+    ) -> tuple[_SimState, float, str | None, tuple[Any, ...]]:
         """Draw one call's latency (s) and outcome, and hold its keys."""
         state = self._live()
         with state.lock:
@@ -306,10 +311,12 @@ class SimulatedDownstream:
     def submit(self, row: Mapping[str, Any], on_done: OnDone) -> None:
         """Start a call; ``on_done`` runs on the process's delivery thread after the latency."""
         state, latency, error, keys = self._start(row)
-        _delivery().at(time.monotonic() + latency, functools.partial(state.reply, on_done, error, keys))
+        _delivery().at(
+            time.monotonic() + latency, functools.partial(state.reply, on_done, error, keys)
+        )
 
     def call(self, row: Mapping[str, Any], timeout_s: float) -> None:
-        """Block for the latency; raise DownstreamTimeout past ``timeout_s``, DownstreamError on failure."""
+        """Block for the latency; raise DownstreamTimeout past ``timeout_s`` or DownstreamError."""
         state, latency, error, keys = self._start(row)
         try:
             if latency > timeout_s:
@@ -339,7 +346,7 @@ class _HttpPool:
         self.pid = os.getpid()
         self.local = threading.local()
         self.lock = threading.Lock()
-        self.connections: List[http.client.HTTPConnection] = []
+        self.connections: list[http.client.HTTPConnection] = []
         self.executor = ThreadPoolExecutor(max_connections, thread_name_prefix="timewheel-http")
 
     def close(self) -> None:
@@ -352,7 +359,7 @@ class _HttpPool:
 
 # Shared by every copy of an HttpDownstream in this process (Spark unpickles a fresh copy
 # for every task), so connections and threads are made once per worker, not per task.
-_HTTP_POOLS: Dict[Tuple[str, float, int], _HttpPool] = {}
+_HTTP_POOLS: dict[tuple[str, float, int], _HttpPool] = {}
 _HTTP_POOLS_LOCK = threading.Lock()
 
 
@@ -399,14 +406,14 @@ class HttpDownstream:
             return pool
 
     def close(self) -> None:
-        """Close this endpoint's connections and threads in this process (made again on next use)."""
+        """Close this endpoint's connections and threads in this process (remade on next use)."""
         with _HTTP_POOLS_LOCK:
             pool = _HTTP_POOLS.pop((self.url, self.timeout_s, self.max_connections), None)
         if pool is not None and pool.pid == os.getpid():
             pool.close()
 
     def _connection(self, pool: _HttpPool, timeout_s: float) -> http.client.HTTPConnection:
-        conn: Optional[http.client.HTTPConnection] = getattr(pool.local, "conn", None)
+        conn: http.client.HTTPConnection | None = getattr(pool.local, "conn", None)
         if conn is None:
             cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
             conn = pool.local.conn = cls(self._host, self._port, timeout=timeout_s)
@@ -443,7 +450,7 @@ class HttpDownstream:
             try:
                 self.call(row, self.timeout_s)
             except (DownstreamError, DownstreamTimeout) as exc:
-                outcome: Tuple[bool, Optional[str]] = (False, str(exc))
+                outcome: tuple[bool, str | None] = (False, str(exc))
             else:
                 outcome = (True, None)
             try:
@@ -471,10 +478,12 @@ def target_from_url(url: str) -> Any:
         return HttpDownstream(url)
     if parts.scheme != "sim":
         raise ValueError(f"target must be sim://?... or an http(s):// URL, got {url!r}")
-    given: Dict[str, Any] = {}
+    given: dict[str, Any] = {}
     for name, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
         if name not in _SIM_PARAMS:
-            raise ValueError(f"unknown sim:// parameter {name!r} in {url!r}; known: {', '.join(_SIM_PARAMS)}")
+            raise ValueError(
+                f"unknown sim:// parameter {name!r} in {url!r}; known: {', '.join(_SIM_PARAMS)}"
+            )
         try:
             given[name] = _SIM_PARAMS[name](value)
         except ValueError:
@@ -494,9 +503,9 @@ def blocking_call(target: Any, row: Mapping[str, Any], timeout_s: float) -> None
         call(row, timeout_s)
         return
     done = threading.Event()
-    outcome: List[Any] = []
+    outcome: list[Any] = []
 
-    def on_done(ok: bool, error: Optional[str]) -> None:
+    def on_done(ok: bool, error: str | None) -> None:
         outcome.append((ok, error))
         done.set()
 
@@ -515,13 +524,13 @@ async def async_call(target: Any, row: Mapping[str, Any]) -> None:
         await acall(row)
         return
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[Tuple[bool, Optional[str]]] = loop.create_future()
+    future: asyncio.Future[tuple[bool, str | None]] = loop.create_future()
 
-    def settle(ok: bool, error: Optional[str]) -> None:
+    def settle(ok: bool, error: str | None) -> None:
         if not future.done():  # wait_for may have cancelled it already
             future.set_result((ok, error))
 
-    def on_done(ok: bool, error: Optional[str]) -> None:
+    def on_done(ok: bool, error: str | None) -> None:
         loop.call_soon_threadsafe(settle, ok, error)
 
     target.submit(row, on_done)

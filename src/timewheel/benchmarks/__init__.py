@@ -1,1 +1,1 @@
-"""Benchmarks run by ``timewheel bench <name>``: every figure is a ratio against a baseline of the same run."""
+"""Benchmarks run by ``timewheel bench <name>``; every figure is a ratio within one run."""

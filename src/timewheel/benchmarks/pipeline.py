@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import resource
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any
 
 from ..engines import DispatchConfig, engine_names
 from ..pipeline import add_dispatch_options, spark_session
 
-__all__ = ["add_parser", "main", "little_bound_rows_per_s", "mean_slot_ms"]
+__all__ = ["add_parser", "little_bound_rows_per_s", "main", "mean_slot_ms"]
 
 _STATS_SCHEMA = (
     "rows_in long, rows_out long, distinct_out long, missing long, extra long, "
@@ -33,7 +33,7 @@ _STATS_SCHEMA = (
 )
 
 
-def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``pipeline`` benchmark."""
     parser = subparsers.add_parser(
         "pipeline",
@@ -41,12 +41,30 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--rows", type=int, default=1_000_000, help="rows to dispatch per engine (default: %(default)s)")
-    parser.add_argument("--partitions", type=int, default=None, help="partitions (default: Spark's default parallelism)")
-    parser.add_argument("--engines", default=",".join(engine_names()), help="comma-separated engines (default: %(default)s)")
-    parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
+    parser.add_argument(
+        "--rows",
+        type=int,
+        default=1_000_000,
+        help="rows to dispatch per engine (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=None,
+        help="partitions (default: Spark's default parallelism)",
+    )
+    parser.add_argument(
+        "--engines",
+        default=",".join(engine_names()),
+        help="comma-separated engines (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--json", default=None, metavar="PATH", help="also write the results as JSON"
+    )
     add_dispatch_options(parser)
-    parser.set_defaults(timeout_ms=200, max_in_flight=2000, target="sim://?pct50=20&pct75=60&failures=0.01&seed=1")
+    parser.set_defaults(
+        timeout_ms=200, max_in_flight=2000, target="sim://?pct50=20&pct75=60&failures=0.01&seed=1"
+    )
     parser.set_defaults(func=main)
 
 
@@ -58,7 +76,7 @@ def mean_slot_ms(sim: Any, config: DispatchConfig) -> float:
     """
     mean_attempt, redo = sim.expected_attempt(config.timeout_ms)
     attempts = sum(redo**k for k in range(config.retries + 1))
-    return attempts * mean_attempt + (attempts - 1) * config.backoff_ms
+    return float(attempts * mean_attempt + (attempts - 1) * config.backoff_ms)
 
 
 def little_bound_rows_per_s(sim: Any, config: DispatchConfig, concurrent_tasks: int) -> float:
@@ -80,14 +98,14 @@ class _BenchPartition:
 
         before = resource.getrusage(resource.RUSAGE_SELF)
         start = time.monotonic()
-        ids_in: List[Any] = []
+        ids_in: list[Any] = []
 
         def tap() -> Iterator[Any]:
             for batch in batches:
                 ids_in.extend(batch.column(self.id_col).to_pylist())
                 yield batch
 
-        ids_out: List[Any] = []
+        ids_out: list[Any] = []
         counts = {"ok": 0, "failed": 0, "timeout": 0}
         attempts = 0
         for out in self.dispatch(tap()):
@@ -99,9 +117,16 @@ class _BenchPartition:
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         distinct_out = set(ids_out)
         row = {
-            "rows_in": len(ids_in), "rows_out": len(ids_out), "distinct_out": len(distinct_out),
-            "missing": len(set(ids_in) - distinct_out), "extra": len(distinct_out - set(ids_in)),
-            **counts, "attempts": attempts, "cpu_s": cpu, "wall_s": time.monotonic() - start, "pid": os.getpid(),
+            "rows_in": len(ids_in),
+            "rows_out": len(ids_out),
+            "distinct_out": len(distinct_out),
+            "missing": len(set(ids_in) - distinct_out),
+            "extra": len(distinct_out - set(ids_in)),
+            **counts,
+            "attempts": attempts,
+            "cpu_s": cpu,
+            "wall_s": time.monotonic() - start,
+            "pid": os.getpid(),
         }
         yield pa.RecordBatch.from_pylist([row])
 
@@ -111,7 +136,7 @@ def _value_counts(column: Any) -> Any:
     return counted.field("values").to_pylist(), counted.field("counts").to_pylist()
 
 
-def _jvm_cpu_s(spark: Any) -> Optional[float]:
+def _jvm_cpu_s(spark: Any) -> float | None:
     """CPU seconds of the local JVM (driver and executors), from /proc; None when not local."""
     proc = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
     if proc is None:
@@ -129,13 +154,29 @@ def _driver_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_engine(spark: Any, df: Any, engine: str, target: Any, config: DispatchConfig, id_col: str) -> Dict[str, Any]:
+def run_engine(
+    spark: Any, df: Any, engine: str, target: Any, config: DispatchConfig, id_col: str
+) -> dict[str, Any]:
     """Dispatch ``df`` with ``engine``; return throughput, CPU per row and the accounting."""
     jvm0, drv0, start = _jvm_cpu_s(spark), _driver_cpu_s(), time.monotonic()
     parts = df.mapInArrow(_BenchPartition(engine, target, config, id_col), _STATS_SCHEMA).collect()
     wall = time.monotonic() - start
     jvm1, drv1 = _jvm_cpu_s(spark), _driver_cpu_s()
-    total = {k: sum(p[k] for p in parts) for k in ("rows_in", "rows_out", "distinct_out", "missing", "extra", "ok", "failed", "timeout", "attempts", "cpu_s")}
+    total = {
+        k: sum(p[k] for p in parts)
+        for k in (
+            "rows_in",
+            "rows_out",
+            "distinct_out",
+            "missing",
+            "extra",
+            "ok",
+            "failed",
+            "timeout",
+            "attempts",
+            "cpu_s",
+        )
+    }
     rows = total["rows_in"]
     jvm_cpu = None if jvm0 is None or jvm1 is None else jvm1 - jvm0
     cpu_total = total["cpu_s"] + (drv1 - drv0) + (jvm_cpu or 0.0)
@@ -152,20 +193,28 @@ def run_engine(spark: Any, df: Any, engine: str, target: Any, config: DispatchCo
         "cpu_us_per_row": cpu_total / rows * 1e6,
         "partition_wall_s_median": statistics.median(p["wall_s"] for p in parts) if parts else 0.0,
         "accounted": (
-            total["rows_out"] == rows == total["distinct_out"] == sum(total[k] for k in ("ok", "failed", "timeout"))
-            and total["missing"] == 0 and total["extra"] == 0
+            total["rows_out"]
+            == rows
+            == total["distinct_out"]
+            == sum(total[k] for k in ("ok", "failed", "timeout"))
+            and total["missing"] == 0
+            and total["extra"] == 0
         ),
     }
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run every engine once on the same data; print the table; 1 if any row was not accounted for."""
+    """Run every engine once on the same data and print the table; 1 if a row went unaccounted."""
     from ..targets import SimulatedDownstream, target_from_url
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = [e for e in engines if e not in engine_names()]
     if unknown or not engines or args.rows < 1:
-        print(f"timewheel bench pipeline: error: engines must be among {engine_names()} and rows >= 1", file=sys.stderr)
+        print(
+            "timewheel bench pipeline: error: "
+            f"engines must be among {engine_names()} and rows >= 1",
+            file=sys.stderr,
+        )
         return 2
     target = target_from_url(args.target)
     config = DispatchConfig(args.timeout_ms, args.max_in_flight, args.retries, args.backoff_ms)
@@ -179,15 +228,28 @@ def main(args: argparse.Namespace) -> int:
         if owned:
             spark.stop()
     concurrent = min(partitions, cores)
-    bound = little_bound_rows_per_s(target, config, concurrent) if isinstance(target, SimulatedDownstream) else None
+    bound = (
+        little_bound_rows_per_s(target, config, concurrent)
+        if isinstance(target, SimulatedDownstream)
+        else None
+    )
     for r in results:
         r["rows_per_s_per_core"] = r["rows_per_s"] / cores
         r["share_of_bound"] = None if bound is None else r["rows_per_s"] / bound
         for base in results:
             r[f"x_{base['engine']}"] = r["rows_per_s"] / base["rows_per_s"]
-    report = {"rows": args.rows, "partitions": partitions, "cores": cores, "target": repr(target),
-              "timeout_ms": args.timeout_ms, "max_in_flight": args.max_in_flight, "retries": args.retries,
-              "backoff_ms": args.backoff_ms, "bound_rows_per_s": bound, "results": results}
+    report = {
+        "rows": args.rows,
+        "partitions": partitions,
+        "cores": cores,
+        "target": repr(target),
+        "timeout_ms": args.timeout_ms,
+        "max_in_flight": args.max_in_flight,
+        "retries": args.retries,
+        "backoff_ms": args.backoff_ms,
+        "bound_rows_per_s": bound,
+        "results": results,
+    }
     _print_table(report)
     if args.json:
         with open(args.json, "w") as f:
@@ -195,19 +257,28 @@ def main(args: argparse.Namespace) -> int:
     return 0 if all(r["accounted"] for r in results) else 1
 
 
-def _print_table(report: Dict[str, Any]) -> None:
+def _print_table(report: dict[str, Any]) -> None:
     bound = report["bound_rows_per_s"]
-    print(f"{report['rows']:,} rows, {report['partitions']} partitions on {report['cores']} cores, "
-          f"{report['target']}, timeout {report['timeout_ms']} ms, max_in_flight {report['max_in_flight']}/partition"
-          + (f"; in-flight bound {bound:,.0f} rows/s" if bound else ""))
+    print(
+        f"{report['rows']:,} rows, {report['partitions']} partitions on {report['cores']} cores, "
+        f"{report['target']}, timeout {report['timeout_ms']} ms, "
+        f"max_in_flight {report['max_in_flight']}/partition"
+        + (f"; in-flight bound {bound:,.0f} rows/s" if bound else "")
+    )
     names = [r["engine"] for r in report["results"]]
-    print(f"{'engine':<10}{'rows/s':>10}{'/core':>9}{'of bound':>9}{'CPU us/row':>11}{'worker':>8}{'jvm':>7}"
-          + "".join(f"{'x ' + n:>10}" for n in names) + "  ok/failed/timeout  accounted")
+    print(
+        f"{'engine':<10}{'rows/s':>10}{'/core':>9}{'of bound':>9}"
+        f"{'CPU us/row':>11}{'worker':>8}{'jvm':>7}"
+        + "".join(f"{'x ' + n:>10}" for n in names)
+        + "  ok/failed/timeout  accounted"
+    )
     for r in report["results"]:
         share = "" if r["share_of_bound"] is None else f"{r['share_of_bound']:.0%}"
         jvm = "" if r["jvm_cpu_us_per_row"] is None else f"{r['jvm_cpu_us_per_row']:.0f}"
         s = r["status"]
-        print(f"{r['engine']:<10}{r['rows_per_s']:>10,.0f}{r['rows_per_s_per_core']:>9,.0f}{share:>9}"
-              f"{r['cpu_us_per_row']:>11.1f}{r['worker_cpu_us_per_row']:>8.1f}{jvm:>7}"
-              + "".join(f"{r['x_' + n]:>10.2f}" for n in names)
-              + f"  {s['ok']}/{s['failed']}/{s['timeout']}  {'yes' if r['accounted'] else 'NO'}")
+        print(
+            f"{r['engine']:<10}{r['rows_per_s']:>10,.0f}{r['rows_per_s_per_core']:>9,.0f}{share:>9}"
+            f"{r['cpu_us_per_row']:>11.1f}{r['worker_cpu_us_per_row']:>8.1f}{jvm:>7}"
+            + "".join(f"{r['x_' + n]:>10.2f}" for n in names)
+            + f"  {s['ok']}/{s['failed']}/{s['timeout']}  {'yes' if r['accounted'] else 'NO'}"
+        )
