@@ -107,7 +107,6 @@ class WorkerRuntime:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.tasks = 0
         self._objects: dict[str, tuple[Any, Any]] = {}
         self._lock = threading.Lock()
 

@@ -24,7 +24,7 @@ from pyspark import cloudpickle
 from pyspark.sql import DataFrame
 from pyspark.sql.types import DoubleType, IntegerType, StringType, StructField, StructType
 
-from .engines import DEFAULT_ENGINE, DispatchConfig, get_engine, worker_runtime
+from .engines import DEFAULT_ENGINE, DispatchConfig, get_engine
 
 __all__ = ["RESULT_COLUMNS", "STATUSES", "dispatch", "output_schema"]
 
@@ -118,7 +118,6 @@ class _PartitionDispatch:
         self.config = config
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        worker_runtime().tasks += 1
         engine = get_engine(self.engine)
         schemas: list[pa.Schema] = []
 
