@@ -100,9 +100,9 @@ def test_simulated_latency_has_the_given_median_and_is_never_early() -> None:
         assert done.acquire(timeout=10)
     q1, median, q3 = statistics.quantiles(delays_ms, n=4)
     # A reply never comes before its drawn latency, so the sample median cannot fall
-    # below the drawn one (about 3 ms); lateness on a busy machine only adds, hence
-    # the generous ceilings.
-    assert 2.5 <= median <= 30
+    # below the drawn one (about 3 ms). Lateness on a busy machine only adds to it, so
+    # the ceiling only catches a wrong unit (3 s instead of 3 ms).
+    assert 2.5 <= median <= 200
     assert q3 > median > q1
 
 

@@ -152,11 +152,16 @@ def generated_rows(spark: Any, n: int) -> Any:
 
 
 class Progress:
-    """Prints finished/total tasks of the running stages to stderr about once a second."""
+    """Reports finished/total tasks of the running stages on stderr.
+
+    On a terminal one line is redrawn every second; in a log a line is written when
+    the count changes, at most every ten seconds.
+    """
 
     def __init__(self, spark: Any, label: str) -> None:
         self._tracker = spark.sparkContext.statusTracker()
         self._label = label
+        self._tty = sys.stderr.isatty()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="timewheel-progress", daemon=True)
         self._start = time.monotonic()
@@ -165,26 +170,29 @@ class Progress:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        print(file=sys.stderr)
+        if self._tty:
+            print(file=sys.stderr)
 
     def _run(self) -> None:
-        while not self._stop.wait(1.0):
+        last = None
+        while not self._stop.wait(1.0 if self._tty else 10.0):
             done = total = 0
             for stage_id in self._tracker.getActiveStageIds():
                 info = self._tracker.getStageInfo(stage_id)
                 if info is not None:
                     done += info.numCompletedTasks
                     total += info.numTasks
-            elapsed = time.monotonic() - self._start
-            print(
-                f"\r{self._label}: {done}/{total} tasks of running stages, {elapsed:.0f} s",
-                end="",
-                file=sys.stderr,
-                flush=True,
+            line = (
+                f"{self._label}: {done}/{total} tasks done, {time.monotonic() - self._start:.0f} s"
             )
+            if self._tty:
+                print(f"\r{line}", end="", file=sys.stderr, flush=True)
+            elif (done, total) != last:
+                print(line, file=sys.stderr, flush=True)
+            last = (done, total)
 
 
 def summarize(result: Any, elapsed_s: float) -> dict[str, Any]:
@@ -259,6 +267,7 @@ def latency_histogram(result: Any, path: Path) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the pipeline; print the summary; return 0 (2 when an argument is refused)."""
+    from .engines import DEFAULT_ENGINE
     from .spark import dispatch
     from .targets import target_from_url
 
@@ -308,7 +317,7 @@ def main(args: argparse.Namespace) -> int:
         summary.update(
             target=repr(target),
             master=args.master,
-            engine=args.engine or "default",
+            engine=args.engine or DEFAULT_ENGINE,
             timeout_ms=args.timeout_ms,
             max_in_flight=args.max_in_flight,
             retries=args.retries,
