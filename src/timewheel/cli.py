@@ -9,8 +9,11 @@ from typing import List, Optional
 
 # Modules that add a subcommand through add_parser(subparsers); imported when the CLI starts,
 # so each keeps its heavy imports (pyspark, matplotlib) inside its main().
-_COMMANDS = ["timewheel.demo"]
-_BENCHMARKS: List[str] = ["timewheel.benchmarks.execution"]
+_COMMANDS = ["timewheel.demo", "timewheel.pipeline"]
+_BENCHMARKS: List[str] = [
+    "timewheel.benchmarks.execution",
+    "timewheel.benchmarks.pipeline",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
