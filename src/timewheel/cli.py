@@ -1,4 +1,4 @@
-"""The ``timewheel`` command line: ``timewheel demo`` and ``timewheel bench <name>``."""
+"""The ``timewheel`` command line: ``demo``, ``pipeline`` and ``bench <name>``."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ import sys
 
 # Modules that add a subcommand through add_parser(subparsers); imported when the CLI starts,
 # so each keeps its heavy imports (pyspark, matplotlib) inside its main().
-_COMMANDS = ["timewheel.demo"]
-_BENCHMARKS: list[str] = ["timewheel.benchmarks.execution"]
+_COMMANDS = ["timewheel.demo", "timewheel.pipeline"]
+_BENCHMARKS: list[str] = [
+    "timewheel.benchmarks.execution",
+    "timewheel.benchmarks.pipeline",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,284 @@
+"""``timewheel bench pipeline``: dispatch engines side by side on one Spark session and one dataset.
+
+Each engine runs the same partition function ``dispatch`` uses, over the same rows and
+target. Every partition reports its rows in and out (so the run checks that every id
+came back exactly once), its statuses and attempts, and the CPU its Python worker spent
+(``resource.getrusage`` inside the task). The driver adds its own CPU and, on a local
+master, the JVM's. Throughput is compared as ratios between engines of the same run,
+and against the bound that Little's law gives for the in-flight limit and the
+simulated latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..engines import DispatchConfig, engine_names
+from ..pipeline import add_dispatch_options, spark_session
+
+__all__ = ["add_parser", "little_bound_rows_per_s", "main", "mean_slot_ms"]
+
+_STATS_SCHEMA = (
+    "rows_in long, rows_out long, distinct_out long, missing long, extra long, "
+    "ok long, failed long, timeout long, attempts long, cpu_s double, wall_s double, pid long"
+)
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``pipeline`` benchmark."""
+    parser = subparsers.add_parser(
+        "pipeline",
+        help="dispatch engines compared on one Spark session (rows/s, CPU per row, accounting)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--rows",
+        type=int,
+        default=1_000_000,
+        help="rows to dispatch per engine (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=None,
+        help="partitions (default: Spark's default parallelism)",
+    )
+    parser.add_argument(
+        "--engines",
+        default=",".join(engine_names()),
+        help="comma-separated engines (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--json", default=None, metavar="PATH", help="also write the results as JSON"
+    )
+    add_dispatch_options(parser)
+    parser.set_defaults(
+        timeout_ms=200, max_in_flight=2000, target="sim://?pct50=20&pct75=60&failures=0.01&seed=1"
+    )
+    parser.set_defaults(func=main)
+
+
+def mean_slot_ms(sim: Any, config: DispatchConfig) -> float:
+    """Expected time a row holds an in-flight slot against a SimulatedDownstream.
+
+    Whether a row is retried depends only on its earlier attempts, so (Wald's identity)
+    its total is E[attempts] * E[one attempt], plus the backoffs, which hold the slot too.
+    """
+    mean_attempt, redo = sim.expected_attempt(config.timeout_ms)
+    attempts = sum(redo**k for k in range(config.retries + 1))
+    return float(attempts * mean_attempt + (attempts - 1) * config.backoff_ms)
+
+
+def little_bound_rows_per_s(sim: Any, config: DispatchConfig, concurrent_tasks: int) -> float:
+    """The most rows/s the in-flight limit allows: slots / mean slot time (Little's law)."""
+    return concurrent_tasks * config.max_in_flight / (mean_slot_ms(sim, config) / 1000.0)
+
+
+class _BenchPartition:
+    """Runs dispatch's partition function and returns one row of accounting and CPU figures."""
+
+    def __init__(self, engine: str, target: Any, config: DispatchConfig, id_col: str) -> None:
+        from ..spark import _PartitionDispatch
+
+        self.dispatch = _PartitionDispatch(engine, target, config)
+        self.id_col = id_col
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        start = time.monotonic()
+        ids_in: list[Any] = []
+
+        def tap() -> Iterator[Any]:
+            for batch in batches:
+                ids_in.extend(batch.column(self.id_col).to_pylist())
+                yield batch
+
+        ids_out: list[Any] = []
+        counts = {"ok": 0, "failed": 0, "timeout": 0}
+        attempts = 0
+        for out in self.dispatch(tap()):
+            ids_out.extend(out.column(self.id_col).to_pylist())
+            for status, n in zip(*_value_counts(out.column("status"))):
+                counts[status] += n
+            attempts += pa.compute.sum(out.column("attempts")).as_py() or 0
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        distinct_out = set(ids_out)
+        row = {
+            "rows_in": len(ids_in),
+            "rows_out": len(ids_out),
+            "distinct_out": len(distinct_out),
+            "missing": len(set(ids_in) - distinct_out),
+            "extra": len(distinct_out - set(ids_in)),
+            **counts,
+            "attempts": attempts,
+            "cpu_s": cpu,
+            "wall_s": time.monotonic() - start,
+            "pid": os.getpid(),
+        }
+        yield pa.RecordBatch.from_pylist([row])
+
+
+def _value_counts(column: Any) -> Any:
+    counted = column.value_counts()
+    return counted.field("values").to_pylist(), counted.field("counts").to_pylist()
+
+
+def _jvm_cpu_s(spark: Any) -> float | None:
+    """CPU seconds of the local JVM (driver and executors), from /proc; None when not local."""
+    proc = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
+    if proc is None:
+        return None
+    try:
+        stat = Path(f"/proc/{proc.pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _driver_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_engine(
+    spark: Any, df: Any, engine: str, target: Any, config: DispatchConfig, id_col: str
+) -> dict[str, Any]:
+    """Dispatch ``df`` with ``engine``; return throughput, CPU per row and the accounting."""
+    jvm0, drv0, start = _jvm_cpu_s(spark), _driver_cpu_s(), time.monotonic()
+    parts = df.mapInArrow(_BenchPartition(engine, target, config, id_col), _STATS_SCHEMA).collect()
+    wall = time.monotonic() - start
+    jvm1, drv1 = _jvm_cpu_s(spark), _driver_cpu_s()
+    total = {
+        k: sum(p[k] for p in parts)
+        for k in (
+            "rows_in",
+            "rows_out",
+            "distinct_out",
+            "missing",
+            "extra",
+            "ok",
+            "failed",
+            "timeout",
+            "attempts",
+            "cpu_s",
+        )
+    }
+    rows = total["rows_in"]
+    jvm_cpu = None if jvm0 is None or jvm1 is None else jvm1 - jvm0
+    cpu_total = total["cpu_s"] + (drv1 - drv0) + (jvm_cpu or 0.0)
+    return {
+        "engine": engine,
+        "rows": rows,
+        "wall_s": round(wall, 3),
+        "rows_per_s": rows / wall,
+        "status": {k: total[k] for k in ("ok", "failed", "timeout")},
+        "attempts": total["attempts"],
+        "worker_cpu_us_per_row": total["cpu_s"] / rows * 1e6,
+        "driver_cpu_us_per_row": (drv1 - drv0) / rows * 1e6,
+        "jvm_cpu_us_per_row": None if jvm_cpu is None else jvm_cpu / rows * 1e6,
+        "cpu_us_per_row": cpu_total / rows * 1e6,
+        "partition_wall_s_median": statistics.median(p["wall_s"] for p in parts) if parts else 0.0,
+        "accounted": (
+            total["rows_out"]
+            == rows
+            == total["distinct_out"]
+            == sum(total[k] for k in ("ok", "failed", "timeout"))
+            and total["missing"] == 0
+            and total["extra"] == 0
+        ),
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run every engine once on the same data and print the table; 1 if a row went unaccounted."""
+    from ..targets import SimulatedDownstream, target_from_url
+
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = [e for e in engines if e not in engine_names()]
+    if unknown or not engines or args.rows < 1:
+        print(
+            "timewheel bench pipeline: error: "
+            f"engines must be among {engine_names()} and rows >= 1",
+            file=sys.stderr,
+        )
+        return 2
+    target = target_from_url(args.target)
+    config = DispatchConfig(args.timeout_ms, args.max_in_flight, args.retries, args.backoff_ms)
+    spark, owned = spark_session(args.master, "timewheel bench pipeline")
+    try:
+        cores = spark.sparkContext.defaultParallelism
+        partitions = args.partitions or cores
+        df = spark.range(args.rows, numPartitions=partitions)
+        results = [run_engine(spark, df, engine, target, config, "id") for engine in engines]
+    finally:
+        if owned:
+            spark.stop()
+    concurrent = min(partitions, cores)
+    bound = (
+        little_bound_rows_per_s(target, config, concurrent)
+        if isinstance(target, SimulatedDownstream)
+        else None
+    )
+    for r in results:
+        r["rows_per_s_per_core"] = r["rows_per_s"] / cores
+        r["share_of_bound"] = None if bound is None else r["rows_per_s"] / bound
+        for base in results:
+            r[f"x_{base['engine']}"] = r["rows_per_s"] / base["rows_per_s"]
+    report = {
+        "rows": args.rows,
+        "partitions": partitions,
+        "cores": cores,
+        "target": repr(target),
+        "timeout_ms": args.timeout_ms,
+        "max_in_flight": args.max_in_flight,
+        "retries": args.retries,
+        "backoff_ms": args.backoff_ms,
+        "bound_rows_per_s": bound,
+        "results": results,
+    }
+    _print_table(report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0 if all(r["accounted"] for r in results) else 1
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    bound = report["bound_rows_per_s"]
+    print(
+        f"{report['rows']:,} rows, {report['partitions']} partitions on {report['cores']} cores, "
+        f"{report['target']}, timeout {report['timeout_ms']} ms, "
+        f"max_in_flight {report['max_in_flight']}/partition"
+        + (f"; in-flight bound {bound:,.0f} rows/s" if bound else "")
+    )
+    names = [r["engine"] for r in report["results"]]
+    print(
+        f"{'engine':<10}{'rows/s':>10}{'/core':>9}{'of bound':>9}"
+        f"{'CPU us/row':>11}{'worker':>8}{'jvm':>7}"
+        + "".join(f"{'x ' + n:>10}" for n in names)
+        + "  ok/failed/timeout  accounted"
+    )
+    for r in report["results"]:
+        share = "" if r["share_of_bound"] is None else f"{r['share_of_bound']:.0%}"
+        jvm = "" if r["jvm_cpu_us_per_row"] is None else f"{r['jvm_cpu_us_per_row']:.0f}"
+        s = r["status"]
+        print(
+            f"{r['engine']:<10}{r['rows_per_s']:>10,.0f}{r['rows_per_s_per_core']:>9,.0f}{share:>9}"
+            f"{r['cpu_us_per_row']:>11.1f}{r['worker_cpu_us_per_row']:>8.1f}{jvm:>7}"
+            + "".join(f"{r['x_' + n]:>10.2f}" for n in names)
+            + f"  {s['ok']}/{s['failed']}/{s['timeout']}  {'yes' if r['accounted'] else 'NO'}"
+        )

@@ -1,0 +1,190 @@
+"""The seam between :func:`timewheel.spark.dispatch` and the code that calls the target.
+
+An *engine* runs one partition: it takes the partition's rows (dicts), the target and
+a :class:`DispatchConfig`, and yields one :class:`Outcome` per row, in any order,
+exactly once each. It keeps whatever should outlive a task (threads, event loops,
+timers) in the :func:`worker_runtime` of its Python worker, and leaves those objects
+idle when the partition ends, however it ends.
+
+Engines are looked up by name with :func:`get_engine`; adding one is one line in
+``_ENGINES``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import random
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import (
+    Any,
+    Callable,
+    NamedTuple,
+    Protocol,
+    TypeVar,
+)
+
+from .targets import DownstreamError, DownstreamTimeout
+
+__all__ = [
+    "DEFAULT_ENGINE",
+    "DispatchConfig",
+    "Engine",
+    "Outcome",
+    "WorkerRuntime",
+    "backoff_s",
+    "classify",
+    "engine_names",
+    "get_engine",
+    "worker_runtime",
+]
+
+log = logging.getLogger("timewheel")
+
+T = TypeVar("T")
+
+OK, FAILED, TIMEOUT = "ok", "failed", "timeout"
+
+
+@dataclass(frozen=True)
+class DispatchConfig:
+    """The per-call settings of ``dispatch``, already validated."""
+
+    timeout_ms: int = 1000
+    max_in_flight: int = 256
+    retries: int = 2
+    backoff_ms: int = 100
+    key_cols: tuple[str, ...] = ()
+
+
+class Outcome(NamedTuple):
+    """How one row ended: ``status`` is ok, failed or timeout (that of the last attempt).
+
+    ``latency_ms`` runs from the row's first call to its final outcome, backoff
+    included; time spent waiting for a free slot or for its keys is not counted.
+    """
+
+    row: dict[str, Any]
+    status: str
+    attempts: int
+    latency_ms: float
+    error: str | None
+
+
+class Engine(Protocol):
+    """Runs one partition's rows against the target; yields one Outcome per row."""
+
+    def __call__(
+        self, rows: Iterable[dict[str, Any]], target: Any, config: DispatchConfig
+    ) -> Iterator[Outcome]:
+        """Yield an Outcome for every row of ``rows``, exactly once."""
+
+
+def classify(exc: BaseException, config: DispatchConfig) -> tuple[str, str]:
+    """Status and error message for an attempt that raised ``exc``, worded alike by every engine."""
+    if isinstance(exc, (DownstreamTimeout, TimeoutError)):
+        return TIMEOUT, f"no reply within {config.timeout_ms} ms"
+    if isinstance(exc, DownstreamError):
+        return FAILED, str(exc)
+    return FAILED, f"{type(exc).__name__}: {exc}"
+
+
+def backoff_s(config: DispatchConfig) -> float:
+    """Seconds to wait before a retry: ``backoff_ms`` with +-50% jitter, so retries spread out."""
+    return config.backoff_ms * random.uniform(0.5, 1.5) / 1000.0
+
+
+class WorkerRuntime:
+    """What a Python worker keeps across the Spark tasks it runs.
+
+    Spark reuses a Python worker for many tasks, so a thread pool or event loop made
+    once here is made once per worker, not once per partition. It is created in the
+    process that uses it (see :func:`worker_runtime`), never inherited through fork.
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._objects: dict[str, tuple[Any, Any]] = {}
+        self._lock = threading.Lock()
+
+    def shared(self, name: str, spec: Any, factory: Callable[[], T]) -> T:
+        """The object kept under ``name``, made by ``factory`` while ``spec`` is unchanged.
+
+        A new ``spec`` (say, another pool size) closes the old object and makes a new one,
+        so a worker never keeps two of the same kind.
+        """
+        with self._lock:
+            held = self._objects.get(name)
+            if held is not None and held[0] == spec:
+                return held[1]  # type: ignore[no-any-return]
+            if held is not None:
+                _close(held[1])
+            obj = factory()
+            self._objects[name] = (spec, obj)
+            return obj
+
+    def objects(self) -> dict[str, Any]:
+        """The objects kept now, by name."""
+        with self._lock:
+            return {name: obj for name, (_, obj) in self._objects.items()}
+
+    def close(self) -> None:
+        """Close everything kept (thread pools shut down, event loops closed)."""
+        with self._lock:
+            objects, self._objects = self._objects, {}
+        for _, obj in objects.values():
+            _close(obj)
+
+
+def _close(obj: Any) -> None:
+    for method in ("shutdown", "close"):
+        if hasattr(obj, method):
+            getattr(obj, method)()
+            return
+
+
+_RUNTIME: WorkerRuntime | None = None
+_RUNTIME_LOCK = threading.Lock()
+
+
+def worker_runtime() -> WorkerRuntime:
+    """This process's :class:`WorkerRuntime`, made on first use in this process.
+
+    A runtime inherited through ``fork`` belongs to the parent (its threads did not
+    come along), so the child drops it and makes its own.
+    """
+    global _RUNTIME
+    runtime = _RUNTIME
+    if runtime is None or runtime.pid != os.getpid():
+        with _RUNTIME_LOCK:
+            runtime = _RUNTIME
+            if runtime is None or runtime.pid != os.getpid():
+                runtime = _RUNTIME = WorkerRuntime()
+    return runtime
+
+
+# The timewheel engine (Timer + Purgatory + ResourceManager + QueueingSource/Scheduler +
+# ExecuteProduceConsume) plugs in here as "timewheel" and becomes DEFAULT_ENGINE.
+_ENGINES = {
+    "threads": "timewheel.baselines:threads_engine",
+    "asyncio": "timewheel.baselines:asyncio_engine",
+}
+
+#: The engine ``dispatch`` uses unless told otherwise.
+DEFAULT_ENGINE = "asyncio"
+
+
+def engine_names() -> tuple[str, ...]:
+    """Names :func:`get_engine` accepts."""
+    return tuple(_ENGINES)
+
+
+def get_engine(name: str) -> Engine:
+    """The engine registered as ``name``."""
+    if name not in _ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(_ENGINES)}, got {name!r}")
+    module, _, attr = _ENGINES[name].partition(":")
+    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]

@@ -1,0 +1,341 @@
+"""The downstream targets, in-process: the simulated service, the HTTP client, the URL form."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import logging
+import math
+import pickle
+import random
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from timewheel.targets import (
+    DownstreamError,
+    DownstreamTimeout,
+    HttpDownstream,
+    SimulatedDownstream,
+    async_call,
+    blocking_call,
+    target_from_url,
+)
+
+
+class Replies:
+    """Collects on_done calls; wait(n) returns once n have arrived."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[bool, str | None, float]] = []
+        self.cond = threading.Condition()
+
+    def on_done(self, ok: bool, error: str | None) -> None:
+        with self.cond:
+            self.got.append((ok, error, time.monotonic()))
+            self.cond.notify_all()
+
+    def wait(self, n: int, timeout: float = 10.0) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.got) >= n, timeout), (
+                f"{len(self.got)} of {n} replies"
+            )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "words"),
+    [
+        ({"pct50_ms": 0, "pct75_ms": 1}, ValueError, "pct50_ms must be > 0, got 0"),
+        ({"pct50_ms": -3, "pct75_ms": 1}, ValueError, "pct50_ms must be > 0, got -3"),
+        ({"pct50_ms": "20", "pct75_ms": 60}, TypeError, "pct50_ms must be a number, got '20'"),
+        ({"pct50_ms": True, "pct75_ms": 60}, TypeError, "pct50_ms must be a number, got True"),
+        ({"pct50_ms": 20, "pct75_ms": 10}, ValueError, "pct75_ms must be >= pct50_ms (20), got 10"),
+        ({"pct50_ms": 20, "pct75_ms": math.inf}, ValueError, "pct75_ms must be finite, got inf"),
+        (
+            {"pct50_ms": 20, "pct75_ms": 60, "failure_rate": 1.5},
+            ValueError,
+            "failure_rate must be between 0 and 1, got 1.5",
+        ),
+        (
+            {"pct50_ms": 20, "pct75_ms": 60, "seed": 1.0},
+            TypeError,
+            "seed must be an int or None, got 1.0",
+        ),
+        (
+            {"pct50_ms": 20, "pct75_ms": 60, "exclusive_cols": "a"},
+            TypeError,
+            "exclusive_cols must be a list or tuple",
+        ),
+    ],
+)
+def test_simulated_bad_arguments(kwargs: dict, exc: type, words: str) -> None:
+    with pytest.raises(exc) as info:
+        SimulatedDownstream(**kwargs)
+    assert words in str(info.value)
+
+
+def test_simulated_latency_has_the_given_median_and_is_never_early() -> None:
+    sim = SimulatedDownstream(pct50_ms=3, pct75_ms=9, seed=3)
+    delays_ms: list[float] = []
+    done = threading.Semaphore(0)
+    n = 300
+
+    def send(i: int) -> None:
+        start = time.monotonic()
+
+        def on_done(ok: bool, error: str | None) -> None:
+            delays_ms.append((time.monotonic() - start) * 1000)
+            done.release()
+
+        sim.submit({"id": i}, on_done)
+
+    for i in range(n):
+        send(i)
+    for _ in range(n):
+        assert done.acquire(timeout=10)
+    q1, median, q3 = statistics.quantiles(delays_ms, n=4)
+    # A reply never comes before its drawn latency, so the sample median cannot fall
+    # below the drawn one (about 3 ms). Lateness on a busy machine only adds to it, so
+    # the ceiling only catches a wrong unit (3 s instead of 3 ms).
+    assert 2.5 <= median <= 200
+    assert q3 > median > q1
+
+
+def test_simulated_failure_rate_and_seed_reproduce() -> None:
+    def failures(seed: int) -> list[int]:
+        sim = SimulatedDownstream(pct50_ms=0.01, pct75_ms=0.02, failure_rate=0.3, seed=seed)
+        out = []
+        for i in range(2000):
+            try:
+                sim.call({"id": i}, timeout_s=1.0)
+            except DownstreamError as exc:
+                assert str(exc) == "simulated failure"
+                out.append(i)
+        return out
+
+    first = failures(11)
+    assert 520 <= len(first) <= 680  # 600 expected, 4 standard deviations either side
+    assert failures(11) == first
+    assert failures(12) != first
+
+
+def test_simulated_call_times_out_at_the_timeout() -> None:
+    sim = SimulatedDownstream(pct50_ms=500, pct75_ms=500)  # always 500 ms
+    start = time.monotonic()
+    with pytest.raises(DownstreamTimeout, match="no reply within 20 ms"):
+        sim.call({"id": 1}, timeout_s=0.02)
+    assert 0.02 <= time.monotonic() - start < 0.4
+
+
+def test_simulated_records_key_overlaps_and_fails_the_overlapping_call() -> None:
+    sim = SimulatedDownstream(pct50_ms=30, pct75_ms=30, exclusive_cols=("src", "dst"))
+    replies = Replies()
+    sim.submit({"src": 1, "dst": 2}, replies.on_done)
+    sim.submit({"src": 3, "dst": 4}, replies.on_done)  # disjoint: fine
+    sim.submit({"src": 2, "dst": 5}, replies.on_done)  # account 2 is in flight
+    replies.wait(3)
+    assert sim.overlaps == 1
+    assert sorted(error or "" for _, error, _ in replies.got) == ["", "", "key overlap on 2"]
+    # Once the replies are in, the keys are free again.
+    sim.submit({"src": 2, "dst": 1}, replies.on_done)
+    replies.wait(4)
+    assert sim.overlaps == 1 and sim.calls == 4
+    assert replies.got[-1][:2] == (True, None)
+
+
+def test_simulated_acall_releases_keys_when_cancelled_by_wait_for() -> None:
+    sim = SimulatedDownstream(pct50_ms=200, pct75_ms=200, exclusive_cols=("k",))
+
+    async def scenario() -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(sim.acall({"k": "a"}), 0.01)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(sim.acall({"k": "a"}), 0.01)
+
+    asyncio.run(scenario())
+    assert sim.calls == 2 and sim.overlaps == 0
+
+
+def test_simulated_callback_that_raises_is_logged_counted_and_does_not_stop_delivery(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sim = SimulatedDownstream(pct50_ms=1, pct75_ms=1)
+    replies = Replies()
+
+    def bad(ok: bool, error: str | None) -> None:
+        raise RuntimeError("callback bug")
+
+    with caplog.at_level(logging.ERROR, logger="timewheel"):
+        sim.submit({"id": 1}, bad)
+        sim.submit({"id": 2}, replies.on_done)
+        replies.wait(1)
+    assert sim.callback_errors == 1
+    assert any("callback bug" in (r.exc_text or "") for r in caplog.records)
+
+
+def test_simulated_pickles_without_its_runtime() -> None:
+    sim = SimulatedDownstream(
+        pct50_ms=1, pct75_ms=2, failure_rate=0.5, seed=5, exclusive_cols=["k"]
+    )
+    replies = Replies()
+    sim.submit({"k": 1}, replies.on_done)
+    copy = pickle.loads(pickle.dumps(sim))
+    assert repr(copy) == repr(sim)
+    assert copy.calls == 0 and copy.exclusive_cols == ("k",)
+    copy.submit({"k": 1}, replies.on_done)  # a fresh delivery thread in the copy
+    replies.wait(2)
+
+
+def test_target_from_url() -> None:
+    sim = target_from_url("sim://?pct50=20&pct75=60&failures=0.01&seed=1")
+    assert isinstance(sim, SimulatedDownstream)
+    assert (sim.pct50_ms, sim.pct75_ms, sim.failure_rate, sim.seed) == (20.0, 60.0, 0.01, 1)
+    assert isinstance(target_from_url("http://127.0.0.1:9/x"), HttpDownstream)
+    with pytest.raises(ValueError, match="unknown sim:// parameter 'p50'"):
+        target_from_url("sim://?p50=3")
+    with pytest.raises(ValueError, match="sim:// parameter pct50 must be a number, got 'fast'"):
+        target_from_url("sim://?pct50=fast")
+    with pytest.raises(ValueError, match="target must be sim://"):
+        target_from_url("ftp://example.com")
+    with pytest.raises(ValueError, match="pct75_ms must be >= pct50_ms"):
+        target_from_url("sim://?pct50=50&pct75=10")
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive
+
+    def do_POST(self) -> None:
+        row = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        server: Any = self.server
+        with server.lock:
+            server.bodies.append(row)
+            server.peers.add(self.client_address)
+        status = 500 if row.get("fail") else 200
+        body = b"nope" if status == 500 else b"{}"
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def http_server() -> Iterator[Any]:
+    server: Any = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.daemon_threads = True
+    server.lock = threading.Lock()
+    server.bodies = []
+    server.peers = set()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_http_posts_json_over_one_keep_alive_connection(
+    http_server: Any, request: pytest.FixtureRequest
+) -> None:
+    url = f"http://127.0.0.1:{http_server.server_port}/rows"
+    target = HttpDownstream(url)
+    request.addfinalizer(target.close)
+    for i in range(5):
+        target.call({"id": i, "when": "x"}, timeout_s=5.0)
+    with pytest.raises(DownstreamError, match="HTTP 500: nope"):
+        target.call({"id": 99, "fail": True}, timeout_s=5.0)
+    assert [b["id"] for b in http_server.bodies] == [0, 1, 2, 3, 4, 99]
+    assert len(http_server.peers) == 1  # one connection carried all six requests
+
+    replies = Replies()
+    target.submit({"id": 7}, replies.on_done)
+    target.submit({"id": 8, "fail": True}, replies.on_done)
+    replies.wait(2)
+    assert sorted((ok, err) for ok, err, _ in replies.got) == [
+        (False, "HTTP 500: nope"),
+        (True, None),
+    ]
+    copy = pickle.loads(pickle.dumps(target))
+    copy.call({"id": 9}, timeout_s=5.0)
+    assert http_server.bodies[-1] == {"id": 9}
+
+
+def test_http_unreachable_is_a_failure() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    target = HttpDownstream(f"http://127.0.0.1:{port}/")
+    try:
+        with pytest.raises(DownstreamError, match="ConnectionRefusedError"):
+            target.call({"id": 1}, timeout_s=2.0)
+    finally:
+        target.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "exc", "words"),
+    [
+        (
+            ("ftp://h/",),
+            ValueError,
+            "url must be an http:// or https:// URL with a host, got 'ftp://h/'",
+        ),
+        ((b"http://h/",), TypeError, "url must be a str"),
+        (("http://h/", 0), ValueError, "timeout_s must be > 0, got 0"),
+        (("http://h/", 1.0, 0), ValueError, "max_connections must be >= 1, got 0"),
+    ],
+)
+def test_http_bad_arguments(args: tuple, exc: type, words: str) -> None:
+    with pytest.raises(exc) as info:
+        HttpDownstream(*args)
+    assert words in str(info.value)
+
+
+class SubmitOnly:
+    """A target with only submit(): replies at once with a fixed outcome, or never."""
+
+    def __init__(self, outcome: tuple[bool, str | None] | None) -> None:
+        self.outcome = outcome
+
+    def submit(self, row: Any, on_done: Any) -> None:
+        if self.outcome is not None:
+            on_done(*self.outcome)
+
+
+def test_adapters_give_submit_only_targets_the_blocking_and_async_forms() -> None:
+    blocking_call(SubmitOnly((True, None)), {}, 1.0)
+    with pytest.raises(DownstreamError, match="boom"):
+        blocking_call(SubmitOnly((False, "boom")), {}, 1.0)
+    with pytest.raises(DownstreamTimeout, match="no reply within 10 ms"):
+        blocking_call(SubmitOnly(None), {}, 0.01)
+
+    async def scenario() -> None:
+        await async_call(SubmitOnly((True, None)), {})
+        with pytest.raises(DownstreamError, match="boom"):
+            await async_call(SubmitOnly((False, "boom")), {})
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(async_call(SubmitOnly(None), {}), 0.01)
+
+    asyncio.run(scenario())
+
+
+def test_expected_attempt_matches_a_seeded_sample() -> None:
+    sim = SimulatedDownstream(pct50_ms=20, pct75_ms=60, failure_rate=0.01, seed=0)
+    mean, redo = sim.expected_attempt(200)
+    rng = random.Random(0)
+    mu, sigma = math.log(20), math.log(3) / 0.6744897501960817
+    draws = [rng.lognormvariate(mu, sigma) for _ in range(200_000)]
+    assert mean == pytest.approx(statistics.fmean(min(d, 200) for d in draws), rel=0.02)
+    late = sum(d > 200 for d in draws) / len(draws)
+    assert redo == pytest.approx(late + (1 - late) * 0.01, rel=0.03)
+    assert sim.expected_attempt(10**9)[0] == pytest.approx(20 * math.exp(sigma**2 / 2), rel=1e-6)
