@@ -52,4 +52,6 @@ def impl(request: pytest.FixtureRequest) -> str:
 def TW(impl: str) -> Any:
     """The TimingWheel class of the implementation under test."""
     return _wheel.CTimingWheel if impl == "cython" else _wheel.PyTimingWheel
+
+
 from spark_fixtures import spark  # noqa: E402,F401  (the session-scoped Spark fixture)
