@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from timewheel import wheel as _wheel
+
+# The wheel builds run the suite once per wheel (on a dozen runners, some free-threaded
+# interpreters), so there property tests trade depth for time and get no per-example deadline.
+settings.register_profile("wheels", max_examples=25, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -45,4 +52,6 @@ def impl(request: pytest.FixtureRequest) -> str:
 def TW(impl: str) -> Any:
     """The TimingWheel class of the implementation under test."""
     return _wheel.CTimingWheel if impl == "cython" else _wheel.PyTimingWheel
+
+
 from spark_fixtures import spark  # noqa: E402,F401  (the session-scoped Spark fixture)

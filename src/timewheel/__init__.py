@@ -1,12 +1,36 @@
-"""timewheel: hierarchical timing wheels and a Kafka-style request purgatory for Python.
+"""Hierarchical timing wheels for Python, and the layers a service builds on them.
 
-Layers, lowest first: :class:`TimingWheel` (the core, Cython with a pure-Python twin).
+Kafka's timing wheel cancels in O(1), schedules in O(levels) and only wakes for buckets that
+hold something. Around it:
+
+* :class:`TimingWheel` -- the core: ``schedule(deadline, item)``, ``cancel(handle)``,
+  ``advance(now)`` and ``next_deadline()``, plus NumPy batch calls. Time is an integer
+  in a unit the caller picks; the wheel has no clock of its own. It is the Cython
+  extension when built (:data:`IMPLEMENTATION` says which), else a pure-Python twin
+  with the same API; ``TIMEWHEEL_NO_EXTENSIONS=1`` forces the twin.
+* Execution (:mod:`timewheel.execution`) -- :class:`ThreadPool`, :class:`TaskQueue` and
+  Jetty's strategies :class:`ProduceConsume`, :class:`ProduceExecuteConsume` and
+  :class:`ExecuteProduceConsume` for running produced tasks.
+* Sources (:mod:`timewheel.sources`) -- the de-duplicating :class:`SetQueue`,
+  :class:`QueueingSource` (refills a slow source in the background) and a
+  :class:`Scheduler` with :class:`Fair` / :class:`PreferThenFair` strategies and back
+  pressure.
+
+Every class is safe to use from several threads, and bad arguments raise ValueError or
+TypeError naming the argument. Quick start::
+
+    >>> from timewheel import TimingWheel
+    >>> wheel = TimingWheel(tick=1, wheel_size=20)
+    >>> handle = wheel.schedule(30, "reply timed out")
+    >>> wheel.advance(29), wheel.advance(30)
+    ([], ['reply timed out'])
 """
 
 from ._version import __version__
 from .execution import (
     ExecuteProduceConsume,
     ExecutionStats,
+    ExecutionStrategy,
     PoolShutDown,
     ProduceConsume,
     ProduceExecuteConsume,
@@ -14,24 +38,37 @@ from .execution import (
     TaskQueue,
     ThreadPool,
 )
-from .sources import Fair, PreferThenFair, QueueingSource, Scheduler, SetQueue
+from .sources import (
+    Fair,
+    PreferThenFair,
+    QueueingSource,
+    Scheduler,
+    SetQueue,
+    Sink,
+    Source,
+    Strategy,
+)
 from .wheel import IMPLEMENTATION, TimingWheel
 
 __all__ = [
     "IMPLEMENTATION",
     "ExecuteProduceConsume",
     "ExecutionStats",
+    "ExecutionStrategy",
+    "Fair",
     "PoolShutDown",
+    "PreferThenFair",
     "ProduceConsume",
     "ProduceExecuteConsume",
     "Producer",
-    "TaskQueue",
-    "ThreadPool",
-    "Fair",
-    "PreferThenFair",
     "QueueingSource",
     "Scheduler",
     "SetQueue",
+    "Sink",
+    "Source",
+    "Strategy",
+    "TaskQueue",
+    "ThreadPool",
     "TimingWheel",
     "__version__",
 ]

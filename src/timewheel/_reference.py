@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import operator
 import threading
-from typing import Any, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -91,27 +92,27 @@ class TimingWheel:
         self._now = start
         self._lock = threading.Lock()
         # level k tick widths; the last one may be the top (span >= 2**64)
-        self._ticks: List[int] = []
+        self._ticks: list[int] = []
         # buckets: index k*wheel_size + slot; parallel lists
-        self._bhead: List[int] = []
-        self._btail: List[int] = []
-        self._bkey: List[int] = []
-        self._bpos: List[int] = []
+        self._bhead: list[int] = []
+        self._btail: list[int] = []
+        self._bkey: list[int] = []
+        self._bpos: list[int] = []
         self._due_head = -1
         self._due_tail = -1
         self._due_key = 0
         self._due_pos = -1
         # heap of bucket ids (_DUE for the due bucket)
-        self._heap: List[int] = []
+        self._heap: list[int] = []
         # slab
-        self._deadline: List[int] = []
-        self._seq: List[int] = []
-        self._prev: List[int] = []
-        self._next: List[int] = []
-        self._bucket: List[int] = []
-        self._gen: List[int] = []
-        self._item: List[Any] = []
-        self._free: List[int] = []
+        self._deadline: list[int] = []
+        self._seq: list[int] = []
+        self._prev: list[int] = []
+        self._next: list[int] = []
+        self._bucket: list[int] = []
+        self._gen: list[int] = []
+        self._item: list[Any] = []
+        self._free: list[int] = []
         self._gen_floor = 1
         self._gen_ceiling = 1
         self._next_seq = 0
@@ -164,7 +165,7 @@ class TimingWheel:
         with self._lock:
             return self._cancel(h)
 
-    def advance(self, now: int) -> List[Any]:
+    def advance(self, now: int) -> list[Any]:
         """Move time to ``max(self.now, now)`` and return the items now due.
 
         Items are ordered by deadline, then by the order they were scheduled.
@@ -173,7 +174,7 @@ class TimingWheel:
         with self._lock:
             return self._expire(t)[1]
 
-    def next_deadline(self) -> Optional[int]:
+    def next_deadline(self) -> int | None:
         """Earliest time at which :meth:`advance` may return something; None if empty.
 
         It is the earliest pending deadline, or earlier if that entry was cancelled.
@@ -187,7 +188,7 @@ class TimingWheel:
             return self._key_of(heap[0])
 
     def schedule_many(
-        self, deadlines: npt.NDArray[np.int64], items: Optional[Sequence[Any]] = None
+        self, deadlines: npt.NDArray[np.int64], items: Sequence[Any] | None = None
     ) -> npt.NDArray[np.int64]:
         """Schedule one entry per deadline (an int64 array); return their handles.
 
@@ -204,8 +205,7 @@ class TimingWheel:
                 ) from None
             if n_items != arr.shape[0]:
                 raise ValueError(
-                    f"items must have the same length as deadlines ({arr.shape[0]}), "
-                    f"got {n_items}"
+                    f"items must have the same length as deadlines ({arr.shape[0]}), got {n_items}"
                 )
         out = np.empty(arr.shape[0], dtype=np.int64)
         with self._lock:
@@ -284,8 +284,16 @@ class TimingWheel:
         self._due_head = self._due_tail = -1
         self._gen_floor = _next_gen(self._gen_ceiling)
         self._gen_ceiling = self._gen_floor
-        for arr in (self._deadline, self._seq, self._prev, self._next,
-                    self._bucket, self._gen, self._item, self._free):
+        for arr in (
+            self._deadline,
+            self._seq,
+            self._prev,
+            self._next,
+            self._bucket,
+            self._gen,
+            self._item,
+            self._free,
+        ):
             arr.clear()
 
     def _schedule(self, d: int, item: Any) -> int:
@@ -369,12 +377,12 @@ class TimingWheel:
         self._reset_if_empty()
         return True
 
-    def _expire(self, t: int) -> Tuple[List[int], List[Any]]:
+    def _expire(self, t: int) -> tuple[list[int], list[Any]]:
         """Move time to ``max(now, t)``, free every due entry, return (handles, items)."""
         if t > self._now:
             self._now = t
         now = self._now
-        expired: List[int] = []
+        expired: list[int] = []
         heap = self._heap
         while heap and self._key_of(heap[0]) <= now:
             b = self._heap_pop()
@@ -471,4 +479,3 @@ class TimingWheel:
             pos = child
         heap[pos] = b
         self._set_pos(b, pos)
-

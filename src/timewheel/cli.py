@@ -1,16 +1,15 @@
-"""The ``timewheel`` command: ``timewheel pipeline``, ``timewheel bench <name>``, ``timewheel demo``."""
+"""The ``timewheel`` command line: ``demo``, ``pipeline`` and ``bench <name>``."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
-from typing import List, Optional
 
 # Modules that add a subcommand through add_parser(subparsers); imported when the CLI starts,
 # so each keeps its heavy imports (pyspark, matplotlib) inside its main().
 _COMMANDS = ["timewheel.demo", "timewheel.pipeline"]
-_BENCHMARKS: List[str] = [
+_BENCHMARKS: list[str] = [
     "timewheel.benchmarks.execution",
     "timewheel.benchmarks.pipeline",
 ]
@@ -33,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -7,7 +7,7 @@ import argparse
 from .wheel import IMPLEMENTATION, TimingWheel
 
 
-def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``demo`` subcommand."""
     parser = subparsers.add_parser("demo", help="walk through a small timing wheel")
     parser.set_defaults(func=main)

@@ -29,9 +29,10 @@ import logging
 import threading
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Deque, Iterable, List, Optional, Protocol
+from typing import Callable, Protocol
 
 __all__ = [
     "ExecuteProduceConsume",
@@ -55,7 +56,7 @@ Task = Callable[[], object]
 class Producer(Protocol):
     """Anything that hands out tasks one at a time."""
 
-    def produce(self) -> Optional[Task]:
+    def produce(self) -> Task | None:
         """Return the next task, or None when there is nothing to do right now."""
 
 
@@ -73,7 +74,7 @@ class TaskQueue:
 
     def __init__(self) -> None:
         # deque's append and popleft are atomic, so no lock is needed.
-        self._tasks: Deque[Task] = deque()
+        self._tasks: deque[Task] = deque()
 
     def offer(self, task: Task) -> None:
         """Append ``task``; raises TypeError (and adds nothing) if it is not callable."""
@@ -88,7 +89,7 @@ class TaskQueue:
         self._tasks.extend(batch)
         return len(batch)
 
-    def produce(self) -> Optional[Task]:
+    def produce(self) -> Task | None:
         """Remove and return the oldest task, or None when the queue is empty."""
         try:
             return self._tasks.popleft()
@@ -109,7 +110,7 @@ class _Worker:
     __slots__ = ("task", "wake")
 
     def __init__(self, lock: threading.Lock, task: Task) -> None:
-        self.task: Optional[Task] = task
+        self.task: Task | None = task
         self.wake = threading.Condition(lock)
 
 
@@ -132,10 +133,10 @@ class ThreadPool:
         self._max_threads = max_threads
         self._name = name
         self._lock = threading.Lock()
-        self._idle: List[_Worker] = []
+        self._idle: list[_Worker] = []
         self._parked = threading.Condition(self._lock)
-        self._queue: Deque[Task] = deque()
-        self._threads: List[threading.Thread] = []
+        self._queue: deque[Task] = deque()
+        self._threads: list[threading.Thread] = []
         self._shutdown = False
         self._errors = 0
 
@@ -218,7 +219,7 @@ class ThreadPool:
                 logger.exception("task %r raised in %s", task, threading.current_thread().name)
             task = self._next_task(worker)
 
-    def _next_task(self, worker: _Worker) -> Optional[Task]:
+    def _next_task(self, worker: _Worker) -> Task | None:
         with self._lock:
             while True:
                 if self._queue:
@@ -233,7 +234,7 @@ class ThreadPool:
                 if worker.task is not None:
                     return worker.task
 
-    def wait_idle(self, count: int = 1, timeout: Optional[float] = None) -> bool:
+    def wait_idle(self, count: int = 1, timeout: float | None = None) -> bool:
         """Block until at least ``count`` threads are parked idle; False on timeout.
 
         Lets a caller (or a test) know the pool has quiesced without guessing a sleep.
@@ -260,7 +261,7 @@ class ThreadPool:
                 if thread is not me:
                     thread.join()
 
-    def __enter__(self) -> "ThreadPool":
+    def __enter__(self) -> ThreadPool:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -347,7 +348,7 @@ class ExecutionStrategy(ABC):
                 self._tasks_run, self._errors, self._pending, self._peak_pending, self._dispatches
             )
 
-    def _next_task(self) -> Optional[Task]:
+    def _next_task(self) -> Task | None:
         """Produce the next task; on None the producing role has been released."""
         while True:
             try:

@@ -28,15 +28,15 @@ from types import MappingProxyType, TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
 __all__ = [
-    "SetQueue",
-    "Source",
     "Executor",
-    "QueueingSource",
-    "Sink",
-    "Strategy",
     "Fair",
     "PreferThenFair",
+    "QueueingSource",
     "Scheduler",
+    "SetQueue",
+    "Sink",
+    "Source",
+    "Strategy",
 ]
 
 logger = logging.getLogger(__name__)
