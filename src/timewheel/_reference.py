@@ -41,6 +41,7 @@ INT64_MAX = (1 << 63) - 1
 _U64 = 1 << 64
 MAX_WHEEL_SIZE = 1 << 16
 MAX_SLOTS = (1 << 32) - 1
+HANDLE_BOUND = 1 << 200  # a handle beyond this is refused as nonsense; within it, unknown
 _GEN_MAX = (1 << 31) - 1
 _FREE = -2  # bucket id of a free slot
 _DUE = -1  # bucket id of the due bucket
@@ -180,7 +181,7 @@ class TimingWheel:
 
     def cancel(self, handle: int) -> bool:
         """Cancel a pending entry; True only if ``handle`` was pending."""
-        h = check_int("handle", handle, -(1 << 200), 1 << 200)
+        h = check_int("handle", handle, -HANDLE_BOUND, HANDLE_BOUND)
         with self._lock:
             dropped = self._cancel(h)
         # the item's last reference goes here, outside the lock: its __del__ may call us
