@@ -9,8 +9,46 @@ after releasing the lock.
 
 cimport cython
 from cpython.object cimport PyObject
-from cpython.pythread cimport PyThread_type_lock
 from libc.stdint cimport int64_t, uint32_t, uint64_t
+
+
+cdef extern from *:
+    """
+    /* The wheel's lock: an OS mutex, because PyThread_acquire_lock reads the clock on
+       every call (CPython 3.11, even with NOWAIT_LOCK) and that was a tenth of a
+       schedule + cancel. tw_mutex_trylock returns 1 when it got the lock. */
+    #if defined(_WIN32)
+    #include <windows.h>
+    typedef SRWLOCK tw_mutex;
+    static int tw_mutex_init(tw_mutex *m) { InitializeSRWLock(m); return 0; }
+    static void tw_mutex_destroy(tw_mutex *m) { (void)m; }
+    static int tw_mutex_trylock(tw_mutex *m) { return TryAcquireSRWLockExclusive(m) != 0; }
+    static void tw_mutex_lock(tw_mutex *m) { AcquireSRWLockExclusive(m); }
+    static void tw_mutex_unlock(tw_mutex *m) { ReleaseSRWLockExclusive(m); }
+    #else
+    #include <pthread.h>
+    typedef pthread_mutex_t tw_mutex;
+    static int tw_mutex_init(tw_mutex *m) { return pthread_mutex_init(m, NULL); }
+    static void tw_mutex_destroy(tw_mutex *m) { pthread_mutex_destroy(m); }
+    static int tw_mutex_trylock(tw_mutex *m) { return pthread_mutex_trylock(m) == 0; }
+    static void tw_mutex_lock(tw_mutex *m) { pthread_mutex_lock(m); }
+    static void tw_mutex_unlock(tw_mutex *m) { pthread_mutex_unlock(m); }
+    #endif
+    /* 1 where a GIL serialises Python threads; 0 on free-threaded builds */
+    #ifdef Py_GIL_DISABLED
+    #define TW_HAS_GIL 0
+    #else
+    #define TW_HAS_GIL 1
+    #endif
+    """
+    enum: TW_HAS_GIL
+    ctypedef struct tw_mutex:
+        pass
+    int tw_mutex_init(tw_mutex* m) noexcept nogil
+    void tw_mutex_destroy(tw_mutex* m) noexcept nogil
+    int tw_mutex_trylock(tw_mutex* m) noexcept nogil
+    void tw_mutex_lock(tw_mutex* m) noexcept nogil
+    void tw_mutex_unlock(tw_mutex* m) noexcept nogil
 
 
 cdef enum:
@@ -54,15 +92,19 @@ cdef int grow(void** ptr, size_t* cap, size_t need, size_t itemsize, size_t limi
 
 @cython.final
 cdef class TimingWheel:
-    cdef PyThread_type_lock _lock
+    cdef tw_mutex _mutex
+    cdef bint _mutex_ready
+    cdef Py_ssize_t _gilfree  # threads working on the wheel without the GIL (GIL held to change)
     cdef int64_t _tick
     cdef int64_t _start
     cdef int64_t _now
     cdef uint64_t _wheel
-    # per level: bucket width, span (width * wheel_size) and now rounded down to the width
+    # per level, offsets from start: bucket width, span (width * wheel_size), now rounded
+    # down to the width, and the index of now's bucket
     cdef uint64_t _ticks[MAX_LEVELS]
     cdef uint64_t _spans[MAX_LEVELS]
     cdef uint64_t _floors[MAX_LEVELS]
+    cdef uint64_t _cursors[MAX_LEVELS]
     cdef int _top  # index of the level whose span reaches 2**64; it takes everything
     cdef int _nlevels  # levels whose buckets exist
     cdef Bucket* _buckets
@@ -80,9 +122,12 @@ cdef class TimingWheel:
 
     cdef int _add_levels(self, int upto) noexcept nogil
     cdef int _level_for(self, int64_t d) noexcept nogil
+    cdef uint32_t _bucket(self, int64_t d, int k) noexcept nogil
+    cdef int _grow_slab(self, size_t need) noexcept nogil
     cdef int _prepare(self, size_t n, int64_t max_deadline) noexcept nogil
     cdef int64_t _insert_one(self, int64_t d, PyObject* item) noexcept nogil
     cdef int64_t _insert(self, int64_t d, PyObject* item) noexcept nogil
+    cdef uint32_t _take(self, int64_t d, PyObject* item) noexcept nogil
     cdef void _place(self, uint32_t s) noexcept nogil
     cdef void _link(self, uint32_t s, uint32_t b, int64_t d) noexcept nogil
     cdef void _unlink(self, uint32_t s) noexcept nogil
@@ -95,4 +140,8 @@ cdef class TimingWheel:
     cdef uint32_t _heap_pop(self) noexcept nogil
     cdef void _sift_up(self, uint32_t pos) noexcept nogil
     cdef void _sift_down(self, uint32_t pos) noexcept nogil
-    cdef bint _lock_fast(self) noexcept
+    cdef bint _peek(self, int64_t* key) noexcept nogil
+    cdef bint _enter_with_gil(self) noexcept
+    cdef void _leave_with_gil(self) noexcept
+    cdef void _lock(self) noexcept nogil
+    cdef void _unlock(self) noexcept nogil

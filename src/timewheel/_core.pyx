@@ -17,17 +17,9 @@ a ``__del__`` that calls back into the wheel.
 
 cimport cython
 from cpython.list cimport PyList_New
-from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
+from cpython.long cimport PyLong_CheckExact
 from cpython.mem cimport PyMem_RawFree, PyMem_RawRealloc
 from cpython.object cimport PyObject
-from cpython.pythread cimport (
-    NOWAIT_LOCK,
-    WAIT_LOCK,
-    PyThread_acquire_lock,
-    PyThread_allocate_lock,
-    PyThread_free_lock,
-    PyThread_release_lock,
-)
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from cpython.sequence cimport PySequence_Fast_ITEMS
 from libc.stdint cimport INT64_MAX, INT64_MIN, SIZE_MAX, UINT64_MAX
@@ -49,6 +41,7 @@ cdef enum:
     MAX_SLOTS = 0xFFFFFFFF  # slot NIL is reserved, so 2**32 - 1 slots
     KEEP_SLOTS = 1024  # a slab this small is kept across resets to spare malloc churn
     CHUNK = 65536  # batch entries per lock hold, so other threads interleave
+    MIN_SLOTS = 16
 
 cdef const int64_t SLOT_MASK = 0xFFFFFFFF  # low half of a handle
 
@@ -101,23 +94,22 @@ cdef void sort_expired(ExpiredBuf* out) noexcept nogil:
 
 cdef inline int64_t as_int64(str name, object value) except? -1:
     """``value`` as int64, refusing what the reference's ``check_int`` refuses."""
-    cdef int overflow = 0
-    cdef long long x
     if PyLong_CheckExact(value):
-        x = PyLong_AsLongLongAndOverflow(value, &overflow)
-        if not overflow:
-            return x
+        # Cython's conversion reads small ints' digits inline
+        try:
+            return <int64_t>value
+        except OverflowError:
+            pass
     return check_int(name, value)
 
 
 cdef inline int64_t as_handle(object value) except? -1:
     """``value`` as int64, or 0 (never a handle) for an int beyond int64."""
-    cdef int overflow = 0
-    cdef long long x
     if PyLong_CheckExact(value):
-        x = PyLong_AsLongLongAndOverflow(value, &overflow)
-        if not overflow:
-            return x
+        try:
+            return <int64_t>value
+        except OverflowError:
+            pass
     h = check_int("handle", value, -HANDLE_BOUND, HANDLE_BOUND)
     return h if INT64_MIN <= h <= INT64_MAX else 0
 
@@ -146,6 +138,7 @@ cdef class TimingWheel:
         for k in range(MAX_LEVELS):
             self._ticks[k] = width
             self._floors[k] = 0
+            self._cursors[k] = 0
             if width > UINT64_MAX // w:
                 self._spans[k] = 0
                 self._top = k
@@ -157,9 +150,9 @@ cdef class TimingWheel:
         self._gen_ceiling = 1
         if self._add_levels(0) < 0:
             raise MemoryError("cannot allocate the timing wheel's buckets")
-        self._lock = PyThread_allocate_lock()
-        if self._lock == NULL:
-            raise MemoryError("cannot allocate the timing wheel's lock")
+        if tw_mutex_init(&self._mutex) != 0:
+            raise MemoryError("cannot create the timing wheel's lock")
+        self._mutex_ready = True
 
     def __dealloc__(self):
         cdef uint32_t s
@@ -170,8 +163,8 @@ cdef class TimingWheel:
             PyMem_RawFree(self._entries)
         PyMem_RawFree(self._buckets)
         PyMem_RawFree(self._heap)
-        if self._lock != NULL:
-            PyThread_free_lock(self._lock)
+        if self._mutex_ready:
+            tw_mutex_destroy(&self._mutex)
 
     # -- properties ---------------------------------------------------------------
     @property
@@ -215,14 +208,16 @@ cdef class TimingWheel:
         if item is not None:
             p = <PyObject*>item
             Py_INCREF(item)
-        if self._lock_fast():
+        if self._enter_with_gil():
             h = self._insert_one(d, p)
-            PyThread_release_lock(self._lock)
+            self._leave_with_gil()
         else:
+            self._gilfree += 1
             with nogil:
-                PyThread_acquire_lock(self._lock, WAIT_LOCK)
+                self._lock()
                 h = self._insert_one(d, p)
-                PyThread_release_lock(self._lock)
+                self._unlock()
+            self._gilfree -= 1
         if h < 0:
             Py_XDECREF(p)
             raise MemoryError("timing wheel cannot grow (out of memory or 2**32 - 1 entries)")
@@ -233,14 +228,16 @@ cdef class TimingWheel:
         cdef int64_t h = as_handle(handle)
         cdef PyObject* item = NULL
         cdef bint found
-        if self._lock_fast():
+        if self._enter_with_gil():
             found = self._cancel(h, &item)
-            PyThread_release_lock(self._lock)
+            self._leave_with_gil()
         else:
+            self._gilfree += 1
             with nogil:
-                PyThread_acquire_lock(self._lock, WAIT_LOCK)
+                self._lock()
                 found = self._cancel(h, &item)
-                PyThread_release_lock(self._lock)
+                self._unlock()
+            self._gilfree -= 1
         Py_XDECREF(item)
         return found
 
@@ -255,10 +252,12 @@ cdef class TimingWheel:
         cdef list result
         buf.data = NULL
         buf.n = buf.cap = 0
+        self._gilfree += 1
         with nogil:
-            PyThread_acquire_lock(self._lock, WAIT_LOCK)
+            self._lock()
             self._expire(t, &buf)
-            PyThread_release_lock(self._lock)
+            self._unlock()
+        self._gilfree -= 1
         cdef PyObject* p
         try:
             result = PyList_New(buf.n)
@@ -283,15 +282,16 @@ cdef class TimingWheel:
         """
         cdef int64_t key = 0
         cdef bint found = False
-        if not self._lock_fast():
+        if self._enter_with_gil():
+            found = self._peek(&key)
+            self._leave_with_gil()
+        else:
+            self._gilfree += 1
             with nogil:
-                PyThread_acquire_lock(self._lock, WAIT_LOCK)
-        if self._len:
-            while self._buckets[self._heap[0]].head == NIL:
-                self._heap_pop()
-            key = self._buckets[self._heap[0]].key
-            found = True
-        PyThread_release_lock(self._lock)
+                self._lock()
+                found = self._peek(&key)
+                self._unlock()
+            self._gilfree -= 1
         return key if found else None
 
     def schedule_many(self, deadlines, items=None):
@@ -317,6 +317,7 @@ cdef class TimingWheel:
             for i in range(n):
                 Py_INCREF(<object>ptrs[i])
         i = 0
+        self._gilfree += 1
         with nogil:
             while i < n:
                 end = n if n - i < CHUNK else i + CHUNK
@@ -324,15 +325,16 @@ cdef class TimingWheel:
                 for j in range(i + 1, end):
                     if d[j] > top:
                         top = d[j]
-                PyThread_acquire_lock(self._lock, WAIT_LOCK)
+                self._lock()
                 rc = self._prepare(end - i, top)
                 if rc == 0:
                     for j in range(i, end):
                         handles[j] = self._insert(d[j], ptrs[j] if ptrs != NULL else NULL)
-                PyThread_release_lock(self._lock)
+                self._unlock()
                 if rc < 0:
                     break
                 i = end
+        self._gilfree -= 1
         if rc < 0:
             if ptrs != NULL:
                 for j in range(i, n):
@@ -357,12 +359,13 @@ cdef class TimingWheel:
         if grow(<void**>&dropped, &cap, CHUNK if n > CHUNK else max(n, 1),
                 sizeof(PyObject*), CHUNK) < 0:
             raise MemoryError("cannot allocate the cancel buffer")
+        self._gilfree += 1
         try:
             with nogil:
                 while i < n:
                     end = n if n - i < CHUNK else i + CHUNK
                     kept = 0
-                    PyThread_acquire_lock(self._lock, WAIT_LOCK)
+                    self._lock()
                     for j in range(i, end):
                         item = NULL
                         if self._cancel(h[j], &item):
@@ -370,13 +373,14 @@ cdef class TimingWheel:
                             if item != NULL:
                                 dropped[kept] = item
                                 kept += 1
-                    PyThread_release_lock(self._lock)
+                    self._unlock()
                     if kept:
                         with gil:
                             for k in range(kept):
                                 Py_XDECREF(dropped[k])
                     i = end
         finally:
+            self._gilfree -= 1
             PyMem_RawFree(dropped)
         return count
 
@@ -388,10 +392,12 @@ cdef class TimingWheel:
         cdef int64_t[::1] view
         buf.data = NULL
         buf.n = buf.cap = 0
+        self._gilfree += 1
         with nogil:
-            PyThread_acquire_lock(self._lock, WAIT_LOCK)
+            self._lock()
             self._expire(t, &buf)
-            PyThread_release_lock(self._lock)
+            self._unlock()
+        self._gilfree -= 1
         try:
             out = np.empty(buf.n, dtype=np.int64)
             view = out
@@ -404,9 +410,29 @@ cdef class TimingWheel:
         return out
 
     # -- locking --------------------------------------------------------------------
-    cdef bint _lock_fast(self) noexcept:
-        """Take the lock if it is free; the caller blocks for it without the GIL if not."""
-        return PyThread_acquire_lock(self._lock, NOWAIT_LOCK) != 0
+    cdef bint _enter_with_gil(self) noexcept:
+        """With the GIL held, enter the wheel at once if that is safe, else return False.
+
+        With a GIL, the GIL itself excludes every other thread unless one is working
+        without it, and each such thread counts itself in _gilfree (with the GIL)
+        before it lets go and until it has it back. So at _gilfree == 0 no lock is
+        needed, which spares schedule and cancel an atomic operation each. A thread
+        told False counts itself in, releases the GIL and blocks for the lock.
+        """
+        if TW_HAS_GIL:
+            return self._gilfree == 0
+        return tw_mutex_trylock(&self._mutex)
+
+    cdef void _leave_with_gil(self) noexcept:
+        if not TW_HAS_GIL:
+            tw_mutex_unlock(&self._mutex)
+
+    cdef void _lock(self) noexcept nogil:
+        """Block for the lock; only ever called with the GIL released."""
+        tw_mutex_lock(&self._mutex)
+
+    cdef void _unlock(self) noexcept nogil:
+        tw_mutex_unlock(&self._mutex)
 
     # -- levels and placement (lock held) ---------------------------------------------
     cdef int _add_levels(self, int upto) noexcept nogil:
@@ -438,6 +464,28 @@ cdef class TimingWheel:
             k += 1
         return k
 
+    cdef uint32_t _bucket(self, int64_t d, int k) noexcept nogil:
+        """Bucket of ``d`` (> now) at level ``k``: ``(rel // width) % wheel_size``.
+
+        Within the level's span from now's bucket that is now's index (kept in
+        _cursors) plus one small division, the common case on the schedule path.
+        """
+        cdef uint64_t rel = <uint64_t>d - <uint64_t>self._start
+        cdef uint64_t i
+        if k < self._top and rel - self._floors[k] < self._spans[k]:
+            i = self._cursors[k] + (rel - self._floors[k]) // self._ticks[k]
+            if i >= self._wheel:
+                i -= self._wheel
+        else:
+            i = (rel // self._ticks[k]) % self._wheel
+        return <uint32_t>(1 + k * self._wheel + i)
+
+    cdef int _grow_slab(self, size_t need) noexcept nogil:
+        if need <= self._cap:
+            return 0
+        return grow(<void**>&self._entries, &self._cap, need if need > MIN_SLOTS else MIN_SLOTS,
+                    sizeof(Entry), MAX_SLOTS)
+
     cdef int _prepare(self, size_t n, int64_t max_deadline) noexcept nogil:
         """Make room for ``n`` inserts with deadlines up to ``max_deadline``; -1 if not."""
         cdef int level
@@ -448,15 +496,30 @@ cdef class TimingWheel:
             level = self._level_for(max_deadline)
             if level >= self._nlevels and self._add_levels(level) < 0:
                 return -1
-        return grow(<void**>&self._entries, &self._cap, need, sizeof(Entry), MAX_SLOTS)
+        return self._grow_slab(need)
 
     cdef int64_t _insert_one(self, int64_t d, PyObject* item) noexcept nogil:
-        if self._prepare(1, d) < 0:
+        """schedule()'s path: _prepare and _insert in one, searching the level once."""
+        cdef int k = -1
+        cdef uint32_t s
+        if d > self._now:
+            k = self._level_for(d)
+            if k >= self._nlevels and self._add_levels(k) < 0:
+                return -1
+        if self._free == NIL and self._grow_slab(<size_t>self._hw + 1) < 0:
             return -1
-        return self._insert(d, item)
+        s = self._take(d, item)
+        self._link(s, DUE if k < 0 else self._bucket(d, k), d)
+        return (<int64_t>self._entries[s].gen << 32) | s
 
     cdef int64_t _insert(self, int64_t d, PyObject* item) noexcept nogil:
-        """Take a slot (room made by _prepare) for ``d``/``item``; return its handle."""
+        """Schedule into room made by _prepare; return the handle."""
+        cdef uint32_t s = self._take(d, item)
+        self._place(s)
+        return (<int64_t>self._entries[s].gen << 32) | s
+
+    cdef uint32_t _take(self, int64_t d, PyObject* item) noexcept nogil:
+        """Fill a slot (from the free list, else the high-water mark) with a new entry."""
         cdef uint32_t s
         cdef Entry* e
         if self._free != NIL:
@@ -472,13 +535,11 @@ cdef class TimingWheel:
         self._next_seq += 1
         e.item = item
         self._len += 1
-        self._place(s)
-        return (<int64_t>e.gen << 32) | s
+        return s
 
     cdef void _place(self, uint32_t s) noexcept nogil:
         cdef int64_t d = self._entries[s].deadline
         cdef int k
-        cdef uint64_t rel
         if d <= self._now:
             self._link(s, DUE, d)
             return
@@ -487,8 +548,7 @@ cdef class TimingWheel:
             # unreachable: _prepare made the level, and a later `now` only lowers the
             # level a deadline needs; a finer bucket would still never fire it early
             k = self._nlevels - 1
-        rel = <uint64_t>d - <uint64_t>self._start
-        self._link(s, <uint32_t>(1 + k * self._wheel + (rel // self._ticks[k]) % self._wheel), d)
+        self._link(s, self._bucket(d, k), d)
 
     cdef void _link(self, uint32_t s, uint32_t b, int64_t d) noexcept nogil:
         cdef Bucket* bk = &self._buckets[b]
@@ -566,16 +626,27 @@ cdef class TimingWheel:
         self._reset_if_empty()
         return True
 
+    cdef bint _peek(self, int64_t* key) noexcept nogil:
+        """Drop emptied buckets from the heap's head; store its key, False if empty."""
+        if self._len == 0:
+            return False
+        while self._buckets[self._heap[0]].head == NIL:
+            self._heap_pop()
+        key[0] = self._buckets[self._heap[0]].key
+        return True
+
     # -- expiry (lock held, GIL released) ---------------------------------------------
     cdef void _set_now(self, int64_t t) noexcept nogil:
-        cdef uint64_t rel
+        cdef uint64_t rel, q
         cdef int k
         if t <= self._now:
             return
         self._now = t
         rel = <uint64_t>t - <uint64_t>self._start
         for k in range(self._top):
-            self._floors[k] = rel - rel % self._ticks[k]
+            q = rel // self._ticks[k]
+            self._floors[k] = q * self._ticks[k]
+            self._cursors[k] = q % self._wheel
 
     cdef void _expire(self, int64_t t, ExpiredBuf* out) noexcept nogil:
         """Move time to ``max(now, t)`` and move every due entry into ``out``, sorted.
