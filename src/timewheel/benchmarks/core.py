@@ -24,15 +24,17 @@ import gc
 import heapq
 import random
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 
 from timewheel.wheel import CTimingWheel, PyTimingWheel
 
-__all__ = ["HeapTimer", "run_core_bench", "format_table", "add_parser"]
+__all__ = ["HeapTimer", "build_cases", "run_core_bench", "format_table", "add_parser"]
 
 STEP = 1_000  # ticks per advance in the expire workload
+EXT = "timewheel (Cython)"
+PURE = "timewheel (pure Python)"
 
 #: The speed-up targets from the issue: ``case -> (baseline, minimum ratio)``, where the
 #: ratio is the baseline's time over the extension's (for the dict floor, at least 1/1.5).
@@ -204,34 +206,45 @@ def _heap_expire(deadlines: List[int], n: int) -> Callable[[], Callable[[], Any]
     return make
 
 
-def run_core_bench(n: int = 200_000, repeat: int = 5, seed: int = 1) -> List[Dict[str, Any]]:
-    """Time every contender; return rows of ``case``, ``name``, ``ns_per_timer`` and
-    ``ratio`` (the contender's time over the extension's in the same case: above 1 means
-    the extension is faster). Without the extension, the pure-Python twin is the base."""
-    if n < 1 or repeat < 1:
-        raise ValueError(f"n and repeat must be at least 1, got n={n}, repeat={repeat}")
+Case = Tuple[str, str, Callable[[], Callable[[], Any]]]
+
+
+def build_cases(n: int = 200_000, seed: int = 1) -> List[Case]:
+    """Every ``(case, contender, make)``: ``make()`` sets a run up untimed and returns
+    the callable to time. Contenders that need the extension are left out without it."""
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
     rng = random.Random(seed)
     deadlines = [rng.randint(1, n) for _ in range(n)]
     array = np.array(deadlines, dtype=np.int64)
-    ext_name = "timewheel (Cython)"
-    base_cls = CTimingWheel if CTimingWheel is not None else PyTimingWheel
-    cases: List[tuple] = []
+    cases: List[Case] = []
     if CTimingWheel is not None:
         cases += [
-            ("schedule+cancel", ext_name, _wheel_pair(CTimingWheel, deadlines)),
-            ("batch", ext_name, _wheel_batch(CTimingWheel, array)),
+            ("schedule+cancel", EXT, _wheel_pair(CTimingWheel, deadlines)),
+            ("batch", EXT, _wheel_batch(CTimingWheel, array)),
             ("batch", "timewheel per call", _wheel_pair(CTimingWheel, deadlines)),
-            ("expire", ext_name, _wheel_expire(CTimingWheel, deadlines, n)),
+            ("expire", EXT, _wheel_expire(CTimingWheel, deadlines, n)),
         ]
     cases += [
-        ("schedule+cancel", "timewheel (pure Python)", _wheel_pair(PyTimingWheel, deadlines)),
+        ("schedule+cancel", PURE, _wheel_pair(PyTimingWheel, deadlines)),
         ("schedule+cancel", "asyncio call_at", _asyncio_pair(deadlines)),
         ("schedule+cancel", "heapq (lazy cancel)", _heap_pair(deadlines)),
         ("schedule+cancel", "dict (floor)", _dict_pair(list(range(n)))),
-        ("batch", "timewheel (pure Python)", _wheel_batch(PyTimingWheel, array)),
-        ("expire", "timewheel (pure Python)", _wheel_expire(PyTimingWheel, deadlines, n)),
+        ("batch", PURE, _wheel_batch(PyTimingWheel, array)),
+        ("expire", PURE, _wheel_expire(PyTimingWheel, deadlines, n)),
         ("expire", "heapq pop", _heap_expire(deadlines, n)),
     ]
+    return cases
+
+
+def run_core_bench(n: int = 200_000, repeat: int = 5, seed: int = 1) -> List[Dict[str, Any]]:
+    """Time every contender; return rows of ``case``, ``name``, ``ns_per_timer``,
+    ``ratio`` (the contender's time over the extension's in the same case: above 1 means
+    the extension is faster), ``target`` and ``met``. Without the extension the
+    pure-Python twin is the base and no target applies."""
+    if repeat < 1:
+        raise ValueError(f"repeat must be at least 1, got {repeat}")
+    cases = build_cases(n, seed)
     # round-robin, so a burst of load from other processes hits every contender alike
     best = [float("inf")] * len(cases)
     for _ in range(repeat):
@@ -241,13 +254,13 @@ def run_core_bench(n: int = 200_000, repeat: int = 5, seed: int = 1) -> List[Dic
         {"case": case, "name": name, "ns_per_timer": best[i] / n}
         for i, (case, name, _) in enumerate(cases)
     ]
-    base_name = ext_name if base_cls is CTimingWheel else "timewheel (pure Python)"
+    with_ext = CTimingWheel is not None
+    base_name = EXT if with_ext else PURE
     base = {r["case"]: r["ns_per_timer"] for r in rows if r["name"] == base_name}
     for r in rows:
         r["ratio"] = r["ns_per_timer"] / base[r["case"]]
-        target = TARGETS[r["case"]].get(r["name"]) if base_cls is CTimingWheel else None
-        r["target"] = target
-        r["met"] = None if target is None else r["ratio"] >= target
+        r["target"] = TARGETS[r["case"]].get(r["name"]) if with_ext else None
+        r["met"] = None if r["target"] is None else r["ratio"] >= r["target"]
     return rows
 
 
