@@ -161,7 +161,9 @@ def test_cancel_is_true_once(TW: Any) -> None:
     assert w.cancel(keep) is False
 
 
-@pytest.mark.parametrize("handle", [0, -1, 1, 12345, (7 << 32) | 3, INT64_MAX, INT64_MIN, 2**64, -(2**100)])
+@pytest.mark.parametrize(
+    "handle", [0, -1, 1, 12345, (7 << 32) | 3, INT64_MAX, INT64_MIN, 2**64, -(2**100)]
+)
 def test_cancel_never_issued_handle(TW: Any, handle: int) -> None:
     w = TW()
     w.schedule(10, "x")

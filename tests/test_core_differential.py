@@ -3,7 +3,7 @@ test and the reference, and both agree with a trivial model (a dict of pending e
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -50,8 +50,8 @@ class Model:
 
     def __init__(self, start: int) -> None:
         self.now = start
-        self.pending: Dict[int, Tuple[int, int, Any]] = {}  # handle -> (deadline, seq, item)
-        self.issued: List[int] = []
+        self.pending: dict[int, tuple[int, int, Any]] = {}  # handle -> (deadline, seq, item)
+        self.issued: list[int] = []
         self.seq = 0
         self.cancelled_since_empty = False
 
@@ -67,7 +67,7 @@ class Model:
         self.cancelled_since_empty = bool(self.pending)
         return True
 
-    def expire(self, t: int) -> Tuple[List[int], List[Any]]:
+    def expire(self, t: int) -> tuple[list[int], list[Any]]:
         """Handles and items due at ``max(now, t)``, by (deadline, seq)."""
         self.now = max(self.now, t)
         due = sorted((v[0], v[1], h) for h, v in self.pending.items() if v[0] <= self.now)
@@ -87,7 +87,7 @@ class Model:
         return [0, -1, n, (n << 32) | (n % 7), -n, INT64_MAX - n][n % 6]
 
 
-def run(TW: Any, wheel: Tuple[int, int, int], program: List[tuple]) -> None:
+def run(TW: Any, wheel: tuple[int, int, int], program: list[tuple]) -> None:
     tick, size, start = wheel
     a, b, m = TW(tick, size, start), PyTimingWheel(tick, size, start), Model(start)
 
@@ -108,7 +108,9 @@ def run(TW: Any, wheel: Tuple[int, int, int], program: List[tuple]) -> None:
             m.add(h, d, item)
         elif kind == "schedule_many":
             ds = np.array([when(s) for s in op[1]], dtype=np.int64)
-            items: Optional[List[Any]] = [("item", m.seq + i) for i in range(len(ds))] if op[2] else None
+            items: list[Any] | None = (
+                [("item", m.seq + i) for i in range(len(ds))] if op[2] else None
+            )
             hs = a.schedule_many(ds, items).tolist()
             assert b.schedule_many(ds, items).tolist() == hs
             for i, h in enumerate(hs):
@@ -138,7 +140,7 @@ def run(TW: Any, wheel: Tuple[int, int, int], program: List[tuple]) -> None:
         assert a.levels == b.levels
 
 
-def check_next_deadline(nd: Optional[int], m: Model) -> None:
+def check_next_deadline(nd: int | None, m: Model) -> None:
     if not m.pending:
         assert nd is None
         return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
-from typing import Any, List, Set, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -17,16 +17,16 @@ def test_every_entry_fires_once_or_is_cancelled(TW: Any) -> None:
     w = TW(tick=1, wheel_size=8)
     start = threading.Barrier(PRODUCERS + 1)
     producers_done = threading.Event()
-    scheduled: List[Set[Tuple[int, int]]] = [set() for _ in range(PRODUCERS)]
-    cancelled: List[Set[Tuple[int, int]]] = [set() for _ in range(PRODUCERS)]
-    batch_targets: Set[Tuple[int, int, int]] = set()  # offered to cancel_many
+    scheduled: list[set[tuple[int, int]]] = [set() for _ in range(PRODUCERS)]
+    cancelled: list[set[tuple[int, int]]] = [set() for _ in range(PRODUCERS)]
+    batch_targets: set[tuple[int, int, int]] = set()  # offered to cancel_many
     batch_cancelled = [0]  # how many of those cancel_many reported pending
-    fired: List[Any] = []
-    errors: List[BaseException] = []
+    fired: list[Any] = []
+    errors: list[BaseException] = []
 
     def produce(p: int) -> None:
         rng = random.Random(p)
-        mine: List[Tuple[int, Tuple[int, int]]] = []
+        mine: list[tuple[int, tuple[int, int]]] = []
         try:
             start.wait()
             for i in range(PER_PRODUCER):
@@ -60,7 +60,7 @@ def test_every_entry_fires_once_or_is_cancelled(TW: Any) -> None:
 
     threads = [threading.Thread(target=produce, args=(p,)) for p in range(PRODUCERS)]
     ticker = threading.Thread(target=advance)
-    for t in threads + [ticker]:
+    for t in [*threads, ticker]:
         t.start()
     for t in threads:
         t.join()
@@ -114,7 +114,7 @@ def test_other_threads_run_during_a_large_batch(TW: Any, impl: str) -> None:
     deadlines = np.arange(1, n + 1, dtype=np.int64)
     watching = threading.Event()
     batch_done = threading.Event()
-    seen: Set[int] = set()
+    seen: set[int] = set()
 
     def watch() -> None:
         watching.set()

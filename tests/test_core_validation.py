@@ -13,7 +13,19 @@ import pytest
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
 
-NON_INTS = [1.0, 1.5, "3", b"3", None, True, np.bool_(False), Decimal(2), Fraction(4, 2), [1], np.float64(2)]
+NON_INTS = [
+    1.0,
+    1.5,
+    "3",
+    b"3",
+    None,
+    True,
+    np.bool_(False),
+    Decimal(2),
+    Fraction(4, 2),
+    [1],
+    np.float64(2),
+]
 
 
 def _setup(w: Any) -> Any:
@@ -71,7 +83,9 @@ def test_schedule_refuses_non_int_deadline(TW: Any, value: Any) -> None:
 
 @pytest.mark.parametrize("value", [INT64_MAX + 1, INT64_MIN - 1, 2**100])
 def test_schedule_refuses_out_of_range_deadline(TW: Any, value: int) -> None:
-    _assert_no_effect(TW, lambda w: w.schedule(value, "x"), ValueError, f"^deadline .* got {value}$")
+    _assert_no_effect(
+        TW, lambda w: w.schedule(value, "x"), ValueError, f"^deadline .* got {value}$"
+    )
 
 
 @pytest.mark.parametrize("value", NON_INTS, ids=repr)

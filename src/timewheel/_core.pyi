@@ -1,6 +1,7 @@
 """Type stubs for the Cython timing wheel (:mod:`timewheel._core`)."""
 
-from typing import Any, Optional, Sequence, final
+from collections.abc import Sequence
+from typing import Any, final
 
 import numpy as np
 import numpy.typing as npt
@@ -31,10 +32,10 @@ class TimingWheel:
         """Cancel a pending entry; True only if ``handle`` was pending."""
     def advance(self, now: int) -> list[Any]:
         """Move time to ``max(self.now, now)`` and return the items now due, in order."""
-    def next_deadline(self) -> Optional[int]:
+    def next_deadline(self) -> int | None:
         """Earliest time at which :meth:`advance` may return something; None if empty."""
     def schedule_many(
-        self, deadlines: npt.NDArray[np.int64], items: Optional[Sequence[Any]] = None
+        self, deadlines: npt.NDArray[np.int64], items: Sequence[Any] | None = None
     ) -> npt.NDArray[np.int64]:
         """Schedule one entry per deadline (an int64 array); return their handles."""
     def cancel_many(self, handles: npt.NDArray[np.int64]) -> int:

@@ -20,7 +20,7 @@ from cpython.list cimport PyList_New
 from cpython.long cimport PyLong_CheckExact
 from cpython.mem cimport PyMem_RawFree, PyMem_RawRealloc
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.sequence cimport PySequence_Fast_ITEMS
 from libc.stdint cimport INT64_MAX, INT64_MIN, SIZE_MAX, UINT64_MAX
 from libc.stdlib cimport qsort

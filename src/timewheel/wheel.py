@@ -8,26 +8,29 @@ from __future__ import annotations
 
 import os
 import platform
+from typing import TYPE_CHECKING
 
 from . import _reference
+
+if TYPE_CHECKING:
+    from ._core import TimingWheel as _CTimingWheel
 
 NO_EXTENSIONS = bool(os.environ.get("TIMEWHEEL_NO_EXTENSIONS")) or (
     platform.python_implementation() != "CPython"
 )
 
 PyTimingWheel = _reference.TimingWheel
+TimingWheel = PyTimingWheel
+CTimingWheel: type[_CTimingWheel] | None = None
 
-if NO_EXTENSIONS:
-    TimingWheel = PyTimingWheel
-    CTimingWheel = None
-else:
+if not NO_EXTENSIONS:
     try:
-        from ._core import TimingWheel as CTimingWheel
+        from ._core import TimingWheel as _Loaded
     except ImportError:  # pragma: no cover - only without a compiler
-        CTimingWheel = None
-        TimingWheel = PyTimingWheel
+        pass
     else:
-        TimingWheel = CTimingWheel  # type: ignore[misc]
+        CTimingWheel = _Loaded
+        TimingWheel = _Loaded  # type: ignore[assignment,misc]
 
 #: "cython" or "python": which implementation :data:`TimingWheel` is.
 IMPLEMENTATION = "python" if TimingWheel is PyTimingWheel else "cython"

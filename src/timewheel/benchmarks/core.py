@@ -24,13 +24,13 @@ import gc
 import heapq
 import random
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable
 
 import numpy as np
 
 from timewheel.wheel import CTimingWheel, PyTimingWheel
 
-__all__ = ["HeapTimer", "build_cases", "run_core_bench", "format_table", "add_parser"]
+__all__ = ["HeapTimer", "add_parser", "build_cases", "format_table", "run_core_bench"]
 
 STEP = 1_000  # ticks per advance in the expire workload
 EXT = "timewheel (Cython)"
@@ -38,8 +38,12 @@ PURE = "timewheel (pure Python)"
 
 #: The speed-up targets from the issue: ``case -> (baseline, minimum ratio)``, where the
 #: ratio is the baseline's time over the extension's (for the dict floor, at least 1/1.5).
-TARGETS: Dict[str, Dict[str, float]] = {
-    "schedule+cancel": {"asyncio call_at": 6.0, "heapq (lazy cancel)": 3.0, "dict (floor)": 1 / 1.5},
+TARGETS: dict[str, dict[str, float]] = {
+    "schedule+cancel": {
+        "asyncio call_at": 6.0,
+        "heapq (lazy cancel)": 3.0,
+        "dict (floor)": 1 / 1.5,
+    },
     "batch": {"timewheel per call": 3.0},
     "expire": {"heapq pop": 3.0},
 }
@@ -50,23 +54,23 @@ class HeapTimer:
     alive]`` lists, cancel clears ``alive`` and expiry skips dead entries."""
 
     def __init__(self) -> None:
-        self._heap: List[List[Any]] = []
+        self._heap: list[list[Any]] = []
         self._seq = 0
 
-    def schedule(self, deadline: int, item: Any) -> List[Any]:
+    def schedule(self, deadline: int, item: Any) -> list[Any]:
         """Add ``item`` at ``deadline``; return the entry, which is the handle."""
         entry = [deadline, self._seq, item, True]
         self._seq += 1
         heapq.heappush(self._heap, entry)
         return entry
 
-    def cancel(self, entry: List[Any]) -> bool:
+    def cancel(self, entry: list[Any]) -> bool:
         """Mark ``entry`` dead; True if it was alive."""
         alive = bool(entry[3])
         entry[3] = False
         return alive
 
-    def advance(self, now: int) -> List[Any]:
+    def advance(self, now: int) -> list[Any]:
         """Pop and return the live items due at ``now``, in (deadline, seq) order."""
         heap, out = self._heap, []
         while heap and heap[0][0] <= now:
@@ -94,7 +98,7 @@ def _time_ns(make: Callable[[], Callable[[], Any]]) -> int:
             gc.enable()
 
 
-def _wheel_pair(cls: Any, deadlines: List[int]) -> Callable[[], Callable[[], Any]]:
+def _wheel_pair(cls: Any, deadlines: list[int]) -> Callable[[], Callable[[], Any]]:
     def make() -> Callable[[], Any]:
         w = cls(1, 20, 0)
         schedule, cancel = w.schedule, w.cancel
@@ -109,7 +113,7 @@ def _wheel_pair(cls: Any, deadlines: List[int]) -> Callable[[], Callable[[], Any
     return make
 
 
-def _asyncio_pair(deadlines: List[int]) -> Callable[[], Callable[[], Any]]:
+def _asyncio_pair(deadlines: list[int]) -> Callable[[], Callable[[], Any]]:
     def make() -> Callable[[], Any]:
         loop = asyncio.new_event_loop()
         call_at = loop.call_at
@@ -127,7 +131,7 @@ def _asyncio_pair(deadlines: List[int]) -> Callable[[], Callable[[], Any]]:
     return make
 
 
-def _heap_pair(deadlines: List[int]) -> Callable[[], Callable[[], Any]]:
+def _heap_pair(deadlines: list[int]) -> Callable[[], Callable[[], Any]]:
     def make() -> Callable[[], Any]:
         timer = HeapTimer()
         schedule, cancel = timer.schedule, timer.cancel
@@ -142,9 +146,9 @@ def _heap_pair(deadlines: List[int]) -> Callable[[], Callable[[], Any]]:
     return make
 
 
-def _dict_pair(keys: List[int]) -> Callable[[], Callable[[], Any]]:
+def _dict_pair(keys: list[int]) -> Callable[[], Callable[[], Any]]:
     def make() -> Callable[[], Any]:
-        table: Dict[int, Any] = {}
+        table: dict[int, Any] = {}
         insert, delete = table.__setitem__, table.__delitem__
 
         def run() -> None:
@@ -170,7 +174,7 @@ def _wheel_batch(cls: Any, deadlines: np.ndarray) -> Callable[[], Callable[[], A
     return make
 
 
-def _wheel_expire(cls: Any, deadlines: List[int], n: int) -> Callable[[], Callable[[], Any]]:
+def _wheel_expire(cls: Any, deadlines: list[int], n: int) -> Callable[[], Callable[[], Any]]:
     def make() -> Callable[[], Any]:
         w = cls(1, 20, 0)
         for d in deadlines:
@@ -178,7 +182,7 @@ def _wheel_expire(cls: Any, deadlines: List[int], n: int) -> Callable[[], Callab
         advance = w.advance
 
         def run() -> None:
-            fired: List[Any] = []
+            fired: list[Any] = []
             for now in range(STEP, n + STEP, STEP):
                 fired += advance(now)
             assert len(fired) == n
@@ -188,7 +192,7 @@ def _wheel_expire(cls: Any, deadlines: List[int], n: int) -> Callable[[], Callab
     return make
 
 
-def _heap_expire(deadlines: List[int], n: int) -> Callable[[], Callable[[], Any]]:
+def _heap_expire(deadlines: list[int], n: int) -> Callable[[], Callable[[], Any]]:
     def make() -> Callable[[], Any]:
         timer = HeapTimer()
         for d in deadlines:
@@ -196,7 +200,7 @@ def _heap_expire(deadlines: List[int], n: int) -> Callable[[], Callable[[], Any]
         advance = timer.advance
 
         def run() -> None:
-            fired: List[Any] = []
+            fired: list[Any] = []
             for now in range(STEP, n + STEP, STEP):
                 fired += advance(now)
             assert len(fired) == n
@@ -206,10 +210,10 @@ def _heap_expire(deadlines: List[int], n: int) -> Callable[[], Callable[[], Any]
     return make
 
 
-Case = Tuple[str, str, Callable[[], Callable[[], Any]]]
+Case = tuple[str, str, Callable[[], Callable[[], Any]]]
 
 
-def build_cases(n: int = 200_000, seed: int = 1) -> List[Case]:
+def build_cases(n: int = 200_000, seed: int = 1) -> list[Case]:
     """Every ``(case, contender, make)``: ``make()`` sets a run up untimed and returns
     the callable to time. Contenders that need the extension are left out without it."""
     if n < 1:
@@ -217,7 +221,7 @@ def build_cases(n: int = 200_000, seed: int = 1) -> List[Case]:
     rng = random.Random(seed)
     deadlines = [rng.randint(1, n) for _ in range(n)]
     array = np.array(deadlines, dtype=np.int64)
-    cases: List[Case] = []
+    cases: list[Case] = []
     if CTimingWheel is not None:
         cases += [
             ("schedule+cancel", EXT, _wheel_pair(CTimingWheel, deadlines)),
@@ -237,7 +241,7 @@ def build_cases(n: int = 200_000, seed: int = 1) -> List[Case]:
     return cases
 
 
-def run_core_bench(n: int = 200_000, repeat: int = 5, seed: int = 1) -> List[Dict[str, Any]]:
+def run_core_bench(n: int = 200_000, repeat: int = 5, seed: int = 1) -> list[dict[str, Any]]:
     """Time every contender; return rows of ``case``, ``name``, ``ns_per_timer``,
     ``ratio`` (the contender's time over the extension's in the same case: above 1 means
     the extension is faster), ``target`` and ``met``. Without the extension the
@@ -250,7 +254,7 @@ def run_core_bench(n: int = 200_000, repeat: int = 5, seed: int = 1) -> List[Dic
     for _ in range(repeat):
         for i, (_, _, make) in enumerate(cases):
             best[i] = min(best[i], _time_ns(make))
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"case": case, "name": name, "ns_per_timer": best[i] / n}
         for i, (case, name, _) in enumerate(cases)
     ]
@@ -264,16 +268,15 @@ def run_core_bench(n: int = 200_000, repeat: int = 5, seed: int = 1) -> List[Dic
     return rows
 
 
-def format_table(rows: List[Dict[str, Any]]) -> str:
+def format_table(rows: list[dict[str, Any]]) -> str:
     """Render :func:`run_core_bench` rows as a fixed-width table."""
     lines = [f"{'case':<16} {'contender':<24} {'ns/timer':>10} {'ratio':>8}  target"]
     for r in rows:
         target = ""
         if r.get("target") is not None:
             target = f">= {r['target']:.2f}  {'met' if r['met'] else 'MISSED'}"
-        lines.append(
-            f"{r['case']:<16} {r['name']:<24} {r['ns_per_timer']:>10.1f} {r['ratio']:>7.2f}x  {target}"
-        )
+        figures = f"{r['ns_per_timer']:>10.1f} {r['ratio']:>7.2f}x"
+        lines.append(f"{r['case']:<16} {r['name']:<24} {figures}  {target}")
     lines.append("ratio = contender's time / the extension's time in the same case and run")
     return "\n".join(lines)
 
