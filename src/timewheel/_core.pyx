@@ -17,7 +17,7 @@ a ``__del__`` that calls back into the wheel.
 
 cimport cython
 from cpython.list cimport PyList_New
-from cpython.long cimport PyLong_CheckExact
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.mem cimport PyMem_RawFree, PyMem_RawRealloc
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
@@ -94,22 +94,25 @@ cdef void sort_expired(ExpiredBuf* out) noexcept nogil:
 
 cdef inline int64_t as_int64(str name, object value) except? -1:
     """``value`` as int64, refusing what the reference's ``check_int`` refuses."""
+    cdef int overflow = 0
+    cdef long long x
     if PyLong_CheckExact(value):
-        # Cython's conversion reads small ints' digits inline
-        try:
-            return <int64_t>value
-        except OverflowError:
-            pass
+        # no exception raised on overflow: a try/except would cost a save/restore of
+        # the exception state on every call
+        x = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if not overflow:
+            return x
     return check_int(name, value)
 
 
 cdef inline int64_t as_handle(object value) except? -1:
     """``value`` as int64, or 0 (never a handle) for an int beyond int64."""
+    cdef int overflow = 0
+    cdef long long x
     if PyLong_CheckExact(value):
-        try:
-            return <int64_t>value
-        except OverflowError:
-            pass
+        x = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if not overflow:
+            return x
     h = check_int("handle", value, -HANDLE_BOUND, HANDLE_BOUND)
     return h if INT64_MIN <= h <= INT64_MAX else 0
 
