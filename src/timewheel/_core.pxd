@@ -42,6 +42,8 @@ cdef extern from *:
     #endif
     """
     enum: TW_HAS_GIL
+    # an unsigned constant: a C enum cannot portably hold 2**32 - 1
+    const uint32_t NIL "((uint32_t)0xFFFFFFFFu)"  # "no slot / no bucket / not in the heap"
     ctypedef struct tw_mutex:
         pass
     int tw_mutex_init(tw_mutex* m) noexcept nogil
@@ -52,7 +54,6 @@ cdef extern from *:
 
 
 cdef enum:
-    NIL = 0xFFFFFFFF  # "no slot / no bucket / not in the heap"
     DUE = 0  # bucket id of the due bucket; level k slot j is 1 + k * wheel_size + j
     MAX_LEVELS = 64  # tick >= 1 and wheel_size >= 2 reach 2**64 within 64 levels
 
@@ -94,7 +95,9 @@ cdef int grow(void** ptr, size_t* cap, size_t need, size_t itemsize, size_t limi
 cdef class TimingWheel:
     cdef tw_mutex _mutex
     cdef bint _mutex_ready
-    cdef Py_ssize_t _gilfree  # threads working on the wheel without the GIL (GIL held to change)
+    # threads working on the wheel without the GIL; changed only with the GIL held (and
+    # unused on free-threaded builds, which always take the lock)
+    cdef Py_ssize_t _gilfree
     cdef int64_t _tick
     cdef int64_t _start
     cdef int64_t _now
@@ -141,6 +144,7 @@ cdef class TimingWheel:
     cdef void _sift_up(self, uint32_t pos) noexcept nogil
     cdef void _sift_down(self, uint32_t pos) noexcept nogil
     cdef bint _peek(self, int64_t* key) noexcept nogil
+    cdef void _collect(self, int64_t t, ExpiredBuf* buf) noexcept
     cdef bint _enter_with_gil(self) noexcept
     cdef void _leave_with_gil(self) noexcept
     cdef void _lock(self) noexcept nogil

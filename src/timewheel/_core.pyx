@@ -7,12 +7,14 @@ its docstring describes the layout. Entries live in one C array (:c:type:`Entry`
 free slots form a LIFO list threaded through ``next``; buckets are intrusive doubly
 linked lists indexed ``1 + level * wheel_size + slot`` with bucket 0 the due bucket.
 
-Locking: every method takes the wheel's own lock. It is never waited for while
-holding the GIL (try first, else release the GIL and block) and the GIL is never
-taken while holding it, so no thread can hold one and wait for the other. Python
-objects are touched only with the GIL and outside the lock: references are taken
-before an insert and dropped after the lock is released, since dropping one may run
-a ``__del__`` that calls back into the wheel.
+Locking: the wheel has its own lock, taken by every thread that works on the wheel
+without the GIL (advance, the batch calls, and anyone who finds the wheel busy). It is
+never waited for while holding the GIL and the GIL is never taken while holding it, so
+no thread can hold one and wait for the other. With a GIL and nobody working GIL-free,
+schedule, cancel and next_deadline run under the GIL alone (see _enter_with_gil).
+Python objects are touched only with the GIL and outside the lock: references are
+taken before an insert and dropped after the lock is released, since dropping one may
+run a ``__del__`` that calls back into the wheel.
 """
 
 cimport cython
@@ -38,7 +40,6 @@ __all__ = ["TimingWheel"]
 
 cdef enum:
     GEN_MAX = 0x7FFFFFFF
-    MAX_SLOTS = 0xFFFFFFFF  # slot NIL is reserved, so 2**32 - 1 slots
     KEEP_SLOTS = 1024  # a slab this small is kept across resets to spare malloc churn
     CHUNK = 65536  # batch entries per lock hold, so other threads interleave
     MIN_SLOTS = 16
@@ -253,14 +254,7 @@ cdef class TimingWheel:
         cdef ExpiredBuf buf
         cdef size_t i
         cdef list result
-        buf.data = NULL
-        buf.n = buf.cap = 0
-        self._gilfree += 1
-        with nogil:
-            self._lock()
-            self._expire(t, &buf)
-            self._unlock()
-        self._gilfree -= 1
+        self._collect(t, &buf)
         cdef PyObject* p
         try:
             result = PyList_New(buf.n)
@@ -358,9 +352,9 @@ cdef class TimingWheel:
         cdef size_t count = 0
         cdef PyObject** dropped = NULL
         cdef PyObject* item
+        cdef size_t room = CHUNK if n > CHUNK else n + 1
         # the dropped items of one chunk, released with the GIL once the lock is free
-        if grow(<void**>&dropped, &cap, CHUNK if n > CHUNK else max(n, 1),
-                sizeof(PyObject*), CHUNK) < 0:
+        if grow(<void**>&dropped, &cap, room, sizeof(PyObject*), room) < 0:
             raise MemoryError("cannot allocate the cancel buffer")
         self._gilfree += 1
         try:
@@ -393,14 +387,7 @@ cdef class TimingWheel:
         cdef ExpiredBuf buf
         cdef size_t i
         cdef int64_t[::1] view
-        buf.data = NULL
-        buf.n = buf.cap = 0
-        self._gilfree += 1
-        with nogil:
-            self._lock()
-            self._expire(t, &buf)
-            self._unlock()
-        self._gilfree -= 1
+        self._collect(t, &buf)
         try:
             out = np.empty(buf.n, dtype=np.int64)
             view = out
@@ -411,6 +398,17 @@ cdef class TimingWheel:
                 Py_XDECREF(buf.data[i].item)
             PyMem_RawFree(buf.data)
         return out
+
+    cdef void _collect(self, int64_t t, ExpiredBuf* buf) noexcept:
+        """Run _expire into ``buf`` (zeroed here) under the lock, with the GIL released."""
+        buf.data = NULL
+        buf.n = buf.cap = 0
+        self._gilfree += 1
+        with nogil:
+            self._lock()
+            self._expire(t, buf)
+            self._unlock()
+        self._gilfree -= 1
 
     # -- locking --------------------------------------------------------------------
     cdef bint _enter_with_gil(self) noexcept:
@@ -486,8 +484,9 @@ cdef class TimingWheel:
     cdef int _grow_slab(self, size_t need) noexcept nogil:
         if need <= self._cap:
             return 0
+        # slot numbers stop short of NIL, so at most 2**32 - 1 slots
         return grow(<void**>&self._entries, &self._cap, need if need > MIN_SLOTS else MIN_SLOTS,
-                    sizeof(Entry), MAX_SLOTS)
+                    sizeof(Entry), NIL)
 
     cdef int _prepare(self, size_t n, int64_t max_deadline) noexcept nogil:
         """Make room for ``n`` inserts with deadlines up to ``max_deadline``; -1 if not."""
