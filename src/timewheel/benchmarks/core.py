@@ -11,9 +11,9 @@ wheel 20), each driven from Python the way a caller would write it:
 * ``expire``: with every timer pending, move time to ``n`` in 1,000-tick steps and
   collect what comes out; the baseline pops a heapq.
 
-Each case is timed ``repeat`` times, round-robin with the others, with the collector off
-(as :mod:`timeit` does), and the best time is kept: noise on a shared machine only ever
-adds time.
+Each case is timed ``repeat`` times, in rounds over all cases in a shuffled order, with
+the collector off (as :mod:`timeit` does), and the best time is kept: noise on a shared
+machine only ever adds time.
 """
 
 from __future__ import annotations
@@ -249,11 +249,15 @@ def run_core_bench(n: int = 200_000, repeat: int = 5, seed: int = 1) -> list[dic
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
     cases = build_cases(n, seed)
-    # round-robin, so a burst of load from other processes hits every contender alike
+    # rounds over every contender, so a burst of load from other processes hits all
+    # alike, each round in a new order, so none always runs after the same neighbour
     best = [float("inf")] * len(cases)
+    order = list(range(len(cases)))
+    shuffler = random.Random(seed)
     for _ in range(repeat):
-        for i, (_, _, make) in enumerate(cases):
-            best[i] = min(best[i], _time_ns(make))
+        shuffler.shuffle(order)
+        for i in order:
+            best[i] = min(best[i], _time_ns(cases[i][2]))
     rows: list[dict[str, Any]] = [
         {"case": case, "name": name, "ns_per_timer": best[i] / n}
         for i, (case, name, _) in enumerate(cases)
