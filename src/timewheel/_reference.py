@@ -42,9 +42,11 @@ INT64_MAX = (1 << 63) - 1
 _U64 = 1 << 64
 MAX_WHEEL_SIZE = 1 << 16
 MAX_SLOTS = (1 << 32) - 1
+HANDLE_BOUND = 1 << 200  # a handle beyond this is refused as nonsense; within it, unknown
 _GEN_MAX = (1 << 31) - 1
 _FREE = -2  # bucket id of a free slot
 _DUE = -1  # bucket id of the due bucket
+_MISSING = object()  # what _cancel returns for a handle that was not pending
 
 
 def _next_gen(gen: int) -> int:
@@ -70,6 +72,25 @@ def check_int64_array(name: str, value: Any) -> npt.NDArray[np.int64]:
     if value.ndim != 1:
         raise ValueError(f"{name} must be 1-dimensional, got {value.ndim} dimensions")
     return np.ascontiguousarray(value)
+
+
+def check_items(items: Any, n: int) -> list[Any] | None:
+    """Return ``items`` (None, or a sequence of length ``n``) as a new list.
+
+    The copy is taken before the wheel is locked or changed, so a failing or
+    re-entrant ``__getitem__`` can neither leave a batch half scheduled nor deadlock.
+    """
+    if items is None:
+        return None
+    try:
+        n_items = len(items)
+    except TypeError:
+        raise TypeError(f"items must be a sequence or None, got {type(items).__name__}") from None
+    if n_items != n:
+        raise ValueError(f"items must have the same length as deadlines ({n}), got {n_items}")
+    if type(items) is list or type(items) is tuple:
+        return list(items)
+    return [items[i] for i in range(n)]
 
 
 class TimingWheel:
@@ -161,9 +182,11 @@ class TimingWheel:
 
     def cancel(self, handle: int) -> bool:
         """Cancel a pending entry; True only if ``handle`` was pending."""
-        h = check_int("handle", handle, -(1 << 200), 1 << 200)
+        h = check_int("handle", handle, -HANDLE_BOUND, HANDLE_BOUND)
         with self._lock:
-            return self._cancel(h)
+            dropped = self._cancel(h)
+        # the item's last reference goes here, outside the lock: its __del__ may call us
+        return dropped is not _MISSING
 
     def advance(self, now: int) -> list[Any]:
         """Move time to ``max(self.now, now)`` and return the items now due.
@@ -196,41 +219,34 @@ class TimingWheel:
         None.
         """
         arr = check_int64_array("deadlines", deadlines)
-        if items is not None:
-            try:
-                n_items = len(items)
-            except TypeError:
-                raise TypeError(
-                    f"items must be a sequence or None, got {type(items).__name__}"
-                ) from None
-            if n_items != arr.shape[0]:
-                raise ValueError(
-                    f"items must have the same length as deadlines ({arr.shape[0]}), got {n_items}"
-                )
+        values = check_items(items, arr.shape[0])
         out = np.empty(arr.shape[0], dtype=np.int64)
         with self._lock:
-            if items is None:
+            if values is None:
                 for i, d in enumerate(arr.tolist()):
                     out[i] = self._schedule(d, None)
             else:
                 for i, d in enumerate(arr.tolist()):
-                    out[i] = self._schedule(d, items[i])
+                    out[i] = self._schedule(d, values[i])
         return out
 
     def cancel_many(self, handles: npt.NDArray[np.int64]) -> int:
         """Cancel every handle in an int64 array; return how many were pending."""
         arr = check_int64_array("handles", handles)
-        n = 0
+        dropped = []
         with self._lock:
             for h in arr.tolist():
-                n += self._cancel(h)
-        return n
+                item = self._cancel(h)
+                if item is not _MISSING:
+                    dropped.append(item)
+        return len(dropped)
 
     def advance_many(self, now: int) -> npt.NDArray[np.int64]:
         """Like :meth:`advance`, but return the handles of the expired entries."""
         t = check_int("now", now)
         with self._lock:
-            handles = self._expire(t)[0]
+            handles, items = self._expire(t)
+        del items  # dropped outside the lock: an item's __del__ may call us
         return np.array(handles, dtype=np.int64)
 
     # -- internals ----------------------------------------------------------------
@@ -366,16 +382,18 @@ class TimingWheel:
         else:
             self._btail[b] = p
 
-    def _cancel(self, h: int) -> bool:
+    def _cancel(self, h: int) -> Any:
+        """Free the entry ``h`` names and return its item, or ``_MISSING`` if not pending."""
         if h <= 0:
-            return False
+            return _MISSING
         slot, gen = h & 0xFFFFFFFF, h >> 32
         if slot >= len(self._gen) or self._gen[slot] != gen or self._bucket[slot] == _FREE:
-            return False
+            return _MISSING
+        item = self._item[slot]
         self._unlink(slot)
         self._release(slot)
         self._reset_if_empty()
-        return True
+        return item
 
     def _expire(self, t: int) -> tuple[list[int], list[Any]]:
         """Move time to ``max(now, t)``, free every due entry, return (handles, items)."""

@@ -1,0 +1,151 @@
+# cython: language_level=3
+"""C layout of the timing wheel and the signatures of its C-level methods.
+
+Error contracts: ``noexcept nogil`` functions cannot fail. Functions that allocate
+return -1 on failure WITHOUT setting a Python exception, because they run while the
+wheel's lock is held and must not take the GIL there; the caller raises MemoryError
+after releasing the lock.
+"""
+
+cimport cython
+from cpython.object cimport PyObject
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+
+
+cdef extern from *:
+    """
+    /* The wheel's lock: an OS mutex, because PyThread_acquire_lock reads the clock on
+       every call (CPython 3.11, even with NOWAIT_LOCK) and that was a tenth of a
+       schedule + cancel. tw_mutex_trylock returns 1 when it got the lock. */
+    #if defined(_WIN32)
+    #include <windows.h>
+    typedef SRWLOCK tw_mutex;
+    static int tw_mutex_init(tw_mutex *m) { InitializeSRWLock(m); return 0; }
+    static void tw_mutex_destroy(tw_mutex *m) { (void)m; }
+    static int tw_mutex_trylock(tw_mutex *m) { return TryAcquireSRWLockExclusive(m) != 0; }
+    static void tw_mutex_lock(tw_mutex *m) { AcquireSRWLockExclusive(m); }
+    static void tw_mutex_unlock(tw_mutex *m) { ReleaseSRWLockExclusive(m); }
+    #else
+    #include <pthread.h>
+    typedef pthread_mutex_t tw_mutex;
+    static int tw_mutex_init(tw_mutex *m) { return pthread_mutex_init(m, NULL); }
+    static void tw_mutex_destroy(tw_mutex *m) { pthread_mutex_destroy(m); }
+    static int tw_mutex_trylock(tw_mutex *m) { return pthread_mutex_trylock(m) == 0; }
+    static void tw_mutex_lock(tw_mutex *m) { pthread_mutex_lock(m); }
+    static void tw_mutex_unlock(tw_mutex *m) { pthread_mutex_unlock(m); }
+    #endif
+    /* 1 where a GIL serialises Python threads; 0 on free-threaded builds */
+    #ifdef Py_GIL_DISABLED
+    #define TW_HAS_GIL 0
+    #else
+    #define TW_HAS_GIL 1
+    #endif
+    """
+    enum: TW_HAS_GIL
+    # an unsigned constant: a C enum cannot portably hold 2**32 - 1
+    const uint32_t NIL "((uint32_t)0xFFFFFFFFu)"  # "no slot / no bucket / not in the heap"
+    ctypedef struct tw_mutex:
+        pass
+    int tw_mutex_init(tw_mutex* m) noexcept nogil
+    void tw_mutex_destroy(tw_mutex* m) noexcept nogil
+    int tw_mutex_trylock(tw_mutex* m) noexcept nogil
+    void tw_mutex_lock(tw_mutex* m) noexcept nogil
+    void tw_mutex_unlock(tw_mutex* m) noexcept nogil
+
+
+cdef enum:
+    DUE = 0  # bucket id of the due bucket; level k slot j is 1 + k * wheel_size + j
+    MAX_LEVELS = 64  # tick >= 1 and wheel_size >= 2 reach 2**64 within 64 levels
+
+
+ctypedef struct Entry:
+    int64_t deadline
+    uint64_t seq  # schedule order, breaks ties between equal deadlines
+    uint32_t prev  # bucket list links; ``next`` also threads the free list
+    uint32_t next
+    uint32_t bucket  # NIL while the slot is free
+    uint32_t gen  # generation: the high half of the handle
+    PyObject* item  # owned reference; NULL stands for None (batch entries)
+
+
+ctypedef struct Bucket:
+    int64_t key  # earliest deadline linked in since the bucket was last pushed
+    uint32_t head
+    uint32_t tail
+    uint32_t pos  # index in the heap, or NIL
+
+
+ctypedef struct Expired:
+    int64_t deadline
+    uint64_t seq
+    int64_t handle
+    PyObject* item  # reference moved out of the slot
+
+
+ctypedef struct ExpiredBuf:
+    Expired* data
+    size_t n
+    size_t cap
+
+
+cdef int grow(void** ptr, size_t* cap, size_t need, size_t itemsize, size_t limit) noexcept nogil
+
+
+@cython.final
+cdef class TimingWheel:
+    cdef tw_mutex _mutex
+    cdef bint _mutex_ready
+    # threads working on the wheel without the GIL; changed only with the GIL held (and
+    # unused on free-threaded builds, which always take the lock)
+    cdef Py_ssize_t _gilfree
+    cdef int64_t _tick
+    cdef int64_t _start
+    cdef int64_t _now
+    cdef uint64_t _wheel
+    # per level, offsets from start: bucket width, span (width * wheel_size), now rounded
+    # down to the width, and the index of now's bucket
+    cdef uint64_t _ticks[MAX_LEVELS]
+    cdef uint64_t _spans[MAX_LEVELS]
+    cdef uint64_t _floors[MAX_LEVELS]
+    cdef uint64_t _cursors[MAX_LEVELS]
+    cdef int _top  # index of the level whose span reaches 2**64; it takes everything
+    cdef int _nlevels  # levels whose buckets exist
+    cdef Bucket* _buckets
+    cdef size_t _nbuckets
+    cdef uint32_t* _heap  # bucket ids; capacity _nbuckets, as a bucket is in it at most once
+    cdef uint32_t _heap_len
+    cdef Entry* _entries
+    cdef size_t _cap
+    cdef uint32_t _hw  # high-water mark: slots ever handed out since the last reset
+    cdef uint32_t _len
+    cdef uint32_t _free  # head of the LIFO free list
+    cdef uint32_t _gen_floor
+    cdef uint32_t _gen_ceiling
+    cdef uint64_t _next_seq
+
+    cdef int _add_levels(self, int upto) noexcept nogil
+    cdef int _level_for(self, int64_t d) noexcept nogil
+    cdef uint32_t _bucket(self, int64_t d, int k) noexcept nogil
+    cdef int _grow_slab(self, size_t need) noexcept nogil
+    cdef int _prepare(self, size_t n, int64_t max_deadline) noexcept nogil
+    cdef int64_t _insert_one(self, int64_t d, PyObject* item) noexcept nogil
+    cdef int64_t _insert(self, int64_t d, PyObject* item) noexcept nogil
+    cdef uint32_t _take(self, int64_t d, PyObject* item) noexcept nogil
+    cdef void _place(self, uint32_t s) noexcept nogil
+    cdef void _link(self, uint32_t s, uint32_t b, int64_t d) noexcept nogil
+    cdef void _unlink(self, uint32_t s) noexcept nogil
+    cdef void _release(self, uint32_t s) noexcept nogil
+    cdef void _reset_if_empty(self) noexcept nogil
+    cdef bint _cancel(self, int64_t h, PyObject** item) noexcept nogil
+    cdef void _set_now(self, int64_t t) noexcept nogil
+    cdef void _expire(self, int64_t t, ExpiredBuf* out) noexcept nogil
+    cdef void _heap_push(self, uint32_t b) noexcept nogil
+    cdef uint32_t _heap_pop(self) noexcept nogil
+    cdef void _sift_up(self, uint32_t pos) noexcept nogil
+    cdef void _sift_down(self, uint32_t pos) noexcept nogil
+    cdef bint _peek(self, int64_t* key) noexcept nogil
+    cdef void _collect(self, int64_t t, ExpiredBuf* buf) noexcept
+    cdef bint _enter_with_gil(self) noexcept
+    cdef void _leave_with_gil(self) noexcept
+    cdef void _lock(self) noexcept nogil
+    cdef void _unlock(self) noexcept nogil
