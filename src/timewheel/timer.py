@@ -341,31 +341,43 @@ class Timer:
         except Exception:
             self._count_error("task %r of timer %r raised", task)
 
-    def _count_error(self, msg: str, task: TimerTask) -> None:
+    def _count_error(self, msg: str, culprit: object) -> None:
         with self._errors_lock:
             self._errors += 1
-        logger.exception(msg, task, self.name)
+        logger.exception(msg, culprit, self.name)
 
     # -- reaper and lifetime --------------------------------------------------------
-    def start(self, poll_ms: int = 200) -> None:
+    def start(self, poll_ms: int = 200, *, after_advance: Optional[Callable[[], None]] = None) -> None:
         """Start a daemon reaper thread that keeps advancing the clock.
 
         ``poll_ms`` bounds how long one wait lasts; an earlier :meth:`add` wakes the
         reaper anyway. With a :class:`ManualClock` the reaper follows the clock.
+        ``after_advance`` is called after every advance (the purgatory purges there);
+        if it raises, the error is logged and counted like a callback's.
         """
         poll_ms = check_ms("poll_ms", poll_ms, 1)
+        if after_advance is not None and not callable(after_advance):
+            raise TypeError(f"after_advance must be callable or None, got {after_advance!r}")
         if self._closed:
             raise RuntimeError(f"timer {self.name!r} is closed")
         if self._reaper is not None:
             raise RuntimeError(f"timer {self.name!r} is already started")
         self._reaper = threading.Thread(
-            target=self._reap, args=(poll_ms,), name=f"{self.name}-reaper", daemon=True
+            target=self._reap,
+            args=(poll_ms, after_advance),
+            name=f"{self.name}-reaper",
+            daemon=True,
         )
         self._reaper.start()
 
-    def _reap(self, poll_ms: int) -> None:
+    def _reap(self, poll_ms: int, after_advance: Optional[Callable[[], None]]) -> None:
         while not self._closed:
             self.advance_clock(poll_ms)
+            if after_advance is not None:
+                try:
+                    after_advance()
+                except Exception:
+                    self._count_error("after_advance %r of timer %r raised", after_advance)
             if self._manual is not None:
                 self._wait_for_manual_clock(poll_ms)
 

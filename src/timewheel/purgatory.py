@@ -1,0 +1,389 @@
+"""Purgatory: delayed operations that wait on keys until they complete or time out.
+
+Kafka's DelayedOperationPurgatory with the watcher registry of its redesign write-up:
+watcher lists hold only weak references, and while an operation is pending the timer
+entry is its one strong reference. A completed operation is therefore freed as soon as
+its caller drops it; the weak reference's callback counts the dead entry (Java's
+ReferenceQueue), and the lists are purged once enough have piled up.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import weakref
+from typing import Any, Dict, Hashable, Iterable, List, Optional, Tuple
+
+from .timer import Timer, TimerTask, check_ms
+
+__all__ = ["DelayedOperation", "Purgatory"]
+
+logger = logging.getLogger("timewheel")
+
+_WatcherLists = Dict[Hashable, List["weakref.ref[DelayedOperation]"]]
+
+
+class DelayedOperation(TimerTask):
+    """An operation that completes when :meth:`try_complete` says so, or times out.
+
+    Subclasses override :meth:`try_complete` (check the condition; if it holds, call
+    :meth:`force_complete` and return its result), :meth:`on_complete` (the work to do
+    once complete) and, optionally, :meth:`on_expiration` (runs after
+    :meth:`on_complete` when the operation timed out).
+    """
+
+    __slots__ = ("delay_ms", "_once", "_purgatory", "__weakref__")
+
+    def __init__(self, delay_ms: int) -> None:
+        self.delay_ms = check_ms("delay_ms", delay_ms)
+        TimerTask.__init__(self)
+        # A non-blocking acquire is the atomic test-and-set that makes completion happen once.
+        self._once = threading.Lock()
+        self._purgatory: Optional[Purgatory] = None
+
+    def try_complete(self) -> bool:
+        """Complete the operation if it can be; True only if this call completed it."""
+        raise NotImplementedError
+
+    def on_complete(self) -> None:
+        """The operation's work once completed; runs exactly once."""
+        raise NotImplementedError
+
+    def on_expiration(self) -> None:
+        """Runs after :meth:`on_complete` when the operation timed out."""
+
+    def force_complete(self) -> bool:
+        """Complete now; True for exactly one caller across all threads.
+
+        The winner cancels the timeout in O(1) and runs :meth:`on_complete`.
+        """
+        if not self._once.acquire(False):
+            return False
+        self.cancel()
+        purgatory = self._purgatory
+        if purgatory is not None:
+            purgatory._count("completed", 1)
+        self.on_complete()
+        return True
+
+    @property
+    def is_completed(self) -> bool:
+        """True once the operation completed (by :meth:`force_complete` or timing out)."""
+        return self._once.locked()
+
+    def run(self) -> None:
+        """The timeout: force-complete, then :meth:`on_expiration` (Kafka's order)."""
+        if not self._once.acquire(False):
+            return
+        purgatory = self._purgatory
+        if purgatory is not None:
+            purgatory._count_expired()
+        try:
+            self.on_complete()
+        finally:
+            self.on_expiration()
+
+
+class _Shard:
+    """One lock and the watcher lists of the keys that hash to it."""
+
+    __slots__ = ("lock", "lists", "watched")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lists: _WatcherLists = {}
+        # This shard's part of the write-up's estimate of operations in the lists.
+        self.watched = 0
+
+
+def _live(refs: List["weakref.ref[DelayedOperation]"]) -> List["weakref.ref[DelayedOperation]"]:
+    """The entries whose operation is alive and not completed."""
+    out = []
+    for ref in refs:
+        op = ref()
+        if op is not None and not op._once.locked():
+            out.append(ref)
+    return out
+
+
+class Purgatory:
+    """Hold :class:`DelayedOperation` s until they complete or expire (Kafka's purgatory).
+
+    ``Purgatory(name="purgatory", *, timer=None, purge_interval=1000, reaper=True,
+    shards=16)``. The purgatory owns its timer (a new :class:`Timer` unless one is
+    given) and closes it at :meth:`shutdown`. With ``reaper=True`` a thread advances
+    the clock; with ``reaper=False`` the caller calls :meth:`advance_clock`.
+    """
+
+    def __init__(
+        self,
+        name: str = "purgatory",
+        *,
+        timer: Optional[Timer] = None,
+        purge_interval: int = 1000,
+        reaper: bool = True,
+        shards: int = 16,
+    ) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {name!r}")
+        if timer is not None and not isinstance(timer, Timer):
+            raise TypeError(f"timer must be a Timer or None, got {timer!r}")
+        purge_interval = check_ms("purge_interval", purge_interval, 1)
+        shards = check_ms("shards", shards, 1, 1 << 16)
+        if shards & (shards - 1):
+            raise ValueError(f"shards must be a power of two, got {shards}")
+        if not isinstance(reaper, bool):
+            raise TypeError(f"reaper must be a bool, got {reaper!r}")
+        self.name = name
+        self._timer = timer if timer is not None else Timer(name=f"{name}-timer")
+        self._purge_interval = purge_interval
+        self._shards = [_Shard() for _ in range(shards)]
+        self._mask = shards - 1
+        # The weak references' callback: an atomic append, safe from any thread and
+        # under any lock, whose length counts the entries cleared since the last purge.
+        self._cleared: "collections.deque[weakref.ref[DelayedOperation]]" = collections.deque()
+        self._on_cleared = self._cleared.append
+        self._purge_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self._stats = {"completed": 0, "expired": 0, "purges": 0, "errors": 0}
+        self._stopping = False
+        if reaper:
+            self._timer.start(after_advance=self._maybe_purge)
+
+    # -- the operations' side -------------------------------------------------------
+    def try_complete_else_watch(self, op: DelayedOperation, keys: Iterable[Hashable]) -> bool:
+        """Try to complete ``op``; if it cannot yet, watch it on every key and time it.
+
+        Returns True only if this call completed it. The second try after watching
+        closes the window in which a key's event came before the operation was listed.
+        Raises :class:`~timewheel.timer.TimerFullError` (nothing registered) when the
+        timer is at ``max_pending``.
+        """
+        if not isinstance(op, DelayedOperation):
+            raise TypeError(f"op must be a DelayedOperation, got {op!r}")
+        if op._purgatory is not None or op._wheel is not None or op._once.locked():
+            raise ValueError(f"op was already given to a purgatory or completed: {op!r}")
+        keys = self._check_keys(keys)
+        if self._stopping:
+            raise RuntimeError(f"purgatory {self.name!r} is shut down")
+        op._purgatory = self
+        if self._try(op):
+            return True
+        if len(self._cleared) > self._purge_interval:
+            self.purge()
+        # Timed before it is listed: no other thread can complete it yet, so nothing
+        # is half-registered if the timer refuses it, and a later completion always
+        # finds the timer entry to cancel.
+        try:
+            self._timer.add_task(op, op.delay_ms)
+        except BaseException:
+            op._purgatory = None
+            raise
+        ref = weakref.ref(op, self._on_cleared)
+        shards, mask = self._shards, self._mask
+        first = True
+        for key in keys:
+            if op._once.locked():
+                return False
+            shard = shards[hash(key) & mask]
+            with shard.lock:
+                lst = shard.lists.get(key)
+                if lst is None:
+                    shard.lists[key] = [ref]
+                else:
+                    lst.append(ref)
+                if first:
+                    shard.watched += 1
+                    first = False
+        return not op._once.locked() and self._try(op)
+
+    def _check_keys(self, keys: Iterable[Hashable]) -> Tuple[Hashable, ...]:
+        if isinstance(keys, (str, bytes)):
+            raise TypeError(f"keys must be a collection of keys, not a single {type(keys).__name__}")
+        try:
+            keys = tuple(keys)
+        except TypeError:
+            raise TypeError(f"keys must be an iterable of hashable keys, got {keys!r}") from None
+        if not keys:
+            raise ValueError("keys must not be empty")
+        try:
+            distinct = len(set(keys))
+        except TypeError as exc:
+            raise TypeError(f"keys must be hashable: {exc}, in {keys!r}") from None
+        if distinct != len(keys):
+            raise ValueError(f"keys must be distinct, got {keys!r}")
+        return keys
+
+    def _try(self, op: DelayedOperation) -> bool:
+        try:
+            return bool(op.try_complete())
+        except Exception:
+            self._count("errors", 1)
+            logger.exception("try_complete of %r in purgatory %r raised", op, self.name)
+            return False
+
+    def check_and_complete(self, key: Hashable) -> int:
+        """Try every operation watched on ``key``; return how many this call completed.
+
+        ``try_complete`` runs with no lock held; the list is cleaned of completed and
+        freed entries afterwards.
+        """
+        shard = self._shards[hash(key) & self._mask]
+        with shard.lock:
+            lst = shard.lists.get(key)
+            if not lst:
+                return 0
+            snapshot = lst[:]
+        completed = 0
+        stale = False
+        for ref in snapshot:
+            op = ref()
+            if op is None or op._once.locked():
+                stale = True
+            elif self._try(op):
+                completed += 1
+                stale = True
+        del op
+        if stale:
+            with shard.lock:
+                lst = shard.lists.get(key)
+                if lst is not None:
+                    live = _live(lst)
+                    if live:
+                        shard.lists[key] = live
+                    else:
+                        del shard.lists[key]
+        return completed
+
+    def cancel_for_key(self, key: Hashable) -> List[DelayedOperation]:
+        """Stop watching ``key`` and cancel its operations' timeouts without completing them.
+
+        Returns those operations (still pending, no longer timed); they stay listed on
+        their other keys.
+        """
+        shard = self._shards[hash(key) & self._mask]
+        with shard.lock:
+            lst = shard.lists.pop(key, None)
+        ops: List[DelayedOperation] = []
+        for ref in lst or ():
+            op = ref()
+            if op is not None and not op._once.locked():
+                op.cancel()
+                ops.append(op)
+        return ops
+
+    # -- time and housekeeping ------------------------------------------------------
+    def advance_clock(self, timeout_ms: int) -> bool:
+        """Advance the timer (see :meth:`Timer.advance_clock`), then purge if due."""
+        ran = self._timer.advance_clock(timeout_ms)
+        self._maybe_purge()
+        return ran
+
+    def _maybe_purge(self) -> None:
+        # Freed operations are counted exactly; completed ones their callers still hold
+        # show only in the estimate, as completed-but-listed beyond the pending ones.
+        interval = self._purge_interval
+        if len(self._cleared) > interval or self.watched - self.delayed > interval:
+            self.purge()
+
+    def purge(self) -> int:
+        """Drop freed and completed entries from every watcher list; return how many.
+
+        A purge already running in another thread makes this call return 0 at once.
+        """
+        if not self._purge_lock.acquire(False):
+            return 0
+        try:
+            self._cleared.clear()
+            for shard in self._shards:
+                with shard.lock:
+                    shard.watched = 0
+            # The write-up's reset: what is pending, plus whatever is watched from now on.
+            first = self._shards[0]
+            delayed = self.delayed
+            with first.lock:
+                first.watched += delayed
+            removed = 0
+            for shard in self._shards:
+                with shard.lock:
+                    lists = shard.lists
+                    for key, lst in list(lists.items()):
+                        live = _live(lst)
+                        removed += len(lst) - len(live)
+                        if not live:
+                            del lists[key]
+                        elif len(live) != len(lst):
+                            lists[key] = live
+            self._count("purges", 1)
+            return removed
+        finally:
+            self._purge_lock.release()
+
+    def _count(self, name: str, n: int) -> None:
+        with self._stats_lock:
+            self._stats[name] += n
+
+    def _count_expired(self) -> None:
+        with self._stats_lock:
+            self._stats["completed"] += 1
+            self._stats["expired"] += 1
+
+    @property
+    def delayed(self) -> int:
+        """The exact number of operations pending in the timer."""
+        return len(self._timer)
+
+    @property
+    def watched(self) -> int:
+        """The write-up's estimate of the operations in watcher lists."""
+        return sum(shard.watched for shard in self._shards)
+
+    def metrics(self) -> Dict[str, int]:
+        """Counters and sizes: completed, expired, purges, watched, delayed, keys,
+        entries (exact count of watcher-list entries), cleared (freed entries not yet
+        purged) and errors (raising ``try_complete`` calls plus the timer's errors)."""
+        keys = entries = 0
+        for shard in self._shards:
+            with shard.lock:
+                keys += len(shard.lists)
+                entries += sum(len(lst) for lst in shard.lists.values())
+        with self._stats_lock:
+            out = dict(self._stats)
+        out["errors"] += self._timer.errors
+        out.update(
+            watched=self.watched,
+            delayed=self.delayed,
+            keys=keys,
+            entries=entries,
+            cleared=len(self._cleared),
+        )
+        return out
+
+    @property
+    def timer(self) -> Timer:
+        """The timer that times the operations out."""
+        return self._timer
+
+    def shutdown(self) -> List[DelayedOperation]:
+        """Stop the reaper, close the timer and return the operations that never completed.
+
+        Those operations are neither completed nor expired; the caller decides their fate.
+        """
+        self._stopping = True
+        left = self._timer.close()
+        for shard in self._shards:
+            with shard.lock:
+                shard.lists.clear()
+                shard.watched = 0
+        self._cleared.clear()
+        return [op for op in left if isinstance(op, DelayedOperation)]
+
+    def __enter__(self) -> "Purgatory":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"<Purgatory {self.name!r} delayed={self.delayed} watched={self.watched}>"
