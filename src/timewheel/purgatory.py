@@ -63,7 +63,8 @@ class DelayedOperation(TimerTask):
         self.cancel()
         purgatory = self._purgatory
         if purgatory is not None:
-            purgatory._count("completed", 1)
+            with purgatory._stats_lock:
+                purgatory._completed += 1
         self.on_complete()
         return True
 
@@ -78,7 +79,9 @@ class DelayedOperation(TimerTask):
             return
         purgatory = self._purgatory
         if purgatory is not None:
-            purgatory._count_expired()
+            with purgatory._stats_lock:
+                purgatory._completed += 1
+                purgatory._expired += 1
         try:
             self.on_complete()
         finally:
@@ -146,7 +149,7 @@ class Purgatory:
         self._on_cleared = self._cleared.append
         self._purge_lock = threading.Lock()
         self._stats_lock = threading.Lock()
-        self._stats = {"completed": 0, "expired": 0, "purges": 0, "errors": 0}
+        self._completed = self._expired = self._purges = self._errors = 0
         self._stopping = False
         if reaper:
             self._timer.start(after_advance=self._maybe_purge)
@@ -176,7 +179,7 @@ class Purgatory:
         # is half-registered if the timer refuses it, and a later completion always
         # finds the timer entry to cancel.
         try:
-            self._timer.add_task(op, op.delay_ms)
+            self._timer._schedule(op, op.delay_ms)
         except BaseException:
             op._purgatory = None
             raise
@@ -219,7 +222,7 @@ class Purgatory:
         try:
             return bool(op.try_complete())
         except Exception:
-            self._count("errors", 1)
+            self._count_error()
             logger.exception("try_complete of %r in purgatory %r raised", op, self.name)
             return False
 
@@ -315,19 +318,15 @@ class Purgatory:
                             del lists[key]
                         elif len(live) != len(lst):
                             lists[key] = live
-            self._count("purges", 1)
+            with self._stats_lock:
+                self._purges += 1
             return removed
         finally:
             self._purge_lock.release()
 
-    def _count(self, name: str, n: int) -> None:
+    def _count_error(self) -> None:
         with self._stats_lock:
-            self._stats[name] += n
-
-    def _count_expired(self) -> None:
-        with self._stats_lock:
-            self._stats["completed"] += 1
-            self._stats["expired"] += 1
+            self._errors += 1
 
     @property
     def delayed(self) -> int:
@@ -349,7 +348,12 @@ class Purgatory:
                 keys += len(shard.lists)
                 entries += sum(len(lst) for lst in shard.lists.values())
         with self._stats_lock:
-            out = dict(self._stats)
+            out = {
+                "completed": self._completed,
+                "expired": self._expired,
+                "purges": self._purges,
+                "errors": self._errors,
+            }
         out["errors"] += self._timer.errors
         out.update(
             watched=self.watched,

@@ -247,7 +247,8 @@ class Timer:
         return self._schedule(task, delay_ms)
 
     def _schedule(self, task: TimerTask, delay_ms: int) -> TimerTask:
-        delay_ms = check_ms("delay_ms", delay_ms)
+        if type(delay_ms) is not int or delay_ms < 0:
+            delay_ms = check_ms("delay_ms", delay_ms)
         if self._closed:
             raise RuntimeError(f"timer {self.name!r} is closed")
         deadline = self._clock() + delay_ms
