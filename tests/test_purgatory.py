@@ -320,6 +320,7 @@ def test_exactly_once_under_racing_completers_and_the_reaper(clock: ManualClock)
         for op in ops[::2]:
             op.ready = True
         start = threading.Barrier(4)
+        forced_ten = threading.Semaphore(0)
 
         def checker(seed: int) -> None:
             r = random.Random(seed)
@@ -331,12 +332,16 @@ def test_exactly_once_under_racing_completers_and_the_reaper(clock: ManualClock)
             order = list(ops)
             random.Random(5).shuffle(order)
             start.wait()
-            for op in order[: n // 3]:
+            for i, op in enumerate(order[: n // 3]):
                 op.force_complete()
+                if i % 10 == 9:
+                    forced_ten.release()
 
         def ticker() -> None:
+            # Time moves with the forcer's progress, so the reaper expires while it forces.
             start.wait()
-            for _ in range(100):
+            for _ in range(n // 30):
+                assert forced_ten.acquire(timeout=60)
                 clock.advance(2)
 
         _run_with_deadline(lambda: checker(1), lambda: checker(2), forcer, ticker, seconds=120)
