@@ -13,7 +13,7 @@ import collections
 import logging
 import threading
 import weakref
-from typing import Any, Dict, Hashable, Iterable, List, Optional, Tuple
+from typing import Dict, Hashable, Iterable, List, Optional, Tuple
 
 from .timer import Timer, TimerTask, check_ms
 
@@ -100,7 +100,7 @@ class _Shard:
         self.watched = 0
 
 
-def _live(refs: List["weakref.ref[DelayedOperation]"]) -> List["weakref.ref[DelayedOperation]"]:
+def _live(refs: List[weakref.ref[DelayedOperation]]) -> List[weakref.ref[DelayedOperation]]:
     """The entries whose operation is alive and not completed."""
     out = []
     for ref in refs:
@@ -145,7 +145,7 @@ class Purgatory:
         self._mask = shards - 1
         # The weak references' callback: an atomic append, safe from any thread and
         # under any lock, whose length counts the entries cleared since the last purge.
-        self._cleared: "collections.deque[weakref.ref[DelayedOperation]]" = collections.deque()
+        self._cleared: collections.deque[weakref.ref[DelayedOperation]] = collections.deque()
         self._on_cleared = self._cleared.append
         self._purge_lock = threading.Lock()
         self._stats_lock = threading.Lock()
@@ -383,7 +383,7 @@ class Purgatory:
         self._cleared.clear()
         return [op for op in left if isinstance(op, DelayedOperation)]
 
-    def __enter__(self) -> "Purgatory":
+    def __enter__(self) -> Purgatory:
         return self
 
     def __exit__(self, *exc: object) -> None:

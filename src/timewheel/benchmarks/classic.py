@@ -96,7 +96,7 @@ class HeapTimerHandle:
 
     __slots__ = ("_timer", "_entry", "cancelled")
 
-    def __init__(self, timer: "HeapTimer", entry: List[Any]) -> None:
+    def __init__(self, timer: HeapTimer, entry: List[Any]) -> None:
         self._timer = timer
         self._entry = entry
         self.cancelled = False
@@ -381,7 +381,7 @@ class ClassicPurgatory:
                 lists.clear()
         return [e[2] for e in left if not e[2]._once.locked()]
 
-    def __enter__(self) -> "ClassicPurgatory":
+    def __enter__(self) -> ClassicPurgatory:
         return self
 
     def __exit__(self, *exc: object) -> None:
