@@ -309,6 +309,16 @@ def test_no_deadlock_between_a_watcher_list_and_a_lock_inside_try_complete(
     assert results == {"k1": 1, "k2": 1}
 
 
+@pytest.fixture
+def eager_thread_switches() -> Iterator[None]:
+    """Switch threads every 10 microseconds so that the races really interleave."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    yield
+    sys.setswitchinterval(before)
+
+
+@pytest.mark.usefixtures("eager_thread_switches")
 def test_exactly_once_under_racing_completers_and_the_reaper(clock: ManualClock) -> None:
     rng = random.Random(11)
     n = 3000
@@ -328,12 +338,13 @@ def test_exactly_once_under_racing_completers_and_the_reaper(clock: ManualClock)
             for _ in range(300):
                 p.check_and_complete(r.choice(keys))
 
+        targets = random.Random(5).sample(ops, n // 3)
+        forced: List[bool] = []
+
         def forcer() -> None:
-            order = list(ops)
-            random.Random(5).shuffle(order)
             start.wait()
-            for i, op in enumerate(order[: n // 3]):
-                op.force_complete()
+            for i, op in enumerate(targets):
+                forced.append(op.force_complete())
                 if i % 10 == 9:
                     forced_ten.release()
 
@@ -353,7 +364,13 @@ def test_exactly_once_under_racing_completers_and_the_reaper(clock: ManualClock)
         assert op.events in (["complete"], ["complete", "expire"]), op.events
         expired += op.events == ["complete", "expire"]
     assert m["completed"] == n and m["expired"] == expired and m["delayed"] == 0
-    assert 0 < expired < n
+    # Operations nobody else could complete expired; the clock stood still until the
+    # forcer had forced ten, so not everything expired.
+    targeted = {id(op) for op in targets}
+    only_reaper = sum(1 for op in ops if not op.ready and id(op) not in targeted)
+    assert only_reaper <= expired < n
+    assert len(forced) == len(targets)
+    assert all(op.events == ["complete"] for op, won in zip(targets, forced) if won)
 
 
 def test_reaper_expires_operations_on_the_real_clock() -> None:
