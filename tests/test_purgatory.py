@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -16,6 +17,8 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 
 from timewheel import timer as timer_module
+from timewheel import wheel
+from timewheel.benchmarks import purgatory as bench
 from timewheel.purgatory import DelayedOperation, Purgatory
 from timewheel.timer import ManualClock, Timer, TimerFullError
 
@@ -540,3 +543,25 @@ def test_a_million_completed_operations_leave_no_trace(impl: str) -> None:
     assert report["max_alive"] == 0
     assert report["max_entries"] <= report["entry_bound"]
     assert report["rss_growth_bytes"] < 16 * 1024 * 1024, report
+
+
+# -- the benchmark command ---------------------------------------------------------------
+def test_bench_purgatory_command_pushes_every_operation_through(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = argparse.ArgumentParser(prog="timewheel bench")
+    bench.add_parser(parser.add_subparsers())
+    args = parser.parse_args(
+        ["purgatory", "--ops", "600", "--pending", "50", "--complete", "check"]
+    )
+    assert args.func(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0].strip() for line in lines] == [
+        impl for impl in bench.IMPLS if impl != "purgatory[cython]" or wheel.CTimingWheel
+    ]
+    assert all("x classic" in line for line in lines)
+    plan = bench.workload(600, keys=100, watch=3, max_delay=400)
+    for impl in ("purgatory[python]", "classic"):
+        assert bench.run_one(impl, plan, 50, "force")["metrics"]["completed"] == 600
+    bad = parser.parse_args(["purgatory", "--watch", "101"])
+    assert bad.func(bad) == 2

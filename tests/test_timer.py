@@ -134,7 +134,9 @@ def test_task_runs_at_first_advance_at_or_past_its_deadline(
     assert t.advance_clock(0) is True and ran == [delay]
 
 
-def test_backlog_drains_in_one_call_in_deadline_then_add_order(timer: Timer, clock: ManualClock) -> None:
+def test_backlog_drains_in_one_call_in_deadline_then_add_order(
+    timer: Timer, clock: ManualClock
+) -> None:
     rng = random.Random(7)
     delays = [rng.randint(0, 5000) for _ in range(2000)]
     ran: List[Tuple[int, int]] = []

@@ -203,7 +203,9 @@ class Purgatory:
 
     def _check_keys(self, keys: Iterable[Hashable]) -> Tuple[Hashable, ...]:
         if isinstance(keys, (str, bytes)):
-            raise TypeError(f"keys must be a collection of keys, not a single {type(keys).__name__}")
+            raise TypeError(
+                f"keys must be a collection of keys, not a single {type(keys).__name__}"
+            )
         try:
             keys = tuple(keys)
         except TypeError:

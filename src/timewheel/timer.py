@@ -350,7 +350,9 @@ class Timer:
         logger.exception(msg, culprit, self.name)
 
     # -- reaper and lifetime --------------------------------------------------------
-    def start(self, poll_ms: int = 200, *, after_advance: Optional[Callable[[], None]] = None) -> None:
+    def start(
+        self, poll_ms: int = 200, *, after_advance: Optional[Callable[[], None]] = None
+    ) -> None:
         """Start a daemon reaper thread that keeps advancing the clock.
 
         ``poll_ms`` bounds how long one wait lasts; an earlier :meth:`add` wakes the
