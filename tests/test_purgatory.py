@@ -530,7 +530,10 @@ def test_shutdown_with_pending_operations_returns_them_uncompleted() -> None:
 
 # -- memory ------------------------------------------------------------------------------
 def test_a_million_completed_operations_leave_no_trace(impl: str) -> None:
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src"))
+    # The child must import the very package under test, wherever that lives.
+    package_root = str(Path(timer_module.__file__).parents[1])
+    path = os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path)
     proc = subprocess.run(
         [sys.executable, str(ISOLATED / "purgatory_memory.py"), impl, "1000000"],
         capture_output=True,
