@@ -466,6 +466,7 @@ def test_bad_keys_are_refused_with_nothing_registered(
         (-1, ValueError, "delay_ms must be between 0 and .*, got -1"),
         (0.5, TypeError, r"delay_ms must be an int, got 0\.5"),
         (None, TypeError, "delay_ms must be an int, got None"),
+        (1 << 63, ValueError, "delay_ms must be between 0 and"),
     ],
 )
 def test_bad_delays_are_refused(delay: Any, exc: type, message: str) -> None:

@@ -15,7 +15,7 @@ import threading
 import weakref
 from typing import Dict, Hashable, Iterable, List, Optional, Tuple
 
-from .timer import Timer, TimerTask, check_ms
+from .timer import _INT64_MAX, _PENDING, Timer, TimerTask, check_ms
 
 __all__ = ["DelayedOperation", "Purgatory"]
 
@@ -36,8 +36,14 @@ class DelayedOperation(TimerTask):
     __slots__ = ("delay_ms", "_once", "_purgatory", "__weakref__")
 
     def __init__(self, delay_ms: int) -> None:
-        self.delay_ms = check_ms("delay_ms", delay_ms)
-        TimerTask.__init__(self)
+        # Made per request: the common case skips the checking call and the base __init__.
+        if type(delay_ms) is not int or not 0 <= delay_ms <= _INT64_MAX:
+            delay_ms = check_ms("delay_ms", delay_ms)
+        self.delay_ms = delay_ms
+        self.deadline_ms = None
+        self._wheel = None
+        self._handle = 0
+        self._state = _PENDING
         # A non-blocking acquire is the atomic test-and-set that makes completion happen once.
         self._once = threading.Lock()
         self._purgatory: Optional[Purgatory] = None
@@ -207,7 +213,8 @@ class Purgatory:
                 f"keys must be a collection of keys, not a single {type(keys).__name__}"
             )
         try:
-            keys = tuple(keys)
+            if type(keys) is not tuple:
+                keys = tuple(keys)
         except TypeError:
             raise TypeError(f"keys must be an iterable of hashable keys, got {keys!r}") from None
         if not keys:
