@@ -28,7 +28,6 @@ __all__ = ["DelayedOperation", "Purgatory"]
 logger = logging.getLogger("timewheel")
 
 
-
 class DelayedOperation(TimerTask):
     """An operation that completes when :meth:`try_complete` says so, or times out.
 
