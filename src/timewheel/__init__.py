@@ -8,6 +8,12 @@ hold something. Around it:
   in a unit the caller picks; the wheel has no clock of its own. It is the Cython
   extension when built (:data:`IMPLEMENTATION` says which), else a pure-Python twin
   with the same API; ``TIMEWHEEL_NO_EXTENSIONS=1`` forces the twin.
+* Timer (:mod:`timewheel.timer`) -- :class:`Timer` owns a clock (monotonic, or a
+  :class:`ManualClock` for event time) and runs expired :class:`TimerTask` callbacks,
+  from a reaper thread or from your own loop.
+* Purgatory (:mod:`timewheel.purgatory`) -- Kafka's :class:`DelayedOperation` and
+  :class:`Purgatory`: operations wait on keys until they complete or time out; watcher
+  lists hold weak references, so a completed operation is freed at once.
 * Execution (:mod:`timewheel.execution`) -- :class:`ThreadPool`, :class:`TaskQueue` and
   Jetty's strategies :class:`ProduceConsume`, :class:`ProduceExecuteConsume` and
   :class:`ExecuteProduceConsume` for running produced tasks.
@@ -38,6 +44,7 @@ from .execution import (
     TaskQueue,
     ThreadPool,
 )
+from .purgatory import DelayedOperation, Purgatory
 from .sources import (
     Fair,
     PreferThenFair,
@@ -48,19 +55,23 @@ from .sources import (
     Source,
     Strategy,
 )
+from .timer import ManualClock, Timer, TimerFullError, TimerTask
 from .wheel import IMPLEMENTATION, TimingWheel
 
 __all__ = [
     "IMPLEMENTATION",
+    "DelayedOperation",
     "ExecuteProduceConsume",
     "ExecutionStats",
     "ExecutionStrategy",
     "Fair",
+    "ManualClock",
     "PoolShutDown",
     "PreferThenFair",
     "ProduceConsume",
     "ProduceExecuteConsume",
     "Producer",
+    "Purgatory",
     "QueueingSource",
     "Scheduler",
     "SetQueue",
@@ -69,6 +80,9 @@ __all__ = [
     "Strategy",
     "TaskQueue",
     "ThreadPool",
+    "Timer",
+    "TimerFullError",
+    "TimerTask",
     "TimingWheel",
     "__version__",
 ]

@@ -11,6 +11,7 @@ import sys
 _COMMANDS = ["timewheel.demo", "timewheel.pipeline"]
 _BENCHMARKS: list[str] = [
     "timewheel.benchmarks.execution",
+    "timewheel.benchmarks.purgatory",
     "timewheel.benchmarks.pipeline",
 ]
 

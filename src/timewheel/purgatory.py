@@ -1,0 +1,456 @@
+"""Purgatory: delayed operations that wait on keys until they complete or time out.
+
+Kafka's DelayedOperationPurgatory with the watcher registry of its redesign write-up:
+watcher lists hold only weak references, and while an operation is pending the timer
+entry is its one strong reference. A completed operation is therefore freed as soon as
+its caller drops it; the weak reference's callback queues the dead entry (Java's
+ReferenceQueue), and once more than ``purge_interval`` are queued they are removed.
+
+A watcher list is a dict from ``id(entry)`` to entry, so that removing a known entry
+costs O(1) however many operations are pending on the key: a purge removes exactly the
+queued entries instead of scanning every list. Only completed operations that their
+callers keep alive need the write-up's full scan, which the estimate ``watched``
+triggers.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import weakref
+from typing import Dict, Hashable, Iterable, List, Optional, Tuple
+
+from .timer import _INT64_MAX, _PENDING, Timer, TimerTask, check_ms
+
+__all__ = ["DelayedOperation", "Purgatory"]
+
+logger = logging.getLogger("timewheel")
+
+
+class DelayedOperation(TimerTask):
+    """An operation that completes when :meth:`try_complete` says so, or times out.
+
+    Subclasses override :meth:`try_complete` (check the condition; if it holds, call
+    :meth:`force_complete` and return its result), :meth:`on_complete` (the work to do
+    once complete) and, optionally, :meth:`on_expiration` (runs after
+    :meth:`on_complete` when the operation timed out).
+    """
+
+    __slots__ = ("delay_ms", "_once", "_purgatory", "__weakref__")
+
+    def __init__(self, delay_ms: int) -> None:
+        # Made per request: the common case skips the checking call and the base __init__.
+        if type(delay_ms) is not int or not 0 <= delay_ms <= _INT64_MAX:
+            delay_ms = check_ms("delay_ms", delay_ms)
+        self.delay_ms = delay_ms
+        self.deadline_ms = None
+        self._wheel = None
+        self._handle = 0
+        self._state = _PENDING
+        # A non-blocking acquire is the atomic test-and-set that makes completion happen once.
+        self._once = threading.Lock()
+        self._purgatory: Optional[Purgatory] = None
+
+    def try_complete(self) -> bool:
+        """Complete the operation if it can be; True only if this call completed it."""
+        raise NotImplementedError
+
+    def on_complete(self) -> None:
+        """The operation's work once completed; runs exactly once."""
+        raise NotImplementedError
+
+    def on_expiration(self) -> None:
+        """Runs after :meth:`on_complete` when the operation timed out."""
+
+    def force_complete(self) -> bool:
+        """Complete now; True for exactly one caller across all threads.
+
+        The winner cancels the timeout in O(1) and runs :meth:`on_complete`.
+        """
+        if not self._once.acquire(False):
+            return False
+        self.cancel()
+        purgatory = self._purgatory
+        if purgatory is not None:
+            with purgatory._stats_lock:
+                purgatory._completed += 1
+        self.on_complete()
+        return True
+
+    @property
+    def is_completed(self) -> bool:
+        """True once the operation completed (by :meth:`force_complete` or timing out)."""
+        return self._once.locked()
+
+    def run(self) -> None:
+        """The timeout: force-complete, then :meth:`on_expiration` (Kafka's order)."""
+        if not self._once.acquire(False):
+            return
+        purgatory = self._purgatory
+        if purgatory is not None:
+            with purgatory._stats_lock:
+                purgatory._completed += 1
+                purgatory._expired += 1
+        try:
+            self.on_complete()
+        finally:
+            self.on_expiration()
+
+
+class _Entry(weakref.ref):  # type: ignore[type-arg]
+    """An operation's one entry, shared by all its watcher lists; it knows their keys."""
+
+    __slots__ = ("keys",)
+    keys: Tuple[Hashable, ...]
+
+
+_WatcherLists = Dict[Hashable, Dict[int, _Entry]]
+
+
+class _Shard:
+    """One lock and the watcher lists of the keys that hash to it."""
+
+    __slots__ = ("lock", "lists", "watched")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lists: _WatcherLists = {}
+        # This shard's part of the write-up's estimate of operations in the lists.
+        self.watched = 0
+
+
+def _is_stale(entry: _Entry) -> bool:
+    op = entry()
+    return op is None or op._once.locked()
+
+
+def _remove(
+    lists: _WatcherLists, key: Hashable, lst: Dict[int, _Entry], stale: Iterable[_Entry]
+) -> None:
+    """Drop ``stale`` entries from ``key``'s list, and the list once empty; shard lock held."""
+    for entry in stale:
+        if lst.get(id(entry)) is entry:
+            del lst[id(entry)]
+    if not lst:
+        del lists[key]
+
+
+class Purgatory:
+    """Hold :class:`DelayedOperation` s until they complete or expire (Kafka's purgatory).
+
+    ``Purgatory(name="purgatory", *, timer=None, purge_interval=1000, reaper=True,
+    shards=16)``. The purgatory owns its timer (a new :class:`Timer` unless one is
+    given) and closes it at :meth:`shutdown`. With ``reaper=True`` a thread advances
+    the clock; with ``reaper=False`` the caller calls :meth:`advance_clock`.
+    """
+
+    def __init__(
+        self,
+        name: str = "purgatory",
+        *,
+        timer: Optional[Timer] = None,
+        purge_interval: int = 1000,
+        reaper: bool = True,
+        shards: int = 16,
+    ) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {name!r}")
+        if timer is not None and not isinstance(timer, Timer):
+            raise TypeError(f"timer must be a Timer or None, got {timer!r}")
+        purge_interval = check_ms("purge_interval", purge_interval, 1)
+        shards = check_ms("shards", shards, 1, 1 << 16)
+        if shards & (shards - 1):
+            raise ValueError(f"shards must be a power of two, got {shards}")
+        if not isinstance(reaper, bool):
+            raise TypeError(f"reaper must be a bool, got {reaper!r}")
+        self.name = name
+        self._timer = timer if timer is not None else Timer(name=f"{name}-timer")
+        self._purge_interval = purge_interval
+        self._shards = [_Shard() for _ in range(shards)]
+        self._mask = shards - 1
+        # The weak references' callback: an atomic append, safe from any thread and
+        # under any lock; the queue holds the cleared entries until a purge drops them.
+        self._cleared: collections.deque[_Entry] = collections.deque()
+        self._on_cleared = self._cleared.append
+        self._purge_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self._completed = self._expired = self._purges = self._errors = 0
+        self._stopping = False
+        if reaper:
+            self._timer.start(after_advance=self._maybe_purge)
+
+    # -- the operations' side -------------------------------------------------------
+    def try_complete_else_watch(self, op: DelayedOperation, keys: Iterable[Hashable]) -> bool:
+        """Try to complete ``op``; if it cannot yet, watch it on every key and time it.
+
+        Returns True only if this call completed it. The second try after watching
+        closes the window in which a key's event came before the operation was listed.
+        Raises :class:`~timewheel.timer.TimerFullError` (nothing registered) when the
+        timer is at ``max_pending``.
+        """
+        if not isinstance(op, DelayedOperation):
+            raise TypeError(f"op must be a DelayedOperation, got {op!r}")
+        if op._purgatory is not None or op._wheel is not None or op._once.locked():
+            raise ValueError(f"op was already given to a purgatory or completed: {op!r}")
+        keys = self._check_keys(keys)
+        if self._stopping:
+            raise RuntimeError(f"purgatory {self.name!r} is shut down")
+        op._purgatory = self
+        if self._try(op):
+            return True
+        if len(self._cleared) > self._purge_interval:
+            self._drop_cleared()
+        # Timed before it is listed: no other thread can complete it yet, so nothing
+        # is half-registered if the timer refuses it, and a later completion always
+        # finds the timer entry to cancel.
+        try:
+            self._timer._schedule(op, op.delay_ms)
+        except BaseException:
+            op._purgatory = None
+            raise
+        entry = _Entry(op, self._on_cleared)
+        entry.keys = keys
+        eid = id(entry)
+        shards, mask = self._shards, self._mask
+        first = True
+        for key in keys:
+            if op._once.locked():
+                return False
+            shard = shards[hash(key) & mask]
+            with shard.lock:
+                lst = shard.lists.get(key)
+                if lst is None:
+                    shard.lists[key] = {eid: entry}
+                else:
+                    lst[eid] = entry
+                if first:
+                    shard.watched += 1
+                    first = False
+        return not op._once.locked() and self._try(op)
+
+    def _check_keys(self, keys: Iterable[Hashable]) -> Tuple[Hashable, ...]:
+        if isinstance(keys, (str, bytes)):
+            raise TypeError(
+                f"keys must be a collection of keys, not a single {type(keys).__name__}"
+            )
+        try:
+            if type(keys) is not tuple:
+                keys = tuple(keys)
+        except TypeError:
+            raise TypeError(f"keys must be an iterable of hashable keys, got {keys!r}") from None
+        if not keys:
+            raise ValueError("keys must not be empty")
+        try:
+            distinct = len(set(keys))
+        except TypeError as exc:
+            raise TypeError(f"keys must be hashable: {exc}, in {keys!r}") from None
+        if distinct != len(keys):
+            raise ValueError(f"keys must be distinct, got {keys!r}")
+        return keys
+
+    def _try(self, op: DelayedOperation) -> bool:
+        try:
+            return bool(op.try_complete())
+        except Exception:
+            self._count_error()
+            logger.exception("try_complete of %r in purgatory %r raised", op, self.name)
+            return False
+
+    def check_and_complete(self, key: Hashable) -> int:
+        """Try every operation watched on ``key``; return how many this call completed.
+
+        ``try_complete`` runs with no lock held; the list is cleaned of completed and
+        freed entries afterwards.
+        """
+        shard = self._shards[hash(key) & self._mask]
+        with shard.lock:
+            lst = shard.lists.get(key)
+            if not lst:
+                return 0
+            snapshot = list(lst.values())
+        completed = 0
+        stale = []
+        for entry in snapshot:
+            op = entry()
+            if op is None or op._once.locked():
+                stale.append(entry)
+            elif self._try(op):
+                completed += 1
+                stale.append(entry)
+        if stale:
+            with shard.lock:
+                lst = shard.lists.get(key)
+                if lst is not None:
+                    _remove(shard.lists, key, lst, stale)
+        return completed
+
+    def cancel_for_key(self, key: Hashable) -> List[DelayedOperation]:
+        """Stop watching ``key`` and cancel its operations' timeouts without completing them.
+
+        Returns those operations (still pending, no longer timed); they stay listed on
+        their other keys.
+        """
+        shard = self._shards[hash(key) & self._mask]
+        with shard.lock:
+            lst = shard.lists.pop(key, None)
+        ops: List[DelayedOperation] = []
+        for entry in (lst or {}).values():
+            op = entry()
+            if op is not None and not op._once.locked():
+                op.cancel()
+                ops.append(op)
+        return ops
+
+    # -- time and housekeeping ------------------------------------------------------
+    def advance_clock(self, timeout_ms: int) -> bool:
+        """Advance the timer (see :meth:`Timer.advance_clock`), then purge if due."""
+        ran = self._timer.advance_clock(timeout_ms)
+        self._maybe_purge()
+        return ran
+
+    def _maybe_purge(self) -> None:
+        interval = self._purge_interval
+        if len(self._cleared) > interval:
+            self._drop_cleared()
+        # Completed operations their callers still hold are never queued; the estimate
+        # counts them, as listed operations beyond the pending ones.
+        if self.watched - self.delayed > interval:
+            self.purge()
+
+    def _drop_cleared(self) -> None:
+        """Remove the queued cleared entries from their lists: O(keys) each, no scan."""
+        if not self._purge_lock.acquire(False):
+            return
+        try:
+            cleared = self._cleared
+            # Held until the end so that no new entry can reuse one of these ids.
+            entries = [cleared.popleft() for _ in range(len(cleared))]
+            shards, mask = self._shards, self._mask
+            # Grouped by shard so that each lock is taken once per purge, not per entry.
+            groups: List[List[Tuple[Hashable, _Entry]]] = [[] for _ in shards]
+            for entry in entries:
+                for key in entry.keys:
+                    groups[hash(key) & mask].append((key, entry))
+            for shard, group in zip(shards, groups):
+                if not group:
+                    continue
+                with shard.lock:
+                    lists = shard.lists
+                    for key, entry in group:
+                        lst = lists.get(key)
+                        if lst is not None:
+                            eid = id(entry)
+                            if lst.get(eid) is entry:
+                                del lst[eid]
+                                if not lst:
+                                    del lists[key]
+            first = self._shards[0]
+            with first.lock:
+                first.watched -= len(entries)
+            with self._stats_lock:
+                self._purges += 1
+        finally:
+            self._purge_lock.release()
+
+    def purge(self) -> int:
+        """Scan every watcher list and drop freed and completed entries; return how many.
+
+        This is the write-up's purge, for completed operations that are still referenced
+        (freed ones are removed without a scan). A purge already running in another
+        thread makes this call return 0 at once.
+        """
+        if not self._purge_lock.acquire(False):
+            return 0
+        try:
+            # The scan removes every dead entry, queued or not.
+            self._cleared.clear()
+            for shard in self._shards:
+                with shard.lock:
+                    shard.watched = 0
+            # The write-up's reset: what is pending, plus whatever is watched from now on.
+            first = self._shards[0]
+            delayed = self.delayed
+            with first.lock:
+                first.watched += delayed
+            removed = 0
+            for shard in self._shards:
+                with shard.lock:
+                    lists = shard.lists
+                    for key, lst in list(lists.items()):
+                        stale = [entry for entry in lst.values() if _is_stale(entry)]
+                        removed += len(stale)
+                        _remove(lists, key, lst, stale)
+            with self._stats_lock:
+                self._purges += 1
+            return removed
+        finally:
+            self._purge_lock.release()
+
+    def _count_error(self) -> None:
+        with self._stats_lock:
+            self._errors += 1
+
+    @property
+    def delayed(self) -> int:
+        """The exact number of operations pending in the timer."""
+        return len(self._timer)
+
+    @property
+    def watched(self) -> int:
+        """The write-up's estimate of the operations in watcher lists."""
+        return sum(shard.watched for shard in self._shards)
+
+    def metrics(self) -> Dict[str, int]:
+        """Counters and sizes: completed, expired, purges, watched, delayed, keys,
+        entries (exact count of watcher-list entries), cleared (freed entries not yet
+        purged) and errors (raising ``try_complete`` calls plus the timer's errors)."""
+        keys = entries = 0
+        for shard in self._shards:
+            with shard.lock:
+                keys += len(shard.lists)
+                entries += sum(len(lst) for lst in shard.lists.values())
+        with self._stats_lock:
+            out = {
+                "completed": self._completed,
+                "expired": self._expired,
+                "purges": self._purges,
+                "errors": self._errors,
+            }
+        out["errors"] += self._timer.errors
+        out.update(
+            watched=self.watched,
+            delayed=self.delayed,
+            keys=keys,
+            entries=entries,
+            cleared=len(self._cleared),
+        )
+        return out
+
+    @property
+    def timer(self) -> Timer:
+        """The timer that times the operations out."""
+        return self._timer
+
+    def shutdown(self) -> List[DelayedOperation]:
+        """Stop the reaper, close the timer and return the operations that never completed.
+
+        Those operations are neither completed nor expired; the caller decides their fate.
+        """
+        self._stopping = True
+        left = self._timer.close()
+        for shard in self._shards:
+            with shard.lock:
+                shard.lists.clear()
+                shard.watched = 0
+        self._cleared.clear()
+        return [op for op in left if isinstance(op, DelayedOperation)]
+
+    def __enter__(self) -> Purgatory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"<Purgatory {self.name!r} delayed={self.delayed} watched={self.watched}>"

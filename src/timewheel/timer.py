@@ -1,0 +1,450 @@
+"""Timer: a clock, a timing wheel and the thread that runs expired tasks (Kafka's SystemTimer).
+
+Time is in integer milliseconds. The wheel is :class:`timewheel.wheel.TimingWheel` (the
+Cython core when built, its pure-Python twin otherwise); the wheel's item is the
+:class:`TimerTask` itself, so while a task is pending the wheel holds the one strong
+reference the timer needs, and cancelling is O(1) through the wheel handle.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import threading
+import time
+import weakref
+from typing import Any, Callable, List, Optional, Protocol, Tuple, Union
+
+from .wheel import TimingWheel
+
+__all__ = ["ManualClock", "Timer", "TimerFullError", "TimerTask", "logger"]
+
+logger = logging.getLogger("timewheel")
+
+_INT64_MAX = (1 << 63) - 1
+_NEVER = float("-inf")  # _wake_before when nobody waits: no add notifies
+_ALWAYS = float("inf")  # _wake_before while a waiter is deciding: every add notifies
+
+_PENDING, _CANCELLED, _FIRED = 0, 1, 2
+
+
+def check_ms(name: str, value: Any, lo: int = 0, hi: int = _INT64_MAX) -> int:
+    """Return ``value`` as an int in ``[lo, hi]`` or raise naming ``name`` (bools refused)."""
+    if type(value) is int:
+        v: int = value
+    elif isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    else:
+        v = operator.index(value)
+    if v < lo or v > hi:
+        raise ValueError(f"{name} must be between {lo} and {hi}, got {v}")
+    return v
+
+
+class Executor(Protocol):
+    """Anything that can run ``fn(*args)`` later, such as a ``ThreadPoolExecutor``."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Any:
+        """Arrange for ``fn(*args)`` to run."""
+
+
+class TimerFullError(RuntimeError):
+    """Raised by :meth:`Timer.add` when ``max_pending`` tasks are already pending."""
+
+
+class ManualClock:
+    """An event-time clock in integer milliseconds that moves only when told to.
+
+    A :class:`Timer` built on it never waits: :meth:`Timer.advance_clock` runs what is
+    due at :meth:`now_ms` and returns. Moving the clock wakes a reaper thread started
+    with :meth:`Timer.start`, so the reaper follows the clock.
+    """
+
+    __slots__ = ("_now", "_lock", "_listeners")
+
+    def __init__(self, start_ms: int = 0) -> None:
+        self._now = check_ms("start_ms", start_ms, -_INT64_MAX - 1)
+        self._lock = threading.Lock()
+        self._listeners: weakref.WeakSet[threading.Condition] = weakref.WeakSet()
+
+    def now_ms(self) -> int:
+        """The current time in milliseconds."""
+        return self._now
+
+    def advance(self, ms: int) -> int:
+        """Move the clock forward by ``ms`` (>= 0) and return the new time."""
+        ms = check_ms("ms", ms)
+        with self._lock:
+            now = check_ms("clock time", self._now + ms, -_INT64_MAX - 1)
+            self._now = now
+        self._notify()
+        return now
+
+    def set(self, ms: int) -> None:
+        """Move the clock to ``ms``; moving it backwards raises ValueError."""
+        ms = check_ms("ms", ms, -_INT64_MAX - 1)
+        with self._lock:
+            if ms < self._now:
+                raise ValueError(f"ms must not be before the current time {self._now}, got {ms}")
+            self._now = ms
+        self._notify()
+
+    def _subscribe(self, cond: threading.Condition) -> None:
+        self._listeners.add(cond)
+
+    def _notify(self) -> None:
+        for cond in list(self._listeners):
+            with cond:
+                cond.notify_all()
+
+    def __repr__(self) -> str:
+        return f"<ManualClock now_ms={self._now}>"
+
+
+Clock = Union[ManualClock, Callable[[], int]]
+
+
+def monotonic_ms() -> int:
+    """The default clock: :func:`time.monotonic_ns` in whole milliseconds."""
+    return time.monotonic_ns() // 1_000_000
+
+
+class TimerTask:
+    """A task scheduled on a :class:`Timer`; subclasses override :meth:`run`.
+
+    ``deadline_ms`` is fixed when the task is added. :meth:`cancel` is idempotent and
+    O(1); ``cancelled`` and ``done`` tell what became of the task.
+    """
+
+    __slots__ = ("deadline_ms", "_wheel", "_handle", "_state")
+
+    def __init__(self) -> None:
+        self.deadline_ms: Optional[int] = None
+        self._wheel: Any = None
+        self._handle = 0
+        self._state = _PENDING
+
+    def run(self) -> None:
+        """Called once when the deadline passes, unless cancelled first."""
+        raise NotImplementedError
+
+    def cancel(self) -> bool:
+        """Remove the task from its timer; True only for the call that cancelled it.
+
+        A task that has already run (or was handed to the executor) cannot be cancelled.
+        """
+        wheel = self._wheel
+        if wheel is not None and wheel.cancel(self._handle):
+            self._state = _CANCELLED
+            return True
+        return False
+
+    @property
+    def cancelled(self) -> bool:
+        """True once :meth:`cancel` removed the task (or the timer closed with it pending)."""
+        return self._state == _CANCELLED
+
+    @property
+    def done(self) -> bool:
+        """True once the timer ran the task (or handed it to its executor)."""
+        return self._state == _FIRED
+
+    def __repr__(self) -> str:
+        state = ("pending", "cancelled", "done")[self._state]
+        return f"<{type(self).__name__} deadline_ms={self.deadline_ms} {state}>"
+
+
+class _CallbackTask(TimerTask):
+    """The task :meth:`Timer.add` creates: ``callback(*args)``."""
+
+    __slots__ = ("_callback", "_args")
+
+    def __init__(self, callback: Callable[..., Any], args: Tuple[Any, ...]) -> None:
+        TimerTask.__init__(self)
+        self._callback = callback
+        self._args = args
+
+    def run(self) -> None:
+        """Call the callback."""
+        self._callback(*self._args)
+
+    def __repr__(self) -> str:
+        return f"{TimerTask.__repr__(self)[:-1]} callback={self._callback!r}>"
+
+
+class Timer:
+    """Run callbacks after a delay, on a hierarchical timing wheel (Kafka's SystemTimer).
+
+    ``Timer(tick_ms=1, wheel_size=20, *, clock=None, executor=None, max_pending=None,
+    name="timer")``. The clock is :func:`monotonic_ms` unless a :class:`ManualClock` or
+    another zero-argument callable returning milliseconds is given. Time moves only in
+    :meth:`advance_clock`, called by the caller or by the reaper thread of
+    :meth:`start`. Expired tasks run on the advancing thread, or through
+    ``executor.submit`` when an executor is given. A callback that raises is logged on
+    the ``timewheel`` logger and counted in :attr:`errors`.
+    """
+
+    def __init__(
+        self,
+        tick_ms: int = 1,
+        wheel_size: int = 20,
+        *,
+        clock: Optional[Clock] = None,
+        executor: Optional[Executor] = None,
+        max_pending: Optional[int] = None,
+        name: str = "timer",
+    ) -> None:
+        tick_ms = check_ms("tick_ms", tick_ms, 1)
+        if executor is not None and not callable(getattr(executor, "submit", None)):
+            raise TypeError(f"executor must have a submit(fn, *args) method, got {executor!r}")
+        if max_pending is not None:
+            max_pending = check_ms("max_pending", max_pending, 1)
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {name!r}")
+        self._cond = threading.Condition(threading.Lock())
+        self._manual: Optional[ManualClock]
+        if clock is None:
+            self._clock: Callable[[], int] = monotonic_ms
+            self._manual = None
+        elif isinstance(clock, ManualClock):
+            self._clock = clock.now_ms
+            self._manual = clock
+            clock._subscribe(self._cond)
+        elif callable(clock):
+            self._clock = clock
+            self._manual = None
+        else:
+            raise TypeError(f"clock must be a ManualClock or a callable, got {clock!r}")
+        start = check_ms("clock()", self._clock(), -_INT64_MAX - 1)
+        self._wheel = TimingWheel(tick_ms, wheel_size, start)
+        self._executor = executor
+        self._max_pending = max_pending
+        self.name = name
+        # Serialises advancers so tasks run in deadline order; held while waiting.
+        # Re-entrant so that a callback may call advance_clock() or close().
+        self._advance_lock = threading.RLock()
+        self._wake_before: float = _NEVER
+        self._closed = False
+        self._reaper: Optional[threading.Thread] = None
+        self._errors = 0
+        self._errors_lock = threading.Lock()
+
+    # -- adding ---------------------------------------------------------------------
+    def add(self, delay_ms: int, callback: Callable[..., Any], *args: Any) -> TimerTask:
+        """Run ``callback(*args)`` once ``delay_ms`` (>= 0) milliseconds have passed.
+
+        The callback never runs inside ``add``, even with a zero delay: it runs at the
+        next :meth:`advance_clock` that reaches the deadline.
+        """
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {callback!r}")
+        return self._schedule(_CallbackTask(callback, args), delay_ms)
+
+    def add_task(self, task: TimerTask, delay_ms: int) -> TimerTask:
+        """Schedule a :class:`TimerTask` subclass instance; it may be added only once."""
+        if not isinstance(task, TimerTask):
+            raise TypeError(f"task must be a TimerTask, got {task!r}")
+        if task._wheel is not None or task._state != _PENDING:
+            raise ValueError(f"task was already added to a timer: {task!r}")
+        return self._schedule(task, delay_ms)
+
+    def _schedule(self, task: TimerTask, delay_ms: int) -> TimerTask:
+        if type(delay_ms) is not int or delay_ms < 0:
+            delay_ms = check_ms("delay_ms", delay_ms)
+        if self._closed:
+            raise RuntimeError(f"timer {self.name!r} is closed")
+        deadline = self._clock() + delay_ms
+        if deadline > _INT64_MAX:
+            raise ValueError(f"delay_ms is too large: the deadline {deadline} passes int64")
+        task.deadline_ms = deadline
+        task._wheel = wheel = self._wheel
+        if self._max_pending is None:
+            task._handle = wheel.schedule(deadline, task)
+        else:
+            with self._cond:
+                if len(wheel) >= self._max_pending:
+                    task._wheel = None
+                    task.deadline_ms = None
+                    raise TimerFullError(
+                        f"timer {self.name!r} has max_pending={self._max_pending} tasks pending"
+                    )
+                task._handle = wheel.schedule(deadline, task)
+        # Only a deadline earlier than what the waiter waits for changes its plan.
+        if deadline < self._wake_before:
+            with self._cond:
+                self._cond.notify_all()
+        # close() sets _closed before draining: either the drain saw this task, or we
+        # see _closed here and take the task back.
+        if self._closed and wheel.cancel(task._handle):
+            raise RuntimeError(f"timer {self.name!r} is closed")
+        return task
+
+    # -- advancing ------------------------------------------------------------------
+    def advance_clock(self, timeout_ms: int) -> bool:
+        """Wait until a task is due or ``timeout_ms`` passes, then run every due task.
+
+        With a :class:`ManualClock` it never waits. Tasks run in deadline order (equal
+        deadlines in the order added); a backlog is drained in one call. Returns True
+        if any task ran. Waiting releases the GIL; an earlier :meth:`add` or
+        :meth:`close` cuts it short. While another thread advances, this call waits for
+        it up to ``timeout_ms`` and returns False if it cannot take over in time.
+        """
+        timeout_ms = check_ms("timeout_ms", timeout_ms)
+        if not self._advance_lock.acquire(timeout=timeout_ms / 1000):
+            return False
+        try:
+            if self._closed:
+                return False
+            if self._manual is None:
+                self._wait_until_due(timeout_ms)
+                if self._closed:
+                    return False
+            due = self._wheel.advance(self._clock())
+            if due:
+                self._dispatch(due)
+            return bool(due)
+        finally:
+            self._advance_lock.release()
+
+    def _wait_until_due(self, timeout_ms: int) -> None:
+        clock = self._clock
+        end = clock() + timeout_ms
+        wheel = self._wheel
+        with self._cond:
+            try:
+                while not self._closed:
+                    # Adds made while we look at the wheel must notify: they may be earlier.
+                    self._wake_before = _ALWAYS
+                    nd = wheel.next_deadline()
+                    now = clock()
+                    target = end if nd is None or nd > end else nd
+                    if target <= now:
+                        return
+                    self._wake_before = target
+                    self._cond.wait((target - now) / 1000)
+            finally:
+                self._wake_before = _NEVER
+
+    def _dispatch(self, tasks: List[TimerTask]) -> None:
+        """Run (or submit) expired tasks in order; the one place a strategy plugs in."""
+        executor = self._executor
+        run = self._run
+        for task in tasks:
+            task._state = _FIRED
+            if executor is None:
+                run(task)
+            else:
+                try:
+                    executor.submit(run, task)
+                except Exception:
+                    self._count_error("could not submit %r to the executor of timer %r", task)
+
+    def _run(self, task: TimerTask) -> None:
+        try:
+            task.run()
+        except Exception:
+            self._count_error("task %r of timer %r raised", task)
+
+    def _count_error(self, msg: str, culprit: object) -> None:
+        with self._errors_lock:
+            self._errors += 1
+        logger.exception(msg, culprit, self.name)
+
+    # -- reaper and lifetime --------------------------------------------------------
+    def start(
+        self, poll_ms: int = 200, *, after_advance: Optional[Callable[[], None]] = None
+    ) -> None:
+        """Start a daemon reaper thread that keeps advancing the clock.
+
+        ``poll_ms`` bounds how long one wait lasts; an earlier :meth:`add` wakes the
+        reaper anyway. With a :class:`ManualClock` the reaper follows the clock.
+        ``after_advance`` is called after every advance (the purgatory purges there);
+        if it raises, the error is logged and counted like a callback's.
+        """
+        poll_ms = check_ms("poll_ms", poll_ms, 1)
+        if after_advance is not None and not callable(after_advance):
+            raise TypeError(f"after_advance must be callable or None, got {after_advance!r}")
+        if self._closed:
+            raise RuntimeError(f"timer {self.name!r} is closed")
+        if self._reaper is not None:
+            raise RuntimeError(f"timer {self.name!r} is already started")
+        self._reaper = threading.Thread(
+            target=self._reap,
+            args=(poll_ms, after_advance),
+            name=f"{self.name}-reaper",
+            daemon=True,
+        )
+        self._reaper.start()
+
+    def _reap(self, poll_ms: int, after_advance: Optional[Callable[[], None]]) -> None:
+        while not self._closed:
+            self.advance_clock(poll_ms)
+            if after_advance is not None:
+                try:
+                    after_advance()
+                except Exception:
+                    self._count_error("after_advance %r of timer %r raised", after_advance)
+            if self._manual is not None:
+                self._wait_for_manual_clock(poll_ms)
+
+    def _wait_for_manual_clock(self, poll_ms: int) -> None:
+        # The clock notifies our condition when it moves; earlier adds notify too.
+        clock = self._clock
+        with self._cond:
+            try:
+                self._wake_before = _ALWAYS
+                nd = self._wheel.next_deadline()
+                now = clock()
+                if self._closed or (nd is not None and nd <= now):
+                    return
+                # Only an add that is already due needs us before the clock moves.
+                self._wake_before = now + 1
+                self._cond.wait(poll_ms / 1000)
+            finally:
+                self._wake_before = _NEVER
+
+    def close(self) -> List[TimerTask]:
+        """Stop the reaper promptly and return the tasks that never ran, in deadline order.
+
+        Those tasks are marked cancelled. Adding to a closed timer raises RuntimeError.
+        """
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        reaper = self._reaper
+        if reaper is not None and reaper is not threading.current_thread():
+            reaper.join()
+        with self._advance_lock:
+            left: List[TimerTask] = self._wheel.advance(_INT64_MAX)
+        for task in left:
+            task._state = _CANCELLED
+        return left
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    def __enter__(self) -> Timer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- introspection --------------------------------------------------------------
+    def now_ms(self) -> int:
+        """The timer's clock, in milliseconds."""
+        return self._clock()
+
+    @property
+    def errors(self) -> int:
+        """How many callbacks raised (or could not be submitted to the executor)."""
+        return self._errors
+
+    def __len__(self) -> int:
+        """The exact number of tasks pending: added, not yet run, not cancelled."""
+        return len(self._wheel)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<Timer {self.name!r} pending={len(self._wheel)} {state}>"

@@ -1,0 +1,456 @@
+"""Timer, TimerTask and ManualClock, on every TimingWheel implementation."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator, List, Tuple
+
+import pytest
+
+from timewheel import timer as timer_module
+from timewheel.timer import ManualClock, Timer, TimerFullError, TimerTask, monotonic_ms
+
+
+@pytest.fixture(autouse=True)
+def _wheel_under_test(TW: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timer_module, "TimingWheel", TW)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def timer(clock: ManualClock) -> Iterator[Timer]:
+    with Timer(clock=clock) as t:
+        yield t
+
+
+class RecordingExecutor:
+    """Collects submitted calls so a test can see they were not run inline."""
+
+    def __init__(self) -> None:
+        self.calls: List[Tuple[Callable[..., Any], Tuple[Any, ...]]] = []
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.calls.append((fn, args))
+
+
+# -- ManualClock ------------------------------------------------------------------------
+def test_manual_clock_moves_only_forward() -> None:
+    c = ManualClock(start_ms=5)
+    assert c.now_ms() == 5
+    assert c.advance(10) == 15
+    c.set(15)
+    c.set(40)
+    assert c.now_ms() == 40
+    with pytest.raises(ValueError, match="ms must not be before the current time 40, got 39"):
+        c.set(39)
+    with pytest.raises(ValueError, match="ms must be between 0 and"):
+        c.advance(-1)
+    with pytest.raises(TypeError, match=r"ms must be an int, got 1\.5"):
+        c.advance(1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="start_ms must be an int, got True"):
+        ManualClock(True)
+    assert c.now_ms() == 40
+
+
+# -- adding and validation ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("delay", "exc", "message"),
+    [
+        (-1, ValueError, "delay_ms must be between 0 and .*, got -1"),
+        (1.0, TypeError, r"delay_ms must be an int, got 1\.0 \(float\)"),
+        (True, TypeError, r"delay_ms must be an int, got True \(bool\)"),
+        ("5", TypeError, "delay_ms must be an int, got '5'"),
+        (1 << 63, ValueError, "delay_ms is too large"),
+    ],
+)
+def test_add_rejects_bad_delay(timer: Timer, delay: Any, exc: type, message: str) -> None:
+    with pytest.raises(exc, match=message):
+        timer.add(delay, print)
+    assert len(timer) == 0
+
+
+def test_add_rejects_deadline_past_int64(TW: Any) -> None:
+    t = Timer(clock=ManualClock(10))
+    with pytest.raises(ValueError, match="delay_ms is too large"):
+        t.add((1 << 63) - 5, print)
+    assert len(t) == 0
+
+
+def test_add_rejects_non_callable(timer: Timer) -> None:
+    with pytest.raises(TypeError, match="callback must be callable, got 42"):
+        timer.add(1, 42)  # type: ignore[arg-type]
+    assert len(timer) == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "message"),
+    [
+        ({"tick_ms": 0}, ValueError, "tick_ms must be between 1 and"),
+        ({"clock": 3}, TypeError, "clock must be a ManualClock or a callable, got 3"),
+        ({"executor": object()}, TypeError, "executor must have a submit"),
+        ({"max_pending": 0}, ValueError, "max_pending must be between 1 and"),
+        ({"name": 1}, TypeError, "name must be a str, got 1"),
+    ],
+)
+def test_constructor_rejects_bad_arguments(kwargs: Any, exc: type, message: str) -> None:
+    with pytest.raises(exc, match=message):
+        Timer(**kwargs)
+
+
+def test_zero_delay_never_runs_inside_add(timer: Timer, clock: ManualClock) -> None:
+    ran: List[int] = []
+    task = timer.add(0, ran.append, 1)
+    assert ran == [] and len(timer) == 1 and not task.done
+    assert task.deadline_ms == clock.now_ms()
+    assert timer.advance_clock(0) is True
+    assert ran == [1] and task.done and len(timer) == 0
+    assert timer.advance_clock(0) is False
+
+
+# -- expiry in event time ----------------------------------------------------------------
+@pytest.mark.parametrize("tick_ms", [1, 7])
+@pytest.mark.parametrize("delay", [1, 19, 20, 21, 399, 400, 401, 8001, 160_003])
+def test_task_runs_at_first_advance_at_or_past_its_deadline(
+    tick_ms: int, delay: int
+) -> None:
+    clock = ManualClock(start_ms=3)
+    t = Timer(tick_ms=tick_ms, clock=clock)
+    ran: List[int] = []
+    t.add(delay, ran.append, delay)
+    # Step the clock through awkward increments: never early, never late.
+    rng = random.Random(delay * 31 + tick_ms)
+    deadline = 3 + delay
+    while clock.now_ms() < deadline:
+        assert t.advance_clock(0) is False and ran == []
+        clock.advance(min(rng.randint(1, max(1, delay // 5)), deadline - clock.now_ms()))
+    assert t.advance_clock(0) is True and ran == [delay]
+
+
+def test_backlog_drains_in_one_call_in_deadline_then_add_order(
+    timer: Timer, clock: ManualClock
+) -> None:
+    rng = random.Random(7)
+    delays = [rng.randint(0, 5000) for _ in range(2000)]
+    ran: List[Tuple[int, int]] = []
+    for i, d in enumerate(delays):
+        timer.add(d, lambda d=d, i=i: ran.append((d, i)))
+    clock.advance(6000)
+    assert timer.advance_clock(0) is True
+    assert ran == sorted((d, i) for i, d in enumerate(delays))
+    assert len(timer) == 0
+
+
+def test_task_added_by_a_callback_runs_at_the_next_advance(timer: Timer) -> None:
+    ran: List[str] = []
+
+    def first() -> None:
+        ran.append("first")
+        timer.add(0, ran.append, "second")
+
+    timer.add(0, first)
+    assert timer.advance_clock(0) is True and ran == ["first"]
+    assert timer.advance_clock(0) is True and ran == ["first", "second"]
+
+
+# -- cancel and len ----------------------------------------------------------------------
+def test_cancel_is_idempotent_and_keeps_len_exact(timer: Timer, clock: ManualClock) -> None:
+    ran: List[int] = []
+    tasks = [timer.add(10 * i, ran.append, i) for i in range(10)]
+    assert len(timer) == 10
+    assert tasks[3].cancel() is True
+    assert tasks[3].cancel() is False
+    assert tasks[3].cancelled and not tasks[3].done
+    assert len(timer) == 9
+    clock.advance(100)
+    timer.advance_clock(0)
+    assert ran == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+    assert tasks[0].cancel() is False and tasks[0].done and not tasks[0].cancelled
+    assert len(timer) == 0
+
+
+def test_cancel_before_add_returns_false() -> None:
+    class Noop(TimerTask):
+        __slots__ = ()
+
+        def run(self) -> None:
+            raise AssertionError("never added")
+
+    task = Noop()
+    assert task.cancel() is False
+    assert not task.cancelled and not task.done
+
+
+def test_add_task_runs_a_subclass_once_and_refuses_a_second_add(timer: Timer) -> None:
+    ran: List[TimerTask] = []
+
+    class Recorder(TimerTask):
+        __slots__ = ()
+
+        def run(self) -> None:
+            ran.append(self)
+
+    task = timer.add_task(Recorder(), 0)
+    with pytest.raises(ValueError, match="task was already added to a timer"):
+        timer.add_task(task, 0)
+    with pytest.raises(TypeError, match="task must be a TimerTask, got 'x'"):
+        timer.add_task("x", 0)  # type: ignore[arg-type]
+    assert len(timer) == 1
+    timer.advance_clock(0)
+    assert ran == [task]
+
+
+def test_len_is_exact_under_concurrent_add_and_cancel(timer: Timer) -> None:
+    per_thread = 2000
+    barrier = threading.Barrier(4)
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        barrier.wait()
+        for _ in range(per_thread):
+            task = timer.add(rng.randint(1, 10_000), print)
+            if rng.random() < 0.5:
+                assert task.cancel()
+                assert not task.cancel()
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    # Replay the same random choices to know how many must still be pending.
+    expected = 0
+    for seed in range(4):
+        rng = random.Random(seed)
+        for _ in range(per_thread):
+            rng.randint(1, 10_000)
+            expected += rng.random() >= 0.5
+    assert len(timer) == expected
+
+
+# -- errors and executors ----------------------------------------------------------------
+def test_raising_callback_is_logged_counted_and_isolated(
+    timer: Timer, caplog: pytest.LogCaptureFixture
+) -> None:
+    ran: List[int] = []
+
+    def boom() -> None:
+        raise RuntimeError("boom")
+
+    timer.add(0, ran.append, 1)
+    timer.add(0, boom)
+    timer.add(0, ran.append, 2)
+    with caplog.at_level(logging.ERROR, logger="timewheel"):
+        assert timer.advance_clock(0) is True
+    assert ran == [1, 2]
+    assert timer.errors == 1
+    [record] = caplog.records
+    assert record.name == "timewheel" and "raised" in record.getMessage()
+    assert record.exc_info is not None and record.exc_info[1] is not None
+    assert str(record.exc_info[1]) == "boom"
+
+
+def test_executor_receives_expired_tasks_instead_of_running_them(clock: ManualClock) -> None:
+    executor = RecordingExecutor()
+    t = Timer(clock=clock, executor=executor)
+    ran: List[int] = []
+    task = t.add(5, ran.append, 1)
+    clock.advance(5)
+    assert t.advance_clock(0) is True
+    assert ran == [] and task.done and len(executor.calls) == 1
+    fn, args = executor.calls[0]
+    fn(*args)
+    assert ran == [1]
+
+
+def test_thread_pool_executor_runs_callbacks_and_counts_their_errors(clock: ManualClock) -> None:
+    done = threading.Event()
+    threads: List[str] = []
+
+    def record() -> None:
+        threads.append(threading.current_thread().name)
+        done.set()
+
+    def boom() -> None:
+        raise ValueError("bad")
+
+    with ThreadPoolExecutor(1, thread_name_prefix="pool") as pool:
+        t = Timer(clock=clock, executor=pool)
+        t.add(0, boom)
+        t.add(0, record)
+        t.advance_clock(0)
+        assert done.wait(10)
+    assert threads[0].startswith("pool")
+    assert t.errors == 1
+
+
+def test_a_failing_submit_is_counted_and_the_other_tasks_still_go(clock: ManualClock) -> None:
+    pool = ThreadPoolExecutor(1)
+    pool.shutdown()
+    t = Timer(clock=clock, executor=pool)
+    t.add(0, print)
+    t.add(0, print)
+    t.advance_clock(0)
+    assert t.errors == 2
+
+
+def test_max_pending_applies_back_pressure(clock: ManualClock) -> None:
+    t = Timer(clock=clock, max_pending=2)
+    first = t.add(1, print)
+    t.add(1, print)
+    with pytest.raises(TimerFullError, match="max_pending=2"):
+        t.add(1, print)
+    assert len(t) == 2
+    assert first.cancel()
+    t.add(1, print)
+    assert len(t) == 2
+
+
+# -- real clock: waiting -----------------------------------------------------------------
+def test_advance_clock_waits_for_the_deadline_with_the_gil_released() -> None:
+    t = Timer()
+    ran = threading.Event()
+    start = monotonic_ms()
+    task = t.add(60, ran.set)
+    spins = 0
+    stop = threading.Event()
+
+    def spin() -> None:
+        nonlocal spins
+        while not stop.is_set():
+            spins += 1
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        assert t.advance_clock(5000) is True
+    finally:
+        stop.set()
+        spinner.join()
+    assert ran.is_set() and monotonic_ms() >= task.deadline_ms  # type: ignore[operator]
+    assert monotonic_ms() - start < 4000
+    assert spins > 0
+
+
+def test_advance_clock_returns_false_after_its_timeout() -> None:
+    t = Timer()
+    t.add(60_000, print)
+    start = monotonic_ms()
+    assert t.advance_clock(30) is False
+    assert monotonic_ms() - start >= 30
+    assert len(t) == 1
+
+
+def test_an_earlier_add_wakes_a_long_wait() -> None:
+    called = threading.Event()
+
+    def clock() -> int:
+        called.set()
+        return monotonic_ms()
+
+    t = Timer(clock=clock)
+    t.add(600_000, print)
+    result: List[bool] = []
+    called.clear()
+    waiter = threading.Thread(target=lambda: result.append(t.advance_clock(600_000)))
+    waiter.start()
+    assert called.wait(10)
+    ran = threading.Event()
+    t.add(0, ran.set)
+    waiter.join(10)
+    assert not waiter.is_alive() and result == [True] and ran.is_set()
+
+
+def test_reaper_runs_tasks_on_its_thread_and_close_returns_the_rest() -> None:
+    t = Timer(name="r")
+    t.start(poll_ms=600_000)
+    ran = threading.Event()
+    where: List[str] = []
+    t.add(5, lambda: (where.append(threading.current_thread().name), ran.set()))
+    assert ran.wait(10)
+    assert where == ["r-reaper"]
+    late = t.add(600_000, print)
+    early = t.add(300_000, print)
+    start = monotonic_ms()
+    left = t.close()
+    assert monotonic_ms() - start < 5000  # did not wait out the 600 s poll
+    assert left == [early, late] and late.cancelled and early.cancelled
+    assert len(t) == 0 and t.closed
+    with pytest.raises(RuntimeError, match="timer 'r' is closed"):
+        t.add(1, print)
+    assert t.advance_clock(0) is False
+
+
+def test_start_twice_or_after_close_is_refused(clock: ManualClock) -> None:
+    t = Timer(clock=clock)
+    t.start()
+    with pytest.raises(RuntimeError, match="already started"):
+        t.start()
+    t.close()
+    with pytest.raises(RuntimeError, match="is closed"):
+        t.start()
+
+
+# -- reaper on a ManualClock -------------------------------------------------------------
+def test_reaper_follows_a_manual_clock(clock: ManualClock) -> None:
+    t = Timer(clock=clock)
+    t.start(poll_ms=600_000)
+    first, second = threading.Event(), threading.Event()
+    t.add(0, first.set)
+    assert first.wait(10)
+    task = t.add(50, second.set)
+    clock.advance(49)
+    assert not task.done
+    clock.advance(1)
+    assert second.wait(10)
+    assert t.close() == []
+
+
+def test_after_advance_errors_are_logged_and_do_not_stop_the_reaper(
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls = threading.Semaphore(0)
+
+    def hook() -> None:
+        calls.release()
+        raise RuntimeError("hook")
+
+    t = Timer(clock=clock)
+    with caplog.at_level(logging.ERROR, logger="timewheel"):
+        t.start(after_advance=hook)
+        assert calls.acquire(timeout=10)
+        clock.advance(1)
+        assert calls.acquire(timeout=10)
+        t.close()
+    assert t.errors >= 2
+    assert any("after_advance" in r.getMessage() for r in caplog.records)
+
+
+def test_close_from_a_callback_on_the_reaper(clock: ManualClock) -> None:
+    t = Timer(clock=clock)
+    closed = threading.Event()
+    left: List[List[TimerTask]] = []
+    pending = t.add(10, print)
+    t.add(0, lambda: (left.append(t.close()), closed.set()))
+    t.start()
+    assert closed.wait(10)
+    assert left == [[pending]]
+    assert t.closed
+
+
+def test_timer_is_a_context_manager() -> None:
+    with Timer() as t:
+        task = t.add(60_000, print)
+    assert t.closed and task.cancelled
+
+
+def test_default_clock_is_monotonic_milliseconds() -> None:
+    before = time.monotonic_ns() // 1_000_000
+    assert before <= Timer().now_ms() <= time.monotonic_ns() // 1_000_000
