@@ -4,6 +4,16 @@ Layers, lowest first: :class:`TimingWheel` (the core, Cython with a pure-Python 
 """
 
 from ._version import __version__
+from .sources import Fair, PreferThenFair, QueueingSource, Scheduler, SetQueue
 from .wheel import IMPLEMENTATION, TimingWheel
 
-__all__ = ["__version__", "IMPLEMENTATION", "TimingWheel"]
+__all__ = [
+    "IMPLEMENTATION",
+    "Fair",
+    "PreferThenFair",
+    "QueueingSource",
+    "Scheduler",
+    "SetQueue",
+    "TimingWheel",
+    "__version__",
+]

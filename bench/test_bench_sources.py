@@ -1,0 +1,110 @@
+"""SetQueue against the write-up's set-plus-queue and queue.Queue, measured in one run.
+
+Each round offers ITEMS distinct items and then polls them all; divide a round's time by
+ITEMS for nanoseconds per item. ``per-item`` calls offer/poll once per item, ``batch``
+uses the bulk calls where the structure has them.
+
+    PYTHONPATH=src python -m pytest bench/test_bench_sources.py --benchmark-columns=min,median
+"""
+
+from __future__ import annotations
+
+import queue
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import pytest
+
+from timewheel.sources import SetQueue
+
+ITEMS = 1000
+
+
+class SetDeque:
+    """The write-up's ConcurrentSetQueue in plain Python: a set for membership, a deque
+    for order; thread-safe only by accident of the GIL."""
+
+    def __init__(self) -> None:
+        self._members: set[Hashable] = set()
+        self._order: deque[Hashable] = deque()
+
+    def offer(self, item: Hashable) -> bool:
+        if item in self._members:
+            return False
+        self._members.add(item)
+        self._order.append(item)
+        return True
+
+    def poll(self) -> Hashable | None:
+        if not self._order:
+            return None
+        item = self._order.popleft()
+        self._members.discard(item)
+        return item
+
+
+def setqueue_per_item(items: range) -> Callable[[], Any]:
+    q: SetQueue[int] = SetQueue()
+    offer, poll = q.offer, q.poll
+
+    def run() -> None:
+        for i in items:
+            offer(i)
+        for _ in items:
+            poll()
+
+    return run
+
+
+def setqueue_batch(items: range) -> Callable[[], Any]:
+    q: SetQueue[int] = SetQueue()
+    n = len(items)
+
+    def run() -> None:
+        q.offer_all(items)
+        q.poll(n)
+
+    return run
+
+
+def setdeque_per_item(items: range) -> Callable[[], Any]:
+    q = SetDeque()
+    offer, poll = q.offer, q.poll
+
+    def run() -> None:
+        for i in items:
+            offer(i)
+        for _ in items:
+            poll()
+
+    return run
+
+
+def queue_queue_per_item(items: range) -> Callable[[], Any]:
+    q: queue.Queue[int] = queue.Queue()  # no de-duplication at all
+    put, get = q.put_nowait, q.get_nowait
+
+    def run() -> None:
+        for i in items:
+            put(i)
+        for _ in items:
+            get()
+
+    return run
+
+
+CASES = {
+    "SetQueue per-item": setqueue_per_item,
+    "SetQueue batch": setqueue_batch,
+    "set+deque per-item": setdeque_per_item,
+    "queue.Queue per-item": queue_queue_per_item,
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_offer_poll(benchmark: Any, case: str) -> None:
+    run = CASES[case](range(ITEMS))
+    benchmark.group = f"offer+poll of {ITEMS} items"
+    benchmark.extra_info["items"] = ITEMS
+    benchmark(run)
