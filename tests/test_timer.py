@@ -68,7 +68,7 @@ def test_manual_clock_moves_only_forward() -> None:
         (1.0, TypeError, r"delay_ms must be an int, got 1\.0 \(float\)"),
         (True, TypeError, r"delay_ms must be an int, got True \(bool\)"),
         ("5", TypeError, "delay_ms must be an int, got '5'"),
-        (1 << 63, ValueError, "delay_ms must be between"),
+        (1 << 63, ValueError, "delay_ms is too large"),
     ],
 )
 def test_add_rejects_bad_delay(timer: Timer, delay: Any, exc: type, message: str) -> None:
@@ -134,7 +134,9 @@ def test_task_runs_at_first_advance_at_or_past_its_deadline(
     assert t.advance_clock(0) is True and ran == [delay]
 
 
-def test_backlog_drains_in_one_call_in_deadline_then_add_order(timer: Timer, clock: ManualClock) -> None:
+def test_backlog_drains_in_one_call_in_deadline_then_add_order(
+    timer: Timer, clock: ManualClock
+) -> None:
     rng = random.Random(7)
     delays = [rng.randint(0, 5000) for _ in range(2000)]
     ran: List[Tuple[int, int]] = []

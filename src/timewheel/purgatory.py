@@ -13,9 +13,9 @@ import collections
 import logging
 import threading
 import weakref
-from typing import Any, Dict, Hashable, Iterable, List, Optional, Tuple
+from typing import Dict, Hashable, Iterable, List, Optional, Tuple
 
-from .timer import Timer, TimerTask, check_ms
+from .timer import _INT64_MAX, _PENDING, Timer, TimerTask, check_ms
 
 __all__ = ["DelayedOperation", "Purgatory"]
 
@@ -36,8 +36,14 @@ class DelayedOperation(TimerTask):
     __slots__ = ("delay_ms", "_once", "_purgatory", "__weakref__")
 
     def __init__(self, delay_ms: int) -> None:
-        self.delay_ms = check_ms("delay_ms", delay_ms)
-        TimerTask.__init__(self)
+        # Made per request: the common case skips the checking call and the base __init__.
+        if type(delay_ms) is not int or not 0 <= delay_ms <= _INT64_MAX:
+            delay_ms = check_ms("delay_ms", delay_ms)
+        self.delay_ms = delay_ms
+        self.deadline_ms = None
+        self._wheel = None
+        self._handle = 0
+        self._state = _PENDING
         # A non-blocking acquire is the atomic test-and-set that makes completion happen once.
         self._once = threading.Lock()
         self._purgatory: Optional[Purgatory] = None
@@ -63,7 +69,8 @@ class DelayedOperation(TimerTask):
         self.cancel()
         purgatory = self._purgatory
         if purgatory is not None:
-            purgatory._count("completed", 1)
+            with purgatory._stats_lock:
+                purgatory._completed += 1
         self.on_complete()
         return True
 
@@ -78,7 +85,9 @@ class DelayedOperation(TimerTask):
             return
         purgatory = self._purgatory
         if purgatory is not None:
-            purgatory._count_expired()
+            with purgatory._stats_lock:
+                purgatory._completed += 1
+                purgatory._expired += 1
         try:
             self.on_complete()
         finally:
@@ -97,7 +106,7 @@ class _Shard:
         self.watched = 0
 
 
-def _live(refs: List["weakref.ref[DelayedOperation]"]) -> List["weakref.ref[DelayedOperation]"]:
+def _live(refs: List[weakref.ref[DelayedOperation]]) -> List[weakref.ref[DelayedOperation]]:
     """The entries whose operation is alive and not completed."""
     out = []
     for ref in refs:
@@ -142,11 +151,11 @@ class Purgatory:
         self._mask = shards - 1
         # The weak references' callback: an atomic append, safe from any thread and
         # under any lock, whose length counts the entries cleared since the last purge.
-        self._cleared: "collections.deque[weakref.ref[DelayedOperation]]" = collections.deque()
+        self._cleared: collections.deque[weakref.ref[DelayedOperation]] = collections.deque()
         self._on_cleared = self._cleared.append
         self._purge_lock = threading.Lock()
         self._stats_lock = threading.Lock()
-        self._stats = {"completed": 0, "expired": 0, "purges": 0, "errors": 0}
+        self._completed = self._expired = self._purges = self._errors = 0
         self._stopping = False
         if reaper:
             self._timer.start(after_advance=self._maybe_purge)
@@ -176,7 +185,7 @@ class Purgatory:
         # is half-registered if the timer refuses it, and a later completion always
         # finds the timer entry to cancel.
         try:
-            self._timer.add_task(op, op.delay_ms)
+            self._timer._schedule(op, op.delay_ms)
         except BaseException:
             op._purgatory = None
             raise
@@ -200,9 +209,12 @@ class Purgatory:
 
     def _check_keys(self, keys: Iterable[Hashable]) -> Tuple[Hashable, ...]:
         if isinstance(keys, (str, bytes)):
-            raise TypeError(f"keys must be a collection of keys, not a single {type(keys).__name__}")
+            raise TypeError(
+                f"keys must be a collection of keys, not a single {type(keys).__name__}"
+            )
         try:
-            keys = tuple(keys)
+            if type(keys) is not tuple:
+                keys = tuple(keys)
         except TypeError:
             raise TypeError(f"keys must be an iterable of hashable keys, got {keys!r}") from None
         if not keys:
@@ -219,7 +231,7 @@ class Purgatory:
         try:
             return bool(op.try_complete())
         except Exception:
-            self._count("errors", 1)
+            self._count_error()
             logger.exception("try_complete of %r in purgatory %r raised", op, self.name)
             return False
 
@@ -315,19 +327,15 @@ class Purgatory:
                             del lists[key]
                         elif len(live) != len(lst):
                             lists[key] = live
-            self._count("purges", 1)
+            with self._stats_lock:
+                self._purges += 1
             return removed
         finally:
             self._purge_lock.release()
 
-    def _count(self, name: str, n: int) -> None:
+    def _count_error(self) -> None:
         with self._stats_lock:
-            self._stats[name] += n
-
-    def _count_expired(self) -> None:
-        with self._stats_lock:
-            self._stats["completed"] += 1
-            self._stats["expired"] += 1
+            self._errors += 1
 
     @property
     def delayed(self) -> int:
@@ -349,7 +357,12 @@ class Purgatory:
                 keys += len(shard.lists)
                 entries += sum(len(lst) for lst in shard.lists.values())
         with self._stats_lock:
-            out = dict(self._stats)
+            out = {
+                "completed": self._completed,
+                "expired": self._expired,
+                "purges": self._purges,
+                "errors": self._errors,
+            }
         out["errors"] += self._timer.errors
         out.update(
             watched=self.watched,
@@ -379,7 +392,7 @@ class Purgatory:
         self._cleared.clear()
         return [op for op in left if isinstance(op, DelayedOperation)]
 
-    def __enter__(self) -> "Purgatory":
+    def __enter__(self) -> Purgatory:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -30,13 +30,15 @@ _PENDING, _CANCELLED, _FIRED = 0, 1, 2
 
 def check_ms(name: str, value: Any, lo: int = 0, hi: int = _INT64_MAX) -> int:
     """Return ``value`` as an int in ``[lo, hi]`` or raise naming ``name`` (bools refused)."""
-    if type(value) is not int:
-        if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-            raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-        value = operator.index(value)
-    if value < lo or value > hi:
-        raise ValueError(f"{name} must be between {lo} and {hi}, got {value}")
-    return value
+    if type(value) is int:
+        v: int = value
+    elif isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    else:
+        v = operator.index(value)
+    if v < lo or v > hi:
+        raise ValueError(f"{name} must be between {lo} and {hi}, got {v}")
+    return v
 
 
 class Executor(Protocol):
@@ -63,7 +65,7 @@ class ManualClock:
     def __init__(self, start_ms: int = 0) -> None:
         self._now = check_ms("start_ms", start_ms, -_INT64_MAX - 1)
         self._lock = threading.Lock()
-        self._listeners: "weakref.WeakSet[threading.Condition]" = weakref.WeakSet()
+        self._listeners: weakref.WeakSet[threading.Condition] = weakref.WeakSet()
 
     def now_ms(self) -> int:
         """The current time in milliseconds."""
@@ -247,7 +249,8 @@ class Timer:
         return self._schedule(task, delay_ms)
 
     def _schedule(self, task: TimerTask, delay_ms: int) -> TimerTask:
-        delay_ms = check_ms("delay_ms", delay_ms)
+        if type(delay_ms) is not int or delay_ms < 0:
+            delay_ms = check_ms("delay_ms", delay_ms)
         if self._closed:
             raise RuntimeError(f"timer {self.name!r} is closed")
         deadline = self._clock() + delay_ms
@@ -347,7 +350,9 @@ class Timer:
         logger.exception(msg, culprit, self.name)
 
     # -- reaper and lifetime --------------------------------------------------------
-    def start(self, poll_ms: int = 200, *, after_advance: Optional[Callable[[], None]] = None) -> None:
+    def start(
+        self, poll_ms: int = 200, *, after_advance: Optional[Callable[[], None]] = None
+    ) -> None:
         """Start a daemon reaper thread that keeps advancing the clock.
 
         ``poll_ms`` bounds how long one wait lasts; an earlier :meth:`add` wakes the
@@ -419,7 +424,7 @@ class Timer:
         """True once :meth:`close` was called."""
         return self._closed
 
-    def __enter__(self) -> "Timer":
+    def __enter__(self) -> Timer:
         return self
 
     def __exit__(self, *exc: object) -> None:

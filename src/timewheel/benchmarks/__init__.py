@@ -1,0 +1,1 @@
+"""Benchmarks behind ``timewheel bench``, and the baselines they compare against."""

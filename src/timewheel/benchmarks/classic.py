@@ -1,0 +1,388 @@
+"""The pre-redesign baselines the benchmarks compare against, built the old way but tuned.
+
+* :class:`HeapTimer`: a heapq timer with lazy cancellation and asyncio's compaction rule.
+* :class:`ClassicPurgatory`: Kafka 0.8's purgatory in Python: a heap of operations
+  (the DelayQueue) drained by a reaper, watcher lists holding strong references in
+  sharded dicts of lists, and purge-by-scan of heap and lists. Completed operations
+  stay in the heap and the lists until they are popped or purged, which is what the
+  redesign removes. It is tuned rather than naive: a purge runs when the entries added
+  since the last purge pass ``purge_interval`` (not when the total does, which would
+  rescan on every operation once many are pending), and it reuses
+  :class:`~timewheel.purgatory.DelayedOperation`, so both purgatories run the same
+  operation classes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Tuple
+
+from ..purgatory import DelayedOperation
+from ..timer import ManualClock, check_ms, logger, monotonic_ms
+
+__all__ = ["ClassicPurgatory", "HeapTimer", "HeapTimerHandle"]
+
+_Clock = Callable[[], int]
+
+
+def _clock_of(clock: Optional[Any]) -> Tuple[_Clock, Optional[ManualClock]]:
+    if clock is None:
+        return monotonic_ms, None
+    if isinstance(clock, ManualClock):
+        return clock.now_ms, clock
+    if callable(clock):
+        return clock, None
+    raise TypeError(f"clock must be a ManualClock or a callable, got {clock!r}")
+
+
+class _DelayQueue:
+    """A heap of ``(deadline, seq, item)`` behind a condition, like Java's DelayQueue."""
+
+    def __init__(self, clock: Optional[Any]) -> None:
+        self.clock, self.manual = _clock_of(clock)
+        self.cond = threading.Condition(threading.Lock())
+        if self.manual is not None:
+            self.manual._subscribe(self.cond)
+        self.heap: List[List[Any]] = []
+        self.seq = itertools.count()
+        self.closed = False
+
+    def push(self, deadline: int, item: Any) -> List[Any]:
+        entry = [deadline, next(self.seq), item]
+        with self.cond:
+            heap = self.heap
+            heapq.heappush(heap, entry)
+            if heap[0] is entry:
+                self.cond.notify()
+        return entry
+
+    def pop_due(self, timeout_ms: int) -> List[Any]:
+        """Wait (real clocks only) for the head to be due, then pop every due entry."""
+        clock = self.clock
+        with self.cond:
+            heap = self.heap
+            if self.manual is None:
+                end = clock() + timeout_ms
+                while not self.closed:
+                    now = clock()
+                    target = heap[0][0] if heap and heap[0][0] < end else end
+                    if target <= now:
+                        break
+                    self.cond.wait((target - now) / 1000)
+            now = clock()
+            due = []
+            while heap and heap[0][0] <= now:
+                due.append(heapq.heappop(heap))
+            return due
+
+    def wait_for_clock(self, poll_ms: int) -> None:
+        """For a reaper on a ManualClock: sleep until the clock moves or a push lands."""
+        with self.cond:
+            if not self.closed and not (self.heap and self.heap[0][0] <= self.clock()):
+                self.cond.wait(poll_ms / 1000)
+
+    def close(self) -> List[List[Any]]:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+            left, self.heap = sorted(self.heap), []
+        return left
+
+
+class HeapTimerHandle:
+    """What :meth:`HeapTimer.add` returns; cancelling marks the heap entry dead."""
+
+    __slots__ = ("_timer", "_entry", "cancelled")
+
+    def __init__(self, timer: HeapTimer, entry: List[Any]) -> None:
+        self._timer = timer
+        self._entry = entry
+        self.cancelled = False
+
+    def cancel(self) -> bool:
+        """Cancel if still pending; True only for the call that cancelled it."""
+        return self._timer._cancel(self)
+
+
+class HeapTimer:
+    """A thread-safe heapq timer with the :class:`~timewheel.timer.Timer` calls the
+    benchmarks use: ``add``, ``cancel`` (through the handle), ``advance_clock``, ``len``.
+
+    Cancelled entries stay in the heap and are dropped when popped; once they are more
+    than half of a heap of 100 or more, the heap is rebuilt (asyncio's rule).
+    """
+
+    def __init__(self, *, clock: Optional[Any] = None) -> None:
+        self._queue = _DelayQueue(clock)
+        self._cancelled = 0
+
+    def add(self, delay_ms: int, callback: Callable[..., Any], *args: Any) -> HeapTimerHandle:
+        """Run ``callback(*args)`` after ``delay_ms``."""
+        delay_ms = check_ms("delay_ms", delay_ms)
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {callback!r}")
+        q = self._queue
+        entry = q.push(q.clock() + delay_ms, None)
+        handle = HeapTimerHandle(self, entry)
+        entry[2] = (handle, callback, args)
+        return handle
+
+    def _cancel(self, handle: HeapTimerHandle) -> bool:
+        q = self._queue
+        with q.cond:
+            entry = handle._entry
+            if handle.cancelled or entry[2] is None:
+                return False
+            handle.cancelled = True
+            entry[2] = None
+            self._cancelled += 1
+            heap = q.heap
+            if self._cancelled * 2 > len(heap) >= 100:
+                heap[:] = [e for e in heap if e[2] is not None]
+                heapq.heapify(heap)
+                self._cancelled = 0
+            return True
+
+    def advance_clock(self, timeout_ms: int) -> bool:
+        """Wait for the head entry or the timeout, then run what is due; True if any ran."""
+        q = self._queue
+        due = q.pop_due(check_ms("timeout_ms", timeout_ms))
+        with q.cond:  # claim the payloads so that a racing cancel sees them gone
+            payloads = []
+            for entry in due:
+                if entry[2] is None:
+                    self._cancelled -= 1
+                else:
+                    payloads.append(entry[2])
+                    entry[2] = None
+        for _, callback, args in payloads:
+            try:
+                callback(*args)
+            except Exception:
+                logger.exception("heap timer callback %r raised", callback)
+        return bool(payloads)
+
+    def __len__(self) -> int:
+        return len(self._queue.heap) - self._cancelled
+
+
+class ClassicPurgatory:
+    """Kafka 0.8's purgatory (heap + strong watcher lists + purge by scan), tuned.
+
+    Same calls as :class:`~timewheel.purgatory.Purgatory`, except that it takes a
+    ``clock`` where the purgatory takes a ``timer``. ``delayed`` counts heap entries,
+    completed ones included until purged: the old design could not tell them apart.
+    """
+
+    def __init__(
+        self,
+        name: str = "classic",
+        *,
+        clock: Optional[Any] = None,
+        purge_interval: int = 1000,
+        reaper: bool = True,
+        shards: int = 16,
+    ) -> None:
+        self.name = name
+        self._queue = _DelayQueue(clock)
+        self._purge_interval = check_ms("purge_interval", purge_interval, 1)
+        shards = check_ms("shards", shards, 1, 1 << 16)
+        if shards & (shards - 1):
+            raise ValueError(f"shards must be a power of two, got {shards}")
+        self._locks = [threading.Lock() for _ in range(shards)]
+        self._lists: List[Dict[Hashable, List[DelayedOperation]]] = [{} for _ in range(shards)]
+        self._mask = shards - 1
+        # Operations queued since the last purge (the purge trigger).
+        self._added = 0
+        self._purge_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self._completed = self._expired = self._purges = self._errors = 0
+        self._reaper: Optional[threading.Thread] = None
+        if reaper:
+            self._reaper = threading.Thread(target=self._reap, name=f"{name}-reaper", daemon=True)
+            self._reaper.start()
+
+    # DelayedOperation counts its completion in _completed and _expired, under
+    # _stats_lock, of whatever object its _purgatory slot holds: this one here.
+    def _count_error(self) -> None:
+        with self._stats_lock:
+            self._errors += 1
+
+    def _try(self, op: DelayedOperation) -> bool:
+        try:
+            return bool(op.try_complete())
+        except Exception:
+            self._count_error()
+            logger.exception("try_complete of %r in purgatory %r raised", op, self.name)
+            return False
+
+    def try_complete_else_watch(self, op: DelayedOperation, keys: Iterable[Hashable]) -> bool:
+        """Try; if not done, watch on every key, queue for expiry, try again."""
+        if not isinstance(op, DelayedOperation):
+            raise TypeError(f"op must be a DelayedOperation, got {op!r}")
+        if op._purgatory is not None or op._once.locked():
+            raise ValueError(f"op was already given to a purgatory or completed: {op!r}")
+        keys = tuple(keys)
+        if not keys:
+            raise ValueError("keys must not be empty")
+        if self._queue.closed:
+            raise RuntimeError(f"purgatory {self.name!r} is shut down")
+        op._purgatory = self  # type: ignore[assignment]
+        if self._try(op):
+            return True
+        locks, lists, mask = self._locks, self._lists, self._mask
+        for key in keys:
+            if op._once.locked():
+                return False
+            i = hash(key) & mask
+            with locks[i]:
+                lst = lists[i].get(key)
+                if lst is None:
+                    lists[i][key] = [op]
+                else:
+                    lst.append(op)
+        if self._try(op):
+            return True
+        self._queue.push(self._queue.clock() + op.delay_ms, op)
+        self._added += 1
+        if self._added > self._purge_interval:
+            self.purge()
+        return False
+
+    def check_and_complete(self, key: Hashable) -> int:
+        """Try every operation watched on ``key``; return how many completed."""
+        i = hash(key) & self._mask
+        lock, lists = self._locks[i], self._lists[i]
+        with lock:
+            lst = lists.get(key)
+            if not lst:
+                return 0
+            snapshot = lst[:]
+        completed = 0
+        stale = False
+        for op in snapshot:
+            if op._once.locked():
+                stale = True
+            elif self._try(op):
+                completed += 1
+                stale = True
+        if stale:
+            with lock:
+                lst = lists.get(key)
+                if lst is not None:
+                    live = [op for op in lst if not op._once.locked()]
+                    if live:
+                        lists[key] = live
+                    else:
+                        del lists[key]
+        return completed
+
+    def cancel_for_key(self, key: Hashable) -> List[DelayedOperation]:
+        """Stop watching ``key``; its pending operations leave the heap uncompleted."""
+        i = hash(key) & self._mask
+        with self._locks[i]:
+            lst = self._lists[i].pop(key, None) or []
+        ops = [op for op in lst if not op._once.locked()]
+        if ops:
+            gone = {id(op) for op in ops}
+            q = self._queue
+            with q.cond:  # no handle into the heap: the old design rescans it
+                q.heap[:] = [e for e in q.heap if id(e[2]) not in gone]
+                heapq.heapify(q.heap)
+        return ops
+
+    def advance_clock(self, timeout_ms: int) -> bool:
+        """Wait for the head of the heap or the timeout, expire what is due, maybe purge."""
+        ran = False
+        for _, _, op in self._queue.pop_due(check_ms("timeout_ms", timeout_ms)):
+            if op._once.locked():
+                continue
+            ran = True
+            try:
+                op.run()
+            except Exception:
+                self._count_error()
+                logger.exception("expiring %r in purgatory %r raised", op, self.name)
+        if self._added > self._purge_interval:
+            self.purge()
+        return ran
+
+    def _reap(self) -> None:
+        q = self._queue
+        while not q.closed:
+            self.advance_clock(200)
+            if q.manual is not None:
+                q.wait_for_clock(200)
+
+    def purge(self) -> int:
+        """Scan the heap and every watcher list for completed operations; drop them."""
+        if not self._purge_lock.acquire(False):
+            return 0
+        try:
+            self._added = 0
+            q = self._queue
+            with q.cond:
+                before = len(q.heap)
+                q.heap[:] = [e for e in q.heap if not e[2]._once.locked()]
+                heapq.heapify(q.heap)
+                removed = before - len(q.heap)
+            for lock, lists in zip(self._locks, self._lists):
+                with lock:
+                    for key, lst in list(lists.items()):
+                        live = [op for op in lst if not op._once.locked()]
+                        removed += len(lst) - len(live)
+                        if not live:
+                            del lists[key]
+                        elif len(live) != len(lst):
+                            lists[key] = live
+            with self._stats_lock:
+                self._purges += 1
+            return removed
+        finally:
+            self._purge_lock.release()
+
+    @property
+    def delayed(self) -> int:
+        """Operations in the heap, completed ones included until purged."""
+        return len(self._queue.heap)
+
+    @property
+    def watched(self) -> int:
+        """Entries in the watcher lists."""
+        total = 0
+        for lock, lists in zip(self._locks, self._lists):
+            with lock:
+                total += sum(len(lst) for lst in lists.values())
+        return total
+
+    def metrics(self) -> Dict[str, int]:
+        """The same keys as :meth:`Purgatory.metrics`."""
+        keys = sum(len(lists) for lists in self._lists)
+        with self._stats_lock:
+            out = {
+                "completed": self._completed,
+                "expired": self._expired,
+                "purges": self._purges,
+                "errors": self._errors,
+            }
+        watched = self.watched
+        out.update(watched=watched, delayed=self.delayed, keys=keys, entries=watched, cleared=0)
+        return out
+
+    def shutdown(self) -> List[DelayedOperation]:
+        """Stop the reaper; return the operations that never completed."""
+        left = self._queue.close()
+        if self._reaper is not None and self._reaper is not threading.current_thread():
+            self._reaper.join()
+        for lock, lists in zip(self._locks, self._lists):
+            with lock:
+                lists.clear()
+        return [e[2] for e in left if not e[2]._once.locked()]
+
+    def __enter__(self) -> ClassicPurgatory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
