@@ -7,8 +7,9 @@ import random
 import sys
 import threading
 from collections import Counter
+from collections.abc import Hashable, Iterator
 from concurrent.futures import CancelledError
-from typing import Any, Hashable, Iterator, List, Optional, Set
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,7 @@ def manual(clock: ManualClock) -> Iterator[tuple[ResourceManager, Purgatory]]:
         yield rm, purgatory
 
 
-def assert_all_free(rm: ResourceManager, keys: List[Hashable]) -> None:
+def assert_all_free(rm: ResourceManager, keys: list[Hashable]) -> None:
     """Nothing is left marked: every key can be taken at once, without waiting."""
     m = rm.metrics()
     assert (m["checked_out"], m["waiting"]) == (0, 0)
@@ -151,7 +152,7 @@ def test_done_callbacks_run_once_and_a_raising_one_is_logged_and_counted(
 ) -> None:
     holder = manager.checkout(["k"])
     pending = manager.checkout(["k"])
-    seen: List[Checkout] = []
+    seen: list[Checkout] = []
 
     def bad(c: Checkout) -> None:
         raise RuntimeError("callback failed")
@@ -163,7 +164,7 @@ def test_done_callbacks_run_once_and_a_raising_one_is_logged_and_counted(
     assert seen == [pending] and pending.done()
     assert manager.metrics()["callback_errors"] == 1
     assert any(r.exc_info and "callback failed" in str(r.exc_info[1]) for r in caplog.records)
-    late: List[Checkout] = []
+    late: list[Checkout] = []
     pending.add_done_callback(late.append)
     assert late == [pending], "a callback added when done runs at once"
     manager.checkin(pending)
@@ -187,7 +188,7 @@ def test_evict_drops_only_idle_resident_objects() -> None:
 
 # -- global order -----------------------------------------------------------------------
 def test_global_order_is_the_same_whatever_the_input_order() -> None:
-    keys: List[Hashable] = [-1, -2, "a", b"a", (1, "x"), 3.5, None, frozenset({1})]
+    keys: list[Hashable] = [-1, -2, "a", b"a", (1, "x"), 3.5, None, frozenset({1})]
     assert hash(-1) == hash(-2)  # the tie the order must break
     first = _global_order(keys)
     rng = random.Random(7)
@@ -209,7 +210,7 @@ class HeldBeforeParking(ResourceManager):
         self.hold_next = False
 
     def _park(
-        self, checkout: Checkout, entry: Optional[_Entry], stripe: Optional[_Stripe], delay: int
+        self, checkout: Checkout, entry: _Entry | None, stripe: _Stripe | None, delay: int
     ) -> None:
         if self.hold_next:
             self.hold_next = False
@@ -222,7 +223,7 @@ def test_key_checked_in_between_busy_and_parked_still_furnishes_the_request() ->
     with HeldBeforeParking() as rm:
         holder = rm.checkout(["a", "b"])
         rm.hold_next = True
-        got: List[Checkout] = []
+        got: list[Checkout] = []
         t = threading.Thread(target=lambda: got.append(rm.checkout(["b", "c"])))
         t.start()
         assert rm.at_park.wait(WAIT)
@@ -239,7 +240,7 @@ def test_resume_between_paused_and_parked_still_lets_the_request_go() -> None:
     with HeldBeforeParking() as rm:
         rm.pause()
         rm.hold_next = True
-        got: List[Checkout] = []
+        got: list[Checkout] = []
         t = threading.Thread(target=lambda: got.append(rm.checkout(["k"])))
         t.start()
         assert rm.at_park.wait(WAIT)
@@ -262,7 +263,7 @@ def test_a_key_is_loaded_once_however_many_requests_want_it() -> None:
         return f"object {key}"
 
     with ResourceManager(loader=loader) as rm:
-        first: List[Checkout] = []
+        first: list[Checkout] = []
         t = threading.Thread(target=lambda: first.append(rm.checkout(["x"])))
         t.start()
         assert started.wait(WAIT)
@@ -293,7 +294,7 @@ def test_concurrent_loads_happen_once_per_key() -> None:
 
     keys = list(range(20))
     barrier = threading.Barrier(8)
-    errors: List[BaseException] = []
+    errors: list[BaseException] = []
 
     def worker(seed: int) -> None:
         rng = random.Random(seed)
@@ -335,7 +336,7 @@ def test_a_failing_load_fails_its_waiters_logs_and_leaves_nothing_marked(
         return f"object {key}"
 
     with ResourceManager(loader=loader) as rm, caplog.at_level(logging.ERROR, logger="timewheel"):
-        first: List[Checkout] = []
+        first: list[Checkout] = []
         t = threading.Thread(target=lambda: first.append(rm.checkout(["a", "x"])))
         t.start()
         assert started.wait(WAIT)
@@ -364,7 +365,7 @@ class SignalsDraining(ResourceManager):
         super().__init__(**kwargs)
         self.draining = threading.Event()
 
-    def _wait_drained(self, timeout: Optional[float]) -> bool:
+    def _wait_drained(self, timeout: float | None) -> bool:
         self.draining.set()
         return super()._wait_drained(timeout)
 
@@ -372,7 +373,7 @@ class SignalsDraining(ResourceManager):
 def test_pause_waits_for_outstanding_checkouts_and_holds_new_ones() -> None:
     with SignalsDraining() as rm:
         out = rm.checkout(["a"])
-        state_when_paused: List[bool] = []
+        state_when_paused: list[bool] = []
 
         def pauser() -> None:
             rm.pause()
@@ -442,11 +443,11 @@ def fine_switching() -> Iterator[None]:
 @pytest.mark.parametrize("with_loader", [False, True], ids=["marks", "loads+evictions"])
 def test_stress_no_key_held_twice_no_deadlock_nothing_left_marked(with_loader: bool) -> None:
     keys = list(range(50))
-    held: Set[Hashable] = set()
+    held: set[Hashable] = set()
     held_lock = threading.Lock()
-    overlaps: List[Hashable] = []
+    overlaps: list[Hashable] = []
     outcomes: Counter[str] = Counter()
-    errors: List[BaseException] = []
+    errors: list[BaseException] = []
     barrier = threading.Barrier(8)
 
     def worker(seed: int) -> None:
@@ -454,7 +455,9 @@ def test_stress_no_key_held_twice_no_deadlock_nothing_left_marked(with_loader: b
         barrier.wait()
         try:
             for _ in range(500):
-                c = rm.checkout(rng.sample(keys, rng.randint(1, 4)), timeout_ms=rng.choice([0, 50]))
+                c = rm.checkout(
+                    rng.sample(keys, rng.randint(1, 4)), timeout_ms=rng.choice([0, 50, None])
+                )
                 if not c.done():
                     with held_lock:
                         outcomes["waited"] += 1

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Hashable, Iterable
 from concurrent.futures import CancelledError
 from types import TracebackType
-from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Tuple, Type
+from typing import Any, Callable
 
 from .purgatory import DelayedOperation, Purgatory
 from .timer import check_ms
@@ -47,34 +48,40 @@ _STRIPES = 64
 
 
 class _Entry:
-    """One key's in-use mark and, with a loader, its object; ``error`` is a failed load's."""
+    """One key's in-use mark and, with a loader, its object; ``error`` is a failed load's.
 
-    __slots__ = ("value", "busy", "error", "__weakref__")
+    ``watched`` says a request may be parked on the entry: set (under the stripe lock) by
+    every request that parks or stays parked, taken by the unmark that then wakes them,
+    so that an uncontended checkin skips the purgatory.
+    """
+
+    __slots__ = ("__weakref__", "busy", "error", "value", "watched")
 
     def __init__(self) -> None:
         self.value: Any = None
         self.busy = True
-        self.error: Optional[BaseException] = None
+        self.watched = False
+        self.error: BaseException | None = None
 
 
 class _Stripe:
     """The lock and entries of the keys that hash here, and this stripe's share of the counters."""
 
     __slots__ = (
-        "lock",
-        "entries",
         "active",
-        "held",
-        "waiting",
-        "loads",
-        "load_errors",
-        "timeouts",
         "callback_errors",
+        "entries",
+        "held",
+        "load_errors",
+        "loads",
+        "lock",
+        "timeouts",
+        "waiting",
     )
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.entries: Dict[Hashable, _Entry] = {}
+        self.entries: dict[Hashable, _Entry] = {}
         # Requests in an attempt plus requests checked out: what pause() waits on.
         self.active = 0
         self.held = 0
@@ -85,14 +92,14 @@ class _Stripe:
         self.callback_errors = 0
 
 
-_Slots = List[Tuple[Hashable, _Stripe]]
+_Slots = list[tuple[Hashable, _Stripe]]
 
 
-def _tie_rank(key: Hashable) -> Tuple[int, str, str, str]:
+def _tie_rank(key: Hashable) -> tuple[int, str, str, str]:
     return (hash(key), type(key).__module__, type(key).__qualname__, repr(key))
 
 
-def _global_order(keys: Iterable[Hashable]) -> List[Hashable]:
+def _global_order(keys: Iterable[Hashable]) -> list[Hashable]:
     """Return ``keys`` in the order every checkout marks them in.
 
     The order is by ``hash``, which is total over keys of any mix of types and costs
@@ -107,7 +114,7 @@ def _global_order(keys: Iterable[Hashable]) -> List[Hashable]:
     return ordered
 
 
-def _check_keys(keys: Iterable[Hashable]) -> Tuple[Hashable, ...]:
+def _check_keys(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
     """Return ``keys`` as a tuple of distinct hashable keys, or raise naming ``keys``."""
     if isinstance(keys, (str, bytes)):
         raise TypeError(f"keys must be a collection of keys, not a single {type(keys).__name__}")
@@ -127,7 +134,7 @@ def _check_keys(keys: Iterable[Hashable]) -> Tuple[Hashable, ...]:
 
 
 class Checkout:
-    """A request for several keys, all or none; a future returned by :meth:`ResourceManager.checkout`.
+    """A request for several keys, all or none: the future :meth:`ResourceManager.checkout` returns.
 
     :meth:`result` gives a mapping key -> object when the manager has a loader, else the
     keys; it raises :class:`TimeoutError` when the checkout's ``timeout_ms`` passed with
@@ -137,32 +144,32 @@ class Checkout:
     """
 
     __slots__ = (
-        "_manager",
-        "_keys",
-        "_slots",
-        "_home",
-        "_timeout_ms",
-        "_deadline",
-        "_lock",
-        "_state",
-        "_value",
-        "_marked",
-        "_event",
-        "_callbacks",
-        "_running",
         "_again",
-        "_wait",
         "_blocked",
+        "_callbacks",
+        "_deadline",
+        "_event",
+        "_home",
+        "_keys",
+        "_lock",
+        "_manager",
+        "_marked",
         "_parked",
+        "_running",
+        "_slots",
+        "_state",
+        "_timeout_ms",
+        "_value",
+        "_wait",
     )
 
     def __init__(
         self,
         manager: ResourceManager,
-        keys: Tuple[Hashable, ...],
+        keys: tuple[Hashable, ...],
         slots: _Slots,
-        timeout_ms: Optional[int],
-        deadline: Optional[int],
+        timeout_ms: int | None,
+        deadline: int | None,
     ) -> None:
         self._manager = manager
         self._keys = keys
@@ -173,19 +180,19 @@ class Checkout:
         self._lock = threading.Lock()
         self._state = _PENDING
         self._value: Any = None
-        self._marked: Optional[List[_Entry]] = None
-        self._event: Optional[threading.Event] = None
-        self._callbacks: Optional[List[Callable[[Checkout], Any]]] = []
+        self._marked: list[_Entry] | None = None
+        self._event: threading.Event | None = None
+        self._callbacks: list[Callable[[Checkout], Any]] | None = []
         # One thread at a time runs the request's attempts; a wake-up that arrives while
         # one runs sets _again instead of recursing into a second runner.
         self._running = False
         self._again = False
-        self._wait: Optional[_Wait] = None
-        self._blocked: Optional[_Entry] = None
+        self._wait: _Wait | None = None
+        self._blocked: _Entry | None = None
         self._parked = False
 
     @property
-    def keys(self) -> Tuple[Hashable, ...]:
+    def keys(self) -> tuple[Hashable, ...]:
         """The keys requested, in the caller's order."""
         return self._keys
 
@@ -201,7 +208,7 @@ class Checkout:
         """Withdraw a waiting request; True only if it was still waiting."""
         return self._manager._finish(self, _CANCELLED, None)
 
-    def result(self, timeout: Optional[float] = None) -> Any:
+    def result(self, timeout: float | None = None) -> Any:
         """Wait up to ``timeout`` seconds (forever if None) and return what was checked out.
 
         Raises :class:`TimeoutError` if the request is still waiting after ``timeout``
@@ -252,7 +259,7 @@ class _Wait(DelayedOperation):
     __slots__ = ("checkout", "entry", "stripe")
 
     def __init__(
-        self, checkout: Checkout, entry: Optional[_Entry], stripe: Optional[_Stripe], delay_ms: int
+        self, checkout: Checkout, entry: _Entry | None, stripe: _Stripe | None, delay_ms: int
     ) -> None:
         DelayedOperation.__init__(self, delay_ms)
         self.checkout = checkout
@@ -267,6 +274,9 @@ class _Wait(DelayedOperation):
         else:
             with stripe.lock:
                 free = not entry.busy
+                if not free:
+                    # Still parked: the next unmark must wake us again.
+                    entry.watched = True
         return free and self.force_complete()
 
     def on_complete(self) -> None:
@@ -287,9 +297,9 @@ class _Pause:
 
     def __exit__(
         self,
-        exc_type: Optional[Type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self._manager.resume()
 
@@ -307,8 +317,8 @@ class ResourceManager:
     def __init__(
         self,
         *,
-        loader: Optional[Callable[[Hashable], Any]] = None,
-        purgatory: Optional[Purgatory] = None,
+        loader: Callable[[Hashable], Any] | None = None,
+        purgatory: Purgatory | None = None,
     ) -> None:
         if loader is not None and not callable(loader):
             raise TypeError(f"loader must be callable or None, got {loader!r}")
@@ -327,7 +337,7 @@ class ResourceManager:
         self._closed = False
 
     # -- the public calls ------------------------------------------------------------
-    def checkout(self, keys: Iterable[Hashable], timeout_ms: Optional[int] = None) -> Checkout:
+    def checkout(self, keys: Iterable[Hashable], timeout_ms: int | None = None) -> Checkout:
         """Request every key in ``keys``, all or none; return at once with a :class:`Checkout`.
 
         ``timeout_ms`` (an int >= 0, None for no limit) bounds the wait; 0 means try once.
@@ -355,7 +365,7 @@ class ResourceManager:
             state = checkout._state
             if state != _HELD:
                 raise ValueError(
-                    f"checkout must be held to be checked in, but {checkout!r} is {_STATE_NAMES[state]}"
+                    f"checkout must be held to be checked in; {checkout!r} is {_STATE_NAMES[state]}"
                 )
             checkout._state = _RETURNED
             marked = checkout._marked
@@ -384,7 +394,7 @@ class ResourceManager:
             del stripe.entries[key]
             return True
 
-    def pause(self, timeout: Optional[float] = None) -> _Pause:
+    def pause(self, timeout: float | None = None) -> _Pause:
         """Hold new checkouts and return once every outstanding checkout is checked in.
 
         Usable as ``with manager.pause(): ...`` or ``pause()`` ... ``resume()``. If checkouts
@@ -415,7 +425,7 @@ class ResourceManager:
         """True between :meth:`pause` and :meth:`resume`."""
         return self._paused
 
-    def metrics(self) -> Dict[str, int]:
+    def metrics(self) -> dict[str, int]:
         """Counters: checked_out, waiting, loads, load_errors, timeouts, callback_errors."""
         names = ("held", "waiting", "loads", "load_errors", "timeouts", "callback_errors")
         totals = dict.fromkeys(names, 0)
@@ -493,10 +503,10 @@ class ResourceManager:
 
     def _mark_all(
         self, slots: _Slots
-    ) -> Tuple[List[_Entry], Optional[Tuple[Hashable, _Stripe, _Entry, bool]]]:
+    ) -> tuple[list[_Entry], tuple[Hashable, _Stripe, _Entry, bool] | None]:
         """Mark every key in order; on the first busy one, roll back and say which."""
         loader = self._loader
-        marked: List[_Entry] = []
+        marked: list[_Entry] = []
         for key, stripe in slots:
             with stripe.lock:
                 entry = stripe.entries.get(key)
@@ -518,20 +528,23 @@ class ResourceManager:
             return [], busy
         return marked, None
 
-    def _unmark(self, slots: _Slots, marked: List[_Entry]) -> None:
+    def _unmark(self, slots: _Slots, marked: list[_Entry]) -> None:
         """Clear the marks, then wake whoever parked on them (they may have seen only our mark)."""
         forget = self._loader is None
+        wake = []
         for (key, stripe), entry in zip(slots, marked):
             with stripe.lock:
                 entry.busy = False
+                if entry.watched:
+                    entry.watched = False
+                    wake.append(entry)
                 # Without a loader an entry is only a mark; dropping it keeps the map small.
                 if forget and stripe.entries.get(key) is entry:
                     del stripe.entries[key]
-        check = self._purgatory.check_and_complete
-        for entry in marked:
-            check(entry)
+        for entry in wake:
+            self._purgatory.check_and_complete(entry)
 
-    def _hand_over(self, checkout: Checkout, marked: List[_Entry]) -> None:
+    def _hand_over(self, checkout: Checkout, marked: list[_Entry]) -> None:
         if self._loader is None:
             value: Any = checkout._keys
         else:
@@ -550,7 +563,7 @@ class ResourceManager:
             self._leave(home)
 
     def _park_or_time_out(
-        self, checkout: Checkout, entry: Optional[_Entry], stripe: Optional[_Stripe]
+        self, checkout: Checkout, entry: _Entry | None, stripe: _Stripe | None
     ) -> None:
         deadline = checkout._deadline
         if deadline is None:
@@ -566,7 +579,7 @@ class ResourceManager:
         self._park(checkout, entry, stripe, delay)
 
     def _park(
-        self, checkout: Checkout, entry: Optional[_Entry], stripe: Optional[_Stripe], delay: int
+        self, checkout: Checkout, entry: _Entry | None, stripe: _Stripe | None, delay: int
     ) -> None:
         """Watch the checkout on the busy entry (or the gate); the purgatory re-checks after."""
         wait = _Wait(checkout, entry, stripe, delay)
@@ -580,7 +593,12 @@ class ResourceManager:
             home = checkout._home
             with home.lock:
                 home.waiting += 1
-        watched = self._gate_key if entry is None else entry
+        if entry is None or stripe is None:
+            watched: object = self._gate_key
+        else:
+            watched = entry
+            with stripe.lock:
+                entry.watched = True
         try:
             self._purgatory.try_complete_else_watch(wait, (watched,))
         except Exception as exc:
@@ -666,7 +684,7 @@ class ResourceManager:
                 total += stripe.active
         return total
 
-    def _wait_drained(self, timeout: Optional[float]) -> bool:
+    def _wait_drained(self, timeout: float | None) -> bool:
         """Wait until no request is checked out or mid-attempt; False if ``timeout`` passed."""
         with self._gate:
             return self._gate.wait_for(lambda: self._active() == 0, timeout)
