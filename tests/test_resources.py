@@ -528,13 +528,15 @@ def test_bad_constructor_and_call_arguments(manager: ResourceManager) -> None:
     with pytest.raises(TypeError, match="purgatory must be a Purgatory"):
         ResourceManager(purgatory=object())  # type: ignore[arg-type]
     c = manager.checkout(["k"])
-    with pytest.raises(ValueError, match="timeout must be None or a number"):
+    with pytest.raises(ValueError, match="timeout must be >= 0"):
         c.result(-1)
+    with pytest.raises(TypeError, match="timeout must be None or a number of seconds"):
+        c.result("soon")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="fn must be callable"):
         c.add_done_callback(None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="key must be hashable"):
         manager.evict([1])
-    with pytest.raises(ValueError, match="timeout must be None or a number"):
+    with pytest.raises(ValueError, match="timeout must be >= 0"):
         manager.pause(timeout=-1)
     assert not manager.paused
     manager.checkin(c)

@@ -114,6 +114,17 @@ def _global_order(keys: Iterable[Hashable]) -> list[Hashable]:
     return ordered
 
 
+def _check_seconds(name: str, value: float | None) -> float | None:
+    """Return ``value`` if it is None or a number of seconds >= 0, else raise naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be None or a number of seconds, got {value!r}")
+    if not value >= 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return value
+
+
 def _check_keys(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
     """Return ``keys`` as a tuple of distinct hashable keys, or raise naming ``keys``."""
     if isinstance(keys, (str, bytes)):
@@ -214,14 +225,16 @@ class Checkout:
         Raises :class:`TimeoutError` if the request is still waiting after ``timeout``
         (it goes on waiting), or for the reasons given in the class docstring.
         """
-        if timeout is not None and (isinstance(timeout, bool) or not timeout >= 0):
-            raise ValueError(f"timeout must be None or a number >= 0, got {timeout!r}")
-        with self._lock:
-            if self._state == _PENDING and self._event is None:
-                self._event = threading.Event()
-            event = self._event
-        if event is not None and not event.wait(timeout):
-            raise TimeoutError(f"checkout of {self._keys!r} still waiting after {timeout} s")
+        timeout = _check_seconds("timeout", timeout)
+        if self._state == _PENDING:
+            with self._lock:
+                # Made under the lock that _finish takes, so a finish either sees it or
+                # happened first and shows in the state.
+                if self._state == _PENDING and self._event is None:
+                    self._event = threading.Event()
+                event = self._event
+            if event is not None and not event.wait(timeout):
+                raise TimeoutError(f"checkout of {self._keys!r} still waiting after {timeout} s")
         state = self._state
         if state == _HELD:
             return self._value
@@ -352,7 +365,9 @@ class ResourceManager:
         stripes, mask = self._stripes, self._mask
         slots = [(key, stripes[hash(key) & mask]) for key in _global_order(keys)]
         checkout = Checkout(self, keys, slots, timeout_ms, deadline)
-        self._run(checkout)
+        # No other thread can see it yet: this one is its runner without asking.
+        checkout._running = True
+        self._drive(checkout)
         return checkout
 
     def checkin(self, checkout: Checkout) -> None:
@@ -401,8 +416,7 @@ class ResourceManager:
         are still out after ``timeout`` seconds, resumes and raises :class:`TimeoutError`.
         Requests held by the pause keep their own timeouts.
         """
-        if timeout is not None and (isinstance(timeout, bool) or not timeout >= 0):
-            raise ValueError(f"timeout must be None or a number >= 0, got {timeout!r}")
+        timeout = _check_seconds("timeout", timeout)
         with self._gate:
             if self._paused:
                 raise RuntimeError("ResourceManager is already paused")
@@ -453,11 +467,16 @@ class ResourceManager:
 
     # -- running a request -----------------------------------------------------------
     def _run(self, checkout: Checkout) -> None:
+        """Run the checkout's attempts here, unless another thread is: then it runs one more."""
         with checkout._lock:
             if checkout._running:
                 checkout._again = True
                 return
             checkout._running = True
+        self._drive(checkout)
+
+    def _drive(self, checkout: Checkout) -> None:
+        """Attempt until the checkout is held, finished or parked with no wake-up owed."""
         again = True
         try:
             while again:
