@@ -414,7 +414,8 @@ class ResourceManager:
 
         Usable as ``with manager.pause(): ...`` or ``pause()`` ... ``resume()``. If checkouts
         are still out after ``timeout`` seconds, resumes and raises :class:`TimeoutError`.
-        Requests held by the pause keep their own timeouts.
+        Requests held by the pause keep their own timeouts. A thread that holds a checkout
+        and pauses without a timeout waits for itself forever.
         """
         timeout = _check_seconds("timeout", timeout)
         with self._gate:
@@ -440,7 +441,8 @@ class ResourceManager:
         return self._paused
 
     def metrics(self) -> dict[str, int]:
-        """Counters: checked_out, waiting, loads, load_errors, timeouts, callback_errors."""
+        """Counters: checked_out (held now), waiting (parked now, on a key, a load or the
+        pause), loads (loader calls), load_errors, timeouts and callback_errors."""
         names = ("held", "waiting", "loads", "load_errors", "timeouts", "callback_errors")
         totals = dict.fromkeys(names, 0)
         for stripe in self._stripes:
