@@ -9,7 +9,7 @@ so pytest-benchmark's relative column is the ratio against the fastest.
 
 Cases:
 * ``watch+force``: ``try_complete_else_watch`` on 3 of 100 keys, then ``force_complete``
-  and drop the operation (Kafka's benchmark), with 0 or 10,000 operations pending on
+  and drop the operation (Kafka's benchmark), with 0, 10,000 or 100,000 pending on
   the same keys; the clock ticks 1 ms per 100 operations and ``advance_clock`` runs,
   as the reaper would.
 * ``watch+check``: the same, completed by ``check_and_complete`` on its first key.
@@ -49,7 +49,7 @@ def _rounds(p: Any, clock: ManualClock, body: Callable[[int], None]) -> Iterator
         yield
 
 
-@pytest.mark.parametrize("pending", [0, 10_000])
+@pytest.mark.parametrize("pending", [0, 10_000, 100_000])
 @pytest.mark.parametrize("name", IMPLS)
 def test_watch_and_force_complete(benchmark: Any, name: str, pending: int) -> None:
     _skip_without_extension(name)

@@ -157,19 +157,29 @@ def test_a_pending_operation_nobody_references_still_completes_or_expires(
     assert expiring == ["complete", "expire"]
 
 
-def test_freed_entries_trigger_a_purge_past_purge_interval(clock: ManualClock) -> None:
+def test_freed_entries_are_removed_once_more_than_purge_interval_are_queued(
+    clock: ManualClock,
+) -> None:
     interval = 10
     with Purgatory(timer=Timer(clock=clock), reaper=False, purge_interval=interval) as p:
+        pending = [Op(1000) for _ in range(50)]
+        for op in pending:
+            p.try_complete_else_watch(op, ["x", "y", "z"])
         high = 0
         for _ in range(200):
             op = Op(1000)
             p.try_complete_else_watch(op, ["x", "y", "z"])
             op.force_complete()
             del op
-            high = max(high, p.metrics()["entries"])
-        m = p.metrics()
-    assert m["purges"] >= 200 // (interval + 1) - 1
-    assert high <= 3 * (interval + 2)
+            m = p.metrics()
+            high = max(high, m["entries"])
+            # The estimate follows the removals: pending plus the freed ones still queued.
+            assert m["watched"] == 50 + m["cleared"]
+        assert p.metrics()["purges"] >= 200 // (interval + 1) - 1
+        assert high <= 3 * (50 + interval + 2)
+        for op in pending:
+            op.ready = True
+        assert p.check_and_complete("x") == 50
 
 
 def test_completed_operations_still_referenced_are_purged_by_the_estimate(

@@ -3,8 +3,14 @@
 Kafka's DelayedOperationPurgatory with the watcher registry of its redesign write-up:
 watcher lists hold only weak references, and while an operation is pending the timer
 entry is its one strong reference. A completed operation is therefore freed as soon as
-its caller drops it; the weak reference's callback counts the dead entry (Java's
-ReferenceQueue), and the lists are purged once enough have piled up.
+its caller drops it; the weak reference's callback queues the dead entry (Java's
+ReferenceQueue), and once more than ``purge_interval`` are queued they are removed.
+
+A watcher list is a dict from ``id(entry)`` to entry, so that removing a known entry
+costs O(1) however many operations are pending on the key: a purge removes exactly the
+queued entries instead of scanning every list. Only completed operations that their
+callers keep alive need the write-up's full scan, which the estimate ``watched``
+triggers.
 """
 
 from __future__ import annotations
@@ -20,8 +26,6 @@ from .timer import _INT64_MAX, _PENDING, Timer, TimerTask, check_ms
 __all__ = ["DelayedOperation", "Purgatory"]
 
 logger = logging.getLogger("timewheel")
-
-_WatcherLists = Dict[Hashable, List["weakref.ref[DelayedOperation]"]]
 
 
 class DelayedOperation(TimerTask):
@@ -94,6 +98,16 @@ class DelayedOperation(TimerTask):
             self.on_expiration()
 
 
+class _Entry(weakref.ref):  # type: ignore[type-arg]
+    """An operation's one entry, shared by all its watcher lists; it knows their keys."""
+
+    __slots__ = ("keys",)
+    keys: Tuple[Hashable, ...]
+
+
+_WatcherLists = Dict[Hashable, Dict[int, _Entry]]
+
+
 class _Shard:
     """One lock and the watcher lists of the keys that hash to it."""
 
@@ -106,14 +120,20 @@ class _Shard:
         self.watched = 0
 
 
-def _live(refs: List[weakref.ref[DelayedOperation]]) -> List[weakref.ref[DelayedOperation]]:
-    """The entries whose operation is alive and not completed."""
-    out = []
-    for ref in refs:
-        op = ref()
-        if op is not None and not op._once.locked():
-            out.append(ref)
-    return out
+def _is_stale(entry: _Entry) -> bool:
+    op = entry()
+    return op is None or op._once.locked()
+
+
+def _remove(
+    lists: _WatcherLists, key: Hashable, lst: Dict[int, _Entry], stale: Iterable[_Entry]
+) -> None:
+    """Drop ``stale`` entries from ``key``'s list, and the list once empty; shard lock held."""
+    for entry in stale:
+        if lst.get(id(entry)) is entry:
+            del lst[id(entry)]
+    if not lst:
+        del lists[key]
 
 
 class Purgatory:
@@ -150,8 +170,8 @@ class Purgatory:
         self._shards = [_Shard() for _ in range(shards)]
         self._mask = shards - 1
         # The weak references' callback: an atomic append, safe from any thread and
-        # under any lock, whose length counts the entries cleared since the last purge.
-        self._cleared: collections.deque[weakref.ref[DelayedOperation]] = collections.deque()
+        # under any lock; the queue holds the cleared entries until a purge drops them.
+        self._cleared: collections.deque[_Entry] = collections.deque()
         self._on_cleared = self._cleared.append
         self._purge_lock = threading.Lock()
         self._stats_lock = threading.Lock()
@@ -180,7 +200,7 @@ class Purgatory:
         if self._try(op):
             return True
         if len(self._cleared) > self._purge_interval:
-            self.purge()
+            self._drop_cleared()
         # Timed before it is listed: no other thread can complete it yet, so nothing
         # is half-registered if the timer refuses it, and a later completion always
         # finds the timer entry to cancel.
@@ -189,7 +209,9 @@ class Purgatory:
         except BaseException:
             op._purgatory = None
             raise
-        ref = weakref.ref(op, self._on_cleared)
+        entry = _Entry(op, self._on_cleared)
+        entry.keys = keys
+        eid = id(entry)
         shards, mask = self._shards, self._mask
         first = True
         for key in keys:
@@ -199,9 +221,9 @@ class Purgatory:
             with shard.lock:
                 lst = shard.lists.get(key)
                 if lst is None:
-                    shard.lists[key] = [ref]
+                    shard.lists[key] = {eid: entry}
                 else:
-                    lst.append(ref)
+                    lst[eid] = entry
                 if first:
                     shard.watched += 1
                     first = False
@@ -246,26 +268,21 @@ class Purgatory:
             lst = shard.lists.get(key)
             if not lst:
                 return 0
-            snapshot = lst[:]
+            snapshot = list(lst.values())
         completed = 0
-        stale = False
-        for ref in snapshot:
-            op = ref()
+        stale = []
+        for entry in snapshot:
+            op = entry()
             if op is None or op._once.locked():
-                stale = True
+                stale.append(entry)
             elif self._try(op):
                 completed += 1
-                stale = True
-        del op
+                stale.append(entry)
         if stale:
             with shard.lock:
                 lst = shard.lists.get(key)
                 if lst is not None:
-                    live = _live(lst)
-                    if live:
-                        shard.lists[key] = live
-                    else:
-                        del shard.lists[key]
+                    _remove(shard.lists, key, lst, stale)
         return completed
 
     def cancel_for_key(self, key: Hashable) -> List[DelayedOperation]:
@@ -278,8 +295,8 @@ class Purgatory:
         with shard.lock:
             lst = shard.lists.pop(key, None)
         ops: List[DelayedOperation] = []
-        for ref in lst or ():
-            op = ref()
+        for entry in (lst or {}).values():
+            op = entry()
             if op is not None and not op._once.locked():
                 op.cancel()
                 ops.append(op)
@@ -293,20 +310,60 @@ class Purgatory:
         return ran
 
     def _maybe_purge(self) -> None:
-        # Freed operations are counted exactly; completed ones their callers still hold
-        # show only in the estimate, as completed-but-listed beyond the pending ones.
         interval = self._purge_interval
-        if len(self._cleared) > interval or self.watched - self.delayed > interval:
+        if len(self._cleared) > interval:
+            self._drop_cleared()
+        # Completed operations their callers still hold are never queued; the estimate
+        # counts them, as listed operations beyond the pending ones.
+        if self.watched - self.delayed > interval:
             self.purge()
 
-    def purge(self) -> int:
-        """Drop freed and completed entries from every watcher list; return how many.
+    def _drop_cleared(self) -> None:
+        """Remove the queued cleared entries from their lists: O(keys) each, no scan."""
+        if not self._purge_lock.acquire(False):
+            return
+        try:
+            cleared = self._cleared
+            # Held until the end so that no new entry can reuse one of these ids.
+            entries = [cleared.popleft() for _ in range(len(cleared))]
+            shards, mask = self._shards, self._mask
+            # Grouped by shard so that each lock is taken once per purge, not per entry.
+            groups: List[List[Tuple[Hashable, _Entry]]] = [[] for _ in shards]
+            for entry in entries:
+                for key in entry.keys:
+                    groups[hash(key) & mask].append((key, entry))
+            for shard, group in zip(shards, groups):
+                if not group:
+                    continue
+                with shard.lock:
+                    lists = shard.lists
+                    for key, entry in group:
+                        lst = lists.get(key)
+                        if lst is not None:
+                            eid = id(entry)
+                            if lst.get(eid) is entry:
+                                del lst[eid]
+                                if not lst:
+                                    del lists[key]
+            first = self._shards[0]
+            with first.lock:
+                first.watched -= len(entries)
+            with self._stats_lock:
+                self._purges += 1
+        finally:
+            self._purge_lock.release()
 
-        A purge already running in another thread makes this call return 0 at once.
+    def purge(self) -> int:
+        """Scan every watcher list and drop freed and completed entries; return how many.
+
+        This is the write-up's purge, for completed operations that are still referenced
+        (freed ones are removed without a scan). A purge already running in another
+        thread makes this call return 0 at once.
         """
         if not self._purge_lock.acquire(False):
             return 0
         try:
+            # The scan removes every dead entry, queued or not.
             self._cleared.clear()
             for shard in self._shards:
                 with shard.lock:
@@ -321,12 +378,9 @@ class Purgatory:
                 with shard.lock:
                     lists = shard.lists
                     for key, lst in list(lists.items()):
-                        live = _live(lst)
-                        removed += len(lst) - len(live)
-                        if not live:
-                            del lists[key]
-                        elif len(live) != len(lst):
-                            lists[key] = live
+                        stale = [entry for entry in lst.values() if _is_stale(entry)]
+                        removed += len(stale)
+                        _remove(lists, key, lst, stale)
             with self._stats_lock:
                 self._purges += 1
             return removed

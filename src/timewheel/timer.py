@@ -286,7 +286,8 @@ class Timer:
         With a :class:`ManualClock` it never waits. Tasks run in deadline order (equal
         deadlines in the order added); a backlog is drained in one call. Returns True
         if any task ran. Waiting releases the GIL; an earlier :meth:`add` or
-        :meth:`close` cuts it short.
+        :meth:`close` cuts it short. While another thread advances, this call waits for
+        it up to ``timeout_ms`` and returns False if it cannot take over in time.
         """
         timeout_ms = check_ms("timeout_ms", timeout_ms)
         if not self._advance_lock.acquire(timeout=timeout_ms / 1000):

@@ -5,9 +5,9 @@
   (the DelayQueue) drained by a reaper, watcher lists holding strong references in
   sharded dicts of lists, and purge-by-scan of heap and lists. Completed operations
   stay in the heap and the lists until they are popped or purged, which is what the
-  redesign removes. It is tuned rather than naive: a purge runs when the entries added
-  since the last purge pass ``purge_interval`` (not when the total does, which would
-  rescan on every operation once many are pending), and it reuses
+  redesign removes. It is tuned rather than naive: a purge runs when the operations
+  queued since the last purge pass ``purge_interval`` (not when the total does, which
+  would rescan on every operation once many are pending), and it reuses
   :class:`~timewheel.purgatory.DelayedOperation`, so both purgatories run the same
   operation classes.
 """
