@@ -55,7 +55,7 @@ class _Entry:
     so that an uncontended checkin skips the purgatory.
     """
 
-    __slots__ = ("__weakref__", "busy", "error", "value", "watched")
+    __slots__ = ("busy", "error", "value", "watched")
 
     def __init__(self) -> None:
         self.value: Any = None
