@@ -14,6 +14,9 @@ hold something. Around it:
 * Purgatory (:mod:`timewheel.purgatory`) -- Kafka's :class:`DelayedOperation` and
   :class:`Purgatory`: operations wait on keys until they complete or time out; watcher
   lists hold weak references, so a completed operation is freed at once.
+* Resources (:mod:`timewheel.resources`) -- :class:`ResourceManager` checks out several
+  keys all-or-nothing, with no global lock; requests that must wait park in a purgatory
+  and each missing key is loaded once.
 * Execution (:mod:`timewheel.execution`) -- :class:`ThreadPool`, :class:`TaskQueue` and
   Jetty's strategies :class:`ProduceConsume`, :class:`ProduceExecuteConsume` and
   :class:`ExecuteProduceConsume` for running produced tasks.
@@ -45,6 +48,7 @@ from .execution import (
     ThreadPool,
 )
 from .purgatory import DelayedOperation, Purgatory
+from .resources import Checkout, ResourceManager
 from .sources import (
     Fair,
     PreferThenFair,
@@ -60,6 +64,7 @@ from .wheel import IMPLEMENTATION, TimingWheel
 
 __all__ = [
     "IMPLEMENTATION",
+    "Checkout",
     "DelayedOperation",
     "ExecuteProduceConsume",
     "ExecutionStats",
@@ -73,6 +78,7 @@ __all__ = [
     "Producer",
     "Purgatory",
     "QueueingSource",
+    "ResourceManager",
     "Scheduler",
     "SetQueue",
     "Sink",

@@ -12,6 +12,7 @@ _COMMANDS = ["timewheel.demo", "timewheel.pipeline"]
 _BENCHMARKS: list[str] = [
     "timewheel.benchmarks.execution",
     "timewheel.benchmarks.purgatory",
+    "timewheel.benchmarks.resources",
     "timewheel.benchmarks.pipeline",
 ]
 
