@@ -6,6 +6,7 @@ and waits carry a generous timeout only so that a bug fails the test instead of 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import Counter
@@ -144,6 +145,23 @@ def test_pool_logs_and_counts_task_errors_and_keeps_going(
     assert pool.errors == 1
     [record] = [r for r in caplog.records if r.name == "timewheel"]
     assert record.exc_info is not None and record.exc_info[0] is ValueError
+
+
+def test_a_task_raising_system_exit_does_not_cost_the_pool_its_thread(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def leave() -> None:
+        raise SystemExit("task exits")
+
+    after = threading.Event()
+    with caplog.at_level(logging.ERROR, logger="timewheel"):
+        with ThreadPool(max_threads=1) as pool:
+            pool.execute(leave)
+            pool.execute(after.set)
+            assert after.wait(WAIT)
+            assert pool.threads == 1
+    assert pool.errors == 1
+    assert any(r.exc_info and r.exc_info[0] is SystemExit for r in caplog.records)
 
 
 def test_shutdown_finishes_queued_tasks_then_refuses_work() -> None:
@@ -364,6 +382,45 @@ def test_producer_error_is_counted_and_releases_the_role(
     assert any(r.name == "timewheel" for r in caplog.records)
     strategy.produce()
     assert done.wait(WAIT)
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_a_producer_raising_system_exit_gives_the_role_back(name: str, pool: ThreadPool) -> None:
+    queue = TaskQueue()
+
+    class ExitsOnce:
+        exited = False
+
+        def produce(self) -> Optional[Task]:
+            if not self.exited:
+                self.exited = True
+                raise SystemExit("producer exits")
+            return queue.produce()
+
+    strategy = make(name, ExitsOnce(), pool)
+    done = threading.Event()
+    queue.offer(done.set)
+    with pytest.raises(SystemExit):
+        strategy.produce()
+    strategy.produce()
+    assert done.wait(WAIT)
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_a_task_raising_system_exit_strands_no_later_task(name: str, pool: ThreadPool) -> None:
+    queue = TaskQueue()
+    strategy = make(name, queue, pool)
+    tally = Tally()
+
+    def leave() -> None:
+        raise SystemExit("task exits")
+
+    queue.offer_all([leave, tally.task(0)])
+    # Where the SystemExit surfaces depends on the strategy: here, or on a pool thread.
+    with contextlib.suppress(SystemExit):
+        strategy.produce()
+    strategy.produce()
+    assert tally.wait_total(1)
 
 
 class SlowAmongFast:
