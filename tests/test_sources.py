@@ -199,6 +199,10 @@ def test_setqueue_bad_input_names_it_and_changes_nothing() -> None:
         q.poll(-1)
     with pytest.raises(TypeError, match="n must be an int, got '2'"):
         q.poll("2")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"n must be an int, got 1.0 \(float\)"):
+        q.poll(1.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"n must be an int, got True \(bool\)"):
+        q.poll(True)
     assert len(q) == 2 and 7 not in q
     assert q.poll(5) == [1, 2]
 
