@@ -24,6 +24,7 @@ import gc
 import heapq
 import random
 import time
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -161,27 +162,14 @@ def _wheel_batch(cls: Any, deadlines: np.ndarray) -> Callable[[], Callable[[], A
     return make
 
 
-def _wheel_expire(cls: Any, deadlines: list[int], n: int) -> Callable[[], Callable[[], Any]]:
+def _expire(
+    new_timer: Callable[[], Any], deadlines: list[int], n: int
+) -> Callable[[], Callable[[], Any]]:
+    """Time moving a timer with every deadline pending to ``n``, ``STEP`` ticks at a time;
+    ``new_timer()`` makes anything with ``schedule(deadline, item)`` and ``advance(now)``."""
+
     def make() -> Callable[[], Any]:
-        w = cls(1, 20, 0)
-        for d in deadlines:
-            w.schedule(d, None)
-        advance = w.advance
-
-        def run() -> None:
-            fired: list[Any] = []
-            for now in range(STEP, n + STEP, STEP):
-                fired += advance(now)
-            assert len(fired) == n
-
-        return run
-
-    return make
-
-
-def _heap_expire(deadlines: list[int], n: int) -> Callable[[], Callable[[], Any]]:
-    def make() -> Callable[[], Any]:
-        timer = HeapTimer()
+        timer = new_timer()
         for d in deadlines:
             timer.schedule(d, None)
         advance = timer.advance
@@ -214,7 +202,7 @@ def build_cases(n: int = 200_000, seed: int = 1) -> list[Case]:
             ("schedule+cancel", EXT, _pair(_wheel_setup(CTimingWheel), deadlines)),
             ("batch", EXT, _wheel_batch(CTimingWheel, array)),
             ("batch", "timewheel per call", _pair(_wheel_setup(CTimingWheel), deadlines)),
-            ("expire", EXT, _wheel_expire(CTimingWheel, deadlines, n)),
+            ("expire", EXT, _expire(partial(CTimingWheel, 1, 20, 0), deadlines, n)),
         ]
     cases += [
         ("schedule+cancel", PURE, _pair(_wheel_setup(PyTimingWheel), deadlines)),
@@ -222,8 +210,8 @@ def build_cases(n: int = 200_000, seed: int = 1) -> list[Case]:
         ("schedule+cancel", "heapq (lazy cancel)", _pair(_heap_setup, deadlines)),
         ("schedule+cancel", "dict (floor)", _pair(_dict_setup, list(range(n)), cancel_by_key=True)),
         ("batch", PURE, _wheel_batch(PyTimingWheel, array)),
-        ("expire", PURE, _wheel_expire(PyTimingWheel, deadlines, n)),
-        ("expire", "heapq pop", _heap_expire(deadlines, n)),
+        ("expire", PURE, _expire(partial(PyTimingWheel, 1, 20, 0), deadlines, n)),
+        ("expire", "heapq pop", _expire(HeapTimer, deadlines, n)),
     ]
     return cases
 
