@@ -6,10 +6,11 @@ and waits carry a generous timeout only so that a bug fails the test instead of 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import Counter
-from typing import Iterator, List, Optional
+from collections.abc import Iterator
 
 import pytest
 
@@ -136,21 +137,36 @@ def test_pool_logs_and_counts_task_errors_and_keeps_going(
         raise ValueError("boom")
 
     after = threading.Event()
-    with caplog.at_level(logging.ERROR, logger="timewheel"):
-        with ThreadPool(max_threads=1) as pool:
-            pool.execute(boom)
-            pool.execute(after.set)
-            assert after.wait(WAIT)
+    with caplog.at_level(logging.ERROR, logger="timewheel"), ThreadPool(max_threads=1) as pool:
+        pool.execute(boom)
+        pool.execute(after.set)
+        assert after.wait(WAIT)
     assert pool.errors == 1
     [record] = [r for r in caplog.records if r.name == "timewheel"]
     assert record.exc_info is not None and record.exc_info[0] is ValueError
+
+
+def test_a_task_raising_system_exit_does_not_cost_the_pool_its_thread(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def leave() -> None:
+        raise SystemExit("task exits")
+
+    after = threading.Event()
+    with caplog.at_level(logging.ERROR, logger="timewheel"), ThreadPool(max_threads=1) as pool:
+        pool.execute(leave)
+        pool.execute(after.set)
+        assert after.wait(WAIT)
+        assert pool.threads == 1
+    assert pool.errors == 1
+    assert any(r.exc_info and r.exc_info[0] is SystemExit for r in caplog.records)
 
 
 def test_shutdown_finishes_queued_tasks_then_refuses_work() -> None:
     pool = ThreadPool(max_threads=1)
     release = threading.Event()
     busy = threading.Event()
-    ran: List[str] = []
+    ran: list[str] = []
 
     def blocker() -> None:
         busy.set()
@@ -172,7 +188,7 @@ def test_shutdown_finishes_queued_tasks_then_refuses_work() -> None:
 
 def test_context_manager_joins_threads_even_when_a_task_shuts_the_pool_down() -> None:
     done = threading.Event()
-    names: List[str] = []
+    names: list[str] = []
     with ThreadPool(max_threads=2) as pool:
 
         def stop_from_inside() -> None:
@@ -220,9 +236,7 @@ def test_strategies_check_their_arguments(pool: ThreadPool) -> None:
 
 
 @pytest.mark.parametrize("name", STRATEGIES)
-def test_every_task_runs_exactly_once_under_concurrent_produce(
-    name: str, pool: ThreadPool
-) -> None:
+def test_every_task_runs_exactly_once_under_concurrent_produce(name: str, pool: ThreadPool) -> None:
     queue = TaskQueue()
     strategy = make(name, queue, pool)
     tally = Tally()
@@ -256,10 +270,10 @@ class RunsDryOnce:
     def __init__(self, queue: TaskQueue, late: Task) -> None:
         self.queue = queue
         self.late = late
-        self.strategy: Optional[ExecutionStrategy] = None
+        self.strategy: ExecutionStrategy | None = None
         self.raced = False
 
-    def produce(self) -> Optional[Task]:
+    def produce(self) -> Task | None:
         task = self.queue.produce()
         if task is None and not self.raced:
             self.raced = True
@@ -274,9 +288,7 @@ class RunsDryOnce:
 
 
 @pytest.mark.parametrize("name", STRATEGIES)
-def test_task_offered_as_the_producer_runs_dry_is_not_lost(
-    name: str, pool: ThreadPool
-) -> None:
+def test_task_offered_as_the_producer_runs_dry_is_not_lost(name: str, pool: ThreadPool) -> None:
     late_ran = threading.Event()
     queue = TaskQueue()
     producer = RunsDryOnce(queue, late_ran.set)
@@ -340,22 +352,26 @@ def test_task_errors_are_logged_counted_and_other_tasks_run(
     assert pool.errors == 0  # the strategy caught it, not the pool
 
 
+class FailsOnce:
+    """A producer whose first call raises ``error``; then it hands out ``queue``'s tasks."""
+
+    def __init__(self, queue: TaskQueue, error: BaseException) -> None:
+        self.queue = queue
+        self.error: BaseException | None = error
+
+    def produce(self) -> Task | None:
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+        return self.queue.produce()
+
+
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_producer_error_is_counted_and_releases_the_role(
     name: str, pool: ThreadPool, caplog: pytest.LogCaptureFixture
 ) -> None:
     queue = TaskQueue()
-
-    class FailsOnce:
-        failed = False
-
-        def produce(self) -> Optional[Task]:
-            if not self.failed:
-                self.failed = True
-                raise RuntimeError("bad producer")
-            return queue.produce()
-
-    strategy = make(name, FailsOnce(), pool)
+    strategy = make(name, FailsOnce(queue, RuntimeError("bad producer")), pool)
     done = threading.Event()
     queue.offer(done.set)
     with caplog.at_level(logging.ERROR, logger="timewheel"):
@@ -364,6 +380,35 @@ def test_producer_error_is_counted_and_releases_the_role(
     assert any(r.name == "timewheel" for r in caplog.records)
     strategy.produce()
     assert done.wait(WAIT)
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_a_producer_raising_system_exit_gives_the_role_back(name: str, pool: ThreadPool) -> None:
+    queue = TaskQueue()
+    strategy = make(name, FailsOnce(queue, SystemExit("producer exits")), pool)
+    done = threading.Event()
+    queue.offer(done.set)
+    with pytest.raises(SystemExit):
+        strategy.produce()
+    strategy.produce()
+    assert done.wait(WAIT)
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_a_task_raising_system_exit_strands_no_later_task(name: str, pool: ThreadPool) -> None:
+    queue = TaskQueue()
+    strategy = make(name, queue, pool)
+    tally = Tally()
+
+    def leave() -> None:
+        raise SystemExit("task exits")
+
+    queue.offer_all([leave, tally.task(0)])
+    # Where the SystemExit surfaces depends on the strategy: here, or on a pool thread.
+    with contextlib.suppress(SystemExit):
+        strategy.produce()
+    strategy.produce()
+    assert tally.wait_total(1)
 
 
 class SlowAmongFast:
@@ -420,7 +465,7 @@ def test_produce_consume_holds_fast_tasks_behind_a_blocked_one() -> None:
     assert work.fast_done.is_set()
 
 
-def _blocking_tasks(count: int) -> tuple[List[Task], threading.Event, threading.Semaphore]:
+def _blocking_tasks(count: int) -> tuple[list[Task], threading.Event, threading.Semaphore]:
     release = threading.Event()
     started = threading.Semaphore(0)
 

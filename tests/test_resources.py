@@ -172,6 +172,29 @@ def test_done_callbacks_run_once_and_a_raising_one_is_logged_and_counted(
     manager.checkin(pending)
 
 
+def test_a_base_exception_from_a_woken_request_leaves_checkin_bookkeeping_whole(
+    manager: ResourceManager,
+) -> None:
+    holder = manager.checkout([1, 2])
+    exits = manager.checkout([1])
+    other = manager.checkout([2])
+
+    def leave(c: Checkout) -> None:
+        raise SystemExit("callback exits")
+
+    exits.add_done_callback(leave)
+    with pytest.raises(SystemExit, match="callback exits"):
+        manager.checkin(holder)
+    assert other.result(WAIT) == (2,), "a request parked on the next key is woken too"
+    assert exits.result(0) == (1,)
+    assert manager.metrics()["checked_out"] == 2, "the checked-in request is no longer counted"
+    manager.checkin(exits)
+    manager.checkin(other)
+    with manager.pause(timeout=WAIT):
+        pass
+    assert_all_free(manager, [1, 2])
+
+
 def test_evict_drops_only_idle_resident_objects() -> None:
     loads: Counter[Hashable] = Counter()
 

@@ -199,6 +199,10 @@ def test_setqueue_bad_input_names_it_and_changes_nothing() -> None:
         q.poll(-1)
     with pytest.raises(TypeError, match="n must be an int, got '2'"):
         q.poll("2")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"n must be an int, got 1.0 \(float\)"):
+        q.poll(1.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"n must be an int, got True \(bool\)"):
+        q.poll(True)
     assert len(q) == 2 and 7 not in q
     assert q.poll(5) == [1, 2]
 
@@ -303,7 +307,7 @@ def test_queueing_source_validates_like_the_write_up() -> None:
         QueueingSource(src, 10, 10)
     with pytest.raises(ValueError, match="replenish_threshold must be >= 0, got -1"):
         QueueingSource(src, 10, -1)
-    with pytest.raises(TypeError, match="capacity must be an int, got 2.5"):
+    with pytest.raises(TypeError, match=r"capacity must be an int, got 2\.5"):
         QueueingSource(src, 2.5, 1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="wrapped must have a get_next_batch"):
         QueueingSource(object(), 10, 5)  # type: ignore[arg-type]

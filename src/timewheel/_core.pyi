@@ -25,11 +25,15 @@ class TimingWheel:
     @property
     def levels(self) -> int:
         """Number of levels created so far."""
-    def __len__(self) -> int: ...
+    def __len__(self) -> int:
+        """The number of pending entries (scheduled, not yet cancelled or returned)."""
     def schedule(self, deadline: int, item: Any) -> int:
         """Schedule ``item`` at ``deadline``; return a handle (int > 0) for :meth:`cancel`."""
     def cancel(self, handle: int) -> bool:
-        """Cancel a pending entry; True only if ``handle`` was pending."""
+        """Cancel a pending entry; True only if ``handle`` was pending.
+
+        Handle generations wrap after 2**31 reuses of one slot.
+        """
     def advance(self, now: int) -> list[Any]:
         """Move time to ``max(self.now, now)`` and return the items now due, in order."""
     def next_deadline(self) -> int | None:

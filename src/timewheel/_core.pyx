@@ -130,6 +130,12 @@ cdef class TimingWheel:
     created when a deadline first needs it. Time is an integer in a unit the caller
     picks; the wheel has no clock and is told the time through :meth:`advance`.
     Every method is safe to call from any thread.
+
+    Unlike the pure-Python twin, the wheel is invisible to the cyclic garbage collector:
+    its items are held from a C array, which Cython gives no way to traverse. A cycle
+    through a pending item (item -> ... -> wheel) is therefore never collected; whoever
+    owns the wheel must break it, by cancelling or advancing past such entries (as
+    ``Timer.close`` does).
     """
 
     def __cinit__(self, tick=1, wheel_size=20, start=0):
@@ -195,6 +201,7 @@ cdef class TimingWheel:
         return self._nlevels
 
     def __len__(self):
+        """The number of pending entries (scheduled, not yet cancelled or returned)."""
         return self._len
 
     def __repr__(self):
@@ -215,6 +222,11 @@ cdef class TimingWheel:
         if item is not None:
             p = <PyObject*>item
             Py_INCREF(item)
+        # This way in is written out in schedule, cancel and next_deadline rather than
+        # shared through a helper that dispatches on the operation: that helper measured
+        # 4-20% slower per schedule + cancel + next_deadline (noise between two identical
+        # builds: about 1%). Nothing between the increment of _gilfree and its decrement
+        # can raise (the operations are noexcept), so the count is never left too high.
         if self._enter_with_gil():
             h = self._insert_one(d, p)
             self._leave_with_gil()
@@ -231,11 +243,15 @@ cdef class TimingWheel:
         return h
 
     def cancel(self, handle):
-        """Cancel a pending entry; True only if ``handle`` was pending."""
+        """Cancel a pending entry; True only if ``handle`` was pending.
+
+        A handle's high half is its slot's generation, which wraps after 2**31 reuses of
+        one slot: a handle kept that long could then name a later entry in that slot.
+        """
         cdef int64_t h = as_handle(handle)
         cdef PyObject* item = NULL
         cdef bint found
-        if self._enter_with_gil():
+        if self._enter_with_gil():  # the same way in as schedule's, for the same reasons
             found = self._cancel(h, &item)
             self._leave_with_gil()
         else:
@@ -282,7 +298,7 @@ cdef class TimingWheel:
         """
         cdef int64_t key = 0
         cdef bint found = False
-        if self._enter_with_gil():
+        if self._enter_with_gil():  # the same way in as schedule's, for the same reasons
             found = self._peek(&key)
             self._leave_with_gil()
         else:

@@ -213,7 +213,9 @@ class ThreadPool:
             worker.task = None
             try:
                 task()
-            except Exception:
+            except BaseException:
+                # Even SystemExit: a thread that died here would still count in _threads,
+                # and a full pool would queue later work forever.
                 with self._lock:
                     self._errors += 1
                 logger.exception("task %r raised in %s", task, threading.current_thread().name)
@@ -300,6 +302,7 @@ class ExecutionStrategy(ABC):
         self._lock = threading.Lock()
         self._role_free = threading.Condition(self._lock)
         self._producing = False
+        self._holder: int | None = None  # the thread ident of whoever has the role
         self._more_wanted = False
         self._standby = False  # a thread waits to take the role as soon as it is free
         # Marks the threads inside this strategy's production loop, so that a task
@@ -331,9 +334,23 @@ class ExecutionStrategy(ABC):
                 self._more_wanted = True
                 return
             self._producing = True
+            self._holder = threading.get_ident()
+        self._produce_here()
+
+    def _produce_here(self) -> None:
+        """Run the production loop with the role just taken by this thread."""
         self._inside.active = True
         try:
             self._production_loop()
+        except BaseException:
+            # A task or producer that raised past the loop (SystemExit, say) would
+            # leave the role taken and every later produce() returning at once. Only
+            # this thread's own role is given back: ExecuteProduceConsume hands it on
+            # before running a task, and by now another thread may be producing.
+            with self._lock:
+                if self._producing and self._holder == threading.get_ident():
+                    self._release_role(drained=False)
+            raise
         finally:
             self._inside.active = False
 
@@ -375,6 +392,7 @@ class ExecutionStrategy(ABC):
     def _release_role(self, drained: bool) -> None:
         # Called with the lock held.
         self._producing = False
+        self._holder = None
         if drained:
             self._more_wanted = False
         if self._standby:
@@ -485,11 +503,7 @@ class ExecuteProduceConsume(ExecutionStrategy):
             self._dispatch_outstanding = False
         if not self._take_role():
             return
-        self._inside.active = True
-        try:
-            self._production_loop()
-        finally:
-            self._inside.active = False
+        self._produce_here()
 
     def _take_role(self) -> bool:
         """Take the producing role, waiting as the standby if need be; False to leave.
@@ -508,4 +522,5 @@ class ExecuteProduceConsume(ExecutionStrategy):
                     self._role_free.wait()
                 self._standby = False
             self._producing = True
+            self._holder = threading.get_ident()
             return True

@@ -390,12 +390,16 @@ class ResourceManager:
             marked = checkout._marked
             checkout._marked = None
         assert marked is not None
-        self._unmark(checkout._slots, marked)
         home = checkout._home
-        with home.lock:
-            home.held -= 1
-            home.active -= 1
-        self._notify_pauser()
+        try:
+            self._unmark(checkout._slots, marked)
+        finally:
+            # A BaseException from a woken request reaches this caller, but only after the
+            # bookkeeping: a checkout left counted would make pause() wait forever.
+            with home.lock:
+                home.held -= 1
+                home.active -= 1
+            self._notify_pauser()
 
     def evict(self, key: Hashable) -> bool:
         """Drop a resident key's object unless it is checked out or loading; True if dropped.
@@ -566,8 +570,28 @@ class ResourceManager:
                 # Without a loader an entry is only a mark; dropping it keeps the map small.
                 if forget and stripe.entries.get(key) is entry:
                     del stripe.entries[key]
-        for entry in wake:
-            self._purgatory.check_and_complete(entry)
+        self._wake(wake)
+
+    def _wake(self, entries: Iterable[_Entry]) -> None:
+        """Wake every request parked on ``entries``, then re-raise a BaseException one raised.
+
+        Woken requests run here, so their loaders and callbacks do; an Exception from those
+        is logged and counted where it happens and never reaches this caller.
+        """
+        error: BaseException | None = None
+        for entry in entries:
+            while True:
+                try:
+                    self._purgatory.check_and_complete(entry)
+                    break
+                except BaseException as exc:
+                    # The request that raised is completed now, so going round wakes the
+                    # rest of this entry's list and ends; whoever is left would otherwise
+                    # wait for an unmark that already happened.
+                    if error is None:
+                        error = exc
+        if error is not None:
+            raise error
 
     def _hand_over(self, checkout: Checkout, marked: list[_Entry]) -> None:
         if self._loader is None:
@@ -636,14 +660,14 @@ class ResourceManager:
                 stripe.load_errors += 1
             if isinstance(exc, Exception):
                 logger.error("loader %r raised for key %r", self._loader, key, exc_info=exc)
-            self._purgatory.check_and_complete(marker)
+            self._wake((marker,))
             if not isinstance(exc, Exception):
                 raise
             return
         with stripe.lock:
             marker.value = value
             marker.busy = False
-        self._purgatory.check_and_complete(marker)
+        self._wake((marker,))
 
     def _finish(self, checkout: Checkout, state: int, value: Any) -> bool:
         """Move a pending checkout to its final state once; count it; run its callbacks."""

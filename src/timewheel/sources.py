@@ -115,7 +115,8 @@ class SetQueue(Generic[T]):
 
     def poll(self, n: int = 1) -> list[T]:
         """Remove and return up to ``n`` items from the front (fewer if fewer are queued)."""
-        if n == 1:  # the common case, kept short
+        # The common case, kept short; the type test keeps poll(1.0) and poll(True) out.
+        if type(n) is int and n == 1:
             try:
                 item = self._order.popleft()
             except IndexError:
@@ -517,6 +518,8 @@ class Scheduler:
 
     @strategy.setter
     def strategy(self, strategy: Strategy) -> None:
+        """Use ``strategy`` from the next round on; raise if it is not a Strategy or names
+        a source this scheduler does not have (the old strategy then stays)."""
         self._strategy = self._check_strategy(strategy)
 
     def run_once(self) -> int:

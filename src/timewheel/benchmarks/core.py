@@ -24,6 +24,7 @@ import gc
 import heapq
 import random
 import time
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -98,68 +99,55 @@ def _time_ns(make: Callable[[], Callable[[], Any]]) -> int:
             gc.enable()
 
 
-def _wheel_pair(cls: Any, deadlines: list[int]) -> Callable[[], Callable[[], Any]]:
+#: What a schedule+cancel contender's untimed setup returns: ``schedule``, the item to
+#: schedule, ``cancel``, and a ``close`` to run after the timed part (or None).
+Contender = tuple[Callable[[int, Any], Any], Any, Callable[[Any], Any], Callable[[], Any] | None]
+
+
+def _pair(
+    setup: Callable[[], Contender], deadlines: list[int], *, cancel_by_key: bool = False
+) -> Callable[[], Callable[[], Any]]:
+    """Time ``schedule(d, item)`` for every deadline, then ``cancel`` of every handle (of
+    every deadline with ``cancel_by_key``, for a table whose insert returns nothing)."""
+
     def make() -> Callable[[], Any]:
-        w = cls(1, 20, 0)
-        schedule, cancel = w.schedule, w.cancel
-
-        def run() -> None:
-            handles = [schedule(d, None) for d in deadlines]
-            for h in handles:
-                cancel(h)
-
-        return run
-
-    return make
-
-
-def _asyncio_pair(deadlines: list[int]) -> Callable[[], Callable[[], Any]]:
-    def make() -> Callable[[], Any]:
-        loop = asyncio.new_event_loop()
-        call_at = loop.call_at
+        schedule, item, cancel, close = setup()
 
         def run() -> None:
             try:
-                handles = [call_at(d, _noop) for d in deadlines]
-                for h in handles:
-                    h.cancel()
+                handles = [schedule(d, item) for d in deadlines]
+                for h in deadlines if cancel_by_key else handles:
+                    cancel(h)
             finally:
-                loop.close()
+                if close is not None:
+                    close()
 
         return run
 
     return make
 
 
-def _heap_pair(deadlines: list[int]) -> Callable[[], Callable[[], Any]]:
-    def make() -> Callable[[], Any]:
-        timer = HeapTimer()
-        schedule, cancel = timer.schedule, timer.cancel
+def _wheel_setup(cls: Any) -> Callable[[], Contender]:
+    def setup() -> Contender:
+        w = cls(1, 20, 0)
+        return w.schedule, None, w.cancel, None
 
-        def run() -> None:
-            handles = [schedule(d, None) for d in deadlines]
-            for h in handles:
-                cancel(h)
-
-        return run
-
-    return make
+    return setup
 
 
-def _dict_pair(keys: list[int]) -> Callable[[], Callable[[], Any]]:
-    def make() -> Callable[[], Any]:
-        table: dict[int, Any] = {}
-        insert, delete = table.__setitem__, table.__delitem__
+def _asyncio_setup() -> Contender:
+    loop = asyncio.new_event_loop()
+    return loop.call_at, _noop, asyncio.TimerHandle.cancel, loop.close
 
-        def run() -> None:
-            done = [insert(k, None) for k in keys]
-            for k in keys:
-                delete(k)
-            del done
 
-        return run
+def _heap_setup() -> Contender:
+    timer = HeapTimer()
+    return timer.schedule, None, timer.cancel, None
 
-    return make
+
+def _dict_setup() -> Contender:
+    table: dict[int, Any] = {}
+    return table.__setitem__, None, table.__delitem__, None
 
 
 def _wheel_batch(cls: Any, deadlines: np.ndarray) -> Callable[[], Callable[[], Any]]:
@@ -174,27 +162,14 @@ def _wheel_batch(cls: Any, deadlines: np.ndarray) -> Callable[[], Callable[[], A
     return make
 
 
-def _wheel_expire(cls: Any, deadlines: list[int], n: int) -> Callable[[], Callable[[], Any]]:
+def _expire(
+    new_timer: Callable[[], Any], deadlines: list[int], n: int
+) -> Callable[[], Callable[[], Any]]:
+    """Time moving a timer with every deadline pending to ``n``, ``STEP`` ticks at a time;
+    ``new_timer()`` makes anything with ``schedule(deadline, item)`` and ``advance(now)``."""
+
     def make() -> Callable[[], Any]:
-        w = cls(1, 20, 0)
-        for d in deadlines:
-            w.schedule(d, None)
-        advance = w.advance
-
-        def run() -> None:
-            fired: list[Any] = []
-            for now in range(STEP, n + STEP, STEP):
-                fired += advance(now)
-            assert len(fired) == n
-
-        return run
-
-    return make
-
-
-def _heap_expire(deadlines: list[int], n: int) -> Callable[[], Callable[[], Any]]:
-    def make() -> Callable[[], Any]:
-        timer = HeapTimer()
+        timer = new_timer()
         for d in deadlines:
             timer.schedule(d, None)
         advance = timer.advance
@@ -224,19 +199,19 @@ def build_cases(n: int = 200_000, seed: int = 1) -> list[Case]:
     cases: list[Case] = []
     if CTimingWheel is not None:
         cases += [
-            ("schedule+cancel", EXT, _wheel_pair(CTimingWheel, deadlines)),
+            ("schedule+cancel", EXT, _pair(_wheel_setup(CTimingWheel), deadlines)),
             ("batch", EXT, _wheel_batch(CTimingWheel, array)),
-            ("batch", "timewheel per call", _wheel_pair(CTimingWheel, deadlines)),
-            ("expire", EXT, _wheel_expire(CTimingWheel, deadlines, n)),
+            ("batch", "timewheel per call", _pair(_wheel_setup(CTimingWheel), deadlines)),
+            ("expire", EXT, _expire(partial(CTimingWheel, 1, 20, 0), deadlines, n)),
         ]
     cases += [
-        ("schedule+cancel", PURE, _wheel_pair(PyTimingWheel, deadlines)),
-        ("schedule+cancel", "asyncio call_at", _asyncio_pair(deadlines)),
-        ("schedule+cancel", "heapq (lazy cancel)", _heap_pair(deadlines)),
-        ("schedule+cancel", "dict (floor)", _dict_pair(list(range(n)))),
+        ("schedule+cancel", PURE, _pair(_wheel_setup(PyTimingWheel), deadlines)),
+        ("schedule+cancel", "asyncio call_at", _pair(_asyncio_setup, deadlines)),
+        ("schedule+cancel", "heapq (lazy cancel)", _pair(_heap_setup, deadlines)),
+        ("schedule+cancel", "dict (floor)", _pair(_dict_setup, list(range(n)), cancel_by_key=True)),
         ("batch", PURE, _wheel_batch(PyTimingWheel, array)),
-        ("expire", PURE, _wheel_expire(PyTimingWheel, deadlines, n)),
-        ("expire", "heapq pop", _heap_expire(deadlines, n)),
+        ("expire", PURE, _expire(partial(PyTimingWheel, 1, 20, 0), deadlines, n)),
+        ("expire", "heapq pop", _expire(HeapTimer, deadlines, n)),
     ]
     return cases
 

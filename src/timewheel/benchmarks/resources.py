@@ -77,6 +77,7 @@ class Loader:
         self._lock = threading.Lock()
 
     def __call__(self, key: Hashable) -> tuple[str, Hashable]:
+        """Count one load of ``key`` and return its stand-in object."""
         with self._lock:
             self.calls += 1
         if self.delay_s:
