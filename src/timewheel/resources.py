@@ -1,0 +1,710 @@
+"""All-or-nothing checkout of several keys at once, without a global lock.
+
+The design of Terracotta's concurrent object manager, on the purgatory:
+
+* A request marks its keys in use one at a time, in one global order, each under the lock
+  of the key's stripe. On the first busy key it unmarks what it marked (waking anyone who
+  saw those marks) and waits in the purgatory, watched on that busy key. Marking never
+  blocks, so no request ever waits while holding a key: there is nothing to deadlock on.
+* Parking is check, change, re-check: the purgatory re-checks the busy key after listing
+  the request on it, so a key checked in between "busy" and "parked" sends the request
+  round again instead of leaving it waiting with everything free.
+* A key that is not resident gets a marker entry, put there if absent under the stripe
+  lock, that is busy until its ``loader(key)`` call returns. Only the request that put the
+  marker loads; every other request parks on the marker. A failed load removes the marker
+  and fails the requests parked on it with the loader's error.
+* ``pause()`` is a read-write gate made of striped counters: every attempt and every
+  checked-out request counts itself in its stripe, then looks at the pause flag; ``pause``
+  sets the flag, then waits for the counts to reach zero.
+
+Callbacks, loads and the retries of parked requests run in whichever thread made them
+possible: the caller of :meth:`ResourceManager.checkout`, the thread that checks a key in,
+or the purgatory's reaper for timeouts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Hashable, Iterable
+from concurrent.futures import CancelledError
+from types import TracebackType
+from typing import Any, Callable
+
+from .purgatory import DelayedOperation, Purgatory
+from .timer import check_ms
+
+__all__ = ["Checkout", "ResourceManager"]
+
+logger = logging.getLogger("timewheel")
+
+_PENDING, _HELD, _RETURNED, _TIMED_OUT, _CANCELLED, _FAILED = range(6)
+_STATE_NAMES = ("pending", "held", "checked in", "timed out", "cancelled", "failed")
+
+# A wait with no timeout still needs a timer entry (the purgatory's one strong reference):
+# about 35 years.
+_FOREVER_MS = 1 << 40
+_STRIPES = 64
+
+
+class _Entry:
+    """One key's in-use mark and, with a loader, its object; ``error`` is a failed load's.
+
+    ``watched`` says a request may be parked on the entry: set (under the stripe lock) by
+    every request that parks or stays parked, taken by the unmark that then wakes them,
+    so that an uncontended checkin skips the purgatory.
+    """
+
+    __slots__ = ("busy", "error", "value", "watched")
+
+    def __init__(self) -> None:
+        self.value: Any = None
+        self.busy = True
+        self.watched = False
+        self.error: BaseException | None = None
+
+
+class _Stripe:
+    """The lock and entries of the keys that hash here, and this stripe's share of the counters."""
+
+    __slots__ = (
+        "active",
+        "callback_errors",
+        "entries",
+        "held",
+        "load_errors",
+        "loads",
+        "lock",
+        "timeouts",
+        "waiting",
+    )
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: dict[Hashable, _Entry] = {}
+        # Requests in an attempt plus requests checked out: what pause() waits on.
+        self.active = 0
+        self.held = 0
+        self.waiting = 0
+        self.loads = 0
+        self.load_errors = 0
+        self.timeouts = 0
+        self.callback_errors = 0
+
+
+_Slots = list[tuple[Hashable, _Stripe]]
+
+
+def _tie_rank(key: Hashable) -> tuple[int, str, str, str]:
+    return (hash(key), type(key).__module__, type(key).__qualname__, repr(key))
+
+
+def _global_order(keys: Iterable[Hashable]) -> list[Hashable]:
+    """Return ``keys`` in the order every checkout marks them in.
+
+    The order is by ``hash``, which is total over keys of any mix of types and costs
+    nothing extra; distinct keys that share a hash (``hash(-1) == hash(-2)``) are ordered
+    by type name, then ``repr``. A tie left unbroken (equal reprs) could only cost a retry,
+    never a deadlock, because marking never blocks.
+    """
+    ordered = sorted(keys, key=hash)
+    if len(ordered) < 2:
+        return ordered
+    for a, b in zip(ordered, ordered[1:]):
+        if hash(a) == hash(b):
+            return sorted(ordered, key=_tie_rank)
+    return ordered
+
+
+def _check_seconds(name: str, value: float | None) -> float | None:
+    """Return ``value`` if it is None or a number of seconds >= 0, else raise naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be None or a number of seconds, got {value!r}")
+    if not value >= 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return value
+
+
+def _check_keys(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
+    """Return ``keys`` as a tuple of distinct hashable keys, or raise naming ``keys``."""
+    if isinstance(keys, (str, bytes)):
+        raise TypeError(f"keys must be a collection of keys, not a single {type(keys).__name__}")
+    try:
+        out = tuple(keys)
+    except TypeError:
+        raise TypeError(f"keys must be an iterable of hashable keys, got {keys!r}") from None
+    if not out:
+        raise ValueError("keys must not be empty")
+    try:
+        distinct = len(set(out))
+    except TypeError as exc:
+        raise TypeError(f"keys must be hashable: {exc}, in {out!r}") from None
+    if distinct != len(out):
+        raise ValueError(f"keys must be distinct, got {out!r}")
+    return out
+
+
+class Checkout:
+    """A request for several keys, all or none: the future :meth:`ResourceManager.checkout` returns.
+
+    :meth:`result` gives a mapping key -> object when the manager has a loader, else the
+    keys; it raises :class:`TimeoutError` when the checkout's ``timeout_ms`` passed with
+    nothing held, :class:`concurrent.futures.CancelledError` after :meth:`cancel`, and the
+    loader's error when a load it waited on failed. Give it back with
+    :meth:`ResourceManager.checkin`.
+    """
+
+    __slots__ = (
+        "_again",
+        "_blocked",
+        "_callbacks",
+        "_deadline",
+        "_event",
+        "_home",
+        "_keys",
+        "_lock",
+        "_manager",
+        "_marked",
+        "_parked",
+        "_running",
+        "_slots",
+        "_state",
+        "_timeout_ms",
+        "_value",
+        "_wait",
+    )
+
+    def __init__(
+        self,
+        manager: ResourceManager,
+        keys: tuple[Hashable, ...],
+        slots: _Slots,
+        timeout_ms: int | None,
+        deadline: int | None,
+    ) -> None:
+        self._manager = manager
+        self._keys = keys
+        self._slots = slots
+        self._home = slots[0][1]
+        self._timeout_ms = timeout_ms
+        self._deadline = deadline
+        # The home stripe's lock guards the state too: one lock fewer to make per checkout,
+        # and the stripe's counters change in the same critical section as the state.
+        self._lock = self._home.lock
+        self._state = _PENDING
+        self._value: Any = None
+        self._marked: list[_Entry] | None = None
+        self._event: threading.Event | None = None
+        self._callbacks: list[Callable[[Checkout], Any]] | None = []
+        # One thread at a time runs the request's attempts; a wake-up that arrives while
+        # one runs sets _again instead of recursing into a second runner.
+        self._running = False
+        self._again = False
+        self._wait: _Wait | None = None
+        self._blocked: _Entry | None = None
+        self._parked = False
+
+    @property
+    def keys(self) -> tuple[Hashable, ...]:
+        """The keys requested, in the caller's order."""
+        return self._keys
+
+    def done(self) -> bool:
+        """True once the checkout is held, checked in, timed out, cancelled or failed."""
+        return self._state != _PENDING
+
+    def cancelled(self) -> bool:
+        """True if :meth:`cancel` withdrew the request."""
+        return self._state == _CANCELLED
+
+    def cancel(self) -> bool:
+        """Withdraw a waiting request; True only if it was still waiting."""
+        return self._manager._finish(self, _CANCELLED, None)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait up to ``timeout`` seconds (forever if None) and return what was checked out.
+
+        Raises :class:`TimeoutError` if the request is still waiting after ``timeout``
+        (it goes on waiting), or for the reasons given in the class docstring.
+        """
+        timeout = _check_seconds("timeout", timeout)
+        if self._state == _PENDING:
+            with self._lock:
+                # Made under the lock that _finish takes, so a finish either sees it or
+                # happened first and shows in the state.
+                if self._state == _PENDING and self._event is None:
+                    self._event = threading.Event()
+                event = self._event
+            if event is not None and not event.wait(timeout):
+                raise TimeoutError(f"checkout of {self._keys!r} still waiting after {timeout} s")
+        state = self._state
+        if state == _HELD:
+            return self._value
+        if state == _TIMED_OUT:
+            raise TimeoutError(
+                f"checkout of {self._keys!r} timed out: not all free within {self._timeout_ms} ms"
+            )
+        if state == _CANCELLED:
+            raise CancelledError(f"checkout of {self._keys!r} was cancelled")
+        if state == _FAILED:
+            raise self._value
+        raise RuntimeError(f"checkout of {self._keys!r} was already checked in")
+
+    def add_done_callback(self, fn: Callable[[Checkout], Any]) -> None:
+        """Call ``fn(checkout)`` once it is done, at once if it already is.
+
+        The callback runs in the thread that finished the request; if it raises, the error
+        is logged on the ``timewheel`` logger and counted in ``callback_errors``.
+        """
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        with self._lock:
+            if self._callbacks is not None:
+                self._callbacks.append(fn)
+                return
+        self._manager._call_back(self, fn)
+
+    def __repr__(self) -> str:
+        return f"<Checkout {self._keys!r} {_STATE_NAMES[self._state]}>"
+
+
+class _Wait(DelayedOperation):
+    """One parking of a checkout, watched on the entry it found busy (None: the pause gate)."""
+
+    __slots__ = ("checkout", "entry", "stripe")
+
+    def __init__(
+        self, checkout: Checkout, entry: _Entry | None, stripe: _Stripe | None, delay_ms: int
+    ) -> None:
+        DelayedOperation.__init__(self, delay_ms)
+        self.checkout = checkout
+        self.entry = entry
+        self.stripe = stripe
+
+    def try_complete(self) -> bool:
+        """Complete once the entry is no longer busy (or the manager is resumed)."""
+        entry, stripe = self.entry, self.stripe
+        if entry is None or stripe is None:
+            free = not self.checkout._manager._paused
+        else:
+            with stripe.lock:
+                free = not entry.busy
+                if not free:
+                    # Still parked: the next unmark must wake us again.
+                    entry.watched = True
+        return free and self.force_complete()
+
+    def on_complete(self) -> None:
+        """Send the checkout round again; on a timeout, that attempt times it out."""
+        self.checkout._manager._run(self.checkout)
+
+
+class _Pause:
+    """What :meth:`ResourceManager.pause` returns: leaving the ``with`` block resumes."""
+
+    __slots__ = ("_manager",)
+
+    def __init__(self, manager: ResourceManager) -> None:
+        self._manager = manager
+
+    def __enter__(self) -> ResourceManager:
+        return self._manager
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._manager.resume()
+
+
+class ResourceManager:
+    """Check out several keys at once, all or none, with no global lock (Terracotta's design).
+
+    ``ResourceManager(*, loader=None, purgatory=None)``. With a ``loader``, a key not yet
+    resident is loaded by ``loader(key)`` exactly once however many requests want it, and
+    :meth:`Checkout.result` maps each key to its object. Requests that must wait park in
+    the ``purgatory`` (a new one, with its reaper thread, unless one is given; an owned
+    purgatory is shut down by :meth:`close`). Timeouts follow the purgatory timer's clock.
+    """
+
+    def __init__(
+        self,
+        *,
+        loader: Callable[[Hashable], Any] | None = None,
+        purgatory: Purgatory | None = None,
+    ) -> None:
+        if loader is not None and not callable(loader):
+            raise TypeError(f"loader must be callable or None, got {loader!r}")
+        if purgatory is not None and not isinstance(purgatory, Purgatory):
+            raise TypeError(f"purgatory must be a Purgatory or None, got {purgatory!r}")
+        self._loader = loader
+        self._owns_purgatory = purgatory is None
+        self._purgatory = purgatory if purgatory is not None else Purgatory("resources")
+        self._now = self._purgatory.timer.now_ms
+        self._stripes = [_Stripe() for _ in range(_STRIPES)]
+        self._mask = _STRIPES - 1
+        self._paused = False
+        self._gate = threading.Condition(threading.Lock())
+        # Requests parked by pause() are watched on this object; resume() wakes them.
+        self._gate_key = object()
+        self._closed = False
+
+    # -- the public calls ------------------------------------------------------------
+    def checkout(self, keys: Iterable[Hashable], timeout_ms: int | None = None) -> Checkout:
+        """Request every key in ``keys``, all or none; return at once with a :class:`Checkout`.
+
+        ``timeout_ms`` (an int >= 0, None for no limit) bounds the wait; 0 means try once.
+        """
+        keys = _check_keys(keys)
+        deadline = None
+        if timeout_ms is not None:
+            timeout_ms = check_ms("timeout_ms", timeout_ms)
+            deadline = self._now() + timeout_ms
+        if self._closed:
+            raise RuntimeError("ResourceManager is closed")
+        stripes, mask = self._stripes, self._mask
+        slots = [(key, stripes[hash(key) & mask]) for key in _global_order(keys)]
+        checkout = Checkout(self, keys, slots, timeout_ms, deadline)
+        # No other thread can see it yet: this one is its runner without asking.
+        checkout._running = True
+        self._drive(checkout)
+        return checkout
+
+    def checkin(self, checkout: Checkout) -> None:
+        """Give back every key of a held ``checkout`` and wake the requests waiting on them."""
+        if not isinstance(checkout, Checkout):
+            raise TypeError(f"checkout must be a Checkout, got {checkout!r}")
+        if checkout._manager is not self:
+            raise ValueError(f"checkout {checkout!r} belongs to another ResourceManager")
+        with checkout._lock:
+            state = checkout._state
+            if state != _HELD:
+                raise ValueError(
+                    f"checkout must be held to be checked in; {checkout!r} is {_STATE_NAMES[state]}"
+                )
+            checkout._state = _RETURNED
+            marked = checkout._marked
+            checkout._marked = None
+        assert marked is not None
+        self._unmark(checkout._slots, marked)
+        home = checkout._home
+        with home.lock:
+            home.held -= 1
+            home.active -= 1
+        self._notify_pauser()
+
+    def evict(self, key: Hashable) -> bool:
+        """Drop a resident key's object unless it is checked out or loading; True if dropped.
+
+        The next checkout of the key loads it again (a cache's flush).
+        """
+        try:
+            stripe = self._stripes[hash(key) & self._mask]
+        except TypeError:
+            raise TypeError(f"key must be hashable, got {key!r}") from None
+        with stripe.lock:
+            entry = stripe.entries.get(key)
+            if entry is None or entry.busy:
+                return False
+            del stripe.entries[key]
+            return True
+
+    def pause(self, timeout: float | None = None) -> _Pause:
+        """Hold new checkouts and return once every outstanding checkout is checked in.
+
+        Usable as ``with manager.pause(): ...`` or ``pause()`` ... ``resume()``. If checkouts
+        are still out after ``timeout`` seconds, resumes and raises :class:`TimeoutError`.
+        Requests held by the pause keep their own timeouts. A thread that holds a checkout
+        and pauses without a timeout waits for itself forever.
+        """
+        timeout = _check_seconds("timeout", timeout)
+        with self._gate:
+            if self._paused:
+                raise RuntimeError("ResourceManager is already paused")
+            self._paused = True
+        if not self._wait_drained(timeout):
+            self.resume()
+            raise TimeoutError(f"checkouts still out after {timeout} s; resumed")
+        return _Pause(self)
+
+    def resume(self) -> None:
+        """Let the checkouts held by :meth:`pause` go."""
+        with self._gate:
+            if not self._paused:
+                raise RuntimeError("ResourceManager is not paused")
+            self._paused = False
+        self._purgatory.check_and_complete(self._gate_key)
+
+    @property
+    def paused(self) -> bool:
+        """True between :meth:`pause` and :meth:`resume`."""
+        return self._paused
+
+    def metrics(self) -> dict[str, int]:
+        """Counters: checked_out (held now), waiting (parked now, on a key, a load or the
+        pause), loads (loader calls), load_errors, timeouts and callback_errors."""
+        names = ("held", "waiting", "loads", "load_errors", "timeouts", "callback_errors")
+        totals = dict.fromkeys(names, 0)
+        for stripe in self._stripes:
+            with stripe.lock:
+                for name in names:
+                    totals[name] += getattr(stripe, name)
+        totals["checked_out"] = totals.pop("held")
+        return totals
+
+    def close(self) -> None:
+        """Refuse new checkouts; shut down an owned purgatory, failing the requests in it."""
+        self._closed = True
+        if not self._owns_purgatory:
+            return
+        for op in self._purgatory.shutdown():
+            if isinstance(op, _Wait):
+                self._finish(op.checkout, _FAILED, RuntimeError("ResourceManager was closed"))
+
+    def __enter__(self) -> ResourceManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- running a request -----------------------------------------------------------
+    def _run(self, checkout: Checkout) -> None:
+        """Run the checkout's attempts here, unless another thread is: then it runs one more."""
+        with checkout._lock:
+            if checkout._running:
+                checkout._again = True
+                return
+            checkout._running = True
+        self._drive(checkout)
+
+    def _drive(self, checkout: Checkout) -> None:
+        """Attempt until the checkout is held, finished or parked with no wake-up owed."""
+        again = True
+        try:
+            while again:
+                again = self._attempt(checkout)
+                with checkout._lock:
+                    again = again or checkout._again
+                    checkout._again = False
+                    checkout._running = again
+        except BaseException as exc:
+            with checkout._lock:
+                checkout._running = False
+            self._finish(checkout, _FAILED, exc)
+            raise
+
+    def _attempt(self, checkout: Checkout) -> bool:
+        """Mark all the keys, or park on the busy one; True to try again at once (after a load)."""
+        if checkout._state != _PENDING:
+            return False
+        blocked = checkout._blocked
+        if blocked is not None and blocked.error is not None:
+            self._finish(checkout, _FAILED, blocked.error)
+            return False
+        home = checkout._home
+        with home.lock:
+            home.active += 1
+        if self._paused:
+            self._leave(home)
+            checkout._blocked = None
+            self._park_or_time_out(checkout, None, None)
+            return False
+        marked, busy = self._mark_all(checkout._slots)
+        if busy is None:
+            self._hand_over(checkout, marked)
+            return False
+        self._leave(home)
+        key, stripe, entry, must_load = busy
+        checkout._blocked = entry
+        if must_load:
+            self._load(key, stripe, entry)
+            return True
+        self._park_or_time_out(checkout, entry, stripe)
+        return False
+
+    def _mark_all(
+        self, slots: _Slots
+    ) -> tuple[list[_Entry], tuple[Hashable, _Stripe, _Entry, bool] | None]:
+        """Mark every key in order; on the first busy one, roll back and say which."""
+        loader = self._loader
+        marked: list[_Entry] = []
+        for key, stripe in slots:
+            with stripe.lock:
+                entry = stripe.entries.get(key)
+                if entry is None:
+                    # Put-if-absent: a new entry is born marked, so with a loader it is the
+                    # marker everyone else parks on while this request loads.
+                    entry = stripe.entries[key] = _Entry()
+                    if loader is None:
+                        marked.append(entry)
+                        continue
+                    busy = (key, stripe, entry, True)
+                elif entry.busy:
+                    busy = (key, stripe, entry, False)
+                else:
+                    entry.busy = True
+                    marked.append(entry)
+                    continue
+            self._unmark(slots, marked)
+            return [], busy
+        return marked, None
+
+    def _unmark(self, slots: _Slots, marked: list[_Entry]) -> None:
+        """Clear the marks, then wake whoever parked on them (they may have seen only our mark)."""
+        forget = self._loader is None
+        wake = []
+        for (key, stripe), entry in zip(slots, marked):
+            with stripe.lock:
+                entry.busy = False
+                if entry.watched:
+                    entry.watched = False
+                    wake.append(entry)
+                # Without a loader an entry is only a mark; dropping it keeps the map small.
+                if forget and stripe.entries.get(key) is entry:
+                    del stripe.entries[key]
+        for entry in wake:
+            self._purgatory.check_and_complete(entry)
+
+    def _hand_over(self, checkout: Checkout, marked: list[_Entry]) -> None:
+        if self._loader is None:
+            value: Any = checkout._keys
+        else:
+            value = {key: entry.value for (key, _), entry in zip(checkout._slots, marked)}
+        checkout._marked = marked
+        if not self._finish(checkout, _HELD, value):
+            checkout._marked = None
+            self._unmark(checkout._slots, marked)
+            self._leave(checkout._home)
+
+    def _park_or_time_out(
+        self, checkout: Checkout, entry: _Entry | None, stripe: _Stripe | None
+    ) -> None:
+        deadline = checkout._deadline
+        if deadline is None:
+            delay = _FOREVER_MS
+        else:
+            delay = deadline - self._now()
+            if delay <= 0:
+                self._finish(checkout, _TIMED_OUT, None)
+                return
+        self._park(checkout, entry, stripe, delay)
+
+    def _park(
+        self, checkout: Checkout, entry: _Entry | None, stripe: _Stripe | None, delay: int
+    ) -> None:
+        """Watch the checkout on the busy entry (or the gate); the purgatory re-checks after."""
+        wait = _Wait(checkout, entry, stripe, delay)
+        with checkout._lock:
+            if checkout._state != _PENDING:
+                return
+            checkout._wait = wait
+            if not checkout._parked:
+                checkout._parked = True
+                checkout._home.waiting += 1
+        if entry is None or stripe is None:
+            watched: object = self._gate_key
+        else:
+            watched = entry
+            with stripe.lock:
+                entry.watched = True
+        try:
+            self._purgatory.try_complete_else_watch(wait, (watched,))
+        except Exception as exc:
+            self._finish(checkout, _FAILED, exc)
+            return
+        if checkout._state != _PENDING:
+            # Cancelled while being listed: _finish found no timer entry to drop yet.
+            wait.cancel()
+
+    def _load(self, key: Hashable, stripe: _Stripe, marker: _Entry) -> None:
+        """Run the loader for a marker this thread put in place, then wake who parked on it."""
+        assert self._loader is not None
+        with stripe.lock:
+            stripe.loads += 1
+        try:
+            value = self._loader(key)
+        except BaseException as exc:
+            with stripe.lock:
+                if stripe.entries.get(key) is marker:
+                    del stripe.entries[key]
+                marker.error = exc
+                marker.busy = False
+                stripe.load_errors += 1
+            if isinstance(exc, Exception):
+                logger.error("loader %r raised for key %r", self._loader, key, exc_info=exc)
+            self._purgatory.check_and_complete(marker)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        with stripe.lock:
+            marker.value = value
+            marker.busy = False
+        self._purgatory.check_and_complete(marker)
+
+    def _finish(self, checkout: Checkout, state: int, value: Any) -> bool:
+        """Move a pending checkout to its final state once; count it; run its callbacks."""
+        home = checkout._home
+        with home.lock:
+            if checkout._state != _PENDING:
+                return False
+            checkout._state = state
+            checkout._value = value
+            event, callbacks, wait = checkout._event, checkout._callbacks, checkout._wait
+            checkout._callbacks = None
+            checkout._wait = None
+            if checkout._parked:
+                home.waiting -= 1
+            # Counted before the callbacks run: one may check the keys straight back in.
+            if state == _HELD:
+                home.held += 1
+            elif state == _TIMED_OUT:
+                home.timeouts += 1
+        if wait is not None:
+            # Drops the timer entry of a request cancelled or closed while parked.
+            wait.cancel()
+        if event is not None:
+            event.set()
+        for fn in callbacks or ():
+            self._call_back(checkout, fn)
+        return True
+
+    def _call_back(self, checkout: Checkout, fn: Callable[[Checkout], Any]) -> None:
+        try:
+            fn(checkout)
+        except Exception:
+            home = checkout._home
+            with home.lock:
+                home.callback_errors += 1
+            logger.exception("done callback %r of %r raised", fn, checkout)
+
+    # -- the pause gate --------------------------------------------------------------
+    def _leave(self, home: _Stripe) -> None:
+        with home.lock:
+            home.active -= 1
+        self._notify_pauser()
+
+    def _notify_pauser(self) -> None:
+        if self._paused:
+            with self._gate:
+                self._gate.notify_all()
+
+    def _active(self) -> int:
+        total = 0
+        for stripe in self._stripes:
+            with stripe.lock:
+                total += stripe.active
+        return total
+
+    def _wait_drained(self, timeout: float | None) -> bool:
+        """Wait until no request is checked out or mid-attempt; False if ``timeout`` passed."""
+        with self._gate:
+            return self._gate.wait_for(lambda: self._active() == 0, timeout)
+
+    def __repr__(self) -> str:
+        m = self.metrics()
+        state = "paused" if self._paused else "closed" if self._closed else "open"
+        return f"<ResourceManager {state} checked_out={m['checked_out']} waiting={m['waiting']}>"

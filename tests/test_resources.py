@@ -1,0 +1,603 @@
+"""ResourceManager: all or nothing under threads, lost wake-ups, loads once, pause, bad input."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import sys
+import threading
+from collections import Counter
+from collections.abc import Hashable, Iterator
+from concurrent.futures import CancelledError
+from typing import Any
+
+import pytest
+
+from timewheel.benchmarks import resources as bench
+from timewheel.purgatory import Purgatory
+from timewheel.resources import Checkout, ResourceManager, _Entry, _global_order, _Stripe
+from timewheel.timer import ManualClock, Timer
+
+WAIT = 10.0  # seconds: an upper bound for things that should happen at once, never a delay
+
+
+@pytest.fixture
+def manager() -> Iterator[ResourceManager]:
+    with ResourceManager() as rm:
+        yield rm
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def manual(clock: ManualClock) -> Iterator[tuple[ResourceManager, Purgatory]]:
+    """A manager whose timeouts move only with the ManualClock (no reaper thread)."""
+    purgatory = Purgatory(timer=Timer(clock=clock), reaper=False)
+    with purgatory, ResourceManager(purgatory=purgatory) as rm:
+        yield rm, purgatory
+
+
+def assert_all_free(rm: ResourceManager, keys: list[Hashable]) -> None:
+    """Nothing is left marked: every key can be taken at once, without waiting."""
+    m = rm.metrics()
+    assert (m["checked_out"], m["waiting"]) == (0, 0)
+    everything = rm.checkout(keys, timeout_ms=0)
+    assert everything.done() and not everything.cancelled()
+    everything.result(0)
+    rm.checkin(everything)
+
+
+# -- basics -----------------------------------------------------------------------------
+def test_checkout_returns_keys_without_loader_and_objects_with_one() -> None:
+    with ResourceManager() as rm:
+        c = rm.checkout(["b", "a"])
+        assert c.done() and c.result(0) == ("b", "a") and c.keys == ("b", "a")
+        assert rm.metrics()["checked_out"] == 1
+        rm.checkin(c)
+    with ResourceManager(loader=lambda key: f"object {key}") as rm:
+        c = rm.checkout([2, 1])
+        assert c.result(0) == {2: "object 2", 1: "object 1"}
+        assert rm.metrics()["loads"] == 2
+        rm.checkin(c)
+
+
+def test_all_or_nothing_other_keys_go_on_while_a_request_waits(manager: ResourceManager) -> None:
+    holder = manager.checkout(["a"])
+    waiting = manager.checkout(["a", "b"])
+    assert not waiting.done() and manager.metrics()["waiting"] == 1
+    # b was rolled back when a was found busy, so others can have it meanwhile.
+    other = manager.checkout(["b"], timeout_ms=0)
+    assert other.result(0) == ("b",)
+    furnished = threading.Event()
+    waiting.add_done_callback(lambda c: furnished.set())
+    manager.checkin(holder)
+    assert not furnished.is_set(), "furnished while b was still checked out"
+    manager.checkin(other)
+    assert furnished.wait(WAIT) and waiting.result(0) == ("a", "b")
+    manager.checkin(waiting)
+    assert_all_free(manager, ["a", "b"])
+
+
+def test_checkin_twice_foreign_or_pending_is_a_clear_error(manager: ResourceManager) -> None:
+    c = manager.checkout(["k"])
+    manager.checkin(c)
+    with pytest.raises(ValueError, match="checked in"):
+        manager.checkin(c)
+    with pytest.raises(RuntimeError, match="already checked in"):
+        c.result(0)
+    with ResourceManager() as other:
+        foreign = other.checkout(["k"])
+        with pytest.raises(ValueError, match="another ResourceManager"):
+            manager.checkin(foreign)
+        assert other.metrics()["checked_out"] == 1
+        other.checkin(foreign)
+    holder = manager.checkout(["k"])
+    pending = manager.checkout(["k"])
+    with pytest.raises(ValueError, match="pending"):
+        manager.checkin(pending)
+    with pytest.raises(TypeError, match="must be a Checkout"):
+        manager.checkin(["k"])  # type: ignore[arg-type]
+    pending.cancel()
+    manager.checkin(holder)
+    assert_all_free(manager, ["k"])
+
+
+def test_cancel_withdraws_a_waiting_request(manager: ResourceManager) -> None:
+    holder = manager.checkout(["k"])
+    pending = manager.checkout(["k"])
+    assert pending.cancel() and pending.cancelled() and not pending.cancel()
+    with pytest.raises(CancelledError):
+        pending.result(0)
+    manager.checkin(holder)
+    assert manager.metrics()["waiting"] == 0
+    assert not holder.cancel(), "a checkout no longer waiting cannot be cancelled"
+    assert_all_free(manager, ["k"])
+
+
+def test_result_timeout_leaves_the_request_waiting(manager: ResourceManager) -> None:
+    holder = manager.checkout(["k"])
+    pending = manager.checkout(["k"])
+    with pytest.raises(TimeoutError, match="still waiting"):
+        pending.result(0.01)
+    manager.checkin(holder)
+    assert pending.result(WAIT) == ("k",)
+    manager.checkin(pending)
+
+
+def test_checkout_timeout_follows_the_purgatory_clock(
+    manual: tuple[ResourceManager, Purgatory], clock: ManualClock
+) -> None:
+    rm, purgatory = manual
+    holder = rm.checkout(["a"])
+    pending = rm.checkout(["b", "a"], timeout_ms=10)
+    clock.advance(9)
+    purgatory.advance_clock(0)
+    assert not pending.done()
+    clock.advance(1)
+    purgatory.advance_clock(0)
+    with pytest.raises(TimeoutError, match="within 10 ms"):
+        pending.result(0)
+    assert rm.metrics()["timeouts"] == 1 and rm.metrics()["waiting"] == 0
+    assert rm.checkout(["b"], timeout_ms=0).done(), "a timed-out request must hold nothing"
+    once = rm.checkout(["a"], timeout_ms=0)
+    with pytest.raises(TimeoutError):
+        once.result(0)
+    rm.checkin(holder)
+
+
+def test_done_callbacks_run_once_and_a_raising_one_is_logged_and_counted(
+    manager: ResourceManager, caplog: pytest.LogCaptureFixture
+) -> None:
+    holder = manager.checkout(["k"])
+    pending = manager.checkout(["k"])
+    seen: list[Checkout] = []
+
+    def bad(c: Checkout) -> None:
+        raise RuntimeError("callback failed")
+
+    pending.add_done_callback(bad)
+    pending.add_done_callback(seen.append)
+    with caplog.at_level(logging.ERROR, logger="timewheel"):
+        manager.checkin(holder)
+    assert seen == [pending] and pending.done()
+    assert manager.metrics()["callback_errors"] == 1
+    assert any(r.exc_info and "callback failed" in str(r.exc_info[1]) for r in caplog.records)
+    late: list[Checkout] = []
+    pending.add_done_callback(late.append)
+    assert late == [pending], "a callback added when done runs at once"
+    manager.checkin(pending)
+
+
+def test_evict_drops_only_idle_resident_objects() -> None:
+    loads: Counter[Hashable] = Counter()
+
+    def loader(key: Hashable) -> Hashable:
+        loads[key] += 1
+        return key
+
+    with ResourceManager(loader=loader) as rm:
+        c = rm.checkout(["x"])
+        assert not rm.evict("x"), "a checked-out key must not be evicted"
+        rm.checkin(c)
+        assert rm.evict("x") and not rm.evict("x") and not rm.evict("never loaded")
+        rm.checkin(rm.checkout(["x"]))
+        assert loads["x"] == 2
+
+
+# -- global order -----------------------------------------------------------------------
+def test_global_order_is_the_same_whatever_the_input_order() -> None:
+    keys: list[Hashable] = [-1, -2, "a", b"a", (1, "x"), 3.5, None, frozenset({1})]
+    assert hash(-1) == hash(-2)  # the tie the order must break
+    first = _global_order(keys)
+    rng = random.Random(7)
+    for _ in range(20):
+        shuffled = keys[:]
+        rng.shuffle(shuffled)
+        assert _global_order(shuffled) == first
+    assert sorted(first, key=repr) == sorted(keys, key=repr)
+
+
+# -- the lost wake-up -------------------------------------------------------------------
+class HeldBeforeParking(ResourceManager):
+    """Stops a request between finding a key busy and parking on it, until told to go on."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.at_park = threading.Event()
+        self.go_on = threading.Event()
+        self.hold_next = False
+
+    def _park(
+        self, checkout: Checkout, entry: _Entry | None, stripe: _Stripe | None, delay: int
+    ) -> None:
+        if self.hold_next:
+            self.hold_next = False
+            self.at_park.set()
+            assert self.go_on.wait(WAIT)
+        super()._park(checkout, entry, stripe, delay)
+
+
+def test_key_checked_in_between_busy_and_parked_still_furnishes_the_request() -> None:
+    with HeldBeforeParking() as rm:
+        holder = rm.checkout(["a", "b"])
+        rm.hold_next = True
+        got: list[Checkout] = []
+        t = threading.Thread(target=lambda: got.append(rm.checkout(["b", "c"])))
+        t.start()
+        assert rm.at_park.wait(WAIT)
+        # The request saw b busy and is not yet listed on it: this checkin finds nobody to wake.
+        rm.checkin(holder)
+        rm.go_on.set()
+        t.join(WAIT)
+        assert got and got[0].result(WAIT) == ("b", "c")
+        rm.checkin(got[0])
+        assert_all_free(rm, ["a", "b", "c"])
+
+
+def test_resume_between_paused_and_parked_still_lets_the_request_go() -> None:
+    with HeldBeforeParking() as rm:
+        rm.pause()
+        rm.hold_next = True
+        got: list[Checkout] = []
+        t = threading.Thread(target=lambda: got.append(rm.checkout(["k"])))
+        t.start()
+        assert rm.at_park.wait(WAIT)
+        rm.resume()
+        rm.go_on.set()
+        t.join(WAIT)
+        assert got and got[0].result(WAIT) == ("k",)
+        rm.checkin(got[0])
+
+
+# -- loading ----------------------------------------------------------------------------
+def test_a_key_is_loaded_once_however_many_requests_want_it() -> None:
+    loads: Counter[Hashable] = Counter()
+    started, release = threading.Event(), threading.Event()
+
+    def loader(key: Hashable) -> str:
+        loads[key] += 1
+        started.set()
+        assert release.wait(WAIT)
+        return f"object {key}"
+
+    with ResourceManager(loader=loader) as rm:
+        first: list[Checkout] = []
+        t = threading.Thread(target=lambda: first.append(rm.checkout(["x"])))
+        t.start()
+        assert started.wait(WAIT)
+        # The marker is busy while the first request loads: these park on it instead.
+        others = [rm.checkout(["x"]) for _ in range(7)]
+        assert not any(c.done() for c in others) and rm.metrics()["waiting"] == 7
+        release.set()
+        t.join(WAIT)
+        pending = [*first, *others]
+        while pending:
+            # One at a time: each checkin furnishes the next request, in the checkin itself.
+            ready = [c for c in pending if c.done()]
+            assert len(ready) == 1
+            assert ready[0].result(0) == {"x": "object x"}
+            pending.remove(ready[0])
+            rm.checkin(ready[0])
+        assert loads == {"x": 1}
+
+
+def test_concurrent_loads_happen_once_per_key() -> None:
+    loads: Counter[Hashable] = Counter()
+    lock = threading.Lock()
+
+    def loader(key: Hashable) -> str:
+        with lock:
+            loads[key] += 1
+        return f"object {key}"
+
+    keys = list(range(20))
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        barrier.wait()
+        try:
+            for _ in range(100):
+                c = rm.checkout(rng.sample(keys, rng.randint(1, 4)), timeout_ms=5000)
+                values = c.result(WAIT)
+                assert all(values[k] == f"object {k}" for k in c.keys)
+                rm.checkin(c)
+        except BaseException as exc:  # reported below, not swallowed
+            errors.append(exc)
+
+    with ResourceManager(loader=loader) as rm:
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert set(loads.values()) == {1}
+        assert rm.metrics()["loads"] == len(loads)
+        assert_all_free(rm, keys)
+
+
+def test_a_failing_load_fails_its_waiters_logs_and_leaves_nothing_marked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    broken = {"x"}
+    loads: Counter[Hashable] = Counter()
+
+    def loader(key: Hashable) -> str:
+        loads[key] += 1
+        if key in broken:
+            started.set()
+            assert release.wait(WAIT)
+            raise OSError(f"cannot read {key}")
+        return f"object {key}"
+
+    with ResourceManager(loader=loader) as rm, caplog.at_level(logging.ERROR, logger="timewheel"):
+        first: list[Checkout] = []
+        t = threading.Thread(target=lambda: first.append(rm.checkout(["a", "x"])))
+        t.start()
+        assert started.wait(WAIT)
+        waiters = [rm.checkout(["x", "b"]), rm.checkout(["x"])]
+        release.set()
+        t.join(WAIT)
+        for c in [*first, *waiters]:
+            with pytest.raises(OSError, match="cannot read x"):
+                c.result(WAIT)
+        m = rm.metrics()
+        assert loads["x"] == 1 and m["loads"] == sum(loads.values())
+        assert (m["load_errors"], m["checked_out"], m["waiting"]) == (1, 0, 0)
+        assert any("raised for key 'x'" in r.getMessage() for r in caplog.records)
+        broken.clear()
+        again = rm.checkout(["x", "a", "b"], timeout_ms=0)
+        assert again.result(0) == {"x": "object x", "a": "object a", "b": "object b"}
+        rm.checkin(again)
+        assert_all_free(rm, ["a", "b", "x"])
+
+
+# -- pause ------------------------------------------------------------------------------
+class SignalsDraining(ResourceManager):
+    """Tells the test when pause() has raised the flag and starts waiting for checkins."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.draining = threading.Event()
+
+    def _wait_drained(self, timeout: float | None) -> bool:
+        self.draining.set()
+        return super()._wait_drained(timeout)
+
+
+def test_pause_waits_for_outstanding_checkouts_and_holds_new_ones() -> None:
+    with SignalsDraining() as rm:
+        out = rm.checkout(["a"])
+        state_when_paused: list[bool] = []
+
+        def pauser() -> None:
+            rm.pause()
+            state_when_paused.append(out.done() and rm.metrics()["checked_out"] == 0)
+
+        t = threading.Thread(target=pauser)
+        t.start()
+        assert rm.draining.wait(WAIT)
+        held_back = rm.checkout(["b"])
+        assert not held_back.done(), "a new checkout must wait while paused"
+        rm.checkin(out)
+        t.join(WAIT)
+        assert state_when_paused == [True], "pause returned before the checkout came back"
+        assert not held_back.done()
+        rm.resume()
+        assert held_back.result(WAIT) == ("b",)
+        rm.checkin(held_back)
+
+
+def test_pause_context_manager_timeouts_while_paused(
+    manual: tuple[ResourceManager, Purgatory], clock: ManualClock
+) -> None:
+    rm, purgatory = manual
+    with rm.pause() as same:
+        assert same is rm and rm.paused
+        short = rm.checkout(["a"], timeout_ms=5)
+        long = rm.checkout(["a"], timeout_ms=50)
+        clock.advance(5)
+        purgatory.advance_clock(0)
+        with pytest.raises(TimeoutError):
+            short.result(0)
+        assert not long.done()
+    assert not rm.paused
+    assert long.result(WAIT) == ("a",)
+    rm.checkin(long)
+    assert rm.metrics()["timeouts"] == 1
+
+
+def test_pause_with_a_timeout_gives_up_and_resumes(manager: ResourceManager) -> None:
+    out = manager.checkout(["a"])
+    with pytest.raises(TimeoutError, match="still out"):
+        manager.pause(timeout=0.01)
+    assert not manager.paused
+    after = manager.checkout(["b"], timeout_ms=0)
+    assert after.done(), "a pause that gave up must not hold checkouts back"
+    with pytest.raises(RuntimeError, match="not paused"):
+        manager.resume()
+    manager.checkin(out)
+    manager.checkin(after)
+    manager.pause()
+    with pytest.raises(RuntimeError, match="already paused"):
+        manager.pause()
+    manager.resume()
+
+
+# -- stress -----------------------------------------------------------------------------
+@pytest.fixture
+def fine_switching() -> Iterator[None]:
+    """Switch threads every few microseconds so that checkouts really interleave."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    yield
+    sys.setswitchinterval(before)
+
+
+@pytest.mark.usefixtures("fine_switching")
+@pytest.mark.parametrize("with_loader", [False, True], ids=["marks", "loads+evictions"])
+def test_stress_no_key_held_twice_no_deadlock_nothing_left_marked(with_loader: bool) -> None:
+    keys = list(range(50))
+    held: set[Hashable] = set()
+    held_lock = threading.Lock()
+    overlaps: list[Hashable] = []
+    outcomes: Counter[str] = Counter()
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(8)
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        barrier.wait()
+        try:
+            for _ in range(500):
+                c = rm.checkout(
+                    rng.sample(keys, rng.randint(1, 4)), timeout_ms=rng.choice([0, 50, None])
+                )
+                if not c.done():
+                    with held_lock:
+                        outcomes["waited"] += 1
+                try:
+                    c.result(WAIT)
+                except TimeoutError:
+                    assert c.done(), "a request neither furnished nor timed out"
+                    with held_lock:
+                        outcomes["timed out"] += 1
+                    continue
+                with held_lock:
+                    overlaps.extend(k for k in c.keys if k in held)
+                    held.update(c.keys)
+                    outcomes["held"] += 1
+                # Holding briefly: give the other threads the GIL while we hold.
+                threading.Event().wait(0)
+                with held_lock:
+                    held.difference_update(c.keys)
+                rm.checkin(c)
+                if with_loader and rng.random() < 0.2:
+                    rm.evict(rng.choice(keys))
+        except BaseException as exc:  # reported below, not swallowed
+            errors.append(exc)
+
+    loader = (lambda key: key) if with_loader else None
+    with ResourceManager(loader=loader) as rm:
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads), "deadlock: a worker never finished"
+        assert not errors, errors
+        assert not overlaps, f"keys held twice: {overlaps[:10]}"
+        assert outcomes["held"] + outcomes["timed out"] == 8 * 500
+        assert outcomes["held"] > 0 and outcomes["waited"] > 0, outcomes
+        assert rm.metrics()["timeouts"] == outcomes["timed out"]
+        assert_all_free(rm, keys)
+
+
+# -- bad input --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("keys", "timeout_ms", "error", "match"),
+    [
+        ([], None, ValueError, "keys must not be empty"),
+        ([[1]], None, TypeError, "keys must be hashable"),
+        ("ab", None, TypeError, "not a single str"),
+        (5, None, TypeError, "iterable of hashable keys"),
+        ([1, 1], None, ValueError, "distinct"),
+        ([1], -1, ValueError, "timeout_ms must be between 0"),
+        ([1], 1.5, TypeError, "timeout_ms must be an int"),
+        ([1], True, TypeError, "timeout_ms must be an int"),
+    ],
+)
+def test_bad_checkout_input_raises_and_changes_nothing(
+    manager: ResourceManager, keys: Any, timeout_ms: Any, error: type, match: str
+) -> None:
+    before = manager.metrics()
+    with pytest.raises(error, match=match):
+        manager.checkout(keys, timeout_ms)
+    assert manager.metrics() == before
+    assert_all_free(manager, [1])
+
+
+def test_bad_constructor_and_call_arguments(manager: ResourceManager) -> None:
+    with pytest.raises(TypeError, match="loader must be callable"):
+        ResourceManager(loader=42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="purgatory must be a Purgatory"):
+        ResourceManager(purgatory=object())  # type: ignore[arg-type]
+    c = manager.checkout(["k"])
+    with pytest.raises(ValueError, match="timeout must be >= 0"):
+        c.result(-1)
+    with pytest.raises(TypeError, match="timeout must be None or a number of seconds"):
+        c.result("soon")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="fn must be callable"):
+        c.add_done_callback(None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="key must be hashable"):
+        manager.evict([1])
+    with pytest.raises(ValueError, match="timeout must be >= 0"):
+        manager.pause(timeout=-1)
+    assert not manager.paused
+    manager.checkin(c)
+
+
+def test_close_fails_waiting_requests_and_refuses_new_ones() -> None:
+    rm = ResourceManager()
+    holder = rm.checkout(["k"])
+    pending = rm.checkout(["k"])
+    rm.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        pending.result(0)
+    with pytest.raises(RuntimeError, match="closed"):
+        rm.checkout(["j"])
+    rm.checkin(holder)
+
+
+# -- the benchmark command ---------------------------------------------------------------
+def bench_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers())
+    return parser.parse_args(["resources", *argv])
+
+
+def test_bench_command_runs_both_designs_on_both_scenarios(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = bench_args("--threads", "2", "--keys", "20", "--seconds", "0.05", "--rounds", "1")
+    assert args.func is bench.main
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("ratio:") == 2 and "loading:" in out and "resident:" in out
+    assert "ResourceManager" in out and "one manager lock" in out
+
+
+def test_bench_command_refuses_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    args = bench_args("--missing", "1.5")
+    assert args.func(args) == 2
+    assert "--missing" in capsys.readouterr().out
+
+
+def test_the_one_lock_baseline_is_all_or_nothing_too() -> None:
+    """The baseline must be a correct manager, or the ratio means nothing."""
+    loads: Counter[Hashable] = Counter()
+
+    def loader(key: Hashable) -> str:
+        loads[key] += 1
+        return f"object {key}"
+
+    baseline = bench.LockedResourceManager(loader)
+    assert baseline.checkout([1, 2]) == {1: "object 1", 2: "object 2"}
+    got: list[dict[Hashable, Any]] = []
+    t = threading.Thread(target=lambda: got.append(baseline.checkout([2, 3])))
+    t.start()
+    # Not a synchronisation: a correct baseline blocks however long we look.
+    t.join(0.05)
+    assert t.is_alive() and not got, "the baseline handed out a key that was checked out"
+    assert not baseline.evict(2)
+    baseline.checkin([1, 2])
+    t.join(WAIT)
+    assert got == [{2: "object 2", 3: "object 3"}] and loads == {1: 1, 2: 1, 3: 1}
+    baseline.checkin([2, 3])
