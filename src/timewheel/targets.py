@@ -68,6 +68,19 @@ class DownstreamTimeout(TimeoutError):
     """The call did not end within its timeout."""
 
 
+# This process's pid, kept current by a fork hook: the per-call checks that a target's
+# state belongs to this process must be cheap, and os.getpid() is a system call.
+_PID = os.getpid()
+
+
+def _forked() -> None:
+    global _PID
+    _PID = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def _normal_cdf(x: float) -> float:
     return 0.5 * (1 + math.erf(x / math.sqrt(2)))
 
@@ -141,10 +154,10 @@ def _delivery() -> _Delivery:
     """This process's delivery thread (one inherited through fork has no thread: replaced)."""
     global _DELIVERY
     delivery = _DELIVERY
-    if delivery is not None and delivery.pid == os.getpid():
+    if delivery is not None and delivery.pid == _PID:
         return delivery
     with _DELIVERY_LOCK:
-        if _DELIVERY is None or _DELIVERY.pid != os.getpid():
+        if _DELIVERY is None or _DELIVERY.pid != _PID:
             _DELIVERY = _Delivery()
         return _DELIVERY
 
@@ -259,10 +272,10 @@ class SimulatedDownstream:
 
     def _live(self) -> _SimState:
         state = self._state
-        if state is None or state.pid != os.getpid():
+        if state is None or state.pid != _PID:
             with self._state_lock:
                 state = self._state
-                if state is None or state.pid != os.getpid():
+                if state is None or state.pid != _PID:
                     state = self._state = _SimState(self.seed)
         return state
 
@@ -302,7 +315,7 @@ class SimulatedDownstream:
         with state.lock:
             latency = state.rng.lognormvariate(self._mu, self._sigma)
             failed = state.rng.random() < self.failure_rate
-        keys = row_keys(row, self.exclusive_cols)
+        keys = row_keys(row, self.exclusive_cols) if self.exclusive_cols else ()
         error = state.hold(keys)
         if error is None and failed:
             error = "simulated failure"

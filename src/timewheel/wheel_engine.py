@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any
 
@@ -43,8 +43,10 @@ __all__ = ["timewheel_engine"]
 
 # Rows asked of the input per refill, and the most the scheduler admits per round.
 _BATCH = 1024
-# Pool threads that may take over producing completions while one thread runs one.
-_POOL_THREADS = 2
+# The task's thread is woken when this share of max_in_flight has finished (or all
+# has): waking it per row would cost a thread switch per row; slots left empty
+# meanwhile are at most this share.
+_WAKE_SHARE = 32
 
 
 class _WorkerKit:
@@ -54,14 +56,20 @@ class _WorkerKit:
         self.timer = Timer(name="timewheel-dispatch")
         # Starts the reaper thread that expires calls and runs backoffs.
         self.purgatory = Purgatory("timewheel-dispatch", timer=self.timer)
-        self.pool = ThreadPool(_POOL_THREADS, name="timewheel-dispatch")
+        # One thread: completions are short, and a second would only take the producing
+        # role back and forth with the first, a thread switch per completion.
+        self.pool = ThreadPool(1, name="timewheel-dispatch")
         self.completions = TaskQueue()
         self.strategy = ExecuteProduceConsume(self.completions, self.pool)
 
-    def complete(self, task: partial[None]) -> None:
-        """Run ``task`` through the completion strategy (here or on a recruited thread)."""
+    def complete(self, task: Callable[[], None]) -> None:
+        """Run ``task`` through the completion strategy, on its pool thread.
+
+        Never on the caller's thread: that is the target's reply thread or the timer's
+        reaper, and neither should wait for the partition's bookkeeping.
+        """
         self.completions.offer(task)
-        self.strategy.produce()
+        self.strategy.dispatch()
 
     def close(self) -> None:
         """Stop the reaper and the pool (called when the worker runtime is closed)."""
@@ -155,12 +163,12 @@ class _Call(DelayedOperation):
         return self.answer is not None and self.force_complete()
 
     def on_complete(self) -> None:
-        """Hand the attempt's end to the completion strategy.
+        """Queue the attempt's end for the partition's completion task.
 
         Runs once, from the reply or the timeout, whichever won; ``answer`` is read
         here so that a reply losing to the timeout cannot change the outcome.
         """
-        self.partition.kit.complete(partial(self.partition.settle, self.row, self.answer))
+        self.partition.ended(self.row, self.answer)
 
 
 class _Partition:
@@ -196,6 +204,11 @@ class _Partition:
         self.live: dict[int, _Row] = {}
         self.done: deque[Outcome] = deque()
         self.wake = threading.Event()
+        self.wake_after = max(1, config.max_in_flight // _WAKE_SHARE)
+        self.ended_attempts: deque[tuple[_Row, tuple[bool, str | None] | None]] = deque()
+        # Held while a completion task is scheduled and not yet running: the
+        # non-blocking acquire is the test-and-set that schedules only one.
+        self.settling = threading.Lock()
         self.admitted = 0
         self.yielded = 0
 
@@ -239,18 +252,38 @@ class _Partition:
     # -- attempts ---------------------------------------------------------------------
     def send(self, row: _Row) -> None:
         """Start one attempt: list it in the purgatory (timing it), then call the target."""
+        row.attempts += 1
+        if row.attempts == 1:
+            row.start = time.monotonic()
         call = _Call(self.config.timeout_ms, row, self)
-        with self.lock:
-            if self.closed:
-                return
-            row.attempts += 1
-            if row.attempts == 1:
-                row.start = time.monotonic()
-            self.kit.purgatory.try_complete_else_watch(call, (self.token,))
+        self.kit.purgatory.try_complete_else_watch(call, (self.token,))
+        # close() sets closed before it collects the calls listed on the token, so a
+        # call listed too late for it is seen here; no lock on the hot path.
+        if self.closed:
+            call.force_complete()
+            return
         try:
             self.target.submit(row.data, call.reply)
         except Exception as exc:
             call.reply(False, f"{type(exc).__name__}: {exc}")
+
+    def ended(self, row: _Row, answer: tuple[bool, str | None] | None) -> None:
+        """An attempt ended: queue it, and make sure one completion task will settle it.
+
+        One task settles every attempt queued when it runs, so a burst of replies costs
+        one hand-off to the completion thread, not one each.
+        """
+        self.ended_attempts.append((row, answer))
+        if self.settling.acquire(False):
+            self.kit.complete(self.settle_ended)
+
+    def settle_ended(self) -> None:
+        """The completion task: settle every attempt queued so far."""
+        # Released first: an attempt queued from now on schedules the next task.
+        self.settling.release()
+        queue = self.ended_attempts
+        while queue:
+            self.settle(*queue.popleft())
 
     def settle(self, row: _Row, answer: tuple[bool, str | None] | None) -> None:
         """An attempt ended: finish the row, or retry it after a backoff."""
@@ -283,11 +316,15 @@ class _Partition:
         self.release(row)
         latency_ms = (time.monotonic() - row.start) * 1000.0 if row.attempts else 0.0
         self.live.pop(row.seq, None)
-        self.done.append(Outcome(row.data, status, row.attempts, latency_ms, error))
-        self.wake.set()
+        done = self.done
+        done.append(Outcome(row.data, status, row.attempts, latency_ms, error))
+        if len(done) >= self.wake_after or self.outstanding() == 0:
+            self.wake.set()
 
     def release(self, row: _Row) -> None:
         """Check the row's keys in, once, whoever asks first."""
+        if row.checkout is None:
+            return
         with self.lock:
             checkout, row.checkout = row.checkout, None
         if checkout is None or self.keys is None:
