@@ -59,6 +59,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="comma-separated engines (default: %(default)s)",
     )
     parser.add_argument(
+        "--warmup-rows",
+        type=int,
+        default=20_000,
+        help="rows each engine dispatches, untimed, before any is measured, so that the "
+        "first engine measured does not pay for starting the Python workers and warming "
+        "the JVM (default: %(default)s; 0 to skip)",
+    )
+    parser.add_argument(
         "--json", default=None, metavar="PATH", help="also write the results as JSON"
     )
     add_dispatch_options(parser)
@@ -209,10 +217,10 @@ def main(args: argparse.Namespace) -> int:
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = [e for e in engines if e not in engine_names()]
-    if unknown or not engines or args.rows < 1:
+    if unknown or not engines or args.rows < 1 or args.warmup_rows < 0:
         print(
             "timewheel bench pipeline: error: "
-            f"engines must be among {engine_names()} and rows >= 1",
+            f"engines must be among {engine_names()}, rows >= 1 and warmup-rows >= 0",
             file=sys.stderr,
         )
         return 2
@@ -222,6 +230,10 @@ def main(args: argparse.Namespace) -> int:
     try:
         cores = spark.sparkContext.defaultParallelism
         partitions = args.partitions or cores
+        if args.warmup_rows > 0:
+            warm = spark.range(args.warmup_rows, numPartitions=partitions)
+            for engine in engines:
+                run_engine(spark, warm, engine, target, config, "id")
         df = spark.range(args.rows, numPartitions=partitions)
         results = [run_engine(spark, df, engine, target, config, "id") for engine in engines]
     finally:
