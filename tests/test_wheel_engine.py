@@ -11,7 +11,7 @@ from typing import Any
 
 from timewheel.engines import DispatchConfig, worker_runtime
 from timewheel.targets import OnDone
-from timewheel.wheel_engine import _kit, timewheel_engine
+from timewheel.wheel_engine import _kit, _Partition, _WorkerKit, timewheel_engine
 
 
 class Held:
@@ -57,7 +57,9 @@ def test_the_kit_is_made_once_per_worker_and_left_idle_between_tasks() -> None:
 def test_a_late_reply_from_an_earlier_task_changes_nothing_in_the_next() -> None:
     target = Held()
     config = DispatchConfig(timeout_ms=30, max_in_flight=4, retries=0)
-    timed_out = list(timewheel_engine(iter([{"id": i, "task": 1} for i in range(4)]), target, config))
+    timed_out = list(
+        timewheel_engine(iter([{"id": i, "task": 1} for i in range(4)]), target, config)
+    )
     assert {o.status for o in timed_out} == {"timeout"}
     late = target.wait_for_calls(4)
 
@@ -118,3 +120,15 @@ def test_stopping_a_task_early_abandons_its_calls_and_leaves_nothing_pending() -
         on_done(True, None)
     settle_kit()
     assert kit.timer.errors == 0 and kit.pool.errors == 0
+
+
+def test_rows_fail_once_each_when_calls_cannot_be_timed() -> None:
+    kit = _WorkerKit()
+    kit.close()  # its purgatory refuses new operations
+    target = Held()
+    rows = iter([{"id": i} for i in range(5)])
+    outcomes = list(_Partition(rows, target, DispatchConfig(max_in_flight=2), kit).outcomes())
+    assert sorted(o.row["id"] for o in outcomes) == list(range(5))
+    assert {(o.status, o.attempts) for o in outcomes} == {("failed", 1)}
+    assert all("call not started" in (o.error or "") for o in outcomes)
+    assert target.calls == []

@@ -146,7 +146,9 @@ def _result_batch(outcomes: list[Outcome], schema: pa.Schema) -> pa.RecordBatch:
     inputs = schema.names[: len(schema) - len(_ARROW_RESULT_FIELDS)]
     columns = [pa.array([row[name] for row in rows], schema.field(name).type) for name in inputs]
     results = zip(*[outcome[1:] for outcome in outcomes])
-    columns += [pa.array(values, field.type) for values, field in zip(results, _ARROW_RESULT_FIELDS)]
+    columns += [
+        pa.array(values, field.type) for values, field in zip(results, _ARROW_RESULT_FIELDS)
+    ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 

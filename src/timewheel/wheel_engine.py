@@ -24,6 +24,7 @@ completed operation and changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -256,7 +257,11 @@ class _Partition:
         if row.attempts == 1:
             row.start = time.monotonic()
         call = _Call(self.config.timeout_ms, row, self)
-        self.kit.purgatory.try_complete_else_watch(call, (self.token,))
+        try:
+            self.kit.purgatory.try_complete_else_watch(call, (self.token,))
+        except Exception as exc:  # the worker's kit was shut down: the row fails, once
+            self.finish(row, FAILED, f"call not started: {type(exc).__name__}: {exc}")
+            return
         # close() sets closed before it collects the calls listed on the token, so a
         # call listed too late for it is seen here; no lock on the hot path.
         if self.closed:
@@ -329,13 +334,10 @@ class _Partition:
             checkout, row.checkout = row.checkout, None
         if checkout is None or self.keys is None:
             return
-        if checkout.done() and not checkout.cancelled():
-            try:
-                self.keys.checkin(checkout)
-            except ValueError:
-                pass  # it timed out or failed: nothing is held
-        else:
-            checkout.cancel()
+        if checkout.cancel():
+            return  # it was still waiting
+        with contextlib.suppress(ValueError):  # unless it failed, it is held now
+            self.keys.checkin(checkout)
 
     # -- the task's thread ------------------------------------------------------------
     def outcomes(self) -> Iterator[Outcome]:
@@ -385,4 +387,3 @@ def timewheel_engine(
 ) -> Iterator[Outcome]:
     """Dispatch ``rows`` on the worker's timer and purgatory; yield each row's outcome once."""
     return _Partition(rows, target, config, _kit()).outcomes()
-
