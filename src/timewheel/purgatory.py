@@ -21,7 +21,7 @@ import threading
 import weakref
 from typing import Dict, Hashable, Iterable, List, Optional, Tuple
 
-from .timer import _INT64_MAX, _PENDING, Timer, TimerTask, check_ms
+from .timer import _INT64_MAX, _PENDING, StrategyFactory, Timer, TimerTask, check_ms
 
 __all__ = ["DelayedOperation", "Purgatory"]
 
@@ -140,9 +140,18 @@ class Purgatory:
     """Hold :class:`DelayedOperation` s until they complete or expire (Kafka's purgatory).
 
     ``Purgatory(name="purgatory", *, timer=None, purge_interval=1000, reaper=True,
-    shards=16)``. The purgatory owns its timer (a new :class:`Timer` unless one is
-    given) and closes it at :meth:`shutdown`. With ``reaper=True`` a thread advances
-    the clock; with ``reaper=False`` the caller calls :meth:`advance_clock`.
+    shards=16, strategy=None, pool_threads=2)``. The purgatory owns its timer (a new
+    :class:`Timer` unless one is given) and closes it at :meth:`shutdown`. With
+    ``reaper=True`` a thread advances the clock; with ``reaper=False`` the caller calls
+    :meth:`advance_clock`.
+
+    Timeouts (``on_complete`` then ``on_expiration`` of an expired operation) are timer
+    tasks, so the reaper runs them through the timer's execution strategy:
+    ``strategy`` and ``pool_threads`` are passed to the timer the purgatory builds (see
+    :class:`Timer`; give them to your own timer instead when you pass one).
+    Completions found by :meth:`check_and_complete` or :meth:`DelayedOperation.force_complete`
+    run on the completing thread, as in Kafka: that thread has just made the operation
+    completable, and a hand-off per completion would put a dispatch on the hot path.
     """
 
     def __init__(
@@ -153,11 +162,15 @@ class Purgatory:
         purge_interval: int = 1000,
         reaper: bool = True,
         shards: int = 16,
+        strategy: Optional[StrategyFactory] = None,
+        pool_threads: int = 2,
     ) -> None:
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {name!r}")
         if timer is not None and not isinstance(timer, Timer):
             raise TypeError(f"timer must be a Timer or None, got {timer!r}")
+        if timer is not None and (strategy is not None or pool_threads != 2):
+            raise ValueError("strategy and pool_threads configure a new timer: give them to yours")
         purge_interval = check_ms("purge_interval", purge_interval, 1)
         shards = check_ms("shards", shards, 1, 1 << 16)
         if shards & (shards - 1):
@@ -165,7 +178,9 @@ class Purgatory:
         if not isinstance(reaper, bool):
             raise TypeError(f"reaper must be a bool, got {reaper!r}")
         self.name = name
-        self._timer = timer if timer is not None else Timer(name=f"{name}-timer")
+        if timer is None:
+            timer = Timer(name=f"{name}-timer", strategy=strategy, pool_threads=pool_threads)
+        self._timer = timer
         self._purge_interval = purge_interval
         self._shards = [_Shard() for _ in range(shards)]
         self._mask = shards - 1
