@@ -18,7 +18,7 @@ import pytest
 
 from timewheel import timer as timer_module
 from timewheel import wheel
-from timewheel.benchmarks import purgatory as bench
+from timewheel.benchmarks import operations as bench
 from timewheel.execution import ProduceConsume
 from timewheel.purgatory import DelayedOperation, Purgatory
 from timewheel.timer import ManualClock, Timer, TimerFullError
@@ -596,13 +596,13 @@ def test_a_million_completed_operations_leave_no_trace(impl: str) -> None:
 
 
 # -- the benchmark command ---------------------------------------------------------------
-def test_bench_purgatory_command_pushes_every_operation_through(
+def test_bench_operations_command_pushes_every_operation_through(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     parser = argparse.ArgumentParser(prog="timewheel bench")
     bench.add_parser(parser.add_subparsers())
     args = parser.parse_args(
-        ["purgatory", "--ops", "600", "--pending", "50", "--complete", "check"]
+        ["operations", "--ops", "600", "--pending", "50", "--complete", "check"]
     )
     assert args.func(args) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -613,5 +613,5 @@ def test_bench_purgatory_command_pushes_every_operation_through(
     plan = bench.workload(600, keys=100, watch=3, max_delay=400)
     for impl in ("purgatory[python]", "classic"):
         assert bench.run_one(impl, plan, 50, "force")["metrics"]["completed"] == 600
-    bad = parser.parse_args(["purgatory", "--watch", "101"])
+    bad = parser.parse_args(["operations", "--watch", "101"])
     assert bad.func(bad) == 2
