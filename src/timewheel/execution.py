@@ -177,6 +177,15 @@ class ThreadPool:
             if not self._hand_off(fn):
                 self._queue.append(fn)
 
+    def may_take(self) -> bool:
+        """A hint, read without the lock: could :meth:`try_execute` succeed now?
+
+        False means every thread was busy a moment ago; callers on a hot path use it
+        to skip the locked attempt, at worst running a task themselves that an idle
+        thread could have taken.
+        """
+        return bool(self._idle) or len(self._threads) < self._max_threads
+
     def try_execute(self, fn: Task) -> bool:
         """Run ``fn`` only if a thread is free to start it now; never queues.
 
@@ -451,8 +460,8 @@ class ExecuteProduceConsume(ExecutionStrategy):
     def _hand_on_production(self) -> None:
         with self._lock:
             self._release_role(drained=False)
-            if self._standby or self._dispatch_outstanding:
-                return  # someone is already on the way to produce
+            if self._standby or self._dispatch_outstanding or not self._pool.may_take():
+                return  # someone is already on the way to produce, or nobody is free
             # Lock order is strategy, then pool; the pool never calls back under its lock.
             if self._pool.try_execute(self._hunt):
                 self._dispatch_outstanding = True

@@ -216,9 +216,8 @@ class Purgatory:
             return True
         if len(self._cleared) > self._purge_interval:
             self._drop_cleared()
-        # Timed before it is listed: no other thread can complete it yet, so nothing
-        # is half-registered if the timer refuses it, and a later completion always
-        # finds the timer entry to cancel.
+        # Timed before it is listed, so nothing is half-registered if the timer refuses
+        # it, and a completion always finds the timer entry to cancel.
         try:
             self._timer._schedule(op, op.delay_ms)
         except BaseException:
@@ -229,14 +228,14 @@ class Purgatory:
         eid = id(entry)
         shards, mask = self._shards, self._mask
         first = True
+        # A completion racing this loop only leaves entries that a purge removes.
         for key in keys:
-            if op._once.locked():
-                return False
             shard = shards[hash(key) & mask]
             with shard.lock:
-                lst = shard.lists.get(key)
+                lists = shard.lists
+                lst = lists.get(key)
                 if lst is None:
-                    shard.lists[key] = {eid: entry}
+                    lists[key] = {eid: entry}
                 else:
                     lst[eid] = entry
                 if first:
@@ -339,30 +338,27 @@ class Purgatory:
             return
         try:
             cleared = self._cleared
-            # Held until the end so that no new entry can reuse one of these ids.
+            # Held until the end so that no live entry can have one of these ids.
             entries = [cleared.popleft() for _ in range(len(cleared))]
             shards, mask = self._shards, self._mask
-            # Grouped by shard so that each lock is taken once per purge, not per entry.
-            groups: List[List[Tuple[Hashable, _Entry]]] = [[] for _ in shards]
-            for entry in entries:
-                for key in entry.keys:
-                    groups[hash(key) & mask].append((key, entry))
-            for shard, group in zip(shards, groups):
-                if not group:
-                    continue
-                with shard.lock:
-                    lists = shard.lists
-                    for key, entry in group:
+            # Every shard lock at once, in shard order (the other paths hold one at a
+            # time): one pass, without sorting the work by shard first.
+            locks = [shard.lock for shard in shards]
+            for lock in locks:
+                lock.acquire()
+            try:
+                for entry in entries:
+                    eid = id(entry)
+                    for key in entry.keys:
+                        lists = shards[hash(key) & mask].lists
                         lst = lists.get(key)
-                        if lst is not None:
-                            eid = id(entry)
-                            if lst.get(eid) is entry:
-                                del lst[eid]
-                                if not lst:
-                                    del lists[key]
-            first = self._shards[0]
-            with first.lock:
-                first.watched -= len(entries)
+                        if lst is not None and lst.pop(eid, None) is not None and not lst:
+                            del lists[key]
+                # Only the sum over the shards is an estimate of anything.
+                shards[0].watched -= len(entries)
+            finally:
+                for lock in reversed(locks):
+                    lock.release()
             with self._stats_lock:
                 self._purges += 1
         finally:
