@@ -208,12 +208,21 @@ class Purgatory:
             raise TypeError(f"op must be a DelayedOperation, got {op!r}")
         if op._purgatory is not None or op._wheel is not None or op._once.locked():
             raise ValueError(f"op was already given to a purgatory or completed: {op!r}")
-        keys = self._check_keys(keys)
+        try:
+            # The common case, checked inline: a tuple of distinct hashable keys.
+            checked = type(keys) is tuple and 0 < len(keys) == len(set(keys))
+        except TypeError:
+            checked = False
+        if not checked:
+            keys = self._check_keys(keys)
         if self._stopping:
             raise RuntimeError(f"purgatory {self.name!r} is shut down")
         op._purgatory = self
-        if self._try(op):
-            return True
+        try:
+            if op.try_complete():
+                return True
+        except Exception:
+            self._try_raised(op)
         if len(self._cleared) > self._purge_interval:
             self._drop_cleared()
         # Timed before it is listed, so nothing is half-registered if the timer refuses
@@ -241,7 +250,13 @@ class Purgatory:
                 if first:
                     shard.watched += 1
                     first = False
-        return not op._once.locked() and self._try(op)
+        if op._once.locked():
+            return False
+        try:
+            return bool(op.try_complete())
+        except Exception:
+            self._try_raised(op)
+            return False
 
     def _check_keys(self, keys: Iterable[Hashable]) -> Tuple[Hashable, ...]:
         if isinstance(keys, (str, bytes)):
@@ -267,9 +282,13 @@ class Purgatory:
         try:
             return bool(op.try_complete())
         except Exception:
-            self._count_error()
-            logger.exception("try_complete of %r in purgatory %r raised", op, self.name)
+            self._try_raised(op)
             return False
+
+    def _try_raised(self, op: DelayedOperation) -> None:
+        """Log and count the exception ``op.try_complete()`` just raised."""
+        self._count_error()
+        logger.exception("try_complete of %r in purgatory %r raised", op, self.name)
 
     def check_and_complete(self, key: Hashable) -> int:
         """Try every operation watched on ``key``; return how many this call completed.
