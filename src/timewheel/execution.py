@@ -394,6 +394,10 @@ class ExecutionStrategy(ABC):
         with self._lock:
             self._pending -= 1
             self._tasks_run += 1
+        self._run(task)
+
+    def _run(self, task: Task) -> None:
+        """Run ``task``, already counted as started; log and count what it raises."""
         try:
             task()
         except Exception:
@@ -453,12 +457,16 @@ class ExecuteProduceConsume(ExecutionStrategy):
     def _production_loop(self) -> None:
         while (task := self._next_task()) is not None:
             self._hand_on_production()
-            self._consume(task)
+            self._run(task)
             if not self._take_role():
                 return
 
     def _hand_on_production(self) -> None:
+        """Give up the role, recruit a producer if one may be free, and count the
+        task about to run as started: one lock round trip per task on the hot path."""
         with self._lock:
+            self._pending -= 1
+            self._tasks_run += 1
             self._release_role(drained=False)
             if self._standby or self._dispatch_outstanding or not self._pool.may_take():
                 return  # someone is already on the way to produce, or nobody is free

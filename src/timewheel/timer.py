@@ -14,7 +14,6 @@ import threading
 import time
 import weakref
 from collections import deque
-from functools import partial
 from typing import Any, Callable, Deque, List, Optional, Protocol, Tuple, Union
 
 from .execution import ExecuteProduceConsume, ExecutionStrategy, Producer, Task, ThreadPool
@@ -183,7 +182,7 @@ class _Reaping:
     """The producer a timer's strategy drives once :meth:`Timer.start` is called.
 
     Whichever thread holds the producing role does the reaper's work: it hands out the
-    expired tasks one at a time (each wrapped so that its errors are the timer's) and,
+    expired tasks one at a time (the strategy logs and counts what they raise) and,
     when none are left, waits for the next deadline and advances the wheel. So a
     thread that goes off to run a blocking task leaves the clock to the next producer
     instead of stopping it. Returns None only once the timer is closed.
@@ -204,7 +203,7 @@ class _Reaping:
         timer = self._timer
         while True:
             if tasks:
-                return partial(timer._run, tasks.popleft())
+                return tasks.popleft().run
             if timer._closed:
                 return None
             timer._reap_once(self.poll_ms, self.after_advance)
@@ -538,8 +537,11 @@ class Timer:
 
     @property
     def errors(self) -> int:
-        """How many callbacks raised (or could not be submitted to the executor)."""
-        return self._errors
+        """How many callbacks raised (or could not be submitted to the executor).
+
+        Includes the errors the reaper's strategy counted: it runs only this timer's tasks.
+        """
+        return self._errors + self._strategy.stats().errors
 
     def __len__(self) -> int:
         """The exact number of tasks pending: added, not yet run, not cancelled."""
