@@ -19,7 +19,7 @@ import collections
 import logging
 import threading
 import weakref
-from typing import Dict, Hashable, Iterable, List, Optional, Tuple
+from typing import Dict, Hashable, Iterable, List, Optional, Tuple, cast
 
 from .timer import _INT64_MAX, _PENDING, StrategyFactory, Timer, TimerTask, check_ms
 
@@ -210,11 +210,10 @@ class Purgatory:
             raise ValueError(f"op was already given to a purgatory or completed: {op!r}")
         try:
             # The common case, checked inline: a tuple of distinct hashable keys.
-            checked = type(keys) is tuple and 0 < len(keys) == len(set(keys))
+            fast = type(keys) is tuple and 0 < len(keys) == len(set(keys))
         except TypeError:
-            checked = False
-        if not checked:
-            keys = self._check_keys(keys)
+            fast = False
+        key_tuple = cast(Tuple[Hashable, ...], keys) if fast else self._check_keys(keys)
         if self._stopping:
             raise RuntimeError(f"purgatory {self.name!r} is shut down")
         op._purgatory = self
@@ -233,12 +232,12 @@ class Purgatory:
             op._purgatory = None
             raise
         entry = _Entry(op, self._on_cleared)
-        entry.keys = keys
+        entry.keys = key_tuple
         eid = id(entry)
         shards, mask = self._shards, self._mask
         first = True
         # A completion racing this loop only leaves entries that a purge removes.
-        for key in keys:
+        for key in key_tuple:
             shard = shards[hash(key) & mask]
             with shard.lock:
                 lists = shard.lists

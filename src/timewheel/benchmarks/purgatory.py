@@ -58,11 +58,12 @@ class FakeOperation(DelayedOperation):
 
 
 class _LoopCancel:
-    """Stands in for the timer of a :class:`FakeOperation` watched by the asyncio purgatory.
+    """Stands in for the timer of an operation watched by :class:`AsyncioPurgatory`.
 
     ``DelayedOperation.force_complete`` cancels through ``op._wheel.cancel(op._handle)``;
-    here that posts the asyncio timer handle to the loop, since asyncio is not
-    thread-safe.
+    the handle is the operation itself, and cancelling posts it to the loop, since
+    asyncio is not thread-safe. The message holds the operation, so it cannot be freed
+    (and its id reused) before the loop has seen it.
     """
 
     __slots__ = ("_post",)
@@ -71,8 +72,8 @@ class _LoopCancel:
         self._post = post
 
     def cancel(self, handle: Any) -> bool:
-        """Have the loop cancel the timeout and unwatch; ``handle`` is what the loop set."""
-        self._post(("done", handle, None))
+        """Have the loop cancel the timeout of operation ``handle`` and unwatch it."""
+        self._post(("done", handle))
         return True
 
 
@@ -83,15 +84,18 @@ class AsyncioPurgatory:
     Other threads post to a deque the loop drains, waking the loop only when it is not
     already due to drain (one ``call_soon_threadsafe`` per batch, not per request). A
     completed operation's timer handle is cancelled (asyncio compacts its heap once
-    half of it is cancelled) and it leaves its watcher sets at once.
+    half of it is cancelled) and it leaves its watcher sets at once. No reference
+    cycles: a finished operation is freed by reference counting, as in the others.
     """
 
     def __init__(self, name: str = "asyncio") -> None:
         self.name = name
         self._loop = asyncio.new_event_loop()
-        self._inbox: Deque[Tuple[str, Any, Any]] = deque()
+        self._inbox: Deque[Tuple[Any, ...]] = deque()
         self._wake_pending = False
         self._watchers: Dict[Hashable, Set[DelayedOperation]] = {}
+        # Pending operations: their timer handles and keys (the loop's strong reference).
+        self._pending: Dict[DelayedOperation, Tuple[asyncio.TimerHandle, Tuple[Hashable, ...]]] = {}
         self._stats_lock = threading.Lock()
         self._completed = self._expired = self._errors = 0
         self._cancel = _LoopCancel(self._post)
@@ -99,7 +103,7 @@ class AsyncioPurgatory:
         self._thread.daemon = True
         self._thread.start()
 
-    def _post(self, message: Tuple[str, Any, Any]) -> None:
+    def _post(self, message: Tuple[Any, ...]) -> None:
         self._inbox.append(message)
         if not self._wake_pending:
             self._wake_pending = True
@@ -116,29 +120,30 @@ class AsyncioPurgatory:
     def _drain(self) -> None:
         # Reset before draining: a post after this line wakes the loop again.
         self._wake_pending = False
-        inbox, watchers, call_later = self._inbox, self._watchers, self._loop.call_later
+        inbox, watchers, pending = self._inbox, self._watchers, self._pending
+        call_later, expire = self._loop.call_later, self._expire
         while inbox:
-            kind, op, keys = inbox.popleft()
+            message = inbox.popleft()
+            kind, op = message[0], message[1]
             if kind == "watch":
-                if op._once.locked():
+                if op._once.locked():  # completed before the loop got to it
                     continue
-                handle = call_later(op.delay_ms / 1000, self._expire, op, keys)
-                op._handle = (handle, op, keys)
-                op._wheel = self._cancel
+                keys = message[2]
+                pending[op] = (call_later(op.delay_ms / 1000, expire, op), keys)
                 for key in keys:
                     s = watchers.get(key)
                     if s is None:
                         watchers[key] = {op}
                     else:
                         s.add(op)
-                if op._once.locked():  # completed before its handle was published
-                    self._unwatch(op, keys, handle)
-            elif kind == "flush":
+                op._handle = op
+                op._wheel = self._cancel
+                if op._once.locked():  # completed while its handle was not yet published
+                    self._finish(op)
+            elif kind == "done":
+                self._finish(op)
+            else:  # "flush"
                 op.set()
-            else:  # "done": op is what the watch set as the forced operation's handle
-                handle, done_op, done_keys = op
-                if not handle.cancelled():
-                    self._unwatch(done_op, done_keys, handle)
 
     def flush(self) -> None:
         """Return once the loop has watched every request posted before this call.
@@ -147,13 +152,18 @@ class AsyncioPurgatory:
         arrived in this purgatory until the loop has watched it.
         """
         done = threading.Event()
-        self._post(("flush", done, None))
+        self._post(("flush", done))
         done.wait()
 
-    def _unwatch(self, op: DelayedOperation, keys: Tuple[Hashable, ...], handle: Any) -> None:
-        # Unwatching twice (a timeout racing a completion) is harmless.
-        if handle is not None:
-            handle.cancel()
+    def _finish(self, op: DelayedOperation) -> None:
+        """Forget a completed or expired operation: cancel its timeout, unwatch it."""
+        entry = self._pending.pop(op, None)
+        if entry is None:
+            return  # a timeout and a completion both finished it
+        handle, keys = entry
+        handle.cancel()
+        op._handle = 0
+        op._wheel = None
         watchers = self._watchers
         for key in keys:
             s = watchers.get(key)
@@ -162,8 +172,8 @@ class AsyncioPurgatory:
                 if not s:
                     del watchers[key]
 
-    def _expire(self, op: DelayedOperation, keys: Tuple[Hashable, ...]) -> None:
-        self._unwatch(op, keys, None)
+    def _expire(self, op: DelayedOperation) -> None:
+        self._finish(op)
         try:
             op.run()
         except Exception:
