@@ -33,7 +33,7 @@ from functools import partial
 from typing import Any
 
 from .engines import FAILED, OK, TIMEOUT, DispatchConfig, Outcome, backoff_s, worker_runtime
-from .execution import ExecuteProduceConsume, TaskQueue, ThreadPool
+from .execution import ExecuteProduceConsume, ProduceConsume, TaskQueue, ThreadPool
 from .purgatory import DelayedOperation, Purgatory
 from .resources import Checkout, ResourceManager
 from .sources import Fair, QueueingSource, Scheduler
@@ -54,7 +54,10 @@ class _WorkerKit:
     """What one Python worker keeps for every partition it dispatches."""
 
     def __init__(self) -> None:
-        self.timer = Timer(name="timewheel-dispatch")
+        # The reaper runs what expires itself: a timeout only queues the attempt's end
+        # for the completion thread and a backoff only starts a call, both short, so
+        # handing production to another thread would cost more than the task.
+        self.timer = Timer(name="timewheel-dispatch", strategy=ProduceConsume)
         # Starts the reaper thread that expires calls and runs backoffs.
         self.purgatory = Purgatory("timewheel-dispatch", timer=self.timer)
         # One thread: completions are short, and a second would only take the producing
