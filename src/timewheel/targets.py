@@ -190,8 +190,8 @@ class _SimState:
             self.calls += 1
             draw = next(self.draws, None)
             if draw is None:
-                # Drawn in blocks: per call, a Python-level draw would cost the
-                # simulator more CPU than the code under test spends on the call.
+                # Drawn in blocks: random's per-call rejection loop was a large share
+                # of the simulator's CPU, which every engine's figures include.
                 latencies = self.rng.lognormal(self.mu, self.sigma, _DRAW_BLOCK).tolist()
                 failures = (self.rng.random(_DRAW_BLOCK) < self.failure_rate).tolist()
                 self.draws = zip(latencies, failures)
