@@ -27,6 +27,7 @@ __all__ = [
     "SIM_MAX_IN_FLIGHT",
     "add_parser",
     "main",
+    "resolve_max_in_flight",
 ]
 
 #: Rows the demo generates.
@@ -128,6 +129,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add_dispatch_options(parser)
     parser.add_argument("--engine", default=None, help=argparse.SUPPRESS)
     parser.set_defaults(func=main)
+
+
+def resolve_max_in_flight(given: int | None, target: Any) -> int:
+    """``--max-in-flight`` as given, else the default for ``target`` (see SIM_MAX_IN_FLIGHT)."""
+    from .targets import SimulatedDownstream
+
+    if given is not None:
+        return given
+    return SIM_MAX_IN_FLIGHT if isinstance(target, SimulatedDownstream) else REAL_MAX_IN_FLIGHT
 
 
 def spark_session(master: str, app_name: str) -> tuple[Any, bool]:
@@ -284,17 +294,14 @@ def main(args: argparse.Namespace) -> int:
     """Run the pipeline; print the summary; return 0 (2 when an argument is refused)."""
     from .engines import DEFAULT_ENGINE
     from .spark import dispatch
-    from .targets import SimulatedDownstream, target_from_url
+    from .targets import target_from_url
 
     try:
         target = target_from_url(args.target)
     except (TypeError, ValueError) as exc:
         print(f"timewheel pipeline: error: {exc}", file=sys.stderr)
         return 2
-    max_in_flight = args.max_in_flight
-    if max_in_flight is None:
-        simulated = isinstance(target, SimulatedDownstream)
-        max_in_flight = SIM_MAX_IN_FLIGHT if simulated else REAL_MAX_IN_FLIGHT
+    max_in_flight = resolve_max_in_flight(args.max_in_flight, target)
     key_cols = [c.strip() for c in args.key_cols.split(",") if c.strip()]
     out_dir = Path(args.output)
     spark, owned = spark_session(args.master, "timewheel pipeline")
