@@ -15,7 +15,7 @@ from timewheel.wheel_engine import _kit, _Partition, _WorkerKit, timewheel_engin
 
 
 class Held:
-    """Keeps every call's ``on_done`` until the test replies; counts callbacks that raised."""
+    """Keeps every call's ``on_done`` until the test replies to it."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
