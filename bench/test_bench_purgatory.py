@@ -25,7 +25,7 @@ import pytest
 
 from timewheel import wheel
 from timewheel.benchmarks.classic import HeapTimer
-from timewheel.benchmarks.purgatory import IMPLS, Request, make_purgatory, timer_on, workload
+from timewheel.benchmarks.operations import IMPLS, Request, make_purgatory, timer_on, workload
 from timewheel.timer import ManualClock
 
 BATCH = 2000

@@ -27,6 +27,8 @@ def test_bench_reports_every_engine_with_all_rows_accounted(
             "pipeline",
             "--rows",
             "2000",
+            "--warmup-rows",
+            "200",
             "--max-in-flight",
             "32",
             "--timeout-ms",

@@ -102,3 +102,12 @@ def test_bad_arguments_exit_2_with_a_message(
     assert run_cli([*argv, "--output", str(tmp_path / "out")]) == 2
     assert words in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_max_in_flight_defaults_to_the_targets_kind_unless_given() -> None:
+    from timewheel.targets import HttpDownstream, SimulatedDownstream
+
+    sim, http = SimulatedDownstream(20, 60), HttpDownstream("http://127.0.0.1:9/x")
+    assert pipeline.resolve_max_in_flight(None, sim) == pipeline.SIM_MAX_IN_FLIGHT == 2000
+    assert pipeline.resolve_max_in_flight(None, http) == pipeline.REAL_MAX_IN_FLIGHT == 256
+    assert pipeline.resolve_max_in_flight(7, sim) == pipeline.resolve_max_in_flight(7, http) == 7

@@ -18,7 +18,8 @@ import pytest
 
 from timewheel import timer as timer_module
 from timewheel import wheel
-from timewheel.benchmarks import purgatory as bench
+from timewheel.benchmarks import operations as bench
+from timewheel.execution import ProduceConsume
 from timewheel.purgatory import DelayedOperation, Purgatory
 from timewheel.timer import ManualClock, Timer, TimerFullError
 
@@ -370,8 +371,10 @@ def test_exactly_once_under_racing_completers_and_the_reaper(clock: ManualClock)
 
         _run_with_deadline(lambda: checker(1), lambda: checker(2), forcer, ticker, seconds=120)
         clock.advance(1000)
-        p.advance_clock(60_000)  # waits for the reaper's dispatch, then runs the rest
-        m = p.metrics()
+        p.advance_clock(60_000)  # waits for the reaper's advance, then runs the rest
+    # Expirations the reaper produced may still be running on pool threads until the
+    # shutdown has waited for them.
+    m = p.metrics()
     expired = 0
     for op in ops:
         assert op.events in (["complete"], ["complete", "expire"]), op.events
@@ -401,6 +404,37 @@ def test_reaper_expires_operations_on_the_real_clock() -> None:
         assert expired.wait(10)
         assert op.events == ["complete"]
         assert p.metrics()["expired"] == 1
+
+
+def test_a_blocking_timeout_does_not_hold_up_the_other_timeouts(clock: ManualClock) -> None:
+    release = threading.Event()
+    blocking = threading.Event()
+    later_expired = threading.Event()
+
+    class Blocks(Op):
+        __slots__ = ()
+
+        def on_expiration(self) -> None:
+            blocking.set()
+            release.wait(30)
+
+    class Signals(Op):
+        __slots__ = ()
+
+        def on_expiration(self) -> None:
+            later_expired.set()
+
+    with Purgatory(timer=Timer(clock=clock, pool_threads=1)) as p:
+        p.try_complete_else_watch(Blocks(1), ["a"])
+        later = Signals(2)
+        p.try_complete_else_watch(later, ["a"])
+        clock.advance(1)
+        assert blocking.wait(30)
+        clock.advance(1)
+        # Expired on the other thread while the first timeout still blocks.
+        assert later_expired.wait(30) and not release.is_set()
+        release.set()
+    assert later.events == ["complete"] and p.metrics()["expired"] == 2
 
 
 # -- errors ------------------------------------------------------------------------------
@@ -516,6 +550,8 @@ def test_a_full_timer_refuses_the_operation_with_nothing_registered(clock: Manua
         ({"shards": 3}, ValueError, "shards must be a power of two, got 3"),
         ({"timer": "t"}, TypeError, "timer must be a Timer or None, got 't'"),
         ({"reaper": 1}, TypeError, "reaper must be a bool, got 1"),
+        ({"pool_threads": 0}, ValueError, "pool_threads must be between 1 and 1024, got 0"),
+        ({"timer": Timer(), "strategy": ProduceConsume}, ValueError, "give them to yours"),
     ],
 )
 def test_constructor_rejects_bad_arguments(kwargs: Any, exc: type, message: str) -> None:
@@ -560,13 +596,13 @@ def test_a_million_completed_operations_leave_no_trace(impl: str) -> None:
 
 
 # -- the benchmark command ---------------------------------------------------------------
-def test_bench_purgatory_command_pushes_every_operation_through(
+def test_bench_operations_command_pushes_every_operation_through(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     parser = argparse.ArgumentParser(prog="timewheel bench")
     bench.add_parser(parser.add_subparsers())
     args = parser.parse_args(
-        ["purgatory", "--ops", "600", "--pending", "50", "--complete", "check"]
+        ["operations", "--ops", "600", "--pending", "50", "--complete", "check"]
     )
     assert args.func(args) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -577,5 +613,5 @@ def test_bench_purgatory_command_pushes_every_operation_through(
     plan = bench.workload(600, keys=100, watch=3, max_delay=400)
     for impl in ("purgatory[python]", "classic"):
         assert bench.run_one(impl, plan, 50, "force")["metrics"]["completed"] == 600
-    bad = parser.parse_args(["purgatory", "--watch", "101"])
+    bad = parser.parse_args(["operations", "--watch", "101"])
     assert bad.func(bad) == 2

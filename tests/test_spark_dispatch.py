@@ -94,9 +94,15 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _RecorderServer(http.server.ThreadingHTTPServer):
+    # The default backlog of 5 overflows when both workers connect at once; a dropped
+    # SYN is resent a second or more later, which can exceed a call's timeout.
+    request_queue_size = 128
+
+
 @pytest.fixture
 def recorder() -> Iterator[Any]:
-    server: Any = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    server: Any = _RecorderServer(("127.0.0.1", 0), _Recorder)
     server.daemon_threads = True
     server.lock = threading.Lock()
     server.seen = {}

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator, List, Tuple
 import pytest
 
 from timewheel import timer as timer_module
+from timewheel.execution import ProduceConsume
 from timewheel.timer import ManualClock, Timer, TimerFullError, TimerTask, monotonic_ms
 
 
@@ -454,3 +455,108 @@ def test_timer_is_a_context_manager() -> None:
 def test_default_clock_is_monotonic_milliseconds() -> None:
     before = time.monotonic_ns() // 1_000_000
     assert before <= Timer().now_ms() <= time.monotonic_ns() // 1_000_000
+
+
+# -- execution strategies on the reaper -------------------------------------------------
+def _pool_threads(name: str) -> List[threading.Thread]:
+    return [th for th in threading.enumerate() if th.name.startswith(f"{name}-pool")]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "message"),
+    [
+        ({"strategy": object()}, TypeError, "strategy must be a callable"),
+        ({"strategy": lambda producer: object()}, TypeError, "must build an ExecutionStrategy"),
+        ({"strategy": ProduceConsume, "executor": ThreadPoolExecutor(1)}, ValueError, "not both"),
+        ({"pool_threads": 0}, ValueError, "pool_threads must be between 1 and 1024, got 0"),
+    ],
+)
+def test_strategy_arguments_are_checked(kwargs: Any, exc: type, message: str) -> None:
+    with pytest.raises(exc, match=message):
+        Timer(**kwargs)
+
+
+def test_blocking_callbacks_delay_unrelated_expirations_only_beyond_the_pool(
+    clock: ManualClock,
+) -> None:
+    # Default strategy: ExecuteProduceConsume over two pool threads, plus the reaper.
+    release = threading.Event()
+    blocked = threading.Semaphore(0)
+    fast_ran = threading.Semaphore(0)
+
+    def block() -> None:
+        blocked.release()
+        release.wait(30)
+
+    t = Timer(clock=clock, pool_threads=2, name="hol")
+    t.start(poll_ms=600_000)
+    try:
+        # Two callbacks may block (two of the three threads) and the rest still expire.
+        for i in range(2):
+            t.add(1 + i, block)
+        for i in range(50):
+            t.add(1 + i % 10, fast_ran.release)
+        for now in range(1, 11):
+            clock.set(now)
+        assert blocked.acquire(timeout=30) and blocked.acquire(timeout=30)
+        for _ in range(50):
+            assert fast_ran.acquire(timeout=30)
+        # A third blocker takes the last of the three threads (the reaper and the two
+        # of the pool): now nothing even expires until one is released.
+        t.add(1, block)
+        clock.advance(1)
+        assert blocked.acquire(timeout=30)
+        late = t.add(1, fast_ran.release)
+        clock.advance(1)
+        assert not late.done and not fast_ran.acquire(blocking=False)
+        release.set()
+        assert fast_ran.acquire(timeout=30) and late.done
+    finally:
+        release.set()
+        t.close()
+    assert len(_pool_threads("hol")) == 0 and t.errors == 0
+
+
+def test_pool_threads_start_only_when_needed_and_stop_at_close(clock: ManualClock) -> None:
+    t = Timer(clock=clock, name="lazy")
+    t.add(0, print)
+    assert t.advance_clock(0) and _pool_threads("lazy") == []  # a caller's advance is inline
+    ran = threading.Event()
+    t.add(1, ran.set)
+    t.start(poll_ms=600_000)
+    clock.advance(1)
+    assert ran.wait(30)
+    t.close()
+    assert _pool_threads("lazy") == []
+
+
+def test_reaper_callback_errors_are_logged_counted_and_isolated(
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    ran = threading.Semaphore(0)
+
+    def boom() -> None:
+        raise RuntimeError("boom")
+
+    t = Timer(clock=clock)
+    with caplog.at_level(logging.ERROR, logger="timewheel"):
+        t.start(poll_ms=600_000)
+        for i in range(20):
+            t.add(1, boom if i % 2 else ran.release)
+        clock.advance(1)
+        for _ in range(10):
+            assert ran.acquire(timeout=30)
+        t.close()  # waits for the pool, so every error is counted by now
+    assert t.errors == 10
+    assert sum("boom" in str(r.exc_info[1]) for r in caplog.records if r.exc_info) == 10
+
+
+def test_a_given_strategy_runs_the_reapers_tasks(clock: ManualClock) -> None:
+    threads: List[str] = []
+    done = threading.Event()
+    t = Timer(clock=clock, strategy=ProduceConsume, name="pc")
+    t.add(0, lambda: (threads.append(threading.current_thread().name), done.set()))
+    t.start(poll_ms=600_000)
+    assert done.wait(30)
+    t.close()
+    assert threads == ["pc-reaper"]

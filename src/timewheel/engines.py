@@ -166,15 +166,14 @@ def worker_runtime() -> WorkerRuntime:
     return runtime
 
 
-# The timewheel engine (Timer + Purgatory + ResourceManager + QueueingSource/Scheduler +
-# ExecuteProduceConsume) plugs in here as "timewheel" and becomes DEFAULT_ENGINE.
 _ENGINES = {
+    "timewheel": "timewheel.wheel_engine:timewheel_engine",
     "threads": "timewheel.baselines:threads_engine",
     "asyncio": "timewheel.baselines:asyncio_engine",
 }
 
 #: The engine ``dispatch`` uses unless told otherwise.
-DEFAULT_ENGINE = "asyncio"
+DEFAULT_ENGINE = "timewheel"
 
 
 def engine_names() -> tuple[str, ...]:

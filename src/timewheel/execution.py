@@ -177,6 +177,15 @@ class ThreadPool:
             if not self._hand_off(fn):
                 self._queue.append(fn)
 
+    def may_take(self) -> bool:
+        """A hint, read without the lock: could :meth:`try_execute` succeed now?
+
+        False means every thread was busy a moment ago; callers on a hot path use it
+        to skip the locked attempt, at worst running a task themselves that an idle
+        thread could have taken.
+        """
+        return bool(self._idle) or len(self._threads) < self._max_threads
+
     def try_execute(self, fn: Task) -> bool:
         """Run ``fn`` only if a thread is free to start it now; never queues.
 
@@ -403,6 +412,10 @@ class ExecutionStrategy(ABC):
         with self._lock:
             self._pending -= 1
             self._tasks_run += 1
+        self._run(task)
+
+    def _run(self, task: Task) -> None:
+        """Run ``task``, already counted as started; log and count what it raises."""
         try:
             task()
         except Exception:
@@ -462,15 +475,19 @@ class ExecuteProduceConsume(ExecutionStrategy):
     def _production_loop(self) -> None:
         while (task := self._next_task()) is not None:
             self._hand_on_production()
-            self._consume(task)
+            self._run(task)
             if not self._take_role():
                 return
 
     def _hand_on_production(self) -> None:
+        """Give up the role, recruit a producer if one may be free, and count the
+        task about to run as started: one lock round trip per task on the hot path."""
         with self._lock:
+            self._pending -= 1
+            self._tasks_run += 1
             self._release_role(drained=False)
-            if self._standby or self._dispatch_outstanding:
-                return  # someone is already on the way to produce
+            if self._standby or self._dispatch_outstanding or not self._pool.may_take():
+                return  # someone is already on the way to produce, or nobody is free
             # Lock order is strategy, then pool; the pool never calls back under its lock.
             if self._pool.try_execute(self._hunt):
                 self._dispatch_outstanding = True

@@ -19,9 +19,9 @@ import collections
 import logging
 import threading
 import weakref
-from typing import Dict, Hashable, Iterable, List, Optional, Tuple
+from typing import Dict, Hashable, Iterable, List, Optional, Tuple, cast
 
-from .timer import _INT64_MAX, _PENDING, Timer, TimerTask, check_ms
+from .timer import _INT64_MAX, _PENDING, StrategyFactory, Timer, TimerTask, check_ms
 
 __all__ = ["DelayedOperation", "Purgatory"]
 
@@ -140,9 +140,18 @@ class Purgatory:
     """Hold :class:`DelayedOperation` s until they complete or expire (Kafka's purgatory).
 
     ``Purgatory(name="purgatory", *, timer=None, purge_interval=1000, reaper=True,
-    shards=16)``. The purgatory owns its timer (a new :class:`Timer` unless one is
-    given) and closes it at :meth:`shutdown`. With ``reaper=True`` a thread advances
-    the clock; with ``reaper=False`` the caller calls :meth:`advance_clock`.
+    shards=16, strategy=None, pool_threads=2)``. The purgatory owns its timer (a new
+    :class:`Timer` unless one is given) and closes it at :meth:`shutdown`. With
+    ``reaper=True`` a thread advances the clock; with ``reaper=False`` the caller calls
+    :meth:`advance_clock`.
+
+    Timeouts (``on_complete`` then ``on_expiration`` of an expired operation) are timer
+    tasks, so the reaper runs them through the timer's execution strategy:
+    ``strategy`` and ``pool_threads`` are passed to the timer the purgatory builds (see
+    :class:`Timer`; give them to your own timer instead when you pass one).
+    Completions found by :meth:`check_and_complete` or :meth:`DelayedOperation.force_complete`
+    run on the completing thread, as in Kafka: that thread has just made the operation
+    completable, and a hand-off per completion would put a dispatch on the hot path.
     """
 
     def __init__(
@@ -153,11 +162,15 @@ class Purgatory:
         purge_interval: int = 1000,
         reaper: bool = True,
         shards: int = 16,
+        strategy: Optional[StrategyFactory] = None,
+        pool_threads: int = 2,
     ) -> None:
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {name!r}")
         if timer is not None and not isinstance(timer, Timer):
             raise TypeError(f"timer must be a Timer or None, got {timer!r}")
+        if timer is not None and (strategy is not None or pool_threads != 2):
+            raise ValueError("strategy and pool_threads configure a new timer: give them to yours")
         purge_interval = check_ms("purge_interval", purge_interval, 1)
         shards = check_ms("shards", shards, 1, 1 << 16)
         if shards & (shards - 1):
@@ -165,7 +178,9 @@ class Purgatory:
         if not isinstance(reaper, bool):
             raise TypeError(f"reaper must be a bool, got {reaper!r}")
         self.name = name
-        self._timer = timer if timer is not None else Timer(name=f"{name}-timer")
+        if timer is None:
+            timer = Timer(name=f"{name}-timer", strategy=strategy, pool_threads=pool_threads)
+        self._timer = timer
         self._purge_interval = purge_interval
         self._shards = [_Shard() for _ in range(shards)]
         self._mask = shards - 1
@@ -193,41 +208,54 @@ class Purgatory:
             raise TypeError(f"op must be a DelayedOperation, got {op!r}")
         if op._purgatory is not None or op._wheel is not None or op._once.locked():
             raise ValueError(f"op was already given to a purgatory or completed: {op!r}")
-        keys = self._check_keys(keys)
+        try:
+            # The common case, checked inline: a tuple of distinct hashable keys.
+            fast = type(keys) is tuple and 0 < len(keys) == len(set(keys))
+        except TypeError:
+            fast = False
+        key_tuple = cast(Tuple[Hashable, ...], keys) if fast else self._check_keys(keys)
         if self._stopping:
             raise RuntimeError(f"purgatory {self.name!r} is shut down")
         op._purgatory = self
-        if self._try(op):
-            return True
+        try:
+            if op.try_complete():
+                return True
+        except Exception:
+            self._try_raised(op)
         if len(self._cleared) > self._purge_interval:
             self._drop_cleared()
-        # Timed before it is listed: no other thread can complete it yet, so nothing
-        # is half-registered if the timer refuses it, and a later completion always
-        # finds the timer entry to cancel.
+        # Timed before it is listed, so nothing is half-registered if the timer refuses
+        # it, and a completion always finds the timer entry to cancel.
         try:
             self._timer._schedule(op, op.delay_ms)
         except BaseException:
             op._purgatory = None
             raise
         entry = _Entry(op, self._on_cleared)
-        entry.keys = keys
+        entry.keys = key_tuple
         eid = id(entry)
         shards, mask = self._shards, self._mask
         first = True
-        for key in keys:
-            if op._once.locked():
-                return False
+        # A completion racing this loop only leaves entries that a purge removes.
+        for key in key_tuple:
             shard = shards[hash(key) & mask]
             with shard.lock:
-                lst = shard.lists.get(key)
+                lists = shard.lists
+                lst = lists.get(key)
                 if lst is None:
-                    shard.lists[key] = {eid: entry}
+                    lists[key] = {eid: entry}
                 else:
                     lst[eid] = entry
                 if first:
                     shard.watched += 1
                     first = False
-        return not op._once.locked() and self._try(op)
+        if op._once.locked():
+            return False
+        try:
+            return bool(op.try_complete())
+        except Exception:
+            self._try_raised(op)
+            return False
 
     def _check_keys(self, keys: Iterable[Hashable]) -> Tuple[Hashable, ...]:
         if isinstance(keys, (str, bytes)):
@@ -253,9 +281,13 @@ class Purgatory:
         try:
             return bool(op.try_complete())
         except Exception:
-            self._count_error()
-            logger.exception("try_complete of %r in purgatory %r raised", op, self.name)
+            self._try_raised(op)
             return False
+
+    def _try_raised(self, op: DelayedOperation) -> None:
+        """Log and count the exception ``op.try_complete()`` just raised."""
+        self._count_error()
+        logger.exception("try_complete of %r in purgatory %r raised", op, self.name)
 
     def check_and_complete(self, key: Hashable) -> int:
         """Try every operation watched on ``key``; return how many this call completed.
@@ -324,30 +356,27 @@ class Purgatory:
             return
         try:
             cleared = self._cleared
-            # Held until the end so that no new entry can reuse one of these ids.
+            # Held until the end so that no live entry can have one of these ids.
             entries = [cleared.popleft() for _ in range(len(cleared))]
             shards, mask = self._shards, self._mask
-            # Grouped by shard so that each lock is taken once per purge, not per entry.
-            groups: List[List[Tuple[Hashable, _Entry]]] = [[] for _ in shards]
-            for entry in entries:
-                for key in entry.keys:
-                    groups[hash(key) & mask].append((key, entry))
-            for shard, group in zip(shards, groups):
-                if not group:
-                    continue
-                with shard.lock:
-                    lists = shard.lists
-                    for key, entry in group:
+            # Every shard lock at once, in shard order (the other paths hold one at a
+            # time): one pass, without sorting the work by shard first.
+            locks = [shard.lock for shard in shards]
+            for lock in locks:
+                lock.acquire()
+            try:
+                for entry in entries:
+                    eid = id(entry)
+                    for key in entry.keys:
+                        lists = shards[hash(key) & mask].lists
                         lst = lists.get(key)
-                        if lst is not None:
-                            eid = id(entry)
-                            if lst.get(eid) is entry:
-                                del lst[eid]
-                                if not lst:
-                                    del lists[key]
-            first = self._shards[0]
-            with first.lock:
-                first.watched -= len(entries)
+                        if lst is not None and lst.pop(eid, None) is not None and not lst:
+                            del lists[key]
+                # Only the sum over the shards is an estimate of anything.
+                shards[0].watched -= len(entries)
+            finally:
+                for lock in reversed(locks):
+                    lock.release()
             with self._stats_lock:
                 self._purges += 1
         finally:

@@ -23,13 +23,14 @@ import json
 import logging
 import math
 import os
-import random
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Protocol
+
+import numpy
 
 __all__ = [
     "DownstreamError",
@@ -49,6 +50,9 @@ log = logging.getLogger("timewheel")
 #: ``on_done(ok, error)``: ``error`` is None when ``ok`` is True, else a short message.
 OnDone = Callable[[bool, Optional[str]], None]
 
+# Latencies and failures a SimulatedDownstream draws at a time.
+_DRAW_BLOCK = 4096
+
 # The standard normal quantile at 0.75: pct75 = exp(mu + sigma * _Z75) for a log-normal.
 _Z75 = 0.6744897501960817
 
@@ -66,6 +70,19 @@ class DownstreamError(RuntimeError):
 
 class DownstreamTimeout(TimeoutError):
     """The call did not end within its timeout."""
+
+
+# This process's pid, kept current by a fork hook: the per-call checks that a target's
+# state belongs to this process must be cheap, and os.getpid() is a system call.
+_PID = os.getpid()
+
+
+def _forked() -> None:
+    global _PID
+    _PID = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _normal_cdf(x: float) -> float:
@@ -141,10 +158,10 @@ def _delivery() -> _Delivery:
     """This process's delivery thread (one inherited through fork has no thread: replaced)."""
     global _DELIVERY
     delivery = _DELIVERY
-    if delivery is not None and delivery.pid == os.getpid():
+    if delivery is not None and delivery.pid == _PID:
         return delivery
     with _DELIVERY_LOCK:
-        if _DELIVERY is None or _DELIVERY.pid != os.getpid():
+        if _DELIVERY is None or _DELIVERY.pid != _PID:
             _DELIVERY = _Delivery()
         return _DELIVERY
 
@@ -152,27 +169,43 @@ def _delivery() -> _Delivery:
 class _SimState:
     """The per-process half of a :class:`SimulatedDownstream`: its RNG, held keys and counters."""
 
-    def __init__(self, seed: int | None) -> None:
-        self.pid = os.getpid()
-        self.rng = random.Random(seed)
+    def __init__(self, seed: int | None, mu: float, sigma: float, failure_rate: float) -> None:
+        self.pid = _PID
+        self.rng = numpy.random.default_rng(seed)
+        self.mu, self.sigma, self.failure_rate = mu, sigma, failure_rate
+        self.draws: Iterator[tuple[float, bool]] = iter(())
         self.lock = threading.Lock()
         self.held: dict[Any, int] = {}
         self.calls = 0
         self.overlaps = 0
         self.callback_errors = 0
 
-    def hold(self, keys: tuple[Any, ...]) -> str | None:
-        """Mark ``keys`` in flight; return an error naming the first key already held."""
+    def start(self, keys: tuple[Any, ...]) -> tuple[float, str | None]:
+        """Draw a call's latency (s) and fate and mark ``keys`` in flight.
+
+        The error is None, ``"simulated failure"``, or names the first key already held.
+        """
         clash = None
         with self.lock:
             self.calls += 1
+            draw = next(self.draws, None)
+            if draw is None:
+                # Drawn in blocks: random's per-call rejection loop was a large share
+                # of the simulator's CPU, which every engine's figures include.
+                latencies = self.rng.lognormal(self.mu, self.sigma, _DRAW_BLOCK).tolist()
+                failures = (self.rng.random(_DRAW_BLOCK) < self.failure_rate).tolist()
+                self.draws = zip(latencies, failures)
+                draw = next(self.draws)
             for key in keys:
                 if self.held.get(key) and clash is None:
                     clash = key
                 self.held[key] = self.held.get(key, 0) + 1
             if clash is not None:
                 self.overlaps += 1
-        return None if clash is None else f"key overlap on {clash!r}"
+        latency, failed = draw
+        if clash is not None:
+            return latency, f"key overlap on {clash!r}"
+        return latency, "simulated failure" if failed else None
 
     def release(self, keys: tuple[Any, ...]) -> None:
         with self.lock:
@@ -259,11 +292,13 @@ class SimulatedDownstream:
 
     def _live(self) -> _SimState:
         state = self._state
-        if state is None or state.pid != os.getpid():
+        if state is None or state.pid != _PID:
             with self._state_lock:
                 state = self._state
-                if state is None or state.pid != os.getpid():
-                    state = self._state = _SimState(self.seed)
+                if state is None or state.pid != _PID:
+                    state = self._state = _SimState(
+                        self.seed, self._mu, self._sigma, self.failure_rate
+                    )
         return state
 
     @property
@@ -299,13 +334,8 @@ class SimulatedDownstream:
     ) -> tuple[_SimState, float, str | None, tuple[Any, ...]]:
         """Draw one call's latency (s) and outcome, and hold its keys."""
         state = self._live()
-        with state.lock:
-            latency = state.rng.lognormvariate(self._mu, self._sigma)
-            failed = state.rng.random() < self.failure_rate
-        keys = row_keys(row, self.exclusive_cols)
-        error = state.hold(keys)
-        if error is None and failed:
-            error = "simulated failure"
+        keys = row_keys(row, self.exclusive_cols) if self.exclusive_cols else ()
+        latency, error = state.start(keys)
         return state, latency, error, keys
 
     def submit(self, row: Mapping[str, Any], on_done: OnDone) -> None:

@@ -13,8 +13,10 @@ import operator
 import threading
 import time
 import weakref
-from typing import Any, Callable, List, Optional, Protocol, Tuple, Union
+from collections import deque
+from typing import Any, Callable, Deque, List, Optional, Protocol, Tuple, Union
 
+from .execution import ExecuteProduceConsume, ExecutionStrategy, Producer, Task, ThreadPool
 from .wheel import TimingWheel
 
 __all__ = ["ManualClock", "Timer", "TimerFullError", "TimerTask", "logger"]
@@ -46,6 +48,10 @@ class Executor(Protocol):
 
     def submit(self, fn: Callable[..., Any], /, *args: Any) -> Any:
         """Arrange for ``fn(*args)`` to run."""
+
+
+#: Builds the strategy that runs a timer's expired tasks from the producer it must drive.
+StrategyFactory = Callable[[Producer], ExecutionStrategy]
 
 
 class TimerFullError(RuntimeError):
@@ -172,16 +178,65 @@ class _CallbackTask(TimerTask):
         return f"{TimerTask.__repr__(self)[:-1]} callback={self._callback!r}>"
 
 
+class _Reaping:
+    """The producer a timer's strategy drives once :meth:`Timer.start` is called.
+
+    Whichever thread holds the producing role does the reaper's work: it hands out the
+    expired tasks one at a time (the strategy logs and counts what they raise) and,
+    when none are left, waits for the next deadline and advances the wheel. So a
+    thread that goes off to run a blocking task leaves the clock to the next producer
+    instead of stopping it. Returns None only once the timer is closed.
+    """
+
+    __slots__ = ("tasks", "_timer", "poll_ms", "after_advance")
+
+    def __init__(self, timer: Timer) -> None:
+        # deque's append and popleft are atomic: an advance may queue while a task is taken.
+        self.tasks: Deque[TimerTask] = deque()
+        self._timer = timer
+        self.poll_ms = 200
+        self.after_advance: Optional[Callable[[], None]] = None
+
+    def produce(self) -> Optional[Task]:
+        """The next expired task, after waiting for one if need be; None once closed."""
+        tasks = self.tasks
+        timer = self._timer
+        while True:
+            if tasks:
+                return tasks.popleft().run
+            if timer._closed:
+                return None
+            timer._reap_once(self.poll_ms, self.after_advance)
+
+
 class Timer:
     """Run callbacks after a delay, on a hierarchical timing wheel (Kafka's SystemTimer).
 
-    ``Timer(tick_ms=1, wheel_size=20, *, clock=None, executor=None, max_pending=None,
-    name="timer")``. The clock is :func:`monotonic_ms` unless a :class:`ManualClock` or
-    another zero-argument callable returning milliseconds is given. Time moves only in
-    :meth:`advance_clock`, called by the caller or by the reaper thread of
-    :meth:`start`. Expired tasks run on the advancing thread, or through
-    ``executor.submit`` when an executor is given. A callback that raises is logged on
-    the ``timewheel`` logger and counted in :attr:`errors`.
+    ``Timer(tick_ms=1, wheel_size=20, *, clock=None, executor=None, strategy=None,
+    pool_threads=2, max_pending=None, name="timer")``. The clock is :func:`monotonic_ms`
+    unless a :class:`ManualClock` or another zero-argument callable returning
+    milliseconds is given. Time moves only in :meth:`advance_clock`, called by the
+    caller or by the reaper thread of :meth:`start`.
+
+    Where expired tasks run:
+
+    * the reaper thread hands what it expires to an execution strategy, so that a
+      callback that blocks does not hold up unrelated expirations. By default that is
+      :class:`~timewheel.execution.ExecuteProduceConsume` over a pool of
+      ``pool_threads`` threads that the timer owns, starts only when they are needed
+      and shuts down in :meth:`close`: the reaper runs tasks itself unless an idle pool
+      thread can take over producing, so fast callbacks cost about what running them
+      inline costs. ``strategy`` replaces it: a callable that takes the producer of
+      expired tasks and returns the strategy to drive it (for example
+      ``ProduceConsume``, or ``lambda p: ExecuteProduceConsume(p, shared_pool)``; the
+      timer does not shut down a pool it was not built with);
+    * a thread that calls :meth:`advance_clock` itself runs what it expires in deadline
+      order before the call returns, which keeps event-time replays deterministic;
+    * with ``executor`` (anything with ``submit(fn, *args)``), every expired task is
+      submitted there instead, from either path; it excludes ``strategy``.
+
+    A callback that raises is logged on the ``timewheel`` logger and counted in
+    :attr:`errors`; it never stops the reaper or a pool thread.
     """
 
     def __init__(
@@ -191,12 +246,19 @@ class Timer:
         *,
         clock: Optional[Clock] = None,
         executor: Optional[Executor] = None,
+        strategy: Optional[StrategyFactory] = None,
+        pool_threads: int = 2,
         max_pending: Optional[int] = None,
         name: str = "timer",
     ) -> None:
         tick_ms = check_ms("tick_ms", tick_ms, 1)
         if executor is not None and not callable(getattr(executor, "submit", None)):
             raise TypeError(f"executor must have a submit(fn, *args) method, got {executor!r}")
+        if strategy is not None and not callable(strategy):
+            raise TypeError(f"strategy must be a callable that builds a strategy, got {strategy!r}")
+        if strategy is not None and executor is not None:
+            raise ValueError("give either executor or strategy, not both")
+        pool_threads = check_ms("pool_threads", pool_threads, 1, 1024)
         if max_pending is not None:
             max_pending = check_ms("max_pending", max_pending, 1)
         if not isinstance(name, str):
@@ -218,6 +280,18 @@ class Timer:
         start = check_ms("clock()", self._clock(), -_INT64_MAX - 1)
         self._wheel = TimingWheel(tick_ms, wheel_size, start)
         self._executor = executor
+        self._reaping = _Reaping(self)
+        # A pool starts its threads only when given work, so a timer made before a fork
+        # (Spark's workers) owns no thread yet.
+        self._pool: Optional[ThreadPool] = None
+        if strategy is None:
+            self._pool = ThreadPool(pool_threads, name=f"{name}-pool")
+            self._strategy: ExecutionStrategy = ExecuteProduceConsume(self._reaping, self._pool)
+        else:
+            built = strategy(self._reaping)
+            if not isinstance(built, ExecutionStrategy):
+                raise TypeError(f"strategy must build an ExecutionStrategy, got {built!r}")
+            self._strategy = built
         self._max_pending = max_pending
         self.name = name
         # Serialises advancers so tasks run in deadline order; held while waiting.
@@ -289,7 +363,9 @@ class Timer:
         :meth:`close` cuts it short. While another thread advances, this call waits for
         it up to ``timeout_ms`` and returns False if it cannot take over in time.
         """
-        timeout_ms = check_ms("timeout_ms", timeout_ms)
+        return self._advance(check_ms("timeout_ms", timeout_ms), self._dispatch)
+
+    def _advance(self, timeout_ms: int, dispatch: Callable[[List[TimerTask]], None]) -> bool:
         if not self._advance_lock.acquire(timeout=timeout_ms / 1000):
             return False
         try:
@@ -301,7 +377,7 @@ class Timer:
                     return False
             due = self._wheel.advance(self._clock())
             if due:
-                self._dispatch(due)
+                dispatch(due)
             return bool(due)
         finally:
             self._advance_lock.release()
@@ -326,7 +402,7 @@ class Timer:
                 self._wake_before = _NEVER
 
     def _dispatch(self, tasks: List[TimerTask]) -> None:
-        """Run (or submit) expired tasks in order; the one place a strategy plugs in."""
+        """Run (or submit) expired tasks in order on this thread."""
         executor = self._executor
         run = self._run
         for task in tasks:
@@ -338,6 +414,15 @@ class Timer:
                     executor.submit(run, task)
                 except Exception:
                     self._count_error("could not submit %r to the executor of timer %r", task)
+
+    def _queue_expired(self, tasks: List[TimerTask]) -> None:
+        """The reaper's dispatch: queue expired tasks for whoever produces next."""
+        if self._executor is not None:
+            self._dispatch(tasks)
+            return
+        for task in tasks:
+            task._state = _FIRED
+        self._reaping.tasks.extend(tasks)
 
     def _run(self, task: TimerTask) -> None:
         try:
@@ -368,24 +453,34 @@ class Timer:
             raise RuntimeError(f"timer {self.name!r} is closed")
         if self._reaper is not None:
             raise RuntimeError(f"timer {self.name!r} is already started")
+        self._reaping.poll_ms = poll_ms
+        self._reaping.after_advance = after_advance
         self._reaper = threading.Thread(
             target=self._reap,
-            args=(poll_ms, after_advance),
             name=f"{self.name}-reaper",
             daemon=True,
         )
         self._reaper.start()
 
-    def _reap(self, poll_ms: int, after_advance: Optional[Callable[[], None]]) -> None:
+    def _reap(self) -> None:
+        # Production passes between this thread and the pool's, and stops only at close;
+        # the loop restarts it should a strategy ever let it go.
         while not self._closed:
-            self.advance_clock(poll_ms)
-            if after_advance is not None:
-                try:
-                    after_advance()
-                except Exception:
-                    self._count_error("after_advance %r of timer %r raised", after_advance)
-            if self._manual is not None:
-                self._wait_for_manual_clock(poll_ms)
+            self._strategy.produce()
+            with self._cond:
+                if not self._closed:
+                    self._cond.wait(self._reaping.poll_ms / 1000)
+
+    def _reap_once(self, poll_ms: int, after_advance: Optional[Callable[[], None]]) -> None:
+        """One turn of the reaper's work, on whichever thread produces."""
+        ran = self._advance(poll_ms, self._queue_expired)
+        if after_advance is not None:
+            try:
+                after_advance()
+            except Exception:
+                self._count_error("after_advance %r of timer %r raised", after_advance)
+        if self._manual is not None and not ran:
+            self._wait_for_manual_clock(poll_ms)
 
     def _wait_for_manual_clock(self, poll_ms: int) -> None:
         # The clock notifies our condition when it moves; earlier adds notify too.
@@ -406,7 +501,9 @@ class Timer:
     def close(self) -> List[TimerTask]:
         """Stop the reaper promptly and return the tasks that never ran, in deadline order.
 
-        Those tasks are marked cancelled. Adding to a closed timer raises RuntimeError.
+        Those tasks are marked cancelled. Tasks already expired are run to the end first:
+        the pool the timer owns is shut down once it has run them. Adding to a closed
+        timer raises RuntimeError.
         """
         with self._cond:
             self._closed = True
@@ -414,6 +511,8 @@ class Timer:
         reaper = self._reaper
         if reaper is not None and reaper is not threading.current_thread():
             reaper.join()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         with self._advance_lock:
             left: List[TimerTask] = self._wheel.advance(_INT64_MAX)
         for task in left:
@@ -438,8 +537,11 @@ class Timer:
 
     @property
     def errors(self) -> int:
-        """How many callbacks raised (or could not be submitted to the executor)."""
-        return self._errors
+        """How many callbacks raised (or could not be submitted to the executor).
+
+        Includes the errors the reaper's strategy counted: it runs only this timer's tasks.
+        """
+        return self._errors + self._strategy.stats().errors
 
     def __len__(self) -> int:
         """The exact number of tasks pending: added, not yet run, not cancelled."""

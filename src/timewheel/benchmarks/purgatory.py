@@ -1,146 +1,500 @@
-"""``timewheel bench purgatory``: operations per second through a purgatory vs the classic one.
+"""``timewheel bench purgatory``: the purgatory write-up's experiment (Kafka's TestPurgatoryPerformance).
 
-Every operation is watched on ``--watch`` of ``--keys`` keys with a delay drawn from
-1..``--max-delay`` ms, then completed by ``force_complete`` or by ``check_and_complete``
-on its first key; ``--pending`` long-lived operations stay watched throughout. The
-clock is a :class:`~timewheel.timer.ManualClock` that ticks 1 ms every 100 operations,
-with an ``advance_clock`` after each tick as the reaper would. Every implementation
-runs the same operations in one process, so the printed ratios are comparable even
-on a noisy machine.
+``--num`` requests arrive as a Poisson process at ``--rate`` per second; each watches
+``--keys`` keys drawn from ``--key-space-size`` and times out after ``--timeout`` ms.
+A request's latency is log-normal with the given 75th and 50th percentiles: a
+completion thread calls ``force_complete`` at arrival + latency when that is before
+the timeout, so its watcher entries go stale and the purge path runs; the others
+expire. The workload is drawn up front from a seeded NumPy generator and the two
+load threads are the same for every ``--impl``:
+
+* ``wheel``: :class:`~timewheel.purgatory.Purgatory` with its reaper;
+* ``classic``: :class:`~timewheel.benchmarks.classic.ClassicPurgatory` (heap + strong
+  watcher lists + purge by scan), with its reaper;
+* ``asyncio``: :class:`AsyncioPurgatory`, the purgatory a Python user writes today on an
+  event loop's ``call_later``.
+
+A run that loses a request (completed + expired != num) fails loudly.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
-import random
+import json
+import math
+import resource
+import sys
+import threading
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from array import array
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any, Deque, Dict, Hashable, Iterable, List, Optional, Set, Tuple
 
-from .. import timer as timer_module
-from .. import wheel
 from ..purgatory import DelayedOperation, Purgatory
-from ..timer import ManualClock, Timer
 from .classic import ClassicPurgatory
 
-IMPLS = ("purgatory[cython]", "purgatory[python]", "classic")
+IMPLS = ("wheel", "classic", "asyncio")
+#: The load threads act up to this early rather than sleep for less: a sleep costs
+#: the process more CPU than the handful of requests it would space out, and 0.2 ms is
+#: a fifth of the timer's tick.
+SLACK_S = 0.0002
+_Z75 = 0.6744897501960817  # the standard normal's 75th percentile
 
 
-class Request(DelayedOperation):
-    """A request that completes once ``ready`` is set, like a produce waiting for acks."""
+class FakeOperation(DelayedOperation):
+    """A request that never completes by itself: the completion thread forces it."""
 
-    __slots__ = ("ready",)
-
-    def __init__(self, delay_ms: int) -> None:
-        super().__init__(delay_ms)
-        self.ready = False
+    __slots__ = ()
 
     def try_complete(self) -> bool:
-        """Complete if ready."""
-        return self.ready and self.force_complete()
+        """Nothing to check: completion comes from ``force_complete``."""
+        return False
 
     def on_complete(self) -> None:
-        """Nothing to send back in a benchmark."""
+        """No response to send in a benchmark."""
 
 
-def timer_on(wheel_name: str, clock: ManualClock) -> Timer:
-    """A :class:`Timer` on ``clock`` whose wheel is the "cython" or "python" one."""
-    wheel_class = wheel.CTimingWheel if wheel_name == "cython" else wheel.PyTimingWheel
-    if wheel_class is None:
-        raise ValueError("the cython wheel needs the compiled extension, which is not built")
-    # The Timer always builds timewheel.timer.TimingWheel (the tests swap it the same
-    # way); swap it for this one construction and put it back at once.
-    saved = getattr(timer_module, "TimingWheel")
-    setattr(timer_module, "TimingWheel", wheel_class)
-    try:
-        return Timer(clock=clock)
-    finally:
-        setattr(timer_module, "TimingWheel", saved)
+class _LoopCancel:
+    """Stands in for the timer of an operation watched by :class:`AsyncioPurgatory`.
+
+    ``DelayedOperation.force_complete`` cancels through ``op._wheel.cancel(op._handle)``;
+    the handle is the operation itself, and cancelling posts it to the loop, since
+    asyncio is not thread-safe. The message holds the operation, so it cannot be freed
+    (and its id reused) before the loop has seen it.
+    """
+
+    __slots__ = ("_post",)
+
+    def __init__(self, post: Any) -> None:
+        self._post = post
+
+    def cancel(self, handle: Any) -> bool:
+        """Have the loop cancel the timeout of operation ``handle`` and unwatch it."""
+        self._post(("done", handle))
+        return True
 
 
-def make_purgatory(impl: str, clock: ManualClock) -> Any:
-    """A reaper-less purgatory of ``impl`` (one of :data:`IMPLS`) on ``clock``."""
+class AsyncioPurgatory:
+    """A purgatory on an asyncio event loop in its own thread: ``call_later`` timeouts
+    and watcher sets, tuned the way a careful user would write it.
+
+    Other threads post to a deque the loop drains, waking the loop only when it is not
+    already due to drain (one ``call_soon_threadsafe`` per batch, not per request). A
+    completed operation's timer handle is cancelled (asyncio compacts its heap once
+    half of it is cancelled) and it leaves its watcher sets at once. No reference
+    cycles: a finished operation is freed by reference counting, as in the others.
+    """
+
+    def __init__(self, name: str = "asyncio") -> None:
+        self.name = name
+        self._loop = asyncio.new_event_loop()
+        self._inbox: Deque[Tuple[Any, ...]] = deque()
+        self._wake_pending = False
+        self._watchers: Dict[Hashable, Set[DelayedOperation]] = {}
+        # Pending operations: their timer handles and keys (the loop's strong reference).
+        self._pending: Dict[DelayedOperation, Tuple[asyncio.TimerHandle, Tuple[Hashable, ...]]] = {}
+        self._stats_lock = threading.Lock()
+        self._completed = self._expired = self._errors = 0
+        self._cancel = _LoopCancel(self._post)
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"{name}-loop")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _post(self, message: Tuple[Any, ...]) -> None:
+        self._inbox.append(message)
+        if not self._wake_pending:
+            self._wake_pending = True
+            self._loop.call_soon_threadsafe(self._drain)
+
+    def try_complete_else_watch(self, op: DelayedOperation, keys: Iterable[Hashable]) -> bool:
+        """Try on the caller; if not complete, have the loop watch and time it."""
+        op._purgatory = self  # type: ignore[assignment]
+        if op.try_complete():
+            return True
+        self._post(("watch", op, tuple(keys)))
+        return False
+
+    def _drain(self) -> None:
+        # Reset before draining: a post after this line wakes the loop again.
+        self._wake_pending = False
+        inbox, watchers, pending = self._inbox, self._watchers, self._pending
+        call_later, expire = self._loop.call_later, self._expire
+        while inbox:
+            message = inbox.popleft()
+            kind, op = message[0], message[1]
+            if kind == "watch":
+                if op._once.locked():  # completed before the loop got to it
+                    continue
+                keys = message[2]
+                pending[op] = (call_later(op.delay_ms / 1000, expire, op), keys)
+                for key in keys:
+                    s = watchers.get(key)
+                    if s is None:
+                        watchers[key] = {op}
+                    else:
+                        s.add(op)
+                op._handle = op
+                op._wheel = self._cancel
+                if op._once.locked():  # completed while its handle was not yet published
+                    self._finish(op)
+            elif kind == "done":
+                self._finish(op)
+            else:  # "flush"
+                op.set()
+
+    def flush(self) -> None:
+        """Return once the loop has watched every request posted before this call.
+
+        The load generator calls it before it stops the clock: a request has not
+        arrived in this purgatory until the loop has watched it.
+        """
+        done = threading.Event()
+        self._post(("flush", done))
+        done.wait()
+
+    def _finish(self, op: DelayedOperation) -> None:
+        """Forget a completed or expired operation: cancel its timeout, unwatch it."""
+        entry = self._pending.pop(op, None)
+        if entry is None:
+            return  # a timeout and a completion both finished it
+        handle, keys = entry
+        handle.cancel()
+        op._handle = 0
+        op._wheel = None
+        watchers = self._watchers
+        for key in keys:
+            s = watchers.get(key)
+            if s is not None:
+                s.discard(op)
+                if not s:
+                    del watchers[key]
+
+    def _expire(self, op: DelayedOperation) -> None:
+        self._finish(op)
+        try:
+            op.run()
+        except Exception:
+            with self._stats_lock:
+                self._errors += 1
+
+    def metrics(self) -> Dict[str, int]:
+        """Completed (expired included) and expired, as the other purgatories count them."""
+        with self._stats_lock:
+            return {
+                "completed": self._completed,
+                "expired": self._expired,
+                "errors": self._errors,
+            }
+
+    def shutdown(self) -> None:
+        """Stop the loop and its thread."""
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
+@dataclass
+class Workload:
+    """Everything drawn up front, in compact arrays that index to plain Python objects."""
+
+    #: arrival offsets from the start, seconds
+    arrivals: "array[float]"
+    #: 1 if the request completes before its timeout, else 0
+    completes: bytes
+    #: distinct key tuples; request i watches ``key_sets[key_index[i]]``
+    key_sets: List[Tuple[int, ...]]
+    key_index: "array[int]"
+    #: indices of the requests that complete, in completion-time order
+    completion_order: "array[int]"
+    #: their completion offsets (arrival + latency), seconds, in the same order
+    completion_times: "array[float]"
+
+
+#: At most this many distinct key tuples are drawn; requests pick among them uniformly.
+#: A tuple per request would cost ~80 bytes each, which would swamp the peak RSS the
+#: benchmark compares, and slicing a flat array per request costs the generator time.
+KEY_SETS = 1 << 16
+
+
+def make_workload(
+    num: int,
+    rate: float,
+    timeout_ms: int,
+    pct75: float,
+    pct50: float,
+    keys: int,
+    key_space: int,
+    seed: int,
+) -> Workload:
+    """Draw the Poisson arrivals, log-normal latencies and keys from a seeded generator."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, num))
+    sigma = math.log(pct75 / pct50) / _Z75
+    latencies_ms = rng.lognormal(math.log(pct50), sigma, num)
+    key_table = rng.integers(0, key_space, (min(num, KEY_SETS), keys))
+    while True:  # redraw the rows that repeat a key, until every row is distinct
+        ordered = np.sort(key_table, axis=1)
+        bad = np.flatnonzero((ordered[:, 1:] == ordered[:, :-1]).any(axis=1))
+        if not len(bad):
+            break
+        key_table[bad] = rng.integers(0, key_space, (len(bad), keys))
+    key_index = rng.integers(0, len(key_table), num)
+    completes = latencies_ms < timeout_ms
+    idx = np.flatnonzero(completes)
+    done_at = arrivals[idx] + latencies_ms[idx] / 1000.0
+    order = np.argsort(done_at, kind="stable")
+    return Workload(
+        arrivals=array("d", arrivals.tobytes()),
+        completes=completes.astype(np.uint8).tobytes(),
+        key_sets=[tuple(row) for row in key_table.tolist()],
+        key_index=array("q", key_index.astype(np.int64).tobytes()),
+        completion_order=array("q", idx[order].astype(np.int64).tobytes()),
+        completion_times=array("d", done_at[order].tobytes()),
+    )
+
+
+@dataclass
+class Result:
+    """One run's report; ``--json`` prints it as one object."""
+
+    impl: str
+    num: int
+    target_rate: float
+    actual_rate: float
+    elapsed_ms: float
+    cpu_ms: float
+    gc_collections: int
+    gc_ms: float
+    peak_rss_kb: int
+    completed: int
+    expired: int
+    timeout_ms: int
+    pct75: float
+    pct50: float
+
+
+def make_purgatory(impl: str) -> Any:
+    """A purgatory of ``impl`` with its own reaper on the real clock."""
+    if impl == "wheel":
+        return Purgatory(name="bench-wheel")
     if impl == "classic":
-        return ClassicPurgatory(clock=clock, reaper=False)
-    wheel_name = "cython" if impl == "purgatory[cython]" else "python"
-    return Purgatory(timer=timer_on(wheel_name, clock), reaper=False)
+        return ClassicPurgatory(name="bench-classic")
+    if impl == "asyncio":
+        return AsyncioPurgatory()
+    raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
 
 
-def workload(
-    ops: int, keys: int, watch: int, max_delay: int, seed: int = 1
-) -> List[Tuple[int, Tuple[int, ...]]]:
-    """The (delay, keys) of every operation, the same for every implementation."""
-    rng = random.Random(seed)
-    return [(rng.randint(1, max_delay), tuple(rng.sample(range(keys), watch))) for _ in range(ops)]
+def _generate(
+    purgatory: Any,
+    work: Workload,
+    timeout_ms: int,
+    start: float,
+    outstanding: Dict[int, DelayedOperation],
+    progress: List[int],
+) -> None:
+    """Create each request at its arrival time (back to back when behind) and watch it."""
+    watch = purgatory.try_complete_else_watch
+    clock, sleep = time.perf_counter, time.sleep
+    key_sets, key_index, completes = work.key_sets, work.key_index, work.completes
+    for i, arrival in enumerate(work.arrivals):
+        ahead = arrival - (clock() - start)
+        if ahead > SLACK_S:
+            sleep(ahead)
+        op = FakeOperation(timeout_ms)
+        if completes[i]:
+            outstanding[i] = op  # the completion thread's one strong reference
+        watch(op, key_sets[key_index[i]])
+        progress[0] = i + 1
 
 
-def run_one(
-    impl: str, plan: List[Tuple[int, Tuple[int, ...]]], pending: int, complete: str
-) -> Dict[str, Any]:
-    """Push ``plan`` through one implementation; return seconds, µs/op and its metrics."""
-    clock = ManualClock()
-    p = make_purgatory(impl, clock)
-    held = [Request(10**9) for _ in range(pending)]
-    for i, op in enumerate(held):
-        p.try_complete_else_watch(op, plan[i % len(plan)][1])
-    watch: Callable[[DelayedOperation, Tuple[int, ...]], bool] = p.try_complete_else_watch
-    check: Callable[[int], int] = p.check_and_complete
-    by_check = complete == "check"
-    gc.collect()
-    start = time.perf_counter()
-    for i, (delay, op_keys) in enumerate(plan):
-        op = Request(delay)
-        watch(op, op_keys)
-        if by_check:
-            op.ready = True
-            check(op_keys[0])
+def _complete(
+    work: Workload, start: float, outstanding: Dict[int, DelayedOperation], progress: List[int]
+) -> None:
+    """Force-complete each request at arrival + latency (or once it exists, if later)."""
+    clock, sleep = time.perf_counter, time.sleep
+    for i, at in zip(work.completion_order, work.completion_times):
+        ahead = at - (clock() - start)
+        if ahead > SLACK_S:
+            sleep(ahead)
+        while progress[0] <= i:  # the generator is behind: wait for the request to exist
+            sleep(0.0005)
+        outstanding.pop(i).force_complete()
+
+
+class _GcTimer:
+    """Counts collections and their CPU time through ``gc.callbacks``.
+
+    A collection runs on one thread from start to stop, so that thread's CPU clock
+    times it without counting what a loaded machine's other processes take.
+    """
+
+    def __init__(self) -> None:
+        self.collections = 0
+        self.ns = 0
+        self._began = 0
+
+    def __call__(self, phase: str, info: Dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.thread_time_ns()
         else:
-            op.force_complete()
-        if i % 100 == 99:
-            clock.advance(1)
-            p.advance_clock(0)
-    seconds = time.perf_counter() - start
-    metrics = p.metrics()
-    p.shutdown()
-    us_per_op = seconds / len(plan) * 1e6
-    return {"impl": impl, "seconds": seconds, "us_per_op": us_per_op, "metrics": metrics}
+            self.collections += 1
+            self.ns += time.thread_time_ns() - self._began
+
+
+def run(
+    impl: str,
+    num: int,
+    rate: float,
+    timeout_ms: int,
+    pct75: float,
+    pct50: float,
+    keys: int = 3,
+    key_space: int = 100,
+    seed: int = 1,
+    grace_s: float = 30.0,
+) -> Result:
+    """Run the experiment once in this process; raise RuntimeError if a request is lost.
+
+    Requests still unaccounted for ``grace_s`` seconds after the last could have timed
+    out count as lost.
+    """
+    work = make_workload(num, rate, timeout_ms, pct75, pct50, keys, key_space, seed)
+    purgatory = make_purgatory(impl)
+    # Only the requests still to be completed: a dict, not a list of num slots, so
+    # that a collection does not walk the whole run's worth of them.
+    outstanding: Dict[int, DelayedOperation] = {}
+    progress = [0]
+    gc_timer = _GcTimer()
+    # The workload and everything imported so far are not the purgatory's: keep them
+    # out of the collections (the same for every implementation).
+    gc.collect()
+    gc.freeze()
+    gc.callbacks.append(gc_timer)
+    try:
+        cpu0 = time.process_time()
+        start = time.perf_counter()
+        completer = threading.Thread(target=_complete, args=(work, start, outstanding, progress))
+        completer.start()
+        _generate(purgatory, work, timeout_ms, start, outstanding, progress)
+        flush = getattr(purgatory, "flush", None)
+        if flush is not None:
+            flush()
+        elapsed = time.perf_counter() - start
+        completer.join()
+        # Every request has been created and the last timeouts are at most timeout_ms away.
+        deadline = time.perf_counter() + timeout_ms / 1000.0 + grace_s
+        while True:
+            m = purgatory.metrics()
+            if m["completed"] >= num or time.perf_counter() > deadline:
+                break
+            time.sleep(0.005)
+        cpu = time.process_time() - cpu0
+    finally:
+        gc.callbacks.remove(gc_timer)
+        gc.unfreeze()
+        purgatory.shutdown()
+    expired = m["expired"]
+    forced = m["completed"] - expired
+    if forced + expired != num:
+        raise RuntimeError(
+            f"{impl}: lost requests: completed {forced} + expired {expired} != num {num}"
+        )
+    return Result(
+        impl=impl,
+        num=num,
+        target_rate=rate,
+        actual_rate=num / elapsed,
+        elapsed_ms=elapsed * 1000.0,
+        cpu_ms=cpu * 1000.0,
+        gc_collections=gc_timer.collections,
+        gc_ms=gc_timer.ns / 1e6,
+        peak_rss_kb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        completed=forced,
+        expired=expired,
+        timeout_ms=timeout_ms,
+        pct75=pct75,
+        pct50=pct50,
+    )
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The workload options shared with ``timewheel bench sweep``."""
+    parser.add_argument("--timeout", type=_positive(int), default=200, help="ms (default 200)")
+    parser.add_argument("--keys", type=_positive(int), default=3, help="per request (default 3)")
+    parser.add_argument(
+        "--key-space-size", type=_positive(int), default=100, help="distinct keys (default 100)"
+    )
+    parser.add_argument("--seed", type=int, default=1, help="of the workload (default 1)")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``purgatory`` to ``timewheel bench``."""
     parser = subparsers.add_parser(
-        "purgatory", help="operations per second through a purgatory vs the classic one"
+        "purgatory", help="the purgatory write-up's experiment: one implementation, one rate"
     )
-    parser.add_argument("--impl", choices=IMPLS + ("all",), default="all")
-    parser.add_argument("--ops", type=int, default=200_000, help="operations to push through")
-    parser.add_argument("--keys", type=int, default=100, help="distinct keys")
-    parser.add_argument("--watch", type=int, default=3, help="keys each operation watches")
-    parser.add_argument("--max-delay", type=int, default=400, help="largest delay, ms")
-    parser.add_argument("--pending", type=int, default=0, help="long-lived pending operations")
-    parser.add_argument("--complete", choices=("force", "check"), default="force")
+    parser.add_argument("--num", type=_positive(int), default=1_000_000, help="requests")
+    parser.add_argument("--rate", type=_positive(float), default=10_000, help="target req/s")
+    parser.add_argument("--pct75", type=_positive(float), default=60, help="latency ms")
+    parser.add_argument("--pct50", type=_positive(float), default=20, help="latency ms")
+    add_arguments(parser)
+    parser.add_argument("--impl", choices=IMPLS, default="wheel")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=main)
 
 
+def check_arguments(args: argparse.Namespace) -> Optional[str]:
+    """Why the workload options cannot work together, or None."""
+    if args.keys > args.key_space_size:
+        return f"--keys {args.keys} must not exceed --key-space-size {args.key_space_size}"
+    if getattr(args, "pct50", 1) > getattr(args, "pct75", 1):
+        return f"--pct50 {args.pct50} must not exceed --pct75 {args.pct75}"
+    return None
+
+
 def main(args: argparse.Namespace) -> int:
-    """Run the benchmark and print one line per implementation; 2 on bad arguments."""
-    if args.ops < 1 or args.pending < 0 or args.max_delay < 1 or not 1 <= args.watch <= args.keys:
-        print(
-            f"need --ops >= 1, --pending >= 0, --max-delay >= 1 and 1 <= --watch <= --keys; got "
-            f"--ops {args.ops} --pending {args.pending} --max-delay {args.max_delay} "
-            f"--watch {args.watch} --keys {args.keys}"
-        )
+    """Run once and print the report (2 on bad arguments, 1 if a request was lost)."""
+    problem = check_arguments(args)
+    if problem is not None:
+        print(problem, file=sys.stderr)
         return 2
-    impls = [i for i in IMPLS if args.impl in ("all", i)]
-    if wheel.CTimingWheel is None and "purgatory[cython]" in impls:
-        if args.impl != "all":
-            print("purgatory[cython] needs the compiled extension, which is not built")
-            return 2
-        impls.remove("purgatory[cython]")
-    plan = workload(args.ops, args.keys, args.watch, args.max_delay)
-    results = [run_one(impl, plan, args.pending, args.complete) for impl in impls]
-    baseline = next((r for r in results if r["impl"] == "classic"), None)
-    for r in results:
-        ratio = f"  {baseline['seconds'] / r['seconds']:.2f}x classic" if baseline else ""
-        rate = args.ops / r["seconds"]
-        print(f"{r['impl']:>18}: {r['us_per_op']:7.2f} us/op  {rate:10.0f} ops/s{ratio}")
+    try:
+        result = run(
+            args.impl,
+            args.num,
+            args.rate,
+            args.timeout,
+            args.pct75,
+            args.pct50,
+            args.keys,
+            args.key_space_size,
+            args.seed,
+        )
+    except RuntimeError as exc:
+        print(f"FAILED: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(asdict(result)))
+    else:
+        r = result
+        print(
+            f"{r.impl}: {r.num} requests, target {r.target_rate:.0f}/s, actual {r.actual_rate:.0f}/s, "
+            f"elapsed {r.elapsed_ms:.0f} ms, cpu {r.cpu_ms:.0f} ms, gc {r.gc_collections} "
+            f"({r.gc_ms:.1f} ms), peak rss {r.peak_rss_kb / 1024:.1f} MiB, "
+            f"completed {r.completed}, expired {r.expired}"
+        )
     return 0

@@ -1,0 +1,146 @@
+"""``timewheel bench operations``: operations per second through a purgatory vs the classic one.
+
+Every operation is watched on ``--watch`` of ``--keys`` keys with a delay drawn from
+1..``--max-delay`` ms, then completed by ``force_complete`` or by ``check_and_complete``
+on its first key; ``--pending`` long-lived operations stay watched throughout. The
+clock is a :class:`~timewheel.timer.ManualClock` that ticks 1 ms every 100 operations,
+with an ``advance_clock`` after each tick as the reaper would. Every implementation
+runs the same operations in one process, so the printed ratios are comparable even
+on a noisy machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import time
+from typing import Any, Callable, Dict, List, Tuple
+
+from .. import timer as timer_module
+from .. import wheel
+from ..purgatory import DelayedOperation, Purgatory
+from ..timer import ManualClock, Timer
+from .classic import ClassicPurgatory
+
+IMPLS = ("purgatory[cython]", "purgatory[python]", "classic")
+
+
+class Request(DelayedOperation):
+    """A request that completes once ``ready`` is set, like a produce waiting for acks."""
+
+    __slots__ = ("ready",)
+
+    def __init__(self, delay_ms: int) -> None:
+        super().__init__(delay_ms)
+        self.ready = False
+
+    def try_complete(self) -> bool:
+        """Complete if ready."""
+        return self.ready and self.force_complete()
+
+    def on_complete(self) -> None:
+        """Nothing to send back in a benchmark."""
+
+
+def timer_on(wheel_name: str, clock: ManualClock) -> Timer:
+    """A :class:`Timer` on ``clock`` whose wheel is the "cython" or "python" one."""
+    wheel_class = wheel.CTimingWheel if wheel_name == "cython" else wheel.PyTimingWheel
+    if wheel_class is None:
+        raise ValueError("the cython wheel needs the compiled extension, which is not built")
+    # The Timer always builds timewheel.timer.TimingWheel (the tests swap it the same
+    # way); swap it for this one construction and put it back at once.
+    saved = getattr(timer_module, "TimingWheel")
+    setattr(timer_module, "TimingWheel", wheel_class)
+    try:
+        return Timer(clock=clock)
+    finally:
+        setattr(timer_module, "TimingWheel", saved)
+
+
+def make_purgatory(impl: str, clock: ManualClock) -> Any:
+    """A reaper-less purgatory of ``impl`` (one of :data:`IMPLS`) on ``clock``."""
+    if impl == "classic":
+        return ClassicPurgatory(clock=clock, reaper=False)
+    wheel_name = "cython" if impl == "purgatory[cython]" else "python"
+    return Purgatory(timer=timer_on(wheel_name, clock), reaper=False)
+
+
+def workload(
+    ops: int, keys: int, watch: int, max_delay: int, seed: int = 1
+) -> List[Tuple[int, Tuple[int, ...]]]:
+    """The (delay, keys) of every operation, the same for every implementation."""
+    rng = random.Random(seed)
+    return [(rng.randint(1, max_delay), tuple(rng.sample(range(keys), watch))) for _ in range(ops)]
+
+
+def run_one(
+    impl: str, plan: List[Tuple[int, Tuple[int, ...]]], pending: int, complete: str
+) -> Dict[str, Any]:
+    """Push ``plan`` through one implementation; return seconds, µs/op and its metrics."""
+    clock = ManualClock()
+    p = make_purgatory(impl, clock)
+    held = [Request(10**9) for _ in range(pending)]
+    for i, op in enumerate(held):
+        p.try_complete_else_watch(op, plan[i % len(plan)][1])
+    watch: Callable[[DelayedOperation, Tuple[int, ...]], bool] = p.try_complete_else_watch
+    check: Callable[[int], int] = p.check_and_complete
+    by_check = complete == "check"
+    gc.collect()
+    start = time.perf_counter()
+    for i, (delay, op_keys) in enumerate(plan):
+        op = Request(delay)
+        watch(op, op_keys)
+        if by_check:
+            op.ready = True
+            check(op_keys[0])
+        else:
+            op.force_complete()
+        if i % 100 == 99:
+            clock.advance(1)
+            p.advance_clock(0)
+    seconds = time.perf_counter() - start
+    metrics = p.metrics()
+    p.shutdown()
+    us_per_op = seconds / len(plan) * 1e6
+    return {"impl": impl, "seconds": seconds, "us_per_op": us_per_op, "metrics": metrics}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``operations`` to ``timewheel bench``."""
+    parser = subparsers.add_parser(
+        "operations", help="operations per second through a purgatory vs the classic one"
+    )
+    parser.add_argument("--impl", choices=IMPLS + ("all",), default="all")
+    parser.add_argument("--ops", type=int, default=200_000, help="operations to push through")
+    parser.add_argument("--keys", type=int, default=100, help="distinct keys")
+    parser.add_argument("--watch", type=int, default=3, help="keys each operation watches")
+    parser.add_argument("--max-delay", type=int, default=400, help="largest delay, ms")
+    parser.add_argument("--pending", type=int, default=0, help="long-lived pending operations")
+    parser.add_argument("--complete", choices=("force", "check"), default="force")
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the benchmark and print one line per implementation; 2 on bad arguments."""
+    if args.ops < 1 or args.pending < 0 or args.max_delay < 1 or not 1 <= args.watch <= args.keys:
+        print(
+            f"need --ops >= 1, --pending >= 0, --max-delay >= 1 and 1 <= --watch <= --keys; got "
+            f"--ops {args.ops} --pending {args.pending} --max-delay {args.max_delay} "
+            f"--watch {args.watch} --keys {args.keys}"
+        )
+        return 2
+    impls = [i for i in IMPLS if args.impl in ("all", i)]
+    if wheel.CTimingWheel is None and "purgatory[cython]" in impls:
+        if args.impl != "all":
+            print("purgatory[cython] needs the compiled extension, which is not built")
+            return 2
+        impls.remove("purgatory[cython]")
+    plan = workload(args.ops, args.keys, args.watch, args.max_delay)
+    results = [run_one(impl, plan, args.pending, args.complete) for impl in impls]
+    baseline = next((r for r in results if r["impl"] == "classic"), None)
+    for r in results:
+        ratio = f"  {baseline['seconds'] / r['seconds']:.2f}x classic" if baseline else ""
+        rate = args.ops / r["seconds"]
+        print(f"{r['impl']:>18}: {r['us_per_op']:7.2f} us/op  {rate:10.0f} ops/s{ratio}")
+    return 0

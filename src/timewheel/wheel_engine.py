@@ -1,0 +1,392 @@
+"""The timewheel dispatch engine: one partition's rows through the package's own parts.
+
+Per partition (one :class:`_Partition`):
+
+* a :class:`~timewheel.sources.QueueingSource` over the partition's rows feeds a
+  :class:`~timewheel.sources.Scheduler` whose sink is the partition itself: its
+  ``outstanding()`` is the rows admitted and not yet finished, so at most
+  ``max_in_flight`` are in flight (back pressure);
+* a row with ``key_cols`` checks out all its key values at once from a
+  :class:`~timewheel.resources.ResourceManager` before it is sent;
+* every call in flight is a :class:`_Call` in the worker's
+  :class:`~timewheel.purgatory.Purgatory`: the target's ``on_done`` reply completes it,
+  the timer expires it at ``timeout_ms``;
+* failed and timed-out attempts are retried after ``backoff_ms`` (with jitter) on the
+  timer, up to ``retries``;
+* completions run through an :class:`~timewheel.execution.ExecuteProduceConsume`.
+
+The timer, purgatory, pool and strategy live once per Python worker (a
+:class:`_WorkerKit` in :func:`~timewheel.engines.worker_runtime`), are made after the
+fork, and are shared by every task the worker runs. A partition's state is its own:
+a reply that arrives after its partition ended (or after its call timed out) finds a
+completed operation and changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from typing import Any
+
+from .engines import FAILED, OK, TIMEOUT, DispatchConfig, Outcome, backoff_s, worker_runtime
+from .execution import ExecuteProduceConsume, ProduceConsume, TaskQueue, ThreadPool
+from .purgatory import DelayedOperation, Purgatory
+from .resources import Checkout, ResourceManager
+from .sources import Fair, QueueingSource, Scheduler
+from .targets import row_keys
+from .timer import Timer, TimerTask
+
+__all__ = ["timewheel_engine"]
+
+# Rows asked of the input per refill, and the most the scheduler admits per round.
+_BATCH = 1024
+# The task's thread is woken when this share of max_in_flight has finished (or all
+# has): waking it per row would cost a thread switch per row; slots left empty
+# meanwhile are at most this share.
+_WAKE_SHARE = 32
+
+
+class _WorkerKit:
+    """What one Python worker keeps for every partition it dispatches."""
+
+    def __init__(self) -> None:
+        # The reaper runs what expires itself: a timeout only queues the attempt's end
+        # for the completion thread and a backoff only starts a call, both short, so
+        # handing production to another thread would cost more than the task.
+        self.timer = Timer(name="timewheel-dispatch", strategy=ProduceConsume)
+        # Starts the reaper thread that expires calls and runs backoffs.
+        self.purgatory = Purgatory("timewheel-dispatch", timer=self.timer)
+        # One thread: completions are short, and a second would only take the producing
+        # role back and forth with the first, a thread switch per completion.
+        self.pool = ThreadPool(1, name="timewheel-dispatch")
+        self.completions = TaskQueue()
+        self.strategy = ExecuteProduceConsume(self.completions, self.pool)
+
+    def complete(self, task: Callable[[], None]) -> None:
+        """Run ``task`` through the completion strategy, on its pool thread.
+
+        Never on the caller's thread: that is the target's reply thread or the timer's
+        reaper, and neither should wait for the partition's bookkeeping.
+        """
+        self.completions.offer(task)
+        self.strategy.dispatch()
+
+    def close(self) -> None:
+        """Stop the reaper and the pool (called when the worker runtime is closed)."""
+        self.purgatory.shutdown()
+        self.pool.shutdown()
+
+
+def _kit() -> _WorkerKit:
+    return worker_runtime().shared("timewheel-engine", None, _WorkerKit)
+
+
+class _InlineExecutor:
+    """Runs a refill on the thread that asked for it.
+
+    The partition's input belongs to the task's thread (Spark reads it from the
+    worker's socket), and that thread has nothing else to do while the queue is low,
+    so the refill reads the next rows right there.
+    """
+
+    def submit(self, fn: Any, /) -> None:
+        fn()
+
+
+_INLINE = _InlineExecutor()
+
+
+class _RowSource:
+    """The partition's rows as a source of sequence numbers (rows are dicts: unhashable)."""
+
+    def __init__(self, rows: Iterable[dict[str, Any]]) -> None:
+        self._rows = iter(rows)
+        self._next_seq = 0
+        self.taken: dict[int, dict[str, Any]] = {}
+        self.exhausted = False
+        self.error: BaseException | None = None
+
+    def get_next_batch(self, n: int) -> list[int]:
+        """Read up to ``n`` rows; their numbers, in input order."""
+        seqs: list[int] = []
+        if self.exhausted:
+            return seqs
+        taken, seq = self.taken, self._next_seq
+        try:
+            for row in self._rows:
+                taken[seq] = row
+                seqs.append(seq)
+                seq += 1
+                if len(seqs) == n:
+                    break
+            else:
+                self.exhausted = True
+        except Exception as exc:  # raised again on the task's thread by the partition
+            self.error = exc
+            self.exhausted = True
+        self._next_seq = seq
+        return seqs
+
+
+class _Row:
+    """One row's progress: its attempts, its keys and when its first call started."""
+
+    __slots__ = ("attempts", "backoff", "checkout", "data", "seq", "start")
+
+    def __init__(self, seq: int, data: dict[str, Any]) -> None:
+        self.seq = seq
+        self.data = data
+        self.attempts = 0
+        self.start = 0.0
+        self.checkout: Checkout | None = None
+        self.backoff: TimerTask | None = None
+
+
+class _Call(DelayedOperation):
+    """One attempt in flight: completed by the target's reply, expired at the timeout."""
+
+    __slots__ = ("answer", "partition", "row")
+
+    def __init__(self, delay_ms: int, row: _Row, partition: _Partition) -> None:
+        DelayedOperation.__init__(self, delay_ms)
+        self.row = row
+        self.partition = partition
+        self.answer: tuple[bool, str | None] | None = None
+
+    def reply(self, ok: bool, error: str | None) -> None:
+        """The target's ``on_done``: complete the call unless it already timed out."""
+        self.answer = (ok, error)
+        self.force_complete()
+
+    def try_complete(self) -> bool:
+        """Complete once the target has replied (a reply may come inside ``submit``)."""
+        return self.answer is not None and self.force_complete()
+
+    def on_complete(self) -> None:
+        """Queue the attempt's end for the partition's completion task.
+
+        Runs once, from the reply or the timeout, whichever won; ``answer`` is read
+        here so that a reply losing to the timeout cannot change the outcome.
+        """
+        self.partition.ended(self.row, self.answer)
+
+
+class _Partition:
+    """One task's dispatch: the scheduler's sink, and the generator of its outcomes."""
+
+    def __init__(
+        self, rows: Iterable[dict[str, Any]], target: Any, config: DispatchConfig, kit: _WorkerKit
+    ) -> None:
+        self.target = target
+        self.config = config
+        self.kit = kit
+        self.source = _RowSource(rows)
+        batch = min(_BATCH, config.max_in_flight)
+        self.queued: QueueingSource[int] = QueueingSource(
+            self.source, 2 * batch, batch, executor=_INLINE
+        )
+        self.scheduler = Scheduler(
+            {"rows": self.queued},
+            Fair(),
+            self,
+            max_outstanding=config.max_in_flight,
+            batch_size=batch,
+        )
+        self.keys = ResourceManager(purgatory=kit.purgatory) if config.key_cols else None
+        # Every call of this partition is watched on this key: the end of the task finds
+        # the ones still in flight there.
+        self.token = object()
+        self.timeout_error = f"no reply within {config.timeout_ms} ms"
+        # Guards closing against a send or backoff that is starting on another thread.
+        self.lock = threading.Lock()
+        self.closed = False
+        self.backoffs: set[TimerTask] = set()
+        self.live: dict[int, _Row] = {}
+        self.done: deque[Outcome] = deque()
+        self.wake = threading.Event()
+        self.wake_after = max(1, config.max_in_flight // _WAKE_SHARE)
+        self.ended_attempts: deque[tuple[_Row, tuple[bool, str | None] | None]] = deque()
+        # Held while a completion task is scheduled and not yet running: the
+        # non-blocking acquire is the test-and-set that schedules only one.
+        self.settling = threading.Lock()
+        self.admitted = 0
+        self.yielded = 0
+
+    # -- the sink ---------------------------------------------------------------------
+    def outstanding(self) -> int:
+        """Rows admitted whose outcome has not been yielded or queued for yielding."""
+        return self.admitted - self.yielded - len(self.done)
+
+    def submit(self, source: str, items: list[int]) -> None:
+        """Admit rows: take their keys (all or nothing), then send their first attempt."""
+        taken = self.source.taken
+        key_cols = self.config.key_cols
+        for seq in items:
+            row = _Row(seq, taken.pop(seq))
+            self.live[seq] = row
+            self.admitted += 1
+            keys = row_keys(row.data, key_cols) if self.keys is not None else ()
+            if not keys:
+                self.send(row)
+                continue
+            assert self.keys is not None
+            try:
+                row.checkout = self.keys.checkout(keys)
+            except Exception as exc:  # an unhashable key value: the row fails, not the task
+                self.finish(row, FAILED, f"cannot check out keys {keys!r}: {exc}")
+                continue
+            row.checkout.add_done_callback(partial(self.keys_ready, row))
+
+    def keys_ready(self, row: _Row, checkout: Checkout) -> None:
+        """The row's checkout is done: send it, or let go of keys the partition no longer needs."""
+        if self.closed:
+            self.release(row)
+            return
+        try:
+            checkout.result(0)
+        except Exception as exc:
+            self.finish(row, FAILED, f"keys {checkout.keys!r} not checked out: {exc!r}")
+            return
+        self.send(row)
+
+    # -- attempts ---------------------------------------------------------------------
+    def send(self, row: _Row) -> None:
+        """Start one attempt: list it in the purgatory (timing it), then call the target."""
+        row.attempts += 1
+        if row.attempts == 1:
+            row.start = time.monotonic()
+        call = _Call(self.config.timeout_ms, row, self)
+        try:
+            self.kit.purgatory.try_complete_else_watch(call, (self.token,))
+        except Exception as exc:  # the worker's kit was shut down: the row fails, once
+            self.finish(row, FAILED, f"call not started: {type(exc).__name__}: {exc}")
+            return
+        # close() sets closed before it collects the calls listed on the token, so a
+        # call listed too late for it is seen here; no lock on the hot path.
+        if self.closed:
+            call.force_complete()
+            return
+        try:
+            self.target.submit(row.data, call.reply)
+        except Exception as exc:
+            call.reply(False, f"{type(exc).__name__}: {exc}")
+
+    def ended(self, row: _Row, answer: tuple[bool, str | None] | None) -> None:
+        """An attempt ended: queue it, and make sure one completion task will settle it.
+
+        One task settles every attempt queued when it runs, so a burst of replies costs
+        one hand-off to the completion thread, not one each.
+        """
+        self.ended_attempts.append((row, answer))
+        if self.settling.acquire(False):
+            self.kit.complete(self.settle_ended)
+
+    def settle_ended(self) -> None:
+        """The completion task: settle every attempt queued so far."""
+        # Released first: an attempt queued from now on schedules the next task.
+        self.settling.release()
+        queue = self.ended_attempts
+        while queue:
+            self.settle(*queue.popleft())
+
+    def settle(self, row: _Row, answer: tuple[bool, str | None] | None) -> None:
+        """An attempt ended: finish the row, or retry it after a backoff."""
+        if answer is None:
+            status, error = TIMEOUT, self.timeout_error
+        elif answer[0]:
+            self.finish(row, OK, None)
+            return
+        else:
+            status, error = FAILED, answer[1] or "failed"
+        if row.attempts > self.config.retries:
+            self.finish(row, status, error)
+            return
+        delay_ms = round(backoff_s(self.config) * 1000)
+        with self.lock:
+            if self.closed:
+                return
+            row.backoff = self.kit.timer.add(delay_ms, self.retry, row)
+            self.backoffs.add(row.backoff)
+
+    def retry(self, row: _Row) -> None:
+        """A backoff ended (on the timer's thread): send the next attempt."""
+        with self.lock:
+            self.backoffs.discard(row.backoff)
+            row.backoff = None
+        self.send(row)
+
+    def finish(self, row: _Row, status: str, error: str | None) -> None:
+        """Give the row's keys back and queue its outcome for the task's thread."""
+        self.release(row)
+        latency_ms = (time.monotonic() - row.start) * 1000.0 if row.attempts else 0.0
+        self.live.pop(row.seq, None)
+        done = self.done
+        done.append(Outcome(row.data, status, row.attempts, latency_ms, error))
+        if len(done) >= self.wake_after or self.outstanding() == 0:
+            self.wake.set()
+
+    def release(self, row: _Row) -> None:
+        """Check the row's keys in, once, whoever asks first."""
+        if row.checkout is None:
+            return
+        with self.lock:
+            checkout, row.checkout = row.checkout, None
+        if checkout is None or self.keys is None:
+            return
+        if checkout.cancel():
+            return  # it was still waiting
+        with contextlib.suppress(ValueError):  # unless it failed, it is held now
+            self.keys.checkin(checkout)
+
+    # -- the task's thread ------------------------------------------------------------
+    def outcomes(self) -> Iterator[Outcome]:
+        """Feed the rows in and yield their outcomes as they end; clean up however it ends."""
+        try:
+            yield from self._loop()
+        finally:
+            self.close()
+
+    def _loop(self) -> Iterator[Outcome]:
+        done, wake, queued = self.done, self.wake, self.queued
+        limit = self.config.max_in_flight
+        while True:
+            wake.clear()
+            self.scheduler.run_once()
+            while done:
+                outcome = done.popleft()
+                self.yielded += 1
+                yield outcome
+            if self.source.error is not None:
+                raise self.source.error
+            more = queued.metrics()["queued"] > 0 or not self.source.exhausted
+            if not more and self.outstanding() == 0:
+                return
+            if more and self.outstanding() < limit:
+                continue  # room and rows: the next round admits them
+            wake.wait()
+
+    def close(self) -> None:
+        """Abandon what is still in flight or waiting, leaving the worker's parts idle."""
+        with self.lock:
+            self.closed = True
+            backoffs, self.backoffs = self.backoffs, set()
+        for task in backoffs:
+            task.cancel()
+        # Completing them here means a late reply finds them done; settle sees closed.
+        for op in self.kit.purgatory.cancel_for_key(self.token):
+            op.force_complete()
+        for row in list(self.live.values()):
+            self.release(row)
+        self.scheduler.close()
+        self.queued.close()
+
+
+def timewheel_engine(
+    rows: Iterable[dict[str, Any]], target: Any, config: DispatchConfig
+) -> Iterator[Outcome]:
+    """Dispatch ``rows`` on the worker's timer and purgatory; yield each row's outcome once."""
+    return _Partition(rows, target, config, _kit()).outcomes()

@@ -1,0 +1,125 @@
+"""Smoke tests of ``timewheel bench purgatory`` and ``timewheel bench sweep`` (tiny --num)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+
+from timewheel.benchmarks import purgatory as bench
+from timewheel.benchmarks import sweep
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="timewheel bench")
+    sub = parser.add_subparsers()
+    bench.add_parser(sub)
+    sweep.add_parser(sub)
+    return parser
+
+
+def _run(argv: List[str]) -> int:
+    args = _parser().parse_args(argv)
+    return int(args.func(args))
+
+
+@pytest.mark.parametrize("impl", bench.IMPLS)
+def test_purgatory_reports_every_request_as_completed_or_expired(
+    impl: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["purgatory", "--impl", impl, "--num", "400", "--rate", "20000", "--json"]
+    assert _run(argv + ["--timeout", "50", "--pct75", "60", "--pct50", "20"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["impl"] == impl and report["num"] == 400
+    assert report["completed"] + report["expired"] == 400
+    # pct50 = 20 ms < timeout = 50 ms < pct75 = 60 ms: some of each.
+    assert report["completed"] > 100 and report["expired"] > 40
+    assert report["actual_rate"] > 0 and report["cpu_ms"] > 0 and report["peak_rss_kb"] > 0
+    assert report["gc_collections"] >= 0 and report["elapsed_ms"] > 0
+
+
+def test_the_workload_is_seeded_and_keys_are_distinct() -> None:
+    a = bench.make_workload(500, 1000.0, 200, 60, 20, 3, 5, seed=7)
+    b = bench.make_workload(500, 1000.0, 200, 60, 20, 3, 5, seed=7)
+    assert a == b
+    rows = [a.key_sets[i] for i in a.key_index]
+    assert len(rows) == 500 and all(len(set(r)) == 3 and max(r) < 5 for r in rows)
+    # Not one fixed tuple: most of the 60 ordered choices of 3 of 5 keys turn up.
+    assert len(set(rows)) > 50
+    assert list(a.completion_times) == sorted(a.completion_times)
+    assert all(a.arrivals[i] < a.arrivals[i + 1] for i in range(499))
+    assert sum(a.completes) == len(a.completion_order)
+
+
+def test_a_lost_request_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = bench.make_purgatory
+
+    def leaky(impl: str) -> Any:
+        purgatory = real(impl)
+        watch = purgatory.try_complete_else_watch
+        seen = [0]
+
+        def drops_every_tenth(op: Any, keys: Any) -> bool:
+            seen[0] += 1
+            return False if seen[0] % 10 == 0 else watch(op, keys)
+
+        purgatory.try_complete_else_watch = drops_every_tenth
+        return purgatory
+
+    monkeypatch.setattr(bench, "make_purgatory", leaky)
+    with pytest.raises(RuntimeError, match=r"wheel: lost requests: .* != num 100"):
+        bench.run("wheel", 100, 20000.0, 20, 60, 20, grace_s=0.2)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["purgatory", "--keys", "5", "--key-space-size", "4"],
+        ["purgatory", "--pct75", "10", "--pct50", "20"],
+        ["sweep", "--rates", "0"],
+    ],
+)
+def test_bad_arguments_exit_with_2(argv: List[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(argv) == 2
+    assert "must" in capsys.readouterr().err
+
+
+def test_sweep_writes_csv_table_and_plots(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    argv = ["sweep", "--num", "300", "--rates", "5000", "20000", "--scenarios", "low"]
+    assert _run(argv + ["--impls", "wheel", "classic", "--out", str(tmp_path)]) == 0
+    with (tmp_path / "purgatory_sweep.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["impl"], float(r["target_rate"])) for r in rows] == [
+        ("wheel", 5000.0),
+        ("classic", 5000.0),
+        ("wheel", 20000.0),
+        ("classic", 20000.0),
+    ]
+    assert all(int(r["completed"]) + int(r["expired"]) == 300 for r in rows)
+    table = (tmp_path / "saturation.md").read_text()
+    assert table.splitlines()[2].startswith("| wheel | ") and "classic" in table
+    for name in ("purgatory_rate.png", "purgatory_cpu.png", "purgatory_memory.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_saturation_is_the_highest_sustained_rate() -> None:
+    rows = [
+        {"impl": "wheel", "scenario": "low", "target_rate": 10.0, "sustained": True},
+        {"impl": "wheel", "scenario": "low", "target_rate": 20.0, "sustained": True},
+        {"impl": "wheel", "scenario": "low", "target_rate": 30.0, "sustained": False},
+        {"impl": "classic", "scenario": "low", "target_rate": 10.0, "sustained": True},
+        {"impl": "classic", "scenario": "low", "target_rate": 20.0, "sustained": False},
+        {"impl": "asyncio", "scenario": "low", "target_rate": 10.0, "sustained": False},
+    ]
+    assert sweep.saturation(rows) == {
+        ("wheel", "low"): 20.0,
+        ("classic", "low"): 10.0,
+        ("asyncio", "low"): None,
+    }
+    table = sweep.saturation_table(rows, ["wheel", "classic", "asyncio"])
+    assert "| classic | 10 (wheel 2.0x) |" in table and "| asyncio | none |" in table
