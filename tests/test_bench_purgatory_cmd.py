@@ -82,6 +82,7 @@ def test_a_lost_request_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
         ["purgatory", "--keys", "5", "--key-space-size", "4"],
         ["purgatory", "--pct75", "10", "--pct50", "20"],
         ["sweep", "--rates", "0"],
+        ["sweep", "--repeat", "0"],
     ],
 )
 def test_bad_arguments_exit_with_2(argv: List[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -92,7 +93,18 @@ def test_bad_arguments_exit_with_2(argv: List[str], capsys: pytest.CaptureFixtur
 def test_sweep_writes_csv_table_and_plots(tmp_path: Path) -> None:
     # matplotlib comes with the bench extra; without it the sweep is still checked.
     plots = importlib.util.find_spec("matplotlib") is not None
-    argv = ["sweep", "--num", "300", "--rates", "5000", "20000", "--scenarios", "low"]
+    argv = [
+        "sweep",
+        "--num",
+        "300",
+        "--rates",
+        "5000",
+        "20000",
+        "--scenarios",
+        "low",
+        "--repeat",
+        "1",
+    ]
     argv += ["--impls", "wheel", "classic", "--out", str(tmp_path)]
     assert _run(argv if plots else [*argv, "--no-plots"]) == 0
     with (tmp_path / "purgatory_sweep.csv").open() as f:
