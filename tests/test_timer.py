@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Callable, Iterator, List, Tuple
 
 import pytest
@@ -560,3 +564,20 @@ def test_a_given_strategy_runs_the_reapers_tasks(clock: ManualClock) -> None:
     assert done.wait(30)
     t.close()
     assert threads == ["pc-reaper"]
+
+
+# -- lifetime ----------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["timer", "purgatory"])
+def test_a_dropped_timer_or_purgatory_frees_its_pending_tasks(impl: str, kind: str) -> None:
+    # A fresh interpreter: a leak here would otherwise outlive the test.
+    package_root = str(Path(timer_module.__file__).parents[1])
+    path = os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "isolated" / "dropped_timer.py"), impl, kind],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=path),
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0"], proc.stdout

@@ -50,7 +50,7 @@ class DelayedOperation(TimerTask):
         self._state = _PENDING
         # A non-blocking acquire is the atomic test-and-set that makes completion happen once.
         self._once = threading.Lock()
-        self._purgatory: Optional[Purgatory] = None
+        self._purgatory: Optional[_Counts] = None
 
     def try_complete(self) -> bool:
         """Complete the operation if it can be; True only if this call completed it."""
@@ -96,6 +96,21 @@ class DelayedOperation(TimerTask):
             self.on_complete()
         finally:
             self.on_expiration()
+
+
+class _Counts:
+    """A purgatory's completion counters, which its pending operations update.
+
+    Operations point here rather than at the purgatory: the Cython wheel holds them
+    where the garbage collector cannot see, so a reference from them to the purgatory
+    (and so to its timer) would keep a dropped purgatory alive with all it holds.
+    """
+
+    __slots__ = ("_stats_lock", "_completed", "_expired")
+
+    def __init__(self) -> None:
+        self._stats_lock = threading.Lock()
+        self._completed = self._expired = 0
 
 
 class _Entry(weakref.ref):  # type: ignore[type-arg]
@@ -189,8 +204,9 @@ class Purgatory:
         self._cleared: collections.deque[_Entry] = collections.deque()
         self._on_cleared = self._cleared.append
         self._purge_lock = threading.Lock()
-        self._stats_lock = threading.Lock()
-        self._completed = self._expired = self._purges = self._errors = 0
+        self._counts = _Counts()
+        self._stats_lock = self._counts._stats_lock
+        self._purges = self._errors = 0
         self._stopping = False
         if reaper:
             self._timer.start(after_advance=self._maybe_purge)
@@ -216,7 +232,7 @@ class Purgatory:
         key_tuple = cast(Tuple[Hashable, ...], keys) if fast else self._check_keys(keys)
         if self._stopping:
             raise RuntimeError(f"purgatory {self.name!r} is shut down")
-        op._purgatory = self
+        op._purgatory = self._counts
         try:
             if op.try_complete():
                 return True
@@ -441,8 +457,8 @@ class Purgatory:
                 entries += sum(len(lst) for lst in shard.lists.values())
         with self._stats_lock:
             out = {
-                "completed": self._completed,
-                "expired": self._expired,
+                "completed": self._counts._completed,
+                "expired": self._counts._expired,
                 "purges": self._purges,
                 "errors": self._errors,
             }

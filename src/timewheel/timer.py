@@ -178,6 +178,14 @@ class _CallbackTask(TimerTask):
         return f"{TimerTask.__repr__(self)[:-1]} callback={self._callback!r}>"
 
 
+def _drain(wheel: Any) -> List[TimerTask]:
+    """Take every pending task out of ``wheel`` and mark it cancelled."""
+    left: List[TimerTask] = wheel.advance(_INT64_MAX)
+    for task in left:
+        task._state = _CANCELLED
+    return left
+
+
 class _Reaping:
     """The producer a timer's strategy drives once :meth:`Timer.start` is called.
 
@@ -302,6 +310,10 @@ class Timer:
         self._reaper: Optional[threading.Thread] = None
         self._errors = 0
         self._errors_lock = threading.Lock()
+        # A pending task holds the wheel (to cancel in O(1)) and the Cython wheel holds
+        # its tasks where the garbage collector cannot see them, so that cycle outlives
+        # a timer dropped without close(); draining the wheel when the timer goes breaks it.
+        weakref.finalize(self, _drain, self._wheel).atexit = False
 
     # -- adding ---------------------------------------------------------------------
     def add(self, delay_ms: int, callback: Callable[..., Any], *args: Any) -> TimerTask:
@@ -514,10 +526,7 @@ class Timer:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         with self._advance_lock:
-            left: List[TimerTask] = self._wheel.advance(_INT64_MAX)
-        for task in left:
-            task._state = _CANCELLED
-        return left
+            return _drain(self._wheel)
 
     @property
     def closed(self) -> bool:
