@@ -581,3 +581,17 @@ def test_a_dropped_timer_or_purgatory_frees_its_pending_tasks(impl: str, kind: s
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["0"], proc.stdout
+
+
+def test_waits_longer_than_threading_allows_are_capped(clock: ManualClock) -> None:
+    t = Timer()
+    ran = threading.Event()
+    t.add(0, ran.set)
+    assert t.advance_clock(2**62) is True and ran.is_set()
+    t.close()
+    reaped = Timer(clock=clock)
+    reaped.start(poll_ms=2**62)
+    ran.clear()
+    reaped.add(0, ran.set)
+    assert ran.wait(10)
+    assert reaped.close() == [] and reaped.errors == 0

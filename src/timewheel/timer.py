@@ -43,6 +43,11 @@ def check_ms(name: str, value: Any, lo: int = 0, hi: int = _INT64_MAX) -> int:
     return v
 
 
+def _seconds(ms: float) -> float:
+    """``ms`` as a wait in seconds, capped where ``threading`` accepts it."""
+    return min(ms / 1000, threading.TIMEOUT_MAX)
+
+
 class Executor(Protocol):
     """Anything that can run ``fn(*args)`` later, such as a ``ThreadPoolExecutor``."""
 
@@ -378,7 +383,7 @@ class Timer:
         return self._advance(check_ms("timeout_ms", timeout_ms), self._dispatch)
 
     def _advance(self, timeout_ms: int, dispatch: Callable[[List[TimerTask]], None]) -> bool:
-        if not self._advance_lock.acquire(timeout=timeout_ms / 1000):
+        if not self._advance_lock.acquire(timeout=_seconds(timeout_ms)):
             return False
         try:
             if self._closed:
@@ -409,7 +414,7 @@ class Timer:
                     if target <= now:
                         return
                     self._wake_before = target
-                    self._cond.wait((target - now) / 1000)
+                    self._cond.wait(_seconds(target - now))
             finally:
                 self._wake_before = _NEVER
 
@@ -481,7 +486,7 @@ class Timer:
             self._strategy.produce()
             with self._cond:
                 if not self._closed:
-                    self._cond.wait(self._reaping.poll_ms / 1000)
+                    self._cond.wait(_seconds(self._reaping.poll_ms))
 
     def _reap_once(self, poll_ms: int, after_advance: Optional[Callable[[], None]]) -> None:
         """One turn of the reaper's work, on whichever thread produces."""
@@ -506,7 +511,7 @@ class Timer:
                     return
                 # Only an add that is already due needs us before the clock moves.
                 self._wake_before = now + 1
-                self._cond.wait(poll_ms / 1000)
+                self._cond.wait(_seconds(poll_ms))
             finally:
                 self._wake_before = _NEVER
 
