@@ -595,3 +595,36 @@ def test_waits_longer_than_threading_allows_are_capped(clock: ManualClock) -> No
     reaped.add(0, ran.set)
     assert ran.wait(10)
     assert reaped.close() == [] and reaped.errors == 0
+
+
+def _exit() -> None:
+    raise SystemExit(3)
+
+
+def test_system_exit_from_a_task_keeps_the_rest_of_the_batch(timer: Timer) -> None:
+    ran: List[int] = []
+    timer.add(0, _exit)
+    second = timer.add(0, ran.append, 2)
+    third = timer.add(0, ran.append, 3)
+    with pytest.raises(SystemExit):
+        timer.advance_clock(0)
+    assert ran == [] and len(timer) == 2 and not second.done
+    assert timer.advance_clock(0) is True
+    assert ran == [2, 3] and second.done and third.done
+
+
+def test_system_exit_from_a_task_does_not_kill_the_reaper(
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    t = Timer(clock=clock)
+    t.start(poll_ms=600_000)
+    ran = threading.Event()
+    later = threading.Event()
+    t.add(0, _exit)
+    t.add(0, ran.set)
+    assert ran.wait(10)
+    t.add(5, later.set)
+    clock.advance(5)
+    assert later.wait(10)
+    assert t.errors == 1 and "raised" in caplog.text
+    assert t.close() == [] and t.closed

@@ -14,6 +14,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from functools import partial
 from typing import Any, Callable, Deque, List, Optional, Protocol, Tuple, Union
 
 from .execution import ExecuteProduceConsume, ExecutionStrategy, Producer, Task, ThreadPool
@@ -195,7 +196,7 @@ class _Reaping:
     """The producer a timer's strategy drives once :meth:`Timer.start` is called.
 
     Whichever thread holds the producing role does the reaper's work: it hands out the
-    expired tasks one at a time (the strategy logs and counts what they raise) and,
+    expired tasks one at a time (guarded by :meth:`Timer._run_reaped`) and,
     when none are left, waits for the next deadline and advances the wheel. So a
     thread that goes off to run a blocking task leaves the clock to the next producer
     instead of stopping it. Returns None only once the timer is closed.
@@ -216,7 +217,7 @@ class _Reaping:
         timer = self._timer
         while True:
             if tasks:
-                return tasks.popleft().run
+                return partial(timer._run_reaped, tasks.popleft())
             if timer._closed:
                 return None
             timer._reap_once(self.poll_ms, self.after_advance)
@@ -422,15 +423,28 @@ class Timer:
         """Run (or submit) expired tasks in order on this thread."""
         executor = self._executor
         run = self._run
+        task = None
+        try:
+            for task in tasks:
+                task._state = _FIRED
+                if executor is None:
+                    run(task)
+                else:
+                    try:
+                        executor.submit(run, task)
+                    except Exception:
+                        self._count_error("could not submit %r to the executor of timer %r", task)
+        except BaseException:
+            # KeyboardInterrupt or SystemExit: let it through, but keep what did not run.
+            self._reschedule(tasks[next(i for i, t in enumerate(tasks) if t is task) + 1 :])
+            raise
+
+    def _reschedule(self, tasks: List[TimerTask]) -> None:
+        """Put expired tasks that never ran back in the wheel, in their order."""
+        wheel = self._wheel
         for task in tasks:
-            task._state = _FIRED
-            if executor is None:
-                run(task)
-            else:
-                try:
-                    executor.submit(run, task)
-                except Exception:
-                    self._count_error("could not submit %r to the executor of timer %r", task)
+            task._state = _PENDING
+            task._handle = wheel.schedule(task.deadline_ms, task)
 
     def _queue_expired(self, tasks: List[TimerTask]) -> None:
         """The reaper's dispatch: queue expired tasks for whoever produces next."""
@@ -445,6 +459,13 @@ class Timer:
         try:
             task.run()
         except Exception:
+            self._count_error("task %r of timer %r raised", task)
+
+    def _run_reaped(self, task: TimerTask) -> None:
+        # Not even SystemExit may end the thread that keeps the clock.
+        try:
+            task.run()
+        except BaseException:
             self._count_error("task %r of timer %r raised", task)
 
     def _count_error(self, msg: str, culprit: object) -> None:
@@ -483,7 +504,10 @@ class Timer:
         # Production passes between this thread and the pool's, and stops only at close;
         # the loop restarts it should a strategy ever let it go.
         while not self._closed:
-            self._strategy.produce()
+            try:
+                self._strategy.produce()
+            except BaseException:
+                self._count_error("the reaper %r of timer %r caught", threading.current_thread())
             with self._cond:
                 if not self._closed:
                     self._cond.wait(_seconds(self._reaping.poll_ms))
