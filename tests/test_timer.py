@@ -628,3 +628,37 @@ def test_system_exit_from_a_task_does_not_kill_the_reaper(
     assert later.wait(10)
     assert t.errors == 1 and "raised" in caplog.text
     assert t.close() == [] and t.closed
+
+
+def test_a_clock_that_returns_a_non_int_is_named() -> None:
+    now: List[Any] = [0]
+    t = Timer(clock=lambda: now[0])
+    task = t.add(0, print)
+    now[0] = 1.5
+    with pytest.raises(TypeError, match=r"clock\(\) must be an int, got 1\.5"):
+        t.advance_clock(0)
+    assert len(t) == 1 and not task.done
+
+
+def test_a_failing_clock_is_logged_and_the_reaper_keeps_going(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    failing = threading.Event()
+    failed = threading.Event()
+
+    def clock() -> int:
+        if failing.is_set():
+            failed.set()
+            raise OSError("the clock broke")
+        return 0
+
+    t = Timer(clock=clock)
+    failing.set()
+    t.start(poll_ms=10)
+    assert failed.wait(10)
+    failing.clear()
+    ran = threading.Event()
+    t.add(0, ran.set)
+    assert ran.wait(10)
+    assert t.errors >= 1 and "the clock broke" in caplog.text
+    assert t.close() == []

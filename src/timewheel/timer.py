@@ -393,15 +393,22 @@ class Timer:
                 self._wait_until_due(timeout_ms)
                 if self._closed:
                     return False
-            due = self._wheel.advance(self._clock())
+            due = self._wheel.advance(self._now())
             if due:
                 dispatch(due)
             return bool(due)
         finally:
             self._advance_lock.release()
 
+    def _now(self) -> int:
+        """The clock's time, checked: a user's clock may return anything."""
+        now = self._clock()
+        if type(now) is not int:
+            now = check_ms("clock()", now, -_INT64_MAX - 1)
+        return now
+
     def _wait_until_due(self, timeout_ms: int) -> None:
-        clock = self._clock
+        clock = self._now
         end = clock() + timeout_ms
         wheel = self._wheel
         with self._cond:
