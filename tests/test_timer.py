@@ -663,3 +663,20 @@ def test_a_failing_clock_is_logged_and_the_reaper_keeps_going(
     assert ran.wait(10)
     assert t.close() == []
     assert t.errors >= 1 and "the clock broke" in caplog.text
+
+
+class RefusingExecutor:
+    """An executor that has been shut down."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        raise RuntimeError("cannot schedule new futures after shutdown")
+
+
+def test_a_task_the_executor_refuses_is_cancelled_not_done(
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    t = Timer(clock=clock, executor=RefusingExecutor())
+    task = t.add(0, print)
+    assert t.advance_clock(0) is True
+    assert task.cancelled and not task.done and task.cancel() is False
+    assert t.errors == 1 and "could not submit" in caplog.text

@@ -153,7 +153,8 @@ class TimerTask:
 
     @property
     def cancelled(self) -> bool:
-        """True once :meth:`cancel` removed the task (or the timer closed with it pending)."""
+        """True once :meth:`cancel` removed the task, the timer closed with it pending or
+        the timer's executor refused it."""
         return self._state == _CANCELLED
 
     @property
@@ -440,6 +441,8 @@ class Timer:
                     try:
                         executor.submit(run, task)
                     except Exception:
+                        # It will never run: say so rather than claim it is done.
+                        task._state = _CANCELLED
                         self._count_error("could not submit %r to the executor of timer %r", task)
         except BaseException:
             # KeyboardInterrupt or SystemExit: let it through, but keep what did not run.
