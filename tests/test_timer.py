@@ -680,3 +680,26 @@ def test_a_task_the_executor_refuses_is_cancelled_not_done(
     assert t.advance_clock(0) is True
     assert task.cancelled and not task.done and task.cancel() is False
     assert t.errors == 1 and "could not submit" in caplog.text
+
+
+def test_start_checks_and_sets_the_reaper_under_the_lock(
+    clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = Timer(clock=clock)
+    lock_held: List[bool] = []
+    real_thread = threading.Thread
+
+    class Spy(real_thread):  # type: ignore[valid-type,misc]
+        def start(self) -> None:
+            # A second start() in this window must find the lock taken.
+            free = t._cond.acquire(blocking=False)
+            if free:
+                t._cond.release()
+            lock_held.append(not free)
+            super().start()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(threading, "Thread", Spy)
+        t.start()
+    assert lock_held == [True]
+    assert t.close() == []

@@ -497,18 +497,21 @@ class Timer:
         poll_ms = check_ms("poll_ms", poll_ms, 1)
         if after_advance is not None and not callable(after_advance):
             raise TypeError(f"after_advance must be callable or None, got {after_advance!r}")
-        if self._closed:
-            raise RuntimeError(f"timer {self.name!r} is closed")
-        if self._reaper is not None:
-            raise RuntimeError(f"timer {self.name!r} is already started")
-        self._reaping.poll_ms = poll_ms
-        self._reaping.after_advance = after_advance
-        self._reaper = threading.Thread(
-            target=self._reap,
-            name=f"{self.name}-reaper",
-            daemon=True,
-        )
-        self._reaper.start()
+        # Under the lock close() takes: two starts cannot both see no reaper, and
+        # close() never sees a reaper that is not started yet.
+        with self._cond:
+            if self._closed:
+                raise RuntimeError(f"timer {self.name!r} is closed")
+            if self._reaper is not None:
+                raise RuntimeError(f"timer {self.name!r} is already started")
+            self._reaping.poll_ms = poll_ms
+            self._reaping.after_advance = after_advance
+            self._reaper = threading.Thread(
+                target=self._reap,
+                name=f"{self.name}-reaper",
+                daemon=True,
+            )
+            self._reaper.start()
 
     def _reap(self) -> None:
         # Production passes between this thread and the pool's, and stops only at close;
@@ -559,7 +562,7 @@ class Timer:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        reaper = self._reaper
+            reaper = self._reaper
         if reaper is not None and reaper is not threading.current_thread():
             reaper.join()
         if self._pool is not None:
