@@ -615,3 +615,23 @@ def test_bench_operations_command_pushes_every_operation_through(
         assert bench.run_one(impl, plan, 50, "force")["metrics"]["completed"] == 600
     bad = parser.parse_args(["operations", "--watch", "101"])
     assert bad.func(bad) == 2
+
+
+class FailingOp(Op):
+    """Completes at once, then fails in on_complete."""
+
+    __slots__ = ()
+
+    def on_complete(self) -> None:
+        raise RuntimeError("the response could not be sent")
+
+
+def test_an_operation_whose_on_complete_raises_is_not_timed(
+    purgatory: Purgatory, caplog: pytest.LogCaptureFixture
+) -> None:
+    op = FailingOp(1000, ready=True)
+    assert purgatory.try_complete_else_watch(op, ("a",)) is False
+    assert op.is_completed and purgatory.delayed == 0
+    m = purgatory.metrics()
+    assert (m["completed"], m["errors"], m["entries"]) == (1, 1, 0)
+    assert "the response could not be sent" in caplog.text

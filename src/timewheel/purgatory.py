@@ -238,6 +238,10 @@ class Purgatory:
                 return True
         except Exception:
             self._try_raised(op)
+            # Its on_complete may be what raised: then it is complete, and timing it
+            # would only keep it in the timer until its deadline.
+            if op._once.locked():
+                return False
         if len(self._cleared) > self._purge_interval:
             self._drop_cleared()
         # Timed before it is listed, so nothing is half-registered if the timer refuses
