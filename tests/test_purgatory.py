@@ -635,3 +635,13 @@ def test_an_operation_whose_on_complete_raises_is_not_timed(
     m = purgatory.metrics()
     assert (m["completed"], m["errors"], m["entries"]) == (1, 1, 0)
     assert "the response could not be sent" in caplog.text
+
+
+def test_an_unhashable_key_is_named(purgatory: Purgatory) -> None:
+    op = Op(1000)
+    purgatory.try_complete_else_watch(op, ("a",))
+    with pytest.raises(TypeError, match=r"key must be hashable, got \[1\]"):
+        purgatory.check_and_complete([1])
+    with pytest.raises(TypeError, match=r"key must be hashable, got \{\}"):
+        purgatory.cancel_for_key({})
+    assert purgatory.delayed == 1 and purgatory.metrics()["entries"] == 1

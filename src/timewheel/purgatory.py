@@ -315,7 +315,10 @@ class Purgatory:
         ``try_complete`` runs with no lock held; the list is cleaned of completed and
         freed entries afterwards.
         """
-        shard = self._shards[hash(key) & self._mask]
+        try:
+            shard = self._shards[hash(key) & self._mask]
+        except TypeError:
+            raise TypeError(f"key must be hashable, got {key!r}") from None
         with shard.lock:
             lst = shard.lists.get(key)
             if not lst:
@@ -343,7 +346,10 @@ class Purgatory:
         Returns those operations (still pending, no longer timed); they stay listed on
         their other keys.
         """
-        shard = self._shards[hash(key) & self._mask]
+        try:
+            shard = self._shards[hash(key) & self._mask]
+        except TypeError:
+            raise TypeError(f"key must be hashable, got {key!r}") from None
         with shard.lock:
             lst = shard.lists.pop(key, None)
         ops: List[DelayedOperation] = []
