@@ -645,3 +645,16 @@ def test_an_unhashable_key_is_named(purgatory: Purgatory) -> None:
     with pytest.raises(TypeError, match=r"key must be hashable, got \{\}"):
         purgatory.cancel_for_key({})
     assert purgatory.delayed == 1 and purgatory.metrics()["entries"] == 1
+
+
+def test_dropping_freed_entries_leaves_no_shard_count_negative(clock: ManualClock) -> None:
+    with Purgatory(timer=Timer(clock=clock), reaper=False, purge_interval=1) as p:
+        ops = [Op(1000) for _ in range(5)]
+        for op in ops:
+            p.try_complete_else_watch(op, (5,))  # all on shard 5, none on shard 0
+        for op in ops:
+            op.force_complete()
+        del ops, op
+        p.advance_clock(0)
+        assert p.metrics()["entries"] == 0
+        assert p.watched == 0 and all(shard.watched >= 0 for shard in p._shards)

@@ -131,7 +131,8 @@ class _Shard:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.lists: _WatcherLists = {}
-        # This shard's part of the write-up's estimate of operations in the lists.
+        # Operations first listed here since the last purge: the estimate's increments,
+        # counted under a lock the watching thread holds anyway. Never decremented.
         self.watched = 0
 
 
@@ -204,6 +205,9 @@ class Purgatory:
         self._cleared: collections.deque[_Entry] = collections.deque()
         self._on_cleared = self._cleared.append
         self._purge_lock = threading.Lock()
+        # The rest of the estimate ``watched``: what was pending at the last purge, less
+        # the entries dropped since. Changed only under _purge_lock.
+        self._watched_base = 0
         self._counts = _Counts()
         self._stats_lock = self._counts._stats_lock
         self._purges = self._errors = 0
@@ -398,8 +402,7 @@ class Purgatory:
                         lst = lists.get(key)
                         if lst is not None and lst.pop(eid, None) is not None and not lst:
                             del lists[key]
-                # Only the sum over the shards is an estimate of anything.
-                shards[0].watched -= len(entries)
+                self._watched_base -= len(entries)
             finally:
                 for lock in reversed(locks):
                     lock.release()
@@ -424,10 +427,7 @@ class Purgatory:
                 with shard.lock:
                     shard.watched = 0
             # The write-up's reset: what is pending, plus whatever is watched from now on.
-            first = self._shards[0]
-            delayed = self.delayed
-            with first.lock:
-                first.watched += delayed
+            self._watched_base = self.delayed
             removed = 0
             for shard in self._shards:
                 with shard.lock:
@@ -454,7 +454,7 @@ class Purgatory:
     @property
     def watched(self) -> int:
         """The write-up's estimate of the operations in watcher lists."""
-        return sum(shard.watched for shard in self._shards)
+        return self._watched_base + sum(shard.watched for shard in self._shards)
 
     def metrics(self) -> Dict[str, int]:
         """Counters and sizes: completed, expired, purges, watched, delayed, keys,
@@ -498,6 +498,8 @@ class Purgatory:
             with shard.lock:
                 shard.lists.clear()
                 shard.watched = 0
+        with self._purge_lock:
+            self._watched_base = 0
         self._cleared.clear()
         return [op for op in left if isinstance(op, DelayedOperation)]
 
