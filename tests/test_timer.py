@@ -320,11 +320,20 @@ def test_max_pending_applies_back_pressure(clock: ManualClock) -> None:
 
 # -- real clock: waiting -----------------------------------------------------------------
 def test_advance_clock_waits_for_the_deadline_with_the_gil_released() -> None:
-    t = Timer()
+    spins = 0
+    # (time, spins) at every reading of the clock: the longest gap between two
+    # readings is the wait, and the spinner must have run during it.
+    marks: List[Tuple[int, int]] = []
+
+    def clock() -> int:
+        now = monotonic_ms()
+        marks.append((now, spins))
+        return now
+
+    t = Timer(clock=clock)
     ran = threading.Event()
     start = monotonic_ms()
     task = t.add(60, ran.set)
-    spins = 0
     stop = threading.Event()
 
     def spin() -> None:
@@ -341,7 +350,8 @@ def test_advance_clock_waits_for_the_deadline_with_the_gil_released() -> None:
         spinner.join()
     assert ran.is_set() and monotonic_ms() >= task.deadline_ms  # type: ignore[operator]
     assert monotonic_ms() - start < 4000
-    assert spins > 0
+    gap, grown = max((b[0] - a[0], b[1] - a[1]) for a, b in zip(marks, marks[1:]))
+    assert gap >= 30 and grown > 0, marks
 
 
 def test_advance_clock_returns_false_after_its_timeout() -> None:
@@ -406,12 +416,23 @@ def test_start_twice_or_after_close_is_refused(clock: ManualClock) -> None:
 # -- reaper on a ManualClock -------------------------------------------------------------
 def test_reaper_follows_a_manual_clock(clock: ManualClock) -> None:
     t = Timer(clock=clock)
-    t.start(poll_ms=600_000)
+    advanced_to: List[int] = []
+    seen = threading.Condition()
+
+    def after_advance() -> None:
+        # The wheel's time is the time this advance used; the clock may be ahead.
+        with seen:
+            advanced_to.append(t._wheel.now)
+            seen.notify_all()
+
+    t.start(poll_ms=600_000, after_advance=after_advance)
     first, second = threading.Event(), threading.Event()
     t.add(0, first.set)
     assert first.wait(10)
     task = t.add(50, second.set)
     clock.advance(49)
+    with seen:
+        assert seen.wait_for(lambda: 49 in advanced_to, 10)
     assert not task.done
     clock.advance(1)
     assert second.wait(10)
