@@ -26,14 +26,8 @@ from timewheel.timer import ManualClock, Timer, TimerFullError
 ISOLATED = Path(__file__).parent / "isolated"
 
 
-@pytest.fixture(autouse=True)
-def _wheel_under_test(TW: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(timer_module, "TimingWheel", TW)
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
+# Every test here runs on each TimingWheel implementation.
+pytestmark = pytest.mark.usefixtures("timer_wheel")
 
 
 @pytest.fixture

@@ -20,14 +20,8 @@ from timewheel.execution import ProduceConsume
 from timewheel.timer import ManualClock, Timer, TimerFullError, TimerTask, monotonic_ms
 
 
-@pytest.fixture(autouse=True)
-def _wheel_under_test(TW: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(timer_module, "TimingWheel", TW)
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
+# Every test here runs on each TimingWheel implementation.
+pytestmark = pytest.mark.usefixtures("timer_wheel")
 
 
 @pytest.fixture
@@ -123,9 +117,7 @@ def test_zero_delay_never_runs_inside_add(timer: Timer, clock: ManualClock) -> N
 # -- expiry in event time ----------------------------------------------------------------
 @pytest.mark.parametrize("tick_ms", [1, 7])
 @pytest.mark.parametrize("delay", [1, 19, 20, 21, 399, 400, 401, 8001, 160_003])
-def test_task_runs_at_first_advance_at_or_past_its_deadline(
-    tick_ms: int, delay: int
-) -> None:
+def test_task_runs_at_first_advance_at_or_past_its_deadline(tick_ms: int, delay: int) -> None:
     clock = ManualClock(start_ms=3)
     t = Timer(tick_ms=tick_ms, clock=clock)
     ran: List[int] = []

@@ -21,7 +21,9 @@ import threading
 import weakref
 from typing import Dict, Hashable, Iterable, List, Optional, Tuple, cast
 
-from .timer import _INT64_MAX, _PENDING, StrategyFactory, Timer, TimerTask, check_ms
+from ._validate import INT64_MAX as _INT64_MAX
+from ._validate import check_keys, check_shards
+from .timer import _PENDING, StrategyFactory, Timer, TimerTask, check_ms
 
 __all__ = ["DelayedOperation", "Purgatory"]
 
@@ -188,9 +190,7 @@ class Purgatory:
         if timer is not None and (strategy is not None or pool_threads != 2):
             raise ValueError("strategy and pool_threads configure a new timer: give them to yours")
         purge_interval = check_ms("purge_interval", purge_interval, 1)
-        shards = check_ms("shards", shards, 1, 1 << 16)
-        if shards & (shards - 1):
-            raise ValueError(f"shards must be a power of two, got {shards}")
+        shards = check_shards(shards)
         if not isinstance(reaper, bool):
             raise TypeError(f"reaper must be a bool, got {reaper!r}")
         self.name = name
@@ -233,7 +233,7 @@ class Purgatory:
             fast = type(keys) is tuple and 0 < len(keys) == len(set(keys))
         except TypeError:
             fast = False
-        key_tuple = cast(Tuple[Hashable, ...], keys) if fast else self._check_keys(keys)
+        key_tuple = cast(Tuple[Hashable, ...], keys) if fast else check_keys(keys)
         if self._stopping:
             raise RuntimeError(f"purgatory {self.name!r} is shut down")
         op._purgatory = self._counts
@@ -280,26 +280,6 @@ class Purgatory:
         except Exception:
             self._try_raised(op)
             return False
-
-    def _check_keys(self, keys: Iterable[Hashable]) -> Tuple[Hashable, ...]:
-        if isinstance(keys, (str, bytes)):
-            raise TypeError(
-                f"keys must be a collection of keys, not a single {type(keys).__name__}"
-            )
-        try:
-            if type(keys) is not tuple:
-                keys = tuple(keys)
-        except TypeError:
-            raise TypeError(f"keys must be an iterable of hashable keys, got {keys!r}") from None
-        if not keys:
-            raise ValueError("keys must not be empty")
-        try:
-            distinct = len(set(keys))
-        except TypeError as exc:
-            raise TypeError(f"keys must be hashable: {exc}, in {keys!r}") from None
-        if distinct != len(keys):
-            raise ValueError(f"keys must be distinct, got {keys!r}")
-        return keys
 
     def _try(self, op: DelayedOperation) -> bool:
         try:

@@ -9,14 +9,15 @@ reference the timer needs, and cancelling is O(1) through the wheel handle.
 from __future__ import annotations
 
 import logging
-import operator
 import threading
 import time
 import weakref
 from collections import deque
 from functools import partial
-from typing import Any, Callable, Deque, List, Optional, Protocol, Tuple, Union
+from typing import Any, Callable, Deque, List, Optional, Protocol, Tuple, Union, cast
 
+from ._validate import INT64_MAX as _INT64_MAX
+from ._validate import check_int
 from .execution import ExecuteProduceConsume, ExecutionStrategy, Producer, Task, ThreadPool
 from .wheel import TimingWheel
 
@@ -24,7 +25,6 @@ __all__ = ["ManualClock", "Timer", "TimerFullError", "TimerTask", "logger"]
 
 logger = logging.getLogger("timewheel")
 
-_INT64_MAX = (1 << 63) - 1
 _NEVER = float("-inf")  # _wake_before when nobody waits: no add notifies
 _ALWAYS = float("inf")  # _wake_before while a waiter is deciding: every add notifies
 
@@ -33,15 +33,7 @@ _PENDING, _CANCELLED, _FIRED = 0, 1, 2
 
 def check_ms(name: str, value: Any, lo: int = 0, hi: int = _INT64_MAX) -> int:
     """Return ``value`` as an int in ``[lo, hi]`` or raise naming ``name`` (bools refused)."""
-    if type(value) is int:
-        v: int = value
-    elif isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    else:
-        v = operator.index(value)
-    if v < lo or v > hi:
-        raise ValueError(f"{name} must be between {lo} and {hi}, got {v}")
-    return v
+    return check_int(name, value, lo, hi)
 
 
 def _seconds(ms: float) -> float:
@@ -454,7 +446,7 @@ class Timer:
         wheel = self._wheel
         for task in tasks:
             task._state = _PENDING
-            task._handle = wheel.schedule(task.deadline_ms, task)
+            task._handle = wheel.schedule(cast(int, task.deadline_ms), task)
 
     def _queue_expired(self, tasks: List[TimerTask]) -> None:
         """The reaper's dispatch: queue expired tasks for whoever produces next."""
