@@ -19,7 +19,7 @@ import collections
 import logging
 import threading
 import weakref
-from typing import Dict, Hashable, Iterable, List, Optional, Tuple, cast
+from typing import Dict, Hashable, Iterable, List, Optional, Tuple
 
 from ._validate import INT64_MAX as _INT64_MAX
 from ._validate import check_keys, check_shards
@@ -230,10 +230,10 @@ class Purgatory:
             raise ValueError(f"op was already given to a purgatory or completed: {op!r}")
         try:
             # The common case, checked inline: a tuple of distinct hashable keys.
-            fast = type(keys) is tuple and 0 < len(keys) == len(set(keys))
-        except TypeError:
-            fast = False
-        key_tuple = cast(Tuple[Hashable, ...], keys) if fast else check_keys(keys)
+            distinct = type(keys) is tuple and 0 < len(keys) == len(set(keys))
+        except TypeError:  # an unhashable key: check_keys says which
+            distinct = False
+        key_tuple = keys if distinct and isinstance(keys, tuple) else check_keys(keys)
         if self._stopping:
             raise RuntimeError(f"purgatory {self.name!r} is shut down")
         op._purgatory = self._counts
