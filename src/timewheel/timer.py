@@ -423,7 +423,6 @@ class Timer:
         """Run (or submit) expired tasks in order on this thread."""
         executor = self._executor
         run = self._run
-        task = None
         try:
             for task in tasks:
                 task._state = _FIRED
