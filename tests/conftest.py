@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from timewheel import timer as _timer
 from timewheel import wheel as _wheel
+from timewheel.timer import ManualClock
 
 # The wheel builds run the suite once per wheel (on a dozen runners, some free-threaded
 # interpreters), so there property tests trade depth for time and get no per-example deadline.
@@ -52,6 +54,19 @@ def impl(request: pytest.FixtureRequest) -> str:
 def TW(impl: str) -> Any:
     """The TimingWheel class of the implementation under test."""
     return _wheel.CTimingWheel if impl == "cython" else _wheel.PyTimingWheel
+
+
+@pytest.fixture
+def timer_wheel(TW: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Make the Timer layer (and all above it) build its wheels from ``TW``."""
+    monkeypatch.setattr(_timer, "TimingWheel", TW)
+    return TW
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A fresh event-time clock at 0 ms."""
+    return ManualClock()
 
 
 from spark_fixtures import spark  # noqa: E402,F401  (the session-scoped Spark fixture)

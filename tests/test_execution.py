@@ -117,12 +117,15 @@ def test_try_execute_takes_free_threads_only_and_never_queues() -> None:
             busy.set()
             release.wait(WAIT)
 
+        assert pool.may_take()
         assert pool.try_execute(blocker)  # no thread yet: a new one takes it
         assert busy.wait(WAIT)
+        assert not pool.may_take()  # the hint agrees with the refusal that follows
         assert not pool.try_execute(refused_ran.set)
         assert pool.queued == 0
         release.set()
         assert pool.wait_idle(1, WAIT)
+        assert pool.may_take()
         took = threading.Event()
         assert pool.try_execute(took.set)  # the parked thread takes it
         assert took.wait(WAIT)

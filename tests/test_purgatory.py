@@ -26,14 +26,8 @@ from timewheel.timer import ManualClock, Timer, TimerFullError
 ISOLATED = Path(__file__).parent / "isolated"
 
 
-@pytest.fixture(autouse=True)
-def _wheel_under_test(TW: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(timer_module, "TimingWheel", TW)
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
+# Every test here runs on each TimingWheel implementation.
+pytestmark = pytest.mark.usefixtures("timer_wheel")
 
 
 @pytest.fixture
@@ -615,3 +609,46 @@ def test_bench_operations_command_pushes_every_operation_through(
         assert bench.run_one(impl, plan, 50, "force")["metrics"]["completed"] == 600
     bad = parser.parse_args(["operations", "--watch", "101"])
     assert bad.func(bad) == 2
+
+
+class FailingOp(Op):
+    """Completes at once, then fails in on_complete."""
+
+    __slots__ = ()
+
+    def on_complete(self) -> None:
+        raise RuntimeError("the response could not be sent")
+
+
+def test_an_operation_whose_on_complete_raises_is_not_timed(
+    purgatory: Purgatory, caplog: pytest.LogCaptureFixture
+) -> None:
+    op = FailingOp(1000, ready=True)
+    assert purgatory.try_complete_else_watch(op, ("a",)) is False
+    assert op.is_completed and purgatory.delayed == 0
+    m = purgatory.metrics()
+    assert (m["completed"], m["errors"], m["entries"]) == (1, 1, 0)
+    assert "the response could not be sent" in caplog.text
+
+
+def test_an_unhashable_key_is_named(purgatory: Purgatory) -> None:
+    op = Op(1000)
+    purgatory.try_complete_else_watch(op, ("a",))
+    with pytest.raises(TypeError, match=r"key must be hashable, got \[1\]"):
+        purgatory.check_and_complete([1])
+    with pytest.raises(TypeError, match=r"key must be hashable, got \{\}"):
+        purgatory.cancel_for_key({})
+    assert purgatory.delayed == 1 and purgatory.metrics()["entries"] == 1
+
+
+def test_dropping_freed_entries_leaves_no_shard_count_negative(clock: ManualClock) -> None:
+    with Purgatory(timer=Timer(clock=clock), reaper=False, purge_interval=1) as p:
+        ops = [Op(1000) for _ in range(5)]
+        for op in ops:
+            p.try_complete_else_watch(op, (5,))  # all on shard 5, none on shard 0
+        for op in ops:
+            op.force_complete()
+        del ops, op
+        p.advance_clock(0)
+        assert p.metrics()["entries"] == 0
+        assert p.watched == 0 and all(shard.watched >= 0 for shard in p._shards)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Callable, Iterator, List, Tuple
 
 import pytest
@@ -16,14 +20,8 @@ from timewheel.execution import ProduceConsume
 from timewheel.timer import ManualClock, Timer, TimerFullError, TimerTask, monotonic_ms
 
 
-@pytest.fixture(autouse=True)
-def _wheel_under_test(TW: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(timer_module, "TimingWheel", TW)
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
+# Every test here runs on each TimingWheel implementation.
+pytestmark = pytest.mark.usefixtures("timer_wheel")
 
 
 @pytest.fixture
@@ -119,9 +117,7 @@ def test_zero_delay_never_runs_inside_add(timer: Timer, clock: ManualClock) -> N
 # -- expiry in event time ----------------------------------------------------------------
 @pytest.mark.parametrize("tick_ms", [1, 7])
 @pytest.mark.parametrize("delay", [1, 19, 20, 21, 399, 400, 401, 8001, 160_003])
-def test_task_runs_at_first_advance_at_or_past_its_deadline(
-    tick_ms: int, delay: int
-) -> None:
+def test_task_runs_at_first_advance_at_or_past_its_deadline(tick_ms: int, delay: int) -> None:
     clock = ManualClock(start_ms=3)
     t = Timer(tick_ms=tick_ms, clock=clock)
     ran: List[int] = []
@@ -316,11 +312,20 @@ def test_max_pending_applies_back_pressure(clock: ManualClock) -> None:
 
 # -- real clock: waiting -----------------------------------------------------------------
 def test_advance_clock_waits_for_the_deadline_with_the_gil_released() -> None:
-    t = Timer()
+    spins = 0
+    # (time, spins) at every reading of the clock: the longest gap between two
+    # readings is the wait, and the spinner must have run during it.
+    marks: List[Tuple[int, int]] = []
+
+    def clock() -> int:
+        now = monotonic_ms()
+        marks.append((now, spins))
+        return now
+
+    t = Timer(clock=clock)
     ran = threading.Event()
     start = monotonic_ms()
     task = t.add(60, ran.set)
-    spins = 0
     stop = threading.Event()
 
     def spin() -> None:
@@ -337,7 +342,8 @@ def test_advance_clock_waits_for_the_deadline_with_the_gil_released() -> None:
         spinner.join()
     assert ran.is_set() and monotonic_ms() >= task.deadline_ms  # type: ignore[operator]
     assert monotonic_ms() - start < 4000
-    assert spins > 0
+    gap, grown = max((b[0] - a[0], b[1] - a[1]) for a, b in zip(marks, marks[1:]))
+    assert gap >= 30 and grown > 0, marks
 
 
 def test_advance_clock_returns_false_after_its_timeout() -> None:
@@ -402,12 +408,23 @@ def test_start_twice_or_after_close_is_refused(clock: ManualClock) -> None:
 # -- reaper on a ManualClock -------------------------------------------------------------
 def test_reaper_follows_a_manual_clock(clock: ManualClock) -> None:
     t = Timer(clock=clock)
-    t.start(poll_ms=600_000)
+    advanced_to: List[int] = []
+    seen = threading.Condition()
+
+    def after_advance() -> None:
+        # The wheel's time is the time this advance used; the clock may be ahead.
+        with seen:
+            advanced_to.append(t._wheel.now)
+            seen.notify_all()
+
+    t.start(poll_ms=600_000, after_advance=after_advance)
     first, second = threading.Event(), threading.Event()
     t.add(0, first.set)
     assert first.wait(10)
     task = t.add(50, second.set)
     clock.advance(49)
+    with seen:
+        assert seen.wait_for(lambda: 49 in advanced_to, 10)
     assert not task.done
     clock.advance(1)
     assert second.wait(10)
@@ -560,3 +577,142 @@ def test_a_given_strategy_runs_the_reapers_tasks(clock: ManualClock) -> None:
     assert done.wait(30)
     t.close()
     assert threads == ["pc-reaper"]
+
+
+# -- lifetime ----------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["timer", "purgatory"])
+def test_a_dropped_timer_or_purgatory_frees_its_pending_tasks(impl: str, kind: str) -> None:
+    # A fresh interpreter: a leak here would otherwise outlive the test.
+    package_root = str(Path(timer_module.__file__).parents[1])
+    path = os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "isolated" / "dropped_timer.py"), impl, kind],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=path),
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0"], proc.stdout
+
+
+def test_waits_longer_than_threading_allows_are_capped(clock: ManualClock) -> None:
+    t = Timer()
+    ran = threading.Event()
+    t.add(0, ran.set)
+    assert t.advance_clock(2**62) is True and ran.is_set()
+    t.close()
+    reaped = Timer(clock=clock)
+    reaped.start(poll_ms=2**62)
+    ran.clear()
+    reaped.add(0, ran.set)
+    assert ran.wait(10)
+    assert reaped.close() == [] and reaped.errors == 0
+
+
+def _exit() -> None:
+    raise SystemExit(3)
+
+
+def test_system_exit_from_a_task_keeps_the_rest_of_the_batch(timer: Timer) -> None:
+    ran: List[int] = []
+    timer.add(0, _exit)
+    second = timer.add(0, ran.append, 2)
+    third = timer.add(0, ran.append, 3)
+    with pytest.raises(SystemExit):
+        timer.advance_clock(0)
+    assert ran == [] and len(timer) == 2 and not second.done
+    assert timer.advance_clock(0) is True
+    assert ran == [2, 3] and second.done and third.done
+
+
+def test_system_exit_from_a_task_does_not_kill_the_reaper(
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    t = Timer(clock=clock)
+    t.start(poll_ms=600_000)
+    ran = threading.Event()
+    later = threading.Event()
+    t.add(0, _exit)
+    t.add(0, ran.set)
+    assert ran.wait(10)
+    t.add(5, later.set)
+    clock.advance(5)
+    assert later.wait(10)
+    assert t.close() == [] and t.closed
+    # After close: the reaper counts an error before it logs it.
+    assert t.errors == 1 and "raised" in caplog.text
+
+
+def test_a_clock_that_returns_a_non_int_is_named() -> None:
+    now: List[Any] = [0]
+    t = Timer(clock=lambda: now[0])
+    task = t.add(0, print)
+    now[0] = 1.5
+    with pytest.raises(TypeError, match=r"clock\(\) must be an int, got 1\.5"):
+        t.advance_clock(0)
+    assert len(t) == 1 and not task.done
+
+
+def test_a_failing_clock_is_logged_and_the_reaper_keeps_going(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    failing = threading.Event()
+    failed = threading.Event()
+
+    def clock() -> int:
+        if failing.is_set():
+            failed.set()
+            raise OSError("the clock broke")
+        return 0
+
+    t = Timer(clock=clock)
+    failing.set()
+    t.start(poll_ms=10)
+    assert failed.wait(10)
+    failing.clear()
+    ran = threading.Event()
+    t.add(0, ran.set)
+    assert ran.wait(10)
+    assert t.close() == []
+    assert t.errors >= 1 and "the clock broke" in caplog.text
+
+
+class RefusingExecutor:
+    """An executor that has been shut down."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        raise RuntimeError("cannot schedule new futures after shutdown")
+
+
+def test_a_task_the_executor_refuses_is_cancelled_not_done(
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    t = Timer(clock=clock, executor=RefusingExecutor())
+    task = t.add(0, print)
+    assert t.advance_clock(0) is True
+    assert task.cancelled and not task.done and task.cancel() is False
+    assert t.errors == 1 and "could not submit" in caplog.text
+
+
+def test_start_checks_and_sets_the_reaper_under_the_lock(
+    clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = Timer(clock=clock)
+    lock_held: List[bool] = []
+    real_thread = threading.Thread
+
+    class Spy(real_thread):  # type: ignore[valid-type,misc]
+        def start(self) -> None:
+            # A second start() in this window must find the lock taken.
+            free = t._cond.acquire(blocking=False)
+            if free:
+                t._cond.release()
+            lock_held.append(not free)
+            super().start()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(threading, "Thread", Spy)
+        t.start()
+    assert lock_held == [True]
+    assert t.close() == []

@@ -27,7 +27,6 @@ Layout (shared with the extension):
 
 from __future__ import annotations
 
-import operator
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -35,10 +34,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from . import _validate
+
 __all__ = ["TimingWheel"]
 
-INT64_MIN = -(1 << 63)
-INT64_MAX = (1 << 63) - 1
+INT64_MIN = _validate.INT64_MIN
+INT64_MAX = _validate.INT64_MAX
 _U64 = 1 << 64
 MAX_WHEEL_SIZE = 1 << 16
 MAX_SLOTS = (1 << 32) - 1
@@ -54,13 +55,8 @@ def _next_gen(gen: int) -> int:
 
 
 def check_int(name: str, value: Any, lo: int = INT64_MIN, hi: int = INT64_MAX) -> int:
-    """Return ``value`` as an int, or raise naming ``name`` (bools are refused)."""
-    if isinstance(value, (bool, np.bool_)) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    v = operator.index(value)
-    if v < lo or v > hi:
-        raise ValueError(f"{name} must be between {lo} and {hi}, got {v}")
-    return v
+    """Return ``value`` as an int in ``[lo, hi]`` (int64 by default) or raise naming ``name``."""
+    return _validate.check_int(name, value, lo, hi)
 
 
 def check_int64_array(name: str, value: Any) -> npt.NDArray[np.int64]:

@@ -19,9 +19,11 @@ import collections
 import logging
 import threading
 import weakref
-from typing import Dict, Hashable, Iterable, List, Optional, Tuple, cast
+from typing import Dict, Hashable, Iterable, List, Optional, Tuple
 
-from .timer import _INT64_MAX, _PENDING, StrategyFactory, Timer, TimerTask, check_ms
+from ._validate import INT64_MAX as _INT64_MAX
+from ._validate import check_keys, check_shards
+from .timer import _PENDING, StrategyFactory, Timer, TimerTask, check_ms
 
 __all__ = ["DelayedOperation", "Purgatory"]
 
@@ -50,7 +52,7 @@ class DelayedOperation(TimerTask):
         self._state = _PENDING
         # A non-blocking acquire is the atomic test-and-set that makes completion happen once.
         self._once = threading.Lock()
-        self._purgatory: Optional[Purgatory] = None
+        self._purgatory: Optional[_Counts] = None
 
     def try_complete(self) -> bool:
         """Complete the operation if it can be; True only if this call completed it."""
@@ -98,6 +100,21 @@ class DelayedOperation(TimerTask):
             self.on_expiration()
 
 
+class _Counts:
+    """A purgatory's completion counters, which its pending operations update.
+
+    Operations point here rather than at the purgatory: the Cython wheel holds them
+    where the garbage collector cannot see, so a reference from them to the purgatory
+    (and so to its timer) would keep a dropped purgatory alive with all it holds.
+    """
+
+    __slots__ = ("_stats_lock", "_completed", "_expired")
+
+    def __init__(self) -> None:
+        self._stats_lock = threading.Lock()
+        self._completed = self._expired = 0
+
+
 class _Entry(weakref.ref):  # type: ignore[type-arg]
     """An operation's one entry, shared by all its watcher lists; it knows their keys."""
 
@@ -116,7 +133,8 @@ class _Shard:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.lists: _WatcherLists = {}
-        # This shard's part of the write-up's estimate of operations in the lists.
+        # Operations first listed here since the last purge: the estimate's increments,
+        # counted under a lock the watching thread holds anyway. Never decremented.
         self.watched = 0
 
 
@@ -172,9 +190,7 @@ class Purgatory:
         if timer is not None and (strategy is not None or pool_threads != 2):
             raise ValueError("strategy and pool_threads configure a new timer: give them to yours")
         purge_interval = check_ms("purge_interval", purge_interval, 1)
-        shards = check_ms("shards", shards, 1, 1 << 16)
-        if shards & (shards - 1):
-            raise ValueError(f"shards must be a power of two, got {shards}")
+        shards = check_shards(shards)
         if not isinstance(reaper, bool):
             raise TypeError(f"reaper must be a bool, got {reaper!r}")
         self.name = name
@@ -189,8 +205,12 @@ class Purgatory:
         self._cleared: collections.deque[_Entry] = collections.deque()
         self._on_cleared = self._cleared.append
         self._purge_lock = threading.Lock()
-        self._stats_lock = threading.Lock()
-        self._completed = self._expired = self._purges = self._errors = 0
+        # The rest of the estimate ``watched``: what was pending at the last purge, less
+        # the entries dropped since. Changed only under _purge_lock.
+        self._watched_base = 0
+        self._counts = _Counts()
+        self._stats_lock = self._counts._stats_lock
+        self._purges = self._errors = 0
         self._stopping = False
         if reaper:
             self._timer.start(after_advance=self._maybe_purge)
@@ -210,18 +230,22 @@ class Purgatory:
             raise ValueError(f"op was already given to a purgatory or completed: {op!r}")
         try:
             # The common case, checked inline: a tuple of distinct hashable keys.
-            fast = type(keys) is tuple and 0 < len(keys) == len(set(keys))
-        except TypeError:
-            fast = False
-        key_tuple = cast(Tuple[Hashable, ...], keys) if fast else self._check_keys(keys)
+            distinct = type(keys) is tuple and 0 < len(keys) == len(set(keys))
+        except TypeError:  # an unhashable key: check_keys says which
+            distinct = False
+        key_tuple = keys if distinct and isinstance(keys, tuple) else check_keys(keys)
         if self._stopping:
             raise RuntimeError(f"purgatory {self.name!r} is shut down")
-        op._purgatory = self
+        op._purgatory = self._counts
         try:
             if op.try_complete():
                 return True
         except Exception:
             self._try_raised(op)
+            # Its on_complete may be what raised: then it is complete, and timing it
+            # would only keep it in the timer until its deadline.
+            if op._once.locked():
+                return False
         if len(self._cleared) > self._purge_interval:
             self._drop_cleared()
         # Timed before it is listed, so nothing is half-registered if the timer refuses
@@ -257,26 +281,6 @@ class Purgatory:
             self._try_raised(op)
             return False
 
-    def _check_keys(self, keys: Iterable[Hashable]) -> Tuple[Hashable, ...]:
-        if isinstance(keys, (str, bytes)):
-            raise TypeError(
-                f"keys must be a collection of keys, not a single {type(keys).__name__}"
-            )
-        try:
-            if type(keys) is not tuple:
-                keys = tuple(keys)
-        except TypeError:
-            raise TypeError(f"keys must be an iterable of hashable keys, got {keys!r}") from None
-        if not keys:
-            raise ValueError("keys must not be empty")
-        try:
-            distinct = len(set(keys))
-        except TypeError as exc:
-            raise TypeError(f"keys must be hashable: {exc}, in {keys!r}") from None
-        if distinct != len(keys):
-            raise ValueError(f"keys must be distinct, got {keys!r}")
-        return keys
-
     def _try(self, op: DelayedOperation) -> bool:
         try:
             return bool(op.try_complete())
@@ -295,7 +299,10 @@ class Purgatory:
         ``try_complete`` runs with no lock held; the list is cleaned of completed and
         freed entries afterwards.
         """
-        shard = self._shards[hash(key) & self._mask]
+        try:
+            shard = self._shards[hash(key) & self._mask]
+        except TypeError:
+            raise TypeError(f"key must be hashable, got {key!r}") from None
         with shard.lock:
             lst = shard.lists.get(key)
             if not lst:
@@ -323,7 +330,10 @@ class Purgatory:
         Returns those operations (still pending, no longer timed); they stay listed on
         their other keys.
         """
-        shard = self._shards[hash(key) & self._mask]
+        try:
+            shard = self._shards[hash(key) & self._mask]
+        except TypeError:
+            raise TypeError(f"key must be hashable, got {key!r}") from None
         with shard.lock:
             lst = shard.lists.pop(key, None)
         ops: List[DelayedOperation] = []
@@ -372,8 +382,7 @@ class Purgatory:
                         lst = lists.get(key)
                         if lst is not None and lst.pop(eid, None) is not None and not lst:
                             del lists[key]
-                # Only the sum over the shards is an estimate of anything.
-                shards[0].watched -= len(entries)
+                self._watched_base -= len(entries)
             finally:
                 for lock in reversed(locks):
                     lock.release()
@@ -398,10 +407,7 @@ class Purgatory:
                 with shard.lock:
                     shard.watched = 0
             # The write-up's reset: what is pending, plus whatever is watched from now on.
-            first = self._shards[0]
-            delayed = self.delayed
-            with first.lock:
-                first.watched += delayed
+            self._watched_base = self.delayed
             removed = 0
             for shard in self._shards:
                 with shard.lock:
@@ -428,7 +434,7 @@ class Purgatory:
     @property
     def watched(self) -> int:
         """The write-up's estimate of the operations in watcher lists."""
-        return sum(shard.watched for shard in self._shards)
+        return self._watched_base + sum(shard.watched for shard in self._shards)
 
     def metrics(self) -> Dict[str, int]:
         """Counters and sizes: completed, expired, purges, watched, delayed, keys,
@@ -441,8 +447,8 @@ class Purgatory:
                 entries += sum(len(lst) for lst in shard.lists.values())
         with self._stats_lock:
             out = {
-                "completed": self._completed,
-                "expired": self._expired,
+                "completed": self._counts._completed,
+                "expired": self._counts._expired,
                 "purges": self._purges,
                 "errors": self._errors,
             }
@@ -472,6 +478,8 @@ class Purgatory:
             with shard.lock:
                 shard.lists.clear()
                 shard.watched = 0
+        with self._purge_lock:
+            self._watched_base = 0
         self._cleared.clear()
         return [op for op in left if isinstance(op, DelayedOperation)]
 

@@ -27,6 +27,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
+from ._validate import check_int
+
 __all__ = [
     "Executor",
     "Fair",
@@ -42,15 +44,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T", bound=Hashable)
-
-
-def _check_count(name: str, value: Any, minimum: int) -> int:
-    """Return ``value`` if it is an int of at least ``minimum``, else raise naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 class SetQueue(Generic[T]):
@@ -123,7 +116,7 @@ class SetQueue(Generic[T]):
                 return []
             del self._claims[item]
             return [item]
-        _check_count("n", n, 0)
+        check_int("n", n, 0)
         items: list[T] = []
         append, popleft = items.append, self._order.popleft
         try:
@@ -199,8 +192,8 @@ class QueueingSource(Generic[T]):
         """Validate the arguments; no thread is started here."""
         if not callable(getattr(wrapped, "get_next_batch", None)):
             raise TypeError(f"wrapped must have a get_next_batch(n) method, got {wrapped!r}")
-        _check_count("replenish_threshold", replenish_threshold, 0)
-        _check_count("capacity", capacity, replenish_threshold + 1)
+        check_int("replenish_threshold", replenish_threshold, 0)
+        check_int("capacity", capacity, replenish_threshold + 1)
         if executor is not None and not callable(getattr(executor, "submit", None)):
             raise TypeError(f"executor must have a submit(fn) method, got {executor!r}")
         self._wrapped = wrapped
@@ -223,7 +216,7 @@ class QueueingSource(Generic[T]):
 
     def get_next_batch(self, n: int) -> list[T]:
         """Return up to ``n`` queued items now; start a refill if the queue runs low."""
-        _check_count("n", n, 0)
+        check_int("n", n, 0)
         with self._lock:
             items = self._queue.poll(n) if n else []
             if self._in_flight is not None:
@@ -486,8 +479,8 @@ class Scheduler:
         for method in ("outstanding", "submit"):
             if not callable(getattr(sink, method, None)):
                 raise TypeError(f"sink must have an {method}() method, got {sink!r}")
-        self._max_outstanding = _check_count("max_outstanding", max_outstanding, 1)
-        self._batch_size = _check_count("batch_size", batch_size, 1)
+        self._max_outstanding = check_int("max_outstanding", max_outstanding, 1)
+        self._batch_size = check_int("batch_size", batch_size, 1)
         self._sink = sink
         self._owned: list[QueueingSource[Any]] = []
         wrapped: dict[str, QueueingSource[Any]] = {}

@@ -9,13 +9,15 @@ reference the timer needs, and cancelling is O(1) through the wheel handle.
 from __future__ import annotations
 
 import logging
-import operator
 import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable, Deque, List, Optional, Protocol, Tuple, Union
+from functools import partial
+from typing import Any, Callable, Deque, List, Optional, Protocol, Tuple, Union, cast
 
+from ._validate import INT64_MAX as _INT64_MAX
+from ._validate import check_int
 from .execution import ExecuteProduceConsume, ExecutionStrategy, Producer, Task, ThreadPool
 from .wheel import TimingWheel
 
@@ -23,7 +25,6 @@ __all__ = ["ManualClock", "Timer", "TimerFullError", "TimerTask", "logger"]
 
 logger = logging.getLogger("timewheel")
 
-_INT64_MAX = (1 << 63) - 1
 _NEVER = float("-inf")  # _wake_before when nobody waits: no add notifies
 _ALWAYS = float("inf")  # _wake_before while a waiter is deciding: every add notifies
 
@@ -32,15 +33,12 @@ _PENDING, _CANCELLED, _FIRED = 0, 1, 2
 
 def check_ms(name: str, value: Any, lo: int = 0, hi: int = _INT64_MAX) -> int:
     """Return ``value`` as an int in ``[lo, hi]`` or raise naming ``name`` (bools refused)."""
-    if type(value) is int:
-        v: int = value
-    elif isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    else:
-        v = operator.index(value)
-    if v < lo or v > hi:
-        raise ValueError(f"{name} must be between {lo} and {hi}, got {v}")
-    return v
+    return check_int(name, value, lo, hi)
+
+
+def _seconds(ms: float) -> float:
+    """``ms`` as a wait in seconds, capped where ``threading`` accepts it."""
+    return min(ms / 1000, threading.TIMEOUT_MAX)
 
 
 class Executor(Protocol):
@@ -147,7 +145,8 @@ class TimerTask:
 
     @property
     def cancelled(self) -> bool:
-        """True once :meth:`cancel` removed the task (or the timer closed with it pending)."""
+        """True once :meth:`cancel` removed the task, the timer closed with it pending or
+        the timer's executor refused it."""
         return self._state == _CANCELLED
 
     @property
@@ -178,11 +177,19 @@ class _CallbackTask(TimerTask):
         return f"{TimerTask.__repr__(self)[:-1]} callback={self._callback!r}>"
 
 
+def _drain(wheel: Any) -> List[TimerTask]:
+    """Take every pending task out of ``wheel`` and mark it cancelled."""
+    left: List[TimerTask] = wheel.advance(_INT64_MAX)
+    for task in left:
+        task._state = _CANCELLED
+    return left
+
+
 class _Reaping:
     """The producer a timer's strategy drives once :meth:`Timer.start` is called.
 
     Whichever thread holds the producing role does the reaper's work: it hands out the
-    expired tasks one at a time (the strategy logs and counts what they raise) and,
+    expired tasks one at a time (guarded by :meth:`Timer._run_reaped`) and,
     when none are left, waits for the next deadline and advances the wheel. So a
     thread that goes off to run a blocking task leaves the clock to the next producer
     instead of stopping it. Returns None only once the timer is closed.
@@ -203,7 +210,7 @@ class _Reaping:
         timer = self._timer
         while True:
             if tasks:
-                return tasks.popleft().run
+                return partial(timer._run_reaped, tasks.popleft())
             if timer._closed:
                 return None
             timer._reap_once(self.poll_ms, self.after_advance)
@@ -302,6 +309,10 @@ class Timer:
         self._reaper: Optional[threading.Thread] = None
         self._errors = 0
         self._errors_lock = threading.Lock()
+        # A pending task holds the wheel (to cancel in O(1)) and the Cython wheel holds
+        # its tasks where the garbage collector cannot see them, so that cycle outlives
+        # a timer dropped without close(); draining the wheel when the timer goes breaks it.
+        weakref.finalize(self, _drain, self._wheel).atexit = False
 
     # -- adding ---------------------------------------------------------------------
     def add(self, delay_ms: int, callback: Callable[..., Any], *args: Any) -> TimerTask:
@@ -366,7 +377,7 @@ class Timer:
         return self._advance(check_ms("timeout_ms", timeout_ms), self._dispatch)
 
     def _advance(self, timeout_ms: int, dispatch: Callable[[List[TimerTask]], None]) -> bool:
-        if not self._advance_lock.acquire(timeout=timeout_ms / 1000):
+        if not self._advance_lock.acquire(timeout=_seconds(timeout_ms)):
             return False
         try:
             if self._closed:
@@ -375,15 +386,22 @@ class Timer:
                 self._wait_until_due(timeout_ms)
                 if self._closed:
                     return False
-            due = self._wheel.advance(self._clock())
+            due = self._wheel.advance(self._now())
             if due:
                 dispatch(due)
             return bool(due)
         finally:
             self._advance_lock.release()
 
+    def _now(self) -> int:
+        """The clock's time, checked: a user's clock may return anything."""
+        now = self._clock()
+        if type(now) is not int:
+            now = check_ms("clock()", now, -_INT64_MAX - 1)
+        return now
+
     def _wait_until_due(self, timeout_ms: int) -> None:
-        clock = self._clock
+        clock = self._now
         end = clock() + timeout_ms
         wheel = self._wheel
         with self._cond:
@@ -397,7 +415,7 @@ class Timer:
                     if target <= now:
                         return
                     self._wake_before = target
-                    self._cond.wait((target - now) / 1000)
+                    self._cond.wait(_seconds(target - now))
             finally:
                 self._wake_before = _NEVER
 
@@ -405,15 +423,29 @@ class Timer:
         """Run (or submit) expired tasks in order on this thread."""
         executor = self._executor
         run = self._run
+        try:
+            for task in tasks:
+                task._state = _FIRED
+                if executor is None:
+                    run(task)
+                else:
+                    try:
+                        executor.submit(run, task)
+                    except Exception:
+                        # It will never run: say so rather than claim it is done.
+                        task._state = _CANCELLED
+                        self._count_error("could not submit %r to the executor of timer %r", task)
+        except BaseException:
+            # KeyboardInterrupt or SystemExit: let it through, but keep what did not run.
+            self._reschedule(tasks[next(i for i, t in enumerate(tasks) if t is task) + 1 :])
+            raise
+
+    def _reschedule(self, tasks: List[TimerTask]) -> None:
+        """Put expired tasks that never ran back in the wheel, in their order."""
+        wheel = self._wheel
         for task in tasks:
-            task._state = _FIRED
-            if executor is None:
-                run(task)
-            else:
-                try:
-                    executor.submit(run, task)
-                except Exception:
-                    self._count_error("could not submit %r to the executor of timer %r", task)
+            task._state = _PENDING
+            task._handle = wheel.schedule(cast(int, task.deadline_ms), task)
 
     def _queue_expired(self, tasks: List[TimerTask]) -> None:
         """The reaper's dispatch: queue expired tasks for whoever produces next."""
@@ -428,6 +460,13 @@ class Timer:
         try:
             task.run()
         except Exception:
+            self._count_error("task %r of timer %r raised", task)
+
+    def _run_reaped(self, task: TimerTask) -> None:
+        # Not even SystemExit may end the thread that keeps the clock.
+        try:
+            task.run()
+        except BaseException:
             self._count_error("task %r of timer %r raised", task)
 
     def _count_error(self, msg: str, culprit: object) -> None:
@@ -449,27 +488,33 @@ class Timer:
         poll_ms = check_ms("poll_ms", poll_ms, 1)
         if after_advance is not None and not callable(after_advance):
             raise TypeError(f"after_advance must be callable or None, got {after_advance!r}")
-        if self._closed:
-            raise RuntimeError(f"timer {self.name!r} is closed")
-        if self._reaper is not None:
-            raise RuntimeError(f"timer {self.name!r} is already started")
-        self._reaping.poll_ms = poll_ms
-        self._reaping.after_advance = after_advance
-        self._reaper = threading.Thread(
-            target=self._reap,
-            name=f"{self.name}-reaper",
-            daemon=True,
-        )
-        self._reaper.start()
+        # Under the lock close() takes: two starts cannot both see no reaper, and
+        # close() never sees a reaper that is not started yet.
+        with self._cond:
+            if self._closed:
+                raise RuntimeError(f"timer {self.name!r} is closed")
+            if self._reaper is not None:
+                raise RuntimeError(f"timer {self.name!r} is already started")
+            self._reaping.poll_ms = poll_ms
+            self._reaping.after_advance = after_advance
+            self._reaper = threading.Thread(
+                target=self._reap,
+                name=f"{self.name}-reaper",
+                daemon=True,
+            )
+            self._reaper.start()
 
     def _reap(self) -> None:
         # Production passes between this thread and the pool's, and stops only at close;
         # the loop restarts it should a strategy ever let it go.
         while not self._closed:
-            self._strategy.produce()
+            try:
+                self._strategy.produce()
+            except BaseException:
+                self._count_error("the reaper %r of timer %r caught", threading.current_thread())
             with self._cond:
                 if not self._closed:
-                    self._cond.wait(self._reaping.poll_ms / 1000)
+                    self._cond.wait(_seconds(self._reaping.poll_ms))
 
     def _reap_once(self, poll_ms: int, after_advance: Optional[Callable[[], None]]) -> None:
         """One turn of the reaper's work, on whichever thread produces."""
@@ -494,7 +539,7 @@ class Timer:
                     return
                 # Only an add that is already due needs us before the clock moves.
                 self._wake_before = now + 1
-                self._cond.wait(poll_ms / 1000)
+                self._cond.wait(_seconds(poll_ms))
             finally:
                 self._wake_before = _NEVER
 
@@ -508,16 +553,13 @@ class Timer:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        reaper = self._reaper
+            reaper = self._reaper
         if reaper is not None and reaper is not threading.current_thread():
             reaper.join()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         with self._advance_lock:
-            left: List[TimerTask] = self._wheel.advance(_INT64_MAX)
-        for task in left:
-            task._state = _CANCELLED
-        return left
+            return _drain(self._wheel)
 
     @property
     def closed(self) -> bool:

@@ -19,6 +19,7 @@ import itertools
 import threading
 from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Tuple
 
+from .._validate import check_shards
 from ..purgatory import DelayedOperation
 from ..timer import ManualClock, check_ms, logger, monotonic_ms
 
@@ -188,9 +189,7 @@ class ClassicPurgatory:
         self.name = name
         self._queue = _DelayQueue(clock)
         self._purge_interval = check_ms("purge_interval", purge_interval, 1)
-        shards = check_ms("shards", shards, 1, 1 << 16)
-        if shards & (shards - 1):
-            raise ValueError(f"shards must be a power of two, got {shards}")
+        shards = check_shards(shards)
         self._locks = [threading.Lock() for _ in range(shards)]
         self._lists: List[Dict[Hashable, List[DelayedOperation]]] = [{} for _ in range(shards)]
         self._mask = shards - 1

@@ -1,4 +1,4 @@
-"""``timewheel bench purgatory``: the purgatory write-up's experiment (Kafka's TestPurgatoryPerformance).
+"""``timewheel bench purgatory``: the write-up's experiment (Kafka's TestPurgatoryPerformance).
 
 ``--num`` requests arrive as a Poisson process at ``--rate`` per second; each watches
 ``--keys`` keys drawn from ``--key-space-size`` and times out after ``--timeout`` ms.
@@ -201,16 +201,16 @@ class Workload:
     """Everything drawn up front, in compact arrays that index to plain Python objects."""
 
     #: arrival offsets from the start, seconds
-    arrivals: "array[float]"
+    arrivals: array[float]
     #: 1 if the request completes before its timeout, else 0
     completes: bytes
     #: distinct key tuples; request i watches ``key_sets[key_index[i]]``
     key_sets: List[Tuple[int, ...]]
-    key_index: "array[int]"
+    key_index: array[int]
     #: indices of the requests that complete, in completion-time order
-    completion_order: "array[int]"
+    completion_order: array[int]
     #: their completion offsets (arrival + latency), seconds, in the same order
-    completion_times: "array[float]"
+    completion_times: array[float]
 
 
 #: At most this many distinct key tuples are drawn; requests pick among them uniformly.
@@ -492,8 +492,8 @@ def main(args: argparse.Namespace) -> int:
     else:
         r = result
         print(
-            f"{r.impl}: {r.num} requests, target {r.target_rate:.0f}/s, actual {r.actual_rate:.0f}/s, "
-            f"elapsed {r.elapsed_ms:.0f} ms, cpu {r.cpu_ms:.0f} ms, gc {r.gc_collections} "
+            f"{r.impl}: {r.num} requests, target {r.target_rate:.0f}/s, "
+            f"actual {r.actual_rate:.0f}/s, elapsed {r.elapsed_ms:.0f} ms, cpu {r.cpu_ms:.0f} ms, gc {r.gc_collections} "
             f"({r.gc_ms:.1f} ms), peak rss {r.peak_rss_kb / 1024:.1f} MiB, "
             f"completed {r.completed}, expired {r.expired}"
         )
