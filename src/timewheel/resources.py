@@ -31,6 +31,7 @@ from concurrent.futures import CancelledError
 from types import TracebackType
 from typing import Any, Callable
 
+from ._validate import check_keys
 from .purgatory import DelayedOperation, Purgatory
 from .timer import check_ms
 
@@ -125,25 +126,6 @@ def _check_seconds(name: str, value: float | None) -> float | None:
     if not value >= 0:
         raise ValueError(f"{name} must be >= 0, got {value!r}")
     return value
-
-
-def _check_keys(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
-    """Return ``keys`` as a tuple of distinct hashable keys, or raise naming ``keys``."""
-    if isinstance(keys, (str, bytes)):
-        raise TypeError(f"keys must be a collection of keys, not a single {type(keys).__name__}")
-    try:
-        out = tuple(keys)
-    except TypeError:
-        raise TypeError(f"keys must be an iterable of hashable keys, got {keys!r}") from None
-    if not out:
-        raise ValueError("keys must not be empty")
-    try:
-        distinct = len(set(out))
-    except TypeError as exc:
-        raise TypeError(f"keys must be hashable: {exc}, in {out!r}") from None
-    if distinct != len(out):
-        raise ValueError(f"keys must be distinct, got {out!r}")
-    return out
 
 
 class Checkout:
@@ -359,7 +341,7 @@ class ResourceManager:
 
         ``timeout_ms`` (an int >= 0, None for no limit) bounds the wait; 0 means try once.
         """
-        keys = _check_keys(keys)
+        keys = check_keys(keys)
         deadline = None
         if timeout_ms is not None:
             timeout_ms = check_ms("timeout_ms", timeout_ms)
