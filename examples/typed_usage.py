@@ -12,7 +12,7 @@ its section below the others and add it to ``SECTIONS``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -21,16 +21,21 @@ import numpy.typing as npt
 
 import timewheel
 from timewheel import (
+    Checkout,
+    DelayedOperation,
     ExecuteProduceConsume,
     ExecutionStats,
     ExecutionStrategy,
     Fair,
+    ManualClock,
     PoolShutDown,
     PreferThenFair,
     ProduceConsume,
     ProduceExecuteConsume,
     Producer,
+    Purgatory,
     QueueingSource,
+    ResourceManager,
     Scheduler,
     SetQueue,
     Sink,
@@ -38,6 +43,9 @@ from timewheel import (
     Strategy,
     TaskQueue,
     ThreadPool,
+    Timer,
+    TimerFullError,
+    TimerTask,
     TimingWheel,
 )
 from timewheel.execution import Task
@@ -229,8 +237,109 @@ def execution_section() -> None:
         raise AssertionError("a shut-down pool accepted work")
 
 
+def timer_section() -> None:
+    """Timer: event time with a ManualClock, cancel, back pressure, and a reaper thread."""
+    clock = ManualClock(start_ms=1_000)
+    fired: list[str] = []
+    with Timer(tick_ms=1, wheel_size=20, clock=clock, max_pending=2, name="example") as timer:
+        first: TimerTask = timer.add(30, fired.append, "first")
+        doomed = timer.add(10, fired.append, "cancelled")
+        assert first.deadline_ms == 1_030 and len(timer) == 2
+        try:
+            timer.add(5, fired.append, "refused")
+        except TimerFullError:
+            pass  # max_pending reached: back pressure instead of unbounded growth
+        else:
+            raise AssertionError("max_pending was not enforced")
+        assert doomed.cancel() and doomed.cancelled and not doomed.cancel()
+        clock.advance(29)
+        assert not timer.advance_clock(0) and fired == []  # never early
+        clock.advance(1)
+        assert timer.advance_clock(0) and fired == ["first"] and first.done
+        assert timer.errors == 0 and len(timer) == 0
+
+    ran = threading.Event()
+    with Timer() as live:  # monotonic clock, reaper thread
+        live.start()
+        live.add(1, ran.set)
+        assert ran.wait(WAIT)
+        leftover = live.add(60_000, ran.set)
+    assert live.closed and leftover.cancelled  # close() hands back what never ran
+
+
+class _Fetch(DelayedOperation):
+    """Completes once the log holds ``want`` bytes; the way Kafka's DelayedFetch works."""
+
+    def __init__(self, want: int, log: dict[str, int], events: list[str]) -> None:
+        super().__init__(delay_ms=500)
+        self.want, self.log, self.events = want, log, events
+
+    def try_complete(self) -> bool:
+        return self.log["size"] >= self.want and self.force_complete()
+
+    def on_complete(self) -> None:
+        self.events.append("complete")
+
+    def on_expiration(self) -> None:
+        self.events.append("expired")
+
+
+def purgatory_section() -> None:
+    """Purgatory: watch on keys, complete by key, expire in event time."""
+    clock = ManualClock()
+    log = {"size": 0}
+    done: list[str] = []
+    with Purgatory("fetch", timer=Timer(clock=clock), reaper=False) as purgatory:
+        answered = _Fetch(10, log, done)
+        assert not purgatory.try_complete_else_watch(answered, ["topic-a/0", "topic-a/1"])
+        assert purgatory.delayed == 1 and purgatory.watched >= 1
+        log["size"] = 12
+        assert purgatory.check_and_complete("topic-a/0") == 1 and answered.is_completed
+        assert not answered.force_complete()  # exactly once, whoever wins
+
+        late = _Fetch(100, log, done)
+        purgatory.try_complete_else_watch(late, ["topic-b/0"])
+        clock.advance(500)
+        purgatory.advance_clock(0)
+        assert done == ["complete", "complete", "expired"]  # on_complete, then on_expiration
+        metrics: dict[str, int] = purgatory.metrics()
+        assert metrics["completed"] == 2 and metrics["expired"] == 1 and metrics["errors"] == 0
+
+
+def resources_section() -> None:
+    """ResourceManager: all-or-nothing checkout, loads once, a waiting request, pause."""
+    loads: list[str] = []
+
+    def load(key: Hashable) -> dict[str, int]:
+        loads.append(str(key))
+        return {"balance": 100}
+
+    with ResourceManager(loader=load) as manager:
+        transfer: Checkout = manager.checkout(["acct-7", "acct-3"], timeout_ms=2_000)
+        accounts = transfer.result(timeout=WAIT)
+        accounts["acct-7"]["balance"] -= 10
+        accounts["acct-3"]["balance"] += 10
+
+        waiting = manager.checkout(["acct-3"], timeout_ms=5_000)  # busy: parks in the purgatory
+        assert not waiting.done()
+        manager.checkin(transfer)
+        assert waiting.result(timeout=WAIT)["acct-3"] == {"balance": 110}
+        manager.checkin(waiting)
+        with manager.pause(timeout=WAIT):  # returns once nothing is checked out
+            assert manager.paused
+        assert sorted(loads) == ["acct-3", "acct-7"]  # each key loaded once
+        assert manager.metrics()["checked_out"] == 0
+
+
 #: The sections ``main`` runs, lowest layer first.
-SECTIONS: list[Callable[[], None]] = [wheel_section, sources_section, execution_section]
+SECTIONS: list[Callable[[], None]] = [
+    wheel_section,
+    timer_section,
+    purgatory_section,
+    resources_section,
+    sources_section,
+    execution_section,
+]
 
 
 def main() -> None:
