@@ -10,8 +10,11 @@ import sys
 # so each keeps its heavy imports (pyspark, matplotlib) inside its main().
 _COMMANDS = ["timewheel.demo", "timewheel.pipeline"]
 _BENCHMARKS: list[str] = [
-    "timewheel.benchmarks.execution",
+    "timewheel.benchmarks.core",
     "timewheel.benchmarks.purgatory",
+    "timewheel.benchmarks.sweep",
+    "timewheel.benchmarks.operations",
+    "timewheel.benchmarks.execution",
     "timewheel.benchmarks.resources",
     "timewheel.benchmarks.pipeline",
 ]

@@ -1,0 +1,40 @@
+"""The command line offers every benchmark the package ships, and the demo runs."""
+
+from __future__ import annotations
+
+import pkgutil
+
+import pytest
+
+import timewheel.benchmarks
+from timewheel import cli
+
+
+def test_every_benchmark_module_with_a_command_is_registered() -> None:
+    shipped = set()
+    for info in pkgutil.iter_modules(timewheel.benchmarks.__path__):
+        source = timewheel.benchmarks.__path__[0] + f"/{info.name}.py"
+        with open(source, encoding="utf-8") as f:
+            if "def add_parser(" in f.read():
+                shipped.add(info.name)
+    assert shipped, "no benchmark modules found"
+    registered = {name.rsplit(".", 1)[1] for name in cli._BENCHMARKS}
+    assert registered == shipped
+    for name in shipped:  # and each parses
+        assert cli.build_parser().parse_args(["bench", name]).benchmark == name
+
+
+def test_demo_runs_by_default_and_shows_every_timer_firing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main([]) == 0
+    out = capsys.readouterr().out
+    for deadline in (9, 88, 222, 520, 521, 522):
+        assert f"advance({deadline:>3}) -> ['task@{deadline}']" in out
+
+
+def test_bench_without_a_name_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench"])
+    assert exc.value.code == 2
+    assert "BENCHMARK" in capsys.readouterr().err
