@@ -8,7 +8,7 @@ Compare the rows of one run (ratios), not absolute times: the machine is shared.
 from __future__ import annotations
 
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture

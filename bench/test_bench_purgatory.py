@@ -19,7 +19,8 @@ Cases:
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Iterator, List
+from collections.abc import Iterator
+from typing import Any, Callable
 
 import pytest
 
@@ -98,7 +99,7 @@ def test_timer_add_and_cancel(benchmark: Any, name: str) -> None:
     clock = ManualClock()
     t: Any = HeapTimer(clock=clock) if name == "heapq" else timer_on(name[6:-1], clock)
     rng = random.Random(42)
-    delays: List[int] = [rng.randint(1, 10_000) for _ in range(BATCH)]
+    delays: list[int] = [rng.randint(1, 10_000) for _ in range(BATCH)]
 
     def round_() -> None:
         tasks = [t.add(d, print) for d in delays]

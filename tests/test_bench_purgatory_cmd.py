@@ -7,7 +7,7 @@ import csv
 import importlib.util
 import json
 from pathlib import Path
-from typing import Any, List
+from typing import Any
 
 import pytest
 
@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run(argv: List[str]) -> int:
+def _run(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     return int(args.func(args))
 
@@ -85,7 +85,7 @@ def test_a_lost_request_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
         ["sweep", "--repeat", "0"],
     ],
 )
-def test_bad_arguments_exit_with_2(argv: List[str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_arguments_exit_with_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(argv) == 2
     assert "must" in capsys.readouterr().err
 

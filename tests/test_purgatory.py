@@ -11,8 +11,9 @@ import subprocess
 import sys
 import threading
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any
 
 import pytest
 
@@ -39,9 +40,9 @@ def purgatory(clock: ManualClock) -> Iterator[Purgatory]:
 class Op(DelayedOperation):
     """Completes once ``ready``; records what happened to it in ``events``."""
 
-    __slots__ = ("ready", "events")
+    __slots__ = ("events", "ready")
 
-    def __init__(self, delay_ms: int, ready: bool = False, events: Optional[List[str]] = None):
+    def __init__(self, delay_ms: int, ready: bool = False, events: list[str] | None = None):
         super().__init__(delay_ms)
         self.ready = ready
         self.events = [] if events is None else events
@@ -135,8 +136,8 @@ def test_a_completed_operation_is_freed_while_other_keys_still_list_it(
 def test_a_pending_operation_nobody_references_still_completes_or_expires(
     purgatory: Purgatory, clock: ManualClock
 ) -> None:
-    completing: List[str] = []
-    expiring: List[str] = []
+    completing: list[str] = []
+    expiring: list[str] = []
     op_a = Op(50, events=completing)
     ref_a = weakref.ref(op_a)
     purgatory.try_complete_else_watch(op_a, ["a"])
@@ -228,7 +229,7 @@ def test_cancel_for_key_stops_timeouts_without_completing(
 # -- the write-up's races ----------------------------------------------------------------
 def test_an_event_before_the_operation_is_listed_is_not_lost(purgatory: Purgatory) -> None:
     state = {"ready": False}
-    seen_by_event: List[int] = []
+    seen_by_event: list[int] = []
 
     class Racy(Op):
         __slots__ = ()
@@ -261,7 +262,7 @@ def test_try_complete_may_use_the_purgatory_reentrantly(clock: ManualClock) -> N
     # shutdown at the end: after a deadlock it would hang instead of failing.
     p = Purgatory(timer=Timer(clock=clock), reaper=False, shards=1)
     inner = Op(100, ready=False)
-    outcome: List[Any] = []
+    outcome: list[Any] = []
 
     class Chatty(Op):
         __slots__ = ()
@@ -306,7 +307,7 @@ def test_no_deadlock_between_a_watcher_list_and_a_lock_inside_try_complete(
     p.try_complete_else_watch(b, ["k2"])
     b.ready = True
     armed.set()
-    results: Dict[str, int] = {}
+    results: dict[str, int] = {}
 
     def holder() -> None:
         with user_lock:
@@ -347,7 +348,7 @@ def test_exactly_once_under_racing_completers_and_the_reaper(clock: ManualClock)
                 p.check_and_complete(r.choice(keys))
 
         targets = random.Random(5).sample(ops, n // 3)
-        forced: List[bool] = []
+        forced: list[bool] = []
 
         def forcer() -> None:
             start.wait()

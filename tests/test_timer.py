@@ -9,16 +9,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Tuple
+from typing import Any, Callable
 
 import pytest
 
 from timewheel import timer as timer_module
 from timewheel.execution import ProduceConsume
 from timewheel.timer import ManualClock, Timer, TimerFullError, TimerTask, monotonic_ms
-
 
 # Every test here runs on each TimingWheel implementation.
 pytestmark = pytest.mark.usefixtures("timer_wheel")
@@ -34,7 +34,7 @@ class RecordingExecutor:
     """Collects submitted calls so a test can see they were not run inline."""
 
     def __init__(self) -> None:
-        self.calls: List[Tuple[Callable[..., Any], Tuple[Any, ...]]] = []
+        self.calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         self.calls.append((fn, args))
@@ -105,7 +105,7 @@ def test_constructor_rejects_bad_arguments(kwargs: Any, exc: type, message: str)
 
 
 def test_zero_delay_never_runs_inside_add(timer: Timer, clock: ManualClock) -> None:
-    ran: List[int] = []
+    ran: list[int] = []
     task = timer.add(0, ran.append, 1)
     assert ran == [] and len(timer) == 1 and not task.done
     assert task.deadline_ms == clock.now_ms()
@@ -120,7 +120,7 @@ def test_zero_delay_never_runs_inside_add(timer: Timer, clock: ManualClock) -> N
 def test_task_runs_at_first_advance_at_or_past_its_deadline(tick_ms: int, delay: int) -> None:
     clock = ManualClock(start_ms=3)
     t = Timer(tick_ms=tick_ms, clock=clock)
-    ran: List[int] = []
+    ran: list[int] = []
     t.add(delay, ran.append, delay)
     # Step the clock through awkward increments: never early, never late.
     rng = random.Random(delay * 31 + tick_ms)
@@ -136,7 +136,7 @@ def test_backlog_drains_in_one_call_in_deadline_then_add_order(
 ) -> None:
     rng = random.Random(7)
     delays = [rng.randint(0, 5000) for _ in range(2000)]
-    ran: List[Tuple[int, int]] = []
+    ran: list[tuple[int, int]] = []
     for i, d in enumerate(delays):
         timer.add(d, lambda d=d, i=i: ran.append((d, i)))
     clock.advance(6000)
@@ -146,7 +146,7 @@ def test_backlog_drains_in_one_call_in_deadline_then_add_order(
 
 
 def test_task_added_by_a_callback_runs_at_the_next_advance(timer: Timer) -> None:
-    ran: List[str] = []
+    ran: list[str] = []
 
     def first() -> None:
         ran.append("first")
@@ -159,7 +159,7 @@ def test_task_added_by_a_callback_runs_at_the_next_advance(timer: Timer) -> None
 
 # -- cancel and len ----------------------------------------------------------------------
 def test_cancel_is_idempotent_and_keeps_len_exact(timer: Timer, clock: ManualClock) -> None:
-    ran: List[int] = []
+    ran: list[int] = []
     tasks = [timer.add(10 * i, ran.append, i) for i in range(10)]
     assert len(timer) == 10
     assert tasks[3].cancel() is True
@@ -186,7 +186,7 @@ def test_cancel_before_add_returns_false() -> None:
 
 
 def test_add_task_runs_a_subclass_once_and_refuses_a_second_add(timer: Timer) -> None:
-    ran: List[TimerTask] = []
+    ran: list[TimerTask] = []
 
     class Recorder(TimerTask):
         __slots__ = ()
@@ -236,7 +236,7 @@ def test_len_is_exact_under_concurrent_add_and_cancel(timer: Timer) -> None:
 def test_raising_callback_is_logged_counted_and_isolated(
     timer: Timer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    ran: List[int] = []
+    ran: list[int] = []
 
     def boom() -> None:
         raise RuntimeError("boom")
@@ -257,7 +257,7 @@ def test_raising_callback_is_logged_counted_and_isolated(
 def test_executor_receives_expired_tasks_instead_of_running_them(clock: ManualClock) -> None:
     executor = RecordingExecutor()
     t = Timer(clock=clock, executor=executor)
-    ran: List[int] = []
+    ran: list[int] = []
     task = t.add(5, ran.append, 1)
     clock.advance(5)
     assert t.advance_clock(0) is True
@@ -269,7 +269,7 @@ def test_executor_receives_expired_tasks_instead_of_running_them(clock: ManualCl
 
 def test_thread_pool_executor_runs_callbacks_and_counts_their_errors(clock: ManualClock) -> None:
     done = threading.Event()
-    threads: List[str] = []
+    threads: list[str] = []
 
     def record() -> None:
         threads.append(threading.current_thread().name)
@@ -315,7 +315,7 @@ def test_advance_clock_waits_for_the_deadline_with_the_gil_released() -> None:
     spins = 0
     # (time, spins) at every reading of the clock: the longest gap between two
     # readings is the wait, and the spinner must have run during it.
-    marks: List[Tuple[int, int]] = []
+    marks: list[tuple[int, int]] = []
 
     def clock() -> int:
         now = monotonic_ms()
@@ -364,7 +364,7 @@ def test_an_earlier_add_wakes_a_long_wait() -> None:
 
     t = Timer(clock=clock)
     t.add(600_000, print)
-    result: List[bool] = []
+    result: list[bool] = []
     called.clear()
     waiter = threading.Thread(target=lambda: result.append(t.advance_clock(600_000)))
     waiter.start()
@@ -379,7 +379,7 @@ def test_reaper_runs_tasks_on_its_thread_and_close_returns_the_rest() -> None:
     t = Timer(name="r")
     t.start(poll_ms=600_000)
     ran = threading.Event()
-    where: List[str] = []
+    where: list[str] = []
     t.add(5, lambda: (where.append(threading.current_thread().name), ran.set()))
     assert ran.wait(10)
     assert where == ["r-reaper"]
@@ -408,7 +408,7 @@ def test_start_twice_or_after_close_is_refused(clock: ManualClock) -> None:
 # -- reaper on a ManualClock -------------------------------------------------------------
 def test_reaper_follows_a_manual_clock(clock: ManualClock) -> None:
     t = Timer(clock=clock)
-    advanced_to: List[int] = []
+    advanced_to: list[int] = []
     seen = threading.Condition()
 
     def after_advance() -> None:
@@ -454,7 +454,7 @@ def test_after_advance_errors_are_logged_and_do_not_stop_the_reaper(
 def test_close_from_a_callback_on_the_reaper(clock: ManualClock) -> None:
     t = Timer(clock=clock)
     closed = threading.Event()
-    left: List[List[TimerTask]] = []
+    left: list[list[TimerTask]] = []
     pending = t.add(10, print)
     t.add(0, lambda: (left.append(t.close()), closed.set()))
     t.start()
@@ -475,7 +475,7 @@ def test_default_clock_is_monotonic_milliseconds() -> None:
 
 
 # -- execution strategies on the reaper -------------------------------------------------
-def _pool_threads(name: str) -> List[threading.Thread]:
+def _pool_threads(name: str) -> list[threading.Thread]:
     return [th for th in threading.enumerate() if th.name.startswith(f"{name}-pool")]
 
 
@@ -569,7 +569,7 @@ def test_reaper_callback_errors_are_logged_counted_and_isolated(
 
 
 def test_a_given_strategy_runs_the_reapers_tasks(clock: ManualClock) -> None:
-    threads: List[str] = []
+    threads: list[str] = []
     done = threading.Event()
     t = Timer(clock=clock, strategy=ProduceConsume, name="pc")
     t.add(0, lambda: (threads.append(threading.current_thread().name), done.set()))
@@ -615,7 +615,7 @@ def _exit() -> None:
 
 
 def test_system_exit_from_a_task_keeps_the_rest_of_the_batch(timer: Timer) -> None:
-    ran: List[int] = []
+    ran: list[int] = []
     timer.add(0, _exit)
     second = timer.add(0, ran.append, 2)
     third = timer.add(0, ran.append, 3)
@@ -645,7 +645,7 @@ def test_system_exit_from_a_task_does_not_kill_the_reaper(
 
 
 def test_a_clock_that_returns_a_non_int_is_named() -> None:
-    now: List[Any] = [0]
+    now: list[Any] = [0]
     t = Timer(clock=lambda: now[0])
     task = t.add(0, print)
     now[0] = 1.5
@@ -699,7 +699,7 @@ def test_start_checks_and_sets_the_reaper_under_the_lock(
     clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     t = Timer(clock=clock)
-    lock_held: List[bool] = []
+    lock_held: list[bool] = []
     real_thread = threading.Thread
 
     class Spy(real_thread):  # type: ignore[valid-type,misc]
@@ -716,3 +716,18 @@ def test_start_checks_and_sets_the_reaper_under_the_lock(
         t.start()
     assert lock_held == [True]
     assert t.close() == []
+
+
+def test_wheel_class_picks_the_implementation_and_is_checked() -> None:
+    from timewheel import wheel as wheel_module
+
+    timer = Timer(clock=ManualClock(), wheel_class=wheel_module.PyTimingWheel)
+    try:
+        assert isinstance(timer._wheel, wheel_module.PyTimingWheel)
+        fired: list[int] = []
+        timer.add(5, fired.append, 1)
+        assert len(timer) == 1
+    finally:
+        timer.close()
+    with pytest.raises(TypeError, match="wheel_class"):
+        Timer(clock=ManualClock(), wheel_class=42)  # type: ignore[arg-type]

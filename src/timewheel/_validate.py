@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import operator
-from typing import Any, Hashable, Iterable, Optional, Tuple
+from collections.abc import Hashable, Iterable
+from typing import Any
 
 __all__ = ["INT64_MAX", "INT64_MIN", "check_int", "check_keys", "check_shards"]
 
@@ -11,7 +12,7 @@ INT64_MAX = (1 << 63) - 1
 INT64_MIN = -(1 << 63)
 
 
-def check_int(name: str, value: Any, lo: Optional[int] = None, hi: Optional[int] = None) -> int:
+def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
     """Return ``value`` as an int in ``[lo, hi]`` (a bound left None is open), or raise
     TypeError/ValueError naming ``name`` and the value. Bools are refused."""
     if type(value) is int:
@@ -35,7 +36,7 @@ def check_int(name: str, value: Any, lo: Optional[int] = None, hi: Optional[int]
     return v
 
 
-def check_keys(keys: Iterable[Hashable]) -> Tuple[Hashable, ...]:
+def check_keys(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
     """Return ``keys`` as a non-empty tuple of distinct hashable keys, or raise naming them.
 
     A single str or bytes is refused: it is far more likely a mistake than a collection

@@ -19,7 +19,7 @@ import collections
 import logging
 import threading
 import weakref
-from typing import Dict, Hashable, Iterable, List, Optional, Tuple
+from collections.abc import Hashable, Iterable
 
 from ._validate import INT64_MAX as _INT64_MAX
 from ._validate import check_keys, check_shards
@@ -39,7 +39,7 @@ class DelayedOperation(TimerTask):
     :meth:`on_complete` when the operation timed out).
     """
 
-    __slots__ = ("delay_ms", "_once", "_purgatory", "__weakref__")
+    __slots__ = ("__weakref__", "_once", "_purgatory", "delay_ms")
 
     def __init__(self, delay_ms: int) -> None:
         # Made per request: the common case skips the checking call and the base __init__.
@@ -52,7 +52,7 @@ class DelayedOperation(TimerTask):
         self._state = _PENDING
         # A non-blocking acquire is the atomic test-and-set that makes completion happen once.
         self._once = threading.Lock()
-        self._purgatory: Optional[_Counts] = None
+        self._purgatory: _Counts | None = None
 
     def try_complete(self) -> bool:
         """Complete the operation if it can be; True only if this call completed it."""
@@ -108,7 +108,7 @@ class _Counts:
     (and so to its timer) would keep a dropped purgatory alive with all it holds.
     """
 
-    __slots__ = ("_stats_lock", "_completed", "_expired")
+    __slots__ = ("_completed", "_expired", "_stats_lock")
 
     def __init__(self) -> None:
         self._stats_lock = threading.Lock()
@@ -119,16 +119,16 @@ class _Entry(weakref.ref):  # type: ignore[type-arg]
     """An operation's one entry, shared by all its watcher lists; it knows their keys."""
 
     __slots__ = ("keys",)
-    keys: Tuple[Hashable, ...]
+    keys: tuple[Hashable, ...]
 
 
-_WatcherLists = Dict[Hashable, Dict[int, _Entry]]
+_WatcherLists = dict[Hashable, dict[int, _Entry]]
 
 
 class _Shard:
     """One lock and the watcher lists of the keys that hash to it."""
 
-    __slots__ = ("lock", "lists", "watched")
+    __slots__ = ("lists", "lock", "watched")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -144,7 +144,7 @@ def _is_stale(entry: _Entry) -> bool:
 
 
 def _remove(
-    lists: _WatcherLists, key: Hashable, lst: Dict[int, _Entry], stale: Iterable[_Entry]
+    lists: _WatcherLists, key: Hashable, lst: dict[int, _Entry], stale: Iterable[_Entry]
 ) -> None:
     """Drop ``stale`` entries from ``key``'s list, and the list once empty; shard lock held."""
     for entry in stale:
@@ -176,11 +176,11 @@ class Purgatory:
         self,
         name: str = "purgatory",
         *,
-        timer: Optional[Timer] = None,
+        timer: Timer | None = None,
         purge_interval: int = 1000,
         reaper: bool = True,
         shards: int = 16,
-        strategy: Optional[StrategyFactory] = None,
+        strategy: StrategyFactory | None = None,
         pool_threads: int = 2,
     ) -> None:
         if not isinstance(name, str):
@@ -324,7 +324,7 @@ class Purgatory:
                     _remove(shard.lists, key, lst, stale)
         return completed
 
-    def cancel_for_key(self, key: Hashable) -> List[DelayedOperation]:
+    def cancel_for_key(self, key: Hashable) -> list[DelayedOperation]:
         """Stop watching ``key`` and cancel its operations' timeouts without completing them.
 
         Returns those operations (still pending, no longer timed); they stay listed on
@@ -336,7 +336,7 @@ class Purgatory:
             raise TypeError(f"key must be hashable, got {key!r}") from None
         with shard.lock:
             lst = shard.lists.pop(key, None)
-        ops: List[DelayedOperation] = []
+        ops: list[DelayedOperation] = []
         for entry in (lst or {}).values():
             op = entry()
             if op is not None and not op._once.locked():
@@ -436,7 +436,7 @@ class Purgatory:
         """The write-up's estimate of the operations in watcher lists."""
         return self._watched_base + sum(shard.watched for shard in self._shards)
 
-    def metrics(self) -> Dict[str, int]:
+    def metrics(self) -> dict[str, int]:
         """Counters and sizes: completed, expired, purges, watched, delayed, keys,
         entries (exact count of watcher-list entries), cleared (freed entries not yet
         purged) and errors (raising ``try_complete`` calls plus the timer's errors)."""
@@ -467,7 +467,7 @@ class Purgatory:
         """The timer that times the operations out."""
         return self._timer
 
-    def shutdown(self) -> List[DelayedOperation]:
+    def shutdown(self) -> list[DelayedOperation]:
         """Stop the reaper, close the timer and return the operations that never completed.
 
         Those operations are neither completed nor expired; the caller decides their fate.

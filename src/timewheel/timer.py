@@ -14,7 +14,7 @@ import time
 import weakref
 from collections import deque
 from functools import partial
-from typing import Any, Callable, Deque, List, Optional, Protocol, Tuple, Union, cast
+from typing import Any, Callable, Protocol, Union, cast
 
 from ._validate import INT64_MAX as _INT64_MAX
 from ._validate import check_int
@@ -64,7 +64,7 @@ class ManualClock:
     with :meth:`Timer.start`, so the reaper follows the clock.
     """
 
-    __slots__ = ("_now", "_lock", "_listeners")
+    __slots__ = ("_listeners", "_lock", "_now")
 
     def __init__(self, start_ms: int = 0) -> None:
         self._now = check_ms("start_ms", start_ms, -_INT64_MAX - 1)
@@ -120,10 +120,10 @@ class TimerTask:
     O(1); ``cancelled`` and ``done`` tell what became of the task.
     """
 
-    __slots__ = ("deadline_ms", "_wheel", "_handle", "_state")
+    __slots__ = ("_handle", "_state", "_wheel", "deadline_ms")
 
     def __init__(self) -> None:
-        self.deadline_ms: Optional[int] = None
+        self.deadline_ms: int | None = None
         self._wheel: Any = None
         self._handle = 0
         self._state = _PENDING
@@ -162,9 +162,9 @@ class TimerTask:
 class _CallbackTask(TimerTask):
     """The task :meth:`Timer.add` creates: ``callback(*args)``."""
 
-    __slots__ = ("_callback", "_args")
+    __slots__ = ("_args", "_callback")
 
-    def __init__(self, callback: Callable[..., Any], args: Tuple[Any, ...]) -> None:
+    def __init__(self, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
         TimerTask.__init__(self)
         self._callback = callback
         self._args = args
@@ -177,9 +177,9 @@ class _CallbackTask(TimerTask):
         return f"{TimerTask.__repr__(self)[:-1]} callback={self._callback!r}>"
 
 
-def _drain(wheel: Any) -> List[TimerTask]:
+def _drain(wheel: Any) -> list[TimerTask]:
     """Take every pending task out of ``wheel`` and mark it cancelled."""
-    left: List[TimerTask] = wheel.advance(_INT64_MAX)
+    left: list[TimerTask] = wheel.advance(_INT64_MAX)
     for task in left:
         task._state = _CANCELLED
     return left
@@ -195,16 +195,16 @@ class _Reaping:
     instead of stopping it. Returns None only once the timer is closed.
     """
 
-    __slots__ = ("tasks", "_timer", "poll_ms", "after_advance")
+    __slots__ = ("_timer", "after_advance", "poll_ms", "tasks")
 
     def __init__(self, timer: Timer) -> None:
         # deque's append and popleft are atomic: an advance may queue while a task is taken.
-        self.tasks: Deque[TimerTask] = deque()
+        self.tasks: deque[TimerTask] = deque()
         self._timer = timer
         self.poll_ms = 200
-        self.after_advance: Optional[Callable[[], None]] = None
+        self.after_advance: Callable[[], None] | None = None
 
-    def produce(self) -> Optional[Task]:
+    def produce(self) -> Task | None:
         """The next expired task, after waiting for one if need be; None once closed."""
         tasks = self.tasks
         timer = self._timer
@@ -220,8 +220,10 @@ class Timer:
     """Run callbacks after a delay, on a hierarchical timing wheel (Kafka's SystemTimer).
 
     ``Timer(tick_ms=1, wheel_size=20, *, clock=None, executor=None, strategy=None,
-    pool_threads=2, max_pending=None, name="timer")``. The clock is :func:`monotonic_ms`
-    unless a :class:`ManualClock` or another zero-argument callable returning
+    pool_threads=2, max_pending=None, name="timer", wheel_class=None)``. ``wheel_class``
+    picks the wheel implementation (default :class:`timewheel.wheel.TimingWheel`, the
+    extension when built); benchmarks pass ``timewheel.wheel.PyTimingWheel`` to compare.
+    The clock is :func:`monotonic_ms` unless a :class:`ManualClock` or another zero-argument callable returning
     milliseconds is given. Time moves only in :meth:`advance_clock`, called by the
     caller or by the reaper thread of :meth:`start`.
 
@@ -251,14 +253,17 @@ class Timer:
         tick_ms: int = 1,
         wheel_size: int = 20,
         *,
-        clock: Optional[Clock] = None,
-        executor: Optional[Executor] = None,
-        strategy: Optional[StrategyFactory] = None,
+        clock: Clock | None = None,
+        executor: Executor | None = None,
+        strategy: StrategyFactory | None = None,
         pool_threads: int = 2,
-        max_pending: Optional[int] = None,
+        max_pending: int | None = None,
         name: str = "timer",
+        wheel_class: Callable[[int, int, int], Any] | None = None,
     ) -> None:
         tick_ms = check_ms("tick_ms", tick_ms, 1)
+        if wheel_class is not None and not callable(wheel_class):
+            raise TypeError(f"wheel_class must be a TimingWheel class, got {wheel_class!r}")
         if executor is not None and not callable(getattr(executor, "submit", None)):
             raise TypeError(f"executor must have a submit(fn, *args) method, got {executor!r}")
         if strategy is not None and not callable(strategy):
@@ -271,7 +276,7 @@ class Timer:
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {name!r}")
         self._cond = threading.Condition(threading.Lock())
-        self._manual: Optional[ManualClock]
+        self._manual: ManualClock | None
         if clock is None:
             self._clock: Callable[[], int] = monotonic_ms
             self._manual = None
@@ -285,12 +290,14 @@ class Timer:
         else:
             raise TypeError(f"clock must be a ManualClock or a callable, got {clock!r}")
         start = check_ms("clock()", self._clock(), -_INT64_MAX - 1)
-        self._wheel = TimingWheel(tick_ms, wheel_size, start)
+        self._wheel = (TimingWheel if wheel_class is None else wheel_class)(
+            tick_ms, wheel_size, start
+        )
         self._executor = executor
         self._reaping = _Reaping(self)
         # A pool starts its threads only when given work, so a timer made before a fork
         # (Spark's workers) owns no thread yet.
-        self._pool: Optional[ThreadPool] = None
+        self._pool: ThreadPool | None = None
         if strategy is None:
             self._pool = ThreadPool(pool_threads, name=f"{name}-pool")
             self._strategy: ExecutionStrategy = ExecuteProduceConsume(self._reaping, self._pool)
@@ -306,7 +313,7 @@ class Timer:
         self._advance_lock = threading.RLock()
         self._wake_before: float = _NEVER
         self._closed = False
-        self._reaper: Optional[threading.Thread] = None
+        self._reaper: threading.Thread | None = None
         self._errors = 0
         self._errors_lock = threading.Lock()
         # A pending task holds the wheel (to cancel in O(1)) and the Cython wheel holds
@@ -376,7 +383,7 @@ class Timer:
         """
         return self._advance(check_ms("timeout_ms", timeout_ms), self._dispatch)
 
-    def _advance(self, timeout_ms: int, dispatch: Callable[[List[TimerTask]], None]) -> bool:
+    def _advance(self, timeout_ms: int, dispatch: Callable[[list[TimerTask]], None]) -> bool:
         if not self._advance_lock.acquire(timeout=_seconds(timeout_ms)):
             return False
         try:
@@ -419,7 +426,7 @@ class Timer:
             finally:
                 self._wake_before = _NEVER
 
-    def _dispatch(self, tasks: List[TimerTask]) -> None:
+    def _dispatch(self, tasks: list[TimerTask]) -> None:
         """Run (or submit) expired tasks in order on this thread."""
         executor = self._executor
         run = self._run
@@ -440,14 +447,14 @@ class Timer:
             self._reschedule(tasks[next(i for i, t in enumerate(tasks) if t is task) + 1 :])
             raise
 
-    def _reschedule(self, tasks: List[TimerTask]) -> None:
+    def _reschedule(self, tasks: list[TimerTask]) -> None:
         """Put expired tasks that never ran back in the wheel, in their order."""
         wheel = self._wheel
         for task in tasks:
             task._state = _PENDING
             task._handle = wheel.schedule(cast(int, task.deadline_ms), task)
 
-    def _queue_expired(self, tasks: List[TimerTask]) -> None:
+    def _queue_expired(self, tasks: list[TimerTask]) -> None:
         """The reaper's dispatch: queue expired tasks for whoever produces next."""
         if self._executor is not None:
             self._dispatch(tasks)
@@ -475,9 +482,7 @@ class Timer:
         logger.exception(msg, culprit, self.name)
 
     # -- reaper and lifetime --------------------------------------------------------
-    def start(
-        self, poll_ms: int = 200, *, after_advance: Optional[Callable[[], None]] = None
-    ) -> None:
+    def start(self, poll_ms: int = 200, *, after_advance: Callable[[], None] | None = None) -> None:
         """Start a daemon reaper thread that keeps advancing the clock.
 
         ``poll_ms`` bounds how long one wait lasts; an earlier :meth:`add` wakes the
@@ -516,7 +521,7 @@ class Timer:
                 if not self._closed:
                     self._cond.wait(_seconds(self._reaping.poll_ms))
 
-    def _reap_once(self, poll_ms: int, after_advance: Optional[Callable[[], None]]) -> None:
+    def _reap_once(self, poll_ms: int, after_advance: Callable[[], None] | None) -> None:
         """One turn of the reaper's work, on whichever thread produces."""
         ran = self._advance(poll_ms, self._queue_expired)
         if after_advance is not None:
@@ -543,7 +548,7 @@ class Timer:
             finally:
                 self._wake_before = _NEVER
 
-    def close(self) -> List[TimerTask]:
+    def close(self) -> list[TimerTask]:
         """Stop the reaper promptly and return the tasks that never ran, in deadline order.
 
         Those tasks are marked cancelled. Tasks already expired are run to the end first:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Tuple
+from collections.abc import Hashable, Iterable
+from typing import Any, Callable
 
 from .._validate import check_shards
 from ..purgatory import DelayedOperation
@@ -28,7 +29,7 @@ __all__ = ["ClassicPurgatory", "HeapTimer", "HeapTimerHandle"]
 _Clock = Callable[[], int]
 
 
-def _clock_of(clock: Optional[Any]) -> Tuple[_Clock, Optional[ManualClock]]:
+def _clock_of(clock: Any | None) -> tuple[_Clock, ManualClock | None]:
     if clock is None:
         return monotonic_ms, None
     if isinstance(clock, ManualClock):
@@ -41,16 +42,16 @@ def _clock_of(clock: Optional[Any]) -> Tuple[_Clock, Optional[ManualClock]]:
 class _DelayQueue:
     """A heap of ``(deadline, seq, item)`` behind a condition, like Java's DelayQueue."""
 
-    def __init__(self, clock: Optional[Any]) -> None:
+    def __init__(self, clock: Any | None) -> None:
         self.clock, self.manual = _clock_of(clock)
         self.cond = threading.Condition(threading.Lock())
         if self.manual is not None:
             self.manual._subscribe(self.cond)
-        self.heap: List[List[Any]] = []
+        self.heap: list[list[Any]] = []
         self.seq = itertools.count()
         self.closed = False
 
-    def push(self, deadline: int, item: Any) -> List[Any]:
+    def push(self, deadline: int, item: Any) -> list[Any]:
         entry = [deadline, next(self.seq), item]
         with self.cond:
             heap = self.heap
@@ -59,7 +60,7 @@ class _DelayQueue:
                 self.cond.notify()
         return entry
 
-    def pop_due(self, timeout_ms: int) -> List[Any]:
+    def pop_due(self, timeout_ms: int) -> list[Any]:
         """Wait (real clocks only) for the head to be due, then pop every due entry."""
         clock = self.clock
         with self.cond:
@@ -84,7 +85,7 @@ class _DelayQueue:
             if not self.closed and not (self.heap and self.heap[0][0] <= self.clock()):
                 self.cond.wait(poll_ms / 1000)
 
-    def close(self) -> List[List[Any]]:
+    def close(self) -> list[list[Any]]:
         with self.cond:
             self.closed = True
             self.cond.notify_all()
@@ -95,9 +96,9 @@ class _DelayQueue:
 class HeapTimerHandle:
     """What :meth:`HeapTimer.add` returns; cancelling marks the heap entry dead."""
 
-    __slots__ = ("_timer", "_entry", "cancelled")
+    __slots__ = ("_entry", "_timer", "cancelled")
 
-    def __init__(self, timer: HeapTimer, entry: List[Any]) -> None:
+    def __init__(self, timer: HeapTimer, entry: list[Any]) -> None:
         self._timer = timer
         self._entry = entry
         self.cancelled = False
@@ -115,7 +116,7 @@ class HeapTimer:
     than half of a heap of 100 or more, the heap is rebuilt (asyncio's rule).
     """
 
-    def __init__(self, *, clock: Optional[Any] = None) -> None:
+    def __init__(self, *, clock: Any | None = None) -> None:
         self._queue = _DelayQueue(clock)
         self._cancelled = 0
 
@@ -181,7 +182,7 @@ class ClassicPurgatory:
         self,
         name: str = "classic",
         *,
-        clock: Optional[Any] = None,
+        clock: Any | None = None,
         purge_interval: int = 1000,
         reaper: bool = True,
         shards: int = 16,
@@ -191,14 +192,14 @@ class ClassicPurgatory:
         self._purge_interval = check_ms("purge_interval", purge_interval, 1)
         shards = check_shards(shards)
         self._locks = [threading.Lock() for _ in range(shards)]
-        self._lists: List[Dict[Hashable, List[DelayedOperation]]] = [{} for _ in range(shards)]
+        self._lists: list[dict[Hashable, list[DelayedOperation]]] = [{} for _ in range(shards)]
         self._mask = shards - 1
         # Operations queued since the last purge (the purge trigger).
         self._added = 0
         self._purge_lock = threading.Lock()
         self._stats_lock = threading.Lock()
         self._completed = self._expired = self._purges = self._errors = 0
-        self._reaper: Optional[threading.Thread] = None
+        self._reaper: threading.Thread | None = None
         if reaper:
             self._reaper = threading.Thread(target=self._reap, name=f"{name}-reaper", daemon=True)
             self._reaper.start()
@@ -278,7 +279,7 @@ class ClassicPurgatory:
                         del lists[key]
         return completed
 
-    def cancel_for_key(self, key: Hashable) -> List[DelayedOperation]:
+    def cancel_for_key(self, key: Hashable) -> list[DelayedOperation]:
         """Stop watching ``key``; its pending operations leave the heap uncompleted."""
         i = hash(key) & self._mask
         with self._locks[i]:
@@ -356,7 +357,7 @@ class ClassicPurgatory:
                 total += sum(len(lst) for lst in lists.values())
         return total
 
-    def metrics(self) -> Dict[str, int]:
+    def metrics(self) -> dict[str, int]:
         """The same keys as :meth:`Purgatory.metrics`."""
         keys = sum(len(lists) for lists in self._lists)
         with self._stats_lock:
@@ -370,7 +371,7 @@ class ClassicPurgatory:
         out.update(watched=watched, delayed=self.delayed, keys=keys, entries=watched, cleared=0)
         return out
 
-    def shutdown(self) -> List[DelayedOperation]:
+    def shutdown(self) -> list[DelayedOperation]:
         """Stop the reaper; return the operations that never completed."""
         left = self._queue.close()
         if self._reaper is not None and self._reaper is not threading.current_thread():

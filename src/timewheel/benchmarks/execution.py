@@ -26,17 +26,18 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, cast
+from typing import Callable, cast
 from urllib.parse import parse_qsl
 
 from timewheel.execution import (
     ExecuteProduceConsume,
     ExecutionStrategy,
-    Producer,
     ProduceConsume,
     ProduceExecuteConsume,
+    Producer,
     Task,
     ThreadPool,
 )
@@ -51,16 +52,16 @@ REQUEST_LINES = (
 )
 
 
-def parse_request(line: str) -> Dict[str, object]:
+def parse_request(line: str) -> dict[str, object]:
     """Production: split a request line and parse its query string into a dict."""
     method, _, target = line.partition(" ")
     path, _, query = target.partition("?")
     return {"method": method, "path": path.split("/")[1:], "params": dict(parse_qsl(query))}
 
 
-def respond(request: Dict[str, object]) -> str:
+def respond(request: dict[str, object]) -> str:
     """Consumption: build the JSON response to a parsed request."""
-    params = cast(Dict[str, str], request["params"])
+    params = cast(dict[str, str], request["params"])
     items = [{"key": k, "value": v, "weight": len(k) * len(v)} for k, v in sorted(params.items())]
     return json.dumps({"route": request["path"], "items": items, "n": len(items)})
 
@@ -71,11 +72,11 @@ class _Run:
     def __init__(self, total: int) -> None:
         self.total = total
         self.completed = 0
-        self.latencies_ns: List[int] = []
+        self.latencies_ns: list[int] = []
         self.done = threading.Event()
         self._lock = threading.Lock()
 
-    def complete(self, latency_ns: Optional[int]) -> None:
+    def complete(self, latency_ns: int | None) -> None:
         with self._lock:
             if latency_ns is not None:
                 self.latencies_ns.append(latency_ns)
@@ -97,7 +98,7 @@ class _Connection:
         self._blocking_every = blocking_every
         self._block_s = block_s
 
-    def produce(self) -> Optional[Task]:
+    def produce(self) -> Task | None:
         number = self._next
         if number == len(self._arrivals):
             return None
@@ -111,7 +112,7 @@ class _Connection:
         blocking = every > 0 and number % every == every - 1
         return partial(self._handle, request, arrival, blocking)
 
-    def _handle(self, request: Dict[str, object], arrival: int, blocking: bool) -> None:
+    def _handle(self, request: dict[str, object], arrival: int, blocking: bool) -> None:
         respond(request)
         if blocking:
             time.sleep(self._block_s)  # models a blocking I/O call inside the task
@@ -144,7 +145,7 @@ class Result:
 
 def _run_once(
     name: str, arrivals: Sequence[int], args: argparse.Namespace, blocking: bool
-) -> Tuple[_Run, float, float, List[ExecutionStrategy]]:
+) -> tuple[_Run, float, float, list[ExecutionStrategy]]:
     run = _Run(len(arrivals) * args.producers)
     every = args.blocking_every if blocking else 0
     # Paced runs leave the threads time to start before the first request arrives.
@@ -160,7 +161,9 @@ def _run_once(
         for t in selectors:
             t.start()
         if not run.done.wait(args.timeout):
-            raise RuntimeError(f"{name}: {run.completed} of {run.total} tasks finished in {args.timeout}s")
+            raise RuntimeError(
+                f"{name}: {run.completed} of {run.total} tasks finished in {args.timeout}s"
+            )
         wall = (time.perf_counter_ns() - start) / 1e9
         cpu = time.process_time() - cpu0
         for t in selectors:
@@ -171,7 +174,7 @@ def _run_once(
     return run, wall, cpu, strategies
 
 
-def _saturated(name: str, args: argparse.Namespace, blocking: bool) -> Tuple[float, ...]:
+def _saturated(name: str, args: argparse.Namespace, blocking: bool) -> tuple[float, ...]:
     """One saturated run: throughput, CPU us/task, peak pending, dispatches/task."""
     run, wall, cpu, strategies = _run_once(name, [0] * args.requests, args, blocking)
     stats = [s.stats() for s in strategies]
@@ -183,7 +186,7 @@ def _saturated(name: str, args: argparse.Namespace, blocking: bool) -> Tuple[flo
     )
 
 
-def _paced(name: str, args: argparse.Namespace, blocking: bool, rate: float) -> Tuple[float, ...]:
+def _paced(name: str, args: argparse.Namespace, blocking: bool, rate: float) -> tuple[float, ...]:
     """One paced run: p50 and p99 arrival-to-completion latency of fast tasks, in us."""
     per_conn_rate = rate / args.producers
     n = max(2, int(per_conn_rate * args.paced_seconds))
@@ -194,16 +197,16 @@ def _paced(name: str, args: argparse.Namespace, blocking: bool, rate: float) -> 
     return q[49] / 1000, q[98] / 1000
 
 
-Cell = Tuple[str, bool]
+Cell = tuple[str, bool]
 
 
 def _interleaved(
-    args: argparse.Namespace, one_run: Callable[[str, bool], Tuple[float, ...]]
-) -> Dict[Cell, Tuple[float, ...]]:
+    args: argparse.Namespace, one_run: Callable[[str, bool], tuple[float, ...]]
+) -> dict[Cell, tuple[float, ...]]:
     """Run every cell ``--repeat`` times, rotating the order each round so that noise
     from other processes falls on every strategy alike; keep each figure's median."""
     cells = [(name, blocking) for blocking in (False, True) for name in STRATEGIES]
-    samples: Dict[Cell, List[Tuple[float, ...]]] = {cell: [] for cell in cells}
+    samples: dict[Cell, list[tuple[float, ...]]] = {cell: [] for cell in cells}
     for round_ in range(args.repeat):
         shift = round_ % len(cells)
         for cell in cells[shift:] + cells[:shift]:
@@ -214,7 +217,7 @@ def _interleaved(
     }
 
 
-def measure(args: argparse.Namespace) -> Tuple[List[Result], float]:
+def measure(args: argparse.Namespace) -> tuple[list[Result], float]:
     """Run every strategy with and without blocking tasks; return results and the paced rate."""
     saturated = _interleaved(args, lambda name, blocking: _saturated(name, args, blocking))
     rate = args.load * saturated[("ProduceConsume", False)][0]
@@ -226,7 +229,7 @@ def measure(args: argparse.Namespace) -> Tuple[List[Result], float]:
     return results, rate
 
 
-def check_targets(results: Sequence[Result]) -> List[Tuple[str, float, float, bool]]:
+def check_targets(results: Sequence[Result]) -> list[tuple[str, float, float, bool]]:
     """The issue's targets as (description, measured ratio, required ratio, met)."""
     by = {(r.strategy, r.blocking): r for r in results}
     pc, pec, epc = (by[(name, False)] for name in STRATEGIES)
@@ -275,7 +278,7 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
     return parse
 
 
-def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``execution`` benchmark to ``timewheel bench``."""
     p = subparsers.add_parser(
         "execution",
@@ -285,20 +288,32 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     )
     p.add_argument("--producers", type=_positive(int), default=4, help="connections (default 4)")
     p.add_argument(
-        "--requests", type=_positive(int), default=4000, help="per connection, saturated (default 4000)"
+        "--requests",
+        type=_positive(int),
+        default=4000,
+        help="per connection, saturated (default 4000)",
     )
     p.add_argument("--threads", type=_positive(int), default=8, help="pool threads (default 8)")
     p.add_argument(
-        "--blocking-every", type=_positive(int), default=100, help="1 request in N blocks (default 100)"
+        "--blocking-every",
+        type=_positive(int),
+        default=100,
+        help="1 request in N blocks (default 100)",
     )
     p.add_argument(
         "--block-ms", type=_positive(float), default=5.0, help="how long it blocks (default 5)"
     )
     p.add_argument(
-        "--load", type=_positive(float), default=0.5, help="paced rate / saturated PC rate (default 0.5)"
+        "--load",
+        type=_positive(float),
+        default=0.5,
+        help="paced rate / saturated PC rate (default 0.5)",
     )
     p.add_argument(
-        "--paced-seconds", type=_positive(float), default=0.5, help="length of a paced run (default 0.5)"
+        "--paced-seconds",
+        type=_positive(float),
+        default=0.5,
+        help="length of a paced run (default 0.5)",
     )
     p.add_argument(
         "--repeat", type=_positive(int), default=3, help="runs per cell, median kept (default 3)"
@@ -320,7 +335,9 @@ def main(args: argparse.Namespace) -> int:
             "config": {k: v for k, v in vars(args).items() if k != "func"},
             "paced_rate": rate,
             "results": [asdict(r) for r in results],
-            "targets": [{"target": t, "ratio": r, "required": n, "met": m} for t, r, n, m in checks],
+            "targets": [
+                {"target": t, "ratio": r, "required": n, "met": m} for t, r, n, m in checks
+            ],
         }
         json.dump(out, sys.stdout, indent=2)
         print()

@@ -15,9 +15,8 @@ import argparse
 import gc
 import random
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable
 
-from .. import timer as timer_module
 from .. import wheel
 from ..purgatory import DelayedOperation, Purgatory
 from ..timer import ManualClock, Timer
@@ -48,14 +47,7 @@ def timer_on(wheel_name: str, clock: ManualClock) -> Timer:
     wheel_class = wheel.CTimingWheel if wheel_name == "cython" else wheel.PyTimingWheel
     if wheel_class is None:
         raise ValueError("the cython wheel needs the compiled extension, which is not built")
-    # The Timer always builds timewheel.timer.TimingWheel (the tests swap it the same
-    # way); swap it for this one construction and put it back at once.
-    saved = getattr(timer_module, "TimingWheel")
-    setattr(timer_module, "TimingWheel", wheel_class)
-    try:
-        return Timer(clock=clock)
-    finally:
-        setattr(timer_module, "TimingWheel", saved)
+    return Timer(clock=clock, wheel_class=wheel_class)
 
 
 def make_purgatory(impl: str, clock: ManualClock) -> Any:
@@ -68,22 +60,22 @@ def make_purgatory(impl: str, clock: ManualClock) -> Any:
 
 def workload(
     ops: int, keys: int, watch: int, max_delay: int, seed: int = 1
-) -> List[Tuple[int, Tuple[int, ...]]]:
+) -> list[tuple[int, tuple[int, ...]]]:
     """The (delay, keys) of every operation, the same for every implementation."""
     rng = random.Random(seed)
     return [(rng.randint(1, max_delay), tuple(rng.sample(range(keys), watch))) for _ in range(ops)]
 
 
 def run_one(
-    impl: str, plan: List[Tuple[int, Tuple[int, ...]]], pending: int, complete: str
-) -> Dict[str, Any]:
+    impl: str, plan: list[tuple[int, tuple[int, ...]]], pending: int, complete: str
+) -> dict[str, Any]:
     """Push ``plan`` through one implementation; return seconds, µs/op and its metrics."""
     clock = ManualClock()
     p = make_purgatory(impl, clock)
     held = [Request(10**9) for _ in range(pending)]
     for i, op in enumerate(held):
         p.try_complete_else_watch(op, plan[i % len(plan)][1])
-    watch: Callable[[DelayedOperation, Tuple[int, ...]], bool] = p.try_complete_else_watch
+    watch: Callable[[DelayedOperation, tuple[int, ...]], bool] = p.try_complete_else_watch
     check: Callable[[int], int] = p.check_and_complete
     by_check = complete == "check"
     gc.collect()
@@ -111,7 +103,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser = subparsers.add_parser(
         "operations", help="operations per second through a purgatory vs the classic one"
     )
-    parser.add_argument("--impl", choices=IMPLS + ("all",), default="all")
+    parser.add_argument("--impl", choices=(*IMPLS, "all"), default="all")
     parser.add_argument("--ops", type=int, default=200_000, help="operations to push through")
     parser.add_argument("--keys", type=int, default=100, help="distinct keys")
     parser.add_argument("--watch", type=int, default=3, help="keys each operation watches")

@@ -30,8 +30,9 @@ import threading
 import time
 from array import array
 from collections import deque
+from collections.abc import Hashable, Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Deque, Dict, Hashable, Iterable, List, Optional, Set, Tuple
+from typing import Any
 
 from ..purgatory import DelayedOperation, Purgatory
 from .classic import ClassicPurgatory
@@ -91,11 +92,11 @@ class AsyncioPurgatory:
     def __init__(self, name: str = "asyncio") -> None:
         self.name = name
         self._loop = asyncio.new_event_loop()
-        self._inbox: Deque[Tuple[Any, ...]] = deque()
+        self._inbox: deque[tuple[Any, ...]] = deque()
         self._wake_pending = False
-        self._watchers: Dict[Hashable, Set[DelayedOperation]] = {}
+        self._watchers: dict[Hashable, set[DelayedOperation]] = {}
         # Pending operations: their timer handles and keys (the loop's strong reference).
-        self._pending: Dict[DelayedOperation, Tuple[asyncio.TimerHandle, Tuple[Hashable, ...]]] = {}
+        self._pending: dict[DelayedOperation, tuple[asyncio.TimerHandle, tuple[Hashable, ...]]] = {}
         self._stats_lock = threading.Lock()
         self._completed = self._expired = self._errors = 0
         self._cancel = _LoopCancel(self._post)
@@ -103,7 +104,7 @@ class AsyncioPurgatory:
         self._thread.daemon = True
         self._thread.start()
 
-    def _post(self, message: Tuple[Any, ...]) -> None:
+    def _post(self, message: tuple[Any, ...]) -> None:
         self._inbox.append(message)
         if not self._wake_pending:
             self._wake_pending = True
@@ -180,7 +181,7 @@ class AsyncioPurgatory:
             with self._stats_lock:
                 self._errors += 1
 
-    def metrics(self) -> Dict[str, int]:
+    def metrics(self) -> dict[str, int]:
         """Completed (expired included) and expired, as the other purgatories count them."""
         with self._stats_lock:
             return {
@@ -205,7 +206,7 @@ class Workload:
     #: 1 if the request completes before its timeout, else 0
     completes: bytes
     #: distinct key tuples; request i watches ``key_sets[key_index[i]]``
-    key_sets: List[Tuple[int, ...]]
+    key_sets: list[tuple[int, ...]]
     key_index: array[int]
     #: indices of the requests that complete, in completion-time order
     completion_order: array[int]
@@ -294,8 +295,8 @@ def _generate(
     work: Workload,
     timeout_ms: int,
     start: float,
-    outstanding: Dict[int, DelayedOperation],
-    progress: List[int],
+    outstanding: dict[int, DelayedOperation],
+    progress: list[int],
 ) -> None:
     """Create each request at its arrival time (back to back when behind) and watch it."""
     watch = purgatory.try_complete_else_watch
@@ -313,7 +314,7 @@ def _generate(
 
 
 def _complete(
-    work: Workload, start: float, outstanding: Dict[int, DelayedOperation], progress: List[int]
+    work: Workload, start: float, outstanding: dict[int, DelayedOperation], progress: list[int]
 ) -> None:
     """Force-complete each request at arrival + latency (or once it exists, if later)."""
     clock, sleep = time.perf_counter, time.sleep
@@ -338,7 +339,7 @@ class _GcTimer:
         self.ns = 0
         self._began = 0
 
-    def __call__(self, phase: str, info: Dict[str, Any]) -> None:
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._began = time.thread_time_ns()
         else:
@@ -367,7 +368,7 @@ def run(
     purgatory = make_purgatory(impl)
     # Only the requests still to be completed: a dict, not a list of num slots, so
     # that a collection does not walk the whole run's worth of them.
-    outstanding: Dict[int, DelayedOperation] = {}
+    outstanding: dict[int, DelayedOperation] = {}
     progress = [0]
     gc_timer = _GcTimer()
     # The workload and everything imported so far are not the purgatory's: keep them
@@ -457,7 +458,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser.set_defaults(func=main)
 
 
-def check_arguments(args: argparse.Namespace) -> Optional[str]:
+def check_arguments(args: argparse.Namespace) -> str | None:
     """Why the workload options cannot work together, or None."""
     if args.keys > args.key_space_size:
         return f"--keys {args.keys} must not exceed --key-space-size {args.key_space_size}"
@@ -493,7 +494,8 @@ def main(args: argparse.Namespace) -> int:
         r = result
         print(
             f"{r.impl}: {r.num} requests, target {r.target_rate:.0f}/s, "
-            f"actual {r.actual_rate:.0f}/s, elapsed {r.elapsed_ms:.0f} ms, cpu {r.cpu_ms:.0f} ms, gc {r.gc_collections} "
+            f"actual {r.actual_rate:.0f}/s, elapsed {r.elapsed_ms:.0f} ms, "
+            f"cpu {r.cpu_ms:.0f} ms, gc {r.gc_collections} "
             f"({r.gc_ms:.1f} ms), peak rss {r.peak_rss_kb / 1024:.1f} MiB, "
             f"completed {r.completed}, expired {r.expired}"
         )

@@ -19,12 +19,13 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 from .purgatory import IMPLS, add_arguments, check_arguments
 
-SCENARIOS: Dict[str, Tuple[float, float]] = {"low": (60.0, 20.0), "high": (400.0, 200.0)}
+SCENARIOS: dict[str, tuple[float, float]] = {"low": (60.0, 20.0), "high": (400.0, 200.0)}
 DEFAULT_RATES = (20_000, 40_000, 60_000, 80_000, 100_000, 120_000, 140_000, 160_000,
                  180_000, 200_000, 250_000, 300_000)  # fmt: skip
 SUSTAINED = 0.95
@@ -35,7 +36,7 @@ FIELDS = (
 )  # fmt: skip
 
 
-def run_one(impl: str, scenario: str, rate: float, args: argparse.Namespace) -> Dict[str, Any]:
+def run_one(impl: str, scenario: str, rate: float, args: argparse.Namespace) -> dict[str, Any]:
     """One ``bench purgatory`` run in a child interpreter; its report as a CSV row."""
     pct75, pct50 = SCENARIOS[scenario]
     cmd = [
@@ -46,7 +47,7 @@ def run_one(impl: str, scenario: str, rate: float, args: argparse.Namespace) -> 
         "--seed", str(args.seed),
     ]  # fmt: skip
     child = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
-    row: Dict[str, Any] = {"scenario": scenario, "impl": impl, "target_rate": rate}
+    row: dict[str, Any] = {"scenario": scenario, "impl": impl, "target_rate": rate}
     if child.returncode != 0:
         # A lost request (or a crash) is a failed point, never a sustained one.
         row.update(sustained=False, error=(child.stderr.strip() or "failed").splitlines()[-1])
@@ -64,7 +65,7 @@ def run_one(impl: str, scenario: str, rate: float, args: argparse.Namespace) -> 
 
 def best_of(
     repeat: int, impl: str, scenario: str, rate: float, args: argparse.Namespace
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     """The run with the highest actual rate of ``repeat``; any failed run fails the point.
 
     On a shared machine a run can lose its core for a while; the best of a few runs is
@@ -77,9 +78,9 @@ def best_of(
     return max(runs, key=lambda r: float(r["actual_rate"]))
 
 
-def saturation(rows: Sequence[Dict[str, Any]]) -> Dict[Tuple[str, str], Optional[float]]:
+def saturation(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], float | None]:
     """The highest sustained target rate per (impl, scenario); None if none was."""
-    best: Dict[Tuple[str, str], Optional[float]] = {}
+    best: dict[tuple[str, str], float | None] = {}
     for row in rows:
         key = (row["impl"], row["scenario"])
         best.setdefault(key, None)
@@ -88,7 +89,7 @@ def saturation(rows: Sequence[Dict[str, Any]]) -> Dict[Tuple[str, str], Optional
     return best
 
 
-def saturation_table(rows: Sequence[Dict[str, Any]], impls: Sequence[str]) -> str:
+def saturation_table(rows: Sequence[dict[str, Any]], impls: Sequence[str]) -> str:
     """A Markdown table: sustained rate per implementation and scenario, and how many
     times that the wheel sustains."""
     best = saturation(rows)
@@ -108,7 +109,7 @@ def saturation_table(rows: Sequence[Dict[str, Any]], impls: Sequence[str]) -> st
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: Sequence[Dict[str, Any]], out: Path) -> List[Path]:
+def plot(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     """Write the three figures (one panel per scenario); return their paths."""
     import matplotlib
 
