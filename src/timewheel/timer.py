@@ -223,9 +223,9 @@ class Timer:
     pool_threads=2, max_pending=None, name="timer", wheel_class=None)``. ``wheel_class``
     picks the wheel implementation (default :class:`timewheel.wheel.TimingWheel`, the
     extension when built); benchmarks pass ``timewheel.wheel.PyTimingWheel`` to compare.
-    The clock is :func:`monotonic_ms` unless a :class:`ManualClock` or another zero-argument callable returning
-    milliseconds is given. Time moves only in :meth:`advance_clock`, called by the
-    caller or by the reaper thread of :meth:`start`.
+    The clock is :func:`monotonic_ms` unless a :class:`ManualClock` or another
+    zero-argument callable returning milliseconds is given. Time moves only in
+    :meth:`advance_clock`, called by the caller or by the reaper thread of :meth:`start`.
 
     Where expired tasks run:
 
