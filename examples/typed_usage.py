@@ -49,6 +49,13 @@ from timewheel import (
     TimingWheel,
 )
 from timewheel.execution import Task
+from timewheel.targets import (
+    HttpDownstream,
+    SimulatedDownstream,
+    Target,
+    row_keys,
+    target_from_url,
+)
 
 WAIT = 10.0  # every wait is bounded, so a hang fails the example instead of blocking CI
 
@@ -331,6 +338,24 @@ def resources_section() -> None:
         assert manager.metrics()["checked_out"] == 0
 
 
+def targets_section() -> None:
+    """Spark targets: what ``timewheel.spark.dispatch`` calls, usable without Spark."""
+    sim = target_from_url("sim://?pct50=2&pct75=4&failures=0&seed=7")
+    assert isinstance(sim, SimulatedDownstream) and sim.pct50_ms == 2.0
+    replies: list[tuple[bool, str | None]] = []
+    answered = threading.Event()
+
+    def on_done(ok: bool, error: str | None) -> None:
+        replies.append((ok, error))
+        answered.set()
+
+    target: Target = sim  # any object with submit(row, on_done) will do
+    target.submit({"id": 1, "account": "acct-7"}, on_done)
+    assert answered.wait(WAIT) and replies == [(True, None)]
+    assert row_keys({"id": 1, "from": "a", "to": "b"}, ["from", "to"]) == ("a", "b")
+    assert isinstance(target_from_url("http://127.0.0.1:9/ingest"), HttpDownstream)
+
+
 #: The sections ``main`` runs, lowest layer first.
 SECTIONS: list[Callable[[], None]] = [
     wheel_section,
@@ -339,6 +364,7 @@ SECTIONS: list[Callable[[], None]] = [
     resources_section,
     sources_section,
     execution_section,
+    targets_section,
 ]
 
 
