@@ -109,11 +109,8 @@ def _global_order(keys: Iterable[Hashable]) -> list[Hashable]:
     never a deadlock, because marking never blocks.
     """
     ordered = sorted(keys, key=hash)
-    if len(ordered) < 2:
-        return ordered
-    for a, b in zip(ordered, ordered[1:]):
-        if hash(a) == hash(b):
-            return sorted(ordered, key=_tie_rank)
+    if len(set(map(hash, ordered))) < len(ordered):
+        return sorted(ordered, key=_tie_rank)
     return ordered
 
 
@@ -179,7 +176,8 @@ class Checkout:
         self._value: Any = None
         self._marked: list[_Entry] | None = None
         self._event: threading.Event | None = None
-        self._callbacks: list[Callable[[Checkout], Any]] | None = []
+        # Made by the first add_done_callback: most checkouts never get one.
+        self._callbacks: list[Callable[[Checkout], Any]] | None = None
         # One thread at a time runs the request's attempts; a wake-up that arrives while
         # one runs sets _again instead of recursing into a second runner.
         self._running = False
@@ -211,7 +209,8 @@ class Checkout:
         Raises :class:`TimeoutError` if the request is still waiting after ``timeout``
         (it goes on waiting), or for the reasons given in the class docstring.
         """
-        timeout = _check_seconds("timeout", timeout)
+        if timeout is not None:
+            timeout = _check_seconds("timeout", timeout)
         if self._state == _PENDING:
             with self._lock:
                 # Made under the lock that _finish takes, so a finish either sees it or
@@ -243,8 +242,11 @@ class Checkout:
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
         with self._lock:
-            if self._callbacks is not None:
-                self._callbacks.append(fn)
+            if self._state == _PENDING:
+                if self._callbacks is None:
+                    self._callbacks = [fn]
+                else:
+                    self._callbacks.append(fn)
                 return
         self._manager._call_back(self, fn)
 
@@ -349,7 +351,11 @@ class ResourceManager:
         if self._closed:
             raise RuntimeError("ResourceManager is closed")
         stripes, mask = self._stripes, self._mask
-        slots = [(key, stripes[hash(key) & mask]) for key in _global_order(keys)]
+        if len(keys) == 1:
+            key = keys[0]
+            slots = [(key, stripes[hash(key) & mask])]
+        else:
+            slots = [(key, stripes[hash(key) & mask]) for key in _global_order(keys)]
         checkout = Checkout(self, keys, slots, timeout_ms, deadline)
         # No other thread can see it yet: this one is its runner without asking.
         checkout._running = True
@@ -473,6 +479,10 @@ class ResourceManager:
         try:
             while again:
                 again = self._attempt(checkout)
+                if not again and not checkout._parked:
+                    # Never parked, so no other thread can have asked for another attempt.
+                    checkout._running = False
+                    return
                 with checkout._lock:
                     again = again or checkout._again
                     checkout._again = False
