@@ -83,7 +83,8 @@ class _Stripe:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.entries: dict[Hashable, _Entry] = {}
-        # Requests in an attempt plus requests checked out: what pause() waits on.
+        # Requests in an attempt plus requests checked out: what pause() waits on. A
+        # request may leave in another stripe than it entered, so only the sum means much.
         self.active = 0
         self.held = 0
         self.waiting = 0
@@ -368,7 +369,8 @@ class ResourceManager:
             raise TypeError(f"checkout must be a Checkout, got {checkout!r}")
         if checkout._manager is not self:
             raise ValueError(f"checkout {checkout!r} belongs to another ResourceManager")
-        with checkout._lock:
+        home = checkout._home
+        with home.lock:
             state = checkout._state
             if state != _HELD:
                 raise ValueError(
@@ -377,17 +379,9 @@ class ResourceManager:
             checkout._state = _RETURNED
             marked = checkout._marked
             checkout._marked = None
+            home.held -= 1
         assert marked is not None
-        home = checkout._home
-        try:
-            self._unmark(checkout._slots, marked)
-        finally:
-            # A BaseException from a woken request reaches this caller, but only after the
-            # bookkeeping: a checkout left counted would make pause() wait forever.
-            with home.lock:
-                home.held -= 1
-                home.active -= 1
-            self._notify_pauser()
+        self._unmark(checkout._slots, marked, leaving=True)
 
     def evict(self, key: Hashable) -> bool:
         """Drop a resident key's object unless it is checked out or loading; True if dropped.
@@ -549,8 +543,14 @@ class ResourceManager:
             return [], busy
         return marked, None
 
-    def _unmark(self, slots: _Slots, marked: list[_Entry]) -> None:
-        """Clear the marks, then wake whoever parked on them (they may have seen only our mark)."""
+    def _unmark(self, slots: _Slots, marked: list[_Entry], leaving: bool = False) -> None:
+        """Clear the marks, then wake whoever parked on them (they may have seen only our mark).
+
+        ``leaving`` (``marked`` must then be every key) also takes the request out of the
+        pause gate's count, in the last key's critical section rather than a lock of its
+        own: the stripes' counts are only ever summed. That is before the wake-ups, so a
+        BaseException from a woken request cannot leave the count stuck.
+        """
         forget = self._loader is None
         wake = []
         for (key, stripe), entry in zip(slots, marked):
@@ -562,7 +562,12 @@ class ResourceManager:
                 # Without a loader an entry is only a mark; dropping it keeps the map small.
                 if forget and stripe.entries.get(key) is entry:
                     del stripe.entries[key]
-        self._wake(wake)
+                if leaving and entry is marked[-1]:
+                    stripe.active -= 1
+        if leaving:
+            self._notify_pauser()
+        if wake:
+            self._wake(wake)
 
     def _wake(self, entries: Iterable[_Entry]) -> None:
         """Wake every request parked on ``entries``, then re-raise a BaseException one raised.
@@ -593,8 +598,7 @@ class ResourceManager:
         checkout._marked = marked
         if not self._finish(checkout, _HELD, value):
             checkout._marked = None
-            self._unmark(checkout._slots, marked)
-            self._leave(checkout._home)
+            self._unmark(checkout._slots, marked, leaving=True)
 
     def _park_or_time_out(
         self, checkout: Checkout, entry: _Entry | None, stripe: _Stripe | None
