@@ -14,8 +14,9 @@ The design of Terracotta's concurrent object manager, on the purgatory:
   marker loads; every other request parks on the marker. A failed load removes the marker
   and fails the requests parked on it with the loader's error.
 * ``pause()`` is a read-write gate made of striped counters: every attempt and every
-  checked-out request counts itself in its stripe, then looks at the pause flag; ``pause``
-  sets the flag, then waits for the counts to reach zero.
+  checked-out request counts itself in its first key's stripe, under the lock it reads the
+  pause flag with (and marks that key with); ``pause`` sets the flag, then waits for the
+  counts to sum to zero.
 
 Callbacks, loads and the retries of parked requests run in whichever thread made them
 possible: the caller of :meth:`ResourceManager.checkout`, the thread that checks a key in,
@@ -95,6 +96,10 @@ class _Stripe:
 
 
 _Slots = list[tuple[Hashable, _Stripe]]
+# What an attempt must wait for: (key, stripe, entry, whether this attempt must load it),
+# or _AT_GATE while the manager is paused.
+_Busy = tuple[Hashable, "_Stripe | None", "_Entry | None", bool]
+_AT_GATE: _Busy = (None, None, None, False)
 
 
 def _tie_rank(key: Hashable) -> tuple[int, str, str, str]:
@@ -495,53 +500,54 @@ class ResourceManager:
         if blocked is not None and blocked.error is not None:
             self._finish(checkout, _FAILED, blocked.error)
             return False
-        home = checkout._home
-        with home.lock:
-            home.active += 1
-        if self._paused:
-            self._leave(home)
-            checkout._blocked = None
-            self._park_or_time_out(checkout, None, None)
-            return False
         marked, busy = self._mark_all(checkout._slots)
         if busy is None:
             self._hand_over(checkout, marked)
             return False
-        self._leave(home)
         key, stripe, entry, must_load = busy
         checkout._blocked = entry
         if must_load:
+            assert stripe is not None and entry is not None
             self._load(key, stripe, entry)
             return True
         self._park_or_time_out(checkout, entry, stripe)
         return False
 
-    def _mark_all(
-        self, slots: _Slots
-    ) -> tuple[list[_Entry], tuple[Hashable, _Stripe, _Entry, bool] | None]:
-        """Mark every key in order; on the first busy one, roll back and say which."""
+    def _mark_all(self, slots: _Slots) -> tuple[list[_Entry], _Busy | None]:
+        """Enter the pause gate and mark every key in order, or say what to wait for.
+
+        The attempt counts itself in the pause gate in the critical section that marks the
+        first key and reads the pause flag: either pause() sees the count, or it set the
+        flag first and this attempt sees that (and waits at the gate, marking nothing). On
+        the first busy key the attempt rolls back, leaving the gate again.
+        """
         loader = self._loader
         marked: list[_Entry] = []
         for key, stripe in slots:
             with stripe.lock:
+                if not marked and self._paused:
+                    return marked, _AT_GATE
                 entry = stripe.entries.get(key)
                 if entry is None:
                     # Put-if-absent: a new entry is born marked, so with a loader it is the
                     # marker everyone else parks on while this request loads.
                     entry = stripe.entries[key] = _Entry()
-                    if loader is None:
-                        marked.append(entry)
-                        continue
-                    busy = (key, stripe, entry, True)
+                    if loader is not None:
+                        busy: _Busy = (key, stripe, entry, True)
+                        break
                 elif entry.busy:
                     busy = (key, stripe, entry, False)
+                    break
                 else:
                     entry.busy = True
-                    marked.append(entry)
-                    continue
-            self._unmark(slots, marked)
-            return [], busy
-        return marked, None
+                if not marked:
+                    stripe.active += 1
+                marked.append(entry)
+        else:
+            return marked, None
+        if marked:
+            self._unmark(slots, marked, leaving=True)
+        return [], busy
 
     def _unmark(self, slots: _Slots, marked: list[_Entry], leaving: bool = False) -> None:
         """Clear the marks, then wake whoever parked on them (they may have seen only our mark).
@@ -702,11 +708,6 @@ class ResourceManager:
             logger.exception("done callback %r of %r raised", fn, checkout)
 
     # -- the pause gate --------------------------------------------------------------
-    def _leave(self, home: _Stripe) -> None:
-        with home.lock:
-            home.active -= 1
-        self._notify_pauser()
-
     def _notify_pauser(self) -> None:
         if self._paused:
             with self._gate:
