@@ -217,7 +217,8 @@ class Checkout:
         """
         if timeout is not None:
             timeout = _check_seconds("timeout", timeout)
-        if self._state == _PENDING:
+        state = self._state
+        if state == _PENDING:
             with self._lock:
                 # Made under the lock that _finish takes, so a finish either sees it or
                 # happened first and shows in the state.
@@ -226,7 +227,7 @@ class Checkout:
                 event = self._event
             if event is not None and not event.wait(timeout):
                 raise TimeoutError(f"checkout of {self._keys!r} still waiting after {timeout} s")
-        state = self._state
+            state = self._state
         if state == _HELD:
             return self._value
         if state == _TIMED_OUT:
@@ -558,6 +559,7 @@ class ResourceManager:
         BaseException from a woken request cannot leave the count stuck.
         """
         forget = self._loader is None
+        last = marked[-1] if leaving else None
         wake = []
         for (key, stripe), entry in zip(slots, marked):
             with stripe.lock:
@@ -568,9 +570,9 @@ class ResourceManager:
                 # Without a loader an entry is only a mark; dropping it keeps the map small.
                 if forget and stripe.entries.get(key) is entry:
                     del stripe.entries[key]
-                if leaving and entry is marked[-1]:
+                if entry is last:
                     stripe.active -= 1
-        if leaving:
+        if leaving and self._paused:
             self._notify_pauser()
         if wake:
             self._wake(wake)
