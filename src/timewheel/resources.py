@@ -172,11 +172,11 @@ class Checkout:
         self._manager = manager
         self._keys = keys
         self._slots = slots
-        self._home = slots[0][1]
+        # The last key's stripe: its lock guards the state too, so the critical section that
+        # marks the last key also hands the checkout over, and the counters change with it.
+        self._home = slots[-1][1]
         self._timeout_ms = timeout_ms
         self._deadline = deadline
-        # The home stripe's lock guards the state too: one lock fewer to make per checkout,
-        # and the stripe's counters change in the same critical section as the state.
         self._lock = self._home.lock
         self._state = _PENDING
         self._value: Any = None
@@ -501,9 +501,8 @@ class ResourceManager:
         if blocked is not None and blocked.error is not None:
             self._finish(checkout, _FAILED, blocked.error)
             return False
-        marked, busy = self._mark_all(checkout._slots)
+        busy = self._mark_all(checkout)
         if busy is None:
-            self._hand_over(checkout, marked)
             return False
         key, stripe, entry, must_load = busy
         checkout._blocked = entry
@@ -514,20 +513,24 @@ class ResourceManager:
         self._park_or_time_out(checkout, entry, stripe)
         return False
 
-    def _mark_all(self, slots: _Slots) -> tuple[list[_Entry], _Busy | None]:
-        """Enter the pause gate and mark every key in order, or say what to wait for.
+    def _mark_all(self, checkout: Checkout) -> _Busy | None:
+        """Enter the pause gate, mark every key in order and hand the checkout over; or
+        say what to wait for (None: held, or finished meanwhile).
 
         The attempt counts itself in the pause gate in the critical section that marks the
         first key and reads the pause flag: either pause() sees the count, or it set the
         flag first and this attempt sees that (and waits at the gate, marking nothing). On
-        the first busy key the attempt rolls back, leaving the gate again.
+        the first busy key the attempt rolls back, leaving the gate again. The hand-over
+        shares the last key's critical section: that key's stripe is the checkout's home.
         """
+        slots = checkout._slots
         loader = self._loader
         marked: list[_Entry] = []
+        held = False
         for key, stripe in slots:
             with stripe.lock:
                 if not marked and self._paused:
-                    return marked, _AT_GATE
+                    return _AT_GATE
                 entry = stripe.entries.get(key)
                 if entry is None:
                     # Put-if-absent: a new entry is born marked, so with a loader it is the
@@ -544,11 +547,20 @@ class ResourceManager:
                 if not marked:
                     stripe.active += 1
                 marked.append(entry)
+                if len(marked) == len(slots):
+                    held = self._hand_over(checkout, marked)
         else:
-            return marked, None
+            if not held:
+                # Cancelled or closed while marking: give the keys straight back.
+                self._unmark(slots, marked, leaving=True)
+            elif checkout._parked:
+                # Only a request that was parked can have a result() waiter, callbacks
+                # or a timer entry: another thread could not see it before.
+                self._settled(checkout)
+            return None
         if marked:
             self._unmark(slots, marked, leaving=True)
-        return [], busy
+        return busy
 
     def _unmark(self, slots: _Slots, marked: list[_Entry], leaving: bool = False) -> None:
         """Clear the marks, then wake whoever parked on them (they may have seen only our mark).
@@ -598,7 +610,10 @@ class ResourceManager:
         if error is not None:
             raise error
 
-    def _hand_over(self, checkout: Checkout, marked: list[_Entry]) -> None:
+    def _hand_over(self, checkout: Checkout, marked: list[_Entry]) -> bool:
+        """Under the home lock, every key marked: make a pending checkout held; else False."""
+        if checkout._state != _PENDING:
+            return False
         if self._loader is None:
             value: Any = checkout._keys
         else:
@@ -607,9 +622,8 @@ class ResourceManager:
             for (key, _), entry in zip(checkout._slots, marked):
                 value[key] = entry.value
         checkout._marked = marked
-        if not self._finish(checkout, _HELD, value):
-            checkout._marked = None
-            self._unmark(checkout._slots, marked, leaving=True)
+        self._settle(checkout, _HELD, value)
+        return True
 
     def _park_or_time_out(
         self, checkout: Checkout, entry: _Entry | None, stripe: _Stripe | None
@@ -678,22 +692,35 @@ class ResourceManager:
 
     def _finish(self, checkout: Checkout, state: int, value: Any) -> bool:
         """Move a pending checkout to its final state once; count it; run its callbacks."""
-        home = checkout._home
-        with home.lock:
+        with checkout._home.lock:
             if checkout._state != _PENDING:
                 return False
-            checkout._state = state
-            checkout._value = value
-            event, callbacks, wait = checkout._event, checkout._callbacks, checkout._wait
-            checkout._callbacks = None
-            checkout._wait = None
-            if checkout._parked:
-                home.waiting -= 1
-            # Counted before the callbacks run: one may check the keys straight back in.
-            if state == _HELD:
-                home.held += 1
-            elif state == _TIMED_OUT:
-                home.timeouts += 1
+            self._settle(checkout, state, value)
+        self._settled(checkout)
+        return True
+
+    def _settle(self, checkout: Checkout, state: int, value: Any) -> None:
+        """Under the home lock, the checkout pending: move it to ``state`` and count it."""
+        home = checkout._home
+        checkout._state = state
+        checkout._value = value
+        if checkout._parked:
+            home.waiting -= 1
+        # Counted before the callbacks run: one may check the keys straight back in.
+        if state == _HELD:
+            home.held += 1
+        elif state == _TIMED_OUT:
+            home.timeouts += 1
+
+    def _settled(self, checkout: Checkout) -> None:
+        """After :meth:`_settle`, outside the lock: drop the timer entry, wake, call back.
+
+        The fields read here are set only under the lock while the checkout is pending,
+        so once it is settled only this thread touches them.
+        """
+        event, callbacks, wait = checkout._event, checkout._callbacks, checkout._wait
+        checkout._callbacks = None
+        checkout._wait = None
         if wait is not None:
             # Drops the timer entry of a request cancelled or closed while parked.
             wait.cancel()
@@ -701,7 +728,6 @@ class ResourceManager:
             event.set()
         for fn in callbacks or ():
             self._call_back(checkout, fn)
-        return True
 
     def _call_back(self, checkout: Checkout, fn: Callable[[Checkout], Any]) -> None:
         try:
