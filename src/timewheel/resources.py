@@ -524,6 +524,7 @@ class ResourceManager:
         shares the last key's critical section: that key's stripe is the checkout's home.
         """
         slots = checkout._slots
+        n = len(slots)
         loader = self._loader
         marked: list[_Entry] = []
         held = False
@@ -547,7 +548,7 @@ class ResourceManager:
                 if not marked:
                     stripe.active += 1
                 marked.append(entry)
-                if len(marked) == len(slots):
+                if len(marked) == n:
                     held = self._hand_over(checkout, marked)
         else:
             if not held:
