@@ -14,8 +14,9 @@ The design of Terracotta's concurrent object manager, on the purgatory:
   marker loads; every other request parks on the marker. A failed load removes the marker
   and fails the requests parked on it with the loader's error.
 * ``pause()`` is a read-write gate made of striped counters: every attempt and every
-  checked-out request counts itself in its stripe, then looks at the pause flag; ``pause``
-  sets the flag, then waits for the counts to reach zero.
+  checked-out request counts itself in its first key's stripe, under the lock it reads the
+  pause flag with (and marks that key with); ``pause`` sets the flag, then waits for the
+  counts to sum to zero.
 
 Callbacks, loads and the retries of parked requests run in whichever thread made them
 possible: the caller of :meth:`ResourceManager.checkout`, the thread that checks a key in,
@@ -83,7 +84,8 @@ class _Stripe:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.entries: dict[Hashable, _Entry] = {}
-        # Requests in an attempt plus requests checked out: what pause() waits on.
+        # Requests in an attempt plus requests checked out: what pause() waits on. A
+        # request may leave in another stripe than it entered, so only the sum means much.
         self.active = 0
         self.held = 0
         self.waiting = 0
@@ -94,6 +96,10 @@ class _Stripe:
 
 
 _Slots = list[tuple[Hashable, _Stripe]]
+# What an attempt must wait for: (key, stripe, entry, whether this attempt must load it),
+# or _AT_GATE while the manager is paused.
+_Busy = tuple[Hashable, "_Stripe | None", "_Entry | None", bool]
+_AT_GATE: _Busy = (None, None, None, False)
 
 
 def _tie_rank(key: Hashable) -> tuple[int, str, str, str]:
@@ -109,11 +115,8 @@ def _global_order(keys: Iterable[Hashable]) -> list[Hashable]:
     never a deadlock, because marking never blocks.
     """
     ordered = sorted(keys, key=hash)
-    if len(ordered) < 2:
-        return ordered
-    for a, b in zip(ordered, ordered[1:]):
-        if hash(a) == hash(b):
-            return sorted(ordered, key=_tie_rank)
+    if len(set(map(hash, ordered))) < len(ordered):
+        return sorted(ordered, key=_tie_rank)
     return ordered
 
 
@@ -169,17 +172,18 @@ class Checkout:
         self._manager = manager
         self._keys = keys
         self._slots = slots
-        self._home = slots[0][1]
+        # The last key's stripe: its lock guards the state too, so the critical section that
+        # marks the last key also hands the checkout over, and the counters change with it.
+        self._home = slots[-1][1]
         self._timeout_ms = timeout_ms
         self._deadline = deadline
-        # The home stripe's lock guards the state too: one lock fewer to make per checkout,
-        # and the stripe's counters change in the same critical section as the state.
         self._lock = self._home.lock
         self._state = _PENDING
         self._value: Any = None
         self._marked: list[_Entry] | None = None
         self._event: threading.Event | None = None
-        self._callbacks: list[Callable[[Checkout], Any]] | None = []
+        # Made by the first add_done_callback: most checkouts never get one.
+        self._callbacks: list[Callable[[Checkout], Any]] | None = None
         # One thread at a time runs the request's attempts; a wake-up that arrives while
         # one runs sets _again instead of recursing into a second runner.
         self._running = False
@@ -211,8 +215,10 @@ class Checkout:
         Raises :class:`TimeoutError` if the request is still waiting after ``timeout``
         (it goes on waiting), or for the reasons given in the class docstring.
         """
-        timeout = _check_seconds("timeout", timeout)
-        if self._state == _PENDING:
+        if timeout is not None:
+            timeout = _check_seconds("timeout", timeout)
+        state = self._state
+        if state == _PENDING:
             with self._lock:
                 # Made under the lock that _finish takes, so a finish either sees it or
                 # happened first and shows in the state.
@@ -221,7 +227,7 @@ class Checkout:
                 event = self._event
             if event is not None and not event.wait(timeout):
                 raise TimeoutError(f"checkout of {self._keys!r} still waiting after {timeout} s")
-        state = self._state
+            state = self._state
         if state == _HELD:
             return self._value
         if state == _TIMED_OUT:
@@ -243,8 +249,11 @@ class Checkout:
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
         with self._lock:
-            if self._callbacks is not None:
-                self._callbacks.append(fn)
+            if self._state == _PENDING:
+                if self._callbacks is None:
+                    self._callbacks = [fn]
+                else:
+                    self._callbacks.append(fn)
                 return
         self._manager._call_back(self, fn)
 
@@ -349,7 +358,11 @@ class ResourceManager:
         if self._closed:
             raise RuntimeError("ResourceManager is closed")
         stripes, mask = self._stripes, self._mask
-        slots = [(key, stripes[hash(key) & mask]) for key in _global_order(keys)]
+        if len(keys) == 1:
+            key = keys[0]
+            slots = [(key, stripes[hash(key) & mask])]
+        else:
+            slots = [(key, stripes[hash(key) & mask]) for key in _global_order(keys)]
         checkout = Checkout(self, keys, slots, timeout_ms, deadline)
         # No other thread can see it yet: this one is its runner without asking.
         checkout._running = True
@@ -362,7 +375,8 @@ class ResourceManager:
             raise TypeError(f"checkout must be a Checkout, got {checkout!r}")
         if checkout._manager is not self:
             raise ValueError(f"checkout {checkout!r} belongs to another ResourceManager")
-        with checkout._lock:
+        home = checkout._home
+        with home.lock:
             state = checkout._state
             if state != _HELD:
                 raise ValueError(
@@ -371,17 +385,9 @@ class ResourceManager:
             checkout._state = _RETURNED
             marked = checkout._marked
             checkout._marked = None
+            home.held -= 1
         assert marked is not None
-        home = checkout._home
-        try:
-            self._unmark(checkout._slots, marked)
-        finally:
-            # A BaseException from a woken request reaches this caller, but only after the
-            # bookkeeping: a checkout left counted would make pause() wait forever.
-            with home.lock:
-                home.held -= 1
-                home.active -= 1
-            self._notify_pauser()
+        self._unmark(checkout._slots, marked, leaving=True)
 
     def evict(self, key: Hashable) -> bool:
         """Drop a resident key's object unless it is checked out or loading; True if dropped.
@@ -473,6 +479,10 @@ class ResourceManager:
         try:
             while again:
                 again = self._attempt(checkout)
+                if not again and not checkout._parked:
+                    # Never parked, so no other thread can have asked for another attempt.
+                    checkout._running = False
+                    return
                 with checkout._lock:
                     again = again or checkout._again
                     checkout._again = False
@@ -491,57 +501,78 @@ class ResourceManager:
         if blocked is not None and blocked.error is not None:
             self._finish(checkout, _FAILED, blocked.error)
             return False
-        home = checkout._home
-        with home.lock:
-            home.active += 1
-        if self._paused:
-            self._leave(home)
-            checkout._blocked = None
-            self._park_or_time_out(checkout, None, None)
-            return False
-        marked, busy = self._mark_all(checkout._slots)
+        busy = self._mark_all(checkout)
         if busy is None:
-            self._hand_over(checkout, marked)
             return False
-        self._leave(home)
         key, stripe, entry, must_load = busy
         checkout._blocked = entry
         if must_load:
+            assert stripe is not None and entry is not None
             self._load(key, stripe, entry)
             return True
         self._park_or_time_out(checkout, entry, stripe)
         return False
 
-    def _mark_all(
-        self, slots: _Slots
-    ) -> tuple[list[_Entry], tuple[Hashable, _Stripe, _Entry, bool] | None]:
-        """Mark every key in order; on the first busy one, roll back and say which."""
+    def _mark_all(self, checkout: Checkout) -> _Busy | None:
+        """Enter the pause gate, mark every key in order and hand the checkout over; or
+        say what to wait for (None: held, or finished meanwhile).
+
+        The attempt counts itself in the pause gate in the critical section that marks the
+        first key and reads the pause flag: either pause() sees the count, or it set the
+        flag first and this attempt sees that (and waits at the gate, marking nothing). On
+        the first busy key the attempt rolls back, leaving the gate again. The hand-over
+        shares the last key's critical section: that key's stripe is the checkout's home.
+        """
+        slots = checkout._slots
+        n = len(slots)
         loader = self._loader
         marked: list[_Entry] = []
+        held = False
         for key, stripe in slots:
             with stripe.lock:
+                if not marked and self._paused:
+                    return _AT_GATE
                 entry = stripe.entries.get(key)
                 if entry is None:
                     # Put-if-absent: a new entry is born marked, so with a loader it is the
                     # marker everyone else parks on while this request loads.
                     entry = stripe.entries[key] = _Entry()
-                    if loader is None:
-                        marked.append(entry)
-                        continue
-                    busy = (key, stripe, entry, True)
+                    if loader is not None:
+                        busy: _Busy = (key, stripe, entry, True)
+                        break
                 elif entry.busy:
                     busy = (key, stripe, entry, False)
+                    break
                 else:
                     entry.busy = True
-                    marked.append(entry)
-                    continue
-            self._unmark(slots, marked)
-            return [], busy
-        return marked, None
+                if not marked:
+                    stripe.active += 1
+                marked.append(entry)
+                if len(marked) == n:
+                    held = self._hand_over(checkout, marked)
+        else:
+            if not held:
+                # Cancelled or closed while marking: give the keys straight back.
+                self._unmark(slots, marked, leaving=True)
+            elif checkout._parked:
+                # Only a request that was parked can have a result() waiter, callbacks
+                # or a timer entry: another thread could not see it before.
+                self._settled(checkout)
+            return None
+        if marked:
+            self._unmark(slots, marked, leaving=True)
+        return busy
 
-    def _unmark(self, slots: _Slots, marked: list[_Entry]) -> None:
-        """Clear the marks, then wake whoever parked on them (they may have seen only our mark)."""
+    def _unmark(self, slots: _Slots, marked: list[_Entry], leaving: bool = False) -> None:
+        """Clear the marks, then wake whoever parked on them (they may have seen only our mark).
+
+        ``leaving`` (``marked`` must then be every key) also takes the request out of the
+        pause gate's count, in the last key's critical section rather than a lock of its
+        own: the stripes' counts are only ever summed. That is before the wake-ups, so a
+        BaseException from a woken request cannot leave the count stuck.
+        """
         forget = self._loader is None
+        last = marked[-1] if leaving else None
         wake = []
         for (key, stripe), entry in zip(slots, marked):
             with stripe.lock:
@@ -552,7 +583,12 @@ class ResourceManager:
                 # Without a loader an entry is only a mark; dropping it keeps the map small.
                 if forget and stripe.entries.get(key) is entry:
                     del stripe.entries[key]
-        self._wake(wake)
+                if entry is last:
+                    stripe.active -= 1
+        if leaving and self._paused:
+            self._notify_pauser()
+        if wake:
+            self._wake(wake)
 
     def _wake(self, entries: Iterable[_Entry]) -> None:
         """Wake every request parked on ``entries``, then re-raise a BaseException one raised.
@@ -575,16 +611,20 @@ class ResourceManager:
         if error is not None:
             raise error
 
-    def _hand_over(self, checkout: Checkout, marked: list[_Entry]) -> None:
+    def _hand_over(self, checkout: Checkout, marked: list[_Entry]) -> bool:
+        """Under the home lock, every key marked: make a pending checkout held; else False."""
+        if checkout._state != _PENDING:
+            return False
         if self._loader is None:
             value: Any = checkout._keys
         else:
-            value = {key: entry.value for (key, _), entry in zip(checkout._slots, marked)}
+            # A plain loop: a comprehension costs a function call more on Python 3.11.
+            value = {}
+            for (key, _), entry in zip(checkout._slots, marked):
+                value[key] = entry.value
         checkout._marked = marked
-        if not self._finish(checkout, _HELD, value):
-            checkout._marked = None
-            self._unmark(checkout._slots, marked)
-            self._leave(checkout._home)
+        self._settle(checkout, _HELD, value)
+        return True
 
     def _park_or_time_out(
         self, checkout: Checkout, entry: _Entry | None, stripe: _Stripe | None
@@ -653,22 +693,35 @@ class ResourceManager:
 
     def _finish(self, checkout: Checkout, state: int, value: Any) -> bool:
         """Move a pending checkout to its final state once; count it; run its callbacks."""
-        home = checkout._home
-        with home.lock:
+        with checkout._home.lock:
             if checkout._state != _PENDING:
                 return False
-            checkout._state = state
-            checkout._value = value
-            event, callbacks, wait = checkout._event, checkout._callbacks, checkout._wait
-            checkout._callbacks = None
-            checkout._wait = None
-            if checkout._parked:
-                home.waiting -= 1
-            # Counted before the callbacks run: one may check the keys straight back in.
-            if state == _HELD:
-                home.held += 1
-            elif state == _TIMED_OUT:
-                home.timeouts += 1
+            self._settle(checkout, state, value)
+        self._settled(checkout)
+        return True
+
+    def _settle(self, checkout: Checkout, state: int, value: Any) -> None:
+        """Under the home lock, the checkout pending: move it to ``state`` and count it."""
+        home = checkout._home
+        checkout._state = state
+        checkout._value = value
+        if checkout._parked:
+            home.waiting -= 1
+        # Counted before the callbacks run: one may check the keys straight back in.
+        if state == _HELD:
+            home.held += 1
+        elif state == _TIMED_OUT:
+            home.timeouts += 1
+
+    def _settled(self, checkout: Checkout) -> None:
+        """After :meth:`_settle`, outside the lock: drop the timer entry, wake, call back.
+
+        The fields read here are set only under the lock while the checkout is pending,
+        so once it is settled only this thread touches them.
+        """
+        event, callbacks, wait = checkout._event, checkout._callbacks, checkout._wait
+        checkout._callbacks = None
+        checkout._wait = None
         if wait is not None:
             # Drops the timer entry of a request cancelled or closed while parked.
             wait.cancel()
@@ -676,7 +729,6 @@ class ResourceManager:
             event.set()
         for fn in callbacks or ():
             self._call_back(checkout, fn)
-        return True
 
     def _call_back(self, checkout: Checkout, fn: Callable[[Checkout], Any]) -> None:
         try:
@@ -688,11 +740,6 @@ class ResourceManager:
             logger.exception("done callback %r of %r raised", fn, checkout)
 
     # -- the pause gate --------------------------------------------------------------
-    def _leave(self, home: _Stripe) -> None:
-        with home.lock:
-            home.active -= 1
-        self._notify_pauser()
-
     def _notify_pauser(self) -> None:
         if self._paused:
             with self._gate:
