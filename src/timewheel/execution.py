@@ -520,11 +520,14 @@ class ExecuteProduceConsume(ExecutionStrategy):
                 # One wake-up is enough: the standby looks again once it runs.
                 self._standby_woken = True
                 self._role_free.notify()
-        elif not self._dispatch_outstanding and self._pool.may_take():
+        elif (
+            not self._dispatch_outstanding
+            and self._pool.may_take()
             # Lock order is strategy, then pool; the pool never calls back under its lock.
-            if self._pool.try_execute(self._hunt):
-                self._dispatch_outstanding = True
-                self._dispatches += 1
+            and self._pool.try_execute(self._hunt)
+        ):
+            self._dispatch_outstanding = True
+            self._dispatches += 1
 
     def dispatch(self) -> None:
         """Have a pool thread produce, never the caller; returns at once.
