@@ -380,11 +380,7 @@ class ExecutionStrategy(ABC):
             try:
                 task = self._producer.produce()
             except Exception:
-                # Polling a broken producer again could spin forever: stop this round.
-                logger.exception("producer %r raised", self._producer)
-                with self._lock:
-                    self._errors += 1
-                    self._release_role(drained=True)
+                self._producer_failed()
                 return None
             with self._lock:
                 if task is not None:
@@ -397,6 +393,14 @@ class ExecutionStrategy(ABC):
                     return None
                 # Someone offered work while we were finding the producer empty.
                 self._more_wanted = False
+
+    def _producer_failed(self) -> None:
+        """Log and count what the producer raised, and give the role up."""
+        # Polling a broken producer again could spin forever: stop this round.
+        logger.exception("producer %r raised", self._producer)
+        with self._lock:
+            self._errors += 1
+            self._release_role(drained=True)
 
     def _release_role(self, drained: bool) -> None:
         # Called with the lock held.
@@ -483,11 +487,7 @@ class ExecuteProduceConsume(ExecutionStrategy):
             try:
                 task = produce()
             except Exception:
-                # Polling a broken producer again could spin forever: stop this round.
-                logger.exception("producer %r raised", self._producer)
-                with lock:
-                    self._errors += 1
-                    self._release_role(drained=True)
+                self._producer_failed()
                 return
             with lock:
                 if task is None:
