@@ -11,6 +11,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from functools import partial
 
 import pytest
 
@@ -452,6 +453,58 @@ def test_execute_produce_consume_runs_fast_tasks_past_a_blocked_one() -> None:
         work.release.set()
         caller.join(WAIT)
     assert work.slow_done.is_set()
+
+
+class StandbyEveryRound:
+    """A producer that makes the thread running task A of each round the standby.
+
+    A waits until another thread is producing B, and producing B waits until A is done,
+    so A's thread finds the role taken and stands by. B then blocks until C, the task
+    after it, has run: only the standby, woken when B was produced, can produce C.
+    """
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+        self.waits_met: list[bool] = []
+        self._next = 0
+        self._b_wanted = [threading.Event() for _ in range(rounds)]
+        self._a_done = [threading.Event() for _ in range(rounds)]
+        self._c_ran = [threading.Event() for _ in range(rounds)]
+
+    def produce(self) -> Task | None:
+        if self._next == 3 * self.rounds:
+            return None
+        r, step = divmod(self._next, 3)
+        self._next += 1
+        if step == 0:
+            return partial(self._a, r)
+        if step == 1:
+            self._b_wanted[r].set()
+            self.waits_met.append(self._a_done[r].wait(WAIT))
+            return partial(self._wait, self._c_ran[r])
+        return self._c_ran[r].set
+
+    def _a(self, r: int) -> None:
+        self._wait(self._b_wanted[r])
+        self._a_done[r].set()
+
+    def _wait(self, event: threading.Event) -> None:
+        self.waits_met.append(event.wait(WAIT))
+
+
+def test_execute_produce_consume_wakes_the_standby_every_time_it_is_needed() -> None:
+    work = StandbyEveryRound(rounds=50)
+    pool = ThreadPool(max_threads=1)
+    strategy = ExecuteProduceConsume(work, pool)
+    # A lost wake-up leaves a thread standing by forever: fail instead of hanging.
+    caller = threading.Thread(target=strategy.produce, daemon=True)
+    caller.start()
+    caller.join(WAIT)
+    finished = not caller.is_alive() and pool.wait_idle(1, WAIT)
+    pool.shutdown(wait=finished)
+    assert finished
+    assert work.waits_met == [True] * (3 * work.rounds)
+    assert strategy.stats().tasks_run == 3 * work.rounds
 
 
 def test_produce_consume_holds_fast_tasks_behind_a_blocked_one() -> None:

@@ -380,11 +380,7 @@ class ExecutionStrategy(ABC):
             try:
                 task = self._producer.produce()
             except Exception:
-                # Polling a broken producer again could spin forever: stop this round.
-                logger.exception("producer %r raised", self._producer)
-                with self._lock:
-                    self._errors += 1
-                    self._release_role(drained=True)
+                self._producer_failed()
                 return None
             with self._lock:
                 if task is not None:
@@ -397,6 +393,14 @@ class ExecutionStrategy(ABC):
                     return None
                 # Someone offered work while we were finding the producer empty.
                 self._more_wanted = False
+
+    def _producer_failed(self) -> None:
+        """Log and count what the producer raised, and give the role up."""
+        # Polling a broken producer again could spin forever: stop this round.
+        logger.exception("producer %r raised", self._producer)
+        with self._lock:
+            self._errors += 1
+            self._release_role(drained=True)
 
     def _release_role(self, drained: bool) -> None:
         # Called with the lock held.
@@ -471,27 +475,59 @@ class ExecuteProduceConsume(ExecutionStrategy):
             raise TypeError(f"pool must be a ThreadPool, got {pool!r}")
         self._pool = pool
         self._dispatch_outstanding = False
+        self._standby_woken = False  # the standby has been notified but has not yet run
 
     def _production_loop(self) -> None:
-        while (task := self._next_task()) is not None:
-            self._hand_on_production()
+        # The hot path: two lock round trips per task, as for ProduceConsume -- one to
+        # count the task and hand production on, one to take it back after the task.
+        lock = self._lock
+        produce = self._producer.produce
+        me = threading.get_ident()
+        while True:
+            try:
+                task = produce()
+            except Exception:
+                self._producer_failed()
+                return
+            with lock:
+                if task is None:
+                    if not self._more_wanted:
+                        self._release_role(drained=True)
+                        return
+                    # Someone offered work while we were finding the producer empty.
+                    self._more_wanted = False
+                    continue
+                # Produced and started in one critical section: nobody can see the task
+                # pending, but it was, so the peak is one (each thread holds at most one).
+                self._peak_pending = 1
+                self._tasks_run += 1
+                self._hand_on_production()
             self._run(task)
+            with lock:
+                if not self._producing:
+                    self._producing = True
+                    self._holder = me
+                    continue
             if not self._take_role():
                 return
 
     def _hand_on_production(self) -> None:
-        """Give up the role, recruit a producer if one may be free, and count the
-        task about to run as started: one lock round trip per task on the hot path."""
-        with self._lock:
-            self._pending -= 1
-            self._tasks_run += 1
-            self._release_role(drained=False)
-            if self._standby or self._dispatch_outstanding or not self._pool.may_take():
-                return  # someone is already on the way to produce, or nobody is free
+        # Called with the lock held: give up the role and make sure someone will produce.
+        self._producing = False
+        self._holder = None
+        if self._standby:
+            if not self._standby_woken:
+                # One wake-up is enough: the standby looks again once it runs.
+                self._standby_woken = True
+                self._role_free.notify()
+        elif (
+            not self._dispatch_outstanding
+            and self._pool.may_take()
             # Lock order is strategy, then pool; the pool never calls back under its lock.
-            if self._pool.try_execute(self._hunt):
-                self._dispatch_outstanding = True
-                self._dispatches += 1
+            and self._pool.try_execute(self._hunt)
+        ):
+            self._dispatch_outstanding = True
+            self._dispatches += 1
 
     def dispatch(self) -> None:
         """Have a pool thread produce, never the caller; returns at once.
@@ -537,6 +573,7 @@ class ExecuteProduceConsume(ExecutionStrategy):
                 self._standby = True
                 while self._producing:
                     self._role_free.wait()
+                    self._standby_woken = False
                 self._standby = False
             self._producing = True
             self._holder = threading.get_ident()

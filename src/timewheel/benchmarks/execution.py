@@ -21,6 +21,7 @@ Two runs per strategy and load:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -146,6 +147,8 @@ class Result:
 def _run_once(
     name: str, arrivals: Sequence[int], args: argparse.Namespace, blocking: bool
 ) -> tuple[_Run, float, float, list[ExecutionStrategy]]:
+    # The previous run's garbage is collected now, not during this run.
+    gc.collect()
     run = _Run(len(arrivals) * args.producers)
     every = args.blocking_every if blocking else 0
     # Paced runs leave the threads time to start before the first request arrives.
