@@ -78,8 +78,8 @@ def test_sdist_carries_the_cython_sources_and_stubs(dist: Path) -> None:
         # every member sits under "timewheel-<version>/"
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     shipped = {name[len("src/timewheel/") :] for name in names if name.startswith("src/timewheel/")}
-    wanted = _package_files("*.py", "*.pyx", "*.pxd", "*.pyi", "py.typed")
-    assert {"_core.pyx", "_core.pxd", "_core.pyi", "py.typed"} <= wanted
+    wanted = _package_files("*.py", "*.pyx", "*.pxd", "*.pyi", "py.typed", "*.properties")
+    assert {"_core.pyx", "_core.pxd", "_core.pyi", "py.typed", "log4j2.properties"} <= wanted
     assert wanted - shipped == set()
     assert {"pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "CHANGES.md"} <= names
     built = [n for n in names if n.endswith((".c", ".so", ".pyd", ".html"))]
@@ -93,8 +93,10 @@ def test_wheel_carries_stubs_marker_and_compiled_core(dist: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
     shipped = {name[len("timewheel/") :] for name in names if name.startswith("timewheel/")}
-    # .pxd files let other Cython code cimport the core; .pyi and py.typed serve mypy users.
-    assert _package_files("*.py", "*.pxd", "*.pyi", "py.typed") - shipped == set()
+    # .pxd files let other Cython code cimport the core; .pyi and py.typed serve mypy users;
+    # log4j2.properties keeps `timewheel pipeline` quiet.
+    wanted = _package_files("*.py", "*.pxd", "*.pyi", "py.typed", "*.properties")
+    assert wanted - shipped == set()
     core = [
         name
         for name in shipped

@@ -159,6 +159,11 @@ def spark_session(master: str, app_name: str) -> tuple[Any, bool]:
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
             "spark.driver.host", "127.0.0.1"
         )
+        if not os.environ.get("SPARK_CONF_DIR"):  # the user's own logging config wins
+            log4j2 = Path(__file__).with_name("log4j2.properties")
+            builder = builder.config(
+                "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j2.as_uri()}"
+            )
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session, True
