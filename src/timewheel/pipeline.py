@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .cli import non_negative, positive
+
 __all__ = [
     "DEFAULT_TARGET",
     "DEMO_ROWS",
@@ -45,20 +47,6 @@ _ROWS_PER_PARTITION = 250_000
 _PERCENTILES = (50, 90, 99, 99.9)
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
 def add_dispatch_options(parser: argparse.ArgumentParser) -> None:
     """The options that map onto ``dispatch``'s arguments (shared with the benchmark)."""
     parser.add_argument(
@@ -71,11 +59,14 @@ def add_dispatch_options(parser: argparse.ArgumentParser) -> None:
         "(default: %(default)s)",
     )
     parser.add_argument(
-        "--timeout-ms", type=_positive, default=1000, help="per-call timeout (default: %(default)s)"
+        "--timeout-ms",
+        type=positive(int),
+        default=1000,
+        help="per-call timeout (default: %(default)s)",
     )
     parser.add_argument(
         "--max-in-flight",
-        type=_positive,
+        type=positive(int),
         default=None,
         help=f"calls outstanding per partition (default: {SIM_MAX_IN_FLIGHT} for a sim:// "
         f"target, which has no capacity to protect; {REAL_MAX_IN_FLIGHT} for a real endpoint, "
@@ -83,13 +74,13 @@ def add_dispatch_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--retries",
-        type=_non_negative,
+        type=non_negative(int),
         default=2,
         help="retries after a failure or timeout (default: %(default)s)",
     )
     parser.add_argument(
         "--backoff-ms",
-        type=_non_negative,
+        type=non_negative(int),
         default=100,
         help="wait before a retry, with jitter (default: %(default)s)",
     )
@@ -109,7 +100,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     source.add_argument(
         "--generate",
-        type=_positive,
+        type=positive(int),
         metavar="N",
         help=f"generate N rows (default: {DEMO_ROWS:,} when there is no --input)",
     )

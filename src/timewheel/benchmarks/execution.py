@@ -33,6 +33,7 @@ from functools import partial
 from typing import Callable, cast
 from urllib.parse import parse_qsl
 
+from timewheel.cli import positive
 from timewheel.execution import (
     ExecuteProduceConsume,
     ExecutionStrategy,
@@ -270,17 +271,6 @@ def format_table(results: Sequence[Result], rate: float, args: argparse.Namespac
     return "\n".join(lines)
 
 
-def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``execution`` benchmark to ``timewheel bench``."""
     p = subparsers.add_parser(
@@ -289,40 +279,40 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--producers", type=_positive(int), default=4, help="connections (default 4)")
+    p.add_argument("--producers", type=positive(int), default=4, help="connections (default 4)")
     p.add_argument(
         "--requests",
-        type=_positive(int),
+        type=positive(int),
         default=4000,
         help="per connection, saturated (default 4000)",
     )
-    p.add_argument("--threads", type=_positive(int), default=8, help="pool threads (default 8)")
+    p.add_argument("--threads", type=positive(int), default=8, help="pool threads (default 8)")
     p.add_argument(
         "--blocking-every",
-        type=_positive(int),
+        type=positive(int),
         default=100,
         help="1 request in N blocks (default 100)",
     )
     p.add_argument(
-        "--block-ms", type=_positive(float), default=5.0, help="how long it blocks (default 5)"
+        "--block-ms", type=positive(float), default=5.0, help="how long it blocks (default 5)"
     )
     p.add_argument(
         "--load",
-        type=_positive(float),
+        type=positive(float),
         default=0.5,
         help="paced rate / saturated PC rate (default 0.5)",
     )
     p.add_argument(
         "--paced-seconds",
-        type=_positive(float),
+        type=positive(float),
         default=0.5,
         help="length of a paced run (default 0.5)",
     )
     p.add_argument(
-        "--repeat", type=_positive(int), default=3, help="runs per cell, median kept (default 3)"
+        "--repeat", type=positive(int), default=3, help="runs per cell, median kept (default 3)"
     )
     p.add_argument(
-        "--timeout", type=_positive(float), default=120.0, help="give up on a run after this (s)"
+        "--timeout", type=positive(float), default=120.0, help="give up on a run after this (s)"
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--check", action="store_true", help="exit 1 if a target of the issue is missed")

@@ -34,6 +34,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..cli import positive
 from ..purgatory import DelayedOperation, Purgatory
 from .classic import ClassicPurgatory
 
@@ -423,22 +424,12 @@ def run(
     )
 
 
-def _positive(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        value = kind(text)
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return value
-
-    return parse
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The workload options shared with ``timewheel bench sweep``."""
-    parser.add_argument("--timeout", type=_positive(int), default=200, help="ms (default 200)")
-    parser.add_argument("--keys", type=_positive(int), default=3, help="per request (default 3)")
+    parser.add_argument("--timeout", type=positive(int), default=200, help="ms (default 200)")
+    parser.add_argument("--keys", type=positive(int), default=3, help="per request (default 3)")
     parser.add_argument(
-        "--key-space-size", type=_positive(int), default=100, help="distinct keys (default 100)"
+        "--key-space-size", type=positive(int), default=100, help="distinct keys (default 100)"
     )
     parser.add_argument("--seed", type=int, default=1, help="of the workload (default 1)")
 
@@ -448,10 +439,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser = subparsers.add_parser(
         "purgatory", help="the purgatory write-up's experiment: one implementation, one rate"
     )
-    parser.add_argument("--num", type=_positive(int), default=1_000_000, help="requests")
-    parser.add_argument("--rate", type=_positive(float), default=10_000, help="target req/s")
-    parser.add_argument("--pct75", type=_positive(float), default=60, help="latency ms")
-    parser.add_argument("--pct50", type=_positive(float), default=20, help="latency ms")
+    parser.add_argument("--num", type=positive(int), default=1_000_000, help="requests")
+    parser.add_argument("--rate", type=positive(float), default=10_000, help="target req/s")
+    parser.add_argument("--pct75", type=positive(float), default=60, help="latency ms")
+    parser.add_argument("--pct50", type=positive(float), default=20, help="latency ms")
     add_arguments(parser)
     parser.add_argument("--impl", choices=IMPLS, default="wheel")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
