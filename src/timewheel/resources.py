@@ -387,7 +387,7 @@ class ResourceManager:
             checkout._marked = None
             home.held -= 1
         assert marked is not None
-        self._unmark(checkout._slots, marked, leaving=True)
+        self._unmark(checkout._slots, marked)
 
     def evict(self, key: Hashable) -> bool:
         """Drop a resident key's object unless it is checked out or loading; True if dropped.
@@ -553,26 +553,26 @@ class ResourceManager:
         else:
             if not held:
                 # Cancelled or closed while marking: give the keys straight back.
-                self._unmark(slots, marked, leaving=True)
+                self._unmark(slots, marked)
             elif checkout._parked:
                 # Only a request that was parked can have a result() waiter, callbacks
                 # or a timer entry: another thread could not see it before.
                 self._settled(checkout)
             return None
         if marked:
-            self._unmark(slots, marked, leaving=True)
+            self._unmark(slots, marked)
         return busy
 
-    def _unmark(self, slots: _Slots, marked: list[_Entry], leaving: bool = False) -> None:
+    def _unmark(self, slots: _Slots, marked: list[_Entry]) -> None:
         """Clear the marks, then wake whoever parked on them (they may have seen only our mark).
 
-        ``leaving`` (``marked`` must then be every key) also takes the request out of the
-        pause gate's count, in the last key's critical section rather than a lock of its
-        own: the stripes' counts are only ever summed. That is before the wake-ups, so a
-        BaseException from a woken request cannot leave the count stuck.
+        It also takes the request out of the pause gate's count, in the last key's critical
+        section rather than a lock of its own: the stripes' counts are only ever summed.
+        That is before the wake-ups, so a BaseException from a woken request cannot leave
+        the count stuck.
         """
         forget = self._loader is None
-        last = marked[-1] if leaving else None
+        last = marked[-1]
         wake = []
         for (key, stripe), entry in zip(slots, marked):
             with stripe.lock:
@@ -585,7 +585,7 @@ class ResourceManager:
                     del stripe.entries[key]
                 if entry is last:
                     stripe.active -= 1
-        if leaving and self._paused:
+        if self._paused:
             self._notify_pauser()
         if wake:
             self._wake(wake)

@@ -245,6 +245,10 @@ class QueueingSource(Generic[T]):
             self._in_flight.difference_update(done)
             return before - len(self._in_flight)
 
+    def __len__(self) -> int:
+        """Items queued now, which :meth:`get_next_batch` hands out without waiting."""
+        return len(self._queue)
+
     def metrics(self) -> dict[str, int]:
         """Counters: completed ``replenishes``, failed ones (``errors``),
         ``duplicates_dropped`` from refills, items ``queued`` and ``in_flight``."""

@@ -166,10 +166,9 @@ def _freeze_worker_heap() -> None:
 
 def _result_batch(outcomes: list[Outcome], schema: pa.Schema) -> pa.RecordBatch:
     """The output batch of ``outcomes`` (not empty), built column by column."""
-    rows = [outcome.row for outcome in outcomes]
+    rows, *results = zip(*outcomes)
     inputs = schema.names[: len(schema) - len(_ARROW_RESULT_FIELDS)]
     columns = [pa.array([row[name] for row in rows], schema.field(name).type) for name in inputs]
-    results = zip(*[outcome[1:] for outcome in outcomes])
     columns += [
         pa.array(values, field.type) for values, field in zip(results, _ARROW_RESULT_FIELDS)
     ]

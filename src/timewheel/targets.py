@@ -208,6 +208,8 @@ class _SimState:
         return latency, "simulated failure" if failed else None
 
     def release(self, keys: tuple[Any, ...]) -> None:
+        if not keys:  # every reply when no exclusive_cols: skip the lock
+            return
         with self.lock:
             for key in keys:
                 left = self.held[key] - 1
@@ -373,7 +375,7 @@ class _HttpPool:
     """The per-process connections of one endpoint: one keep-alive connection per thread."""
 
     def __init__(self, max_connections: int) -> None:
-        self.pid = os.getpid()
+        self.pid = _PID
         self.local = threading.local()
         self.lock = threading.Lock()
         self.connections: list[http.client.HTTPConnection] = []
@@ -431,7 +433,7 @@ class HttpDownstream:
         key = (self.url, self.timeout_s, self.max_connections)
         with _HTTP_POOLS_LOCK:
             pool = _HTTP_POOLS.get(key)
-            if pool is None or pool.pid != os.getpid():
+            if pool is None or pool.pid != _PID:
                 pool = _HTTP_POOLS[key] = _HttpPool(self.max_connections)
             return pool
 
@@ -439,7 +441,7 @@ class HttpDownstream:
         """Close this endpoint's connections and threads in this process (remade on next use)."""
         with _HTTP_POOLS_LOCK:
             pool = _HTTP_POOLS.pop((self.url, self.timeout_s, self.max_connections), None)
-        if pool is not None and pool.pid == os.getpid():
+        if pool is not None and pool.pid == _PID:
             pool.close()
 
     def _connection(self, pool: _HttpPool, timeout_s: float) -> http.client.HTTPConnection:

@@ -362,7 +362,7 @@ class _Partition:
                 yield outcome
             if self.source.error is not None:
                 raise self.source.error
-            more = queued.metrics()["queued"] > 0 or not self.source.exhausted
+            more = len(queued) > 0 or not self.source.exhausted
             if not more and self.outstanding() == 0:
                 return
             if more and self.outstanding() < limit:
