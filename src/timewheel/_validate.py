@@ -36,6 +36,16 @@ def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = Non
     return v
 
 
+def check_columns(name: str, value: Any) -> tuple[str, ...]:
+    """Return ``value`` (a list or tuple of column names) as a tuple, or raise naming ``name``."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} must be a list or tuple of column names, got {value!r}")
+    for col in value:
+        if not isinstance(col, str):
+            raise TypeError(f"{name} must hold column names (str), got {col!r}")
+    return tuple(value)
+
+
 def check_keys(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
     """Return ``keys`` as a non-empty tuple of distinct hashable keys, or raise naming them.
 

@@ -83,10 +83,15 @@ class Engine(Protocol):
         """Yield an Outcome for every row of ``rows``, exactly once."""
 
 
+def timeout_message(config: DispatchConfig) -> str:
+    """The error text of a timed-out attempt, the same for every engine."""
+    return f"no reply within {config.timeout_ms} ms"
+
+
 def classify(exc: BaseException, config: DispatchConfig) -> tuple[str, str]:
     """Status and error message for an attempt that raised ``exc``, worded alike by every engine."""
     if isinstance(exc, (DownstreamTimeout, TimeoutError)):
-        return TIMEOUT, f"no reply within {config.timeout_ms} ms"
+        return TIMEOUT, timeout_message(config)
     if isinstance(exc, DownstreamError):
         return FAILED, str(exc)
     return FAILED, f"{type(exc).__name__}: {exc}"

@@ -26,6 +26,7 @@ from pyspark import cloudpickle
 from pyspark.sql import DataFrame
 from pyspark.sql.types import DoubleType, IntegerType, StringType, StructField, StructType
 
+from ._validate import check_columns
 from .engines import DEFAULT_ENGINE, DispatchConfig, Outcome, get_engine
 
 __all__ = ["RESULT_COLUMNS", "STATUSES", "dispatch", "output_schema"]
@@ -83,11 +84,7 @@ def _validate(
         raise TypeError(f"id_col must be a column name (str), got {id_col!r}")
     if id_col not in columns:
         raise ValueError(f"id_col {id_col!r} is not a column of df; columns: {columns}")
-    if isinstance(key_cols, str) or not isinstance(key_cols, (list, tuple)):
-        raise TypeError(f"key_cols must be a list or tuple of column names, got {key_cols!r}")
-    for col in key_cols:
-        if not isinstance(col, str):
-            raise TypeError(f"key_cols must hold column names (str), got {col!r}")
+    for col in check_columns("key_cols", key_cols):
         if col not in columns:
             raise ValueError(f"key column {col!r} is not a column of df; columns: {columns}")
     clash = [col for col in RESULT_COLUMNS if col in columns]

@@ -32,6 +32,8 @@ from typing import Any, Callable, Optional, Protocol
 
 import numpy
 
+from ._validate import check_columns, check_int
+
 __all__ = [
     "DownstreamError",
     "DownstreamTimeout",
@@ -95,15 +97,6 @@ def _check_number(name: str, value: Any) -> float:
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value!r}")
     return float(value)
-
-
-def _check_columns(name: str, value: Any) -> tuple[str, ...]:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise TypeError(f"{name} must be a list or tuple of column names, got {value!r}")
-    for col in value:
-        if not isinstance(col, str):
-            raise TypeError(f"{name} must hold column names (str), got {col!r}")
-    return tuple(value)
 
 
 def row_keys(row: Mapping[str, Any], key_cols: Sequence[str]) -> tuple[Any, ...]:
@@ -270,7 +263,7 @@ class SimulatedDownstream:
         self.pct75_ms = p75
         self.failure_rate = rate
         self.seed = seed
-        self.exclusive_cols = _check_columns("exclusive_cols", exclusive_cols)
+        self.exclusive_cols = check_columns("exclusive_cols", exclusive_cols)
         self._mu = math.log(p50 / 1000.0)
         self._sigma = math.log(p75 / p50) / _Z75
         self._state: _SimState | None = None
@@ -414,10 +407,7 @@ class HttpDownstream:
             raise ValueError(f"url must be an http:// or https:// URL with a host, got {url!r}")
         if _check_number("timeout_s", timeout_s) <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
-            raise TypeError(f"max_connections must be an int, got {max_connections!r}")
-        if max_connections < 1:
-            raise ValueError(f"max_connections must be >= 1, got {max_connections!r}")
+        max_connections = check_int("max_connections", max_connections, 1)
         self.url = url
         self.timeout_s = float(timeout_s)
         self.max_connections = max_connections

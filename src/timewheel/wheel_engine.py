@@ -32,7 +32,16 @@ from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any
 
-from .engines import FAILED, OK, TIMEOUT, DispatchConfig, Outcome, backoff_s, worker_runtime
+from .engines import (
+    FAILED,
+    OK,
+    TIMEOUT,
+    DispatchConfig,
+    Outcome,
+    backoff_s,
+    timeout_message,
+    worker_runtime,
+)
 from .execution import ExecuteProduceConsume, ProduceConsume, TaskQueue, ThreadPool
 from .purgatory import DelayedOperation, Purgatory
 from .resources import Checkout, ResourceManager
@@ -200,7 +209,7 @@ class _Partition:
         # Every call of this partition is watched on this key: the end of the task finds
         # the ones still in flight there.
         self.token = object()
-        self.timeout_error = f"no reply within {config.timeout_ms} ms"
+        self.timeout_error = timeout_message(config)
         # Guards closing against a send or backoff that is starting on another thread.
         self.lock = threading.Lock()
         self.closed = False
