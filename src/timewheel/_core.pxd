@@ -11,46 +11,19 @@ cimport cython
 from cpython.object cimport PyObject
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
+from timewheel._sync cimport (
+    TW_HAS_GIL,
+    tw_mutex,
+    tw_mutex_destroy,
+    tw_mutex_init,
+    tw_mutex_lock,
+    tw_mutex_trylock,
+    tw_mutex_unlock,
+)
 
+# an unsigned constant: a C enum cannot portably hold 2**32 - 1
 cdef extern from *:
-    """
-    /* The wheel's lock: an OS mutex, because PyThread_acquire_lock reads the clock on
-       every call (CPython 3.11, even with NOWAIT_LOCK) and that was a tenth of a
-       schedule + cancel. tw_mutex_trylock returns 1 when it got the lock. */
-    #if defined(_WIN32)
-    #include <windows.h>
-    typedef SRWLOCK tw_mutex;
-    static int tw_mutex_init(tw_mutex *m) { InitializeSRWLock(m); return 0; }
-    static void tw_mutex_destroy(tw_mutex *m) { (void)m; }
-    static int tw_mutex_trylock(tw_mutex *m) { return TryAcquireSRWLockExclusive(m) != 0; }
-    static void tw_mutex_lock(tw_mutex *m) { AcquireSRWLockExclusive(m); }
-    static void tw_mutex_unlock(tw_mutex *m) { ReleaseSRWLockExclusive(m); }
-    #else
-    #include <pthread.h>
-    typedef pthread_mutex_t tw_mutex;
-    static int tw_mutex_init(tw_mutex *m) { return pthread_mutex_init(m, NULL); }
-    static void tw_mutex_destroy(tw_mutex *m) { pthread_mutex_destroy(m); }
-    static int tw_mutex_trylock(tw_mutex *m) { return pthread_mutex_trylock(m) == 0; }
-    static void tw_mutex_lock(tw_mutex *m) { pthread_mutex_lock(m); }
-    static void tw_mutex_unlock(tw_mutex *m) { pthread_mutex_unlock(m); }
-    #endif
-    /* 1 where a GIL serialises Python threads; 0 on free-threaded builds */
-    #ifdef Py_GIL_DISABLED
-    #define TW_HAS_GIL 0
-    #else
-    #define TW_HAS_GIL 1
-    #endif
-    """
-    enum: TW_HAS_GIL
-    # an unsigned constant: a C enum cannot portably hold 2**32 - 1
     const uint32_t NIL "((uint32_t)0xFFFFFFFFu)"  # "no slot / no bucket / not in the heap"
-    ctypedef struct tw_mutex:
-        pass
-    int tw_mutex_init(tw_mutex* m) noexcept nogil
-    void tw_mutex_destroy(tw_mutex* m) noexcept nogil
-    int tw_mutex_trylock(tw_mutex* m) noexcept nogil
-    void tw_mutex_lock(tw_mutex* m) noexcept nogil
-    void tw_mutex_unlock(tw_mutex* m) noexcept nogil
 
 
 cdef enum:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Protocol, Union, cast
 from ._validate import INT64_MAX as _INT64_MAX
 from ._validate import check_int
 from .execution import ExecuteProduceConsume, ExecutionStrategy, Producer, Task, ThreadPool
+from .ops import CANCELLED, FIRED, PENDING, TASK_TYPES, CallbackTask, TimerTask
 from .wheel import TimingWheel
 
 __all__ = ["ManualClock", "Timer", "TimerFullError", "TimerTask", "logger"]
@@ -28,7 +29,7 @@ logger = logging.getLogger("timewheel")
 _NEVER = float("-inf")  # _wake_before when nobody waits: no add notifies
 _ALWAYS = float("inf")  # _wake_before while a waiter is deciding: every add notifies
 
-_PENDING, _CANCELLED, _FIRED = 0, 1, 2
+_PENDING, _CANCELLED, _FIRED = PENDING, CANCELLED, FIRED
 
 
 def check_ms(name: str, value: Any, lo: int = 0, hi: int = _INT64_MAX) -> int:
@@ -111,70 +112,6 @@ Clock = Union[ManualClock, Callable[[], int]]
 def monotonic_ms() -> int:
     """The default clock: :func:`time.monotonic_ns` in whole milliseconds."""
     return time.monotonic_ns() // 1_000_000
-
-
-class TimerTask:
-    """A task scheduled on a :class:`Timer`; subclasses override :meth:`run`.
-
-    ``deadline_ms`` is fixed when the task is added. :meth:`cancel` is idempotent and
-    O(1); ``cancelled`` and ``done`` tell what became of the task.
-    """
-
-    __slots__ = ("_handle", "_state", "_wheel", "deadline_ms")
-
-    def __init__(self) -> None:
-        self.deadline_ms: int | None = None
-        self._wheel: Any = None
-        self._handle = 0
-        self._state = _PENDING
-
-    def run(self) -> None:
-        """Called once when the deadline passes, unless cancelled first."""
-        raise NotImplementedError
-
-    def cancel(self) -> bool:
-        """Remove the task from its timer; True only for the call that cancelled it.
-
-        A task that has already run (or was handed to the executor) cannot be cancelled.
-        """
-        wheel = self._wheel
-        if wheel is not None and wheel.cancel(self._handle):
-            self._state = _CANCELLED
-            return True
-        return False
-
-    @property
-    def cancelled(self) -> bool:
-        """True once :meth:`cancel` removed the task, the timer closed with it pending or
-        the timer's executor refused it."""
-        return self._state == _CANCELLED
-
-    @property
-    def done(self) -> bool:
-        """True once the timer ran the task (or handed it to its executor)."""
-        return self._state == _FIRED
-
-    def __repr__(self) -> str:
-        state = ("pending", "cancelled", "done")[self._state]
-        return f"<{type(self).__name__} deadline_ms={self.deadline_ms} {state}>"
-
-
-class _CallbackTask(TimerTask):
-    """The task :meth:`Timer.add` creates: ``callback(*args)``."""
-
-    __slots__ = ("_args", "_callback")
-
-    def __init__(self, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        TimerTask.__init__(self)
-        self._callback = callback
-        self._args = args
-
-    def run(self) -> None:
-        """Call the callback."""
-        self._callback(*self._args)
-
-    def __repr__(self) -> str:
-        return f"{TimerTask.__repr__(self)[:-1]} callback={self._callback!r}>"
 
 
 def _drain(wheel: Any) -> list[TimerTask]:
@@ -330,11 +267,11 @@ class Timer:
         """
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
-        return self._schedule(_CallbackTask(callback, args), delay_ms)
+        return self._schedule(CallbackTask(callback, args), delay_ms)
 
     def add_task(self, task: TimerTask, delay_ms: int) -> TimerTask:
         """Schedule a :class:`TimerTask` subclass instance; it may be added only once."""
-        if not isinstance(task, TimerTask):
+        if not isinstance(task, TASK_TYPES):
             raise TypeError(f"task must be a TimerTask, got {task!r}")
         if task._wheel is not None or task._state != _PENDING:
             raise ValueError(f"task was already added to a timer: {task!r}")

@@ -81,8 +81,9 @@ def main(impl: str, count: int) -> None:
         "count": count,
         "max_alive": max_alive,
         "max_entries": max_entries,
-        # Freed entries wait for at most PURGE_INTERVAL + 1 clears before a purge.
-        "entry_bound": KEYS * (PURGE_INTERVAL + 2),
+        # Freed entries wait for at most PURGE_INTERVAL + 1 clears before they are counted
+        # dead, and a list is compacted once half of it is counted dead.
+        "entry_bound": 2 * KEYS * (PURGE_INTERVAL + 2),
         "rss_growth_bytes": rss_bytes() - base_rss,
         "metrics": purgatory.metrics(),
     }

@@ -21,6 +21,7 @@ from collections.abc import Hashable, Iterable
 from typing import Any, Callable
 
 from .._validate import check_shards
+from ..ops import Counts
 from ..purgatory import DelayedOperation
 from ..timer import ManualClock, check_ms, logger, monotonic_ms
 
@@ -198,14 +199,13 @@ class ClassicPurgatory:
         self._added = 0
         self._purge_lock = threading.Lock()
         self._stats_lock = threading.Lock()
-        self._completed = self._expired = self._purges = self._errors = 0
+        self._counts = Counts()
+        self._purges = self._errors = 0
         self._reaper: threading.Thread | None = None
         if reaper:
             self._reaper = threading.Thread(target=self._reap, name=f"{name}-reaper", daemon=True)
             self._reaper.start()
 
-    # DelayedOperation counts its completion in _completed and _expired, under
-    # _stats_lock, of whatever object its _purgatory slot holds: this one here.
     def _count_error(self) -> None:
         with self._stats_lock:
             self._errors += 1
@@ -222,19 +222,19 @@ class ClassicPurgatory:
         """Try; if not done, watch on every key, queue for expiry, try again."""
         if not isinstance(op, DelayedOperation):
             raise TypeError(f"op must be a DelayedOperation, got {op!r}")
-        if op._purgatory is not None or op._once.locked():
+        if op._purgatory is not None or op.is_completed:
             raise ValueError(f"op was already given to a purgatory or completed: {op!r}")
         keys = tuple(keys)
         if not keys:
             raise ValueError("keys must not be empty")
         if self._queue.closed:
             raise RuntimeError(f"purgatory {self.name!r} is shut down")
-        op._purgatory = self  # type: ignore[assignment]
+        op._purgatory = self._counts
         if self._try(op):
             return True
         locks, lists, mask = self._locks, self._lists, self._mask
         for key in keys:
-            if op._once.locked():
+            if op.is_completed:
                 return False
             i = hash(key) & mask
             with locks[i]:
@@ -263,7 +263,7 @@ class ClassicPurgatory:
         completed = 0
         stale = False
         for op in snapshot:
-            if op._once.locked():
+            if op.is_completed:
                 stale = True
             elif self._try(op):
                 completed += 1
@@ -272,7 +272,7 @@ class ClassicPurgatory:
             with lock:
                 lst = lists.get(key)
                 if lst is not None:
-                    live = [op for op in lst if not op._once.locked()]
+                    live = [op for op in lst if not op.is_completed]
                     if live:
                         lists[key] = live
                     else:
@@ -284,7 +284,7 @@ class ClassicPurgatory:
         i = hash(key) & self._mask
         with self._locks[i]:
             lst = self._lists[i].pop(key, None) or []
-        ops = [op for op in lst if not op._once.locked()]
+        ops = [op for op in lst if not op.is_completed]
         if ops:
             gone = {id(op) for op in ops}
             q = self._queue
@@ -297,7 +297,7 @@ class ClassicPurgatory:
         """Wait for the head of the heap or the timeout, expire what is due, maybe purge."""
         ran = False
         for _, _, op in self._queue.pop_due(check_ms("timeout_ms", timeout_ms)):
-            if op._once.locked():
+            if op.is_completed:
                 continue
             ran = True
             try:
@@ -325,13 +325,13 @@ class ClassicPurgatory:
             q = self._queue
             with q.cond:
                 before = len(q.heap)
-                q.heap[:] = [e for e in q.heap if not e[2]._once.locked()]
+                q.heap[:] = [e for e in q.heap if not e[2].is_completed]
                 heapq.heapify(q.heap)
                 removed = before - len(q.heap)
             for lock, lists in zip(self._locks, self._lists):
                 with lock:
                     for key, lst in list(lists.items()):
-                        live = [op for op in lst if not op._once.locked()]
+                        live = [op for op in lst if not op.is_completed]
                         removed += len(lst) - len(live)
                         if not live:
                             del lists[key]
@@ -362,8 +362,8 @@ class ClassicPurgatory:
         keys = sum(len(lists) for lists in self._lists)
         with self._stats_lock:
             out = {
-                "completed": self._completed,
-                "expired": self._expired,
+                "completed": self._counts.completed,
+                "expired": self._counts.expired,
                 "purges": self._purges,
                 "errors": self._errors,
             }
@@ -379,7 +379,7 @@ class ClassicPurgatory:
         for lock, lists in zip(self._locks, self._lists):
             with lock:
                 lists.clear()
-        return [e[2] for e in left if not e[2]._once.locked()]
+        return [e[2] for e in left if not e[2].is_completed]
 
     def __enter__(self) -> ClassicPurgatory:
         return self

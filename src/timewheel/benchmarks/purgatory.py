@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..cli import positive
+from ..ops import Counts
 from ..purgatory import DelayedOperation, Purgatory
 from .classic import ClassicPurgatory
 
@@ -99,7 +100,8 @@ class AsyncioPurgatory:
         # Pending operations: their timer handles and keys (the loop's strong reference).
         self._pending: dict[DelayedOperation, tuple[asyncio.TimerHandle, tuple[Hashable, ...]]] = {}
         self._stats_lock = threading.Lock()
-        self._completed = self._expired = self._errors = 0
+        self._counts = Counts()
+        self._errors = 0
         self._cancel = _LoopCancel(self._post)
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"{name}-loop")
         self._thread.daemon = True
@@ -113,7 +115,7 @@ class AsyncioPurgatory:
 
     def try_complete_else_watch(self, op: DelayedOperation, keys: Iterable[Hashable]) -> bool:
         """Try on the caller; if not complete, have the loop watch and time it."""
-        op._purgatory = self  # type: ignore[assignment]
+        op._purgatory = self._counts
         if op.try_complete():
             return True
         self._post(("watch", op, tuple(keys)))
@@ -128,7 +130,7 @@ class AsyncioPurgatory:
             message = inbox.popleft()
             kind, op = message[0], message[1]
             if kind == "watch":
-                if op._once.locked():  # completed before the loop got to it
+                if op.is_completed:  # completed before the loop got to it
                     continue
                 keys = message[2]
                 pending[op] = (call_later(op.delay_ms / 1000, expire, op), keys)
@@ -140,7 +142,7 @@ class AsyncioPurgatory:
                         s.add(op)
                 op._handle = op
                 op._wheel = self._cancel
-                if op._once.locked():  # completed while its handle was not yet published
+                if op.is_completed:  # completed while its handle was not yet published
                     self._finish(op)
             elif kind == "done":
                 self._finish(op)
@@ -186,8 +188,8 @@ class AsyncioPurgatory:
         """Completed (expired included) and expired, as the other purgatories count them."""
         with self._stats_lock:
             return {
-                "completed": self._completed,
-                "expired": self._expired,
+                "completed": self._counts.completed,
+                "expired": self._counts.expired,
                 "errors": self._errors,
             }
 

@@ -1,0 +1,607 @@
+# cython: language_level=3
+# cython: freethreading_compatible=True
+# cython: binding=False
+"""Timer tasks, delayed operations and the purgatory's watcher registry in C.
+
+The twin of :mod:`timewheel._ops_reference`, whose docstring describes the design:
+same classes, attribute names, behaviour and results. What C changes is the cost of a
+request: typed fields instead of slot descriptors, an atomic exchange on a C int
+instead of a ``threading.Lock`` per operation for "completes once", atomic counters
+instead of a stats lock, and an OS mutex per shard taken without a Python call.
+
+Locking: a shard's mutex is only ever waited for with the GIL released (try first,
+then release the GIL and block), and nothing waits for the GIL while holding one
+except to finish the short dict operations it guards, so no thread holds one and
+waits for a thread that waits for the other. The purge mutex is tried, except at
+shutdown, which waits for a running purge the same way.
+"""
+
+cimport cython
+from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree
+from cpython.weakref cimport PyWeakref_GetObject
+from cpython.object cimport PyObject
+
+from timewheel._sync cimport (
+    tw_add,
+    tw_load,
+    tw_mutex,
+    tw_mutex_destroy,
+    tw_mutex_init,
+    tw_mutex_lock,
+    tw_mutex_trylock,
+    tw_mutex_unlock,
+    tw_test_and_set,
+)
+
+from collections import deque
+
+from timewheel._ops_reference import Entry
+from timewheel._validate import INT64_MAX, check_int, check_keys
+
+__all__ = ["CallbackTask", "Counts", "DelayedOperation", "PurgatoryCore", "TimerTask"]
+
+cdef enum:
+    PENDING = 0
+    CANCELLED = 1
+    FIRED = 2
+    FAST_KEYS = 16  # key tuples up to this long are checked without building a set
+
+cdef object _INT64_MAX = INT64_MAX
+
+
+cdef inline void lock_shard(tw_mutex* m) noexcept:
+    """Take ``m`` with the GIL held: at once if free, else blocking with the GIL released."""
+    if not tw_mutex_trylock(m):
+        with nogil:
+            tw_mutex_lock(m)
+
+
+cdef class TimerTask:
+    """A task scheduled on a :class:`~timewheel.timer.Timer`; subclasses override :meth:`run`.
+
+    ``deadline_ms`` is fixed when the task is added. :meth:`cancel` is idempotent and
+    O(1); ``cancelled`` and ``done`` tell what became of the task.
+    """
+
+    cdef public object deadline_ms
+    cdef public object _wheel
+    cdef public object _handle
+    cdef public int _state
+    cdef object __weakref__
+
+    def __cinit__(self, *args, **kwargs):
+        self.deadline_ms = None
+        self._wheel = None
+        self._handle = 0
+
+    def __init__(self):
+        pass
+
+    def run(self):
+        """Called once when the deadline passes, unless cancelled first."""
+        raise NotImplementedError
+
+    cdef bint _cancel(self) except -1:
+        wheel = self._wheel
+        if wheel is not None and wheel.cancel(self._handle):
+            self._state = CANCELLED
+            return True
+        return False
+
+    def cancel(self):
+        """Remove the task from its timer; True only for the call that cancelled it.
+
+        A task that has already run (or was handed to the executor) cannot be cancelled.
+        """
+        return self._cancel()
+
+    @property
+    def cancelled(self):
+        """True once :meth:`cancel` removed the task, the timer closed with it pending or
+        the timer's executor refused it."""
+        return self._state == CANCELLED
+
+    @property
+    def done(self):
+        """True once the timer ran the task (or handed it to its executor)."""
+        return self._state == FIRED
+
+    def __repr__(self):
+        state = ("pending", "cancelled", "done")[self._state]
+        return f"<{type(self).__name__} deadline_ms={self.deadline_ms} {state}>"
+
+
+cdef class CallbackTask(TimerTask):
+    """The task :meth:`Timer.add <timewheel.timer.Timer.add>` creates: ``callback(*args)``."""
+
+    cdef object _callback
+    cdef tuple _args
+
+    def __init__(self, callback, tuple args):
+        self._callback = callback
+        self._args = args
+
+    def run(self):
+        """Call the callback."""
+        self._callback(*self._args)
+
+    def __repr__(self):
+        base = TimerTask.__repr__(self)
+        return f"{base[:len(base) - 1]} callback={self._callback!r}>"
+
+
+@cython.final
+cdef class Counts:
+    """A purgatory's completion counters, which its pending operations update.
+
+    Operations point here rather than at the purgatory: the Cython wheel holds them
+    where the garbage collector cannot see, so a reference from them to the purgatory
+    (and so to its timer) would keep a dropped purgatory alive with all it holds.
+    """
+
+    cdef long long _completed
+    cdef long long _expired
+
+    @property
+    def completed(self):
+        """Operations completed, expired ones included."""
+        return self._completed
+
+    @property
+    def expired(self):
+        """Operations that timed out."""
+        return self._expired
+
+    cdef inline void record(self, bint expired) noexcept:
+        tw_add(&self._completed, 1)
+        if expired:
+            tw_add(&self._expired, 1)
+
+    def _record(self, bint expired):
+        self.record(expired)
+
+
+cdef class DelayedOperation(TimerTask):
+    """An operation that completes when :meth:`try_complete` says so, or times out.
+
+    Subclasses override :meth:`try_complete` (check the condition; if it holds, call
+    :meth:`force_complete` and return its result), :meth:`on_complete` (the work to do
+    once complete) and, optionally, :meth:`on_expiration` (runs after
+    :meth:`on_complete` when the operation timed out).
+    """
+
+    cdef public object delay_ms
+    cdef public Counts _purgatory
+    cdef long _done
+
+    def __init__(self, delay_ms):
+        if type(delay_ms) is not int or not 0 <= delay_ms <= _INT64_MAX:
+            delay_ms = check_int("delay_ms", delay_ms, 0, _INT64_MAX)
+        self.delay_ms = delay_ms
+
+    def try_complete(self):
+        """Complete the operation if it can be; True only if this call completed it."""
+        raise NotImplementedError
+
+    def on_complete(self):
+        """The operation's work once completed; runs exactly once."""
+        raise NotImplementedError
+
+    def on_expiration(self):
+        """Runs after :meth:`on_complete` when the operation timed out."""
+
+    def force_complete(self):
+        """Complete now; True for exactly one caller across all threads.
+
+        The winner cancels the timeout in O(1) and runs :meth:`on_complete`.
+        """
+        if tw_test_and_set(&self._done):
+            return False
+        self._cancel()
+        if self._purgatory is not None:
+            self._purgatory.record(False)
+        self.on_complete()
+        return True
+
+    @property
+    def is_completed(self):
+        """True once the operation completed (by :meth:`force_complete` or timing out)."""
+        return tw_load(&self._done) != 0
+
+    def run(self):
+        """The timeout: force-complete, then :meth:`on_expiration` (Kafka's order)."""
+        if tw_test_and_set(&self._done):
+            return
+        if self._purgatory is not None:
+            self._purgatory.record(True)
+        try:
+            self.on_complete()
+        finally:
+            self.on_expiration()
+
+
+cdef inline bint completed(object op) noexcept:
+    return tw_load(&(<DelayedOperation>op)._done) != 0
+
+
+cdef bint distinct_keys(tuple keys) except -1:
+    """True if the (short) tuple's keys are hashable and distinct; raises as hashing does."""
+    cdef Py_ssize_t n = len(keys), i, j
+    cdef Py_hash_t hashes[FAST_KEYS]
+    for i in range(n):
+        hashes[i] = hash(keys[i])
+        for j in range(i):
+            if hashes[j] == hashes[i] and keys[j] == keys[i]:
+                return False
+    return True
+
+
+@cython.final
+cdef class WatchList:
+    """The entries watching one key and how many are known dead (see ``_WatchList``)."""
+
+    cdef list entries
+    cdef Py_ssize_t dead
+
+
+cdef Py_ssize_t compact(dict lists, object key, WatchList wl, list garbage) except -1:
+    """Drop the stale entries of ``key``'s list (the list too, if none is left); shard
+    lock held. In place: the list is usually old, and a new one would be young, walked
+    entry by entry by the next young collections. Dropped entries go to ``garbage``,
+    freed once the lock is released (the last reference to a key may run its __del__)."""
+    cdef list entries = wl.entries
+    cdef Py_ssize_t n = len(entries), i, kept = 0
+    cdef object entry, op
+    for i in range(n):
+        entry = entries[i]
+        op = <object>PyWeakref_GetObject(entry)
+        if op is not None and not completed(op):
+            if kept != i:
+                entries[kept] = entry
+            kept += 1
+        else:
+            garbage.append(entry)
+    if kept:
+        del entries[kept:]
+        wl.dead = 0
+    else:
+        del lists[key]
+    return n - kept
+
+
+cdef class PurgatoryCore:
+    """The hot path of a purgatory: watching, completing by key, dropping dead entries.
+
+    :meth:`_setup` must be called before use, with the timer's ``_schedule``.
+    Subclasses provide ``name``, ``delayed`` and ``_try_raised(op)`` (log an exception
+    that ``op.try_complete()`` just raised).
+    """
+
+    cdef object _schedule
+    cdef Py_ssize_t _purge_interval
+    cdef Py_ssize_t _nshards
+    cdef Py_hash_t _mask
+    cdef list _lists  # per shard: {key: WatchList}
+    cdef tw_mutex* _locks
+    cdef long long* _watched  # per shard, under its lock
+    cdef Py_ssize_t _ready  # shard mutexes initialised
+    cdef object _cleared
+    cdef object _on_cleared
+    cdef object _popleft
+    cdef tw_mutex _purge_mutex
+    cdef bint _purge_ready
+    cdef public long long _watched_base  # under the purge mutex
+    cdef readonly Counts _counts
+    cdef long long _npurges
+    cdef long long _nerrors
+    cdef public bint _stopping
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self._locks != NULL:
+            for i in range(self._ready):
+                tw_mutex_destroy(&self._locks[i])
+            PyMem_RawFree(self._locks)
+        PyMem_RawFree(self._watched)
+        if self._purge_ready:
+            tw_mutex_destroy(&self._purge_mutex)
+
+    def _setup(self, schedule, Py_ssize_t purge_interval, Py_ssize_t shards):
+        if self._locks != NULL:
+            raise RuntimeError("the purgatory is already set up")
+        self._locks = <tw_mutex*>PyMem_RawCalloc(shards, sizeof(tw_mutex))
+        self._watched = <long long*>PyMem_RawCalloc(shards, sizeof(long long))
+        if self._locks == NULL or self._watched == NULL:
+            raise MemoryError("cannot allocate the purgatory's shards")
+        while self._ready < shards:
+            if tw_mutex_init(&self._locks[self._ready]) != 0:
+                raise MemoryError("cannot create a shard lock")
+            self._ready += 1
+        if tw_mutex_init(&self._purge_mutex) != 0:
+            raise MemoryError("cannot create the purge lock")
+        self._purge_ready = True
+        self._schedule = schedule
+        self._purge_interval = purge_interval
+        self._nshards = shards
+        self._mask = shards - 1
+        self._lists = [{} for _ in range(shards)]
+        self._cleared = deque()
+        self._on_cleared = self._cleared.append
+        self._popleft = self._cleared.popleft
+        self._counts = Counts()
+
+    @property
+    def _purges(self):
+        return self._npurges
+
+    @property
+    def _errors(self):
+        return self._nerrors
+
+    def _count_error(self):
+        tw_add(&self._nerrors, 1)
+
+    def try_complete_else_watch(self, op, keys):
+        """Try to complete ``op``; if it cannot yet, watch it on every key and time it.
+
+        Returns True only if this call completed it. The second try after watching
+        closes the window in which a key's event came before the operation was listed.
+        Raises :class:`~timewheel.timer.TimerFullError` (nothing registered) when the
+        timer is at ``max_pending``.
+        """
+        cdef DelayedOperation dop
+        cdef tuple key_tuple = None
+        cdef Py_ssize_t s
+        cdef bint first = True
+        cdef dict lists
+        if not isinstance(op, DelayedOperation):
+            raise TypeError(f"op must be a DelayedOperation, got {op!r}")
+        dop = <DelayedOperation>op
+        if dop._purgatory is not None or dop._wheel is not None or completed(dop):
+            raise ValueError(f"op was already given to a purgatory or completed: {op!r}")
+        if type(keys) is tuple and 0 < len(<tuple>keys) <= FAST_KEYS:
+            try:
+                if distinct_keys(<tuple>keys):
+                    key_tuple = <tuple>keys
+            except TypeError:  # an unhashable key: check_keys says which
+                pass
+        if key_tuple is None:
+            key_tuple = check_keys(keys)
+        if self._stopping:
+            raise RuntimeError(f"purgatory {self.name!r} is shut down")
+        dop._purgatory = self._counts
+        try:
+            if op.try_complete():
+                return True
+        except Exception:
+            self._try_raised(op)
+            # Its on_complete may be what raised: then it is complete, and timing it
+            # would only keep it in the timer until its deadline.
+            if completed(dop):
+                return False
+        if len(self._cleared) > self._purge_interval:
+            self._drop_cleared()
+        # Timed before it is listed, so nothing is half-registered if the timer refuses
+        # it, and a completion always finds the timer entry to cancel.
+        try:
+            self._schedule(op, dop.delay_ms)
+        except BaseException:
+            dop._purgatory = None
+            raise
+        entry = Entry(op, self._on_cleared)
+        entry.keys = key_tuple
+        # A completion racing this loop only leaves entries that a purge removes.
+        for key in key_tuple:
+            s = hash(key) & self._mask
+            lists = <dict>self._lists[s]
+            lock_shard(&self._locks[s])
+            try:
+                wl = lists.get(key)
+                if wl is None:
+                    wl = WatchList.__new__(WatchList)
+                    (<WatchList>wl).entries = [entry]
+                    lists[key] = wl
+                else:
+                    (<WatchList>wl).entries.append(entry)
+                if first:
+                    self._watched[s] += 1
+                    first = False
+            finally:
+                tw_mutex_unlock(&self._locks[s])
+        if completed(dop):
+            return False
+        return self._try(op)
+
+    cdef bint _try(self, object op) except -1:
+        try:
+            return bool(op.try_complete())
+        except Exception:
+            self._try_raised(op)
+            return False
+
+    cdef Py_ssize_t _shard_of(self, object key) except -1:
+        try:
+            return hash(key) & self._mask
+        except TypeError:
+            raise TypeError(f"key must be hashable, got {key!r}") from None
+
+    def check_and_complete(self, key):
+        """Try every operation watched on ``key``; return how many this call completed.
+
+        ``try_complete`` runs with no lock held; the list is cleaned of completed and
+        freed entries afterwards.
+        """
+        cdef Py_ssize_t s = self._shard_of(key)
+        cdef dict lists = <dict>self._lists[s]
+        cdef list snapshot
+        cdef list garbage
+        cdef Py_ssize_t done = 0
+        cdef bint stale = False
+        lock_shard(&self._locks[s])
+        try:
+            wl = lists.get(key)
+            if wl is None:
+                return 0
+            snapshot = (<WatchList>wl).entries[:]
+        finally:
+            tw_mutex_unlock(&self._locks[s])
+        for entry in snapshot:
+            op = <object>PyWeakref_GetObject(entry)
+            if op is None or completed(op):
+                stale = True
+            elif self._try(op):
+                done += 1
+                stale = True
+        if stale:
+            # The walk cost O(list) already: clean the list now.
+            garbage = []
+            lock_shard(&self._locks[s])
+            try:
+                wl = lists.get(key)
+                if wl is not None:
+                    compact(lists, key, <WatchList>wl, garbage)
+            finally:
+                tw_mutex_unlock(&self._locks[s])
+        return done
+
+    def cancel_for_key(self, key):
+        """Stop watching ``key`` and cancel its operations' timeouts without completing them.
+
+        Returns those operations (still pending, no longer timed); they stay listed on
+        their other keys.
+        """
+        cdef Py_ssize_t s = self._shard_of(key)
+        cdef list ops = []
+        lock_shard(&self._locks[s])
+        try:
+            wl = (<dict>self._lists[s]).pop(key, None)
+        finally:
+            tw_mutex_unlock(&self._locks[s])
+        if wl is not None:
+            for entry in (<WatchList>wl).entries:
+                op = <object>PyWeakref_GetObject(entry)
+                if op is not None and not completed(op):
+                    (<DelayedOperation>op)._cancel()
+                    ops.append(op)
+        return ops
+
+    def _maybe_purge(self):
+        if len(self._cleared) > self._purge_interval:
+            self._drop_cleared()
+        # Completed operations their callers still hold are never queued; the estimate
+        # counts them, as listed operations beyond the pending ones and the freed ones
+        # queued (left queued when a drop is already running in another thread).
+        if self.watched - self.delayed - len(self._cleared) > self._purge_interval:
+            self.purge()
+
+    def _drop_cleared(self):
+        """Count the queued freed entries dead on each of their keys: O(keys) each, and
+        a list is compacted once half of it is known dead."""
+        cdef Py_ssize_t n, i, s
+        cdef list entries
+        cdef list garbage = []
+        cdef dict lists
+        cdef WatchList wl
+        if not tw_mutex_trylock(&self._purge_mutex):
+            return
+        try:
+            n = len(self._cleared)
+            entries = [self._popleft() for i in range(n)]
+            for entry in entries:
+                for key in entry.keys:
+                    s = hash(key) & self._mask
+                    lists = <dict>self._lists[s]
+                    lock_shard(&self._locks[s])
+                    try:
+                        found = lists.get(key)
+                        if found is not None:
+                            wl = <WatchList>found
+                            wl.dead += 1
+                            if 2 * wl.dead >= len(wl.entries):
+                                compact(lists, key, wl, garbage)
+                    finally:
+                        tw_mutex_unlock(&self._locks[s])
+                if garbage:
+                    del garbage[:]
+            self._watched_base -= n
+            tw_add(&self._npurges, 1)
+        finally:
+            tw_mutex_unlock(&self._purge_mutex)
+
+    def purge(self):
+        """Scan every watcher list and drop freed and completed entries; return how many.
+
+        This is the write-up's purge, for completed operations that are still referenced
+        (freed ones are removed without a scan). A purge already running in another
+        thread makes this call return 0 at once.
+        """
+        cdef Py_ssize_t s, removed = 0
+        cdef dict lists
+        cdef list garbage = []
+        if not tw_mutex_trylock(&self._purge_mutex):
+            return 0
+        try:
+            # The scan removes every dead entry, queued or not.
+            self._cleared.clear()
+            for s in range(self._nshards):
+                lock_shard(&self._locks[s])
+                self._watched[s] = 0
+                tw_mutex_unlock(&self._locks[s])
+            # The write-up's reset: what is pending, plus whatever is watched from now on.
+            self._watched_base = self.delayed
+            for s in range(self._nshards):
+                lists = <dict>self._lists[s]
+                lock_shard(&self._locks[s])
+                try:
+                    for key, wl in list(lists.items()):
+                        removed += compact(lists, key, <WatchList>wl, garbage)
+                finally:
+                    tw_mutex_unlock(&self._locks[s])
+                del garbage[:]
+            tw_add(&self._npurges, 1)
+            return removed
+        finally:
+            tw_mutex_unlock(&self._purge_mutex)
+
+    @property
+    def watched(self):
+        """The write-up's estimate of the operations in watcher lists."""
+        cdef long long total = self._watched_base
+        cdef Py_ssize_t s
+        for s in range(self._nshards):
+            total += self._watched[s]
+        return total
+
+    def _shard_watched(self):
+        """Each shard's part of the estimate (never negative)."""
+        return [self._watched[s] for s in range(self._nshards)]
+
+    def _sizes(self):
+        """(keys, watcher-list entries, cleared entries not yet dropped), exactly."""
+        cdef Py_ssize_t s, keys = 0, entries = 0
+        cdef dict lists
+        for s in range(self._nshards):
+            lists = <dict>self._lists[s]
+            lock_shard(&self._locks[s])
+            keys += len(lists)
+            for wl in lists.values():
+                entries += len((<WatchList>wl).entries)
+            tw_mutex_unlock(&self._locks[s])
+        return keys, entries, len(self._cleared)
+
+    def _forget(self):
+        """Drop every watcher list (at shutdown, once the timer is closed)."""
+        cdef Py_ssize_t s
+        cdef list old = []
+        for s in range(self._nshards):
+            lock_shard(&self._locks[s])
+            old.append(self._lists[s])
+            self._lists[s] = {}
+            self._watched[s] = 0
+            tw_mutex_unlock(&self._locks[s])
+        # Freed with no lock held: dropping the last reference to a key may run its __del__.
+        del old
+        lock_shard(&self._purge_mutex)
+        self._watched_base = 0
+        tw_mutex_unlock(&self._purge_mutex)
+        self._cleared.clear()

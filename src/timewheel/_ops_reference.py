@@ -1,0 +1,530 @@
+"""Timer tasks, delayed operations and the purgatory's watcher registry in pure Python.
+
+The twin of :mod:`timewheel._ops` (the Cython build of the same classes): the same
+behaviour, attribute names and results, used when the extension is not built and as
+the reference the tests compare the extension with. :mod:`timewheel.ops` picks one.
+
+* :class:`TimerTask` and :class:`CallbackTask`: what a :class:`~timewheel.timer.Timer`
+  schedules; the wheel holds the task itself, so cancelling is O(1) by handle.
+* :class:`DelayedOperation`: Kafka's delayed operation, a timer task whose timeout is
+  its ``run``; completion happens once, whoever wins (a non-blocking lock acquire is the
+  test-and-set here, an atomic exchange on a C int in the extension).
+* :class:`Counts`: the completion counters a purgatory's operations update.
+* :class:`PurgatoryCore`: the hot path of :class:`~timewheel.purgatory.Purgatory`,
+  which adds construction, the timer and introspection on top.
+
+Watcher lists hold weak references (:class:`Entry`); while an operation is pending the
+timer entry is its one strong reference, so a completed operation is freed as soon as
+its caller drops it. The weak reference's callback queues the dead entry (Java's
+ReferenceQueue) and once more than ``purge_interval`` are queued they are counted dead
+on their keys. A watcher list is an append-only list, compacted once half of it is known
+dead (see :class:`_WatchList`), and each entry knows its keys, so a removal costs
+O(keys) amortised however many operations are pending; only completed operations that
+callers keep alive need the write-up's full scan, which the estimate ``watched``
+triggers.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+from ._validate import INT64_MAX, check_int, check_keys
+
+__all__ = [
+    "CANCELLED",
+    "FIRED",
+    "PENDING",
+    "CallbackTask",
+    "Counts",
+    "DelayedOperation",
+    "Entry",
+    "PurgatoryCore",
+    "TimerTask",
+]
+
+logger = logging.getLogger("timewheel")
+
+PENDING, CANCELLED, FIRED = 0, 1, 2
+
+
+class TimerTask:
+    """A task scheduled on a :class:`~timewheel.timer.Timer`; subclasses override :meth:`run`.
+
+    ``deadline_ms`` is fixed when the task is added. :meth:`cancel` is idempotent and
+    O(1); ``cancelled`` and ``done`` tell what became of the task.
+    """
+
+    __slots__ = ("__weakref__", "_handle", "_state", "_wheel", "deadline_ms")
+
+    def __init__(self) -> None:
+        self.deadline_ms: int | None = None
+        self._wheel: Any = None
+        self._handle = 0
+        self._state = PENDING
+
+    def run(self) -> None:
+        """Called once when the deadline passes, unless cancelled first."""
+        raise NotImplementedError
+
+    def cancel(self) -> bool:
+        """Remove the task from its timer; True only for the call that cancelled it.
+
+        A task that has already run (or was handed to the executor) cannot be cancelled.
+        """
+        wheel = self._wheel
+        if wheel is not None and wheel.cancel(self._handle):
+            self._state = CANCELLED
+            return True
+        return False
+
+    @property
+    def cancelled(self) -> bool:
+        """True once :meth:`cancel` removed the task, the timer closed with it pending or
+        the timer's executor refused it."""
+        return self._state == CANCELLED
+
+    @property
+    def done(self) -> bool:
+        """True once the timer ran the task (or handed it to its executor)."""
+        return self._state == FIRED
+
+    def __repr__(self) -> str:
+        state = ("pending", "cancelled", "done")[self._state]
+        return f"<{type(self).__name__} deadline_ms={self.deadline_ms} {state}>"
+
+
+class CallbackTask(TimerTask):
+    """The task :meth:`Timer.add <timewheel.timer.Timer.add>` creates: ``callback(*args)``."""
+
+    __slots__ = ("_args", "_callback")
+
+    def __init__(self, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        TimerTask.__init__(self)
+        self._callback = callback
+        self._args = args
+
+    def run(self) -> None:
+        """Call the callback."""
+        self._callback(*self._args)
+
+    def __repr__(self) -> str:
+        return f"{TimerTask.__repr__(self)[:-1]} callback={self._callback!r}>"
+
+
+class Counts:
+    """A purgatory's completion counters, which its pending operations update.
+
+    Operations point here rather than at the purgatory: the Cython wheel holds them
+    where the garbage collector cannot see, so a reference from them to the purgatory
+    (and so to its timer) would keep a dropped purgatory alive with all it holds.
+    """
+
+    __slots__ = ("_lock", "completed", "expired")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.completed = self.expired = 0
+
+    def _record(self, expired: bool) -> None:
+        with self._lock:
+            self.completed += 1
+            if expired:
+                self.expired += 1
+
+
+class DelayedOperation(TimerTask):
+    """An operation that completes when :meth:`try_complete` says so, or times out.
+
+    Subclasses override :meth:`try_complete` (check the condition; if it holds, call
+    :meth:`force_complete` and return its result), :meth:`on_complete` (the work to do
+    once complete) and, optionally, :meth:`on_expiration` (runs after
+    :meth:`on_complete` when the operation timed out).
+    """
+
+    __slots__ = ("_once", "_purgatory", "delay_ms")
+
+    def __init__(self, delay_ms: int) -> None:
+        # Made per request: the common case skips the checking call and the base __init__.
+        if type(delay_ms) is not int or not 0 <= delay_ms <= INT64_MAX:
+            delay_ms = check_int("delay_ms", delay_ms, 0, INT64_MAX)
+        self.delay_ms = delay_ms
+        self.deadline_ms = None
+        self._wheel = None
+        self._handle = 0
+        self._state = PENDING
+        # A non-blocking acquire is the atomic test-and-set that makes completion happen once.
+        self._once = threading.Lock()
+        self._purgatory: Counts | None = None
+
+    def try_complete(self) -> bool:
+        """Complete the operation if it can be; True only if this call completed it."""
+        raise NotImplementedError
+
+    def on_complete(self) -> None:
+        """The operation's work once completed; runs exactly once."""
+        raise NotImplementedError
+
+    def on_expiration(self) -> None:
+        """Runs after :meth:`on_complete` when the operation timed out."""
+
+    def force_complete(self) -> bool:
+        """Complete now; True for exactly one caller across all threads.
+
+        The winner cancels the timeout in O(1) and runs :meth:`on_complete`.
+        """
+        if not self._once.acquire(False):
+            return False
+        TimerTask.cancel(self)
+        counts = self._purgatory
+        if counts is not None:
+            counts._record(False)
+        self.on_complete()
+        return True
+
+    @property
+    def is_completed(self) -> bool:
+        """True once the operation completed (by :meth:`force_complete` or timing out)."""
+        return self._once.locked()
+
+    def run(self) -> None:
+        """The timeout: force-complete, then :meth:`on_expiration` (Kafka's order)."""
+        if not self._once.acquire(False):
+            return
+        counts = self._purgatory
+        if counts is not None:
+            counts._record(True)
+        try:
+            self.on_complete()
+        finally:
+            self.on_expiration()
+
+
+class Entry(weakref.ref):  # type: ignore[type-arg]
+    """An operation's one watcher entry, shared by all its lists; it knows their keys."""
+
+    __slots__ = ("keys",)
+    keys: tuple[Hashable, ...]
+
+
+class _WatchList:
+    """The entries watching one key, in the order added, and how many are known dead.
+
+    An entry is appended when its operation is watched and left in place when the
+    operation completes or is freed: appending keeps the list in contiguous memory,
+    where a dict keyed by entry costs a cache miss per insert and removal. Each freed
+    entry counts once per key; once half the list is counted dead, one pass drops every
+    stale entry, so a removal costs O(1) amortised and a list holds at most about twice
+    its live entries plus those still queued.
+    """
+
+    __slots__ = ("dead", "entries")
+
+    def __init__(self, entry: Entry) -> None:
+        self.entries = [entry]
+        self.dead = 0
+
+
+_WatcherLists = dict[Hashable, _WatchList]
+
+
+class _Shard:
+    """One lock and the watcher lists of the keys that hash to it."""
+
+    __slots__ = ("lists", "lock", "watched")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lists: _WatcherLists = {}
+        # Operations first listed here since the last purge: the estimate's increments,
+        # counted under a lock the watching thread holds anyway. Never decremented.
+        self.watched = 0
+
+
+def _is_stale(entry: Entry) -> bool:
+    op = entry()
+    return op is None or op.is_completed
+
+
+def _compact(lists: _WatcherLists, key: Hashable, wl: _WatchList, garbage: list[Any]) -> int:
+    """Drop the stale entries of ``key``'s list (the list too, if none is left); shard lock
+    held. Returns how many were dropped. In place: the list is usually old, and a new
+    one would be young, walked entry by entry by the next young collections. The old
+    entries go to ``garbage``, to be freed once the lock is released (the last
+    reference to a key may run its ``__del__``)."""
+    entries = wl.entries
+    live = [entry for entry in entries if not _is_stale(entry)]
+    removed = len(entries) - len(live)
+    if live:
+        wl.dead = 0
+        if removed:
+            garbage.extend(entries)
+            entries[:] = live
+    else:
+        garbage.append(entries)
+        del lists[key]
+    return removed
+
+
+class PurgatoryCore:
+    """The hot path of a purgatory: watching, completing by key, dropping dead entries.
+
+    :meth:`_setup` must be called before use, with the timer's ``_schedule``.
+    Subclasses provide ``name`` and ``_try_raised(op)`` (log an exception that
+    ``op.try_complete()`` just raised).
+    """
+
+    name: str
+
+    def _setup(
+        self,
+        schedule: Callable[[TimerTask, int], Any],
+        purge_interval: int,
+        shards: int,
+    ) -> None:
+        self._schedule = schedule
+        self._purge_interval = purge_interval
+        self._shards = [_Shard() for _ in range(shards)]
+        self._mask = shards - 1
+        # The weak references' callback: an atomic append, safe from any thread and
+        # under any lock; the queue holds the cleared entries until a purge drops them.
+        self._cleared: collections.deque[Entry] = collections.deque()
+        self._on_cleared = self._cleared.append
+        self._purge_lock = threading.Lock()
+        # The rest of the estimate ``watched``: what was pending at the last purge, less
+        # the entries dropped since. Changed only under _purge_lock.
+        self._watched_base = 0
+        self._counts = Counts()
+        self._stats_lock = threading.Lock()
+        self._purges = self._errors = 0
+        self._stopping = False
+
+    def _try_raised(self, op: DelayedOperation) -> None:
+        raise NotImplementedError
+
+    def try_complete_else_watch(self, op: DelayedOperation, keys: Iterable[Hashable]) -> bool:
+        """Try to complete ``op``; if it cannot yet, watch it on every key and time it.
+
+        Returns True only if this call completed it. The second try after watching
+        closes the window in which a key's event came before the operation was listed.
+        Raises :class:`~timewheel.timer.TimerFullError` (nothing registered) when the
+        timer is at ``max_pending``.
+        """
+        if not isinstance(op, DelayedOperation):
+            raise TypeError(f"op must be a DelayedOperation, got {op!r}")
+        if op._purgatory is not None or op._wheel is not None or op._once.locked():
+            raise ValueError(f"op was already given to a purgatory or completed: {op!r}")
+        try:
+            # The common case, checked inline: a tuple of distinct hashable keys.
+            distinct = type(keys) is tuple and 0 < len(keys) == len(set(keys))
+        except TypeError:  # an unhashable key: check_keys says which
+            distinct = False
+        key_tuple = keys if distinct and isinstance(keys, tuple) else check_keys(keys)
+        if self._stopping:
+            raise RuntimeError(f"purgatory {self.name!r} is shut down")
+        op._purgatory = self._counts
+        try:
+            if op.try_complete():
+                return True
+        except Exception:
+            self._try_raised(op)
+            # Its on_complete may be what raised: then it is complete, and timing it
+            # would only keep it in the timer until its deadline.
+            if op._once.locked():
+                return False
+        if len(self._cleared) > self._purge_interval:
+            self._drop_cleared()
+        # Timed before it is listed, so nothing is half-registered if the timer refuses
+        # it, and a completion always finds the timer entry to cancel.
+        try:
+            self._schedule(op, op.delay_ms)
+        except BaseException:
+            op._purgatory = None
+            raise
+        entry = Entry(op, self._on_cleared)
+        entry.keys = key_tuple
+        shards, mask = self._shards, self._mask
+        first = True
+        # A completion racing this loop only leaves entries that a purge removes.
+        for key in key_tuple:
+            shard = shards[hash(key) & mask]
+            with shard.lock:
+                lists = shard.lists
+                wl = lists.get(key)
+                if wl is None:
+                    lists[key] = _WatchList(entry)
+                else:
+                    wl.entries.append(entry)
+                if first:
+                    shard.watched += 1
+                    first = False
+        if op._once.locked():
+            return False
+        return self._try(op)
+
+    def _try(self, op: DelayedOperation) -> bool:
+        try:
+            return bool(op.try_complete())
+        except Exception:
+            self._try_raised(op)
+            return False
+
+    def check_and_complete(self, key: Hashable) -> int:
+        """Try every operation watched on ``key``; return how many this call completed.
+
+        ``try_complete`` runs with no lock held; the list is cleaned of completed and
+        freed entries afterwards.
+        """
+        try:
+            shard = self._shards[hash(key) & self._mask]
+        except TypeError:
+            raise TypeError(f"key must be hashable, got {key!r}") from None
+        with shard.lock:
+            wl = shard.lists.get(key)
+            if wl is None:
+                return 0
+            snapshot = wl.entries[:]
+        completed = 0
+        stale = False
+        for entry in snapshot:
+            op = entry()
+            if op is None or op._once.locked():
+                stale = True
+            elif self._try(op):
+                completed += 1
+                stale = True
+        if stale:
+            # The walk cost O(list) already: clean the list now.
+            garbage: list[Any] = []
+            with shard.lock:
+                wl = shard.lists.get(key)
+                if wl is not None:
+                    _compact(shard.lists, key, wl, garbage)
+        return completed
+
+    def cancel_for_key(self, key: Hashable) -> list[DelayedOperation]:
+        """Stop watching ``key`` and cancel its operations' timeouts without completing them.
+
+        Returns those operations (still pending, no longer timed); they stay listed on
+        their other keys.
+        """
+        try:
+            shard = self._shards[hash(key) & self._mask]
+        except TypeError:
+            raise TypeError(f"key must be hashable, got {key!r}") from None
+        with shard.lock:
+            wl = shard.lists.pop(key, None)
+        ops: list[DelayedOperation] = []
+        for entry in wl.entries if wl is not None else ():
+            op = entry()
+            if op is not None and not op._once.locked():
+                op.cancel()
+                ops.append(op)
+        return ops
+
+    def _maybe_purge(self) -> None:
+        interval = self._purge_interval
+        if len(self._cleared) > interval:
+            self._drop_cleared()
+        # Completed operations their callers still hold are never queued; the estimate
+        # counts them, as listed operations beyond the pending ones and the freed ones
+        # queued (left queued when a drop is already running in another thread).
+        if self.watched - self.delayed - len(self._cleared) > interval:
+            self.purge()
+
+    @property
+    def delayed(self) -> int:
+        raise NotImplementedError
+
+    def _drop_cleared(self) -> None:
+        """Count the queued freed entries dead on each of their keys: O(keys) each, and
+        a list is compacted once half of it is known dead."""
+        if not self._purge_lock.acquire(False):
+            return
+        try:
+            cleared = self._cleared
+            entries = [cleared.popleft() for _ in range(len(cleared))]
+            shards, mask = self._shards, self._mask
+            garbage: list[Any] = []
+            for entry in entries:
+                for key in entry.keys:
+                    shard = shards[hash(key) & mask]
+                    with shard.lock:
+                        wl = shard.lists.get(key)
+                        if wl is not None:
+                            wl.dead += 1
+                            if 2 * wl.dead >= len(wl.entries):
+                                _compact(shard.lists, key, wl, garbage)
+                garbage.clear()
+            self._watched_base -= len(entries)
+            with self._stats_lock:
+                self._purges += 1
+        finally:
+            self._purge_lock.release()
+
+    def purge(self) -> int:
+        """Scan every watcher list and drop freed and completed entries; return how many.
+
+        This is the write-up's purge, for completed operations that are still referenced
+        (freed ones are removed without a scan). A purge already running in another
+        thread makes this call return 0 at once.
+        """
+        if not self._purge_lock.acquire(False):
+            return 0
+        try:
+            # The scan removes every dead entry, queued or not.
+            self._cleared.clear()
+            for shard in self._shards:
+                with shard.lock:
+                    shard.watched = 0
+            # The write-up's reset: what is pending, plus whatever is watched from now on.
+            self._watched_base = self.delayed
+            removed = 0
+            garbage: list[Any] = []
+            for shard in self._shards:
+                with shard.lock:
+                    lists = shard.lists
+                    for key, wl in list(lists.items()):
+                        removed += _compact(lists, key, wl, garbage)
+                garbage.clear()
+            with self._stats_lock:
+                self._purges += 1
+            return removed
+        finally:
+            self._purge_lock.release()
+
+    def _count_error(self) -> None:
+        with self._stats_lock:
+            self._errors += 1
+
+    @property
+    def watched(self) -> int:
+        """The write-up's estimate of the operations in watcher lists."""
+        return self._watched_base + sum(shard.watched for shard in self._shards)
+
+    def _shard_watched(self) -> list[int]:
+        """Each shard's part of the estimate (never negative)."""
+        return [shard.watched for shard in self._shards]
+
+    def _sizes(self) -> tuple[int, int, int]:
+        """(keys, watcher-list entries, cleared entries not yet dropped), exactly."""
+        keys = entries = 0
+        for shard in self._shards:
+            with shard.lock:
+                keys += len(shard.lists)
+                entries += sum(len(wl.entries) for wl in shard.lists.values())
+        return keys, entries, len(self._cleared)
+
+    def _forget(self) -> None:
+        """Drop every watcher list (at shutdown, once the timer is closed)."""
+        for shard in self._shards:
+            with shard.lock:
+                shard.lists.clear()
+                shard.watched = 0
+        with self._purge_lock:
+            self._watched_base = 0
+        self._cleared.clear()
