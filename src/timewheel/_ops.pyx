@@ -21,7 +21,13 @@ from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree
 from cpython.weakref cimport PyWeakref_GetObject
 from cpython.object cimport PyObject
 
+cdef extern from "Python.h":
+    int PyObject_GC_IsTracked(object o)
+    void PyObject_GC_Track(object o)
+    void PyObject_GC_UnTrack(object o)
+
 from timewheel._sync cimport (
+    TW_HAS_GIL,
     tw_add,
     tw_load,
     tw_mutex,
@@ -45,8 +51,28 @@ cdef enum:
     CANCELLED = 1
     FIRED = 2
     FAST_KEYS = 16  # key tuples up to this long are checked without building a set
+    DEAD_SHARE = 8  # a watcher list is compacted once 1/DEAD_SHARE of it is known dead
 
 cdef object _INT64_MAX = INT64_MAX
+
+
+# The garbage collector and pending operations. While the wheel holds an operation, it
+# holds a strong reference the collector cannot see, so the operation can never be
+# garbage; walking it in every collection only costs time, and at 100k requests/s the
+# pending operations and their watcher entries were most of what the collector walked
+# (a third of the benchmark's CPU). So an operation is untracked from the moment it is
+# timed until it leaves the wheel (completed, expired or cancelled), and a watcher
+# entry (a weak reference whose only references are its keys and the purgatory's
+# queue, cleared when the purgatory goes) is never tracked. With a GIL only: the
+# check-then-act below is atomic there.
+cdef inline void untrack(object o) noexcept:
+    if TW_HAS_GIL and PyObject_GC_IsTracked(o):
+        PyObject_GC_UnTrack(o)
+
+
+cdef inline void retrack(object o) noexcept:
+    if TW_HAS_GIL and not PyObject_GC_IsTracked(o):
+        PyObject_GC_Track(o)
 
 
 cdef inline void lock_shard(tw_mutex* m) noexcept:
@@ -63,19 +89,29 @@ cdef class TimerTask:
     O(1); ``cancelled`` and ``done`` tell what became of the task.
     """
 
-    cdef public object deadline_ms
+    # C integers, not Python ints: two int objects fewer per pending task.
+    cdef long long _deadline
+    cdef bint _timed  # whether _deadline holds deadline_ms
+    cdef public long long _handle
     cdef public object _wheel
-    cdef public object _handle
     cdef public int _state
     cdef object __weakref__
 
-    def __cinit__(self, *args, **kwargs):
-        self.deadline_ms = None
-        self._wheel = None
-        self._handle = 0
-
     def __init__(self):
         pass
+
+    @property
+    def deadline_ms(self):
+        """The deadline the task was added with, in the timer's ms; None before that."""
+        return self._deadline if self._timed else None
+
+    @deadline_ms.setter
+    def deadline_ms(self, value):
+        if value is None:
+            self._timed = False
+        else:
+            self._deadline = value
+            self._timed = True
 
     def run(self):
         """Called once when the deadline passes, unless cancelled first."""
@@ -85,6 +121,7 @@ cdef class TimerTask:
         wheel = self._wheel
         if wheel is not None and wheel.cancel(self._handle):
             self._state = CANCELLED
+            retrack(self)
             return True
         return False
 
@@ -94,6 +131,11 @@ cdef class TimerTask:
         A task that has already run (or was handed to the executor) cannot be cancelled.
         """
         return self._cancel()
+
+    def _release(self):
+        """The timer let go of the task without running it (closed, or its executor
+        refused it): let the garbage collector see it again."""
+        retrack(self)
 
     @property
     def cancelled(self):
@@ -198,6 +240,7 @@ cdef class DelayedOperation(TimerTask):
         if tw_test_and_set(&self._done):
             return False
         self._cancel()
+        retrack(self)
         if self._purgatory is not None:
             self._purgatory.record(False)
         self.on_complete()
@@ -212,6 +255,7 @@ cdef class DelayedOperation(TimerTask):
         """The timeout: force-complete, then :meth:`on_expiration` (Kafka's order)."""
         if tw_test_and_set(&self._done):
             return
+        retrack(self)
         if self._purgatory is not None:
             self._purgatory.record(True)
         try:
@@ -269,6 +313,7 @@ cdef Py_ssize_t compact(dict lists, object key, WatchList wl, list garbage) exce
     return n - kept
 
 
+@cython.no_gc_clear  # __dealloc__ needs _cleared: see there
 cdef class PurgatoryCore:
     """The hot path of a purgatory: watching, completing by key, dropping dead entries.
 
@@ -298,6 +343,10 @@ cdef class PurgatoryCore:
 
     def __dealloc__(self):
         cdef Py_ssize_t i
+        # Queued entries are untracked and their callback holds the queue: a cycle the
+        # collector cannot see, broken here.
+        if self._cleared is not None:
+            self._cleared.clear()
         if self._locks != NULL:
             for i in range(self._ready):
                 tw_mutex_destroy(&self._locks[i])
@@ -388,7 +437,10 @@ cdef class PurgatoryCore:
         except BaseException:
             dop._purgatory = None
             raise
+        if not completed(dop):
+            untrack(op)
         entry = Entry(op, self._on_cleared)
+        untrack(entry)
         entry.keys = key_tuple
         # A completion racing this loop only leaves entries that a purge removes.
         for key in key_tuple:
@@ -496,7 +548,7 @@ cdef class PurgatoryCore:
 
     def _drop_cleared(self):
         """Count the queued freed entries dead on each of their keys: O(keys) each, and
-        a list is compacted once half of it is known dead."""
+        a list is compacted once an eighth of it is known dead."""
         cdef Py_ssize_t n, i, s
         cdef list entries
         cdef list garbage = []
@@ -517,7 +569,7 @@ cdef class PurgatoryCore:
                         if found is not None:
                             wl = <WatchList>found
                             wl.dead += 1
-                            if 2 * wl.dead >= len(wl.entries):
+                            if DEAD_SHARE * wl.dead >= len(wl.entries):
                                 compact(lists, key, wl, garbage)
                     finally:
                         tw_mutex_unlock(&self._locks[s])

@@ -119,6 +119,7 @@ def _drain(wheel: Any) -> list[TimerTask]:
     left: list[TimerTask] = wheel.advance(_INT64_MAX)
     for task in left:
         task._state = _CANCELLED
+        task._release()
     return left
 
 
@@ -378,6 +379,7 @@ class Timer:
                     except Exception:
                         # It will never run: say so rather than claim it is done.
                         task._state = _CANCELLED
+                        task._release()
                         self._count_error("could not submit %r to the executor of timer %r", task)
         except BaseException:
             # KeyboardInterrupt or SystemExit: let it through, but keep what did not run.

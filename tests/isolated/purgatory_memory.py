@@ -82,8 +82,8 @@ def main(impl: str, count: int) -> None:
         "max_alive": max_alive,
         "max_entries": max_entries,
         # Freed entries wait for at most PURGE_INTERVAL + 1 clears before they are counted
-        # dead, and a list is compacted once half of it is counted dead.
-        "entry_bound": 2 * KEYS * (PURGE_INTERVAL + 2),
+        # dead, and a list is compacted once an eighth of it is counted dead.
+        "entry_bound": 8 * KEYS * (PURGE_INTERVAL + 2) // 7,
         "rss_growth_bytes": rss_bytes() - base_rss,
         "metrics": purgatory.metrics(),
     }

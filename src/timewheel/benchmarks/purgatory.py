@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import ctypes.util
 import gc
 import json
 import math
@@ -64,19 +66,20 @@ class _LoopCancel:
     """Stands in for the timer of an operation watched by :class:`AsyncioPurgatory`.
 
     ``DelayedOperation.force_complete`` cancels through ``op._wheel.cancel(op._handle)``;
-    the handle is the operation itself, and cancelling posts it to the loop, since
-    asyncio is not thread-safe. The message holds the operation, so it cannot be freed
-    (and its id reused) before the loop has seen it.
+    cancelling posts the operation to the loop, since asyncio is not thread-safe. One
+    per operation (as an asyncio ``TimerHandle`` is): the message holds the operation,
+    so it cannot be freed before the loop has seen it.
     """
 
-    __slots__ = ("_post",)
+    __slots__ = ("_op", "_post")
 
-    def __init__(self, post: Any) -> None:
+    def __init__(self, post: Any, op: DelayedOperation) -> None:
         self._post = post
+        self._op = op
 
-    def cancel(self, handle: Any) -> bool:
-        """Have the loop cancel the timeout of operation ``handle`` and unwatch it."""
-        self._post(("done", handle))
+    def cancel(self, handle: int) -> bool:
+        """Have the loop cancel the operation's timeout and unwatch it."""
+        self._post(("done", self._op))
         return True
 
 
@@ -102,7 +105,6 @@ class AsyncioPurgatory:
         self._stats_lock = threading.Lock()
         self._counts = Counts()
         self._errors = 0
-        self._cancel = _LoopCancel(self._post)
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"{name}-loop")
         self._thread.daemon = True
         self._thread.start()
@@ -140,8 +142,7 @@ class AsyncioPurgatory:
                         watchers[key] = {op}
                     else:
                         s.add(op)
-                op._handle = op
-                op._wheel = self._cancel
+                op._wheel = _LoopCancel(self._post, op)
                 if op.is_completed:  # completed while its handle was not yet published
                     self._finish(op)
             elif kind == "done":
@@ -166,8 +167,7 @@ class AsyncioPurgatory:
             return  # a timeout and a completion both finished it
         handle, keys = entry
         handle.cancel()
-        op._handle = 0
-        op._wheel = None
+        op._wheel = None  # and with it the _LoopCancel's reference back
         watchers = self._watchers
         for key in keys:
             s = watchers.get(key)
@@ -274,6 +274,10 @@ class Result:
     cpu_ms: float
     gc_collections: int
     gc_ms: float
+    #: RSS when the run starts (interpreter, NumPy and the workload already in memory)
+    base_rss_kb: int
+    #: the highest RSS during the run where the peak can be reset (Linux), else the
+    #: process's peak, which may be the workload's generation
     peak_rss_kb: int
     completed: int
     expired: int
@@ -330,6 +334,44 @@ def _complete(
         outstanding.pop(i).force_complete()
 
 
+def _status_kb(field: str) -> int | None:
+    """A ``/proc/self/status`` field (VmRSS, VmHWM) in KiB, or None off Linux."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> int:
+    """Start a new RSS peak (Linux: clear_refs 5) and return the RSS now, in KiB.
+
+    Building the workload peaks higher than a purgatory at a low rate, so without the
+    reset every implementation would report the workload's peak; and what building it
+    freed goes back to the system first (glibc's malloc_trim), or a purgatory would
+    reuse it without its RSS growing.
+    """
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+    except OSError:
+        pass
+    rss = _status_kb("VmRSS")
+    return rss if rss is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _peak_rss_kb() -> int:
+    peak = _status_kb("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 class _GcTimer:
     """Counts collections and their CPU time through ``gc.callbacks``.
 
@@ -378,6 +420,7 @@ def run(
     # out of the collections (the same for every implementation).
     gc.collect()
     gc.freeze()
+    base_rss = _reset_peak_rss()
     gc.callbacks.append(gc_timer)
     try:
         cpu0 = time.process_time()
@@ -417,7 +460,8 @@ def run(
         cpu_ms=cpu * 1000.0,
         gc_collections=gc_timer.collections,
         gc_ms=gc_timer.ns / 1e6,
-        peak_rss_kb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        base_rss_kb=base_rss,
+        peak_rss_kb=_peak_rss_kb(),
         completed=forced,
         expired=expired,
         timeout_ms=timeout_ms,
@@ -489,7 +533,8 @@ def main(args: argparse.Namespace) -> int:
             f"{r.impl}: {r.num} requests, target {r.target_rate:.0f}/s, "
             f"actual {r.actual_rate:.0f}/s, elapsed {r.elapsed_ms:.0f} ms, "
             f"cpu {r.cpu_ms:.0f} ms, gc {r.gc_collections} "
-            f"({r.gc_ms:.1f} ms), peak rss {r.peak_rss_kb / 1024:.1f} MiB, "
+            f"({r.gc_ms:.1f} ms), peak rss {r.peak_rss_kb / 1024:.1f} MiB "
+            f"(+{(r.peak_rss_kb - r.base_rss_kb) / 1024:.1f} during the run), "
             f"completed {r.completed}, expired {r.expired}"
         )
     return 0
