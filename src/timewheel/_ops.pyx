@@ -61,10 +61,10 @@ cdef object _INT64_MAX = INT64_MAX
 # garbage; walking it in every collection only costs time, and at 100k requests/s the
 # pending operations and their watcher entries were most of what the collector walked
 # (a third of the benchmark's CPU). So an operation is untracked from the moment it is
-# timed until it leaves the wheel (completed, expired or cancelled), and a watcher
-# entry (a weak reference whose only references are its keys and the purgatory's
-# queue, cleared when the purgatory goes) is never tracked. With a GIL only: the
-# check-then-act below is atomic there.
+# timed until it leaves the wheel (completed, expired or cancelled). Not its watcher
+# entry: the collector moves a weak reference with a callback between its own lists
+# when the referent dies in a cycle, which crashes on an untracked one. With a GIL
+# only: the check-then-act below is atomic there.
 cdef inline void untrack(object o) noexcept:
     if TW_HAS_GIL and PyObject_GC_IsTracked(o):
         PyObject_GC_UnTrack(o)
@@ -313,7 +313,6 @@ cdef Py_ssize_t compact(dict lists, object key, WatchList wl, list garbage) exce
     return n - kept
 
 
-@cython.no_gc_clear  # __dealloc__ needs _cleared: see there
 cdef class PurgatoryCore:
     """The hot path of a purgatory: watching, completing by key, dropping dead entries.
 
@@ -343,10 +342,6 @@ cdef class PurgatoryCore:
 
     def __dealloc__(self):
         cdef Py_ssize_t i
-        # Queued entries are untracked and their callback holds the queue: a cycle the
-        # collector cannot see, broken here.
-        if self._cleared is not None:
-            self._cleared.clear()
         if self._locks != NULL:
             for i in range(self._ready):
                 tw_mutex_destroy(&self._locks[i])
@@ -440,7 +435,6 @@ cdef class PurgatoryCore:
         if not completed(dop):
             untrack(op)
         entry = Entry(op, self._on_cleared)
-        untrack(entry)
         entry.keys = key_tuple
         # A completion racing this loop only leaves entries that a purge removes.
         for key in key_tuple:

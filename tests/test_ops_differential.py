@@ -1,0 +1,244 @@
+"""The purgatory's C core against its pure-Python twin, and what the C core does with the
+garbage collector.
+
+Hypothesis drives both purgatories (each with its own operation class, built on its
+twin's DelayedOperation) through the same random sequence of watches, completions,
+key events, clock moves, cancellations, dropped references and purges, and requires the
+same return values, the same callbacks in the same order and the same metrics after
+every step.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from timewheel import _ops_reference, ops
+from timewheel.purgatory import Purgatory, PyPurgatory
+from timewheel.timer import ManualClock, Timer
+
+needs_c = pytest.mark.skipif(ops.C_IMPL is None, reason="the C extension is not in use")
+
+
+def op_class(base: type) -> type:
+    """A test operation on ``base`` (either twin's DelayedOperation)."""
+
+    class TestOp(base):  # type: ignore[misc,valid-type]
+        __slots__ = ("log", "name", "ready")
+
+        def __init__(self, delay_ms: int, name: int, log: list[tuple[str, int]]) -> None:
+            super().__init__(delay_ms)
+            self.name = name
+            self.log = log
+            self.ready = False
+
+        def try_complete(self) -> bool:
+            return bool(self.ready and self.force_complete())
+
+        def on_complete(self) -> None:
+            self.log.append(("complete", self.name))
+
+        def on_expiration(self) -> None:
+            self.log.append(("expire", self.name))
+
+    return TestOp
+
+
+class Side:
+    """One purgatory, its clock, its operations and what they did."""
+
+    def __init__(self, purgatory_class: type, op_base: type) -> None:
+        self.clock = ManualClock()
+        self.purgatory = purgatory_class(
+            timer=Timer(clock=self.clock), reaper=False, purge_interval=2, shards=4
+        )
+        self.op = op_class(op_base)
+        self.log: list[tuple[str, int]] = []
+        self.ops: list[Any] = []  # None once the test dropped its reference
+
+    def step(self, command: tuple[Any, ...]) -> Any:
+        kind = command[0]
+        p = self.purgatory
+        if kind == "watch":
+            _, delay, keys, ready = command
+            op = self.op(delay, len(self.ops), self.log)
+            op.ready = ready
+            self.ops.append(op)
+            return p.try_complete_else_watch(op, keys)
+        if kind == "advance":
+            self.clock.advance(command[1])
+            return p.advance_clock(0)
+        if kind == "check":
+            return p.check_and_complete(command[1])
+        if kind == "cancel_key":
+            return sorted(op.name for op in p.cancel_for_key(command[1]))
+        if kind == "purge":
+            return p.purge()
+        if not self.ops:
+            return None
+        i = command[1] % len(self.ops)
+        op = self.ops[i]
+        if op is None:
+            return "dropped"
+        if kind == "ready":
+            op.ready = True
+            return None
+        if kind == "force":
+            return op.force_complete()
+        if kind == "cancel":
+            return op.cancel()
+        assert kind == "drop"
+        self.ops[i] = None
+        return None
+
+    def state(self) -> Any:
+        states = [
+            None if op is None else (op.is_completed, op.cancelled, op.done, op.deadline_ms)
+            for op in self.ops
+        ]
+        return self.purgatory.metrics(), states, list(self.log)
+
+
+keys = st.lists(st.integers(0, 5), min_size=1, max_size=3, unique=True).map(tuple)
+commands = st.lists(
+    st.one_of(
+        st.tuples(st.just("watch"), st.integers(0, 40), keys, st.booleans()),
+        st.tuples(st.just("advance"), st.integers(0, 25)),
+        st.tuples(st.just("check"), st.integers(0, 5)),
+        st.tuples(st.just("cancel_key"), st.integers(0, 5)),
+        st.tuples(st.just("purge")),
+        st.tuples(st.sampled_from(["ready", "force", "cancel", "drop"]), st.integers(0, 99)),
+    ),
+    max_size=60,
+)
+
+
+@needs_c
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(commands)
+def test_the_c_core_and_the_python_twin_agree_step_by_step(script: list[Any]) -> None:
+    c = Side(Purgatory, ops.DelayedOperation)
+    py = Side(PyPurgatory, _ops_reference.DelayedOperation)
+    try:
+        for command in script:
+            assert c.step(command) == py.step(command), command
+            assert c.state() == py.state(), command
+    finally:
+        c.purgatory.shutdown()
+        py.purgatory.shutdown()
+
+
+def test_the_purgatories_refuse_the_other_twins_operations() -> None:
+    if ops.C_IMPL is None:
+        pytest.skip("one implementation only")
+    for purgatory_class, base in (
+        (Purgatory, _ops_reference.DelayedOperation),
+        (PyPurgatory, ops.DelayedOperation),
+    ):
+        with purgatory_class(timer=Timer(clock=ManualClock()), reaper=False) as p:
+            with pytest.raises(TypeError, match="op must be a DelayedOperation"):
+                p.try_complete_else_watch(op_class(base)(1, 0, []), ("k",))
+
+
+# -- the garbage collector ---------------------------------------------------------------
+class Cyclic(ops.DelayedOperation):  # type: ignore[misc,valid-type]
+    """An operation in a reference cycle with itself: only the collector can free it."""
+
+    __slots__ = ("me", "__dict__")
+
+    def __init__(self, delay_ms: int) -> None:
+        super().__init__(delay_ms)
+        self.me = self
+
+    def try_complete(self) -> bool:
+        return False
+
+    def on_complete(self) -> None:
+        pass
+
+
+def _collected(ref: weakref.ref[Any]) -> bool:
+    gc.collect()
+    return ref() is None
+
+
+@needs_c
+def test_pending_operations_are_untracked_until_they_leave_the_wheel() -> None:
+    clock = ManualClock()
+    with Purgatory(timer=Timer(clock=clock), reaper=False) as p:
+        completed, expired, cancelled = Cyclic(10), Cyclic(10), Cyclic(10)
+        for op in (completed, expired, cancelled):
+            p.try_complete_else_watch(op, ("k",))
+            assert not gc.is_tracked(op)
+        completed.force_complete()
+        cancelled.cancel()
+        clock.advance(10)
+        p.advance_clock(0)
+        assert all(gc.is_tracked(op) for op in (completed, expired, cancelled))
+        left = Cyclic(10)
+        p.try_complete_else_watch(left, ("k",))
+    assert gc.is_tracked(left)  # shut down with it pending
+
+
+@pytest.mark.parametrize("fate", ["completed", "expired", "cancelled", "cancel_for_key", "shutdown"])
+def test_an_operation_in_a_reference_cycle_is_collected_once_it_leaves(fate: str) -> None:
+    clock = ManualClock()
+    p = Purgatory(timer=Timer(clock=clock), reaper=False)
+    op = Cyclic(10)
+    p.try_complete_else_watch(op, ("k", "j"))
+    ref = weakref.ref(op)
+    if fate == "completed":
+        op.force_complete()
+    elif fate == "expired":
+        clock.advance(10)
+        p.advance_clock(0)
+    elif fate == "cancelled":
+        op.cancel()
+    elif fate == "cancel_for_key":
+        assert p.cancel_for_key("k") == [op]
+    del op
+    p.shutdown()
+    assert _collected(ref)
+
+
+def test_an_operation_collected_in_a_cycle_while_listed_queues_its_entry() -> None:
+    # The collector moves the listed weak reference to call its callback: this crashed
+    # when watcher entries were untracked.
+    with Purgatory(timer=Timer(clock=ManualClock()), reaper=False, purge_interval=1) as p:
+        op = Cyclic(10)
+        p.try_complete_else_watch(op, ("a", "b"))
+        op.force_complete()
+        ref = weakref.ref(op)
+        del op
+        assert ref() is not None and p.metrics()["cleared"] == 0  # only a cycle holds it
+        assert _collected(ref)
+        assert p.metrics()["cleared"] == 1
+        assert p.purge() == 2 and p.metrics()["entries"] == 0
+
+
+# -- the twin's whole suite ----------------------------------------------------------------
+@needs_c
+def test_the_pure_python_twin_passes_the_timer_and_purgatory_suites() -> None:
+    """With the extension in use, the suites above test the C core; run them once more
+    against the pure-Python twin, in a child interpreter that does not load it."""
+    here = Path(__file__).parent
+    package_root = str(Path(ops.__file__).parents[1])
+    env = dict(os.environ, TIMEWHEEL_NO_EXTENSIONS="1")
+    env["PYTHONPATH"] = os.pathsep.join([package_root, env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-c-extensions",
+         str(here / "test_timer.py"), str(here / "test_purgatory.py"),
+         str(here / "test_resources.py")],
+        capture_output=True, text=True, env=env, cwd=here.parent, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout and " failed" not in proc.stdout
