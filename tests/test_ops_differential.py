@@ -144,16 +144,18 @@ def test_the_purgatories_refuse_the_other_twins_operations() -> None:
         (Purgatory, _ops_reference.DelayedOperation),
         (PyPurgatory, ops.DelayedOperation),
     ):
-        with purgatory_class(timer=Timer(clock=ManualClock()), reaper=False) as p:
-            with pytest.raises(TypeError, match="op must be a DelayedOperation"):
-                p.try_complete_else_watch(op_class(base)(1, 0, []), ("k",))
+        with (
+            purgatory_class(timer=Timer(clock=ManualClock()), reaper=False) as p,
+            pytest.raises(TypeError, match="op must be a DelayedOperation"),
+        ):
+            p.try_complete_else_watch(op_class(base)(1, 0, []), ("k",))
 
 
 # -- the garbage collector ---------------------------------------------------------------
 class Cyclic(ops.DelayedOperation):  # type: ignore[misc,valid-type]
     """An operation in a reference cycle with itself: only the collector can free it."""
 
-    __slots__ = ("me", "__dict__")
+    __slots__ = ("__dict__", "me")
 
     def __init__(self, delay_ms: int) -> None:
         super().__init__(delay_ms)
@@ -189,7 +191,9 @@ def test_pending_operations_are_untracked_until_they_leave_the_wheel() -> None:
     assert gc.is_tracked(left)  # shut down with it pending
 
 
-@pytest.mark.parametrize("fate", ["completed", "expired", "cancelled", "cancel_for_key", "shutdown"])
+@pytest.mark.parametrize(
+    "fate", ["completed", "expired", "cancelled", "cancel_for_key", "shutdown"]
+)
 def test_an_operation_in_a_reference_cycle_is_collected_once_it_leaves(fate: str) -> None:
     clock = ManualClock()
     p = Purgatory(timer=Timer(clock=clock), reaper=False)

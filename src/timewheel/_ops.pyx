@@ -19,8 +19,6 @@ shutdown, which waits for a running purge the same way.
 cimport cython
 from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree
 from cpython.weakref cimport PyWeakref_GetObject
-from cpython.object cimport PyObject
-
 cdef extern from "Python.h":
     int PyObject_GC_IsTracked(object o)
     void PyObject_GC_Track(object o)
@@ -543,7 +541,7 @@ cdef class PurgatoryCore:
     def _drop_cleared(self):
         """Count the queued freed entries dead on each of their keys: O(keys) each, and
         a list is compacted once an eighth of it is known dead."""
-        cdef Py_ssize_t n, i, s
+        cdef Py_ssize_t n, s
         cdef list entries
         cdef list garbage = []
         cdef dict lists
@@ -552,7 +550,7 @@ cdef class PurgatoryCore:
             return
         try:
             n = len(self._cleared)
-            entries = [self._popleft() for i in range(n)]
+            entries = [self._popleft() for _ in range(n)]
             for entry in entries:
                 for key in entry.keys:
                     s = hash(key) & self._mask

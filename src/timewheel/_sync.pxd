@@ -34,13 +34,23 @@ cdef extern from *:
        a lock (free-threaded builds have no GIL to make a read-modify-write atomic). */
     #if defined(_MSC_VER)
     #include <intrin.h>
-    static inline int tw_test_and_set(volatile long *flag) { return _InterlockedExchange(flag, 1) != 0; }
+    static inline int tw_test_and_set(volatile long *flag) {
+        return _InterlockedExchange(flag, 1) != 0;
+    }
     static inline long tw_load(volatile long *flag) { return _InterlockedOr(flag, 0); }
-    static inline void tw_add(volatile long long *counter, long long n) { _InterlockedExchangeAdd64(counter, n); }
+    static inline void tw_add(volatile long long *counter, long long n) {
+        _InterlockedExchangeAdd64(counter, n);
+    }
     #else
-    static inline int tw_test_and_set(volatile long *flag) { return __atomic_exchange_n(flag, 1, __ATOMIC_ACQ_REL) != 0; }
-    static inline long tw_load(volatile long *flag) { return __atomic_load_n(flag, __ATOMIC_ACQUIRE); }
-    static inline void tw_add(volatile long long *counter, long long n) { __atomic_fetch_add(counter, n, __ATOMIC_RELAXED); }
+    static inline int tw_test_and_set(volatile long *flag) {
+        return __atomic_exchange_n(flag, 1, __ATOMIC_ACQ_REL) != 0;
+    }
+    static inline long tw_load(volatile long *flag) {
+        return __atomic_load_n(flag, __ATOMIC_ACQUIRE);
+    }
+    static inline void tw_add(volatile long long *counter, long long n) {
+        __atomic_fetch_add(counter, n, __ATOMIC_RELAXED);
+    }
     #endif
     """
     enum: TW_HAS_GIL

@@ -42,8 +42,8 @@ else:
 TASK_TYPES: tuple[type, ...] = tuple({TimerTask, _ops_reference.TimerTask})
 
 __all__ = [
-    "C_IMPL",
     "CANCELLED",
+    "C_IMPL",
     "FIRED",
     "PENDING",
     "TASK_TYPES",

@@ -17,7 +17,7 @@ from ._validate import check_shards
 from .ops import DelayedOperation, PurgatoryCore
 from .timer import StrategyFactory, Timer, check_ms
 
-__all__ = ["DelayedOperation", "PurgatoryCore", "Purgatory", "PyPurgatory"]
+__all__ = ["DelayedOperation", "Purgatory", "PurgatoryCore", "PyPurgatory"]
 
 logger = logging.getLogger("timewheel")
 

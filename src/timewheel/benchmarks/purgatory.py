@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import gc
@@ -354,10 +355,8 @@ def _reset_peak_rss() -> int:
     freed goes back to the system first (glibc's malloc_trim), or a purgatory would
     reuse it without its RSS growing.
     """
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
     try:
         with open("/proc/self/clear_refs", "w") as clear:
             clear.write("5")

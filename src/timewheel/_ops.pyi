@@ -1,0 +1,107 @@
+"""Type stubs for the Cython timer tasks, operations and purgatory core (:mod:`timewheel._ops`).
+
+The same API as :mod:`timewheel._ops_reference`.
+"""
+
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, final
+
+from typing_extensions import disjoint_base
+
+__all__ = ["CallbackTask", "Counts", "DelayedOperation", "PurgatoryCore", "TimerTask"]
+
+@disjoint_base
+class TimerTask:
+    """A task scheduled on a Timer; subclasses override :meth:`run`."""
+
+    _handle: int
+    _wheel: Any
+    _state: int
+    def __init__(self) -> None: ...
+    @property
+    def deadline_ms(self) -> int | None:
+        """The deadline the task was added with, in the timer's ms; None before that."""
+    @deadline_ms.setter
+    def deadline_ms(self, value: int | None) -> None: ...
+    def run(self) -> None:
+        """Called once when the deadline passes, unless cancelled first."""
+    def cancel(self) -> bool:
+        """Remove the task from its timer; True only for the call that cancelled it."""
+    def _release(self) -> None: ...
+    @property
+    def cancelled(self) -> bool:
+        """True once the task was cancelled (or its timer closed with it pending)."""
+    @property
+    def done(self) -> bool:
+        """True once the timer ran the task (or handed it to its executor)."""
+
+@disjoint_base
+class CallbackTask(TimerTask):
+    """The task Timer.add creates: ``callback(*args)``."""
+
+    def __init__(self, callback: Callable[..., Any], args: tuple[Any, ...]) -> None: ...
+
+@final
+class Counts:
+    """A purgatory's completion counters."""
+
+    @property
+    def completed(self) -> int:
+        """Operations completed, expired ones included."""
+    @property
+    def expired(self) -> int:
+        """Operations that timed out."""
+    def _record(self, expired: bool) -> None: ...
+
+@disjoint_base
+class DelayedOperation(TimerTask):
+    """An operation that completes when :meth:`try_complete` says so, or times out."""
+
+    delay_ms: int
+    _purgatory: Counts | None
+    def __init__(self, delay_ms: int) -> None: ...
+    def try_complete(self) -> bool:
+        """Complete the operation if it can be; True only if this call completed it."""
+    def on_complete(self) -> None:
+        """The operation's work once completed; runs exactly once."""
+    def on_expiration(self) -> None:
+        """Runs after :meth:`on_complete` when the operation timed out."""
+    def force_complete(self) -> bool:
+        """Complete now; True for exactly one caller across all threads."""
+    @property
+    def is_completed(self) -> bool:
+        """True once the operation completed (by force_complete or timing out)."""
+
+@disjoint_base
+class PurgatoryCore:
+    """The hot path of a purgatory: watching, completing by key, dropping dead entries."""
+
+    name: str
+    _watched_base: int
+    _stopping: bool
+    @property
+    def _counts(self) -> Counts: ...
+    @property
+    def _purges(self) -> int: ...
+    @property
+    def _errors(self) -> int: ...
+    def _setup(
+        self, schedule: Callable[[TimerTask, int], Any], purge_interval: int, shards: int
+    ) -> None: ...
+    def _count_error(self) -> None: ...
+    def try_complete_else_watch(self, op: DelayedOperation, keys: Iterable[Hashable]) -> bool:
+        """Try to complete ``op``; if it cannot yet, watch it on every key and time it."""
+    def check_and_complete(self, key: Hashable) -> int:
+        """Try every operation watched on ``key``; return how many this call completed."""
+    def cancel_for_key(self, key: Hashable) -> list[DelayedOperation]:
+        """Stop watching ``key`` and cancel its operations' timeouts without completing."""
+    def _maybe_purge(self) -> None: ...
+    def _drop_cleared(self) -> None: ...
+    def purge(self) -> int:
+        """Scan every watcher list and drop freed and completed entries; return how many."""
+    @property
+    def watched(self) -> int:
+        """The write-up's estimate of the operations in watcher lists."""
+    def _shard_watched(self) -> list[int]: ...
+    def _sizes(self) -> tuple[int, int, int]: ...
+    def _forget(self) -> None: ...
