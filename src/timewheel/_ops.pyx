@@ -18,7 +18,8 @@ shutdown, which waits for a running purge the same way.
 
 cimport cython
 from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree
-from cpython.weakref cimport PyWeakref_GetObject
+from cpython.object cimport PyObject
+from cpython.weakref cimport PyWeakref_GET_OBJECT, PyWeakref_GetObject
 cdef extern from "Python.h":
     int PyObject_GC_IsTracked(object o)
     void PyObject_GC_Track(object o)
@@ -286,18 +287,23 @@ cdef class WatchList:
     cdef Py_ssize_t dead
 
 
-cdef Py_ssize_t compact(dict lists, object key, WatchList wl, list garbage) except -1:
-    """Drop the stale entries of ``key``'s list (the list too, if none is left); shard
-    lock held. In place: the list is usually old, and a new one would be young, walked
-    entry by entry by the next young collections. Dropped entries go to ``garbage``,
-    freed once the lock is released (the last reference to a key may run its __del__)."""
+cdef Py_ssize_t compact(
+    dict lists, object key, WatchList wl, list garbage, bint completed_too
+) except -1:
+    """Drop the freed entries of ``key``'s list, and with ``completed_too`` those of
+    completed operations (the list too, if none is left); shard lock held. Without it,
+    a live entry costs one load (its referent), not two (the referent's flag too).
+    In place: the list is usually old, and a new one would be young, walked entry by
+    entry by the next young collections. Dropped entries go to ``garbage``, freed once
+    the lock is released (the last reference to a key may run its __del__)."""
     cdef list entries = wl.entries
     cdef Py_ssize_t n = len(entries), i, kept = 0
-    cdef object entry, op
+    cdef object entry
+    cdef PyObject* op
     for i in range(n):
         entry = entries[i]
-        op = <object>PyWeakref_GetObject(entry)
-        if op is not None and not completed(op):
+        op = PyWeakref_GET_OBJECT(entry)
+        if op != <PyObject*>None and not (completed_too and completed(<object>op)):
             if kept != i:
                 entries[kept] = entry
             kept += 1
@@ -503,7 +509,7 @@ cdef class PurgatoryCore:
             try:
                 wl = lists.get(key)
                 if wl is not None:
-                    compact(lists, key, <WatchList>wl, garbage)
+                    compact(lists, key, <WatchList>wl, garbage, True)
             finally:
                 tw_mutex_unlock(&self._locks[s])
         return done
@@ -562,7 +568,7 @@ cdef class PurgatoryCore:
                             wl = <WatchList>found
                             wl.dead += 1
                             if DEAD_SHARE * wl.dead >= len(wl.entries):
-                                compact(lists, key, wl, garbage)
+                                compact(lists, key, wl, garbage, False)
                     finally:
                         tw_mutex_unlock(&self._locks[s])
                 if garbage:
@@ -598,7 +604,7 @@ cdef class PurgatoryCore:
                 lock_shard(&self._locks[s])
                 try:
                     for key, wl in list(lists.items()):
-                        removed += compact(lists, key, <WatchList>wl, garbage)
+                        removed += compact(lists, key, <WatchList>wl, garbage, True)
                 finally:
                     tw_mutex_unlock(&self._locks[s])
                 del garbage[:]

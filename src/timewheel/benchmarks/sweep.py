@@ -26,8 +26,10 @@ from typing import Any
 from .purgatory import IMPLS, add_arguments, check_arguments
 
 SCENARIOS: dict[str, tuple[float, float]] = {"low": (60.0, 20.0), "high": (400.0, 200.0)}
-DEFAULT_RATES = (20_000, 40_000, 60_000, 80_000, 100_000, 120_000, 140_000, 160_000,
-                 180_000, 200_000, 250_000, 300_000)  # fmt: skip
+# Finer where the baselines saturate (100k-300k here), so that no ratio rests on a gap
+# in the grid; up to where the wheel saturates.
+DEFAULT_RATES = (20_000, 50_000, 100_000, 125_000, 150_000, 175_000, 200_000, 250_000,
+                 300_000, 350_000, 400_000, 500_000, 600_000, 700_000, 800_000)  # fmt: skip
 SUSTAINED = 0.95
 FIELDS = (
     "scenario", "impl", "target_rate", "actual_rate", "elapsed_ms", "cpu_ms",
