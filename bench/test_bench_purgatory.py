@@ -24,9 +24,15 @@ from typing import Any, Callable
 
 import pytest
 
-from timewheel import wheel
 from timewheel.benchmarks.classic import HeapTimer
-from timewheel.benchmarks.operations import IMPLS, Request, make_purgatory, timer_on, workload
+from timewheel.benchmarks.operations import (
+    IMPLS,
+    extension_missing,
+    make_purgatory,
+    request_class,
+    timer_on,
+    workload,
+)
 from timewheel.timer import ManualClock
 
 BATCH = 2000
@@ -35,7 +41,7 @@ PLAN = workload(1024, keys=100, watch=3, max_delay=400)
 
 
 def _skip_without_extension(name: str) -> None:
-    if "cython" in name and wheel.CTimingWheel is None:
+    if "cython" in name and extension_missing():
         pytest.skip("C extension not built")
 
 
@@ -56,6 +62,7 @@ def test_watch_and_force_complete(benchmark: Any, name: str, pending: int) -> No
     _skip_without_extension(name)
     clock = ManualClock()
     p = make_purgatory(name, clock)
+    Request = request_class(name)
     held = [Request(10**9) for _ in range(pending)]
     for i, op in enumerate(held):
         p.try_complete_else_watch(op, PLAN[i & 1023][1])
@@ -78,6 +85,7 @@ def test_watch_and_check_and_complete(benchmark: Any, name: str) -> None:
     _skip_without_extension(name)
     clock = ManualClock()
     p = make_purgatory(name, clock)
+    Request = request_class(name)
     watch, check = p.try_complete_else_watch, p.check_and_complete
 
     def body(i: int) -> None:

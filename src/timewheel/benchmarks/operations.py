@@ -17,29 +17,42 @@ import random
 import time
 from typing import Any, Callable
 
-from .. import wheel
-from ..purgatory import DelayedOperation, Purgatory
+from .. import _ops_reference, ops, wheel
+from ..purgatory import DelayedOperation, Purgatory, PyPurgatory
 from ..timer import ManualClock, Timer
 from .classic import ClassicPurgatory
 
 IMPLS = ("purgatory[cython]", "purgatory[python]", "classic")
 
 
-class Request(DelayedOperation):
-    """A request that completes once ``ready`` is set, like a produce waiting for acks."""
+def _request_class(base: type[Any]) -> type[Any]:
+    class Request(base):  # type: ignore[misc,valid-type]
+        """A request that completes once ``ready`` is set, like a produce waiting for acks."""
 
-    __slots__ = ("ready",)
+        __slots__ = ("ready",)
 
-    def __init__(self, delay_ms: int) -> None:
-        super().__init__(delay_ms)
-        self.ready = False
+        def __init__(self, delay_ms: int) -> None:
+            super().__init__(delay_ms)
+            self.ready = False
 
-    def try_complete(self) -> bool:
-        """Complete if ready."""
-        return self.ready and self.force_complete()
+        def try_complete(self) -> bool:
+            """Complete if ready."""
+            return bool(self.ready and self.force_complete())
 
-    def on_complete(self) -> None:
-        """Nothing to send back in a benchmark."""
+        def on_complete(self) -> None:
+            """Nothing to send back in a benchmark."""
+
+    return Request
+
+
+#: The benchmark's operation on the DelayedOperation in use, and on the pure-Python twin's.
+Request = _request_class(DelayedOperation)
+PyRequest = _request_class(_ops_reference.DelayedOperation)
+
+
+def request_class(impl: str) -> type[Any]:
+    """The operation class that ``impl``'s purgatory takes."""
+    return PyRequest if impl == "purgatory[python]" else Request
 
 
 def timer_on(wheel_name: str, clock: ManualClock) -> Timer:
@@ -51,11 +64,21 @@ def timer_on(wheel_name: str, clock: ManualClock) -> Timer:
 
 
 def make_purgatory(impl: str, clock: ManualClock) -> Any:
-    """A reaper-less purgatory of ``impl`` (one of :data:`IMPLS`) on ``clock``."""
+    """A reaper-less purgatory of ``impl`` (one of :data:`IMPLS`) on ``clock``.
+
+    ``purgatory[python]`` is all pure Python: the twin's core and operations on the
+    twin's wheel. ``classic`` takes the same operations as ``purgatory[cython]``.
+    """
     if impl == "classic":
         return ClassicPurgatory(clock=clock, reaper=False)
-    wheel_name = "cython" if impl == "purgatory[cython]" else "python"
-    return Purgatory(timer=timer_on(wheel_name, clock), reaper=False)
+    if impl == "purgatory[python]":
+        return PyPurgatory(timer=timer_on("python", clock), reaper=False)
+    return Purgatory(timer=timer_on("cython", clock), reaper=False)
+
+
+def extension_missing() -> bool:
+    """True when ``purgatory[cython]`` cannot run: an extension is not built or not in use."""
+    return wheel.CTimingWheel is None or ops.C_IMPL is None
 
 
 def workload(
@@ -72,12 +95,13 @@ def run_one(
     """Push ``plan`` through one implementation; return seconds, µs/op and its metrics."""
     clock = ManualClock()
     p = make_purgatory(impl, clock)
-    held = [Request(10**9) for _ in range(pending)]
+    held = [request_class(impl)(10**9) for _ in range(pending)]
     for i, op in enumerate(held):
         p.try_complete_else_watch(op, plan[i % len(plan)][1])
     watch: Callable[[DelayedOperation, tuple[int, ...]], bool] = p.try_complete_else_watch
     check: Callable[[int], int] = p.check_and_complete
     by_check = complete == "check"
+    Request = request_class(impl)
     gc.collect()
     start = time.perf_counter()
     for i, (delay, op_keys) in enumerate(plan):
@@ -123,7 +147,7 @@ def main(args: argparse.Namespace) -> int:
         )
         return 2
     impls = [i for i in IMPLS if args.impl in ("all", i)]
-    if wheel.CTimingWheel is None and "purgatory[cython]" in impls:
+    if extension_missing() and "purgatory[cython]" in impls:
         if args.impl != "all":
             print("purgatory[cython] needs the compiled extension, which is not built")
             return 2

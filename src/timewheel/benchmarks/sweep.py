@@ -123,6 +123,9 @@ def plot(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    thousands = FuncFormatter(lambda v, _: f"{v / 1000:,.0f}k")
 
     figures = [
         ("actual_rate", "actual rate (req/s)", "purgatory_rate.png"),
@@ -147,6 +150,9 @@ def plot(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
             if field == "actual_rate":
                 top = max(r["target_rate"] for r in rows)
                 ax.plot([0, top], [0, top], color="grey", linestyle=":", label="target")
+            ax.xaxis.set_major_formatter(thousands)
+            if field == "actual_rate":
+                ax.yaxis.set_major_formatter(thousands)
             ax.set_title(f"{scenario} timeout rate")
             ax.set_xlabel("target rate (req/s)")
             ax.set_ylabel(label)
