@@ -26,7 +26,7 @@ IMPLS = ("purgatory[cython]", "purgatory[python]", "classic")
 
 
 def _request_class(base: type[Any]) -> type[Any]:
-    class Request(base):  # type: ignore[misc,valid-type]
+    class Request(base):  # type: ignore[misc]
         """A request that completes once ``ready`` is set, like a produce waiting for acks."""
 
         __slots__ = ("ready",)
