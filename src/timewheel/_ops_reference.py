@@ -388,16 +388,19 @@ class PurgatoryCore:
             self._try_raised(op)
             return False
 
+    def _shard_of(self, key: Hashable) -> _Shard:
+        try:
+            return self._shards[hash(key) & self._mask]
+        except TypeError:
+            raise TypeError(f"key must be hashable, got {key!r}") from None
+
     def check_and_complete(self, key: Hashable) -> int:
         """Try every operation watched on ``key``; return how many this call completed.
 
         ``try_complete`` runs with no lock held; the list is cleaned of completed and
         freed entries afterwards.
         """
-        try:
-            shard = self._shards[hash(key) & self._mask]
-        except TypeError:
-            raise TypeError(f"key must be hashable, got {key!r}") from None
+        shard = self._shard_of(key)
         with shard.lock:
             wl = shard.lists.get(key)
             if wl is None:
@@ -427,10 +430,7 @@ class PurgatoryCore:
         Returns those operations (still pending, no longer timed); they stay listed on
         their other keys.
         """
-        try:
-            shard = self._shards[hash(key) & self._mask]
-        except TypeError:
-            raise TypeError(f"key must be hashable, got {key!r}") from None
+        shard = self._shard_of(key)
         with shard.lock:
             wl = shard.lists.pop(key, None)
         ops: list[DelayedOperation] = []
