@@ -210,6 +210,11 @@ def test_an_operation_in_a_reference_cycle_is_collected_once_it_leaves(fate: str
     elif fate == "cancel_for_key":
         assert p.cancel_for_key("k") == [op]
     del op
+    if fate != "shutdown":
+        # Collected while still listed on "j": the collector clears the listed weak
+        # entry, which it may do only to a tracked one.
+        assert _collected(ref)
+        assert p.metrics()["cleared"] == 1
     p.shutdown()
     assert _collected(ref)
 
@@ -246,3 +251,33 @@ def test_the_pure_python_twin_passes_the_timer_and_purgatory_suites() -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert " passed" in proc.stdout and " failed" not in proc.stdout
+
+
+# -- the default clock and calling a task --------------------------------------------------
+@pytest.mark.parametrize("twin", ["in use", "python"])
+def test_monotonic_ms_is_monotonic_ns_in_whole_milliseconds(twin: str) -> None:
+    import time
+
+    clock = ops.monotonic_ms if twin == "in use" else _ops_reference.monotonic_ms
+    for _ in range(1000):
+        before = time.monotonic_ns() // 1_000_000
+        now = clock()
+        after = time.monotonic_ns() // 1_000_000
+        assert type(now) is int and before <= now <= after
+
+
+@pytest.mark.parametrize("base", [ops.TimerTask, _ops_reference.TimerTask])
+def test_calling_a_task_runs_it_and_turns_system_exit_into_an_error(base: type) -> None:
+    class Exits(base):  # type: ignore[misc,valid-type]
+        def run(self) -> None:
+            raise SystemExit(3)
+
+    class Raises(base):  # type: ignore[misc,valid-type]
+        def run(self) -> None:
+            raise ValueError("boom")
+
+    with pytest.raises(RuntimeError, match=r"raised SystemExit\(3\)") as info:
+        Exits()()
+    assert isinstance(info.value.__cause__, SystemExit)
+    with pytest.raises(ValueError, match="boom"):
+        Raises()()

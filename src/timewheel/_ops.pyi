@@ -8,7 +8,12 @@ from typing import Any, final
 
 from typing_extensions import disjoint_base
 
-__all__ = ["CallbackTask", "Counts", "DelayedOperation", "PurgatoryCore", "TimerTask"]
+__all__ = [
+    "CallbackTask", "Counts", "DelayedOperation", "PurgatoryCore", "TimerTask", "monotonic_ms"
+]
+
+def monotonic_ms() -> int:
+    """The timer's default clock: :func:`time.monotonic_ns` in whole milliseconds."""
 
 @disjoint_base
 class TimerTask:
@@ -25,6 +30,8 @@ class TimerTask:
     def deadline_ms(self, value: int | None) -> None: ...
     def run(self) -> None:
         """Called once when the deadline passes, unless cancelled first."""
+    def __call__(self) -> None:
+        """Run the task; a BaseException that is not an Exception comes out as RuntimeError."""
     def cancel(self) -> bool:
         """Remove the task from its timer; True only for the call that cancelled it."""
     def _release(self) -> None: ...

@@ -39,11 +39,14 @@ from timewheel._sync cimport (
 )
 
 from collections import deque
+from time import monotonic_ns as _monotonic_ns
 
-from timewheel._ops_reference import Entry
+from timewheel._ops_reference import Entry, _aborted
 from timewheel._validate import INT64_MAX, check_int, check_keys
 
-__all__ = ["CallbackTask", "Counts", "DelayedOperation", "PurgatoryCore", "TimerTask"]
+__all__ = [
+    "CallbackTask", "Counts", "DelayedOperation", "PurgatoryCore", "TimerTask", "monotonic_ms"
+]
 
 cdef enum:
     PENDING = 0
@@ -60,10 +63,13 @@ cdef object _INT64_MAX = INT64_MAX
 # garbage; walking it in every collection only costs time, and at 100k requests/s the
 # pending operations and their watcher entries were most of what the collector walked
 # (a third of the benchmark's CPU). So an operation is untracked from the moment it is
-# timed until it leaves the wheel (completed, expired or cancelled). Not its watcher
-# entry: the collector moves a weak reference with a callback between its own lists
-# when the referent dies in a cycle, which crashes on an untracked one. With a GIL
-# only: the check-then-act below is atomic there.
+# timed until it leaves the wheel (completed, expired, cancelled, or let go by its
+# timer), and so is its watcher entry, which the operation remembers until then. Both
+# are tracked again together, operation first: the collector moves a weak reference
+# with a callback between its own lists when the referent dies in a cycle, which
+# crashes on an untracked reference, so an entry may be untracked only while its
+# operation is (and an untracked object is never found dead). With a GIL only: the
+# check-then-act below is atomic there.
 cdef inline void untrack(object o) noexcept:
     if TW_HAS_GIL and PyObject_GC_IsTracked(o):
         PyObject_GC_UnTrack(o)
@@ -72,6 +78,12 @@ cdef inline void untrack(object o) noexcept:
 cdef inline void retrack(object o) noexcept:
     if TW_HAS_GIL and not PyObject_GC_IsTracked(o):
         PyObject_GC_Track(o)
+
+
+def monotonic_ms():
+    """The timer's default clock: :func:`time.monotonic_ns` in whole milliseconds."""
+    cdef long long ns = _monotonic_ns()
+    return ns // 1000000
 
 
 cdef inline void lock_shard(tw_mutex* m) noexcept:
@@ -116,13 +128,31 @@ cdef class TimerTask:
         """Called once when the deadline passes, unless cancelled first."""
         raise NotImplementedError
 
+    def __call__(self):
+        """Run the task: what the timer's execution strategy calls.
+
+        A ``BaseException`` that is not an ``Exception`` (``SystemExit``...) comes out as
+        a ``RuntimeError`` from it, so that it cannot end a thread that runs expired
+        tasks; the strategy logs and counts it like any error.
+        """
+        try:
+            self.run()
+        except Exception:
+            raise
+        except BaseException as exc:
+            raise _aborted(self, exc) from exc
+
     cdef bint _cancel(self) except -1:
         wheel = self._wheel
         if wheel is not None and wheel.cancel(self._handle):
             self._state = CANCELLED
-            retrack(self)
+            self._left()
             return True
         return False
+
+    cdef void _left(self) noexcept:
+        """The task left the wheel: the collector may walk it again."""
+        retrack(self)
 
     def cancel(self):
         """Remove the task from its timer; True only for the call that cancelled it.
@@ -134,7 +164,7 @@ cdef class TimerTask:
     def _release(self):
         """The timer let go of the task without running it (closed, or its executor
         refused it): let the garbage collector see it again."""
-        retrack(self)
+        self._left()
 
     @property
     def cancelled(self):
@@ -213,12 +243,20 @@ cdef class DelayedOperation(TimerTask):
 
     cdef public object delay_ms
     cdef public Counts _purgatory
+    cdef object _entry  # the untracked watcher entry, until the operation leaves the wheel
     cdef long _done
 
     def __init__(self, delay_ms):
         if type(delay_ms) is not int or not 0 <= delay_ms <= _INT64_MAX:
             delay_ms = check_int("delay_ms", delay_ms, 0, _INT64_MAX)
         self.delay_ms = delay_ms
+
+    cdef void _left(self) noexcept:
+        # The operation first: its entry may be untracked only while it is.
+        retrack(self)
+        if self._entry is not None:
+            retrack(self._entry)
+            self._entry = None
 
     def try_complete(self):
         """Complete the operation if it can be; True only if this call completed it."""
@@ -239,7 +277,7 @@ cdef class DelayedOperation(TimerTask):
         if tw_test_and_set(&self._done):
             return False
         self._cancel()
-        retrack(self)
+        self._left()
         if self._purgatory is not None:
             self._purgatory.record(False)
         self.on_complete()
@@ -254,7 +292,7 @@ cdef class DelayedOperation(TimerTask):
         """The timeout: force-complete, then :meth:`on_expiration` (Kafka's order)."""
         if tw_test_and_set(&self._done):
             return
-        retrack(self)
+        self._left()
         if self._purgatory is not None:
             self._purgatory.record(True)
         try:
@@ -436,10 +474,12 @@ cdef class PurgatoryCore:
         except BaseException:
             dop._purgatory = None
             raise
-        if not completed(dop):
-            untrack(op)
         entry = Entry(op, self._on_cleared)
         entry.keys = key_tuple
+        if not completed(dop):  # and, holding the GIL, it cannot complete until we list it
+            untrack(op)
+            untrack(entry)
+            dop._entry = entry
         # A completion racing this loop only leaves entries that a purge removes.
         for key in key_tuple:
             s = hash(key) & self._mask
@@ -558,6 +598,9 @@ cdef class PurgatoryCore:
             n = len(self._cleared)
             entries = [self._popleft() for _ in range(n)]
             for entry in entries:
+                # Dead: its referent is gone and the callback cleared, so all it holds
+                # is its keys; the collector need not walk it while it waits in lists.
+                untrack(entry)
                 for key in entry.keys:
                     s = hash(key) & self._mask
                     lists = <dict>self._lists[s]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
@@ -45,12 +46,22 @@ __all__ = [
     "Entry",
     "PurgatoryCore",
     "TimerTask",
+    "monotonic_ms",
 ]
 
 logger = logging.getLogger("timewheel")
 
 PENDING, CANCELLED, FIRED = 0, 1, 2
 DEAD_SHARE = 8  # a watcher list is compacted once 1/DEAD_SHARE of it is known dead
+
+
+def monotonic_ms() -> int:
+    """The timer's default clock: :func:`time.monotonic_ns` in whole milliseconds."""
+    return time.monotonic_ns() // 1_000_000
+
+
+def _aborted(task: object, exc: BaseException) -> RuntimeError:
+    return RuntimeError(f"{task!r} raised {exc!r}")
 
 
 class TimerTask:
@@ -71,6 +82,20 @@ class TimerTask:
     def run(self) -> None:
         """Called once when the deadline passes, unless cancelled first."""
         raise NotImplementedError
+
+    def __call__(self) -> None:
+        """Run the task: what the timer's execution strategy calls.
+
+        A ``BaseException`` that is not an ``Exception`` (``SystemExit``...) comes out as
+        a ``RuntimeError`` from it, so that it cannot end a thread that runs expired
+        tasks; the strategy logs and counts it like any error.
+        """
+        try:
+            self.run()
+        except Exception:
+            raise
+        except BaseException as exc:
+            raise _aborted(self, exc) from exc
 
     def cancel(self) -> bool:
         """Remove the task from its timer; True only for the call that cancelled it.

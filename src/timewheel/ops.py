@@ -15,7 +15,14 @@ from .wheel import NO_EXTENSIONS
 PENDING, CANCELLED, FIRED = _ops_reference.PENDING, _ops_reference.CANCELLED, _ops_reference.FIRED
 
 if TYPE_CHECKING:
-    from ._ops_reference import CallbackTask, Counts, DelayedOperation, PurgatoryCore, TimerTask
+    from ._ops_reference import (
+        CallbackTask,
+        Counts,
+        DelayedOperation,
+        PurgatoryCore,
+        TimerTask,
+        monotonic_ms,
+    )
 
     C_IMPL = None
 else:
@@ -24,6 +31,7 @@ else:
     Counts = _ops_reference.Counts
     DelayedOperation = _ops_reference.DelayedOperation
     PurgatoryCore = _ops_reference.PurgatoryCore
+    monotonic_ms = _ops_reference.monotonic_ms
     #: The extension module when it is in use, else None.
     C_IMPL = None
     if not NO_EXTENSIONS:
@@ -37,6 +45,7 @@ else:
         Counts = C_IMPL.Counts
         DelayedOperation = C_IMPL.DelayedOperation
         PurgatoryCore = C_IMPL.PurgatoryCore
+        monotonic_ms = C_IMPL.monotonic_ms
 
 #: Every TimerTask class a Timer accepts: the one in use and its twin.
 TASK_TYPES: tuple[type, ...] = tuple({TimerTask, _ops_reference.TimerTask})
@@ -52,4 +61,5 @@ __all__ = [
     "DelayedOperation",
     "PurgatoryCore",
     "TimerTask",
+    "monotonic_ms",
 ]

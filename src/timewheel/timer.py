@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import weakref
 from collections import deque
-from functools import partial
 from typing import Any, Callable, Protocol, Union, cast
 
 from ._validate import INT64_MAX as _INT64_MAX
 from ._validate import check_int
 from .execution import ExecuteProduceConsume, ExecutionStrategy, Producer, Task, ThreadPool
-from .ops import CANCELLED, FIRED, PENDING, TASK_TYPES, CallbackTask, TimerTask
+from .ops import CANCELLED, FIRED, PENDING, TASK_TYPES, CallbackTask, TimerTask, monotonic_ms
 from .wheel import TimingWheel
 
-__all__ = ["ManualClock", "Timer", "TimerFullError", "TimerTask", "logger"]
+__all__ = ["ManualClock", "Timer", "TimerFullError", "TimerTask", "logger", "monotonic_ms"]
 
 logger = logging.getLogger("timewheel")
 
@@ -109,11 +107,6 @@ class ManualClock:
 Clock = Union[ManualClock, Callable[[], int]]
 
 
-def monotonic_ms() -> int:
-    """The default clock: :func:`time.monotonic_ns` in whole milliseconds."""
-    return time.monotonic_ns() // 1_000_000
-
-
 def _drain(wheel: Any) -> list[TimerTask]:
     """Take every pending task out of ``wheel`` and mark it cancelled."""
     left: list[TimerTask] = wheel.advance(_INT64_MAX)
@@ -127,7 +120,7 @@ class _Reaping:
     """The producer a timer's strategy drives once :meth:`Timer.start` is called.
 
     Whichever thread holds the producing role does the reaper's work: it hands out the
-    expired tasks one at a time (guarded by :meth:`Timer._run_reaped`) and,
+    expired tasks one at a time (calling a task runs it) and,
     when none are left, waits for the next deadline and advances the wheel. So a
     thread that goes off to run a blocking task leaves the clock to the next producer
     instead of stopping it. Returns None only once the timer is closed.
@@ -148,7 +141,9 @@ class _Reaping:
         timer = self._timer
         while True:
             if tasks:
-                return partial(timer._run_reaped, tasks.popleft())
+                # The task itself: calling it runs it, and not even SystemExit from it
+                # may end the thread that keeps the clock (see TimerTask.__call__).
+                return tasks.popleft()
             if timer._closed:
                 return None
             timer._reap_once(self.poll_ms, self.after_advance)
@@ -406,13 +401,6 @@ class Timer:
         try:
             task.run()
         except Exception:
-            self._count_error("task %r of timer %r raised", task)
-
-    def _run_reaped(self, task: TimerTask) -> None:
-        # Not even SystemExit may end the thread that keeps the clock.
-        try:
-            task.run()
-        except BaseException:
             self._count_error("task %r of timer %r raised", task)
 
     def _count_error(self, msg: str, culprit: object) -> None:
