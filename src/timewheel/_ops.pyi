@@ -9,7 +9,12 @@ from typing import Any, final
 from typing_extensions import disjoint_base
 
 __all__ = [
-    "CallbackTask", "Counts", "DelayedOperation", "PurgatoryCore", "TimerTask", "monotonic_ms"
+    "CallbackTask",
+    "Counts",
+    "DelayedOperation",
+    "PurgatoryCore",
+    "TimerTask",
+    "monotonic_ms",
 ]
 
 def monotonic_ms() -> int:

@@ -27,8 +27,6 @@ logger = logging.getLogger("timewheel")
 _NEVER = float("-inf")  # _wake_before when nobody waits: no add notifies
 _ALWAYS = float("inf")  # _wake_before while a waiter is deciding: every add notifies
 
-_PENDING, _CANCELLED, _FIRED = PENDING, CANCELLED, FIRED
-
 
 def check_ms(name: str, value: Any, lo: int = 0, hi: int = _INT64_MAX) -> int:
     """Return ``value`` as an int in ``[lo, hi]`` or raise naming ``name`` (bools refused)."""
@@ -111,7 +109,7 @@ def _drain(wheel: Any) -> list[TimerTask]:
     """Take every pending task out of ``wheel`` and mark it cancelled."""
     left: list[TimerTask] = wheel.advance(_INT64_MAX)
     for task in left:
-        task._state = _CANCELLED
+        task._state = CANCELLED
         task._release()
     return left
 
@@ -269,7 +267,7 @@ class Timer:
         """Schedule a :class:`TimerTask` subclass instance; it may be added only once."""
         if not isinstance(task, TASK_TYPES):
             raise TypeError(f"task must be a TimerTask, got {task!r}")
-        if task._wheel is not None or task._state != _PENDING:
+        if task._wheel is not None or task._state != PENDING:
             raise ValueError(f"task was already added to a timer: {task!r}")
         return self._schedule(task, delay_ms)
 
@@ -365,7 +363,7 @@ class Timer:
         run = self._run
         try:
             for task in tasks:
-                task._state = _FIRED
+                task._state = FIRED
                 if executor is None:
                     run(task)
                 else:
@@ -373,7 +371,7 @@ class Timer:
                         executor.submit(run, task)
                     except Exception:
                         # It will never run: say so rather than claim it is done.
-                        task._state = _CANCELLED
+                        task._state = CANCELLED
                         task._release()
                         self._count_error("could not submit %r to the executor of timer %r", task)
         except BaseException:
@@ -385,7 +383,7 @@ class Timer:
         """Put expired tasks that never ran back in the wheel, in their order."""
         wheel = self._wheel
         for task in tasks:
-            task._state = _PENDING
+            task._state = PENDING
             task._handle = wheel.schedule(cast(int, task.deadline_ms), task)
 
     def _queue_expired(self, tasks: list[TimerTask]) -> None:
@@ -394,7 +392,7 @@ class Timer:
             self._dispatch(tasks)
             return
         for task in tasks:
-            task._state = _FIRED
+            task._state = FIRED
         self._reaping.tasks.extend(tasks)
 
     def _run(self, task: TimerTask) -> None:
