@@ -623,3 +623,58 @@ def test_tasks_run_on_the_caller_once_the_pool_is_shut_down(name: str) -> None:
     assert tally.runs == Counter({0: 1, 1: 1})
     assert tally.threads == {threading.get_ident()}
     assert pool.threads == 0
+
+
+class _NonBlocking:
+    """A task that declares it never blocks (Jetty's NON_BLOCKING invocation type)."""
+
+    non_blocking = True
+
+    def __init__(self, ran_on: list[int], all_ran: threading.Event | None = None) -> None:
+        self.ran_on = ran_on
+        self.all_ran = all_ran
+
+    def __call__(self) -> None:
+        self.ran_on.append(threading.get_ident())
+        if self.all_ran is not None and len(self.ran_on) == 10:
+            self.all_ran.set()
+
+
+def test_execute_produce_consume_runs_non_blocking_tasks_without_recruiting() -> None:
+    ran_on: list[int] = []
+    queue = TaskQueue()
+    queue.offer_all([_NonBlocking(ran_on) for _ in range(100)])
+    pool = ThreadPool(max_threads=2)
+    strategy = ExecuteProduceConsume(queue, pool)
+    strategy.produce()
+    # All on the caller, in one production run: no pool thread was asked to produce.
+    assert ran_on == [threading.get_ident()] * 100
+    stats = strategy.stats()
+    assert (stats.tasks_run, stats.dispatches, stats.errors) == (100, 0, 0)
+    pool.shutdown()
+
+
+def test_a_blocking_task_among_non_blocking_ones_still_recruits_a_producer() -> None:
+    ran_on: list[int] = []
+    release = threading.Event()
+    blocked = threading.Event()
+    all_ran = threading.Event()
+
+    def block() -> None:
+        blocked.set()
+        release.wait(WAIT)
+
+    queue = TaskQueue()
+    queue.offer_all([block, *(_NonBlocking(ran_on, all_ran) for _ in range(10))])
+    pool = ThreadPool(max_threads=1)
+    strategy = ExecuteProduceConsume(queue, pool)
+    caller = threading.Thread(target=strategy.produce)
+    caller.start()
+    assert blocked.wait(WAIT)
+    # The caller is stuck in block(); a recruited pool thread produces and runs the rest.
+    assert all_ran.wait(WAIT)
+    assert len(set(ran_on)) == 1 and caller.ident not in ran_on
+    release.set()
+    caller.join(WAIT)
+    assert strategy.stats().dispatches >= 1
+    pool.shutdown()

@@ -731,3 +731,26 @@ def test_wheel_class_picks_the_implementation_and_is_checked() -> None:
         timer.close()
     with pytest.raises(TypeError, match="wheel_class"):
         Timer(clock=ManualClock(), wheel_class=42)  # type: ignore[arg-type]
+
+
+def test_the_reaper_runs_non_blocking_tasks_itself(clock: ManualClock) -> None:
+    threads: list[str] = []
+    done = threading.Event()
+
+    class Quick(TimerTask):
+        non_blocking = True
+
+        def run(self) -> None:
+            threads.append(threading.current_thread().name)
+            if len(threads) == 50:
+                done.set()
+
+    t = Timer(clock=clock, name="nb")
+    for i in range(50):
+        t.add_task(Quick(), i % 5)
+    t.start(poll_ms=600_000)
+    clock.advance(5)
+    assert done.wait(30)
+    t.close()
+    # No hand-off of the clock to the pool for tasks that cannot block.
+    assert threads == ["nb-reaper"] * 50

@@ -27,6 +27,7 @@ class TimerTask:
     _handle: int
     _wheel: Any
     _state: int
+    non_blocking: bool
     def __init__(self) -> None: ...
     @property
     def deadline_ms(self) -> int | None:

@@ -108,6 +108,11 @@ cdef class TimerTask:
     cdef public int _state
     cdef object __weakref__
 
+    #: Set True on a subclass whose :meth:`run` never blocks: a timer's reaper then runs
+    #: it on the thread that expired it, without first handing the clock to a pool
+    #: thread (Jetty's NON_BLOCKING invocation type; see :mod:`timewheel.execution`).
+    non_blocking = False
+
     def __init__(self):
         pass
 

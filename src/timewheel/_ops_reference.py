@@ -73,6 +73,11 @@ class TimerTask:
 
     __slots__ = ("__weakref__", "_handle", "_state", "_wheel", "deadline_ms")
 
+    #: Set True on a subclass whose :meth:`run` never blocks: a timer's reaper then runs
+    #: it on the thread that expired it, without first handing the clock to a pool
+    #: thread (Jetty's NON_BLOCKING invocation type; see :mod:`timewheel.execution`).
+    non_blocking = False
+
     def __init__(self) -> None:
         self.deadline_ms: int | None = None
         self._wheel: Any = None

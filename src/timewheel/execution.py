@@ -13,6 +13,11 @@ strategy decides which thread produces the next task and which thread runs it:
   on producing, so a slow task does not hold up the rest; when no thread is idle it just
   runs the task, so production never outruns consumption.
 
+A task whose ``non_blocking`` attribute is True declares that it never blocks (Jetty's
+``InvocationType.NON_BLOCKING``): :class:`ExecuteProduceConsume` then runs it in the
+producing thread without first recruiting another thread to produce, as
+:class:`ProduceConsume` would, since there is nothing to be held up behind it.
+
 All three share one contract: :meth:`ExecutionStrategy.produce` may be called from any
 thread at any time. Only one thread produces at a time; a call that arrives while
 another thread is producing marks that more production is wanted and returns at once,
@@ -489,6 +494,7 @@ class ExecuteProduceConsume(ExecutionStrategy):
             except Exception:
                 self._producer_failed()
                 return
+            non_blocking = getattr(task, "non_blocking", False) is True
             with lock:
                 if task is None:
                     if not self._more_wanted:
@@ -501,8 +507,11 @@ class ExecuteProduceConsume(ExecutionStrategy):
                 # pending, but it was, so the peak is one (each thread holds at most one).
                 self._peak_pending = 1
                 self._tasks_run += 1
-                self._hand_on_production()
+                if not non_blocking:
+                    self._hand_on_production()
             self._run(task)
+            if non_blocking:
+                continue  # this thread kept the producing role
             with lock:
                 if not self._producing:
                     self._producing = True

@@ -51,9 +51,15 @@ _Z75 = 0.6744897501960817  # the standard normal's 75th percentile
 
 
 class FakeOperation(DelayedOperation):
-    """A request that never completes by itself: the completion thread forces it."""
+    """A request that never completes by itself: the completion thread forces it.
+
+    Its callbacks do nothing, so it says so: a timer's reaper runs its timeout itself
+    instead of first handing the clock to a pool thread (classic and asyncio run their
+    timeouts on their reaper or loop thread anyway).
+    """
 
     __slots__ = ()
+    non_blocking = True
 
     def try_complete(self) -> bool:
         """Nothing to check: completion comes from ``force_complete``."""
