@@ -64,7 +64,6 @@ class Counts:
     @property
     def expired(self) -> int:
         """Operations that timed out."""
-    def _record(self, expired: bool) -> None: ...
 
 @disjoint_base
 class DelayedOperation(TimerTask):

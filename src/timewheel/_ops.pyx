@@ -233,9 +233,6 @@ cdef class Counts:
         if expired:
             tw_add(&self._expired, 1)
 
-    def _record(self, bint expired):
-        self.record(expired)
-
 
 cdef class DelayedOperation(TimerTask):
     """An operation that completes when :meth:`try_complete` says so, or times out.
@@ -281,8 +278,8 @@ cdef class DelayedOperation(TimerTask):
         """
         if tw_test_and_set(&self._done):
             return False
-        self._cancel()
-        self._left()
+        if not self._cancel():  # a cancel that succeeds has told the collector already
+            self._left()
         if self._purgatory is not None:
             self._purgatory.record(False)
         self.on_complete()

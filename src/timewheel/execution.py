@@ -379,8 +379,13 @@ class ExecutionStrategy(ABC):
                 self._tasks_run, self._errors, self._pending, self._peak_pending, self._dispatches
             )
 
-    def _next_task(self) -> Task | None:
-        """Produce the next task; on None the producing role has been released."""
+    def _next_task(self, started: bool = False, dispatched: bool = False) -> Task | None:
+        """Produce the next task; on None the producing role has been released.
+
+        The task is counted pending, and ``dispatched`` counts its dispatch too; with
+        ``started`` it is counted run instead: produced and started in one critical
+        section, nobody sees it pending, but it was, so the peak is at least one.
+        """
         while True:
             try:
                 task = self._producer.produce()
@@ -389,9 +394,16 @@ class ExecutionStrategy(ABC):
                 return None
             with self._lock:
                 if task is not None:
+                    if started:
+                        self._tasks_run += 1
+                        if self._peak_pending < 1:
+                            self._peak_pending = 1
+                        return task
                     self._pending += 1
                     if self._pending > self._peak_pending:
                         self._peak_pending = self._pending
+                    if dispatched:
+                        self._dispatches += 1
                     return task
                 if not self._more_wanted:
                     self._release_role(drained=True)
@@ -437,8 +449,9 @@ class ProduceConsume(ExecutionStrategy):
     """The producing thread runs each task itself before producing the next."""
 
     def _production_loop(self) -> None:
-        while (task := self._next_task()) is not None:
-            self._consume(task)
+        # One lock round trip per task: produced and counted started together.
+        while (task := self._next_task(started=True)) is not None:
+            self._run(task)
 
 
 class ProduceExecuteConsume(ExecutionStrategy):
@@ -452,9 +465,7 @@ class ProduceExecuteConsume(ExecutionStrategy):
         self._pool = pool
 
     def _production_loop(self) -> None:
-        while (task := self._next_task()) is not None:
-            with self._lock:
-                self._dispatches += 1
+        while (task := self._next_task(dispatched=True)) is not None:
             try:
                 self._pool.execute(partial(self._consume, task))
             except PoolShutDown:

@@ -26,12 +26,6 @@ if TYPE_CHECKING:
 
     C_IMPL = None
 else:
-    TimerTask = _ops_reference.TimerTask
-    CallbackTask = _ops_reference.CallbackTask
-    Counts = _ops_reference.Counts
-    DelayedOperation = _ops_reference.DelayedOperation
-    PurgatoryCore = _ops_reference.PurgatoryCore
-    monotonic_ms = _ops_reference.monotonic_ms
     #: The extension module when it is in use, else None.
     C_IMPL = None
     if not NO_EXTENSIONS:
@@ -39,13 +33,13 @@ else:
             from . import _ops as C_IMPL
         except ImportError:  # pragma: no cover - only without a compiler
             C_IMPL = None
-    if C_IMPL is not None:
-        TimerTask = C_IMPL.TimerTask
-        CallbackTask = C_IMPL.CallbackTask
-        Counts = C_IMPL.Counts
-        DelayedOperation = C_IMPL.DelayedOperation
-        PurgatoryCore = C_IMPL.PurgatoryCore
-        monotonic_ms = C_IMPL.monotonic_ms
+    _impl = _ops_reference if C_IMPL is None else C_IMPL
+    TimerTask = _impl.TimerTask
+    CallbackTask = _impl.CallbackTask
+    Counts = _impl.Counts
+    DelayedOperation = _impl.DelayedOperation
+    PurgatoryCore = _impl.PurgatoryCore
+    monotonic_ms = _impl.monotonic_ms
 
 #: Every TimerTask class a Timer accepts: the one in use and its twin.
 TASK_TYPES: tuple[type, ...] = tuple({TimerTask, _ops_reference.TimerTask})

@@ -116,7 +116,10 @@ class SetQueue(Generic[T]):
                 return []
             del self._claims[item]
             return [item]
-        check_int("n", n, 0)
+        return self._take(check_int("n", n, 0))
+
+    def _take(self, n: int) -> list[T]:
+        """:meth:`poll` of a checked ``n``."""
         items: list[T] = []
         append, popleft = items.append, self._order.popleft
         try:
@@ -218,7 +221,7 @@ class QueueingSource(Generic[T]):
         """Return up to ``n`` queued items now; start a refill if the queue runs low."""
         check_int("n", n, 0)
         with self._lock:
-            items = self._queue.poll(n) if n else []
+            items = self._queue._take(n)
             if self._in_flight is not None:
                 self._in_flight.update(items)
             start = (
