@@ -1,4 +1,4 @@
-"""Build the Cython extensions (the timing wheel and the timer tasks / purgatory core).
+"""Build the Cython extensions: the timing wheel and the timer tasks / purgatory core.
 
 All Cython directives live here. ``TIMEWHEEL_DEBUG_BUILD=1`` turns bounds checks and
 C assertions back on; ``TIMEWHEEL_CYTHON_TRACING=1`` builds with line tracing for
@@ -32,15 +32,15 @@ if not DEBUG:
 
 extensions = [
     Extension(
-        "timewheel._core",
-        ["src/timewheel/_core.pyx"],
+        "timewheel._wheel_c",
+        ["src/timewheel/_wheel_c.pyx"],
         include_dirs=[numpy.get_include()],
         define_macros=macros,
         extra_compile_args=["-O0", "-g"] if DEBUG else ["-O2"],
     ),
     Extension(
-        "timewheel._ops",
-        ["src/timewheel/_ops.pyx"],
+        "timewheel._tasks_c",
+        ["src/timewheel/_tasks_c.pyx"],
         define_macros=macros,
         extra_compile_args=["-O0", "-g"] if DEBUG else ["-O2"],
     ),

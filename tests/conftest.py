@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from timewheel import Implementation, implementation
 from timewheel import timer as _timer
-from timewheel import wheel as _wheel
 from timewheel.timer import ManualClock
 
 # The wheel builds run the suite once per wheel (on a dozen runners, some free-threaded
@@ -28,7 +28,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not (config.getoption("--no-c-extensions") or _wheel.CTimingWheel is None):
+    if not (config.getoption("--no-c-extensions") or implementation().name != "cython"):
         return
     skip = pytest.mark.skip(reason="C extension not in use")
     for item in items:
@@ -40,20 +40,27 @@ _IMPLS = ["cython", "python"]
 
 
 @pytest.fixture(params=_IMPLS)
-def impl(request: pytest.FixtureRequest) -> str:
-    """Name of the implementation under test."""
+def implementation_(request: pytest.FixtureRequest) -> Implementation:
+    """The whole implementation under test (wheel, tasks, operations, purgatory core):
+    the Cython extensions, then their pure-Python twins."""
     if request.param == "cython":
         if request.config.getoption("--no-c-extensions"):
             pytest.skip("--no-c-extensions")
-        if _wheel.CTimingWheel is None:
+        if implementation().name != "cython":
             pytest.skip("C extension not built")
-    return str(request.param)
+    return implementation(request.param)
 
 
 @pytest.fixture
-def TW(impl: str) -> Any:
+def impl(implementation_: Implementation) -> str:
+    """Name of the implementation under test."""
+    return implementation_.name
+
+
+@pytest.fixture
+def TW(implementation_: Implementation) -> Any:
     """The TimingWheel class of the implementation under test."""
-    return _wheel.CTimingWheel if impl == "cython" else _wheel.PyTimingWheel
+    return implementation_.TimingWheel
 
 
 @pytest.fixture

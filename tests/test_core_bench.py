@@ -6,8 +6,11 @@ from typing import Any
 
 import pytest
 
+from timewheel import implementation
 from timewheel.benchmarks import core
-from timewheel.wheel import CTimingWheel, PyTimingWheel
+
+PyTimingWheel = implementation("python").TimingWheel
+CTimingWheel = implementation("cython").TimingWheel if implementation().name == "cython" else None
 
 
 @pytest.mark.parametrize("cls", [PyTimingWheel, CTimingWheel], ids=["python", "cython"])

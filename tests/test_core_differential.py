@@ -9,7 +9,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from timewheel.wheel import PyTimingWheel
+from timewheel import implementation
+
+PyTimingWheel = implementation("python").TimingWheel
 
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1

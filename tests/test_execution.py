@@ -15,6 +15,7 @@ from functools import partial
 
 import pytest
 
+from timewheel import TimingWheel
 from timewheel.execution import (
     ExecuteProduceConsume,
     ExecutionStrategy,
@@ -25,7 +26,6 @@ from timewheel.execution import (
     TaskQueue,
     ThreadPool,
 )
-from timewheel.wheel import TimingWheel
 
 WAIT = 30.0  # seconds; only reached when something is broken
 

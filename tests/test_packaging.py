@@ -79,7 +79,7 @@ def test_sdist_carries_the_cython_sources_and_stubs(dist: Path) -> None:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     shipped = {name[len("src/timewheel/") :] for name in names if name.startswith("src/timewheel/")}
     wanted = _package_files("*.py", "*.pyx", "*.pxd", "*.pyi", "py.typed", "*.properties")
-    assert {"_core.pyx", "_core.pxd", "_core.pyi", "py.typed", "log4j2.properties"} <= wanted
+    assert {"_wheel_c.pyx", "_wheel_c.pxd", "_tasks_c.pxd", "_wheel_c.pyi", "py.typed"} <= wanted
     assert wanted - shipped == set()
     assert {"pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "CHANGES.md"} <= names
     built = [n for n in names if n.endswith((".c", ".so", ".pyd", ".html"))]
@@ -97,13 +97,13 @@ def test_wheel_carries_stubs_marker_and_compiled_core(dist: Path) -> None:
     # log4j2.properties keeps `timewheel pipeline` quiet.
     wanted = _package_files("*.py", "*.pxd", "*.pyi", "py.typed", "*.properties")
     assert wanted - shipped == set()
-    core = [
-        name
-        for name in shipped
-        if name.startswith("_core.")
-        and name.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
-    ]
-    assert len(core) == 1, f"expected one compiled _core in {sorted(shipped)}"
+    for ext in ("_wheel_c.", "_tasks_c."):
+        compiled = [
+            name
+            for name in shipped
+            if name.startswith(ext) and name.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+        ]
+        assert len(compiled) == 1, f"expected one compiled {ext} in {sorted(shipped)}"
     assert not any(name.startswith(("tests/", "bench/")) for name in names)
     assert wheel.name.startswith(f"timewheel-{_version()}-")
 

@@ -719,11 +719,12 @@ def test_start_checks_and_sets_the_reaper_under_the_lock(
 
 
 def test_wheel_class_picks_the_implementation_and_is_checked() -> None:
-    from timewheel import wheel as wheel_module
+    from timewheel import implementation
 
-    timer = Timer(clock=ManualClock(), wheel_class=wheel_module.PyTimingWheel)
+    twin_wheel = implementation("python").TimingWheel
+    timer = Timer(clock=ManualClock(), wheel_class=twin_wheel)
     try:
-        assert isinstance(timer._wheel, wheel_module.PyTimingWheel)
+        assert isinstance(timer._wheel, twin_wheel)
         fired: list[int] = []
         timer.add(5, fired.append, 1)
         assert len(timer) == 1

@@ -35,6 +35,7 @@ TypeError naming the argument. Quick start::
     ([], ['reply timed out'])
 """
 
+from ._impl import IMPLEMENTATION, Implementation, TimingWheel, implementation
 from ._version import __version__
 from .execution import (
     ExecuteProduceConsume,
@@ -60,7 +61,6 @@ from .sources import (
     Strategy,
 )
 from .timer import ManualClock, Timer, TimerFullError, TimerTask
-from .wheel import IMPLEMENTATION, TimingWheel
 
 __all__ = [
     "IMPLEMENTATION",
@@ -70,6 +70,7 @@ __all__ = [
     "ExecutionStats",
     "ExecutionStrategy",
     "Fair",
+    "Implementation",
     "ManualClock",
     "PoolShutDown",
     "PreferThenFair",
@@ -91,4 +92,5 @@ __all__ = [
     "TimerTask",
     "TimingWheel",
     "__version__",
+    "implementation",
 ]

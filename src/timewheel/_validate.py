@@ -1,15 +1,39 @@
-"""Argument checks shared by every layer: one message format for the whole package."""
+"""Argument checks shared by every layer: one message format for the whole package.
+
+Both implementations of the core (the extensions and their pure-Python twins) take their
+checks and limits from here, so they refuse the same input with the same words.
+"""
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Hashable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["INT64_MAX", "INT64_MIN", "check_int", "check_keys", "check_shards"]
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+__all__ = [
+    "HANDLE_BOUND",
+    "INT64_MAX",
+    "INT64_MIN",
+    "MAX_WHEEL_SIZE",
+    "aborted",
+    "check_columns",
+    "check_int",
+    "check_int64_array",
+    "check_items",
+    "check_keys",
+    "check_shards",
+]
 
 INT64_MAX = (1 << 63) - 1
 INT64_MIN = -(1 << 63)
+#: The most buckets a wheel level may have.
+MAX_WHEEL_SIZE = 1 << 16
+#: A wheel handle beyond this is refused as nonsense; within it, an unknown one is stale.
+HANDLE_BOUND = 1 << 200
 
 
 def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
@@ -76,3 +100,40 @@ def check_shards(shards: Any) -> int:
     if n & (n - 1):
         raise ValueError(f"shards must be a power of two, got {n}")
     return n
+
+
+def check_int64_array(name: str, value: Any) -> npt.NDArray[np.int64]:
+    """Return ``value`` as a contiguous 1-D int64 array, or raise naming ``name``."""
+    import numpy as np
+
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray of int64, got {type(value).__name__}")
+    if value.dtype != np.int64:
+        raise TypeError(f"{name} must have dtype int64, got {value.dtype}")
+    if value.ndim != 1:
+        raise ValueError(f"{name} must be 1-dimensional, got {value.ndim} dimensions")
+    return np.ascontiguousarray(value)
+
+
+def check_items(items: Any, n: int) -> list[Any] | None:
+    """Return ``items`` (None, or a sequence of length ``n``) as a new list.
+
+    The copy is taken before the wheel is locked or changed, so a failing or
+    re-entrant ``__getitem__`` can neither leave a batch half scheduled nor deadlock.
+    """
+    if items is None:
+        return None
+    try:
+        n_items = len(items)
+    except TypeError:
+        raise TypeError(f"items must be a sequence or None, got {type(items).__name__}") from None
+    if n_items != n:
+        raise ValueError(f"items must have the same length as deadlines ({n}), got {n_items}")
+    if type(items) is list or type(items) is tuple:
+        return list(items)
+    return [items[i] for i in range(n)]
+
+
+def aborted(task: object, exc: BaseException) -> RuntimeError:
+    """The error a timer task's call raises in place of ``SystemExit`` from its ``run``."""
+    return RuntimeError(f"{task!r} raised {exc!r}")

@@ -1,9 +1,9 @@
 """Purgatory: delayed operations that wait on keys until they complete or time out.
 
 Kafka's DelayedOperationPurgatory with the watcher registry of its redesign write-up
-(see :mod:`timewheel._ops_reference` for the design). The hot path, the operations and
-the registry, are the Cython extension :mod:`timewheel._ops` when it is built, else
-their pure-Python twin (:mod:`timewheel.ops` picks); this module adds construction, the
+(see :mod:`timewheel._tasks_py` for the design). The hot path, the operations and
+the registry, are the Cython extension :mod:`timewheel._tasks_c` when it is built, else
+their pure-Python twin (:mod:`timewheel._impl` picks); this module adds construction, the
 timer and introspection.
 """
 
@@ -12,9 +12,8 @@ from __future__ import annotations
 import logging
 from typing import cast
 
-from . import _ops_reference
+from ._impl import DelayedOperation, PurgatoryCore, implementation
 from ._validate import check_shards
-from .ops import DelayedOperation, PurgatoryCore
 from .timer import StrategyFactory, Timer, check_ms
 
 __all__ = ["DelayedOperation", "Purgatory", "PurgatoryCore", "PyPurgatory"]
@@ -117,7 +116,7 @@ class Purgatory(PurgatoryCore):
         self._stopping = True
         left = self._timer.close()
         self._forget()
-        return [op for op in left if isinstance(op, (DelayedOperation, _PyOperation))]
+        return [op for op in left if isinstance(op, (DelayedOperation, _PYTHON.DelayedOperation))]
 
     def __enter__(self) -> Purgatory:
         return self
@@ -129,17 +128,17 @@ class Purgatory(PurgatoryCore):
         return f"<Purgatory {self.name!r} delayed={self.delayed} watched={self.watched}>"
 
 
-_PyOperation = _ops_reference.DelayedOperation
+_PYTHON = implementation("python")
 
 #: The purgatory on the pure-Python core (for operations subclassing
-#: ``timewheel._ops_reference.DelayedOperation``): :class:`Purgatory` itself when the
+#: ``timewheel._tasks_py.DelayedOperation``): :class:`Purgatory` itself when the
 #: extension is not in use; tests and benchmarks compare the two.
 PyPurgatory: type[Purgatory]
-if PurgatoryCore is _ops_reference.PurgatoryCore:
+if PurgatoryCore is _PYTHON.PurgatoryCore:
     PyPurgatory = Purgatory
 else:
     _methods = {k: v for k, v in vars(Purgatory).items() if k not in ("__dict__", "__weakref__")}
     PyPurgatory = cast(
         "type[Purgatory]",
-        type("PyPurgatory", (_ops_reference.PurgatoryCore,), _methods),
+        type("PyPurgatory", (_PYTHON.PurgatoryCore,), _methods),
     )

@@ -1,6 +1,6 @@
 """Timer: a clock, a timing wheel and the thread that runs expired tasks (Kafka's SystemTimer).
 
-Time is in integer milliseconds. The wheel is :class:`timewheel.wheel.TimingWheel` (the
+Time is in integer milliseconds. The wheel is :class:`timewheel.TimingWheel` (the
 Cython core when built, its pure-Python twin otherwise); the wheel's item is the
 :class:`TimerTask` itself, so while a task is pending the wheel holds the one strong
 reference the timer needs, and cancelling is O(1) through the wheel handle.
@@ -14,15 +14,26 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Protocol, Union, cast
 
+from ._impl import (
+    CANCELLED,
+    FIRED,
+    PENDING,
+    CallbackTask,
+    TimerTask,
+    TimingWheel,
+    implementation,
+    monotonic_ms,
+)
 from ._validate import INT64_MAX as _INT64_MAX
 from ._validate import check_int
 from .execution import ExecuteProduceConsume, ExecutionStrategy, Producer, Task, ThreadPool
-from .ops import CANCELLED, FIRED, PENDING, TASK_TYPES, CallbackTask, TimerTask, monotonic_ms
-from .wheel import TimingWheel
 
 __all__ = ["ManualClock", "Timer", "TimerFullError", "TimerTask", "logger", "monotonic_ms"]
 
 logger = logging.getLogger("timewheel")
+
+#: Every TimerTask class a Timer accepts: the one in use and its twin.
+_TASK_TYPES = (TimerTask, implementation("python").TimerTask)
 
 _NEVER = float("-inf")  # _wake_before when nobody waits: no add notifies
 _ALWAYS = float("inf")  # _wake_before while a waiter is deciding: every add notifies
@@ -152,8 +163,8 @@ class Timer:
 
     ``Timer(tick_ms=1, wheel_size=20, *, clock=None, executor=None, strategy=None,
     pool_threads=2, max_pending=None, name="timer", wheel_class=None)``. ``wheel_class``
-    picks the wheel implementation (default :class:`timewheel.wheel.TimingWheel`, the
-    extension when built); benchmarks pass ``timewheel.wheel.PyTimingWheel`` to compare.
+    picks the wheel implementation (default :class:`timewheel.TimingWheel`, the
+    extension when built); benchmarks pass the twin's to compare.
     The clock is :func:`monotonic_ms` unless a :class:`ManualClock` or another
     zero-argument callable returning milliseconds is given. Time moves only in
     :meth:`advance_clock`, called by the caller or by the reaper thread of :meth:`start`.
@@ -265,7 +276,7 @@ class Timer:
 
     def add_task(self, task: TimerTask, delay_ms: int) -> TimerTask:
         """Schedule a :class:`TimerTask` subclass instance; it may be added only once."""
-        if not isinstance(task, TASK_TYPES):
+        if not isinstance(task, _TASK_TYPES):
             raise TypeError(f"task must be a TimerTask, got {task!r}")
         if task._wheel is not None or task._state != PENDING:
             raise ValueError(f"task was already added to a timer: {task!r}")

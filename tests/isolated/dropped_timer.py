@@ -11,8 +11,8 @@ import gc
 import sys
 import weakref
 
+from timewheel import implementation
 from timewheel import timer as timer_module
-from timewheel import wheel
 
 COUNT = 100
 
@@ -22,7 +22,7 @@ class Payload:
 
 
 def main(impl: str, kind: str) -> None:
-    wheel_class = wheel.CTimingWheel if impl == "cython" else wheel.PyTimingWheel
+    wheel_class = implementation(impl).TimingWheel
     if wheel_class is None:
         raise SystemExit(f"implementation {impl!r} is not available")
     timer_module.TimingWheel = wheel_class  # what the tests' TW fixture does

@@ -15,8 +15,8 @@ import os
 import random
 import sys
 
+from timewheel import implementation
 from timewheel import timer as timer_module
-from timewheel import wheel
 
 PURGE_INTERVAL = 1000
 KEYS = 3
@@ -28,7 +28,7 @@ def rss_bytes() -> int:
 
 
 def main(impl: str, count: int) -> None:
-    wheel_class = wheel.CTimingWheel if impl == "cython" else wheel.PyTimingWheel
+    wheel_class = implementation(impl).TimingWheel
     if wheel_class is None:
         raise SystemExit(f"implementation {impl!r} is not available")
     timer_module.TimingWheel = wheel_class  # what the tests' TW fixture does

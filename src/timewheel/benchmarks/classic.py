@@ -20,8 +20,8 @@ import threading
 from collections.abc import Hashable, Iterable
 from typing import Any, Callable
 
+from .._impl import Counts
 from .._validate import check_shards
-from ..ops import Counts
 from ..purgatory import DelayedOperation
 from ..timer import ManualClock, check_ms, logger, monotonic_ms
 

@@ -29,7 +29,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from timewheel.wheel import CTimingWheel, PyTimingWheel
+from timewheel import implementation
+
+PyTimingWheel = implementation("python").TimingWheel
+CTimingWheel = None if implementation().name != "cython" else implementation("cython").TimingWheel
 
 __all__ = ["HeapTimer", "add_parser", "build_cases", "format_table", "run_core_bench"]
 

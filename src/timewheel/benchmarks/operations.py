@@ -17,7 +17,7 @@ import random
 import time
 from typing import Any, Callable
 
-from .. import _ops_reference, ops, wheel
+from .. import implementation
 from ..purgatory import DelayedOperation, Purgatory, PyPurgatory
 from ..timer import ManualClock, Timer
 from .classic import ClassicPurgatory
@@ -47,7 +47,7 @@ def _request_class(base: type[Any]) -> type[Any]:
 
 #: The benchmark's operation on the DelayedOperation in use, and on the pure-Python twin's.
 Request = _request_class(DelayedOperation)
-PyRequest = _request_class(_ops_reference.DelayedOperation)
+PyRequest = _request_class(implementation("python").DelayedOperation)
 
 
 def request_class(impl: str) -> type[Any]:
@@ -57,9 +57,12 @@ def request_class(impl: str) -> type[Any]:
 
 def timer_on(wheel_name: str, clock: ManualClock) -> Timer:
     """A :class:`Timer` on ``clock`` whose wheel is the "cython" or "python" one."""
-    wheel_class = wheel.CTimingWheel if wheel_name == "cython" else wheel.PyTimingWheel
-    if wheel_class is None:
-        raise ValueError("the cython wheel needs the compiled extension, which is not built")
+    try:
+        wheel_class = implementation(wheel_name).TimingWheel
+    except LookupError:
+        raise ValueError(
+            "the cython wheel needs the compiled extension, which is not built"
+        ) from None
     return Timer(clock=clock, wheel_class=wheel_class)
 
 
@@ -78,7 +81,7 @@ def make_purgatory(impl: str, clock: ManualClock) -> Any:
 
 def extension_missing() -> bool:
     """True when ``purgatory[cython]`` cannot run: an extension is not built or not in use."""
-    return wheel.CTimingWheel is None or ops.C_IMPL is None
+    return implementation().name != "cython"
 
 
 def workload(

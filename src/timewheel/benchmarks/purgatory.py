@@ -37,8 +37,8 @@ from collections.abc import Hashable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .._impl import Counts
 from ..cli import positive
-from ..ops import Counts
 from ..purgatory import DelayedOperation, Purgatory
 from .classic import ClassicPurgatory
 

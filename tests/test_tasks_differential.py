@@ -22,11 +22,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from timewheel import _ops_reference, ops
+from timewheel import implementation
 from timewheel.purgatory import Purgatory, PyPurgatory
 from timewheel.timer import ManualClock, Timer
 
-needs_c = pytest.mark.skipif(ops.C_IMPL is None, reason="the C extension is not in use")
+in_use = implementation()
+twin = implementation("python")
+needs_c = pytest.mark.skipif(in_use.name != "cython", reason="the C extension is not in use")
 
 
 def op_class(base: type) -> type:
@@ -126,8 +128,8 @@ commands = st.lists(
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(commands)
 def test_the_c_core_and_the_python_twin_agree_step_by_step(script: list[Any]) -> None:
-    c = Side(Purgatory, ops.DelayedOperation)
-    py = Side(PyPurgatory, _ops_reference.DelayedOperation)
+    c = Side(Purgatory, in_use.DelayedOperation)
+    py = Side(PyPurgatory, twin.DelayedOperation)
     try:
         for command in script:
             assert c.step(command) == py.step(command), command
@@ -138,11 +140,11 @@ def test_the_c_core_and_the_python_twin_agree_step_by_step(script: list[Any]) ->
 
 
 def test_the_purgatories_refuse_the_other_twins_operations() -> None:
-    if ops.C_IMPL is None:
+    if in_use.name != "cython":
         pytest.skip("one implementation only")
     for purgatory_class, base in (
-        (Purgatory, _ops_reference.DelayedOperation),
-        (PyPurgatory, ops.DelayedOperation),
+        (Purgatory, twin.DelayedOperation),
+        (PyPurgatory, in_use.DelayedOperation),
     ):
         with (
             purgatory_class(timer=Timer(clock=ManualClock()), reaper=False) as p,
@@ -152,7 +154,7 @@ def test_the_purgatories_refuse_the_other_twins_operations() -> None:
 
 
 # -- the garbage collector ---------------------------------------------------------------
-class Cyclic(ops.DelayedOperation):  # type: ignore[misc,valid-type]
+class Cyclic(in_use.DelayedOperation):  # type: ignore[misc,valid-type]
     """An operation in a reference cycle with itself: only the collector can free it."""
 
     __slots__ = ("__dict__", "me")
@@ -240,7 +242,7 @@ def test_the_pure_python_twin_passes_the_timer_and_purgatory_suites() -> None:
     """With the extension in use, the suites above test the C core; run them once more
     against the pure-Python twin, in a child interpreter that does not load it."""
     here = Path(__file__).parent
-    package_root = str(Path(ops.__file__).parents[1])
+    package_root = str(Path(in_use.tasks.__file__).parents[1])
     env = dict(os.environ, TIMEWHEEL_NO_EXTENSIONS="1")
     env["PYTHONPATH"] = os.pathsep.join([package_root, env.get("PYTHONPATH", "")])
     proc = subprocess.run(
@@ -254,11 +256,11 @@ def test_the_pure_python_twin_passes_the_timer_and_purgatory_suites() -> None:
 
 
 # -- the default clock and calling a task --------------------------------------------------
-@pytest.mark.parametrize("twin", ["in use", "python"])
-def test_monotonic_ms_is_monotonic_ns_in_whole_milliseconds(twin: str) -> None:
+@pytest.mark.parametrize("which", ["in use", "python"])
+def test_monotonic_ms_is_monotonic_ns_in_whole_milliseconds(which: str) -> None:
     import time
 
-    clock = ops.monotonic_ms if twin == "in use" else _ops_reference.monotonic_ms
+    clock = in_use.monotonic_ms if which == "in use" else twin.monotonic_ms
     for _ in range(1000):
         before = time.monotonic_ns() // 1_000_000
         now = clock()
@@ -266,7 +268,7 @@ def test_monotonic_ms_is_monotonic_ns_in_whole_milliseconds(twin: str) -> None:
         assert type(now) is int and before <= now <= after
 
 
-@pytest.mark.parametrize("base", [ops.TimerTask, _ops_reference.TimerTask])
+@pytest.mark.parametrize("base", [in_use.TimerTask, twin.TimerTask])
 def test_calling_a_task_runs_it_and_turns_system_exit_into_an_error(base: type) -> None:
     class Exits(base):  # type: ignore[misc,valid-type]
         def run(self) -> None:

@@ -3,7 +3,7 @@
 # cython: binding=False
 # (binding=False: methods are plain method descriptors, not CyFunctions; callgrind counts
 # 14% fewer instructions per schedule + cancel from Python)
-"""Hierarchical timing wheel with a C core (the twin of :mod:`timewheel._reference`).
+"""Hierarchical timing wheel with a C core (the twin of :mod:`timewheel._wheel_py`).
 
 The algorithm, the handles and every result are those of the pure-Python reference;
 its docstring describes the layout. Entries live in one C array (:c:type:`Entry`) whose
@@ -32,8 +32,20 @@ from libc.stdlib cimport qsort
 
 import numpy as np
 
-from timewheel._reference import check_int, check_int64_array, check_items
-from timewheel._reference import HANDLE_BOUND, MAX_WHEEL_SIZE
+from timewheel._validate import (
+    HANDLE_BOUND,
+    INT64_MAX as _INT64_MAX,
+    INT64_MIN as _INT64_MIN,
+    MAX_WHEEL_SIZE,
+    check_int as _check_int,
+    check_int64_array,
+    check_items,
+)
+
+
+def check_int(name, value, lo=_INT64_MIN, hi=_INT64_MAX):
+    """``value`` as an int in ``[lo, hi]`` (int64 by default), or raise naming ``name``."""
+    return _check_int(name, value, lo, hi)
 
 cdef extern from "Python.h":
     # steals the reference, which a plain ``object`` argument would not let us say

@@ -1,4 +1,4 @@
-"""Pure-Python twin of :mod:`timewheel._core`.
+"""Pure-Python twin of :mod:`timewheel._wheel_c`, the timing wheel.
 
 It implements the same algorithm as the extension, step for step, so that the two give
 identical answers (handles included) for any sequence of calls. It is the oracle of the
@@ -35,15 +35,16 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _validate
+from ._validate import check_int64_array, check_items
 
 __all__ = ["TimingWheel"]
 
 INT64_MIN = _validate.INT64_MIN
 INT64_MAX = _validate.INT64_MAX
 _U64 = 1 << 64
-MAX_WHEEL_SIZE = 1 << 16
+MAX_WHEEL_SIZE = _validate.MAX_WHEEL_SIZE
 MAX_SLOTS = (1 << 32) - 1
-HANDLE_BOUND = 1 << 200  # a handle beyond this is refused as nonsense; within it, unknown
+HANDLE_BOUND = _validate.HANDLE_BOUND
 _GEN_MAX = (1 << 31) - 1
 _FREE = -2  # bucket id of a free slot
 _DUE = -1  # bucket id of the due bucket
@@ -57,36 +58,6 @@ def _next_gen(gen: int) -> int:
 def check_int(name: str, value: Any, lo: int = INT64_MIN, hi: int = INT64_MAX) -> int:
     """Return ``value`` as an int in ``[lo, hi]`` (int64 by default) or raise naming ``name``."""
     return _validate.check_int(name, value, lo, hi)
-
-
-def check_int64_array(name: str, value: Any) -> npt.NDArray[np.int64]:
-    """Return ``value`` as a contiguous 1-D int64 array, or raise naming ``name``."""
-    if not isinstance(value, np.ndarray):
-        raise TypeError(f"{name} must be a numpy.ndarray of int64, got {type(value).__name__}")
-    if value.dtype != np.int64:
-        raise TypeError(f"{name} must have dtype int64, got {value.dtype}")
-    if value.ndim != 1:
-        raise ValueError(f"{name} must be 1-dimensional, got {value.ndim} dimensions")
-    return np.ascontiguousarray(value)
-
-
-def check_items(items: Any, n: int) -> list[Any] | None:
-    """Return ``items`` (None, or a sequence of length ``n``) as a new list.
-
-    The copy is taken before the wheel is locked or changed, so a failing or
-    re-entrant ``__getitem__`` can neither leave a batch half scheduled nor deadlock.
-    """
-    if items is None:
-        return None
-    try:
-        n_items = len(items)
-    except TypeError:
-        raise TypeError(f"items must be a sequence or None, got {type(items).__name__}") from None
-    if n_items != n:
-        raise ValueError(f"items must have the same length as deadlines ({n}), got {n_items}")
-    if type(items) is list or type(items) is tuple:
-        return list(items)
-    return [items[i] for i in range(n)]
 
 
 class TimingWheel:

@@ -3,7 +3,7 @@
 # cython: binding=False
 """Timer tasks, delayed operations and the purgatory's watcher registry in C.
 
-The twin of :mod:`timewheel._ops_reference`, whose docstring describes the design:
+The twin of :mod:`timewheel._tasks_py`, whose docstring describes the design:
 same classes, attribute names, behaviour and results. What C changes is the cost of a
 request: typed fields instead of slot descriptors, an atomic exchange on a C int
 instead of a ``threading.Lock`` per operation for "completes once", atomic counters
@@ -41,8 +41,9 @@ from timewheel._sync cimport (
 from collections import deque
 from time import monotonic_ns as _monotonic_ns
 
-from timewheel._ops_reference import Entry, _aborted
-from timewheel._validate import INT64_MAX, check_int, check_keys
+from weakref import ref as _weakref
+
+from timewheel._validate import INT64_MAX, aborted, check_int, check_keys
 
 __all__ = [
     "CallbackTask", "Counts", "DelayedOperation", "PurgatoryCore", "TimerTask", "monotonic_ms"
@@ -86,6 +87,12 @@ def monotonic_ms():
     return ns // 1000000
 
 
+class Entry(_weakref):
+    """An operation's one watcher entry, shared by all its lists; it knows their keys."""
+
+    __slots__ = ("keys",)
+
+
 cdef inline void lock_shard(tw_mutex* m) noexcept:
     """Take ``m`` with the GIL held: at once if free, else blocking with the GIL released."""
     if not tw_mutex_trylock(m):
@@ -101,12 +108,6 @@ cdef class TimerTask:
     """
 
     # C integers, not Python ints: two int objects fewer per pending task.
-    cdef long long _deadline
-    cdef bint _timed  # whether _deadline holds deadline_ms
-    cdef public long long _handle
-    cdef public object _wheel
-    cdef public int _state
-    cdef object __weakref__
 
     #: Set True on a subclass whose :meth:`run` never blocks: a timer's reaper then runs
     #: it on the thread that expired it, without first handing the clock to a pool
@@ -145,7 +146,7 @@ cdef class TimerTask:
         except Exception:
             raise
         except BaseException as exc:
-            raise _aborted(self, exc) from exc
+            raise aborted(self, exc) from exc
 
     cdef bint _cancel(self) except -1:
         wheel = self._wheel
@@ -190,8 +191,6 @@ cdef class TimerTask:
 cdef class CallbackTask(TimerTask):
     """The task :meth:`Timer.add <timewheel.timer.Timer.add>` creates: ``callback(*args)``."""
 
-    cdef object _callback
-    cdef tuple _args
 
     def __init__(self, callback, tuple args):
         self._callback = callback
@@ -215,8 +214,6 @@ cdef class Counts:
     (and so to its timer) would keep a dropped purgatory alive with all it holds.
     """
 
-    cdef long long _completed
-    cdef long long _expired
 
     @property
     def completed(self):
@@ -228,11 +225,6 @@ cdef class Counts:
         """Operations that timed out."""
         return self._expired
 
-    cdef inline void record(self, bint expired) noexcept:
-        tw_add(&self._completed, 1)
-        if expired:
-            tw_add(&self._expired, 1)
-
 
 cdef class DelayedOperation(TimerTask):
     """An operation that completes when :meth:`try_complete` says so, or times out.
@@ -243,10 +235,6 @@ cdef class DelayedOperation(TimerTask):
     :meth:`on_complete` when the operation timed out).
     """
 
-    cdef public object delay_ms
-    cdef public Counts _purgatory
-    cdef object _entry  # the untracked watcher entry, until the operation leaves the wheel
-    cdef long _done
 
     def __init__(self, delay_ms):
         if type(delay_ms) is not int or not 0 <= delay_ms <= _INT64_MAX:
@@ -323,9 +311,6 @@ cdef bint distinct_keys(tuple keys) except -1:
 cdef class WatchList:
     """The entries watching one key and how many are known dead (see ``_WatchList``)."""
 
-    cdef list entries
-    cdef Py_ssize_t dead
-
 
 cdef Py_ssize_t compact(
     dict lists, object key, WatchList wl, list garbage, bint completed_too
@@ -365,24 +350,6 @@ cdef class PurgatoryCore:
     that ``op.try_complete()`` just raised).
     """
 
-    cdef object _schedule
-    cdef Py_ssize_t _purge_interval
-    cdef Py_ssize_t _nshards
-    cdef Py_hash_t _mask
-    cdef list _lists  # per shard: {key: WatchList}
-    cdef tw_mutex* _locks
-    cdef long long* _watched  # per shard, under its lock
-    cdef Py_ssize_t _ready  # shard mutexes initialised
-    cdef object _cleared
-    cdef object _on_cleared
-    cdef object _popleft
-    cdef tw_mutex _purge_mutex
-    cdef bint _purge_ready
-    cdef public long long _watched_base  # under the purge mutex
-    cdef readonly Counts _counts
-    cdef long long _npurges
-    cdef long long _nerrors
-    cdef public bint _stopping
 
     def __dealloc__(self):
         cdef Py_ssize_t i

@@ -1,6 +1,6 @@
-"""Type stubs for the Cython timer tasks, operations and purgatory core (:mod:`timewheel._ops`).
+"""Type stubs for the Cython timer tasks, operations and purgatory core (:mod:`timewheel._tasks_c`).
 
-The same API as :mod:`timewheel._ops_reference`.
+The same API as :mod:`timewheel._tasks_py`.
 """
 
 from collections.abc import Callable, Hashable, Iterable

@@ -1,8 +1,8 @@
 """Timer tasks, delayed operations and the purgatory's watcher registry in pure Python.
 
-The twin of :mod:`timewheel._ops` (the Cython build of the same classes): the same
+The twin of :mod:`timewheel._tasks_c` (the Cython build of the same classes): the same
 behaviour, attribute names and results, used when the extension is not built and as
-the reference the tests compare the extension with. :mod:`timewheel.ops` picks one.
+the reference the tests compare the extension with. :mod:`timewheel._impl` picks one.
 
 * :class:`TimerTask` and :class:`CallbackTask`: what a :class:`~timewheel.timer.Timer`
   schedules; the wheel holds the task itself, so cancelling is O(1) by handle.
@@ -34,7 +34,7 @@ import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
-from ._validate import INT64_MAX, check_int, check_keys
+from ._validate import INT64_MAX, aborted, check_int, check_keys
 
 __all__ = [
     "CANCELLED",
@@ -58,10 +58,6 @@ DEAD_SHARE = 8  # a watcher list is compacted once 1/DEAD_SHARE of it is known d
 def monotonic_ms() -> int:
     """The timer's default clock: :func:`time.monotonic_ns` in whole milliseconds."""
     return time.monotonic_ns() // 1_000_000
-
-
-def _aborted(task: object, exc: BaseException) -> RuntimeError:
-    return RuntimeError(f"{task!r} raised {exc!r}")
 
 
 class TimerTask:
@@ -100,7 +96,7 @@ class TimerTask:
         except Exception:
             raise
         except BaseException as exc:
-            raise _aborted(self, exc) from exc
+            raise aborted(self, exc) from exc
 
     def cancel(self) -> bool:
         """Remove the task from its timer; True only for the call that cancelled it.

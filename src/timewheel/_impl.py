@@ -1,0 +1,122 @@
+"""Pick the implementation: both Cython extensions together, or both pure-Python twins.
+
+The pairs are :mod:`timewheel._wheel_c` / :mod:`timewheel._wheel_py` (the timing wheel)
+and :mod:`timewheel._tasks_c` / :mod:`timewheel._tasks_py` (timer tasks, delayed
+operations and the purgatory's watcher registry). The twins are used when
+``TIMEWHEEL_NO_EXTENSIONS`` is set to a non-empty value, on interpreters other than
+CPython, or when either extension cannot be imported; never one of each, since a C timer
+task in a pure-Python wheel would only be slower and harder to reason about.
+
+:data:`IMPLEMENTATION` names the one in use; :func:`implementation` hands the tests and
+benchmarks either one as a whole.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable
+
+from . import _tasks_py, _wheel_py
+
+__all__ = [
+    "CANCELLED",
+    "FIRED",
+    "IMPLEMENTATION",
+    "NO_EXTENSIONS",
+    "PENDING",
+    "CallbackTask",
+    "Counts",
+    "DelayedOperation",
+    "Implementation",
+    "PurgatoryCore",
+    "TimerTask",
+    "TimingWheel",
+    "implementation",
+    "monotonic_ms",
+]
+
+#: True when the twins are forced: ``TIMEWHEEL_NO_EXTENSIONS`` set, or not CPython.
+NO_EXTENSIONS = bool(os.environ.get("TIMEWHEEL_NO_EXTENSIONS")) or (
+    platform.python_implementation() != "CPython"
+)
+
+#: The states of a timer task (the same numbers in both implementations).
+PENDING, CANCELLED, FIRED = _tasks_py.PENDING, _tasks_py.CANCELLED, _tasks_py.FIRED
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One whole implementation of the core: a wheel module and a tasks module."""
+
+    name: str
+    wheel: ModuleType
+    tasks: ModuleType
+
+    @property
+    def TimingWheel(self) -> Any:
+        """The timing wheel class."""
+        return self.wheel.TimingWheel
+
+    def __getattr__(self, name: str) -> Any:
+        """``TimerTask``, ``CallbackTask``, ``DelayedOperation``, ``PurgatoryCore``,
+        ``Counts``, ``monotonic_ms``: from the tasks module."""
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.tasks, name)
+
+
+def _load_extensions() -> Implementation | None:
+    if NO_EXTENSIONS:
+        return None
+    try:
+        from . import _tasks_c, _wheel_c
+    except ImportError:  # pragma: no cover - only without a compiler
+        return None
+    return Implementation("cython", _wheel_c, _tasks_c)
+
+
+_PYTHON = Implementation("python", _wheel_py, _tasks_py)
+_CYTHON = _load_extensions()
+_IN_USE = _CYTHON or _PYTHON
+
+
+def implementation(name: str | None = None) -> Implementation:
+    """The implementation called ``name`` ("cython" or "python"), or the one in use.
+
+    Raises LookupError for "cython" when the extensions are not in use.
+    """
+    if name is None:
+        return _IN_USE
+    if name == "python":
+        return _PYTHON
+    if name == "cython":
+        if _CYTHON is None:
+            raise LookupError("the Cython extensions are not in use")
+        return _CYTHON
+    raise ValueError(f"name must be 'cython', 'python' or None, got {name!r}")
+
+
+#: "cython" or "python": which implementation the package runs on.
+IMPLEMENTATION = _IN_USE.name
+
+if TYPE_CHECKING:
+    from ._tasks_py import (
+        CallbackTask,
+        Counts,
+        DelayedOperation,
+        PurgatoryCore,
+        TimerTask,
+        monotonic_ms,
+    )
+    from ._wheel_py import TimingWheel
+else:
+    TimingWheel = _IN_USE.wheel.TimingWheel
+    TimerTask = _IN_USE.tasks.TimerTask
+    CallbackTask = _IN_USE.tasks.CallbackTask
+    Counts = _IN_USE.tasks.Counts
+    DelayedOperation = _IN_USE.tasks.DelayedOperation
+    PurgatoryCore = _IN_USE.tasks.PurgatoryCore
+    monotonic_ms: Callable[[], int] = _IN_USE.tasks.monotonic_ms

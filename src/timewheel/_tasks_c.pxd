@@ -1,0 +1,69 @@
+# cython: language_level=3
+"""C declarations of :mod:`timewheel._tasks_c`: the fields and cdef methods of its classes,
+so that another extension can cimport them."""
+
+cimport cython
+from timewheel._sync cimport tw_add, tw_mutex
+
+
+cdef class TimerTask:
+    cdef long long _deadline
+    cdef bint _timed  # whether _deadline holds deadline_ms
+    cdef public long long _handle
+    cdef public object _wheel
+    cdef public int _state
+    cdef object __weakref__
+    cdef bint _cancel(self) except -1
+    cdef void _left(self) noexcept
+
+
+cdef class CallbackTask(TimerTask):
+    cdef object _callback
+    cdef tuple _args
+
+
+@cython.final
+cdef class Counts:
+    cdef long long _completed
+    cdef long long _expired
+    cdef inline void record(self, bint expired) noexcept:
+        tw_add(&self._completed, 1)
+        if expired:
+            tw_add(&self._expired, 1)
+
+
+cdef class DelayedOperation(TimerTask):
+    cdef public object delay_ms
+    cdef public Counts _purgatory
+    cdef object _entry  # the untracked watcher entry, until the operation leaves the wheel
+    cdef long _done
+    cdef void _left(self) noexcept
+
+
+@cython.final
+cdef class WatchList:
+    cdef list entries
+    cdef Py_ssize_t dead
+
+
+cdef class PurgatoryCore:
+    cdef object _schedule
+    cdef Py_ssize_t _purge_interval
+    cdef Py_ssize_t _nshards
+    cdef Py_hash_t _mask
+    cdef list _lists  # per shard: {key: WatchList}
+    cdef tw_mutex* _locks
+    cdef long long* _watched  # per shard, under its lock
+    cdef Py_ssize_t _ready  # shard mutexes initialised
+    cdef object _cleared
+    cdef object _on_cleared
+    cdef object _popleft
+    cdef tw_mutex _purge_mutex
+    cdef bint _purge_ready
+    cdef public long long _watched_base  # under the purge mutex
+    cdef readonly Counts _counts
+    cdef long long _npurges
+    cdef long long _nerrors
+    cdef public bint _stopping
+    cdef bint _try(self, object op) except -1
+    cdef Py_ssize_t _shard_of(self, object key) except -1
