@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import pytest
 
-from timewheel.benchmarks.classic import HeapTimer
+from timewheel.benchmarks.baselines import HeapTimer
 from timewheel.benchmarks.operations import (
     IMPLS,
     extension_missing,

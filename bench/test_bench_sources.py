@@ -10,38 +10,15 @@ uses the bulk calls where the structure has them.
 from __future__ import annotations
 
 import queue
-from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from timewheel.benchmarks.baselines import SetDeque
 from timewheel.sources import SetQueue
 
 ITEMS = 1000
-
-
-class SetDeque:
-    """The write-up's ConcurrentSetQueue in plain Python: a set for membership, a deque
-    for order; thread-safe only by accident of the GIL."""
-
-    def __init__(self) -> None:
-        self._members: set[Hashable] = set()
-        self._order: deque[Hashable] = deque()
-
-    def offer(self, item: Hashable) -> bool:
-        if item in self._members:
-            return False
-        self._members.add(item)
-        self._order.append(item)
-        return True
-
-    def poll(self) -> Hashable | None:
-        if not self._order:
-            return None
-        item = self._order.popleft()
-        self._members.discard(item)
-        return item
 
 
 def setqueue_per_item(items: range) -> Callable[[], Any]:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from timewheel.benchmarks import resources as bench
+from timewheel.benchmarks.baselines import LockedResourceManager
 from timewheel.purgatory import Purgatory
 from timewheel.resources import Checkout, ResourceManager, _Entry, _global_order, _Stripe
 from timewheel.timer import ManualClock, Timer
@@ -615,7 +616,7 @@ def test_the_one_lock_baseline_is_all_or_nothing_too() -> None:
         loads[key] += 1
         return f"object {key}"
 
-    baseline = bench.LockedResourceManager(loader)
+    baseline = LockedResourceManager(loader)
     assert baseline.checkout([1, 2]) == {1: "object 1", 2: "object 2"}
     got: list[dict[Hashable, Any]] = []
     t = threading.Thread(target=lambda: got.append(baseline.checkout([2, 3])))

@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 from typing import cast
 
-from ._impl import DelayedOperation, PurgatoryCore, implementation
+from ._impl import Counts, DelayedOperation, PurgatoryCore, implementation
 from ._validate import check_shards
 from .timer import StrategyFactory, Timer, check_ms
 
-__all__ = ["DelayedOperation", "Purgatory", "PurgatoryCore", "PyPurgatory"]
+__all__ = ["Counts", "DelayedOperation", "Purgatory", "PurgatoryCore", "PyPurgatory"]
 
 logger = logging.getLogger("timewheel")
 

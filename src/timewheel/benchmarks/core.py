@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import heapq
 import random
 import time
 from functools import partial
@@ -30,11 +29,12 @@ from typing import Any, Callable
 import numpy as np
 
 from timewheel import implementation
+from timewheel.benchmarks.baselines import LazyHeap
 
 PyTimingWheel = implementation("python").TimingWheel
 CTimingWheel = None if implementation().name != "cython" else implementation("cython").TimingWheel
 
-__all__ = ["HeapTimer", "add_parser", "build_cases", "format_table", "run_core_bench"]
+__all__ = ["add_parser", "build_cases", "format_table", "run_core_bench"]
 
 STEP = 1_000  # ticks per advance in the expire workload
 EXT = "timewheel (Cython)"
@@ -51,37 +51,6 @@ TARGETS: dict[str, dict[str, float]] = {
     "batch": {"timewheel per call": 3.0},
     "expire": {"heapq pop": 3.0},
 }
-
-
-class HeapTimer:
-    """A plain heapq timer with lazy cancellation: entries are ``[deadline, seq, item,
-    alive]`` lists, cancel clears ``alive`` and expiry skips dead entries."""
-
-    def __init__(self) -> None:
-        self._heap: list[list[Any]] = []
-        self._seq = 0
-
-    def schedule(self, deadline: int, item: Any) -> list[Any]:
-        """Add ``item`` at ``deadline``; return the entry, which is the handle."""
-        entry = [deadline, self._seq, item, True]
-        self._seq += 1
-        heapq.heappush(self._heap, entry)
-        return entry
-
-    def cancel(self, entry: list[Any]) -> bool:
-        """Mark ``entry`` dead; True if it was alive."""
-        alive = bool(entry[3])
-        entry[3] = False
-        return alive
-
-    def advance(self, now: int) -> list[Any]:
-        """Pop and return the live items due at ``now``, in (deadline, seq) order."""
-        heap, out = self._heap, []
-        while heap and heap[0][0] <= now:
-            entry = heapq.heappop(heap)
-            if entry[3]:
-                out.append(entry[2])
-        return out
 
 
 def _noop() -> None:
@@ -144,7 +113,7 @@ def _asyncio_setup() -> Contender:
 
 
 def _heap_setup() -> Contender:
-    timer = HeapTimer()
+    timer = LazyHeap()
     return timer.schedule, None, timer.cancel, None
 
 
@@ -214,7 +183,7 @@ def build_cases(n: int = 200_000, seed: int = 1) -> list[Case]:
         ("schedule+cancel", "dict (floor)", _pair(_dict_setup, list(range(n)), cancel_by_key=True)),
         ("batch", PURE, _wheel_batch(PyTimingWheel, array)),
         ("expire", PURE, _expire(partial(PyTimingWheel, 1, 20, 0), deadlines, n)),
-        ("expire", "heapq pop", _expire(HeapTimer, deadlines, n)),
+        ("expire", "heapq pop", _expire(LazyHeap, deadlines, n)),
     ]
     return cases
 

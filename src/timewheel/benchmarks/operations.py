@@ -20,9 +20,9 @@ from typing import Any, Callable
 from .. import implementation
 from ..purgatory import DelayedOperation, Purgatory, PyPurgatory
 from ..timer import ManualClock, Timer
-from .classic import ClassicPurgatory
+from .baselines import ClassicPurgatory
 
-IMPLS = ("purgatory[cython]", "purgatory[python]", "classic")
+IMPLS = ("wheel", "wheel[python]", "classic")
 
 
 def _request_class(base: type[Any]) -> type[Any]:
@@ -52,7 +52,7 @@ PyRequest = _request_class(implementation("python").DelayedOperation)
 
 def request_class(impl: str) -> type[Any]:
     """The operation class that ``impl``'s purgatory takes."""
-    return PyRequest if impl == "purgatory[python]" else Request
+    return PyRequest if impl == "wheel[python]" else Request
 
 
 def timer_on(wheel_name: str, clock: ManualClock) -> Timer:
@@ -69,18 +69,18 @@ def timer_on(wheel_name: str, clock: ManualClock) -> Timer:
 def make_purgatory(impl: str, clock: ManualClock) -> Any:
     """A reaper-less purgatory of ``impl`` (one of :data:`IMPLS`) on ``clock``.
 
-    ``purgatory[python]`` is all pure Python: the twin's core and operations on the
-    twin's wheel. ``classic`` takes the same operations as ``purgatory[cython]``.
+    ``wheel[python]`` is all pure Python: the twin's core and operations on the
+    twin's wheel. ``classic`` takes the same operations as ``wheel``.
     """
     if impl == "classic":
         return ClassicPurgatory(clock=clock, reaper=False)
-    if impl == "purgatory[python]":
+    if impl == "wheel[python]":
         return PyPurgatory(timer=timer_on("python", clock), reaper=False)
     return Purgatory(timer=timer_on("cython", clock), reaper=False)
 
 
 def extension_missing() -> bool:
-    """True when ``purgatory[cython]`` cannot run: an extension is not built or not in use."""
+    """True when ``wheel`` cannot run: an extension is not built or not in use."""
     return implementation().name != "cython"
 
 
@@ -150,11 +150,11 @@ def main(args: argparse.Namespace) -> int:
         )
         return 2
     impls = [i for i in IMPLS if args.impl in ("all", i)]
-    if extension_missing() and "purgatory[cython]" in impls:
+    if extension_missing() and "wheel" in impls:
         if args.impl != "all":
-            print("purgatory[cython] needs the compiled extension, which is not built")
+            print("wheel needs the compiled extension, which is not built")
             return 2
-        impls.remove("purgatory[cython]")
+        impls.remove("wheel")
     plan = workload(args.ops, args.keys, args.watch, args.max_delay)
     results = [run_one(impl, plan, args.pending, args.complete) for impl in impls]
     baseline = next((r for r in results if r["impl"] == "classic"), None)

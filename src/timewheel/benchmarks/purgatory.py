@@ -9,10 +9,10 @@ expire. The workload is drawn up front from a seeded NumPy generator and the two
 load threads are the same for every ``--impl``:
 
 * ``wheel``: :class:`~timewheel.purgatory.Purgatory` with its reaper;
-* ``classic``: :class:`~timewheel.benchmarks.classic.ClassicPurgatory` (heap + strong
+* ``classic``: :class:`~timewheel.benchmarks.baselines.ClassicPurgatory` (heap + strong
   watcher lists + purge by scan), with its reaper;
-* ``asyncio``: :class:`AsyncioPurgatory`, the purgatory a Python user writes today on an
-  event loop's ``call_later``.
+* ``asyncio``: :class:`~timewheel.benchmarks.baselines.AsyncioPurgatory`, the purgatory a
+  Python user writes today on an event loop's ``call_later``.
 
 A run that loses a request (completed + expired != num) fails loudly.
 """
@@ -20,7 +20,6 @@ A run that loses a request (completed + expired != num) fails loudly.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import ctypes
 import ctypes.util
@@ -32,15 +31,12 @@ import sys
 import threading
 import time
 from array import array
-from collections import deque
-from collections.abc import Hashable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .._impl import Counts
-from ..cli import positive
+from .._argtypes import positive
 from ..purgatory import DelayedOperation, Purgatory
-from .classic import ClassicPurgatory
+from .baselines import AsyncioPurgatory, ClassicPurgatory
 
 IMPLS = ("wheel", "classic", "asyncio")
 #: The load threads act up to this early rather than sleep for less: a sleep costs
@@ -67,144 +63,6 @@ class FakeOperation(DelayedOperation):
 
     def on_complete(self) -> None:
         """No response to send in a benchmark."""
-
-
-class _LoopCancel:
-    """Stands in for the timer of an operation watched by :class:`AsyncioPurgatory`.
-
-    ``DelayedOperation.force_complete`` cancels through ``op._wheel.cancel(op._handle)``;
-    cancelling posts the operation to the loop, since asyncio is not thread-safe. One
-    per operation (as an asyncio ``TimerHandle`` is): the message holds the operation,
-    so it cannot be freed before the loop has seen it.
-    """
-
-    __slots__ = ("_op", "_post")
-
-    def __init__(self, post: Any, op: DelayedOperation) -> None:
-        self._post = post
-        self._op = op
-
-    def cancel(self, handle: int) -> bool:
-        """Have the loop cancel the operation's timeout and unwatch it."""
-        self._post(("done", self._op))
-        return True
-
-
-class AsyncioPurgatory:
-    """A purgatory on an asyncio event loop in its own thread: ``call_later`` timeouts
-    and watcher sets, tuned the way a careful user would write it.
-
-    Other threads post to a deque the loop drains, waking the loop only when it is not
-    already due to drain (one ``call_soon_threadsafe`` per batch, not per request). A
-    completed operation's timer handle is cancelled (asyncio compacts its heap once
-    half of it is cancelled) and it leaves its watcher sets at once. No reference
-    cycles: a finished operation is freed by reference counting, as in the others.
-    """
-
-    def __init__(self, name: str = "asyncio") -> None:
-        self.name = name
-        self._loop = asyncio.new_event_loop()
-        self._inbox: deque[tuple[Any, ...]] = deque()
-        self._wake_pending = False
-        self._watchers: dict[Hashable, set[DelayedOperation]] = {}
-        # Pending operations: their timer handles and keys (the loop's strong reference).
-        self._pending: dict[DelayedOperation, tuple[asyncio.TimerHandle, tuple[Hashable, ...]]] = {}
-        self._stats_lock = threading.Lock()
-        self._counts = Counts()
-        self._errors = 0
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"{name}-loop")
-        self._thread.daemon = True
-        self._thread.start()
-
-    def _post(self, message: tuple[Any, ...]) -> None:
-        self._inbox.append(message)
-        if not self._wake_pending:
-            self._wake_pending = True
-            self._loop.call_soon_threadsafe(self._drain)
-
-    def try_complete_else_watch(self, op: DelayedOperation, keys: Iterable[Hashable]) -> bool:
-        """Try on the caller; if not complete, have the loop watch and time it."""
-        op._purgatory = self._counts
-        if op.try_complete():
-            return True
-        self._post(("watch", op, tuple(keys)))
-        return False
-
-    def _drain(self) -> None:
-        # Reset before draining: a post after this line wakes the loop again.
-        self._wake_pending = False
-        inbox, watchers, pending = self._inbox, self._watchers, self._pending
-        call_later, expire = self._loop.call_later, self._expire
-        while inbox:
-            message = inbox.popleft()
-            kind, op = message[0], message[1]
-            if kind == "watch":
-                if op.is_completed:  # completed before the loop got to it
-                    continue
-                keys = message[2]
-                pending[op] = (call_later(op.delay_ms / 1000, expire, op), keys)
-                for key in keys:
-                    s = watchers.get(key)
-                    if s is None:
-                        watchers[key] = {op}
-                    else:
-                        s.add(op)
-                op._wheel = _LoopCancel(self._post, op)
-                if op.is_completed:  # completed while its handle was not yet published
-                    self._finish(op)
-            elif kind == "done":
-                self._finish(op)
-            else:  # "flush"
-                op.set()
-
-    def flush(self) -> None:
-        """Return once the loop has watched every request posted before this call.
-
-        The load generator calls it before it stops the clock: a request has not
-        arrived in this purgatory until the loop has watched it.
-        """
-        done = threading.Event()
-        self._post(("flush", done))
-        done.wait()
-
-    def _finish(self, op: DelayedOperation) -> None:
-        """Forget a completed or expired operation: cancel its timeout, unwatch it."""
-        entry = self._pending.pop(op, None)
-        if entry is None:
-            return  # a timeout and a completion both finished it
-        handle, keys = entry
-        handle.cancel()
-        op._wheel = None  # and with it the _LoopCancel's reference back
-        watchers = self._watchers
-        for key in keys:
-            s = watchers.get(key)
-            if s is not None:
-                s.discard(op)
-                if not s:
-                    del watchers[key]
-
-    def _expire(self, op: DelayedOperation) -> None:
-        self._finish(op)
-        try:
-            op.run()
-        except Exception:
-            with self._stats_lock:
-                self._errors += 1
-
-    def metrics(self) -> dict[str, int]:
-        """Completed (expired included) and expired, as the other purgatories count them."""
-        with self._stats_lock:
-            return {
-                "completed": self._counts.completed,
-                "expired": self._counts.expired,
-                "errors": self._errors,
-            }
-
-    def shutdown(self) -> None:
-        """Stop the loop and its thread."""
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
 
 
 @dataclass

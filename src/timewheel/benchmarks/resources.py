@@ -24,48 +24,9 @@ from collections.abc import Hashable, Iterable
 from typing import Any, Callable
 
 from ..resources import ResourceManager
+from .baselines import LockedResourceManager
 
 MIN_KEYS, MAX_KEYS = 1, 4
-
-
-class LockedResourceManager:
-    """The pre-redesign manager: one lock over lookup, loads and marks; one condition to wait on."""
-
-    def __init__(self, loader: Callable[[Hashable], Any]) -> None:
-        self._loader = loader
-        self._cond = threading.Condition(threading.Lock())
-        self._resident: dict[Hashable, Any] = {}
-        self._busy: set[Hashable] = set()
-
-    def checkout(self, keys: Iterable[Hashable]) -> dict[Hashable, Any]:
-        """Wait until every key is free, load the missing ones, mark them all; return objects."""
-        keys = tuple(keys)
-        with self._cond:
-            busy = self._busy
-            while not busy.isdisjoint(keys):
-                self._cond.wait()
-            resident = self._resident
-            values = {}
-            for key in keys:
-                if key not in resident:
-                    resident[key] = self._loader(key)
-                values[key] = resident[key]
-            busy.update(keys)
-        return values
-
-    def checkin(self, keys: Iterable[Hashable]) -> None:
-        """Unmark the keys and wake every waiter."""
-        with self._cond:
-            self._busy.difference_update(keys)
-            self._cond.notify_all()
-
-    def evict(self, key: Hashable) -> bool:
-        """Drop an idle resident key."""
-        with self._cond:
-            if key in self._busy or key not in self._resident:
-                return False
-            del self._resident[key]
-            return True
 
 
 class Loader:

@@ -1,5 +1,6 @@
-"""The pre-redesign baselines the benchmarks compare against, built the old way but tuned.
+"""Every baseline the benchmarks compare against, built the old way but tuned.
 
+* :class:`LazyHeap`: a plain heapq with the wheel's calls and lazy cancellation.
 * :class:`HeapTimer`: a heapq timer with lazy cancellation and asyncio's compaction rule.
 * :class:`ClassicPurgatory`: Kafka 0.8's purgatory in Python: a heap of operations
   (the DelayQueue) drained by a reaper, watcher lists holding strong references in
@@ -10,22 +11,34 @@
   would rescan on every operation once many are pending), and it reuses
   :class:`~timewheel.purgatory.DelayedOperation`, so both purgatories run the same
   operation classes.
+* :class:`AsyncioPurgatory`: a purgatory on an asyncio loop thread, ``call_later``
+  timeouts and watcher sets, as a careful asyncio user would write it.
+* :class:`LockedResourceManager`: the object manager before the redesign, one lock.
+* :class:`SetDeque`: the sources write-up's set-plus-queue, unlocked.
 """
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import threading
+from collections import deque
 from collections.abc import Hashable, Iterable
 from typing import Any, Callable
 
-from .._impl import Counts
-from .._validate import check_shards
-from ..purgatory import DelayedOperation
+from ..purgatory import Counts, DelayedOperation
 from ..timer import ManualClock, check_ms, logger, monotonic_ms
 
-__all__ = ["ClassicPurgatory", "HeapTimer", "HeapTimerHandle"]
+__all__ = [
+    "AsyncioPurgatory",
+    "ClassicPurgatory",
+    "HeapTimer",
+    "HeapTimerHandle",
+    "LazyHeap",
+    "LockedResourceManager",
+    "SetDeque",
+]
 
 _Clock = Callable[[], int]
 
@@ -191,7 +204,8 @@ class ClassicPurgatory:
         self.name = name
         self._queue = _DelayQueue(clock)
         self._purge_interval = check_ms("purge_interval", purge_interval, 1)
-        shards = check_shards(shards)
+        if check_ms("shards", shards, 1, 1 << 16) & (shards - 1):
+            raise ValueError(f"shards must be a power of two, got {shards}")
         self._locks = [threading.Lock() for _ in range(shards)]
         self._lists: list[dict[Hashable, list[DelayedOperation]]] = [{} for _ in range(shards)]
         self._mask = shards - 1
@@ -386,3 +400,236 @@ class ClassicPurgatory:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+class LazyHeap:
+    """A plain heapq with the timing wheel's calls and lazy cancellation: entries are
+    ``[deadline, seq, item, alive]`` lists, cancel clears ``alive`` and expiry skips dead
+    entries (the core benchmark's heapq baseline)."""
+
+    def __init__(self) -> None:
+        self._heap: list[list[Any]] = []
+        self._seq = 0
+
+    def schedule(self, deadline: int, item: Any) -> list[Any]:
+        """Add ``item`` at ``deadline``; return the entry, which is the handle."""
+        entry = [deadline, self._seq, item, True]
+        self._seq += 1
+        heapq.heappush(self._heap, entry)
+        return entry
+
+    def cancel(self, entry: list[Any]) -> bool:
+        """Mark ``entry`` dead; True if it was alive."""
+        alive = bool(entry[3])
+        entry[3] = False
+        return alive
+
+    def advance(self, now: int) -> list[Any]:
+        """Pop and return the live items due at ``now``, in (deadline, seq) order."""
+        heap, out = self._heap, []
+        while heap and heap[0][0] <= now:
+            entry = heapq.heappop(heap)
+            if entry[3]:
+                out.append(entry[2])
+        return out
+
+
+class _LoopCancel:
+    """Stands in for the timer of an operation watched by :class:`AsyncioPurgatory`.
+
+    ``DelayedOperation.force_complete`` cancels through ``op._wheel.cancel(op._handle)``;
+    cancelling posts the operation to the loop, since asyncio is not thread-safe. One
+    per operation (as an asyncio ``TimerHandle`` is): the message holds the operation,
+    so it cannot be freed before the loop has seen it.
+    """
+
+    __slots__ = ("_op", "_post")
+
+    def __init__(self, post: Any, op: DelayedOperation) -> None:
+        self._post = post
+        self._op = op
+
+    def cancel(self, handle: int) -> bool:
+        """Have the loop cancel the operation's timeout and unwatch it."""
+        self._post(("done", self._op))
+        return True
+
+
+class AsyncioPurgatory:
+    """A purgatory on an asyncio event loop in its own thread: ``call_later`` timeouts
+    and watcher sets, tuned the way a careful user would write it.
+
+    Other threads post to a deque the loop drains, waking the loop only when it is not
+    already due to drain (one ``call_soon_threadsafe`` per batch, not per request). A
+    completed operation's timer handle is cancelled (asyncio compacts its heap once
+    half of it is cancelled) and it leaves its watcher sets at once. No reference
+    cycles: a finished operation is freed by reference counting, as in the others.
+    """
+
+    def __init__(self, name: str = "asyncio") -> None:
+        self.name = name
+        self._loop = asyncio.new_event_loop()
+        self._inbox: deque[tuple[Any, ...]] = deque()
+        self._wake_pending = False
+        self._watchers: dict[Hashable, set[DelayedOperation]] = {}
+        # Pending operations: their timer handles and keys (the loop's strong reference).
+        self._pending: dict[DelayedOperation, tuple[asyncio.TimerHandle, tuple[Hashable, ...]]] = {}
+        self._stats_lock = threading.Lock()
+        self._counts = Counts()
+        self._errors = 0
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"{name}-loop")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _post(self, message: tuple[Any, ...]) -> None:
+        self._inbox.append(message)
+        if not self._wake_pending:
+            self._wake_pending = True
+            self._loop.call_soon_threadsafe(self._drain)
+
+    def try_complete_else_watch(self, op: DelayedOperation, keys: Iterable[Hashable]) -> bool:
+        """Try on the caller; if not complete, have the loop watch and time it."""
+        op._purgatory = self._counts
+        if op.try_complete():
+            return True
+        self._post(("watch", op, tuple(keys)))
+        return False
+
+    def _drain(self) -> None:
+        # Reset before draining: a post after this line wakes the loop again.
+        self._wake_pending = False
+        inbox, watchers, pending = self._inbox, self._watchers, self._pending
+        call_later, expire = self._loop.call_later, self._expire
+        while inbox:
+            message = inbox.popleft()
+            kind, op = message[0], message[1]
+            if kind == "watch":
+                if op.is_completed:  # completed before the loop got to it
+                    continue
+                keys = message[2]
+                pending[op] = (call_later(op.delay_ms / 1000, expire, op), keys)
+                for key in keys:
+                    s = watchers.get(key)
+                    if s is None:
+                        watchers[key] = {op}
+                    else:
+                        s.add(op)
+                op._wheel = _LoopCancel(self._post, op)
+                if op.is_completed:  # completed while its handle was not yet published
+                    self._finish(op)
+            elif kind == "done":
+                self._finish(op)
+            else:  # "flush"
+                op.set()
+
+    def flush(self) -> None:
+        """Return once the loop has watched every request posted before this call.
+
+        The load generator calls it before it stops the clock: a request has not
+        arrived in this purgatory until the loop has watched it.
+        """
+        done = threading.Event()
+        self._post(("flush", done))
+        done.wait()
+
+    def _finish(self, op: DelayedOperation) -> None:
+        """Forget a completed or expired operation: cancel its timeout, unwatch it."""
+        entry = self._pending.pop(op, None)
+        if entry is None:
+            return  # a timeout and a completion both finished it
+        handle, keys = entry
+        handle.cancel()
+        op._wheel = None  # and with it the _LoopCancel's reference back
+        watchers = self._watchers
+        for key in keys:
+            s = watchers.get(key)
+            if s is not None:
+                s.discard(op)
+                if not s:
+                    del watchers[key]
+
+    def _expire(self, op: DelayedOperation) -> None:
+        self._finish(op)
+        try:
+            op.run()
+        except Exception:
+            with self._stats_lock:
+                self._errors += 1
+
+    def metrics(self) -> dict[str, int]:
+        """Completed (expired included) and expired, as the other purgatories count them."""
+        with self._stats_lock:
+            return {
+                "completed": self._counts.completed,
+                "expired": self._counts.expired,
+                "errors": self._errors,
+            }
+
+    def shutdown(self) -> None:
+        """Stop the loop and its thread."""
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
+class LockedResourceManager:
+    """The pre-redesign manager: one lock over lookup, loads and marks; one condition to wait on."""
+
+    def __init__(self, loader: Callable[[Hashable], Any]) -> None:
+        self._loader = loader
+        self._cond = threading.Condition(threading.Lock())
+        self._resident: dict[Hashable, Any] = {}
+        self._busy: set[Hashable] = set()
+
+    def checkout(self, keys: Iterable[Hashable]) -> dict[Hashable, Any]:
+        """Wait until every key is free, load the missing ones, mark them all; return objects."""
+        keys = tuple(keys)
+        with self._cond:
+            busy = self._busy
+            while not busy.isdisjoint(keys):
+                self._cond.wait()
+            resident = self._resident
+            values = {}
+            for key in keys:
+                if key not in resident:
+                    resident[key] = self._loader(key)
+                values[key] = resident[key]
+            busy.update(keys)
+        return values
+
+    def checkin(self, keys: Iterable[Hashable]) -> None:
+        """Unmark the keys and wake every waiter."""
+        with self._cond:
+            self._busy.difference_update(keys)
+            self._cond.notify_all()
+
+    def evict(self, key: Hashable) -> bool:
+        """Drop an idle resident key."""
+        with self._cond:
+            if key in self._busy or key not in self._resident:
+                return False
+            del self._resident[key]
+            return True
+
+
+class SetDeque:
+    """The write-up's ConcurrentSetQueue in plain Python: a set for membership, a deque
+    for order; thread-safe only by accident of the GIL."""
+
+    def __init__(self) -> None:
+        self._members: set[Hashable] = set()
+        self._order: deque[Hashable] = deque()
+
+    def offer(self, item: Hashable) -> bool:
+        if item in self._members:
+            return False
+        self._members.add(item)
+        self._order.append(item)
+        return True
+
+    def poll(self) -> Hashable | None:
+        if not self._order:
+            return None
+        item = self._order.popleft()
+        self._members.discard(item)
+        return item
