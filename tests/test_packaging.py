@@ -75,7 +75,7 @@ def _only(dist: Path, pattern: str) -> Path:
 def test_sdist_carries_the_cython_sources_and_stubs(dist: Path) -> None:
     sdist = _only(dist, "*.tar.gz")
     with tarfile.open(sdist) as tar:
-        # every member sits under "timewheel-<version>/"
+        # every member sits under "timewheel_purgatory-<version>/"
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     shipped = {name[len("src/timewheel/") :] for name in names if name.startswith("src/timewheel/")}
     wanted = _package_files("*.py", "*.pyx", "*.pxd", "*.pyi", "py.typed", "*.properties")
@@ -84,7 +84,7 @@ def test_sdist_carries_the_cython_sources_and_stubs(dist: Path) -> None:
     assert {"pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "CHANGES.md"} <= names
     built = [n for n in names if n.endswith((".c", ".so", ".pyd", ".html"))]
     assert built == [], "build outputs leaked into the sdist"
-    assert sdist.name == f"timewheel-{_version()}.tar.gz"
+    assert sdist.name == f"timewheel_purgatory-{_version()}.tar.gz"
 
 
 @needs_source
@@ -105,7 +105,7 @@ def test_wheel_carries_stubs_marker_and_compiled_core(dist: Path) -> None:
         ]
         assert len(compiled) == 1, f"expected one compiled {ext} in {sorted(shipped)}"
     assert not any(name.startswith(("tests/", "bench/")) for name in names)
-    assert wheel.name.startswith(f"timewheel-{_version()}-")
+    assert wheel.name.startswith(f"timewheel_purgatory-{_version()}-")
 
 
 @needs_source
