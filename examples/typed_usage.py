@@ -37,10 +37,10 @@ from timewheel import (
     QueueingSource,
     ResourceManager,
     Scheduler,
+    SchedulingStrategy,
     SetQueue,
     Sink,
     Source,
-    Strategy,
     TaskQueue,
     ThreadPool,
     Timer,
@@ -153,7 +153,7 @@ def sources_section() -> None:
 
     sink = Collector(expected=6)
     sinks: Sink = sink
-    fair: Strategy = Fair()
+    fair: SchedulingStrategy = Fair()
     sources: dict[str, Source] = {"x": Numbers(stop=3), "y": Numbers(stop=3)}
     with Scheduler(sources, fair, sinks, max_outstanding=10, batch_size=4) as scheduler:
         assert scheduler.run_once() == 0  # the queues start empty; this starts their refills

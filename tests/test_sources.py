@@ -615,7 +615,7 @@ def test_scheduler_validation() -> None:
     with pytest.raises(ValueError, match=r"unknown sources \['z'\]"):
         Scheduler(ok, PreferThenFair("z", ["a"]), sink, max_outstanding=5, batch_size=5)
     with Scheduler(ok, Fair(), sink, max_outstanding=5, batch_size=5) as scheduler:
-        with pytest.raises(TypeError, match="strategy must be a Strategy"):
+        with pytest.raises(TypeError, match="strategy must be a SchedulingStrategy"):
             scheduler.strategy = "fair"  # type: ignore[assignment]
         assert isinstance(scheduler.strategy, Fair)
 

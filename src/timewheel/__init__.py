@@ -41,6 +41,7 @@ from .execution import (
     ExecuteProduceConsume,
     ExecutionStats,
     ExecutionStrategy,
+    Executor,
     PoolShutDown,
     ProduceConsume,
     ProduceExecuteConsume,
@@ -55,10 +56,11 @@ from .sources import (
     PreferThenFair,
     QueueingSource,
     Scheduler,
+    SchedulingStrategy,
     SetQueue,
     Sink,
     Source,
-    Strategy,
+    Strategy as Strategy,  # the old name of SchedulingStrategy, still importable
 )
 from .timer import ManualClock, Timer, TimerFullError, TimerTask
 
@@ -69,6 +71,7 @@ __all__ = [
     "ExecuteProduceConsume",
     "ExecutionStats",
     "ExecutionStrategy",
+    "Executor",
     "Fair",
     "Implementation",
     "ManualClock",
@@ -81,10 +84,10 @@ __all__ = [
     "QueueingSource",
     "ResourceManager",
     "Scheduler",
+    "SchedulingStrategy",
     "SetQueue",
     "Sink",
     "Source",
-    "Strategy",
     "TaskQueue",
     "ThreadPool",
     "Timer",

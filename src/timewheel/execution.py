@@ -37,12 +37,13 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 __all__ = [
     "ExecuteProduceConsume",
     "ExecutionStats",
     "ExecutionStrategy",
+    "Executor",
     "PoolShutDown",
     "ProduceConsume",
     "ProduceExecuteConsume",
@@ -56,6 +57,19 @@ logger = logging.getLogger("timewheel")
 
 #: A unit of work: called with no arguments, its result is ignored.
 Task = Callable[[], object]
+
+
+class Executor(Protocol):
+    """Anything that runs ``fn(*args)`` later, typically on another thread, such as a
+    :class:`concurrent.futures.ThreadPoolExecutor`.
+
+    The one executor protocol of the package: the :class:`~timewheel.timer.Timer` and
+    :class:`~timewheel.sources.QueueingSource` take one.
+    """
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Any:
+        """Arrange for ``fn(*args)`` to run."""
+        ...
 
 
 class Producer(Protocol):

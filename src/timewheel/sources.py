@@ -28,6 +28,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
 from ._validate import check_int
+from .execution import Executor
 
 __all__ = [
     "Executor",
@@ -35,10 +36,10 @@ __all__ = [
     "PreferThenFair",
     "QueueingSource",
     "Scheduler",
+    "SchedulingStrategy",
     "SetQueue",
     "Sink",
     "Source",
-    "Strategy",
 ]
 
 logger = logging.getLogger(__name__)
@@ -149,14 +150,6 @@ class Source(Protocol):
 
     def get_next_batch(self, n: int) -> list[Any]:
         """Return at most ``n`` items; an empty list when there are none."""
-        ...
-
-
-class Executor(Protocol):
-    """The part of :class:`concurrent.futures.Executor` a :class:`QueueingSource` uses."""
-
-    def submit(self, fn: Callable[[], None], /) -> Any:
-        """Arrange for ``fn()`` to run, typically on another thread."""
         ...
 
 
@@ -355,8 +348,12 @@ class Sink(Protocol):
 Take = Callable[[str, int], int]
 
 
-class Strategy(ABC):
-    """Decides, each round, which sources to ask for how many items."""
+class SchedulingStrategy(ABC):
+    """Decides, each round, which sources a :class:`Scheduler` asks for how many items.
+
+    Not to be confused with :class:`~timewheel.execution.ExecutionStrategy`, which
+    decides which thread runs a produced task.
+    """
 
     @abstractmethod
     def names(self) -> tuple[str, ...] | None:
@@ -376,7 +373,11 @@ def _check_names(name: str, value: Any) -> tuple[str, ...]:
     return names
 
 
-class Fair(Strategy):
+#: The name this class had before 0.1.0; kept so that existing imports still work.
+Strategy = SchedulingStrategy
+
+
+class Fair(SchedulingStrategy):
     """Round-robin: split the budget evenly, the first pick rotating every round.
 
     A source that falls short of its share is not asked again this round; what it left
@@ -420,7 +421,7 @@ class Fair(Strategy):
         return f"Fair({list(self._names) if self._names else ''})"
 
 
-class PreferThenFair(Strategy):
+class PreferThenFair(SchedulingStrategy):
     """Take all the budget from ``preferred``; share what it cannot fill fairly among
     ``others``."""
 
@@ -467,7 +468,7 @@ class Scheduler:
     def __init__(
         self,
         sources: Mapping[str, Source],
-        strategy: Strategy,
+        strategy: SchedulingStrategy,
         sink: Sink,
         *,
         max_outstanding: int,
@@ -512,14 +513,15 @@ class Scheduler:
         return self._sources
 
     @property
-    def strategy(self) -> Strategy:
+    def strategy(self) -> SchedulingStrategy:
         """The strategy used from the next round on; may be replaced at any time."""
         return self._strategy
 
     @strategy.setter
-    def strategy(self, strategy: Strategy) -> None:
-        """Use ``strategy`` from the next round on; raise if it is not a Strategy or names
-        a source this scheduler does not have (the old strategy then stays)."""
+    def strategy(self, strategy: SchedulingStrategy) -> None:
+        """Use ``strategy`` from the next round on; raise if it is not a
+        SchedulingStrategy or names a source this scheduler does not have (the old
+        strategy then stays)."""
         self._strategy = self._check_strategy(strategy)
 
     def run_once(self) -> int:
@@ -575,9 +577,11 @@ class Scheduler:
     ) -> None:
         self.close()
 
-    def _check_strategy(self, strategy: Strategy) -> Strategy:
-        if not isinstance(strategy, Strategy):
-            raise TypeError(f"strategy must be a Strategy (Fair, PreferThenFair), got {strategy!r}")
+    def _check_strategy(self, strategy: SchedulingStrategy) -> SchedulingStrategy:
+        if not isinstance(strategy, SchedulingStrategy):
+            raise TypeError(
+                f"strategy must be a SchedulingStrategy (Fair, PreferThenFair), got {strategy!r}"
+            )
         unknown = sorted(set(strategy.names() or ()) - set(self._names))
         if unknown:
             raise ValueError(f"strategy {strategy!r} names unknown sources {unknown}")

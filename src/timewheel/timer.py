@@ -12,7 +12,7 @@ import logging
 import threading
 import weakref
 from collections import deque
-from typing import Any, Callable, Protocol, Union, cast
+from typing import Any, Callable, Union, cast
 
 from ._impl import (
     CANCELLED,
@@ -26,7 +26,14 @@ from ._impl import (
 )
 from ._validate import INT64_MAX as _INT64_MAX
 from ._validate import check_int
-from .execution import ExecuteProduceConsume, ExecutionStrategy, Producer, Task, ThreadPool
+from .execution import (
+    ExecuteProduceConsume,
+    ExecutionStrategy,
+    Executor,
+    Producer,
+    Task,
+    ThreadPool,
+)
 
 __all__ = ["ManualClock", "Timer", "TimerFullError", "TimerTask", "logger", "monotonic_ms"]
 
@@ -47,13 +54,6 @@ def check_ms(name: str, value: Any, lo: int = 0, hi: int = _INT64_MAX) -> int:
 def _seconds(ms: float) -> float:
     """``ms`` as a wait in seconds, capped where ``threading`` accepts it."""
     return min(ms / 1000, threading.TIMEOUT_MAX)
-
-
-class Executor(Protocol):
-    """Anything that can run ``fn(*args)`` later, such as a ``ThreadPoolExecutor``."""
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Any:
-        """Arrange for ``fn(*args)`` to run."""
 
 
 #: Builds the strategy that runs a timer's expired tasks from the producer it must drive.
