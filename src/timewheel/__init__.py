@@ -60,6 +60,8 @@ from .sources import (
     SetQueue,
     Sink,
     Source,
+)
+from .sources import (
     Strategy as Strategy,  # the old name of SchedulingStrategy, still importable
 )
 from .timer import ManualClock, Timer, TimerFullError, TimerTask
