@@ -1,6 +1,6 @@
 """Every dispatch engine, in-process (no Spark): exactly once, retries, timeouts, keys, reuse.
 
-The timewheel engine joins by being registered in timewheel.engines; these tests then
+The timewheel engine joins by being registered in timewheel.spark.registry; these tests then
 run against it too.
 """
 
@@ -14,15 +14,9 @@ from typing import Any
 
 import pytest
 
-from timewheel.engines import (
-    DispatchConfig,
-    Outcome,
-    WorkerRuntime,
-    engine_names,
-    get_engine,
-    worker_runtime,
-)
-from timewheel.targets import OnDone, SimulatedDownstream
+from timewheel.spark.engines import DispatchConfig, Outcome, WorkerRuntime, worker_runtime
+from timewheel.spark.registry import engine_names, get_engine
+from timewheel.spark.targets import OnDone, SimulatedDownstream
 
 
 @pytest.fixture(params=engine_names())

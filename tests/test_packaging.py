@@ -79,7 +79,7 @@ def test_sdist_carries_the_cython_sources_and_stubs(dist: Path) -> None:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     shipped = {name[len("src/timewheel/") :] for name in names if name.startswith("src/timewheel/")}
     wanted = _package_files("*.py", "*.pyx", "*.pxd", "*.pyi", "py.typed", "*.properties")
-    assert {"_core.pyx", "_core.pxd", "_core.pyi", "py.typed", "log4j2.properties"} <= wanted
+    assert {"_core.pyx", "_core.pxd", "_core.pyi", "py.typed", "spark/log4j2.properties"} <= wanted
     assert wanted - shipped == set()
     assert {"pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "CHANGES.md"} <= names
     built = [n for n in names if n.endswith((".c", ".so", ".pyd", ".html"))]

@@ -15,9 +15,10 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql import functions as F
 
-from timewheel.engines import engine_names, worker_runtime
 from timewheel.spark import dispatch, output_schema
-from timewheel.targets import HttpDownstream, SimulatedDownstream
+from timewheel.spark.engines import worker_runtime
+from timewheel.spark.registry import engine_names
+from timewheel.spark.targets import HttpDownstream, SimulatedDownstream
 
 pytestmark = pytest.mark.spark
 

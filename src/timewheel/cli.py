@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Any, Callable
 
 # Modules that add a subcommand through add_parser(subparsers); imported when the CLI starts,
 # so each keeps its heavy imports (pyspark, matplotlib) inside its main().
-_COMMANDS = ["timewheel.demo", "timewheel.pipeline"]
+_COMMANDS = ["timewheel.demo", "timewheel.spark.pipeline"]
 _BENCHMARKS: list[str] = [
     "timewheel.benchmarks.core",
     "timewheel.benchmarks.purgatory",
@@ -19,29 +18,6 @@ _BENCHMARKS: list[str] = [
     "timewheel.benchmarks.resources",
     "timewheel.benchmarks.pipeline",
 ]
-
-
-def positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An argparse ``type`` that parses with ``kind`` and accepts only values > 0."""
-    return _bounded(kind, 0, inclusive=False)
-
-
-def non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An argparse ``type`` that parses with ``kind`` and accepts only values >= 0."""
-    return _bounded(kind, 0, inclusive=True)
-
-
-def _bounded(kind: Callable[[str], Any], lo: float, *, inclusive: bool) -> Callable[[str], Any]:
-    words = f">= {lo}" if inclusive else f"> {lo}"
-
-    def parse(text: str) -> Any:
-        value = kind(text)  # a ValueError here makes argparse say "invalid <kind> value"
-        if not (value >= lo if inclusive else value > lo):
-            raise argparse.ArgumentTypeError(f"must be {words}, got {text}")
-        return value
-
-    parse.__name__ = getattr(kind, "__name__", "value")  # argparse names it in errors
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -33,7 +33,7 @@ from functools import partial
 from typing import Callable, cast
 from urllib.parse import parse_qsl
 
-from timewheel.cli import positive
+from timewheel._argtypes import positive
 from timewheel.execution import (
     ExecuteProduceConsume,
     ExecutionStrategy,

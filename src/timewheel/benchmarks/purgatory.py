@@ -37,7 +37,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..cli import positive
+from .._argtypes import positive
 from ..ops import Counts
 from ..purgatory import DelayedOperation, Purgatory
 from .classic import ClassicPurgatory

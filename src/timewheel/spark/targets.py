@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional, Protocol
 
 import numpy
 
-from ._validate import check_columns, check_int
+from .._validate import check_columns, check_int
 
 __all__ = [
     "DownstreamError",

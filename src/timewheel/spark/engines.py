@@ -6,13 +6,13 @@ exactly once each. It keeps whatever should outlive a task (threads, event loops
 timers) in the :func:`worker_runtime` of its Python worker, and leaves those objects
 idle when the partition ends, however it ends.
 
-Engines are looked up by name with :func:`get_engine`; adding one is one line in
-``_ENGINES``.
+The status words and the result columns are defined here, once, for dispatch, the
+engines, the pipeline's summary and the benchmark. Engines are looked up by name in
+:mod:`timewheel.spark.registry`.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import random
@@ -30,15 +30,18 @@ from typing import (
 from .targets import DownstreamError, DownstreamTimeout
 
 __all__ = [
-    "DEFAULT_ENGINE",
+    "FAILED",
+    "OK",
+    "RESULT_COLUMNS",
+    "STATUSES",
+    "TIMEOUT",
     "DispatchConfig",
     "Engine",
     "Outcome",
     "WorkerRuntime",
     "backoff_s",
     "classify",
-    "engine_names",
-    "get_engine",
+    "timeout_message",
     "worker_runtime",
 ]
 
@@ -46,7 +49,9 @@ log = logging.getLogger("timewheel")
 
 T = TypeVar("T")
 
+#: The values of the ``status`` column: how a row's last attempt ended.
 OK, FAILED, TIMEOUT = "ok", "failed", "timeout"
+STATUSES = (OK, FAILED, TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,10 @@ class Outcome(NamedTuple):
     attempts: int
     latency_ms: float
     error: str | None
+
+
+#: The columns ``dispatch`` adds to its input's: the fields of an Outcome after the row.
+RESULT_COLUMNS: tuple[str, ...] = Outcome._fields[1:]
 
 
 class Engine(Protocol):
@@ -169,26 +178,3 @@ def worker_runtime() -> WorkerRuntime:
             if runtime is None or runtime.pid != os.getpid():
                 runtime = _RUNTIME = WorkerRuntime()
     return runtime
-
-
-_ENGINES = {
-    "timewheel": "timewheel.wheel_engine:timewheel_engine",
-    "threads": "timewheel.baselines:threads_engine",
-    "asyncio": "timewheel.baselines:asyncio_engine",
-}
-
-#: The engine ``dispatch`` uses unless told otherwise.
-DEFAULT_ENGINE = "timewheel"
-
-
-def engine_names() -> tuple[str, ...]:
-    """Names :func:`get_engine` accepts."""
-    return tuple(_ENGINES)
-
-
-def get_engine(name: str) -> Engine:
-    """The engine registered as ``name``."""
-    if name not in _ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(_ENGINES)}, got {name!r}")
-    module, _, attr = _ENGINES[name].partition(":")
-    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]

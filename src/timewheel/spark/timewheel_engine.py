@@ -16,7 +16,7 @@ Per partition (one :class:`_Partition`):
 * completions run through an :class:`~timewheel.execution.ExecuteProduceConsume`.
 
 The timer, purgatory, pool and strategy live once per Python worker (a
-:class:`_WorkerKit` in :func:`~timewheel.engines.worker_runtime`), are made after the
+:class:`_WorkerKit` in :func:`~timewheel.spark.engines.worker_runtime`), are made after the
 fork, and are shared by every task the worker runs. A partition's state is its own:
 a reply that arrives after its partition ended (or after its call timed out) finds a
 completed operation and changes nothing.
@@ -32,6 +32,11 @@ from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any
 
+from ..execution import ExecuteProduceConsume, ProduceConsume, TaskQueue, ThreadPool
+from ..purgatory import DelayedOperation, Purgatory
+from ..resources import Checkout, ResourceManager
+from ..sources import Fair, QueueingSource, Scheduler
+from ..timer import Timer, TimerTask
 from .engines import (
     FAILED,
     OK,
@@ -42,12 +47,7 @@ from .engines import (
     timeout_message,
     worker_runtime,
 )
-from .execution import ExecuteProduceConsume, ProduceConsume, TaskQueue, ThreadPool
-from .purgatory import DelayedOperation, Purgatory
-from .resources import Checkout, ResourceManager
-from .sources import Fair, QueueingSource, Scheduler
 from .targets import row_keys
-from .timer import Timer, TimerTask
 
 __all__ = ["timewheel_engine"]
 
