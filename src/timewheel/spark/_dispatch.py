@@ -17,7 +17,6 @@ partitions may share a value of the second column).
 from __future__ import annotations
 
 import gc
-import os
 import pickle
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -28,6 +27,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import DoubleType, IntegerType, StringType, StructField, StructType
 
 from .._validate import check_columns
+from ._per_process import PerProcess
 from .engines import RESULT_COLUMNS, DispatchConfig, Outcome
 from .registry import DEFAULT_ENGINE, get_engine
 
@@ -116,7 +116,7 @@ class _PartitionDispatch:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         engine = get_engine(self.engine)
-        _freeze_worker_heap()
+        _HEAP_FROZEN.get()  # once per Python worker
         schemas: list[pa.Schema] = []
 
         def rows() -> Iterator[dict[str, Any]]:
@@ -138,11 +138,8 @@ class _PartitionDispatch:
             yield _result_batch(out, schemas[0])
 
 
-_FROZEN_IN_PID: int | None = None
-
-
-def _freeze_worker_heap() -> None:
-    """Once per Python worker, move what it has loaded out of the garbage collector's way.
+def _freeze_heap() -> None:
+    """Move what this worker has loaded out of the garbage collector's way.
 
     A worker holds hundreds of thousands of long-lived objects (PySpark, pyarrow, this
     package), and every engine allocates a few small objects per row, which triggers
@@ -151,12 +148,11 @@ def _freeze_worker_heap() -> None:
     just stops scanning them. Done once per process, after a collection, so at most
     the first task's few cyclic leftovers are kept.
     """
-    global _FROZEN_IN_PID
-    pid = os.getpid()
-    if pid != _FROZEN_IN_PID:
-        _FROZEN_IN_PID = pid
-        gc.collect()
-        gc.freeze()
+    gc.collect()
+    gc.freeze()
+
+
+_HEAP_FROZEN = PerProcess(_freeze_heap)
 
 
 def _result_batch(outcomes: list[Outcome], schema: pa.Schema) -> pa.RecordBatch:

@@ -27,6 +27,7 @@ from typing import (
     TypeVar,
 )
 
+from ._per_process import PerProcess
 from .targets import DownstreamError, DownstreamTimeout
 
 __all__ = [
@@ -116,7 +117,8 @@ class WorkerRuntime:
 
     Spark reuses a Python worker for many tasks, so a thread pool or event loop made
     once here is made once per worker, not once per partition. It is created in the
-    process that uses it (see :func:`worker_runtime`), never inherited through fork.
+    process that uses it (see :func:`worker_runtime`), never inherited through fork;
+    ``pid`` is that process.
     """
 
     def __init__(self) -> None:
@@ -160,21 +162,13 @@ def _close(obj: Any) -> None:
             return
 
 
-_RUNTIME: WorkerRuntime | None = None
-_RUNTIME_LOCK = threading.Lock()
+_RUNTIME = PerProcess(WorkerRuntime)
 
 
 def worker_runtime() -> WorkerRuntime:
     """This process's :class:`WorkerRuntime`, made on first use in this process.
 
-    A runtime inherited through ``fork`` belongs to the parent (its threads did not
-    come along), so the child drops it and makes its own.
+    A forked child does not inherit its parent's (whose threads did not come along): it
+    makes its own on first use.
     """
-    global _RUNTIME
-    runtime = _RUNTIME
-    if runtime is None or runtime.pid != os.getpid():
-        with _RUNTIME_LOCK:
-            runtime = _RUNTIME
-            if runtime is None or runtime.pid != os.getpid():
-                runtime = _RUNTIME = WorkerRuntime()
-    return runtime
+    return _RUNTIME.get()

@@ -22,7 +22,6 @@ import itertools
 import json
 import logging
 import math
-import os
 import threading
 import time
 import urllib.parse
@@ -33,6 +32,7 @@ from typing import Any, Callable, Optional, Protocol
 import numpy
 
 from .._validate import check_columns, check_int
+from ._per_process import PerProcess
 
 __all__ = [
     "DownstreamError",
@@ -74,19 +74,6 @@ class DownstreamTimeout(TimeoutError):
     """The call did not end within its timeout."""
 
 
-# This process's pid, kept current by a fork hook: the per-call checks that a target's
-# state belongs to this process must be cheap, and os.getpid() is a system call.
-_PID = os.getpid()
-
-
-def _forked() -> None:
-    global _PID
-    _PID = os.getpid()
-
-
-os.register_at_fork(after_in_child=_forked)
-
-
 def _normal_cdf(x: float) -> float:
     return 0.5 * (1 + math.erf(x / math.sqrt(2)))
 
@@ -108,7 +95,6 @@ class _Delivery:
     """One thread per process runs callbacks at their due time: a heap, not a thread per call."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self.lock = threading.Lock()
         self.wakeup = threading.Condition(self.lock)
         self.heap: list[tuple[float, int, Callable[[], None]]] = []
@@ -143,27 +129,15 @@ class _Delivery:
                 callback()  # never raises: _SimState.reply guards the user's callback
 
 
-_DELIVERY: _Delivery | None = None
-_DELIVERY_LOCK = threading.Lock()
-
-
-def _delivery() -> _Delivery:
-    """This process's delivery thread (one inherited through fork has no thread: replaced)."""
-    global _DELIVERY
-    delivery = _DELIVERY
-    if delivery is not None and delivery.pid == _PID:
-        return delivery
-    with _DELIVERY_LOCK:
-        if _DELIVERY is None or _DELIVERY.pid != _PID:
-            _DELIVERY = _Delivery()
-        return _DELIVERY
+# This process's delivery thread (one inherited through fork has no thread: a child
+# makes its own).
+_DELIVERY = PerProcess(_Delivery)
 
 
 class _SimState:
     """The per-process half of a :class:`SimulatedDownstream`: its RNG, held keys and counters."""
 
     def __init__(self, seed: int | None, mu: float, sigma: float, failure_rate: float) -> None:
-        self.pid = _PID
         self.rng = numpy.random.default_rng(seed)
         self.mu, self.sigma, self.failure_rate = mu, sigma, failure_rate
         self.draws: Iterator[tuple[float, bool]] = iter(())
@@ -266,8 +240,7 @@ class SimulatedDownstream:
         self.exclusive_cols = check_columns("exclusive_cols", exclusive_cols)
         self._mu = math.log(p50 / 1000.0)
         self._sigma = math.log(p75 / p50) / _Z75
-        self._state: _SimState | None = None
-        self._state_lock = threading.Lock()
+        self._state = self._new_state()
 
     def __repr__(self) -> str:
         return (
@@ -275,26 +248,22 @@ class SimulatedDownstream:
             f"failure_rate={self.failure_rate:g}, seed={self.seed!r})"
         )
 
+    def _new_state(self) -> PerProcess[_SimState]:
+        return PerProcess(
+            functools.partial(_SimState, self.seed, self._mu, self._sigma, self.failure_rate)
+        )
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_state"] = None
-        del state["_state_lock"]
+        del state["_state"]  # each process that unpickles it starts its own
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._state_lock = threading.Lock()
+        self._state = self._new_state()
 
     def _live(self) -> _SimState:
-        state = self._state
-        if state is None or state.pid != _PID:
-            with self._state_lock:
-                state = self._state
-                if state is None or state.pid != _PID:
-                    state = self._state = _SimState(
-                        self.seed, self._mu, self._sigma, self.failure_rate
-                    )
-        return state
+        return self._state.get()
 
     @property
     def calls(self) -> int:
@@ -336,7 +305,7 @@ class SimulatedDownstream:
     def submit(self, row: Mapping[str, Any], on_done: OnDone) -> None:
         """Start a call; ``on_done`` runs on the process's delivery thread after the latency."""
         state, latency, error, keys = self._start(row)
-        _delivery().at(
+        _DELIVERY.get().at(
             time.monotonic() + latency, functools.partial(state.reply, on_done, error, keys)
         )
 
@@ -368,7 +337,6 @@ class _HttpPool:
     """The per-process connections of one endpoint: one keep-alive connection per thread."""
 
     def __init__(self, max_connections: int) -> None:
-        self.pid = _PID
         self.local = threading.local()
         self.lock = threading.Lock()
         self.connections: list[http.client.HTTPConnection] = []
@@ -382,10 +350,11 @@ class _HttpPool:
             conn.close()
 
 
-# Shared by every copy of an HttpDownstream in this process (Spark unpickles a fresh copy
-# for every task), so connections and threads are made once per worker, not per task.
-_HTTP_POOLS: dict[tuple[str, float, int], _HttpPool] = {}
-_HTTP_POOLS_LOCK = threading.Lock()
+# This process's pools by (url, timeout_s, max_connections), shared by every copy of an
+# HttpDownstream (Spark unpickles a fresh copy for every task), so connections and
+# threads are made once per worker, not per task. A pool made twice in a race is dropped
+# before it starts a thread.
+_HTTP_POOLS: PerProcess[dict[tuple[str, float, int], _HttpPool]] = PerProcess(dict)
 
 
 class HttpDownstream:
@@ -420,18 +389,16 @@ class HttpDownstream:
         return f"HttpDownstream({self.url!r})"
 
     def _pool(self) -> _HttpPool:
-        key = (self.url, self.timeout_s, self.max_connections)
-        with _HTTP_POOLS_LOCK:
-            pool = _HTTP_POOLS.get(key)
-            if pool is None or pool.pid != _PID:
-                pool = _HTTP_POOLS[key] = _HttpPool(self.max_connections)
-            return pool
+        pools, key = _HTTP_POOLS.get(), (self.url, self.timeout_s, self.max_connections)
+        pool = pools.get(key)
+        if pool is None:
+            pool = pools.setdefault(key, _HttpPool(self.max_connections))
+        return pool
 
     def close(self) -> None:
         """Close this endpoint's connections and threads in this process (remade on next use)."""
-        with _HTTP_POOLS_LOCK:
-            pool = _HTTP_POOLS.pop((self.url, self.timeout_s, self.max_connections), None)
-        if pool is not None and pool.pid == _PID:
+        pool = _HTTP_POOLS.get().pop((self.url, self.timeout_s, self.max_connections), None)
+        if pool is not None:
             pool.close()
 
     def _connection(self, pool: _HttpPool, timeout_s: float) -> http.client.HTTPConnection:
