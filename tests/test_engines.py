@@ -162,6 +162,31 @@ def test_without_key_cols_the_simulator_does_see_overlaps(engine: Any) -> None:
     assert sim.overlaps > 0
 
 
+def test_a_row_whose_keys_cannot_be_taken_fails_once_and_the_rest_go_on(engine: Any) -> None:
+    # A list is unhashable: such a key cannot be held. Its row must fail, once, not loop.
+    sim = SimulatedDownstream(pct50_ms=1, pct75_ms=2, seed=5)
+    rows = [{"id": i, "acct": [i] if i % 10 == 3 else i % 7} for i in range(100)]
+    config = DispatchConfig(key_cols=("acct",), retries=0, max_in_flight=8)
+    result: list[Outcome] = []
+    runner = threading.Thread(
+        target=lambda: result.extend(engine(iter(rows), sim, config)), daemon=True
+    )
+    runner.start()
+    runner.join(30)
+    assert not runner.is_alive(), "the engine did not finish the partition"
+    outcomes = by_id(result)
+    assert set(outcomes) == set(range(100))
+    for i, o in outcomes.items():
+        if i % 10 == 3:
+            assert (o.status, o.attempts) == ("failed", 0)
+            assert o.error == (
+                "cannot take the keys ['acct'] of the row: TypeError: unhashable type: 'list'"
+            )
+        else:
+            assert (o.status, o.attempts, o.error) == ("ok", 1, None)
+    assert sim.calls == 90
+
+
 def test_an_input_error_propagates(engine: Any) -> None:
     def rows() -> Iterator[dict[str, Any]]:
         yield {"id": 1}

@@ -42,6 +42,7 @@ __all__ = [
     "WorkerRuntime",
     "backoff_s",
     "classify",
+    "key_error",
     "timeout_message",
     "worker_runtime",
 ]
@@ -105,6 +106,14 @@ def classify(exc: BaseException, config: DispatchConfig) -> tuple[str, str]:
     if isinstance(exc, DownstreamError):
         return FAILED, str(exc)
     return FAILED, f"{type(exc).__name__}: {exc}"
+
+
+def key_error(exc: BaseException, config: DispatchConfig) -> str:
+    """The error of a row whose key values cannot be taken (a key column missing, a list).
+
+    Such a row fails once, with no attempt made, and the partition goes on.
+    """
+    return f"cannot take the keys {list(config.key_cols)} of the row: {type(exc).__name__}: {exc}"
 
 
 def backoff_s(config: DispatchConfig) -> float:
