@@ -49,7 +49,7 @@ from timewheel import (
     TimingWheel,
 )
 from timewheel.execution import Task
-from timewheel.targets import (
+from timewheel.spark.targets import (
     HttpDownstream,
     SimulatedDownstream,
     Target,

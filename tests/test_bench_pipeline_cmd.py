@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from timewheel.benchmarks import pipeline as bench
-from timewheel.engines import DispatchConfig, engine_names
-from timewheel.targets import SimulatedDownstream
+from timewheel.spark.engines import DispatchConfig
+from timewheel.spark.registry import engine_names
+from timewheel.spark.targets import SimulatedDownstream
 
 pytestmark = pytest.mark.spark
 

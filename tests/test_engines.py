@@ -1,6 +1,6 @@
 """Every dispatch engine, in-process (no Spark): exactly once, retries, timeouts, keys, reuse.
 
-The timewheel engine joins by being registered in timewheel.engines; these tests then
+The timewheel engine joins by being registered in timewheel.spark.registry; these tests then
 run against it too.
 """
 
@@ -8,21 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from timewheel.engines import (
-    DispatchConfig,
-    Outcome,
-    WorkerRuntime,
-    engine_names,
-    get_engine,
-    worker_runtime,
-)
-from timewheel.targets import OnDone, SimulatedDownstream
+from timewheel.spark.engines import DispatchConfig, Outcome, WorkerRuntime, worker_runtime
+from timewheel.spark.registry import engine_names, get_engine
+from timewheel.spark.targets import OnDone, SimulatedDownstream
 
 
 @pytest.fixture(params=engine_names())
@@ -167,6 +162,31 @@ def test_without_key_cols_the_simulator_does_see_overlaps(engine: Any) -> None:
     assert sim.overlaps > 0
 
 
+def test_a_row_whose_keys_cannot_be_taken_fails_once_and_the_rest_go_on(engine: Any) -> None:
+    # A list is unhashable: such a key cannot be held. Its row must fail, once, not loop.
+    sim = SimulatedDownstream(pct50_ms=1, pct75_ms=2, seed=5)
+    rows = [{"id": i, "acct": [i] if i % 10 == 3 else i % 7} for i in range(100)]
+    config = DispatchConfig(key_cols=("acct",), retries=0, max_in_flight=8)
+    result: list[Outcome] = []
+    runner = threading.Thread(
+        target=lambda: result.extend(engine(iter(rows), sim, config)), daemon=True
+    )
+    runner.start()
+    runner.join(30)
+    assert not runner.is_alive(), "the engine did not finish the partition"
+    outcomes = by_id(result)
+    assert set(outcomes) == set(range(100))
+    for i, o in outcomes.items():
+        if i % 10 == 3:
+            assert (o.status, o.attempts) == ("failed", 0)
+            assert o.error == (
+                "cannot take the keys ['acct'] of the row: TypeError: unhashable type: 'list'"
+            )
+        else:
+            assert (o.status, o.attempts, o.error) == ("ok", 1, None)
+    assert sim.calls == 90
+
+
 def test_an_input_error_propagates(engine: Any) -> None:
     def rows() -> Iterator[dict[str, Any]]:
         yield {"id": 1}
@@ -201,15 +221,10 @@ def test_engines_reuse_the_worker_runtime_across_tasks(engine: Any) -> None:
     assert worker_runtime().objects() == kept
 
 
-def test_worker_runtime_is_remade_in_a_forked_child_and_shared_replaces_on_new_spec() -> None:
+def test_worker_runtime_is_one_per_process_and_shared_replaces_on_new_spec() -> None:
+    # A forked child's own runtime: test_per_process.py forks a real child.
     runtime = worker_runtime()
-    assert worker_runtime() is runtime
-    runtime.pid = -1  # what a child sees: the runtime it inherited belongs to another process
-    try:
-        fresh = worker_runtime()
-        assert fresh is not runtime and fresh.pid > 0
-    finally:
-        runtime.close()
+    assert worker_runtime() is runtime and runtime.pid == os.getpid()
 
     own = WorkerRuntime()
     closed: list[int] = []

@@ -80,6 +80,7 @@ def test_sdist_carries_the_cython_sources_and_stubs(dist: Path) -> None:
     shipped = {name[len("src/timewheel/") :] for name in names if name.startswith("src/timewheel/")}
     wanted = _package_files("*.py", "*.pyx", "*.pxd", "*.pyi", "py.typed", "*.properties")
     assert {"_wheel_c.pyx", "_wheel_c.pxd", "_tasks_c.pxd", "_wheel_c.pyi", "py.typed"} <= wanted
+    assert "spark/log4j2.properties" in wanted
     assert wanted - shipped == set()
     assert {"pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "CHANGES.md"} <= names
     built = [n for n in names if n.endswith((".c", ".so", ".pyd", ".html"))]

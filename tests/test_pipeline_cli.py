@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from timewheel import pipeline
+from timewheel.spark import pipeline
 
 pytestmark = pytest.mark.spark
 
@@ -105,7 +105,7 @@ def test_bad_arguments_exit_2_with_a_message(
 
 
 def test_max_in_flight_defaults_to_the_targets_kind_unless_given() -> None:
-    from timewheel.targets import HttpDownstream, SimulatedDownstream
+    from timewheel.spark.targets import HttpDownstream, SimulatedDownstream
 
     sim, http = SimulatedDownstream(20, 60), HttpDownstream("http://127.0.0.1:9/x")
     assert pipeline.resolve_max_in_flight(None, sim) == pipeline.SIM_MAX_IN_FLIGHT == 2000

@@ -15,9 +15,10 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql import functions as F
 
-from timewheel.engines import engine_names, worker_runtime
 from timewheel.spark import dispatch, output_schema
-from timewheel.targets import HttpDownstream, SimulatedDownstream
+from timewheel.spark.engines import worker_runtime
+from timewheel.spark.registry import engine_names
+from timewheel.spark.targets import HttpDownstream, SimulatedDownstream
 
 pytestmark = pytest.mark.spark
 
@@ -74,6 +75,22 @@ def test_key_exclusivity_and_co_partitioning(spark: Any, engine: str) -> None:
         assert out.select("id").distinct().count() == 1200
     finally:
         out.unpersist()
+
+
+def test_a_row_with_an_array_key_fails_once_and_the_others_are_sent(spark: Any) -> None:
+    data = [(i, i % 3, [i, i + 1] if i % 2 else None) for i in range(40)]
+    df = spark.createDataFrame(data, "id long, acct long, tags array<long>")
+    out = dispatch(
+        df, SimulatedDownstream(1, 2, seed=3), id_col="id", key_cols=("acct", "tags"), retries=0
+    )
+    rows = {r["id"]: r for r in out.collect()}
+    assert sorted(rows) == list(range(40))
+    for i, r in rows.items():
+        if i % 2:
+            assert (r["status"], r["attempts"]) == ("failed", 0)
+            assert "unhashable type: 'list'" in r["error"]
+        else:
+            assert (r["status"], r["attempts"], r["error"]) == ("ok", 1, None)
 
 
 class _Recorder(http.server.BaseHTTPRequestHandler):

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from timewheel.targets import (
+from timewheel.spark.targets import (
     DownstreamError,
     DownstreamTimeout,
     HttpDownstream,

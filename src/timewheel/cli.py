@@ -6,12 +6,9 @@ import argparse
 import importlib
 import sys
 
-from ._argtypes import non_negative as non_negative  # re-exported until pipeline moves
-from ._argtypes import positive as positive
-
 # Modules that add a subcommand through add_parser(subparsers); imported when the CLI starts,
 # so each keeps its heavy imports (pyspark, matplotlib) inside its main().
-_COMMANDS = ["timewheel.demo", "timewheel.pipeline"]
+_COMMANDS = ["timewheel.demo", "timewheel.spark.pipeline"]
 _BENCHMARKS: list[str] = [
     "timewheel.benchmarks.core",
     "timewheel.benchmarks.purgatory",

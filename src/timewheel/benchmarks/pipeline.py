@@ -22,14 +22,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..engines import DispatchConfig, engine_names
-from ..pipeline import add_dispatch_options, spark_session
+from ..spark.engines import STATUSES, DispatchConfig
+from ..spark.pipeline import add_dispatch_options, spark_session
+from ..spark.registry import engine_names
+from ..spark.targets import SimulatedDownstream, target_from_url
 
 __all__ = ["add_parser", "little_bound_rows_per_s", "main", "mean_slot_ms"]
 
-_STATS_SCHEMA = (
-    "rows_in long, rows_out long, distinct_out long, missing long, extra long, "
-    "ok long, failed long, timeout long, attempts long, cpu_s double, wall_s double, pid long"
+_COUNTS = ("rows_in", "rows_out", "distinct_out", "missing", "extra", *STATUSES, "attempts")
+_STATS_SCHEMA = ", ".join(
+    [*(f"{name} long" for name in _COUNTS), "cpu_s double", "wall_s double", "pid long"]
 )
 
 
@@ -96,7 +98,7 @@ class _BenchPartition:
     """Runs dispatch's partition function and returns one row of accounting and CPU figures."""
 
     def __init__(self, engine: str, target: Any, config: DispatchConfig, id_col: str) -> None:
-        from ..spark import _PartitionDispatch
+        from ..spark._dispatch import _PartitionDispatch
 
         self.dispatch = _PartitionDispatch(engine, target, config)
         self.id_col = id_col
@@ -116,7 +118,7 @@ class _BenchPartition:
                 yield batch
 
         ids_out: list[Any] = []
-        counts = {"ok": 0, "failed": 0, "timeout": 0}
+        counts = dict.fromkeys(STATUSES, 0)
         attempts = 0
         for out in self.dispatch(tap()):
             ids_out.append(out.column(self.id_col))
@@ -175,21 +177,7 @@ def run_engine(
     parts = df.mapInArrow(_BenchPartition(engine, target, config, id_col), _STATS_SCHEMA).collect()
     wall = time.monotonic() - start
     jvm1, drv1 = _jvm_cpu_s(spark), _driver_cpu_s()
-    total = {
-        k: sum(p[k] for p in parts)
-        for k in (
-            "rows_in",
-            "rows_out",
-            "distinct_out",
-            "missing",
-            "extra",
-            "ok",
-            "failed",
-            "timeout",
-            "attempts",
-            "cpu_s",
-        )
-    }
+    total = {k: sum(p[k] for p in parts) for k in (*_COUNTS, "cpu_s")}
     rows = total["rows_in"]
     jvm_cpu = None if jvm0 is None or jvm1 is None else jvm1 - jvm0
     cpu_total = total["cpu_s"] + (drv1 - drv0) + (jvm_cpu or 0.0)
@@ -198,7 +186,7 @@ def run_engine(
         "rows": rows,
         "wall_s": round(wall, 3),
         "rows_per_s": rows / wall,
-        "status": {k: total[k] for k in ("ok", "failed", "timeout")},
+        "status": {k: total[k] for k in STATUSES},
         "attempts": total["attempts"],
         "worker_cpu_us_per_row": total["cpu_s"] / rows * 1e6,
         "driver_cpu_us_per_row": (drv1 - drv0) / rows * 1e6,
@@ -206,10 +194,7 @@ def run_engine(
         "cpu_us_per_row": cpu_total / rows * 1e6,
         "partition_wall_s_median": statistics.median(p["wall_s"] for p in parts) if parts else 0.0,
         "accounted": (
-            total["rows_out"]
-            == rows
-            == total["distinct_out"]
-            == sum(total[k] for k in ("ok", "failed", "timeout"))
+            total["rows_out"] == rows == total["distinct_out"] == sum(total[k] for k in STATUSES)
             and total["missing"] == 0
             and total["extra"] == 0
         ),
@@ -218,8 +203,6 @@ def run_engine(
 
 def main(args: argparse.Namespace) -> int:
     """Run every engine once on the same data and print the table; 1 if a row went unaccounted."""
-    from ..targets import SimulatedDownstream, target_from_url
-
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = [e for e in engines if e not in engine_names()]
     if unknown or not engines or args.rows < 1 or args.warmup_rows < 0:
@@ -287,7 +270,7 @@ def _print_table(report: dict[str, Any]) -> None:
         f"{'engine':<10}{'rows/s':>10}{'/core':>9}{'of bound':>9}"
         f"{'CPU us/row':>11}{'worker':>8}{'jvm':>7}"
         + "".join(f"{'x ' + n:>10}" for n in names)
-        + "  ok/failed/timeout  accounted"
+        + f"  {'/'.join(STATUSES)}  accounted"
     )
     for r in report["results"]:
         share = "" if r["share_of_bound"] is None else f"{r['share_of_bound']:.0%}"
@@ -297,5 +280,5 @@ def _print_table(report: dict[str, Any]) -> None:
             f"{r['engine']:<10}{r['rows_per_s']:>10,.0f}{r['rows_per_s_per_core']:>9,.0f}{share:>9}"
             f"{r['cpu_us_per_row']:>11.1f}{r['worker_cpu_us_per_row']:>8.1f}{jvm:>7}"
             + "".join(f"{r['x_' + n]:>10.2f}" for n in names)
-            + f"  {s['ok']}/{s['failed']}/{s['timeout']}  {'yes' if r['accounted'] else 'NO'}"
+            + f"  {'/'.join(str(s[k]) for k in STATUSES)}  {'yes' if r['accounted'] else 'NO'}"
         )

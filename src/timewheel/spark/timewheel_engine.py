@@ -2,10 +2,9 @@
 
 Per partition (one :class:`_Partition`):
 
-* a :class:`~timewheel.sources.QueueingSource` over the partition's rows feeds a
-  :class:`~timewheel.sources.Scheduler` whose sink is the partition itself: its
-  ``outstanding()`` is the rows admitted and not yet finished, so at most
-  ``max_in_flight`` are in flight (back pressure);
+* the task's thread reads rows straight from the partition's input while fewer than
+  ``max_in_flight`` are out (admitted and not finished), and waits for a slot
+  otherwise (back pressure);
 * a row with ``key_cols`` checks out all its key values at once from a
   :class:`~timewheel.resources.ResourceManager` before it is sent;
 * every call in flight is a :class:`_Call` in the worker's
@@ -16,7 +15,7 @@ Per partition (one :class:`_Partition`):
 * completions run through an :class:`~timewheel.execution.ExecuteProduceConsume`.
 
 The timer, purgatory, pool and strategy live once per Python worker (a
-:class:`_WorkerKit` in :func:`~timewheel.engines.worker_runtime`), are made after the
+:class:`_WorkerKit` in :func:`~timewheel.spark.engines.worker_runtime`), are made after the
 fork, and are shared by every task the worker runs. A partition's state is its own:
 a reply that arrives after its partition ended (or after its call timed out) finds a
 completed operation and changes nothing.
@@ -25,6 +24,7 @@ completed operation and changes nothing.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 from collections import deque
@@ -32,6 +32,10 @@ from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any
 
+from ..execution import ExecuteProduceConsume, ProduceConsume, TaskQueue, ThreadPool
+from ..purgatory import DelayedOperation, Purgatory
+from ..resources import Checkout, ResourceManager
+from ..timer import Timer, TimerTask
 from .engines import (
     FAILED,
     OK,
@@ -39,19 +43,16 @@ from .engines import (
     DispatchConfig,
     Outcome,
     backoff_s,
+    key_error,
     timeout_message,
     worker_runtime,
 )
-from .execution import ExecuteProduceConsume, ProduceConsume, TaskQueue, ThreadPool
-from .purgatory import DelayedOperation, Purgatory
-from .resources import Checkout, ResourceManager
-from .sources import Fair, QueueingSource, Scheduler
 from .targets import row_keys
-from .timer import Timer, TimerTask
 
 __all__ = ["timewheel_engine"]
 
-# Rows asked of the input per refill, and the most the scheduler admits per round.
+# The most rows admitted per round before the outcomes ready are yielded: a fast
+# target frees slots as quickly as they are filled, and the outcomes must not pile up.
 _BATCH = 1024
 # The task's thread is woken when this share of max_in_flight has finished (or all
 # has): waking it per row would cost a thread switch per row; slots left empty
@@ -92,53 +93,6 @@ class _WorkerKit:
 
 def _kit() -> _WorkerKit:
     return worker_runtime().shared("timewheel-engine", None, _WorkerKit)
-
-
-class _InlineExecutor:
-    """Runs a refill on the thread that asked for it.
-
-    The partition's input belongs to the task's thread (Spark reads it from the
-    worker's socket), and that thread has nothing else to do while the queue is low,
-    so the refill reads the next rows right there.
-    """
-
-    def submit(self, fn: Any, /) -> None:
-        fn()
-
-
-_INLINE = _InlineExecutor()
-
-
-class _RowSource:
-    """The partition's rows as a source of sequence numbers (rows are dicts: unhashable)."""
-
-    def __init__(self, rows: Iterable[dict[str, Any]]) -> None:
-        self._rows = iter(rows)
-        self._next_seq = 0
-        self.taken: dict[int, dict[str, Any]] = {}
-        self.exhausted = False
-        self.error: BaseException | None = None
-
-    def get_next_batch(self, n: int) -> list[int]:
-        """Read up to ``n`` rows; their numbers, in input order."""
-        seqs: list[int] = []
-        if self.exhausted:
-            return seqs
-        taken, seq = self.taken, self._next_seq
-        try:
-            for row in self._rows:
-                taken[seq] = row
-                seqs.append(seq)
-                seq += 1
-                if len(seqs) == n:
-                    break
-            else:
-                self.exhausted = True
-        except Exception as exc:  # raised again on the task's thread by the partition
-            self.error = exc
-            self.exhausted = True
-        self._next_seq = seq
-        return seqs
 
 
 class _Row:
@@ -185,7 +139,7 @@ class _Call(DelayedOperation):
 
 
 class _Partition:
-    """One task's dispatch: the scheduler's sink, and the generator of its outcomes."""
+    """One task's dispatch: admits its rows and generates their outcomes."""
 
     def __init__(
         self, rows: Iterable[dict[str, Any]], target: Any, config: DispatchConfig, kit: _WorkerKit
@@ -193,18 +147,7 @@ class _Partition:
         self.target = target
         self.config = config
         self.kit = kit
-        self.source = _RowSource(rows)
-        batch = min(_BATCH, config.max_in_flight)
-        self.queued: QueueingSource[int] = QueueingSource(
-            self.source, 2 * batch, batch, executor=_INLINE
-        )
-        self.scheduler = Scheduler(
-            {"rows": self.queued},
-            Fair(),
-            self,
-            max_outstanding=config.max_in_flight,
-            batch_size=batch,
-        )
+        self.rows = iter(rows)
         self.keys = ResourceManager(purgatory=kit.purgatory) if config.key_cols else None
         # Every call of this partition is watched on this key: the end of the task finds
         # the ones still in flight there.
@@ -225,30 +168,33 @@ class _Partition:
         self.admitted = 0
         self.yielded = 0
 
-    # -- the sink ---------------------------------------------------------------------
+    # -- admission (the task's thread) -------------------------------------------------
     def outstanding(self) -> int:
         """Rows admitted whose outcome has not been yielded or queued for yielding."""
         return self.admitted - self.yielded - len(self.done)
 
-    def submit(self, source: str, items: list[int]) -> None:
-        """Admit rows: take their keys (all or nothing), then send their first attempt."""
-        taken = self.source.taken
-        key_cols = self.config.key_cols
-        for seq in items:
-            row = _Row(seq, taken.pop(seq))
-            self.live[seq] = row
-            self.admitted += 1
-            keys = row_keys(row.data, key_cols) if self.keys is not None else ()
-            if not keys:
-                self.send(row)
-                continue
-            assert self.keys is not None
-            try:
-                row.checkout = self.keys.checkout(keys)
-            except Exception as exc:  # an unhashable key value: the row fails, not the task
-                self.finish(row, FAILED, f"cannot check out keys {keys!r}: {exc}")
-                continue
-            row.checkout.add_done_callback(partial(self.keys_ready, row))
+    def admit(self, data: dict[str, Any]) -> None:
+        """Take the row's keys (all or nothing), then send its first attempt."""
+        row = _Row(self.admitted, data)
+        self.live[row.seq] = row
+        self.admitted += 1
+        if self.keys is None:
+            self.send(row)
+            return
+        try:
+            keys = row_keys(data, self.config.key_cols)
+        except Exception as exc:  # a key column missing, or a list: the row fails, once
+            self.finish(row, FAILED, key_error(exc, self.config))
+            return
+        if not keys:
+            self.send(row)
+            return
+        try:
+            row.checkout = self.keys.checkout(keys)
+        except Exception as exc:
+            self.finish(row, FAILED, f"cannot check out keys {keys!r}: {exc}")
+            return
+        row.checkout.add_done_callback(partial(self.keys_ready, row))
 
     def keys_ready(self, row: _Row, checkout: Checkout) -> None:
         """The row's checkout is done: send it, or let go of keys the partition no longer needs."""
@@ -360,23 +306,25 @@ class _Partition:
             self.close()
 
     def _loop(self) -> Iterator[Outcome]:
-        done, wake, queued = self.done, self.wake, self.queued
+        done, wake, rows = self.done, self.wake, self.rows
         limit = self.config.max_in_flight
+        exhausted = False
         while True:
             wake.clear()
-            self.scheduler.run_once()
+            room = min(limit - self.outstanding(), _BATCH)
+            if not exhausted and room > 0:
+                before = self.admitted
+                for data in itertools.islice(rows, room):
+                    self.admit(data)
+                exhausted = self.admitted - before < room
             while done:
                 outcome = done.popleft()
                 self.yielded += 1
                 yield outcome
-            if self.source.error is not None:
-                raise self.source.error
-            more = len(queued) > 0 or not self.source.exhausted
-            if not more and self.outstanding() == 0:
+            if exhausted and self.outstanding() == 0:
                 return
-            if more and self.outstanding() < limit:
-                continue  # room and rows: the next round admits them
-            wake.wait()
+            if exhausted or self.outstanding() >= limit:
+                wake.wait()
 
     def close(self) -> None:
         """Abandon what is still in flight or waiting, leaving the worker's parts idle."""
@@ -390,8 +338,6 @@ class _Partition:
             op.force_complete()
         for row in list(self.live.values()):
             self.release(row)
-        self.scheduler.close()
-        self.queued.close()
 
 
 def timewheel_engine(

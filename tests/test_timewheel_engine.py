@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from timewheel.engines import DispatchConfig, worker_runtime
-from timewheel.targets import OnDone
-from timewheel.wheel_engine import _kit, _Partition, _WorkerKit, timewheel_engine
+from timewheel.spark.engines import DispatchConfig, worker_runtime
+from timewheel.spark.targets import OnDone
+from timewheel.spark.timewheel_engine import _kit, _Partition, _WorkerKit, timewheel_engine
 
 
 class Held:

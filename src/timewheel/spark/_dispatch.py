@@ -1,9 +1,10 @@
 """Deadline-aware dispatch of DataFrame rows to an external system, from Spark's executors.
 
-:func:`dispatch` sends every row of a DataFrame to a target (see :mod:`timewheel.targets`)
-and returns each row once, with how its call ended. Inside each partition an engine
-(see :mod:`timewheel.engines`) keeps at most ``max_in_flight`` calls outstanding, times
-each out at ``timeout_ms`` and retries failures and timeouts after ``backoff_ms``.
+:func:`dispatch` sends every row of a DataFrame to a target (see
+:mod:`timewheel.spark.targets`) and returns each row once, with how its call ended.
+Inside each partition an engine (see :mod:`timewheel.spark.engines`) keeps at most
+``max_in_flight`` calls outstanding, times each out at ``timeout_ms`` and retries
+failures and timeouts after ``backoff_ms``.
 
 Key exclusivity: a row holds all of its ``key_cols`` values (taken together, all or
 nothing) while its call is in flight, so two rows that share a value are never in
@@ -16,7 +17,6 @@ partitions may share a value of the second column).
 from __future__ import annotations
 
 import gc
-import os
 import pickle
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -26,27 +26,25 @@ from pyspark import cloudpickle
 from pyspark.sql import DataFrame
 from pyspark.sql.types import DoubleType, IntegerType, StringType, StructField, StructType
 
-from ._validate import check_columns
-from .engines import DEFAULT_ENGINE, DispatchConfig, Outcome, get_engine
+from .._validate import check_columns
+from ._per_process import PerProcess
+from .engines import RESULT_COLUMNS, DispatchConfig, Outcome
+from .registry import DEFAULT_ENGINE, get_engine
 
-__all__ = ["RESULT_COLUMNS", "STATUSES", "dispatch", "output_schema"]
+__all__ = ["dispatch", "output_schema"]
 
-#: The columns ``dispatch`` adds to the input's.
-RESULT_COLUMNS = ("status", "attempts", "latency_ms", "error")
-#: The values of ``status``.
-STATUSES = ("ok", "failed", "timeout")
-
+# The Spark and Arrow type of each result column, and whether it may be null.
+_RESULT_TYPES = {
+    "status": (StringType(), pa.string(), False),
+    "attempts": (IntegerType(), pa.int32(), False),
+    "latency_ms": (DoubleType(), pa.float64(), False),
+    "error": (StringType(), pa.string(), True),
+}
 _RESULT_FIELDS = [
-    StructField("status", StringType(), False),
-    StructField("attempts", IntegerType(), False),
-    StructField("latency_ms", DoubleType(), False),
-    StructField("error", StringType(), True),
+    StructField(name, _RESULT_TYPES[name][0], _RESULT_TYPES[name][2]) for name in RESULT_COLUMNS
 ]
 _ARROW_RESULT_FIELDS = [
-    pa.field("status", pa.string(), False),
-    pa.field("attempts", pa.int32(), False),
-    pa.field("latency_ms", pa.float64(), False),
-    pa.field("error", pa.string(), True),
+    pa.field(name, _RESULT_TYPES[name][1], _RESULT_TYPES[name][2]) for name in RESULT_COLUMNS
 ]
 # Rows per Arrow batch handed back to Spark (Spark's own default batch size).
 _OUT_BATCH_ROWS = 10_000
@@ -118,7 +116,7 @@ class _PartitionDispatch:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         engine = get_engine(self.engine)
-        _freeze_worker_heap()
+        _HEAP_FROZEN.get()  # once per Python worker
         schemas: list[pa.Schema] = []
 
         def rows() -> Iterator[dict[str, Any]]:
@@ -140,11 +138,8 @@ class _PartitionDispatch:
             yield _result_batch(out, schemas[0])
 
 
-_FROZEN_IN_PID: int | None = None
-
-
-def _freeze_worker_heap() -> None:
-    """Once per Python worker, move what it has loaded out of the garbage collector's way.
+def _freeze_heap() -> None:
+    """Move what this worker has loaded out of the garbage collector's way.
 
     A worker holds hundreds of thousands of long-lived objects (PySpark, pyarrow, this
     package), and every engine allocates a few small objects per row, which triggers
@@ -153,12 +148,11 @@ def _freeze_worker_heap() -> None:
     just stops scanning them. Done once per process, after a collection, so at most
     the first task's few cyclic leftovers are kept.
     """
-    global _FROZEN_IN_PID
-    pid = os.getpid()
-    if pid != _FROZEN_IN_PID:
-        _FROZEN_IN_PID = pid
-        gc.collect()
-        gc.freeze()
+    gc.collect()
+    gc.freeze()
+
+
+_HEAP_FROZEN = PerProcess(_freeze_heap)
 
 
 def _result_batch(outcomes: list[Outcome], schema: pa.Schema) -> pa.RecordBatch:

@@ -20,7 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .cli import non_negative, positive
+from .._argtypes import non_negative, positive
+from .engines import STATUSES
+from .registry import DEFAULT_ENGINE
+from .targets import SimulatedDownstream, target_from_url
 
 __all__ = [
     "DEFAULT_TARGET",
@@ -124,8 +127,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def resolve_max_in_flight(given: int | None, target: Any) -> int:
     """``--max-in-flight`` as given, else the default for ``target`` (see SIM_MAX_IN_FLIGHT)."""
-    from .targets import SimulatedDownstream
-
     if given is not None:
         return given
     return SIM_MAX_IN_FLIGHT if isinstance(target, SimulatedDownstream) else REAL_MAX_IN_FLIGHT
@@ -233,7 +234,7 @@ def summarize(result: Any, elapsed_s: float) -> dict[str, Any]:
     latency.update(mean=round(stats["mean"] or 0.0, 3), max=round(stats["max"] or 0.0, 3))
     return {
         "rows": rows,
-        "status": {s: statuses.get(s, 0) for s in ("ok", "failed", "timeout")},
+        "status": {s: statuses.get(s, 0) for s in STATUSES},
         "attempts": {
             "total": sum(k * v for k, v in attempts.items()),
             "rows_by_attempts": {str(k): attempts[k] for k in sorted(attempts)},
@@ -263,7 +264,7 @@ def latency_histogram(result: Any, path: Path) -> None:
     for r in binned.groupBy("status", "bin").count().collect():
         counts.setdefault(r["status"], {})[int(r["bin"])] = r["count"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for status in ("ok", "failed", "timeout"):
+    for status in STATUSES:
         if status in counts:
             edges = sorted(counts[status])
             ax.bar(
@@ -288,9 +289,7 @@ def latency_histogram(result: Any, path: Path) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the pipeline; print the summary; return 0 (2 when an argument is refused)."""
-    from .engines import DEFAULT_ENGINE
-    from .spark import dispatch
-    from .targets import target_from_url
+    from . import dispatch
 
     try:
         target = target_from_url(args.target)

@@ -25,7 +25,16 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from .engines import OK, DispatchConfig, Outcome, backoff_s, classify, worker_runtime
+from .engines import (
+    FAILED,
+    OK,
+    DispatchConfig,
+    Outcome,
+    backoff_s,
+    classify,
+    key_error,
+    worker_runtime,
+)
 from .targets import async_call, blocking_call, row_keys
 
 __all__ = ["asyncio_engine", "threads_engine"]
@@ -68,6 +77,14 @@ class _AsyncKeyLatch:
             self._free.notify_all()
 
 
+def _keys(row: dict[str, Any], config: DispatchConfig) -> tuple[Any, ...] | Outcome:
+    """The row's key values, or its failed Outcome when they cannot be taken."""
+    try:
+        return row_keys(row, config.key_cols)
+    except Exception as exc:
+        return Outcome(row, FAILED, 0, 0.0, key_error(exc, config))
+
+
 def _attempts_blocking(row: dict[str, Any], target: Any, config: DispatchConfig) -> Outcome:
     timeout_s = config.timeout_ms / 1000.0
     start = time.monotonic()
@@ -100,7 +117,9 @@ def threads_engine(
     def one_row(row: dict[str, Any]) -> Outcome:
         if latch is None:
             return _attempts_blocking(row, target, config)
-        keys = row_keys(row, config.key_cols)
+        keys = _keys(row, config)
+        if isinstance(keys, Outcome):
+            return keys
         latch.acquire(keys)
         try:
             return _attempts_blocking(row, target, config)
@@ -160,10 +179,12 @@ def asyncio_engine(
         nonlocal outstanding
         latch: _AsyncKeyLatch | None = prims["latch"]
         try:
-            if latch is None:
+            keys = () if latch is None else _keys(row, config)
+            if isinstance(keys, Outcome):
+                outcome = keys
+            elif latch is None:
                 outcome = await attempts(row)
             else:
-                keys = row_keys(row, config.key_cols)
                 await latch.acquire(keys)
                 try:
                     outcome = await attempts(row)

@@ -6,13 +6,13 @@ exactly once each. It keeps whatever should outlive a task (threads, event loops
 timers) in the :func:`worker_runtime` of its Python worker, and leaves those objects
 idle when the partition ends, however it ends.
 
-Engines are looked up by name with :func:`get_engine`; adding one is one line in
-``_ENGINES``.
+The status words and the result columns are defined here, once, for dispatch, the
+engines, the pipeline's summary and the benchmark. Engines are looked up by name in
+:mod:`timewheel.spark.registry`.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import random
@@ -27,18 +27,23 @@ from typing import (
     TypeVar,
 )
 
+from ._per_process import PerProcess
 from .targets import DownstreamError, DownstreamTimeout
 
 __all__ = [
-    "DEFAULT_ENGINE",
+    "FAILED",
+    "OK",
+    "RESULT_COLUMNS",
+    "STATUSES",
+    "TIMEOUT",
     "DispatchConfig",
     "Engine",
     "Outcome",
     "WorkerRuntime",
     "backoff_s",
     "classify",
-    "engine_names",
-    "get_engine",
+    "key_error",
+    "timeout_message",
     "worker_runtime",
 ]
 
@@ -46,7 +51,9 @@ log = logging.getLogger("timewheel")
 
 T = TypeVar("T")
 
+#: The values of the ``status`` column: how a row's last attempt ended.
 OK, FAILED, TIMEOUT = "ok", "failed", "timeout"
+STATUSES = (OK, FAILED, TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,10 @@ class Outcome(NamedTuple):
     error: str | None
 
 
+#: The columns ``dispatch`` adds to its input's: the fields of an Outcome after the row.
+RESULT_COLUMNS: tuple[str, ...] = Outcome._fields[1:]
+
+
 class Engine(Protocol):
     """Runs one partition's rows against the target; yields one Outcome per row."""
 
@@ -97,6 +108,14 @@ def classify(exc: BaseException, config: DispatchConfig) -> tuple[str, str]:
     return FAILED, f"{type(exc).__name__}: {exc}"
 
 
+def key_error(exc: BaseException, config: DispatchConfig) -> str:
+    """The error of a row whose key values cannot be taken (a key column missing, a list).
+
+    Such a row fails once, with no attempt made, and the partition goes on.
+    """
+    return f"cannot take the keys {list(config.key_cols)} of the row: {type(exc).__name__}: {exc}"
+
+
 def backoff_s(config: DispatchConfig) -> float:
     """Seconds to wait before a retry: ``backoff_ms`` with +-50% jitter, so retries spread out."""
     return config.backoff_ms * random.uniform(0.5, 1.5) / 1000.0
@@ -107,7 +126,8 @@ class WorkerRuntime:
 
     Spark reuses a Python worker for many tasks, so a thread pool or event loop made
     once here is made once per worker, not once per partition. It is created in the
-    process that uses it (see :func:`worker_runtime`), never inherited through fork.
+    process that uses it (see :func:`worker_runtime`), never inherited through fork;
+    ``pid`` is that process.
     """
 
     def __init__(self) -> None:
@@ -151,44 +171,13 @@ def _close(obj: Any) -> None:
             return
 
 
-_RUNTIME: WorkerRuntime | None = None
-_RUNTIME_LOCK = threading.Lock()
+_RUNTIME = PerProcess(WorkerRuntime)
 
 
 def worker_runtime() -> WorkerRuntime:
     """This process's :class:`WorkerRuntime`, made on first use in this process.
 
-    A runtime inherited through ``fork`` belongs to the parent (its threads did not
-    come along), so the child drops it and makes its own.
+    A forked child does not inherit its parent's (whose threads did not come along): it
+    makes its own on first use.
     """
-    global _RUNTIME
-    runtime = _RUNTIME
-    if runtime is None or runtime.pid != os.getpid():
-        with _RUNTIME_LOCK:
-            runtime = _RUNTIME
-            if runtime is None or runtime.pid != os.getpid():
-                runtime = _RUNTIME = WorkerRuntime()
-    return runtime
-
-
-_ENGINES = {
-    "timewheel": "timewheel.wheel_engine:timewheel_engine",
-    "threads": "timewheel.baselines:threads_engine",
-    "asyncio": "timewheel.baselines:asyncio_engine",
-}
-
-#: The engine ``dispatch`` uses unless told otherwise.
-DEFAULT_ENGINE = "timewheel"
-
-
-def engine_names() -> tuple[str, ...]:
-    """Names :func:`get_engine` accepts."""
-    return tuple(_ENGINES)
-
-
-def get_engine(name: str) -> Engine:
-    """The engine registered as ``name``."""
-    if name not in _ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(_ENGINES)}, got {name!r}")
-    module, _, attr = _ENGINES[name].partition(":")
-    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+    return _RUNTIME.get()

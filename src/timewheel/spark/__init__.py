@@ -1,0 +1,44 @@
+"""timewheel's Spark wing: deadline-aware dispatch of DataFrame rows to an external system.
+
+* :func:`dispatch` sends every row of a DataFrame to a target from Spark's executors and
+  returns each row once, with how its call ended. It lives in ``_dispatch`` (a module
+  named ``dispatch`` would shadow the function as an attribute of this package once
+  imported).
+* Targets (:mod:`timewheel.spark.targets`): :class:`SimulatedDownstream`,
+  :class:`HttpDownstream`, or any picklable object with ``submit(row, on_done)``.
+* Engines (:mod:`timewheel.spark.engines` for the contract,
+  :mod:`timewheel.spark.registry` for the names): the per-partition work; the default
+  runs on the package's own timer, purgatory and resource manager
+  (:mod:`timewheel.spark.timewheel_engine`).
+* ``timewheel pipeline`` (:mod:`timewheel.spark.pipeline`): the command line around it.
+
+The wing imports the library, never the other way round. pyspark and pyarrow are
+imported on first use of :func:`dispatch` or :func:`output_schema`, so the targets and
+the engines work without them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .engines import RESULT_COLUMNS, STATUSES
+
+if TYPE_CHECKING:
+    from ._dispatch import dispatch, output_schema
+
+__all__ = ["RESULT_COLUMNS", "STATUSES", "dispatch", "output_schema"]
+
+_LAZY = ("dispatch", "output_schema")
+
+
+def __getattr__(name: str) -> Any:
+    """Import ``dispatch`` (and with it pyspark) when it is first asked for."""
+    if name in _LAZY:
+        from . import _dispatch
+
+        return getattr(_dispatch, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

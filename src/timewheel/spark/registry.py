@@ -1,0 +1,35 @@
+"""The dispatch engines by name: what ``dispatch(..., _engine=name)`` and the benchmark run.
+
+Adding an engine is one line in ``_ENGINES``. This module imports every engine, so the
+engines themselves import :mod:`timewheel.spark.engines` (the contract), never this.
+"""
+
+from __future__ import annotations
+
+from .baseline_engines import asyncio_engine, threads_engine
+from .engines import Engine
+from .timewheel_engine import timewheel_engine
+
+__all__ = ["DEFAULT_ENGINE", "engine_names", "get_engine"]
+
+_ENGINES: dict[str, Engine] = {
+    "timewheel": timewheel_engine,
+    "threads": threads_engine,
+    "asyncio": asyncio_engine,
+}
+
+#: The engine ``dispatch`` uses unless told otherwise.
+DEFAULT_ENGINE = "timewheel"
+
+
+def engine_names() -> tuple[str, ...]:
+    """Names :func:`get_engine` accepts."""
+    return tuple(_ENGINES)
+
+
+def get_engine(name: str) -> Engine:
+    """The engine registered as ``name``."""
+    engine = _ENGINES.get(name) if isinstance(name, str) else None
+    if engine is None:
+        raise ValueError(f"engine must be one of {', '.join(_ENGINES)}, got {name!r}")
+    return engine

@@ -1,0 +1,528 @@
+"""Downstream targets that :func:`timewheel.spark.dispatch` sends rows to.
+
+A target is any picklable object with ``submit(row, on_done)``: it starts one call for
+``row`` (a dict) and later calls ``on_done(ok, error)`` exactly once, from any thread.
+Two targets ship here: :class:`SimulatedDownstream`, an in-process service with a
+log-normal latency, and :class:`HttpDownstream`, which POSTs rows to a real endpoint.
+Both also offer the blocking ``call(row, timeout_s)`` and awaitable ``acall(row)`` forms
+that thread-pool and asyncio code use; :func:`blocking_call` and :func:`async_call` give
+those forms to any target that only has ``submit``.
+
+Targets are pickled to Spark's Python workers, so every thread, lock and connection a
+target owns is created lazily in the process that uses it (after the worker forks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import heapq
+import http.client
+import itertools
+import json
+import logging
+import math
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Optional, Protocol
+
+import numpy
+
+from .._validate import check_columns, check_int
+from ._per_process import PerProcess
+
+__all__ = [
+    "DownstreamError",
+    "DownstreamTimeout",
+    "HttpDownstream",
+    "OnDone",
+    "SimulatedDownstream",
+    "Target",
+    "async_call",
+    "blocking_call",
+    "row_keys",
+    "target_from_url",
+]
+
+log = logging.getLogger("timewheel")
+
+#: ``on_done(ok, error)``: ``error`` is None when ``ok`` is True, else a short message.
+OnDone = Callable[[bool, Optional[str]], None]
+
+# Latencies and failures a SimulatedDownstream draws at a time.
+_DRAW_BLOCK = 4096
+
+# The standard normal quantile at 0.75: pct75 = exp(mu + sigma * _Z75) for a log-normal.
+_Z75 = 0.6744897501960817
+
+
+class Target(Protocol):
+    """What ``dispatch`` needs from a downstream: start a call, report its end once."""
+
+    def submit(self, row: Mapping[str, Any], on_done: OnDone) -> None:
+        """Start a call for ``row``; call ``on_done(ok, error)`` once when it ends."""
+
+
+class DownstreamError(RuntimeError):
+    """The downstream answered, and the answer was a failure."""
+
+
+class DownstreamTimeout(TimeoutError):
+    """The call did not end within its timeout."""
+
+
+def _normal_cdf(x: float) -> float:
+    return 0.5 * (1 + math.erf(x / math.sqrt(2)))
+
+
+def _check_number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+def row_keys(row: Mapping[str, Any], key_cols: Sequence[str]) -> tuple[Any, ...]:
+    """The distinct non-null values of ``key_cols`` in ``row``: the keys a call holds."""
+    return tuple(dict.fromkeys(row[col] for col in key_cols if row[col] is not None))
+
+
+class _Delivery:
+    """One thread per process runs callbacks at their due time: a heap, not a thread per call."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.wakeup = threading.Condition(self.lock)
+        self.heap: list[tuple[float, int, Callable[[], None]]] = []
+        self.seq = itertools.count()
+        self.thread: threading.Thread | None = None
+
+    def at(self, due: float, callback: Callable[[], None]) -> None:
+        with self.lock:
+            heapq.heappush(self.heap, (due, next(self.seq), callback))
+            if self.thread is None:
+                self.thread = threading.Thread(
+                    target=self._run, name="timewheel-sim-replies", daemon=True
+                )
+                self.thread.start()
+            elif self.heap[0][0] == due:
+                self.wakeup.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                while not self.heap:
+                    self.wakeup.wait()
+                delay = self.heap[0][0] - time.monotonic()
+                if delay > 0:
+                    self.wakeup.wait(delay)
+                    continue
+                now = time.monotonic()
+                due = []
+                while self.heap and self.heap[0][0] <= now:
+                    due.append(heapq.heappop(self.heap)[2])
+            for callback in due:
+                callback()  # never raises: _SimState.reply guards the user's callback
+
+
+# This process's delivery thread (one inherited through fork has no thread: a child
+# makes its own).
+_DELIVERY = PerProcess(_Delivery)
+
+
+class _SimState:
+    """The per-process half of a :class:`SimulatedDownstream`: its RNG, held keys and counters."""
+
+    def __init__(self, seed: int | None, mu: float, sigma: float, failure_rate: float) -> None:
+        self.rng = numpy.random.default_rng(seed)
+        self.mu, self.sigma, self.failure_rate = mu, sigma, failure_rate
+        self.draws: Iterator[tuple[float, bool]] = iter(())
+        self.lock = threading.Lock()
+        self.held: dict[Any, int] = {}
+        self.calls = 0
+        self.overlaps = 0
+        self.callback_errors = 0
+
+    def start(self, keys: tuple[Any, ...]) -> tuple[float, str | None]:
+        """Draw a call's latency (s) and fate and mark ``keys`` in flight.
+
+        The error is None, ``"simulated failure"``, or names the first key already held.
+        """
+        clash = None
+        with self.lock:
+            self.calls += 1
+            draw = next(self.draws, None)
+            if draw is None:
+                # Drawn in blocks: random's per-call rejection loop was a large share
+                # of the simulator's CPU, which every engine's figures include.
+                latencies = self.rng.lognormal(self.mu, self.sigma, _DRAW_BLOCK).tolist()
+                failures = (self.rng.random(_DRAW_BLOCK) < self.failure_rate).tolist()
+                self.draws = zip(latencies, failures)
+                draw = next(self.draws)
+            for key in keys:
+                if self.held.get(key) and clash is None:
+                    clash = key
+                self.held[key] = self.held.get(key, 0) + 1
+            if clash is not None:
+                self.overlaps += 1
+        latency, failed = draw
+        if clash is not None:
+            return latency, f"key overlap on {clash!r}"
+        return latency, "simulated failure" if failed else None
+
+    def release(self, keys: tuple[Any, ...]) -> None:
+        if not keys:  # every reply when no exclusive_cols: skip the lock
+            return
+        with self.lock:
+            for key in keys:
+                left = self.held[key] - 1
+                if left:
+                    self.held[key] = left
+                else:
+                    del self.held[key]
+
+    def reply(self, on_done: OnDone, error: str | None, keys: tuple[Any, ...]) -> None:
+        self.release(keys)
+        try:
+            on_done(error is None, error)
+        except Exception:
+            with self.lock:
+                self.callback_errors += 1
+            log.exception("on_done callback of SimulatedDownstream raised")
+
+
+class SimulatedDownstream:
+    """An in-process downstream service with log-normal latency and random failures.
+
+    ``pct50_ms`` and ``pct75_ms`` fix the latency distribution (the median and the
+    third quartile, in ms); each call fails with probability ``failure_rate``;
+    ``seed`` makes the draws reproducible within one process. When
+    ``exclusive_cols`` names columns, every call holds its row's non-null values of
+    those columns while in flight (values, not column/value pairs: a transfer holds
+    both of its accounts whichever column names them), and a call that starts while
+    another holds one of the same values is an overlap: it is counted in
+    :attr:`overlaps` and fails with ``"key overlap on <value>"``, so overlaps show in
+    dispatch's output.
+
+    The three call forms share the latency and failure model: :meth:`submit`
+    replies from one delivery thread after the latency (the caller's timeout does
+    not shorten it), :meth:`call` blocks and gives up at ``timeout_s``, and
+    :meth:`acall` awaits and releases its keys when cancelled.
+    """
+
+    def __init__(
+        self,
+        pct50_ms: float,
+        pct75_ms: float,
+        failure_rate: float = 0.0,
+        seed: int | None = None,
+        exclusive_cols: Sequence[str] = (),
+    ) -> None:
+        p50 = _check_number("pct50_ms", pct50_ms)
+        p75 = _check_number("pct75_ms", pct75_ms)
+        rate = _check_number("failure_rate", failure_rate)
+        if p50 <= 0:
+            raise ValueError(f"pct50_ms must be > 0, got {pct50_ms!r}")
+        if p75 < p50:
+            raise ValueError(f"pct75_ms must be >= pct50_ms ({pct50_ms!r}), got {pct75_ms!r}")
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"failure_rate must be between 0 and 1, got {failure_rate!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(f"seed must be an int or None, got {seed!r}")
+        self.pct50_ms = p50
+        self.pct75_ms = p75
+        self.failure_rate = rate
+        self.seed = seed
+        self.exclusive_cols = check_columns("exclusive_cols", exclusive_cols)
+        self._mu = math.log(p50 / 1000.0)
+        self._sigma = math.log(p75 / p50) / _Z75
+        self._state = self._new_state()
+
+    def __repr__(self) -> str:
+        return (
+            f"SimulatedDownstream(pct50_ms={self.pct50_ms:g}, pct75_ms={self.pct75_ms:g}, "
+            f"failure_rate={self.failure_rate:g}, seed={self.seed!r})"
+        )
+
+    def _new_state(self) -> PerProcess[_SimState]:
+        return PerProcess(
+            functools.partial(_SimState, self.seed, self._mu, self._sigma, self.failure_rate)
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_state"]  # each process that unpickles it starts its own
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._state = self._new_state()
+
+    def _live(self) -> _SimState:
+        return self._state.get()
+
+    @property
+    def calls(self) -> int:
+        """Calls started in this process."""
+        return self._live().calls
+
+    @property
+    def overlaps(self) -> int:
+        """Calls in this process that started while another call held one of their keys."""
+        return self._live().overlaps
+
+    @property
+    def callback_errors(self) -> int:
+        """``on_done`` callbacks that raised (each was logged on the ``timewheel`` logger)."""
+        return self._live().callback_errors
+
+    def expected_attempt(self, timeout_ms: float) -> tuple[float, float]:
+        """Mean length (ms) of one attempt cut off at ``timeout_ms``, and its chance to fail."""
+        mu, sigma, t = self._mu + math.log(1000.0), self._sigma, float(timeout_ms)
+        if sigma == 0:
+            in_time = 1.0 if self.pct50_ms <= t else 0.0
+            mean = min(self.pct50_ms, t)
+        else:
+            z = (math.log(t) - mu) / sigma
+            in_time = _normal_cdf(z)
+            # E[L; L < t] for a log-normal, plus t for the attempts cut off at t.
+            mean = math.exp(mu + sigma * sigma / 2) * _normal_cdf(z - sigma) + t * (1 - in_time)
+        return mean, (1 - in_time) + in_time * self.failure_rate
+
+    def _start(
+        self, row: Mapping[str, Any]
+    ) -> tuple[_SimState, float, str | None, tuple[Any, ...]]:
+        """Draw one call's latency (s) and outcome, and hold its keys."""
+        state = self._live()
+        keys = row_keys(row, self.exclusive_cols) if self.exclusive_cols else ()
+        latency, error = state.start(keys)
+        return state, latency, error, keys
+
+    def submit(self, row: Mapping[str, Any], on_done: OnDone) -> None:
+        """Start a call; ``on_done`` runs on the process's delivery thread after the latency."""
+        state, latency, error, keys = self._start(row)
+        _DELIVERY.get().at(
+            time.monotonic() + latency, functools.partial(state.reply, on_done, error, keys)
+        )
+
+    def call(self, row: Mapping[str, Any], timeout_s: float) -> None:
+        """Block for the latency; raise DownstreamTimeout past ``timeout_s`` or DownstreamError."""
+        state, latency, error, keys = self._start(row)
+        try:
+            if latency > timeout_s:
+                time.sleep(max(timeout_s, 0.0))
+                raise DownstreamTimeout(f"no reply within {timeout_s * 1000:.0f} ms")
+            time.sleep(latency)
+        finally:
+            state.release(keys)
+        if error is not None:
+            raise DownstreamError(error)
+
+    async def acall(self, row: Mapping[str, Any]) -> None:
+        """Await the latency; raise DownstreamError on failure (cancel it to time it out)."""
+        state, latency, error, keys = self._start(row)
+        try:
+            await asyncio.sleep(latency)
+        finally:
+            state.release(keys)
+        if error is not None:
+            raise DownstreamError(error)
+
+
+class _HttpPool:
+    """The per-process connections of one endpoint: one keep-alive connection per thread."""
+
+    def __init__(self, max_connections: int) -> None:
+        self.local = threading.local()
+        self.lock = threading.Lock()
+        self.connections: list[http.client.HTTPConnection] = []
+        self.executor = ThreadPoolExecutor(max_connections, thread_name_prefix="timewheel-http")
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True)
+        with self.lock:
+            connections, self.connections = self.connections, []
+        for conn in connections:
+            conn.close()
+
+
+# This process's pools by (url, timeout_s, max_connections), shared by every copy of an
+# HttpDownstream (Spark unpickles a fresh copy for every task), so connections and
+# threads are made once per worker, not per task. A pool made twice in a race is dropped
+# before it starts a thread.
+_HTTP_POOLS: PerProcess[dict[tuple[str, float, int], _HttpPool]] = PerProcess(dict)
+
+
+class HttpDownstream:
+    """POSTs each row as a JSON object to ``url`` over keep-alive connections.
+
+    A 2xx answer is success; any other status, or a connection error, is a failure
+    whose error names it. ``submit`` and ``acall`` run the blocking request on a pool
+    of ``max_connections`` threads with a socket timeout of ``timeout_s``; ``call``
+    uses the caller's thread and timeout. Each thread keeps one connection open; the
+    connections and threads are shared by all copies of the target in a process
+    until :meth:`close`.
+    """
+
+    def __init__(self, url: str, timeout_s: float = 30.0, max_connections: int = 32) -> None:
+        if not isinstance(url, str):
+            raise TypeError(f"url must be a str, got {url!r}")
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url must be an http:// or https:// URL with a host, got {url!r}")
+        if _check_number("timeout_s", timeout_s) <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        max_connections = check_int("max_connections", max_connections, 1)
+        self.url = url
+        self.timeout_s = float(timeout_s)
+        self.max_connections = max_connections
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        self._port = parts.port
+        self._path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+    def __repr__(self) -> str:
+        return f"HttpDownstream({self.url!r})"
+
+    def _pool(self) -> _HttpPool:
+        pools, key = _HTTP_POOLS.get(), (self.url, self.timeout_s, self.max_connections)
+        pool = pools.get(key)
+        if pool is None:
+            pool = pools.setdefault(key, _HttpPool(self.max_connections))
+        return pool
+
+    def close(self) -> None:
+        """Close this endpoint's connections and threads in this process (remade on next use)."""
+        pool = _HTTP_POOLS.get().pop((self.url, self.timeout_s, self.max_connections), None)
+        if pool is not None:
+            pool.close()
+
+    def _connection(self, pool: _HttpPool, timeout_s: float) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection | None = getattr(pool.local, "conn", None)
+        if conn is None:
+            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            conn = pool.local.conn = cls(self._host, self._port, timeout=timeout_s)
+            with pool.lock:
+                pool.connections.append(conn)
+        else:
+            conn.timeout = timeout_s
+            if conn.sock is not None:
+                conn.sock.settimeout(timeout_s)
+        return conn
+
+    def call(self, row: Mapping[str, Any], timeout_s: float) -> None:
+        """POST ``row``; raise DownstreamTimeout or DownstreamError unless the answer is 2xx."""
+        body = json.dumps(row, default=str).encode()
+        conn = self._connection(self._pool(), timeout_s)
+        try:
+            conn.request("POST", self._path, body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            text = response.read()
+        except TimeoutError as exc:
+            conn.close()  # a late answer must not be read as the next request's
+            raise DownstreamTimeout(f"no reply within {timeout_s * 1000:.0f} ms") from exc
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise DownstreamError(f"{type(exc).__name__}: {exc}") from exc
+        if not 200 <= response.status < 300:
+            detail = text[:200].decode("utf-8", "replace")
+            raise DownstreamError(f"HTTP {response.status}: {detail}")
+
+    def submit(self, row: Mapping[str, Any], on_done: OnDone) -> None:
+        """Queue the request on the connection pool; ``on_done`` runs on a pool thread."""
+
+        def run() -> None:
+            try:
+                self.call(row, self.timeout_s)
+            except (DownstreamError, DownstreamTimeout) as exc:
+                outcome: tuple[bool, str | None] = (False, str(exc))
+            else:
+                outcome = (True, None)
+            try:
+                on_done(*outcome)
+            except Exception:
+                log.exception("on_done callback of HttpDownstream raised")
+
+        self._pool().executor.submit(run)
+
+    async def acall(self, row: Mapping[str, Any]) -> None:
+        """Await the request, run on the connection pool."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._pool().executor, self.call, row, self.timeout_s)
+
+
+_SIM_PARAMS = {"pct50": float, "pct75": float, "failures": float, "seed": int}
+
+
+def target_from_url(url: str) -> Any:
+    """Build a target from the CLI form: ``sim://?pct50=20&pct75=60&failures=0.01&seed=1`` or ``http(s)://...``."""
+    if not isinstance(url, str):
+        raise TypeError(f"target must be a URL string, got {url!r}")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme in ("http", "https"):
+        return HttpDownstream(url)
+    if parts.scheme != "sim":
+        raise ValueError(f"target must be sim://?... or an http(s):// URL, got {url!r}")
+    given: dict[str, Any] = {}
+    for name, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
+        if name not in _SIM_PARAMS:
+            raise ValueError(
+                f"unknown sim:// parameter {name!r} in {url!r}; known: {', '.join(_SIM_PARAMS)}"
+            )
+        try:
+            given[name] = _SIM_PARAMS[name](value)
+        except ValueError:
+            raise ValueError(f"sim:// parameter {name} must be a number, got {value!r}") from None
+    return SimulatedDownstream(
+        pct50_ms=given.get("pct50", 20.0),
+        pct75_ms=given.get("pct75", 60.0),
+        failure_rate=given.get("failures", 0.0),
+        seed=given.get("seed"),
+    )
+
+
+def blocking_call(target: Any, row: Mapping[str, Any], timeout_s: float) -> None:
+    """Call ``target`` and wait: its own ``call`` if it has one, else ``submit`` and an Event."""
+    call = getattr(target, "call", None)
+    if call is not None:
+        call(row, timeout_s)
+        return
+    done = threading.Event()
+    outcome: list[Any] = []
+
+    def on_done(ok: bool, error: str | None) -> None:
+        outcome.append((ok, error))
+        done.set()
+
+    target.submit(row, on_done)
+    if not done.wait(timeout_s):
+        raise DownstreamTimeout(f"no reply within {timeout_s * 1000:.0f} ms")
+    ok, error = outcome[0]
+    if not ok:
+        raise DownstreamError(error or "failed")
+
+
+async def async_call(target: Any, row: Mapping[str, Any]) -> None:
+    """Await ``target``: its own ``acall`` if it has one, else ``submit`` bridged to a future."""
+    acall = getattr(target, "acall", None)
+    if acall is not None:
+        await acall(row)
+        return
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[tuple[bool, str | None]] = loop.create_future()
+
+    def settle(ok: bool, error: str | None) -> None:
+        if not future.done():  # wait_for may have cancelled it already
+            future.set_result((ok, error))
+
+    def on_done(ok: bool, error: str | None) -> None:
+        loop.call_soon_threadsafe(settle, ok, error)
+
+    target.submit(row, on_done)
+    ok, error = await future
+    if not ok:
+        raise DownstreamError(error or "failed")
