@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Protocol
 
+from .metrics import register
+
 __all__ = [
     "ExecuteProduceConsume",
     "ExecutionStats",
@@ -52,7 +54,7 @@ __all__ = [
     "ThreadPool",
 ]
 
-logger = logging.getLogger("timewheel")
+logger = logging.getLogger(__name__)
 
 #: A unit of work: called with no arguments, its result is ignored.
 Task = Callable[[], object]
@@ -123,8 +125,8 @@ class ThreadPool:
     """A bounded pool of daemon threads, started lazily up to ``max_threads``.
 
     Idle threads park on their own Condition, most recently parked first (its cache is
-    the warmest). A task that raises is logged on the ``timewheel`` logger and counted
-    in :attr:`errors`; the thread carries on.
+    the warmest). A task that raises is logged on the ``timewheel.execution`` logger and
+    counted in :attr:`errors`; the thread carries on.
     """
 
     def __init__(self, max_threads: int = 4, name: str = "timewheel-pool") -> None:
@@ -144,6 +146,7 @@ class ThreadPool:
         self._threads: list[threading.Thread] = []
         self._shutdown = False
         self._errors = 0
+        register("pool", self, name)
 
     @property
     def max_threads(self) -> int:
@@ -327,6 +330,7 @@ class ExecutionStrategy(ABC):
         self._pending = 0
         self._peak_pending = 0
         self._dispatches = 0
+        register("strategy", self)
 
     @property
     def producer(self) -> Producer:
