@@ -35,6 +35,7 @@ __all__ = [
     "instances",
     "register",
     "samples",
+    "values",
 ]
 
 
@@ -88,7 +89,7 @@ class Metric:
     @property
     def otel_unit(self) -> str:
         """The UCUM unit OpenTelemetry expects: ``s``, or a count in braces."""
-        return "s" if self.unit == "seconds" else "{" + self.unit.rstrip("s") + "}"
+        return "s" if self.unit == "seconds" else "{" + self.unit + "}"
 
 
 def _timer(timer: Any) -> dict[str, Any]:
@@ -345,6 +346,12 @@ def instances(kind: str) -> list[tuple[str, Any]]:
         seen[name] = n = seen.get(name, 0) + 1
         named.append((name if n == 1 else f"{name}#{n}", obj))
     return named
+
+
+def values(metric: Metric) -> list[tuple[str, Any]]:
+    """``metric``'s ``(name, value)`` for each live object of its kind."""
+    snapshot = SNAPSHOTS[metric.kind]
+    return [(name, snapshot(obj)[metric.key]) for name, obj in instances(metric.kind)]
 
 
 def samples() -> Iterator[tuple[Metric, list[tuple[str, Any]]]]:
