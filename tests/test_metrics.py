@@ -451,3 +451,11 @@ def test_another_component_adds_its_kind_in_two_calls() -> None:
     finally:
         METRICS.remove(row)
         del tw_metrics.SNAPSHOTS[kind]
+
+
+def test_docs_describe_every_metric_with_its_type_and_unit() -> None:
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "observability.md").read_text()
+    for metric in METRICS:
+        total = "_total" if metric.type == "counter" else ""
+        row = f"| `{metric.prometheus_name}{total}` | `{metric.otel_name}` | {metric.type} | "
+        assert f"{row}{metric.unit} | {metric.kafka} |" in docs, metric
