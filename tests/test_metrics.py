@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -459,3 +460,22 @@ def test_docs_describe_every_metric_with_its_type_and_unit() -> None:
         total = "_total" if metric.type == "counter" else ""
         row = f"| `{metric.prometheus_name}{total}` | `{metric.otel_name}` | {metric.type} | "
         assert f"{row}{metric.unit} | {metric.kafka} |" in docs, metric
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_registers_even_if_the_registry_was_locked_at_the_fork() -> None:
+    # Other tests leave threads running: 3.12+ warns about forking then, which is the point.
+    with warnings.catch_warnings(), tw_metrics._lock:  # as if a thread were registering
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+        if pid == 0:  # the child: register and read, then leave without cleanup
+            ok = False
+            try:
+                clock = ManualClock()
+                timer = Timer(clock=clock, name="in-child")
+                ok = any(name == "in-child" for name, _ in tw_metrics.instances("timer"))
+                timer.close()
+            finally:
+                os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -12,6 +12,7 @@ __all__ = [
     "CallbackTask",
     "Counts",
     "DelayedOperation",
+    "Lateness",
     "PurgatoryCore",
     "TimerTask",
     "monotonic_ms",

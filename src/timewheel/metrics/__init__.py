@@ -20,6 +20,7 @@ after adding its kind to :data:`SNAPSHOTS` and its rows to :data:`METRICS` (see
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
@@ -315,6 +316,16 @@ def define(kind: str, snapshot: Callable[[Any], Mapping[str, Any]], rows: list[M
 _lock = threading.Lock()
 _live: dict[str, weakref.WeakKeyDictionary[Any, str]] = {}
 _numbers = itertools.count(1)
+
+
+def _after_fork_in_child() -> None:
+    # A thread of the parent may have held the lock at the fork; it does not exist here.
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def register(kind: str, obj: Any, name: str | None = None) -> None:
