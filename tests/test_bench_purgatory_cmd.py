@@ -41,6 +41,28 @@ def test_purgatory_reports_every_request_as_completed_or_expired(
     assert report["completed"] > 100 and report["expired"] > 40
     assert report["actual_rate"] > 0 and report["cpu_ms"] > 0 and report["peak_rss_kb"] > 0
     assert report["gc_collections"] >= 0 and report["elapsed_ms"] > 0
+    if impl == "wheel":  # every timeout ran once, so the lateness buckets hold them all
+        assert sum(report["lateness_ms"].values()) == report["expired"]
+        assert report["lateness_p50_ms"] <= (report["lateness_p99_ms"] or 10**9)
+    else:
+        assert report["lateness_ms"] is None
+
+
+def test_purgatory_text_report_shows_the_lateness(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["purgatory", "--num", "300", "--rate", "20000", "--timeout", "10"]
+    assert _run([*argv, "--pct75", "60", "--pct50", "20"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("timeouts ran late by (timer clock): p50 <= ")
+    assert "[ms buckets le " in lines[1]
+
+
+def test_lateness_percentiles_come_from_the_buckets() -> None:
+    hist = bench.Histogram((0, 1, 2), (90, 99, 100, 101), 50)
+    report = bench.lateness_report(hist)
+    assert report["lateness_ms"] == {"le 0": 90, "le 1": 9, "le 2": 1, "more": 1}
+    assert report["lateness_p50_ms"] == 0
+    assert report["lateness_p99_ms"] == 2  # rank 99.99 of 101: the 100th
+    assert report["lateness_p999_ms"] is None  # the 101st observation is beyond 2 ms
 
 
 def test_the_workload_is_seeded_and_keys_are_distinct() -> None:

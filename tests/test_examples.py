@@ -6,6 +6,8 @@ import doctest
 import os
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import timewheel
@@ -31,3 +33,53 @@ def test_typed_usage_example_runs(impl: str) -> None:
 def test_package_docstring_example_holds() -> None:
     result = doctest.testmod(timewheel)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_prometheus_example_serves_a_purgatory_under_load_on_loopback() -> None:
+    example = EXAMPLE.with_name("prometheus_purgatory.py")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(timewheel.__file__).parents[1]), env.get("PYTHONPATH", "")]
+    )
+    args = ["--seconds", "5", "--port", "0", "--rate", "1000", "--timeout", "20"]
+    with subprocess.Popen(
+        [sys.executable, str(example), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            first = proc.stdout.readline()
+            assert first.startswith("serving http://127.0.0.1:"), first + proc.stderr.read()
+            values = scrape_until_loaded(first.split()[1])
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert out.startswith("completed ") and err == ""
+    assert values["timewheel_timer_lateness_seconds_count"] >= 1
+
+
+def scrape_until_loaded(url: str) -> dict[str, float]:
+    """Scrape ``url`` until the example's purgatory has completed and expired requests."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values: dict[str, float] = {}
+    deadline = time.monotonic() + 4
+    while not (
+        values.get("timewheel_purgatory_expires_total", 0) > 0
+        and values.get("timewheel_purgatory_completed_operations_total", 0) > 0
+    ):
+        assert time.monotonic() < deadline, values
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        values = {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.labels.get("name") in ("example", "example-timer")
+            and "le" not in sample.labels
+        }
+    return values

@@ -146,7 +146,7 @@ def test_pool_logs_and_counts_task_errors_and_keeps_going(
         pool.execute(after.set)
         assert after.wait(WAIT)
     assert pool.errors == 1
-    [record] = [r for r in caplog.records if r.name == "timewheel"]
+    [record] = [r for r in caplog.records if r.name == "timewheel.execution"]
     assert record.exc_info is not None and record.exc_info[0] is ValueError
 
 
@@ -350,7 +350,7 @@ def test_task_errors_are_logged_counted_and_other_tasks_run(
     assert stats.tasks_run == 3
     assert stats.errors == 1
     assert any(
-        r.name == "timewheel" and r.exc_info and r.exc_info[0] is ZeroDivisionError
+        r.name == "timewheel.execution" and r.exc_info and r.exc_info[0] is ZeroDivisionError
         for r in caplog.records
     )
     assert pool.errors == 0  # the strategy caught it, not the pool
@@ -381,7 +381,7 @@ def test_producer_error_is_counted_and_releases_the_role(
     with caplog.at_level(logging.ERROR, logger="timewheel"):
         strategy.produce()
     assert strategy.stats().errors == 1
-    assert any(r.name == "timewheel" for r in caplog.records)
+    assert any(r.name == "timewheel.execution" for r in caplog.records)
     strategy.produce()
     assert done.wait(WAIT)
 

@@ -452,7 +452,7 @@ def test_a_raising_try_complete_is_logged_counted_and_isolated(
         fine.ready = True
         assert purgatory.check_and_complete("k") == 1
     assert purgatory.metrics()["errors"] == 3  # two tries when watched, one in the check
-    assert all(r.name == "timewheel" for r in caplog.records) and len(caplog.records) == 3
+    assert all(r.name == "timewheel.purgatory" for r in caplog.records) and len(caplog.records) == 3
     clock.advance(10)
     purgatory.advance_clock(0)
     assert broken.events == ["complete", "expire"] and fine.events == ["complete"]

@@ -249,7 +249,7 @@ def test_raising_callback_is_logged_counted_and_isolated(
     assert ran == [1, 2]
     assert timer.errors == 1
     [record] = caplog.records
-    assert record.name == "timewheel" and "raised" in record.getMessage()
+    assert record.name == "timewheel.timer" and "raised" in record.getMessage()
     assert record.exc_info is not None and record.exc_info[1] is not None
     assert str(record.exc_info[1]) == "boom"
 

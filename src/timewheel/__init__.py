@@ -35,6 +35,8 @@ TypeError naming the argument. Quick start::
     ([], ['reply timed out'])
 """
 
+import logging
+
 from ._impl import IMPLEMENTATION, Implementation, TimingWheel, implementation
 from ._version import __version__
 from .execution import (
@@ -65,6 +67,10 @@ from .sources import (
     Strategy as Strategy,  # the old name of SchedulingStrategy, still importable
 )
 from .timer import ManualClock, Timer, TimerFullError, TimerTask
+
+# The library convention: silent unless the application configures logging. Every module
+# logs on its own logger under this one (timewheel.timer, timewheel.purgatory, ...).
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "IMPLEMENTATION",

@@ -31,6 +31,7 @@ __all__ = [
     "Counts",
     "DelayedOperation",
     "Implementation",
+    "Lateness",
     "PurgatoryCore",
     "TimerTask",
     "TimingWheel",
@@ -62,7 +63,7 @@ class Implementation:
 
     def __getattr__(self, name: str) -> Any:
         """``TimerTask``, ``CallbackTask``, ``DelayedOperation``, ``PurgatoryCore``,
-        ``Counts``, ``monotonic_ms``: from the tasks module."""
+        ``Counts``, ``Lateness``, ``monotonic_ms``: from the tasks module."""
         if name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.tasks, name)
@@ -107,6 +108,7 @@ if TYPE_CHECKING:
         CallbackTask,
         Counts,
         DelayedOperation,
+        Lateness,
         PurgatoryCore,
         TimerTask,
         monotonic_ms,
@@ -119,4 +121,5 @@ else:
     Counts = _IN_USE.tasks.Counts
     DelayedOperation = _IN_USE.tasks.DelayedOperation
     PurgatoryCore = _IN_USE.tasks.PurgatoryCore
+    Lateness = _IN_USE.tasks.Lateness
     monotonic_ms: Callable[[], int] = _IN_USE.tasks.monotonic_ms

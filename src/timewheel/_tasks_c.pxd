@@ -32,6 +32,17 @@ cdef class Counts:
             tw_add(&self._expired, 1)
 
 
+cdef enum:
+    LATENESS_BUCKETS = 12  # len(LATENESS_BOUNDS_MS) + 1, the last one unbounded
+
+
+@cython.final
+cdef class Lateness:
+    cdef long long _bounds[LATENESS_BUCKETS - 1]
+    cdef long long _counts[LATENESS_BUCKETS]
+    cdef long long _sum_ms
+
+
 cdef class DelayedOperation(TimerTask):
     cdef public object delay_ms
     cdef public Counts _purgatory
@@ -63,6 +74,7 @@ cdef class PurgatoryCore:
     cdef public long long _watched_base  # under the purge mutex
     cdef readonly Counts _counts
     cdef long long _npurges
+    cdef long long _purge_ns  # time spent purging, both kinds
     cdef long long _nerrors
     cdef public bint _stopping
     cdef bint _try(self, object op) except -1

@@ -12,6 +12,7 @@ __all__ = [
     "CallbackTask",
     "Counts",
     "DelayedOperation",
+    "Lateness",
     "PurgatoryCore",
     "TimerTask",
     "monotonic_ms",
@@ -65,6 +66,16 @@ class Counts:
     def expired(self) -> int:
         """Operations that timed out."""
 
+@final
+class Lateness:
+    """How late a timer ran its expired tasks: a histogram in fixed ms buckets."""
+
+    bounds_ms: tuple[int, ...]
+    def record(self, tasks: list[TimerTask], now_ms: int) -> None:
+        """Count ``now_ms - task.deadline_ms`` for each task (0 for one expired early)."""
+    def snapshot(self) -> tuple[list[int], int]:
+        """``(counts, sum_ms)``: the count in each bucket (not cumulative) and the sum."""
+
 @disjoint_base
 class DelayedOperation(TimerTask):
     """An operation that completes when :meth:`try_complete` says so, or times out."""
@@ -97,6 +108,10 @@ class PurgatoryCore:
     def _purges(self) -> int: ...
     @property
     def _errors(self) -> int: ...
+    @property
+    def _purge_time_ns(self) -> int: ...
+    @property
+    def _cleared_count(self) -> int: ...
     def _setup(
         self, schedule: Callable[[TimerTask, int], Any], purge_interval: int, shards: int
     ) -> None: ...

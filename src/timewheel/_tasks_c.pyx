@@ -43,10 +43,11 @@ from time import monotonic_ns as _monotonic_ns
 
 from weakref import ref as _weakref
 
-from timewheel._validate import INT64_MAX, aborted, check_int, check_keys
+from timewheel._validate import INT64_MAX, LATENESS_BOUNDS_MS, aborted, check_int, check_keys
 
 __all__ = [
-    "CallbackTask", "Counts", "DelayedOperation", "PurgatoryCore", "TimerTask", "monotonic_ms"
+    "CallbackTask", "Counts", "DelayedOperation", "Lateness", "PurgatoryCore", "TimerTask",
+    "monotonic_ms",
 ]
 
 cdef enum:
@@ -226,6 +227,49 @@ cdef class Counts:
         return self._expired
 
 
+@cython.final
+cdef class Lateness:
+    """How late a timer ran its expired tasks: counts in the fixed buckets of
+    ``LATENESS_BOUNDS_MS`` (upper bounds in ms, inclusive; a last bucket for later ones)
+    and the sum of all lateness in ms.
+
+    :meth:`record` is called by the timer once per advance, with the tasks it expired
+    and the clock reading it expired them at; one C loop, no allocation.
+    """
+
+    bounds_ms = LATENESS_BOUNDS_MS
+
+    def __cinit__(self):
+        cdef Py_ssize_t i
+        if len(LATENESS_BOUNDS_MS) != LATENESS_BUCKETS - 1:
+            raise RuntimeError("LATENESS_BOUNDS_MS does not match LATENESS_BUCKETS")
+        for i in range(LATENESS_BUCKETS - 1):
+            self._bounds[i] = LATENESS_BOUNDS_MS[i]
+
+    def record(self, list tasks, long long now_ms):
+        """Count ``now_ms - task.deadline_ms`` for each task (0 for a task expired early,
+        within its tick)."""
+        cdef long long late, total = 0
+        cdef Py_ssize_t i
+        for task in tasks:
+            if isinstance(task, TimerTask):
+                late = now_ms - (<TimerTask>task)._deadline
+            else:  # the twin's task, which a timer accepts too
+                late = now_ms - <long long>task.deadline_ms
+            if late < 0:
+                late = 0
+            i = 0
+            while i < LATENESS_BUCKETS - 1 and late > self._bounds[i]:
+                i += 1
+            tw_add(&self._counts[i], 1)
+            total += late
+        tw_add(&self._sum_ms, total)
+
+    def snapshot(self):
+        """``(counts, sum_ms)``: the count in each bucket (not cumulative) and the sum."""
+        return [self._counts[i] for i in range(LATENESS_BUCKETS)], self._sum_ms
+
+
 cdef class DelayedOperation(TimerTask):
     """An operation that completes when :meth:`try_complete` says so, or times out.
 
@@ -392,6 +436,14 @@ cdef class PurgatoryCore:
     @property
     def _errors(self):
         return self._nerrors
+
+    @property
+    def _purge_time_ns(self):
+        return self._purge_ns
+
+    @property
+    def _cleared_count(self):
+        return len(self._cleared)
 
     def _count_error(self):
         tw_add(&self._nerrors, 1)
@@ -561,8 +613,10 @@ cdef class PurgatoryCore:
         cdef list garbage = []
         cdef dict lists
         cdef WatchList wl
+        cdef long long start
         if not tw_mutex_trylock(&self._purge_mutex):
             return
+        start = _monotonic_ns()
         try:
             n = len(self._cleared)
             entries = [self._popleft() for _ in range(n)]
@@ -587,6 +641,7 @@ cdef class PurgatoryCore:
                     del garbage[:]
             self._watched_base -= n
             tw_add(&self._npurges, 1)
+            tw_add(&self._purge_ns, _monotonic_ns() - start)
         finally:
             tw_mutex_unlock(&self._purge_mutex)
 
@@ -600,8 +655,10 @@ cdef class PurgatoryCore:
         cdef Py_ssize_t s, removed = 0
         cdef dict lists
         cdef list garbage = []
+        cdef long long start
         if not tw_mutex_trylock(&self._purge_mutex):
             return 0
+        start = _monotonic_ns()
         try:
             # The scan removes every dead entry, queued or not.
             self._cleared.clear()
@@ -621,6 +678,7 @@ cdef class PurgatoryCore:
                     tw_mutex_unlock(&self._locks[s])
                 del garbage[:]
             tw_add(&self._npurges, 1)
+            tw_add(&self._purge_ns, _monotonic_ns() - start)
             return removed
         finally:
             tw_mutex_unlock(&self._purge_mutex)

@@ -26,6 +26,7 @@ triggers.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 import threading
@@ -34,7 +35,7 @@ import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
-from ._validate import INT64_MAX, aborted, check_int, check_keys
+from ._validate import INT64_MAX, LATENESS_BOUNDS_MS, aborted, check_int, check_keys
 
 __all__ = [
     "CANCELLED",
@@ -44,12 +45,13 @@ __all__ = [
     "Counts",
     "DelayedOperation",
     "Entry",
+    "Lateness",
     "PurgatoryCore",
     "TimerTask",
     "monotonic_ms",
 ]
 
-logger = logging.getLogger("timewheel")
+logger = logging.getLogger(__name__)
 
 PENDING, CANCELLED, FIRED = 0, 1, 2
 DEAD_SHARE = 8  # a watcher list is compacted once 1/DEAD_SHARE of it is known dead
@@ -167,6 +169,39 @@ class Counts:
             self.completed += 1
             if expired:
                 self.expired += 1
+
+
+class Lateness:
+    """How late a timer ran its expired tasks: counts in the fixed buckets of
+    ``LATENESS_BOUNDS_MS`` (upper bounds in ms, inclusive; a last bucket for later ones)
+    and the sum of all lateness in ms.
+
+    :meth:`record` is called by the timer once per advance, with the tasks it expired
+    and the clock reading it expired them at; the timer's advance lock serialises calls.
+    """
+
+    __slots__ = ("_counts", "_sum_ms")
+
+    bounds_ms = LATENESS_BOUNDS_MS
+
+    def __init__(self) -> None:
+        self._counts = [0] * (len(LATENESS_BOUNDS_MS) + 1)
+        self._sum_ms = 0
+
+    def record(self, tasks: list[TimerTask], now_ms: int) -> None:
+        """Count ``now_ms - task.deadline_ms`` for each task (0 for a task expired early,
+        within its tick)."""
+        counts = self._counts
+        total = 0
+        for task in tasks:
+            late = max(now_ms - task.deadline_ms, 0)  # type: ignore[operator]
+            counts[bisect.bisect_left(LATENESS_BOUNDS_MS, late)] += 1
+            total += late
+        self._sum_ms += total
+
+    def snapshot(self) -> tuple[list[int], int]:
+        """``(counts, sum_ms)``: the count in each bucket (not cumulative) and the sum."""
+        return self._counts[:], self._sum_ms
 
 
 class DelayedOperation(TimerTask):
@@ -342,6 +377,7 @@ class PurgatoryCore:
         self._counts = Counts()
         self._stats_lock = threading.Lock()
         self._purges = self._errors = 0
+        self._purge_time_ns = 0  # time spent purging, both kinds
         self._stopping = False
 
     def _try_raised(self, op: DelayedOperation) -> None:
@@ -486,6 +522,7 @@ class PurgatoryCore:
         a list is compacted once an eighth of it is known dead."""
         if not self._purge_lock.acquire(False):
             return
+        start = time.monotonic_ns()
         try:
             cleared = self._cleared
             entries = [cleared.popleft() for _ in range(len(cleared))]
@@ -504,6 +541,7 @@ class PurgatoryCore:
             self._watched_base -= len(entries)
             with self._stats_lock:
                 self._purges += 1
+                self._purge_time_ns += time.monotonic_ns() - start
         finally:
             self._purge_lock.release()
 
@@ -516,6 +554,7 @@ class PurgatoryCore:
         """
         if not self._purge_lock.acquire(False):
             return 0
+        start = time.monotonic_ns()
         try:
             # The scan removes every dead entry, queued or not.
             self._cleared.clear()
@@ -534,6 +573,7 @@ class PurgatoryCore:
                 garbage.clear()
             with self._stats_lock:
                 self._purges += 1
+                self._purge_time_ns += time.monotonic_ns() - start
             return removed
         finally:
             self._purge_lock.release()
@@ -541,6 +581,10 @@ class PurgatoryCore:
     def _count_error(self) -> None:
         with self._stats_lock:
             self._errors += 1
+
+    @property
+    def _cleared_count(self) -> int:
+        return len(self._cleared)
 
     @property
     def watched(self) -> int:

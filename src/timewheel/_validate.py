@@ -18,6 +18,7 @@ __all__ = [
     "HANDLE_BOUND",
     "INT64_MAX",
     "INT64_MIN",
+    "LATENESS_BOUNDS_MS",
     "MAX_WHEEL_SIZE",
     "aborted",
     "check_columns",
@@ -34,6 +35,9 @@ INT64_MIN = -(1 << 63)
 MAX_WHEEL_SIZE = 1 << 16
 #: A wheel handle beyond this is refused as nonsense; within it, an unknown one is stale.
 HANDLE_BOUND = 1 << 200
+#: The upper bounds (inclusive, ms) of a timer's lateness histogram; a last bucket
+#: counts everything later. Fixed, so that both implementations and every exporter agree.
+LATENESS_BOUNDS_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 
 
 def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Protocol
 
+from .metrics import register
+
 __all__ = [
     "ExecuteProduceConsume",
     "ExecutionStats",
@@ -53,7 +55,7 @@ __all__ = [
     "ThreadPool",
 ]
 
-logger = logging.getLogger("timewheel")
+logger = logging.getLogger(__name__)
 
 #: A unit of work: called with no arguments, its result is ignored.
 Task = Callable[[], object]
@@ -137,8 +139,8 @@ class ThreadPool:
     """A bounded pool of daemon threads, started lazily up to ``max_threads``.
 
     Idle threads park on their own Condition, most recently parked first (its cache is
-    the warmest). A task that raises is logged on the ``timewheel`` logger and counted
-    in :attr:`errors`; the thread carries on.
+    the warmest). A task that raises is logged on the ``timewheel.execution`` logger and
+    counted in :attr:`errors`; the thread carries on.
     """
 
     def __init__(self, max_threads: int = 4, name: str = "timewheel-pool") -> None:
@@ -158,6 +160,7 @@ class ThreadPool:
         self._threads: list[threading.Thread] = []
         self._shutdown = False
         self._errors = 0
+        register("pool", self, name)
 
     @property
     def max_threads(self) -> int:
@@ -341,6 +344,7 @@ class ExecutionStrategy(ABC):
         self._pending = 0
         self._peak_pending = 0
         self._dispatches = 0
+        register("strategy", self)
 
     @property
     def producer(self) -> Producer:

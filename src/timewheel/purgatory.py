@@ -14,11 +14,12 @@ from typing import cast
 
 from ._impl import Counts, DelayedOperation, PurgatoryCore, implementation
 from ._validate import check_shards
+from .metrics import register
 from .timer import StrategyFactory, Timer, check_ms
 
 __all__ = ["Counts", "DelayedOperation", "Purgatory", "PurgatoryCore", "PyPurgatory"]
 
-logger = logging.getLogger("timewheel")
+logger = logging.getLogger(__name__)
 
 
 class Purgatory(PurgatoryCore):
@@ -65,6 +66,7 @@ class Purgatory(PurgatoryCore):
             timer = Timer(name=f"{name}-timer", strategy=strategy, pool_threads=pool_threads)
         self._timer = timer
         self._setup(timer._schedule, purge_interval, shards)
+        register("purgatory", self, name)
         if reaper:
             self._timer.start(after_advance=self._maybe_purge)
 
@@ -85,23 +87,32 @@ class Purgatory(PurgatoryCore):
         """The exact number of operations pending in the timer."""
         return len(self._timer)
 
-    def metrics(self) -> dict[str, int]:
-        """Counters and sizes: completed, expired, purges, watched, delayed, keys,
-        entries (exact count of watcher-list entries), cleared (freed entries not yet
-        purged) and errors (raising ``try_complete`` calls plus the timer's errors)."""
-        keys, entries, cleared = self._sizes()
+    def counters(self) -> dict[str, int]:
+        """What the exporters read, with no lock taken: completed, expired, purges,
+        purge_ns (time spent purging), try_errors (raising ``try_complete`` calls),
+        watched, delayed and cleared (freed entries not yet purged)."""
         counts = self._counts
         return {
             "completed": counts.completed,
             "expired": counts.expired,
             "purges": self._purges,
-            "errors": self._errors + self._timer.errors,
+            "purge_ns": self._purge_time_ns,
+            "try_errors": self._errors,
             "watched": self.watched,
             "delayed": self.delayed,
-            "keys": keys,
-            "entries": entries,
-            "cleared": cleared,
+            "cleared": self._cleared_count,
         }
+
+    def metrics(self) -> dict[str, int]:
+        """:meth:`counters`, exact sizes and errors: keys and entries (watcher-list
+        entries, counted under each shard's lock) and errors (raising ``try_complete``
+        calls plus the timer's errors)."""
+        keys, entries, cleared = self._sizes()
+        metrics = self.counters()
+        metrics.update(
+            keys=keys, entries=entries, cleared=cleared, errors=self._errors + self._timer.errors
+        )
+        return metrics
 
     @property
     def timer(self) -> Timer:

@@ -33,12 +33,13 @@ from types import TracebackType
 from typing import Any, Callable
 
 from ._validate import check_keys
+from .metrics import register
 from .purgatory import DelayedOperation, Purgatory
 from .timer import check_ms
 
 __all__ = ["Checkout", "ResourceManager"]
 
-logger = logging.getLogger("timewheel")
+logger = logging.getLogger(__name__)
 
 _PENDING, _HELD, _RETURNED, _TIMED_OUT, _CANCELLED, _FAILED = range(6)
 _STATE_NAMES = ("pending", "held", "checked in", "timed out", "cancelled", "failed")
@@ -244,7 +245,7 @@ class Checkout:
         """Call ``fn(checkout)`` once it is done, at once if it already is.
 
         The callback runs in the thread that finished the request; if it raises, the error
-        is logged on the ``timewheel`` logger and counted in ``callback_errors``.
+        is logged on the ``timewheel.resources`` logger and counted in ``callback_errors``.
         """
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
@@ -343,6 +344,7 @@ class ResourceManager:
         # Requests parked by pause() are watched on this object; resume() wakes them.
         self._gate_key = object()
         self._closed = False
+        register("resource_manager", self, self._purgatory.name)
 
     # -- the public calls ------------------------------------------------------------
     def checkout(self, keys: Iterable[Hashable], timeout_ms: int | None = None) -> Checkout:

@@ -29,6 +29,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ._validate import check_int
 from .execution import Executor
+from .metrics import register
 
 __all__ = [
     "Executor",
@@ -209,6 +210,7 @@ class QueueingSource(Generic[T]):
         self._errors = 0
         self._duplicates = 0
         self._last_error: BaseException | None = None
+        register("queueing_source", self)
 
     def get_next_batch(self, n: int) -> list[T]:
         """Return up to ``n`` queued items now; start a refill if the queue runs low."""
@@ -495,6 +497,7 @@ class Scheduler:
         for name, source in sources.items():
             if not isinstance(source, QueueingSource):
                 source = QueueingSource(source, 2 * batch_size, batch_size)
+                register("queueing_source", source, name)
                 self._owned.append(source)
             wrapped[name] = source
         self._sources = MappingProxyType(wrapped)

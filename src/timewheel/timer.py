@@ -8,6 +8,7 @@ reference the timer needs, and cancelling is O(1) through the wheel handle.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import weakref
@@ -19,6 +20,7 @@ from ._impl import (
     FIRED,
     PENDING,
     CallbackTask,
+    Lateness,
     TimerTask,
     TimingWheel,
     implementation,
@@ -34,10 +36,11 @@ from .execution import (
     Task,
     ThreadPool,
 )
+from .metrics import Histogram, register
 
 __all__ = ["ManualClock", "Timer", "TimerFullError", "TimerTask", "logger", "monotonic_ms"]
 
-logger = logging.getLogger("timewheel")
+logger = logging.getLogger(__name__)
 
 #: Every TimerTask class a Timer accepts: the one in use and its twin.
 _TASK_TYPES = (TimerTask, implementation("python").TimerTask)
@@ -186,8 +189,10 @@ class Timer:
     * with ``executor`` (anything with ``submit(fn, *args)``), every expired task is
       submitted there instead, from either path; it excludes ``strategy``.
 
-    A callback that raises is logged on the ``timewheel`` logger and counted in
-    :attr:`errors`; it never stops the reaper or a pool thread.
+    A callback that raises is logged once (on the ``timewheel.timer`` logger, or on
+    ``timewheel.execution`` when the reaper's strategy ran it) and counted in
+    :attr:`errors`; it never stops the reaper or a pool thread. :meth:`lateness` tells
+    how late expired tasks ran.
     """
 
     def __init__(
@@ -258,6 +263,10 @@ class Timer:
         self._reaper: threading.Thread | None = None
         self._errors = 0
         self._errors_lock = threading.Lock()
+        # -- observability: lateness is recorded once per advance, in _advance.
+        self._lateness = Lateness()
+        register("timer", self, name)
+        register("strategy", self._strategy, name)
         # A pending task holds the wheel (to cancel in O(1)) and the Cython wheel holds
         # its tasks where the garbage collector cannot see them, so that cycle outlives
         # a timer dropped without close(); draining the wheel when the timer goes breaks it.
@@ -335,8 +344,10 @@ class Timer:
                 self._wait_until_due(timeout_ms)
                 if self._closed:
                     return False
-            due = self._wheel.advance(self._now())
+            now = self._now()
+            due = self._wheel.advance(now)
             if due:
+                self._lateness.record(due, now)
                 dispatch(due)
             return bool(due)
         finally:
@@ -525,6 +536,18 @@ class Timer:
         Includes the errors the reaper's strategy counted: it runs only this timer's tasks.
         """
         return self._errors + self._strategy.stats().errors
+
+    def lateness(self) -> Histogram:
+        """How late expired tasks ran, by this timer's clock, in ms.
+
+        A task's lateness is the clock reading of the advance that expired it less its
+        deadline (0 for one expired early, within its tick). Fixed buckets (upper bounds
+        0, 1, 2, 5 ... 1000 ms and one for later); the total count is every task the timer
+        has run or handed to its executor. A task that then waits behind earlier
+        callbacks of the same advance starts later still: see the strategy's ``pending``.
+        """
+        counts, sum_ms = self._lateness.snapshot()
+        return Histogram(Lateness.bounds_ms, tuple(itertools.accumulate(counts)), sum_ms)
 
     def __len__(self) -> int:
         """The exact number of tasks pending: added, not yet run, not cancelled."""

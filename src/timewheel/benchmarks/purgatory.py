@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .._argtypes import positive
+from ..metrics import Histogram
 from ..purgatory import DelayedOperation, Purgatory
 from .baselines import AsyncioPurgatory, ClassicPurgatory
 
@@ -149,6 +150,29 @@ class Result:
     timeout_ms: int
     pct75: float
     pct50: float
+    #: how late the timeouts ran (``wheel`` only): count per bucket, keyed by its upper
+    #: bound in ms ("le 0", "le 1" ... "le 1000", "more")
+    lateness_ms: dict[str, int] | None = None
+    #: the bucket bound (ms) under which 50%, 99% and 99.9% of the timeouts ran late;
+    #: None beyond the last bound
+    lateness_p50_ms: int | None = None
+    lateness_p99_ms: int | None = None
+    lateness_p999_ms: int | None = None
+
+
+def lateness_report(hist: Histogram) -> dict[str, Any]:
+    """The Result fields that describe a timer's lateness histogram (bounds in ms)."""
+    names = [f"le {bound}" for bound in hist.bounds] + ["more"]
+    previous = [0, *hist.cumulative[:-1]]
+    fields: dict[str, Any] = {
+        "lateness_ms": {n: c - p for n, c, p in zip(names, hist.cumulative, previous)}
+    }
+    for key, share in (("p50", 0.5), ("p99", 0.99), ("p999", 0.999)):
+        rank = share * hist.count
+        found = next((i for i, c in enumerate(hist.cumulative) if c >= rank), None)
+        bound = None if found is None or found >= len(hist.bounds) else hist.bounds[found]
+        fields[f"lateness_{key}_ms"] = bound if hist.count else None
+    return fields
 
 
 def make_purgatory(impl: str) -> Any:
@@ -308,6 +332,8 @@ def run(
         gc.callbacks.remove(gc_timer)
         gc.unfreeze()
         purgatory.shutdown()
+    timer = getattr(purgatory, "timer", None)
+    lateness = lateness_report(timer.lateness()) if timer is not None else {}
     expired = m["expired"]
     forced = m["completed"] - expired
     if forced + expired != num:
@@ -330,6 +356,7 @@ def run(
         timeout_ms=timeout_ms,
         pct75=pct75,
         pct50=pct50,
+        **lateness,
     )
 
 
@@ -356,6 +383,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser.add_argument("--impl", choices=IMPLS, default="wheel")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=main)
+
+
+def format_lateness(r: Result) -> str:
+    """How late the timeouts ran, as one line: percentiles, then the non-empty buckets."""
+
+    def bound(ms: int | None) -> str:
+        return "> 1000 ms" if ms is None else f"<= {ms} ms"
+
+    assert r.lateness_ms is not None
+    if not any(r.lateness_ms.values()):
+        return "no request timed out"
+    buckets = ", ".join(f"{k}: {v}" for k, v in r.lateness_ms.items() if v)
+    return (
+        f"timeouts ran late by (timer clock): p50 {bound(r.lateness_p50_ms)}, "
+        f"p99 {bound(r.lateness_p99_ms)}, p99.9 {bound(r.lateness_p999_ms)} "
+        f"[ms buckets {buckets}]"
+    )
 
 
 def check_arguments(args: argparse.Namespace) -> str | None:
@@ -400,4 +444,6 @@ def main(args: argparse.Namespace) -> int:
             f"(+{(r.peak_rss_kb - r.base_rss_kb) / 1024:.1f} during the run), "
             f"completed {r.completed}, expired {r.expired}"
         )
+        if r.lateness_ms is not None:
+            print(format_lateness(r))
     return 0

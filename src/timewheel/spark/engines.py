@@ -47,7 +47,7 @@ __all__ = [
     "worker_runtime",
 ]
 
-log = logging.getLogger("timewheel")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

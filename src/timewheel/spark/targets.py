@@ -47,7 +47,7 @@ __all__ = [
     "target_from_url",
 ]
 
-log = logging.getLogger("timewheel")
+log = logging.getLogger(__name__)
 
 #: ``on_done(ok, error)``: ``error`` is None when ``ok`` is True, else a short message.
 OnDone = Callable[[bool, Optional[str]], None]
