@@ -18,6 +18,9 @@ settings.register_profile("wheels", max_examples=25, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
+_STRESS = pytest.StashKey[int]()
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--no-c-extensions",
@@ -25,6 +28,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="run only against the pure-Python implementation",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    raw = os.environ.get("TIMEWHEEL_STRESS", "1")
+    if not (raw.isdecimal() and 1 <= int(raw) <= 1000):
+        raise pytest.UsageError(f"TIMEWHEEL_STRESS must be an integer from 1 to 1000, got {raw!r}")
+    config.stash[_STRESS] = int(raw)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -37,6 +47,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 _IMPLS = ["cython", "python"]
+
+
+@pytest.fixture
+def stress(request: pytest.FixtureRequest) -> int:
+    """TIMEWHEEL_STRESS (1 by default): the factor by which the thread-stress tests (marked
+    ``stress``) multiply their iteration counts, e.g. 10 in the free-threaded CI lane."""
+    return request.config.stash[_STRESS]
 
 
 @pytest.fixture(params=_IMPLS)

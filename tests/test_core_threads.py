@@ -7,13 +7,16 @@ import threading
 from typing import Any
 
 import numpy as np
+import pytest
 
 INT64_MAX = (1 << 63) - 1
 PRODUCERS = 4
 PER_PRODUCER = 20000
 
 
-def test_every_entry_fires_once_or_is_cancelled(TW: Any) -> None:
+@pytest.mark.stress
+def test_every_entry_fires_once_or_is_cancelled(TW: Any, stress: int) -> None:
+    per_producer = PER_PRODUCER * stress
     w = TW(tick=1, wheel_size=8)
     start = threading.Barrier(PRODUCERS + 1)
     producers_done = threading.Event()
@@ -29,7 +32,7 @@ def test_every_entry_fires_once_or_is_cancelled(TW: Any) -> None:
         mine: list[tuple[int, tuple[int, int]]] = []
         try:
             start.wait()
-            for i in range(PER_PRODUCER):
+            for i in range(per_producer):
                 item = (p, i)
                 # deadlines near the advancing clock, so some fire while others wait
                 deadline = w.now + rng.randrange(-5, 3000)

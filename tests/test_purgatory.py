@@ -329,10 +329,13 @@ def eager_thread_switches() -> Iterator[None]:
     sys.setswitchinterval(before)
 
 
+@pytest.mark.stress
 @pytest.mark.usefixtures("eager_thread_switches")
-def test_exactly_once_under_racing_completers_and_the_reaper(clock: ManualClock) -> None:
+def test_exactly_once_under_racing_completers_and_the_reaper(
+    clock: ManualClock, stress: int
+) -> None:
     rng = random.Random(11)
-    n = 3000
+    n = 3000 * stress
     keys = list(range(20))
     with Purgatory(timer=Timer(clock=clock), reaper=True, purge_interval=50) as p:
         ops = [Op(rng.randint(1, 200)) for _ in range(n)]
@@ -346,7 +349,7 @@ def test_exactly_once_under_racing_completers_and_the_reaper(clock: ManualClock)
         def checker(seed: int) -> None:
             r = random.Random(seed)
             start.wait()
-            for _ in range(300):
+            for _ in range(300 * stress):
                 p.check_and_complete(r.choice(keys))
 
         targets = random.Random(5).sample(ops, n // 3)
@@ -366,7 +369,9 @@ def test_exactly_once_under_racing_completers_and_the_reaper(clock: ManualClock)
                 assert forced_ten.acquire(timeout=60)
                 clock.advance(2)
 
-        _run_with_deadline(lambda: checker(1), lambda: checker(2), forcer, ticker, seconds=120)
+        _run_with_deadline(
+            lambda: checker(1), lambda: checker(2), forcer, ticker, seconds=120 * stress
+        )
         clock.advance(1000)
         p.advance_clock(60_000)  # waits for the reaper's advance, then runs the rest
     # Expirations the reaper produced may still be running on pool threads until the

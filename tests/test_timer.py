@@ -204,8 +204,9 @@ def test_add_task_runs_a_subclass_once_and_refuses_a_second_add(timer: Timer) ->
     assert ran == [task]
 
 
-def test_len_is_exact_under_concurrent_add_and_cancel(timer: Timer) -> None:
-    per_thread = 2000
+@pytest.mark.stress
+def test_len_is_exact_under_concurrent_add_and_cancel(timer: Timer, stress: int) -> None:
+    per_thread = 2000 * stress
     barrier = threading.Barrier(4)
 
     def work(seed: int) -> None:
