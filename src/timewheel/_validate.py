@@ -7,7 +7,9 @@ checks and limits from here, so they refuse the same input with the same words.
 from __future__ import annotations
 
 import operator
-from collections.abc import Hashable, Iterable
+import threading
+from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -26,6 +28,7 @@ __all__ = [
     "check_items",
     "check_keys",
     "check_shards",
+    "check_timeout",
 ]
 
 INT64_MAX = (1 << 63) - 1
@@ -58,6 +61,24 @@ def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = Non
             raise ValueError(f"{name} must be <= {hi}, got {v}")
         raise ValueError(f"{name} must be between {lo} and {hi}, got {v}")
     return v
+
+
+def check_timeout(name: str, value: Any) -> float | None:
+    """Return ``value`` as seconds to wait, or None for no limit, or raise naming ``name``.
+
+    None, ``math.inf`` and any wait too long for the OS (over ``threading.TIMEOUT_MAX``,
+    some 49 days on Linux) mean no limit: the threading primitives raise OverflowError
+    for those. NaN, negative numbers, bools and non-numbers are refused.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be None or a number of seconds, got {value!r}")
+    if not value >= 0:
+        raise ValueError(f"{name} must be >= 0 seconds (or None for no limit), got {value!r}")
+    if value > threading.TIMEOUT_MAX:  # math.inf included
+        return None
+    return value
 
 
 def check_columns(name: str, value: Any) -> tuple[str, ...]:
@@ -123,13 +144,20 @@ def check_items(items: Any, n: int) -> list[Any] | None:
     """
     if items is None:
         return None
+    exact = type(items) is list or type(items) is tuple
+    if not exact and (
+        # Sized but not a sequence: a mapping's items[i] looks keys up, a set has no order.
+        isinstance(items, (str, bytes, bytearray, Mapping, AbstractSet))
+        or not hasattr(type(items), "__getitem__")
+    ):
+        raise TypeError(f"items must be a sequence or None, got {type(items).__name__}")
     try:
         n_items = len(items)
     except TypeError:
         raise TypeError(f"items must be a sequence or None, got {type(items).__name__}") from None
     if n_items != n:
         raise ValueError(f"items must have the same length as deadlines ({n}), got {n_items}")
-    if type(items) is list or type(items) is tuple:
+    if exact:
         return list(items)
     return [items[i] for i in range(n)]
 
