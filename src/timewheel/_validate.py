@@ -6,6 +6,7 @@ checks and limits from here, so they refuse the same input with the same words.
 
 from __future__ import annotations
 
+import itertools
 import operator
 import threading
 from collections.abc import Hashable, Iterable, Mapping
@@ -18,8 +19,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HANDLE_BOUND",
+    "HANDLE_GEN_MAX",
+    "HANDLE_SLOT_BITS",
+    "HANDLE_TAG_BITS",
+    "HANDLE_TAG_SHIFT",
     "INT64_MAX",
     "INT64_MIN",
+    "MAX_SLOTS",
     "MAX_WHEEL_SIZE",
     "aborted",
     "check_columns",
@@ -29,6 +35,7 @@ __all__ = [
     "check_keys",
     "check_shards",
     "check_timeout",
+    "next_wheel_tag",
 ]
 
 INT64_MAX = (1 << 63) - 1
@@ -37,6 +44,27 @@ INT64_MIN = -(1 << 63)
 MAX_WHEEL_SIZE = 1 << 16
 #: A wheel handle beyond this is refused as nonsense; within it, an unknown one is stale.
 HANDLE_BOUND = 1 << 200
+
+# A wheel handle is ``tag << 55 | generation << 28 | slot``, a positive int64:
+# * slot, 28 bits: at most 2**28 - 1 entries pending in one wheel (10 GiB of C slab);
+# * generation, 27 bits (1 .. 2**27 - 1): bumped each time the slot is freed, so a
+#   stale handle matches a later entry of its slot only after 2**27 - 1 reuses;
+# * tag, 8 bits: the wheel's own, so a wheel refuses the handles of the 255 wheels
+#   created before and after it (wheels take tags in turn, twins and extension alike).
+HANDLE_SLOT_BITS = 28
+HANDLE_GEN_MAX = (1 << 27) - 1
+HANDLE_TAG_SHIFT = 55
+HANDLE_TAG_BITS = 8
+#: The most entries one wheel holds at a time (slot numbers fit in HANDLE_SLOT_BITS).
+MAX_SLOTS = (1 << HANDLE_SLOT_BITS) - 1
+_tags = itertools.count()
+_tags_lock = threading.Lock()
+
+
+def next_wheel_tag() -> int:
+    """The tag of the next wheel made (either implementation): 0, 1, ... 255, 0, ..."""
+    with _tags_lock:
+        return next(_tags) & ((1 << HANDLE_TAG_BITS) - 1)
 
 
 def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
