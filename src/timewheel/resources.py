@@ -311,7 +311,7 @@ class _Pause:
 class ResourceManager:
     """Check out several keys at once, all or none, with no global lock (Terracotta's design).
 
-    ``ResourceManager(*, loader=None, purgatory=None, load_threads=4)``. With a
+    ``ResourceManager(*, loader=None, purgatory=None, load_threads=16)``. With a
     ``loader``, a key not yet resident is loaded by ``loader(key)`` exactly once however
     many requests want it, on a pool of up to ``load_threads`` threads the manager owns
     (started when first needed, shut down by :meth:`close`), and :meth:`Checkout.result`
@@ -326,7 +326,7 @@ class ResourceManager:
         *,
         loader: Callable[[Hashable], Any] | None = None,
         purgatory: Purgatory | None = None,
-        load_threads: int = 4,
+        load_threads: int = 16,
     ) -> None:
         if loader is not None and not callable(loader):
             raise TypeError(f"loader must be callable or None, got {loader!r}")
@@ -456,8 +456,9 @@ class ResourceManager:
     def close(self) -> None:
         """Refuse new checkouts; shut down an owned purgatory, failing the requests in it.
 
-        The loader pool is shut down without waiting: a load under way finishes in its
-        thread, which then exits; a load not yet started fails its waiters.
+        The loader pool is shut down without waiting: the loads already handed to it
+        finish on its threads, which then exit; a load asked for after that fails the
+        requests waiting on it.
         """
         self._closed = True
         if self._load_pool is not None:
