@@ -559,7 +559,7 @@ class Scheduler:
         """
         if idle_wait is None:
             raise TypeError("idle_wait must be a number of seconds, got None")
-        idle_wait = check_timeout("idle_wait", idle_wait)
+        wait = check_timeout("idle_wait", idle_wait)
         if not callable(getattr(stop_event, "is_set", None)) or not callable(
             getattr(stop_event, "wait", None)
         ):
@@ -569,7 +569,7 @@ class Scheduler:
             done = self.run_once()
             total += done
             if not done:
-                stop_event.wait(idle_wait)
+                stop_event.wait(wait)
         return total
 
     def metrics(self) -> dict[str, int]:
