@@ -318,6 +318,22 @@ def test_checkout_returns_at_once_while_a_slow_loader_runs_on_its_own_thread() -
         assert_all_free(rm, ["x"])
 
 
+def test_the_missing_keys_of_one_request_load_side_by_side() -> None:
+    loader = GatedLoader()
+    both = threading.Barrier(3)
+    with ResourceManager(loader=lambda key: (both.wait(WAIT), loader(key))[1]) as rm:
+        # The barrier lets no load go on until three loader threads wait at it: one at a
+        # time, the first would break it after WAIT and the checkout would fail.
+        c = rm.checkout(["x", "y", "z"])
+        assert not c.done()
+        loader.release.set()
+        assert c.result(WAIT) == {k: f"object {k}" for k in "xyz"}
+        assert sorted(k for k, _ in loader.calls) == ["x", "y", "z"]
+        assert len({t for _, t in loader.calls}) == 3
+        rm.checkin(c)
+        assert_all_free(rm, ["x", "y", "z"])
+
+
 def test_a_key_is_loaded_once_however_many_requests_want_it() -> None:
     loader = GatedLoader()
     with ResourceManager(loader=loader) as rm:

@@ -521,6 +521,7 @@ class ResourceManager:
         if must_load:
             assert stripe is not None and entry is not None
             self._start_load(key, stripe, entry)
+            self._load_the_rest(checkout, key)
         self._park_or_time_out(checkout, entry, stripe)
 
     def _mark_all(self, checkout: Checkout) -> _Busy | None:
@@ -675,6 +676,19 @@ class ResourceManager:
         if checkout._state != _PENDING:
             # Cancelled while being listed: _finish found no timer entry to drop yet.
             wait.cancel()
+
+    def _load_the_rest(self, checkout: Checkout, first: Hashable) -> None:
+        """Start the loads of the checkout's other missing keys after ``first``, so that
+        they run side by side instead of one per wake-up. Their markers are the pool's
+        to clear, never the checkout's, so nothing is marked on its behalf."""
+        slots = checkout._slots
+        i = next(i for i, (key, _) in enumerate(slots) if key is first)
+        for key, stripe in slots[i + 1 :]:
+            with stripe.lock:
+                if key in stripe.entries:
+                    continue
+                marker = stripe.entries[key] = _Entry()
+            self._start_load(key, stripe, marker)
 
     def _start_load(self, key: Hashable, stripe: _Stripe, marker: _Entry) -> None:
         """Hand the load of a marker this attempt put in place to the loader pool."""
