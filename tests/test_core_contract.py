@@ -9,8 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from timewheel import implementation
+from timewheel._validate import HANDLE_SLOT_BITS, HANDLE_TAG_SHIFT
+
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
+SLOT = (1 << HANDLE_SLOT_BITS) - 1  # a handle's slot bits
+TAG = 0xFF << HANDLE_TAG_SHIFT  # a handle's tag bits: which wheel issued it
 
 
 class Token:
@@ -178,7 +183,7 @@ def test_stale_handle_after_slot_reuse(TW: Any) -> None:
     old = w.schedule(10, "old")
     assert w.advance(10) == ["old"]
     new = w.schedule(20, "new")
-    assert new & 0xFFFFFFFF == old & 0xFFFFFFFF  # the freed slot is reused ...
+    assert new & SLOT == old & SLOT  # the freed slot is reused ...
     assert new != old  # ... under a new generation
     assert w.cancel(old) is False
     assert w.cancel(new) is True
@@ -190,7 +195,7 @@ def test_stale_handle_after_slab_reset(TW: Any) -> None:
     first = [w.schedule(10, i) for i in range(3)]
     assert w.cancel_many(np.array(first, dtype=np.int64)) == 3  # empty: the slab resets
     again = [w.schedule(10, i) for i in range(3)]
-    assert [h & 0xFFFFFFFF for h in again] == [h & 0xFFFFFFFF for h in first]
+    assert [h & SLOT for h in again] == [h & SLOT for h in first]
     assert all(w.cancel(h) is False for h in first)
     w.advance(10)  # empty again, by expiry this time
     third = w.schedule(10, "c")
@@ -258,7 +263,8 @@ def test_schedule_many_handles_match_schedule(TW: Any) -> None:
     deadlines = [5, 900, 3, 77, 77, 10**12]
     singles = [one.schedule(d, None) for d in deadlines]
     batch = many.schedule_many(np.array(deadlines, dtype=np.int64))
-    assert batch.tolist() == singles
+    # Same slots and generations; the tags are each wheel's own.
+    assert [h & ~TAG for h in batch.tolist()] == [h & ~TAG for h in singles]
 
 
 def test_schedule_many_accepts_strided_and_empty(TW: Any) -> None:
@@ -315,3 +321,48 @@ def test_pending_items_are_released_with_the_wheel(TW: Any) -> None:
     del token, w
     gc.collect()
     assert ref() is None
+
+
+def test_a_wheel_refuses_another_wheels_handles(TW: Any) -> None:
+    """Wheels number their slots alike, so without its tag a handle would cancel whatever
+    sits in the same slot of another wheel."""
+    mine, other = TW(), TW()
+    own = mine.schedule(10, "mine")
+    foreign = other.schedule(10, "other's")
+    assert own & ~TAG == foreign & ~TAG and own != foreign  # same slot and generation
+    assert mine.cancel(foreign) is False
+    assert mine.cancel(np.int64(foreign)) is False
+    assert mine.cancel_many(np.array([foreign, foreign], dtype=np.int64)) == 0
+    batch = other.schedule_many(np.array([20, 30], dtype=np.int64))
+    assert mine.cancel_many(batch) == 0 and mine.cancel(int(batch[0])) is False
+    assert len(mine) == 1 and len(other) == 3
+    assert mine.cancel(own) is True and other.cancel(foreign) is True
+    assert other.cancel_many(batch) == 2
+
+
+def test_every_handle_of_a_wheel_carries_its_tag_and_the_next_255_wheels_refuse_it(
+    TW: Any,
+) -> None:
+    w = TW()
+    handles = [w.schedule(d, None) for d in (5, 500, 50_000)]
+    handles += w.schedule_many(np.array([1, 2], dtype=np.int64)).tolist()
+    handles += w.advance_many(10).tolist()
+    assert len({h >> HANDLE_TAG_SHIFT for h in handles}) == 1
+    live = handles[1]
+    for _ in range(255):
+        other = TW()
+        twins = other.schedule_many(np.array([500, 500], dtype=np.int64)).tolist()
+        assert twins[1] & ~TAG == live & ~TAG  # the same slot and generation as live
+        assert other.cancel(live) is False and len(other) == 2
+    assert w.cancel(live) is True
+
+
+def test_the_extension_and_the_twin_refuse_each_others_handles() -> None:
+    try:
+        implementation("cython")
+    except LookupError:
+        pytest.skip("the extensions are not in use")
+    c, py = implementation("cython").TimingWheel(), implementation("python").TimingWheel()
+    hc, hp = c.schedule(10, "c"), py.schedule(10, "py")
+    assert c.cancel(hp) is False and py.cancel(hc) is False
+    assert c.cancel(hc) is True and py.cancel(hp) is True

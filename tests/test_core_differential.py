@@ -10,11 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from timewheel import implementation
+from timewheel._validate import HANDLE_TAG_SHIFT
 
 PyTimingWheel = implementation("python").TimingWheel
 
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
+TAG = 0xFF << HANDLE_TAG_SHIFT  # the bits of a handle that say which wheel issued it
 
 
 def clamp(t: int) -> int:
@@ -90,8 +92,26 @@ class Model:
 
 
 def run(TW: Any, wheel: tuple[int, int, int], program: list[tuple]) -> None:
+    """Each wheel tags its handles with its own tag, so the model keeps ``a``'s handles
+    and hands ``b`` the same handle with ``b``'s tag; every other bit must agree, and
+    each wheel must refuse the other's version of an issued handle."""
     tick, size, start = wheel
     a, b, m = TW(tick, size, start), PyTimingWheel(tick, size, start), Model(start)
+    tags: dict[str, int] = {}
+
+    def same(ha: list[int], hb: list[int]) -> None:
+        for x, y in zip(ha, hb, strict=True):
+            assert x & ~TAG == y & ~TAG
+            assert tags.setdefault("a", x & TAG) == x & TAG, "a wheel changed its tag"
+            assert tags.setdefault("b", y & TAG) == y & TAG, "a wheel changed its tag"
+        assert tags.get("a") != tags.get("b") or not tags, "two wheels made in turn share a tag"
+
+    def for_b(h: int) -> int:
+        return (h & ~TAG) | tags["b"] if h in m.issued else h
+
+    def refuse_foreign(h: int) -> None:
+        if h in m.issued:
+            assert a.cancel(for_b(h)) is False and b.cancel(h) is False
 
     def when(spec: tuple) -> int:
         if spec[0] == "abs":
@@ -106,7 +126,7 @@ def run(TW: Any, wheel: tuple[int, int, int], program: list[tuple]) -> None:
             d = when(op[1])
             item = ("item", m.seq)
             h = a.schedule(d, item)
-            assert b.schedule(d, item) == h
+            same([h], [b.schedule(d, item)])
             m.add(h, d, item)
         elif kind == "schedule_many":
             ds = np.array([when(s) for s in op[1]], dtype=np.int64)
@@ -114,17 +134,22 @@ def run(TW: Any, wheel: tuple[int, int, int], program: list[tuple]) -> None:
                 [("item", m.seq + i) for i in range(len(ds))] if op[2] else None
             )
             hs = a.schedule_many(ds, items).tolist()
-            assert b.schedule_many(ds, items).tolist() == hs
+            same(hs, b.schedule_many(ds, items).tolist())
             for i, h in enumerate(hs):
                 m.add(h, int(ds[i]), items[i] if items else None)
         elif kind == "cancel":
             h = m.pick(*op[1])
+            refuse_foreign(h)
             got = a.cancel(h)
-            assert b.cancel(h) is got is m.cancel(h)
+            assert b.cancel(for_b(h)) is got is m.cancel(h)
         elif kind == "cancel_many":
             hs = np.array([m.pick(*p) for p in op[1]], dtype=np.int64)
+            hb = np.array([for_b(h) for h in hs.tolist()], dtype=np.int64)
+            issued = [h for h in hs.tolist() if h in m.issued]
+            foreign = np.array([for_b(h) for h in issued], dtype=np.int64)
+            assert a.cancel_many(foreign) == b.cancel_many(np.array(issued, np.int64)) == 0
             got = a.cancel_many(hs)
-            assert b.cancel_many(hs) == got == sum(m.cancel(h) for h in hs.tolist())
+            assert b.cancel_many(hb) == got == sum(m.cancel(h) for h in hs.tolist())
         elif kind == "advance":
             t = when(op[1])
             got = a.advance(t)
@@ -132,7 +157,8 @@ def run(TW: Any, wheel: tuple[int, int, int], program: list[tuple]) -> None:
         elif kind == "advance_many":
             t = when(op[1])
             got = a.advance_many(t).tolist()
-            assert b.advance_many(t).tolist() == got == m.expire(t)[0]
+            same(got, b.advance_many(t).tolist())
+            assert got == m.expire(t)[0]
         else:
             nd = a.next_deadline()
             assert b.next_deadline() == nd

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
+import queue
 import random
 import sys
 import threading
@@ -43,12 +45,15 @@ def manual(clock: ManualClock) -> Iterator[tuple[ResourceManager, Purgatory]]:
 
 
 def assert_all_free(rm: ResourceManager, keys: list[Hashable]) -> None:
-    """Nothing is left marked: every key can be taken at once, without waiting."""
+    """Nothing is left marked: every key can be taken at once, without waiting (but for
+    the loads of keys not resident, which run on the loader threads)."""
     m = rm.metrics()
     assert (m["checked_out"], m["waiting"]) == (0, 0)
-    everything = rm.checkout(keys, timeout_ms=0)
-    assert everything.done() and not everything.cancelled()
-    everything.result(0)
+    loads = rm._loader is not None
+    everything = rm.checkout(keys, timeout_ms=None if loads else 0)
+    assert loads or everything.done()
+    everything.result(WAIT)
+    assert not everything.cancelled()
     rm.checkin(everything)
 
 
@@ -61,7 +66,7 @@ def test_checkout_returns_keys_without_loader_and_objects_with_one() -> None:
         rm.checkin(c)
     with ResourceManager(loader=lambda key: f"object {key}") as rm:
         c = rm.checkout([2, 1])
-        assert c.result(0) == {2: "object 2", 1: "object 1"}
+        assert c.result(WAIT) == {2: "object 2", 1: "object 1"}
         assert rm.metrics()["loads"] == 2
         rm.checkin(c)
 
@@ -205,10 +210,13 @@ def test_evict_drops_only_idle_resident_objects() -> None:
 
     with ResourceManager(loader=loader) as rm:
         c = rm.checkout(["x"])
+        c.result(WAIT)
         assert not rm.evict("x"), "a checked-out key must not be evicted"
         rm.checkin(c)
         assert rm.evict("x") and not rm.evict("x") and not rm.evict("never loaded")
-        rm.checkin(rm.checkout(["x"]))
+        again = rm.checkout(["x"])
+        again.result(WAIT)
+        rm.checkin(again)
         assert loads["x"] == 2
 
 
@@ -278,35 +286,112 @@ def test_resume_between_paused_and_parked_still_lets_the_request_go() -> None:
 
 
 # -- loading ----------------------------------------------------------------------------
-def test_a_key_is_loaded_once_however_many_requests_want_it() -> None:
-    loads: Counter[Hashable] = Counter()
-    started, release = threading.Event(), threading.Event()
+class GatedLoader:
+    """A slow loader: each call records its thread and key, then waits until released."""
 
-    def loader(key: Hashable) -> str:
-        loads[key] += 1
-        started.set()
-        assert release.wait(WAIT)
+    def __init__(self, fail: set[Hashable] | None = None) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.fail = fail or set()
+        self.calls: list[tuple[Hashable, threading.Thread]] = []
+
+    def __call__(self, key: Hashable) -> str:
+        self.calls.append((key, threading.current_thread()))
+        self.started.set()
+        assert self.release.wait(WAIT)
+        if key in self.fail:
+            raise OSError(f"cannot read {key}")
         return f"object {key}"
 
+
+def test_checkout_returns_at_once_while_a_slow_loader_runs_on_its_own_thread() -> None:
+    loader = GatedLoader()
     with ResourceManager(loader=loader) as rm:
-        first: list[Checkout] = []
-        t = threading.Thread(target=lambda: first.append(rm.checkout(["x"])))
-        t.start()
-        assert started.wait(WAIT)
-        # The marker is busy while the first request loads: these park on it instead.
-        others = [rm.checkout(["x"]) for _ in range(7)]
-        assert not any(c.done() for c in others) and rm.metrics()["waiting"] == 7
-        release.set()
-        t.join(WAIT)
-        pending = [*first, *others]
-        while pending:
+        c = rm.checkout(["x"])
+        # The caller is back before the load finished: the loader still waits on release.
+        assert not c.done() and loader.started.wait(WAIT)
+        assert [(k, t is threading.current_thread()) for k, t in loader.calls] == [("x", False)]
+        assert loader.calls[0][1].name.startswith("timewheel-loader")
+        assert rm.metrics()["waiting"] == 1
+        loader.release.set()
+        assert c.result(WAIT) == {"x": "object x"}
+        rm.checkin(c)
+        assert_all_free(rm, ["x"])
+
+
+def test_the_missing_keys_of_one_request_load_side_by_side() -> None:
+    loader = GatedLoader()
+    both = threading.Barrier(3)
+    with ResourceManager(loader=lambda key: (both.wait(WAIT), loader(key))[1]) as rm:
+        # The barrier lets no load go on until three loader threads wait at it: one at a
+        # time, the first would break it after WAIT and the checkout would fail.
+        c = rm.checkout(["x", "y", "z"])
+        assert not c.done()
+        loader.release.set()
+        assert c.result(WAIT) == {k: f"object {k}" for k in "xyz"}
+        assert sorted(k for k, _ in loader.calls) == ["x", "y", "z"]
+        assert len({t for _, t in loader.calls}) == 3
+        rm.checkin(c)
+        assert_all_free(rm, ["x", "y", "z"])
+
+
+def test_a_key_is_loaded_once_however_many_requests_want_it() -> None:
+    loader = GatedLoader()
+    with ResourceManager(loader=loader) as rm:
+        requests = [rm.checkout(["x"]) for _ in range(8)]
+        assert loader.started.wait(WAIT)
+        # The marker is busy while the first request's load runs: all of them park on it.
+        assert not any(c.done() for c in requests) and rm.metrics()["waiting"] == 8
+        furnished: queue.Queue[Checkout] = queue.Queue()
+        for c in requests:
+            c.add_done_callback(furnished.put)
+        loader.release.set()
+        for _ in requests:
+            ready = furnished.get(timeout=WAIT)
             # One at a time: each checkin furnishes the next request, in the checkin itself.
-            ready = [c for c in pending if c.done()]
-            assert len(ready) == 1
-            assert ready[0].result(0) == {"x": "object x"}
-            pending.remove(ready[0])
-            rm.checkin(ready[0])
-        assert loads == {"x": 1}
+            assert [c for c in requests if c.done()] == [ready]
+            assert ready.result(0) == {"x": "object x"}
+            requests.remove(ready)
+            rm.checkin(ready)
+        assert [k for k, _ in loader.calls] == ["x"]
+
+
+def test_a_request_timing_out_while_its_key_loads_comes_back_timed_out_and_the_load_stays(
+    manual: tuple[ResourceManager, Purgatory], clock: ManualClock
+) -> None:
+    loader = GatedLoader()
+    purgatory = manual[1]
+    with ResourceManager(loader=loader, purgatory=purgatory) as rm:
+        short = rm.checkout(["x"], timeout_ms=10)
+        patient = rm.checkout(["x"])
+        assert loader.started.wait(WAIT)
+        clock.advance(10)
+        purgatory.advance_clock(0)
+        with pytest.raises(TimeoutError, match="within 10 ms"):
+            short.result(0)
+        assert not patient.done() and rm.metrics()["timeouts"] == 1
+        loader.release.set()
+        assert patient.result(WAIT) == {"x": "object x"}
+        rm.checkin(patient)
+        # The load the timed-out request started still made x resident.
+        again = rm.checkout(["x"], timeout_ms=0)
+        assert again.result(0) == {"x": "object x"}
+        rm.checkin(again)
+        assert [k for k, _ in loader.calls] == ["x"]
+
+
+def test_close_while_a_key_loads_fails_its_waiters_and_the_loader_thread_exits() -> None:
+    loader = GatedLoader()
+    rm = ResourceManager(loader=loader)
+    waiting = rm.checkout(["x"])
+    assert loader.started.wait(WAIT)
+    rm.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        waiting.result(0)
+    loader.release.set()
+    thread = loader.calls[0][1]
+    thread.join(WAIT)
+    assert not thread.is_alive(), "the loader thread outlived close() and its load"
 
 
 def test_concurrent_loads_happen_once_per_key() -> None:
@@ -346,41 +431,41 @@ def test_concurrent_loads_happen_once_per_key() -> None:
         assert_all_free(rm, keys)
 
 
-def test_a_failing_load_fails_its_waiters_logs_and_leaves_nothing_marked(
+def test_a_failing_load_fails_exactly_its_waiters_logs_and_leaves_nothing_marked(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    started, release = threading.Event(), threading.Event()
-    broken = {"x"}
-    loads: Counter[Hashable] = Counter()
-
-    def loader(key: Hashable) -> str:
-        loads[key] += 1
-        if key in broken:
-            started.set()
-            assert release.wait(WAIT)
-            raise OSError(f"cannot read {key}")
-        return f"object {key}"
-
+    loader = GatedLoader(fail={"x"})
     with ResourceManager(loader=loader) as rm, caplog.at_level(logging.ERROR, logger="timewheel"):
-        first: list[Checkout] = []
-        t = threading.Thread(target=lambda: first.append(rm.checkout(["a", "x"])))
-        t.start()
-        assert started.wait(WAIT)
-        waiters = [rm.checkout(["x", "b"]), rm.checkout(["x"])]
-        release.set()
-        t.join(WAIT)
-        for c in [*first, *waiters]:
+        loader.release.set()
+        warm = rm.checkout(["a", "b"])
+        assert warm.result(WAIT) == {"a": "object a", "b": "object b"}
+        rm.checkin(warm)
+        other = rm.checkout(["c"])
+        assert other.result(WAIT) == {"c": "object c"}
+        # From here on every request waits on x's one load (a, b and c are resident).
+        loader.release.clear()
+        loader.started.clear()
+        waiters = [rm.checkout(["a", "x"]), rm.checkout(["x", "b"]), rm.checkout(["x"])]
+        bystander = rm.checkout(["c", "d"])  # waits on c, which is checked out, not on x
+        assert loader.started.wait(WAIT)
+        assert not any(c.done() for c in [*waiters, bystander])
+        loader.release.set()
+        for c in waiters:
             with pytest.raises(OSError, match="cannot read x"):
                 c.result(WAIT)
+        assert not bystander.done(), "a request not waiting on x failed with x's load"
         m = rm.metrics()
-        assert loads["x"] == 1 and m["loads"] == sum(loads.values())
-        assert (m["load_errors"], m["checked_out"], m["waiting"]) == (1, 0, 0)
+        assert Counter(k for k, _ in loader.calls)["x"] == 1 and m["loads"] == len(loader.calls)
+        assert (m["load_errors"], m["checked_out"], m["waiting"]) == (1, 1, 1)
         assert any("raised for key 'x'" in r.getMessage() for r in caplog.records)
-        broken.clear()
-        again = rm.checkout(["x", "a", "b"], timeout_ms=0)
-        assert again.result(0) == {"x": "object x", "a": "object a", "b": "object b"}
+        rm.checkin(other)
+        assert bystander.result(WAIT) == {"c": "object c", "d": "object d"}
+        rm.checkin(bystander)
+        loader.fail.clear()
+        again = rm.checkout(["x", "a", "b"])
+        assert again.result(WAIT) == {"x": "object x", "a": "object a", "b": "object b"}
         rm.checkin(again)
-        assert_all_free(rm, ["a", "b", "x"])
+        assert_all_free(rm, ["a", "b", "c", "d", "x"])
 
 
 # -- pause ------------------------------------------------------------------------------
@@ -453,6 +538,36 @@ def test_pause_with_a_timeout_gives_up_and_resumes(manager: ResourceManager) -> 
     with pytest.raises(RuntimeError, match="already paused"):
         manager.pause()
     manager.resume()
+
+
+@pytest.mark.parametrize("forever", [math.inf, 2**70, 1e300, threading.TIMEOUT_MAX * 2])
+def test_pause_with_a_timeout_too_long_for_the_os_waits_without_limit(forever: float) -> None:
+    with SignalsDraining() as rm:
+        out = rm.checkout(["a"])
+        returned: list[bool] = []
+        t = threading.Thread(target=lambda: returned.append(rm.pause(timeout=forever) is not None))
+        t.start()
+        assert rm.draining.wait(WAIT)
+        assert rm.paused and not returned
+        rm.checkin(out)
+        t.join(WAIT)
+        assert returned == [True] and rm.paused
+        rm.resume()
+        assert not rm.paused
+        rm.checkin(rm.checkout(["a"], timeout_ms=0))
+
+
+@pytest.mark.parametrize(
+    ("timeout", "error"), [(math.nan, ValueError), (-math.inf, ValueError), (True, TypeError)]
+)
+def test_pause_with_a_bad_timeout_changes_nothing(
+    manager: ResourceManager, timeout: Any, error: type
+) -> None:
+    with pytest.raises(error, match="timeout must be"):
+        manager.pause(timeout=timeout)
+    assert not manager.paused
+    with manager.pause(timeout=WAIT):
+        assert manager.paused
 
 
 # -- stress -----------------------------------------------------------------------------

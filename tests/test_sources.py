@@ -195,7 +195,7 @@ def test_setqueue_bad_input_names_it_and_changes_nothing() -> None:
         q.offer_all(5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="items must be an iterable"):
         q.offer_all([7, [8], 9])  # type: ignore[list-item]
-    with pytest.raises(ValueError, match="n must be >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"n must be between 0 and .*, got -1"):
         q.poll(-1)
     with pytest.raises(TypeError, match="n must be an int, got '2'"):
         q.poll("2")  # type: ignore[arg-type]
@@ -303,9 +303,9 @@ def test_mixed_producers_and_consumers_deliver_what_was_accepted(busy_switching:
 
 def test_queueing_source_validates_like_the_write_up() -> None:
     src = Counting()
-    with pytest.raises(ValueError, match="capacity must be >= 11, got 10"):
+    with pytest.raises(ValueError, match=r"capacity must be between 11 and .*, got 10"):
         QueueingSource(src, 10, 10)
-    with pytest.raises(ValueError, match="replenish_threshold must be >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"replenish_threshold must be between 0 and .*, got -1"):
         QueueingSource(src, 10, -1)
     with pytest.raises(TypeError, match=r"capacity must be an int, got 2\.5"):
         QueueingSource(src, 2.5, 1)  # type: ignore[arg-type]
@@ -314,7 +314,7 @@ def test_queueing_source_validates_like_the_write_up() -> None:
     with pytest.raises(TypeError, match="executor must have a submit"):
         QueueingSource(src, 10, 5, executor=object())  # type: ignore[arg-type]
     qs = QueueingSource(src, 10, 5, executor=InlineExecutor())
-    with pytest.raises(ValueError, match="n must be >= 0, got -3"):
+    with pytest.raises(ValueError, match=r"n must be between 0 and .*, got -3"):
         qs.get_next_batch(-3)
     assert src.calls == 0 and qs.metrics()["replenishes"] == 0
 
@@ -602,13 +602,13 @@ def inline(source: Any, capacity: int = 40, threshold: int = 20) -> QueueingSour
 def test_scheduler_validation() -> None:
     sink = Sink()
     ok = {"a": Counting()}
-    with pytest.raises(ValueError, match="max_outstanding must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"max_outstanding must be between 1 and .*, got 0"):
         Scheduler(ok, Fair(), sink, max_outstanding=0, batch_size=5)
     with pytest.raises(TypeError, match="batch_size must be an int, got None"):
         Scheduler(ok, Fair(), sink, max_outstanding=5, batch_size=None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="sources must be a non-empty mapping"):
         Scheduler({}, Fair(), sink, max_outstanding=5, batch_size=5)
-    with pytest.raises(TypeError, match="source 'b' has no get_next_batch"):
+    with pytest.raises(TypeError, match=r"sources\['b'\] has no get_next_batch"):
         Scheduler({"b": 1}, Fair(), sink, max_outstanding=5, batch_size=5)  # type: ignore[dict-item]
     with pytest.raises(TypeError, match="sink must have an outstanding"):
         Scheduler(ok, Fair(), object(), max_outstanding=5, batch_size=5)  # type: ignore[arg-type]

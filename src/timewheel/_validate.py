@@ -6,8 +6,11 @@ checks and limits from here, so they refuse the same input with the same words.
 
 from __future__ import annotations
 
+import itertools
 import operator
-from collections.abc import Hashable, Iterable
+import threading
+from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -16,9 +19,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HANDLE_BOUND",
+    "HANDLE_GEN_MAX",
+    "HANDLE_SLOT_BITS",
+    "HANDLE_TAG_BITS",
+    "HANDLE_TAG_SHIFT",
     "INT64_MAX",
     "INT64_MIN",
     "LATENESS_BOUNDS_MS",
+    "MAX_SLOTS",
     "MAX_WHEEL_SIZE",
     "aborted",
     "check_columns",
@@ -27,6 +35,8 @@ __all__ = [
     "check_items",
     "check_keys",
     "check_shards",
+    "check_timeout",
+    "next_wheel_tag",
 ]
 
 INT64_MAX = (1 << 63) - 1
@@ -38,6 +48,27 @@ HANDLE_BOUND = 1 << 200
 #: The upper bounds (inclusive, ms) of a timer's lateness histogram; a last bucket
 #: counts everything later. Fixed, so that both implementations and every exporter agree.
 LATENESS_BOUNDS_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+
+# A wheel handle is ``tag << 55 | generation << 28 | slot``, a positive int64:
+# * slot, 28 bits: at most 2**28 - 1 entries pending in one wheel (10 GiB of C slab);
+# * generation, 27 bits (1 .. 2**27 - 1): bumped each time the slot is freed, so a
+#   stale handle matches a later entry of its slot only after 2**27 - 1 reuses;
+# * tag, 8 bits: the wheel's own, so a wheel refuses the handles of the 255 wheels
+#   created before and after it (wheels take tags in turn, twins and extension alike).
+HANDLE_SLOT_BITS = 28
+HANDLE_GEN_MAX = (1 << 27) - 1
+HANDLE_TAG_SHIFT = 55
+HANDLE_TAG_BITS = 8
+#: The most entries one wheel holds at a time (slot numbers fit in HANDLE_SLOT_BITS).
+MAX_SLOTS = (1 << HANDLE_SLOT_BITS) - 1
+_tags = itertools.count()
+_tags_lock = threading.Lock()
+
+
+def next_wheel_tag() -> int:
+    """The tag of the next wheel made (either implementation): 0, 1, ... 255, 0, ..."""
+    with _tags_lock:
+        return next(_tags) & ((1 << HANDLE_TAG_BITS) - 1)
 
 
 def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
@@ -62,6 +93,24 @@ def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = Non
             raise ValueError(f"{name} must be <= {hi}, got {v}")
         raise ValueError(f"{name} must be between {lo} and {hi}, got {v}")
     return v
+
+
+def check_timeout(name: str, value: Any) -> float | None:
+    """Return ``value`` as seconds to wait, or None for no limit, or raise naming ``name``.
+
+    None, ``math.inf`` and any wait too long for the OS (over ``threading.TIMEOUT_MAX``,
+    some 49 days on Linux) mean no limit: the threading primitives raise OverflowError
+    for those. NaN, negative numbers, bools and non-numbers are refused.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be None or a number of seconds, got {value!r}")
+    if not value >= 0:
+        raise ValueError(f"{name} must be >= 0 seconds (or None for no limit), got {value!r}")
+    if value > threading.TIMEOUT_MAX:  # math.inf included
+        return None
+    return value
 
 
 def check_columns(name: str, value: Any) -> tuple[str, ...]:
@@ -127,13 +176,20 @@ def check_items(items: Any, n: int) -> list[Any] | None:
     """
     if items is None:
         return None
+    exact = type(items) is list or type(items) is tuple
+    if not exact and (
+        # Sized but not a sequence: a mapping's items[i] looks keys up, a set has no order.
+        isinstance(items, (str, bytes, bytearray, Mapping, AbstractSet))
+        or not hasattr(type(items), "__getitem__")
+    ):
+        raise TypeError(f"items must be a sequence or None, got {type(items).__name__}")
     try:
         n_items = len(items)
     except TypeError:
         raise TypeError(f"items must be a sequence or None, got {type(items).__name__}") from None
     if n_items != n:
         raise ValueError(f"items must have the same length as deadlines ({n}), got {n_items}")
-    if type(items) is list or type(items) is tuple:
+    if exact:
         return list(items)
     return [items[i] for i in range(n)]
 

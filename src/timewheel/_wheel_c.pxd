@@ -37,7 +37,7 @@ ctypedef struct Entry:
     uint32_t prev  # bucket list links; ``next`` also threads the free list
     uint32_t next
     uint32_t bucket  # NIL while the slot is free
-    uint32_t gen  # generation: the high half of the handle
+    uint32_t gen  # generation: bits 28..54 of the handle
     PyObject* item  # owned reference; NULL stands for None (batch entries)
 
 
@@ -94,6 +94,7 @@ cdef class TimingWheel:
     cdef uint32_t _free  # head of the LIFO free list
     cdef uint32_t _gen_floor
     cdef uint32_t _gen_ceiling
+    cdef int64_t _tag  # the wheel's tag, in place in a handle's high bits
     cdef uint64_t _next_seq
 
     cdef int _add_levels(self, int upto) noexcept nogil

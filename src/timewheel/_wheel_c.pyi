@@ -32,7 +32,8 @@ class TimingWheel:
     def cancel(self, handle: int) -> bool:
         """Cancel a pending entry; True only if ``handle`` was pending.
 
-        Handle generations wrap after 2**31 reuses of one slot.
+        Handle generations wrap after 2**27 - 1 reuses of one slot. Another wheel's
+        handle is refused (each wheel tags its handles).
         """
     def advance(self, now: int) -> list[Any]:
         """Move time to ``max(self.now, now)`` and return the items now due, in order."""

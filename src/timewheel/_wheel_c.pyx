@@ -34,12 +34,17 @@ import numpy as np
 
 from timewheel._validate import (
     HANDLE_BOUND,
+    HANDLE_GEN_MAX,
+    HANDLE_SLOT_BITS,
+    HANDLE_TAG_SHIFT,
+    MAX_SLOTS,
     INT64_MAX as _INT64_MAX,
     INT64_MIN as _INT64_MIN,
     MAX_WHEEL_SIZE,
     check_int as _check_int,
     check_int64_array,
     check_items,
+    next_wheel_tag,
 )
 
 
@@ -54,12 +59,21 @@ cdef extern from "Python.h":
 __all__ = ["TimingWheel"]
 
 cdef enum:
-    GEN_MAX = 0x7FFFFFFF
+    # the handle's bit budget, as in _validate (checked at import below)
+    GEN_MAX = 0x7FFFFFF
+    SLOT_BITS = 28
+    TAG_SHIFT = 55
     KEEP_SLOTS = 1024  # a slab this small is kept across resets to spare malloc churn
     CHUNK = 65536  # batch entries per lock hold, so other threads interleave
     MIN_SLOTS = 16
 
-cdef const int64_t SLOT_MASK = 0xFFFFFFFF  # low half of a handle
+cdef const int64_t SLOT_MASK = 0xFFFFFFF  # the low 28 bits of a handle
+cdef const uint32_t SLOT_LIMIT = 0xFFFFFFF  # slots 0 .. 2**28 - 2: 2**28 - 1 at most
+
+if (GEN_MAX, SLOT_BITS, TAG_SHIFT, SLOT_LIMIT) != (
+    HANDLE_GEN_MAX, HANDLE_SLOT_BITS, HANDLE_TAG_SHIFT, MAX_SLOTS
+):
+    raise ImportError("_wheel_c's handle layout differs from _validate's")
 
 
 cdef int grow(void** ptr, size_t* cap, size_t need, size_t itemsize, size_t limit) noexcept nogil:
@@ -173,6 +187,7 @@ cdef class TimingWheel:
         self._free = NIL
         self._gen_floor = 1
         self._gen_ceiling = 1
+        self._tag = (<int64_t>next_wheel_tag()) << TAG_SHIFT
         if self._add_levels(0) < 0:
             raise MemoryError("cannot allocate the timing wheel's buckets")
         if tw_mutex_init(&self._mutex) != 0:
@@ -251,14 +266,15 @@ cdef class TimingWheel:
             self._gilfree -= 1
         if h < 0:
             Py_XDECREF(p)
-            raise MemoryError("timing wheel cannot grow (out of memory or 2**32 - 1 entries)")
+            raise MemoryError("timing wheel cannot grow (out of memory or 2**28 - 1 entries)")
         return h
 
     def cancel(self, handle):
         """Cancel a pending entry; True only if ``handle`` was pending.
 
-        A handle's high half is its slot's generation, which wraps after 2**31 reuses of
-        one slot: a handle kept that long could then name a later entry in that slot.
+        A handle carries its slot's generation, which wraps after 2**27 - 1 reuses of one
+        slot: a handle kept that long could then name a later entry in that slot. Another
+        wheel's handle is refused by its tag (see :mod:`timewheel._validate`).
         """
         cdef int64_t h = as_handle(handle)
         cdef PyObject* item = NULL
@@ -368,7 +384,7 @@ cdef class TimingWheel:
                 for j in range(i, n):
                     Py_XDECREF(ptrs[j])
             raise MemoryError(
-                f"timing wheel cannot grow (out of memory or 2**32 - 1 entries); "
+                f"timing wheel cannot grow (out of memory or 2**28 - 1 entries); "
                 f"the first {i} of {n} entries were scheduled"
             )
         return out
@@ -515,9 +531,9 @@ cdef class TimingWheel:
     cdef int _grow_slab(self, size_t need) noexcept nogil:
         if need <= self._cap:
             return 0
-        # slot numbers stop short of NIL, so at most 2**32 - 1 slots
+        # slot numbers fit in a handle's 28 bits: at most 2**28 - 1 slots
         return grow(<void**>&self._entries, &self._cap, need if need > MIN_SLOTS else MIN_SLOTS,
-                    sizeof(Entry), NIL)
+                    sizeof(Entry), SLOT_LIMIT)
 
     cdef int _prepare(self, size_t n, int64_t max_deadline) noexcept nogil:
         """Make room for ``n`` inserts with deadlines up to ``max_deadline``; -1 if not."""
@@ -543,13 +559,13 @@ cdef class TimingWheel:
             return -1
         s = self._take(d, item)
         self._link(s, DUE if k < 0 else self._bucket(d, k), d)
-        return (<int64_t>self._entries[s].gen << 32) | s
+        return self._tag | (<int64_t>self._entries[s].gen << SLOT_BITS) | s
 
     cdef int64_t _insert(self, int64_t d, PyObject* item) noexcept nogil:
         """Schedule into room made by _prepare; return the handle."""
         cdef uint32_t s = self._take(d, item)
         self._place(s)
-        return (<int64_t>self._entries[s].gen << 32) | s
+        return self._tag | (<int64_t>self._entries[s].gen << SLOT_BITS) | s
 
     cdef uint32_t _take(self, int64_t d, PyObject* item) noexcept nogil:
         """Fill a slot (from the free list, else the high-water mark) with a new entry."""
@@ -647,10 +663,10 @@ cdef class TimingWheel:
     cdef bint _cancel(self, int64_t h, PyObject** item) noexcept nogil:
         """Free the entry ``h`` names, moving its item to ``*item``; False if not pending."""
         cdef uint32_t s
-        if h <= 0:
-            return False
+        if h <= 0 or (h >> TAG_SHIFT) != (self._tag >> TAG_SHIFT):
+            return False  # not a handle, or another wheel's
         s = <uint32_t>(h & SLOT_MASK)
-        if (s >= self._hw or self._entries[s].gen != <uint64_t>(h >> 32)
+        if (s >= self._hw or self._entries[s].gen != <uint64_t>((h >> SLOT_BITS) & GEN_MAX)
                 or self._entries[s].bucket == NIL):
             return False
         item[0] = self._entries[s].item
@@ -715,7 +731,7 @@ cdef class TimingWheel:
                     out.n += 1
                     x.deadline = e.deadline
                     x.seq = e.seq
-                    x.handle = (<int64_t>e.gen << 32) | s
+                    x.handle = self._tag | (<int64_t>e.gen << SLOT_BITS) | s
                     x.item = e.item
                     e.item = NULL
                 s = nxt

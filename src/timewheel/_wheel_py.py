@@ -9,9 +9,12 @@ Layout (shared with the extension):
 
 * Entries live in a slab of parallel arrays. A free slot is reused last-in first-out;
   when the slab is exhausted the next slot is the high-water mark. A handle is
-  ``generation << 32 | slot``; freeing a slot bumps its generation, so a stale handle
-  never matches a reused slot. When the wheel becomes empty the slab is reset (its
+  ``tag << 55 | generation << 28 | slot`` (the bit budget is in :mod:`._validate`);
+  freeing a slot bumps its generation, so a stale handle never matches a reused slot
+  (until the generation wraps). When the wheel becomes empty the slab is reset (its
   memory returned) and new generations start above every generation issued before.
+  The tag is the wheel's own, drawn at construction from a sequence both
+  implementations share, so another wheel's handle is refused.
 * Level ``k`` has ``wheel_size`` buckets of width ``tick * wheel_size**k``. Times are
   placed relative to ``start`` as unsigned 64-bit offsets, so any int64 deadline fits;
   the level whose span would exceed 2**64 is the top and takes everything.
@@ -43,9 +46,12 @@ INT64_MIN = _validate.INT64_MIN
 INT64_MAX = _validate.INT64_MAX
 _U64 = 1 << 64
 MAX_WHEEL_SIZE = _validate.MAX_WHEEL_SIZE
-MAX_SLOTS = (1 << 32) - 1
+MAX_SLOTS = _validate.MAX_SLOTS
 HANDLE_BOUND = _validate.HANDLE_BOUND
-_GEN_MAX = (1 << 31) - 1
+_GEN_MAX = _validate.HANDLE_GEN_MAX
+_SLOT_BITS = _validate.HANDLE_SLOT_BITS
+_SLOT_MASK = (1 << _SLOT_BITS) - 1
+_TAG_SHIFT = _validate.HANDLE_TAG_SHIFT
 _FREE = -2  # bucket id of a free slot
 _DUE = -1  # bucket id of the due bucket
 _MISSING = object()  # what _cancel returns for a handle that was not pending
@@ -103,6 +109,8 @@ class TimingWheel:
         self._free: list[int] = []
         self._gen_floor = 1
         self._gen_ceiling = 1
+        # This wheel's tag, in place in a handle's high bits.
+        self._tag = _validate.next_wheel_tag() << _TAG_SHIFT
         self._next_seq = 0
         self._len = 0
         self._add_level()
@@ -148,7 +156,12 @@ class TimingWheel:
             return self._schedule(d, item)
 
     def cancel(self, handle: int) -> bool:
-        """Cancel a pending entry; True only if ``handle`` was pending."""
+        """Cancel a pending entry; True only if ``handle`` was pending.
+
+        A handle carries its slot's generation, which wraps after 2**27 - 1 reuses of one
+        slot: a handle kept that long could then name a later entry in that slot. Another
+        wheel's handle is refused by its tag (see :mod:`timewheel._validate`).
+        """
         h = check_int("handle", handle, -HANDLE_BOUND, HANDLE_BOUND)
         with self._lock:
             dropped = self._cancel(h)
@@ -234,7 +247,7 @@ class TimingWheel:
             return self._free.pop()
         slot = len(self._deadline)
         if slot >= MAX_SLOTS:
-            raise MemoryError("timing wheel is full (2**32 - 1 entries)")
+            raise MemoryError("timing wheel is full (2**28 - 1 entries)")
         self._deadline.append(0)
         self._seq.append(0)
         self._prev.append(-1)
@@ -287,7 +300,7 @@ class TimingWheel:
         self._item[slot] = item
         self._len += 1
         self._place(slot)
-        return (self._gen[slot] << 32) | slot
+        return self._tag | (self._gen[slot] << _SLOT_BITS) | slot
 
     def _place(self, slot: int) -> None:
         d = self._deadline[slot]
@@ -351,9 +364,9 @@ class TimingWheel:
 
     def _cancel(self, h: int) -> Any:
         """Free the entry ``h`` names and return its item, or ``_MISSING`` if not pending."""
-        if h <= 0:
-            return _MISSING
-        slot, gen = h & 0xFFFFFFFF, h >> 32
+        if h <= 0 or h >> _TAG_SHIFT != self._tag >> _TAG_SHIFT:
+            return _MISSING  # not a handle, or another wheel's
+        slot, gen = h & _SLOT_MASK, (h >> _SLOT_BITS) & _GEN_MAX
         if slot >= len(self._gen) or self._gen[slot] != gen or self._bucket[slot] == _FREE:
             return _MISSING
         item = self._item[slot]
@@ -388,7 +401,8 @@ class TimingWheel:
             return [], []
         dl, sq = self._deadline, self._seq
         expired.sort(key=lambda s: (dl[s], sq[s]))
-        handles = [(self._gen[s] << 32) | s for s in expired]
+        tag = self._tag
+        handles = [tag | (self._gen[s] << _SLOT_BITS) | s for s in expired]
         items = [self._item[s] for s in expired]
         for s in expired:
             self._release(s)

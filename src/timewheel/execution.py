@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Protocol
 
+from ._validate import check_int, check_timeout
 from .metrics import register
 
 __all__ = [
@@ -59,6 +60,9 @@ logger = logging.getLogger(__name__)
 
 #: A unit of work: called with no arguments, its result is ignored.
 Task = Callable[[], object]
+
+#: The most threads a pool may run (beyond it, a thread per task is the bug, not the need).
+MAX_THREADS = 1 << 15
 
 
 class Executor(Protocol):
@@ -103,8 +107,17 @@ class TaskQueue:
         self._tasks.append(task)
 
     def offer_all(self, tasks: Iterable[Task]) -> int:
-        """Append every task in order and return how many; adds none if one is not callable."""
-        batch = list(tasks)
+        """Append every task in order and return how many; adds none if one is not callable.
+
+        ``tasks`` is any ordered iterable (a generator included); a str, a set or a mapping
+        is refused with TypeError.
+        """
+        if isinstance(tasks, (str, bytes, set, frozenset, dict)):
+            raise TypeError(f"tasks must be an ordered iterable of tasks, got {tasks!r}")
+        try:
+            batch = list(tasks)
+        except TypeError:
+            raise TypeError(f"tasks must be an iterable of tasks, got {tasks!r}") from None
         for task in batch:
             _check_task("tasks item", task)
         self._tasks.extend(batch)
@@ -145,10 +158,7 @@ class ThreadPool:
 
     def __init__(self, max_threads: int = 4, name: str = "timewheel-pool") -> None:
         """Create an empty pool; no thread starts until there is work for it."""
-        if isinstance(max_threads, bool) or not isinstance(max_threads, int):
-            raise TypeError(f"max_threads must be an int, got {max_threads!r}")
-        if max_threads < 1:
-            raise ValueError(f"max_threads must be at least 1, got {max_threads}")
+        max_threads = check_int("max_threads", max_threads, 1, MAX_THREADS)
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {name!r}")
         self._max_threads = max_threads
@@ -271,7 +281,11 @@ class ThreadPool:
         """Block until at least ``count`` threads are parked idle; False on timeout.
 
         Lets a caller (or a test) know the pool has quiesced without guessing a sleep.
+        ``count`` is between 1 and ``max_threads``; ``timeout`` is in seconds (None,
+        ``math.inf`` or more than ``threading.TIMEOUT_MAX``: no limit).
         """
+        count = check_int("count", count, 1, self._max_threads)
+        timeout = check_timeout("timeout", timeout)
         with self._lock:
             return self._parked.wait_for(lambda: len(self._idle) >= count, timeout)
 

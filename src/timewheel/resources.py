@@ -11,16 +11,20 @@ The design of Terracotta's concurrent object manager, on the purgatory:
   round again instead of leaving it waiting with everything free.
 * A key that is not resident gets a marker entry, put there if absent under the stripe
   lock, that is busy until its ``loader(key)`` call returns. Only the request that put the
-  marker loads; every other request parks on the marker. A failed load removes the marker
-  and fails the requests parked on it with the loader's error.
+  marker starts the load, on the manager's loader pool (never on the caller's thread), and
+  then parks on the marker like every other request that wants the key: one load per key
+  however many wait, and each waiter's ``timeout_ms`` runs meanwhile. A failed load
+  removes the marker and fails the requests parked on it with the loader's error. A load
+  outlives the requests that timed out or were cancelled while it ran: its object becomes
+  resident all the same (the next checkout finds it loaded).
 * ``pause()`` is a read-write gate made of striped counters: every attempt and every
   checked-out request counts itself in its first key's stripe, under the lock it reads the
   pause flag with (and marks that key with); ``pause`` sets the flag, then waits for the
   counts to sum to zero.
 
-Callbacks, loads and the retries of parked requests run in whichever thread made them
-possible: the caller of :meth:`ResourceManager.checkout`, the thread that checks a key in,
-or the purgatory's reaper for timeouts.
+Callbacks and the retries of parked requests run in whichever thread made them possible:
+the caller of :meth:`ResourceManager.checkout`, the thread that checks a key in, a loader
+thread that finished a load, or the purgatory's reaper for timeouts.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from concurrent.futures import CancelledError
 from types import TracebackType
 from typing import Any, Callable
 
-from ._validate import check_keys
+from ._validate import check_int, check_keys, check_timeout
+from .execution import PoolShutDown, ThreadPool
 from .metrics import register
 from .purgatory import DelayedOperation, Purgatory
 from .timer import check_ms
@@ -48,6 +53,8 @@ _STATE_NAMES = ("pending", "held", "checked in", "timed out", "cancelled", "fail
 # about 35 years.
 _FOREVER_MS = 1 << 40
 _STRIPES = 64
+#: The most loader threads a manager may run.
+MAX_LOAD_THREADS = 1024
 
 
 class _Entry:
@@ -119,17 +126,6 @@ def _global_order(keys: Iterable[Hashable]) -> list[Hashable]:
     if len(set(map(hash, ordered))) < len(ordered):
         return sorted(ordered, key=_tie_rank)
     return ordered
-
-
-def _check_seconds(name: str, value: float | None) -> float | None:
-    """Return ``value`` if it is None or a number of seconds >= 0, else raise naming ``name``."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be None or a number of seconds, got {value!r}")
-    if not value >= 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
-    return value
 
 
 class Checkout:
@@ -217,7 +213,7 @@ class Checkout:
         (it goes on waiting), or for the reasons given in the class docstring.
         """
         if timeout is not None:
-            timeout = _check_seconds("timeout", timeout)
+            timeout = check_timeout("timeout", timeout)
         state = self._state
         if state == _PENDING:
             with self._lock:
@@ -316,11 +312,14 @@ class _Pause:
 class ResourceManager:
     """Check out several keys at once, all or none, with no global lock (Terracotta's design).
 
-    ``ResourceManager(*, loader=None, purgatory=None)``. With a ``loader``, a key not yet
-    resident is loaded by ``loader(key)`` exactly once however many requests want it, and
-    :meth:`Checkout.result` maps each key to its object. Requests that must wait park in
-    the ``purgatory`` (a new one, with its reaper thread, unless one is given; an owned
-    purgatory is shut down by :meth:`close`). Timeouts follow the purgatory timer's clock.
+    ``ResourceManager(*, loader=None, purgatory=None, load_threads=16)``. With a
+    ``loader``, a key not yet resident is loaded by ``loader(key)`` exactly once however
+    many requests want it, on a pool of up to ``load_threads`` threads the manager owns
+    (started when first needed, shut down by :meth:`close`), and :meth:`Checkout.result`
+    maps each key to its object. Requests that must wait, for a key in use or loading,
+    park in the ``purgatory`` (a new one, with its reaper thread, unless one is given; an
+    owned purgatory is shut down by :meth:`close`). Timeouts follow the purgatory timer's
+    clock.
     """
 
     def __init__(
@@ -328,12 +327,17 @@ class ResourceManager:
         *,
         loader: Callable[[Hashable], Any] | None = None,
         purgatory: Purgatory | None = None,
+        load_threads: int = 16,
     ) -> None:
         if loader is not None and not callable(loader):
             raise TypeError(f"loader must be callable or None, got {loader!r}")
         if purgatory is not None and not isinstance(purgatory, Purgatory):
             raise TypeError(f"purgatory must be a Purgatory or None, got {purgatory!r}")
+        load_threads = check_int("load_threads", load_threads, 1, MAX_LOAD_THREADS)
         self._loader = loader
+        self._load_pool = (
+            ThreadPool(load_threads, name="timewheel-loader") if loader is not None else None
+        )
         self._owns_purgatory = purgatory is None
         self._purgatory = purgatory if purgatory is not None else Purgatory("resources")
         self._now = self._purgatory.timer.now_ms
@@ -411,11 +415,12 @@ class ResourceManager:
         """Hold new checkouts and return once every outstanding checkout is checked in.
 
         Usable as ``with manager.pause(): ...`` or ``pause()`` ... ``resume()``. If checkouts
-        are still out after ``timeout`` seconds, resumes and raises :class:`TimeoutError`.
+        are still out after ``timeout`` seconds (None, ``math.inf`` or more than
+        ``threading.TIMEOUT_MAX``: no limit), resumes and raises :class:`TimeoutError`.
         Requests held by the pause keep their own timeouts. A thread that holds a checkout
         and pauses without a timeout waits for itself forever.
         """
-        timeout = _check_seconds("timeout", timeout)
+        timeout = check_timeout("timeout", timeout)
         with self._gate:
             if self._paused:
                 raise RuntimeError("ResourceManager is already paused")
@@ -451,8 +456,15 @@ class ResourceManager:
         return totals
 
     def close(self) -> None:
-        """Refuse new checkouts; shut down an owned purgatory, failing the requests in it."""
+        """Refuse new checkouts; shut down an owned purgatory, failing the requests in it.
+
+        The loader pool is shut down without waiting: the loads already handed to it
+        finish on its threads, which then exit; a load asked for after that fails the
+        requests waiting on it.
+        """
         self._closed = True
+        if self._load_pool is not None:
+            self._load_pool.shutdown(wait=False)
         if not self._owns_purgatory:
             return
         for op in self._purgatory.shutdown():
@@ -480,13 +492,13 @@ class ResourceManager:
         again = True
         try:
             while again:
-                again = self._attempt(checkout)
-                if not again and not checkout._parked:
+                self._attempt(checkout)
+                if not checkout._parked:
                     # Never parked, so no other thread can have asked for another attempt.
                     checkout._running = False
                     return
                 with checkout._lock:
-                    again = again or checkout._again
+                    again = checkout._again
                     checkout._again = False
                     checkout._running = again
         except BaseException as exc:
@@ -495,25 +507,24 @@ class ResourceManager:
             self._finish(checkout, _FAILED, exc)
             raise
 
-    def _attempt(self, checkout: Checkout) -> bool:
-        """Mark all the keys, or park on the busy one; True to try again at once (after a load)."""
+    def _attempt(self, checkout: Checkout) -> None:
+        """Mark all the keys, or park on the busy one (starting its load if it is new)."""
         if checkout._state != _PENDING:
-            return False
+            return
         blocked = checkout._blocked
         if blocked is not None and blocked.error is not None:
             self._finish(checkout, _FAILED, blocked.error)
-            return False
+            return
         busy = self._mark_all(checkout)
         if busy is None:
-            return False
+            return
         key, stripe, entry, must_load = busy
         checkout._blocked = entry
         if must_load:
             assert stripe is not None and entry is not None
-            self._load(key, stripe, entry)
-            return True
+            self._start_load(key, stripe, entry)
+            self._load_the_rest(checkout, key)
         self._park_or_time_out(checkout, entry, stripe)
-        return False
 
     def _mark_all(self, checkout: Checkout) -> _Busy | None:
         """Enter the pause gate, mark every key in order and hand the checkout over; or
@@ -668,29 +679,57 @@ class ResourceManager:
             # Cancelled while being listed: _finish found no timer entry to drop yet.
             wait.cancel()
 
-    def _load(self, key: Hashable, stripe: _Stripe, marker: _Entry) -> None:
-        """Run the loader for a marker this thread put in place, then wake who parked on it."""
-        assert self._loader is not None
+    def _load_the_rest(self, checkout: Checkout, first: Hashable) -> None:
+        """Start the loads of the checkout's other missing keys after ``first``, so that
+        they run side by side instead of one per wake-up. Their markers are the pool's
+        to clear, never the checkout's, so nothing is marked on its behalf."""
+        slots = checkout._slots
+        i = next(i for i, (key, _) in enumerate(slots) if key is first)
+        for key, stripe in slots[i + 1 :]:
+            with stripe.lock:
+                if key in stripe.entries:
+                    continue
+                marker = stripe.entries[key] = _Entry()
+            self._start_load(key, stripe, marker)
+
+    def _start_load(self, key: Hashable, stripe: _Stripe, marker: _Entry) -> None:
+        """Hand the load of a marker this attempt put in place to the loader pool."""
+        assert self._load_pool is not None
         with stripe.lock:
             stripe.loads += 1
         try:
+            self._load_pool.execute(lambda: self._load(key, stripe, marker))
+        except PoolShutDown:
+            # Closed since the checkout began: fail whoever waits instead of loading.
+            self._load_failed(key, stripe, marker, RuntimeError("ResourceManager was closed"))
+
+    def _load(self, key: Hashable, stripe: _Stripe, marker: _Entry) -> None:
+        """On a loader thread: run the loader, then wake who parked on the marker."""
+        assert self._loader is not None
+        try:
             value = self._loader(key)
         except BaseException as exc:
-            with stripe.lock:
-                if stripe.entries.get(key) is marker:
-                    del stripe.entries[key]
-                marker.error = exc
-                marker.busy = False
-                stripe.load_errors += 1
             if isinstance(exc, Exception):
                 logger.error("loader %r raised for key %r", self._loader, key, exc_info=exc)
-            self._wake((marker,))
+            self._load_failed(key, stripe, marker, exc)
             if not isinstance(exc, Exception):
-                raise
+                raise  # the pool logs it and carries on
             return
         with stripe.lock:
             marker.value = value
             marker.busy = False
+        self._wake((marker,))
+
+    def _load_failed(
+        self, key: Hashable, stripe: _Stripe, marker: _Entry, exc: BaseException
+    ) -> None:
+        """Drop the marker, then fail exactly the requests parked on it with ``exc``."""
+        with stripe.lock:
+            if stripe.entries.get(key) is marker:
+                del stripe.entries[key]
+            marker.error = exc
+            marker.busy = False
+            stripe.load_errors += 1
         self._wake((marker,))
 
     def _finish(self, checkout: Checkout, state: int, value: Any) -> bool:

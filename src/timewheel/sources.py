@@ -27,7 +27,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
-from ._validate import check_int
+from ._validate import INT64_MAX, check_int, check_timeout
 from .execution import Executor
 from .metrics import register
 
@@ -118,7 +118,7 @@ class SetQueue(Generic[T]):
                 return []
             del self._claims[item]
             return [item]
-        return self._take(check_int("n", n, 0))
+        return self._take(check_int("n", n, 0, INT64_MAX))
 
     def _take(self, n: int) -> list[T]:
         """:meth:`poll` of a checked ``n``."""
@@ -189,10 +189,12 @@ class QueueingSource(Generic[T]):
         """Validate the arguments; no thread is started here."""
         if not callable(getattr(wrapped, "get_next_batch", None)):
             raise TypeError(f"wrapped must have a get_next_batch(n) method, got {wrapped!r}")
-        check_int("replenish_threshold", replenish_threshold, 0)
-        check_int("capacity", capacity, replenish_threshold + 1)
+        check_int("replenish_threshold", replenish_threshold, 0, INT64_MAX - 1)
+        check_int("capacity", capacity, replenish_threshold + 1, INT64_MAX)
         if executor is not None and not callable(getattr(executor, "submit", None)):
             raise TypeError(f"executor must have a submit(fn) method, got {executor!r}")
+        if not isinstance(dedup_in_flight, bool):
+            raise TypeError(f"dedup_in_flight must be a bool, got {dedup_in_flight!r}")
         self._wrapped = wrapped
         self._capacity = capacity
         self._threshold = replenish_threshold
@@ -214,7 +216,7 @@ class QueueingSource(Generic[T]):
 
     def get_next_batch(self, n: int) -> list[T]:
         """Return up to ``n`` queued items now; start a refill if the queue runs low."""
-        check_int("n", n, 0)
+        check_int("n", n, 0, INT64_MAX)
         with self._lock:
             items = self._queue._take(n)
             if self._in_flight is not None:
@@ -235,9 +237,14 @@ class QueueingSource(Generic[T]):
         Only meaningful with ``dedup_in_flight=True``: acknowledged items may be queued
         again when the wrapped source returns them. Without it, this returns 0.
         """
+        try:
+            done = set(items)  # hash everything before touching the in-flight set
+        except TypeError:
+            raise TypeError(
+                f"items must be an iterable of hashable values, got {items!r}"
+            ) from None
         if self._in_flight is None:
             return 0
-        done = set(items)  # hash everything before touching the in-flight set
         with self._lock:
             before = len(self._in_flight)
             self._in_flight.difference_update(done)
@@ -266,10 +273,11 @@ class QueueingSource(Generic[T]):
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no refill is running; return False if ``timeout`` passed first."""
-        return self._idle.wait(timeout)
+        return self._idle.wait(check_timeout("timeout", timeout))
 
     def close(self, timeout: float | None = None) -> bool:
         """Start no more refills and wait for a running one; False if ``timeout`` passed."""
+        timeout = check_timeout("timeout", timeout)
         with self._lock:
             self._closed = True
         return self._idle.wait(timeout)
@@ -370,7 +378,9 @@ def _check_names(name: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, Sequence):
         raise TypeError(f"{name} must be a sequence of source names, got {value!r}")
     names = tuple(value)
-    if not names or not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+    if not all(isinstance(n, str) for n in names):
+        raise TypeError(f"{name} must hold source names (str), got {value!r}")
+    if not names or len(set(names)) != len(names):
         raise ValueError(f"{name} must be distinct source names (str), got {value!r}")
     return names
 
@@ -483,14 +493,14 @@ class Scheduler:
             )
         for name, source in sources.items():
             if not isinstance(name, str):
-                raise TypeError(f"source names must be str, got {name!r}")
+                raise TypeError(f"sources must be named by str, got the name {name!r}")
             if not callable(getattr(source, "get_next_batch", None)):
-                raise TypeError(f"source {name!r} has no get_next_batch(n) method: {source!r}")
+                raise TypeError(f"sources[{name!r}] has no get_next_batch(n) method: {source!r}")
         for method in ("outstanding", "submit"):
             if not callable(getattr(sink, method, None)):
                 raise TypeError(f"sink must have an {method}() method, got {sink!r}")
-        self._max_outstanding = check_int("max_outstanding", max_outstanding, 1)
-        self._batch_size = check_int("batch_size", batch_size, 1)
+        self._max_outstanding = check_int("max_outstanding", max_outstanding, 1, INT64_MAX)
+        self._batch_size = check_int("batch_size", batch_size, 1, INT64_MAX)
         self._sink = sink
         self._owned: list[QueueingSource[Any]] = []
         wrapped: dict[str, QueueingSource[Any]] = {}
@@ -552,12 +562,19 @@ class Scheduler:
         After a round that submitted nothing (sources empty or sink full) it waits up to
         ``idle_wait`` seconds, or until ``stop_event`` is set, before the next round.
         """
+        if idle_wait is None:
+            raise TypeError("idle_wait must be a number of seconds, got None")
+        wait = check_timeout("idle_wait", idle_wait)
+        if not callable(getattr(stop_event, "is_set", None)) or not callable(
+            getattr(stop_event, "wait", None)
+        ):
+            raise TypeError(f"stop_event must be a threading.Event, got {stop_event!r}")
         total = 0
         while not stop_event.is_set():
             done = self.run_once()
             total += done
             if not done:
-                stop_event.wait(idle_wait)
+                stop_event.wait(wait)
         return total
 
     def metrics(self) -> dict[str, int]:
@@ -567,6 +584,7 @@ class Scheduler:
 
     def close(self, timeout: float | None = None) -> bool:
         """Close the sources this scheduler wrapped; False if ``timeout`` passed first."""
+        timeout = check_timeout("timeout", timeout)
         return all([source.close(timeout) for source in self._owned])  # close every one
 
     def __enter__(self) -> Scheduler:

@@ -27,7 +27,7 @@ from ._impl import (
     monotonic_ms,
 )
 from ._validate import INT64_MAX as _INT64_MAX
-from ._validate import check_int
+from ._validate import MAX_WHEEL_SIZE, check_int
 from .execution import (
     ExecuteProduceConsume,
     ExecutionStrategy,
@@ -237,9 +237,16 @@ class Timer:
         else:
             raise TypeError(f"clock must be a ManualClock or a callable, got {clock!r}")
         start = check_ms("clock()", self._clock(), -_INT64_MAX - 1)
-        self._wheel = (TimingWheel if wheel_class is None else wheel_class)(
-            tick_ms, wheel_size, start
-        )
+        if wheel_class is None:
+            self._wheel = TimingWheel(tick_ms, wheel_size, start)
+        else:
+            check_ms("wheel_size", wheel_size, 2, MAX_WHEEL_SIZE)
+            try:
+                self._wheel = wheel_class(tick_ms, wheel_size, start)
+            except TypeError as exc:  # a class that is no wheel, such as dict
+                raise TypeError(
+                    f"wheel_class must be a TimingWheel class, got {wheel_class!r}: {exc}"
+                ) from None
         self._executor = executor
         self._reaping = _Reaping(self)
         # A pool starts its threads only when given work, so a timer made before a fork
