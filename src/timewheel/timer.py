@@ -175,12 +175,15 @@ def _reap(ref: weakref.ReferenceType[Timer]) -> None:
         timer = ref()
         if timer is None or timer._closed:
             return
+        produce, cond, reaping = timer._strategy.produce, timer._cond, timer._reaping
+        del timer  # produce() lasts until close; and not under cond: __del__ takes it
         try:
-            timer._strategy.produce()
+            produce()
         except BaseException:
-            timer._count_error("the reaper %r of timer %r caught", threading.current_thread())
-        cond, reaping = timer._cond, timer._reaping
-        del timer  # not under cond: the last reference's __del__ takes it
+            timer = ref()
+            if timer is not None:
+                timer._count_error("the reaper %r of timer %r caught", threading.current_thread())
+            del timer
         with cond:
             if not reaping.closed:
                 cond.wait(_seconds(reaping.poll_ms))
