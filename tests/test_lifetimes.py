@@ -32,7 +32,9 @@ posix_only = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
 def run_case(impl: str, case: str) -> None:
     package_root = str(Path(timewheel.__file__).parents[1])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")])
+    )
     env.pop("TIMEWHEEL_NO_EXTENSIONS", None)
     if impl == "python":
         env["TIMEWHEEL_NO_EXTENSIONS"] = "1"
@@ -51,7 +53,9 @@ def test_objects_inherited_across_fork_are_usable_in_the_child(impl: str, case: 
     run_case(impl, case)
 
 
-@pytest.mark.parametrize("case", ["drop_timer", "drop_purgatory", "drop_pool", "self_rearming_timer"])
+@pytest.mark.parametrize(
+    "case", ["drop_timer", "drop_purgatory", "drop_pool", "self_rearming_timer"]
+)
 def test_objects_dropped_without_close_are_collected_and_stop_their_threads(
     impl: str, case: str
 ) -> None:
@@ -124,7 +128,9 @@ def test_an_interrupted_batch_call_leaves_the_wheel_whole(
     handles: dict[int, int] = {}  # handle -> item, for the entries whose handle we got
     next_item = now = 0
     for _ in range(10):
-        op = rng.choice(["schedule_many", "schedule_many", "advance", "advance_many", "cancel_many"])
+        op = rng.choice(
+            ["schedule_many", "schedule_many", "advance", "advance_many", "cancel_many"]
+        )
         if op == "schedule_many":
             n = rng.randrange(1, 20_000)
             deadlines = [now + rng.randrange(-5, 5000) for _ in range(n)]
@@ -133,7 +139,7 @@ def test_an_interrupted_batch_call_leaves_the_wheel_whole(
         elif op == "cancel_many":
             known = list(handles)
             rng.shuffle(known)
-            batch = np.array(known[: rng.randrange(len(known) + 1)] + [12345], dtype=np.int64)
+            batch = np.array([*known[: rng.randrange(len(known) + 1)], 12345], dtype=np.int64)
         else:
             t = now + rng.randrange(3000)
         pending_before, time_before = len(wheel), wheel.now

@@ -298,8 +298,9 @@ class TimingWheel:
 
         A slot is pending iff its bucket is not _FREE (the last thing _link sets and the
         first thing _release clears), or an interrupted advance released it (_undo);
-        entries scheduled at or after sequence number ``withdraw`` are dropped. Everything else (lengths, free list, buckets, heap,
-        count) is derived again, and every free slot gets a new generation so that no
+        entries scheduled at or after sequence number ``withdraw`` are dropped.
+        Everything else (lengths, free list, buckets, heap, count) is derived again,
+        and every free slot gets a new generation so that no
         handle issued before names it. Called with the lock held; O(slots).
         """
         if withdraw is not None and (self._broken is None or withdraw < self._broken):
@@ -347,7 +348,15 @@ class TimingWheel:
         return (self._bhead, self._btail, self._bkey, self._bpos)
 
     def _slab_lists(self) -> tuple[list[Any], ...]:
-        return (self._deadline, self._seq, self._prev, self._next, self._bucket, self._gen, self._item)
+        return (
+            self._deadline,
+            self._seq,
+            self._prev,
+            self._next,
+            self._bucket,
+            self._gen,
+            self._item,
+        )
 
     def _add_level(self) -> None:
         w = self._wheel

@@ -270,10 +270,20 @@ def self_rearming_timer() -> None:
     assert payload_refs[0]() is None
 
 
-CASES = {f.__name__: f for f in (
-    fork_timer, fork_purgatory, fork_busy_wheel, fork_pool, fork_from_callback,
-    drop_timer, drop_purgatory, drop_pool, self_rearming_timer,
-)}
+CASES = {
+    f.__name__: f
+    for f in (
+        fork_timer,
+        fork_purgatory,
+        fork_busy_wheel,
+        fork_pool,
+        fork_from_callback,
+        drop_timer,
+        drop_purgatory,
+        drop_pool,
+        self_rearming_timer,
+    )
+}
 
 if __name__ == "__main__":
     CASES[sys.argv[1]]()
