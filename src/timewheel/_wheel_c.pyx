@@ -173,11 +173,10 @@ cdef class TimingWheel:
     picks; the wheel has no clock and is told the time through :meth:`advance`.
     Every method is safe to call from any thread.
 
-    Unlike the pure-Python twin, the wheel is invisible to the cyclic garbage collector:
-    its items are held from a C array, which Cython gives no way to traverse. A cycle
-    through a pending item (item -> ... -> wheel) is therefore never collected; whoever
-    owns the wheel must break it, by cancelling or advancing past such entries (as
-    ``Timer.close`` does).
+    Like the pure-Python twin, the wheel takes part in the cyclic garbage collector: a
+    cycle through a pending item (item -> ... -> wheel) is collected, its pending items
+    dropped. (Not while another thread works on the wheel without the GIL, which is
+    then retried at the next collection; never on free-threaded builds.)
     """
 
     def __cinit__(self, tick=1, wheel_size=20, start=0):
