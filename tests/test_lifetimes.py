@@ -47,7 +47,15 @@ def run_case(impl: str, case: str) -> None:
 
 @posix_only
 @pytest.mark.parametrize(
-    "case", ["fork_timer", "fork_purgatory", "fork_busy_wheel", "fork_pool", "fork_from_callback"]
+    "case",
+    [
+        "fork_timer",
+        "fork_purgatory",
+        "fork_busy_wheel",
+        "fork_busy_purgatory",
+        "fork_pool",
+        "fork_from_callback",
+    ],
 )
 def test_objects_inherited_across_fork_are_usable_in_the_child(impl: str, case: str) -> None:
     run_case(impl, case)

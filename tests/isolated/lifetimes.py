@@ -143,6 +143,47 @@ def fork_busy_wheel() -> None:
         worker.join()
 
 
+def fork_busy_purgatory() -> None:
+    """A purgatory other threads are watching and completing in at the fork."""
+    purgatory = Purgatory("fbp", reaper=False, purge_interval=1)
+
+    class Op(DelayedOperation):
+        def try_complete(self) -> bool:
+            return self.force_complete() if self.delay_ms == 1 else False
+
+        def on_complete(self) -> None:
+            pass
+
+    stop = threading.Event()
+
+    def churn(k: int) -> None:
+        while not stop.is_set():
+            for i in range(200):
+                purgatory.try_complete_else_watch(Op(60_000), [("k", k), i])
+            purgatory.check_and_complete(("k", k))
+            purgatory.purge()
+
+    workers = [threading.Thread(target=churn, args=(k,)) for k in range(2)]
+    for w in workers:
+        w.start()
+    try:
+        for _ in range(5):
+            time.sleep(0.02)
+
+            def child() -> None:
+                assert purgatory.try_complete_else_watch(Op(1), ["c"]) is True
+                purgatory.purge()
+                assert purgatory.metrics()["keys"] >= 0
+                purgatory.shutdown()
+
+            in_child(child)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+    purgatory.shutdown()
+
+
 def fork_pool() -> None:
     """A pool with a busy thread and an idle one survives a fork, usable."""
     pool = ThreadPool(2, name="fpool")
@@ -276,6 +317,7 @@ CASES = {
         fork_timer,
         fork_purgatory,
         fork_busy_wheel,
+        fork_busy_purgatory,
         fork_pool,
         fork_from_callback,
         drop_timer,
