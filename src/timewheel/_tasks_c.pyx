@@ -43,6 +43,7 @@ from time import monotonic_ns as _monotonic_ns
 
 from weakref import ref as _weakref
 
+from timewheel import _atfork
 from timewheel._validate import INT64_MAX, LATENESS_BOUNDS_MS, aborted, check_int, check_keys
 
 __all__ = [
@@ -428,6 +429,26 @@ cdef class PurgatoryCore:
         self._on_cleared = self._cleared.append
         self._popleft = self._cleared.popleft
         self._counts = Counts()
+        _atfork.hold(self)
+
+    # -- fork (see timewheel._atfork) ---------------------------------------------------
+    def _fork_acquire(self):
+        """Before a fork: wait until no thread is inside a shard or a purge.
+
+        In the purgatory's order, purge then shards, each with the GIL released: a
+        holder may need the GIL to finish.
+        """
+        cdef Py_ssize_t s
+        with nogil:
+            tw_mutex_lock(&self._purge_mutex)
+            for s in range(self._nshards):
+                tw_mutex_lock(&self._locks[s])
+
+    def _fork_release(self, bint child):
+        cdef Py_ssize_t s
+        for s in range(self._nshards):
+            tw_mutex_unlock(&self._locks[s])
+        tw_mutex_unlock(&self._purge_mutex)
 
     @property
     def _purges(self):

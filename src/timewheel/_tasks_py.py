@@ -35,6 +35,7 @@ import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
+from . import _atfork
 from ._validate import INT64_MAX, LATENESS_BOUNDS_MS, aborted, check_int, check_keys
 
 __all__ = [
@@ -379,6 +380,21 @@ class PurgatoryCore:
         self._purges = self._errors = 0
         self._purge_time_ns = 0  # time spent purging, both kinds
         self._stopping = False
+        _atfork.hold(self)
+
+    # -- fork (see timewheel._atfork) ---------------------------------------------------
+    def _locks_in_order(self) -> list[Any]:
+        # The order the purgatory takes them in: purge, then a shard, then the stats.
+        return [self._purge_lock, *(shard.lock for shard in self._shards), self._stats_lock]
+
+    def _fork_acquire(self) -> None:
+        """Before a fork: wait until no thread is inside a shard or a purge."""
+        for lock in self._locks_in_order():
+            lock.acquire()
+
+    def _fork_release(self, child: bool) -> None:
+        for lock in self._locks_in_order():
+            lock.release()
 
     def _try_raised(self, op: DelayedOperation) -> None:
         raise NotImplementedError

@@ -66,6 +66,11 @@ cdef int grow(void** ptr, size_t* cap, size_t need, size_t itemsize, size_t limi
 
 @cython.final
 cdef class TimingWheel:
+    cdef object __weakref__  # the at-fork registry holds wheels weakly
+    # Always None. An object field makes Cython give the type garbage-collector support
+    # (GC header, tracking); the module then puts its own traverse and clear in the type
+    # slots, which see the items in the C slab (wheel_traverse, wheel_clear).
+    cdef object _gc
     cdef tw_mutex _mutex
     cdef bint _mutex_ready
     # threads working on the wheel without the GIL; changed only with the GIL held (and

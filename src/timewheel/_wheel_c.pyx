@@ -18,6 +18,11 @@ schedule, cancel and next_deadline run under the GIL alone (see _enter_with_gil)
 Python objects are touched only with the GIL and outside the lock: references are
 taken before an insert and dropped after the lock is released, since dropping one may
 run a ``__del__`` that calls back into the wheel.
+
+Lifetimes: the wheel takes part in the cyclic garbage collector through its own
+traverse and clear (the items in the C slab are invisible to what Cython generates),
+and around :func:`os.fork` it is held by :mod:`timewheel._atfork`: the fork waits until
+no thread is inside the wheel, so the child's copy is whole and its lock free.
 """
 
 cimport cython
@@ -32,6 +37,7 @@ from libc.stdlib cimport qsort
 
 import numpy as np
 
+from timewheel import _atfork
 from timewheel._validate import (
     HANDLE_BOUND,
     HANDLE_GEN_MAX,
@@ -57,6 +63,30 @@ cdef extern from "Python.h":
     void list_set_item_stolen "PyList_SET_ITEM" (object lst, Py_ssize_t i, PyObject* o)
 
 __all__ = ["TimingWheel"]
+
+cdef extern from *:
+    """
+    /* Cython's own traverse and clear know nothing of the C slab: the module puts its
+       own in the type's slots once the type is ready. */
+    typedef int (*tw_visitproc)(PyObject *, void *);
+    typedef int (*tw_traverseproc)(PyObject *, tw_visitproc, void *);
+    typedef int (*tw_inquiry)(PyObject *);
+    static void tw_set_gc(PyObject *type, tw_traverseproc traverse, tw_inquiry clear) {
+        ((PyTypeObject *)type)->tp_traverse = (traverseproc)traverse;
+        ((PyTypeObject *)type)->tp_clear = (inquiry)clear;
+    }
+    /* a heap type (CYTHON_USE_TYPE_SPECS) is referenced by its instances */
+    static int tw_visit_type(PyObject *o, tw_visitproc visit, void *arg) {
+        if (PyType_HasFeature(Py_TYPE(o), Py_TPFLAGS_HEAPTYPE))
+            return visit((PyObject *)Py_TYPE(o), arg);
+        return 0;
+    }
+    """
+    ctypedef int (*tw_visitproc)(PyObject*, void*) noexcept
+    ctypedef int (*tw_traverseproc)(PyObject*, tw_visitproc, void*) noexcept
+    ctypedef int (*tw_inquiry)(PyObject*) noexcept
+    void tw_set_gc(object type, tw_traverseproc traverse, tw_inquiry clear)
+    int tw_visit_type(PyObject* o, tw_visitproc visit, void* arg) noexcept
 
 cdef enum:
     # the handle's bit budget, as in _validate (checked at import below)
@@ -157,11 +187,10 @@ cdef class TimingWheel:
     picks; the wheel has no clock and is told the time through :meth:`advance`.
     Every method is safe to call from any thread.
 
-    Unlike the pure-Python twin, the wheel is invisible to the cyclic garbage collector:
-    its items are held from a C array, which Cython gives no way to traverse. A cycle
-    through a pending item (item -> ... -> wheel) is therefore never collected; whoever
-    owns the wheel must break it, by cancelling or advancing past such entries (as
-    ``Timer.close`` does).
+    Like the pure-Python twin, the wheel takes part in the cyclic garbage collector: a
+    cycle through a pending item (item -> ... -> wheel) is collected, its pending items
+    dropped. (Not while another thread works on the wheel without the GIL, which is
+    then retried at the next collection; never on free-threaded builds.)
     """
 
     def __cinit__(self, tick=1, wheel_size=20, start=0):
@@ -193,6 +222,7 @@ cdef class TimingWheel:
         if tw_mutex_init(&self._mutex) != 0:
             raise MemoryError("cannot create the timing wheel's lock")
         self._mutex_ready = True
+        _atfork.hold(self)
 
     def __dealloc__(self):
         cdef uint32_t s
@@ -456,6 +486,19 @@ cdef class TimingWheel:
             self._expire(t, buf)
             self._unlock()
         self._gilfree -= 1
+
+    # -- fork (see timewheel._atfork) ---------------------------------------------------
+    def _fork_acquire(self):
+        """Before a fork: wait until no thread is inside, and keep everyone out."""
+        # Counted in first, so that threads with the GIL take the lock path and wait.
+        self._gilfree += 1
+        with nogil:
+            tw_mutex_lock(&self._mutex)
+
+    def _fork_release(self, bint child):
+        """After a fork. In the child the threads counted in _gilfree are gone."""
+        tw_mutex_unlock(&self._mutex)
+        self._gilfree = 0 if child else self._gilfree - 1
 
     # -- locking --------------------------------------------------------------------
     cdef bint _enter_with_gil(self) noexcept:
@@ -796,3 +839,48 @@ cdef class TimingWheel:
             pos = child
         self._heap[pos] = b
         self._buckets[b].pos = pos
+
+
+# -- garbage collection ------------------------------------------------------------------
+cdef int wheel_traverse(PyObject* o, tw_visitproc visit, void* arg) noexcept:
+    """Visit every pending item, so cycles through pending items are collected.
+
+    Only while no thread works on the wheel without the GIL: the collector holds the GIL
+    from its first traverse to its last, so nobody starts to, and every traverse of one
+    collection agrees. A wheel busy in another thread is simply not traversed that time
+    (its items look referenced from outside, which is safe). Free-threaded builds have
+    no such guarantee and never traverse.
+    """
+    cdef TimingWheel w = <TimingWheel>o
+    cdef uint32_t s
+    cdef int r = tw_visit_type(o, visit, arg)
+    if r:
+        return r
+    if not TW_HAS_GIL or w._gilfree != 0:
+        return 0
+    for s in range(w._hw):
+        if w._entries[s].bucket != NIL and w._entries[s].item != NULL:
+            r = visit(w._entries[s].item, arg)
+            if r:
+                return r
+    return 0
+
+
+cdef int wheel_clear(PyObject* o) noexcept:
+    """Drop every pending item (they stay pending as None): the collector breaks cycles."""
+    cdef TimingWheel w = <TimingWheel>o
+    cdef uint32_t s = 0
+    cdef PyObject* item
+    if not TW_HAS_GIL or w._gilfree != 0:
+        return 0
+    # Indexes, not pointers: dropping an item may run a __del__ that grows the slab.
+    while s < w._hw:
+        item = w._entries[s].item
+        if w._entries[s].bucket != NIL and item != NULL:
+            w._entries[s].item = NULL
+            Py_XDECREF(item)
+        s += 1
+    return 0
+
+
+tw_set_gc(TimingWheel, wheel_traverse, wheel_clear)

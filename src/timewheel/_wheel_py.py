@@ -26,18 +26,27 @@ Layout (shared with the extension):
   whose deadline has passed and re-places the rest (the cascade). Empty ticks are never
   walked.
 * Expired entries come out sorted by (deadline, schedule sequence).
+
+Interrupts: an exception raised by a signal handler (KeyboardInterrupt) can land at any
+call or loop turn of this code, half-way through a change. Every public method then
+repairs the wheel from its slab (:meth:`TimingWheel._repair`) before the exception
+leaves: a schedule call's entries are withdrawn, an advance's due entries stay pending
+and the time stays where it was, and each handle of an interrupted ``cancel_many`` is
+either cancelled or still pending (cancelling it again tells which). A repair that is
+itself interrupted is finished by the next call. The Cython extension is never
+interrupted: it does not run Python code while it changes the wheel.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from . import _validate
+from . import _atfork, _validate
 from ._validate import check_int64_array, check_items
 
 __all__ = ["TimingWheel"]
@@ -55,6 +64,7 @@ _TAG_SHIFT = _validate.HANDLE_TAG_SHIFT
 _FREE = -2  # bucket id of a free slot
 _DUE = -1  # bucket id of the due bucket
 _MISSING = object()  # what _cancel returns for a handle that was not pending
+_KEEP_ALL = 1 << 64  # a repair that withdraws no entry (every sequence number is lower)
 
 
 def _next_gen(gen: int) -> int:
@@ -113,7 +123,20 @@ class TimingWheel:
         self._tag = _validate.next_wheel_tag() << _TAG_SHIFT
         self._next_seq = 0
         self._len = 0
+        # None while the wheel is whole; else the repair it needs: entries scheduled at
+        # or after this sequence number are withdrawn (see _repair)
+        self._broken: int | None = None
+        # (slots, handles, items) an advance is releasing, until it is done (see _guarded_expire)
+        self._undo: tuple[list[int], list[int], list[Any]] | None = None
         self._add_level()
+        _atfork.hold(self)
+
+    # -- fork (see timewheel._atfork) ---------------------------------------------------
+    def _fork_acquire(self) -> None:
+        self._lock.acquire()
+
+    def _fork_release(self, child: bool) -> None:
+        self._lock.release()
 
     # -- properties ---------------------------------------------------------------
     @property
@@ -153,7 +176,14 @@ class TimingWheel:
         """
         d = check_int("deadline", deadline)
         with self._lock:
-            return self._schedule(d, item)
+            if self._broken is not None:
+                self._repair()
+            first = self._next_seq
+            try:
+                return self._schedule(d, item)
+            except BaseException:
+                self._repair(first)
+                raise
 
     def cancel(self, handle: int) -> bool:
         """Cancel a pending entry; True only if ``handle`` was pending.
@@ -164,7 +194,13 @@ class TimingWheel:
         """
         h = check_int("handle", handle, -HANDLE_BOUND, HANDLE_BOUND)
         with self._lock:
-            dropped = self._cancel(h)
+            if self._broken is not None:
+                self._repair()
+            try:
+                dropped = self._cancel(h)
+            except BaseException:
+                self._repair(_KEEP_ALL)
+                raise
         # the item's last reference goes here, outside the lock: its __del__ may call us
         return dropped is not _MISSING
 
@@ -175,7 +211,7 @@ class TimingWheel:
         """
         t = check_int("now", now)
         with self._lock:
-            return self._expire(t)[1]
+            return self._guarded_expire(t)[1]
 
     def next_deadline(self) -> int | None:
         """Earliest time at which :meth:`advance` may return something; None if empty.
@@ -183,11 +219,17 @@ class TimingWheel:
         It is the earliest pending deadline, or earlier if that entry was cancelled.
         """
         with self._lock:
+            if self._broken is not None:
+                self._repair()
             if self._len == 0:
                 return None
             heap = self._heap
-            while heap and self._bucket_empty(heap[0]):
-                self._heap_pop()
+            try:
+                while heap and self._bucket_empty(heap[0]):
+                    self._heap_pop()
+            except BaseException:
+                self._repair(_KEEP_ALL)
+                raise
             return self._key_of(heap[0])
 
     def schedule_many(
@@ -202,12 +244,20 @@ class TimingWheel:
         values = check_items(items, arr.shape[0])
         out = np.empty(arr.shape[0], dtype=np.int64)
         with self._lock:
-            if values is None:
-                for i, d in enumerate(arr.tolist()):
-                    out[i] = self._schedule(d, None)
-            else:
-                for i, d in enumerate(arr.tolist()):
-                    out[i] = self._schedule(d, values[i])
+            if self._broken is not None:
+                self._repair()
+            first = self._next_seq
+            try:
+                if values is None:
+                    for i, d in enumerate(arr.tolist()):
+                        out[i] = self._schedule(d, None)
+                else:
+                    for i, d in enumerate(arr.tolist()):
+                        out[i] = self._schedule(d, values[i])
+            except BaseException:
+                # all or nothing: the caller never sees the handles of a partial batch
+                self._repair(first)
+                raise
         return out
 
     def cancel_many(self, handles: npt.NDArray[np.int64]) -> int:
@@ -215,21 +265,112 @@ class TimingWheel:
         arr = check_int64_array("handles", handles)
         dropped = []
         with self._lock:
-            for h in arr.tolist():
-                item = self._cancel(h)
-                if item is not _MISSING:
-                    dropped.append(item)
+            if self._broken is not None:
+                self._repair()
+            try:
+                for h in arr.tolist():
+                    item = self._cancel(h)
+                    if item is not _MISSING:
+                        dropped.append(item)
+            except BaseException:
+                self._repair(_KEEP_ALL)
+                raise
         return len(dropped)
 
     def advance_many(self, now: int) -> npt.NDArray[np.int64]:
         """Like :meth:`advance`, but return the handles of the expired entries."""
         t = check_int("now", now)
         with self._lock:
-            handles, items = self._expire(t)
+            handles, items = self._guarded_expire(t)
         del items  # dropped outside the lock: an item's __del__ may call us
         return np.array(handles, dtype=np.int64)
 
     # -- internals ----------------------------------------------------------------
+    def _guarded_expire(self, t: int) -> tuple[list[int], list[Any]]:
+        """_expire, or on an interrupt the wheel as it was: due entries stay pending."""
+        if self._broken is not None:
+            self._repair()
+        now = self._now
+        done = False
+        try:
+            result = self._expire(t)  # sets _undo before it releases a slot
+            # done: no interrupt can land between these two stores (no call, no loop)
+            self._undo = None
+            done = True
+            if result[0]:
+                self._reset_if_empty()
+        except BaseException:
+            if not done:
+                self._now = now  # released entries come back in _repair
+            self._repair(_KEEP_ALL)
+            raise
+        return result
+
+    def _repair(self, withdraw: int | None = None) -> None:
+        """Rebuild the wheel from its slab after an interrupt left a change half-made.
+
+        A slot is pending iff its bucket is not _FREE (the last thing _link sets and the
+        first thing _release clears), or an interrupted advance released it (_undo);
+        entries scheduled at or after sequence number ``withdraw`` are dropped.
+        Everything else (lengths, free list, buckets, heap, count) is derived again,
+        and every free slot gets a new generation so that no
+        handle issued before names it. Called with the lock held; O(slots).
+        """
+        if withdraw is not None and (self._broken is None or withdraw < self._broken):
+            self._broken = withdraw
+        drop = cast(int, self._broken)
+        w = self._wheel
+        # _add_level may have stopped between its lists
+        levels = min(len(self._ticks), *(len(a) // w for a in self._bucket_lists()))
+        del self._ticks[levels:]
+        for arr, fill in zip(self._bucket_lists(), (-1, -1, 0, -1)):
+            arr[:] = [fill] * (levels * w)
+        self._heap.clear()
+        self._due_head = self._due_tail = self._due_pos = -1
+        # _alloc may have stopped between its appends
+        slab = self._slab_lists()
+        n = min(len(a) for a in slab)
+        for arr in slab:
+            del arr[n:]
+        if self._undo is not None:  # an advance interrupted while it released its entries
+            for s, h, item in zip(*self._undo):
+                if s < n and self._bucket[s] == _FREE:
+                    # pending again, as it was: deadline, sequence, handle and item
+                    self._bucket[s] = _DUE
+                    self._gen[s] = h >> 32
+                    self._item[s] = item
+        live = [s for s in range(n) if self._bucket[s] != _FREE and self._seq[s] < drop]
+        free = []
+        for s in range(n):
+            if self._bucket[s] == _FREE or self._seq[s] >= drop:
+                self._bucket[s] = _FREE
+                self._item[s] = None
+                self._gen[s] = _next_gen(self._gen[s])
+                free.append(s)
+        self._gen_ceiling = max([self._gen_ceiling, *self._gen])
+        self._free[:] = free
+        self._len = len(live)
+        live.sort(key=self._seq.__getitem__)
+        for s in live:
+            self._place(s)
+        self._reset_if_empty()
+        self._undo = None
+        self._broken = None
+
+    def _bucket_lists(self) -> tuple[list[int], ...]:
+        return (self._bhead, self._btail, self._bkey, self._bpos)
+
+    def _slab_lists(self) -> tuple[list[Any], ...]:
+        return (
+            self._deadline,
+            self._seq,
+            self._prev,
+            self._next,
+            self._bucket,
+            self._gen,
+            self._item,
+        )
+
     def _add_level(self) -> None:
         w = self._wheel
         tick = self._tick * w ** len(self._ticks)
@@ -258,11 +399,11 @@ class TimingWheel:
         return slot
 
     def _release(self, slot: int) -> None:
+        self._bucket[slot] = _FREE  # first: from here on _repair counts the slot free
         g = _next_gen(self._gen[slot])
         self._gen[slot] = g
         if g > self._gen_ceiling:
             self._gen_ceiling = g
-        self._bucket[slot] = _FREE
         self._item[slot] = None
         self._free.append(slot)
         self._len -= 1
@@ -404,9 +545,9 @@ class TimingWheel:
         tag = self._tag
         handles = [tag | (self._gen[s] << _SLOT_BITS) | s for s in expired]
         items = [self._item[s] for s in expired]
+        self._undo = (expired, handles, items)
         for s in expired:
             self._release(s)
-        self._reset_if_empty()
         return handles, items
 
     def _bucket_empty(self, b: int) -> bool:

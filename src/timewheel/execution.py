@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterable
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Protocol
 
+from . import _atfork
 from ._validate import check_int, check_timeout
 from .metrics import register
 
@@ -139,13 +141,64 @@ class PoolShutDown(RuntimeError):
 
 
 class _Worker:
-    """One pool thread's hand-off slot; its Condition shares the pool's lock."""
+    """One pool thread's hand-off slot; its Condition shares the pool's lock.
 
-    __slots__ = ("task", "wake")
+    ``parked`` is True while the worker is on the pool's idle list; whoever takes it off
+    (a hand-off, a shutdown) clears it and notifies ``wake``.
+    """
+
+    __slots__ = ("parked", "task", "wake")
 
     def __init__(self, lock: threading.Lock, task: Task) -> None:
         self.task: Task | None = task
         self.wake = threading.Condition(lock)
+        self.parked = False
+
+
+def _work(ref: weakref.ReferenceType[ThreadPool], worker: _Worker) -> None:
+    """A pool thread's body. It holds its pool only weakly, and never while parked, so a
+    pool the program drops is collected; its ``__del__`` then wakes the thread to exit."""
+    task = worker.task
+    while task is not None:
+        worker.task = None
+        try:
+            task()
+        except BaseException:
+            # Even SystemExit: a thread that died here would still count in _threads,
+            # and a full pool would queue later work forever.
+            pool = ref()
+            if pool is not None:
+                pool._count_error(task)
+            del pool
+        task = None  # not kept alive while parked
+        task = _next_task(ref, worker)
+
+
+def _next_task(ref: weakref.ReferenceType[ThreadPool], worker: _Worker) -> Task | None:
+    """The worker's next task, parking until one comes; None when it must exit."""
+    while True:
+        pool = ref()
+        if pool is None:
+            return None
+        with pool._lock:
+            if pool._queue:
+                return pool._queue.popleft()
+            if pool._shutdown:
+                return None
+            worker.parked = True
+            pool._idle.append(worker)
+            pool._parked.notify_all()
+            wake = worker.wake
+        # Dropped outside the lock: if this was the last reference, the pool's
+        # __del__ takes the lock to wake the idle threads.
+        del pool
+        with wake:
+            # Whoever unparks us (a hand-off or shutdown) has taken us off the idle
+            # list, so nobody else can hand us a second task.
+            while worker.parked:
+                wake.wait()
+            if worker.task is not None:
+                return worker.task
 
 
 class ThreadPool:
@@ -154,6 +207,12 @@ class ThreadPool:
     Idle threads park on their own Condition, most recently parked first (its cache is
     the warmest). A task that raises is logged on the ``timewheel.execution`` logger and
     counted in :attr:`errors`; the thread carries on.
+
+    Lifetime: the threads hold the pool only weakly, so a pool the program drops without
+    :meth:`shutdown` is collected and its threads exit once their current task ends
+    (queued tasks are dropped with it). After :func:`os.fork` the child's pool is
+    usable: it has no threads (the child has only the forking thread) and starts new
+    ones on demand; tasks queued before the fork stay queued.
     """
 
     def __init__(self, max_threads: int = 4, name: str = "timewheel-pool") -> None:
@@ -171,6 +230,19 @@ class ThreadPool:
         self._shutdown = False
         self._errors = 0
         register("pool", self, name)
+        _atfork.reset(self)
+
+    def _fork_reset(self) -> None:
+        """In a forked child: fresh locks, and none of the parent's threads."""
+        self._lock = threading.Lock()
+        self._parked = threading.Condition(self._lock)
+        self._idle = []
+        self._threads = []
+
+    def __del__(self) -> None:
+        # Dropped without shutdown(): wake the parked threads, which then find no pool.
+        if hasattr(self, "_idle"):
+            self.shutdown(wait=False)
 
     @property
     def max_threads(self) -> int:
@@ -233,13 +305,14 @@ class ThreadPool:
         if self._idle:
             worker = self._idle.pop()
             worker.task = fn
+            worker.parked = False
             worker.wake.notify()
             return True
         if len(self._threads) < self._max_threads:
             worker = _Worker(self._lock, fn)
             thread = threading.Thread(
-                target=self._work,
-                args=(worker,),
+                target=_work,
+                args=(weakref.ref(self), worker),
                 name=f"{self._name}-{len(self._threads)}",
                 daemon=True,  # a pool nobody shut down must not hang interpreter exit
             )
@@ -248,34 +321,10 @@ class ThreadPool:
             return True
         return False
 
-    def _work(self, worker: _Worker) -> None:
-        task = worker.task
-        while task is not None:
-            worker.task = None
-            try:
-                task()
-            except BaseException:
-                # Even SystemExit: a thread that died here would still count in _threads,
-                # and a full pool would queue later work forever.
-                with self._lock:
-                    self._errors += 1
-                logger.exception("task %r raised in %s", task, threading.current_thread().name)
-            task = self._next_task(worker)
-
-    def _next_task(self, worker: _Worker) -> Task | None:
+    def _count_error(self, task: Task) -> None:
         with self._lock:
-            while True:
-                if self._queue:
-                    return self._queue.popleft()
-                if self._shutdown:
-                    return None
-                self._idle.append(worker)
-                self._parked.notify_all()
-                # Whoever wakes us (a hand-off or shutdown) has already taken us off
-                # the idle list, so nobody else can hand us a second task.
-                worker.wake.wait()
-                if worker.task is not None:
-                    return worker.task
+            self._errors += 1
+        logger.exception("task %r raised in %s", task, threading.current_thread().name)
 
     def wait_idle(self, count: int = 1, timeout: float | None = None) -> bool:
         """Block until at least ``count`` threads are parked idle; False on timeout.
@@ -299,6 +348,7 @@ class ThreadPool:
         with self._lock:
             self._shutdown = True
             for worker in self._idle:
+                worker.parked = False
                 worker.wake.notify()
             self._idle.clear()
             threads = list(self._threads)
@@ -359,6 +409,18 @@ class ExecutionStrategy(ABC):
         self._peak_pending = 0
         self._dispatches = 0
         register("strategy", self)
+        _atfork.reset(self)
+
+    def _fork_reset(self) -> None:
+        """In a forked child: the threads that produced or waited are gone, and so are
+        the tasks they held; the role is free unless the forking thread holds it."""
+        self._lock = threading.Lock()
+        self._role_free = threading.Condition(self._lock)
+        if self._holder != threading.get_ident():
+            self._producing = False
+            self._holder = None
+        self._standby = False
+        self._pending = 0
 
     @property
     def producer(self) -> Producer:
@@ -524,6 +586,11 @@ class ExecuteProduceConsume(ExecutionStrategy):
         self._pool = pool
         self._dispatch_outstanding = False
         self._standby_woken = False  # the standby has been notified but has not yet run
+
+    def _fork_reset(self) -> None:
+        super()._fork_reset()
+        self._dispatch_outstanding = False
+        self._standby_woken = False
 
     def _production_loop(self) -> None:
         # The hot path: two lock round trips per task, as for ProduceConsume -- one to

@@ -10,7 +10,8 @@ timer and introspection.
 from __future__ import annotations
 
 import logging
-from typing import cast
+import weakref
+from typing import Callable, cast
 
 from ._impl import Counts, DelayedOperation, PurgatoryCore, implementation
 from ._validate import check_shards
@@ -38,6 +39,12 @@ class Purgatory(PurgatoryCore):
     Completions found by :meth:`check_and_complete` or :meth:`DelayedOperation.force_complete`
     run on the completing thread, as in Kafka: that thread has just made the operation
     completable, and a hand-off per completion would put a dispatch on the hot path.
+
+    Lifetime: as the timer's (see :class:`Timer`). The reaper holds the purgatory only
+    weakly, so a purgatory dropped without :meth:`shutdown` is collected with the timer
+    it built, whose threads then stop; its pending operations are dropped, neither
+    completed nor expired. After :func:`os.fork` the child's purgatory is usable and its
+    reaper runs again.
     """
 
     def __init__(
@@ -68,7 +75,7 @@ class Purgatory(PurgatoryCore):
         self._setup(timer._schedule, purge_interval, shards)
         register("purgatory", self, name)
         if reaper:
-            self._timer.start(after_advance=self._maybe_purge)
+            self._timer.start(after_advance=_purge_weakly(weakref.ref(self)))
 
     def _try_raised(self, op: DelayedOperation) -> None:
         """Log and count the exception ``op.try_complete()`` just raised."""
@@ -137,6 +144,17 @@ class Purgatory(PurgatoryCore):
 
     def __repr__(self) -> str:
         return f"<Purgatory {self.name!r} delayed={self.delayed} watched={self.watched}>"
+
+
+def _purge_weakly(ref: weakref.ReferenceType[Purgatory]) -> Callable[[], None]:
+    """The reaper's after_advance: purge if due, without keeping the purgatory alive."""
+
+    def purge() -> None:
+        purgatory = ref()
+        if purgatory is not None:
+            purgatory._maybe_purge()
+
+    return purge
 
 
 _PYTHON = implementation("python")

@@ -15,6 +15,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Union, cast
 
+from . import _atfork
 from ._impl import (
     CANCELLED,
     FIRED,
@@ -75,12 +76,16 @@ class ManualClock:
     with :meth:`Timer.start`, so the reaper follows the clock.
     """
 
-    __slots__ = ("_listeners", "_lock", "_now")
+    __slots__ = ("__weakref__", "_listeners", "_lock", "_now")
 
     def __init__(self, start_ms: int = 0) -> None:
         self._now = check_ms("start_ms", start_ms, -_INT64_MAX - 1)
         self._lock = threading.Lock()
         self._listeners: weakref.WeakSet[threading.Condition] = weakref.WeakSet()
+        _atfork.reset(self)
+
+    def _fork_reset(self) -> None:
+        self._lock = threading.Lock()
 
     def now_ms(self) -> int:
         """The current time in milliseconds."""
@@ -138,27 +143,53 @@ class _Reaping:
     instead of stopping it. Returns None only once the timer is closed.
     """
 
-    __slots__ = ("_timer", "after_advance", "poll_ms", "tasks")
+    __slots__ = ("_timer", "after_advance", "closed", "poll_ms", "tasks")
 
     def __init__(self, timer: Timer) -> None:
         # deque's append and popleft are atomic: an advance may queue while a task is taken.
         self.tasks: deque[TimerTask] = deque()
-        self._timer = timer
+        # Weakly: the threads producing must not keep a timer the program dropped alive.
+        self._timer = weakref.ref(timer)
         self.poll_ms = 200
         self.after_advance: Callable[[], None] | None = None
+        self.closed = False  # the timer's _closed, for a reaper that lets go of the timer
 
     def produce(self) -> Task | None:
-        """The next expired task, after waiting for one if need be; None once closed."""
+        """The next expired task, after waiting for one if need be; None once closed
+        (or once the timer is collected)."""
         tasks = self.tasks
-        timer = self._timer
         while True:
             if tasks:
                 # The task itself: calling it runs it, and not even SystemExit from it
                 # may end the thread that keeps the clock (see TimerTask.__call__).
                 return tasks.popleft()
-            if timer._closed:
+            timer = self._timer()
+            if timer is None or timer._closed:
                 return None
             timer._reap_once(self.poll_ms, self.after_advance)
+            del timer  # a strong reference for one turn only
+
+
+def _reap(ref: weakref.ReferenceType[Timer]) -> None:
+    """The reaper thread's body; it holds its timer for one turn at a time."""
+    # Production passes between this thread and the pool's, and stops only at close;
+    # the loop restarts it should a strategy ever let it go.
+    while True:
+        timer = ref()
+        if timer is None or timer._closed:
+            return
+        produce, cond, reaping = timer._strategy.produce, timer._cond, timer._reaping
+        del timer  # produce() lasts until close; and not under cond: __del__ takes it
+        try:
+            produce()
+        except BaseException:
+            timer = ref()
+            if timer is not None:
+                timer._count_error("the reaper %r of timer %r caught", threading.current_thread())
+            del timer
+        with cond:
+            if not reaping.closed:
+                cond.wait(_seconds(reaping.poll_ms))
 
 
 class Timer:
@@ -193,6 +224,14 @@ class Timer:
     ``timewheel.execution`` when the reaper's strategy ran it) and counted in
     :attr:`errors`; it never stops the reaper or a pool thread. :meth:`lateness` tells
     how late expired tasks ran.
+
+    Lifetime: the reaper and the pool hold the timer only weakly. A timer the program
+    drops without :meth:`close` is collected (with :func:`gc.collect` if its pending
+    callbacks refer back to it): its pending tasks are dropped, marked cancelled and
+    never run, and its threads exit within ``poll_ms``. After :func:`os.fork` the
+    child's timer is usable: its locks are new, its pending tasks are the parent's
+    (each process runs its own copy), and a reaper started in the parent is started
+    again in the child; tasks the parent's threads were running at the fork are not.
     """
 
     def __init__(
@@ -274,10 +313,44 @@ class Timer:
         self._lateness = Lateness()
         register("timer", self, name)
         register("strategy", self._strategy, name)
-        # A pending task holds the wheel (to cancel in O(1)) and the Cython wheel holds
-        # its tasks where the garbage collector cannot see them, so that cycle outlives
-        # a timer dropped without close(); draining the wheel when the timer goes breaks it.
-        weakref.finalize(self, _drain, self._wheel).atexit = False
+        self._restart: tuple[int, Callable[[], None] | None] | None = None
+        _atfork.reset(self)
+        _atfork.resume(self)
+
+    def __del__(self) -> None:
+        # Dropped without close(): stop the threads without waiting for them, and drop
+        # the pending tasks (marked cancelled) rather than run them.
+        if not hasattr(self, "_restart"):
+            return  # __init__ failed
+        with self._cond:
+            self._closed = self._reaping.closed = True
+            self._cond.notify_all()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+        _drain(self._wheel)
+
+    def _fork_reset(self) -> None:
+        """In a forked child: new locks; the parent's reaper is gone (see _fork_resume)."""
+        self._cond = threading.Condition(threading.Lock())
+        if self._manual is not None:
+            self._manual._subscribe(self._cond)
+        # A callback that forks runs with the lock held by this very thread: keep it then.
+        if not self._advance_lock._is_owned():  # type: ignore[attr-defined]
+            self._advance_lock = threading.RLock()
+        self._errors_lock = threading.Lock()
+        self._wake_before = _NEVER
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None and not self._closed:
+            if reaper is threading.current_thread():
+                self._reaper = reaper  # the fork came from the reaper itself
+            else:
+                self._restart = (self._reaping.poll_ms, self._reaping.after_advance)
+
+    def _fork_resume(self) -> None:
+        """In a forked child, after every reset: start again the reaper the parent had."""
+        restart, self._restart = self._restart, None
+        if restart is not None and not self._closed:
+            self.start(restart[0], after_advance=restart[1])
 
     # -- adding ---------------------------------------------------------------------
     def add(self, delay_ms: int, callback: Callable[..., Any], *args: Any) -> TimerTask:
@@ -457,23 +530,12 @@ class Timer:
             self._reaping.poll_ms = poll_ms
             self._reaping.after_advance = after_advance
             self._reaper = threading.Thread(
-                target=self._reap,
+                target=_reap,
+                args=(weakref.ref(self),),
                 name=f"{self.name}-reaper",
                 daemon=True,
             )
             self._reaper.start()
-
-    def _reap(self) -> None:
-        # Production passes between this thread and the pool's, and stops only at close;
-        # the loop restarts it should a strategy ever let it go.
-        while not self._closed:
-            try:
-                self._strategy.produce()
-            except BaseException:
-                self._count_error("the reaper %r of timer %r caught", threading.current_thread())
-            with self._cond:
-                if not self._closed:
-                    self._cond.wait(_seconds(self._reaping.poll_ms))
 
     def _reap_once(self, poll_ms: int, after_advance: Callable[[], None] | None) -> None:
         """One turn of the reaper's work, on whichever thread produces."""
@@ -510,7 +572,7 @@ class Timer:
         timer raises RuntimeError.
         """
         with self._cond:
-            self._closed = True
+            self._closed = self._reaping.closed = True
             self._cond.notify_all()
             reaper = self._reaper
         if reaper is not None and reaper is not threading.current_thread():
