@@ -295,3 +295,24 @@ def test_option_parsers() -> None:
             pipeline.check_master(bad)
     assert pipeline.on_loopback("local[2]") and pipeline.on_loopback("spark://127.0.0.1:7077")
     assert not pipeline.on_loopback("spark://10.0.0.5:7077") and not pipeline.on_loopback("yarn")
+
+
+@pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="no /usr/bin/python3")
+def test_executors_that_cannot_import_timewheel_are_one_line_exit_1(tmp_path: Path) -> None:
+    if subprocess.run(["/usr/bin/python3", "-c", "import timewheel"]).returncode == 0:
+        pytest.skip("/usr/bin/python3 has timewheel")
+    done = cli(
+        "--master", "local[1]", "--python", "/usr/bin/python3", "--generate", "10", cwd=tmp_path
+    )
+    assert done.returncode == 1, done.stderr
+    # The JVM's own start-up notice aside, stderr is the one line.
+    lines = [x for x in done.stderr.splitlines() if not x.startswith("WARNING: Using incubator")]
+    assert lines == [
+        "timewheel pipeline: error: Spark's executors cannot import timewheel "
+        "(ModuleNotFoundError: No module named 'timewheel'); their Python is '/usr/bin/python3'. "
+        "Install timewheel-purgatory[spark] there, or set spark.pyspark.python to an "
+        "interpreter that has it (on one machine: the driver's, sys.executable; on a cluster: "
+        "a packed environment shipped with spark.archives); see 'Running on a cluster' in "
+        "docs/spark.md"
+    ], done.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 from py4j.protocol import Py4JJavaError
 from pyspark import Accumulator, cloudpickle
+from pyspark.errors import PythonException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import (
     ArrayType,
@@ -225,9 +226,8 @@ def check_workers(spark: SparkSession) -> None:
         return
     try:
         sc.parallelize([0], 1).mapPartitions(_probe).collect()
-    except Py4JJavaError as exc:
-        text = str(exc)
-        missing = [line for line in text.splitlines() if "ModuleNotFoundError" in line]
+    except (Py4JJavaError, PythonException) as exc:
+        missing = [line for line in str(exc).splitlines() if "ModuleNotFoundError" in line]
         if not missing:
             raise
         raise RuntimeError(

@@ -269,6 +269,7 @@ def spark_session(
     app_name: str,
     conf: Sequence[tuple[str, str]] = (),
     python: str | None = None,
+    log_level: str = "ERROR",
 ) -> tuple[Any, bool]:
     """A quiet SparkSession on ``master`` and whether it is new (so ours to stop).
 
@@ -304,7 +305,7 @@ def spark_session(
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
+    session.sparkContext.setLogLevel(log_level)
     return session, True
 
 
@@ -471,10 +472,10 @@ def latency_histogram(result: Any, path: Path) -> Any:
 
 
 def one_line(exc: BaseException) -> str:
-    """The first line of ``exc``'s message (Spark's run to pages), at most 300 characters."""
+    """The first line of ``exc``'s message (Spark's run to pages), at most 600 characters."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     text = lines[0] if lines else type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
+    return text if len(text) <= 600 else text[:597] + "..."
 
 
 def check_output(out_dir: Path, overwrite: bool) -> None:
@@ -547,7 +548,12 @@ def run(args: argparse.Namespace) -> int:
     fmt = input_format(args.input, args.format) if args.input else None
     out_dir = Path(args.output)
     check_output(out_dir, args.overwrite)
-    spark, owned = spark_session(args.master, "timewheel pipeline", args.conf, args.python)
+    # A failed task's log is pages of traceback; the error that ends the run is printed in
+    # one line instead (all of it with --debug).
+    log_level = "WARN" if args.debug else "FATAL"
+    spark, owned = spark_session(
+        args.master, "timewheel pipeline", args.conf, args.python, log_level
+    )
     staging = Path(
         tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent)
     )
