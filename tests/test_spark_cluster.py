@@ -4,7 +4,8 @@ The fixture starts both from the pyspark distribution (``bin/spark-class``), as 
 "Running on a cluster" section of docs/spark.md does by hand, and kills them after.
 The drivers run in child processes (one SparkContext per process; the test session
 has its own): the ``timewheel pipeline`` CLI and a script calling ``dispatch``.
-Every child and every wait is bounded in time.
+Every child and every wait is bounded in time. The default suite skips them (minutes
+of JVM start-ups); ``.ci/cluster``, which ``.ci/run`` calls, runs them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ import pytest
 
 pyspark = pytest.importorskip("pyspark")
 
-pytestmark = pytest.mark.cluster
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(
+        os.environ.get("TIMEWHEEL_CLUSTER_TESTS") != "1",
+        reason="3 to 4 minutes: run by .ci/cluster (TIMEWHEEL_CLUSTER_TESTS=1)",
+    ),
+]
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 # An interpreter without timewheel, for the executors that cannot import it.
