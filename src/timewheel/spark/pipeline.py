@@ -158,6 +158,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--partitions",
         type=positive(int),
         default=None,
+        metavar="N",
         help="split the rows into N partitions, the units Spark runs in parallel and the "
         "steps the progress bar moves in (default: the input's own; generated rows: one "
         f"per {_ROWS_PER_PARTITION:,} rows, at least one per core)",
@@ -189,7 +190,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument(
         "--debug",
         action="store_true",
-        default=bool(os.environ.get("TIMEWHEEL_DEBUG")),
+        default=os.environ.get("TIMEWHEEL_DEBUG") == "1",
         help="show the traceback of an error (also TIMEWHEEL_DEBUG=1)",
     )
     parser.add_argument("--engine", default=None, help=argparse.SUPPRESS)
