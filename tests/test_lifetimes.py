@@ -72,16 +72,21 @@ def test_objects_dropped_without_close_are_collected_and_stop_their_threads(
 
 # -- interrupts ------------------------------------------------------------------------
 class Interrupts:
-    """SIGALRM at a random moment; KeyboardInterrupt if it lands inside ``filename``."""
+    """SIGALRM at a random moment; KeyboardInterrupt if it lands inside ``filename``,
+    in a call on ``target`` when one is set (not, say, in another test's dropped timer
+    that the collector finalizes meanwhile, where it would be an unraisable error)."""
 
     def __init__(self, filename: str, rng: random.Random) -> None:
         self.filename = filename
         self.rng = rng
         self.inside = 0
+        self.target: object = None
 
     def handler(self, signum: int, frame: FrameType | None) -> None:
         while frame is not None:
-            if frame.f_code.co_filename == self.filename:
+            if frame.f_code.co_filename == self.filename and (
+                self.target is None or frame.f_locals.get("self") is self.target
+            ):
                 self.inside += 1
                 raise KeyboardInterrupt
             frame = frame.f_back
@@ -131,7 +136,7 @@ def test_an_interrupted_batch_call_leaves_the_wheel_whole(
     """
     rng = random.Random(seed)
     sig = interrupts(sys.modules[TW.__module__].__file__ or "", seed)
-    wheel = TW(1, 8, 0)
+    wheel = sig.target = TW(1, 8, 0)
     model: dict[int, int] = {}  # item -> deadline, every pending entry
     handles: dict[int, int] = {}  # handle -> item, for the entries whose handle we got
     next_item = now = 0
@@ -207,7 +212,7 @@ def test_an_interrupted_single_call_leaves_the_wheel_whole(
 ) -> None:
     rng = random.Random(seed)
     sig = interrupts(sys.modules[TW.__module__].__file__ or "", seed)
-    wheel = TW(1, 4, 0)
+    wheel = sig.target = TW(1, 4, 0)
     model: dict[int, int] = {}  # handle -> deadline
     i = -1
     sig.arm(0.2)

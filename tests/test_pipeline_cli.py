@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +44,20 @@ def test_generated_rows_end_to_end(
             "1",
             "--backoff-ms",
             "1",
+            "--max-failed",
+            "20%",
         ]
     )
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert json.loads(capsys.readouterr().out) == summary
+    printed = capsys.readouterr()
+    assert json.loads(printed.out) == summary
+    bad = summary["status"]["failed"] + summary["status"]["timeout"]
+    assert summary["max_failed"] == "20%" and summary["max_failed_rows"] == 600
+    assert printed.err.splitlines()[-1] == (
+        f"timewheel pipeline: {bad:,} of 3,000 rows failed or timed out (within --max-failed 20%)"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging left
     assert summary["rows"] == 3000 and sum(summary["status"].values()) == 3000
     assert summary["status"]["failed"] > 0 and summary["status"]["timeout"] > 0
     by_attempts = summary["attempts"]["rows_by_attempts"]
@@ -111,3 +123,196 @@ def test_max_in_flight_defaults_to_the_targets_kind_unless_given() -> None:
     assert pipeline.resolve_max_in_flight(None, sim) == pipeline.SIM_MAX_IN_FLIGHT == 2000
     assert pipeline.resolve_max_in_flight(None, http) == pipeline.REAL_MAX_IN_FLIGHT == 256
     assert pipeline.resolve_max_in_flight(7, sim) == pipeline.resolve_max_in_flight(7, http) == 7
+
+
+def sim_run(out: Path, *extra: str) -> list[str]:
+    return [
+        "--generate",
+        "400",
+        "--output",
+        str(out),
+        "--target",
+        "sim://?pct50=1&pct75=2&seed=1",
+        "--retries",
+        "0",
+        *extra,
+    ]
+
+
+def test_rows_failing_past_max_failed_exit_1_with_the_output_written(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = sim_run(out, "--target", "sim://?pct50=1&pct75=2&failures=1", "--quiet")
+    assert run_cli(argv) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "timewheel pipeline: 400 of 400 rows failed or timed out, more than "
+        "--max-failed 1% allows (4)\n"
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == {"ok": 0, "failed": 400, "timeout": 0}
+    # A count works too, and 0 allows none.
+    assert run_cli([*argv, "--overwrite", "--max-failed", "400"]) == 0
+    ok_run = sim_run(out, "--overwrite", "--max-failed", "0", "--quiet")
+    assert run_cli(ok_run) == 0
+
+
+def test_an_existing_output_is_refused_then_replaced_whole_with_overwrite(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stale.txt").write_text("from an older run")
+    assert run_cli(sim_run(out)) == 2
+    assert capsys.readouterr().err == (
+        f"timewheel pipeline: error: --output {str(out)!r} exists; give --overwrite to replace it\n"
+    )
+    assert [p.name for p in out.iterdir()] == ["stale.txt"]
+    assert run_cli(sim_run(out, "--overwrite")) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["latency.png", "rows", "summary.json"]
+    # A re-run refused after Spark started (a bad id column) leaves the output as it was.
+    before = (out / "summary.json").read_text()
+    assert run_cli(sim_run(out, "--overwrite", "--id-col", "nope")) == 2
+    assert (out / "summary.json").read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_partitions_splits_a_single_file(spark: Any, tmp_path: Path) -> None:
+    csv = tmp_path / "rows.csv"
+    csv.write_text("id,acct\n" + "".join(f"{i},{i % 7}\n" for i in range(300)))
+    out = tmp_path / "out"
+    argv = ["--input", str(csv), "--output", str(out), "--target", "sim://?pct50=1&pct75=2"]
+    assert run_cli([*argv, "--partitions", "3", "--quiet"]) == 0
+    assert len(list((out / "rows").glob("part-*.parquet"))) == 3
+    assert json.loads((out / "summary.json").read_text())["rows"] == 300
+
+
+def test_a_file_spark_cannot_read_is_one_line_exit_2(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bogus = tmp_path / "rows.parquet"
+    bogus.write_text("id\n1\n")
+    assert run_cli(["--input", str(bogus), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"timewheel pipeline: error: cannot read {str(bogus)!r} as parquet")
+    assert err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.parquet"]
+
+
+def cli(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "timewheel", "pipeline", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+def test_bad_paths_formats_and_masters_are_one_line_errors(tmp_path: Path) -> None:
+    # Each is refused before Spark starts: exit 2, one line on stderr, nothing written.
+    (tmp_path / "data.txt").write_text("id\n1\n")
+    (tmp_path / "afile").write_text("")
+    cases = [
+        (["--input", "missing.parquet"], "input 'missing.parquet' does not exist"),
+        (["--input", "data.txt"], "cannot tell the format of 'data.txt' from its name"),
+        (["--master", "foo"], "master must be local, local[N], local[*], spark://HOST:PORT"),
+        (["--output", "afile"], "--output 'afile' is a file, not a directory"),
+        (
+            ["--target", "sim://pct50=5&failures=0.05"],
+            "target 'sim://pct50=5&failures=0.05': sim:// takes its parameters after '?'",
+        ),
+    ]
+    for argv, words in cases:
+        done = cli(*argv, cwd=tmp_path)
+        assert done.returncode == 2, (argv, done.stderr)
+        assert done.stderr.startswith(f"timewheel pipeline: error: {words}"), done.stderr
+        assert done.stderr.count("\n") == 1 and done.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "data.txt"]
+    # --debug shows the traceback instead.
+    debug = cli("--master", "foo", "--debug", cwd=tmp_path)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+def test_progress_counts_rows_to_the_total(spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from timewheel.spark import dispatch
+    from timewheel.spark.targets import SimulatedDownstream
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    rows = spark.sparkContext.accumulator(0)
+    df = spark.range(2000, numPartitions=4)
+    result = dispatch(df, SimulatedDownstream(1, 2), id_col="id", _progress=rows)
+    with pipeline.Progress(rows, 2000, quiet=False):
+        assert result.count() == 2000
+    assert rows.value == 2000
+    final = terminal.getvalue().split("\r")[-1]
+    assert "2.00k/2.00k" in final and "rows/s" in final and "100%" in final
+    quiet = Terminal()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    with pipeline.Progress(rows, 2000, quiet=True):
+        pass
+    assert quiet.getvalue() == ""
+
+
+def test_the_histogram_gives_every_outcome_its_own_log_scale_panel(
+    spark: Any, tmp_path: Path
+) -> None:
+    data = [("ok", 5.0)] * 5000 + [("failed", 40.0)] * 2 + [("timeout", 200.0)]
+    result = spark.createDataFrame(data, "status string, latency_ms double")
+    fig = pipeline.latency_histogram(result, tmp_path / "latency.png")
+    axes = fig.axes
+    assert [ax.get_title(loc="left") for ax in axes] == [
+        "ok: 5,000 rows",
+        "failed: 2 rows",
+        "timeout: 1 rows",
+    ]
+    assert all(ax.get_yscale() == "log" and ax.get_xscale() == "log" for ax in axes)
+    heights = [[bar.get_height() for bar in ax.patches] for ax in axes]
+    assert heights == [[5000], [2], [1]]
+    assert (tmp_path / "latency.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_option_parsers() -> None:
+    assert pipeline.max_failed("0") == 0 and pipeline.max_failed("12") == 12
+    assert pipeline.max_failed("1%") == 0.01 and pipeline.max_failed("100%") == 1.0
+    for bad in ("-1", "1.5", "101%", "x%", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="must be a count >= 0"):
+            pipeline.max_failed(bad)
+    assert pipeline.failure_budget(0.01, 3000) == 30 and pipeline.failure_budget(5, 3000) == 5
+    assert pipeline.conf_pair("spark.a.b=x=y") == ("spark.a.b", "x=y")
+    with pytest.raises(argparse.ArgumentTypeError, match="must be KEY=VALUE"):
+        pipeline.conf_pair("spark.a.b")
+    for good in ("local", "local[4]", "local[*]", "local[2,3]", "spark://h:7077", "yarn"):
+        pipeline.check_master(good)
+    for bad in ("foo", "local[0]", "spark://", "local[x]"):
+        with pytest.raises(ValueError, match="master must be"):
+            pipeline.check_master(bad)
+    assert pipeline.on_loopback("local[2]") and pipeline.on_loopback("spark://127.0.0.1:7077")
+    assert not pipeline.on_loopback("spark://10.0.0.5:7077") and not pipeline.on_loopback("yarn")
+
+
+@pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="no /usr/bin/python3")
+def test_executors_that_cannot_import_timewheel_are_one_line_exit_1(tmp_path: Path) -> None:
+    if subprocess.run(["/usr/bin/python3", "-c", "import timewheel"]).returncode == 0:
+        pytest.skip("/usr/bin/python3 has timewheel")
+    done = cli(
+        "--master", "local[1]", "--python", "/usr/bin/python3", "--generate", "10", cwd=tmp_path
+    )
+    assert done.returncode == 1, done.stderr
+    # The JVM's own start-up notice aside, stderr is the one line.
+    lines = [x for x in done.stderr.splitlines() if not x.startswith("WARNING: Using incubator")]
+    assert lines == [
+        "timewheel pipeline: error: Spark's executors cannot import timewheel "
+        "(ModuleNotFoundError: No module named 'timewheel'); their Python is '/usr/bin/python3'. "
+        "Install timewheel-purgatory[spark] there, or set spark.pyspark.python to an "
+        "interpreter that has it (on one machine: the driver's, sys.executable; on a cluster: "
+        "a packed environment shipped with spark.archives); see 'Running on a cluster' in "
+        "docs/spark.md"
+    ], done.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -148,6 +148,24 @@ def test_simulated_records_key_overlaps_and_fails_the_overlapping_call() -> None
     assert replies.got[-1][:2] == (True, None)
 
 
+def test_simulated_retry_of_the_same_row_is_not_an_overlap() -> None:
+    # An engine that timed a call out retries the same row object while the first call
+    # is still out at the downstream: that is the row's own key, not a clash. Another
+    # row with the same values still clashes, and every key is freed in the end.
+    sim = SimulatedDownstream(pct50_ms=50, pct75_ms=50, exclusive_cols=("src", "dst"))
+    replies = Replies()
+    row = {"src": 1, "dst": 2}
+    sim.submit(row, replies.on_done)
+    sim.submit(row, replies.on_done)  # the retry after a timeout
+    sim.submit({"src": 2, "dst": 9}, replies.on_done)  # another row holding account 2
+    replies.wait(3)
+    assert sim.calls == 3 and sim.overlaps == 1
+    assert sorted(error or "" for _, error, _ in replies.got) == ["", "", "key overlap on 2"]
+    sim.submit({"src": 1, "dst": 2}, replies.on_done)
+    replies.wait(4)
+    assert sim.overlaps == 1 and replies.got[-1][:2] == (True, None)
+
+
 def test_simulated_acall_releases_keys_when_cancelled_by_wait_for() -> None:
     sim = SimulatedDownstream(pct50_ms=200, pct75_ms=200, exclusive_cols=("k",))
 
@@ -204,6 +222,9 @@ def test_target_from_url() -> None:
         target_from_url("ftp://example.com")
     with pytest.raises(ValueError, match="pct75_ms must be >= pct50_ms"):
         target_from_url("sim://?pct50=50&pct75=10")
+    for url in ("sim://pct50=5&failures=0.05", "sim:///pct50=5", "sim://#pct50=5"):
+        with pytest.raises(ValueError, match=r"sim:// takes its parameters after '\?'"):
+            target_from_url(url)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -18,20 +18,38 @@ from __future__ import annotations
 
 import gc
 import pickle
-from collections.abc import Iterator, Sequence
+import sys
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
-from pyspark import cloudpickle
-from pyspark.sql import DataFrame
-from pyspark.sql.types import DoubleType, IntegerType, StringType, StructField, StructType
+from py4j.protocol import Py4JJavaError
+from pyspark import Accumulator, cloudpickle
+from pyspark.errors import PythonException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import (
+    ArrayType,
+    DoubleType,
+    IntegerType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+)
 
-from .._validate import check_columns
+from .._validate import check_columns, check_int
 from ._per_process import PerProcess
 from .engines import RESULT_COLUMNS, DispatchConfig, Outcome
 from .registry import DEFAULT_ENGINE, get_engine
 
-__all__ = ["dispatch", "output_schema"]
+__all__ = [
+    "MAX_DELAY_MS",
+    "MAX_IN_FLIGHT",
+    "MAX_RETRIES",
+    "check_workers",
+    "dispatch",
+    "output_schema",
+]
 
 # The Spark and Arrow type of each result column, and whether it may be null.
 _RESULT_TYPES = {
@@ -46,6 +64,9 @@ _RESULT_FIELDS = [
 _ARROW_RESULT_FIELDS = [
     pa.field(name, _RESULT_TYPES[name][1], _RESULT_TYPES[name][2]) for name in RESULT_COLUMNS
 ]
+# Key column types refused before the job: their values reach Python as lists and dicts,
+# which cannot be hashed (a key that is a struct's fields is better named column by column).
+_NESTED_TYPES = (ArrayType, MapType, StructType)
 # Rows per Arrow batch handed back to Spark (Spark's own default batch size).
 _OUT_BATCH_ROWS = 10_000
 
@@ -55,13 +76,13 @@ def output_schema(schema: StructType) -> StructType:
     return StructType([*schema.fields, *_RESULT_FIELDS])
 
 
-def _positive_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < minimum:
-        bound = "positive" if minimum == 1 else f">= {minimum}"
-        raise ValueError(f"{name} must be {bound}, got {value!r}")
-    return value
+#: The largest ``timeout_ms`` and ``backoff_ms``: 2**31 - 1 ms, about 24.8 days. The
+#: Timer takes int64 milliseconds; a call that may take longer than this is a mistake.
+MAX_DELAY_MS = 2**31 - 1
+#: The largest ``max_in_flight`` (calls outstanding per partition).
+MAX_IN_FLIGHT = 1_000_000
+#: The largest ``retries``.
+MAX_RETRIES = 1000
 
 
 def _validate(
@@ -85,14 +106,21 @@ def _validate(
     for col in check_columns("key_cols", key_cols):
         if col not in columns:
             raise ValueError(f"key column {col!r} is not a column of df; columns: {columns}")
+    for field in df.schema.fields:
+        if field.name in key_cols and isinstance(field.dataType, _NESTED_TYPES):
+            raise ValueError(
+                f"key column {field.name!r} has type {field.dataType.simpleString()}: key values "
+                "must be hashable scalars (numbers, strings, dates, binary), not arrays, maps "
+                "or structs"
+            )
     clash = [col for col in RESULT_COLUMNS if col in columns]
     if clash:
         raise ValueError(f"df already has result column(s) {clash}; rename them before dispatch")
     config = DispatchConfig(
-        timeout_ms=_positive_int("timeout_ms", timeout_ms, 1),
-        max_in_flight=_positive_int("max_in_flight", max_in_flight, 1),
-        retries=_positive_int("retries", retries, 0),
-        backoff_ms=_positive_int("backoff_ms", backoff_ms, 0),
+        timeout_ms=check_int("timeout_ms", timeout_ms, 1, MAX_DELAY_MS),
+        max_in_flight=check_int("max_in_flight", max_in_flight, 1, MAX_IN_FLIGHT),
+        retries=check_int("retries", retries, 0, MAX_RETRIES),
+        backoff_ms=check_int("backoff_ms", backoff_ms, 0, MAX_DELAY_MS),
         key_cols=tuple(key_cols),
     )
     get_engine(engine)
@@ -109,10 +137,17 @@ def _validate(
 class _PartitionDispatch:
     """The function ``mapInArrow`` runs on every partition: Arrow batches in, batches out."""
 
-    def __init__(self, engine: str, target: Any, config: DispatchConfig) -> None:
+    def __init__(
+        self,
+        engine: str,
+        target: Any,
+        config: DispatchConfig,
+        progress: Accumulator[int] | None = None,
+    ) -> None:
         self.engine = engine
         self.target = target
         self.config = config
+        self.progress = progress
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         engine = get_engine(self.engine)
@@ -132,10 +167,15 @@ class _PartitionDispatch:
         for outcome in engine(rows(), self.target, self.config):
             out.append(outcome)
             if len(out) == _OUT_BATCH_ROWS:
-                yield _result_batch(out, schemas[0])
+                yield self._batch(out, schemas[0])
                 out = []
         if out:
-            yield _result_batch(out, schemas[0])
+            yield self._batch(out, schemas[0])
+
+    def _batch(self, outcomes: list[Outcome], schema: pa.Schema) -> pa.RecordBatch:
+        if self.progress is not None:
+            self.progress.add(len(outcomes))
+        return _result_batch(outcomes, schema)
 
 
 def _freeze_heap() -> None:
@@ -166,6 +206,40 @@ def _result_batch(outcomes: list[Outcome], schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
+def _probe(_: Iterable[int]) -> Iterator[str]:
+    """Run on one executor: unpickling this function imports timewheel there."""
+    yield sys.executable
+
+
+# The Spark applications whose executors have imported timewheel once already.
+_WORKERS_CHECKED: set[str] = set()
+
+
+def check_workers(spark: SparkSession) -> None:
+    """Make sure Spark's executors can import timewheel: once per application, one tiny task.
+
+    Without it, a missing package shows up only after every task has failed its
+    attempts, as a Py4J wall of text. Raises RuntimeError saying how to fix it.
+    """
+    sc = spark.sparkContext
+    if sc.applicationId in _WORKERS_CHECKED:
+        return
+    try:
+        sc.parallelize([0], 1).mapPartitions(_probe).collect()
+    except (Py4JJavaError, PythonException) as exc:
+        missing = [line for line in str(exc).splitlines() if "ModuleNotFoundError" in line]
+        if not missing:
+            raise
+        raise RuntimeError(
+            f"Spark's executors cannot import timewheel ({missing[-1].strip()}); their "
+            f"Python is {sc.pythonExec!r}. Install timewheel-purgatory[spark] there, or set "
+            "spark.pyspark.python to an interpreter that has it (on one machine: the "
+            "driver's, sys.executable; on a cluster: a packed environment shipped with "
+            "spark.archives); see 'Running on a cluster' in docs/spark.md"
+        ) from None
+    _WORKERS_CHECKED.add(sc.applicationId)
+
+
 def dispatch(
     df: DataFrame,
     target: Any,
@@ -177,6 +251,7 @@ def dispatch(
     retries: int = 2,
     backoff_ms: int = 100,
     _engine: str | None = None,
+    _progress: Accumulator[int] | None = None,
 ) -> DataFrame:
     """Send each row of ``df`` to ``target`` from the executors; return it once, with its outcome.
 
@@ -189,13 +264,25 @@ def dispatch(
     retries up to ``retries`` times after about ``backoff_ms`` (with jitter).
 
     Every argument is checked before any Spark job runs; a bad one raises ValueError or
-    TypeError naming it. The result is lazy, like any DataFrame: calls are made when an
-    action runs, and again if the result is computed twice (cache or write it once).
+    TypeError naming it (``timeout_ms`` and ``backoff_ms`` up to :data:`MAX_DELAY_MS`,
+    ``max_in_flight`` up to :data:`MAX_IN_FLIGHT`, ``retries`` up to :data:`MAX_RETRIES`;
+    key columns must not be arrays, maps or structs). Then, once per Spark application,
+    one tiny task checks that the executors can import timewheel (RuntimeError if not).
+    ``id_col`` is carried through, not checked for uniqueness: duplicate or null ids are
+    allowed, and each such row comes back once with its own outcome.
+
+    The result is lazy, like any DataFrame: calls are made when an action runs, and
+    again if the result is computed twice (cache or write it once).
+    ``_progress``, an int accumulator, is given the rows each task finished (the
+    CLI's progress bar reads it).
     """
     engine = DEFAULT_ENGINE if _engine is None else _engine
     config = _validate(
         df, target, id_col, key_cols, timeout_ms, max_in_flight, retries, backoff_ms, engine
     )
+    check_workers(df.sparkSession)
     if config.key_cols:
         df = df.repartition(df.rdd.getNumPartitions(), config.key_cols[0])
-    return df.mapInArrow(_PartitionDispatch(engine, target, config), output_schema(df.schema))
+    return df.mapInArrow(
+        _PartitionDispatch(engine, target, config, _progress), output_schema(df.schema)
+    )

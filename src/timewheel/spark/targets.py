@@ -142,15 +142,18 @@ class _SimState:
         self.mu, self.sigma, self.failure_rate = mu, sigma, failure_rate
         self.draws: Iterator[tuple[float, bool]] = iter(())
         self.lock = threading.Lock()
-        self.held: dict[Any, int] = {}
+        # The rows (by identity) holding each key: a row's retry after its own timeout
+        # may start while its first call is still out, and that is not an overlap.
+        self.held: dict[Any, list[Mapping[str, Any]]] = {}
         self.calls = 0
         self.overlaps = 0
         self.callback_errors = 0
 
-    def start(self, keys: tuple[Any, ...]) -> tuple[float, str | None]:
-        """Draw a call's latency (s) and fate and mark ``keys`` in flight.
+    def start(self, row: Mapping[str, Any], keys: tuple[Any, ...]) -> tuple[float, str | None]:
+        """Draw a call's latency (s) and fate and mark ``keys`` in flight for ``row``.
 
-        The error is None, ``"simulated failure"``, or names the first key already held.
+        The error is None, ``"simulated failure"``, or names the first key already held
+        by another row.
         """
         clash = None
         with self.lock:
@@ -164,9 +167,10 @@ class _SimState:
                 self.draws = zip(latencies, failures)
                 draw = next(self.draws)
             for key in keys:
-                if self.held.get(key) and clash is None:
+                holders = self.held.setdefault(key, [])
+                if clash is None and any(other is not row for other in holders):
                     clash = key
-                self.held[key] = self.held.get(key, 0) + 1
+                holders.append(row)
             if clash is not None:
                 self.overlaps += 1
         latency, failed = draw
@@ -174,19 +178,20 @@ class _SimState:
             return latency, f"key overlap on {clash!r}"
         return latency, "simulated failure" if failed else None
 
-    def release(self, keys: tuple[Any, ...]) -> None:
+    def release(self, row: Mapping[str, Any], keys: tuple[Any, ...]) -> None:
         if not keys:  # every reply when no exclusive_cols: skip the lock
             return
         with self.lock:
             for key in keys:
-                left = self.held[key] - 1
-                if left:
-                    self.held[key] = left
-                else:
+                holders = self.held[key]
+                del holders[next(i for i, other in enumerate(holders) if other is row)]
+                if not holders:
                     del self.held[key]
 
-    def reply(self, on_done: OnDone, error: str | None, keys: tuple[Any, ...]) -> None:
-        self.release(keys)
+    def reply(
+        self, on_done: OnDone, error: str | None, row: Mapping[str, Any], keys: tuple[Any, ...]
+    ) -> None:
+        self.release(row, keys)
         try:
             on_done(error is None, error)
         except Exception:
@@ -206,7 +211,8 @@ class SimulatedDownstream:
     both of its accounts whichever column names them), and a call that starts while
     another holds one of the same values is an overlap: it is counted in
     :attr:`overlaps` and fails with ``"key overlap on <value>"``, so overlaps show in
-    dispatch's output.
+    dispatch's output. Holders are told apart by the row object: the same row's retry
+    after its own timeout, while its first call is still out, is not an overlap.
 
     The three call forms share the latency and failure model: :meth:`submit`
     replies from one delivery thread after the latency (the caller's timeout does
@@ -299,14 +305,14 @@ class SimulatedDownstream:
         """Draw one call's latency (s) and outcome, and hold its keys."""
         state = self._live()
         keys = row_keys(row, self.exclusive_cols) if self.exclusive_cols else ()
-        latency, error = state.start(keys)
+        latency, error = state.start(row, keys)
         return state, latency, error, keys
 
     def submit(self, row: Mapping[str, Any], on_done: OnDone) -> None:
         """Start a call; ``on_done`` runs on the process's delivery thread after the latency."""
         state, latency, error, keys = self._start(row)
         _DELIVERY.get().at(
-            time.monotonic() + latency, functools.partial(state.reply, on_done, error, keys)
+            time.monotonic() + latency, functools.partial(state.reply, on_done, error, row, keys)
         )
 
     def call(self, row: Mapping[str, Any], timeout_s: float) -> None:
@@ -318,7 +324,7 @@ class SimulatedDownstream:
                 raise DownstreamTimeout(f"no reply within {timeout_s * 1000:.0f} ms")
             time.sleep(latency)
         finally:
-            state.release(keys)
+            state.release(row, keys)
         if error is not None:
             raise DownstreamError(error)
 
@@ -328,7 +334,7 @@ class SimulatedDownstream:
         try:
             await asyncio.sleep(latency)
         finally:
-            state.release(keys)
+            state.release(row, keys)
         if error is not None:
             raise DownstreamError(error)
 
@@ -467,6 +473,11 @@ def target_from_url(url: str) -> Any:
         return HttpDownstream(url)
     if parts.scheme != "sim":
         raise ValueError(f"target must be sim://?... or an http(s):// URL, got {url!r}")
+    if parts.netloc or parts.path or parts.fragment:
+        raise ValueError(
+            f"target {url!r}: sim:// takes its parameters after '?', "
+            "as in sim://?pct50=20&pct75=60&failures=0.01&seed=1"
+        )
     given: dict[str, Any] = {}
     for name, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
         if name not in _SIM_PARAMS:

@@ -1,0 +1,209 @@
+"""timewheel on a real Spark standalone cluster: a master and a worker on 127.0.0.1.
+
+The fixture starts both from the pyspark distribution (``bin/spark-class``), as the
+"Running on a cluster" section of docs/spark.md does by hand, and kills them after.
+The drivers run in child processes (one SparkContext per process; the test session
+has its own): the ``timewheel pipeline`` CLI and a script calling ``dispatch``.
+Every child and every wait is bounded in time. The default suite skips them (minutes
+of JVM start-ups); ``.ci/cluster``, which ``.ci/run`` calls, runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark")
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(
+        os.environ.get("TIMEWHEEL_CLUSTER_TESTS") != "1",
+        reason="2 to 4 minutes: run by .ci/cluster (TIMEWHEEL_CLUSTER_TESTS=1)",
+    ),
+]
+
+SPARK_HOME = Path(pyspark.__file__).resolve().parent
+# An interpreter without timewheel, for the executors that cannot import it.
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(argv: list[str], log: Path, ready: str, timeout_s: float = 90) -> subprocess.Popen[bytes]:
+    """Start a Spark daemon in its own process group; wait until its log says ``ready``."""
+    env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1"}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(SPARK_HOME / "bin" / "spark-class"), *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + timeout_s
+    while ready not in log.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            pytest.fail(f"{argv[0]} did not start:\n{log.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.2)
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def master_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``spark://127.0.0.1:PORT`` of a running master with one 2-core worker registered."""
+    if not shutil.which("java"):
+        pytest.skip("no java")
+    logs = tmp_path_factory.mktemp("spark-cluster")
+    port = free_port()
+    url = f"spark://127.0.0.1:{port}"
+    master = start(
+        [
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--webui-port",
+            str(free_port()),
+        ],
+        logs / "master.log",
+        "I have been elected leader",
+    )
+    try:
+        worker = start(
+            [
+                "org.apache.spark.deploy.worker.Worker",
+                url,
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                "2",
+                "--memory",
+                "1g",
+                "--webui-port",
+                str(free_port()),
+                "--work-dir",
+                str(logs / "work"),
+            ],
+            logs / "worker.log",
+            "Successfully registered with master",
+        )
+        try:
+            yield url
+        finally:
+            stop(worker)
+    finally:
+        stop(master)
+
+
+# Small executors, so one fits the worker's 1 GiB.
+CONF = ["spark.executor.memory=512m", "spark.cores.max=2", "spark.ui.enabled=false"]
+
+
+def test_the_cli_runs_on_the_cluster(master_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "timewheel", "pipeline", "--master", master_url]
+    argv += ["--generate", "5000", "--partitions", "4", "--output", str(out), "--quiet"]
+    argv += ["--target", "sim://?pct50=2&pct75=5&failures=0.02&seed=1", "--retries", "2"]
+    for conf in CONF:
+        argv += ["--conf", conf]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["master"] == master_url and summary["rows"] == 5000
+    assert sum(summary["status"].values()) == 5000
+    assert json.loads((out / "summary.json").read_text()) == summary
+    assert len(list((out / "rows").glob("part-*.parquet"))) == 4
+
+
+DRIVER = """
+import json, os, sys
+from pyspark.sql import SparkSession
+from timewheel.spark import dispatch
+from timewheel.spark.targets import SimulatedDownstream
+
+master, python = sys.argv[1], sys.argv[2]
+os.environ["PYSPARK_PYTHON"] = python  # the executors' Python, read when the context starts
+spark = (
+    SparkSession.builder.master(master)
+    .config("spark.driver.bindAddress", "127.0.0.1")
+    .config("spark.driver.host", "127.0.0.1")
+    .config("spark.executor.memory", "512m")
+    .config("spark.ui.enabled", "false")
+    .getOrCreate()
+)
+spark.sparkContext.setLogLevel("OFF")
+df = spark.range(3000, numPartitions=3)
+try:
+    out = dispatch(df, SimulatedDownstream(2, 5, failure_rate=0.05, seed=2), id_col="id")
+    rows = out.select("id", "status").collect()
+    print(json.dumps({"ids": sorted(r["id"] for r in rows),
+                      "statuses": sorted({r["status"] for r in rows})}))
+except RuntimeError as exc:
+    print(json.dumps({"error": str(exc)}))
+finally:
+    spark.stop()
+"""
+
+
+def run_driver(master_url: str, python: str, tmp_path: Path) -> dict[str, object]:
+    script = tmp_path / "driver.py"
+    script.write_text(textwrap.dedent(DRIVER))
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    done = subprocess.run(
+        [sys.executable, str(script), master_url, python],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_dispatch_runs_on_the_cluster(master_url: str, tmp_path: Path) -> None:
+    result = run_driver(master_url, sys.executable, tmp_path)
+    assert result["ids"] == list(range(3000))
+    assert set(result["statuses"]) <= {"ok", "failed", "timeout"}  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(SYSTEM_PYTHON is None, reason="no /usr/bin/python3")
+def test_executors_without_timewheel_get_a_clear_error(master_url: str, tmp_path: Path) -> None:
+    assert SYSTEM_PYTHON is not None
+    probe = subprocess.run([SYSTEM_PYTHON, "-c", "import timewheel"], capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip(f"{SYSTEM_PYTHON} has timewheel installed")
+    error = str(run_driver(master_url, SYSTEM_PYTHON, tmp_path)["error"])
+    assert error.startswith(
+        "Spark's executors cannot import timewheel (ModuleNotFoundError: "
+        "No module named 'timewheel')"
+    )
+    assert f"their Python is {SYSTEM_PYTHON!r}" in error and "spark.pyspark.python" in error
