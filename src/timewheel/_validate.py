@@ -18,6 +18,7 @@ __all__ = [
     "HANDLE_BOUND",
     "INT64_MAX",
     "INT64_MIN",
+    "MAX_LOOP_TIME",
     "MAX_WHEEL_SIZE",
     "aborted",
     "check_columns",
@@ -25,6 +26,7 @@ __all__ = [
     "check_int64_array",
     "check_items",
     "check_keys",
+    "check_seconds",
     "check_shards",
 ]
 
@@ -58,6 +60,37 @@ def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = Non
             raise ValueError(f"{name} must be <= {hi}, got {v}")
         raise ValueError(f"{name} must be between {lo} and {hi}, got {v}")
     return v
+
+
+#: The latest loop time (seconds) an asyncio timer may name: its deadline is kept in int64
+#: nanoseconds, and this leaves room for any loop's clock (about 146 years).
+MAX_LOOP_TIME = float(1 << 62) / 1e9
+
+
+def check_seconds(name: str, value: Any, *, negative: bool = False) -> float:
+    """Return ``value`` (seconds: an int or a float) as a float, or raise TypeError/ValueError
+    naming ``name``. NaN, infinities, bools and values beyond :data:`MAX_LOOP_TIME` are
+    refused, and so are negative values unless ``negative`` is true (absolute times)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        # NumPy scalars and other real numbers go through __float__ like asyncio's
+        try:
+            if isinstance(value, bool) or not hasattr(value, "__float__"):
+                raise TypeError
+            f = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"{name} must be a number of seconds, got {value!r} ({type(value).__name__})"
+            ) from None
+    else:
+        try:
+            f = float(value)
+        except OverflowError:
+            f = float("inf") if value > 0 else float("-inf")
+    if not (-MAX_LOOP_TIME <= f <= MAX_LOOP_TIME):  # NaN fails both comparisons
+        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+    if f < 0 and not negative:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return f
 
 
 def check_columns(name: str, value: Any) -> tuple[str, ...]:
