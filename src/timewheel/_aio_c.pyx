@@ -69,7 +69,11 @@ cdef inline int64_t deadline_ns(double when) noexcept:
 
 
 cdef inline int64_t tick_end(int64_t d) noexcept:
-    return -((-d) // TICK) * TICK
+    """``d`` rounded up to a tick (C division truncates toward zero)."""
+    cdef int64_t q = d // TICK
+    if q * TICK < d:
+        q += 1
+    return q * TICK
 
 
 cdef inline double as_delay(object delay) except? -1.0:
@@ -330,12 +334,16 @@ cdef class LoopTimer:
         cdef list due
         cdef _Entry entry
         cdef Py_ssize_t i = 0, n
+        cdef int64_t now, armed = self._armed_ns
         self._alarm = None
         self._armed_ns = NEVER
         loop = <object>PyWeakref_GetObject(self._loopref)
         if loop is None:
             return 0
-        due = self._wheel.advance(<int64_t>floor(loop.time() * 1e9))
+        now = <int64_t>floor(loop.time() * 1e9)
+        if 0 < armed - now <= 1:  # the loop's float clock rounded below the armed moment
+            now = armed
+        due = self._wheel.advance(now)
         n = len(due)
         for i in range(n):
             (<_Entry>due[i])._id = 0  # left the wheel; a reschedule gives it a new id

@@ -72,8 +72,16 @@ def _tick_end(d: int) -> int:
 class TimerHandle:
     """A callback scheduled on the loop's wheel; behaves like ``asyncio.TimerHandle``."""
 
-    __slots__ = ("__weakref__", "_args", "_callback", "_cancelled", "_context", "_id", "_timer",
-                 "_when")
+    __slots__ = (
+        "__weakref__",
+        "_args",
+        "_callback",
+        "_cancelled",
+        "_context",
+        "_id",
+        "_timer",
+        "_when",
+    )
 
     def __init__(
         self, when: float, callback: Callable[..., Any], args: tuple[Any, ...], context: Context
@@ -163,8 +171,16 @@ class _Alarm:
 class LoopTimer:
     """The timing wheel of one event loop; get it with :func:`get_timer`."""
 
-    __slots__ = ("__weakref__", "_alarm", "_armed_ns", "_closed", "_context", "_firing",
-                 "_loopref", "_wheel")
+    __slots__ = (
+        "__weakref__",
+        "_alarm",
+        "_armed_ns",
+        "_closed",
+        "_context",
+        "_firing",
+        "_loopref",
+        "_wheel",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loopref = weakref.ref(loop)
@@ -262,12 +278,15 @@ class LoopTimer:
         self._armed_ns = t
 
     def _fire(self) -> None:
+        armed, self._armed_ns = self._armed_ns, _NEVER
         self._alarm = None
-        self._armed_ns = _NEVER
         loop = self._loopref()
         if loop is None:
             return
-        due = self._wheel.advance(math.floor(loop.time() * 1e9))
+        now = math.floor(loop.time() * 1e9)
+        if 0 < armed - now <= 1:  # the loop's float clock rounded below the armed moment
+            now = armed
+        due = self._wheel.advance(now)
         for entry in due:
             entry._id = 0  # left the wheel; a reschedule while we run gives it a new id
         self._firing = True
@@ -348,7 +367,7 @@ class Timeout:
     Use :func:`timeout` or :func:`timeout_at` to make one.
     """
 
-    __slots__ = ("_cancelling", "_id", "_state", "_task", "_timer", "_when", "_wheel_of")
+    __slots__ = ("_cancelling", "_id", "_state", "_task", "_timer", "_wheel_of", "_when")
 
     def __init__(self, when: float | None, timer: LoopTimer) -> None:
         self._state = CREATED

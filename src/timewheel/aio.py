@@ -85,7 +85,12 @@ async def wait_for(aw: Awaitable[T], timeout: float | None) -> T:
     """
     if timeout is None:
         return await aw
-    timeout = check_seconds("timeout", timeout)
+    try:
+        timeout = check_seconds("timeout", timeout)
+    except (TypeError, ValueError):
+        if asyncio.iscoroutine(aw):
+            aw.close()  # refused: spare the caller a "coroutine was never awaited" warning
+        raise
     if timeout == 0:
         future = asyncio.ensure_future(aw)
         if future.done():
