@@ -18,6 +18,7 @@ _BENCHMARKS: list[str] = [
     "timewheel.benchmarks.execution",
     "timewheel.benchmarks.resources",
     "timewheel.benchmarks.pipeline",
+    "timewheel.benchmarks.aio",
 ]
 
 
