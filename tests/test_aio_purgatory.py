@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_aio import VirtualLoop, new_loop
 
+from test_aio import VirtualLoop, new_loop
 from timewheel import Implementation
 from timewheel.aio import purgatory_classes
 
