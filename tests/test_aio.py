@@ -30,7 +30,7 @@ from timewheel import aio as public_aio
 try:
     import uvloop
 except ImportError:  # pragma: no cover - uvloop is not built for every platform
-    uvloop = None
+    uvloop = None  # type: ignore[assignment]
 
 
 class VirtualLoop(asyncio.SelectorEventLoop):
@@ -63,7 +63,7 @@ def new_loop(kind: str) -> asyncio.AbstractEventLoop:
     if kind == "uvloop":
         if uvloop is None:
             pytest.skip("uvloop is not installed on this platform")
-        return uvloop.new_event_loop()  # type: ignore[no-any-return]
+        return uvloop.new_event_loop()
     return asyncio.new_event_loop()
 
 
@@ -584,7 +584,7 @@ def test_sleep(A: ModuleType, loop: asyncio.AbstractEventLoop) -> None:
         assert await public_aio.sleep(0.02, "result") == "result"
         assert loop.time() - start >= 0.02
         assert await public_aio.sleep(0) is None
-        task = asyncio.ensure_future(public_aio.sleep(10))
+        task: asyncio.Future[Any] = asyncio.ensure_future(public_aio.sleep(10))
         await asyncio.sleep(0)
         assert len(A.get_timer()) == 1
         task.cancel()

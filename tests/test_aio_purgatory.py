@@ -29,7 +29,7 @@ def classes(implementation_: Implementation) -> tuple[type[Any], type[Any]]:
 
 
 def make_op_class(base: type[Any]) -> type[Any]:
-    class Op(base):  # type: ignore[misc,valid-type]
+    class Op(base):  # type: ignore[misc]
         def __init__(self, delay_ms: int) -> None:
             super().__init__(delay_ms)
             self.ready = False
