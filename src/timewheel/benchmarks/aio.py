@@ -8,7 +8,8 @@ Every figure comes with its baseline, measured in the same process on the same l
    Reported: ns per reset including the loop's own housekeeping (asyncio rebuilds its
    heap once half of it is cancelled), the longest single loop iteration (the stall, as
    the longest ``await asyncio.sleep(0)`` between chunks) and bytes per pending timer
-   (tracemalloc, the benchmark's own list of handles left out). Baseline:
+   (tracemalloc, the benchmark's own list of handles left out). The cyclic collector
+   is off while timing, so a stall is the loop's own work, not a collection. Baseline:
    ``loop.call_later`` + ``handle.cancel()``.
 2. ``timeout``: ``async with timeout(10): await <a coroutine that returns at once>``.
    Baseline: ``asyncio.timeout`` (Python 3.11+).
@@ -123,10 +124,16 @@ def _run(
     fn: Callable[..., Coroutine[Any, Any, Any]],
     *args: Any,
 ) -> Any:
+    """Run ``fn(*args)`` on a new loop with the cyclic collector off (as :mod:`timeit`
+    does): a collection walks every pending handle of whichever contender allocated
+    last, and would be counted as that loop's stall."""
     loop = new_loop()
+    gc.collect()
+    gc.disable()
     try:
         return loop.run_until_complete(fn(*args))
     finally:
+        gc.enable()
         loop.close()
 
 
