@@ -20,6 +20,7 @@ from collections.abc import Coroutine, Iterator
 from types import ModuleType
 from typing import Any, Callable
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -285,6 +286,8 @@ def test_keyboard_interrupt_from_a_callback_propagates_and_keeps_the_rest(
         ("1", TypeError),
         (None, TypeError),
         ([1], TypeError),
+        (np.bool_(True), TypeError),
+        (np.float64("nan"), ValueError),
     ],
 )
 def test_bad_delays_are_refused_naming_the_argument(

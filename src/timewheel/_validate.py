@@ -6,6 +6,7 @@ checks and limits from here, so they refuse the same input with the same words.
 
 from __future__ import annotations
 
+import numbers
 import operator
 from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -71,21 +72,15 @@ def check_seconds(name: str, value: Any, *, negative: bool = False) -> float:
     """Return ``value`` (seconds: an int or a float) as a float, or raise TypeError/ValueError
     naming ``name``. NaN, infinities, bools and values beyond :data:`MAX_LOOP_TIME` are
     refused, and so are negative values unless ``negative`` is true (absolute times)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        # NumPy scalars and other real numbers go through __float__ like asyncio's
-        try:
-            if isinstance(value, bool) or not hasattr(value, "__float__"):
-                raise TypeError
-            f = float(value)
-        except (TypeError, ValueError):
-            raise TypeError(
-                f"{name} must be a number of seconds, got {value!r} ({type(value).__name__})"
-            ) from None
-    else:
-        try:
-            f = float(value)
-        except OverflowError:
-            f = float("inf") if value > 0 else float("-inf")
+    # numbers.Real takes NumPy's ints and floats and refuses NumPy's bool
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{name} must be a number of seconds, got {value!r} ({type(value).__name__})"
+        )
+    try:
+        f = float(value)
+    except OverflowError:
+        f = float("inf") if value > 0 else float("-inf")
     if not (-MAX_LOOP_TIME <= f <= MAX_LOOP_TIME):  # NaN fails both comparisons
         raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
     if f < 0 and not negative:
