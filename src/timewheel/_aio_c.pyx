@@ -1,4 +1,5 @@
 # cython: language_level=3
+# cython: freethreading_compatible=True
 # cython: binding=False
 """Timers driven by a running asyncio loop, in C (the twin of :mod:`timewheel._aio_py`).
 
@@ -16,6 +17,7 @@ from cpython.weakref cimport PyWeakref_GetObject
 from libc.math cimport ceil, floor
 from libc.stdint cimport int64_t
 
+from timewheel._sync cimport TW_HAS_GIL
 from timewheel._wheel_c cimport TimingWheel
 
 import asyncio
@@ -395,7 +397,9 @@ cdef class LoopTimer:
 
 
 _timers = weakref.WeakKeyDictionary()
-cdef LoopTimer _last_timer = None  # the last one handed out, checked first
+# the last timer handed out, checked first; not used without a GIL, where a thread could
+# read it while another replaces it
+cdef LoopTimer _last_timer = None
 
 
 cpdef LoopTimer get_timer(loop=None):
@@ -407,17 +411,20 @@ cpdef LoopTimer get_timer(loop=None):
             raise RuntimeError(NO_LOOP)
     elif not isinstance(loop, asyncio.AbstractEventLoop):
         raise TypeError(f"loop must be an asyncio event loop, got {loop!r}")
-    cdef LoopTimer timer = _last_timer
-    if timer is not None and not timer._closed and (
-            <object>PyWeakref_GetObject(timer._loopref) is loop):
-        return timer
+    cdef LoopTimer timer
+    if TW_HAS_GIL:  # the one-entry cache is read and written under the GIL only
+        timer = _last_timer
+        if timer is not None and not timer._closed and (
+                <object>PyWeakref_GetObject(timer._loopref) is loop):
+            return timer
     timer = _timers.get(loop)
     if timer is None or timer._closed:
         if loop.is_closed():
             raise RuntimeError("Event loop is closed")
         timer = LoopTimer(loop)
         _timers[loop] = timer
-    _last_timer = timer
+    if TW_HAS_GIL:
+        _last_timer = timer
     return timer
 
 

@@ -6,8 +6,9 @@ Every figure comes with its baseline, measured in the same process on the same l
    than the run, so nothing fires); every connection's timeout is reset (cancel +
    schedule) ``--rounds`` times, in chunks of 1,000 with the loop run between chunks.
    Reported: ns per reset including the loop's own housekeeping (asyncio rebuilds its
-   heap once half of it is cancelled), the longest single loop iteration (the stall, as
-   the longest ``await asyncio.sleep(0)`` between chunks) and bytes per pending timer
+   heap once half of it is cancelled), the longest single loop iteration (the stall: the
+   most CPU time the loop's thread spent in one ``await asyncio.sleep(0)`` between chunks;
+   CPU time, so that being preempted on a shared machine does not count) and bytes per pending timer
    (tracemalloc, the benchmark's own list of handles left out). The cyclic collector
    is off while timing, so a stall is the loop's own work, not a collection. Baseline:
    ``loop.call_later`` + ``handle.cancel()``.
@@ -73,16 +74,16 @@ async def _resets(
     handles = [schedule(idle, _noop) for _ in range(n)]
     await asyncio.sleep(0)
     stall = 0.0
-    clock = time.perf_counter
+    clock, cpu = time.perf_counter, time.thread_time
     start = clock()
     for _ in range(rounds):
         for lo in range(0, n, CHUNK):
             for i in range(lo, min(n, lo + CHUNK)):
                 handles[i].cancel()
                 handles[i] = schedule(idle, _noop)
-            t = clock()
+            t = cpu()
             await asyncio.sleep(0)
-            stall = max(stall, clock() - t)
+            stall = max(stall, cpu() - t)
     elapsed = clock() - start
     for h in handles:
         h.cancel()
