@@ -370,6 +370,8 @@ class Timeout:
     __slots__ = ("_cancelling", "_id", "_state", "_task", "_timer", "_wheel_of", "_when")
 
     def __init__(self, when: float | None, timer: LoopTimer) -> None:
+        if when is not None:
+            when = check_seconds("when", when, negative=True)
         self._state = CREATED
         self._when = when
         self._wheel_of = timer  # the timer this timeout schedules on
