@@ -79,8 +79,8 @@ def check_seconds(name: str, value: Any, *, negative: bool = False) -> float:
         )
     try:
         f = float(value)
-    except OverflowError:
-        f = float("inf") if value > 0 else float("-inf")
+    except OverflowError:  # an int beyond a float: out of range, whatever its sign
+        f = float("inf")
     if not (-MAX_LOOP_TIME <= f <= MAX_LOOP_TIME):  # NaN fails both comparisons
         raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
     if f < 0 and not negative:

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Awaitable, Hashable, Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _impl
 from ._impl import FIRED, Implementation
@@ -51,14 +51,26 @@ logger = logging.getLogger("timewheel")
 
 _aio = _impl.implementation().aio  # the module in use (the tests swap in the other)
 
-LoopTimer = _aio.LoopTimer
-TimerHandle = _aio.TimerHandle
-Timeout = _aio.Timeout
-get_timer = _aio.get_timer
-call_later = _aio.call_later
-call_at = _aio.call_at
-timeout = _aio.timeout
-timeout_at = _aio.timeout_at
+if TYPE_CHECKING:  # both twins have the same signatures; the stubs describe them
+    from ._aio_py import (
+        LoopTimer,
+        Timeout,
+        TimerHandle,
+        call_at,
+        call_later,
+        get_timer,
+        timeout,
+        timeout_at,
+    )
+else:
+    LoopTimer = _aio.LoopTimer
+    TimerHandle = _aio.TimerHandle
+    Timeout = _aio.Timeout
+    get_timer = _aio.get_timer
+    call_later = _aio.call_later
+    call_at = _aio.call_at
+    timeout = _aio.timeout
+    timeout_at = _aio.timeout_at
 
 
 def _set_result(future: asyncio.Future[Any], result: Any) -> None:
