@@ -19,6 +19,7 @@ _BENCHMARKS: list[str] = [
     "timewheel.benchmarks.resources",
     "timewheel.benchmarks.pipeline",
     "timewheel.benchmarks.aio",
+    "timewheel.benchmarks.aiotcp",
 ]
 
 
