@@ -44,6 +44,12 @@ extensions = [
         define_macros=macros,
         extra_compile_args=["-O0", "-g"] if DEBUG else ["-O2"],
     ),
+    Extension(
+        "timewheel._aio_c",
+        ["src/timewheel/_aio_c.pyx"],
+        define_macros=macros,
+        extra_compile_args=["-O0", "-g"] if DEBUG else ["-O2"],
+    ),
 ]
 
 setup(ext_modules=cythonize(extensions, compiler_directives=directives))

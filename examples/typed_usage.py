@@ -357,6 +357,31 @@ def targets_section() -> None:
 
 
 #: The sections ``main`` runs, lowest layer first.
+def aio_section() -> None:
+    """timewheel.aio: timers and timeouts on the running asyncio loop."""
+    import asyncio
+
+    from timewheel import aio
+
+    async def main() -> list[str]:
+        fired: list[str] = []
+        handle: aio.TimerHandle = aio.call_later(0.001, fired.append, "later")
+        cancelled = aio.call_later(0.001, fired.append, "cancelled")
+        cancelled.cancel()
+        assert cancelled.cancelled() and not handle.cancelled()
+        await aio.sleep(0.01)
+        try:
+            async with aio.timeout(0.001) as cm:
+                await asyncio.sleep(1)
+        except TimeoutError:
+            fired.append(f"timed out: {cm.expired()}")
+        assert await aio.wait_for(asyncio.sleep(0, "value"), 1.0) == "value"
+        assert len(aio.get_timer()) == 0
+        return fired
+
+    assert asyncio.run(main()) == ["later", "timed out: True"]
+
+
 SECTIONS: list[Callable[[], None]] = [
     wheel_section,
     timer_section,
@@ -365,6 +390,7 @@ SECTIONS: list[Callable[[], None]] = [
     sources_section,
     execution_section,
     targets_section,
+    aio_section,
 ]
 
 

@@ -10,6 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 import timewheel
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "typed_usage.py"
@@ -83,3 +85,22 @@ def scrape_until_loaded(url: str) -> dict[str, float]:
             and "le" not in sample.labels
         }
     return values
+
+
+AIO_EXAMPLE = EXAMPLE.parent / "aio_idle_server.py"
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_aio_idle_server_example_runs(impl: str, loop: str) -> None:
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(timewheel.__file__).parents[1]), env.get("PYTHONPATH", "")]
+    )
+    env["TIMEWHEEL_NO_EXTENSIONS"] = "1" if impl == "python" else ""
+    argv = [sys.executable, str(AIO_EXAMPLE), *(["--uvloop"] if loop == "uvloop" else [])]
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "chatty client: 6 echoes, closed by the idle timeout: True" in result.stdout
+    assert result.stderr == ""

@@ -98,7 +98,7 @@ def test_wheel_carries_stubs_marker_and_compiled_core(dist: Path) -> None:
     # log4j2.properties keeps `timewheel pipeline` quiet.
     wanted = _package_files("*.py", "*.pxd", "*.pyi", "py.typed", "*.properties")
     assert wanted - shipped == set()
-    for ext in ("_wheel_c.", "_tasks_c."):
+    for ext in ("_wheel_c.", "_tasks_c.", "_aio_c."):
         compiled = [
             name
             for name in shipped

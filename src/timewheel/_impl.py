@@ -1,8 +1,9 @@
 """Pick the implementation: both Cython extensions together, or both pure-Python twins.
 
-The pairs are :mod:`timewheel._wheel_c` / :mod:`timewheel._wheel_py` (the timing wheel)
-and :mod:`timewheel._tasks_c` / :mod:`timewheel._tasks_py` (timer tasks, delayed
-operations and the purgatory's watcher registry). The twins are used when
+The pairs are :mod:`timewheel._wheel_c` / :mod:`timewheel._wheel_py` (the timing wheel),
+:mod:`timewheel._tasks_c` / :mod:`timewheel._tasks_py` (timer tasks, delayed
+operations and the purgatory's watcher registry) and :mod:`timewheel._aio_c` /
+:mod:`timewheel._aio_py` (timers driven by an asyncio loop). The twins are used when
 ``TIMEWHEEL_NO_EXTENSIONS`` is set to a non-empty value, on interpreters other than
 CPython, or when either extension cannot be imported; never one of each, since a C timer
 task in a pure-Python wheel would only be slower and harder to reason about.
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import _tasks_py, _wheel_py
+from . import _aio_py, _tasks_py, _wheel_py
 
 __all__ = [
     "CANCELLED",
@@ -50,11 +51,13 @@ PENDING, CANCELLED, FIRED = _tasks_py.PENDING, _tasks_py.CANCELLED, _tasks_py.FI
 
 @dataclass(frozen=True)
 class Implementation:
-    """One whole implementation of the core: a wheel module and a tasks module."""
+    """One whole implementation of the core: a wheel module, a tasks module and the
+    asyncio loop-driven timers (``aio``)."""
 
     name: str
     wheel: ModuleType
     tasks: ModuleType
+    aio: ModuleType
 
     @property
     def TimingWheel(self) -> Any:
@@ -73,13 +76,13 @@ def _load_extensions() -> Implementation | None:
     if NO_EXTENSIONS:
         return None
     try:
-        from . import _tasks_c, _wheel_c
+        from . import _aio_c, _tasks_c, _wheel_c
     except ImportError:  # pragma: no cover - only without a compiler
         return None
-    return Implementation("cython", _wheel_c, _tasks_c)
+    return Implementation("cython", _wheel_c, _tasks_c, _aio_c)
 
 
-_PYTHON = Implementation("python", _wheel_py, _tasks_py)
+_PYTHON = Implementation("python", _wheel_py, _tasks_py, _aio_py)
 _CYTHON = _load_extensions()
 _IN_USE = _CYTHON or _PYTHON
 

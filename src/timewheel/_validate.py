@@ -7,6 +7,7 @@ checks and limits from here, so they refuse the same input with the same words.
 from __future__ import annotations
 
 import itertools
+import numbers
 import operator
 import threading
 from collections.abc import Hashable, Iterable, Mapping
@@ -26,6 +27,7 @@ __all__ = [
     "INT64_MAX",
     "INT64_MIN",
     "LATENESS_BOUNDS_MS",
+    "MAX_LOOP_TIME",
     "MAX_SLOTS",
     "MAX_WHEEL_SIZE",
     "aborted",
@@ -34,6 +36,7 @@ __all__ = [
     "check_int64_array",
     "check_items",
     "check_keys",
+    "check_seconds",
     "check_shards",
     "check_timeout",
     "next_wheel_tag",
@@ -111,6 +114,31 @@ def check_timeout(name: str, value: Any) -> float | None:
     if value > threading.TIMEOUT_MAX:  # math.inf included
         return None
     return value
+
+
+#: The latest loop time (seconds) an asyncio timer may name: its deadline is kept in int64
+#: nanoseconds, and this leaves room for any loop's clock (about 146 years).
+MAX_LOOP_TIME = float(1 << 62) / 1e9
+
+
+def check_seconds(name: str, value: Any, *, negative: bool = False) -> float:
+    """Return ``value`` (seconds: an int or a float) as a float, or raise TypeError/ValueError
+    naming ``name``. NaN, infinities, bools and values beyond :data:`MAX_LOOP_TIME` are
+    refused, and so are negative values unless ``negative`` is true (absolute times)."""
+    # numbers.Real takes NumPy's ints and floats and refuses NumPy's bool
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{name} must be a number of seconds, got {value!r} ({type(value).__name__})"
+        )
+    try:
+        f = float(value)
+    except OverflowError:  # an int beyond a float: out of range, whatever its sign
+        f = float("inf")
+    if not (-MAX_LOOP_TIME <= f <= MAX_LOOP_TIME):  # NaN fails both comparisons
+        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+    if f < 0 and not negative:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return f
 
 
 def check_columns(name: str, value: Any) -> tuple[str, ...]:

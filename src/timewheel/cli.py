@@ -18,6 +18,8 @@ _BENCHMARKS: list[str] = [
     "timewheel.benchmarks.resources",
     "timewheel.benchmarks.pipeline",
     "timewheel.benchmarks.metrics",
+    "timewheel.benchmarks.aio",
+    "timewheel.benchmarks.aiotcp",
 ]
 
 

@@ -1,0 +1,555 @@
+# cython: language_level=3
+# cython: freethreading_compatible=True
+# cython: binding=False
+"""Timers driven by a running asyncio loop, in C (the twin of :mod:`timewheel._aio_py`).
+
+The design, the guarantees and every result are those of the pure-Python twin; its
+docstring describes them. Here the entries are small C objects and the wheel is reached
+through its C methods (cimported from :mod:`timewheel._wheel_c`) whenever the GIL alone
+protects it, which is always the case on the loop's thread unless another thread is
+inside the same wheel; otherwise the wheel's Python methods take its lock.
+"""
+
+cimport cython
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
+from cpython.weakref cimport PyWeakref_GetObject
+from libc.math cimport ceil, floor
+from libc.stdint cimport int64_t
+
+from timewheel._sync cimport TW_HAS_GIL
+from timewheel._wheel_c cimport TimingWheel
+
+import asyncio
+import sys
+import weakref
+from asyncio import CancelledError, current_task
+from asyncio.events import _get_running_loop
+from contextvars import Context, copy_context
+
+from timewheel._validate import MAX_LOOP_TIME as _MAX_LOOP_TIME, check_seconds
+
+__all__ = [
+    "TICK_NS",
+    "WHEEL_SIZE",
+    "LoopTimer",
+    "Timeout",
+    "TimerHandle",
+    "call_at",
+    "call_later",
+    "get_timer",
+    "timeout",
+    "timeout_at",
+]
+
+TICK_NS = 1_000_000
+WHEEL_SIZE = 256
+
+cdef int64_t TICK = 1_000_000
+cdef int64_t NEVER = 0x7FFFFFFFFFFFFFFF
+cdef double MAX_TIME = _MAX_LOOP_TIME
+cdef bint HAS_UNCANCEL = sys.version_info >= (3, 11)
+cdef object TimeoutError_ = asyncio.TimeoutError
+
+cdef enum:
+    CREATED = 0
+    ENTERED = 1
+    EXPIRING = 2
+    EXPIRED = 3
+    EXITED = 4
+
+cdef tuple STATE_NAMES = ("created", "active", "expiring", "expired", "finished")
+
+cdef str NO_LOOP = (
+    "timewheel.aio needs a running event loop: call it from a coroutine or a callback "
+    "on the loop, or pass loop="
+)
+
+
+cdef inline int64_t deadline_ns(double when) noexcept:
+    return <int64_t>ceil(when * 1e9) + 1
+
+
+cdef inline int64_t tick_end(int64_t d) noexcept:
+    """``d`` rounded up to a tick (C division truncates toward zero)."""
+    cdef int64_t q = d // TICK
+    if q * TICK < d:
+        q += 1
+    return q * TICK
+
+
+cdef inline double as_delay(object delay) except? -1.0:
+    """``delay`` as seconds >= 0, checked by _validate unless it is a plain float in range."""
+    cdef double d
+    if type(delay) is float:
+        d = delay
+        if 0.0 <= d <= MAX_TIME:
+            return d
+    return check_seconds("delay", delay)
+
+
+cdef inline double as_when(object when) except? -1.0:
+    cdef double w
+    if type(when) is float:
+        w = when
+        if -MAX_TIME <= w <= MAX_TIME:
+            return w
+    return check_seconds("when", when, negative=True)
+
+
+cdef class LoopTimer
+
+
+cdef class _Entry:
+    """What the wheel holds: a pending callback or timeout."""
+    cdef LoopTimer _timer  # set while pending
+    cdef int64_t _id  # the wheel handle; 0 once the wheel returned it as due
+    cdef double _when
+
+    cdef int _expire(self, object loop) except -1:
+        return 0
+
+    cdef void _release(self) noexcept:
+        pass
+
+    cdef inline void _unschedule(self) noexcept:
+        cdef LoopTimer timer = self._timer
+        if timer is not None:
+            self._timer = None
+            if self._id:
+                timer._wheel_cancel(self._id)
+
+
+@cython.final
+cdef class TimerHandle(_Entry):
+    """A callback scheduled on the loop's wheel; behaves like ``asyncio.TimerHandle``."""
+    cdef object _callback
+    cdef tuple _args
+    cdef object _context
+    cdef bint _cancelled
+    cdef object __weakref__
+
+    def when(self):
+        """The loop time at which the callback is due."""
+        return self._when
+
+    def cancelled(self):
+        """Whether :meth:`cancel` was called (or the loop closed before the callback ran)."""
+        return self._cancelled
+
+    def get_context(self):
+        """The context the callback runs in (None once it has run or been cancelled)."""
+        return self._context
+
+    def cancel(self):
+        """Unschedule the callback (O(1)); nothing happens if it already ran."""
+        if self._cancelled:
+            return
+        self._cancelled = True
+        self._unschedule()
+        self._callback = None
+        self._args = None
+        self._context = None
+
+    def __repr__(self):
+        state = "cancelled" if self._cancelled else "pending" if self._timer else "done"
+        return f"<TimerHandle when={self._when!r} {state} {self._callback!r}>"
+
+    cdef int _expire(self, object loop) except -1:
+        callback, args, context = self._callback, self._args, self._context
+        self._callback = None
+        self._args = None
+        self._context = None
+        try:
+            context.run(callback, *args)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            loop.call_exception_handler(
+                {"message": f"Exception in callback {callback!r}", "exception": exc, "handle": self}
+            )
+        return 0
+
+    cdef void _release(self) noexcept:
+        self._cancelled = True
+        self._callback = None
+        self._args = None
+        self._context = None
+
+
+@cython.final
+cdef class _Alarm:
+    """The callable behind the one armed ``loop.call_at``; see the twin's docstring."""
+    cdef LoopTimer timer
+    cdef object handle  # a weak reference to the loop's handle, or the handle
+    cdef object __weakref__
+
+    def __call__(self):
+        timer = self.timer
+        self.timer = None
+        if timer is not None:
+            timer._fire()
+
+    cdef void cancel(self) except *:
+        self.timer = None
+        handle = self.handle
+        if isinstance(handle, weakref.ref):
+            handle = handle()
+        if handle is not None:
+            handle.cancel()
+
+    def __del__(self):
+        timer = self.timer
+        self.timer = None
+        if timer is not None:  # dropped by the loop without running: the loop closed
+            timer._alarm_lost()
+
+
+@cython.final
+cdef class LoopTimer:
+    """The timing wheel of one event loop; get it with :func:`get_timer`."""
+    cdef object _loopref
+    cdef TimingWheel _wheel
+    cdef object _alarm  # weak reference to the armed _Alarm, or None
+    cdef int64_t _armed_ns
+    cdef bint _firing
+    cdef bint _closed
+    cdef readonly object _context  # for internal callbacks, which need none of their own
+    cdef object __weakref__
+
+    def __cinit__(self, loop):
+        self._loopref = weakref.ref(loop)
+        self._wheel = TimingWheel(TICK, WHEEL_SIZE, <int64_t>floor(loop.time() * 1e9))
+        self._armed_ns = NEVER
+        self._context = Context()
+
+    @property
+    def loop(self):
+        """The loop this timer runs on."""
+        return self._live_loop()
+
+    @property
+    def closed(self):
+        """True once the loop closed: pending timers were released and new ones are refused."""
+        return self._closed
+
+    def __len__(self):
+        """The number of pending timers (callbacks and timeouts)."""
+        return len(self._wheel)
+
+    def __repr__(self):
+        state = "closed" if self._closed else f"pending={len(self._wheel)}"
+        return f"<LoopTimer {state} (Cython)>"
+
+    def call_at(self, when, callback, *args, context=None):
+        """Run ``callback(*args)`` at loop time ``when``; return its handle."""
+        return self._call(as_when(when), callback, args, context)
+
+    def call_later(self, delay, callback, *args, context=None):
+        """Run ``callback(*args)`` after ``delay`` seconds; return its handle."""
+        cdef double d = as_delay(delay)
+        return self._call(self._live_loop().time() + d, callback, args, context)
+
+    cdef TimerHandle _call(self, double when, object callback, tuple args, object context):
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {callback!r}")
+        if context is None:
+            context = copy_context()
+        elif type(context) is not Context:
+            raise TypeError(f"context must be a contextvars.Context, got {context!r}")
+        cdef TimerHandle handle = TimerHandle.__new__(TimerHandle)
+        handle._when = when
+        handle._callback = callback
+        handle._args = args
+        handle._context = context
+        self._add(handle, when)
+        return handle
+
+    # -- the wheel and the armed call ---------------------------------------------
+    cdef object _live_loop(self):
+        loop = <object>PyWeakref_GetObject(self._loopref)
+        if loop is None or self._closed:
+            raise RuntimeError("Event loop is closed")
+        return loop
+
+    cdef int64_t _wheel_insert(self, int64_t d, _Entry entry) except -1:
+        cdef TimingWheel w = self._wheel
+        cdef int64_t h
+        if w._enter_with_gil():
+            Py_INCREF(entry)
+            h = w._insert_one(d, <PyObject*>entry)
+            w._leave_with_gil()
+            if h < 0:
+                Py_XDECREF(<PyObject*>entry)
+                raise MemoryError("timing wheel cannot grow")
+            return h
+        return w.schedule(d, entry)
+
+    cdef void _wheel_cancel(self, int64_t h) noexcept:
+        cdef TimingWheel w = self._wheel
+        cdef PyObject* item = NULL
+        if w._enter_with_gil():
+            w._cancel(h, &item)
+            w._leave_with_gil()
+            Py_XDECREF(item)
+        else:
+            try:
+                w.cancel(h)
+            except BaseException:  # pragma: no cover - cancel raises only MemoryError
+                pass
+
+    cdef int _add(self, _Entry entry, double when) except -1:
+        cdef int64_t d, t, h
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        d = deadline_ns(when)
+        h = self._wheel_insert(d, entry)
+        if d < self._armed_ns and not self._firing:
+            t = tick_end(d)
+            if t < self._armed_ns:
+                try:
+                    self._arm(t)
+                except BaseException:
+                    self._wheel_cancel(h)
+                    raise
+        entry._id = h
+        entry._timer = self
+        return 0
+
+    cdef int _arm(self, int64_t t) except -1:
+        loop = self._live_loop()
+        cdef _Alarm alarm = _Alarm.__new__(_Alarm)
+        alarm.timer = self
+        handle = loop.call_at(t / 1e9, alarm)  # raises if the loop is closed
+        try:
+            alarm.handle = weakref.ref(handle)
+        except TypeError:  # a loop whose handles take no weak references
+            alarm.handle = handle
+        old = self._alarm() if self._alarm is not None else None
+        if old is not None:
+            (<_Alarm>old).cancel()
+        self._alarm = weakref.ref(alarm)
+        self._armed_ns = t
+        return 0
+
+    cdef int _fire(self) except -1:
+        cdef list due
+        cdef _Entry entry
+        cdef Py_ssize_t i = 0, n
+        cdef int64_t now, armed = self._armed_ns
+        self._alarm = None
+        self._armed_ns = NEVER
+        loop = <object>PyWeakref_GetObject(self._loopref)
+        if loop is None:
+            return 0
+        now = <int64_t>floor(loop.time() * 1e9)
+        if 0 < armed - now <= 1:  # the loop's float clock rounded below the armed moment
+            now = armed
+        due = self._wheel.advance(now)
+        n = len(due)
+        for i in range(n):
+            (<_Entry>due[i])._id = 0  # left the wheel; a reschedule gives it a new id
+        self._firing = True
+        i = 0
+        try:
+            while i < n:
+                entry = <_Entry>due[i]
+                i += 1
+                if entry._timer is self and not entry._id:
+                    entry._timer = None
+                    entry._expire(loop)
+        finally:
+            self._firing = False
+            while i < n:  # a callback raised SystemExit or KeyboardInterrupt
+                entry = <_Entry>due[i]
+                i += 1
+                if entry._timer is self and not entry._id:
+                    entry._id = self._wheel_insert(deadline_ns(entry._when), entry)
+            self._rearm()
+        return 0
+
+    cdef int _rearm(self) except -1:
+        d = self._wheel.next_deadline()
+        if d is not None and not self._closed:
+            self._arm(tick_end(d))
+        return 0
+
+    cdef int _alarm_lost(self) except -1:
+        loop = <object>PyWeakref_GetObject(self._loopref)
+        if loop is None or loop.is_closed():
+            self._release()
+        else:  # pragma: no cover - a loop that dropped a scheduled call and runs on
+            self._armed_ns = NEVER
+            self._rearm()
+        return 0
+
+    cdef int _release(self) except -1:
+        """The loop closed: cancel every pending entry and refuse new ones."""
+        cdef _Entry entry
+        self._closed = True
+        self._armed_ns = NEVER
+        for item in self._wheel.advance(NEVER - 1):
+            entry = <_Entry>item
+            entry._timer = None
+            entry._id = 0
+            entry._release()
+        return 0
+
+
+_timers = weakref.WeakKeyDictionary()
+# the last timer handed out, checked first; not used without a GIL, where a thread could
+# read it while another replaces it
+cdef LoopTimer _last_timer = None
+
+
+cpdef LoopTimer get_timer(loop=None):
+    """The wheel of ``loop`` (default: the running loop), created on first use."""
+    global _last_timer
+    if loop is None:
+        loop = _get_running_loop()
+        if loop is None:
+            raise RuntimeError(NO_LOOP)
+    elif not isinstance(loop, asyncio.AbstractEventLoop):
+        raise TypeError(f"loop must be an asyncio event loop, got {loop!r}")
+    cdef LoopTimer timer
+    if TW_HAS_GIL:  # the one-entry cache is read and written under the GIL only
+        timer = _last_timer
+        if timer is not None and not timer._closed and (
+                <object>PyWeakref_GetObject(timer._loopref) is loop):
+            return timer
+    timer = _timers.get(loop)
+    if timer is None or timer._closed:
+        if loop.is_closed():
+            raise RuntimeError("Event loop is closed")
+        timer = LoopTimer(loop)
+        _timers[loop] = timer
+    if TW_HAS_GIL:
+        _last_timer = timer
+    return timer
+
+
+def call_later(delay, callback, *args, context=None):
+    """``loop.call_later`` on the running loop's wheel."""
+    cdef LoopTimer timer = get_timer()
+    cdef double d = as_delay(delay)
+    return timer._call(timer._live_loop().time() + d, callback, args, context)
+
+
+def call_at(when, callback, *args, context=None):
+    """``loop.call_at`` on the running loop's wheel."""
+    return get_timer()._call(as_when(when), callback, args, context)
+
+
+@cython.final
+cdef class Timeout(_Entry):
+    """An async context manager that cancels its task at a deadline, as ``asyncio.Timeout``.
+
+    Use :func:`timeout` or :func:`timeout_at` to make one.
+    """
+    cdef int _state
+    cdef object _when_obj  # None or the float deadline
+    cdef LoopTimer _wheel_of
+    cdef object _task
+    cdef object _cancelling
+
+    def __init__(self, when, LoopTimer timer not None):
+        self._state = CREATED
+        self._when_obj = None if when is None else as_when(when)
+        self._wheel_of = timer
+        self._cancelling = 0
+
+    def when(self):
+        """The current deadline (loop time), or None for no deadline."""
+        return self._when_obj
+
+    def expired(self):
+        """Whether the deadline passed while the block ran."""
+        return self._state == EXPIRING or self._state == EXPIRED
+
+    def reschedule(self, when):
+        """Move the deadline to loop time ``when`` (None: no deadline)."""
+        self._reschedule(when)
+
+    cdef int _reschedule(self, object when) except -1:
+        cdef double w = 0.0
+        if self._state != ENTERED:
+            if self._state == CREATED:
+                raise RuntimeError("Timeout has not been entered")
+            raise RuntimeError(f"Cannot change state of {STATE_NAMES[self._state]} Timeout")
+        if when is not None:
+            w = as_when(when)
+        self._unschedule()
+        if when is None:
+            self._when_obj = None
+        else:
+            self._when_obj = w
+            self._when = w
+            self._wheel_of._add(self, w)
+        return 0
+
+    def __repr__(self):
+        info = ""
+        if self._state == ENTERED:
+            w = self._when_obj
+            info = f" when={round(w, 3) if w is not None else None}"
+        return f"<Timeout [{STATE_NAMES[self._state]}]{info}>"
+
+    async def __aenter__(self):
+        if self._state != CREATED:
+            raise RuntimeError("Timeout has already been entered")
+        task = current_task()
+        if task is None:
+            raise RuntimeError("Timeout should be used inside a task")
+        self._state = ENTERED
+        self._task = task
+        self._cancelling = task.cancelling() if HAS_UNCANCEL else 0
+        try:
+            self._reschedule(self._when_obj)
+        except BaseException:
+            self._state = CREATED
+            self._task = None
+            raise
+        return self
+
+    async def __aexit__(self, exc_type, exc_val, exc_tb):
+        self._unschedule()
+        if self._state == EXPIRING:
+            self._state = EXPIRED
+            mine = self._task.uncancel() <= self._cancelling if HAS_UNCANCEL else True
+            if mine and exc_type is not None and issubclass(exc_type, CancelledError):
+                raise TimeoutError_ from exc_val
+        elif self._state == ENTERED:
+            self._state = EXITED
+        return None
+
+    cdef int _expire(self, object loop) except -1:
+        self._task.cancel()
+        self._state = EXPIRING
+        return 0
+
+    cdef void _release(self) noexcept:
+        self._task = None
+
+
+def timeout(delay):
+    """``asyncio.timeout(delay)`` on the running loop's wheel (``delay`` >= 0 or None)."""
+    cdef LoopTimer timer = get_timer()
+    cdef Timeout t = Timeout.__new__(Timeout, None, timer)
+    t._state = CREATED
+    t._wheel_of = timer
+    t._cancelling = 0
+    if delay is not None:
+        t._when_obj = timer._live_loop().time() + as_delay(delay)
+    return t
+
+
+def timeout_at(when):
+    """``asyncio.timeout_at(when)`` on the running loop's wheel."""
+    cdef LoopTimer timer = get_timer()
+    cdef Timeout t = Timeout.__new__(Timeout, None, timer)
+    t._state = CREATED
+    t._wheel_of = timer
+    t._cancelling = 0
+    if when is not None:
+        t._when_obj = as_when(when)
+    return t

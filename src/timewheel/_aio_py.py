@@ -1,0 +1,469 @@
+"""Timers driven by a running asyncio loop (the pure-Python twin of :mod:`timewheel._aio_c`).
+
+One :class:`LoopTimer` per event loop keeps every timer of that loop in a timing wheel
+(deadlines in integer nanoseconds of ``loop.time()``, level-0 buckets one millisecond
+wide) and keeps at most one ``loop.call_at`` armed: at the end of the millisecond that
+holds the wheel's earliest deadline. It is re-armed only when that moment moves earlier.
+When it fires, the wheel advances to ``loop.time()`` and what is due runs on the loop,
+in deadline-then-FIFO order. A deadline is rounded up to the next nanosecond, so nothing
+runs before ``loop.time()`` has passed it.
+
+The armed ``call_at`` doubles as the loop's close detector: the loop drops it without
+running it only when the loop is closed, and then every pending timer is released
+(cancelled, its callback and arguments dropped) and the timer refuses new work.
+
+Entries (:class:`TimerHandle`, :class:`Timeout`) share one protocol: ``_timer`` is the
+LoopTimer while the entry is pending, ``_id`` its wheel handle (0 once the wheel has
+returned it as due), ``_when`` its loop time; the timer calls ``_expire(loop)`` when it
+is due and ``_release()`` when the loop closes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+import weakref
+from contextvars import Context, copy_context
+from typing import Any, Callable
+
+from ._validate import check_seconds
+from ._wheel_py import TimingWheel
+
+__all__ = [
+    "TICK_NS",
+    "WHEEL_SIZE",
+    "LoopTimer",
+    "Timeout",
+    "TimerHandle",
+    "call_at",
+    "call_later",
+    "get_timer",
+    "timeout",
+    "timeout_at",
+]
+
+#: Width of a level-0 bucket (and the armed call's granularity): one millisecond.
+TICK_NS = 1_000_000
+#: Buckets per level: level 0 spans 256 ms, level 1 65.5 s, level 2 4.7 hours.
+WHEEL_SIZE = 256
+_NEVER = 1 << 63  # after every deadline (they stay below 2**62 ns)
+_HAS_UNCANCEL = sys.version_info >= (3, 11)
+
+# Timeout states, with the names asyncio gives them
+CREATED, ENTERED, EXPIRING, EXPIRED, EXITED = range(5)
+_STATE_NAMES = ("created", "active", "expiring", "expired", "finished")
+
+_NO_LOOP = (
+    "timewheel.aio needs a running event loop: call it from a coroutine or a callback "
+    "on the loop, or pass loop="
+)
+
+
+def deadline_ns(when: float) -> int:
+    """The wheel deadline of loop time ``when``: due only once ``loop.time() > when``."""
+    return math.ceil(when * 1e9) + 1
+
+
+def _tick_end(d: int) -> int:
+    return -(-d // TICK_NS) * TICK_NS
+
+
+class TimerHandle:
+    """A callback scheduled on the loop's wheel; behaves like ``asyncio.TimerHandle``."""
+
+    __slots__ = (
+        "__weakref__",
+        "_args",
+        "_callback",
+        "_cancelled",
+        "_context",
+        "_id",
+        "_timer",
+        "_when",
+    )
+
+    def __init__(
+        self, when: float, callback: Callable[..., Any], args: tuple[Any, ...], context: Context
+    ) -> None:
+        self._when = when
+        self._callback: Callable[..., Any] | None = callback
+        self._args: tuple[Any, ...] | None = args
+        self._context: Context | None = context
+        self._timer: LoopTimer | None = None
+        self._id = 0
+        self._cancelled = False
+
+    def when(self) -> float:
+        """The loop time at which the callback is due."""
+        return self._when
+
+    def cancelled(self) -> bool:
+        """Whether :meth:`cancel` was called (or the loop closed before the callback ran)."""
+        return self._cancelled
+
+    def get_context(self) -> Context | None:
+        """The context the callback runs in (None once it has run or been cancelled)."""
+        return self._context
+
+    def cancel(self) -> None:
+        """Unschedule the callback (O(1)); nothing happens if it already ran."""
+        if self._cancelled:
+            return
+        self._cancelled = True
+        timer = self._timer
+        if timer is not None:
+            self._timer = None
+            if self._id:
+                timer._wheel.cancel(self._id)
+        self._callback = self._args = self._context = None
+
+    def __repr__(self) -> str:
+        state = "cancelled" if self._cancelled else "pending" if self._timer else "done"
+        return f"<TimerHandle when={self._when!r} {state} {self._callback!r}>"
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        callback, args, context = self._callback, self._args, self._context
+        self._callback = self._args = self._context = None
+        assert callback is not None and args is not None and context is not None
+        try:
+            context.run(callback, *args)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            loop.call_exception_handler(
+                {"message": f"Exception in callback {callback!r}", "exception": exc, "handle": self}
+            )
+
+    def _release(self) -> None:
+        self._cancelled = True
+        self._callback = self._args = self._context = None
+
+
+class _Alarm:
+    """The callable behind the one armed ``loop.call_at``; see the module docstring."""
+
+    __slots__ = ("__weakref__", "handle", "timer")
+
+    def __init__(self, timer: LoopTimer) -> None:
+        self.timer: LoopTimer | None = timer
+        self.handle: Any = None  # a weak reference to the loop's handle, or the handle
+
+    def __call__(self) -> None:
+        timer, self.timer = self.timer, None
+        if timer is not None:
+            timer._fire()
+
+    def cancel(self) -> None:
+        self.timer = None
+        handle = self.handle
+        if isinstance(handle, weakref.ref):
+            handle = handle()
+        if handle is not None:
+            handle.cancel()
+
+    def __del__(self) -> None:
+        timer, self.timer = self.timer, None
+        if timer is not None:  # dropped by the loop without running: the loop closed
+            timer._alarm_lost()
+
+
+class LoopTimer:
+    """The timing wheel of one event loop; get it with :func:`get_timer`."""
+
+    __slots__ = (
+        "__weakref__",
+        "_alarm",
+        "_armed_ns",
+        "_closed",
+        "_context",
+        "_firing",
+        "_loopref",
+        "_wheel",
+    )
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loopref = weakref.ref(loop)
+        self._wheel = TimingWheel(TICK_NS, WHEEL_SIZE, math.floor(loop.time() * 1e9))
+        self._alarm: weakref.ref[_Alarm] | None = None
+        self._armed_ns = _NEVER
+        self._firing = False
+        self._closed = False
+        self._context = Context()  # for internal callbacks, which need none of their own
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop this timer runs on."""
+        return self._live_loop()
+
+    @property
+    def closed(self) -> bool:
+        """True once the loop closed: pending timers were released and new ones are refused."""
+        return self._closed
+
+    def __len__(self) -> int:
+        """The number of pending timers (callbacks and timeouts)."""
+        return len(self._wheel)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"pending={len(self._wheel)}"
+        return f"<LoopTimer {state} (pure Python)>"
+
+    def call_at(
+        self, when: float, callback: Callable[..., Any], *args: Any, context: Context | None = None
+    ) -> TimerHandle:
+        """Run ``callback(*args)`` at loop time ``when``; return its handle."""
+        when = check_seconds("when", when, negative=True)
+        return self._call(when, callback, args, context)
+
+    def call_later(
+        self, delay: float, callback: Callable[..., Any], *args: Any, context: Context | None = None
+    ) -> TimerHandle:
+        """Run ``callback(*args)`` after ``delay`` seconds; return its handle."""
+        delay = check_seconds("delay", delay)
+        return self._call(self._live_loop().time() + delay, callback, args, context)
+
+    def _call(
+        self,
+        when: float,
+        callback: Callable[..., Any],
+        args: tuple[Any, ...],
+        context: Context | None,
+    ) -> TimerHandle:
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {callback!r}")
+        if context is None:
+            context = copy_context()
+        elif type(context) is not Context:
+            raise TypeError(f"context must be a contextvars.Context, got {context!r}")
+        handle = TimerHandle(when, callback, args, context)
+        self._add(handle, when)
+        return handle
+
+    # -- the wheel and the armed call ---------------------------------------------
+    def _live_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loopref()
+        if loop is None or self._closed:
+            raise RuntimeError("Event loop is closed")
+        return loop
+
+    def _add(self, entry: Any, when: float) -> None:
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        d = deadline_ns(when)
+        h = self._wheel.schedule(d, entry)
+        if d < self._armed_ns and not self._firing:
+            t = _tick_end(d)
+            if t < self._armed_ns:
+                try:
+                    self._arm(t)
+                except BaseException:
+                    self._wheel.cancel(h)
+                    raise
+        entry._id = h
+        entry._timer = self
+
+    def _arm(self, t: int) -> None:
+        loop = self._live_loop()
+        alarm = _Alarm(self)
+        handle = loop.call_at(t / 1e9, alarm)  # raises if the loop is closed
+        try:
+            alarm.handle = weakref.ref(handle)
+        except TypeError:  # a loop whose handles take no weak references
+            alarm.handle = handle
+        old = self._alarm() if self._alarm is not None else None
+        if old is not None:
+            old.cancel()
+        self._alarm = weakref.ref(alarm)
+        self._armed_ns = t
+
+    def _fire(self) -> None:
+        armed, self._armed_ns = self._armed_ns, _NEVER
+        self._alarm = None
+        loop = self._loopref()
+        if loop is None:
+            return
+        now = math.floor(loop.time() * 1e9)
+        if 0 < armed - now <= 1:  # the loop's float clock rounded below the armed moment
+            now = armed
+        due = self._wheel.advance(now)
+        for entry in due:
+            entry._id = 0  # left the wheel; a reschedule while we run gives it a new id
+        self._firing = True
+        i = 0
+        try:
+            for i, entry in enumerate(due):  # noqa: B007  (i is read in finally)
+                if entry._timer is self and not entry._id:
+                    entry._timer = None
+                    entry._expire(loop)
+        finally:
+            self._firing = False
+            for entry in due[i + 1 :]:  # a callback raised SystemExit/KeyboardInterrupt
+                if entry._timer is self and not entry._id:
+                    entry._id = self._wheel.schedule(deadline_ns(entry._when), entry)
+            self._rearm()
+
+    def _rearm(self) -> None:
+        d = self._wheel.next_deadline()
+        if d is not None and not self._closed:
+            self._arm(_tick_end(d))
+
+    def _alarm_lost(self) -> None:
+        loop = self._loopref()
+        if loop is None or loop.is_closed():
+            self._release()
+        else:  # pragma: no cover - a loop that dropped a scheduled call and runs on
+            self._armed_ns = _NEVER
+            self._rearm()
+
+    def _release(self) -> None:
+        """The loop closed: cancel every pending entry and refuse new ones."""
+        self._closed = True
+        self._armed_ns = _NEVER
+        for entry in self._wheel.advance(_NEVER - 1):
+            entry._timer = None
+            entry._id = 0
+            entry._release()
+
+
+_timers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopTimer] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def get_timer(loop: asyncio.AbstractEventLoop | None = None) -> LoopTimer:
+    """The wheel of ``loop`` (default: the running loop), created on first use."""
+    if loop is None:
+        loop = asyncio._get_running_loop()
+        if loop is None:
+            raise RuntimeError(_NO_LOOP)
+    elif not isinstance(loop, asyncio.AbstractEventLoop):
+        raise TypeError(f"loop must be an asyncio event loop, got {loop!r}")
+    timer = _timers.get(loop)
+    if timer is None or timer._closed:
+        if loop.is_closed():
+            raise RuntimeError("Event loop is closed")
+        timer = _timers[loop] = LoopTimer(loop)
+    return timer
+
+
+def call_later(
+    delay: float, callback: Callable[..., Any], *args: Any, context: Context | None = None
+) -> TimerHandle:
+    """``loop.call_later`` on the running loop's wheel."""
+    return get_timer().call_later(delay, callback, *args, context=context)
+
+
+def call_at(
+    when: float, callback: Callable[..., Any], *args: Any, context: Context | None = None
+) -> TimerHandle:
+    """``loop.call_at`` on the running loop's wheel."""
+    return get_timer().call_at(when, callback, *args, context=context)
+
+
+class Timeout:
+    """An async context manager that cancels its task at a deadline, as ``asyncio.Timeout``.
+
+    Use :func:`timeout` or :func:`timeout_at` to make one.
+    """
+
+    __slots__ = ("_cancelling", "_id", "_state", "_task", "_timer", "_wheel_of", "_when")
+
+    def __init__(self, when: float | None, timer: LoopTimer) -> None:
+        if when is not None:
+            when = check_seconds("when", when, negative=True)
+        self._state = CREATED
+        self._when = when
+        self._wheel_of = timer  # the timer this timeout schedules on
+        self._timer: LoopTimer | None = None  # set while pending in the wheel
+        self._id = 0
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelling = 0
+
+    def when(self) -> float | None:
+        """The current deadline (loop time), or None for no deadline."""
+        return self._when
+
+    def expired(self) -> bool:
+        """Whether the deadline passed while the block ran."""
+        return self._state == EXPIRING or self._state == EXPIRED
+
+    def reschedule(self, when: float | None) -> None:
+        """Move the deadline to loop time ``when`` (None: no deadline)."""
+        if self._state != ENTERED:
+            if self._state == CREATED:
+                raise RuntimeError("Timeout has not been entered")
+            raise RuntimeError(f"Cannot change state of {_STATE_NAMES[self._state]} Timeout")
+        if when is not None:
+            when = check_seconds("when", when, negative=True)
+        self._unschedule()
+        self._when = when
+        if when is not None:
+            self._wheel_of._add(self, when)
+
+    def __repr__(self) -> str:
+        info = ""
+        if self._state == ENTERED:
+            info = f" when={round(self._when, 3) if self._when is not None else None}"
+        return f"<Timeout [{_STATE_NAMES[self._state]}]{info}>"
+
+    async def __aenter__(self) -> Timeout:
+        if self._state != CREATED:
+            raise RuntimeError("Timeout has already been entered")
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("Timeout should be used inside a task")
+        self._state = ENTERED
+        self._task = task
+        self._cancelling = task.cancelling() if _HAS_UNCANCEL else 0
+        try:
+            self.reschedule(self._when)
+        except BaseException:
+            self._state = CREATED
+            self._task = None
+            raise
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
+        self._unschedule()
+        if self._state == EXPIRING:
+            self._state = EXPIRED
+            assert self._task is not None
+            mine = self._task.uncancel() <= self._cancelling if _HAS_UNCANCEL else True
+            if mine and exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
+                raise asyncio.TimeoutError from exc_val
+        elif self._state == ENTERED:
+            self._state = EXITED
+        return None
+
+    def _unschedule(self) -> None:
+        timer = self._timer
+        if timer is not None:
+            self._timer = None
+            if self._id:
+                timer._wheel.cancel(self._id)
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        self._state = EXPIRING
+
+    def _release(self) -> None:
+        self._task = None
+
+
+def timeout(delay: float | None) -> Timeout:
+    """``asyncio.timeout(delay)`` on the running loop's wheel (``delay`` >= 0 or None)."""
+    timer = get_timer()
+    if delay is None:
+        return Timeout(None, timer)
+    delay = check_seconds("delay", delay)
+    return Timeout(timer._live_loop().time() + delay, timer)
+
+
+def timeout_at(when: float | None) -> Timeout:
+    """``asyncio.timeout_at(when)`` on the running loop's wheel."""
+    timer = get_timer()
+    if when is not None:
+        when = check_seconds("when", when, negative=True)
+    return Timeout(when, timer)

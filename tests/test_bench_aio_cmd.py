@@ -1,0 +1,31 @@
+"""``timewheel bench aio`` runs end to end at a tiny size and refuses bad arguments."""
+
+from __future__ import annotations
+
+import pytest
+
+from timewheel.benchmarks.aio import format_rows, run_aio_bench
+from timewheel.cli import main
+
+
+def test_bench_aio_reports_every_case_with_its_baseline() -> None:
+    rows = run_aio_bench([300], rounds=1, idle=300.0, timeouts=200, threaded=200, repeat=1)
+    cases = {(r["case"], r["who"]) for r in rows}
+    assert ("resets", "loop.call_later") in cases
+    assert ("resets", "timewheel.aio (python)") in cases
+    assert ("threaded Timer", "Timer.add + cancel") in cases
+    for r in rows:
+        assert r["ns"] > 0
+        if r["case"] == "resets":
+            assert r["bytes"] > 0 and r["stall_ms"] >= 0
+    table = format_rows(rows)
+    assert "vs base" in table and "1.00x" in table
+
+
+@pytest.mark.parametrize(
+    "argv", [["--sizes", "x"], ["--sizes", "0"], ["--rounds", "0"], ["--idle", "nan"]]
+)
+def test_bench_aio_refuses_bad_arguments(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "aio", *argv])
+    assert info.value.code != 0
