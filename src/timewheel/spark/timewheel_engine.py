@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
-from typing import Any
+from typing import Any, Optional
 
 from ..execution import ExecuteProduceConsume, ProduceConsume, TaskQueue, ThreadPool
 from ..purgatory import DelayedOperation, Purgatory
@@ -47,9 +47,12 @@ from .engines import (
     timeout_message,
     worker_runtime,
 )
-from .targets import row_keys
+from .targets import retry_after_of, row_keys
 
 __all__ = ["timewheel_engine"]
+
+# A target's answer: ok and error (a Failure may carry when to retry).
+Answer = tuple[bool, Optional[str]]
 
 # The most rows admitted per round before the outcomes ready are yielded: a fast
 # target frees slots as quickly as they are filled, and the outcomes must not pile up.
@@ -112,18 +115,28 @@ class _Row:
 class _Call(DelayedOperation):
     """One attempt in flight: completed by the target's reply, expired at the timeout."""
 
-    __slots__ = ("answer", "partition", "row")
+    __slots__ = ("answer", "handle", "partition", "row")
 
     def __init__(self, delay_ms: int, row: _Row, partition: _Partition) -> None:
         DelayedOperation.__init__(self, delay_ms)
         self.row = row
         self.partition = partition
-        self.answer: tuple[bool, str | None] | None = None
+        self.answer: Answer | None = None
+        # What the target's submit returned: cancelled when the call times out.
+        self.handle: Any = None
 
     def reply(self, ok: bool, error: str | None) -> None:
         """The target's ``on_done``: complete the call unless it already timed out."""
         self.answer = (ok, error)
         self.force_complete()
+
+    def started(self, handle: Any) -> None:
+        """Keep the target's handle; cancel it now if the call timed out meanwhile."""
+        if handle is None or not hasattr(handle, "cancel"):
+            return
+        self.handle = handle
+        if self.answer is None and self.is_completed:
+            handle.cancel()
 
     def try_complete(self) -> bool:
         """Complete once the target has replied (a reply may come inside ``submit``)."""
@@ -133,9 +146,14 @@ class _Call(DelayedOperation):
         """Queue the attempt's end for the partition's completion task.
 
         Runs once, from the reply or the timeout, whichever won; ``answer`` is read
-        here so that a reply losing to the timeout cannot change the outcome.
+        here so that a reply losing to the timeout cannot change the outcome. A call
+        that timed out (or was abandoned) is cancelled at the target, which may drop
+        its request and connection at once.
         """
-        self.partition.ended(self.row, self.answer)
+        answer = self.answer
+        if answer is None and self.handle is not None:
+            self.handle.cancel()
+        self.partition.ended(self.row, answer)
 
 
 class _Partition:
@@ -161,7 +179,7 @@ class _Partition:
         self.done: deque[Outcome] = deque()
         self.wake = threading.Event()
         self.wake_after = max(1, config.max_in_flight // _WAKE_SHARE)
-        self.ended_attempts: deque[tuple[_Row, tuple[bool, str | None] | None]] = deque()
+        self.ended_attempts: deque[tuple[_Row, Answer | None]] = deque()
         # Held while a completion task is scheduled and not yet running: the
         # non-blocking acquire is the test-and-set that schedules only one.
         self.settling = threading.Lock()
@@ -226,11 +244,11 @@ class _Partition:
             call.force_complete()
             return
         try:
-            self.target.submit(row.data, call.reply)
+            call.started(self.target.submit(row.data, call.reply))
         except Exception as exc:
             call.reply(False, f"{type(exc).__name__}: {exc}")
 
-    def ended(self, row: _Row, answer: tuple[bool, str | None] | None) -> None:
+    def ended(self, row: _Row, answer: Answer | None) -> None:
         """An attempt ended: queue it, and make sure one completion task will settle it.
 
         One task settles every attempt queued when it runs, so a burst of replies costs
@@ -248,19 +266,20 @@ class _Partition:
         while queue:
             self.settle(*queue.popleft())
 
-    def settle(self, row: _Row, answer: tuple[bool, str | None] | None) -> None:
+    def settle(self, row: _Row, answer: Answer | None) -> None:
         """An attempt ended: finish the row, or retry it after a backoff."""
+        wait_s: float | None = 0.0
         if answer is None:
             status, error = TIMEOUT, self.timeout_error
         elif answer[0]:
             self.finish(row, OK, None)
             return
         else:
-            status, error = FAILED, answer[1] or "failed"
-        if row.attempts > self.config.retries:
+            status, error, wait_s = FAILED, str(answer[1] or "failed"), retry_after_of(answer[1])
+        if wait_s is None or row.attempts > self.config.retries:  # None: not worth a retry
             self.finish(row, status, error)
             return
-        delay_ms = round(backoff_s(self.config) * 1000)
+        delay_ms = round(max(backoff_s(self.config), wait_s) * 1000)
         with self.lock:
             if self.closed:
                 return
