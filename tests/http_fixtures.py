@@ -15,7 +15,6 @@ import ssl
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,7 +64,6 @@ class ScriptedService:
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.ready.set()
         self.loop.run_forever()
-        self.loop.run_until_complete(self.runner.cleanup())
         self.loop.close()
 
     async def _handle(self, request: Any) -> Any:
@@ -76,7 +74,12 @@ class ScriptedService:
             seen.per_key[key] += 1
             nth = seen.per_key[key]
             seen.requests.append(
-                {"key": key, "body": body, "headers": request.headers.copy(), "at": time.monotonic()}
+                {
+                    "key": key,
+                    "body": body,
+                    "headers": request.headers.copy(),
+                    "at": time.monotonic(),
+                }
             )
             seen.in_flight += 1
             seen.max_in_flight = max(seen.max_in_flight, seen.in_flight)
@@ -104,14 +107,6 @@ class ScriptedService:
                 seen.in_flight -= 1
 
     def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(20)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
-
-
-@pytest.fixture
-def service() -> Iterator[ScriptedService]:
-    svc = ScriptedService()
-    try:
-        yield svc
-    finally:
-        svc.close()
