@@ -360,3 +360,80 @@ def test_dispatch_on_spark_accounts_for_every_row_and_request(
     assert len(service.seen.requests) == sum(r["attempts"] for r in out)
     assert len(service.seen.per_key) == n  # one idempotency key per row, on every attempt
     assert service.seen.max_in_flight <= 2 * 16
+
+
+def _pipeline_args(argv: list[str]) -> Any:
+    import argparse
+
+    from timewheel.spark import pipeline
+
+    parser = argparse.ArgumentParser(prog="timewheel")
+    pipeline.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["pipeline", *argv])
+
+
+def test_pipeline_options_make_the_http_target() -> None:
+    from timewheel.spark.http_target import http_options
+
+    args = _pipeline_args(
+        [
+            *("--target", "https://127.0.0.1:9/x", "--id-col", "txn"),
+            *("--http-header", "Authorization: Bearer t", "--http-header", "X-A:b"),
+            *("--body-cols", "txn, amount", "--idempotency-header", "none"),
+            *("--http-max-connections", "7", "--insecure"),
+        ]
+    )
+    target = target_from_url(args.target, **http_options(args))
+    assert target.headers == {
+        "Content-Type": "application/json",
+        "Authorization": "Bearer t",
+        "X-A": "b",
+    }
+    assert (target.id_col, target.body, target.idempotency_header) == (
+        "txn",
+        ("txn", "amount"),
+        None,
+    )
+    assert (target.max_connections, target.verify_tls) == (7, False)
+    defaults = target_from_url("http://127.0.0.1:9/x", **http_options(_pipeline_args([])))
+    assert (defaults.idempotency_header, defaults.verify_tls, defaults.max_connections) == (
+        "Idempotency-Key",
+        True,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--http-header", "no-colon"], "--http-header must be NAME:VALUE, got 'no-colon'"),
+        (["--http-max-connections", "0"], "max_connections must be >= 1, got 0"),
+    ],
+)
+def test_pipeline_refuses_bad_http_options(
+    capsys: pytest.CaptureFixture[str], argv: list[str], words: str
+) -> None:
+    args = _pipeline_args(["--target", "http://127.0.0.1:9/x", *argv])
+    assert args.func(args) == 2
+    assert words in capsys.readouterr().err
+
+
+@pytest.mark.spark
+def test_pipeline_command_posts_to_the_service(
+    spark: Any, service: ScriptedService, tmp_path: Path
+) -> None:
+    import json
+
+    args = _pipeline_args(
+        [
+            *("--target", service.url, "--generate", "300", "--output", str(tmp_path / "out")),
+            *("--http-header", "X-Job:nightly", "--body-cols", "id,amount"),
+        ]
+    )
+    assert args.func(args) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["rows"] == 300 and summary["status"]["ok"] == 300
+    assert len(service.seen.requests) == summary["attempts"]["total"] == 300
+    assert {r["headers"]["X-Job"] for r in service.seen.requests} == {"nightly"}
+    assert {tuple(r["body"]) for r in service.seen.requests} == {("id", "amount")}
+    assert len(service.seen.per_key) == 300

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..spark.engines import STATUSES, DispatchConfig
+from ..spark.http_target import http_options
 from ..spark.pipeline import add_dispatch_options, spark_session
 from ..spark.registry import engine_names
 from ..spark.targets import HttpDownstream, SimulatedDownstream, target_from_url
@@ -267,7 +268,11 @@ def main(args: argparse.Namespace) -> int:
     config = DispatchConfig(timeout_ms, max_in_flight, args.retries, args.backoff_ms)
     service = ServiceProcess() if http else None
     try:
-        target = HttpDownstream(service.url) if service else target_from_url(args.target)
+        target = (
+            HttpDownstream(service.url, **http_options(args))
+            if service
+            else target_from_url(args.target)
+        )
         report = _run(args, engines, rows, warmup, target, config, service)
     finally:
         if service is not None:

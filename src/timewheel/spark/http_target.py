@@ -19,6 +19,7 @@ any other status is a final failure, not retried. ``call`` (requests, blocking) 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import hashlib
@@ -35,7 +36,7 @@ from .._validate import check_columns, check_int
 from ._per_process import PerProcess
 from .targets import DownstreamError, DownstreamTimeout, Failure, OnDone
 
-__all__ = ["HttpDownstream", "Pending"]
+__all__ = ["HttpDownstream", "Pending", "add_http_options", "http_options"]
 
 log = logging.getLogger("timewheel")
 
@@ -416,3 +417,61 @@ class HttpDownstream:
         for session in _REQUESTS.get().sessions.values():
             session.close()
         _REQUESTS.get().sessions.clear()
+
+
+def add_http_options(parser: argparse.ArgumentParser) -> None:
+    """The command line's options for an http(s):// ``--target`` (see :class:`HttpDownstream`)."""
+    group = parser.add_argument_group("http(s):// target")
+    group.add_argument(
+        "--http-header",
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="a header sent with every request (repeatable)",
+    )
+    group.add_argument(
+        "--body-cols",
+        default="",
+        help="comma-separated columns to post (default: the whole row)",
+    )
+    group.add_argument(
+        "--idempotency-header",
+        default="Idempotency-Key",
+        help="header carrying the key derived from --id-col; 'none' to send none "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--http-max-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help="connections per Python worker (default: as many as calls in flight)",
+    )
+    group.add_argument(
+        "--insecure",
+        action="store_true",
+        help="do not verify HTTPS certificates",
+    )
+
+
+def http_options(args: argparse.Namespace) -> dict[str, Any]:
+    """:class:`HttpDownstream`'s keyword arguments from the options of :func:`add_http_options`.
+
+    A malformed header raises ValueError naming it.
+    """
+    headers = {}
+    for header in args.http_header:
+        name, sep, value = header.partition(":")
+        if not sep or not name.strip():
+            raise ValueError(f"--http-header must be NAME:VALUE, got {header!r}")
+        headers[name.strip()] = value.strip()
+    body = [c.strip() for c in args.body_cols.split(",") if c.strip()] or None
+    key_header = None if args.idempotency_header.lower() == "none" else args.idempotency_header
+    return {
+        "id_col": getattr(args, "id_col", "id"),
+        "headers": headers,
+        "body": body,
+        "idempotency_header": key_header,
+        "max_connections": args.http_max_connections,
+        "verify_tls": not args.insecure,
+    }

@@ -22,6 +22,7 @@ from typing import Any
 
 from .._argtypes import non_negative, positive
 from .engines import STATUSES
+from .http_target import add_http_options, http_options
 from .registry import DEFAULT_ENGINE
 from .targets import SimulatedDownstream, target_from_url
 
@@ -61,6 +62,7 @@ def add_dispatch_options(parser: argparse.ArgumentParser) -> None:
         help="sim://?pct50=..&pct75=..&failures=..&seed=.. or an http(s):// URL "
         "(default: %(default)s)",
     )
+    add_http_options(parser)
     parser.add_argument(
         "--timeout-ms",
         type=positive(int),
@@ -292,7 +294,7 @@ def main(args: argparse.Namespace) -> int:
     from . import dispatch
 
     try:
-        target = target_from_url(args.target)
+        target = target_from_url(args.target, **http_options(args))
     except (TypeError, ValueError) as exc:
         print(f"timewheel pipeline: error: {exc}", file=sys.stderr)
         return 2
