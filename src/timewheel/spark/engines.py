@@ -128,7 +128,7 @@ def retry_wait_s(exc: BaseException, config: DispatchConfig) -> float | None:
     The backoff, or longer when the target asked for a wait (an HTTP 429's
     ``Retry-After``); None when it refused for good (an HTTP 4xx).
     """
-    wait = getattr(exc, "retry_after_s", 0.0) if isinstance(exc, DownstreamError) else 0.0
+    wait = exc.retry_after_s if isinstance(exc, DownstreamError) else 0.0
     return None if wait is None else max(backoff_s(config), wait)
 
 

@@ -11,7 +11,9 @@ Per partition (one :class:`_Partition`):
   :class:`~timewheel.purgatory.Purgatory`: the target's ``on_done`` reply completes it,
   the timer expires it at ``timeout_ms``;
 * failed and timed-out attempts are retried after ``backoff_ms`` (with jitter) on the
-  timer, up to ``retries``;
+  timer, up to ``retries``, unless the target's error says a retry cannot help (or
+  asks for a longer wait: a :class:`~timewheel.spark.targets.Failure`); a timed-out
+  call is cancelled at the target when ``submit`` returned a handle;
 * completions run through an :class:`~timewheel.execution.ExecuteProduceConsume`.
 
 The timer, purgatory, pool and strategy live once per Python worker (a
@@ -30,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
-from typing import Any, Optional
+from typing import Any
 
 from ..execution import ExecuteProduceConsume, ProduceConsume, TaskQueue, ThreadPool
 from ..purgatory import DelayedOperation, Purgatory
@@ -50,9 +52,6 @@ from .engines import (
 from .targets import retry_after_of, row_keys
 
 __all__ = ["timewheel_engine"]
-
-# A target's answer: ok and error (a Failure may carry when to retry).
-Answer = tuple[bool, Optional[str]]
 
 # The most rows admitted per round before the outcomes ready are yielded: a fast
 # target frees slots as quickly as they are filled, and the outcomes must not pile up.
@@ -121,7 +120,7 @@ class _Call(DelayedOperation):
         DelayedOperation.__init__(self, delay_ms)
         self.row = row
         self.partition = partition
-        self.answer: Answer | None = None
+        self.answer: tuple[bool, str | None] | None = None
         # What the target's submit returned: cancelled when the call times out.
         self.handle: Any = None
 
@@ -179,7 +178,7 @@ class _Partition:
         self.done: deque[Outcome] = deque()
         self.wake = threading.Event()
         self.wake_after = max(1, config.max_in_flight // _WAKE_SHARE)
-        self.ended_attempts: deque[tuple[_Row, Answer | None]] = deque()
+        self.ended_attempts: deque[tuple[_Row, tuple[bool, str | None] | None]] = deque()
         # Held while a completion task is scheduled and not yet running: the
         # non-blocking acquire is the test-and-set that schedules only one.
         self.settling = threading.Lock()
@@ -248,7 +247,7 @@ class _Partition:
         except Exception as exc:
             call.reply(False, f"{type(exc).__name__}: {exc}")
 
-    def ended(self, row: _Row, answer: Answer | None) -> None:
+    def ended(self, row: _Row, answer: tuple[bool, str | None] | None) -> None:
         """An attempt ended: queue it, and make sure one completion task will settle it.
 
         One task settles every attempt queued when it runs, so a burst of replies costs
@@ -266,7 +265,7 @@ class _Partition:
         while queue:
             self.settle(*queue.popleft())
 
-    def settle(self, row: _Row, answer: Answer | None) -> None:
+    def settle(self, row: _Row, answer: tuple[bool, str | None] | None) -> None:
         """An attempt ended: finish the row, or retry it after a backoff."""
         wait_s: float | None = 0.0
         if answer is None:
