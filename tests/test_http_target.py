@@ -194,6 +194,7 @@ def test_call_and_acall_say_what_is_worth_a_retry(service: ScriptedService) -> N
         assert info.value.retry_after_s == 0.0
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(target.acall({"id": 7, "plan": ["stall"]}), 0.2)
+        await target.aclose()
 
     asyncio.run(main())
     assert [r["body"]["id"] for r in service.seen.requests] == [1, 2, 3, 4, 5, 6, 7]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import hashlib
 import json
@@ -194,6 +195,20 @@ _LOOP_SESSIONS: PerProcess[weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], 
 )
 
 
+def _close_idle_loop_sessions() -> None:
+    """At exit: close acall's sessions on loops that are idle (a worker's kept loop)."""
+    for loop, sessions in list(_LOOP_SESSIONS.get().items()):
+        if loop.is_closed() or loop.is_running():
+            continue
+        for session in sessions.values():
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(session.close())
+        sessions.clear()
+
+
+atexit.register(_close_idle_loop_sessions)
+
+
 class HttpDownstream:
     """POSTs each row as JSON to ``url``, with an idempotency key derived from its id.
 
@@ -355,7 +370,8 @@ class HttpDownstream:
     async def acall(self, row: Mapping[str, Any]) -> None:
         """POST ``row`` from the running loop; raise DownstreamError unless the answer is 2xx.
 
-        Cancel it (``asyncio.wait_for``) to time it out; each loop has its own sessions.
+        Cancel it (``asyncio.wait_for``) to time it out. Each loop has its own
+        connections; :meth:`aclose` closes them (a loop left idle is closed at exit).
         """
         import aiohttp
 
@@ -379,6 +395,12 @@ class HttpDownstream:
             raise DownstreamError(f"{type(exc).__name__}: {exc}") from exc
         if not ok:
             raise DownstreamError(error or "failed", retry_after_s=wait)
+
+    async def aclose(self) -> None:
+        """Close the connections :meth:`acall` opened on the running loop."""
+        sessions = _LOOP_SESSIONS.get().pop(asyncio.get_running_loop(), {})
+        for session in sessions.values():
+            await session.close()
 
     # -- call: requests on the caller's thread -----------------------------------------
     def call(self, row: Mapping[str, Any], timeout_s: float) -> None:

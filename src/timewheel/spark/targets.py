@@ -42,7 +42,6 @@ __all__ = [
     "Target",
     "async_call",
     "blocking_call",
-    "retry_after_of",
     "row_keys",
     "target_from_url",
 ]
