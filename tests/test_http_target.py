@@ -308,6 +308,11 @@ def test_target_from_url_passes_the_http_options() -> None:
     target = target_from_url("https://127.0.0.1:9/x", verify_tls=False, id_col="txn")
     assert isinstance(target, HttpDownstream)
     assert (target.verify_tls, target.id_col) == (False, "txn")
+    # dispatch's id_col keys a target that names none, and no other
+    default = HttpDownstream("http://127.0.0.1:9/x")
+    assert default.idempotency_key({"id": 1}) is not None  # "id" outside dispatch
+    assert default.for_id_col("txn").id_col == "txn" and default.id_col is None
+    assert target.for_id_col("other") is target
 
 
 @pytest.mark.parametrize(
@@ -341,25 +346,28 @@ def test_dispatch_on_spark_accounts_for_every_row_and_request(
     from timewheel.spark import dispatch
 
     n = 400
+    txn = F.col("txn")
     # Every 10th row fails once with a 500, every 25th stalls once, every 40th is refused.
     plan = (
-        F.when(F.col("id") % 40 == 0, F.array(F.lit("400")))
-        .when(F.col("id") % 25 == 0, F.array(F.lit("stall"), F.lit("200")))
-        .when(F.col("id") % 10 == 0, F.array(F.lit("500"), F.lit("200")))
+        F.when(txn % 40 == 0, F.array(F.lit("400")))
+        .when(txn % 25 == 0, F.array(F.lit("stall"), F.lit("200")))
+        .when(txn % 10 == 0, F.array(F.lit("500"), F.lit("200")))
         .otherwise(F.array(F.lit("200")))
     )
-    df = spark.range(n, numPartitions=2).withColumn("plan", plan)
-    target = HttpDownstream(service.url)
+    df = spark.range(n, numPartitions=2).withColumnRenamed("id", "txn").withColumn("plan", plan)
+    target = HttpDownstream(service.url)  # keyed on dispatch's id_col
     out = dispatch(
-        df, target, id_col="id", timeout_ms=2000, max_in_flight=16, retries=2, backoff_ms=5
+        df, target, id_col="txn", timeout_ms=2000, max_in_flight=16, retries=2, backoff_ms=5
     ).collect()
-    assert sorted(r["id"] for r in out) == list(range(n))
-    rows = {r["id"]: r for r in out}
-    for i, r in rows.items():
+    assert sorted(r["txn"] for r in out) == list(range(n))
+    for r in out:
+        i = r["txn"]
         expected = ("failed", 1) if i % 40 == 0 else ("ok", 2 if i % 10 == 0 or i % 25 == 0 else 1)
         assert (r["status"], r["attempts"]) == expected, r
     assert len(service.seen.requests) == sum(r["attempts"] for r in out)
-    assert len(service.seen.per_key) == n  # one idempotency key per row, on every attempt
+    # one idempotency key per row, derived from txn, on every attempt
+    keyed = target.for_id_col("txn")
+    assert set(service.seen.per_key) == {keyed.idempotency_key({"txn": i}) for i in range(n)}
     assert service.seen.max_in_flight <= 2 * 16
 
 

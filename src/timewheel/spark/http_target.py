@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import atexit
 import contextlib
+import copy
 import hashlib
 import json
 import logging
@@ -212,10 +213,11 @@ atexit.register(_close_idle_loop_sessions)
 class HttpDownstream:
     """POSTs each row as JSON to ``url``, with an idempotency key derived from its id.
 
-    * ``id_col``: the row's id column; the ``idempotency_header`` (``Idempotency-Key``
-      unless renamed; None sends none) carries a hex digest of its value, the same for
-      every attempt of the row in any task or job. A row whose id is null or missing
-      fails without a request (nothing would let the service drop its repeats).
+    * ``id_col``: the row's id column (None: the ``id_col`` given to ``dispatch``, or
+      ``"id"`` outside it); the ``idempotency_header`` (``Idempotency-Key`` unless
+      renamed; None sends none) carries a hex digest of its value, the same for every
+      attempt of the row in any task or job. A row whose id is null or missing fails
+      without a request (nothing would let the service drop its repeats).
     * ``headers``: sent with every request (``Content-Type: application/json`` unless
       given). ``body``: None posts the whole row; a list of column names posts those;
       a function of the row posts what it returns (it must pickle for Spark).
@@ -232,7 +234,7 @@ class HttpDownstream:
         self,
         url: str,
         *,
-        id_col: str = "id",
+        id_col: str | None = None,
         headers: Mapping[str, str] | None = None,
         body: Body = None,
         idempotency_header: str | None = "Idempotency-Key",
@@ -246,8 +248,8 @@ class HttpDownstream:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"url must be an http:// or https:// URL with a host, got {url!r}")
-        if not isinstance(id_col, str) or not id_col:
-            raise TypeError(f"id_col must be a column name (str), got {id_col!r}")
+        if id_col is not None and (not isinstance(id_col, str) or not id_col):
+            raise TypeError(f"id_col must be a column name (str) or None, got {id_col!r}")
         given = {} if headers is None else headers
         if not isinstance(given, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in given.items()
@@ -278,10 +280,18 @@ class HttpDownstream:
     def __repr__(self) -> str:
         return f"HttpDownstream({self.url!r})"
 
+    def for_id_col(self, id_col: str) -> HttpDownstream:
+        """This target keyed on ``id_col`` unless it names its own (``dispatch`` calls it)."""
+        if self.id_col is not None:
+            return self
+        bound = copy.copy(self)
+        bound.id_col = id_col
+        return bound
+
     # -- the request ------------------------------------------------------------------
     def idempotency_key(self, row: Mapping[str, Any]) -> str | None:
         """The key of ``row``: a digest of its id (None when the id is null or missing)."""
-        value = row.get(self.id_col)
+        value = row.get(self.id_col or "id")
         if value is None:
             return None
         # The JSON form, so that 7 and "7" differ and equal ids of a column always agree.
@@ -295,7 +305,7 @@ class HttpDownstream:
             key = self.idempotency_key(row)
             if key is None:
                 raise DownstreamError(
-                    f"the row's id ({self.id_col!r}) is null or missing: not sent",
+                    f"the row's id ({self.id_col or 'id'!r}) is null or missing: not sent",
                     retry_after_s=None,
                 )
             headers = {**headers, self.idempotency_header: key}
@@ -490,7 +500,7 @@ def http_options(args: argparse.Namespace) -> dict[str, Any]:
     body = [c.strip() for c in args.body_cols.split(",") if c.strip()] or None
     key_header = None if args.idempotency_header.lower() == "none" else args.idempotency_header
     return {
-        "id_col": getattr(args, "id_col", "id"),
+        "id_col": getattr(args, "id_col", None),
         "headers": headers,
         "body": body,
         "idempotency_header": key_header,
