@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import http.server
-import json
 import logging
 import math
 import pickle
@@ -12,7 +10,6 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -227,99 +224,7 @@ def test_target_from_url() -> None:
             target_from_url(url)
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive
-
-    def do_POST(self) -> None:
-        row = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        server: Any = self.server
-        with server.lock:
-            server.bodies.append(row)
-            server.peers.add(self.client_address)
-        status = 500 if row.get("fail") else 200
-        body = b"nope" if status == 500 else b"{}"
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def http_server() -> Iterator[Any]:
-    server: Any = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    server.daemon_threads = True
-    server.lock = threading.Lock()
-    server.bodies = []
-    server.peers = set()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def test_http_posts_json_over_one_keep_alive_connection(
-    http_server: Any, request: pytest.FixtureRequest
-) -> None:
-    url = f"http://127.0.0.1:{http_server.server_port}/rows"
-    target = HttpDownstream(url)
-    request.addfinalizer(target.close)
-    for i in range(5):
-        target.call({"id": i, "when": "x"}, timeout_s=5.0)
-    with pytest.raises(DownstreamError, match="HTTP 500: nope"):
-        target.call({"id": 99, "fail": True}, timeout_s=5.0)
-    assert [b["id"] for b in http_server.bodies] == [0, 1, 2, 3, 4, 99]
-    assert len(http_server.peers) == 1  # one connection carried all six requests
-
-    replies = Replies()
-    target.submit({"id": 7}, replies.on_done)
-    target.submit({"id": 8, "fail": True}, replies.on_done)
-    replies.wait(2)
-    assert sorted((ok, err) for ok, err, _ in replies.got) == [
-        (False, "HTTP 500: nope"),
-        (True, None),
-    ]
-    copy = pickle.loads(pickle.dumps(target))
-    copy.call({"id": 9}, timeout_s=5.0)
-    assert http_server.bodies[-1] == {"id": 9}
-
-
-def test_http_unreachable_is_a_failure() -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens here once closed
-    target = HttpDownstream(f"http://127.0.0.1:{port}/")
-    try:
-        with pytest.raises(DownstreamError, match="ConnectionRefusedError"):
-            target.call({"id": 1}, timeout_s=2.0)
-    finally:
-        target.close()
-
-
-@pytest.mark.parametrize(
-    ("args", "exc", "words"),
-    [
-        (
-            ("ftp://h/",),
-            ValueError,
-            "url must be an http:// or https:// URL with a host, got 'ftp://h/'",
-        ),
-        ((b"http://h/",), TypeError, "url must be a str"),
-        (("http://h/", 0), ValueError, "timeout_s must be > 0, got 0"),
-        (("http://h/", 1.0, 0), ValueError, "max_connections must be >= 1, got 0"),
-    ],
-)
-def test_http_bad_arguments(args: tuple, exc: type, words: str) -> None:
-    with pytest.raises(exc) as info:
-        HttpDownstream(*args)
-    assert words in str(info.value)
+# The HTTP target has its own tests against an aiohttp service: tests/test_http_target.py.
 
 
 class SubmitOnly:

@@ -7,6 +7,7 @@ code imports from ``timewheel.spark.targets``. Neither imports pyspark.
 from .spark.targets import (
     DownstreamError,
     DownstreamTimeout,
+    Failure,
     HttpDownstream,
     OnDone,
     SimulatedDownstream,
@@ -20,6 +21,7 @@ from .spark.targets import (
 __all__ = [
     "DownstreamError",
     "DownstreamTimeout",
+    "Failure",
     "HttpDownstream",
     "OnDone",
     "SimulatedDownstream",

@@ -7,6 +7,14 @@ came back exactly once), its statuses and attempts, and the CPU its Python worke
 master, the JVM's. Throughput is compared as ratios between engines of the same run,
 and against the bound that Little's law gives for the in-flight limit and the
 simulated latency.
+
+``--target http`` starts the loopback service of :mod:`.http_service` in its own
+process and runs the three HTTP contenders against it: the timewheel engine with
+:class:`~timewheel.spark.targets.HttpDownstream` (aiohttp on one loop thread per
+worker), ``threads`` (a ThreadPoolExecutor of ``max_in_flight`` threads calling
+``requests`` with its timeout) and ``asyncio`` (aiohttp, a semaphore and
+``asyncio.wait_for``). The service counts the requests it received, which must equal
+the rows' ``attempts``.
 """
 
 from __future__ import annotations
@@ -23,9 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from ..spark.engines import STATUSES, DispatchConfig
+from ..spark.http_target import http_options
 from ..spark.pipeline import add_dispatch_options, spark_session
 from ..spark.registry import engine_names
-from ..spark.targets import SimulatedDownstream, target_from_url
+from ..spark.targets import HttpDownstream, SimulatedDownstream, target_from_url
+from .http_service import ServiceProcess
 
 __all__ = ["add_parser", "little_bound_rows_per_s", "main", "mean_slot_ms"]
 
@@ -46,8 +56,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument(
         "--rows",
         type=int,
-        default=1_000_000,
-        help="rows to dispatch per engine (default: %(default)s)",
+        default=None,
+        help="rows to dispatch per engine (default: 1000000; 200000 with --target http)",
     )
     parser.add_argument(
         "--partitions",
@@ -63,17 +73,18 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument(
         "--warmup-rows",
         type=int,
-        default=20_000,
+        default=None,
         help="rows each engine dispatches, untimed, before any is measured, so that the "
         "first engine measured does not pay for starting the Python workers and warming "
-        "the JVM (default: %(default)s; 0 to skip)",
+        "the JVM (default: 20000; 5000 with --target http; 0 to skip)",
     )
     parser.add_argument(
         "--json", default=None, metavar="PATH", help="also write the results as JSON"
     )
     add_dispatch_options(parser)
+    # Resolved in main: --target http has its own (the issue's: 512 in flight, 1 s timeout).
     parser.set_defaults(
-        timeout_ms=200, max_in_flight=2000, target="sim://?pct50=20&pct75=60&failures=0.01&seed=1"
+        timeout_ms=None, max_in_flight=None, target="sim://?pct50=20&pct75=60&failures=0.01&seed=1"
     )
     parser.set_defaults(func=main)
 
@@ -89,9 +100,27 @@ def mean_slot_ms(sim: Any, config: DispatchConfig) -> float:
     return float(attempts * mean_attempt + (attempts - 1) * config.backoff_ms)
 
 
+def http_mean_slot_ms(service: ServiceProcess, config: DispatchConfig) -> float:
+    """Expected time a row holds a slot against the loopback service (as mean_slot_ms).
+
+    A stalled attempt lasts the timeout; the others are log-normal, cut off at it.
+    """
+    model = SimulatedDownstream(service.pct50_ms, service.pct75_ms, service.errors)
+    mean, redo = model.expected_attempt(config.timeout_ms)
+    mean = (1 - service.stalls) * mean + service.stalls * config.timeout_ms
+    redo = (1 - service.stalls) * redo + service.stalls
+    attempts = sum(redo**k for k in range(config.retries + 1))
+    return float(attempts * mean + (attempts - 1) * config.backoff_ms)
+
+
 def little_bound_rows_per_s(sim: Any, config: DispatchConfig, concurrent_tasks: int) -> float:
     """The most rows/s the in-flight limit allows: slots / mean slot time (Little's law)."""
-    return concurrent_tasks * config.max_in_flight / (mean_slot_ms(sim, config) / 1000.0)
+    slot_ms = (
+        http_mean_slot_ms(sim, config)
+        if isinstance(sim, ServiceProcess)
+        else mean_slot_ms(sim, config)
+    )
+    return concurrent_tasks * config.max_in_flight / (slot_ms / 1000.0)
 
 
 class _BenchPartition:
@@ -170,9 +199,20 @@ def _driver_cpu_s() -> float:
 
 
 def run_engine(
-    spark: Any, df: Any, engine: str, target: Any, config: DispatchConfig, id_col: str
+    spark: Any,
+    df: Any,
+    engine: str,
+    target: Any,
+    config: DispatchConfig,
+    id_col: str,
+    service: ServiceProcess | None = None,
 ) -> dict[str, Any]:
-    """Dispatch ``df`` with ``engine``; return throughput, CPU per row and the accounting."""
+    """Dispatch ``df`` with ``engine``; return throughput, CPU per row and the accounting.
+
+    With a ``service``, the requests it received are counted too, and must equal the
+    rows' attempts.
+    """
+    received0 = service.stats()["requests"] if service is not None else 0
     jvm0, drv0, start = _jvm_cpu_s(spark), _driver_cpu_s(), time.monotonic()
     parts = df.mapInArrow(_BenchPartition(engine, target, config, id_col), _STATS_SCHEMA).collect()
     wall = time.monotonic() - start
@@ -181,6 +221,11 @@ def run_engine(
     rows = total["rows_in"]
     jvm_cpu = None if jvm0 is None or jvm1 is None else jvm1 - jvm0
     cpu_total = total["cpu_s"] + (drv1 - drv0) + (jvm_cpu or 0.0)
+    received = None
+    if service is not None:
+        # A timed-out request may still be reaching the service: let in-flight ones land.
+        time.sleep(0.5)
+        received = service.stats()["requests"] - received0
     return {
         "engine": engine,
         "rows": rows,
@@ -193,44 +238,81 @@ def run_engine(
         "jvm_cpu_us_per_row": None if jvm_cpu is None else jvm_cpu / rows * 1e6,
         "cpu_us_per_row": cpu_total / rows * 1e6,
         "partition_wall_s_median": statistics.median(p["wall_s"] for p in parts) if parts else 0.0,
+        "service_requests": received,
+        "requests_per_row": None if received is None else received / rows,
         "accounted": (
             total["rows_out"] == rows == total["distinct_out"] == sum(total[k] for k in STATUSES)
             and total["missing"] == 0
             and total["extra"] == 0
+            and received in (None, total["attempts"])
         ),
     }
 
 
 def main(args: argparse.Namespace) -> int:
     """Run every engine once on the same data and print the table; 1 if a row went unaccounted."""
+    http = args.target == "http"
+    rows = args.rows if args.rows is not None else 200_000 if http else 1_000_000
+    warmup = args.warmup_rows if args.warmup_rows is not None else 5_000 if http else 20_000
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = [e for e in engines if e not in engine_names()]
-    if unknown or not engines or args.rows < 1 or args.warmup_rows < 0:
+    if unknown or not engines or rows < 1 or warmup < 0:
         print(
             "timewheel bench pipeline: error: "
             f"engines must be among {engine_names()}, rows >= 1 and warmup-rows >= 0",
             file=sys.stderr,
         )
         return 2
-    target = target_from_url(args.target)
-    config = DispatchConfig(args.timeout_ms, args.max_in_flight, args.retries, args.backoff_ms)
+    timeout_ms = args.timeout_ms or (1000 if http else 200)
+    max_in_flight = args.max_in_flight or (512 if http else 2000)
+    config = DispatchConfig(timeout_ms, max_in_flight, args.retries, args.backoff_ms)
+    service = ServiceProcess() if http else None
+    try:
+        target = (
+            HttpDownstream(service.url, **http_options(args))
+            if service
+            else target_from_url(args.target)
+        )
+        report = _run(args, engines, rows, warmup, target, config, service)
+    finally:
+        if service is not None:
+            service.close()
+    _print_table(report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0 if all(r["accounted"] for r in report["results"]) else 1
+
+
+def _run(
+    args: argparse.Namespace,
+    engines: list[str],
+    rows: int,
+    warmup: int,
+    target: Any,
+    config: DispatchConfig,
+    service: ServiceProcess | None,
+) -> dict[str, Any]:
     spark, owned = spark_session(args.master, "timewheel bench pipeline")
     try:
         cores = spark.sparkContext.defaultParallelism
         partitions = args.partitions or cores
-        if args.warmup_rows > 0:
-            warm = spark.range(args.warmup_rows, numPartitions=partitions)
+        if warmup > 0:
+            warm = spark.range(warmup, numPartitions=partitions)
             for engine in engines:
                 run_engine(spark, warm, engine, target, config, "id")
-        df = spark.range(args.rows, numPartitions=partitions)
-        results = [run_engine(spark, df, engine, target, config, "id") for engine in engines]
+        df = spark.range(rows, numPartitions=partitions)
+        results = [
+            run_engine(spark, df, engine, target, config, "id", service) for engine in engines
+        ]
     finally:
         if owned:
             spark.stop()
     concurrent = min(partitions, cores)
+    model = service if service is not None else target
     bound = (
-        little_bound_rows_per_s(target, config, concurrent)
-        if isinstance(target, SimulatedDownstream)
+        little_bound_rows_per_s(model, config, concurrent)
+        if isinstance(model, (SimulatedDownstream, ServiceProcess))
         else None
     )
     for r in results:
@@ -238,23 +320,18 @@ def main(args: argparse.Namespace) -> int:
         r["share_of_bound"] = None if bound is None else r["rows_per_s"] / bound
         for base in results:
             r[f"x_{base['engine']}"] = r["rows_per_s"] / base["rows_per_s"]
-    report = {
-        "rows": args.rows,
+    return {
+        "rows": rows,
         "partitions": partitions,
         "cores": cores,
-        "target": repr(target),
-        "timeout_ms": args.timeout_ms,
-        "max_in_flight": args.max_in_flight,
-        "retries": args.retries,
-        "backoff_ms": args.backoff_ms,
+        "target": repr(model),
+        "timeout_ms": config.timeout_ms,
+        "max_in_flight": config.max_in_flight,
+        "retries": config.retries,
+        "backoff_ms": config.backoff_ms,
         "bound_rows_per_s": bound,
         "results": results,
     }
-    _print_table(report)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-    return 0 if all(r["accounted"] for r in results) else 1
 
 
 def _print_table(report: dict[str, Any]) -> None:
@@ -268,17 +345,19 @@ def _print_table(report: dict[str, Any]) -> None:
     names = [r["engine"] for r in report["results"]]
     print(
         f"{'engine':<10}{'rows/s':>10}{'/core':>9}{'of bound':>9}"
-        f"{'CPU us/row':>11}{'worker':>8}{'jvm':>7}"
+        f"{'CPU us/row':>11}{'worker':>8}{'jvm':>7}{'req/row':>8}"
         + "".join(f"{'x ' + n:>10}" for n in names)
-        + f"  {'/'.join(STATUSES)}  accounted"
+        + f"  {'/'.join(STATUSES)}  attempts  accounted"
     )
     for r in report["results"]:
         share = "" if r["share_of_bound"] is None else f"{r['share_of_bound']:.0%}"
         jvm = "" if r["jvm_cpu_us_per_row"] is None else f"{r['jvm_cpu_us_per_row']:.0f}"
         s = r["status"]
+        per_row = "" if r["requests_per_row"] is None else f"{r['requests_per_row']:.4f}"
         print(
             f"{r['engine']:<10}{r['rows_per_s']:>10,.0f}{r['rows_per_s_per_core']:>9,.0f}{share:>9}"
-            f"{r['cpu_us_per_row']:>11.1f}{r['worker_cpu_us_per_row']:>8.1f}{jvm:>7}"
+            f"{r['cpu_us_per_row']:>11.1f}{r['worker_cpu_us_per_row']:>8.1f}{jvm:>7}{per_row:>8}"
             + "".join(f"{r['x_' + n]:>10.2f}" for n in names)
-            + f"  {'/'.join(str(s[k]) for k in STATUSES)}  {'yes' if r['accounted'] else 'NO'}"
+            + f"  {'/'.join(str(s[k]) for k in STATUSES)}  {r['attempts']}"
+            + f"  {'yes' if r['accounted'] else 'NO'}"
         )

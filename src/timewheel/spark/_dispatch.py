@@ -277,6 +277,8 @@ def dispatch(
     CLI's progress bar reads it).
     """
     engine = DEFAULT_ENGINE if _engine is None else _engine
+    if callable(getattr(target, "for_id_col", None)) and isinstance(id_col, str):
+        target = target.for_id_col(id_col)  # the HTTP target derives its keys from it
     config = _validate(
         df, target, id_col, key_cols, timeout_ms, max_in_flight, retries, backoff_ms, engine
     )

@@ -30,9 +30,9 @@ from .engines import (
     OK,
     DispatchConfig,
     Outcome,
-    backoff_s,
     classify,
     key_error,
+    retry_wait_s,
     worker_runtime,
 )
 from .targets import async_call, blocking_call, row_keys
@@ -95,11 +95,12 @@ def _attempts_blocking(row: dict[str, Any], target: Any, config: DispatchConfig)
             blocking_call(target, row, timeout_s)
         except Exception as exc:
             status, error = classify(exc, config)
+            wait = retry_wait_s(exc, config)
         else:
             return Outcome(row, OK, attempt, (time.monotonic() - start) * 1000.0, None)
-        if attempt > config.retries:
+        if wait is None or attempt > config.retries:
             return Outcome(row, status, attempt, (time.monotonic() - start) * 1000.0, error)
-        time.sleep(backoff_s(config))
+        time.sleep(wait)
 
 
 def threads_engine(
@@ -169,11 +170,12 @@ def asyncio_engine(
                 await asyncio.wait_for(async_call(target, row), timeout_s)
             except Exception as exc:
                 status, error = classify(exc, config)
+                wait = retry_wait_s(exc, config)
             else:
                 return Outcome(row, OK, attempt, (time.monotonic() - start) * 1000.0, None)
-            if attempt > config.retries:
+            if wait is None or attempt > config.retries:
                 return Outcome(row, status, attempt, (time.monotonic() - start) * 1000.0, error)
-            await asyncio.sleep(backoff_s(config))
+            await asyncio.sleep(wait)
 
     async def one_row(row: dict[str, Any]) -> None:
         nonlocal outstanding

@@ -43,6 +43,7 @@ __all__ = [
     "backoff_s",
     "classify",
     "key_error",
+    "retry_wait_s",
     "timeout_message",
     "worker_runtime",
 ]
@@ -119,6 +120,16 @@ def key_error(exc: BaseException, config: DispatchConfig) -> str:
 def backoff_s(config: DispatchConfig) -> float:
     """Seconds to wait before a retry: ``backoff_ms`` with +-50% jitter, so retries spread out."""
     return config.backoff_ms * random.uniform(0.5, 1.5) / 1000.0
+
+
+def retry_wait_s(exc: BaseException, config: DispatchConfig) -> float | None:
+    """Seconds to wait before retrying after ``exc``, or None when a retry cannot help.
+
+    The backoff, or longer when the target asked for a wait (an HTTP 429's
+    ``Retry-After``); None when it refused for good (an HTTP 4xx).
+    """
+    wait = exc.retry_after_s if isinstance(exc, DownstreamError) else 0.0
+    return None if wait is None else max(backoff_s(config), wait)
 
 
 class WorkerRuntime:

@@ -26,6 +26,7 @@ from typing import Any
 
 from .._argtypes import non_negative, positive
 from .engines import FAILED, STATUSES, TIMEOUT
+from .http_target import add_http_options, http_options
 from .registry import DEFAULT_ENGINE
 from .targets import SimulatedDownstream, target_from_url
 
@@ -80,6 +81,7 @@ def add_dispatch_options(parser: argparse.ArgumentParser) -> None:
         help="sim://?pct50=..&pct75=..&failures=..&seed=.. or an http(s):// URL "
         "(default: %(default)s)",
     )
+    add_http_options(parser)
     parser.add_argument(
         "--timeout-ms",
         type=positive(int),
@@ -540,7 +542,7 @@ def run(args: argparse.Namespace) -> int:
     from . import dispatch
 
     try:
-        target = target_from_url(args.target)
+        target = target_from_url(args.target, **http_options(args))
         check_master(args.master)
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from exc

@@ -3,7 +3,8 @@
 A target is any picklable object with ``submit(row, on_done)``: it starts one call for
 ``row`` (a dict) and later calls ``on_done(ok, error)`` exactly once, from any thread.
 Two targets ship here: :class:`SimulatedDownstream`, an in-process service with a
-log-normal latency, and :class:`HttpDownstream`, which POSTs rows to a real endpoint.
+log-normal latency, and :class:`HttpDownstream` (in :mod:`.http_target`), which POSTs
+rows to a real endpoint.
 Both also offer the blocking ``call(row, timeout_s)`` and awaitable ``acall(row)`` forms
 that thread-pool and asyncio code use; :func:`blocking_call` and :func:`async_call` give
 those forms to any target that only has ``submit``.
@@ -17,26 +18,24 @@ from __future__ import annotations
 import asyncio
 import functools
 import heapq
-import http.client
 import itertools
-import json
 import logging
 import math
 import threading
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Protocol
 
 import numpy
 
-from .._validate import check_columns, check_int
+from .._validate import check_columns
 from ._per_process import PerProcess
 
 __all__ = [
     "DownstreamError",
     "DownstreamTimeout",
+    "Failure",
     "HttpDownstream",
     "OnDone",
     "SimulatedDownstream",
@@ -49,8 +48,30 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: ``on_done(ok, error)``: ``error`` is None when ``ok`` is True, else a short message.
+#: ``on_done(ok, error)``: ``error`` is None when ``ok`` is True, else a short message
+#: (a :class:`Failure` when the target knows whether a retry is worth making).
 OnDone = Callable[[bool, Optional[str]], None]
+
+
+class Failure(str):
+    """An ``on_done`` error that also says when a retry is worth making.
+
+    ``retry_after_s`` is the least wait before a retry (0: the usual backoff), or None
+    when retrying cannot help (an HTTP 4xx, say). A plain ``str`` error means 0.
+    """
+
+    retry_after_s: float | None
+
+    def __new__(cls, text: str, retry_after_s: float | None = 0.0) -> Failure:
+        self = super().__new__(cls, text)
+        self.retry_after_s = retry_after_s
+        return self
+
+
+def retry_after_of(error: object) -> float | None:
+    """The ``retry_after_s`` an error carries (a Failure or DownstreamError); 0 otherwise."""
+    return getattr(error, "retry_after_s", 0.0)
+
 
 # Latencies and failures a SimulatedDownstream draws at a time.
 _DRAW_BLOCK = 4096
@@ -62,12 +83,24 @@ _Z75 = 0.6744897501960817
 class Target(Protocol):
     """What ``dispatch`` needs from a downstream: start a call, report its end once."""
 
-    def submit(self, row: Mapping[str, Any], on_done: OnDone) -> None:
-        """Start a call for ``row``; call ``on_done(ok, error)`` once when it ends."""
+    def submit(self, row: Mapping[str, Any], on_done: OnDone) -> Any:
+        """Start a call for ``row``; call ``on_done(ok, error)`` once when it ends.
+
+        It may return a handle with ``cancel()``: ``dispatch`` calls it when the call
+        times out, so that the target can drop the request at once.
+        """
 
 
 class DownstreamError(RuntimeError):
-    """The downstream answered, and the answer was a failure."""
+    """The call failed: the downstream refused it, or it could not be made.
+
+    ``retry_after_s`` is the least wait before a retry is worth making (0: the usual
+    backoff), or None when retrying cannot help (an HTTP 4xx, say).
+    """
+
+    def __init__(self, message: str, *, retry_after_s: float | None = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class DownstreamTimeout(TimeoutError):
@@ -339,138 +372,19 @@ class SimulatedDownstream:
             raise DownstreamError(error)
 
 
-class _HttpPool:
-    """The per-process connections of one endpoint: one keep-alive connection per thread."""
-
-    def __init__(self, max_connections: int) -> None:
-        self.local = threading.local()
-        self.lock = threading.Lock()
-        self.connections: list[http.client.HTTPConnection] = []
-        self.executor = ThreadPoolExecutor(max_connections, thread_name_prefix="timewheel-http")
-
-    def close(self) -> None:
-        self.executor.shutdown(wait=True)
-        with self.lock:
-            connections, self.connections = self.connections, []
-        for conn in connections:
-            conn.close()
-
-
-# This process's pools by (url, timeout_s, max_connections), shared by every copy of an
-# HttpDownstream (Spark unpickles a fresh copy for every task), so connections and
-# threads are made once per worker, not per task. A pool made twice in a race is dropped
-# before it starts a thread.
-_HTTP_POOLS: PerProcess[dict[tuple[str, float, int], _HttpPool]] = PerProcess(dict)
-
-
-class HttpDownstream:
-    """POSTs each row as a JSON object to ``url`` over keep-alive connections.
-
-    A 2xx answer is success; any other status, or a connection error, is a failure
-    whose error names it. ``submit`` and ``acall`` run the blocking request on a pool
-    of ``max_connections`` threads with a socket timeout of ``timeout_s``; ``call``
-    uses the caller's thread and timeout. Each thread keeps one connection open; the
-    connections and threads are shared by all copies of the target in a process
-    until :meth:`close`.
-    """
-
-    def __init__(self, url: str, timeout_s: float = 30.0, max_connections: int = 32) -> None:
-        if not isinstance(url, str):
-            raise TypeError(f"url must be a str, got {url!r}")
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"url must be an http:// or https:// URL with a host, got {url!r}")
-        if _check_number("timeout_s", timeout_s) <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-        max_connections = check_int("max_connections", max_connections, 1)
-        self.url = url
-        self.timeout_s = float(timeout_s)
-        self.max_connections = max_connections
-        self._https = parts.scheme == "https"
-        self._host = parts.hostname
-        self._port = parts.port
-        self._path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-
-    def __repr__(self) -> str:
-        return f"HttpDownstream({self.url!r})"
-
-    def _pool(self) -> _HttpPool:
-        pools, key = _HTTP_POOLS.get(), (self.url, self.timeout_s, self.max_connections)
-        pool = pools.get(key)
-        if pool is None:
-            pool = pools.setdefault(key, _HttpPool(self.max_connections))
-        return pool
-
-    def close(self) -> None:
-        """Close this endpoint's connections and threads in this process (remade on next use)."""
-        pool = _HTTP_POOLS.get().pop((self.url, self.timeout_s, self.max_connections), None)
-        if pool is not None:
-            pool.close()
-
-    def _connection(self, pool: _HttpPool, timeout_s: float) -> http.client.HTTPConnection:
-        conn: http.client.HTTPConnection | None = getattr(pool.local, "conn", None)
-        if conn is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            conn = pool.local.conn = cls(self._host, self._port, timeout=timeout_s)
-            with pool.lock:
-                pool.connections.append(conn)
-        else:
-            conn.timeout = timeout_s
-            if conn.sock is not None:
-                conn.sock.settimeout(timeout_s)
-        return conn
-
-    def call(self, row: Mapping[str, Any], timeout_s: float) -> None:
-        """POST ``row``; raise DownstreamTimeout or DownstreamError unless the answer is 2xx."""
-        body = json.dumps(row, default=str).encode()
-        conn = self._connection(self._pool(), timeout_s)
-        try:
-            conn.request("POST", self._path, body, {"Content-Type": "application/json"})
-            response = conn.getresponse()
-            text = response.read()
-        except TimeoutError as exc:
-            conn.close()  # a late answer must not be read as the next request's
-            raise DownstreamTimeout(f"no reply within {timeout_s * 1000:.0f} ms") from exc
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            raise DownstreamError(f"{type(exc).__name__}: {exc}") from exc
-        if not 200 <= response.status < 300:
-            detail = text[:200].decode("utf-8", "replace")
-            raise DownstreamError(f"HTTP {response.status}: {detail}")
-
-    def submit(self, row: Mapping[str, Any], on_done: OnDone) -> None:
-        """Queue the request on the connection pool; ``on_done`` runs on a pool thread."""
-
-        def run() -> None:
-            try:
-                self.call(row, self.timeout_s)
-            except (DownstreamError, DownstreamTimeout) as exc:
-                outcome: tuple[bool, str | None] = (False, str(exc))
-            else:
-                outcome = (True, None)
-            try:
-                on_done(*outcome)
-            except Exception:
-                log.exception("on_done callback of HttpDownstream raised")
-
-        self._pool().executor.submit(run)
-
-    async def acall(self, row: Mapping[str, Any]) -> None:
-        """Await the request, run on the connection pool."""
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._pool().executor, self.call, row, self.timeout_s)
-
-
 _SIM_PARAMS = {"pct50": float, "pct75": float, "failures": float, "seed": int}
 
 
-def target_from_url(url: str) -> Any:
-    """Build a target from the CLI form: ``sim://?pct50=20&pct75=60&failures=0.01&seed=1`` or ``http(s)://...``."""
+def target_from_url(url: str, **http_options: Any) -> Any:
+    """Build a target from the CLI form: ``sim://?pct50=20&pct75=60&failures=0.01&seed=1`` or ``http(s)://...``.
+
+    ``http_options`` are :class:`HttpDownstream`'s keyword arguments (ignored for sim://).
+    """
     if not isinstance(url, str):
         raise TypeError(f"target must be a URL string, got {url!r}")
     parts = urllib.parse.urlsplit(url)
     if parts.scheme in ("http", "https"):
-        return HttpDownstream(url)
+        return HttpDownstream(url, **http_options)
     if parts.scheme != "sim":
         raise ValueError(f"target must be sim://?... or an http(s):// URL, got {url!r}")
     if parts.netloc or parts.path or parts.fragment:
@@ -514,7 +428,7 @@ def blocking_call(target: Any, row: Mapping[str, Any], timeout_s: float) -> None
         raise DownstreamTimeout(f"no reply within {timeout_s * 1000:.0f} ms")
     ok, error = outcome[0]
     if not ok:
-        raise DownstreamError(error or "failed")
+        raise DownstreamError(error or "failed", retry_after_s=retry_after_of(error))
 
 
 async def async_call(target: Any, row: Mapping[str, Any]) -> None:
@@ -536,4 +450,8 @@ async def async_call(target: Any, row: Mapping[str, Any]) -> None:
     target.submit(row, on_done)
     ok, error = await future
     if not ok:
-        raise DownstreamError(error or "failed")
+        raise DownstreamError(error or "failed", retry_after_s=retry_after_of(error))
+
+
+# At the end: the HTTP target builds on the errors and the OnDone protocol above.
+from .http_target import HttpDownstream  # noqa: E402

@@ -11,7 +11,9 @@ Per partition (one :class:`_Partition`):
   :class:`~timewheel.purgatory.Purgatory`: the target's ``on_done`` reply completes it,
   the timer expires it at ``timeout_ms``;
 * failed and timed-out attempts are retried after ``backoff_ms`` (with jitter) on the
-  timer, up to ``retries``;
+  timer, up to ``retries``, unless the target's error says a retry cannot help (or
+  asks for a longer wait: a :class:`~timewheel.spark.targets.Failure`); a timed-out
+  call is cancelled at the target when ``submit`` returned a handle;
 * completions run through an :class:`~timewheel.execution.ExecuteProduceConsume`.
 
 The timer, purgatory, pool and strategy live once per Python worker (a
@@ -47,7 +49,7 @@ from .engines import (
     timeout_message,
     worker_runtime,
 )
-from .targets import row_keys
+from .targets import retry_after_of, row_keys
 
 __all__ = ["timewheel_engine"]
 
@@ -112,18 +114,28 @@ class _Row:
 class _Call(DelayedOperation):
     """One attempt in flight: completed by the target's reply, expired at the timeout."""
 
-    __slots__ = ("answer", "partition", "row")
+    __slots__ = ("answer", "handle", "partition", "row")
 
     def __init__(self, delay_ms: int, row: _Row, partition: _Partition) -> None:
         DelayedOperation.__init__(self, delay_ms)
         self.row = row
         self.partition = partition
         self.answer: tuple[bool, str | None] | None = None
+        # What the target's submit returned: cancelled when the call times out.
+        self.handle: Any = None
 
     def reply(self, ok: bool, error: str | None) -> None:
         """The target's ``on_done``: complete the call unless it already timed out."""
         self.answer = (ok, error)
         self.force_complete()
+
+    def started(self, handle: Any) -> None:
+        """Keep the target's handle; cancel it now if the call timed out meanwhile."""
+        if handle is None or not hasattr(handle, "cancel"):
+            return
+        self.handle = handle
+        if self.answer is None and self.is_completed:
+            handle.cancel()
 
     def try_complete(self) -> bool:
         """Complete once the target has replied (a reply may come inside ``submit``)."""
@@ -133,9 +145,14 @@ class _Call(DelayedOperation):
         """Queue the attempt's end for the partition's completion task.
 
         Runs once, from the reply or the timeout, whichever won; ``answer`` is read
-        here so that a reply losing to the timeout cannot change the outcome.
+        here so that a reply losing to the timeout cannot change the outcome. A call
+        that timed out (or was abandoned) is cancelled at the target, which may drop
+        its request and connection at once.
         """
-        self.partition.ended(self.row, self.answer)
+        answer = self.answer
+        if answer is None and self.handle is not None:
+            self.handle.cancel()
+        self.partition.ended(self.row, answer)
 
 
 class _Partition:
@@ -226,7 +243,7 @@ class _Partition:
             call.force_complete()
             return
         try:
-            self.target.submit(row.data, call.reply)
+            call.started(self.target.submit(row.data, call.reply))
         except Exception as exc:
             call.reply(False, f"{type(exc).__name__}: {exc}")
 
@@ -250,17 +267,18 @@ class _Partition:
 
     def settle(self, row: _Row, answer: tuple[bool, str | None] | None) -> None:
         """An attempt ended: finish the row, or retry it after a backoff."""
+        wait_s: float | None = 0.0
         if answer is None:
             status, error = TIMEOUT, self.timeout_error
         elif answer[0]:
             self.finish(row, OK, None)
             return
         else:
-            status, error = FAILED, answer[1] or "failed"
-        if row.attempts > self.config.retries:
+            status, error, wait_s = FAILED, str(answer[1] or "failed"), retry_after_of(answer[1])
+        if wait_s is None or row.attempts > self.config.retries:  # None: not worth a retry
             self.finish(row, status, error)
             return
-        delay_ms = round(backoff_s(self.config) * 1000)
+        delay_ms = round(max(backoff_s(self.config), wait_s) * 1000)
         with self.lock:
             if self.closed:
                 return

@@ -1,0 +1,112 @@
+"""A scripted aiohttp service on 127.0.0.1, on its own thread, for the HTTP target's tests.
+
+Each request's JSON body may carry ``plan``: what to answer on the 1st, 2nd, ...
+request with the same idempotency key (the last entry repeats). An entry is ``"200"``,
+``"500"``, ``"400"``, ``"429:<seconds>"`` (with that Retry-After), ``"slow:<ms>"`` (200
+after a delay) or ``"stall"`` (no answer until the client goes away, at most 30 s). The
+service records every request, the concurrency it saw, and when clients dropped stalls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+web = pytest.importorskip("aiohttp.web")
+
+_STALL_LIMIT_S = 30.0
+
+
+@dataclass
+class Seen:
+    """What the service saw: one entry per request, in arrival order."""
+
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    per_key: Counter[str] = field(default_factory=Counter)
+    in_flight: int = 0
+    max_in_flight: int = 0
+    dropped_stalls: list[float] = field(default_factory=list)
+
+
+class ScriptedService:
+    """The service and its records; ``url`` is where it listens."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.seen = Seen()
+        self.lock = threading.Lock()
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.tls = tls
+        self.thread = threading.Thread(target=self._run, name="scripted-service", daemon=True)
+        self.thread.start()
+        if not self.ready.wait(10):
+            raise RuntimeError("the scripted service did not start")
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}/ingest"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+        app.router.add_post("/ingest", self._handle)
+        # Cancel a handler whose client went away: that is how a dropped stall is seen.
+        self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=self.tls)
+        self.loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.ready.set()
+        self.loop.run_forever()
+        self.loop.close()
+
+    async def _handle(self, request: Any) -> Any:
+        body = json.loads(await request.read())
+        key = request.headers.get("Idempotency-Key", "")
+        with self.lock:
+            seen = self.seen
+            seen.per_key[key] += 1
+            nth = seen.per_key[key]
+            seen.requests.append(
+                {
+                    "key": key,
+                    "body": body,
+                    "headers": request.headers.copy(),
+                    "at": time.monotonic(),
+                }
+            )
+            seen.in_flight += 1
+            seen.max_in_flight = max(seen.max_in_flight, seen.in_flight)
+        try:
+            plan = body.get("plan") or ["200"]
+            action = plan[min(nth, len(plan)) - 1]
+            if action == "stall":
+                try:
+                    await asyncio.sleep(_STALL_LIMIT_S)
+                except asyncio.CancelledError:
+                    with self.lock:
+                        seen.dropped_stalls.append(time.monotonic())
+                    raise
+                return web.Response(status=504, text="stalled")
+            if action.startswith("slow:"):
+                await asyncio.sleep(int(action[5:]) / 1000)
+                return web.Response(text="{}")
+            if action.startswith("429:"):
+                return web.Response(
+                    status=429, text="slow down", headers={"Retry-After": action[4:]}
+                )
+            return web.Response(status=int(action), text="{}" if action == "200" else "no")
+        finally:
+            with self.lock:
+                seen.in_flight -= 1
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(20)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
