@@ -84,6 +84,8 @@ class Interrupts:
 
     def handler(self, signum: int, frame: FrameType | None) -> None:
         while frame is not None:
+            if frame.f_code.co_name == "__del__":
+                return  # a finalizer the collector runs meanwhile: an error there is unraisable
             if frame.f_code.co_filename == self.filename and (
                 self.target is None or frame.f_locals.get("self") is self.target
             ):
