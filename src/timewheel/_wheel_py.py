@@ -337,7 +337,7 @@ class TimingWheel:
                 if s < n and self._bucket[s] == _FREE:
                     # pending again, as it was: deadline, sequence, handle and item
                     self._bucket[s] = _DUE
-                    self._gen[s] = h >> 32
+                    self._gen[s] = (h >> _SLOT_BITS) & _GEN_MAX
                     self._item[s] = item
         live = [s for s in range(n) if self._bucket[s] != _FREE and self._seq[s] < drop]
         free = []
