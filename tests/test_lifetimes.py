@@ -55,6 +55,7 @@ def run_case(impl: str, case: str) -> None:
         "fork_busy_purgatory",
         "fork_pool",
         "fork_from_callback",
+        "fork_mid_wait",
     ],
 )
 def test_objects_inherited_across_fork_are_usable_in_the_child(impl: str, case: str) -> None:

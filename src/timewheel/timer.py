@@ -85,7 +85,11 @@ class ManualClock:
         _atfork.reset(self)
 
     def _fork_reset(self) -> None:
+        # The parent's timers' conditions go too: a thread that vanished in the fork may
+        # hold one's lock, and notifying it would hang the child. Each timer subscribes
+        # its new condition again in its _fork_resume, which runs after every reset.
         self._lock = threading.Lock()
+        self._listeners = weakref.WeakSet()
 
     def now_ms(self) -> int:
         """The current time in milliseconds."""
@@ -332,8 +336,6 @@ class Timer:
     def _fork_reset(self) -> None:
         """In a forked child: new locks; the parent's reaper is gone (see _fork_resume)."""
         self._cond = threading.Condition(threading.Lock())
-        if self._manual is not None:
-            self._manual._subscribe(self._cond)
         # A callback that forks runs with the lock held by this very thread: keep it then.
         if not self._advance_lock._is_owned():  # type: ignore[attr-defined]
             self._advance_lock = threading.RLock()
@@ -347,7 +349,10 @@ class Timer:
                 self._restart = (self._reaping.poll_ms, self._reaping.after_advance)
 
     def _fork_resume(self) -> None:
-        """In a forked child, after every reset: start again the reaper the parent had."""
+        """In a forked child, after every reset (the clock's drops its listeners): listen
+        to the clock again and start again the reaper the parent had."""
+        if self._manual is not None:
+            self._manual._subscribe(self._cond)
         restart, self._restart = self._restart, None
         if restart is not None and not self._closed:
             self.start(restart[0], after_advance=restart[1])

@@ -231,6 +231,43 @@ def fork_from_callback() -> None:
     timer.close()
 
 
+def fork_mid_wait() -> None:
+    """A fork while another thread is inside the lock a timer's clock notifies.
+
+    A timer's producing thread takes that lock every time it looks for due work, so a
+    callback that forks (fork_from_callback) may catch it there; holding the lock from
+    a thread across the fork makes that moment certain. The child's clock must not
+    notify the parent's condition, whose lock nobody will ever release.
+    """
+    clock = ManualClock()
+    timer = Timer(name="fmw", clock=clock)
+    timer.start(poll_ms=20)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with timer._cond:
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(WAIT_S)
+
+    def child() -> None:
+        fired = threading.Event()
+        timer.add(5, fired.set)
+        clock.advance(10)  # hung here, notifying the parent's condition
+        assert fired.wait(WAIT_S), "the child's reaper did not follow its clock"
+        assert timer.close() == []
+
+    try:
+        in_child(child)
+    finally:
+        release.set()
+        holder.join()
+    assert timer.close() == []
+
+
 # -- objects dropped without close() ---------------------------------------------------
 def collected(make: Callable[[], Any], prefix: str) -> None:
     """``make()`` builds an object that owns threads; dropping it stops them."""
@@ -320,6 +357,7 @@ CASES = {
         fork_busy_purgatory,
         fork_pool,
         fork_from_callback,
+        fork_mid_wait,
         drop_timer,
         drop_purgatory,
         drop_pool,
