@@ -561,7 +561,9 @@ class Timer:
                 self._wake_before = _ALWAYS
                 nd = self._wheel.next_deadline()
                 now = clock()
-                if self._closed or (nd is not None and nd <= now):
+                # A move of the clock while we were not waiting (its notify found nobody)
+                # is followed at once: the reaper advances to every time the clock shows.
+                if self._closed or (nd is not None and nd <= now) or now > self._wheel.now:
                     return
                 # Only an add that is already due needs us before the clock moves.
                 self._wake_before = now + 1
