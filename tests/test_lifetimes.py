@@ -56,6 +56,8 @@ def run_case(impl: str, case: str) -> None:
         "fork_pool",
         "fork_from_callback",
         "fork_mid_wait",
+        "fork_resource_manager",
+        "fork_while_making_a_wheel",
     ],
 )
 def test_objects_inherited_across_fork_are_usable_in_the_child(impl: str, case: str) -> None:
@@ -63,7 +65,8 @@ def test_objects_inherited_across_fork_are_usable_in_the_child(impl: str, case: 
 
 
 @pytest.mark.parametrize(
-    "case", ["drop_timer", "drop_purgatory", "drop_pool", "self_rearming_timer"]
+    "case",
+    ["drop_timer", "drop_purgatory", "drop_pool", "drop_resource_manager", "self_rearming_timer"],
 )
 def test_objects_dropped_without_close_are_collected_and_stop_their_threads(
     impl: str, case: str

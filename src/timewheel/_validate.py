@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import numbers
 import operator
+import os
 import threading
 from collections.abc import Hashable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
@@ -66,6 +67,16 @@ HANDLE_TAG_BITS = 8
 MAX_SLOTS = (1 << HANDLE_SLOT_BITS) - 1
 _tags = itertools.count()
 _tags_lock = threading.Lock()
+
+
+def _new_tags_lock() -> None:
+    # A thread that vanished in the fork may have held it: the child makes wheels too.
+    global _tags_lock
+    _tags_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_tags_lock)
 
 
 def next_wheel_tag() -> int:

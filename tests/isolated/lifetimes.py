@@ -20,6 +20,7 @@ import numpy as np
 from timewheel import ManualClock, Timer, TimingWheel
 from timewheel.execution import ThreadPool
 from timewheel.purgatory import DelayedOperation, Purgatory
+from timewheel.resources import ResourceManager
 
 WAIT_S = 10.0  # every wait is bounded; the test's timeout is the last resort
 
@@ -268,6 +269,45 @@ def fork_mid_wait() -> None:
     assert timer.close() == []
 
 
+def fork_while_making_a_wheel() -> None:
+    """A fork while another thread holds the lock that hands out wheel tags (made certain
+    here by holding that private lock): the child still makes wheels."""
+    from timewheel import _validate
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with _validate._tags_lock:
+            held.set()
+            release.wait(WAIT_S)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(WAIT_S)
+    try:
+        in_child(lambda: TimingWheel().schedule(1, "x") and None)
+    finally:
+        release.set()
+        holder.join()
+
+
+def fork_resource_manager() -> None:
+    """A manager whose loader pool and purgatory reaper ran survives a fork."""
+    manager = ResourceManager(loader=lambda key: f"object {key}")
+    first = manager.checkout(["a"], timeout_ms=5_000)
+    assert first.result(WAIT_S) == {"a": "object a"}
+
+    def child() -> None:
+        out = manager.checkout(["b"], timeout_ms=5_000)  # a load on the child's pool
+        assert out.result(WAIT_S) == {"b": "object b"}
+        manager.checkin(out)
+        manager.close()
+
+    in_child(child)
+    manager.checkin(first)
+    manager.close()
+
+
 # -- objects dropped without close() ---------------------------------------------------
 def collected(make: Callable[[], Any], prefix: str) -> None:
     """``make()`` builds an object that owns threads; dropping it stops them."""
@@ -315,6 +355,19 @@ def drop_purgatory() -> None:
     assert op_ref[0]() is None  # the pending operation was dropped with it
 
 
+def drop_resource_manager() -> None:
+    def make() -> weakref.ref[ResourceManager]:
+        manager = ResourceManager(loader=lambda key: f"object {key}")
+        out = manager.checkout(["a"], timeout_ms=5_000)
+        assert out.result(WAIT_S) == {"a": "object a"}
+        manager.checkin(out)
+        assert thread_names("timewheel-loader")
+        return weakref.ref(manager)
+
+    collected(make, "timewheel-loader")
+    wait_for(lambda: not thread_names("resources"), "the purgatory's threads to exit")
+
+
 def drop_pool() -> None:
     def make() -> weakref.ref[ThreadPool]:
         pool = ThreadPool(3, name="dpool")
@@ -358,9 +411,12 @@ CASES = {
         fork_pool,
         fork_from_callback,
         fork_mid_wait,
+        fork_resource_manager,
+        fork_while_making_a_wheel,
         drop_timer,
         drop_purgatory,
         drop_pool,
+        drop_resource_manager,
         self_rearming_timer,
     )
 }
