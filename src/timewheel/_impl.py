@@ -34,6 +34,7 @@ __all__ = [
     "Implementation",
     "Lateness",
     "PurgatoryCore",
+    "TimerCore",
     "TimerTask",
     "TimingWheel",
     "implementation",
@@ -65,7 +66,7 @@ class Implementation:
         return self.wheel.TimingWheel
 
     def __getattr__(self, name: str) -> Any:
-        """``TimerTask``, ``CallbackTask``, ``DelayedOperation``, ``PurgatoryCore``,
+        """``TimerTask``, ``CallbackTask``, ``TimerCore``, ``DelayedOperation``, ``PurgatoryCore``,
         ``Counts``, ``Lateness``, ``monotonic_ms``: from the tasks module."""
         if name.startswith("__"):
             raise AttributeError(name)
@@ -113,6 +114,7 @@ if TYPE_CHECKING:
         DelayedOperation,
         Lateness,
         PurgatoryCore,
+        TimerCore,
         TimerTask,
         monotonic_ms,
     )
@@ -120,6 +122,7 @@ if TYPE_CHECKING:
 else:
     TimingWheel = _IN_USE.wheel.TimingWheel
     TimerTask = _IN_USE.tasks.TimerTask
+    TimerCore = _IN_USE.tasks.TimerCore
     CallbackTask = _IN_USE.tasks.CallbackTask
     Counts = _IN_USE.tasks.Counts
     DelayedOperation = _IN_USE.tasks.DelayedOperation

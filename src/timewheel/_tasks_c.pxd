@@ -3,6 +3,7 @@
 so that another extension can cimport them."""
 
 cimport cython
+from libc.stdint cimport int64_t
 from timewheel._sync cimport tw_add, tw_mutex
 
 
@@ -41,6 +42,19 @@ cdef class Lateness:
     cdef long long _bounds[LATENESS_BUCKETS - 1]
     cdef long long _counts[LATENESS_BUCKETS]
     cdef long long _sum_ms
+
+
+cdef class TimerCore:
+    cdef readonly object _wheel
+    cdef readonly object _clock
+    cdef readonly Lateness _lateness
+    cdef bint _c_clock  # _clock is monotonic_ms and read here in C
+    cdef public object _cond
+    cdef public object _max_pending
+    cdef public object name
+    cdef public bint _closed
+    cdef public long long _notify_upto
+    cdef int _schedule_c(self, object task, object delay_ms) except -1
 
 
 cdef class DelayedOperation(TimerTask):

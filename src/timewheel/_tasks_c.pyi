@@ -14,6 +14,7 @@ __all__ = [
     "DelayedOperation",
     "Lateness",
     "PurgatoryCore",
+    "TimerCore",
     "TimerTask",
     "monotonic_ms",
 ]
@@ -75,6 +76,34 @@ class Lateness:
         """Count ``now_ms - task.deadline_ms`` for each task (0 for one expired early)."""
     def snapshot(self) -> tuple[list[int], int]:
         """``(counts, sum_ms)``: the count in each bucket (not cumulative) and the sum."""
+
+@disjoint_base
+class TimerCore:
+    """The hot half of a Timer, which subclasses it: adding tasks."""
+
+    _cond: Any
+    _max_pending: int | None
+    name: str
+    _closed: bool
+    _notify_upto: int
+    @property
+    def _wheel(self) -> Any: ...
+    @property
+    def _clock(self) -> Callable[[], int]: ...
+    @property
+    def _lateness(self) -> Lateness: ...
+    def _bind(
+        self,
+        wheel: Any,
+        clock: Callable[[], int],
+        cond: Any,
+        max_pending: int | None,
+        name: str,
+    ) -> None: ...
+    def add(self, delay_ms: int, callback: Callable[..., Any], *args: Any) -> CallbackTask:
+        """Run ``callback(*args)`` once ``delay_ms`` (>= 0) milliseconds have passed."""
+    def _schedule(self, task: Any, delay_ms: int) -> Any: ...
+    def _expire(self, now: int) -> list[Any]: ...
 
 @disjoint_base
 class DelayedOperation(TimerTask):

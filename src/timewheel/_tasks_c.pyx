@@ -17,14 +17,39 @@ shutdown, which waits for a running purge the same way.
 """
 
 cimport cython
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.weakref cimport PyWeakref_GET_OBJECT, PyWeakref_GetObject
 cdef extern from "Python.h":
     int PyObject_GC_IsTracked(object o)
     void PyObject_GC_Track(object o)
     void PyObject_GC_UnTrack(object o)
 
+cdef extern from *:
+    """
+    /* time.monotonic_ns() without a Python call where it is this (CPython reads
+       CLOCK_MONOTONIC on Linux); elsewhere the extension calls time.monotonic_ns. */
+    #if defined(__linux__)
+    #include <time.h>
+    #define TW_C_MONOTONIC 1
+    static long long tw_monotonic_ms(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    }
+    #else
+    #define TW_C_MONOTONIC 0
+    static long long tw_monotonic_ms(void) { return 0; }
+    #endif
+    """
+    enum: TW_C_MONOTONIC
+    long long tw_monotonic_ms() noexcept nogil
+
+from libc.stdint cimport int64_t
+
+from timewheel._wheel_c cimport TimingWheel as CWheel
 from timewheel._sync cimport (
     TW_HAS_GIL,
     tw_add,
@@ -44,11 +69,19 @@ from time import monotonic_ns as _monotonic_ns
 from weakref import ref as _weakref
 
 from timewheel import _atfork
-from timewheel._validate import INT64_MAX, LATENESS_BOUNDS_MS, aborted, check_int, check_keys
+from timewheel._validate import (
+    INT64_MAX,
+    INT64_MIN,
+    LATENESS_BOUNDS_MS,
+    TimerFullError,
+    aborted,
+    check_int,
+    check_keys,
+)
 
 __all__ = [
-    "CallbackTask", "Counts", "DelayedOperation", "Lateness", "PurgatoryCore", "TimerTask",
-    "monotonic_ms",
+    "CallbackTask", "Counts", "DelayedOperation", "Lateness", "PurgatoryCore", "TimerCore",
+    "TimerTask", "monotonic_ms",
 ]
 
 cdef enum:
@@ -59,15 +92,18 @@ cdef enum:
     DEAD_SHARE = 8  # a watcher list is compacted once 1/DEAD_SHARE of it is known dead
 
 cdef object _INT64_MAX = INT64_MAX
+cdef int64_t INT64_MAX_C = INT64_MAX
 
 
-# The garbage collector and pending operations. While the wheel holds an operation, it
-# holds a strong reference the collector cannot see, so the operation can never be
-# garbage; walking it in every collection only costs time, and at 100k requests/s the
-# pending operations and their watcher entries were most of what the collector walked
-# (a third of the benchmark's CPU). So an operation is untracked from the moment it is
-# timed until it leaves the wheel (completed, expired, cancelled, or let go by its
-# timer), and so is its watcher entry, which the operation remembers until then. Both
+# The garbage collector and pending tasks. While the wheel holds a task, the task cannot
+# be garbage unless the wheel is; walking it in every young collection only costs time:
+# at 100k requests/s the pending operations and their watcher entries were most of what
+# the collector walked (a third of the benchmark's CPU), and the collector was half the
+# cost of Timer.add + cancel with 100k tasks pending. So a task is untracked from the
+# moment it is timed until it leaves the wheel (completed, expired, cancelled, or let go
+# by its timer); the wheel's traverse walks through an untracked task that only it
+# holds, so cycles through pending tasks are still found. An operation's watcher entry
+# is untracked with it, and the operation remembers it until it leaves. Both
 # are tracked again together, operation first: the collector moves a weak reference
 # with a callback between its own lists when the referent dies in a cycle, which
 # crashes on an untracked reference, so an entry may be untracked only while its
@@ -85,8 +121,51 @@ cdef inline void retrack(object o) noexcept:
 
 def monotonic_ms():
     """The timer's default clock: :func:`time.monotonic_ns` in whole milliseconds."""
+    if TW_C_MONOTONIC:
+        return tw_monotonic_ms()
     cdef long long ns = _monotonic_ns()
     return ns // 1000000
+
+
+cdef int64_t wheel_insert(object wheel, int64_t d, object item) except? -1:
+    """Schedule ``item`` on ``wheel`` at ``d``: through the C wheel's methods when the GIL
+    alone guards it (see its _enter_with_gil), else through its Python method.
+
+    On the first way, a task of this module leaves the garbage collector's lists while
+    the wheel holds it (see ``untrack``), in the same GIL-held step as the insert, so
+    that whoever takes it out of the wheel, and so calls its ``_left``, finds it
+    untracked. The wheel's traverse walks through such a task (see ``wheel_traverse``
+    in :mod:`timewheel._wheel_c`), so cycles through it are still collected."""
+    cdef CWheel w
+    cdef int64_t h
+    if type(wheel) is CWheel:
+        w = <CWheel>wheel
+        if w._enter_with_gil():
+            Py_INCREF(item)
+            h = w._insert_one(d, <PyObject*>item)
+            if h >= 0 and isinstance(item, TimerTask):
+                untrack(item)
+            w._leave_with_gil()
+            if h < 0:
+                Py_XDECREF(<PyObject*>item)
+                raise MemoryError("timing wheel cannot grow")
+            return h
+    return wheel.schedule(d, item)
+
+
+cdef bint wheel_cancel(object wheel, int64_t h) except -1:
+    """Cancel ``h`` on ``wheel``, the same two ways as :func:`wheel_insert`."""
+    cdef CWheel w
+    cdef PyObject* item = NULL
+    cdef bint found
+    if type(wheel) is CWheel:
+        w = <CWheel>wheel
+        if w._enter_with_gil():
+            found = w._cancel(h, &item)
+            w._leave_with_gil()
+            Py_XDECREF(item)  # with no lock held: it may run a __del__
+            return found
+    return wheel.cancel(h)
 
 
 class Entry(_weakref):
@@ -152,7 +231,7 @@ cdef class TimerTask:
 
     cdef bint _cancel(self) except -1:
         wheel = self._wheel
-        if wheel is not None and wheel.cancel(self._handle):
+        if wheel is not None and wheel_cancel(wheel, self._handle):
             self._state = CANCELLED
             self._left()
             return True
@@ -207,13 +286,126 @@ cdef class CallbackTask(TimerTask):
         return f"{base[:len(base) - 1]} callback={self._callback!r}>"
 
 
+cdef class TimerCore:
+    """The hot half of :class:`~timewheel.timer.Timer`, which subclasses it: adding tasks.
+
+    The twin's docstring says what ``_bind`` and ``_notify_upto`` are. Here an add makes
+    its task and schedules it without a Python call: the default clock is read in C and
+    a Cython wheel is entered through its C methods.
+    """
+
+    def __cinit__(self):
+        self._notify_upto = INT64_MIN
+
+    def _bind(self, wheel, clock, cond, max_pending, name):
+        self._lateness = Lateness()
+        self._wheel = wheel
+        self._clock = clock
+        self._c_clock = TW_C_MONOTONIC and clock is monotonic_ms
+        self._cond = cond
+        self._max_pending = max_pending
+        self.name = name
+        self._closed = False
+        self._notify_upto = INT64_MIN
+
+    def add(self, delay_ms, callback, *args):
+        """Run ``callback(*args)`` once ``delay_ms`` (>= 0) milliseconds have passed.
+
+        The callback never runs inside ``add``, even with a zero delay: it runs at the
+        next :meth:`advance_clock` that reaches the deadline.
+        """
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {callback!r}")
+        cdef CallbackTask task = CallbackTask.__new__(CallbackTask)
+        task._callback = callback
+        task._args = args
+        self._schedule_c(task, delay_ms)
+        return task
+
+    def _schedule(self, task, delay_ms):
+        self._schedule_c(task, delay_ms)
+        return task
+
+    def _expire(self, now):
+        """Advance the wheel to ``now`` and return the tasks due, counted in the lateness
+        histogram; the collector tracks them again."""
+        due = self._wheel.advance(now)
+        if due:
+            for task in <list>due:
+                if isinstance(task, TimerTask):
+                    (<TimerTask>task)._left()
+            self._lateness.record(due, now)
+        return due
+
+    cdef int _schedule_c(self, object task, object delay_ms) except -1:
+        cdef int overflow = 0
+        cdef long long delay = -1, now
+        cdef int64_t deadline, h
+        cdef TimerTask ctask
+        if PyLong_CheckExact(delay_ms):
+            delay = PyLong_AsLongLongAndOverflow(delay_ms, &overflow)
+        if delay < 0:  # not an int, negative, or past int64
+            delay_ms = check_int("delay_ms", delay_ms, 0, _INT64_MAX)
+            delay = delay_ms
+        if self._closed:
+            raise RuntimeError(f"timer {self.name!r} is closed")
+        if self._c_clock:
+            now = tw_monotonic_ms()
+        else:
+            clock_now = self._clock()
+            if not PyLong_CheckExact(clock_now):
+                clock_now = check_int("clock()", clock_now, INT64_MIN, _INT64_MAX)
+            now = PyLong_AsLongLongAndOverflow(clock_now, &overflow)
+            if overflow:
+                check_int("clock()", clock_now, INT64_MIN, _INT64_MAX)  # raises
+        if now > 0 and delay > INT64_MAX_C - now:
+            raise ValueError(
+                f"delay_ms is too large: the deadline {now + delay} passes int64"
+            )
+        deadline = now + delay
+        wheel = self._wheel
+        if isinstance(task, TimerTask):
+            ctask = <TimerTask>task
+            ctask._deadline = deadline
+            ctask._timed = True
+            ctask._wheel = wheel
+        else:  # the twin's task, which a timer accepts too
+            task.deadline_ms = deadline
+            task._wheel = wheel
+        if self._max_pending is None:
+            h = wheel_insert(wheel, deadline, task)
+        else:
+            with self._cond:
+                if len(wheel) >= self._max_pending:
+                    task._wheel = None
+                    task.deadline_ms = None
+                    raise TimerFullError(
+                        f"timer {self.name!r} has max_pending={self._max_pending} tasks pending"
+                    )
+                h = wheel_insert(wheel, deadline, task)
+        if isinstance(task, TimerTask):
+            (<TimerTask>task)._handle = h
+        else:
+            task._handle = h
+        # Only a deadline earlier than what the waiter waits for changes its plan.
+        if deadline <= self._notify_upto:
+            with self._cond:
+                self._cond.notify_all()
+        # close() sets _closed before draining: either the drain saw this task, or we
+        # see _closed here and take the task back.
+        if self._closed and wheel_cancel(wheel, h):
+            raise RuntimeError(f"timer {self.name!r} is closed")
+        return 0
+
+
 @cython.final
 cdef class Counts:
     """A purgatory's completion counters, which its pending operations update.
 
-    Operations point here rather than at the purgatory: the Cython wheel holds them
-    where the garbage collector cannot see, so a reference from them to the purgatory
-    (and so to its timer) would keep a dropped purgatory alive with all it holds.
+    Operations point here rather than at the purgatory: a pending operation is out of
+    the garbage collector's sight while its caller holds it (see ``untrack``), so a
+    reference from it to the purgatory (and so to its timer) would keep a dropped
+    purgatory alive with all it holds.
     """
 
 

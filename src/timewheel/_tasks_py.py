@@ -33,10 +33,18 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Hashable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from . import _atfork
-from ._validate import INT64_MAX, LATENESS_BOUNDS_MS, aborted, check_int, check_keys
+from ._validate import (
+    INT64_MAX,
+    INT64_MIN,
+    LATENESS_BOUNDS_MS,
+    TimerFullError,
+    aborted,
+    check_int,
+    check_keys,
+)
 
 __all__ = [
     "CANCELLED",
@@ -48,11 +56,14 @@ __all__ = [
     "Entry",
     "Lateness",
     "PurgatoryCore",
+    "TimerCore",
     "TimerTask",
     "monotonic_ms",
 ]
 
 logger = logging.getLogger(__name__)
+
+_Task = TypeVar("_Task", bound="TimerTask")
 
 PENDING, CANCELLED, FIRED = 0, 1, 2
 DEAD_SHARE = 8  # a watcher list is compacted once 1/DEAD_SHARE of it is known dead
@@ -151,12 +162,95 @@ class CallbackTask(TimerTask):
         return f"{TimerTask.__repr__(self)[:-1]} callback={self._callback!r}>"
 
 
+class TimerCore:
+    """The hot half of :class:`~timewheel.timer.Timer`, which subclasses it: adding tasks.
+
+    :meth:`_bind` must be called once before use. ``_notify_upto`` is how the timer's
+    waiter asks to be woken: an add whose deadline is at or before it notifies ``_cond``
+    (``INT64_MIN`` when nobody waits, ``INT64_MAX`` while a waiter is deciding; at
+    ``INT64_MIN`` itself a notify is spurious, which is harmless).
+    """
+
+    _wheel: Any
+    _clock: Callable[[], int]
+
+    def _bind(
+        self,
+        wheel: Any,
+        clock: Callable[[], int],
+        cond: threading.Condition,
+        max_pending: int | None,
+        name: str,
+    ) -> None:
+        self._lateness = Lateness()
+        self._wheel = wheel
+        self._clock = clock
+        self._cond = cond
+        self._max_pending = max_pending
+        self.name = name
+        self._closed = False
+        self._notify_upto = INT64_MIN
+
+    def add(self, delay_ms: int, callback: Callable[..., Any], *args: Any) -> TimerTask:
+        """Run ``callback(*args)`` once ``delay_ms`` (>= 0) milliseconds have passed.
+
+        The callback never runs inside ``add``, even with a zero delay: it runs at the
+        next :meth:`advance_clock` that reaches the deadline.
+        """
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {callback!r}")
+        return self._schedule(CallbackTask(callback, args), delay_ms)
+
+    def _schedule(self, task: _Task, delay_ms: int) -> _Task:
+        if type(delay_ms) is not int or not 0 <= delay_ms <= INT64_MAX:
+            delay_ms = check_int("delay_ms", delay_ms, 0, INT64_MAX)
+        if self._closed:
+            raise RuntimeError(f"timer {self.name!r} is closed")
+        now = self._clock()
+        if type(now) is not int:
+            now = check_int("clock()", now, INT64_MIN, INT64_MAX)
+        deadline = now + delay_ms
+        if deadline > INT64_MAX:
+            raise ValueError(f"delay_ms is too large: the deadline {deadline} passes int64")
+        task.deadline_ms = deadline
+        task._wheel = wheel = self._wheel
+        if self._max_pending is None:
+            task._handle = wheel.schedule(deadline, task)
+        else:
+            with self._cond:
+                if len(wheel) >= self._max_pending:
+                    task._wheel = None
+                    task.deadline_ms = None
+                    raise TimerFullError(
+                        f"timer {self.name!r} has max_pending={self._max_pending} tasks pending"
+                    )
+                task._handle = wheel.schedule(deadline, task)
+        # Only a deadline earlier than what the waiter waits for changes its plan.
+        if deadline <= self._notify_upto:
+            with self._cond:
+                self._cond.notify_all()
+        # close() sets _closed before draining: either the drain saw this task, or we
+        # see _closed here and take the task back.
+        if self._closed and wheel.cancel(task._handle):
+            raise RuntimeError(f"timer {self.name!r} is closed")
+        return task
+
+    def _expire(self, now: int) -> list[Any]:
+        """Advance the wheel to ``now`` and return the tasks due, counted in the lateness
+        histogram (the extension also lets the collector track them again)."""
+        due: list[Any] = self._wheel.advance(now)
+        if due:
+            self._lateness.record(due, now)
+        return due
+
+
 class Counts:
     """A purgatory's completion counters, which its pending operations update.
 
-    Operations point here rather than at the purgatory: the Cython wheel holds them
-    where the garbage collector cannot see, so a reference from them to the purgatory
-    (and so to its timer) would keep a dropped purgatory alive with all it holds.
+    Operations point here rather than at the purgatory: a pending operation is out of
+    the garbage collector's sight while its caller holds it (see ``untrack``), so a
+    reference from it to the purgatory (and so to its timer) would keep a dropped
+    purgatory alive with all it holds.
     """
 
     __slots__ = ("_lock", "completed", "expired")

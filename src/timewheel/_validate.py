@@ -31,6 +31,7 @@ __all__ = [
     "MAX_LOOP_TIME",
     "MAX_SLOTS",
     "MAX_WHEEL_SIZE",
+    "TimerFullError",
     "aborted",
     "check_columns",
     "check_int",
@@ -231,6 +232,11 @@ def check_items(items: Any, n: int) -> list[Any] | None:
     if exact:
         return list(items)
     return [items[i] for i in range(n)]
+
+
+class TimerFullError(RuntimeError):
+    """Raised by :meth:`Timer.add <timewheel.timer.Timer.add>` when ``max_pending`` tasks
+    are already pending."""
 
 
 def aborted(task: object, exc: BaseException) -> RuntimeError:

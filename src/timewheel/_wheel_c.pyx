@@ -81,12 +81,21 @@ cdef extern from *:
             return visit((PyObject *)Py_TYPE(o), arg);
         return 0;
     }
+    /* Visit an item; through it, too, when it is untracked and only the wheel holds it. */
+    static int tw_visit_item(PyObject *item, tw_visitproc visit, void *arg) {
+        int r = visit(item, arg);
+        if (r == 0 && Py_REFCNT(item) == 1 && PyObject_IS_GC(item)
+                && !PyObject_GC_IsTracked(item) && Py_TYPE(item)->tp_traverse != NULL)
+            r = Py_TYPE(item)->tp_traverse(item, (visitproc)visit, arg);
+        return r;
+    }
     """
     ctypedef int (*tw_visitproc)(PyObject*, void*) noexcept
     ctypedef int (*tw_traverseproc)(PyObject*, tw_visitproc, void*) noexcept
     ctypedef int (*tw_inquiry)(PyObject*) noexcept
     void tw_set_gc(object type, tw_traverseproc traverse, tw_inquiry clear)
     int tw_visit_type(PyObject* o, tw_visitproc visit, void* arg) noexcept
+    int tw_visit_item(PyObject* item, tw_visitproc visit, void* arg) noexcept
 
 cdef enum:
     # the handle's bit budget, as in _validate (checked at import below)
@@ -845,6 +854,13 @@ cdef class TimingWheel:
 cdef int wheel_traverse(PyObject* o, tw_visitproc visit, void* arg) noexcept:
     """Visit every pending item, so cycles through pending items are collected.
 
+    A timer untracks its pending tasks (the collector would walk them at every young
+    collection, and an idle timeout lives long). An untracked item that only the wheel
+    holds is visited through: its references count as the wheel's, exactly, since it
+    lives as long as the wheel holds it, so a cycle through it (a callback that refers
+    back to its timer) is still found. An untracked item held elsewhere too is not: its
+    references then look held from outside the collection, which is safe.
+
     Only while no thread works on the wheel without the GIL: the collector holds the GIL
     from its first traverse to its last, so nobody starts to, and every traverse of one
     collection agrees. A wheel busy in another thread is simply not traversed that time
@@ -860,7 +876,7 @@ cdef int wheel_traverse(PyObject* o, tw_visitproc visit, void* arg) noexcept:
         return 0
     for s in range(w._hw):
         if w._entries[s].bucket != NIL and w._entries[s].item != NULL:
-            r = visit(w._entries[s].item, arg)
+            r = tw_visit_item(w._entries[s].item, visit, arg)
             if r:
                 return r
     return 0

@@ -20,15 +20,16 @@ from ._impl import (
     CANCELLED,
     FIRED,
     PENDING,
-    CallbackTask,
     Lateness,
+    TimerCore,
     TimerTask,
     TimingWheel,
     implementation,
     monotonic_ms,
 )
 from ._validate import INT64_MAX as _INT64_MAX
-from ._validate import MAX_WHEEL_SIZE, check_int
+from ._validate import INT64_MIN as _INT64_MIN
+from ._validate import MAX_WHEEL_SIZE, TimerFullError, check_int
 from .execution import (
     ExecuteProduceConsume,
     ExecutionStrategy,
@@ -46,8 +47,8 @@ logger = logging.getLogger(__name__)
 #: Every TimerTask class a Timer accepts: the one in use and its twin.
 _TASK_TYPES = (TimerTask, implementation("python").TimerTask)
 
-_NEVER = float("-inf")  # _wake_before when nobody waits: no add notifies
-_ALWAYS = float("inf")  # _wake_before while a waiter is deciding: every add notifies
+_NEVER = _INT64_MIN  # _notify_upto when nobody waits: no add notifies
+_ALWAYS = _INT64_MAX  # _notify_upto while a waiter is deciding: every add notifies
 
 
 def check_ms(name: str, value: Any, lo: int = 0, hi: int = _INT64_MAX) -> int:
@@ -62,10 +63,6 @@ def _seconds(ms: float) -> float:
 
 #: Builds the strategy that runs a timer's expired tasks from the producer it must drive.
 StrategyFactory = Callable[[Producer], ExecutionStrategy]
-
-
-class TimerFullError(RuntimeError):
-    """Raised by :meth:`Timer.add` when ``max_pending`` tasks are already pending."""
 
 
 class ManualClock:
@@ -196,7 +193,7 @@ def _reap(ref: weakref.ReferenceType[Timer]) -> None:
                 cond.wait(_seconds(reaping.poll_ms))
 
 
-class Timer:
+class Timer(TimerCore):
     """Run callbacks after a delay, on a hierarchical timing wheel (Kafka's SystemTimer).
 
     ``Timer(tick_ms=1, wheel_size=20, *, clock=None, executor=None, strategy=None,
@@ -265,31 +262,33 @@ class Timer:
             max_pending = check_ms("max_pending", max_pending, 1)
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {name!r}")
-        self._cond = threading.Condition(threading.Lock())
-        self._manual: ManualClock | None
+        cond = threading.Condition(threading.Lock())
+        self._manual: ManualClock | None = None
+        now_ms: Callable[[], int]
         if clock is None:
-            self._clock: Callable[[], int] = monotonic_ms
-            self._manual = None
+            now_ms = monotonic_ms
         elif isinstance(clock, ManualClock):
-            self._clock = clock.now_ms
+            now_ms = clock.now_ms
             self._manual = clock
-            clock._subscribe(self._cond)
         elif callable(clock):
-            self._clock = clock
-            self._manual = None
+            now_ms = clock
         else:
             raise TypeError(f"clock must be a ManualClock or a callable, got {clock!r}")
-        start = check_ms("clock()", self._clock(), -_INT64_MAX - 1)
+        start = check_ms("clock()", now_ms(), -_INT64_MAX - 1)
         if wheel_class is None:
-            self._wheel = TimingWheel(tick_ms, wheel_size, start)
+            wheel = TimingWheel(tick_ms, wheel_size, start)
         else:
             check_ms("wheel_size", wheel_size, 2, MAX_WHEEL_SIZE)
             try:
-                self._wheel = wheel_class(tick_ms, wheel_size, start)
+                wheel = wheel_class(tick_ms, wheel_size, start)
             except TypeError as exc:  # a class that is no wheel, such as dict
                 raise TypeError(
                     f"wheel_class must be a TimingWheel class, got {wheel_class!r}: {exc}"
                 ) from None
+        # add() is TimerCore's: C in the extension, the twin's otherwise.
+        self._bind(wheel, now_ms, cond, max_pending, name)
+        if self._manual is not None:
+            self._manual._subscribe(cond)
         self._executor = executor
         self._reaping = _Reaping(self)
         # A pool starts its threads only when given work, so a timer made before a fork
@@ -303,18 +302,13 @@ class Timer:
             if not isinstance(built, ExecutionStrategy):
                 raise TypeError(f"strategy must build an ExecutionStrategy, got {built!r}")
             self._strategy = built
-        self._max_pending = max_pending
-        self.name = name
         # Serialises advancers so tasks run in deadline order; held while waiting.
         # Re-entrant so that a callback may call advance_clock() or close().
         self._advance_lock = threading.RLock()
-        self._wake_before: float = _NEVER
-        self._closed = False
         self._reaper: threading.Thread | None = None
         self._errors = 0
         self._errors_lock = threading.Lock()
-        # -- observability: lateness is recorded once per advance, in _advance.
-        self._lateness = Lateness()
+        # -- observability: lateness is recorded once per advance, in _expire.
         register("timer", self, name)
         register("strategy", self._strategy, name)
         self._restart: tuple[int, Callable[[], None] | None] | None = None
@@ -340,7 +334,7 @@ class Timer:
         if not self._advance_lock._is_owned():  # type: ignore[attr-defined]
             self._advance_lock = threading.RLock()
         self._errors_lock = threading.Lock()
-        self._wake_before = _NEVER
+        self._notify_upto = _NEVER
         reaper, self._reaper = self._reaper, None
         if reaper is not None and not self._closed:
             if reaper is threading.current_thread():
@@ -357,17 +351,7 @@ class Timer:
         if restart is not None and not self._closed:
             self.start(restart[0], after_advance=restart[1])
 
-    # -- adding ---------------------------------------------------------------------
-    def add(self, delay_ms: int, callback: Callable[..., Any], *args: Any) -> TimerTask:
-        """Run ``callback(*args)`` once ``delay_ms`` (>= 0) milliseconds have passed.
-
-        The callback never runs inside ``add``, even with a zero delay: it runs at the
-        next :meth:`advance_clock` that reaches the deadline.
-        """
-        if not callable(callback):
-            raise TypeError(f"callback must be callable, got {callback!r}")
-        return self._schedule(CallbackTask(callback, args), delay_ms)
-
+    # -- adding (add() is TimerCore's) --------------------------------------------------
     def add_task(self, task: TimerTask, delay_ms: int) -> TimerTask:
         """Schedule a :class:`TimerTask` subclass instance; it may be added only once."""
         if not isinstance(task, _TASK_TYPES):
@@ -375,37 +359,6 @@ class Timer:
         if task._wheel is not None or task._state != PENDING:
             raise ValueError(f"task was already added to a timer: {task!r}")
         return self._schedule(task, delay_ms)
-
-    def _schedule(self, task: TimerTask, delay_ms: int) -> TimerTask:
-        if type(delay_ms) is not int or delay_ms < 0:
-            delay_ms = check_ms("delay_ms", delay_ms)
-        if self._closed:
-            raise RuntimeError(f"timer {self.name!r} is closed")
-        deadline = self._clock() + delay_ms
-        if deadline > _INT64_MAX:
-            raise ValueError(f"delay_ms is too large: the deadline {deadline} passes int64")
-        task.deadline_ms = deadline
-        task._wheel = wheel = self._wheel
-        if self._max_pending is None:
-            task._handle = wheel.schedule(deadline, task)
-        else:
-            with self._cond:
-                if len(wheel) >= self._max_pending:
-                    task._wheel = None
-                    task.deadline_ms = None
-                    raise TimerFullError(
-                        f"timer {self.name!r} has max_pending={self._max_pending} tasks pending"
-                    )
-                task._handle = wheel.schedule(deadline, task)
-        # Only a deadline earlier than what the waiter waits for changes its plan.
-        if deadline < self._wake_before:
-            with self._cond:
-                self._cond.notify_all()
-        # close() sets _closed before draining: either the drain saw this task, or we
-        # see _closed here and take the task back.
-        if self._closed and wheel.cancel(task._handle):
-            raise RuntimeError(f"timer {self.name!r} is closed")
-        return task
 
     # -- advancing ------------------------------------------------------------------
     def advance_clock(self, timeout_ms: int) -> bool:
@@ -430,9 +383,8 @@ class Timer:
                 if self._closed:
                     return False
             now = self._now()
-            due = self._wheel.advance(now)
+            due = self._expire(now)
             if due:
-                self._lateness.record(due, now)
                 dispatch(due)
             return bool(due)
         finally:
@@ -453,16 +405,16 @@ class Timer:
             try:
                 while not self._closed:
                     # Adds made while we look at the wheel must notify: they may be earlier.
-                    self._wake_before = _ALWAYS
+                    self._notify_upto = _ALWAYS
                     nd = wheel.next_deadline()
                     now = clock()
                     target = end if nd is None or nd > end else nd
                     if target <= now:
                         return
-                    self._wake_before = target
+                    self._notify_upto = target - 1
                     self._cond.wait(_seconds(target - now))
             finally:
-                self._wake_before = _NEVER
+                self._notify_upto = _NEVER
 
     def _dispatch(self, tasks: list[TimerTask]) -> None:
         """Run (or submit) expired tasks in order on this thread."""
@@ -558,7 +510,7 @@ class Timer:
         clock = self._clock
         with self._cond:
             try:
-                self._wake_before = _ALWAYS
+                self._notify_upto = _ALWAYS
                 nd = self._wheel.next_deadline()
                 now = clock()
                 # A move of the clock while we were not waiting (its notify found nobody)
@@ -566,10 +518,10 @@ class Timer:
                 if self._closed or (nd is not None and nd <= now) or now > self._wheel.now:
                     return
                 # Only an add that is already due needs us before the clock moves.
-                self._wake_before = now + 1
+                self._notify_upto = now
                 self._cond.wait(_seconds(poll_ms))
             finally:
-                self._wake_before = _NEVER
+                self._notify_upto = _NEVER
 
     def close(self) -> list[TimerTask]:
         """Stop the reaper promptly and return the tasks that never ran, in deadline order.
