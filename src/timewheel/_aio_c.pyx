@@ -97,14 +97,8 @@ cdef inline double as_when(object when) except? -1.0:
     return check_seconds("when", when, negative=True)
 
 
-cdef class LoopTimer
-
-
 cdef class _Entry:
     """What the wheel holds: a pending callback or timeout."""
-    cdef LoopTimer _timer  # set while pending
-    cdef int64_t _id  # the wheel handle; 0 once the wheel returned it as due
-    cdef double _when
 
     cdef int _expire(self, object loop) except -1:
         return 0
@@ -112,22 +106,10 @@ cdef class _Entry:
     cdef void _release(self) noexcept:
         pass
 
-    cdef inline void _unschedule(self) noexcept:
-        cdef LoopTimer timer = self._timer
-        if timer is not None:
-            self._timer = None
-            if self._id:
-                timer._wheel_cancel(self._id)
-
 
 @cython.final
 cdef class TimerHandle(_Entry):
     """A callback scheduled on the loop's wheel; behaves like ``asyncio.TimerHandle``."""
-    cdef object _callback
-    cdef tuple _args
-    cdef object _context
-    cdef bint _cancelled
-    cdef object __weakref__
 
     def when(self):
         """The loop time at which the callback is due."""
@@ -180,9 +162,6 @@ cdef class TimerHandle(_Entry):
 @cython.final
 cdef class _Alarm:
     """The callable behind the one armed ``loop.call_at``; see the twin's docstring."""
-    cdef LoopTimer timer
-    cdef object handle  # a weak reference to the loop's handle, or the handle
-    cdef object __weakref__
 
     def __call__(self):
         timer = self.timer
@@ -208,14 +187,6 @@ cdef class _Alarm:
 @cython.final
 cdef class LoopTimer:
     """The timing wheel of one event loop; get it with :func:`get_timer`."""
-    cdef object _loopref
-    cdef TimingWheel _wheel
-    cdef object _alarm  # weak reference to the armed _Alarm, or None
-    cdef int64_t _armed_ns
-    cdef bint _firing
-    cdef bint _closed
-    cdef readonly object _context  # for internal callbacks, which need none of their own
-    cdef object __weakref__
 
     def __cinit__(self, loop):
         self._loopref = weakref.ref(loop)
@@ -446,11 +417,6 @@ cdef class Timeout(_Entry):
 
     Use :func:`timeout` or :func:`timeout_at` to make one.
     """
-    cdef int _state
-    cdef object _when_obj  # None or the float deadline
-    cdef LoopTimer _wheel_of
-    cdef object _task
-    cdef object _cancelling
 
     def __init__(self, when, LoopTimer timer not None):
         self._state = CREATED

@@ -272,7 +272,6 @@ cdef class TimerTask:
 cdef class CallbackTask(TimerTask):
     """The task :meth:`Timer.add <timewheel.timer.Timer.add>` creates: ``callback(*args)``."""
 
-
     def __init__(self, callback, tuple args):
         self._callback = callback
         self._args = args
@@ -408,7 +407,6 @@ cdef class Counts:
     purgatory alive with all it holds.
     """
 
-
     @property
     def completed(self):
         """Operations completed, expired ones included."""
@@ -471,7 +469,6 @@ cdef class DelayedOperation(TimerTask):
     once complete) and, optionally, :meth:`on_expiration` (runs after
     :meth:`on_complete` when the operation timed out).
     """
-
 
     def __init__(self, delay_ms):
         if type(delay_ms) is not int or not 0 <= delay_ms <= _INT64_MAX:
@@ -586,7 +583,6 @@ cdef class PurgatoryCore:
     Subclasses provide ``name``, ``delayed`` and ``_try_raised(op)`` (log an exception
     that ``op.try_complete()`` just raised).
     """
-
 
     def __dealloc__(self):
         cdef Py_ssize_t i

@@ -58,6 +58,7 @@ def check_int(name, value, lo=_INT64_MIN, hi=_INT64_MAX):
     """``value`` as an int in ``[lo, hi]`` (int64 by default), or raise naming ``name``."""
     return _check_int(name, value, lo, hi)
 
+
 cdef extern from "Python.h":
     # steals the reference, which a plain ``object`` argument would not let us say
     void list_set_item_stolen "PyList_SET_ITEM" (object lst, Py_ssize_t i, PyObject* o)
