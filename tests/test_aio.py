@@ -124,6 +124,45 @@ def test_callbacks_run_in_deadline_then_fifo_order_never_early(
         assert at - when < 0.03, f"{name} ran {at - when} s late"
 
 
+def test_a_burst_of_timers_cascades_over_several_loop_iterations(
+    A: ModuleType, vloop: VirtualLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 3,000 timers 0.3-0.5 s away sit in level-1 buckets; the first one due makes its
+    # bucket cascade. With a small CASCADE_LIMIT that takes many loop iterations, and the
+    # loop runs other callbacks in between: a ticker on call_soon that moves the virtual
+    # clock 0.1 ms per iteration. Without slicing, the first callback would run within
+    # about 11 ticks of its deadline (the alarm rings within 1 ms).
+    monkeypatch.setattr(A, "CASCADE_LIMIT", 50)
+    ran: list[tuple[int, float, int]] = []  # (timer, loop time, ticks so far)
+    ticks: list[float] = []
+    n = 3_000
+
+    def tick() -> None:
+        ticks.append(vloop.now)
+        vloop.now += 0.0001
+        if len(ran) < n:
+            vloop.call_soon(tick)
+
+    async def main() -> list[float]:
+        base = vloop.time() + 0.3
+        whens = []
+        for i in range(n):
+            when = base + (i * 7 % n) / n * 0.2
+            h = A.call_at(when, lambda i=i: ran.append((i, vloop.time(), len(ticks))))
+            whens.append(h.when())
+        vloop.call_at(base - 0.01, tick)
+        while len(ran) < n:
+            await asyncio.sleep(0.05)
+        return whens
+
+    whens = run(vloop, main())
+    order = sorted(range(n), key=lambda i: whens[i])
+    assert [i for i, _, _ in ran] == order
+    assert all(at >= whens[i] for i, at, _ in ran), "a timer ran early"
+    due_at = next(k for k, t in enumerate(ticks) if t >= whens[order[0]])
+    assert ran[0][2] - due_at >= 25, "the cascade did not yield to the loop"
+
+
 def test_call_at_and_the_module_functions_share_the_loops_wheel(
     A: ModuleType, vloop: VirtualLoop
 ) -> None:

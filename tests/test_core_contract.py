@@ -204,6 +204,38 @@ def test_stale_handle_after_slab_reset(TW: Any) -> None:
     assert w.cancel(third) is True
 
 
+def test_a_limited_advance_cascades_in_slices_and_keeps_the_order(TW: Any) -> None:
+    # 5,000 deadlines spread over 5,000 ticks sit in one bucket two levels up; the first
+    # one due makes that whole bucket cascade. With a limit, it cascades in slices.
+    w, whole = TW(1, 16, 0), TW(1, 16, 0)
+    for i in range(5_000):
+        d = 100_000 + (i * 7919) % 5_000  # not in schedule order
+        w.schedule(d, (d, i))
+        whole.schedule(d, (d, i))
+    t = 100_000 + 10
+    expected = whole.advance(t)
+    assert len(expected) == 11 and expected == sorted(expected)
+    calls: list[list[Any]] = []
+    while not calls or (w.next_deadline() or t + 1) <= t:
+        calls.append(w.advance(t, limit=100))
+        assert len(calls) < 1_000
+    assert [item for call in calls for item in call] == expected
+    assert len(calls) > 10 and calls[0] == []  # cut short: nothing due is sure yet
+    assert len(w) == len(whole) == 5_000 - 11
+    # With as many due as the limit, the cascade is not cut: they all come out at once.
+    assert w.advance(t + 2_000, limit=100) == whole.advance(t + 2_000)
+    assert w.advance(200_000, limit=1) == whole.advance(200_000) and len(w) == 0
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1.5, True, "3", 2**63])
+def test_advance_refuses_a_bad_limit(TW: Any, limit: Any) -> None:
+    w = TW(1, 16, 0)
+    w.schedule(5, "x")
+    with pytest.raises((TypeError, ValueError), match="limit"):
+        w.advance(10, limit)
+    assert w.now == 0 and len(w) == 1 and w.advance(10) == ["x"]
+
+
 def test_next_deadline(TW: Any) -> None:
     w = TW(tick=1, wheel_size=10)
     assert w.next_deadline() is None

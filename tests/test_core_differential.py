@@ -40,6 +40,7 @@ ops = st.one_of(
     st.tuples(st.just("cancel_many"), st.lists(picks, max_size=8)),
     st.tuples(st.just("advance"), times),
     st.tuples(st.just("advance_many"), times),
+    st.tuples(st.just("advance_limited"), times, st.integers(1, 5), st.booleans()),
     st.tuples(st.just("next_deadline")),
 )
 wheels = st.tuples(
@@ -79,6 +80,19 @@ class Model:
         if not self.pending:
             self.cancelled_since_empty = False
         return [h for _, _, h in due], items
+
+    def expire_first(self, t: int, got: list[Any]) -> None:
+        """An advance with a limit returned ``got``: the first items due at ``max(now, t)``."""
+        self.now = max(self.now, t)
+        due = sorted((v[0], v[1], h) for h, v in self.pending.items() if v[0] <= self.now)
+        assert got == [self.pending[h][2] for _, _, h in due[: len(got)]]
+        for _, _, h in due[: len(got)]:
+            del self.pending[h]
+        if not self.pending:
+            self.cancelled_since_empty = False
+
+    def due(self) -> bool:
+        return any(v[0] <= self.now for v in self.pending.values())
 
     def pick(self, kind: str, n: int) -> int:
         live = sorted(self.pending)
@@ -154,6 +168,17 @@ def run(TW: Any, wheel: tuple[int, int, int], program: list[tuple]) -> None:
             t = when(op[1])
             got = a.advance(t)
             assert b.advance(t) == got == m.expire(t)[1]
+        elif kind == "advance_limited":
+            # One call, or (drain) calls until nothing due is left: a prefix each time,
+            # the same on both wheels, and finished within a bound.
+            t, limit, drain = when(op[1]), op[2], op[3]
+            for _ in range(10_000):
+                got = a.advance(t, limit)
+                assert b.advance(t, limit) == got
+                m.expire_first(t, got)
+                if not drain or not m.due():
+                    break
+            assert not drain or not m.due(), "limited advances did not finish"
         elif kind == "advance_many":
             t = when(op[1])
             got = a.advance_many(t).tolist()

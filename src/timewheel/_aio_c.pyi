@@ -8,6 +8,7 @@ from typing import Any, Callable, final
 from typing_extensions import disjoint_base
 
 __all__ = [
+    "CASCADE_LIMIT",
     "TICK_NS",
     "WHEEL_SIZE",
     "LoopTimer",
@@ -20,6 +21,7 @@ __all__ = [
     "timeout_at",
 ]
 
+CASCADE_LIMIT: int
 TICK_NS: int
 WHEEL_SIZE: int
 

@@ -30,6 +30,7 @@ from contextvars import Context, copy_context
 from timewheel._validate import MAX_LOOP_TIME as _MAX_LOOP_TIME, check_seconds
 
 __all__ = [
+    "CASCADE_LIMIT",
     "TICK_NS",
     "WHEEL_SIZE",
     "LoopTimer",
@@ -44,6 +45,7 @@ __all__ = [
 
 TICK_NS = 1_000_000
 WHEEL_SIZE = 256
+CASCADE_LIMIT = 16_384  # see the twin
 
 cdef int64_t TICK = 1_000_000
 cdef int64_t NEVER = 0x7FFFFFFFFFFFFFFF
@@ -316,7 +318,7 @@ cdef class LoopTimer:
         now = <int64_t>floor(loop.time() * 1e9)
         if 0 < armed - now <= 1:  # the loop's float clock rounded below the armed moment
             now = armed
-        due = self._wheel.advance(now)
+        due = self._wheel.advance(now, CASCADE_LIMIT)  # the rest: _rearm arms at once
         n = len(due)
         for i in range(n):
             (<_Entry>due[i])._id = 0  # left the wheel; a reschedule gives it a new id
@@ -342,7 +344,8 @@ cdef class LoopTimer:
     cdef int _rearm(self) except -1:
         d = self._wheel.next_deadline()
         if d is not None and not self._closed:
-            self._arm(tick_end(d))
+            # A firing cut short by CASCADE_LIMIT left due entries: go on at once.
+            self._arm(self._wheel._now if d <= self._wheel._now else tick_end(d))
         return 0
 
     cdef int _alarm_lost(self) except -1:

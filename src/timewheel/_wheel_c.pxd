@@ -117,13 +117,16 @@ cdef class TimingWheel:
     cdef void _reset_if_empty(self) noexcept nogil
     cdef bint _cancel(self, int64_t h, PyObject** item) noexcept nogil
     cdef void _set_now(self, int64_t t) noexcept nogil
-    cdef void _expire(self, int64_t t, ExpiredBuf* out) noexcept nogil
+    cdef void _expire(self, int64_t t, ExpiredBuf* out, size_t budget) noexcept nogil
+    cdef void _hold_back(
+        self, uint32_t b, int64_t key, uint32_t s, uint32_t tail, ExpiredBuf* out
+    ) noexcept nogil
     cdef void _heap_push(self, uint32_t b) noexcept nogil
     cdef uint32_t _heap_pop(self) noexcept nogil
     cdef void _sift_up(self, uint32_t pos) noexcept nogil
     cdef void _sift_down(self, uint32_t pos) noexcept nogil
     cdef bint _peek(self, int64_t* key) noexcept nogil
-    cdef void _collect(self, int64_t t, ExpiredBuf* buf) noexcept
+    cdef void _collect(self, int64_t t, ExpiredBuf* buf, size_t budget) noexcept
     cdef bint _enter_with_gil(self) noexcept
     cdef void _leave_with_gil(self) noexcept
     cdef void _lock(self) noexcept nogil

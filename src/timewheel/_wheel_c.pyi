@@ -35,8 +35,12 @@ class TimingWheel:
         Handle generations wrap after 2**27 - 1 reuses of one slot. Another wheel's
         handle is refused (each wheel tags its handles).
         """
-    def advance(self, now: int) -> list[Any]:
-        """Move time to ``max(self.now, now)`` and return the items now due, in order."""
+    def advance(self, now: int, limit: int | None = None) -> list[Any]:
+        """Move time to ``max(self.now, now)`` and return the items now due, in order.
+
+        With ``limit``, at most that many entries not yet due cascade in this call
+        (unless as many are due already); a call cut short returns the first due items.
+        """
     def next_deadline(self) -> int | None:
         """Earliest time at which :meth:`advance` may return something; None if empty."""
     def schedule_many(

@@ -332,16 +332,25 @@ cdef class TimingWheel:
         Py_XDECREF(item)
         return found
 
-    def advance(self, now):
+    def advance(self, now, limit=None):
         """Move time to ``max(self.now, now)`` and return the items now due.
 
-        Items are ordered by deadline, then by the order they were scheduled.
+        Items are ordered by deadline, then by the order they were scheduled. With
+        ``limit`` (an int >= 1), at most that many entries that are not due yet move to
+        a finer level in this call, unless ``limit`` items are due already (so a bucket
+        of many far deadlines cascades in slices); a call cut short returns only the
+        first of the due items, in the same order, and the rest stay due
+        (:meth:`next_deadline` is at or before ``now``) for the next call. Repeated calls
+        return, in all, what one call without a limit returns.
         """
         cdef int64_t t = as_int64("now", now)
+        cdef size_t budget = SIZE_MAX
         cdef ExpiredBuf buf
         cdef size_t i
         cdef list result
-        self._collect(t, &buf)
+        if limit is not None:
+            budget = <size_t>check_int("limit", limit, 1, _INT64_MAX)
+        self._collect(t, &buf, budget)
         cdef PyObject* p
         try:
             result = PyList_New(buf.n)
@@ -474,7 +483,7 @@ cdef class TimingWheel:
         cdef ExpiredBuf buf
         cdef size_t i
         cdef int64_t[::1] view
-        self._collect(t, &buf)
+        self._collect(t, &buf, SIZE_MAX)
         try:
             out = np.empty(buf.n, dtype=np.int64)
             view = out
@@ -486,14 +495,14 @@ cdef class TimingWheel:
             PyMem_RawFree(buf.data)
         return out
 
-    cdef void _collect(self, int64_t t, ExpiredBuf* buf) noexcept:
+    cdef void _collect(self, int64_t t, ExpiredBuf* buf, size_t budget) noexcept:
         """Run _expire into ``buf`` (zeroed here) under the lock, with the GIL released."""
         buf.data = NULL
         buf.n = buf.cap = 0
         self._gilfree += 1
         with nogil:
             self._lock()
-            self._expire(t, buf)
+            self._expire(t, buf, budget)
             self._unlock()
         self._gilfree -= 1
 
@@ -750,29 +759,42 @@ cdef class TimingWheel:
             self._floors[k] = q * self._ticks[k]
             self._cursors[k] = q % self._wheel
 
-    cdef void _expire(self, int64_t t, ExpiredBuf* out) noexcept nogil:
+    cdef void _expire(self, int64_t t, ExpiredBuf* out, size_t budget) noexcept nogil:
         """Move time to ``max(now, t)`` and move every due entry into ``out``, sorted.
 
         If ``out`` cannot grow, the entries that do not fit go to the due bucket and
-        come out of the next advance, so nothing is lost.
+        come out of the next advance, so nothing is lost. At most ``budget`` entries not
+        yet due move to a finer level, unless ``budget`` entries are due already (see
+        :meth:`_hold_back`).
         """
-        cdef int64_t now
-        cdef uint32_t b, s, nxt
+        cdef int64_t now, key
+        cdef uint32_t b, s, nxt, tail
         cdef Entry* e
         cdef Expired* x
         cdef bint full = False
-        cdef size_t i
+        cdef size_t i, moved = 0
         self._set_now(t)
         now = self._now
         while not full and self._heap_len and self._buckets[self._heap[0]].key <= now:
             b = self._heap_pop()
+            key = self._buckets[b].key
             s = self._buckets[b].head
+            tail = self._buckets[b].tail
             self._buckets[b].head = NIL
             self._buckets[b].tail = NIL
             while s != NIL:
                 e = &self._entries[s]
                 nxt = e.next
                 if e.deadline > now:
+                    # Only a bucket above level 0 cascades (an entry of now's own level-0
+                    # bucket goes back into it). Out of budget: stop, unless as many are
+                    # due already (their callbacks outlast the cascade; holding them back
+                    # would sort them again).
+                    if b > self._wheel:
+                        if moved == budget and out.n < budget:
+                            self._hold_back(b, key, s, tail, out)
+                            return
+                        moved += 1
                     self._place(s)
                 elif full or (out.n == out.cap and grow(
                         <void**>&out.data, &out.cap, out.n + 1 if out.cap else 64,
@@ -792,6 +814,50 @@ cdef class TimingWheel:
             return
         sort_expired(out)
         for i in range(out.n):
+            self._release(<uint32_t>(out.data[i].handle & SLOT_MASK))
+        self._reset_if_empty()
+
+    cdef void _hold_back(
+        self, uint32_t b, int64_t key, uint32_t s, uint32_t tail, ExpiredBuf* out
+    ) noexcept nogil:
+        """_expire ran out of budget in bucket ``b`` (its old ``key``) at entry ``s``.
+
+        The rest of the bucket, ``s`` to ``tail``, goes back into it (``b`` is above
+        level 0, so nothing was linked there meanwhile). Then no entry still linked is
+        due before the earliest key in the heap, so the entries in ``out`` due before it
+        come out, in order; the others go to the due bucket, so that each call returns a
+        prefix of what an unbounded one would. Every call moves ``budget`` entries down
+        a level, and none comes back up, so repeated calls finish.
+        """
+        cdef Bucket* bk = &self._buckets[b]
+        cdef int64_t upto
+        cdef size_t i, kept = 0
+        cdef uint32_t slot
+        if bk.tail == NIL:
+            self._entries[s].prev = NIL
+            bk.head = s
+        else:  # not expected (see above), but kept whole if it happens
+            self._entries[bk.tail].next = s
+            self._entries[s].prev = bk.tail
+        bk.tail = tail
+        if bk.pos == NIL:
+            bk.key = key
+            self._heap_push(b)
+        elif key < bk.key:
+            bk.key = key
+            self._sift_up(bk.pos)
+        if out.n == 0:
+            return
+        sort_expired(out)
+        upto = self._buckets[self._heap[0]].key
+        while kept < out.n and out.data[kept].deadline < upto:
+            kept += 1
+        for i in range(kept, out.n):
+            slot = <uint32_t>(out.data[i].handle & SLOT_MASK)
+            self._entries[slot].item = out.data[i].item
+            self._link(slot, DUE, out.data[i].deadline)
+        out.n = kept
+        for i in range(kept):
             self._release(<uint32_t>(out.data[i].handle & SLOT_MASK))
         self._reset_if_empty()
 

@@ -204,14 +204,21 @@ class TimingWheel:
         # the item's last reference goes here, outside the lock: its __del__ may call us
         return dropped is not _MISSING
 
-    def advance(self, now: int) -> list[Any]:
+    def advance(self, now: int, limit: int | None = None) -> list[Any]:
         """Move time to ``max(self.now, now)`` and return the items now due.
 
-        Items are ordered by deadline, then by the order they were scheduled.
+        Items are ordered by deadline, then by the order they were scheduled. With
+        ``limit`` (an int >= 1), at most that many entries that are not due yet move to
+        a finer level in this call, unless ``limit`` items are due already (so a bucket
+        of many far deadlines cascades in slices); a call cut short returns only the
+        first of the due items, in the same order, and the rest stay due
+        (:meth:`next_deadline` is at or before ``now``) for the next call. Repeated calls
+        return, in all, what one call without a limit returns.
         """
         t = check_int("now", now)
+        budget = -1 if limit is None else check_int("limit", limit, 1, INT64_MAX)
         with self._lock:
-            return self._guarded_expire(t)[1]
+            return self._guarded_expire(t, budget)[1]
 
     def next_deadline(self) -> int | None:
         """Earliest time at which :meth:`advance` may return something; None if empty.
@@ -281,19 +288,19 @@ class TimingWheel:
         """Like :meth:`advance`, but return the handles of the expired entries."""
         t = check_int("now", now)
         with self._lock:
-            handles, items = self._guarded_expire(t)
+            handles, items = self._guarded_expire(t, -1)
         del items  # dropped outside the lock: an item's __del__ may call us
         return np.array(handles, dtype=np.int64)
 
     # -- internals ----------------------------------------------------------------
-    def _guarded_expire(self, t: int) -> tuple[list[int], list[Any]]:
+    def _guarded_expire(self, t: int, budget: int) -> tuple[list[int], list[Any]]:
         """_expire, or on an interrupt the wheel as it was: due entries stay pending."""
         if self._broken is not None:
             self._repair()
         now = self._now
         done = False
         try:
-            result = self._expire(t)  # sets _undo before it releases a slot
+            result = self._expire(t, budget)  # sets _undo before it releases a slot
             # done: no interrupt can land between these two stores (no call, no loop)
             self._undo = None
             done = True
@@ -516,28 +523,46 @@ class TimingWheel:
         self._reset_if_empty()
         return item
 
-    def _expire(self, t: int) -> tuple[list[int], list[Any]]:
-        """Move time to ``max(now, t)``, free every due entry, return (handles, items)."""
+    def _expire(self, t: int, budget: int) -> tuple[list[int], list[Any]]:
+        """Move time to ``max(now, t)``, free every due entry, return (handles, items).
+
+        At most ``budget`` entries not yet due move to a finer level (-1: no limit),
+        unless ``budget`` entries are due already (see :meth:`_hold_back`).
+        """
         if t > self._now:
             self._now = t
         now = self._now
         expired: list[int] = []
         heap = self._heap
+        moved = 0
         while heap and self._key_of(heap[0]) <= now:
             b = self._heap_pop()
+            key = self._key_of(b)
             if b == _DUE:
-                s = self._due_head
+                s, tail = self._due_head, self._due_tail
                 self._due_head = self._due_tail = -1
             else:
-                s = self._bhead[b]
+                s, tail = self._bhead[b], self._btail[b]
                 self._bhead[b] = self._btail[b] = -1
             while s >= 0:
                 nxt = self._next[s]
                 if self._deadline[s] <= now:
                     expired.append(s)
                 else:
+                    # Only a bucket above level 0 cascades (an entry of now's own level-0
+                    # bucket goes back into it). Out of budget: stop, unless as many are
+                    # due already (their callbacks outlast the cascade; holding them back
+                    # would sort them again).
+                    if b != _DUE and b >= self._wheel:
+                        if moved == budget and len(expired) < budget:
+                            expired = self._hold_back(b, key, s, tail, expired)
+                            break
+                        moved += 1
                     self._place(s)
                 s = nxt
+            else:
+                continue
+            break
         if not expired:
             return [], []
         dl, sq = self._deadline, self._seq
@@ -549,6 +574,38 @@ class TimingWheel:
         for s in expired:
             self._release(s)
         return handles, items
+
+    def _hold_back(self, b: int, key: int, s: int, tail: int, expired: list[int]) -> list[int]:
+        """_expire ran out of budget in bucket ``b`` (its old ``key``) at entry ``s``.
+
+        The rest of the bucket, ``s`` to ``tail``, goes back into it (``b`` is above
+        level 0, so nothing was linked there meanwhile). Then no entry still linked is
+        due before the earliest key in the heap, so the entries of ``expired`` due before
+        it come out (returned); the others go to the due bucket, so that each call
+        returns a prefix of what an unbounded one would. Every call moves ``budget``
+        entries down a level, and none comes back up, so repeated calls finish.
+        """
+        last = self._btail[b]
+        if last < 0:
+            self._prev[s] = -1
+            self._bhead[b] = s
+        else:  # not expected (see above), but kept whole if it happens
+            self._next[last] = s
+            self._prev[s] = last
+        self._btail[b] = tail
+        if self._bpos[b] < 0:
+            self._set_key(b, key)
+            self._heap_push(b)
+        elif key < self._key_of(b):
+            self._set_key(b, key)
+            self._sift_up(self._bpos[b])
+        upto = self._key_of(self._heap[0])
+        dl, sq = self._deadline, self._seq
+        expired.sort(key=lambda s: (dl[s], sq[s]))
+        kept = [slot for slot in expired if dl[slot] < upto]
+        for slot in expired[len(kept) :]:
+            self._link(slot, _DUE, dl[slot])
+        return kept
 
     def _bucket_empty(self, b: int) -> bool:
         return (self._due_head if b == _DUE else self._bhead[b]) < 0
