@@ -593,17 +593,17 @@ def _limit_text(limit: float | int) -> str:
 def run(args: argparse.Namespace) -> int:
     """``main`` without the error handling: raises UsageError for refused input."""
     if args.metrics_port is None:
-        return _run(args, None)
+        return _run(args, report_workers=False)
     endpoint = MetricsEndpoint(args.metrics_port)
     try:
         if not args.quiet:
             _note(f"serving metrics on http://127.0.0.1:{endpoint.port}/metrics")
-        return _run(args, endpoint)
+        return _run(args, report_workers=True)
     finally:
         endpoint.close()
 
 
-def _run(args: argparse.Namespace, endpoint: MetricsEndpoint | None) -> int:
+def _run(args: argparse.Namespace, *, report_workers: bool) -> int:
     from . import dispatch
     from .worker_metrics import WorkerReports
 
@@ -637,7 +637,7 @@ def _run(args: argparse.Namespace, endpoint: MetricsEndpoint | None) -> int:
             total = args.generate or DEMO_ROWS
             df = generated_rows(spark, total, args.partitions)
         progress = spark.sparkContext.accumulator(0)
-        if endpoint is not None:
+        if report_workers:  # registered on the driver for the endpoint, closed below
             reports = WorkerReports(spark.sparkContext)
         try:
             result = dispatch(

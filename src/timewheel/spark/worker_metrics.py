@@ -110,14 +110,9 @@ class PartitionCounts:
             self.retries += outcome.attempts - 1
 
     def counts(self) -> Counts:
-        """The counters of this partition, as :class:`WorkerMetrics` adds them up."""
+        """The row counters of this partition, as :class:`WorkerMetrics` adds them up."""
         done = {f"rows_{status}": n for status, n in self.finished.items()}
-        return {
-            "partitions": 0,
-            "rows_admitted": self.admitted,
-            **done,
-            "retries": self.retries,
-        }
+        return {"rows_admitted": self.admitted, **done, "retries": self.retries}
 
 
 def _add(total: Counts, counts: Counts) -> None:
@@ -144,8 +139,7 @@ class WorkerMetrics:
 
     def end(self, partition: PartitionCounts) -> Counts:
         """Fold an ended partition into the totals; return what it added (its report)."""
-        counts = partition.counts()
-        counts["partitions"] = 1
+        counts = {"partitions": 1, **partition.counts()}
         with self._lock:
             self._running.discard(partition)
             _add(self._totals, counts)
