@@ -111,6 +111,7 @@ class PartitionCounts:
 
     def counts(self) -> Counts:
         """The row counters of this partition, as :class:`WorkerMetrics` adds them up."""
+        # Finished rows first: read while the task runs, admitted is then never behind.
         done = {f"rows_{status}": n for status, n in self.finished.items()}
         return {"rows_admitted": self.admitted, **done, "retries": self.retries}
 
@@ -147,11 +148,11 @@ class WorkerMetrics:
 
     def metrics(self) -> Counts:
         """Every counter, and the rows in flight, as of now."""
+        # Under the lock, so a partition ending meanwhile is counted once, never twice.
         with self._lock:
             total = dict(self._totals)
-            running = list(self._running)
-        for partition in running:
-            _add(total, partition.counts())
+            for partition in self._running:
+                _add(total, partition.counts())
         return _snapshot(total)
 
 
