@@ -27,6 +27,8 @@ from timewheel import Implementation, ManualClock, Purgatory, QueueingSource, Re
 from timewheel import metrics as tw_metrics
 from timewheel.metrics import METRICS, Metric
 from timewheel.purgatory import DelayedOperation
+from timewheel.spark.engines import Outcome
+from timewheel.spark.worker_metrics import WorkerMetrics
 from timewheel.timer import Timer
 
 BOUNDS_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -128,10 +130,19 @@ def workload() -> Iterator[Workload]:
     tw_metrics.register("queueing_source", source, f"{name}-source")
     assert source.get_next_batch(1) == []
 
+    # A Spark worker's dispatch counters: one partition ended, one still running.
+    worker = WorkerMetrics(f"{name}-worker")
+    ended, running = worker.start(), worker.start()
+    ended.admitted, running.admitted = 5, 3
+    for status, attempts in [("ok", 1), ("ok", 2), ("failed", 3), ("timeout", 2), ("failed", 0)]:
+        ended.record(Outcome({}, status, attempts, 1.0, None))
+    running.record(Outcome({}, "ok", 1, 1.0, None))
+    worker.end(ended)
+
     cumulative, sum_ms = replay_lateness()
     lateness = (cumulative, sum_ms / 1000)
     purge_seconds = purgatory.counters()["purge_ns"] / 1e9
-    t, p, rm, src = f"{name}-timer", name, f"{name}-rm", f"{name}-source"
+    t, p, rm, src, w = f"{name}-timer", name, f"{name}-rm", f"{name}-source", f"{name}-worker"
     expected: dict[tuple[str, str], tuple[str, Any]] = {
         ("timer", "pending_tasks"): (t, PENDING),
         ("timer", "lateness_seconds"): (t, lateness),
@@ -166,10 +177,17 @@ def workload() -> Iterator[Workload]:
         ("queueing_source", "replenishes"): (src, 1),
         ("queueing_source", "errors"): (src, 0),
         ("queueing_source", "duplicates_dropped"): (src, 1),
+        ("spark_engine", "partitions"): (w, 1),
+        ("spark_engine", "rows_admitted"): (w, 8),
+        ("spark_engine", "rows_ok"): (w, 3),
+        ("spark_engine", "rows_failed"): (w, 2),
+        ("spark_engine", "rows_timeout"): (w, 1),
+        ("spark_engine", "retries"): (w, 4),
+        ("spark_engine", "rows_in_flight"): (w, 2),
     }
     with pytest.raises(TimeoutError, match="timed out"):
         waiting.result(timeout=0)
-    yield Workload(name, [purgatory, manager, source, ops, held, parked], expected)
+    yield Workload(name, [purgatory, manager, source, ops, held, parked, worker], expected)
     manager.checkin(held)
     manager.close()
     rm_purgatory.shutdown()

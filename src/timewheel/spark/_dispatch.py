@@ -41,6 +41,7 @@ from .._validate import check_columns, check_int
 from ._per_process import PerProcess
 from .engines import RESULT_COLUMNS, DispatchConfig, Outcome
 from .registry import DEFAULT_ENGINE, get_engine
+from .worker_metrics import worker_metrics
 
 __all__ = [
     "MAX_DELAY_MS",
@@ -143,16 +144,20 @@ class _PartitionDispatch:
         target: Any,
         config: DispatchConfig,
         progress: Accumulator[int] | None = None,
+        reports: Accumulator[Any] | None = None,
     ) -> None:
         self.engine = engine
         self.target = target
         self.config = config
         self.progress = progress
+        self.reports = reports
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         engine = get_engine(self.engine)
         _HEAP_FROZEN.get()  # once per Python worker
         schemas: list[pa.Schema] = []
+        worker = worker_metrics()
+        counts = worker.start()
 
         def rows() -> Iterator[dict[str, Any]]:
             for batch in batches:
@@ -161,16 +166,23 @@ class _PartitionDispatch:
                 # Column by column, then zipped: cheaper than RecordBatch.to_pylist.
                 names = batch.schema.names
                 for values in zip(*[column.to_pylist() for column in batch.columns]):
+                    counts.admitted += 1
                     yield dict(zip(names, values))
 
         out: list[Outcome] = []
-        for outcome in engine(rows(), self.target, self.config):
-            out.append(outcome)
-            if len(out) == _OUT_BATCH_ROWS:
+        try:
+            for outcome in engine(rows(), self.target, self.config):
+                counts.record(outcome)
+                out.append(outcome)
+                if len(out) == _OUT_BATCH_ROWS:
+                    yield self._batch(out, schemas[0])
+                    out = []
+            if out:
                 yield self._batch(out, schemas[0])
-                out = []
-        if out:
-            yield self._batch(out, schemas[0])
+        finally:
+            report = worker.end(counts)
+            if self.reports is not None:
+                self.reports.add({worker.name: report})
 
     def _batch(self, outcomes: list[Outcome], schema: pa.Schema) -> pa.RecordBatch:
         if self.progress is not None:
@@ -252,6 +264,7 @@ def dispatch(
     backoff_ms: int = 100,
     _engine: str | None = None,
     _progress: Accumulator[int] | None = None,
+    _reports: Accumulator[Any] | None = None,
 ) -> DataFrame:
     """Send each row of ``df`` to ``target`` from the executors; return it once, with its outcome.
 
@@ -274,7 +287,9 @@ def dispatch(
     The result is lazy, like any DataFrame: calls are made when an action runs, and
     again if the result is computed twice (cache or write it once).
     ``_progress``, an int accumulator, is given the rows each task finished (the
-    CLI's progress bar reads it).
+    CLI's progress bar reads it). ``_reports``, the accumulator of a
+    :class:`~timewheel.spark.worker_metrics.WorkerReports`, is given each partition's
+    ``spark_engine`` counts under its worker's name when the partition ends.
     """
     engine = DEFAULT_ENGINE if _engine is None else _engine
     if callable(getattr(target, "for_id_col", None)) and isinstance(id_col, str):
@@ -286,5 +301,5 @@ def dispatch(
     if config.key_cols:
         df = df.repartition(df.rdd.getNumPartitions(), config.key_cols[0])
     return df.mapInArrow(
-        _PartitionDispatch(engine, target, config, _progress), output_schema(df.schema)
+        _PartitionDispatch(engine, target, config, _progress, _reports), output_schema(df.schema)
     )

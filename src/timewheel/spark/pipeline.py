@@ -188,6 +188,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="the Python the executors run; it must have timewheel installed (default: "
         "spark.pyspark.python if given with --conf, else $PYSPARK_PYTHON, else this one)",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=metrics_port,
+        default=None,
+        metavar="PORT",
+        help="serve the driver's Prometheus metrics on http://127.0.0.1:PORT/metrics while the "
+        "command runs, with every worker's spark_engine counters (0: any free port, shown in "
+        "a note); needs prometheus_client",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or notes")
     parser.add_argument(
         "--debug",
@@ -227,6 +236,50 @@ def conf_pair(text: str) -> tuple[str, str]:
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"must be KEY=VALUE, got {text!r}")
     return key.strip(), value
+
+
+def metrics_port(text: str) -> int:
+    """``--metrics-port``: a TCP port number, 0 (any free port) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {text!r}")
+    return port
+
+
+class MetricsEndpoint:
+    """``--metrics-port``: the driver's Prometheus endpoint on 127.0.0.1, for the run.
+
+    It serves a registry of its own holding timewheel's collector, so it shows the
+    driver's timewheel objects and, through :class:`~.worker_metrics.WorkerReports`,
+    every worker's ``spark_engine`` counters. :meth:`close` stops its thread.
+    """
+
+    def __init__(self, port: int) -> None:
+        try:
+            from prometheus_client import CollectorRegistry, start_http_server
+
+            from ..metrics.prometheus import register_collector
+        except ImportError as exc:
+            raise UsageError(f"--metrics-port: {exc}") from exc
+        registry = CollectorRegistry()
+        register_collector(registry)
+        try:
+            self._server, self._thread = start_http_server(port, "127.0.0.1", registry)
+        except OSError as exc:
+            raise UsageError(
+                f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}"
+            ) from exc
+        #: The port it listens on (the one chosen when 0 was asked for).
+        self.port: int = self._server.server_port
+
+    def close(self) -> None:
+        """Stop serving and wait for the server's thread to end."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
 
 
 def failure_budget(limit: float | int, rows: int) -> int:
@@ -539,7 +592,20 @@ def _limit_text(limit: float | int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """``main`` without the error handling: raises UsageError for refused input."""
+    if args.metrics_port is None:
+        return _run(args, report_workers=False)
+    endpoint = MetricsEndpoint(args.metrics_port)
+    try:
+        if not args.quiet:
+            _note(f"serving metrics on http://127.0.0.1:{endpoint.port}/metrics")
+        return _run(args, report_workers=True)
+    finally:
+        endpoint.close()
+
+
+def _run(args: argparse.Namespace, *, report_workers: bool) -> int:
     from . import dispatch
+    from .worker_metrics import WorkerReports
 
     try:
         target = target_from_url(args.target, **http_options(args))
@@ -560,6 +626,7 @@ def run(args: argparse.Namespace) -> int:
     staging = Path(
         tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent)
     )
+    reports: WorkerReports | None = None
     try:
         if args.input and fmt:
             df = read_input(spark, args.input, fmt)
@@ -570,6 +637,8 @@ def run(args: argparse.Namespace) -> int:
             total = args.generate or DEMO_ROWS
             df = generated_rows(spark, total, args.partitions)
         progress = spark.sparkContext.accumulator(0)
+        if report_workers:  # registered on the driver for the endpoint, closed below
+            reports = WorkerReports(spark.sparkContext)
         try:
             result = dispatch(
                 df,
@@ -582,6 +651,7 @@ def run(args: argparse.Namespace) -> int:
                 backoff_ms=args.backoff_ms,
                 _engine=args.engine,
                 _progress=progress,
+                _reports=reports.accumulator if reports is not None else None,
             )
         except (TypeError, ValueError) as exc:
             raise UsageError(str(exc)) from exc
@@ -612,6 +682,8 @@ def run(args: argparse.Namespace) -> int:
         publish(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if reports is not None:
+            reports.close()
         if owned:
             spark.stop()
     print(json.dumps(summary, indent=2))

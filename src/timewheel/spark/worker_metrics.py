@@ -1,0 +1,223 @@
+"""The ``spark_engine`` metrics: what dispatch counts in each Python worker, and the driver's copy.
+
+Every Python worker that runs :func:`timewheel.spark.dispatch` keeps one
+:class:`WorkerMetrics` (made after the fork, registered as a ``spark_engine`` called
+``worker-<pid>@<host>``): rows admitted, rows finished by status, retries, partitions
+run, and rows in flight. A partition counts its own rows on its task's thread (plain
+integer adds, no lock) and folds them into the worker's totals once, when it ends.
+
+A Spark Python worker has no endpoint an operator could scrape, so the counts also
+travel to the driver: each partition adds its counts, under its worker's name, to a
+PySpark accumulator whose driver-side value is a :class:`WorkerReports`. Spark sends
+an accumulator's update with the task's result, so the driver's numbers move when a
+task ends (and a failed task's are dropped). There, one object per worker is
+registered as a ``spark_engine`` with the worker's name, so the driver's exporters
+(say, the pipeline's ``--metrics-port``) show every worker's counters.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Any
+
+from .. import metrics
+from ._per_process import PerProcess
+from .engines import STATUSES, Outcome
+
+__all__ = ["KIND", "PartitionCounts", "WorkerMetrics", "WorkerReports", "worker_metrics"]
+
+#: The metric kind, ``timewheel_spark_engine_*``.
+KIND = "spark_engine"
+# The counters, in the order of the table; rows_in_flight is computed from them.
+_FINISHED = tuple(f"rows_{status}" for status in STATUSES)
+_COUNTERS = ("partitions", "rows_admitted", *_FINISHED, "retries")
+
+Counts = dict[str, int]
+
+
+def _snapshot(counts: Counts) -> Counts:
+    """The counters and the gauge computed from them: rows admitted and not finished."""
+    return {**counts, "rows_in_flight": counts["rows_admitted"] - sum(counts[f] for f in _FINISHED)}
+
+
+metrics.define(
+    KIND,
+    lambda engine: engine.metrics(),
+    [
+        metrics.Metric(
+            KIND,
+            "partitions",
+            "counter",
+            "partitions",
+            "Partitions (Spark tasks) whose dispatch has ended in the worker, however they ended.",
+            "partitions",
+        ),
+        metrics.Metric(
+            KIND,
+            "rows_admitted",
+            "counter",
+            "rows",
+            "Rows the engine took from its partitions' input.",
+            "rows_admitted",
+        ),
+        *(
+            metrics.Metric(
+                KIND,
+                key,
+                "counter",
+                "rows",
+                f"Rows finished with status {status}.",
+                key,
+            )
+            for status, key in zip(STATUSES, _FINISHED)
+        ),
+        metrics.Metric(
+            KIND,
+            "retries",
+            "counter",
+            "attempts",
+            "Attempts after a row's first, counted when the row finishes.",
+            "retries",
+        ),
+        metrics.Metric(
+            KIND,
+            "rows_in_flight",
+            "gauge",
+            "rows",
+            "Rows admitted and not finished: calling, backing off or waiting for keys.",
+            "rows_in_flight",
+        ),
+    ],
+)
+
+
+class PartitionCounts:
+    """One partition's counts, kept by its task's thread alone (so no lock)."""
+
+    __slots__ = ("admitted", "finished", "retries")
+
+    def __init__(self) -> None:
+        self.admitted = 0
+        self.retries = 0
+        self.finished = dict.fromkeys(STATUSES, 0)
+
+    def record(self, outcome: Outcome) -> None:
+        """Count a finished row (a row that failed before any attempt made no retry)."""
+        self.finished[outcome.status] += 1
+        if outcome.attempts > 1:
+            self.retries += outcome.attempts - 1
+
+    def counts(self) -> Counts:
+        """The row counters of this partition, as :class:`WorkerMetrics` adds them up."""
+        # Finished rows first: read while the task runs, admitted is then never behind.
+        done = {f"rows_{status}": n for status, n in self.finished.items()}
+        return {"rows_admitted": self.admitted, **done, "retries": self.retries}
+
+
+def _add(total: Counts, counts: Counts) -> None:
+    for key, n in counts.items():
+        total[key] = total.get(key, 0) + n
+
+
+class WorkerMetrics:
+    """This process's dispatch counters: ended partitions' totals plus the running ones'."""
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name if name is not None else f"worker-{os.getpid()}@{socket.gethostname()}"
+        self._lock = threading.Lock()
+        self._totals: Counts = dict.fromkeys(_COUNTERS, 0)
+        self._running: set[PartitionCounts] = set()
+        metrics.register(KIND, self, self.name)
+
+    def start(self) -> PartitionCounts:
+        """A new partition's counts, included in :meth:`metrics` while it runs."""
+        counts = PartitionCounts()
+        with self._lock:
+            self._running.add(counts)
+        return counts
+
+    def end(self, partition: PartitionCounts) -> Counts:
+        """Fold an ended partition into the totals; return what it added (its report)."""
+        counts = {"partitions": 1, **partition.counts()}
+        with self._lock:
+            self._running.discard(partition)
+            _add(self._totals, counts)
+        return counts
+
+    def metrics(self) -> Counts:
+        """Every counter, and the rows in flight, as of now."""
+        # Under the lock, so a partition ending meanwhile is counted once, never twice.
+        with self._lock:
+            total = dict(self._totals)
+            for partition in self._running:
+                _add(total, partition.counts())
+        return _snapshot(total)
+
+
+_WORKER = PerProcess(WorkerMetrics)
+
+
+def worker_metrics() -> WorkerMetrics:
+    """This process's :class:`WorkerMetrics`, made (and registered) on first use."""
+    return _WORKER.get()
+
+
+class _Reported:
+    """The driver's copy of one worker's counters, registered under the worker's name."""
+
+    def __init__(self, counts: Counts) -> None:
+        self.counts = counts
+
+    def metrics(self) -> Counts:
+        return _snapshot(self.counts)
+
+
+class WorkerReports:
+    """The driver's side of the workers' reports: a PySpark accumulator of per-worker counts.
+
+    ``WorkerReports(spark_context)`` makes the accumulator (:attr:`accumulator`, given to
+    ``dispatch``); each worker that reports appears as a registered ``spark_engine``
+    named after it. :meth:`close` takes them off the exporters again.
+    """
+
+    def __init__(self, spark_context: Any) -> None:
+        self._lock = threading.Lock()
+        self._workers: dict[str, _Reported] = {}
+        self.accumulator = spark_context.accumulator(self, _ReportParam())
+
+    def merge(self, report: dict[str, Counts]) -> None:
+        """Add a task's report (worker name -> counts): the driver's accumulator update."""
+        with self._lock:
+            for name, counts in report.items():
+                worker = self._workers.get(name)
+                if worker is None:
+                    worker = self._workers[name] = _Reported(dict.fromkeys(_COUNTERS, 0))
+                    metrics.register(KIND, worker, name)
+                _add(worker.counts, counts)
+
+    def workers(self) -> dict[str, Counts]:
+        """Each reported worker's counters and rows in flight, by name."""
+        with self._lock:
+            return {name: worker.metrics() for name, worker in self._workers.items()}
+
+    def close(self) -> None:
+        """Forget the workers: they leave the exporters (the registry holds them weakly)."""
+        with self._lock:
+            self._workers = {}
+
+
+class _ReportParam:
+    """How PySpark adds reports: dicts on the workers, into a WorkerReports on the driver."""
+
+    def zero(self, value: Any) -> dict[str, Counts]:
+        return {}
+
+    def addInPlace(self, total: Any, report: dict[str, Counts]) -> Any:
+        if isinstance(total, WorkerReports):
+            total.merge(report)
+            return total
+        for name, counts in report.items():
+            _add(total.setdefault(name, {}), counts)
+        return total
