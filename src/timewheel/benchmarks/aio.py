@@ -16,6 +16,11 @@ Every figure comes with its baseline, measured in the same process on the same l
    Baseline: ``asyncio.timeout`` (Python 3.11+).
 3. ``threaded Timer``: ``Timer.add`` + ``TimerTask.cancel`` on the thread-based timer,
    against the core's ``TimingWheel.schedule`` + ``cancel``.
+4. ``burst``: ``--burst`` timers made together, due over the next second (0.3 to 1.3 s
+   away), all run. Reported: CPU ns per timer (scheduling and running it) and the longest
+   loop iteration while they fire (a ``call_soon`` ticker measures each iteration's CPU
+   time, in a second run). Baseline: ``loop.call_at``; ``timewheel.aio`` runs with its
+   ``CASCADE_LIMIT`` and once without it (the whole bucket cascades at once).
 
 Both loops run each case when uvloop is installed. Timings are the best of ``--repeat``.
 """
@@ -38,6 +43,11 @@ from ..timer import Timer
 __all__ = ["add_parser", "run_aio_bench"]
 
 CHUNK = 1_000
+#: ``burst``: the timers are due from a lead of BURST_LEAD_S plus BURST_LEAD_PER_TIMER_S
+#: per timer (time to schedule them all on the slowest contender) to BURST_SPREAD_S later.
+BURST_LEAD_S = 0.2
+BURST_LEAD_PER_TIMER_S = 5e-6
+BURST_SPREAD_S = 1.0
 
 
 def _noop() -> None:
@@ -161,8 +171,73 @@ async def _all_timeouts(
         best[name] = min(best.get(name, float("inf")), await _timeouts(make, n))
 
 
+async def _burst(call_at: Callable[..., Any], n: int, ticker: bool) -> float:
+    """CPU ns per timer for ``n`` timers due over one second, or with ``ticker`` the
+    longest loop iteration's CPU time in ms while they fire."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    left = [n]
+    cpu = time.thread_time
+    worst, last = [0.0], [0.0]
+
+    def fired() -> None:
+        left[0] -= 1
+        if not left[0]:
+            done.set_result(None)
+
+    def tick() -> None:
+        now = cpu()
+        worst[0] = max(worst[0], now - last[0])
+        last[0] = now
+        if not done.done():
+            loop.call_soon(tick)
+
+    start_cpu = cpu()
+    base = loop.time() + BURST_LEAD_S + BURST_LEAD_PER_TIMER_S * n
+    for i in range(n):
+        call_at(base + BURST_SPREAD_S * i / n, fired)
+    if loop.time() >= base:
+        raise RuntimeError("scheduling the burst outlasted its lead: raise BURST_LEAD_PER_TIMER_S")
+    if ticker:
+        last[0] = cpu()
+        loop.call_soon(tick)
+    await done
+    return worst[0] * 1e3 if ticker else (cpu() - start_cpu) / n * 1e9
+
+
+@contextlib.contextmanager
+def _cascade_limit(mod: Any, limit: int) -> Any:
+    saved = mod.CASCADE_LIMIT
+    mod.CASCADE_LIMIT = limit
+    try:
+        yield
+    finally:
+        mod.CASCADE_LIMIT = saved
+
+
+async def _all_bursts(n: int, best: dict[str, list[float]]) -> None:
+    loop = asyncio.get_running_loop()
+    mod = implementation().aio
+    contenders: list[tuple[str, Callable[..., Any], int | None]] = [
+        ("loop.call_at", loop.call_at, None),
+        (f"timewheel.aio ({implementation().name})", mod.get_timer(loop).call_at, None),
+        ("timewheel.aio, no cascade limit", mod.get_timer(loop).call_at, 1 << 62),
+    ]
+    for name, call_at, limit in contenders:
+        got = best.setdefault(name, [float("inf"), float("inf")])
+        for k, ticker in enumerate((False, True)):
+            with _cascade_limit(mod, mod.CASCADE_LIMIT if limit is None else limit):
+                got[k] = min(got[k], await _burst(call_at, n, ticker))
+
+
 def run_aio_bench(
-    sizes: list[int], rounds: int, idle: float, timeouts: int, threaded: int, repeat: int
+    sizes: list[int],
+    rounds: int,
+    idle: float,
+    timeouts: int,
+    threaded: int,
+    repeat: int,
+    burst: int = 0,
 ) -> list[dict[str, Any]]:
     """Run every case; one row per (case, loop, contender), with its baseline's name.
 
@@ -208,6 +283,22 @@ def run_aio_bench(
                     "baseline": "asyncio.timeout",
                 }
             )
+        if burst:
+            bbest: dict[str, list[float]] = {}
+            for _ in range(repeat):
+                _run(new_loop, _all_bursts, burst, bbest)
+            for name, (ns, stall) in bbest.items():
+                rows.append(
+                    {
+                        "case": "burst",
+                        "loop": loop_name,
+                        "n": burst,
+                        "who": name,
+                        "ns": ns,
+                        "stall_ms": stall,
+                        "baseline": "loop.call_at",
+                    }
+                )
     rows.extend(_threaded(threaded, repeat))
     return rows
 
@@ -286,6 +377,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--idle", type=float, default=300.0, help="idle timeout in seconds")
     p.add_argument("--timeouts", type=int, default=50_000, help="async with timeout() blocks")
     p.add_argument("--threaded", type=int, default=100_000, help="Timer.add + cancel pairs")
+    p.add_argument(
+        "--burst", type=int, default=100_000, help="timers made together, due within 1 s (0: skip)"
+    )
     p.add_argument("--repeat", type=int, default=3, help="timings per case, best kept")
     p.set_defaults(func=_main)
 
@@ -299,13 +393,24 @@ def _main(args: argparse.Namespace) -> int:
         not sizes
         or min(sizes) < 1
         or min(args.rounds, args.timeouts, args.threaded, args.repeat) < 1
+        or args.burst < 0
     ):
-        raise SystemExit("--sizes, --rounds, --timeouts, --threaded and --repeat must be >= 1")
+        raise SystemExit(
+            "--sizes, --rounds, --timeouts, --threaded and --repeat must be >= 1, --burst >= 0"
+        )
     if not 0 < args.idle < 1e6:
         raise SystemExit(f"--idle must be between 0 and 1e6 seconds, got {args.idle}")
     print(
         format_rows(
-            run_aio_bench(sizes, args.rounds, args.idle, args.timeouts, args.threaded, args.repeat)
+            run_aio_bench(
+                sizes,
+                args.rounds,
+                args.idle,
+                args.timeouts,
+                args.threaded,
+                args.repeat,
+                args.burst,
+            )
         )
     )
     return 0
