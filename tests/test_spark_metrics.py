@@ -18,17 +18,19 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
-from timewheel.metrics.prometheus import register_collector
-from timewheel.spark import pipeline
-from timewheel.spark._dispatch import _PartitionDispatch
-from timewheel.spark.engines import STATUSES, DispatchConfig
-from timewheel.spark.targets import OnDone, SimulatedDownstream
-from timewheel.spark.worker_metrics import WorkerReports, worker_metrics
+pa = pytest.importorskip("pyarrow")  # the spark extra's
+
+from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from timewheel.metrics.prometheus import register_collector  # noqa: E402
+from timewheel.spark import pipeline  # noqa: E402
+from timewheel.spark._dispatch import _PartitionDispatch  # noqa: E402
+from timewheel.spark.engines import STATUSES, DispatchConfig  # noqa: E402
+from timewheel.spark.targets import OnDone, SimulatedDownstream  # noqa: E402
+from timewheel.spark.worker_metrics import WorkerReports, worker_metrics  # noqa: E402
 
 PREFIX = "timewheel_spark_engine_"
 COUNTERS = ("partitions", "rows_admitted", *(f"rows_{s}" for s in STATUSES), "retries")
@@ -79,7 +81,7 @@ def test_a_workers_counters_are_live_while_its_partition_runs(
     config = DispatchConfig(timeout_ms=10_000, max_in_flight=8, retries=0)
     partition = _PartitionDispatch("timewheel", target, config)
     batch = pa.RecordBatch.from_pydict({"id": list(range(6))})
-    out: list[pa.RecordBatch] = []
+    out: list[Any] = []
     runner = threading.Thread(target=lambda: out.extend(partition(iter([batch]))))
     runner.start()
     with target.arrived:
