@@ -23,7 +23,7 @@ cdef class _Entry:
         if timer is not None:
             self._timer = None
             if self._id:
-                timer._wheel_cancel(self._id)
+                timer._wheel._cancel_handle(self._id)
 
 
 @cython.final
@@ -55,8 +55,6 @@ cdef class LoopTimer:
     cdef object __weakref__
     cdef TimerHandle _call(self, double when, object callback, tuple args, object context)
     cdef object _live_loop(self)
-    cdef int64_t _wheel_insert(self, int64_t d, _Entry entry) except -1
-    cdef void _wheel_cancel(self, int64_t h) noexcept
     cdef int _add(self, _Entry entry, double when) except -1
     cdef int _arm(self, int64_t t) except -1
     cdef int _fire(self) except -1

@@ -11,8 +11,6 @@ inside the same wheel; otherwise the wheel's Python methods take its lock.
 """
 
 cimport cython
-from cpython.object cimport PyObject
-from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.weakref cimport PyWeakref_GetObject
 from libc.math cimport ceil, floor
 from libc.stdint cimport int64_t
@@ -245,45 +243,19 @@ cdef class LoopTimer:
             raise RuntimeError("Event loop is closed")
         return loop
 
-    cdef int64_t _wheel_insert(self, int64_t d, _Entry entry) except -1:
-        cdef TimingWheel w = self._wheel
-        cdef int64_t h
-        if w._enter_with_gil():
-            Py_INCREF(entry)
-            h = w._insert_one(d, <PyObject*>entry)
-            w._leave_with_gil()
-            if h < 0:
-                Py_XDECREF(<PyObject*>entry)
-                raise MemoryError("timing wheel cannot grow")
-            return h
-        return w.schedule(d, entry)
-
-    cdef void _wheel_cancel(self, int64_t h) noexcept:
-        cdef TimingWheel w = self._wheel
-        cdef PyObject* item = NULL
-        if w._enter_with_gil():
-            w._cancel(h, &item)
-            w._leave_with_gil()
-            Py_XDECREF(item)
-        else:
-            try:
-                w.cancel(h)
-            except BaseException:  # pragma: no cover - cancel raises only MemoryError
-                pass
-
     cdef int _add(self, _Entry entry, double when) except -1:
         cdef int64_t d, t, h
         if self._closed:
             raise RuntimeError("Event loop is closed")
         d = deadline_ns(when)
-        h = self._wheel_insert(d, entry)
+        h = self._wheel._schedule_item(d, entry, False)
         if d < self._armed_ns and not self._firing:
             t = tick_end(d)
             if t < self._armed_ns:
                 try:
                     self._arm(t)
                 except BaseException:
-                    self._wheel_cancel(h)
+                    self._wheel._cancel_handle(h)
                     raise
         entry._id = h
         entry._timer = self
@@ -337,7 +309,7 @@ cdef class LoopTimer:
                 entry = <_Entry>due[i]
                 i += 1
                 if entry._timer is self and not entry._id:
-                    entry._id = self._wheel_insert(deadline_ns(entry._when), entry)
+                    entry._id = self._wheel._schedule_item(deadline_ns(entry._when), entry, False)
             self._rearm()
         return 0
 

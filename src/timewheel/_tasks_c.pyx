@@ -20,7 +20,6 @@ cimport cython
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.weakref cimport PyWeakref_GET_OBJECT, PyWeakref_GetObject
 cdef extern from "Python.h":
     int PyObject_GC_IsTracked(object o)
@@ -127,44 +126,19 @@ def monotonic_ms():
     return ns // 1000000
 
 
-cdef int64_t wheel_insert(object wheel, int64_t d, object item) except? -1:
-    """Schedule ``item`` on ``wheel`` at ``d``: through the C wheel's methods when the GIL
-    alone guards it (see its _enter_with_gil), else through its Python method.
-
-    On the first way, a task of this module leaves the garbage collector's lists while
-    the wheel holds it (see ``untrack``), in the same GIL-held step as the insert, so
-    that whoever takes it out of the wheel, and so calls its ``_left``, finds it
-    untracked. The wheel's traverse walks through such a task (see ``wheel_traverse``
-    in :mod:`timewheel._wheel_c`), so cycles through it are still collected."""
-    cdef CWheel w
-    cdef int64_t h
+cdef inline int64_t wheel_insert(object wheel, int64_t d, object item) except? -1:
+    """Schedule ``item`` on ``wheel``: a Cython wheel without a Python call, and then a
+    task of this module leaves the collector's lists while the wheel holds it (see
+    ``untrack``); its ``_left`` tracks it again."""
     if type(wheel) is CWheel:
-        w = <CWheel>wheel
-        if w._enter_with_gil():
-            Py_INCREF(item)
-            h = w._insert_one(d, <PyObject*>item)
-            if h >= 0 and isinstance(item, TimerTask):
-                untrack(item)
-            w._leave_with_gil()
-            if h < 0:
-                Py_XDECREF(<PyObject*>item)
-                raise MemoryError("timing wheel cannot grow")
-            return h
+        return (<CWheel>wheel)._schedule_item(d, item, isinstance(item, TimerTask))
     return wheel.schedule(d, item)
 
 
-cdef bint wheel_cancel(object wheel, int64_t h) except -1:
+cdef inline bint wheel_cancel(object wheel, int64_t h) except -1:
     """Cancel ``h`` on ``wheel``, the same two ways as :func:`wheel_insert`."""
-    cdef CWheel w
-    cdef PyObject* item = NULL
-    cdef bint found
     if type(wheel) is CWheel:
-        w = <CWheel>wheel
-        if w._enter_with_gil():
-            found = w._cancel(h, &item)
-            w._leave_with_gil()
-            Py_XDECREF(item)  # with no lock held: it may run a __del__
-            return found
+        return (<CWheel>wheel)._cancel_handle(h)
     return wheel.cancel(h)
 
 

@@ -62,6 +62,8 @@ def check_int(name, value, lo=_INT64_MIN, hi=_INT64_MAX):
 cdef extern from "Python.h":
     # steals the reference, which a plain ``object`` argument would not let us say
     void list_set_item_stolen "PyList_SET_ITEM" (object lst, Py_ssize_t i, PyObject* o)
+    int PyObject_GC_IsTracked(PyObject* o)
+    void PyObject_GC_UnTrack(void* o)
 
 __all__ = ["TimingWheel"]
 
@@ -283,19 +285,36 @@ cdef class TimingWheel:
 
         A deadline at or before :attr:`now` is due at the next :meth:`advance`.
         """
-        cdef int64_t d = as_int64("deadline", deadline)
+        return self._schedule_item(as_int64("deadline", deadline), item, False)
+
+    def cancel(self, handle):
+        """Cancel a pending entry; True only if ``handle`` was pending.
+
+        A handle carries its slot's generation, which wraps after 2**27 - 1 reuses of one
+        slot: a handle kept that long could then name a later entry in that slot. Another
+        wheel's handle is refused by its tag (see :mod:`timewheel._validate`).
+        """
+        return self._cancel_handle(as_handle(handle))
+
+    # The ways in of schedule and cancel, which the other extensions call too. Each is
+    # written out rather than shared through a helper that dispatches on the operation:
+    # that helper measured 4-20% slower per schedule + cancel + next_deadline (noise
+    # between two identical builds: about 1%). Nothing between the increment of _gilfree
+    # and its decrement can raise (the operations are noexcept), so the count is never
+    # left too high.
+    cdef int64_t _schedule_item(self, int64_t d, object item, bint untrack) except? -1:
+        """:meth:`schedule` with ``d`` checked. With ``untrack``, an item taken while the
+        GIL alone guards the wheel leaves the collector's lists in that same step, so
+        whoever takes it out of the wheel finds it untracked (see wheel_traverse)."""
         cdef PyObject* p = NULL
         cdef int64_t h
         if item is not None:
             p = <PyObject*>item
             Py_INCREF(item)
-        # This way in is written out in schedule, cancel and next_deadline rather than
-        # shared through a helper that dispatches on the operation: that helper measured
-        # 4-20% slower per schedule + cancel + next_deadline (noise between two identical
-        # builds: about 1%). Nothing between the increment of _gilfree and its decrement
-        # can raise (the operations are noexcept), so the count is never left too high.
         if self._enter_with_gil():
             h = self._insert_one(d, p)
+            if TW_HAS_GIL and untrack and h >= 0 and p != NULL and PyObject_GC_IsTracked(p):
+                PyObject_GC_UnTrack(p)
             self._leave_with_gil()
         else:
             self._gilfree += 1
@@ -309,17 +328,11 @@ cdef class TimingWheel:
             raise MemoryError("timing wheel cannot grow (out of memory or 2**28 - 1 entries)")
         return h
 
-    def cancel(self, handle):
-        """Cancel a pending entry; True only if ``handle`` was pending.
-
-        A handle carries its slot's generation, which wraps after 2**27 - 1 reuses of one
-        slot: a handle kept that long could then name a later entry in that slot. Another
-        wheel's handle is refused by its tag (see :mod:`timewheel._validate`).
-        """
-        cdef int64_t h = as_handle(handle)
+    cdef bint _cancel_handle(self, int64_t h) noexcept:
+        """:meth:`cancel` with ``h`` checked."""
         cdef PyObject* item = NULL
         cdef bint found
-        if self._enter_with_gil():  # the same way in as schedule's, for the same reasons
+        if self._enter_with_gil():
             found = self._cancel(h, &item)
             self._leave_with_gil()
         else:
