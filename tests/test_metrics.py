@@ -27,7 +27,6 @@ from timewheel import Implementation, ManualClock, Purgatory, QueueingSource, Re
 from timewheel import metrics as tw_metrics
 from timewheel.metrics import METRICS, Metric
 from timewheel.purgatory import DelayedOperation
-from timewheel.spark.engines import Outcome
 from timewheel.spark.worker_metrics import WorkerMetrics
 from timewheel.timer import Timer
 
@@ -134,9 +133,9 @@ def workload() -> Iterator[Workload]:
     worker = WorkerMetrics(f"{name}-worker")
     ended, running = worker.start(), worker.start()
     ended.admitted, running.admitted = 5, 3
-    for status, attempts in [("ok", 1), ("ok", 2), ("failed", 3), ("timeout", 2), ("failed", 0)]:
-        ended.record(Outcome({}, status, attempts, 1.0, None))
-    running.record(Outcome({}, "ok", 1, 1.0, None))
+    # statuses and attempts of the rows each has finished
+    ended.finish(("ok", "ok", "failed", "timeout", "failed"), (1, 2, 3, 2, 0))
+    running.finish(("ok",), (1,))
     worker.end(ended)
 
     cumulative, sum_ms = replay_lateness()

@@ -41,7 +41,7 @@ from .._validate import check_columns, check_int
 from ._per_process import PerProcess
 from .engines import RESULT_COLUMNS, DispatchConfig, Outcome
 from .registry import DEFAULT_ENGINE, get_engine
-from .worker_metrics import worker_metrics
+from .worker_metrics import PartitionCounts, worker_metrics
 
 __all__ = [
     "MAX_DELAY_MS",
@@ -165,29 +165,41 @@ class _PartitionDispatch:
                     schemas.append(pa.schema([*batch.schema, *_ARROW_RESULT_FIELDS]))
                 # Column by column, then zipped: cheaper than RecordBatch.to_pylist.
                 names = batch.schema.names
+                counts.admitted += batch.num_rows
                 for values in zip(*[column.to_pylist() for column in batch.columns]):
-                    counts.admitted += 1
                     yield dict(zip(names, values))
 
         out: list[Outcome] = []
         try:
             for outcome in engine(rows(), self.target, self.config):
-                counts.record(outcome)
                 out.append(outcome)
                 if len(out) == _OUT_BATCH_ROWS:
-                    yield self._batch(out, schemas[0])
+                    yield self._batch(out, schemas[0], counts)
                     out = []
             if out:
-                yield self._batch(out, schemas[0])
+                yield self._batch(out, schemas[0], counts)
         finally:
             report = worker.end(counts)
             if self.reports is not None:
                 self.reports.add({worker.name: report})
 
-    def _batch(self, outcomes: list[Outcome], schema: pa.Schema) -> pa.RecordBatch:
+    def _batch(
+        self, outcomes: list[Outcome], schema: pa.Schema, counts: PartitionCounts
+    ) -> pa.RecordBatch:
+        """The output batch of ``outcomes`` (not empty), built column by column; the
+        columns also give the batch's counts."""
+        rows, *results = zip(*outcomes)
+        counts.finish(results[0], results[1])  # the status and attempts columns
         if self.progress is not None:
             self.progress.add(len(outcomes))
-        return _result_batch(outcomes, schema)
+        inputs = schema.names[: len(schema) - len(_ARROW_RESULT_FIELDS)]
+        columns = [
+            pa.array([row[name] for row in rows], schema.field(name).type) for name in inputs
+        ]
+        columns += [
+            pa.array(values, field.type) for values, field in zip(results, _ARROW_RESULT_FIELDS)
+        ]
+        return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def _freeze_heap() -> None:
@@ -205,17 +217,6 @@ def _freeze_heap() -> None:
 
 
 _HEAP_FROZEN = PerProcess(_freeze_heap)
-
-
-def _result_batch(outcomes: list[Outcome], schema: pa.Schema) -> pa.RecordBatch:
-    """The output batch of ``outcomes`` (not empty), built column by column."""
-    rows, *results = zip(*outcomes)
-    inputs = schema.names[: len(schema) - len(_ARROW_RESULT_FIELDS)]
-    columns = [pa.array([row[name] for row in rows], schema.field(name).type) for name in inputs]
-    columns += [
-        pa.array(values, field.type) for values, field in zip(results, _ARROW_RESULT_FIELDS)
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def _probe(_: Iterable[int]) -> Iterator[str]:
