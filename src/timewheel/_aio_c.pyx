@@ -472,25 +472,24 @@ cdef class Timeout(_Entry):
         self._task = None
 
 
-def timeout(delay):
-    """``asyncio.timeout(delay)`` on the running loop's wheel (``delay`` >= 0 or None)."""
-    cdef LoopTimer timer = get_timer()
+cdef Timeout new_timeout(LoopTimer timer, object when):
+    """``Timeout(when, timer)`` without the Python call, ``when`` already checked."""
     cdef Timeout t = Timeout.__new__(Timeout, None, timer)
     t._state = CREATED
     t._wheel_of = timer
     t._cancelling = 0
-    if delay is not None:
-        t._when_obj = timer._live_loop().time() + as_delay(delay)
+    t._when_obj = when
     return t
+
+
+def timeout(delay):
+    """``asyncio.timeout(delay)`` on the running loop's wheel (``delay`` >= 0 or None)."""
+    cdef LoopTimer timer = get_timer()
+    if delay is None:
+        return new_timeout(timer, None)
+    return new_timeout(timer, timer._live_loop().time() + as_delay(delay))
 
 
 def timeout_at(when):
     """``asyncio.timeout_at(when)`` on the running loop's wheel."""
-    cdef LoopTimer timer = get_timer()
-    cdef Timeout t = Timeout.__new__(Timeout, None, timer)
-    t._state = CREATED
-    t._wheel_of = timer
-    t._cancelling = 0
-    if when is not None:
-        t._when_obj = as_when(when)
-    return t
+    return new_timeout(get_timer(), None if when is None else as_when(when))
