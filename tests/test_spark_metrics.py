@@ -8,6 +8,7 @@ endpoint scraped over 127.0.0.1 while it runs.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import re
 import socket
@@ -15,6 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -275,3 +277,52 @@ def test_the_pipeline_serves_its_workers_counters_while_it_runs(
     # (tqdm's progress-bar monitor is tqdm's one per process, not the endpoint's.)
     new = [t for t in threading.enumerate() if t not in before and t.name != "tqdm_monitor"]
     assert new == []
+
+
+def _serves(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, ConnectionError):
+        return False
+
+
+def test_a_dropped_metrics_endpoint_stops_serving_and_its_thread_ends() -> None:
+    before = set(threading.enumerate())
+    endpoint = pipeline.MetricsEndpoint(0)
+    port = endpoint.port
+    assert _serves(port)
+    started = [t for t in threading.enumerate() if t not in before]
+    assert started
+    del endpoint  # no close()
+    gc.collect()
+    for thread in started:
+        thread.join(10)
+        assert not thread.is_alive()
+    assert not _serves(port)
+
+
+def test_a_forked_child_closes_the_endpoint_without_the_parents_thread() -> None:
+    endpoint = pipeline.MetricsEndpoint(0)
+    try:
+        with warnings.catch_warnings():  # 3.12+ warns about forking a threaded process
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: its copy has no serving thread to wait for
+            code = 1
+            try:
+                endpoint.close()
+                code = 0
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 30
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if done[0] == 0:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("close() in the forked child hung")
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+        assert _serves(endpoint.port)  # the parent's endpoint is untouched
+    finally:
+        endpoint.close()

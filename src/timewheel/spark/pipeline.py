@@ -20,10 +20,12 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import _atfork
 from .._argtypes import non_negative, positive
 from .engines import FAILED, STATUSES, TIMEOUT
 from .http_target import add_http_options, http_options
@@ -254,7 +256,8 @@ class MetricsEndpoint:
 
     It serves a registry of its own holding timewheel's collector, so it shows the
     driver's timewheel objects and, through :class:`~.worker_metrics.WorkerReports`,
-    every worker's ``spark_engine`` counters. :meth:`close` stops its thread.
+    every worker's ``spark_engine`` counters. :meth:`close` stops its thread, and so
+    does dropping it; in a forked child (which has no such thread) it is closed.
     """
 
     def __init__(self, port: int) -> None:
@@ -274,12 +277,23 @@ class MetricsEndpoint:
             ) from exc
         #: The port it listens on (the one chosen when 0 was asked for).
         self.port: int = self._server.server_port
+        self._stop = weakref.finalize(self, _stop_serving, self._server, self._thread)
+        _atfork.reset(self)
+
+    def _fork_reset(self) -> None:
+        # The serving thread stayed in the parent: shutdown() would wait for it forever.
+        self._stop.detach()
+        self._server.socket.close()
 
     def close(self) -> None:
         """Stop serving and wait for the server's thread to end."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        self._stop()
+
+
+def _stop_serving(server: Any, thread: threading.Thread) -> None:
+    server.shutdown()
+    server.server_close()
+    thread.join()
 
 
 def failure_budget(limit: float | int, rows: int) -> int:
