@@ -1,11 +1,11 @@
-"""The HTTP target: each row POSTed as JSON, from one asyncio loop per Python worker.
+"""The HTTP target: a request per row, sent by libcurl from one loop thread per Python worker.
 
-:meth:`HttpDownstream.submit` hands the request to this process's loop thread (made
-after a fork, never inherited), where aiohttp sends it; as many requests are in flight
-as the caller starts (``dispatch`` allows ``max_in_flight`` per partition), and the
-connection pool grows with them unless ``max_connections`` caps it. ``submit`` returns
-a handle whose ``cancel()`` drops the request at once: a timed-out call gives back its
-connection (aiohttp closes a connection whose answer was not read) and holds no thread.
+:meth:`HttpDownstream.submit` hands the request to this process's :class:`~._curl.CurlLoop`
+(libcurl's multi interface on a thread made after a fork, never inherited); as many
+requests are in flight as the caller starts (``dispatch`` allows ``max_in_flight`` per
+partition), and the connection pool grows with them unless ``max_connections`` caps it.
+``submit`` returns a handle whose ``cancel()`` drops the request at once: a timed-out
+call is taken out of libcurl's multi handle, its connection closed, and holds no thread.
 
 Every request carries an idempotency key derived from the row's id (the same across
 retries, Spark task retries and recomputations), so the service can drop repeats:
@@ -13,7 +13,10 @@ delivery is at least once, and the key makes it effectively once.
 
 The answer's verdict is shared by the three call forms: 2xx is success; 5xx, 429
 (after its ``Retry-After``, capped), timeouts and connection errors are worth a retry;
-any other status is a final failure, not retried. ``call`` (requests, blocking) and
+any other status is a final failure, not retried. Redirects are not followed: a 3xx is
+a final failure naming its ``Location`` (so a request is never re-sent elsewhere, nor a
+POST turned into a GET, and a redirect loop cannot happen). An answer longer than
+``max_reply_bytes`` fails the attempt, unread. ``call`` (requests, blocking) and
 ``acall`` (aiohttp on the caller's loop) are the forms thread-pool and asyncio code use.
 """
 
@@ -24,11 +27,14 @@ import asyncio
 import atexit
 import contextlib
 import copy
+import email.utils
+import functools
 import hashlib
 import json
 import logging
 import math
 import threading
+import time
 import urllib.parse
 import weakref
 from collections.abc import Mapping, Sequence
@@ -38,16 +44,27 @@ from .._validate import check_columns, check_int
 from ._per_process import PerProcess
 from .targets import DownstreamError, DownstreamTimeout, Failure, OnDone
 
-__all__ = ["HttpDownstream", "Pending", "add_http_options", "http_options"]
+__all__ = ["HttpDownstream", "add_http_options", "http_options"]
 
 log = logging.getLogger("timewheel")
 
-#: The shape of the JSON body: None for the whole row, column names for those columns,
-#: or a function of the row returning any JSON-serialisable value.
-Body = Union[None, Sequence[str], Callable[[Mapping[str, Any]], Any]]
+#: The shape of the body: None for the method's default (the whole row for POST, PUT and
+#: PATCH; none for GET and DELETE), ``"row"`` or ``"none"`` to say so, column names for
+#: those columns, or a function of the row returning any JSON-serialisable value.
+Body = Union[None, str, Sequence[str], Callable[[Mapping[str, Any]], Any]]
+
+#: The methods a target may use.
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+#: The default limit on an answer's size (bytes).
+DEFAULT_MAX_REPLY_BYTES = 1 << 20
 
 # Bytes of the answer quoted in an error.
 _DETAIL = 200
+
+# Made once: json.dumps builds an encoder per call when given ``default``.
+_ENCODE = json.JSONEncoder(default=str).encode
+_ENCODE_KEY = json.JSONEncoder(default=str, sort_keys=True, separators=(",", ":")).encode
 
 
 def _finite(name: str, value: Any, minimum: float) -> float:
@@ -59,127 +76,90 @@ def _finite(name: str, value: Any, minimum: float) -> float:
 
 
 def retry_after_s(header: str | None, cap_s: float) -> float:
-    """Seconds a ``Retry-After`` header asks for (delta-seconds form), at most ``cap_s``.
+    """Seconds a ``Retry-After`` header asks for, at most ``cap_s``.
 
-    A missing or unreadable header (an HTTP date, say) asks for no wait beyond the backoff.
+    Both forms are read: delta-seconds and an HTTP date (the wait until then). A missing,
+    unreadable, negative or past value asks for no wait beyond the backoff.
     """
     if header is None:
         return 0.0
+    text = header.strip()
     try:
-        seconds = float(header.strip())
+        seconds = float(text)
     except ValueError:
-        return 0.0
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return 0.0
+        if when.tzinfo is None:
+            return 0.0
+        seconds = when.timestamp() - time.time()
     return min(max(seconds, 0.0), cap_s) if math.isfinite(seconds) else 0.0
 
 
 def verdict(
-    status: int, text: bytes, retry_after: str | None, cap_s: float
+    status: int, text: bytes, header: Callable[[str], str | None], cap_s: float
 ) -> tuple[bool, str | None, float | None]:
-    """``(ok, error, retry_after_s)`` of an answer; ``retry_after_s`` None: do not retry."""
+    """``(ok, error, retry_after_s)`` of an answer; ``retry_after_s`` None: do not retry.
+
+    ``header(name)`` reads one of the answer's headers (only for a 3xx or a 429).
+    """
     if 200 <= status < 300:
         return True, None, 0.0
     error = f"HTTP {status}: {text[:_DETAIL].decode('utf-8', 'replace')}"
     if status == 429:
-        return False, error, retry_after_s(retry_after, cap_s)
+        return False, error, retry_after_s(header("Retry-After"), cap_s)
     if status >= 500:
         return False, error, 0.0
+    if 300 <= status < 400:
+        where = header("Location")
+        return False, f"HTTP {status}: redirect to {where!r} not followed", None
     return False, error, None
 
 
-class Pending:
-    """A request handed to the loop: ``cancel()`` drops it (from any thread), at once."""
-
-    __slots__ = ("cancelled", "client", "headers", "on_done", "payload", "session_key", "task")
-
-    def __init__(
-        self,
-        client: _Client,
-        session_key: tuple[Any, ...],
-        payload: bytes,
-        headers: dict[str, str],
-        on_done: OnDone,
-    ) -> None:
-        self.client = client
-        self.session_key = session_key
-        self.payload = payload
-        self.headers = headers
-        self.on_done = on_done
-        self.cancelled = False
-        self.task: asyncio.Task[None] | None = None
-
-    def cancel(self) -> None:
-        """Drop the request: not sent if not yet started, else its connection is closed."""
-        if not self.cancelled:
-            self.cancelled = True
-            self.client.call_soon(self._cancel_in_loop)
-
-    def _cancel_in_loop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
+def _too_large(limit: int) -> Failure:
+    return Failure(f"answer larger than {limit} bytes (max_reply_bytes): not read", None)
 
 
-class _Client:
-    """This process's event loop thread and its aiohttp sessions, one per settings."""
+def _template(url: str) -> tuple[tuple[str, str | None], ...]:
+    """``url`` cut into (text, column) pieces at its ``{column}`` fields; ValueError if bad."""
+    import string
 
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.lock = threading.Lock()
-        self.queued: list[tuple[HttpDownstream, Pending]] = []
-        self.sessions: dict[tuple[Any, ...], Any] = {}
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.thread = threading.Thread(target=self._run, name="timewheel-http", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def call_soon(self, callback: Callable[[], None]) -> None:
-        with contextlib.suppress(RuntimeError):  # closed: nothing left to cancel
-            self.loop.call_soon_threadsafe(callback)
-
-    def start(self, target: HttpDownstream, pending: Pending) -> None:
-        """Queue ``pending``; the loop is woken once per burst of requests, not per request."""
-        with self.lock:
-            self.queued.append((target, pending))
-            wake = len(self.queued) == 1
-        if wake:
-            self.loop.call_soon_threadsafe(self._drain)
-
-    def _drain(self) -> None:
-        with self.lock:
-            queued, self.queued = self.queued, []
-        for target, pending in queued:
-            if pending.cancelled:
-                continue
-            session = self.sessions.get(pending.session_key)
-            if session is None:
-                session = self.sessions[pending.session_key] = target._new_session()
-            task = self.loop.create_task(target._post(session, pending))
-            pending.task = task
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-
-    async def _close_all(self) -> None:
-        for task in list(self.tasks):
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        for session in self.sessions.values():
-            await session.close()
-        self.sessions.clear()
-
-    def close(self) -> None:
-        """Cancel what is in flight, close the connections, stop the thread."""
-        if self.loop.is_closed():
-            return
-        asyncio.run_coroutine_threadsafe(self._close_all(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
+    pieces: list[tuple[str, str | None]] = []
+    try:
+        parsed = list(string.Formatter().parse(url))
+    except ValueError as exc:
+        raise ValueError(f"url template {url!r}: {exc}") from None
+    for text, field, spec, conversion in parsed:
+        if field is not None and (not field.isidentifier() or spec or conversion):
+            raise ValueError(
+                f"url template {url!r}: a field must be a plain column name, got {{{field}}}"
+            )
+        pieces.append((text, field or None))
+    return tuple(pieces)
 
 
-_CLIENT: PerProcess[_Client] = PerProcess(_Client)
-_CLIENT_LOCK = threading.Lock()
+def _column_map(name: str, value: Any) -> tuple[tuple[str, str], ...]:
+    """``value`` (a mapping of names to column names) as pairs, or TypeError naming ``name``."""
+    given = {} if value is None else value
+    if not isinstance(given, Mapping) or not all(
+        isinstance(k, str) and k and isinstance(v, str) and v for k, v in given.items()
+    ):
+        raise TypeError(f"{name} must be a mapping of names to column names, got {value!r}")
+    return tuple(given.items())
+
+
+_LOOP_LOCK = threading.Lock()
+
+
+def _new_loop() -> Any:
+    from ._curl import CurlLoop
+
+    return CurlLoop()
+
+
+# This process's libcurl loop thread (made on first use, again in a forked child).
+_LOOP: PerProcess[Any] = PerProcess(_new_loop)
 
 
 class _ThreadSessions(threading.local):
@@ -211,16 +191,22 @@ atexit.register(_close_idle_loop_sessions)
 
 
 class HttpDownstream:
-    """POSTs each row as JSON to ``url``, with an idempotency key derived from its id.
+    """Sends a request per row to ``url``, with an idempotency key derived from its id.
 
+    * ``method``: GET, POST (the default), PUT, PATCH or DELETE.
+    * ``url``: may name columns as ``{column}`` (``http://api/customers/{customer_id}``):
+      each is filled with the row's value, percent-encoded. ``params`` (query name to
+      column) adds query parameters from columns; ``header_cols`` (header name to
+      column) adds headers from columns on top of ``headers``. A row whose value for any
+      of them is null fails without a request; :meth:`columns` names them all, so that
+      ``dispatch`` refuses a DataFrame without them before the job runs.
     * ``id_col``: the row's id column (None: the ``id_col`` given to ``dispatch``, or
       ``"id"`` outside it); the ``idempotency_header`` (``Idempotency-Key`` unless
       renamed; None sends none) carries a hex digest of its value, the same for every
       attempt of the row in any task or job. A row whose id is null or missing fails
       without a request (nothing would let the service drop its repeats).
     * ``headers``: sent with every request (``Content-Type: application/json`` unless
-      given). ``body``: None posts the whole row; a list of column names posts those;
-      a function of the row posts what it returns (it must pickle for Spark).
+      given). ``body``: see :data:`Body` (it must pickle for Spark).
     * ``max_connections``: the most connections this process opens to the service;
       None (the default) lets it follow the calls in flight, which ``dispatch`` bounds
       with ``max_in_flight``.
@@ -228,26 +214,35 @@ class HttpDownstream:
     * ``timeout_s``: a backstop for ``submit`` used outside ``dispatch`` (which times
       each call out itself and cancels it); None: none.
     * ``max_retry_after_s``: the longest a 429's ``Retry-After`` may delay the retry.
+    * ``max_reply_bytes``: the longest answer read (1 MiB by default); a longer one
+      fails the attempt (final: a retry would get the same).
     """
 
     def __init__(
         self,
         url: str,
         *,
+        method: str = "POST",
         id_col: str | None = None,
         headers: Mapping[str, str] | None = None,
         body: Body = None,
+        params: Mapping[str, str] | None = None,
+        header_cols: Mapping[str, str] | None = None,
         idempotency_header: str | None = "Idempotency-Key",
         max_connections: int | None = None,
         verify_tls: bool = True,
         timeout_s: float | None = None,
         max_retry_after_s: float = 30.0,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, got {url!r}")
-        parts = urllib.parse.urlsplit(url)
+        pieces = _template(url)
+        parts = urllib.parse.urlsplit("".join(t + ("x" if c else "") for t, c in pieces))
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"url must be an http:// or https:// URL with a host, got {url!r}")
+        if not isinstance(method, str) or method.upper() not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
         if id_col is not None and (not isinstance(id_col, str) or not id_col):
             raise TypeError(f"id_col must be a column name (str) or None, got {id_col!r}")
         given = {} if headers is None else headers
@@ -255,7 +250,13 @@ class HttpDownstream:
             isinstance(k, str) and isinstance(v, str) for k, v in given.items()
         ):
             raise TypeError(f"headers must be a mapping of str to str, got {headers!r}")
-        if body is not None and not callable(body):
+        if isinstance(body, str):
+            if body not in ("row", "none"):
+                raise TypeError(
+                    f"body must be None, 'row', 'none', a list of columns or a function, "
+                    f"got {body!r}"
+                )
+        elif body is not None and not callable(body):
             body = check_columns("body", body)
         if idempotency_header is not None and (
             not isinstance(idempotency_header, str) or not idempotency_header.strip()
@@ -268,17 +269,24 @@ class HttpDownstream:
         if not isinstance(verify_tls, bool):
             raise TypeError(f"verify_tls must be a bool, got {verify_tls!r}")
         self.url = url
+        self.method = method.upper()
         self.id_col = id_col
         self.headers = {"Content-Type": "application/json", **given}
         self.body = body
+        self.params = _column_map("params", params)
+        self.header_cols = _column_map("header_cols", header_cols)
         self.idempotency_header = idempotency_header
         self.max_connections = max_connections
         self.verify_tls = verify_tls
         self.timeout_s = None if timeout_s is None else _finite("timeout_s", timeout_s, 0.001)
         self.max_retry_after_s = _finite("max_retry_after_s", max_retry_after_s, 0.0)
+        self.max_reply_bytes = check_int("max_reply_bytes", max_reply_bytes, 1)
+        self._pieces = pieces if any(c for _, c in pieces) else None
+        self._lines = [f"{k}: {v}" for k, v in self.headers.items()] + ["Expect:"]
+        self._curl_settings: Any = None  # made on first submit
 
     def __repr__(self) -> str:
-        return f"HttpDownstream({self.url!r})"
+        return f"HttpDownstream({self.method} {self.url!r})"
 
     def for_id_col(self, id_col: str) -> HttpDownstream:
         """This target keyed on ``id_col`` unless it names its own (``dispatch`` calls it)."""
@@ -288,19 +296,37 @@ class HttpDownstream:
         bound.id_col = id_col
         return bound
 
+    def columns(self) -> tuple[str, ...]:
+        """The columns the requests are made from: the URL's fields, params and header_cols."""
+        named = [c for _, c in self._pieces or () if c]
+        named += [c for _, c in self.params] + [c for _, c in self.header_cols]
+        if isinstance(self.body, tuple):
+            named += self.body
+        return tuple(dict.fromkeys(named))
+
     # -- the request ------------------------------------------------------------------
     def idempotency_key(self, row: Mapping[str, Any]) -> str | None:
         """The key of ``row``: a digest of its id (None when the id is null or missing)."""
         value = row.get(self.id_col or "id")
         if value is None:
             return None
-        # The JSON form, so that 7 and "7" differ and equal ids of a column always agree.
-        text = json.dumps(value, default=str, sort_keys=True, separators=(",", ":"))
+        # The JSON form, so that 7 and "7" differ and equal ids of a column always agree
+        # (an int's is its str: the common case, without the encoder).
+        text = str(value) if type(value) is int else _ENCODE_KEY(value)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
-    def _request(self, row: Mapping[str, Any]) -> tuple[bytes, dict[str, str]]:
-        """The body and headers of ``row``'s request; DownstreamError (final) without an id."""
-        headers = self.headers
+    def _value(self, row: Mapping[str, Any], col: str, what: str) -> str:
+        value = row.get(col)
+        if value is None:
+            raise DownstreamError(f"{what} column {col!r} is null: not sent", retry_after_s=None)
+        return value if isinstance(value, str) else _ENCODE(value)
+
+    def _request(self, row: Mapping[str, Any]) -> tuple[str, dict[str, str], bytes | None]:
+        """The URL, extra headers and body of ``row``'s request.
+
+        DownstreamError (final) when the row cannot make one.
+        """
+        extra: dict[str, str] = {}
         if self.idempotency_header is not None:
             key = self.idempotency_key(row)
             if key is None:
@@ -308,96 +334,134 @@ class HttpDownstream:
                     f"the row's id ({self.id_col or 'id'!r}) is null or missing: not sent",
                     retry_after_s=None,
                 )
-            headers = {**headers, self.idempotency_header: key}
-        if self.body is None:
+            extra[self.idempotency_header] = key
+        url = self.url
+        if self._pieces is not None:
+            url = "".join(
+                text + (urllib.parse.quote(self._value(row, col, "url"), safe="") if col else "")
+                for text, col in self._pieces
+            )
+        if self.params:
+            query = urllib.parse.urlencode(
+                [(name, self._value(row, col, "param")) for name, col in self.params]
+            )
+            url += ("&" if "?" in url else "?") + query
+        for name, col in self.header_cols:
+            extra[name] = self._value(row, col, "header")
+        body = self.body
+        if body is None:
+            body = "none" if self.method in ("GET", "DELETE") else "row"
+        if body == "none":
+            return url, extra, None
+        if body == "row":
             payload: Any = row
-        elif callable(self.body):
-            payload = self.body(row)
+        elif callable(body):
+            payload = body(row)
         else:
-            payload = {col: row.get(col) for col in self.body}
-        return json.dumps(payload, default=str).encode(), headers
+            payload = {col: row.get(col) for col in body}
+        return url, extra, _ENCODE(payload).encode()
 
     def _settings(self) -> tuple[Any, ...]:
-        """What the connection pool depends on: copies with equal settings share one."""
-        return (self.max_connections, self.verify_tls, self.timeout_s)
+        """What the connections depend on: copies with equal settings share them."""
+        from ._curl import Settings
 
-    # -- submit: this process's loop thread --------------------------------------------
-    def submit(self, row: Mapping[str, Any], on_done: OnDone) -> Pending | None:
+        timeout_ms = None if self.timeout_s is None else max(1, round(self.timeout_s * 1000))
+        return Settings(self.verify_tls, self.max_connections, timeout_ms, self.max_reply_bytes)
+
+    # -- submit: this process's libcurl loop thread ------------------------------------
+    def submit(self, row: Mapping[str, Any], on_done: OnDone) -> Any:
         """Start the request; ``on_done(ok, error)`` runs on the loop thread.
 
         A failed request's error is a :class:`~.targets.Failure` saying whether (and
         when) a retry is worth making.
 
-        Returns a :class:`Pending` whose ``cancel()`` drops the request (``dispatch``
-        cancels a call when it times out); None when the row was refused at once.
+        Returns a handle whose ``cancel()`` drops the request (``dispatch`` cancels a
+        call when it times out); None when the row was refused at once.
         """
         try:
-            payload, headers = self._request(row)
+            url, extra, body = self._request(row)
         except DownstreamError as exc:
             on_done(False, Failure(str(exc), exc.retry_after_s))
             return None
-        client = _CLIENT.get()
-        pending = Pending(client, self._settings(), payload, headers, on_done)
-        client.start(self, pending)
-        return pending
-
-    def _new_session(self) -> Any:
-        import aiohttp
-
-        return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self.max_connections or 0, ssl=self.verify_tls),
-            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+        lines = self._lines + [f"{k}: {v}" for k, v in extra.items()]
+        settings = self._curl_settings
+        if settings is None:
+            settings = self._curl_settings = self._settings()
+        return _LOOP.get().request(
+            settings,
+            self.method,
+            url,
+            lines,
+            body,
+            functools.partial(self._ended, on_done),
         )
 
-    async def _post(self, session: Any, pending: Pending) -> None:
-        """Send one request on the loop; report its end unless it was cancelled."""
-        import aiohttp
+    def _ended(
+        self,
+        on_done: OnDone,
+        status: int,
+        text: bytes,
+        headers: dict[str, str],
+        errno: int,
+        msg: str,
+    ) -> None:
+        """The loop's report of one request: its verdict, to ``on_done``."""
+        if errno == 0:
+            _, error, wait = verdict(status, text, headers.get, self.max_retry_after_s)
+            failure = None if error is None else Failure(error, wait)
+        else:
+            import pycurl
 
+            from ._curl import curl_error_kind
+
+            if errno == pycurl.E_FILESIZE_EXCEEDED:
+                failure = _too_large(self.max_reply_bytes)
+            elif errno == pycurl.E_OPERATION_TIMEDOUT:
+                failure = Failure(f"no reply within {self.timeout_s} s", 0.0)
+            else:
+                failure = Failure(f"{curl_error_kind(errno)}: {msg}", 0.0)
         try:
-            async with session.post(
-                self.url, data=pending.payload, headers=pending.headers
-            ) as response:
-                text = await response.read()
-                outcome = verdict(
-                    response.status,
-                    text,
-                    response.headers.get("Retry-After"),
-                    self.max_retry_after_s,
-                )
-        except asyncio.CancelledError:
-            return  # the caller has its outcome already (timed out, or abandoned)
-        except asyncio.TimeoutError:
-            outcome = (False, f"no reply within {self.timeout_s} s", 0.0)
-        except (aiohttp.ClientError, OSError) as exc:
-            outcome = (False, f"{type(exc).__name__}: {exc}", 0.0)
-        ok, error, wait = outcome
-        try:
-            pending.on_done(ok, None if error is None else Failure(error, wait))
+            on_done(failure is None, failure)
         except Exception:
             log.exception("on_done callback of HttpDownstream raised")
 
     # -- acall: aiohttp on the caller's loop -------------------------------------------
     async def acall(self, row: Mapping[str, Any]) -> None:
-        """POST ``row`` from the running loop; raise DownstreamError unless the answer is 2xx.
+        """Send ``row``'s request from the running loop; raise DownstreamError unless 2xx.
 
         Cancel it (``asyncio.wait_for``) to time it out. Each loop has its own
         connections; :meth:`aclose` closes them (a loop left idle is closed at exit).
         """
         import aiohttp
 
-        payload, headers = self._request(row)
+        url, extra, body = self._request(row)
         per_loop = _LOOP_SESSIONS.get().setdefault(asyncio.get_running_loop(), {})
         session = per_loop.get(self._settings())
         if session is None:
-            session = per_loop[self._settings()] = self._new_session()
+            session = per_loop[self._settings()] = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=self.max_connections or 0, ssl=self.verify_tls
+                ),
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            )
+        limit = self.max_reply_bytes
         try:
-            async with session.post(self.url, data=payload, headers=headers) as response:
-                text = await response.read()
+            async with session.request(
+                self.method,
+                url,
+                data=body,
+                headers={**self.headers, **extra},
+                allow_redirects=False,
+            ) as response:
+                if (response.content_length or 0) > limit:
+                    raise _too_large_error(limit)
+                text = b""
+                async for chunk in response.content.iter_chunked(1 << 16):
+                    text += chunk
+                    if len(text) > limit:
+                        raise _too_large_error(limit)
                 ok, error, wait = verdict(
-                    response.status,
-                    text,
-                    response.headers.get("Retry-After"),
-                    self.max_retry_after_s,
+                    response.status, text, response.headers.get, self.max_retry_after_s
                 )
         except asyncio.TimeoutError as exc:
             raise DownstreamTimeout(f"no reply within {self.timeout_s} s") from exc
@@ -414,41 +478,55 @@ class HttpDownstream:
 
     # -- call: requests on the caller's thread -----------------------------------------
     def call(self, row: Mapping[str, Any], timeout_s: float) -> None:
-        """POST ``row`` with requests, giving up at ``timeout_s`` (connect and each read)."""
+        """Send ``row``'s request with requests, giving up at ``timeout_s`` (connect, each read)."""
         import requests
 
-        payload, headers = self._request(row)
+        url, extra, body = self._request(row)
         sessions = _REQUESTS.get().sessions
         session = sessions.get(self._settings())
         if session is None:
             session = sessions[self._settings()] = requests.Session()
+        limit = self.max_reply_bytes
         try:
-            response = session.post(
-                self.url, data=payload, headers=headers, timeout=timeout_s, verify=self.verify_tls
-            )
+            with session.request(
+                self.method,
+                url,
+                data=body,
+                headers={**self.headers, **extra},
+                timeout=timeout_s,
+                verify=self.verify_tls,
+                allow_redirects=False,
+                stream=True,
+            ) as response:
+                if int(response.headers.get("Content-Length") or 0) > limit:
+                    raise _too_large_error(limit)
+                text = response.raw.read(limit + 1, decode_content=True)
+                if len(text) > limit:
+                    raise _too_large_error(limit)
         except requests.Timeout as exc:
             raise DownstreamTimeout(f"no reply within {timeout_s * 1000:.0f} ms") from exc
         except requests.RequestException as exc:
             raise DownstreamError(f"{type(exc).__name__}: {exc}") from exc
         ok, error, wait = verdict(
-            response.status_code,
-            response.content,
-            response.headers.get("Retry-After"),
-            self.max_retry_after_s,
+            response.status_code, text, response.headers.get, self.max_retry_after_s
         )
         if not ok:
             raise DownstreamError(error or "failed", retry_after_s=wait)
 
     def close(self) -> None:
         """Close this process's HTTP loop thread and its connections (remade on next use)."""
-        with _CLIENT_LOCK:
-            held = _CLIENT._held
-            _CLIENT._forget()
+        with _LOOP_LOCK:
+            held = _LOOP._held
+            _LOOP._forget()
         if held is not None:
             held[0].close()
         for session in _REQUESTS.get().sessions.values():
             session.close()
         _REQUESTS.get().sessions.clear()
+
+
+def _too_large_error(limit: int) -> DownstreamError:
+    return DownstreamError(str(_too_large(limit)), retry_after_s=None)
 
 
 def add_http_options(parser: argparse.ArgumentParser) -> None:

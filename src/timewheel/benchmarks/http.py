@@ -1,0 +1,387 @@
+"""``timewheel bench http``: the HTTP target alone (no Spark) next to raw clients, one URL, one run.
+
+Each contender POSTs ``--requests`` small JSON bodies to ``--url`` with ``--in-flight``
+requests outstanding, from this process, and is measured by its wall time and the CPU
+time of the whole process (every thread: libcurl's loop thread, tokio's runtime).
+The contenders:
+
+* ``target``: :class:`~timewheel.spark.targets.HttpDownstream` ``submit``, as the
+  timewheel engine uses it (a row dict in, its idempotency key and JSON body built, the
+  reply handed back across threads);
+* ``libcurl multi``: a raw pycurl multi handle driven by ``perform()`` and ``select()``
+  in this thread, fixed body, no Python per request beyond re-adding the handle;
+* ``libcurl socket_action``: the same through ``CURLMOPT_SOCKETFUNCTION`` /
+  ``CURLMOPT_TIMERFUNCTION`` callbacks on a ``selectors`` loop;
+* ``aiohttp`` and ``pyreqwest`` (when installed): tasks on one asyncio loop.
+
+Without ``--url`` it starts nginx (``nginx`` on PATH) on 127.0.0.1 in a temporary
+directory, answering ``{"ok":true}`` with one worker, and stops it afterwards. Speed is
+reported as ratios to the raw libcurl multi loop of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import resource
+import selectors
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["add_parser", "nginx", "run_http_bench"]
+
+_BODY = b'{"id": 1, "amount": 12.5, "note": "benchmark row"}'
+
+_NGINX_CONF = """\
+worker_processes 1;
+daemon off;
+error_log {dir}/error.log;
+pid {dir}/nginx.pid;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir};
+    keepalive_requests 1000000;
+    server {{
+        listen 127.0.0.1:{port};
+        default_type application/json;
+        location / {{ return 200 '{{"ok":true}}'; }}
+    }}
+}}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def nginx() -> Iterator[str]:
+    """Run nginx on 127.0.0.1 (one worker, ``{"ok":true}`` for every path); yield its URL."""
+    exe = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if exe is None:
+        raise SystemExit("nginx is not installed: give --url")
+    with tempfile.TemporaryDirectory(prefix="timewheel-nginx-") as tmp:
+        port = _free_port()
+        conf = Path(tmp) / "nginx.conf"
+        conf.write_text(_NGINX_CONF.format(dir=tmp, port=port))
+        proc = subprocess.Popen([exe, "-c", str(conf), "-p", tmp], stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                with contextlib.suppress(OSError), socket.create_connection(
+                    ("127.0.0.1", port), 0.2
+                ):
+                    break
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"nginx did not start: {proc.stderr.read().decode()[-300:]}")  # type: ignore[union-attr]
+                time.sleep(0.05)
+            yield f"http://127.0.0.1:{port}/ingest"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+            if proc.stderr is not None:
+                proc.stderr.close()
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _measure(run: Callable[[int], int], n: int) -> dict[str, float]:
+    run(min(n, 500))  # warm: connections open, code paths hot
+    cpu, wall = _cpu(), time.perf_counter()
+    ok = run(n)
+    wall, cpu = time.perf_counter() - wall, _cpu() - cpu
+    if ok != n:
+        raise RuntimeError(f"{ok} of {n} requests answered 2xx")
+    return {"requests": n, "rps": n / wall, "cpu_us": cpu / n * 1e6}
+
+
+def _curl_easy(url: str, in_flight: int) -> list[Any]:
+    import pycurl
+
+    handles = []
+    for _ in range(in_flight):
+        easy = pycurl.Curl()
+        easy.setopt(pycurl.URL, url)
+        easy.setopt(pycurl.POSTFIELDS, _BODY)
+        easy.setopt(pycurl.HTTPHEADER, ["Content-Type: application/json", "Expect:"])
+        easy.setopt(pycurl.WRITEFUNCTION, lambda chunk: None)
+        easy.setopt(pycurl.NOSIGNAL, 1)
+        handles.append(easy)
+    return handles
+
+
+def _raw_multi(url: str, in_flight: int) -> Callable[[int], int]:
+    """libcurl's multi interface, perform() and select() on this thread."""
+    import pycurl
+
+    multi = pycurl.CurlMulti()
+    idle = _curl_easy(url, in_flight)
+
+    def run(n: int) -> int:
+        started = ok = 0
+        while idle and started < n:
+            multi.add_handle(idle.pop())
+            started += 1
+        while ok < n:
+            multi.perform()
+            while True:
+                queued, done, failed = multi.info_read()
+                for easy in done:
+                    multi.remove_handle(easy)
+                    ok += easy.getinfo(pycurl.RESPONSE_CODE) // 100 == 2
+                    if started < n:
+                        multi.add_handle(easy)
+                        started += 1
+                    else:
+                        idle.append(easy)
+                for _easy, errno, message in failed:
+                    raise RuntimeError(f"libcurl error {errno}: {message}")
+                if not queued:
+                    break
+            if ok < n:
+                multi.select(1.0)
+        return ok
+
+    return run
+
+
+def _raw_socket_action(url: str, in_flight: int) -> Callable[[int], int]:
+    """libcurl's multi interface through its socket and timer callbacks on a selector."""
+    import pycurl
+
+    multi = pycurl.CurlMulti()
+    idle = _curl_easy(url, in_flight)
+    sel = selectors.DefaultSelector()
+    timer: list[float | None] = [None]
+
+    def on_socket(what: int, sock: int, _multi: Any, _data: Any) -> None:
+        events = 0
+        if what in (pycurl.POLL_IN, pycurl.POLL_INOUT):
+            events |= selectors.EVENT_READ
+        if what in (pycurl.POLL_OUT, pycurl.POLL_INOUT):
+            events |= selectors.EVENT_WRITE
+        with contextlib.suppress(KeyError):
+            sel.unregister(sock)
+        if what != pycurl.POLL_REMOVE and events:
+            sel.register(sock, events)
+
+    def on_timer(ms: int) -> None:
+        timer[0] = None if ms < 0 else time.monotonic() + ms / 1000
+
+    multi.setopt(pycurl.M_SOCKETFUNCTION, on_socket)
+    multi.setopt(pycurl.M_TIMERFUNCTION, on_timer)
+
+    def run(n: int) -> int:
+        started = ok = 0
+        while idle and started < n:
+            multi.add_handle(idle.pop())
+            started += 1
+        while ok < n:
+            due = timer[0]
+            wait = None if due is None else max(0.0, due - time.monotonic())
+            ready = sel.select(1.0 if wait is None else wait)
+            if not ready:
+                timer[0] = None
+                multi.socket_action(pycurl.SOCKET_TIMEOUT, 0)
+            for key, mask in ready:
+                flags = (pycurl.CSELECT_IN if mask & selectors.EVENT_READ else 0) | (
+                    pycurl.CSELECT_OUT if mask & selectors.EVENT_WRITE else 0
+                )
+                multi.socket_action(key.fd, flags)
+            while True:
+                queued, done, failed = multi.info_read()
+                for easy in done:
+                    multi.remove_handle(easy)
+                    ok += easy.getinfo(pycurl.RESPONSE_CODE) // 100 == 2
+                    if started < n:
+                        multi.add_handle(easy)
+                        started += 1
+                    else:
+                        idle.append(easy)
+                for _easy, errno, message in failed:
+                    raise RuntimeError(f"libcurl error {errno}: {message}")
+                if not queued:
+                    break
+        return ok
+
+    return run
+
+
+def _target(url: str, in_flight: int) -> Callable[[int], int]:
+    """HttpDownstream.submit, its replies back on the loop thread, as the timewheel engine."""
+    from ..spark.targets import HttpDownstream
+
+    target = HttpDownstream(url)
+
+    def run(n: int) -> int:
+        slots = threading.Semaphore(in_flight)
+        done = threading.Event()
+        count = [0, 0]  # answered, ok
+        lock = threading.Lock()
+
+        def on_done(ok: bool, error: str | None, *reply: Any) -> None:
+            with lock:
+                count[0] += 1
+                count[1] += ok
+                if count[0] == n:
+                    done.set()
+            slots.release()
+
+        for i in range(n):
+            slots.acquire()
+            target.submit({"id": i, "amount": 12.5, "note": "benchmark row"}, on_done)
+        if not done.wait(300):
+            raise RuntimeError("the target did not answer within 300 s")
+        return count[1]
+
+    return run
+
+
+def _asyncio_client(url: str, in_flight: int, kind: str) -> Callable[[int], int]:
+    loop = asyncio.new_event_loop()
+    holder: dict[str, Any] = {}
+
+    async def make() -> None:
+        if kind == "aiohttp":
+            import aiohttp
+
+            holder["client"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        else:
+            from pyreqwest.client import ClientBuilder
+
+            holder["client"] = ClientBuilder().build()
+
+    async def one() -> bool:
+        client = holder["client"]
+        headers = {"Content-Type": "application/json"}
+        if kind == "aiohttp":
+            async with client.post(url, data=_BODY, headers=headers) as response:
+                await response.read()
+                return bool(response.status // 100 == 2)
+        request = client.post(url).headers(headers).body_bytes(_BODY).build()
+        response = await request.send()
+        await response.bytes()
+        return bool(response.status // 100 == 2)
+
+    async def many(n: int) -> int:
+        left = iter(range(n))
+
+        async def worker() -> int:
+            return sum([await one() for _ in left])
+
+        return sum(await asyncio.gather(*(worker() for _ in range(min(in_flight, n)))))
+
+    loop.run_until_complete(make())
+
+    def run(n: int) -> int:
+        return loop.run_until_complete(many(n))
+
+    run.close = lambda: (loop.run_until_complete(holder["client"].close()), loop.close())  # type: ignore[attr-defined]
+    return run
+
+
+_CONTENDERS: dict[str, Callable[[str, int], Callable[[int], int]]] = {
+    "libcurl multi": _raw_multi,
+    "target": _target,
+    "libcurl socket_action": _raw_socket_action,
+    "aiohttp": lambda url, k: _asyncio_client(url, k, "aiohttp"),
+    "pyreqwest": lambda url, k: _asyncio_client(url, k, "pyreqwest"),
+}
+
+
+def run_http_bench(
+    url: str, requests: int, in_flight: int, clients: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """One row per contender that is installed, each with its ratios to the raw multi loop."""
+    rows: list[dict[str, Any]] = []
+    for name, make in _CONTENDERS.items():
+        if clients is not None and name not in clients and name != "libcurl multi":
+            continue
+        try:
+            run = make(url, in_flight)
+        except ImportError:
+            continue
+        try:
+            rows.append({"client": name, **_measure(run, requests)})
+        finally:
+            close = getattr(run, "close", None)
+            if close is not None:
+                close()
+    base_cpu, base_rps = float(rows[0]["cpu_us"]), float(rows[0]["rps"])
+    for row in rows:
+        row["cpu_x"] = row["cpu_us"] / base_cpu
+        row["rps_x"] = row["rps"] / base_rps
+    from ..spark.targets import HttpDownstream
+
+    HttpDownstream(url).close()  # this process's loop thread, made by the target
+    return rows
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``timewheel bench http`` to the CLI."""
+    p = subparsers.add_parser(
+        "http",
+        help="the HTTP target alone vs raw libcurl, aiohttp, pyreqwest (requests/s, CPU)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--url", default=None, help="the URL to POST to (default: start nginx)")
+    p.add_argument("--requests", type=int, default=20_000, help="requests per contender")
+    p.add_argument("--in-flight", type=int, default=256, help="requests outstanding")
+    p.add_argument(
+        "--clients",
+        default=",".join(_CONTENDERS),
+        help="comma-separated contenders (the raw libcurl multi loop always runs; "
+        "default: %(default)s)",
+    )
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    import sys
+
+    if args.requests < 1 or args.in_flight < 1:
+        print("timewheel bench http: --requests and --in-flight must be >= 1", file=sys.stderr)
+        return 2
+    clients = [c.strip() for c in args.clients.split(",") if c.strip()]
+    unknown = [c for c in clients if c not in _CONTENDERS]
+    if unknown:
+        print(f"timewheel bench http: unknown --clients {unknown}", file=sys.stderr)
+        return 2
+    if args.url is not None:
+        from ..spark.targets import HttpDownstream
+
+        try:
+            HttpDownstream(args.url)
+        except ValueError as exc:
+            print(f"timewheel bench http: --url: {exc}", file=sys.stderr)
+            return 2
+    with contextlib.ExitStack() as stack:
+        url = args.url or stack.enter_context(nginx())
+        rows = run_http_bench(url, args.requests, args.in_flight, clients)
+    print(f"{url}, {args.requests} requests, {args.in_flight} in flight")
+    print(f"{'client':<22} {'req/s':>9} {'CPU us/req':>11} {'CPU x raw':>10} {'req/s x raw':>12}")
+    for r in rows:
+        print(
+            f"{r['client']:<22} {r['rps']:>9.0f} {r['cpu_us']:>11.1f} {r['cpu_x']:>10.2f} "
+            f"{r['rps_x']:>12.2f}"
+        )
+    return 0

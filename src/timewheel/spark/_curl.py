@@ -1,0 +1,301 @@
+"""libcurl's multi interface driven by one loop thread per process: the HTTP target's client.
+
+The loop is libcurl's own ``perform()`` and ``select()`` over the sockets libcurl names
+(``curl_multi_fdset``), plus a pipe that other threads write to when they queue a
+request or a cancellation. No Python callback runs per socket event or per timer:
+measured against libcurl's ``CURLMOPT_SOCKETFUNCTION`` / ``CURLMOPT_TIMERFUNCTION`` on
+a ``selectors`` loop, this plain loop spent about half the CPU per request (see
+docs/spark.md). Deadlines are not libcurl's business here: the caller's timewheel times
+each call out and cancels it, and :meth:`CurlLoop.cancel` takes the transfer out of the
+multi handle at the loop's next turn, which closes its connection (libcurl never
+reuses a connection whose answer was not read to the end).
+
+One :class:`CurlLoop` per process (see :mod:`._per_process`): it is made after a fork,
+never inherited, and :meth:`CurlLoop.close` stops its thread and closes every
+connection. Easy handles are kept and reused per :class:`Settings`, so the options that
+do not change from request to request are set once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import threading
+from typing import Any, Callable, NamedTuple
+
+import pycurl
+
+__all__ = ["CurlLoop", "Request", "Settings", "curl_error_kind"]
+
+#: ``on_end(status, body, headers, curl_errno, curl_message)``: status 0 when no answer
+#: came (curl_errno says why); ``body`` is the answer's bytes; ``headers`` holds the
+#: ``Retry-After`` (seconds, as libcurl reads it: a number or an HTTP date) of a 429 and
+#: the ``Location`` of a 3xx, and nothing else: no Python runs per header line.
+OnEnd = Callable[[int, bytes, "dict[str, str]", int, str], None]
+
+# libcurl errors that say the connection failed or broke (worth a retry).
+_CONNECTION = {
+    pycurl.E_COULDNT_RESOLVE_HOST,
+    pycurl.E_COULDNT_CONNECT,
+    pycurl.E_SEND_ERROR,
+    pycurl.E_RECV_ERROR,
+    pycurl.E_GOT_NOTHING,
+    pycurl.E_PARTIAL_FILE,
+}
+_TLS = {
+    pycurl.E_SSL_CONNECT_ERROR,
+    pycurl.E_PEER_FAILED_VERIFICATION,
+    pycurl.E_SSL_CACERT_BADFILE,
+}
+
+
+def curl_error_kind(errno: int) -> str:
+    """A short name for a libcurl error, in the words the other clients use."""
+    if errno in _CONNECTION:
+        return "ConnectionError"
+    if errno in _TLS:
+        return "SSLError"
+    if errno == pycurl.E_OPERATION_TIMEDOUT:
+        return "Timeout"
+    return f"CurlError {errno}"
+
+
+_NO_HEADERS: dict[str, str] = {}
+
+
+class Settings(NamedTuple):
+    """The options set once per easy handle: requests with equal settings share handles."""
+
+    verify_tls: bool
+    max_connections: int | None
+    timeout_ms: int | None
+    max_reply_bytes: int
+
+
+class Request:
+    """One request handed to the loop; ``cancel()`` drops it from any thread, at once."""
+
+    __slots__ = (
+        "body",
+        "cancelled",
+        "chunks",
+        "easy",
+        "headers",
+        "loop",
+        "method",
+        "on_end",
+        "settings",
+        "url",
+    )
+
+    def __init__(
+        self,
+        loop: CurlLoop,
+        settings: Settings,
+        method: str,
+        url: str,
+        headers: list[str],
+        body: bytes | None,
+        on_end: OnEnd,
+    ) -> None:
+        self.loop = loop
+        self.settings = settings
+        self.method = method
+        self.url = url
+        self.headers = headers
+        self.body = body
+        self.on_end = on_end
+        self.cancelled = False
+        self.easy: Any = None
+        self.chunks: list[bytes] = []
+
+    def cancel(self) -> None:
+        """Drop the request: never sent if not started, else taken out and its connection closed."""
+        if not self.cancelled:
+            self.cancelled = True
+            self.loop._queue(self, cancel=True)
+
+
+class _Multi:
+    """A multi handle and the idle easy handles of one :class:`Settings`."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.multi = pycurl.CurlMulti()
+        if settings.max_connections is not None:
+            self.multi.setopt(pycurl.M_MAX_TOTAL_CONNECTIONS, settings.max_connections)
+        self.idle: list[Any] = []
+        self.running: dict[Any, Request] = {}
+
+    def _easy(self) -> Any:
+        if self.idle:
+            return self.idle.pop()
+        s = self.settings
+        easy = pycurl.Curl()
+        easy.setopt(pycurl.NOSIGNAL, 1)
+        easy.setopt(pycurl.SSL_VERIFYPEER, 1 if s.verify_tls else 0)
+        easy.setopt(pycurl.SSL_VERIFYHOST, 2 if s.verify_tls else 0)
+        easy.setopt(pycurl.MAXFILESIZE_LARGE, s.max_reply_bytes)
+        easy.setopt(pycurl.FOLLOWLOCATION, 0)
+        if s.timeout_ms is not None:
+            easy.setopt(pycurl.TIMEOUT_MS, s.timeout_ms)
+        easy.custom = None
+        return easy
+
+    def add(self, request: Request) -> None:
+        easy = self._easy()
+        easy.setopt(pycurl.URL, request.url)
+        easy.setopt(pycurl.HTTPHEADER, request.headers)
+        easy.setopt(pycurl.WRITEFUNCTION, request.chunks.append)
+        method = request.method
+        if request.body is None:
+            easy.setopt(pycurl.HTTPGET, 1)
+        else:
+            easy.setopt(pycurl.POSTFIELDS, request.body)
+        # GET without a body and POST with one are what libcurl sends by default.
+        custom = None if method == ("GET" if request.body is None else "POST") else method
+        if custom != easy.custom:
+            easy.setopt(pycurl.CUSTOMREQUEST, custom)
+            easy.custom = custom
+        request.easy = easy
+        self.running[easy] = request
+        self.multi.add_handle(easy)
+
+    def remove(self, request: Request) -> None:
+        easy = request.easy
+        request.easy = None
+        del self.running[easy]
+        self.multi.remove_handle(easy)  # an unfinished transfer's connection is closed
+        self.idle.append(easy)
+
+    def finish(self, easy: Any, errno: int, message: str) -> None:
+        request = self.running.get(easy)
+        if request is None:
+            return
+        status = easy.getinfo(pycurl.RESPONSE_CODE) if errno == 0 else 0
+        headers = _NO_HEADERS
+        if status == 429:
+            headers = {"Retry-After": str(easy.getinfo(pycurl.RETRY_AFTER))}
+        elif 300 <= status < 400:
+            headers = {"Location": easy.getinfo(pycurl.REDIRECT_URL) or ""}
+        self.remove(request)
+        if not request.cancelled:
+            request.on_end(status, b"".join(request.chunks), headers, errno, message)
+
+    def run(self) -> None:
+        multi = self.multi
+        while multi.perform()[0] == pycurl.E_CALL_MULTI_PERFORM:
+            pass
+        while True:
+            queued, ok, failed = multi.info_read()
+            for easy in ok:
+                self.finish(easy, 0, "")
+            for easy, errno, message in failed:
+                self.finish(easy, errno, message)
+            if not queued:
+                break
+
+    def close(self) -> None:
+        for request in list(self.running.values()):
+            self.remove(request)
+        for easy in self.idle:
+            easy.close()
+        self.idle.clear()
+        self.multi.close()
+
+
+class CurlLoop:
+    """This process's HTTP loop thread: libcurl multi handles, one per :class:`Settings`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._adds: list[Request] = []
+        self._cancels: list[Request] = []
+        self._signalled = False
+        self._closing = False
+        self._rfd, self._wfd = os.pipe()
+        os.set_blocking(self._rfd, False)
+        os.set_blocking(self._wfd, False)
+        self._multis: dict[Settings, _Multi] = {}
+        self.thread = threading.Thread(target=self._run, name="timewheel-http", daemon=True)
+        self.thread.start()
+
+    def request(
+        self,
+        settings: Settings,
+        method: str,
+        url: str,
+        headers: list[str],
+        body: bytes | None,
+        on_end: OnEnd,
+    ) -> Request:
+        """Queue a request; ``on_end`` runs on the loop thread unless it is cancelled first."""
+        request = Request(self, settings, method, url, headers, body, on_end)
+        self._queue(request, cancel=False)
+        return request
+
+    def _queue(self, request: Request, *, cancel: bool) -> None:
+        with self._lock:
+            if self._closing:
+                if cancel:
+                    return
+                raise RuntimeError("the HTTP loop is closed")
+            (self._cancels if cancel else self._adds).append(request)
+            wake = not self._signalled
+            self._signalled = True
+        if wake:  # once per burst of requests, not once per request
+            os.write(self._wfd, b"\0")
+
+    def _take(self) -> tuple[list[Request], list[Request], bool]:
+        with self._lock:
+            adds, self._adds = self._adds, []
+            cancels, self._cancels = self._cancels, []
+            if self._signalled:
+                self._signalled = False
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._rfd, 4096)
+            return adds, cancels, self._closing
+
+    def _run(self) -> None:
+        rfd = self._rfd
+        while True:
+            adds, cancels, closing = self._take()
+            if closing:
+                break
+            for request in cancels:
+                if request.easy is not None:
+                    self._multis[request.settings].remove(request)
+            for request in adds:
+                if not request.cancelled:
+                    multi = self._multis.get(request.settings)
+                    if multi is None:
+                        multi = self._multis[request.settings] = _Multi(request.settings)
+                    multi.add(request)
+            wait_ms = -1
+            reads, writes, errors = [rfd], [], []
+            for multi in self._multis.values():
+                multi.run()
+                t = multi.multi.timeout()
+                if t >= 0 and (wait_ms < 0 or t < wait_ms):
+                    wait_ms = t
+                r, w, x = multi.multi.fdset()
+                reads += r
+                writes += w
+                errors += x
+            if wait_ms != 0:
+                select.select(reads, writes, errors, None if wait_ms < 0 else wait_ms / 1000)
+        for multi in self._multis.values():
+            multi.close()
+        self._multis.clear()
+        os.close(self._rfd)
+        os.close(self._wfd)
+
+    def close(self) -> None:
+        """Drop what is in flight (never reported), close every connection, stop the thread."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        os.write(self._wfd, b"\0")
+        self.thread.join(10)
