@@ -97,7 +97,7 @@ def test_a_timed_out_attempts_late_reply_does_not_end_the_retry() -> None:
     assert not results
     second(False, "refused")
     runner.join(10)
-    ((row, status, attempts, _, error),) = results
+    ((row, status, attempts, _, error, _, _),) = results
     assert (row["id"], status, attempts, error) == (7, "failed", 2, "refused")
 
 

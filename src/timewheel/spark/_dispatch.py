@@ -41,6 +41,7 @@ from .._validate import check_columns, check_int
 from ._per_process import PerProcess
 from .engines import RESULT_COLUMNS, DispatchConfig, Outcome
 from .registry import DEFAULT_ENGINE, get_engine
+from .replies import REPLY_COLUMN, ReplyParser, reply_struct
 from .worker_metrics import PartitionCounts, worker_metrics
 
 __all__ = [
@@ -58,6 +59,8 @@ _RESULT_TYPES = {
     "attempts": (IntegerType(), pa.int32(), False),
     "latency_ms": (DoubleType(), pa.float64(), False),
     "error": (StringType(), pa.string(), True),
+    "http_status": (IntegerType(), pa.int32(), True),
+    "response": (StringType(), pa.string(), True),
 }
 _RESULT_FIELDS = [
     StructField(name, _RESULT_TYPES[name][0], _RESULT_TYPES[name][2]) for name in RESULT_COLUMNS
@@ -72,9 +75,10 @@ _NESTED_TYPES = (ArrayType, MapType, StructType)
 _OUT_BATCH_ROWS = 10_000
 
 
-def output_schema(schema: StructType) -> StructType:
-    """The schema of ``dispatch``'s result for an input of ``schema``."""
-    return StructType([*schema.fields, *_RESULT_FIELDS])
+def output_schema(schema: StructType, reply: StructType | None = None) -> StructType:
+    """The schema of ``dispatch``'s result for an input of ``schema`` (and a reply struct)."""
+    extra = [] if reply is None else [StructField(REPLY_COLUMN, reply, True)]
+    return StructType([*schema.fields, *_RESULT_FIELDS, *extra])
 
 
 #: The largest ``timeout_ms`` and ``backoff_ms``: 2**31 - 1 ms, about 24.8 days. The
@@ -145,12 +149,14 @@ class _PartitionDispatch:
         config: DispatchConfig,
         progress: Accumulator[int] | None = None,
         reports: Accumulator[Any] | None = None,
+        reply: StructType | None = None,
     ) -> None:
         self.engine = engine
         self.target = target
         self.config = config
         self.progress = progress
         self.reports = reports
+        self.reply = reply
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         engine = get_engine(self.engine)
@@ -158,11 +164,13 @@ class _PartitionDispatch:
         schemas: list[pa.Schema] = []
         worker = worker_metrics()
         counts = worker.start()
+        parser = None if self.reply is None else ReplyParser(self.reply)
+        extra = [] if parser is None else [pa.field(REPLY_COLUMN, parser.arrow_type, True)]
 
         def rows() -> Iterator[dict[str, Any]]:
             for batch in batches:
                 if not schemas:
-                    schemas.append(pa.schema([*batch.schema, *_ARROW_RESULT_FIELDS]))
+                    schemas.append(pa.schema([*batch.schema, *_ARROW_RESULT_FIELDS, *extra]))
                 # Column by column, then zipped: cheaper than RecordBatch.to_pylist.
                 names = batch.schema.names
                 counts.admitted += batch.num_rows
@@ -174,31 +182,40 @@ class _PartitionDispatch:
             for outcome in engine(rows(), self.target, self.config):
                 out.append(outcome)
                 if len(out) == _OUT_BATCH_ROWS:
-                    yield self._batch(out, schemas[0], counts)
+                    yield self._batch(out, schemas[0], counts, parser)
                     out = []
             if out:
-                yield self._batch(out, schemas[0], counts)
+                yield self._batch(out, schemas[0], counts, parser)
         finally:
             report = worker.end(counts)
             if self.reports is not None:
                 self.reports.add({worker.name: report})
 
     def _batch(
-        self, outcomes: list[Outcome], schema: pa.Schema, counts: PartitionCounts
+        self,
+        outcomes: list[Outcome],
+        schema: pa.Schema,
+        counts: PartitionCounts,
+        parser: ReplyParser | None,
     ) -> pa.RecordBatch:
         """The output batch of ``outcomes`` (not empty), built column by column; the
         columns also give the batch's counts."""
+        replies = []
+        if parser is not None:
+            outcomes, parsed = parser.parse(outcomes)
+            replies.append(parsed)
         rows, *results = zip(*outcomes)
         counts.finish(results[0], results[1])  # the status and attempts columns
         if self.progress is not None:
             self.progress.add(len(outcomes))
-        inputs = schema.names[: len(schema) - len(_ARROW_RESULT_FIELDS)]
+        inputs = schema.names[: len(schema) - len(_ARROW_RESULT_FIELDS) - len(replies)]
         columns = [
             pa.array([row[name] for row in rows], schema.field(name).type) for name in inputs
         ]
         columns += [
             pa.array(values, field.type) for values, field in zip(results, _ARROW_RESULT_FIELDS)
         ]
+        columns += replies
         return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
@@ -263,6 +280,7 @@ def dispatch(
     max_in_flight: int = 256,
     retries: int = 2,
     backoff_ms: int = 100,
+    reply_schema: str | None = None,
     _engine: str | None = None,
     _progress: Accumulator[int] | None = None,
     _reports: Accumulator[Any] | None = None,
@@ -271,7 +289,11 @@ def dispatch(
 
     The result has ``df``'s columns plus ``status`` (``ok``, ``failed`` or ``timeout``:
     how the last attempt ended), ``attempts``, ``latency_ms`` (first call to final
-    outcome, backoff included) and ``error`` (None when ok). ``id_col`` names the
+    outcome, backoff included), ``error`` (None when ok), ``http_status`` and
+    ``response`` (the last answer's status and body as text; None when no answer came,
+    see :mod:`timewheel.spark.targets`), and with ``reply_schema`` (a Spark DDL string)
+    ``reply``: ``ok`` answers parsed as JSON into that struct (see
+    :mod:`timewheel.spark.replies`). ``id_col`` names the
     column that identifies a row; ``key_cols`` name the values a row holds while in
     flight (see the module docstring for the exact guarantee). Each partition keeps at
     most ``max_in_flight`` calls outstanding, times a call out after ``timeout_ms`` and
@@ -298,9 +320,20 @@ def dispatch(
     config = _validate(
         df, target, id_col, key_cols, timeout_ms, max_in_flight, retries, backoff_ms, engine
     )
+    reply = None if reply_schema is None else reply_struct(reply_schema)
+    if reply is not None and REPLY_COLUMN in df.columns:
+        raise ValueError(f"df already has a {REPLY_COLUMN!r} column; rename it before dispatch")
+    named = getattr(target, "columns", None)
+    missing = [c for c in (named() if callable(named) else ()) if c not in df.columns]
+    if missing:
+        raise ValueError(
+            f"the target's requests name column(s) {missing} that df does not have; "
+            f"columns: {df.columns}"
+        )
     check_workers(df.sparkSession)
     if config.key_cols:
         df = df.repartition(df.rdd.getNumPartitions(), config.key_cols[0])
     return df.mapInArrow(
-        _PartitionDispatch(engine, target, config, _progress, _reports), output_schema(df.schema)
+        _PartitionDispatch(engine, target, config, _progress, _reports, reply),
+        output_schema(df.schema, reply),
     )

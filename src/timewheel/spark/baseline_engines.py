@@ -32,6 +32,7 @@ from .engines import (
     Outcome,
     classify,
     key_error,
+    outcome,
     retry_wait_s,
     worker_runtime,
 )
@@ -92,14 +93,16 @@ def _attempts_blocking(row: dict[str, Any], target: Any, config: DispatchConfig)
     while True:
         attempt += 1
         try:
-            blocking_call(target, row, timeout_s)
+            reply = blocking_call(target, row, timeout_s)
         except Exception as exc:
             status, error = classify(exc, config)
             wait = retry_wait_s(exc, config)
+            reply = getattr(exc, "reply", None)
         else:
-            return Outcome(row, OK, attempt, (time.monotonic() - start) * 1000.0, None)
+            return outcome(row, OK, attempt, (time.monotonic() - start) * 1000.0, None, reply)
         if wait is None or attempt > config.retries:
-            return Outcome(row, status, attempt, (time.monotonic() - start) * 1000.0, error)
+            latency_ms = (time.monotonic() - start) * 1000.0
+            return outcome(row, status, attempt, latency_ms, error, reply)
         time.sleep(wait)
 
 
@@ -167,14 +170,16 @@ def asyncio_engine(
         while True:
             attempt += 1
             try:
-                await asyncio.wait_for(async_call(target, row), timeout_s)
+                reply = await asyncio.wait_for(async_call(target, row), timeout_s)
             except Exception as exc:
                 status, error = classify(exc, config)
                 wait = retry_wait_s(exc, config)
+                reply = getattr(exc, "reply", None)
             else:
-                return Outcome(row, OK, attempt, (time.monotonic() - start) * 1000.0, None)
+                return outcome(row, OK, attempt, (time.monotonic() - start) * 1000.0, None, reply)
             if wait is None or attempt > config.retries:
-                return Outcome(row, status, attempt, (time.monotonic() - start) * 1000.0, error)
+                latency_ms = (time.monotonic() - start) * 1000.0
+                return outcome(row, status, attempt, latency_ms, error, reply)
             await asyncio.sleep(wait)
 
     async def one_row(row: dict[str, Any]) -> None:

@@ -28,7 +28,7 @@ from typing import (
 )
 
 from ._per_process import PerProcess
-from .targets import DownstreamError, DownstreamTimeout
+from .targets import DownstreamError, DownstreamTimeout, Reply
 
 __all__ = [
     "FAILED",
@@ -43,6 +43,7 @@ __all__ = [
     "backoff_s",
     "classify",
     "key_error",
+    "outcome",
     "retry_wait_s",
     "timeout_message",
     "worker_runtime",
@@ -73,6 +74,8 @@ class Outcome(NamedTuple):
 
     ``latency_ms`` runs from the row's first call to its final outcome, backoff
     included; time spent waiting for a free slot or for its keys is not counted.
+    ``http_status`` and ``response`` are the last attempt's answer (its status and its
+    body as text), None when no answer came or the target gives none.
     """
 
     row: dict[str, Any]
@@ -80,6 +83,33 @@ class Outcome(NamedTuple):
     attempts: int
     latency_ms: float
     error: str | None
+    http_status: int | None = None
+    response: str | None = None
+
+
+def outcome(
+    row: dict[str, Any],
+    status: str,
+    attempts: int,
+    latency_ms: float,
+    error: str | None,
+    reply: Reply | None,
+) -> Outcome:
+    """The Outcome of a row whose last attempt got ``reply`` (a Reply, or None).
+
+    A body that is not UTF-8 cannot be a ``response``: the row fails, saying so.
+    """
+    if reply is None:
+        return Outcome(row, status, attempts, latency_ms, error)
+    body = reply.body
+    if body is not None and not isinstance(body, str):
+        try:
+            body = body.decode()
+        except UnicodeDecodeError as exc:
+            return Outcome(
+                row, FAILED, attempts, latency_ms, f"answer is not UTF-8: {exc}", reply.status
+            )
+    return Outcome(row, status, attempts, latency_ms, error, reply.status, body)
 
 
 #: The columns ``dispatch`` adds to its input's: the fields of an Outcome after the row.

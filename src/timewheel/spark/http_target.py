@@ -42,7 +42,7 @@ from typing import Any, Callable, Union
 
 from .._validate import check_columns, check_int
 from ._per_process import PerProcess
-from .targets import DownstreamError, DownstreamTimeout, Failure, OnDone
+from .targets import DownstreamError, DownstreamTimeout, Failure, OnDone, Reply, deliver
 
 __all__ = ["HttpDownstream", "add_http_options", "http_options"]
 
@@ -370,7 +370,10 @@ class HttpDownstream:
 
     # -- submit: this process's libcurl loop thread ------------------------------------
     def submit(self, row: Mapping[str, Any], on_done: OnDone) -> Any:
-        """Start the request; ``on_done(ok, error)`` runs on the loop thread.
+        """Start the request; ``on_done(ok, error[, reply])`` runs on the loop thread.
+
+        ``reply`` is the answer's :class:`~.targets.Reply` (None when none came), given
+        when ``on_done`` is marked with :func:`~.targets.accepts_reply`.
 
         A failed request's error is a :class:`~.targets.Failure` saying whether (and
         when) a retry is worth making.
@@ -405,10 +408,12 @@ class HttpDownstream:
         errno: int,
         msg: str,
     ) -> None:
-        """The loop's report of one request: its verdict, to ``on_done``."""
+        """The loop's report of one request: its verdict and answer, to ``on_done``."""
+        reply = None
         if errno == 0:
             _, error, wait = verdict(status, text, headers.get, self.max_retry_after_s)
             failure = None if error is None else Failure(error, wait)
+            reply = Reply(status, text or None)
         else:
             import pycurl
 
@@ -421,13 +426,14 @@ class HttpDownstream:
             else:
                 failure = Failure(f"{curl_error_kind(errno)}: {msg}", 0.0)
         try:
-            on_done(failure is None, failure)
+            deliver(on_done, failure is None, failure, reply)
         except Exception:
             log.exception("on_done callback of HttpDownstream raised")
 
     # -- acall: aiohttp on the caller's loop -------------------------------------------
-    async def acall(self, row: Mapping[str, Any]) -> None:
-        """Send ``row``'s request from the running loop; raise DownstreamError unless 2xx.
+    async def acall(self, row: Mapping[str, Any]) -> Reply:
+        """Send ``row``'s request from the running loop; return its answer, or raise
+        DownstreamError (carrying the answer) unless it is a 2xx.
 
         Cancel it (``asyncio.wait_for``) to time it out. Each loop has its own
         connections; :meth:`aclose` closes them (a loop left idle is closed at exit).
@@ -463,12 +469,14 @@ class HttpDownstream:
                 ok, error, wait = verdict(
                     response.status, text, response.headers.get, self.max_retry_after_s
                 )
+                reply = Reply(response.status, text or None)
         except asyncio.TimeoutError as exc:
             raise DownstreamTimeout(f"no reply within {self.timeout_s} s") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise DownstreamError(f"{type(exc).__name__}: {exc}") from exc
         if not ok:
-            raise DownstreamError(error or "failed", retry_after_s=wait)
+            raise DownstreamError(error or "failed", retry_after_s=wait, reply=reply)
+        return reply
 
     async def aclose(self) -> None:
         """Close the connections :meth:`acall` opened on the running loop."""
@@ -477,8 +485,9 @@ class HttpDownstream:
             await session.close()
 
     # -- call: requests on the caller's thread -----------------------------------------
-    def call(self, row: Mapping[str, Any], timeout_s: float) -> None:
-        """Send ``row``'s request with requests, giving up at ``timeout_s`` (connect, each read)."""
+    def call(self, row: Mapping[str, Any], timeout_s: float) -> Reply:
+        """Send ``row``'s request with requests, giving up at ``timeout_s`` (connect, each
+        read); return its answer, or raise DownstreamError (carrying it) unless 2xx."""
         import requests
 
         url, extra, body = self._request(row)
@@ -510,8 +519,10 @@ class HttpDownstream:
         ok, error, wait = verdict(
             response.status_code, text, response.headers.get, self.max_retry_after_s
         )
+        reply = Reply(response.status_code, text or None)
         if not ok:
-            raise DownstreamError(error or "failed", retry_after_s=wait)
+            raise DownstreamError(error or "failed", retry_after_s=wait, reply=reply)
+        return reply
 
     def close(self) -> None:
         """Close this process's HTTP loop thread and its connections (remade on next use)."""
@@ -529,9 +540,31 @@ def _too_large_error(limit: int) -> DownstreamError:
     return DownstreamError(str(_too_large(limit)), retry_after_s=None)
 
 
+def _pairs(flag: str, given: list[str]) -> dict[str, str]:
+    """``NAME=COLUMN`` options as a dict; ValueError naming ``flag`` for a malformed one."""
+    pairs = {}
+    for text in given:
+        name, sep, col = text.partition("=")
+        if not sep or not name.strip() or not col.strip():
+            raise ValueError(f"{flag} must be NAME=COLUMN, got {text!r}")
+        pairs[name.strip()] = col.strip()
+    return pairs
+
+
 def add_http_options(parser: argparse.ArgumentParser) -> None:
     """The command line's options for an http(s):// ``--target`` (see :class:`HttpDownstream`)."""
-    group = parser.add_argument_group("http(s):// target")
+    group = parser.add_argument_group(
+        "http(s):// target",
+        "--target may name columns as {column} (http://api/customers/{customer_id}): "
+        "each is filled from the row, percent-encoded",
+    )
+    group.add_argument(
+        "--method",
+        default="POST",
+        type=str.upper,
+        choices=METHODS,
+        help="the request's method (default: %(default)s; GET and DELETE send no body)",
+    )
     group.add_argument(
         "--http-header",
         action="append",
@@ -540,9 +573,24 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
         help="a header sent with every request (repeatable)",
     )
     group.add_argument(
+        "--header-col",
+        action="append",
+        default=[],
+        metavar="NAME=COLUMN",
+        help="a header whose value is the row's COLUMN (repeatable)",
+    )
+    group.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=COLUMN",
+        help="a query parameter whose value is the row's COLUMN (repeatable)",
+    )
+    group.add_argument(
         "--body-cols",
         default="",
-        help="comma-separated columns to post (default: the whole row)",
+        help="comma-separated columns to send as the JSON body (default: the whole row "
+        "for POST, PUT and PATCH; none for GET and DELETE); 'none' sends no body",
     )
     group.add_argument(
         "--idempotency-header",
@@ -558,6 +606,20 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
         help="connections per Python worker (default: as many as calls in flight)",
     )
     group.add_argument(
+        "--max-reply-bytes",
+        type=int,
+        default=DEFAULT_MAX_REPLY_BYTES,
+        metavar="N",
+        help="the longest answer read; a longer one fails the attempt (default: %(default)s)",
+    )
+    group.add_argument(
+        "--reply-schema",
+        default=None,
+        metavar="DDL",
+        help="parse ok answers as JSON into a struct column 'reply' of this Spark DDL "
+        "('lat double, lon double'); an answer that does not fit fails its row",
+    )
+    group.add_argument(
         "--insecure",
         action="store_true",
         help="do not verify HTTPS certificates",
@@ -567,7 +629,7 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
 def http_options(args: argparse.Namespace) -> dict[str, Any]:
     """:class:`HttpDownstream`'s keyword arguments from the options of :func:`add_http_options`.
 
-    A malformed header raises ValueError naming it.
+    A malformed header or pair raises ValueError naming it.
     """
     headers = {}
     for header in args.http_header:
@@ -575,13 +637,19 @@ def http_options(args: argparse.Namespace) -> dict[str, Any]:
         if not sep or not name.strip():
             raise ValueError(f"--http-header must be NAME:VALUE, got {header!r}")
         headers[name.strip()] = value.strip()
-    body = [c.strip() for c in args.body_cols.split(",") if c.strip()] or None
+    body: Body = [c.strip() for c in args.body_cols.split(",") if c.strip()] or None
+    if body == ["none"]:
+        body = "none"
     key_header = None if args.idempotency_header.lower() == "none" else args.idempotency_header
     return {
+        "method": args.method,
         "id_col": getattr(args, "id_col", None),
         "headers": headers,
         "body": body,
+        "params": _pairs("--param", args.param),
+        "header_cols": _pairs("--header-col", args.header_col),
         "idempotency_header": key_header,
         "max_connections": args.http_max_connections,
         "verify_tls": not args.insecure,
+        "max_reply_bytes": args.max_reply_bytes,
     }

@@ -473,6 +473,7 @@ def summarize(result: Any, elapsed_s: float) -> dict[str, Any]:
     rows = result.count()
     statuses = {r["status"]: r["count"] for r in result.groupBy("status").count().collect()}
     attempts = {r["attempts"]: r["count"] for r in result.groupBy("attempts").count().collect()}
+    answers = result.groupBy("http_status").count().collect()
     quantiles = ", ".join(str(p / 100) for p in _PERCENTILES)
     stats = result.select(
         F.expr(f"percentile(latency_ms, array({quantiles}))").alias("q"),
@@ -487,6 +488,10 @@ def summarize(result: Any, elapsed_s: float) -> dict[str, Any]:
         "attempts": {
             "total": sum(k * v for k, v in attempts.items()),
             "rows_by_attempts": {str(k): attempts[k] for k in sorted(attempts)},
+        },
+        "http_status": {
+            str(r["http_status"] or "none"): r["count"]
+            for r in sorted(answers, key=lambda r: r["http_status"] or 0)
         },
         "latency_ms": latency,
         "elapsed_s": round(elapsed_s, 3),
@@ -517,6 +522,14 @@ def latency_histogram(result: Any, path: Path) -> Any:
     counts: dict[str, dict[int, int]] = {}
     for r in binned.groupBy("status", "bin").count().collect():
         counts.setdefault(r["status"], {})[int(r["bin"])] = r["count"]
+    # Each panel's title counts its rows' answers by HTTP status too.
+    answers: dict[str, list[str]] = {}
+    for r in sorted(
+        result.groupBy("status", "http_status").count().collect(),
+        key=lambda r: r["http_status"] or 0,
+    ):
+        code = "no answer" if r["http_status"] is None else f"HTTP {r['http_status']}"
+        answers.setdefault(r["status"], []).append(f"{code}: {r['count']:,}")
     fig, axes = plt.subplots(len(STATUSES), 1, figsize=(8, 7), sharex=True)
     for ax, status, color in zip(axes, STATUSES, ("tab:green", "tab:red", "tab:orange")):
         bins = counts.get(status, {})
@@ -532,7 +545,10 @@ def latency_histogram(result: Any, path: Path) -> Any:
         ax.set_yscale("log")
         ax.set_ylim(bottom=0.7)
         ax.set_ylabel("rows")
-        ax.set_title(f"{status}: {sum(bins.values()):,} rows", loc="left", fontsize="medium")
+        by_answer = f" ({', '.join(answers[status])})" if status in answers else ""
+        ax.set_title(
+            f"{status}: {sum(bins.values()):,} rows{by_answer}", loc="left", fontsize="medium"
+        )
     axes[-1].set_xlabel("latency from first call to outcome (ms)")
     fig.suptitle("timewheel pipeline: row latency by outcome")
     fig.tight_layout()
@@ -663,6 +679,7 @@ def _run(args: argparse.Namespace, *, report_workers: bool) -> int:
                 max_in_flight=max_in_flight,
                 retries=args.retries,
                 backoff_ms=args.backoff_ms,
+                reply_schema=args.reply_schema,
                 _engine=args.engine,
                 _progress=progress,
                 _reports=reports.accumulator if reports is not None else None,

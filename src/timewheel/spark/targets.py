@@ -2,6 +2,16 @@
 
 A target is any picklable object with ``submit(row, on_done)``: it starts one call for
 ``row`` (a dict) and later calls ``on_done(ok, error)`` exactly once, from any thread.
+A target that gets an answer back may hand it over as a third argument,
+``on_done(ok, error, Reply(status, body))``: ``dispatch`` puts ``status`` in the row's
+``http_status`` column and ``body`` (bytes, decoded as UTF-8, or str) in ``response``, and
+parses it into ``reply`` when given a ``reply_schema``. ``dispatch``'s engines always
+accept the third argument (they are marked with :func:`accepts_reply`); a target that
+may also be called with someone else's two-argument ``on_done`` reports through
+:func:`deliver`, which passes the reply only to a callback marked so. A target that calls
+``on_done(ok, error)`` works unchanged: its rows' ``http_status`` and ``response`` are
+null. In the blocking and awaitable forms, ``call`` and ``acall`` return the Reply (or
+None), and a :class:`DownstreamError` carries the answer of a failed call as ``reply``.
 Two targets ship here: :class:`SimulatedDownstream`, an in-process service with a
 log-normal latency, and :class:`HttpDownstream` (in :mod:`.http_target`), which POSTs
 rows to a real endpoint.
@@ -19,13 +29,14 @@ import asyncio
 import functools
 import heapq
 import itertools
+import json
 import logging
 import math
 import threading
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, NamedTuple, Protocol, TypeVar
 
 import numpy
 
@@ -38,19 +49,38 @@ __all__ = [
     "Failure",
     "HttpDownstream",
     "OnDone",
+    "Reply",
     "SimulatedDownstream",
     "Target",
+    "accepts_reply",
     "async_call",
     "blocking_call",
+    "deliver",
     "row_keys",
     "target_from_url",
 ]
 
 log = logging.getLogger(__name__)
 
-#: ``on_done(ok, error)``: ``error`` is None when ``ok`` is True, else a short message
-#: (a :class:`Failure` when the target knows whether a retry is worth making).
-OnDone = Callable[[bool, Optional[str]], None]
+
+class Reply(NamedTuple):
+    """The answer a call got: ``status`` (an HTTP status, or None) and its ``body``.
+
+    ``body`` is bytes (decoded as UTF-8 when the row's ``response`` is made) or str, or
+    None when the answer had none.
+    """
+
+    status: int | None
+    body: bytes | str | None
+
+
+class OnDone(Protocol):
+    """``on_done(ok, error[, reply])``: ``error`` is None when ``ok`` is True, else a short
+    message (a :class:`Failure` when the target knows whether a retry is worth making);
+    ``reply`` is the answer, when the target has one."""
+
+    def __call__(self, ok: bool, error: str | None, reply: Reply | None = None, /) -> None:
+        """Report the end of one call."""
 
 
 class Failure(str):
@@ -66,6 +96,24 @@ class Failure(str):
         self = super().__new__(cls, text)
         self.retry_after_s = retry_after_s
         return self
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def accepts_reply(on_done: F) -> F:
+    """Mark an ``on_done`` function as taking the third argument, ``reply``."""
+    on_done.accepts_reply = True  # type: ignore[attr-defined]
+    return on_done
+
+
+def deliver(on_done: Any, ok: bool, error: str | None, reply: Reply | None) -> None:
+    """Call ``on_done(ok, error, reply)``, or ``on_done(ok, error)`` if it is not marked
+    with :func:`accepts_reply` (a bound method is marked through its function)."""
+    if getattr(on_done, "accepts_reply", False):
+        on_done(ok, error, reply)
+    else:
+        on_done(ok, error)
 
 
 def retry_after_of(error: object) -> float | None:
@@ -95,12 +143,16 @@ class DownstreamError(RuntimeError):
     """The call failed: the downstream refused it, or it could not be made.
 
     ``retry_after_s`` is the least wait before a retry is worth making (0: the usual
-    backoff), or None when retrying cannot help (an HTTP 4xx, say).
+    backoff), or None when retrying cannot help (an HTTP 4xx, say). ``reply`` is the
+    answer that said no, when one came.
     """
 
-    def __init__(self, message: str, *, retry_after_s: float | None = 0.0) -> None:
+    def __init__(
+        self, message: str, *, retry_after_s: float | None = 0.0, reply: Reply | None = None
+    ) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.reply = reply
 
 
 class DownstreamTimeout(TimeoutError):
@@ -226,11 +278,22 @@ class _SimState:
     ) -> None:
         self.release(row, keys)
         try:
-            on_done(error is None, error)
+            deliver(on_done, error is None, error, simulated_reply(error))
         except Exception:
             with self.lock:
                 self.callback_errors += 1
             log.exception("on_done callback of SimulatedDownstream raised")
+
+
+_SIM_OK = Reply(200, b'{"accepted":true}')
+
+
+def simulated_reply(error: str | None) -> Reply:
+    """The answer of a simulated call: a small JSON body, 200 unless it failed."""
+    if error is None:
+        return _SIM_OK
+    status = 409 if error.startswith("key overlap") else 503
+    return Reply(status, json.dumps({"accepted": False, "error": error}).encode())
 
 
 class SimulatedDownstream:
@@ -348,7 +411,7 @@ class SimulatedDownstream:
             time.monotonic() + latency, functools.partial(state.reply, on_done, error, row, keys)
         )
 
-    def call(self, row: Mapping[str, Any], timeout_s: float) -> None:
+    def call(self, row: Mapping[str, Any], timeout_s: float) -> Reply:
         """Block for the latency; raise DownstreamTimeout past ``timeout_s`` or DownstreamError."""
         state, latency, error, keys = self._start(row)
         try:
@@ -359,9 +422,10 @@ class SimulatedDownstream:
         finally:
             state.release(row, keys)
         if error is not None:
-            raise DownstreamError(error)
+            raise DownstreamError(error, reply=simulated_reply(error))
+        return _SIM_OK
 
-    async def acall(self, row: Mapping[str, Any]) -> None:
+    async def acall(self, row: Mapping[str, Any]) -> Reply:
         """Await the latency; raise DownstreamError on failure (cancel it to time it out)."""
         state, latency, error, keys = self._start(row)
         try:
@@ -369,7 +433,8 @@ class SimulatedDownstream:
         finally:
             state.release(row, keys)
         if error is not None:
-            raise DownstreamError(error)
+            raise DownstreamError(error, reply=simulated_reply(error))
+        return _SIM_OK
 
 
 _SIM_PARAMS = {"pct50": float, "pct75": float, "failures": float, "seed": int}
@@ -410,47 +475,67 @@ def target_from_url(url: str, **http_options: Any) -> Any:
     )
 
 
-def blocking_call(target: Any, row: Mapping[str, Any], timeout_s: float) -> None:
-    """Call ``target`` and wait: its own ``call`` if it has one, else ``submit`` and an Event."""
+def _reply_of(value: Any) -> Reply | None:
+    """What a ``call``/``acall`` returned, as a Reply (a target of old returns None)."""
+    return value if isinstance(value, Reply) else None
+
+
+def blocking_call(target: Any, row: Mapping[str, Any], timeout_s: float) -> Reply | None:
+    """Call ``target`` and wait: its own ``call`` if it has one, else ``submit`` and an Event.
+
+    Returns the call's Reply, if the target gave one.
+    """
     call = getattr(target, "call", None)
     if call is not None:
-        call(row, timeout_s)
-        return
+        return _reply_of(call(row, timeout_s))
     done = threading.Event()
     outcome: list[Any] = []
 
-    def on_done(ok: bool, error: str | None) -> None:
-        outcome.append((ok, error))
+    @accepts_reply
+    def on_done(ok: bool, error: str | None, reply: Reply | None = None) -> None:
+        outcome.append((ok, error, reply))
         done.set()
 
-    target.submit(row, on_done)
+    handle = target.submit(row, on_done)
     if not done.wait(timeout_s):
+        if hasattr(handle, "cancel"):
+            handle.cancel()
         raise DownstreamTimeout(f"no reply within {timeout_s * 1000:.0f} ms")
-    ok, error = outcome[0]
+    ok, error, reply = outcome[0]
     if not ok:
-        raise DownstreamError(error or "failed", retry_after_s=retry_after_of(error))
+        raise DownstreamError(error or "failed", retry_after_s=retry_after_of(error), reply=reply)
+    return _reply_of(reply)
 
 
-async def async_call(target: Any, row: Mapping[str, Any]) -> None:
-    """Await ``target``: its own ``acall`` if it has one, else ``submit`` bridged to a future."""
+async def async_call(target: Any, row: Mapping[str, Any]) -> Reply | None:
+    """Await ``target``: its own ``acall`` if it has one, else ``submit`` bridged to a future.
+
+    Returns the call's Reply, if the target gave one.
+    """
     acall = getattr(target, "acall", None)
     if acall is not None:
-        await acall(row)
-        return
+        return _reply_of(await acall(row))
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[tuple[bool, str | None]] = loop.create_future()
+    future: asyncio.Future[tuple[bool, str | None, Reply | None]] = loop.create_future()
 
-    def settle(ok: bool, error: str | None) -> None:
+    def settle(ok: bool, error: str | None, reply: Reply | None) -> None:
         if not future.done():  # wait_for may have cancelled it already
-            future.set_result((ok, error))
+            future.set_result((ok, error, reply))
 
-    def on_done(ok: bool, error: str | None) -> None:
-        loop.call_soon_threadsafe(settle, ok, error)
+    @accepts_reply
+    def on_done(ok: bool, error: str | None, reply: Reply | None = None) -> None:
+        loop.call_soon_threadsafe(settle, ok, error, reply)
 
-    target.submit(row, on_done)
-    ok, error = await future
+    handle = target.submit(row, on_done)
+    try:
+        ok, error, reply = await future
+    except asyncio.CancelledError:
+        if hasattr(handle, "cancel"):
+            handle.cancel()
+        raise
     if not ok:
-        raise DownstreamError(error or "failed", retry_after_s=retry_after_of(error))
+        raise DownstreamError(error or "failed", retry_after_s=retry_after_of(error), reply=reply)
+    return _reply_of(reply)
 
 
 # At the end: the HTTP target builds on the errors and the OnDone protocol above.

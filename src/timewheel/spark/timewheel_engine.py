@@ -46,10 +46,11 @@ from .engines import (
     Outcome,
     backoff_s,
     key_error,
+    outcome,
     timeout_message,
     worker_runtime,
 )
-from .targets import retry_after_of, row_keys
+from .targets import Reply, accepts_reply, retry_after_of, row_keys
 
 __all__ = ["timewheel_engine"]
 
@@ -120,13 +121,14 @@ class _Call(DelayedOperation):
         DelayedOperation.__init__(self, delay_ms)
         self.row = row
         self.partition = partition
-        self.answer: tuple[bool, str | None] | None = None
+        self.answer: tuple[bool, str | None, Reply | None] | None = None
         # What the target's submit returned: cancelled when the call times out.
         self.handle: Any = None
 
-    def reply(self, ok: bool, error: str | None) -> None:
+    @accepts_reply
+    def reply(self, ok: bool, error: str | None, reply: Reply | None = None) -> None:
         """The target's ``on_done``: complete the call unless it already timed out."""
-        self.answer = (ok, error)
+        self.answer = (ok, error, reply)
         self.force_complete()
 
     def started(self, handle: Any) -> None:
@@ -178,7 +180,9 @@ class _Partition:
         self.done: deque[Outcome] = deque()
         self.wake = threading.Event()
         self.wake_after = max(1, config.max_in_flight // _WAKE_SHARE)
-        self.ended_attempts: deque[tuple[_Row, tuple[bool, str | None] | None]] = deque()
+        self.ended_attempts: deque[tuple[_Row, tuple[bool, str | None, Reply | None] | None]] = (
+            deque()
+        )
         # Held while a completion task is scheduled and not yet running: the
         # non-blocking acquire is the test-and-set that schedules only one.
         self.settling = threading.Lock()
@@ -247,7 +251,7 @@ class _Partition:
         except Exception as exc:
             call.reply(False, f"{type(exc).__name__}: {exc}")
 
-    def ended(self, row: _Row, answer: tuple[bool, str | None] | None) -> None:
+    def ended(self, row: _Row, answer: tuple[bool, str | None, Reply | None] | None) -> None:
         """An attempt ended: queue it, and make sure one completion task will settle it.
 
         One task settles every attempt queued when it runs, so a burst of replies costs
@@ -265,18 +269,20 @@ class _Partition:
         while queue:
             self.settle(*queue.popleft())
 
-    def settle(self, row: _Row, answer: tuple[bool, str | None] | None) -> None:
+    def settle(self, row: _Row, answer: tuple[bool, str | None, Reply | None] | None) -> None:
         """An attempt ended: finish the row, or retry it after a backoff."""
         wait_s: float | None = 0.0
+        reply = None
         if answer is None:
             status, error = TIMEOUT, self.timeout_error
         elif answer[0]:
-            self.finish(row, OK, None)
+            self.finish(row, OK, None, answer[2])
             return
         else:
             status, error, wait_s = FAILED, str(answer[1] or "failed"), retry_after_of(answer[1])
+            reply = answer[2]
         if wait_s is None or row.attempts > self.config.retries:  # None: not worth a retry
-            self.finish(row, status, error)
+            self.finish(row, status, error, reply)
             return
         delay_ms = round(max(backoff_s(self.config), wait_s) * 1000)
         with self.lock:
@@ -292,13 +298,13 @@ class _Partition:
             row.backoff = None
         self.send(row)
 
-    def finish(self, row: _Row, status: str, error: str | None) -> None:
+    def finish(self, row: _Row, status: str, error: str | None, reply: Reply | None = None) -> None:
         """Give the row's keys back and queue its outcome for the task's thread."""
         self.release(row)
         latency_ms = (time.monotonic() - row.start) * 1000.0 if row.attempts else 0.0
         self.live.pop(row.seq, None)
         done = self.done
-        done.append(Outcome(row.data, status, row.attempts, latency_ms, error))
+        done.append(outcome(row.data, status, row.attempts, latency_ms, error, reply))
         if len(done) >= self.wake_after or self.outstanding() == 0:
             self.wake.set()
 
