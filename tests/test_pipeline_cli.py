@@ -263,14 +263,18 @@ def test_progress_counts_rows_to_the_total(spark: Any, monkeypatch: pytest.Monke
 def test_the_histogram_gives_every_outcome_its_own_log_scale_panel(
     spark: Any, tmp_path: Path
 ) -> None:
-    data = [("ok", 5.0)] * 5000 + [("failed", 40.0)] * 2 + [("timeout", 200.0)]
-    result = spark.createDataFrame(data, "status string, latency_ms double")
+    data = (
+        [("ok", 5.0, 200)] * 5000
+        + [("failed", 40.0, 503), ("failed", 40.0, 404)]
+        + [("timeout", 200.0, None)]
+    )
+    result = spark.createDataFrame(data, "status string, latency_ms double, http_status int")
     fig = pipeline.latency_histogram(result, tmp_path / "latency.png")
     axes = fig.axes
     assert [ax.get_title(loc="left") for ax in axes] == [
-        "ok: 5,000 rows",
-        "failed: 2 rows",
-        "timeout: 1 rows",
+        "ok: 5,000 rows (HTTP 200: 5,000)",
+        "failed: 2 rows (HTTP 404: 1, HTTP 503: 1)",
+        "timeout: 1 rows (no answer: 1)",
     ]
     assert all(ax.get_yscale() == "log" and ax.get_xscale() == "log" for ax in axes)
     heights = [[bar.get_height() for bar in ax.patches] for ax in axes]

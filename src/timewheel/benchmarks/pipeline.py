@@ -81,6 +81,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument(
         "--json", default=None, metavar="PATH", help="also write the results as JSON"
     )
+    parser.add_argument(
+        "--reply-target",
+        default=None,
+        metavar="URL",
+        help="also run the first engine against URL (an http(s) service whose answers are "
+        "larger, e.g. the 1 KB /reply1k of 'timewheel bench http --serve'), capturing the "
+        "answers, as the row '<engine>+replies': its 'x <engine>' column is the cost of "
+        "replies (with --reply-schema, parsed into that struct too)",
+    )
+
     add_dispatch_options(parser)
     # Resolved in main: --target http has its own (the issue's: 512 in flight, 1 s timeout).
     parser.set_defaults(
@@ -126,10 +136,12 @@ def little_bound_rows_per_s(sim: Any, config: DispatchConfig, concurrent_tasks: 
 class _BenchPartition:
     """Runs dispatch's partition function and returns one row of accounting and CPU figures."""
 
-    def __init__(self, engine: str, target: Any, config: DispatchConfig, id_col: str) -> None:
+    def __init__(
+        self, engine: str, target: Any, config: DispatchConfig, id_col: str, reply: Any = None
+    ) -> None:
         from ..spark._dispatch import _PartitionDispatch
 
-        self.dispatch = _PartitionDispatch(engine, target, config)
+        self.dispatch = _PartitionDispatch(engine, target, config, reply=reply)
         self.id_col = id_col
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
@@ -206,6 +218,7 @@ def run_engine(
     config: DispatchConfig,
     id_col: str,
     service: ServiceProcess | None = None,
+    reply: Any = None,
 ) -> dict[str, Any]:
     """Dispatch ``df`` with ``engine``; return throughput, CPU per row and the accounting.
 
@@ -214,7 +227,9 @@ def run_engine(
     """
     received0 = service.stats()["requests"] if service is not None else 0
     jvm0, drv0, start = _jvm_cpu_s(spark), _driver_cpu_s(), time.monotonic()
-    parts = df.mapInArrow(_BenchPartition(engine, target, config, id_col), _STATS_SCHEMA).collect()
+    parts = df.mapInArrow(
+        _BenchPartition(engine, target, config, id_col, reply), _STATS_SCHEMA
+    ).collect()
     wall = time.monotonic() - start
     jvm1, drv1 = _jvm_cpu_s(spark), _driver_cpu_s()
     total = {k: sum(p[k] for p in parts) for k in (*_COUNTS, "cpu_s")}
@@ -263,6 +278,13 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.reply_target is not None:
+        try:
+            if not isinstance(target_from_url(args.reply_target), HttpDownstream):
+                raise ValueError(f"must be an http(s):// URL, got {args.reply_target!r}")
+        except (TypeError, ValueError) as exc:
+            print(f"timewheel bench pipeline: error: --reply-target: {exc}", file=sys.stderr)
+            return 2
     timeout_ms = args.timeout_ms or (1000 if http else 200)
     max_in_flight = args.max_in_flight or (512 if http else 2000)
     config = DispatchConfig(timeout_ms, max_in_flight, args.retries, args.backoff_ms)
@@ -297,14 +319,23 @@ def _run(
     try:
         cores = spark.sparkContext.defaultParallelism
         partitions = args.partitions or cores
+        warm = spark.range(warmup, numPartitions=partitions)
         if warmup > 0:
-            warm = spark.range(warmup, numPartitions=partitions)
             for engine in engines:
                 run_engine(spark, warm, engine, target, config, "id")
         df = spark.range(rows, numPartitions=partitions)
         results = [
             run_engine(spark, df, engine, target, config, "id", service) for engine in engines
         ]
+        if args.reply_target:
+            from ..spark.replies import reply_struct
+
+            reply = None if args.reply_schema is None else reply_struct(args.reply_schema)
+            replying = target_from_url(args.reply_target)
+            if warmup > 0:
+                run_engine(spark, warm, engines[0], replying, config, "id", reply=reply)
+            got = run_engine(spark, df, engines[0], replying, config, "id", reply=reply)
+            results.append({**got, "engine": f"{engines[0]}+replies"})
     finally:
         if owned:
             spark.stop()
@@ -344,7 +375,7 @@ def _print_table(report: dict[str, Any]) -> None:
     )
     names = [r["engine"] for r in report["results"]]
     print(
-        f"{'engine':<10}{'rows/s':>10}{'/core':>9}{'of bound':>9}"
+        f"{'engine':<18}{'rows/s':>10}{'/core':>9}{'of bound':>9}"
         f"{'CPU us/row':>11}{'worker':>8}{'jvm':>7}{'req/row':>8}"
         + "".join(f"{'x ' + n:>10}" for n in names)
         + f"  {'/'.join(STATUSES)}  attempts  accounted"
@@ -355,7 +386,7 @@ def _print_table(report: dict[str, Any]) -> None:
         s = r["status"]
         per_row = "" if r["requests_per_row"] is None else f"{r['requests_per_row']:.4f}"
         print(
-            f"{r['engine']:<10}{r['rows_per_s']:>10,.0f}{r['rows_per_s_per_core']:>9,.0f}{share:>9}"
+            f"{r['engine']:<18}{r['rows_per_s']:>10,.0f}{r['rows_per_s_per_core']:>9,.0f}{share:>9}"
             f"{r['cpu_us_per_row']:>11.1f}{r['worker_cpu_us_per_row']:>8.1f}{jvm:>7}{per_row:>8}"
             + "".join(f"{r['x_' + n]:>10.2f}" for n in names)
             + f"  {'/'.join(str(s[k]) for k in STATUSES)}  {r['attempts']}"

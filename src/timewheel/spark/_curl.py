@@ -28,11 +28,12 @@ import pycurl
 
 __all__ = ["CurlLoop", "Request", "Settings", "curl_error_kind"]
 
-#: ``on_end(status, body, headers, curl_errno, curl_message)``: status 0 when no answer
+#: ``on_end(context, status, body, headers, curl_errno, curl_message)``: ``context`` is
+#: what the request was made with (the caller's callback, say); status 0 when no answer
 #: came (curl_errno says why); ``body`` is the answer's bytes; ``headers`` holds the
 #: ``Retry-After`` (seconds, as libcurl reads it: a number or an HTTP date) of a 429 and
 #: the ``Location`` of a 3xx, and nothing else: no Python runs per header line.
-OnEnd = Callable[[int, bytes, "dict[str, str]", int, str], None]
+OnEnd = Callable[[Any, int, bytes, "dict[str, str]", int, str], None]
 
 # libcurl errors that say the connection failed or broke (worth a retry).
 _CONNECTION = {
@@ -79,7 +80,7 @@ class Request:
     __slots__ = (
         "body",
         "cancelled",
-        "chunks",
+        "context",
         "easy",
         "headers",
         "loop",
@@ -98,8 +99,10 @@ class Request:
         headers: list[str],
         body: bytes | None,
         on_end: OnEnd,
+        context: Any,
     ) -> None:
         self.loop = loop
+        self.context = context
         self.settings = settings
         self.method = method
         self.url = url
@@ -108,7 +111,6 @@ class Request:
         self.on_end = on_end
         self.cancelled = False
         self.easy: Any = None
-        self.chunks: list[bytes] = []
 
     def cancel(self) -> None:
         """Drop the request: never sent if not started, else taken out and its connection closed."""
@@ -141,13 +143,18 @@ class _Multi:
         if s.timeout_ms is not None:
             easy.setopt(pycurl.TIMEOUT_MS, s.timeout_ms)
         easy.custom = None
+        easy.url = None
+        # The answer's chunks: one list per handle, emptied when its request ends.
+        easy.chunks = []
+        easy.setopt(pycurl.WRITEFUNCTION, easy.chunks.append)
         return easy
 
     def add(self, request: Request) -> None:
         easy = self._easy()
-        easy.setopt(pycurl.URL, request.url)
+        if request.url != easy.url:
+            easy.setopt(pycurl.URL, request.url)
+            easy.url = request.url
         easy.setopt(pycurl.HTTPHEADER, request.headers)
-        easy.setopt(pycurl.WRITEFUNCTION, request.chunks.append)
         method = request.method
         if request.body is None:
             easy.setopt(pycurl.HTTPGET, 1)
@@ -167,6 +174,7 @@ class _Multi:
         request.easy = None
         del self.running[easy]
         self.multi.remove_handle(easy)  # an unfinished transfer's connection is closed
+        easy.chunks.clear()
         self.idle.append(easy)
 
     def finish(self, easy: Any, errno: int, message: str) -> None:
@@ -179,9 +187,12 @@ class _Multi:
             headers = {"Retry-After": str(easy.getinfo(pycurl.RETRY_AFTER))}
         elif 300 <= status < 400:
             headers = {"Location": easy.getinfo(pycurl.REDIRECT_URL) or ""}
+        chunks = easy.chunks
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
         self.remove(request)
         if not request.cancelled:
-            request.on_end(status, b"".join(request.chunks), headers, errno, message)
+            request.on_end(request.context, status, body, headers, errno, message)
 
     def run(self) -> None:
         multi = self.multi
@@ -229,9 +240,10 @@ class CurlLoop:
         headers: list[str],
         body: bytes | None,
         on_end: OnEnd,
+        context: Any = None,
     ) -> Request:
         """Queue a request; ``on_end`` runs on the loop thread unless it is cancelled first."""
-        request = Request(self, settings, method, url, headers, body, on_end)
+        request = Request(self, settings, method, url, headers, body, on_end, context)
         self._queue(request, cancel=False)
         return request
 

@@ -28,7 +28,6 @@ import atexit
 import contextlib
 import copy
 import email.utils
-import functools
 import hashlib
 import json
 import logging
@@ -42,7 +41,7 @@ from typing import Any, Callable, Union
 
 from .._validate import check_columns, check_int
 from ._per_process import PerProcess
-from .targets import DownstreamError, DownstreamTimeout, Failure, OnDone, Reply, deliver
+from .targets import DownstreamError, DownstreamTimeout, Failure, OnDone, Reply
 
 __all__ = ["HttpDownstream", "add_http_options", "http_options"]
 
@@ -62,8 +61,20 @@ DEFAULT_MAX_REPLY_BYTES = 1 << 20
 # Bytes of the answer quoted in an error.
 _DETAIL = 200
 
-# Made once: json.dumps builds an encoder per call when given ``default``.
-_ENCODE = json.JSONEncoder(default=str).encode
+
+def _encoder() -> Callable[[Any], str]:
+    """json.dumps(value, default=str), with the C encoder made once, not once per call."""
+    from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
+
+    if c_make_encoder is None:  # no C accelerator: the same text, made the slow way
+        return json.JSONEncoder(default=str).encode
+    encode = c_make_encoder(
+        None, str, encode_basestring_ascii, None, ": ", ", ", False, False, True
+    )
+    return lambda value: "".join(encode(value, 0))
+
+
+_ENCODE = _encoder()
 _ENCODE_KEY = json.JSONEncoder(default=str, sort_keys=True, separators=(",", ":")).encode
 
 
@@ -386,7 +397,7 @@ class HttpDownstream:
         except DownstreamError as exc:
             on_done(False, Failure(str(exc), exc.retry_after_s))
             return None
-        lines = self._lines + [f"{k}: {v}" for k, v in extra.items()]
+        lines = self._lines + [f"{k}: {v}" for k, v in extra.items()] if extra else self._lines
         settings = self._curl_settings
         if settings is None:
             settings = self._curl_settings = self._settings()
@@ -396,7 +407,8 @@ class HttpDownstream:
             url,
             lines,
             body,
-            functools.partial(self._ended, on_done),
+            self._ended,
+            on_done,
         )
 
     def _ended(
@@ -409,16 +421,18 @@ class HttpDownstream:
         msg: str,
     ) -> None:
         """The loop's report of one request: its verdict and answer, to ``on_done``."""
-        reply = None
-        if errno == 0:
+        if errno == 0 and 200 <= status < 300:  # the common case, first
+            ok, failure, reply = True, None, Reply(status, text or None)
+        elif errno == 0:
             _, error, wait = verdict(status, text, headers.get, self.max_retry_after_s)
-            failure = None if error is None else Failure(error, wait)
+            ok, failure = False, Failure(error or "failed", wait)
             reply = Reply(status, text or None)
         else:
             import pycurl
 
             from ._curl import curl_error_kind
 
+            ok, reply = False, None
             if errno == pycurl.E_FILESIZE_EXCEEDED:
                 failure = _too_large(self.max_reply_bytes)
             elif errno == pycurl.E_OPERATION_TIMEDOUT:
@@ -426,7 +440,10 @@ class HttpDownstream:
             else:
                 failure = Failure(f"{curl_error_kind(errno)}: {msg}", 0.0)
         try:
-            deliver(on_done, failure is None, failure, reply)
+            if getattr(on_done, "accepts_reply", False):
+                on_done(ok, failure, reply)
+            else:
+                on_done(ok, failure)
         except Exception:
             log.exception("on_done callback of HttpDownstream raised")
 
