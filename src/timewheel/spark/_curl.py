@@ -26,7 +26,7 @@ from typing import Any, Callable, NamedTuple
 
 import pycurl
 
-__all__ = ["CurlLoop", "Request", "Settings", "curl_error_kind"]
+__all__ = ["REFUSED", "CurlLoop", "Request", "Settings", "curl_error_kind"]
 
 #: ``on_end(context, status, body, headers, curl_errno, curl_message)``: ``context`` is
 #: what the request was made with (the caller's callback, say); status 0 when no answer
@@ -63,6 +63,9 @@ def curl_error_kind(errno: int) -> str:
 
 
 _NO_HEADERS: dict[str, str] = {}
+
+#: The ``curl_errno`` of a request libcurl would not take (its message says why).
+REFUSED = -1
 
 
 class Settings(NamedTuple):
@@ -151,6 +154,17 @@ class _Multi:
 
     def add(self, request: Request) -> None:
         easy = self._easy()
+        try:
+            self._prepare(easy, request)
+        except BaseException:
+            easy.reset()  # back to libcurl's defaults: made again from scratch
+            easy.close()
+            raise
+        request.easy = easy
+        self.running[easy] = request
+        self.multi.add_handle(easy)
+
+    def _prepare(self, easy: Any, request: Request) -> None:
         if request.url != easy.url:
             easy.setopt(pycurl.URL, request.url)
             easy.url = request.url
@@ -165,9 +179,6 @@ class _Multi:
         if custom != easy.custom:
             easy.setopt(pycurl.CUSTOMREQUEST, custom)
             easy.custom = custom
-        request.easy = easy
-        self.running[easy] = request
-        self.multi.add_handle(easy)
 
     def remove(self, request: Request) -> None:
         easy = request.easy
@@ -283,7 +294,11 @@ class CurlLoop:
                     multi = self._multis.get(request.settings)
                     if multi is None:
                         multi = self._multis[request.settings] = _Multi(request.settings)
-                    multi.add(request)
+                    try:
+                        multi.add(request)
+                    except Exception as exc:  # libcurl refused an option (a bad URL, say)
+                        message = f"{type(exc).__name__}: {exc}"
+                        request.on_end(request.context, 0, b"", _NO_HEADERS, REFUSED, message)
             wait_ms = -1
             reads, writes, errors = [rfd], [], []
             for multi in self._multis.values():

@@ -430,10 +430,12 @@ class HttpDownstream:
         else:
             import pycurl
 
-            from ._curl import curl_error_kind
+            from ._curl import REFUSED, curl_error_kind
 
             ok, reply = False, None
-            if errno == pycurl.E_FILESIZE_EXCEEDED:
+            if errno == REFUSED:
+                failure = Failure(f"request not made: {msg}", None)
+            elif errno == pycurl.E_FILESIZE_EXCEEDED:
                 failure = _too_large(self.max_reply_bytes)
             elif errno == pycurl.E_OPERATION_TIMEDOUT:
                 failure = Failure(f"no reply within {self.timeout_s} s", 0.0)
