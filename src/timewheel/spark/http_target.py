@@ -442,8 +442,8 @@ class HttpDownstream:
             else:
                 failure = Failure(f"{curl_error_kind(errno)}: {msg}", 0.0)
         try:
-            if getattr(on_done, "accepts_reply", False):
-                on_done(ok, failure, reply)
+            if getattr(on_done, "accepts_reply", False):  # deliver(), inlined: per request
+                on_done(ok, failure, reply)  # type: ignore[call-arg]
             else:
                 on_done(ok, failure)
         except Exception:

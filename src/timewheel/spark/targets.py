@@ -36,7 +36,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Callable, NamedTuple, Protocol, TypeVar
+from typing import Any, Callable, NamedTuple, Optional, Protocol, TypeVar
 
 import numpy
 
@@ -74,13 +74,10 @@ class Reply(NamedTuple):
     body: bytes | str | None
 
 
-class OnDone(Protocol):
-    """``on_done(ok, error[, reply])``: ``error`` is None when ``ok`` is True, else a short
-    message (a :class:`Failure` when the target knows whether a retry is worth making);
-    ``reply`` is the answer, when the target has one."""
-
-    def __call__(self, ok: bool, error: str | None, reply: Reply | None = None, /) -> None:
-        """Report the end of one call."""
+#: ``on_done(ok, error)``: ``error`` is None when ``ok`` is True, else a short message
+#: (a :class:`Failure` when the target knows whether a retry is worth making). A callback
+#: marked with :func:`accepts_reply` also takes the answer: ``on_done(ok, error, reply)``.
+OnDone = Callable[[bool, Optional[str]], None]
 
 
 class Failure(str):
