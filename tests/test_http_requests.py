@@ -233,6 +233,44 @@ def test_reply_parser_fails_only_the_rows_that_do_not_fit() -> None:
     assert fixed[1].response == '{"n": "one"}'  # what the service said is kept
 
 
+def test_reply_parser_reads_a_clean_batch_at_once_the_same_way() -> None:
+    from pyspark.sql.types import ArrayType, DoubleType, StringType, StructField, StructType
+
+    from timewheel.spark.replies import ReplyParser
+
+    struct = StructType(
+        [
+            StructField("x", DoubleType()),
+            StructField("tags", ArrayType(StringType())),
+        ]
+    )
+    parser = ReplyParser(struct)
+    answers = [
+        '{"x": 1, "tags": ["a"]}',
+        '{\n  "x": 2.5,\r\n  "tags": []\n}',  # pretty-printed: whitespace only
+        None,
+        '{"other": 1}',
+    ]
+    given = [
+        Outcome({"id": i}, "ok" if i != 2 else "timeout", 1, 1.0, None, 200, a)
+        for i, a in enumerate(answers)
+    ]
+    fixed, replies = parser.parse(given)
+    assert fixed == given  # nothing failed
+    expected = [
+        {"x": 1.0, "tags": ["a"]},
+        {"x": 2.5, "tags": []},
+        None,
+        {"x": None, "tags": None},
+    ]
+    assert replies.to_pylist() == expected
+    # one bad answer in the batch: the others are read alike, one by one
+    bad = Outcome({"id": 9}, "ok", 1, 1.0, None, 200, '{"x": "nine"}')
+    fixed, replies = parser.parse([*given, bad])
+    assert [o.status for o in fixed] == ["ok", "ok", "timeout", "ok", "failed"]
+    assert replies.to_pylist() == [*expected, None]
+
+
 @pytest.mark.spark
 def test_dispatch_parses_replies_and_refuses_bad_shapes(spark: Any, echo: _EchoServer) -> None:
     from pyspark.sql import functions as F
