@@ -10,7 +10,7 @@ simulated latency.
 
 ``--target http`` starts the loopback service of :mod:`.http_service` in its own
 process and runs the three HTTP contenders against it: the timewheel engine with
-:class:`~timewheel.spark.targets.HttpDownstream` (aiohttp on one loop thread per
+:class:`~timewheel.spark.targets.HttpDownstream` (libcurl on one loop thread per
 worker), ``threads`` (a ThreadPoolExecutor of ``max_in_flight`` threads calling
 ``requests`` with its timeout) and ``asyncio`` (aiohttp, a semaphore and
 ``asyncio.wait_for``). The service counts the requests it received, which must equal
