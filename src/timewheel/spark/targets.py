@@ -13,7 +13,7 @@ may also be called with someone else's two-argument ``on_done`` reports through
 null. In the blocking and awaitable forms, ``call`` and ``acall`` return the Reply (or
 None), and a :class:`DownstreamError` carries the answer of a failed call as ``reply``.
 Two targets ship here: :class:`SimulatedDownstream`, an in-process service with a
-log-normal latency, and :class:`HttpDownstream` (in :mod:`.http_target`), which POSTs
+log-normal latency, and :class:`HttpDownstream` (in :mod:`.http_target`), which sends
 rows to a real endpoint.
 Both also offer the blocking ``call(row, timeout_s)`` and awaitable ``acall(row)`` forms
 that thread-pool and asyncio code use; :func:`blocking_call` and :func:`async_call` give
