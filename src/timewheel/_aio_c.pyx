@@ -22,10 +22,15 @@ import asyncio
 import sys
 import weakref
 from asyncio import CancelledError, current_task
+from asyncio.format_helpers import _format_callback_source
 from asyncio.events import _get_running_loop
 from contextvars import Context, copy_context
 
-from timewheel._validate import MAX_LOOP_TIME as _MAX_LOOP_TIME, check_seconds
+from timewheel._validate import (
+    MAX_LOOP_TIME as _MAX_LOOP_TIME,
+    check_loop_seconds,
+    check_seconds,
+)
 
 __all__ = [
     "CASCADE_LIMIT",
@@ -37,6 +42,8 @@ __all__ = [
     "call_at",
     "call_later",
     "get_timer",
+    "loop_call_at",
+    "loop_call_later",
     "timeout",
     "timeout_at",
 ]
@@ -134,8 +141,14 @@ cdef class TimerHandle(_Entry):
         self._context = None
 
     def __repr__(self):
-        state = "cancelled" if self._cancelled else "pending" if self._timer else "done"
-        return f"<TimerHandle when={self._when!r} {state} {self._callback!r}>"
+        # what asyncio.TimerHandle prints (without the debug mode's source traceback)
+        info = ["TimerHandle"]
+        if self._cancelled:
+            info.append("cancelled")
+        info.append(f"when={self._when}")
+        if self._callback is not None:
+            info.append(_format_callback_source(self._callback, self._args or ()))
+        return f"<{' '.join(info)}>"
 
     cdef int _expire(self, object loop) except -1:
         callback, args, context = self._callback, self._args, self._context
@@ -193,6 +206,8 @@ cdef class LoopTimer:
         self._wheel = TimingWheel(TICK, WHEEL_SIZE, <int64_t>floor(loop.time() * 1e9))
         self._armed_ns = NEVER
         self._context = Context()
+        # the wheel loop's own call_at goes to this wheel: the alarm takes the base loop's
+        self._base_call_at = getattr(type(loop), "_timewheel_base_call_at", None)
 
     @property
     def loop(self):
@@ -222,6 +237,11 @@ cdef class LoopTimer:
         return self._call(self._live_loop().time() + d, callback, args, context)
 
     cdef TimerHandle _call(self, double when, object callback, tuple args, object context):
+        cdef TimerHandle handle = self._handle(when, callback, args, context)
+        self._add(handle, when)
+        return handle
+
+    cdef TimerHandle _handle(self, double when, object callback, tuple args, object context):
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
         if context is None:
@@ -233,7 +253,6 @@ cdef class LoopTimer:
         handle._callback = callback
         handle._args = args
         handle._context = context
-        self._add(handle, when)
         return handle
 
     # -- the wheel and the armed call ---------------------------------------------
@@ -265,7 +284,10 @@ cdef class LoopTimer:
         loop = self._live_loop()
         cdef _Alarm alarm = _Alarm.__new__(_Alarm)
         alarm.timer = self
-        handle = loop.call_at(t / 1e9, alarm)  # raises if the loop is closed
+        if self._base_call_at is None:
+            handle = loop.call_at(t / 1e9, alarm)  # raises if the loop is closed
+        else:
+            handle = self._base_call_at(loop, t / 1e9, alarm)
         try:
             alarm.handle = weakref.ref(handle)
         except TypeError:  # a loop whose handles take no weak references
@@ -358,6 +380,12 @@ cpdef LoopTimer get_timer(loop=None):
     elif not isinstance(loop, asyncio.AbstractEventLoop):
         raise TypeError(f"loop must be an asyncio event loop, got {loop!r}")
     cdef LoopTimer timer
+    own = getattr(loop, "_timewheel", None)  # a wheel loop's own
+    if own is not None:
+        timer = <LoopTimer?>own
+        if timer._closed or loop.is_closed():
+            raise RuntimeError("Event loop is closed")
+        return timer
     if TW_HAS_GIL:  # the one-entry cache is read and written under the GIL only
         timer = _last_timer
         if timer is not None and not timer._closed and (
@@ -420,13 +448,29 @@ cdef class Timeout(_Entry):
         if when is not None:
             w = as_when(when)
         self._unschedule()
+        self._cancel_soon()
         if when is None:
             self._when_obj = None
+            return 0
+        self._when_obj = w
+        self._when = w
+        loop = self._wheel_of._live_loop()
+        if w <= loop.time():  # as asyncio: expire at the first suspension
+            self._soon = loop.call_soon(self._expire_soon, loop, context=self._wheel_of._context)
         else:
-            self._when_obj = w
-            self._when = w
             self._wheel_of._add(self, w)
         return 0
+
+    cdef int _cancel_soon(self) except -1:
+        soon = self._soon
+        if soon is not None:
+            self._soon = None
+            soon.cancel()
+        return 0
+
+    def _expire_soon(self, loop):
+        self._soon = None
+        self._expire(loop)
 
     def __repr__(self):
         info = ""
@@ -454,6 +498,7 @@ cdef class Timeout(_Entry):
 
     async def __aexit__(self, exc_type, exc_val, exc_tb):
         self._unschedule()
+        self._cancel_soon()
         if self._state == EXPIRING:
             self._state = EXPIRED
             mine = self._task.uncancel() <= self._cancelling if HAS_UNCANCEL else True
@@ -493,3 +538,34 @@ def timeout(delay):
 def timeout_at(when):
     """``asyncio.timeout_at(when)`` on the running loop's wheel."""
     return new_timeout(get_timer(), None if when is None else as_when(when))
+
+
+# -- the wheel loop's call_later and call_at (timewheel._loop puts them on its classes) --
+@cython.binding(True)
+def loop_call_later(self, delay, callback, *args, context=None):
+    """``call_later`` of a wheel loop: ``self._timewheel`` holds its timers."""
+    cdef double d
+    if type(delay) is float:
+        d = delay
+        if 0.0 < d <= MAX_TIME:
+            return (<LoopTimer?>self._timewheel)._call(self.time() + d, callback, args, context)
+    d = check_loop_seconds("delay", delay)
+    return loop_call(self, self.time() + d, d <= 0.0, callback, args, context)
+
+
+@cython.binding(True)
+def loop_call_at(self, when, callback, *args, context=None):
+    """``call_at`` of a wheel loop: ``self._timewheel`` holds its timers."""
+    cdef double w = check_loop_seconds("when", when)
+    return loop_call(self, w, w <= self.time(), callback, args, context)
+
+
+cdef object loop_call(loop, double when, bint due, callback, tuple args, context):
+    if due:  # due at once: the base loop runs it at its next iteration, as asyncio does
+        return loop._timewheel_base_call_at(loop, when, callback, *args, context=context)
+    cdef LoopTimer timer = <LoopTimer?>loop._timewheel
+    if when > MAX_TIME:  # never due (asyncio.sleep(math.inf)): a handle, nothing else
+        if loop.is_closed():
+            raise RuntimeError("Event loop is closed")
+        return timer._handle(when, callback, args, context)
+    return timer._call(when, callback, args, context)

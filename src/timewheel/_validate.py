@@ -38,6 +38,7 @@ __all__ = [
     "check_int64_array",
     "check_items",
     "check_keys",
+    "check_loop_seconds",
     "check_seconds",
     "check_shards",
     "check_timeout",
@@ -150,6 +151,25 @@ def check_seconds(name: str, value: Any, *, negative: bool = False) -> float:
         raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
     if f < 0 and not negative:
         raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return f
+
+
+def check_loop_seconds(name: str, value: Any) -> float:
+    """Return ``value`` (seconds: an int or a float) as a float for the wheel loop's
+    ``call_later``/``call_at``, which take what asyncio takes (negatives, infinities) but
+    NaN, which would corrupt any order of deadlines; bools and non-numbers are refused."""
+    if type(value) is float and value == value:
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{name} must be a number of seconds, got {value!r} ({type(value).__name__})"
+        )
+    try:
+        f = float(value)
+    except OverflowError:  # an int beyond a float
+        f = float("inf") if value > 0 else float("-inf")
+    if f != f:
+        raise ValueError(f"{name} must be a number of seconds, not NaN, got {value!r}")
     return f
 
 
