@@ -14,6 +14,7 @@ import math
 import subprocess
 import sys
 import textwrap
+import threading
 import warnings
 import weakref
 from collections.abc import Coroutine, Iterator
@@ -400,6 +401,48 @@ def test_nan_and_bad_types_are_refused_naming_the_argument(
         pending.cancel()
 
     run(loop, main())
+
+
+def test_debug_mode_refuses_coroutines_and_other_threads_as_the_base_loop(
+    base: str, loop: asyncio.AbstractEventLoop
+) -> None:
+    async def coro_func() -> None:
+        pass
+
+    async def main() -> list[str]:
+        lp = asyncio.get_running_loop()
+        lp.set_debug(True)
+        out = []
+        coro = coro_func()
+        for func in (coro_func, coro):
+            for call in (lambda: lp.call_later(60, func), lambda: lp.call_at(lp.time() + 60, func)):
+                try:
+                    call()
+                    out.append("accepted")
+                except TypeError as exc:
+                    out.append(str(exc).split()[0])
+        coro.close()
+        errors = []
+
+        def other_thread() -> None:
+            try:
+                lp.call_later(60, print)
+            except RuntimeError as exc:
+                errors.append(str(exc))
+
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join(30)
+        out.append(f"other thread refused: {bool(errors)}")
+        lp.set_debug(False)
+        lp.call_later(60, coro_func).cancel()  # not checked outside debug mode, as asyncio
+        return out
+
+    out = on_both(base, loop, main) if base == "asyncio" else run(loop, main())
+    if base == "asyncio":
+        assert out == ["coroutines"] * 4 + ["other thread refused: True"]
+    else:  # uvloop checks neither in call_later; the wheel loop does its own checks
+        assert out[:4] == ["coroutines"] * 4
 
 
 # -- lifetimes ----------------------------------------------------------------------------

@@ -51,6 +51,7 @@ cdef class LoopTimer:
     cdef int64_t _armed_ns
     cdef bint _firing
     cdef bint _closed
+    cdef public bint _debug  # the wheel loop's debug mode: its call_later/call_at check more
     cdef readonly object _context  # for internal callbacks, which need none of their own
     cdef object _base_call_at  # the base loop's call_at, on a wheel loop; else None
     cdef object __weakref__

@@ -28,6 +28,7 @@ from contextvars import Context, copy_context
 
 from timewheel._validate import (
     MAX_LOOP_TIME as _MAX_LOOP_TIME,
+    check_loop_callback,
     check_loop_seconds,
     check_seconds,
 )
@@ -545,10 +546,13 @@ def timeout_at(when):
 def loop_call_later(self, delay, callback, *args, context=None):
     """``call_later`` of a wheel loop: ``self._timewheel`` holds its timers."""
     cdef double d
+    cdef LoopTimer timer = <LoopTimer?>self._timewheel
+    if timer._debug:
+        check_loop_callback(self, callback, "call_later")
     if type(delay) is float:
         d = delay
         if 0.0 < d <= MAX_TIME:
-            return (<LoopTimer?>self._timewheel)._call(self.time() + d, callback, args, context)
+            return timer._call(self.time() + d, callback, args, context)
     d = check_loop_seconds("delay", delay)
     return loop_call(self, self.time() + d, d <= 0.0, callback, args, context)
 
@@ -557,6 +561,8 @@ def loop_call_later(self, delay, callback, *args, context=None):
 def loop_call_at(self, when, callback, *args, context=None):
     """``call_at`` of a wheel loop: ``self._timewheel`` holds its timers."""
     cdef double w = check_loop_seconds("when", when)
+    if (<LoopTimer?>self._timewheel)._debug:
+        check_loop_callback(self, callback, "call_at")
     return loop_call(self, w, w <= self.time(), callback, args, context)
 
 

@@ -28,7 +28,7 @@ import weakref
 from contextvars import Context, copy_context
 from typing import Any, Callable
 
-from ._validate import MAX_LOOP_TIME, check_loop_seconds, check_seconds
+from ._validate import MAX_LOOP_TIME, check_loop_callback, check_loop_seconds, check_seconds
 from ._wheel_py import TimingWheel
 
 __all__ = [
@@ -198,6 +198,7 @@ class LoopTimer:
         "_base_call_at",
         "_closed",
         "_context",
+        "_debug",
         "_firing",
         "_loopref",
         "_wheel",
@@ -215,6 +216,7 @@ class LoopTimer:
         self._base_call_at: Callable[..., Any] | None = getattr(
             type(loop), "_timewheel_base_call_at", None
         )
+        self._debug = False  # the wheel loop's debug mode: its call_later/call_at check more
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -533,6 +535,8 @@ def loop_call_later(
 ) -> Any:
     """``call_later`` of a wheel loop: ``self._timewheel`` holds its timers."""
     delay = check_loop_seconds("delay", delay)
+    if self._timewheel._debug:
+        check_loop_callback(self, callback, "call_later")
     return _loop_call(self, self.time() + delay, delay <= 0, callback, args, context)
 
 
@@ -541,6 +545,8 @@ def loop_call_at(
 ) -> Any:
     """``call_at`` of a wheel loop: ``self._timewheel`` holds its timers."""
     when = check_loop_seconds("when", when)
+    if self._timewheel._debug:
+        check_loop_callback(self, callback, "call_at")
     return _loop_call(self, when, when <= self.time(), callback, args, context)
 
 

@@ -49,6 +49,13 @@ def wheel_loop_class(
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         base.__init__(self, *args, **kwargs)
         self._timewheel = aio.LoopTimer(self)
+        self._timewheel._debug = self.get_debug()
+
+    def set_debug(self: Any, enabled: bool) -> None:
+        base.set_debug(self, enabled)
+        timer = self.__dict__.get("_timewheel")  # None while the base's __init__ runs
+        if timer is not None:
+            timer._debug = bool(enabled)
 
     return type(
         name,
@@ -57,6 +64,7 @@ def wheel_loop_class(
             "__doc__": f"{base.__module__}.{base.__qualname__} with its timers on a timing wheel.",
             "__module__": __name__,
             "__init__": __init__,
+            "set_debug": set_debug,
             # the wheel's alarm and the timers already due take the base loop's own
             "_timewheel_base_call_at": staticmethod(base_call_at or base.call_at),
             "call_later": aio.loop_call_later,

@@ -38,6 +38,7 @@ __all__ = [
     "check_int64_array",
     "check_items",
     "check_keys",
+    "check_loop_callback",
     "check_loop_seconds",
     "check_seconds",
     "check_shards",
@@ -171,6 +172,18 @@ def check_loop_seconds(name: str, value: Any) -> float:
     if f != f:
         raise ValueError(f"{name} must be a number of seconds, not NaN, got {value!r}")
     return f
+
+
+def check_loop_callback(loop: Any, callback: Any, method: str) -> None:
+    """The wheel loop's checks in debug mode, as asyncio's ``call_at`` makes them then: the
+    calling thread must be the loop's, ``callback`` must not be a coroutine (function)."""
+    import asyncio
+
+    check_thread = getattr(loop, "_check_thread", None)  # asyncio's; uvloop's is C-only
+    if check_thread is not None:
+        check_thread()
+    if asyncio.iscoroutine(callback) or asyncio.iscoroutinefunction(callback):
+        raise TypeError(f"coroutines cannot be used with {method}()")
 
 
 def check_columns(name: str, value: Any) -> tuple[str, ...]:
