@@ -38,11 +38,10 @@ __all__ = [
     "LoopTimer",
     "Timeout",
     "TimerHandle",
+    "WheelLoopMethods",
     "call_at",
     "call_later",
     "get_timer",
-    "loop_call_at",
-    "loop_call_later",
     "timeout",
     "timeout_at",
 ]
@@ -529,25 +528,32 @@ def timeout_at(when: float | None) -> Timeout:
     return Timeout(when, timer)
 
 
-# -- the wheel loop's call_later and call_at (timewheel._loop puts them on its classes) --
-def loop_call_later(
-    self: Any, delay: float, callback: Callable[..., Any], *args: Any, context: Context | None = None
-) -> Any:
-    """``call_later`` of a wheel loop: ``self._timewheel`` holds its timers."""
-    delay = check_loop_seconds("delay", delay)
-    if self._timewheel._debug:
-        check_loop_callback(self, callback, "call_later")
-    return _loop_call(self, self.time() + delay, delay <= 0, callback, args, context)
+# -- the wheel loop's call_later and call_at (timewheel._loop mixes them into its classes) --
+class WheelLoopMethods:
+    """``call_later`` and ``call_at`` of a wheel loop, whose ``_timewheel`` holds its timers
+    (first among the wheel loop's bases)."""
 
+    __slots__ = ()
 
-def loop_call_at(
-    self: Any, when: float, callback: Callable[..., Any], *args: Any, context: Context | None = None
-) -> Any:
-    """``call_at`` of a wheel loop: ``self._timewheel`` holds its timers."""
-    when = check_loop_seconds("when", when)
-    if self._timewheel._debug:
-        check_loop_callback(self, callback, "call_at")
-    return _loop_call(self, when, when <= self.time(), callback, args, context)
+    def call_later(
+        self, delay: float, callback: Callable[..., Any], *args: Any, context: Context | None = None
+    ) -> Any:
+        """Run ``callback(*args)`` after ``delay`` seconds, on the loop's wheel."""
+        loop: Any = self
+        delay = check_loop_seconds("delay", delay)
+        if loop._timewheel._debug:
+            check_loop_callback(loop, callback, "call_later")
+        return _loop_call(loop, loop.time() + delay, delay <= 0, callback, args, context)
+
+    def call_at(
+        self, when: float, callback: Callable[..., Any], *args: Any, context: Context | None = None
+    ) -> Any:
+        """Run ``callback(*args)`` at loop time ``when``, on the loop's wheel."""
+        loop: Any = self
+        when = check_loop_seconds("when", when)
+        if loop._timewheel._debug:
+            check_loop_callback(loop, callback, "call_at")
+        return _loop_call(loop, when, when <= loop.time(), callback, args, context)
 
 
 def _loop_call(

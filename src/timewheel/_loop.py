@@ -59,7 +59,7 @@ def wheel_loop_class(
 
     return type(
         name,
-        (base,),
+        (aio.WheelLoopMethods, base),
         {
             "__doc__": f"{base.__module__}.{base.__qualname__} with its timers on a timing wheel.",
             "__module__": __name__,
@@ -67,8 +67,6 @@ def wheel_loop_class(
             "set_debug": set_debug,
             # the wheel's alarm and the timers already due take the base loop's own
             "_timewheel_base_call_at": staticmethod(base_call_at or base.call_at),
-            "call_later": aio.loop_call_later,
-            "call_at": aio.loop_call_at,
         },
     )
 
@@ -100,7 +98,11 @@ def uvloop_class(aio: ModuleType) -> type[asyncio.AbstractEventLoop]:
         loop: Any, when: float, callback: Any, *args: Any, context: Any = None
     ) -> asyncio.TimerHandle:
         # uvloop's call_at calls self.call_later, which here is the wheel's
-        return uv_call_later(loop, when - loop.time(), callback, *args, context=context)  # type: ignore[no-any-return]
+        handle = uv_call_later(loop, when - loop.time(), callback, *args, context=context)
+        traceback = getattr(handle, "_source_traceback", None)  # debug mode: drop this frame
+        if traceback:
+            del traceback[-1]
+        return handle  # type: ignore[no-any-return]
 
     cls: type[asyncio.AbstractEventLoop] = wheel_loop_class("UVLoop", uvloop.Loop, aio, uv_call_at)
     return cls
