@@ -141,7 +141,7 @@ def test_install_sets_the_policy() -> None:
 
 def test_a_bad_base_is_refused_naming_it() -> None:
     for call in (aio.new_event_loop, aio.EventLoopPolicy, aio.install):
-        with pytest.raises(ValueError, match="base must be one of .*'gevent'"):
+        with pytest.raises(ValueError, match=r"base must be one of .*'gevent'"):
             call("gevent")  # type: ignore[operator]
     coro = asyncio.sleep(0)
     with pytest.raises(ValueError, match="base"):
@@ -244,11 +244,15 @@ def test_a_deadline_already_reached_expires_at_the_first_suspension(
             out.append(f"not suspended, expired={cm.expired()}")
         return out
 
-    assert on_both(base, loop, scenario) == [
-        "TimeoutError, expired=True",
-        "TimeoutError after reschedule to the past",
-        "not suspended, expired=False",
-    ] * 2
+    assert (
+        on_both(base, loop, scenario)
+        == [
+            "TimeoutError, expired=True",
+            "TimeoutError after reschedule to the past",
+            "not suspended, expired=False",
+        ]
+        * 2
+    )
 
 
 def test_timeouts_and_wait_for_give_asyncios_outcomes(
@@ -283,9 +287,7 @@ def test_timeouts_and_wait_for_give_asyncios_outcomes(
     on_both(base, loop, scenario)
 
 
-def test_handles_answer_like_timer_handles(
-    base: str, loop: asyncio.AbstractEventLoop
-) -> None:
+def test_handles_answer_like_timer_handles(base: str, loop: asyncio.AbstractEventLoop) -> None:
     var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
 
     def callback(x: int) -> None:
@@ -382,11 +384,11 @@ def test_nan_and_bad_types_are_refused_naming_the_argument(
         timer = loop._timewheel  # type: ignore[attr-defined]
         loop.call_later(30, print).cancel()
         pending = loop.call_later(30, print)
-        with pytest.raises(ValueError, match="delay .*NaN"):
+        with pytest.raises(ValueError, match=r"delay .*NaN"):
             loop.call_later(math.nan, print)
-        with pytest.raises(ValueError, match="when .*NaN"):
+        with pytest.raises(ValueError, match=r"when .*NaN"):
             loop.call_at(math.nan, print)
-        with pytest.raises(ValueError, match="delay .*NaN"):
+        with pytest.raises(ValueError, match=r"delay .*NaN"):
             await asyncio.sleep(math.nan)
         for bad in (True, "1", None, [1]):
             with pytest.raises(TypeError, match="delay must be a number"):
@@ -415,7 +417,11 @@ def test_debug_mode_refuses_coroutines_and_other_threads_as_the_base_loop(
         out = []
         coro = coro_func()
         for func in (coro_func, coro):
-            for call in (lambda: lp.call_later(60, func), lambda: lp.call_at(lp.time() + 60, func)):
+            calls = (
+                lambda f=func: lp.call_later(60, f),
+                lambda f=func: lp.call_at(lp.time() + 60, f),
+            )
+            for call in calls:
                 try:
                     call()
                     out.append("accepted")
@@ -490,12 +496,13 @@ def test_a_loop_dropped_without_close_is_collected_with_its_wheel(
     if base == "uvloop" and not _plain_uvloop_is_collected():
         pytest.skip("uvloop keeps a loop dropped without close() alive, its own too")
     lp = wheel_class(base, implementation_)()
+    pending: list[Any] = []  # the task the dropped loop leaves pending
 
     async def main() -> None:
         fut = lp.create_future()  # the callbacks hold the loop: a cycle through the wheel
         for i in range(100):
             lp.call_later(3600 + i, fut.set_result, i)
-        asyncio.ensure_future(asyncio.sleep(3600))
+        pending.append(asyncio.ensure_future(asyncio.sleep(3600)))
         await asyncio.sleep(0)
 
     run(lp, main())
@@ -504,6 +511,7 @@ def test_a_loop_dropped_without_close_is_collected_with_its_wheel(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # asyncio's "unclosed event loop", the pending task
         lp = None
+        pending.clear()
         gc.collect()
         gc.collect()
     assert gone() is None, "the dropped loop was not collected"
@@ -569,7 +577,14 @@ def test_a_fork_child_of_a_process_running_the_loop_in_a_thread_makes_and_uses_a
     import os
 
     proc = subprocess.run(
-        [sys.executable, "-W", "ignore::DeprecationWarning", "-c", textwrap.dedent(FORK_CHILD), base],
+        [
+            sys.executable,
+            "-W",
+            "ignore::DeprecationWarning",
+            "-c",
+            textwrap.dedent(FORK_CHILD),
+            base,
+        ],
         env={**os.environ, **env},
         capture_output=True,
         timeout=60,

@@ -17,15 +17,14 @@ from typing import Any
 
 import pytest
 
+from test_aio_loop import wheel_class
 from timewheel import Implementation
-
-from test_aio_loop import base, wheel_class  # noqa: F401  (the fixture, the loop classes)
 
 pytest.importorskip("uvicorn")
 web = pytest.importorskip("aiohttp.web")
 aiohttp = pytest.importorskip("aiohttp")
 
-APP = '''
+APP = """
 import asyncio
 
 
@@ -38,14 +37,21 @@ async def app(scope, receive, send):
     headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})
-'''
+"""
 
 KEEP_ALIVE_S = 1
 
 
+@pytest.fixture(params=["asyncio", "uvloop"])
+def base(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture
 def uvicorn_server(
-    tmp_path: Path, base: str, implementation_: Implementation  # noqa: F811
+    tmp_path: Path,
+    base: str,
+    implementation_: Implementation,
 ) -> Iterator[int]:
     """A real uvicorn on the wheel loop of ``base``, in a child process; yields its port."""
     if base == "uvloop":
@@ -103,7 +109,8 @@ def _get(sock: socket.socket) -> str:
 
 
 def test_uvicorn_on_the_wheel_loop_serves_and_its_keep_alive_timeout_fires(
-    uvicorn_server: int, base: str  # noqa: F811
+    uvicorn_server: int,
+    base: str,
 ) -> None:
     idle = socket.create_connection(("127.0.0.1", uvicorn_server), timeout=10)
     other = socket.create_connection(("127.0.0.1", uvicorn_server), timeout=10)
@@ -124,7 +131,8 @@ def test_uvicorn_on_the_wheel_loop_serves_and_its_keep_alive_timeout_fires(
 
 
 def test_aiohttp_server_and_client_on_the_wheel_loop(
-    base: str, implementation_: Implementation  # noqa: F811
+    base: str,
+    implementation_: Implementation,
 ) -> None:
     loop = wheel_class(base, implementation_)()
     keepalive = 0.5

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import math
-from asyncio.format_helpers import _format_callback_source
 import sys
 import weakref
+from asyncio.format_helpers import _format_callback_source
 from contextvars import Context, copy_context
 from typing import Any, Callable
 
@@ -146,9 +146,7 @@ class TimerHandle:
         self._callback = self._args = self._context = None
 
 
-def _handle_repr(
-    cancelled: bool, when: float, callback: Any, args: tuple[Any, ...] | None
-) -> str:
+def _handle_repr(cancelled: bool, when: float, callback: Any, args: tuple[Any, ...] | None) -> str:
     """What ``asyncio.TimerHandle`` prints (without the debug mode's source traceback)."""
     info = ["TimerHandle"]
     if cancelled:

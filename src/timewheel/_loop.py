@@ -77,15 +77,14 @@ EventLoop: type[asyncio.SelectorEventLoop] = wheel_loop_class(
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _uvloop_class() -> type[asyncio.AbstractEventLoop]:
     try:
-        import uvloop
+        return uvloop_class(_impl.implementation().aio)
     except ImportError as exc:  # pragma: no cover - uvloop is not built for every platform
         raise RuntimeError(
             "base='uvloop' needs uvloop: pip install 'timewheel-purgatory[uvloop]'"
         ) from exc
-    return uvloop_class(_impl.implementation().aio)
 
 
 def uvloop_class(aio: ModuleType) -> type[asyncio.AbstractEventLoop]:
@@ -102,7 +101,7 @@ def uvloop_class(aio: ModuleType) -> type[asyncio.AbstractEventLoop]:
         traceback = getattr(handle, "_source_traceback", None)  # debug mode: drop this frame
         if traceback:
             del traceback[-1]
-        return handle  # type: ignore[no-any-return]
+        return handle
 
     cls: type[asyncio.AbstractEventLoop] = wheel_loop_class("UVLoop", uvloop.Loop, aio, uv_call_at)
     return cls
@@ -129,7 +128,7 @@ def new_uvloop_event_loop() -> asyncio.AbstractEventLoop:
     return new_event_loop("uvloop")
 
 
-class EventLoopPolicy(asyncio.DefaultEventLoopPolicy):  # type: ignore[misc,valid-type]
+class EventLoopPolicy(asyncio.DefaultEventLoopPolicy):
     """An event loop policy whose new loops are wheel loops on ``base``."""
 
     def __init__(self, base: str = "asyncio") -> None:
@@ -149,9 +148,7 @@ def install(base: str = "asyncio") -> None:
     asyncio.set_event_loop_policy(EventLoopPolicy(base))
 
 
-def run(
-    main: Coroutine[Any, Any, T], *, base: str = "asyncio", debug: bool | None = None
-) -> T:
+def run(main: Coroutine[Any, Any, T], *, base: str = "asyncio", debug: bool | None = None) -> T:
     """``asyncio.run(main)`` on a new wheel loop on ``base``."""
     factory = loop_class(base)
     if sys.version_info >= (3, 11):

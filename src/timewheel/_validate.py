@@ -168,7 +168,7 @@ def check_loop_seconds(name: str, value: Any) -> float:
     try:
         f = float(value)
     except OverflowError:  # an int beyond a float
-        f = float("inf") if value > 0 else float("-inf")
+        f = float("inf") if operator.gt(value, 0) else float("-inf")
     if f != f:
         raise ValueError(f"{name} must be a number of seconds, not NaN, got {value!r}")
     return f

@@ -234,10 +234,9 @@ async def _all_bursts(n: int, best: dict[str, list[float]]) -> None:
     loop = asyncio.get_running_loop()
     mod = implementation().aio
     if _is_wheel_loop(loop):
-        call_at = loop.call_at
         got = best.setdefault(f"wheel loop ({implementation().name})", [float("inf")] * 2)
-        got[0] = min(got[0], await _burst(call_at, n, False))
-        got[1] = min(got[1], await _burst(call_at, n, True))
+        got[0] = min(got[0], await _burst(loop.call_at, n, False))
+        got[1] = min(got[1], await _burst(loop.call_at, n, True))
         return
     contenders: list[tuple[str, Callable[..., Any], int | None]] = [
         ("loop.call_at", loop.call_at, None),

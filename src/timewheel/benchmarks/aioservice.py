@@ -91,13 +91,15 @@ async def _serve_uvicorn(stop: asyncio.Event) -> int:
         backlog=16384,
     )
     server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # ours stop it
     task = asyncio.ensure_future(server.serve())
     while not server.started:
+        if task.done():
+            task.result()  # it failed to start: raise why
         await asyncio.sleep(0.01)
     port: int = server.servers[0].sockets[0].getsockname()[1]
     print(f"port {port}", flush=True)
-    await stop.wait()
+    # uvicorn takes SIGTERM over while it serves (and ends serve()); either way, stop
+    await asyncio.wait([task, asyncio.ensure_future(stop.wait())], return_when="FIRST_COMPLETED")
     server.should_exit = True
     await task
     return port
@@ -194,7 +196,7 @@ def _read_line(proc: subprocess.Popen[str], prefix: str, limit: float) -> str:
             break
         if line.startswith(prefix):
             return line.split()[1]
-    raise RuntimeError(f"child {proc.args} did not report {prefix!r} (exit {proc.poll()})")
+    raise RuntimeError(f"child {proc.args!r} did not report {prefix!r} (exit {proc.poll()})")
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
