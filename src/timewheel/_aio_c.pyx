@@ -380,17 +380,19 @@ cpdef LoopTimer get_timer(loop=None):
     elif not isinstance(loop, asyncio.AbstractEventLoop):
         raise TypeError(f"loop must be an asyncio event loop, got {loop!r}")
     cdef LoopTimer timer
-    own = getattr(loop, "_timewheel", None)  # a wheel loop's own
-    if own is not None:
-        timer = <LoopTimer?>own
-        if timer._closed or loop.is_closed():
-            raise RuntimeError("Event loop is closed")
-        return timer
     if TW_HAS_GIL:  # the one-entry cache is read and written under the GIL only
         timer = _last_timer
         if timer is not None and not timer._closed and (
                 <object>PyWeakref_GetObject(timer._loopref) is loop):
             return timer
+    own = getattr(loop, "_timewheel", None)  # a wheel loop's own
+    if own is not None:
+        timer = <LoopTimer?>own
+        if timer._closed or loop.is_closed():
+            raise RuntimeError("Event loop is closed")
+        if TW_HAS_GIL:
+            _last_timer = timer
+        return timer
     timer = _timers.get(loop)
     if timer is None or timer._closed:
         if loop.is_closed():
