@@ -95,6 +95,22 @@ cdef inline double as_delay(object delay) except? -1.0:
     return check_seconds("delay", delay)
 
 
+cdef inline double loop_seconds(str name, object value) except? -1.0:
+    """``value`` as the wheel loop takes it (any number but NaN; see check_loop_seconds),
+    without a Python call for a float or an int, what asyncio and the libraries pass."""
+    cdef double s
+    if type(value) is float:
+        s = value
+        if s == s:
+            return s
+    elif type(value) is int:
+        try:
+            return <double>value
+        except OverflowError:  # an int beyond a float
+            pass
+    return check_loop_seconds(name, value)
+
+
 cdef inline double as_when(object when) except? -1.0:
     cdef double w
     if type(when) is float:
@@ -557,17 +573,15 @@ cdef class WheelLoopMethods:
         cdef LoopTimer timer = <LoopTimer?>loop._timewheel
         if timer._debug:
             check_loop_callback(loop, callback, "call_later")
-        if type(delay) is float:
-            d = delay
-            if 0.0 < d <= MAX_TIME:
-                return timer._call(loop.time() + d, callback, args, context)
-        d = check_loop_seconds("delay", delay)
+        d = loop_seconds("delay", delay)
+        if 0.0 < d <= MAX_TIME:
+            return timer._call(loop.time() + d, callback, args, context)
         return loop_call(loop, loop.time() + d, d <= 0.0, callback, args, context)
 
     def call_at(self, when, callback, *args, context=None):
         """Run ``callback(*args)`` at loop time ``when``, on the loop's wheel."""
         cdef object loop = self
-        cdef double w = check_loop_seconds("when", when)
+        cdef double w = loop_seconds("when", when)
         if (<LoopTimer?>loop._timewheel)._debug:
             check_loop_callback(loop, callback, "call_at")
         return loop_call(loop, w, w <= loop.time(), callback, args, context)

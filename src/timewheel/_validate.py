@@ -161,6 +161,11 @@ def check_loop_seconds(name: str, value: Any) -> float:
     NaN, which would corrupt any order of deadlines; bools and non-numbers are refused."""
     if type(value) is float and value == value:
         return value
+    if type(value) is int:
+        try:
+            return float(value)
+        except OverflowError:  # an int beyond a float
+            return float("inf") if value > 0 else float("-inf")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
             f"{name} must be a number of seconds, got {value!r} ({type(value).__name__})"
