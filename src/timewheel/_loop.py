@@ -83,7 +83,7 @@ def _uvloop_class() -> type[asyncio.AbstractEventLoop]:
         return uvloop_class(_impl.implementation().aio)
     except ImportError as exc:  # pragma: no cover - uvloop is not built for every platform
         raise RuntimeError(
-            "base='uvloop' needs uvloop: pip install 'timewheel-purgatory[uvloop]'"
+            "base='uvloop' needs uvloop (pip install uvloop; not built for Windows)"
         ) from exc
 
 
