@@ -8,8 +8,10 @@ and idle (one request each, then nothing: each holds a keep-alive timer on the s
 and ``wrk -t2 -c<--concurrency>`` loads the server for ``--duration`` seconds. Reported
 per loop: requests/s, the server's CPU time per request (from /proc, so Linux only),
 wrk's p50/p99/p99.9 latency, and -- in a second run of the same server under cProfile --
-the share of the server's profiled time spent in timers (``call_at``/``call_later``,
-the handles, their cancel, the heap, ``asyncio.timeout``'s enter and exit, the wheel).
+the share of the server's profiled time spent in timers: all of them (``call_at``/
+``call_later``, the handles, their cancel, the heap, the wheel, ``asyncio.timeout``'s
+enter and exit), and the loop's part alone (without ``asyncio.timeout``'s own Python
+code, which is the same on either loop).
 The plain loop and the wheel loop run in the same invocation, in turn; ratios between
 them are the result. The open-file limit is raised to its hard limit in every process.
 """
@@ -242,10 +244,11 @@ _TIMER_NAMES = re.compile(
 )
 
 
-def timer_share(stats_file: str) -> float:
-    """The share of the profiled time (own time of every function) spent in timers."""
+def timer_share(stats_file: str) -> tuple[float, float]:
+    """The shares of the profiled time (own time of every function) spent in timers, and
+    in the loop's timers alone (``asyncio.timeout``'s own code left out)."""
     stats = pstats.Stats(stats_file)
-    total = timers = 0.0
+    total = timers = in_timeouts = 0.0
     for (filename, line, name), (_, _, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]
         total += tottime
         where = f"{filename}:{line}:{name}"
@@ -254,7 +257,10 @@ def timer_share(stats_file: str) -> float:
             # Handle and TimerHandle share these names: TimerHandle's are the timer's
             is_timer = _is_timer_handle_line(line)
         timers += tottime if is_timer else 0.0
-    return timers / total if total else float("nan")
+        in_timeouts += tottime if filename.endswith(_TIMER_FILES) else 0.0
+    if not total:
+        return float("nan"), float("nan")
+    return timers / total, (timers - in_timeouts) / total
 
 
 def _is_timer_handle_line(line: int) -> bool:
@@ -285,7 +291,7 @@ def _one(server: str, loop: str, args: argparse.Namespace, script: str) -> dict[
                     _stop(holder)
                 _stop(srv)
             if profiled:
-                row["timer_share"] = timer_share(prof)
+                row["timer_share"], row["loop_timer_share"] = timer_share(prof)
             else:
                 row.update(got)
                 row["rps"] = got["requests"] / args.duration
@@ -313,16 +319,19 @@ def run_service_bench(args: argparse.Namespace) -> list[dict[str, Any]]:
 def format_rows(rows: list[dict[str, Any]]) -> str:
     lines = [
         f"{'server':<8} {'loop':<14} {'req/s':>8} {'CPU us/req':>10} {'timers %':>8} "
+        f"{'loop %':>7} "
         f"{'p50 ms':>7} {'p99 ms':>7} {'p99.9 ms':>8} {'errors':>6}"
     ]
     for r in rows:
         lines.append(
             f"{r['server']:<8} {r['loop']:<14} {r['rps']:>8.0f} {r['cpu_us_per_req']:>10.1f} "
-            f"{r['timer_share'] * 100:>8.1f} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
+            f"{r['timer_share'] * 100:>8.1f} {r['loop_timer_share'] * 100:>7.2f} "
+            f"{r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
             f"{r['p999_ms']:>8.2f} {r['errors']:>6}"
         )
     lines.append(
-        "timers %: share of the server's profiled time (cProfile, a second run) in timers."
+        "timers %: share of the server's profiled time (cProfile, a second run) in timers;\n"
+        "loop %: the same without asyncio.timeout's own Python code (alike on both loops)."
     )
     return "\n".join(lines)
 
