@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
+from timewheel import implementation
 from timewheel.benchmarks import aio
 from timewheel.benchmarks.aio import format_rows, run_aio_bench
 from timewheel.cli import main
@@ -22,6 +25,10 @@ def test_bench_aio_reports_every_case_with_its_baseline(monkeypatch: pytest.Monk
     assert ("threaded Timer", "Timer.add + cancel") in cases
     assert ("burst", "loop.call_at") in cases
     assert ("burst", "timewheel.aio, no cascade limit") in cases
+    wheel_loop = f"wheel loop ({implementation().name})"
+    assert ("resets", wheel_loop) in cases and ("burst", wheel_loop) in cases
+    if sys.version_info >= (3, 11):
+        assert ("timeout", "asyncio.timeout, wheel loop") in cases
     for r in rows:
         assert r["ns"] > 0
         if r["case"] in ("resets", "burst"):

@@ -51,9 +51,12 @@ cdef class LoopTimer:
     cdef int64_t _armed_ns
     cdef bint _firing
     cdef bint _closed
+    cdef public bint _debug  # the wheel loop's debug mode: its call_later/call_at check more
     cdef readonly object _context  # for internal callbacks, which need none of their own
+    cdef object _base_call_at  # the base loop's call_at, on a wheel loop; else None
     cdef object __weakref__
     cdef TimerHandle _call(self, double when, object callback, tuple args, object context)
+    cdef TimerHandle _handle(self, double when, object callback, tuple args, object context)
     cdef object _live_loop(self)
     cdef int _add(self, _Entry entry, double when) except -1
     cdef int _arm(self, int64_t t) except -1
@@ -73,4 +76,6 @@ cdef class Timeout(_Entry):
     cdef LoopTimer _wheel_of
     cdef object _task
     cdef object _cancelling
+    cdef object _soon  # the loop's handle expiring a deadline already reached, or None
     cdef int _reschedule(self, object when) except -1
+    cdef int _cancel_soon(self) except -1

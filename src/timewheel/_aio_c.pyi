@@ -14,6 +14,7 @@ __all__ = [
     "LoopTimer",
     "Timeout",
     "TimerHandle",
+    "WheelLoopMethods",
     "call_at",
     "call_later",
     "get_timer",
@@ -54,6 +55,7 @@ class LoopTimer:
         """True once the loop closed: pending timers were released and new ones are refused."""
     @property
     def _context(self) -> Context: ...
+    _debug: bool
     def __len__(self) -> int:
         """The number of pending timers (callbacks and timeouts)."""
     def call_at(
@@ -83,6 +85,18 @@ class Timeout(_Entry):
         exc_val: BaseException | None,
         exc_tb: TracebackType | None,
     ) -> None: ...
+
+class WheelLoopMethods:
+    """``call_later`` and ``call_at`` of a wheel loop, whose ``_timewheel`` holds its timers."""
+
+    def call_later(
+        self, delay: float, callback: Callable[..., Any], *args: Any, context: Context | None = None
+    ) -> Any:
+        """Run ``callback(*args)`` after ``delay`` seconds, on the loop's wheel."""
+    def call_at(
+        self, when: float, callback: Callable[..., Any], *args: Any, context: Context | None = None
+    ) -> Any:
+        """Run ``callback(*args)`` at loop time ``when``, on the loop's wheel."""
 
 def get_timer(loop: asyncio.AbstractEventLoop | None = None) -> LoopTimer:
     """The wheel of ``loop`` (default: the running loop), created on first use."""

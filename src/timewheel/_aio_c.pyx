@@ -22,10 +22,16 @@ import asyncio
 import sys
 import weakref
 from asyncio import CancelledError, current_task
+from asyncio.format_helpers import _format_callback_source
 from asyncio.events import _get_running_loop
 from contextvars import Context, copy_context
 
-from timewheel._validate import MAX_LOOP_TIME as _MAX_LOOP_TIME, check_seconds
+from timewheel._validate import (
+    MAX_LOOP_TIME as _MAX_LOOP_TIME,
+    check_loop_callback,
+    check_loop_seconds,
+    check_seconds,
+)
 
 __all__ = [
     "CASCADE_LIMIT",
@@ -34,6 +40,7 @@ __all__ = [
     "LoopTimer",
     "Timeout",
     "TimerHandle",
+    "WheelLoopMethods",
     "call_at",
     "call_later",
     "get_timer",
@@ -88,6 +95,22 @@ cdef inline double as_delay(object delay) except? -1.0:
     return check_seconds("delay", delay)
 
 
+cdef inline double loop_seconds(str name, object value) except? -1.0:
+    """``value`` as the wheel loop takes it (any number but NaN; see check_loop_seconds),
+    without a Python call for a float or an int, what asyncio and the libraries pass."""
+    cdef double s
+    if type(value) is float:
+        s = value
+        if s == s:
+            return s
+    elif type(value) is int:
+        try:
+            return <double>value
+        except OverflowError:  # an int beyond a float
+            pass
+    return check_loop_seconds(name, value)
+
+
 cdef inline double as_when(object when) except? -1.0:
     cdef double w
     if type(when) is float:
@@ -134,8 +157,14 @@ cdef class TimerHandle(_Entry):
         self._context = None
 
     def __repr__(self):
-        state = "cancelled" if self._cancelled else "pending" if self._timer else "done"
-        return f"<TimerHandle when={self._when!r} {state} {self._callback!r}>"
+        # what asyncio.TimerHandle prints (without the debug mode's source traceback)
+        info = ["TimerHandle"]
+        if self._cancelled:
+            info.append("cancelled")
+        info.append(f"when={self._when}")
+        if self._callback is not None:
+            info.append(_format_callback_source(self._callback, self._args or ()))
+        return f"<{' '.join(info)}>"
 
     cdef int _expire(self, object loop) except -1:
         callback, args, context = self._callback, self._args, self._context
@@ -193,6 +222,8 @@ cdef class LoopTimer:
         self._wheel = TimingWheel(TICK, WHEEL_SIZE, <int64_t>floor(loop.time() * 1e9))
         self._armed_ns = NEVER
         self._context = Context()
+        # the wheel loop's own call_at goes to this wheel: the alarm takes the base loop's
+        self._base_call_at = getattr(type(loop), "_timewheel_base_call_at", None)
 
     @property
     def loop(self):
@@ -222,6 +253,11 @@ cdef class LoopTimer:
         return self._call(self._live_loop().time() + d, callback, args, context)
 
     cdef TimerHandle _call(self, double when, object callback, tuple args, object context):
+        cdef TimerHandle handle = self._handle(when, callback, args, context)
+        self._add(handle, when)
+        return handle
+
+    cdef TimerHandle _handle(self, double when, object callback, tuple args, object context):
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
         if context is None:
@@ -233,7 +269,6 @@ cdef class LoopTimer:
         handle._callback = callback
         handle._args = args
         handle._context = context
-        self._add(handle, when)
         return handle
 
     # -- the wheel and the armed call ---------------------------------------------
@@ -265,7 +300,10 @@ cdef class LoopTimer:
         loop = self._live_loop()
         cdef _Alarm alarm = _Alarm.__new__(_Alarm)
         alarm.timer = self
-        handle = loop.call_at(t / 1e9, alarm)  # raises if the loop is closed
+        if self._base_call_at is None:
+            handle = loop.call_at(t / 1e9, alarm)  # raises if the loop is closed
+        else:
+            handle = self._base_call_at(loop, t / 1e9, alarm)
         try:
             alarm.handle = weakref.ref(handle)
         except TypeError:  # a loop whose handles take no weak references
@@ -363,6 +401,14 @@ cpdef LoopTimer get_timer(loop=None):
         if timer is not None and not timer._closed and (
                 <object>PyWeakref_GetObject(timer._loopref) is loop):
             return timer
+    own = getattr(loop, "_timewheel", None)  # a wheel loop's own
+    if own is not None:
+        timer = <LoopTimer?>own
+        if timer._closed or loop.is_closed():
+            raise RuntimeError("Event loop is closed")
+        if TW_HAS_GIL:
+            _last_timer = timer
+        return timer
     timer = _timers.get(loop)
     if timer is None or timer._closed:
         if loop.is_closed():
@@ -420,13 +466,29 @@ cdef class Timeout(_Entry):
         if when is not None:
             w = as_when(when)
         self._unschedule()
+        self._cancel_soon()
         if when is None:
             self._when_obj = None
+            return 0
+        self._when_obj = w
+        self._when = w
+        loop = self._wheel_of._live_loop()
+        if w <= loop.time():  # as asyncio: expire at the first suspension
+            self._soon = loop.call_soon(self._expire_soon, loop, context=self._wheel_of._context)
         else:
-            self._when_obj = w
-            self._when = w
             self._wheel_of._add(self, w)
         return 0
+
+    cdef int _cancel_soon(self) except -1:
+        soon = self._soon
+        if soon is not None:
+            self._soon = None
+            soon.cancel()
+        return 0
+
+    def _expire_soon(self, loop):
+        self._soon = None
+        self._expire(loop)
 
     def __repr__(self):
         info = ""
@@ -454,6 +516,7 @@ cdef class Timeout(_Entry):
 
     async def __aexit__(self, exc_type, exc_val, exc_tb):
         self._unschedule()
+        self._cancel_soon()
         if self._state == EXPIRING:
             self._state = EXPIRED
             mine = self._task.uncancel() <= self._cancelling if HAS_UNCANCEL else True
@@ -493,3 +556,43 @@ def timeout(delay):
 def timeout_at(when):
     """``asyncio.timeout_at(when)`` on the running loop's wheel."""
     return new_timeout(get_timer(), None if when is None else as_when(when))
+
+
+# -- the wheel loop's call_later and call_at (timewheel._loop mixes them into its classes) --
+cdef class WheelLoopMethods:
+    """``call_later`` and ``call_at`` of a wheel loop, whose ``_timewheel`` holds its timers.
+
+    A class without fields, first among the wheel loop's bases: its methods are C
+    methods of the loop, as fast to call as the base loop's own and seen by profilers.
+    """
+
+    def call_later(self, delay, callback, *args, context=None):
+        """Run ``callback(*args)`` after ``delay`` seconds, on the loop's wheel."""
+        cdef object loop = self
+        cdef double d
+        cdef LoopTimer timer = <LoopTimer?>loop._timewheel
+        if timer._debug:
+            check_loop_callback(loop, callback, "call_later")
+        d = loop_seconds("delay", delay)
+        if 0.0 < d <= MAX_TIME:
+            return timer._call(loop.time() + d, callback, args, context)
+        return loop_call(loop, loop.time() + d, d <= 0.0, callback, args, context)
+
+    def call_at(self, when, callback, *args, context=None):
+        """Run ``callback(*args)`` at loop time ``when``, on the loop's wheel."""
+        cdef object loop = self
+        cdef double w = loop_seconds("when", when)
+        if (<LoopTimer?>loop._timewheel)._debug:
+            check_loop_callback(loop, callback, "call_at")
+        return loop_call(loop, w, w <= loop.time(), callback, args, context)
+
+
+cdef object loop_call(loop, double when, bint due, callback, tuple args, context):
+    if due:  # due at once: the base loop runs it at its next iteration, as asyncio does
+        return loop._timewheel_base_call_at(loop, when, callback, *args, context=context)
+    cdef LoopTimer timer = <LoopTimer?>loop._timewheel
+    if when > MAX_TIME:  # never due (asyncio.sleep(math.inf)): a handle, nothing else
+        if loop.is_closed():
+            raise RuntimeError("Event loop is closed")
+        return timer._handle(when, callback, args, context)
+    return timer._call(when, callback, args, context)

@@ -24,10 +24,11 @@ import asyncio
 import math
 import sys
 import weakref
+from asyncio.format_helpers import _format_callback_source
 from contextvars import Context, copy_context
 from typing import Any, Callable
 
-from ._validate import check_seconds
+from ._validate import MAX_LOOP_TIME, check_loop_callback, check_loop_seconds, check_seconds
 from ._wheel_py import TimingWheel
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "LoopTimer",
     "Timeout",
     "TimerHandle",
+    "WheelLoopMethods",
     "call_at",
     "call_later",
     "get_timer",
@@ -124,8 +126,7 @@ class TimerHandle:
         self._callback = self._args = self._context = None
 
     def __repr__(self) -> str:
-        state = "cancelled" if self._cancelled else "pending" if self._timer else "done"
-        return f"<TimerHandle when={self._when!r} {state} {self._callback!r}>"
+        return _handle_repr(self._cancelled, self._when, self._callback, self._args)
 
     def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
         callback, args, context = self._callback, self._args, self._context
@@ -143,6 +144,17 @@ class TimerHandle:
     def _release(self) -> None:
         self._cancelled = True
         self._callback = self._args = self._context = None
+
+
+def _handle_repr(cancelled: bool, when: float, callback: Any, args: tuple[Any, ...] | None) -> str:
+    """What ``asyncio.TimerHandle`` prints (without the debug mode's source traceback)."""
+    info = ["TimerHandle"]
+    if cancelled:
+        info.append("cancelled")
+    info.append(f"when={when}")
+    if callback is not None:
+        info.append(_format_callback_source(callback, args or ()))
+    return f"<{' '.join(info)}>"
 
 
 class _Alarm:
@@ -180,8 +192,10 @@ class LoopTimer:
         "__weakref__",
         "_alarm",
         "_armed_ns",
+        "_base_call_at",
         "_closed",
         "_context",
+        "_debug",
         "_firing",
         "_loopref",
         "_wheel",
@@ -195,6 +209,11 @@ class LoopTimer:
         self._firing = False
         self._closed = False
         self._context = Context()  # for internal callbacks, which need none of their own
+        # the wheel loop's own call_at goes to this wheel: the alarm takes the base loop's
+        self._base_call_at: Callable[..., Any] | None = getattr(
+            type(loop), "_timewheel_base_call_at", None
+        )
+        self._debug = False  # the wheel loop's debug mode: its call_later/call_at check more
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -235,15 +254,24 @@ class LoopTimer:
         args: tuple[Any, ...],
         context: Context | None,
     ) -> TimerHandle:
+        handle = self._handle(when, callback, args, context)
+        self._add(handle, when)
+        return handle
+
+    def _handle(
+        self,
+        when: float,
+        callback: Callable[..., Any],
+        args: tuple[Any, ...],
+        context: Context | None,
+    ) -> TimerHandle:
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
         if context is None:
             context = copy_context()
         elif type(context) is not Context:
             raise TypeError(f"context must be a contextvars.Context, got {context!r}")
-        handle = TimerHandle(when, callback, args, context)
-        self._add(handle, when)
-        return handle
+        return TimerHandle(when, callback, args, context)
 
     # -- the wheel and the armed call ---------------------------------------------
     def _live_loop(self) -> asyncio.AbstractEventLoop:
@@ -271,7 +299,11 @@ class LoopTimer:
     def _arm(self, t: int) -> None:
         loop = self._live_loop()
         alarm = _Alarm(self)
-        handle = loop.call_at(t / 1e9, alarm)  # raises if the loop is closed
+        base_call_at = self._base_call_at
+        if base_call_at is None:
+            handle = loop.call_at(t / 1e9, alarm)  # raises if the loop is closed
+        else:
+            handle = base_call_at(loop, t / 1e9, alarm)
         try:
             alarm.handle = weakref.ref(handle)
         except TypeError:  # a loop whose handles take no weak references
@@ -345,6 +377,11 @@ def get_timer(loop: asyncio.AbstractEventLoop | None = None) -> LoopTimer:
             raise RuntimeError(_NO_LOOP)
     elif not isinstance(loop, asyncio.AbstractEventLoop):
         raise TypeError(f"loop must be an asyncio event loop, got {loop!r}")
+    own: LoopTimer | None = getattr(loop, "_timewheel", None)  # a wheel loop's own
+    if own is not None:
+        if own._closed or loop.is_closed():
+            raise RuntimeError("Event loop is closed")
+        return own
     timer = _timers.get(loop)
     if timer is None or timer._closed:
         if loop.is_closed():
@@ -373,7 +410,7 @@ class Timeout:
     Use :func:`timeout` or :func:`timeout_at` to make one.
     """
 
-    __slots__ = ("_cancelling", "_id", "_state", "_task", "_timer", "_wheel_of", "_when")
+    __slots__ = ("_cancelling", "_id", "_soon", "_state", "_task", "_timer", "_wheel_of", "_when")
 
     def __init__(self, when: float | None, timer: LoopTimer) -> None:
         if when is not None:
@@ -385,6 +422,7 @@ class Timeout:
         self._id = 0
         self._task: asyncio.Task[Any] | None = None
         self._cancelling = 0
+        self._soon: asyncio.Handle | None = None  # the expiry of a deadline already reached
 
     def when(self) -> float | None:
         """The current deadline (loop time), or None for no deadline."""
@@ -404,7 +442,12 @@ class Timeout:
             when = check_seconds("when", when, negative=True)
         self._unschedule()
         self._when = when
-        if when is not None:
+        if when is None:
+            return
+        loop = self._wheel_of._live_loop()
+        if when <= loop.time():  # as asyncio: expire at the first suspension
+            self._soon = loop.call_soon(self._expire_soon, loop, context=self._wheel_of._context)
+        else:
             self._wheel_of._add(self, when)
 
     def __repr__(self) -> str:
@@ -443,6 +486,10 @@ class Timeout:
         return None
 
     def _unschedule(self) -> None:
+        soon = self._soon
+        if soon is not None:
+            self._soon = None
+            soon.cancel()
         timer = self._timer
         if timer is not None:
             self._timer = None
@@ -453,6 +500,10 @@ class Timeout:
         assert self._task is not None
         self._task.cancel()
         self._state = EXPIRING
+
+    def _expire_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._soon = None
+        self._expire(loop)
 
     def _release(self) -> None:
         self._task = None
@@ -473,3 +524,49 @@ def timeout_at(when: float | None) -> Timeout:
     if when is not None:
         when = check_seconds("when", when, negative=True)
     return Timeout(when, timer)
+
+
+# -- the wheel loop's call_later and call_at (timewheel._loop mixes them into its classes) --
+class WheelLoopMethods:
+    """``call_later`` and ``call_at`` of a wheel loop, whose ``_timewheel`` holds its timers
+    (first among the wheel loop's bases)."""
+
+    __slots__ = ()
+
+    def call_later(
+        self, delay: float, callback: Callable[..., Any], *args: Any, context: Context | None = None
+    ) -> Any:
+        """Run ``callback(*args)`` after ``delay`` seconds, on the loop's wheel."""
+        loop: Any = self
+        delay = check_loop_seconds("delay", delay)
+        if loop._timewheel._debug:
+            check_loop_callback(loop, callback, "call_later")
+        return _loop_call(loop, loop.time() + delay, delay <= 0, callback, args, context)
+
+    def call_at(
+        self, when: float, callback: Callable[..., Any], *args: Any, context: Context | None = None
+    ) -> Any:
+        """Run ``callback(*args)`` at loop time ``when``, on the loop's wheel."""
+        loop: Any = self
+        when = check_loop_seconds("when", when)
+        if loop._timewheel._debug:
+            check_loop_callback(loop, callback, "call_at")
+        return _loop_call(loop, when, when <= loop.time(), callback, args, context)
+
+
+def _loop_call(
+    loop: Any,
+    when: float,
+    due: bool,
+    callback: Callable[..., Any],
+    args: tuple[Any, ...],
+    context: Context | None,
+) -> Any:
+    if due:  # due at once: the base loop runs it at its next iteration, as asyncio does
+        return loop._timewheel_base_call_at(loop, when, callback, *args, context=context)
+    timer: LoopTimer = loop._timewheel
+    if when > MAX_LOOP_TIME:  # never due (asyncio.sleep(math.inf)): a handle, nothing else
+        if loop.is_closed():
+            raise RuntimeError("Event loop is closed")
+        return timer._handle(when, callback, args, context)
+    return timer._call(when, callback, args, context)

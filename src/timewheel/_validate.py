@@ -38,6 +38,8 @@ __all__ = [
     "check_int64_array",
     "check_items",
     "check_keys",
+    "check_loop_callback",
+    "check_loop_seconds",
     "check_seconds",
     "check_shards",
     "check_timeout",
@@ -151,6 +153,42 @@ def check_seconds(name: str, value: Any, *, negative: bool = False) -> float:
     if f < 0 and not negative:
         raise ValueError(f"{name} must be >= 0, got {value!r}")
     return f
+
+
+def check_loop_seconds(name: str, value: Any) -> float:
+    """Return ``value`` (seconds: an int or a float) as a float for the wheel loop's
+    ``call_later``/``call_at``, which take what asyncio takes (negatives, infinities) but
+    NaN, which would corrupt any order of deadlines; bools and non-numbers are refused."""
+    if type(value) is float and value == value:
+        return value
+    if type(value) is int:
+        try:
+            return float(value)
+        except OverflowError:  # an int beyond a float
+            return float("inf") if value > 0 else float("-inf")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{name} must be a number of seconds, got {value!r} ({type(value).__name__})"
+        )
+    try:
+        f = float(value)
+    except OverflowError:  # an int beyond a float
+        f = float("inf") if operator.gt(value, 0) else float("-inf")
+    if f != f:
+        raise ValueError(f"{name} must be a number of seconds, not NaN, got {value!r}")
+    return f
+
+
+def check_loop_callback(loop: Any, callback: Any, method: str) -> None:
+    """The wheel loop's checks in debug mode, as asyncio's ``call_at`` makes them then: the
+    calling thread must be the loop's, ``callback`` must not be a coroutine (function)."""
+    import asyncio
+
+    check_thread = getattr(loop, "_check_thread", None)  # asyncio's; uvloop's is C-only
+    if check_thread is not None:
+        check_thread()
+    if asyncio.iscoroutine(callback) or asyncio.iscoroutinefunction(callback):
+        raise TypeError(f"coroutines cannot be used with {method}()")
 
 
 def check_columns(name: str, value: Any) -> tuple[str, ...]:

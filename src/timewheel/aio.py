@@ -29,10 +29,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _impl
 from ._impl import FIRED, Implementation
+from ._loop import EventLoop, EventLoopPolicy, install, new_event_loop, new_uvloop_event_loop, run
 from ._validate import check_seconds
 
 __all__ = [
     "DelayedOperation",
+    "EventLoop",
+    "EventLoopPolicy",
     "LoopTimer",
     "Purgatory",
     "Timeout",
@@ -40,6 +43,10 @@ __all__ = [
     "call_at",
     "call_later",
     "get_timer",
+    "install",
+    "new_event_loop",
+    "new_uvloop_event_loop",
+    "run",
     "sleep",
     "timeout",
     "timeout_at",

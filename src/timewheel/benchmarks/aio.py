@@ -11,16 +11,20 @@ Every figure comes with its baseline, measured in the same process on the same l
    CPU time, so that being preempted on a shared machine does not count) and bytes per pending timer
    (tracemalloc, the benchmark's own list of handles left out). The cyclic collector
    is off while timing, so a stall is the loop's own work, not a collection. Baseline:
-   ``loop.call_later`` + ``handle.cancel()``.
+   ``loop.call_later`` + ``handle.cancel()``. Contenders: ``timewheel.aio``'s
+   ``call_later`` on that loop, and ``loop.call_later`` on the wheel loop built on it
+   (``timewheel.aio.new_event_loop(base)``, "wheel loop").
 2. ``timeout``: ``async with timeout(10): await <a coroutine that returns at once>``.
-   Baseline: ``asyncio.timeout`` (Python 3.11+).
+   Baseline: ``asyncio.timeout`` (Python 3.11+); contenders ``timewheel.aio.timeout`` and
+   ``asyncio.timeout`` on the wheel loop.
 3. ``threaded Timer``: ``Timer.add`` + ``TimerTask.cancel`` on the thread-based timer,
    against the core's ``TimingWheel.schedule`` + ``cancel``.
 4. ``burst``: ``--burst`` timers made together, due over the next second (0.3 to 1.3 s
    away), all run. Reported: CPU ns per timer (scheduling and running it) and the longest
    loop iteration while they fire (a ``call_soon`` ticker measures each iteration's CPU
    time, in a second run). Baseline: ``loop.call_at``; ``timewheel.aio`` runs with its
-   ``CASCADE_LIMIT`` and once without it (the whole bucket cascades at once).
+   ``CASCADE_LIMIT`` and once without it (the whole bucket cascades at once), and the
+   wheel loop's ``loop.call_at``.
 
 Both loops run each case when uvloop is installed. Timings are the best of ``--repeat``.
 """
@@ -38,6 +42,7 @@ from collections.abc import Coroutine
 from typing import Any, Callable
 
 from .. import implementation
+from .._loop import new_event_loop
 from ..timer import Timer
 
 __all__ = ["add_parser", "run_aio_bench"]
@@ -66,7 +71,17 @@ def _loops() -> list[tuple[str, Callable[[], asyncio.AbstractEventLoop]]]:
     return loops
 
 
+def _wheel_loop(base: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    return lambda: new_event_loop(base)
+
+
+def _is_wheel_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    return hasattr(loop, "_timewheel")
+
+
 def _schedulers(loop: asyncio.AbstractEventLoop) -> list[tuple[str, Callable[..., Any]]]:
+    if _is_wheel_loop(loop):
+        return [(f"wheel loop ({implementation().name})", loop.call_later)]
     out: list[tuple[str, Callable[..., Any]]] = [("loop.call_later", loop.call_later)]
     for impl in ("cython", "python"):
         try:
@@ -218,6 +233,11 @@ def _cascade_limit(mod: Any, limit: int) -> Any:
 async def _all_bursts(n: int, best: dict[str, list[float]]) -> None:
     loop = asyncio.get_running_loop()
     mod = implementation().aio
+    if _is_wheel_loop(loop):
+        got = best.setdefault(f"wheel loop ({implementation().name})", [float("inf")] * 2)
+        got[0] = min(got[0], await _burst(loop.call_at, n, False))
+        got[1] = min(got[1], await _burst(loop.call_at, n, True))
+        return
     contenders: list[tuple[str, Callable[..., Any], int | None]] = [
         ("loop.call_at", loop.call_at, None),
         (f"timewheel.aio ({implementation().name})", mod.get_timer(loop).call_at, None),
@@ -255,7 +275,9 @@ def run_aio_bench(
             best: dict[str, list[float]] = {}
             for _ in range(repeat):
                 _run(new_loop, _all_resets, n, rounds, idle, best)
+                _run(_wheel_loop(loop_name), _all_resets, n, rounds, idle, best)
             _run(new_loop, _all_memory, n, idle, best)
+            _run(_wheel_loop(loop_name), _all_memory, n, idle, best)
             for name, (ns, stall, nbytes) in best.items():
                 rows.append(
                     {
@@ -272,6 +294,9 @@ def run_aio_bench(
         tbest: dict[str, float] = {}
         for _ in range(repeat):
             _run(new_loop, _all_timeouts, makers, timeouts, tbest)
+            if sys.version_info >= (3, 11):
+                wheel_makers = [("asyncio.timeout, wheel loop", asyncio.timeout)]
+                _run(_wheel_loop(loop_name), _all_timeouts, wheel_makers, timeouts, tbest)
         for name, ns in tbest.items():
             rows.append(
                 {
@@ -287,6 +312,7 @@ def run_aio_bench(
             bbest: dict[str, list[float]] = {}
             for _ in range(repeat):
                 _run(new_loop, _all_bursts, burst, bbest)
+                _run(_wheel_loop(loop_name), _all_bursts, burst, bbest)
             for name, (ns, stall) in bbest.items():
                 rows.append(
                     {
