@@ -38,6 +38,7 @@ from ..execution import ExecuteProduceConsume, ProduceConsume, TaskQueue, Thread
 from ..purgatory import DelayedOperation, Purgatory
 from ..resources import Checkout, ResourceManager
 from ..timer import Timer, TimerTask
+from .admission import Admission, is_overload
 from .engines import (
     FAILED,
     OK,
@@ -177,6 +178,7 @@ class _Partition:
         self.live: dict[int, _Row] = {}
         self.done: deque[Outcome] = deque()
         self.wake = threading.Event()
+        self.admission = Admission(config.max_in_flight, config.rate_per_task)
         self.wake_after = max(1, config.max_in_flight // _WAKE_SHARE)
         self.ended_attempts: deque[tuple[_Row, tuple[bool, str | None] | None]] = deque()
         # Held while a completion task is scheduled and not yet running: the
@@ -271,10 +273,13 @@ class _Partition:
         if answer is None:
             status, error = TIMEOUT, self.timeout_error
         elif answer[0]:
+            self.admission.succeeded()
             self.finish(row, OK, None)
             return
         else:
             status, error, wait_s = FAILED, str(answer[1] or "failed"), retry_after_of(answer[1])
+            if is_overload(answer[1]):
+                self.admission.overloaded(row.seq, wait_s)
         if wait_s is None or row.attempts > self.config.retries:  # None: not worth a retry
             self.finish(row, status, error)
             return
@@ -286,10 +291,16 @@ class _Partition:
             self.backoffs.add(row.backoff)
 
     def retry(self, row: _Row) -> None:
-        """A backoff ended (on the timer's thread): send the next attempt."""
+        """A backoff ended (on the timer's thread): send the next attempt once the rate allows."""
+        wait_s = self.admission.take_one()
         with self.lock:
             self.backoffs.discard(row.backoff)
             row.backoff = None
+            if wait_s:  # no token yet: ask again when there is one
+                if not self.closed:
+                    row.backoff = self.kit.timer.add(max(1, round(wait_s * 1000)), self.retry, row)
+                    self.backoffs.add(row.backoff)
+                return
         self.send(row)
 
     def finish(self, row: _Row, status: str, error: str | None) -> None:
@@ -324,25 +335,32 @@ class _Partition:
             self.close()
 
     def _loop(self) -> Iterator[Outcome]:
-        done, wake, rows = self.done, self.wake, self.rows
-        limit = self.config.max_in_flight
+        done, wake, rows, admission = self.done, self.wake, self.rows, self.admission
         exhausted = False
         while True:
             wake.clear()
-            room = min(limit - self.outstanding(), _BATCH)
-            if not exhausted and room > 0:
+            room, later = 0, None
+            if not exhausted:
+                room, later = admission.room(self.outstanding())
+                room = min(room, _BATCH)
+            if room > 0:
                 before = self.admitted
                 for data in itertools.islice(rows, room):
                     self.admit(data)
-                exhausted = self.admitted - before < room
+                admitted = self.admitted - before
+                admission.took(admitted)
+                exhausted = admitted < room
             while done:
                 outcome = done.popleft()
                 self.yielded += 1
                 yield outcome
             if exhausted and self.outstanding() == 0:
                 return
-            if exhausted or self.outstanding() >= limit:
-                wake.wait()
+            # Wake when a share of the window has ended (see finish), or when the rate
+            # or a Retry-After lets the next call start.
+            self.wake_after = max(1, int(admission.window) // _WAKE_SHARE)
+            if exhausted or self.outstanding() >= int(admission.window) or later is not None:
+                wake.wait(later)
 
     def close(self) -> None:
         """Abandon what is still in flight or waiting, leaving the worker's parts idle."""
