@@ -687,6 +687,33 @@ def publish(staging: Path, out_dir: Path) -> None:
         os.replace(staging, out_dir)
 
 
+def run_identity(args: argparse.Namespace, key_cols: list[str], fmt: str | None) -> dict[str, Any]:
+    """What decides which rows there are and what is sent for each: a resumed run must
+    have the same (delivery settings such as --rate or --timeout-ms may change).
+    The input's partitions, known once Spark has read it, are added to it then."""
+    http = json.dumps(http_options(args), sort_keys=True, default=str)
+    return {
+        "input": args.input,
+        "input_files": input_fingerprint(args.input),
+        "format": fmt,
+        "generate": None if args.input else (args.generate or DEMO_ROWS),
+        "partitions": args.partitions,
+        "target": args.target,
+        # A digest: the headers may hold a token, which has no place on disk.
+        "http_options": hashlib.sha256(http.encode()).hexdigest(),
+        "id_col": args.id_col,
+        "key_cols": key_cols,
+        "dedupe_col": args.dedupe_col,
+    }
+
+
+def check_resumable(out_dir: Path, previous: Manifest, identity: dict[str, Any]) -> None:
+    """Refuse ``--resume`` of an output made from another input or other request options."""
+    reason = previous.mismatch(identity)
+    if reason is not None:
+        raise UsageError(f"--resume: --output {str(out_dir)!r} cannot be resumed: {reason}")
+
+
 class _Job:
     """One run of the pipeline on ``out_dir``: its waves, their commits, the final output."""
 
@@ -735,26 +762,6 @@ class _Job:
         except (TypeError, ValueError) as exc:
             raise UsageError(str(exc)) from exc
 
-    def identity(self, fmt: str | None, partitions: int | None) -> dict[str, Any]:
-        """What decides which rows there are and what is sent for each: a resumed run must
-        have the same (delivery settings such as --rate or --timeout-ms may change)."""
-        args = self.args
-        http = json.dumps(http_options(args), sort_keys=True, default=str)
-        return {
-            "input": args.input,
-            "input_files": input_fingerprint(args.input),
-            "format": fmt,
-            "generate": None if args.input else (args.generate or DEMO_ROWS),
-            "input_partitions": partitions,
-            "partitions": args.partitions,
-            "target": args.target,
-            # A digest: the headers may hold a token, which has no place on disk.
-            "http_options": hashlib.sha256(http.encode()).hexdigest(),
-            "id_col": args.id_col,
-            "key_cols": self.key_cols,
-            "dedupe_col": args.dedupe_col,
-        }
-
     def run(self, fmt: str | None, previous: Manifest | None, reports: Any) -> dict[str, Any]:
         from pyspark.sql import functions as F
 
@@ -768,13 +775,9 @@ class _Job:
         # The ordinal numbers the rows as read (partition and place in it), so the same
         # input read again numbers them alike: a resumed run knows its rows by it.
         base = df.withColumn(ORDINAL, F.monotonically_increasing_id())
-        identity = self.identity(fmt, partitions)
+        identity = {**run_identity(args, self.key_cols, fmt), "input_partitions": partitions}
         if previous is not None:
-            reason = previous.mismatch(identity)
-            if reason is not None:
-                raise UsageError(
-                    f"--resume: --output {str(self.out_dir)!r} cannot be resumed: {reason}"
-                )
+            check_resumable(self.out_dir, previous, identity)
         self.dispatch(base)  # every argument checked, and the executors, before --output changes
         if previous is None:
             if self.out_dir.exists():  # --overwrite, checked before Spark started
@@ -1001,6 +1004,10 @@ def _run(args: argparse.Namespace, *, report_workers: bool) -> int:
     fmt = input_format(args.input, args.format) if args.input else None
     out_dir = Path(args.output)
     previous = check_output(out_dir, args.overwrite, args.resume)
+    if previous is not None:  # all but the input's partitions, before Spark starts
+        partitions = previous.identity.get("input_partitions")
+        identity = {**run_identity(args, key_cols, fmt), "input_partitions": partitions}
+        check_resumable(out_dir, previous, identity)
     # A failed task's log is pages of traceback; the error that ends the run is printed in
     # one line instead (all of it with --debug).
     log_level = "WARN" if args.debug else "FATAL"

@@ -100,11 +100,13 @@ class Manifest:
 
     def mismatch(self, other: Mapping[str, Any]) -> str | None:
         """Why a run of ``other`` cannot resume this output; None when it can."""
-        for key in sorted(set(self.identity) | set(other)):
+        for key in [*other, *(k for k in self.identity if k not in other)]:
             was, now = self.identity.get(key), other.get(key)
             if was != now:
                 if key == "input_files":
                     return "its input's files changed (names, sizes or times differ)"
+                if key == "http_options":
+                    return "it was made with other HTTP options (headers, body, key header)"
                 return f"it was made with {key} {was!r}, this run has {now!r}"
         return None
 
