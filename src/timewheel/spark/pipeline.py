@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -1011,6 +1012,8 @@ def _run(args: argparse.Namespace, *, report_workers: bool) -> int:
     # A failed task's log is pages of traceback; the error that ends the run is printed in
     # one line instead (all of it with --debug).
     log_level = "WARN" if args.debug else "FATAL"
+    if not args.debug:  # Py4J logs a traceback when Ctrl-C cuts a call short
+        logging.getLogger("py4j").setLevel(logging.CRITICAL)
     if args.remote is None:
         spark, owned = spark_session(
             args.master, "timewheel pipeline", args.conf, args.python, log_level
