@@ -23,9 +23,8 @@ import pytest
 pyspark = pytest.importorskip("pyspark")
 pytest.importorskip("grpc")
 
-from test_spark_cluster import SPARK_HOME, free_port, stop  # noqa: E402
-
 import timewheel  # noqa: E402
+from test_spark_cluster import SPARK_HOME, free_port, stop  # noqa: E402
 from timewheel.spark import dispatch  # noqa: E402
 from timewheel.spark.targets import SimulatedDownstream  # noqa: E402
 

@@ -314,7 +314,8 @@ def task_slots(spark: Any) -> int:
         return int(spark.sparkContext.defaultParallelism)
     from pyspark.sql import functions as F
 
-    return int(spark.range(1 << 16).select(F.max(F.spark_partition_id())).first()[0]) + 1
+    parts = spark.range(1 << 16).select(F.spark_partition_id().alias("p")).agg(F.max("p"))
+    return int(parts.first()[0]) + 1
 
 
 # The Spark applications (or Connect sessions) whose executors have imported timewheel.

@@ -109,8 +109,9 @@ class Admission:
             self.window = min(float(self.ceiling), self.window + 1.0 / self.window)
 
     def overloaded(self, started: int, retry_after_s: float | None) -> None:
-        """The call started ``started``-th was refused as overload: halve the window (once
-        per round) and hold new calls for ``retry_after_s``."""
+        """A call sent when ``started`` calls had started was refused as overload: halve
+        the window (once per round: if it was sent after the last cut) and hold new
+        calls for ``retry_after_s``."""
         if started >= self.cut_at:
             self.cut_at = self.started
             self.window = max(1.0, self.window / 2)

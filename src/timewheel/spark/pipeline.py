@@ -14,7 +14,6 @@ import argparse
 import contextlib
 import hashlib
 import json
-import logging
 import math
 import os
 import re
@@ -25,7 +24,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -740,6 +739,44 @@ class _Job:
         # Hidden directories this run is writing: removed however it ends.
         self.staging: list[Path] = []
 
+    @contextlib.contextmanager
+    def signals(self) -> Iterator[None]:
+        """While the run lasts, SIGINT and SIGTERM cancel Spark's jobs (from a thread: a
+        signal must not cut a Py4J call short) and the run ends at once, cleaning up;
+        a second signal interrupts at once."""
+        self.signalled: int | None = None
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_signal(signum: int, frame: Any) -> None:
+            if self.signalled is not None:
+                raise KeyboardInterrupt
+            self.signalled = signum
+            threading.Thread(target=self.cancel, name="timewheel-cancel", daemon=True).start()
+
+        old = {signum: signal.signal(signum, on_signal) for signum in _STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for signum, handler in old.items():
+                signal.signal(signum, handler)
+
+    def raise_if_signalled(self) -> None:
+        """End the run as the signal that arrived asks (KeyboardInterrupt or Stopped)."""
+        if self.signalled == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        if self.signalled is not None:
+            raise Stopped from None
+
+    def cancel(self) -> None:
+        """Cancel every Spark job the run has started."""
+        with contextlib.suppress(Exception):
+            if self.connect:
+                self.spark.interruptAll()
+            else:
+                self.spark.sparkContext.cancelAllJobs()
+
     def dispatch(self, df: Any, progress: Any = None, reports: Any = None) -> Any:
         from . import dispatch
 
@@ -813,12 +850,14 @@ class _Job:
         start = time.monotonic()
         with Progress(progress, sending, args.quiet):
             for k in range(waves):
+                self.raise_if_signalled()
                 part = todo if waves == 1 else todo.filter(F.pmod(F.xxhash64(spread), waves) == k)
                 if args.partitions:
                     part = part.repartition(args.partitions)
                 result = self.dispatch(part, None if self.connect else progress, reports)
                 self.commit(result, first + k, progress)
         elapsed = time.monotonic() - start
+        self.raise_if_signalled()
         return self.finish(manifest, elapsed, sending)
 
     def commit(self, result: Any, number: int, progress: Any) -> None:
@@ -879,16 +918,15 @@ class _Job:
         """However the run ended: stop Spark's jobs (and Spark, if the run started it),
         then remove the hidden directories it was writing."""
         if self.staging:  # ended early: no task may go on writing into them
-            with contextlib.suppress(Exception):
-                if self.connect:
-                    self.spark.interruptAll()
-                else:
-                    self.spark.sparkContext.cancelAllJobs()
+            self.cancel()
         if owned:
             with contextlib.suppress(Exception):
                 self.spark.stop()
         for path in self.staging:
             shutil.rmtree(path, ignore_errors=True)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class _WaveCount:
@@ -919,8 +957,7 @@ def main(args: argparse.Namespace) -> int:
     resumable. Errors are one line on stderr (``--debug``: the traceback).
     """
     try:
-        with _StopOnSigterm():
-            return run(args)
+        return run(args)
     except UsageError as exc:
         if args.debug:
             raise
@@ -941,24 +978,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 class Stopped(BaseException):
-    """SIGTERM arrived: raised in the main thread so that the run cleans up on its way out."""
-
-
-def _raise_stopped(signum: int, frame: Any) -> None:
-    raise Stopped
-
-
-class _StopOnSigterm:
-    """While the run lasts, SIGTERM raises :class:`Stopped` (in the main thread only)."""
-
-    def __enter__(self) -> None:
-        self._old = None
-        if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGTERM, _raise_stopped)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
+    """SIGTERM arrived during the run: it ends as an interrupted run does."""
 
 
 def _note(text: str) -> None:
@@ -1012,8 +1032,6 @@ def _run(args: argparse.Namespace, *, report_workers: bool) -> int:
     # A failed task's log is pages of traceback; the error that ends the run is printed in
     # one line instead (all of it with --debug).
     log_level = "WARN" if args.debug else "FATAL"
-    if not args.debug:  # Py4J logs a traceback when Ctrl-C cuts a call short
-        logging.getLogger("py4j").setLevel(logging.CRITICAL)
     if args.remote is None:
         spark, owned = spark_session(
             args.master, "timewheel pipeline", args.conf, args.python, log_level
@@ -1025,7 +1043,12 @@ def _run(args: argparse.Namespace, *, report_workers: bool) -> int:
     try:
         if report_workers:  # registered on the driver for the endpoint, closed below
             reports = WorkerReports(spark.sparkContext)
-        summary = job.run(fmt, previous, reports)
+        with job.signals():
+            try:
+                summary = job.run(fmt, previous, reports)
+            except BaseException:
+                job.raise_if_signalled()
+                raise
     finally:
         job.stop(owned)
         if reports is not None:

@@ -101,12 +101,14 @@ def _kit() -> _WorkerKit:
 class _Row:
     """One row's progress: its attempts, its keys and when its first call started."""
 
-    __slots__ = ("attempts", "backoff", "checkout", "data", "seq", "start")
+    __slots__ = ("attempts", "backoff", "call", "checkout", "data", "seq", "start")
 
     def __init__(self, seq: int, data: dict[str, Any]) -> None:
         self.seq = seq
         self.data = data
         self.attempts = 0
+        # The admission's count of calls started when its latest attempt was sent.
+        self.call = 0
         self.start = 0.0
         self.checkout: Checkout | None = None
         self.backoff: TimerTask | None = None
@@ -179,6 +181,8 @@ class _Partition:
         self.done: deque[Outcome] = deque()
         self.wake = threading.Event()
         self.admission = Admission(config.max_in_flight, config.rate_per_task)
+        # Rows refused for overload whose backoff has ended, waiting for room.
+        self.parked: deque[_Row] = deque()
         self.wake_after = max(1, config.max_in_flight // _WAKE_SHARE)
         self.ended_attempts: deque[tuple[_Row, tuple[bool, str | None] | None]] = deque()
         # Held while a completion task is scheduled and not yet running: the
@@ -231,6 +235,7 @@ class _Partition:
     def send(self, row: _Row) -> None:
         """Start one attempt: list it in the purgatory (timing it), then call the target."""
         row.attempts += 1
+        row.call = self.admission.started
         if row.attempts == 1:
             row.start = time.monotonic()
         call = _Call(self.config.timeout_ms, row, self)
@@ -279,16 +284,27 @@ class _Partition:
         else:
             status, error, wait_s = FAILED, str(answer[1] or "failed"), retry_after_of(answer[1])
             if is_overload(answer[1]):
-                self.admission.overloaded(row.seq, wait_s)
+                self.admission.overloaded(row.call, wait_s)
         if wait_s is None or row.attempts > self.config.retries:  # None: not worth a retry
             self.finish(row, status, error)
             return
         delay_ms = round(max(backoff_s(self.config), wait_s) * 1000)
+        # A refusal for overload waits its turn in the window with the new rows.
+        then = self.park if answer is not None and is_overload(answer[1]) else self.retry
         with self.lock:
             if self.closed:
                 return
-            row.backoff = self.kit.timer.add(delay_ms, self.retry, row)
+            row.backoff = self.kit.timer.add(delay_ms, then, row)
             self.backoffs.add(row.backoff)
+
+    def park(self, row: _Row) -> None:
+        """A backoff after an overload ended: the task's thread sends it when the window
+        has room (it is not in a call meanwhile)."""
+        with self.lock:
+            self.backoffs.discard(row.backoff)
+            row.backoff = None
+        self.parked.append(row)
+        self.wake.set()
 
     def retry(self, row: _Row) -> None:
         """A backoff ended (on the timer's thread): send the next attempt once the rate allows."""
@@ -340,10 +356,15 @@ class _Partition:
         while True:
             wake.clear()
             room, later = 0, None
-            if not exhausted:
-                room, later = admission.room(self.outstanding())
+            parked = self.parked
+            if not exhausted or parked:
+                room, later = admission.room(self.outstanding() - len(parked))
                 room = min(room, _BATCH)
-            if room > 0:
+            while room > 0 and parked:  # refused rows first: they have waited longest
+                self.send(parked.popleft())
+                admission.took(1)
+                room -= 1
+            if room > 0 and not exhausted:
                 before = self.admitted
                 for data in itertools.islice(rows, room):
                     self.admit(data)
