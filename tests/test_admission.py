@@ -11,6 +11,7 @@ import pytest
 
 from timewheel.spark.admission import BURST_S, Admission, check_rate, is_overload
 from timewheel.spark.engines import DispatchConfig
+from timewheel.spark.registry import engine_names, get_engine
 from timewheel.spark.targets import Failure, OnDone
 from timewheel.spark.timewheel_engine import timewheel_engine
 
@@ -38,16 +39,18 @@ def most_in_any_window(stamps: list[float], window_s: float = 1.0) -> int:
     return most
 
 
-def test_a_rate_holds_in_every_one_second_window_bursts_included() -> None:
+@pytest.mark.parametrize("engine", engine_names())
+def test_a_rate_holds_in_every_one_second_window_bursts_included(engine: str) -> None:
     target = Stamped()
     config = DispatchConfig(max_in_flight=64, rate_per_task=300.0)
     start = time.monotonic()
-    outcomes = list(timewheel_engine(iter([{"id": i} for i in range(750)]), target, config))
+    outcomes = list(get_engine(engine)(iter([{"id": i} for i in range(750)]), target, config))
     elapsed = time.monotonic() - start
     assert sorted(o.row["id"] for o in outcomes) == list(range(750))
     assert {o.status for o in outcomes} == {"ok"}
-    # At most the rate plus the bucket's burst in any one-second window ...
-    assert most_in_any_window(target.sent) <= 300 * (1 + BURST_S) + 1
+    # At most the rate plus the bucket's burst in any one-second window (the 5%
+    # leaves room for a thread descheduled between taking its tokens and sending) ...
+    assert most_in_any_window(target.sent) <= 300 * 1.05
     # ... and not far below it either: 750 rows at 300/s take about 2.5 s.
     assert elapsed >= (750 - 300 * BURST_S) / 300
 
