@@ -20,6 +20,7 @@ _BENCHMARKS: list[str] = [
     "timewheel.benchmarks.metrics",
     "timewheel.benchmarks.aio",
     "timewheel.benchmarks.aiotcp",
+    "timewheel.benchmarks.rate",
 ]
 
 
