@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from timewheel.spark import pipeline
-from timewheel.spark.waves import MANIFEST, ORDINAL
+from timewheel.spark.waves import MANIFEST, ORDINAL, WAVE
 
 pytestmark = pytest.mark.spark
 pq = pytest.importorskip("pyarrow.parquet")
@@ -50,7 +50,7 @@ def command(*argv: str) -> list[str]:
 def landed(out: Path) -> list[str]:
     waves = out / "waves"
     return (
-        sorted(p.name for p in waves.iterdir() if p.name.startswith("wave="))
+        sorted(p.name for p in waves.iterdir() if p.name.startswith(f"{WAVE}="))
         if waves.is_dir()
         else []
     )
@@ -87,7 +87,7 @@ def stop_once_landed(argv: list[str], out: Path, waves: int, signum: int) -> tup
 def latest_ok(out: Path) -> int:
     """The rows whose latest committed outcome is ok."""
     table = ds.dataset(out / "waves", format="parquet", partitioning="hive").to_table()
-    frame = table.select([ORDINAL, "status", "wave"]).to_pandas().sort_values("wave")
+    frame = table.select([ORDINAL, "status", WAVE]).to_pandas().sort_values(WAVE)
     return int((frame.groupby(ORDINAL)["status"].last() == "ok").sum())
 
 
@@ -124,7 +124,7 @@ def test_a_run_stopped_any_way_resumes_to_every_row_once(tmp_path: Path) -> None
     assert summary["rows_sent"] == ROWS - ok_before and summary["runs"] == 4
     assert summary["rows"] == ROWS and sum(summary["status"].values()) == ROWS
     rows = pq.read_table(out / "rows")
-    assert ORDINAL not in rows.column_names and "wave" not in rows.column_names
+    assert ORDINAL not in rows.column_names and WAVE not in rows.column_names
     ids = rows.column("id").to_pylist()
     assert sorted(ids) == list(range(ROWS))
     assert sorted(p.name for p in out.iterdir()) == [

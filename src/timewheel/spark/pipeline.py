@@ -465,19 +465,14 @@ def check_remote(url: str) -> None:
         raise ValueError(f"--remote must be sc://HOST[:PORT], got {url!r}")
 
 
-def default_parallelism(spark: Any) -> int:
-    """The task slots Spark offers (``spark.default.parallelism`` on Spark Connect, 2 unset)."""
-    from ._dispatch import task_slots
-
-    return task_slots(spark)
-
-
 def generated_rows(spark: Any, n: int, partitions: int | None = None) -> Any:
     """``n`` rows: ``id``, an ``account`` (100,003 distinct values) and an ``amount``."""
     from pyspark.sql import functions as F
 
+    from ._dispatch import task_slots
+
     if partitions is None:
-        partitions = max(default_parallelism(spark), math.ceil(n / _ROWS_PER_PARTITION))
+        partitions = max(task_slots(spark), math.ceil(n / _ROWS_PER_PARTITION))
     return spark.range(n, numPartitions=partitions).select(
         "id",
         (F.col("id") * 7919 % 100_003).alias("account"),

@@ -23,20 +23,24 @@ from typing import Any
 
 __all__ = [
     "MANIFEST",
+    "MIN_WAVES",
+    "MIN_WAVE_ROWS",
     "ORDINAL",
     "WAVE",
     "Manifest",
     "input_fingerprint",
     "landed_waves",
     "wave_count",
+    "wave_dir",
 ]
 
 #: The manifest's name inside ``--output``.
 MANIFEST = "manifest.json"
 #: The hidden column numbering the input's rows (taken off the final output).
 ORDINAL = "__timewheel_row"
-#: The partition column of the waves directory (``waves/wave=00003``).
-WAVE = "wave"
+#: The partition column of the waves directory (``waves/__timewheel_wave=00003``): a name
+#: no input column has, since the waves' rows carry the input's columns.
+WAVE = "__timewheel_wave"
 #: A run's waves are at most this share of its rows, so a run stopped at any point
 #: leaves at most one unfinished wave (1/MIN_WAVES of the rows) to send again.
 MIN_WAVES = 50
