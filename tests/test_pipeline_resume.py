@@ -21,12 +21,12 @@ pytestmark = pytest.mark.spark
 pq = pytest.importorskip("pyarrow.parquet")
 ds = pytest.importorskip("pyarrow.dataset")
 
-ROWS = 4000
+ROWS = 2000
 RUN = [
     "--generate",
     str(ROWS),
     "--wave-rows",
-    "400",
+    "250",
     "--partitions",
     "2",
     "--master",
@@ -71,7 +71,7 @@ def stop_once_landed(argv: list[str], out: Path, waves: int, signum: int) -> tup
         command(*argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as proc:
         try:
-            deadline = time.monotonic() + 240
+            deadline = time.monotonic() + 400
             while len(landed(out)) < waves:
                 assert proc.poll() is None, proc.communicate()
                 assert time.monotonic() < deadline, "no wave landed in time"

@@ -847,7 +847,7 @@ class _Job:
             for k in range(waves):
                 self.raise_if_signalled()
                 part = todo if waves == 1 else todo.filter(F.pmod(F.xxhash64(spread), waves) == k)
-                if args.partitions:
+                if args.partitions and args.input:  # generated rows are made so
                     part = part.repartition(args.partitions)
                 result = self.dispatch(part, None if self.connect else progress, reports)
                 self.commit(result, first + k, progress)
