@@ -170,3 +170,15 @@ def test_bad_rates_are_refused_by_name(rate: Any, error: type[Exception]) -> Non
 def test_overload_is_429_or_503_only() -> None:
     assert is_overload(Failure("HTTP 429: x", 1.0)) and is_overload("HTTP 503: busy")
     assert not is_overload("HTTP 500: boom") and not is_overload(None)
+
+
+def test_with_a_rate_the_window_starts_small_and_grows_only_while_it_holds_calls_back() -> None:
+    admission = Admission(256, 100.0)  # a burst of 2 tokens: a window of 4 calls
+    assert admission.window == 4
+    assert admission.room(0) == (2, None)  # the tokens hold the calls back ...
+    admission.succeeded()
+    assert admission.window == 4  # ... so answers do not widen the window
+    assert admission.room(4)[0] == 0  # the window holds them back ...
+    admission.succeeded()
+    assert admission.window == 5  # ... so each answer widens it by one (slow start)
+    assert Admission(256, None).window == 256  # without a rate: all of max_in_flight

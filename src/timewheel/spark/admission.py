@@ -7,6 +7,10 @@ Every engine asks an :class:`Admission` before it starts a call:
   share (so a task never sends more than ``1.02`` times its share in any one-second
   window, plus one call). ``dispatch`` makes ``n`` the task slots Spark runs at once,
   so the tasks together stay within the job's rate. Retries take tokens too.
+* **Slow start.** With a ``rate``, the window starts at a few calls and grows by one
+  with each answer until it reaches ``max_in_flight`` or the first refusal, and only
+  while it is what holds calls back (not the tokens): so few calls are ever queued in a
+  target (say, while it connects) to reach the service at once above the rate.
 * **Adaptive window.** A call refused with HTTP 429 or 503 (the service is overloaded)
   halves the calls the task keeps in flight (at most once per round of calls) and
   holds new calls until the answer's ``Retry-After`` has passed; each success then
@@ -53,13 +57,21 @@ class Admission:
 
     def __init__(self, max_in_flight: int, rate: float | None) -> None:
         self.ceiling = max_in_flight
-        #: Calls this task may have out now (AIMD between 1 and max_in_flight).
-        self.window = float(max_in_flight)
         self.rate = rate
         self.burst = max(1.0, rate * BURST_S) if rate else 0.0
+        #: Calls this task may have out now (AIMD between 1 and max_in_flight). With a
+        #: rate it starts small and doubles each round of answers (slow start): calls
+        #: handed to a target that is still connecting would otherwise queue there and
+        #: reach the service together, above the rate.
+        self.window = float(
+            max_in_flight if rate is None else min(max_in_flight, 2 + int(self.burst))
+        )
+        # Below it the window grows by one call per answer, above it by one per round.
+        self.threshold = float(max_in_flight)
         self.tokens = self.burst
         self.stamp = time.monotonic()
         self.paused_until = 0.0
+        self.held_by_window = False
         # The calls started so far, and how many had started at the last cut: only a
         # call started after it may cut the window again (once per round of calls).
         self.started = 0
@@ -72,6 +84,9 @@ class Admission:
         if now < self.paused_until:
             return 0, self.paused_until - now
         room = int(self.window) - outstanding
+        # The window grows only while it is what holds calls back: under a rate it stays
+        # near what the rate needs, so calls a stalled thread releases at once are few.
+        self.held_by_window = room <= 0
         if room <= 0 or self.rate is None:
             return max(room, 0), None
         with self._lock:
@@ -104,9 +119,11 @@ class Admission:
         self.stamp = now
 
     def succeeded(self) -> None:
-        """A call succeeded: widen the window by 1/window (one call per round)."""
-        if self.window < self.ceiling:
-            self.window = min(float(self.ceiling), self.window + 1.0 / self.window)
+        """A call succeeded: widen the window by one call (slow start) or 1/window (one
+        call per round)."""
+        if self.window < self.ceiling and (self.held_by_window or self.rate is None):
+            grow = 1.0 if self.window < self.threshold else 1.0 / self.window
+            self.window = min(float(self.ceiling), self.window + grow)
 
     def overloaded(self, started: int, retry_after_s: float | None) -> None:
         """A call sent when ``started`` calls had started was refused as overload: halve
@@ -114,6 +131,6 @@ class Admission:
         calls for ``retry_after_s``."""
         if started >= self.cut_at:
             self.cut_at = self.started
-            self.window = max(1.0, self.window / 2)
+            self.window = self.threshold = max(1.0, self.window / 2)
         if retry_after_s:
             self.paused_until = max(self.paused_until, time.monotonic() + retry_after_s)
