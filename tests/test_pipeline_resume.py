@@ -86,7 +86,10 @@ def stop_once_landed(argv: list[str], out: Path, waves: int, signum: int) -> tup
 
 def latest_ok(out: Path) -> int:
     """The rows whose latest committed outcome is ok."""
-    table = ds.dataset(out / "waves", format="parquet", partitioning="hive").to_table()
+    waves = ds.dataset(
+        out / "waves", format="parquet", partitioning="hive", ignore_prefixes=[".", "_SUCCESS"]
+    )
+    table = waves.to_table()
     frame = table.select([ORDINAL, "status", WAVE]).to_pandas().sort_values(WAVE)
     return int((frame.groupby(ORDINAL)["status"].last() == "ok").sum())
 
