@@ -21,6 +21,7 @@ _BENCHMARKS: list[str] = [
     "timewheel.benchmarks.aio",
     "timewheel.benchmarks.aiotcp",
     "timewheel.benchmarks.rate",
+    "timewheel.benchmarks.resume",
 ]
 
 
