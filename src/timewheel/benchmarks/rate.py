@@ -124,12 +124,12 @@ def main(args: argparse.Namespace) -> int:
         stdout=subprocess.PIPE,
         text=True,
     )
-    spark = None
+    spark, owned = None, False
     try:
         assert server.stdout is not None
         port = int(server.stdout.readline().split()[1])
         base = f"http://127.0.0.1:{port}"
-        spark, _ = spark_session(args.master, "timewheel bench rate")
+        spark, owned = spark_session(args.master, "timewheel bench rate")
         target = HttpDownstream(f"{base}/ingest")
         print(f"{'rate':>8} {'rows':>8} {'max_1s':>8} {'max/rate':>9} {'mean/rate':>10}")
         for rate in rates:
@@ -153,7 +153,7 @@ def main(args: argparse.Namespace) -> int:
                 flush=True,
             )
     finally:
-        if spark is not None:
+        if owned:
             spark.stop()
         server.terminate()
         server.wait(timeout=30)
