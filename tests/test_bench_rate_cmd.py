@@ -12,7 +12,7 @@ from timewheel.benchmarks import rate as bench
 
 def test_most_in_a_window_slides() -> None:
     assert bench.most_in_a_window([]) == 0
-    assert bench.most_in_a_window([0.0, 0.5, 0.99, 1.0, 1.2]) == 3
+    assert bench.most_in_a_window([0.0, 0.5, 0.99, 1.0, 1.2]) == 4  # [0.5, 1.5)
     assert bench.most_in_a_window([0.0, 0.9, 1.8, 2.7]) == 2
 
 
