@@ -25,7 +25,7 @@ pytest.importorskip("grpc")
 
 import timewheel  # noqa: E402
 from test_spark_cluster import SPARK_HOME, free_port, stop  # noqa: E402
-from timewheel.spark import dispatch  # noqa: E402
+from timewheel.spark import dispatch, output_schema  # noqa: E402
 from timewheel.spark.targets import SimulatedDownstream  # noqa: E402
 
 pytestmark = [
@@ -109,7 +109,8 @@ def test_dispatch_on_connect_returns_every_row_once(session: Any) -> None:
     assert {r["status"] for r in shared} == {"ok"}
     limited = dispatch(df.limit(200), target, id_col="id", rate=400.0).collect()
     assert sorted(r["id"] for r in limited) == list(range(200))
-    again = dispatch(df, target, id_col="id", resume_from=session.createDataFrame(out)).collect()
+    previous = session.createDataFrame(out, schema=output_schema(df.schema))
+    again = dispatch(df, target, id_col="id", resume_from=previous).collect()
     assert sorted(r["id"] for r in again) == list(range(3000))
 
 
