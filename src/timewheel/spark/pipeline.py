@@ -820,6 +820,11 @@ class _Job:
         else:
             manifest = previous
             self.waves_dir.mkdir(parents=True, exist_ok=True)
+            # What a driver killed while it made the final output left next to it.
+            name = self.out_dir.name
+            for stale in self.out_dir.parent.glob(f".{name}.*"):
+                if stale.name.endswith((".partial", ".old")):
+                    shutil.rmtree(stale, ignore_errors=True)
         manifest.runs += 1
         manifest.write()
         landed = landed_waves(self.waves_dir)
