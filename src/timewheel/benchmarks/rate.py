@@ -153,7 +153,7 @@ def main(args: argparse.Namespace) -> int:
                 flush=True,
             )
     finally:
-        if owned:
+        if owned and spark is not None:
             spark.stop()
         server.terminate()
         server.wait(timeout=30)
