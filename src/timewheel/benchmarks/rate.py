@@ -108,10 +108,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..spark import dispatch
-    from ..spark.pipeline import spark_session
-    from ..spark.targets import HttpDownstream
-
     try:
         rates = [float(r) for r in args.rates.split(",") if r.strip()]
         if not rates or min(rates) <= 0:
@@ -119,11 +115,23 @@ def main(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"bench rate: --rates must be numbers > 0, got {args.rates!r}", file=sys.stderr)
         return 2
-    server = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-m", "timewheel.benchmarks.rate", "--serve"],
         stdout=subprocess.PIPE,
         text=True,
-    )
+    ) as server:
+        try:
+            _measure(server, args, rates)
+        finally:
+            server.terminate()
+    return 0
+
+
+def _measure(server: subprocess.Popen[str], args: argparse.Namespace, rates: list[float]) -> None:
+    from ..spark import dispatch
+    from ..spark.pipeline import spark_session
+    from ..spark.targets import HttpDownstream
+
     spark, owned = None, False
     try:
         assert server.stdout is not None
@@ -155,9 +163,6 @@ def main(args: argparse.Namespace) -> int:
     finally:
         if owned and spark is not None:
             spark.stop()
-        server.terminate()
-        server.wait(timeout=30)
-    return 0
 
 
 if __name__ == "__main__":
