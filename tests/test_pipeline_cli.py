@@ -320,3 +320,17 @@ def test_executors_that_cannot_import_timewheel_are_one_line_exit_1(tmp_path: Pa
         "docs/spark.md"
     ], done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_dedupe_col_and_rate_in_the_summary(spark: Any, tmp_path: Path) -> None:
+    csv = tmp_path / "lookups.csv"
+    csv.write_text("id,city\n" + "".join(f"{i},{i % 9 if i % 5 else ''}\n" for i in range(300)))
+    out = tmp_path / "out"
+    argv = ["--input", str(csv), "--output", str(out), "--target", "sim://?pct50=1&pct75=2"]
+    assert run_cli([*argv, "--dedupe-col", "city", "--rate", "2000", "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    # 240 rows name one of 9 cities: 231 of them shared another row's request.
+    assert summary["rows"] == 300 and summary["requests_saved"] == 240 - 9
+    assert summary["rate"] == 2000.0 and summary["rows_sent"] == 300 and summary["runs"] == 1
+    rows = spark.read.parquet(str(out / "rows"))
+    assert rows.select("id").distinct().count() == 300
