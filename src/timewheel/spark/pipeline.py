@@ -854,7 +854,8 @@ class _Job:
                 part = todo if waves == 1 else todo.filter(F.pmod(F.xxhash64(spread), waves) == k)
                 if args.partitions and args.input:  # generated rows are made so
                     part = part.repartition(args.partitions)
-                result = self.dispatch(part, None if self.connect else progress, reports)
+                accumulator = None if reports is None else reports.accumulator
+                result = self.dispatch(part, None if self.connect else progress, accumulator)
                 self.commit(result, first + k, progress)
         elapsed = time.monotonic() - start
         self.raise_if_signalled()
