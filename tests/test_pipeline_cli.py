@@ -334,3 +334,22 @@ def test_dedupe_col_and_rate_in_the_summary(spark: Any, tmp_path: Path) -> None:
     assert summary["rate"] == 2000.0 and summary["rows_sent"] == 300 and summary["runs"] == 1
     rows = spark.read.parquet(str(out / "rows"))
     assert rows.select("id").distinct().count() == 300
+
+
+def test_the_row_ordinal_never_reaches_the_target(spark: Any, tmp_path: Path) -> None:
+    import threading
+
+    from timewheel.spark.waves import ORDINAL
+
+    seen: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    class Recording:
+        def submit(self, row: dict[str, Any], on_done: Any) -> None:
+            with lock:
+                seen.append(row)
+            on_done(True, None)
+
+    wrapped = pipeline.WithoutColumns(Recording(), frozenset({ORDINAL}))
+    wrapped.for_id_col("id").submit({"id": 1, ORDINAL: 7}, lambda ok, error: None)
+    assert seen == [{"id": 1}]

@@ -779,7 +779,7 @@ class _Job:
         try:
             return dispatch(
                 df,
-                self.target,
+                WithoutColumns(self.target, frozenset({ORDINAL})),
                 id_col=args.id_col,
                 key_cols=self.key_cols,
                 timeout_ms=args.timeout_ms,
@@ -928,6 +928,26 @@ class _Job:
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class WithoutColumns:
+    """``target`` given each row without ``hidden`` columns (the pipeline's row ordinal,
+    which is the pipeline's business, not the service's)."""
+
+    def __init__(self, target: Any, hidden: frozenset[str]) -> None:
+        self.target = target
+        self.hidden = hidden
+
+    def submit(self, row: dict[str, Any], on_done: Any) -> Any:
+        hidden = self.hidden
+        return self.target.submit({k: v for k, v in row.items() if k not in hidden}, on_done)
+
+    def for_id_col(self, id_col: str) -> WithoutColumns:
+        derive = getattr(self.target, "for_id_col", None)
+        return self if derive is None else WithoutColumns(derive(id_col), self.hidden)
+
+    def __repr__(self) -> str:
+        return repr(self.target)
 
 
 class _WaveCount:
