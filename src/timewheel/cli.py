@@ -22,6 +22,8 @@ _BENCHMARKS: list[str] = [
     "timewheel.benchmarks.aiotcp",
     "timewheel.benchmarks.aioservice",
     "timewheel.benchmarks.http",
+    "timewheel.benchmarks.rate",
+    "timewheel.benchmarks.resume",
 ]
 
 

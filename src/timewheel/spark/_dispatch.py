@@ -19,14 +19,16 @@ from __future__ import annotations
 import gc
 import pickle
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
 from py4j.protocol import Py4JJavaError
 from pyspark import Accumulator, cloudpickle
 from pyspark.errors import PythonException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql.types import (
     ArrayType,
     DoubleType,
@@ -39,7 +41,8 @@ from pyspark.sql.types import (
 
 from .._validate import check_columns, check_int
 from ._per_process import PerProcess
-from .engines import RESULT_COLUMNS, DispatchConfig, Outcome
+from .admission import check_rate
+from .engines import OK, RESULT_COLUMNS, DispatchConfig, Outcome
 from .registry import DEFAULT_ENGINE, get_engine
 from .replies import REPLY_COLUMN, ReplyParser, reply_struct
 from .worker_metrics import PartitionCounts, worker_metrics
@@ -50,7 +53,9 @@ __all__ = [
     "MAX_RETRIES",
     "check_workers",
     "dispatch",
+    "is_connect",
     "output_schema",
+    "task_slots",
 ]
 
 # The Spark and Arrow type of each result column, and whether it may be null.
@@ -100,6 +105,7 @@ def _validate(
     retries: Any,
     backoff_ms: Any,
     engine: Any,
+    dedupe_col: Any = None,
 ) -> DispatchConfig:
     if not isinstance(df, DataFrame):
         raise TypeError(f"df must be a pyspark.sql.DataFrame, got {type(df).__name__}")
@@ -111,10 +117,21 @@ def _validate(
     for col in check_columns("key_cols", key_cols):
         if col not in columns:
             raise ValueError(f"key column {col!r} is not a column of df; columns: {columns}")
-    for field in df.schema.fields:
-        if field.name in key_cols and isinstance(field.dataType, _NESTED_TYPES):
+    if dedupe_col is not None:
+        if not isinstance(dedupe_col, str):
+            raise TypeError(f"dedupe_col must be a column name (str) or None, got {dedupe_col!r}")
+        if dedupe_col not in columns:
+            raise ValueError(f"dedupe_col {dedupe_col!r} is not a column of df; columns: {columns}")
+        if key_cols:
             raise ValueError(
-                f"key column {field.name!r} has type {field.dataType.simpleString()}: key values "
+                "dedupe_col and key_cols cannot be combined: rows are partitioned by one "
+                "column, and each needs its own"
+            )
+    for field in df.schema.fields:
+        if field.name in (*key_cols, dedupe_col) and isinstance(field.dataType, _NESTED_TYPES):
+            what = "dedupe_col" if field.name == dedupe_col else "key column"
+            raise ValueError(
+                f"{what} {field.name!r} has type {field.dataType.simpleString()}: its values "
                 "must be hashable scalars (numbers, strings, dates, binary), not arrays, maps "
                 "or structs"
             )
@@ -150,6 +167,7 @@ class _PartitionDispatch:
         progress: Accumulator[int] | None = None,
         reports: Accumulator[Any] | None = None,
         reply: StructType | None = None,
+        dedupe_col: str | None = None,
     ) -> None:
         self.engine = engine
         self.target = target
@@ -157,6 +175,7 @@ class _PartitionDispatch:
         self.progress = progress
         self.reports = reports
         self.reply = reply
+        self.dedupe_col = dedupe_col
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         engine = get_engine(self.engine)
@@ -177,9 +196,15 @@ class _PartitionDispatch:
                 for values in zip(*[column.to_pylist() for column in batch.columns]):
                     yield dict(zip(names, values))
 
+        def run(rows: Iterable[dict[str, Any]]) -> Iterator[Outcome]:
+            return engine(rows, self.target, self.config)
+
+        outcomes = (
+            run(rows()) if self.dedupe_col is None else sent_once(rows(), self.dedupe_col, run)
+        )
         out: list[Outcome] = []
         try:
-            for outcome in engine(rows(), self.target, self.config):
+            for outcome in outcomes:
                 out.append(outcome)
                 if len(out) == _OUT_BATCH_ROWS:
                     yield self._batch(out, schemas[0], counts, parser)
@@ -219,6 +244,50 @@ class _PartitionDispatch:
         return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
+def sent_once(
+    rows: Iterable[dict[str, Any]],
+    col: str,
+    run: Callable[[Iterable[dict[str, Any]]], Iterator[Outcome]],
+) -> Iterator[Outcome]:
+    """``run`` the first row of each value of ``col``; every other row with that value gets
+    a copy of its outcome (with its own row). Rows come sorted by ``col``, so a value
+    never comes back once another has started; a null value is no request to share.
+    """
+    waiting: dict[Any, list[dict[str, Any]]] = {}  # value -> its rows after the first
+    finished: dict[Any, Outcome] = {}  # the values of the current run whose outcome is in
+    ready: deque[Outcome] = deque()
+    current: list[Any] = [None]
+
+    def firsts() -> Iterator[dict[str, Any]]:
+        for row in rows:
+            value = row[col]
+            if value is None:
+                yield row
+                continue
+            if value != current[0]:
+                current[0] = value
+                finished.clear()  # sorted: the values before will not come again
+            if value in finished:
+                ready.append(finished[value]._replace(row=row))
+            elif value in waiting:
+                waiting[value].append(row)
+            else:
+                waiting[value] = []
+                yield row
+
+    for outcome in run(firsts()):
+        yield outcome
+        value = outcome.row[col]
+        if value is not None:
+            if value == current[0]:
+                finished[value] = outcome
+            ready.extend(outcome._replace(row=row) for row in waiting.pop(value, ()))
+        while ready:
+            yield ready.popleft()
+    while ready:
+        yield ready.popleft()
+
+
 def _freeze_heap() -> None:
     """Move what this worker has loaded out of the garbage collector's way.
 
@@ -241,33 +310,67 @@ def _probe(_: Iterable[int]) -> Iterator[str]:
     yield sys.executable
 
 
-# The Spark applications whose executors have imported timewheel once already.
+def _probe_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The same probe as a ``mapInArrow`` function, the form Spark Connect runs."""
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"python": [sys.executable]})
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no SparkContext, no accumulators)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def task_slots(spark: Any) -> int:
+    """How many tasks Spark runs at once: its default parallelism.
+
+    On Spark Connect (no SparkContext) it is read from how ``spark.range`` splits rows.
+    """
+    if not is_connect(spark):
+        return int(spark.sparkContext.defaultParallelism)
+    from pyspark.sql import functions as F
+
+    parts = spark.range(1 << 16).select(F.spark_partition_id().alias("p")).agg(F.max("p"))
+    return int(parts.first()[0]) + 1
+
+
+# The Spark applications (or Connect sessions) whose executors have imported timewheel.
 _WORKERS_CHECKED: set[str] = set()
 
 
-def check_workers(spark: SparkSession) -> None:
+def check_workers(spark: Any) -> None:
     """Make sure Spark's executors can import timewheel: once per application, one tiny task.
 
     Without it, a missing package shows up only after every task has failed its
     attempts, as a Py4J wall of text. Raises RuntimeError saying how to fix it.
     """
-    sc = spark.sparkContext
-    if sc.applicationId in _WORKERS_CHECKED:
+    connect = is_connect(spark)
+    app = f"connect:{spark.session_id}" if connect else spark.sparkContext.applicationId
+    if app in _WORKERS_CHECKED:
         return
     try:
-        sc.parallelize([0], 1).mapPartitions(_probe).collect()
+        if connect:
+            spark.range(1, numPartitions=1).mapInArrow(_probe_batches, "python string").collect()
+        else:
+            spark.sparkContext.parallelize([0], 1).mapPartitions(_probe).collect()
     except (Py4JJavaError, PythonException) as exc:
         missing = [line for line in str(exc).splitlines() if "ModuleNotFoundError" in line]
         if not missing:
             raise
+        python = (
+            "set by the server's spark.pyspark.python"
+            if connect
+            else repr(spark.sparkContext.pythonExec)
+        )
         raise RuntimeError(
             f"Spark's executors cannot import timewheel ({missing[-1].strip()}); their "
-            f"Python is {sc.pythonExec!r}. Install timewheel-purgatory[spark] there, or set "
+            f"Python is {python}. Install timewheel-purgatory[spark] there, or set "
             "spark.pyspark.python to an interpreter that has it (on one machine: the "
             "driver's, sys.executable; on a cluster: a packed environment shipped with "
             "spark.archives); see 'Running on a cluster' in docs/spark.md"
         ) from None
-    _WORKERS_CHECKED.add(sc.applicationId)
+    _WORKERS_CHECKED.add(app)
 
 
 def dispatch(
@@ -281,6 +384,9 @@ def dispatch(
     retries: int = 2,
     backoff_ms: int = 100,
     reply_schema: str | None = None,
+    rate: float | None = None,
+    dedupe_col: str | None = None,
+    resume_from: DataFrame | None = None,
     _engine: str | None = None,
     _progress: Accumulator[int] | None = None,
     _reports: Accumulator[Any] | None = None,
@@ -299,6 +405,16 @@ def dispatch(
     most ``max_in_flight`` calls outstanding, times a call out after ``timeout_ms`` and
     retries up to ``retries`` times after about ``backoff_ms`` (with jitter).
 
+    ``rate`` (requests per second, retries included) caps the whole job: the rows are
+    spread over as many partitions as Spark runs tasks at once, each sending its share
+    (see :mod:`timewheel.spark.admission`). Whatever ``rate``, a task that is answered
+    HTTP 429 or 503 keeps fewer calls in flight and waits out ``Retry-After``.
+    ``dedupe_col``: rows with the same (non-null) value there are sent once, by one
+    row, and all of them get that request's outcome, each in its own output row.
+    ``resume_from``: a previous result of this call (say, read back from Parquet);
+    rows whose ``id_col`` value is ``ok`` there are not sent again but come back as
+    they were there (ids must be unique for that to mean one row each).
+
     Every argument is checked before any Spark job runs; a bad one raises ValueError or
     TypeError naming it (``timeout_ms`` and ``backoff_ms`` up to :data:`MAX_DELAY_MS`,
     ``max_in_flight`` up to :data:`MAX_IN_FLIGHT`, ``retries`` up to :data:`MAX_RETRIES`;
@@ -312,13 +428,23 @@ def dispatch(
     ``_progress``, an int accumulator, is given the rows each task finished (the
     CLI's progress bar reads it). ``_reports``, the accumulator of a
     :class:`~timewheel.spark.worker_metrics.WorkerReports`, is given each partition's
-    ``spark_engine`` counts under its worker's name when the partition ends.
+    ``spark_engine`` counts under its worker's name when the partition ends. Spark
+    Connect has no accumulators: there both must be None.
     """
     engine = DEFAULT_ENGINE if _engine is None else _engine
     if callable(getattr(target, "for_id_col", None)) and isinstance(id_col, str):
         target = target.for_id_col(id_col)  # the HTTP target derives its keys from it
     config = _validate(
-        df, target, id_col, key_cols, timeout_ms, max_in_flight, retries, backoff_ms, engine
+        df,
+        target,
+        id_col,
+        key_cols,
+        timeout_ms,
+        max_in_flight,
+        retries,
+        backoff_ms,
+        engine,
+        dedupe_col,
     )
     reply = None if reply_schema is None else reply_struct(reply_schema)
     if reply is not None and REPLY_COLUMN in df.columns:
@@ -330,10 +456,45 @@ def dispatch(
             f"the target's requests name column(s) {missing} that df does not have; "
             f"columns: {df.columns}"
         )
-    check_workers(df.sparkSession)
-    if config.key_cols:
-        df = df.repartition(df.rdd.getNumPartitions(), config.key_cols[0])
-    return df.mapInArrow(
-        _PartitionDispatch(engine, target, config, _progress, _reports, reply),
+    if rate is not None:
+        rate = check_rate(rate)
+    kept = None
+    if resume_from is not None:
+        kept = _kept(df, resume_from, id_col, reply)
+        df = df.join(kept.select(id_col), id_col, "left_anti")
+    spark = df.sparkSession
+    check_workers(spark)
+    connect = is_connect(spark)
+    if connect and (_progress is not None or _reports is not None):
+        raise ValueError("Spark Connect has no accumulators: _progress and _reports must be None")
+    by = config.key_cols[:1] or ((dedupe_col,) if dedupe_col else ())
+    if rate is not None or by:
+        # With a rate, one partition per task slot: each sends an equal share of it.
+        slots = task_slots(spark) if rate is not None or connect else df.rdd.getNumPartitions()
+        df = df.repartition(slots, *by)
+        if rate is not None:
+            config = replace(config, rate_per_task=rate / slots)
+    if dedupe_col:
+        df = df.sortWithinPartitions(dedupe_col)
+    result = df.mapInArrow(
+        _PartitionDispatch(engine, target, config, _progress, _reports, reply, dedupe_col),
         output_schema(df.schema, reply),
     )
+    return result if kept is None else kept.unionByName(result)
+
+
+def _kept(df: DataFrame, previous: Any, id_col: str, reply: StructType | None) -> DataFrame:
+    """The rows of ``previous`` that are done (ok, with an id); ``df`` is left with the rest."""
+    from pyspark.sql import functions as F
+
+    if not isinstance(previous, DataFrame):
+        raise TypeError(
+            f"resume_from must be a DataFrame (a previous result), got {type(previous).__name__}"
+        )
+    wanted = output_schema(df.schema, reply).fieldNames()
+    missing = [name for name in wanted if name not in previous.columns]
+    if missing:
+        raise ValueError(
+            f"resume_from is not a result of dispatch on this df: it lacks columns {missing}"
+        )
+    return previous.filter((F.col("status") == OK) & F.col(id_col).isNotNull()).select(*wanted)

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from .admission import Admission
 from .engines import (
     FAILED,
     OK,
@@ -86,12 +87,23 @@ def _keys(row: dict[str, Any], config: DispatchConfig) -> tuple[Any, ...] | Outc
         return Outcome(row, FAILED, 0, 0.0, key_error(exc, config))
 
 
-def _attempts_blocking(row: dict[str, Any], target: Any, config: DispatchConfig) -> Outcome:
+def _bucket(config: DispatchConfig) -> Admission | None:
+    """The partition's share of ``rate`` (None: no limit); every attempt takes a token."""
+    if config.rate_per_task is None:
+        return None
+    return Admission(config.max_in_flight, config.rate_per_task)
+
+
+def _attempts_blocking(
+    row: dict[str, Any], target: Any, config: DispatchConfig, bucket: Admission | None
+) -> Outcome:
     timeout_s = config.timeout_ms / 1000.0
     start = time.monotonic()
     attempt = 0
     while True:
         attempt += 1
+        while bucket is not None and (wait_s := bucket.take_one()):
+            time.sleep(wait_s)
         try:
             reply = blocking_call(target, row, timeout_s)
         except Exception as exc:
@@ -116,17 +128,18 @@ def threads_engine(
         lambda: ThreadPoolExecutor(config.max_in_flight, thread_name_prefix="timewheel-baseline"),
     )
     latch = _KeyLatch() if config.key_cols else None
+    bucket = _bucket(config)
     done: queue.SimpleQueue[Future[Outcome]] = queue.SimpleQueue()
 
     def one_row(row: dict[str, Any]) -> Outcome:
         if latch is None:
-            return _attempts_blocking(row, target, config)
+            return _attempts_blocking(row, target, config, bucket)
         keys = _keys(row, config)
         if isinstance(keys, Outcome):
             return keys
         latch.acquire(keys)
         try:
-            return _attempts_blocking(row, target, config)
+            return _attempts_blocking(row, target, config, bucket)
         finally:
             latch.release(keys)
 
@@ -163,12 +176,15 @@ def asyncio_engine(
     prims: dict[str, Any] = {}
     tasks: set[asyncio.Task[None]] = set()
     outstanding = 0
+    bucket = _bucket(config)
 
     async def attempts(row: dict[str, Any]) -> Outcome:
         start = time.monotonic()
         attempt = 0
         while True:
             attempt += 1
+            while bucket is not None and (wait_s := bucket.take_one()):
+                await asyncio.sleep(wait_s)
             try:
                 reply = await asyncio.wait_for(async_call(target, row), timeout_s)
             except Exception as exc:

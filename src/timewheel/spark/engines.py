@@ -67,6 +67,8 @@ class DispatchConfig:
     retries: int = 2
     backoff_ms: int = 100
     key_cols: tuple[str, ...] = ()
+    #: This task's share of ``dispatch``'s ``rate`` (requests/s); None: no limit.
+    rate_per_task: float | None = None
 
 
 class Outcome(NamedTuple):

@@ -11,26 +11,40 @@ pyspark and matplotlib are imported when the command runs, not when the CLI star
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import math
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from .. import _atfork
 from .._argtypes import non_negative, positive
-from .engines import FAILED, STATUSES, TIMEOUT
+from .admission import check_rate
+from .engines import FAILED, OK, STATUSES, TIMEOUT
 from .http_target import add_http_options, http_options
 from .registry import DEFAULT_ENGINE
 from .targets import SimulatedDownstream, target_from_url
+from .waves import (
+    MANIFEST,
+    ORDINAL,
+    WAVE,
+    Manifest,
+    input_fingerprint,
+    landed_waves,
+    wave_count,
+    wave_dir,
+)
 
 __all__ = [
     "DEFAULT_MAX_FAILED",
@@ -66,9 +80,14 @@ exit status:
   1  more rows failed or timed out than --max-failed allows, or the run failed
   2  an argument or the input was refused before any row was sent
 
---output is written in full or not at all: the run writes to a hidden directory next
-to it and renames that into place when it has finished. An existing --output is
-refused unless --overwrite is given; then it is replaced whole.
+  130 interrupted (Ctrl-C); 143 stopped by SIGTERM: --output is left resumable
+
+--output is committed as the run goes, in waves that each land whole (its waves/ and
+manifest.json); when every wave has landed it is replaced whole by its final form
+(rows/, summary.json, latency.png, manifest.json). A run that stopped before that
+(killed, interrupted, failed) is finished by the same command with --resume, which
+sends only the rows not yet ok there. An existing --output is refused unless
+--overwrite (replace it) or --resume (finish it) is given.
 """
 
 
@@ -109,6 +128,45 @@ def add_dispatch_options(parser: argparse.ArgumentParser) -> None:
         type=non_negative(int),
         default=100,
         help="wait before a retry, with jitter (default: %(default)s)",
+    )
+
+
+def add_job_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a whole job: its rate, de-duplication, resuming and session."""
+    parser.add_argument(
+        "--rate",
+        type=rate_arg,
+        default=None,
+        metavar="N",
+        help="requests per second for the whole job, however many tasks run (default: no "
+        "limit; 429/503 answers slow it down either way)",
+    )
+    parser.add_argument(
+        "--dedupe-col",
+        default=None,
+        metavar="COLUMN",
+        help="rows with the same value in COLUMN are sent once; each gets that request's "
+        "outcome and its own output row",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish the run that left --output unfinished: send only its rows not yet ok "
+        "(refused if it was made from another input or with other request options)",
+    )
+    parser.add_argument(
+        "--wave-rows",
+        type=positive(int),
+        default=None,
+        metavar="N",
+        help="rows per committed wave (default: 2%% of the rows, at least 10,000)",
+    )
+    parser.add_argument(
+        "--remote",
+        default=None,
+        metavar="sc://HOST:PORT",
+        help="run on a Spark Connect server instead of --master (the server must see "
+        "--output's directory: same machine or shared storage)",
     )
 
 
@@ -158,6 +216,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="comma-separated key columns; rows sharing a value are never in flight together",
     )
     add_dispatch_options(parser)
+    add_job_options(parser)
     parser.add_argument(
         "--partitions",
         type=positive(int),
@@ -230,6 +289,14 @@ def max_failed(text: str) -> float | int:
         raise argparse.ArgumentTypeError(
             f"must be a count >= 0 or a percentage between 0% and 100%, got {text!r}"
         ) from None
+
+
+def rate_arg(text: str) -> float:
+    """``--rate``: requests per second, a finite number > 0."""
+    try:
+        return check_rate(float(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("rate ")) from None
 
 
 def conf_pair(text: str) -> tuple[str, str]:
@@ -379,12 +446,33 @@ def spark_session(
     return session, True
 
 
+def connect_session(url: str, conf: Sequence[tuple[str, str]] = ()) -> tuple[Any, bool]:
+    """A Spark Connect session on ``url`` (``sc://HOST:PORT``) and True (ours to stop)."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.remote(url)
+    for key, value in conf:
+        builder = builder.config(key, value)
+    try:
+        return builder.getOrCreate(), True
+    except Exception as exc:
+        raise UsageError(f"--remote {url!r}: cannot open a session: {one_line(exc)}") from exc
+
+
+def check_remote(url: str) -> None:
+    """Refuse a ``--remote`` that is not a Spark Connect URL."""
+    if not re.fullmatch(r"sc://[^\s/:]+(:\d{1,5})?(/;\S*)?", url):
+        raise ValueError(f"--remote must be sc://HOST[:PORT], got {url!r}")
+
+
 def generated_rows(spark: Any, n: int, partitions: int | None = None) -> Any:
     """``n`` rows: ``id``, an ``account`` (100,003 distinct values) and an ``amount``."""
     from pyspark.sql import functions as F
 
+    from ._dispatch import task_slots
+
     if partitions is None:
-        partitions = max(spark.sparkContext.defaultParallelism, math.ceil(n / _ROWS_PER_PARTITION))
+        partitions = max(task_slots(spark), math.ceil(n / _ROWS_PER_PARTITION))
     return spark.range(n, numPartitions=partitions).select(
         "id",
         (F.col("id") * 7919 % 100_003).alias("account"),
@@ -564,16 +652,35 @@ def one_line(exc: BaseException) -> str:
     return text if len(text) <= 600 else text[:597] + "..."
 
 
-def check_output(out_dir: Path, overwrite: bool) -> None:
-    """Refuse an ``--output`` that is a file, or one that exists without ``--overwrite``."""
+def check_output(out_dir: Path, overwrite: bool, resume: bool) -> Manifest | None:
+    """Refuse an ``--output`` that cannot be used; return the manifest ``--resume`` continues.
+
+    A file, an existing output without ``--overwrite`` or ``--resume``, ``--resume``
+    of an output that has no unfinished run, and a place where nothing can be created
+    are refused here, before Spark starts.
+    """
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--output {str(out_dir)!r} is a file, not a directory")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
-        raise UsageError(f"--output {str(out_dir)!r} exists; give --overwrite to replace it")
+    previous = Manifest.read(out_dir) if out_dir.is_dir() else None
+    if resume:
+        if previous is None:
+            raise UsageError(f"--resume: --output {str(out_dir)!r} holds no run to resume")
+        if previous.complete:
+            raise UsageError(f"--resume: --output {str(out_dir)!r} is complete; nothing to resume")
+    elif out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        unfinished = previous is not None and not previous.complete
+        hint = "--resume to finish it or " if unfinished else ""
+        what = " (a run that did not finish)" if unfinished else ""
+        raise UsageError(
+            f"--output {str(out_dir)!r} exists{what}; give {hint}--overwrite to replace it"
+        )
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
+        # What the run will do there: make a hidden directory (and remove it).
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".probe", dir=out_dir.parent))
     except OSError as exc:
-        raise UsageError(f"cannot make --output {str(out_dir)!r}: {exc}") from exc
+        raise UsageError(f"cannot create --output {str(out_dir)!r}: {exc.strerror or exc}") from exc
+    return previous if resume else None
 
 
 def publish(staging: Path, out_dir: Path) -> None:
@@ -591,12 +698,308 @@ def publish(staging: Path, out_dir: Path) -> None:
         os.replace(staging, out_dir)
 
 
+def run_identity(args: argparse.Namespace, key_cols: list[str], fmt: str | None) -> dict[str, Any]:
+    """What decides which rows there are and what is sent for each: a resumed run must
+    have the same (delivery settings such as --rate or --timeout-ms may change).
+    The input's partitions, known once Spark has read it, are added to it then."""
+    http = json.dumps(http_options(args), sort_keys=True, default=str)
+    return {
+        "input": args.input,
+        "input_files": input_fingerprint(args.input),
+        "format": fmt,
+        "generate": None if args.input else (args.generate or DEMO_ROWS),
+        "partitions": args.partitions,
+        "target": args.target,
+        # A digest: the headers may hold a token, which has no place on disk.
+        "http_options": hashlib.sha256(http.encode()).hexdigest(),
+        "id_col": args.id_col,
+        "key_cols": key_cols,
+        "dedupe_col": args.dedupe_col,
+        # The output's columns: a resumed run's rows must have the same reply struct.
+        "reply_schema": args.reply_schema,
+    }
+
+
+def check_resumable(out_dir: Path, previous: Manifest, identity: dict[str, Any]) -> None:
+    """Refuse ``--resume`` of an output made from another input or other request options."""
+    reason = previous.mismatch(identity)
+    if reason is not None:
+        raise UsageError(f"--resume: --output {str(out_dir)!r} cannot be resumed: {reason}")
+
+
+class _Job:
+    """One run of the pipeline on ``out_dir``: its waves, their commits, the final output."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        spark: Any,
+        target: Any,
+        max_in_flight: int,
+        key_cols: list[str],
+        out_dir: Path,
+    ) -> None:
+        self.args = args
+        self.spark = spark
+        self.target = target
+        self.max_in_flight = max_in_flight
+        self.key_cols = key_cols
+        self.out_dir = out_dir
+        self.waves_dir = out_dir / "waves"
+        from ._dispatch import is_connect
+
+        self.connect = is_connect(spark)
+        # Hidden directories this run is writing: removed however it ends.
+        self.staging: list[Path] = []
+
+    @contextlib.contextmanager
+    def signals(self) -> Iterator[None]:
+        """While the run lasts, SIGINT and SIGTERM cancel Spark's jobs (from a thread: a
+        signal must not cut a Py4J call short) and the run ends at once, cleaning up;
+        a second signal interrupts at once."""
+        self.signalled: int | None = None
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_signal(signum: int, frame: Any) -> None:
+            if self.signalled is not None:
+                raise KeyboardInterrupt
+            self.signalled = signum
+            threading.Thread(target=self.cancel, name="timewheel-cancel", daemon=True).start()
+
+        old = {signum: signal.signal(signum, on_signal) for signum in _STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for signum, handler in old.items():
+                signal.signal(signum, handler)
+
+    def raise_if_signalled(self) -> None:
+        """End the run as the signal that arrived asks (KeyboardInterrupt or Stopped)."""
+        if self.signalled == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        if self.signalled is not None:
+            raise Stopped from None
+
+    def cancel(self) -> None:
+        """Cancel every Spark job the run has started."""
+        with contextlib.suppress(Exception):
+            if self.connect:
+                self.spark.interruptAll()
+            else:
+                self.spark.sparkContext.cancelAllJobs()
+
+    def dispatch(self, df: Any, progress: Any = None, reports: Any = None) -> Any:
+        from . import dispatch
+
+        args = self.args
+        try:
+            return dispatch(
+                df,
+                WithoutColumns(self.target, frozenset({ORDINAL})),
+                id_col=args.id_col,
+                key_cols=self.key_cols,
+                timeout_ms=args.timeout_ms,
+                max_in_flight=self.max_in_flight,
+                retries=args.retries,
+                backoff_ms=args.backoff_ms,
+                rate=args.rate,
+                dedupe_col=args.dedupe_col,
+                reply_schema=args.reply_schema,
+                _engine=args.engine,
+                _progress=progress,
+                _reports=reports,
+            )
+        except (TypeError, ValueError) as exc:
+            raise UsageError(str(exc)) from exc
+
+    def run(self, fmt: str | None, previous: Manifest | None, reports: Any) -> dict[str, Any]:
+        from pyspark.sql import functions as F
+
+        args, spark = self.args, self.spark
+        if args.input and fmt:
+            df = read_input(spark, args.input, fmt)
+            partitions = None if self.connect else df.rdd.getNumPartitions()
+        else:
+            partitions = args.partitions
+            df = generated_rows(spark, args.generate or DEMO_ROWS, partitions)
+        # The ordinal numbers the rows as read (partition and place in it), so the same
+        # input read again numbers them alike: a resumed run knows its rows by it.
+        base = df.withColumn(ORDINAL, F.monotonically_increasing_id())
+        identity = {**run_identity(args, self.key_cols, fmt), "input_partitions": partitions}
+        if previous is not None:
+            check_resumable(self.out_dir, previous, identity)
+        self.dispatch(base)  # every argument checked, and the executors, before --output changes
+        if previous is None:
+            if self.out_dir.exists():  # --overwrite, checked before Spark started
+                shutil.rmtree(self.out_dir)
+            self.waves_dir.mkdir(parents=True)
+            manifest = Manifest(self.out_dir, identity)
+        else:
+            manifest = previous
+            self.waves_dir.mkdir(parents=True, exist_ok=True)
+            # What a driver killed while it made the final output left next to it.
+            name = self.out_dir.name
+            for stale in self.out_dir.parent.glob(f".{name}.*"):
+                if stale.name.endswith((".partial", ".old")):
+                    shutil.rmtree(stale, ignore_errors=True)
+        manifest.runs += 1
+        manifest.write()
+        landed = landed_waves(self.waves_dir)
+        todo = base
+        if landed:  # a resumed run: the rows whose latest outcome is ok are done
+            done = latest(spark.read.parquet(str(self.waves_dir)))
+            todo = base.join(
+                done.filter(F.col("status") == OK).select(ORDINAL), ORDINAL, "left_anti"
+            )
+        sending = todo.count()
+        waves = wave_count(sending, args.wave_rows)
+        first = landed[-1] + 1 if landed else 0
+        # Rows sharing a request go to one wave, so one request serves them all.
+        spread = F.col(args.dedupe_col) if args.dedupe_col else F.col(ORDINAL)
+        if not args.quiet:
+            where = args.remote or args.master
+            resumed = f" ({len(landed)} waves committed before)" if landed else ""
+            _note(
+                f"dispatching {sending:,} rows in {waves} waves to {self.target!r} "
+                f"on {where}{resumed}"
+            )
+        progress = _WaveCount() if self.connect else spark.sparkContext.accumulator(0)
+        start = time.monotonic()
+        with Progress(progress, sending, args.quiet):
+            for k in range(waves):
+                self.raise_if_signalled()
+                part = todo if waves == 1 else todo.filter(F.pmod(F.xxhash64(spread), waves) == k)
+                if args.partitions and args.input:  # generated rows are made so
+                    part = part.repartition(args.partitions)
+                accumulator = None if reports is None else reports.accumulator
+                result = self.dispatch(part, None if self.connect else progress, accumulator)
+                self.commit(result, first + k, progress)
+        elapsed = time.monotonic() - start
+        self.raise_if_signalled()
+        return self.finish(manifest, elapsed, sending)
+
+    def commit(self, result: Any, number: int, progress: Any) -> None:
+        """Write one wave where no reader looks, then rename it into place: whole or absent."""
+        staging = self.waves_dir / f".{WAVE}={number:05d}.partial"
+        self.staging.append(staging)
+        result.write.parquet(str(staging))
+        if isinstance(progress, _WaveCount):  # no accumulator on Connect: count the wave
+            progress.value += self.spark.read.parquet(str(staging)).count()
+        os.replace(staging, wave_dir(self.waves_dir, number))
+        self.staging.remove(staging)
+
+    def finish(self, manifest: Manifest, elapsed: float, sent: int) -> dict[str, Any]:
+        """Make the final output from the waves and put it in place of ``--output``, whole."""
+        from pyspark.sql import functions as F
+
+        args, out_dir = self.args, self.out_dir
+        staging = Path(
+            tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent)
+        )
+        self.staging.append(staging)
+        waves = self.spark.read.parquet(str(self.waves_dir))
+        final = latest(waves) if manifest.runs > 1 else waves
+        final.drop(ORDINAL, WAVE).write.parquet(str(staging / "rows"))
+        # Read the written rows back: recomputing the result would call the target again.
+        written = self.spark.read.parquet(str(staging / "rows"))
+        summary = summarize(written, elapsed)
+        summary.update(
+            target=repr(self.target),
+            master=args.remote or args.master,
+            engine=args.engine or DEFAULT_ENGINE,
+            timeout_ms=args.timeout_ms,
+            max_in_flight=self.max_in_flight,
+            retries=args.retries,
+            backoff_ms=args.backoff_ms,
+            key_cols=self.key_cols,
+            rate=args.rate,
+            max_failed=_limit_text(args.max_failed),
+            max_failed_rows=failure_budget(args.max_failed, summary["rows"]),
+            # This run's share: a resumed run sends only what was not ok yet.
+            rows_sent=sent,
+            runs=manifest.runs,
+        )
+        if args.dedupe_col:
+            shared = written.filter(F.col(args.dedupe_col).isNotNull())
+            summary["requests_saved"] = (
+                shared.count() - shared.select(args.dedupe_col).distinct().count()
+            )
+        (staging / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        latency_histogram(written, staging / "latency.png")
+        manifest.complete = True
+        manifest.write(staging / MANIFEST)
+        publish(staging, out_dir)
+        self.staging.remove(staging)
+        return summary
+
+    def stop(self, owned: bool) -> None:
+        """However the run ended: stop Spark's jobs (and Spark, if the run started it),
+        then remove the hidden directories it was writing."""
+        if self.staging:  # ended early: no task may go on writing into them
+            self.cancel()
+        if owned:
+            with contextlib.suppress(Exception):
+                self.spark.stop()
+        for path in self.staging:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class WithoutColumns:
+    """``target`` given each row without ``hidden`` columns (the pipeline's row ordinal,
+    which is the pipeline's business, not the service's)."""
+
+    def __init__(self, target: Any, hidden: frozenset[str]) -> None:
+        self.target = target
+        self.hidden = hidden
+
+    def submit(self, row: dict[str, Any], on_done: Any) -> Any:
+        hidden = self.hidden
+        return self.target.submit({k: v for k, v in row.items() if k not in hidden}, on_done)
+
+    def columns(self) -> tuple[str, ...]:
+        """The columns the target's requests name (checked against the input before a job)."""
+        named = getattr(self.target, "columns", None)
+        return tuple(named()) if callable(named) else ()
+
+    def for_id_col(self, id_col: str) -> WithoutColumns:
+        derive = getattr(self.target, "for_id_col", None)
+        return self if derive is None else WithoutColumns(derive(id_col), self.hidden)
+
+    def __repr__(self) -> str:
+        return repr(self.target)
+
+
+class _WaveCount:
+    """The progress bar's count on Spark Connect (which has no accumulators): wave by wave."""
+
+    value = 0
+
+
+def latest(waves: Any) -> Any:
+    """Each row's latest outcome among ``waves`` (a resumed run may have sent it again)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    order = Window.partitionBy(ORDINAL).orderBy(F.col(WAVE).desc())
+    return (
+        waves.withColumn("__timewheel_n", F.row_number().over(order))
+        .filter(F.col("__timewheel_n") == 1)
+        .drop("__timewheel_n")
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the pipeline and print the summary; return the exit status.
 
     0: every row accounted for, no more failed or timed-out rows than ``--max-failed``;
     1: more than that, or the run failed; 2: an argument or input was refused before
-    any row was sent. Errors are one line on stderr (``--debug``: the traceback).
+    any row was sent; 130 (Ctrl-C) and 143 (SIGTERM): stopped, the output left
+    resumable. Errors are one line on stderr (``--debug``: the traceback).
     """
     try:
         return run(args)
@@ -605,11 +1008,22 @@ def main(args: argparse.Namespace) -> int:
             raise
         _note(f"error: {exc}")
         return 2
+    except (KeyboardInterrupt, Stopped) as exc:
+        code = 143 if isinstance(exc, Stopped) else 130
+        _note(
+            f"{'stopped by SIGTERM' if code == 143 else 'interrupted'}; --output "
+            f"{args.output!r} keeps the waves that landed (finish it with --resume)"
+        )
+        return code
     except Exception as exc:
         if args.debug:
             raise
         _note(f"error: {one_line(exc)}")
         return 1
+
+
+class Stopped(BaseException):
+    """SIGTERM arrived during the run: it ends as an interrupted run does."""
 
 
 def _note(text: str) -> None:
@@ -634,89 +1048,57 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, *, report_workers: bool) -> int:
-    from . import dispatch
     from .worker_metrics import WorkerReports
 
     try:
         target = target_from_url(args.target, **http_options(args))
-        check_master(args.master)
+        if args.remote is None:
+            check_master(args.master)
+        else:
+            check_remote(args.remote)
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
+    if args.remote is not None and report_workers:
+        raise UsageError(
+            "--metrics-port: the workers' counters travel to the driver in an accumulator, "
+            "which Spark Connect does not have; leave out --metrics-port with --remote"
+        )
+    if args.resume and args.overwrite:
+        raise UsageError("--resume finishes --output and --overwrite replaces it: give one")
     max_in_flight = resolve_max_in_flight(args.max_in_flight, target)
     key_cols = [c.strip() for c in args.key_cols.split(",") if c.strip()]
     fmt = input_format(args.input, args.format) if args.input else None
     out_dir = Path(args.output)
-    check_output(out_dir, args.overwrite)
+    previous = check_output(out_dir, args.overwrite, args.resume)
+    if previous is not None:  # all but the input's partitions, before Spark starts
+        partitions = previous.identity.get("input_partitions")
+        identity = {**run_identity(args, key_cols, fmt), "input_partitions": partitions}
+        check_resumable(out_dir, previous, identity)
     # A failed task's log is pages of traceback; the error that ends the run is printed in
     # one line instead (all of it with --debug).
     log_level = "WARN" if args.debug else "FATAL"
-    spark, owned = spark_session(
-        args.master, "timewheel pipeline", args.conf, args.python, log_level
-    )
-    staging = Path(
-        tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent)
-    )
+    if args.remote is None:
+        spark, owned = spark_session(
+            args.master, "timewheel pipeline", args.conf, args.python, log_level
+        )
+    else:
+        spark, owned = connect_session(args.remote, args.conf)
+    job = _Job(args, spark, target, max_in_flight, key_cols, out_dir)
     reports: WorkerReports | None = None
     try:
-        if args.input and fmt:
-            df = read_input(spark, args.input, fmt)
-            if args.partitions:
-                df = df.repartition(args.partitions)
-            total = df.count()
-        else:
-            total = args.generate or DEMO_ROWS
-            df = generated_rows(spark, total, args.partitions)
-        progress = spark.sparkContext.accumulator(0)
         if report_workers:  # registered on the driver for the endpoint, closed below
             reports = WorkerReports(spark.sparkContext)
-        try:
-            result = dispatch(
-                df,
-                target,
-                id_col=args.id_col,
-                key_cols=key_cols,
-                timeout_ms=args.timeout_ms,
-                max_in_flight=max_in_flight,
-                retries=args.retries,
-                backoff_ms=args.backoff_ms,
-                reply_schema=args.reply_schema,
-                _engine=args.engine,
-                _progress=progress,
-                _reports=reports.accumulator if reports is not None else None,
-            )
-        except (TypeError, ValueError) as exc:
-            raise UsageError(str(exc)) from exc
-        if not args.quiet:
-            _note(f"dispatching {total:,} rows to {target!r} on {args.master}")
-        start = time.monotonic()
-        with Progress(progress, total, args.quiet):
-            result.write.parquet(str(staging / "rows"))
-        elapsed = time.monotonic() - start
-        # Read the written rows back: recomputing `result` would call the target again.
-        written = spark.read.parquet(str(staging / "rows"))
-        summary = summarize(written, elapsed)
-        budget = failure_budget(args.max_failed, summary["rows"])
-        summary.update(
-            target=repr(target),
-            master=args.master,
-            engine=args.engine or DEFAULT_ENGINE,
-            timeout_ms=args.timeout_ms,
-            max_in_flight=max_in_flight,
-            retries=args.retries,
-            backoff_ms=args.backoff_ms,
-            key_cols=key_cols,
-            max_failed=_limit_text(args.max_failed),
-            max_failed_rows=budget,
-        )
-        (staging / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        latency_histogram(written, staging / "latency.png")
-        publish(staging, out_dir)
+        with job.signals():
+            try:
+                summary = job.run(fmt, previous, reports)
+            except BaseException:
+                job.raise_if_signalled()
+                raise
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        job.stop(owned)
         if reports is not None:
             reports.close()
-        if owned:
-            spark.stop()
+    budget = summary["max_failed_rows"]
     print(json.dumps(summary, indent=2))
     if not args.quiet:
         _note(f"wrote {out_dir / 'rows'}, {out_dir / 'summary.json'}, {out_dir / 'latency.png'}")

@@ -38,6 +38,7 @@ from ..execution import ExecuteProduceConsume, ProduceConsume, TaskQueue, Thread
 from ..purgatory import DelayedOperation, Purgatory
 from ..resources import Checkout, ResourceManager
 from ..timer import Timer, TimerTask
+from .admission import Admission, is_overload
 from .engines import (
     FAILED,
     OK,
@@ -101,12 +102,14 @@ def _kit() -> _WorkerKit:
 class _Row:
     """One row's progress: its attempts, its keys and when its first call started."""
 
-    __slots__ = ("attempts", "backoff", "checkout", "data", "seq", "start")
+    __slots__ = ("attempts", "backoff", "call", "checkout", "data", "seq", "start")
 
     def __init__(self, seq: int, data: dict[str, Any]) -> None:
         self.seq = seq
         self.data = data
         self.attempts = 0
+        # The admission's count of calls started when its latest attempt was sent.
+        self.call = 0
         self.start = 0.0
         self.checkout: Checkout | None = None
         self.backoff: TimerTask | None = None
@@ -179,6 +182,9 @@ class _Partition:
         self.live: dict[int, _Row] = {}
         self.done: deque[Outcome] = deque()
         self.wake = threading.Event()
+        self.admission = Admission(config.max_in_flight, config.rate_per_task)
+        # Rows refused for overload whose backoff has ended, waiting for room.
+        self.parked: deque[_Row] = deque()
         self.wake_after = max(1, config.max_in_flight // _WAKE_SHARE)
         self.ended_attempts: deque[tuple[_Row, tuple[bool, str | None, Reply | None] | None]] = (
             deque()
@@ -233,6 +239,7 @@ class _Partition:
     def send(self, row: _Row) -> None:
         """Start one attempt: list it in the purgatory (timing it), then call the target."""
         row.attempts += 1
+        row.call = self.admission.started
         if row.attempts == 1:
             row.start = time.monotonic()
         call = _Call(self.config.timeout_ms, row, self)
@@ -276,26 +283,46 @@ class _Partition:
         if answer is None:
             status, error = TIMEOUT, self.timeout_error
         elif answer[0]:
+            self.admission.succeeded()
             self.finish(row, OK, None, answer[2])
             return
         else:
             status, error, wait_s = FAILED, str(answer[1] or "failed"), retry_after_of(answer[1])
             reply = answer[2]
+            if is_overload(answer[1]):
+                self.admission.overloaded(row.call, wait_s)
         if wait_s is None or row.attempts > self.config.retries:  # None: not worth a retry
             self.finish(row, status, error, reply)
             return
         delay_ms = round(max(backoff_s(self.config), wait_s) * 1000)
+        # A refusal for overload waits its turn in the window with the new rows.
+        then = self.park if answer is not None and is_overload(answer[1]) else self.retry
         with self.lock:
             if self.closed:
                 return
-            row.backoff = self.kit.timer.add(delay_ms, self.retry, row)
+            row.backoff = self.kit.timer.add(delay_ms, then, row)
             self.backoffs.add(row.backoff)
 
-    def retry(self, row: _Row) -> None:
-        """A backoff ended (on the timer's thread): send the next attempt."""
+    def park(self, row: _Row) -> None:
+        """A backoff after an overload ended: the task's thread sends it when the window
+        has room (it is not in a call meanwhile)."""
         with self.lock:
             self.backoffs.discard(row.backoff)
             row.backoff = None
+        self.parked.append(row)
+        self.wake.set()
+
+    def retry(self, row: _Row) -> None:
+        """A backoff ended (on the timer's thread): send the next attempt once the rate allows."""
+        wait_s = self.admission.take_one()
+        with self.lock:
+            self.backoffs.discard(row.backoff)
+            row.backoff = None
+            if wait_s:  # no token yet: ask again when there is one
+                if not self.closed:
+                    row.backoff = self.kit.timer.add(max(1, round(wait_s * 1000)), self.retry, row)
+                    self.backoffs.add(row.backoff)
+                return
         self.send(row)
 
     def finish(self, row: _Row, status: str, error: str | None, reply: Reply | None = None) -> None:
@@ -330,25 +357,37 @@ class _Partition:
             self.close()
 
     def _loop(self) -> Iterator[Outcome]:
-        done, wake, rows = self.done, self.wake, self.rows
-        limit = self.config.max_in_flight
+        done, wake, rows, admission = self.done, self.wake, self.rows, self.admission
         exhausted = False
         while True:
             wake.clear()
-            room = min(limit - self.outstanding(), _BATCH)
-            if not exhausted and room > 0:
+            room, later = 0, None
+            parked = self.parked
+            if not exhausted or parked:
+                room, later = admission.room(self.outstanding() - len(parked))
+                room = min(room, _BATCH)
+            while room > 0 and parked:  # refused rows first: they have waited longest
+                self.send(parked.popleft())
+                admission.took(1)
+                room -= 1
+            if room > 0 and not exhausted:
                 before = self.admitted
                 for data in itertools.islice(rows, room):
                     self.admit(data)
-                exhausted = self.admitted - before < room
+                admitted = self.admitted - before
+                admission.took(admitted)
+                exhausted = admitted < room
             while done:
                 outcome = done.popleft()
                 self.yielded += 1
                 yield outcome
             if exhausted and self.outstanding() == 0:
                 return
-            if exhausted or self.outstanding() >= limit:
-                wake.wait()
+            # Wake when a share of the window has ended (see finish), or when the rate
+            # or a Retry-After lets the next call start.
+            self.wake_after = max(1, int(admission.window) // _WAKE_SHARE)
+            if exhausted or self.outstanding() >= int(admission.window) or later is not None:
+                wake.wait(later)
 
     def close(self) -> None:
         """Abandon what is still in flight or waiting, leaving the worker's parts idle."""

@@ -1,0 +1,170 @@
+"""``timewheel bench rate``: does ``dispatch(rate=R)`` keep every one-second window within R?
+
+A loopback service (aiohttp, in its own process) answers every ``POST /ingest`` at once
+and notes when each request arrived. For each rate, ``dispatch`` sends ``R x --seconds``
+rows to it through :class:`~timewheel.spark.targets.HttpDownstream` on a local Spark,
+and the service reports the most requests it saw in any one-second window (sliding,
+not aligned) and the mean rate. The figure is their ratio to R, measured in the run:
+``max_1s / rate`` must stay at or under 1.05; ``mean / rate`` says how close the job
+came to the rate it was given.
+
+Run as ``python -m timewheel.benchmarks.rate --serve`` it is the service alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+from .._argtypes import positive
+
+__all__ = ["add_parser", "main", "most_in_a_window"]
+
+
+def most_in_a_window(stamps: list[float], window_s: float = 1.0) -> int:
+    """The most of ``stamps`` (sorted) inside any half-open window of ``window_s``."""
+    most = 0
+    for i, t in enumerate(stamps):
+        most = max(most, bisect.bisect_left(stamps, t + window_s, lo=i) - i)
+    return most
+
+
+class _Counting:
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+
+    async def ingest(self, request: Any) -> Any:
+        from aiohttp import web
+
+        self.stamps.append(time.monotonic())
+        await request.read()
+        return web.Response(text="{}")
+
+    async def stats(self, request: Any) -> Any:
+        from aiohttp import web
+
+        stamps, self.stamps = sorted(self.stamps), []
+        span = stamps[-1] - stamps[0] if len(stamps) > 1 else 0.0
+        return web.json_response(
+            {"requests": len(stamps), "max_1s": most_in_a_window(stamps), "span_s": span}
+        )
+
+
+async def _serve() -> None:
+    from aiohttp import web
+
+    service = _Counting()
+    app = web.Application()
+    app.router.add_post("/ingest", service.ingest)
+    app.router.add_get("/stats", service.stats)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
+    await site.start()
+    print(f"port {site._server.sockets[0].getsockname()[1]}", flush=True)  # type: ignore[union-attr]
+    parent = os.getppid()
+    while os.getppid() == parent:  # gone with the benchmark that started it
+        await asyncio.sleep(0.5)
+    await runner.cleanup()
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``bench rate``."""
+    parser = subparsers.add_parser(
+        "rate",
+        help="dispatch's rate against a loopback service counting requests per second",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--rates",
+        default="100,1000,10000",
+        help="requests per second to try, comma-separated (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--seconds",
+        type=positive(float),
+        default=5.0,
+        help="how long each rate runs: R x seconds rows (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--master", default="local[2]", help="Spark master URL (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--max-in-flight",
+        type=positive(int),
+        default=256,
+        help="calls outstanding per partition (default: %(default)s)",
+    )
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        rates = [float(r) for r in args.rates.split(",") if r.strip()]
+        if not rates or min(rates) <= 0:
+            raise ValueError
+    except ValueError:
+        print(f"bench rate: --rates must be numbers > 0, got {args.rates!r}", file=sys.stderr)
+        return 2
+    with subprocess.Popen(
+        [sys.executable, "-m", "timewheel.benchmarks.rate", "--serve"],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as server:
+        try:
+            _measure(server, args, rates)
+        finally:
+            server.terminate()
+    return 0
+
+
+def _measure(server: subprocess.Popen[str], args: argparse.Namespace, rates: list[float]) -> None:
+    from ..spark import dispatch
+    from ..spark.pipeline import spark_session
+    from ..spark.targets import HttpDownstream
+
+    spark, owned = None, False
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline().split()[1])
+        base = f"http://127.0.0.1:{port}"
+        spark, owned = spark_session(args.master, "timewheel bench rate")
+        target = HttpDownstream(f"{base}/ingest")
+        print(f"{'rate':>8} {'rows':>8} {'max_1s':>8} {'max/rate':>9} {'mean/rate':>10}")
+        for rate in rates:
+            rows = int(rate * args.seconds)
+            df = spark.range(rows)
+            result = dispatch(
+                df,
+                target,
+                id_col="id",
+                rate=rate,
+                max_in_flight=args.max_in_flight,
+                timeout_ms=10_000,
+            )
+            result.write.format("noop").mode("overwrite").save()
+            with urllib.request.urlopen(f"{base}/stats", timeout=30) as answer:
+                stats = json.loads(answer.read())
+            mean = stats["requests"] / stats["span_s"] if stats["span_s"] else float("nan")
+            print(
+                f"{rate:>8g} {stats['requests']:>8} {stats['max_1s']:>8} "
+                f"{stats['max_1s'] / rate:>9.3f} {mean / rate:>10.3f}",
+                flush=True,
+            )
+    finally:
+        if owned and spark is not None:
+            spark.stop()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--serve"]:
+        asyncio.run(_serve())

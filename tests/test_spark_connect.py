@@ -1,0 +1,142 @@
+"""``dispatch`` and ``timewheel pipeline --remote`` on a Spark Connect server on 127.0.0.1.
+
+The server is the one shipped with pyspark (``sbin/start-connect-server.sh``, run in the
+foreground with ``--wait`` so the test owns its process group and stops it). Run by
+``.ci/connect`` (TIMEWHEEL_CONNECT_TESTS=1); the default suite skips these tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark")
+pytest.importorskip("grpc")
+
+import timewheel  # noqa: E402
+from test_spark_cluster import SPARK_HOME, free_port, stop  # noqa: E402
+from timewheel.spark import dispatch, output_schema  # noqa: E402
+from timewheel.spark.targets import SimulatedDownstream  # noqa: E402
+
+pytestmark = [
+    pytest.mark.connect,
+    pytest.mark.skipif(
+        os.environ.get("TIMEWHEEL_CONNECT_TESTS") != "1",
+        reason="about 2 minutes: run by .ci/connect (TIMEWHEEL_CONNECT_TESTS=1)",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``sc://127.0.0.1:PORT`` of a running Connect server on ``local[2]``."""
+    if not shutil.which("java"):
+        pytest.skip("no java")
+    logs = tmp_path_factory.mktemp("spark-connect")
+    port = free_port()
+    package_root = str(Path(timewheel.__file__).resolve().parent.parent)
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(SPARK_HOME),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_LOG_DIR": str(logs),
+        "SPARK_PID_DIR": str(logs),
+        "PYSPARK_PYTHON": sys.executable,
+        "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p),
+    }
+    conf = {
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.host": "127.0.0.1",
+        "spark.ui.enabled": "false",
+        "spark.executorEnv.PYTHONPATH": env["PYTHONPATH"],
+    }
+    argv = [str(SPARK_HOME / "sbin" / "start-connect-server.sh"), "--wait", "--master", "local[2]"]
+    for key, value in conf.items():
+        argv += ["--conf", f"{key}={value}"]
+    log = logs / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # the gRPC port answers once the server is up
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the Connect server did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        stop(proc)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def session(remote: str) -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(remote).getOrCreate()
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
+def test_dispatch_on_connect_returns_every_row_once(session: Any) -> None:
+    from pyspark.sql import functions as F
+
+    df = session.range(3000).select("id", (F.col("id") % 50).alias("acct"))
+    target = SimulatedDownstream(1, 3, failure_rate=0.0, seed=1)
+    out = dispatch(df, target, id_col="id", key_cols=["acct"], max_in_flight=32).collect()
+    assert sorted(r["id"] for r in out) == list(range(3000))
+    assert {r["status"] for r in out} == {"ok"}
+    # The same on Connect as on a classic session: dedupe, a rate, a resumed result.
+    shared = dispatch(df, target, id_col="id", dedupe_col="acct", max_in_flight=32).collect()
+    assert sorted(r["id"] for r in shared) == list(range(3000))
+    assert {r["status"] for r in shared} == {"ok"}
+    limited = dispatch(df.limit(200), target, id_col="id", rate=400.0).collect()
+    assert sorted(r["id"] for r in limited) == list(range(200))
+    previous = session.createDataFrame(out, schema=output_schema(df.schema))
+    again = dispatch(df, target, id_col="id", resume_from=previous).collect()
+    assert sorted(r["id"] for r in again) == list(range(3000))
+
+
+def test_accumulators_are_refused_clearly_on_connect(session: Any) -> None:
+    with pytest.raises(ValueError, match="Spark Connect has no accumulators"):
+        dispatch(session.range(3), SimulatedDownstream(1, 2), id_col="id", _progress=object())
+
+
+def test_the_cli_runs_on_connect(remote: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "timewheel", "pipeline", "--remote", remote, "--quiet"]
+    argv += ["--generate", "5000", "--wave-rows", "2000", "--output", str(out)]
+    argv += ["--target", "sim://?pct50=2&pct75=5&failures=0.02&seed=1", "--retries", "2"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["master"] == remote and summary["rows"] == 5000
+    import pyarrow.parquet as pq
+
+    ids = pq.read_table(out / "rows").column("id").to_pylist()
+    assert sorted(ids) == list(range(5000))
+    # Worker metrics need an accumulator: refused before anything runs.
+    refused = subprocess.run(
+        [*argv[:-2], "--metrics-port", "0", "--output", str(tmp_path / "o2")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and "Spark Connect does not have" in refused.stderr
