@@ -401,6 +401,77 @@ def self_rearming_timer() -> None:
     assert payload_refs[0]() is None
 
 
+def started_self_rearming_timer() -> None:
+    """The same with the reaper running: the callback runs on the timer's own threads,
+    whose frames must hold neither the timer nor the task they last ran."""
+
+    def make() -> weakref.ref[Timer]:
+        timer = Timer(name="scyc")
+        timer.start(poll_ms=20)
+        ran = threading.Event()
+
+        def again() -> None:
+            ran.set()
+            timer.add(5, again)
+
+        timer.add(1, again)
+        assert ran.wait(WAIT_S)
+        return weakref.ref(timer)
+
+    collected(make, "scyc-")
+
+
+def heartbeat_timer() -> None:
+    """A started timer whose pending task is also kept by the object its callback is a
+    method of (to cancel it): the cycle goes through a task held twice."""
+
+    class Heartbeat:
+        def __init__(self, timer: Timer) -> None:
+            self.timer = timer
+            self.beats = threading.Event()
+            self.task = timer.add(1, self.beat)
+
+        def beat(self) -> None:
+            self.beats.set()
+            self.task = self.timer.add(5, self.beat)
+
+    def make() -> weakref.ref[Timer]:
+        timer = Timer(name="hb")
+        timer.start(poll_ms=20)
+        assert Heartbeat(timer).beats.wait(WAIT_S)
+        return weakref.ref(timer)
+
+    collected(make, "hb-")
+
+
+def drop_resource_manager_parked() -> None:
+    """A manager dropped while one of its checkouts waits, parked, for a key another
+    checkout holds: collected, and its purgatory's and loader's threads exit."""
+    refs: list[weakref.ref[Any]] = []
+    finished: list[Any] = []
+
+    def make() -> weakref.ref[ResourceManager]:
+        manager = ResourceManager(loader=lambda key: f"object {key}")
+        first = manager.checkout(["a"], timeout_ms=60_000)
+        assert first.result(WAIT_S) == {"a": "object a"}
+        parked = manager.checkout(["a", "b"])  # no timeout: parked for good
+        wait_for(lambda: manager.metrics()["waiting"] == 1, "the checkout to park")
+
+        class Callback:
+            def __call__(self, checkout: Any) -> None:
+                finished.append(checkout)
+
+        callback = Callback()
+        parked.add_done_callback(callback)
+        refs.append(weakref.ref(callback))
+        assert thread_names("timewheel-loader") and thread_names("resources")
+        return weakref.ref(manager)
+
+    collected(make, "timewheel-loader")
+    wait_for(lambda: not thread_names("resources"), "the purgatory's threads to exit")
+    assert refs[0]() is None and not finished  # the parked request went with it, unfinished
+
+
 CASES = {
     f.__name__: f
     for f in (
@@ -418,6 +489,9 @@ CASES = {
         drop_pool,
         drop_resource_manager,
         self_rearming_timer,
+        started_self_rearming_timer,
+        heartbeat_timer,
+        drop_resource_manager_parked,
     )
 }
 
