@@ -75,6 +75,7 @@ def test_objects_inherited_across_fork_are_usable_in_the_child(impl: str, case: 
         "self_rearming_timer",
         "started_self_rearming_timer",
         "heartbeat_timer",
+        "drop_loop_asyncio",
     ],
 )
 def test_objects_dropped_without_close_are_collected_and_stop_their_threads(

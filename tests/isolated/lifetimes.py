@@ -7,6 +7,7 @@ case's child reports through its exit status, which the parent checks.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import sys
@@ -472,6 +473,50 @@ def drop_resource_manager_parked() -> None:
     assert refs[0]() is None and not finished  # the parked request went with it, unfinished
 
 
+def _drop_loop(new_loop: Callable[[], asyncio.AbstractEventLoop]) -> None:
+    """A loop dropped without close() while timewheel.aio timers are pending (a sleep,
+    a timeout, a callback that refers to the loop): loop, wheel and callbacks collected."""
+    from timewheel import aio
+
+    class Callback:
+        def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+            self.loop = loop
+
+        def __call__(self) -> None:
+            raise AssertionError("ran for a dropped loop")
+
+    refs: list[weakref.ref[Any]] = []
+
+    async def guarded() -> None:
+        async with aio.timeout(3600):
+            await aio.sleep(7200)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        callback = Callback(loop)
+        aio.call_later(3600, callback)
+        tasks = [loop.create_task(aio.sleep(3600)), loop.create_task(guarded())]
+        for _ in range(3):
+            await asyncio.sleep(0)  # both tasks reach their waits
+        assert len(aio.get_timer()) == 4 and not any(t.done() for t in tasks)
+        refs.extend(weakref.ref(x) for x in (aio.get_timer(), callback, *tasks))
+
+    def make() -> weakref.ref[asyncio.AbstractEventLoop]:
+        loop = new_loop()
+        loop.run_until_complete(main())
+        return weakref.ref(loop)
+
+    loop_ref = make()
+    wait_for(lambda: gc.collect() >= 0 and loop_ref() is None, "the loop to be collected")
+    assert [r() for r in refs] == [None] * len(refs)  # its wheel, callback and tasks too
+
+
+def drop_loop_asyncio() -> None:
+    # Not uvloop: its loop, dropped without close(), is never collected even with
+    # nothing of ours pending (uvloop 0.21 here), so there is nothing to show there.
+    _drop_loop(asyncio.new_event_loop)
+
+
 CASES = {
     f.__name__: f
     for f in (
@@ -492,6 +537,7 @@ CASES = {
         started_self_rearming_timer,
         heartbeat_timer,
         drop_resource_manager_parked,
+        drop_loop_asyncio,
     )
 }
 
