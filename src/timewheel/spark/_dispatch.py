@@ -125,6 +125,8 @@ def _validate(
         key_cols=tuple(key_cols),
     )
     get_engine(engine)
+    if isinstance(target, type):
+        raise TypeError(f"target must be an instance, got the class {target.__name__}")
     submit = getattr(target, "submit", None)
     if not callable(submit):
         raise TypeError(f"target must have a submit(row, on_done) method, got {target!r}")
@@ -293,8 +295,9 @@ def dispatch(
     ``spark_engine`` counts under its worker's name when the partition ends.
     """
     engine = DEFAULT_ENGINE if _engine is None else _engine
-    if callable(getattr(target, "for_id_col", None)) and isinstance(id_col, str):
-        target = target.for_id_col(id_col)  # the HTTP target derives its keys from it
+    for_id_col = None if isinstance(target, type) else getattr(target, "for_id_col", None)
+    if callable(for_id_col) and isinstance(id_col, str):
+        target = for_id_col(id_col)  # the HTTP target derives its keys from it
     config = _validate(
         df, target, id_col, key_cols, timeout_ms, max_in_flight, retries, backoff_ms, engine
     )
