@@ -40,7 +40,7 @@ from .targets import DownstreamError, DownstreamTimeout, Failure, OnDone
 
 __all__ = ["HttpDownstream", "Pending", "add_http_options", "http_options"]
 
-log = logging.getLogger("timewheel")
+logger = logging.getLogger(__name__)
 
 #: The shape of the JSON body: None for the whole row, column names for those columns,
 #: or a function of the row returning any JSON-serialisable value.
@@ -374,7 +374,7 @@ class HttpDownstream:
         try:
             pending.on_done(ok, None if error is None else Failure(error, wait))
         except Exception:
-            log.exception("on_done callback of HttpDownstream raised")
+            logger.exception("on_done callback of HttpDownstream raised")
 
     # -- acall: aiohttp on the caller's loop -------------------------------------------
     async def acall(self, row: Mapping[str, Any]) -> None:
