@@ -49,8 +49,10 @@ class PerProcess(Generic[T]):
                     held = self._held = (self._factory(),)
         return held[0]
 
-    def _fork_reset(self) -> None:
-        """In a forked child (called by :mod:`timewheel._atfork`): drop the parent's
-        instance and lock."""
+    def _forget(self) -> None:
+        """Drop the instance and the lock (a thread lost in a fork may hold it): the next
+        :meth:`get` makes another."""
         self._lock = threading.Lock()
         self._held = None
+
+    _fork_reset = _forget  # what timewheel._atfork calls in a forked child
