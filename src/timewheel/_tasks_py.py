@@ -646,7 +646,9 @@ class PurgatoryCore:
                         if wl is not None:
                             wl.dead += 1
                             if DEAD_SHARE * wl.dead >= len(wl.entries):
-                                _compact(shard.lists, key, wl, garbage, True)
+                                # Freed entries only, as the extension: they are what the
+                                # dead count counts; completed ones are the purge's.
+                                _compact(shard.lists, key, wl, garbage, False)
                 garbage.clear()
             self._watched_base -= len(entries)
             with self._stats_lock:
