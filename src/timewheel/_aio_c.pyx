@@ -447,7 +447,7 @@ cdef class Timeout(_Entry):
         task = current_task()
         if task is None:
             raise RuntimeError("Timeout should be used inside a task")
-        loop = task.get_loop()
+        loop = _get_running_loop()  # the task's, which runs this
         if <object>PyWeakref_GetObject(self._wheel_of._loopref) is not loop:
             # Made while another loop ran: bind to the loop it is entered on, as asyncio's.
             self._wheel_of = get_timer(loop)
