@@ -784,6 +784,7 @@ cdef class PurgatoryCore:
             elif self._try(op):
                 done += 1
                 stale = True
+            op = None  # each operation let go before the next, the last too (as the twin)
         if stale:
             # The walk cost O(list) already: clean the list now.
             garbage = []

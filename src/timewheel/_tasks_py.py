@@ -587,6 +587,10 @@ class PurgatoryCore:
             elif self._try(op):
                 completed += 1
                 stale = True
+            # Let go of each operation before the next, the last too: one completed here
+            # and held by nobody else is freed now, its entry still listed (and so queued
+            # as cleared), whatever order the locals are freed in (the extension's differs).
+            op = None
         if stale:
             # The walk cost O(list) already: clean the list now.
             garbage: list[Any] = []
