@@ -79,6 +79,7 @@ class ScriptedService:
                     "body": body,
                     "headers": request.headers.copy(),
                     "at": time.monotonic(),
+                    "port": request.transport.get_extra_info("peername")[1],
                 }
             )
             seen.in_flight += 1

@@ -552,6 +552,33 @@ def test_timeout_raises_the_builtin_timeout_error_on_every_loop(
     run(loop, main())
 
 
+@pytest.mark.parametrize("kind", ["asyncio", "uvloop"])
+def test_a_timeout_made_on_one_loop_fires_on_the_loop_it_is_entered_on(
+    A: ModuleType, kind: str
+) -> None:
+    """As asyncio.timeout: the deadline is taken when it is made, the loop when entered."""
+
+    async def make() -> Any:
+        return A.timeout(0.05)
+
+    async def use(cm: Any) -> str:
+        try:
+            async with cm:
+                await asyncio.sleep(2)  # bounded: without the timeout it ends here
+        except TimeoutError:
+            return "fired"
+        return "did not fire"
+
+    first, second = new_loop(kind), new_loop(kind)
+    try:
+        cm = run(first, make())
+        assert run(second, use(cm)) == "fired" and cm.expired()
+        assert len(A.get_timer(first)) == len(A.get_timer(second)) == 0
+    finally:
+        first.close()
+        second.close()
+
+
 def test_timeout_outside_a_task_is_refused(A: ModuleType, vloop: VirtualLoop) -> None:
     async def main() -> Any:
         return A.timeout(1)

@@ -66,7 +66,17 @@ def test_objects_inherited_across_fork_are_usable_in_the_child(impl: str, case: 
 
 @pytest.mark.parametrize(
     "case",
-    ["drop_timer", "drop_purgatory", "drop_pool", "drop_resource_manager", "self_rearming_timer"],
+    [
+        "drop_timer",
+        "drop_purgatory",
+        "drop_pool",
+        "drop_resource_manager",
+        "drop_resource_manager_parked",
+        "self_rearming_timer",
+        "started_self_rearming_timer",
+        "heartbeat_timer",
+        "drop_loop_asyncio",
+    ],
 )
 def test_objects_dropped_without_close_are_collected_and_stop_their_threads(
     impl: str, case: str

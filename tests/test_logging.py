@@ -25,6 +25,8 @@ MODULES = [
     "timewheel.resources",
     "timewheel.sources",
     "timewheel._tasks_py",
+    "timewheel.aio",
+    "timewheel.spark.http_target",
 ]
 
 

@@ -207,6 +207,29 @@ def scrape(registry: CollectorRegistry) -> dict[str, Any]:
     return {family.name: family for family in text_string_to_metric_families(text)}
 
 
+def test_a_second_prometheus_collector_on_one_registry_is_refused(workload: Workload) -> None:
+    from timewheel.metrics.prometheus import register_collector
+
+    def series(registry: CollectorRegistry) -> list[tuple[str, Any]]:
+        text = generate_latest(registry).decode()
+        return [
+            (s.name, sorted(s.labels.items()))
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        ]
+
+    registry = CollectorRegistry()
+    first = register_collector(registry)
+    before = series(registry)
+    with pytest.raises(ValueError, match=r"register_collector\(\) was called on it before"):
+        register_collector(registry)
+    assert series(registry) == before  # every series once: nothing doubled
+    assert len({(name, str(labels)) for name, labels in before}) == len(before)
+    registry.unregister(first)
+    register_collector(registry)  # once unregistered, it may be registered again
+    assert series(registry) == before
+
+
 def test_prometheus_exposition_matches_the_workload(workload: Workload) -> None:
     from timewheel.metrics.prometheus import register_collector
 

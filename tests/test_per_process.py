@@ -183,3 +183,23 @@ def test_the_wings_per_process_state_is_remade_in_a_forked_child() -> None:
     )
     # The child's own reply thread answers; its counters start from zero.
     assert out.splitlines() == ["(True, True, True, 1)", "True 1"]
+
+
+def test_the_wing_imports_where_os_has_no_register_at_fork() -> None:
+    """Windows has no ``os.register_at_fork``: the package and its wing import and work
+    there (only ``timewheel._atfork`` registers fork hooks, and only where it can)."""
+    code = textwrap.dedent(
+        """
+        import os
+        del os.register_at_fork, os.fork  # as on Windows (the standard library looks at fork)
+        import timewheel.aio, timewheel.metrics.prometheus, timewheel.spark.targets
+        from timewheel.spark._per_process import PerProcess
+        from timewheel.spark.engines import worker_runtime
+        print(PerProcess(lambda: 7).get(), worker_runtime() is worker_runtime())
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["7", "True"]

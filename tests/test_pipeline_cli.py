@@ -296,7 +296,8 @@ def test_option_parsers() -> None:
     assert pipeline.conf_pair("spark.a.b=x=y") == ("spark.a.b", "x=y")
     with pytest.raises(argparse.ArgumentTypeError, match="must be KEY=VALUE"):
         pipeline.conf_pair("spark.a.b")
-    for good in ("local", "local[4]", "local[*]", "local[2,3]", "spark://h:7077", "yarn"):
+    good_masters = ("local", "local[4]", "local[*]", "local[2,3]", "local[*,4]", "yarn")
+    for good in (*good_masters, "spark://h:7077"):
         pipeline.check_master(good)
     for bad in ("foo", "local[0]", "spark://", "local[x]"):
         with pytest.raises(ValueError, match="master must be"):

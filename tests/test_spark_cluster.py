@@ -26,6 +26,8 @@ import pytest
 
 pyspark = pytest.importorskip("pyspark")
 
+from spark_faults import check, needs_proc, run_with_a_worker_killed  # noqa: E402
+
 pytestmark = [
     pytest.mark.cluster,
     pytest.mark.skipif(
@@ -193,6 +195,18 @@ def test_dispatch_runs_on_the_cluster(master_url: str, tmp_path: Path) -> None:
     result = run_driver(master_url, sys.executable, tmp_path)
     assert result["ids"] == list(range(3000))
     assert set(result["statuses"]) <= {"ok", "failed", "timeout"}  # type: ignore[arg-type]
+
+
+@needs_proc
+def test_a_worker_killed_mid_dispatch_on_the_cluster_is_rerun(
+    master_url: str, tmp_path: Path
+) -> None:
+    """A Python worker of the cluster's executor killed with SIGKILL mid-dispatch: the
+    task runs again (spark.task.maxFailures, 4 by default) and every row comes back once."""
+    extra = ["--master", master_url]
+    for conf in CONF:
+        extra += ["--conf", conf]
+    check(run_with_a_worker_killed(tmp_path, extra))
 
 
 @pytest.mark.skipif(SYSTEM_PYTHON is None, reason="no /usr/bin/python3")

@@ -181,6 +181,8 @@ BAD = [
     ({"backoff_ms": float("inf")}, TypeError, "backoff_ms must be an int, got inf"),
     ({"target": _Unpicklable()}, TypeError, "cannot be pickled for Spark's workers"),
     ({"target": object()}, TypeError, "target must have a submit(row, on_done) method"),
+    ({"target": HttpDownstream}, TypeError, "target must be an instance, got the class"),
+    ({"target": SimulatedDownstream}, TypeError, "target must be an instance, got the class"),
     ({"_engine": "fibers"}, ValueError, "engine must be one of"),
     ({"rate": 0}, ValueError, "rate must be a finite number > 0 and <= 1e+09, got 0"),
     ({"rate": -3.0}, ValueError, "rate must be a finite number > 0 and <= 1e+09, got -3.0"),

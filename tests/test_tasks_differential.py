@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from timewheel import implementation
@@ -130,6 +130,26 @@ commands = st.lists(
 @needs_c
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(commands)
+# Found by the free-threaded lane's seeds (seed 51): a compaction for freed entries that
+# dropped a completed operation's entry in the twin only (issue 24).
+@example(
+    [
+        ("watch", 0, (0,), False),
+        ("drop", 0),
+        ("watch", 0, (0,), False),
+        ("watch", 0, (0,), False),
+        ("watch", 0, (0,), False),
+        ("drop", 1),
+        ("advance", 0),
+        ("watch", 0, (0,), False),
+        ("drop", 2),
+        ("watch", 0, (0,), False),
+    ]
+)
+# Seed 79 of the same loop, the lane's own "cleared 0 vs 1": the last operation a
+# check_and_complete completed was freed after its entry in the extension, before it in
+# the twin, so only the twin queued the entry as cleared.
+@example([("watch", 0, (0,), False), ("ready", 0), ("drop", 0), ("check", 0)])
 def test_the_c_core_and_the_python_twin_agree_step_by_step(script: list[Any]) -> None:
     c = Side(Purgatory, in_use.DelayedOperation)
     py = Side(PyPurgatory, twin.DelayedOperation)

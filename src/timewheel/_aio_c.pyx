@@ -380,10 +380,11 @@ cdef class LoopTimer:
         return 0
 
 
+# loop -> a weak reference to its timer: weak on both sides, as in the twin (see there).
 _timers = weakref.WeakKeyDictionary()
-# the last timer handed out, checked first; not used without a GIL, where a thread could
-# read it while another replaces it
-cdef LoopTimer _last_timer = None
+# a weak reference to the last timer handed out, checked first; not used without a GIL,
+# where a thread could read it while another replaces it
+cdef object _last_timer = None
 
 
 cpdef LoopTimer get_timer(loop=None):
@@ -396,27 +397,32 @@ cpdef LoopTimer get_timer(loop=None):
     elif not isinstance(loop, asyncio.AbstractEventLoop):
         raise TypeError(f"loop must be an asyncio event loop, got {loop!r}")
     cdef LoopTimer timer
-    if TW_HAS_GIL:  # the one-entry cache is read and written under the GIL only
-        timer = _last_timer
-        if timer is not None and not timer._closed and (
-                <object>PyWeakref_GetObject(timer._loopref) is loop):
-            return timer
+    if TW_HAS_GIL and _last_timer is not None:  # read and written under the GIL only
+        last = <object>PyWeakref_GetObject(_last_timer)
+        if last is not None:
+            timer = <LoopTimer>last
+            if not timer._closed and <object>PyWeakref_GetObject(timer._loopref) is loop:
+                return timer
     own = getattr(loop, "_timewheel", None)  # a wheel loop's own
     if own is not None:
         timer = <LoopTimer?>own
         if timer._closed or loop.is_closed():
             raise RuntimeError("Event loop is closed")
         if TW_HAS_GIL:
-            _last_timer = timer
+            _last_timer = weakref.ref(timer)
         return timer
-    timer = _timers.get(loop)
-    if timer is None or timer._closed:
+    ref = _timers.get(loop)
+    found = ref() if ref is not None else None
+    if found is None or (<LoopTimer>found)._closed:
         if loop.is_closed():
             raise RuntimeError("Event loop is closed")
         timer = LoopTimer(loop)
-        _timers[loop] = timer
+        ref = weakref.ref(timer)
+        _timers[loop] = ref
+    else:
+        timer = <LoopTimer>found
     if TW_HAS_GIL:
-        _last_timer = timer
+        _last_timer = ref
     return timer
 
 
@@ -503,6 +509,10 @@ cdef class Timeout(_Entry):
         task = current_task()
         if task is None:
             raise RuntimeError("Timeout should be used inside a task")
+        loop = _get_running_loop()  # the task's, which runs this
+        if <object>PyWeakref_GetObject(self._wheel_of._loopref) is not loop:
+            # Made while another loop ran: bind to the loop it is entered on, as asyncio's.
+            self._wheel_of = get_timer(loop)
         self._state = ENTERED
         self._task = task
         self._cancelling = task.cancelling() if HAS_UNCANCEL else 0

@@ -364,7 +364,11 @@ class LoopTimer:
             entry._release()
 
 
-_timers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopTimer] = (
+# loop -> a weak reference to its timer. Weak on both sides: the timer's pending callbacks
+# may refer to the loop, so a strong value would keep a dropped loop alive for good. The
+# loop keeps its timer alive while anything is pending, through the armed call; an idle
+# timer nobody holds goes, and the next use makes another.
+_timers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ref[LoopTimer]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -382,11 +386,13 @@ def get_timer(loop: asyncio.AbstractEventLoop | None = None) -> LoopTimer:
         if own._closed or loop.is_closed():
             raise RuntimeError("Event loop is closed")
         return own
-    timer = _timers.get(loop)
+    ref = _timers.get(loop)
+    timer = ref() if ref is not None else None
     if timer is None or timer._closed:
         if loop.is_closed():
             raise RuntimeError("Event loop is closed")
-        timer = _timers[loop] = LoopTimer(loop)
+        timer = LoopTimer(loop)
+        _timers[loop] = weakref.ref(timer)
     return timer
 
 
@@ -462,6 +468,10 @@ class Timeout:
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("Timeout should be used inside a task")
+        loop = task.get_loop()
+        if self._wheel_of._loopref() is not loop:
+            # Made while another loop ran: bind to the loop it is entered on, as asyncio's.
+            self._wheel_of = get_timer(loop)
         self._state = ENTERED
         self._task = task
         self._cancelling = task.cancelling() if _HAS_UNCANCEL else 0

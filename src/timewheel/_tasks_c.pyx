@@ -62,9 +62,11 @@ from timewheel._sync cimport (
     tw_test_and_set,
 )
 
+import gc
 from collections import deque
 from time import monotonic_ns as _monotonic_ns
 
+from weakref import WeakSet
 from weakref import ref as _weakref
 
 from timewheel import _atfork
@@ -116,6 +118,40 @@ cdef inline void untrack(object o) noexcept:
 cdef inline void retrack(object o) noexcept:
     if TW_HAS_GIL and not PyObject_GC_IsTracked(o):
         PyObject_GC_Track(o)
+
+
+# An untracked task held by someone besides its wheel hides from the collector what it
+# refers to: a callback that refers back to its timer while its task is kept by another
+# object of the cycle (a heartbeat that keeps its task to cancel it), an operation that
+# its owner keeps too (a parked checkout of a dropped ResourceManager), and the cycle
+# lives for good. So around every full collection the pending tasks of the timers' wheels
+# are tracked (operation first, then its entry, as in _left), and the collector sees
+# every cycle through them; afterwards the ones still pending are untracked again. The
+# young collections, where the cost was, keep skipping them.
+_timer_wheels = WeakSet()  # the C wheels TimerCore._bind was given
+
+
+def _full_collection(phase, info):
+    """A ``gc.callbacks`` hook: track pending tasks for a full collection (see above)."""
+    if not TW_HAS_GIL or info["generation"] != 2:
+        return
+    cdef bint start = phase == "start"
+    for wheel in list(_timer_wheels):
+        for task in (<CWheel>wheel)._pending_items():
+            if not isinstance(task, TimerTask):
+                continue
+            entry = (<DelayedOperation>task)._entry if isinstance(task, DelayedOperation) else None
+            if start:
+                retrack(task)
+                if entry is not None:
+                    retrack(entry)
+            else:
+                untrack(task)
+                if entry is not None:
+                    untrack(entry)
+
+
+gc.callbacks.append(_full_collection)
 
 
 def monotonic_ms():
@@ -273,6 +309,8 @@ cdef class TimerCore:
     def _bind(self, wheel, clock, cond, max_pending, name):
         self._lateness = Lateness()
         self._wheel = wheel
+        if type(wheel) is CWheel:
+            _timer_wheels.add(wheel)
         self._clock = clock
         self._c_clock = TW_C_MONOTONIC and clock is monotonic_ms
         self._cond = cond
@@ -746,6 +784,7 @@ cdef class PurgatoryCore:
             elif self._try(op):
                 done += 1
                 stale = True
+            op = None  # each operation let go before the next, the last too (as the twin)
         if stale:
             # The walk cost O(list) already: clean the list now.
             garbage = []

@@ -587,6 +587,10 @@ class PurgatoryCore:
             elif self._try(op):
                 completed += 1
                 stale = True
+            # Let go of each operation before the next, the last too: one completed here
+            # and held by nobody else is freed now, its entry still listed (and so queued
+            # as cleared), whatever order the locals are freed in (the extension's differs).
+            op = None
         if stale:
             # The walk cost O(list) already: clean the list now.
             garbage: list[Any] = []
@@ -646,7 +650,9 @@ class PurgatoryCore:
                         if wl is not None:
                             wl.dead += 1
                             if DEAD_SHARE * wl.dead >= len(wl.entries):
-                                _compact(shard.lists, key, wl, garbage, True)
+                                # Freed entries only, as the extension: they are what the
+                                # dead count counts; completed ones are the purge's.
+                                _compact(shard.lists, key, wl, garbage, False)
                 garbage.clear()
             self._watched_base -= len(entries)
             with self._stats_lock:

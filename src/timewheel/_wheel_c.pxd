@@ -118,6 +118,7 @@ cdef class TimingWheel:
     cdef bint _cancel(self, int64_t h, PyObject** item) noexcept nogil
     cdef int64_t _schedule_item(self, int64_t d, object item, bint untrack) except? -1
     cdef bint _cancel_handle(self, int64_t h) noexcept
+    cdef list _pending_items(self)
     cdef void _set_now(self, int64_t t) noexcept nogil
     cdef void _expire(self, int64_t t, ExpiredBuf* out, size_t budget) noexcept nogil
     cdef void _hold_back(

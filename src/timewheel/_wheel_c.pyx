@@ -84,21 +84,12 @@ cdef extern from *:
             return visit((PyObject *)Py_TYPE(o), arg);
         return 0;
     }
-    /* Visit an item; through it, too, when it is untracked and only the wheel holds it. */
-    static int tw_visit_item(PyObject *item, tw_visitproc visit, void *arg) {
-        int r = visit(item, arg);
-        if (r == 0 && Py_REFCNT(item) == 1 && PyObject_IS_GC(item)
-                && !PyObject_GC_IsTracked(item) && Py_TYPE(item)->tp_traverse != NULL)
-            r = Py_TYPE(item)->tp_traverse(item, (visitproc)visit, arg);
-        return r;
-    }
     """
     ctypedef int (*tw_visitproc)(PyObject*, void*) noexcept
     ctypedef int (*tw_traverseproc)(PyObject*, tw_visitproc, void*) noexcept
     ctypedef int (*tw_inquiry)(PyObject*) noexcept
     void tw_set_gc(object type, tw_traverseproc traverse, tw_inquiry clear)
     int tw_visit_type(PyObject* o, tw_visitproc visit, void* arg) noexcept
-    int tw_visit_item(PyObject* item, tw_visitproc visit, void* arg) noexcept
 
 cdef enum:
     # the handle's bit budget, as in _validate (checked at import below)
@@ -533,6 +524,18 @@ cdef class TimingWheel:
         self._gilfree = 0 if child else self._gilfree - 1
 
     # -- locking --------------------------------------------------------------------
+    cdef list _pending_items(self):
+        """Every pending item, for the collector hook of :mod:`timewheel._tasks_c`; an
+        empty list unless the GIL alone guards the wheel (as in wheel_traverse)."""
+        cdef list out = []
+        cdef uint32_t s
+        if not TW_HAS_GIL or self._gilfree != 0:
+            return out
+        for s in range(self._hw):
+            if self._entries[s].bucket != NIL and self._entries[s].item != NULL:
+                out.append(<object>self._entries[s].item)
+        return out
+
     cdef bint _enter_with_gil(self) noexcept:
         """With the GIL held, enter the wheel at once if that is safe, else return False.
 
@@ -935,11 +938,11 @@ cdef int wheel_traverse(PyObject* o, tw_visitproc visit, void* arg) noexcept:
     """Visit every pending item, so cycles through pending items are collected.
 
     A timer untracks its pending tasks (the collector would walk them at every young
-    collection, and an idle timeout lives long). An untracked item that only the wheel
-    holds is visited through: its references count as the wheel's, exactly, since it
-    lives as long as the wheel holds it, so a cycle through it (a callback that refers
-    back to its timer) is still found. An untracked item held elsewhere too is not: its
-    references then look held from outside the collection, which is safe.
+    collection, and an idle timeout lives long), and tracks them again for every full
+    collection (``_tasks_c._full_collection``): so a cycle through a pending task (a
+    callback that refers back to its timer) is found by the full collections, which
+    :func:`gc.collect` makes. An untracked item's references look held from outside the
+    collection, which is safe.
 
     Only while no thread works on the wheel without the GIL: the collector holds the GIL
     from its first traverse to its last, so nobody starts to, and every traverse of one
@@ -956,7 +959,7 @@ cdef int wheel_traverse(PyObject* o, tw_visitproc visit, void* arg) noexcept:
         return 0
     for s in range(w._hw):
         if w._entries[s].bucket != NIL and w._entries[s].item != NULL:
-            r = tw_visit_item(w._entries[s].item, visit, arg)
+            r = visit(w._entries[s].item, arg)
             if r:
                 return r
     return 0

@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-logger = logging.getLogger("timewheel")
+logger = logging.getLogger(__name__)
 
 _aio = _impl.implementation().aio  # the module in use (the tests swap in the other)
 

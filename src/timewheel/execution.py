@@ -530,7 +530,12 @@ class ExecutionStrategy(ABC):
         self._run(task)
 
     def _run(self, task: Task) -> None:
-        """Run ``task``, already counted as started; log and count what it raises."""
+        """Run ``task``, already counted as started; log and count what it raises.
+
+        The loops that call it drop the task afterwards: a producer may wait long for
+        the next one, and a task kept by a thread's frame (where the collector cannot
+        see it) would keep whatever its callback refers to, its timer too, alive.
+        """
         try:
             task()
         except Exception:
@@ -546,6 +551,7 @@ class ProduceConsume(ExecutionStrategy):
         # One lock round trip per task: produced and counted started together.
         while (task := self._next_task(started=True)) is not None:
             self._run(task)
+            task = None  # not kept alive while the next one is produced: see _run
 
 
 class ProduceExecuteConsume(ExecutionStrategy):
@@ -565,6 +571,7 @@ class ProduceExecuteConsume(ExecutionStrategy):
             except PoolShutDown:
                 # A produced task must run exactly once: run it here instead.
                 self._consume(task)
+            task = None  # see _run
 
 
 class ExecuteProduceConsume(ExecutionStrategy):
@@ -620,6 +627,7 @@ class ExecuteProduceConsume(ExecutionStrategy):
                 if not non_blocking:
                     self._hand_on_production()
             self._run(task)
+            task = None  # see _run
             if non_blocking:
                 continue  # this thread kept the producing role
             with lock:

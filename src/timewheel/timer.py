@@ -167,8 +167,8 @@ class _Reaping:
             timer = self._timer()
             if timer is None or timer._closed:
                 return None
-            timer._reap_once(self.poll_ms, self.after_advance)
-            del timer  # a strong reference for one turn only
+            del timer  # the turn takes the timer from the weak reference when it needs it
+            _reap_once(self._timer, self.poll_ms, self.after_advance)
 
 
 def _reap(ref: weakref.ReferenceType[Timer]) -> None:
@@ -191,6 +191,122 @@ def _reap(ref: weakref.ReferenceType[Timer]) -> None:
         with cond:
             if not reaping.closed:
                 cond.wait(_seconds(reaping.poll_ms))
+
+
+def _read(clock: Callable[[], int]) -> int:
+    """The clock's time, checked: a user's clock may return anything."""
+    now = clock()
+    if type(now) is not int:
+        now = check_ms("clock()", now, -_INT64_MAX - 1)
+    return now
+
+
+# The advance and its waits hold the timer only through a weak reference while they wait:
+# the reaper calls them, and a frame of a running thread is a reference the collector
+# cannot see through, so a strong one there would keep a dropped timer, and every cycle
+# through its pending callbacks, alive for good.
+
+
+def _advance(
+    ref: weakref.ReferenceType[Timer],
+    timeout_ms: int,
+    dispatch: Callable[[Timer, list[TimerTask]], None],
+) -> bool:
+    """Wait until a task is due or ``timeout_ms`` passes, then expire what is due and
+    ``dispatch(timer, due)`` it; False if nothing was due, or the timer is closed or gone."""
+    timer = ref()
+    if timer is None:
+        return False
+    lock, manual = timer._advance_lock, timer._manual is not None
+    timer = None
+    if not lock.acquire(timeout=_seconds(timeout_ms)):
+        return False
+    try:
+        timer = ref() if manual else _wait_until_due(ref, timeout_ms)
+        if timer is None or timer._closed:
+            return False
+        now = _read(timer._clock)
+        due = timer._expire(now)
+        if due:
+            dispatch(timer, due)
+        return bool(due)
+    finally:
+        lock.release()
+
+
+def _wait_until_due(ref: weakref.ReferenceType[Timer], timeout_ms: int) -> Timer | None:
+    """Wait until the earliest deadline, ``timeout_ms`` or close, whichever comes first;
+    the timer then, or None if it was collected meanwhile."""
+    timer = ref()
+    if timer is None:
+        return None
+    clock, cond = timer._clock, timer._cond
+    end = _read(clock) + timeout_ms
+    with cond:
+        try:
+            while not timer._closed:
+                # Adds made while we look at the wheel must notify: they may be earlier.
+                timer._notify_upto = _ALWAYS
+                nd = timer._wheel.next_deadline()
+                now = _read(clock)
+                target = end if nd is None or nd > end else nd
+                if target <= now:
+                    break
+                timer._notify_upto = target - 1
+                timer = None
+                cond.wait(_seconds(target - now))
+                timer = ref()
+                if timer is None:
+                    break
+        finally:
+            if timer is not None:
+                timer._notify_upto = _NEVER
+    return timer
+
+
+def _reap_once(
+    ref: weakref.ReferenceType[Timer], poll_ms: int, after_advance: Callable[[], None] | None
+) -> None:
+    """One turn of the reaper's work, on whichever thread produces."""
+    ran = _advance(ref, poll_ms, Timer._queue_expired)
+    if after_advance is not None:
+        try:
+            after_advance()
+        except Exception:
+            timer = ref()
+            if timer is not None:
+                timer._count_error("after_advance %r of timer %r raised", after_advance)
+            timer = None
+    timer = ref()
+    if timer is not None and timer._manual is not None and not ran:
+        timer = None
+        _wait_for_manual_clock(ref, poll_ms)
+
+
+def _wait_for_manual_clock(ref: weakref.ReferenceType[Timer], poll_ms: int) -> None:
+    """Wait up to ``poll_ms`` for a :class:`ManualClock` to move (it notifies the timer's
+    condition) or for an add that is already due."""
+    timer = ref()
+    if timer is None:
+        return
+    clock, cond, wheel = timer._clock, timer._cond, timer._wheel
+    with cond:
+        try:
+            timer._notify_upto = _ALWAYS
+            nd = wheel.next_deadline()
+            now = clock()
+            # A move of the clock while we were not waiting (its notify found nobody)
+            # is followed at once: the reaper advances to every time the clock shows.
+            if timer._closed or (nd is not None and nd <= now) or now > wheel.now:
+                return
+            # Only an add that is already due needs us before the clock moves.
+            timer._notify_upto = now
+            timer = wheel = None
+            cond.wait(_seconds(poll_ms))
+            timer = ref()
+        finally:
+            if timer is not None:
+                timer._notify_upto = _NEVER
 
 
 class Timer(TimerCore):
@@ -320,9 +436,14 @@ class Timer(TimerCore):
         # the pending tasks (marked cancelled) rather than run them.
         if not hasattr(self, "_restart"):
             return  # __init__ failed
-        with self._cond:
-            self._closed = self._reaping.closed = True
-            self._cond.notify_all()
+        self._closed = self._reaping.closed = True
+        # Never blocking for the condition: the last reference may go on a thread that
+        # holds it (a reaper between two waits), which then finds the timer gone anyway.
+        if self._cond.acquire(blocking=False):
+            try:
+                self._cond.notify_all()
+            finally:
+                self._cond.release()
         if self._pool is not None:
             self._pool.shutdown(wait=False)
         _drain(self._wheel)
@@ -370,51 +491,7 @@ class Timer(TimerCore):
         :meth:`close` cuts it short. While another thread advances, this call waits for
         it up to ``timeout_ms`` and returns False if it cannot take over in time.
         """
-        return self._advance(check_ms("timeout_ms", timeout_ms), self._dispatch)
-
-    def _advance(self, timeout_ms: int, dispatch: Callable[[list[TimerTask]], None]) -> bool:
-        if not self._advance_lock.acquire(timeout=_seconds(timeout_ms)):
-            return False
-        try:
-            if self._closed:
-                return False
-            if self._manual is None:
-                self._wait_until_due(timeout_ms)
-                if self._closed:
-                    return False
-            now = self._now()
-            due = self._expire(now)
-            if due:
-                dispatch(due)
-            return bool(due)
-        finally:
-            self._advance_lock.release()
-
-    def _now(self) -> int:
-        """The clock's time, checked: a user's clock may return anything."""
-        now = self._clock()
-        if type(now) is not int:
-            now = check_ms("clock()", now, -_INT64_MAX - 1)
-        return now
-
-    def _wait_until_due(self, timeout_ms: int) -> None:
-        clock = self._now
-        end = clock() + timeout_ms
-        wheel = self._wheel
-        with self._cond:
-            try:
-                while not self._closed:
-                    # Adds made while we look at the wheel must notify: they may be earlier.
-                    self._notify_upto = _ALWAYS
-                    nd = wheel.next_deadline()
-                    now = clock()
-                    target = end if nd is None or nd > end else nd
-                    if target <= now:
-                        return
-                    self._notify_upto = target - 1
-                    self._cond.wait(_seconds(target - now))
-            finally:
-                self._notify_upto = _NEVER
+        return _advance(weakref.ref(self), check_ms("timeout_ms", timeout_ms), Timer._dispatch)
 
     def _dispatch(self, tasks: list[TimerTask]) -> None:
         """Run (or submit) expired tasks in order on this thread."""
@@ -493,35 +570,6 @@ class Timer(TimerCore):
                 daemon=True,
             )
             self._reaper.start()
-
-    def _reap_once(self, poll_ms: int, after_advance: Callable[[], None] | None) -> None:
-        """One turn of the reaper's work, on whichever thread produces."""
-        ran = self._advance(poll_ms, self._queue_expired)
-        if after_advance is not None:
-            try:
-                after_advance()
-            except Exception:
-                self._count_error("after_advance %r of timer %r raised", after_advance)
-        if self._manual is not None and not ran:
-            self._wait_for_manual_clock(poll_ms)
-
-    def _wait_for_manual_clock(self, poll_ms: int) -> None:
-        # The clock notifies our condition when it moves; earlier adds notify too.
-        clock = self._clock
-        with self._cond:
-            try:
-                self._notify_upto = _ALWAYS
-                nd = self._wheel.next_deadline()
-                now = clock()
-                # A move of the clock while we were not waiting (its notify found nobody)
-                # is followed at once: the reaper advances to every time the clock shows.
-                if self._closed or (nd is not None and nd <= now) or now > self._wheel.now:
-                    return
-                # Only an add that is already due needs us before the clock moves.
-                self._notify_upto = now
-                self._cond.wait(_seconds(poll_ms))
-            finally:
-                self._notify_upto = _NEVER
 
     def close(self) -> list[TimerTask]:
         """Stop the reaper promptly and return the tasks that never ran, in deadline order.

@@ -7,6 +7,7 @@ case's child reports through its exit status, which the parent checks.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import sys
@@ -401,6 +402,121 @@ def self_rearming_timer() -> None:
     assert payload_refs[0]() is None
 
 
+def started_self_rearming_timer() -> None:
+    """The same with the reaper running: the callback runs on the timer's own threads,
+    whose frames must hold neither the timer nor the task they last ran."""
+
+    def make() -> weakref.ref[Timer]:
+        timer = Timer(name="scyc")
+        timer.start(poll_ms=20)
+        ran = threading.Event()
+
+        def again() -> None:
+            ran.set()
+            timer.add(5, again)
+
+        timer.add(1, again)
+        assert ran.wait(WAIT_S)
+        return weakref.ref(timer)
+
+    collected(make, "scyc-")
+
+
+def heartbeat_timer() -> None:
+    """A started timer whose pending task is also kept by the object its callback is a
+    method of (to cancel it): the cycle goes through a task held twice."""
+
+    class Heartbeat:
+        def __init__(self, timer: Timer) -> None:
+            self.timer = timer
+            self.beats = threading.Event()
+            self.task = timer.add(1, self.beat)
+
+        def beat(self) -> None:
+            self.beats.set()
+            self.task = self.timer.add(5, self.beat)
+
+    def make() -> weakref.ref[Timer]:
+        timer = Timer(name="hb")
+        timer.start(poll_ms=20)
+        assert Heartbeat(timer).beats.wait(WAIT_S)
+        return weakref.ref(timer)
+
+    collected(make, "hb-")
+
+
+def drop_resource_manager_parked() -> None:
+    """A manager dropped while one of its checkouts waits, parked, for a key another
+    checkout holds: collected, and its purgatory's and loader's threads exit."""
+    refs: list[weakref.ref[Any]] = []
+    finished: list[Any] = []
+
+    def make() -> weakref.ref[ResourceManager]:
+        manager = ResourceManager(loader=lambda key: f"object {key}")
+        first = manager.checkout(["a"], timeout_ms=60_000)
+        assert first.result(WAIT_S) == {"a": "object a"}
+        parked = manager.checkout(["a", "b"])  # no timeout: parked for good
+        wait_for(lambda: manager.metrics()["waiting"] == 1, "the checkout to park")
+
+        class Callback:
+            def __call__(self, checkout: Any) -> None:
+                finished.append(checkout)
+
+        callback = Callback()
+        parked.add_done_callback(callback)
+        refs.append(weakref.ref(callback))
+        assert thread_names("timewheel-loader") and thread_names("resources")
+        return weakref.ref(manager)
+
+    collected(make, "timewheel-loader")
+    wait_for(lambda: not thread_names("resources"), "the purgatory's threads to exit")
+    assert refs[0]() is None and not finished  # the parked request went with it, unfinished
+
+
+def _drop_loop(new_loop: Callable[[], asyncio.AbstractEventLoop]) -> None:
+    """A loop dropped without close() while timewheel.aio timers are pending (a sleep,
+    a timeout, a callback that refers to the loop): loop, wheel and callbacks collected."""
+    from timewheel import aio
+
+    class Callback:
+        def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+            self.loop = loop
+
+        def __call__(self) -> None:
+            raise AssertionError("ran for a dropped loop")
+
+    refs: list[weakref.ref[Any]] = []
+
+    async def guarded() -> None:
+        async with aio.timeout(3600):
+            await aio.sleep(7200)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        callback = Callback(loop)
+        aio.call_later(3600, callback)
+        tasks = [loop.create_task(aio.sleep(3600)), loop.create_task(guarded())]
+        for _ in range(3):
+            await asyncio.sleep(0)  # both tasks reach their waits
+        assert len(aio.get_timer()) == 4 and not any(t.done() for t in tasks)
+        refs.extend(weakref.ref(x) for x in (aio.get_timer(), callback, *tasks))
+
+    def make() -> weakref.ref[asyncio.AbstractEventLoop]:
+        loop = new_loop()
+        loop.run_until_complete(main())
+        return weakref.ref(loop)
+
+    loop_ref = make()
+    wait_for(lambda: gc.collect() >= 0 and loop_ref() is None, "the loop to be collected")
+    assert [r() for r in refs] == [None] * len(refs)  # its wheel, callback and tasks too
+
+
+def drop_loop_asyncio() -> None:
+    # Not uvloop: its loop, dropped without close(), is never collected even with
+    # nothing of ours pending (uvloop 0.21 here), so there is nothing to show there.
+    _drop_loop(asyncio.new_event_loop)
+
+
 CASES = {
     f.__name__: f
     for f in (
@@ -418,6 +534,10 @@ CASES = {
         drop_pool,
         drop_resource_manager,
         self_rearming_timer,
+        started_self_rearming_timer,
+        heartbeat_timer,
+        drop_resource_manager_parked,
+        drop_loop_asyncio,
     )
 }
 

@@ -31,7 +31,8 @@ except ImportError as exc:  # pragma: no cover - only without the extra
         f"{__name__} needs prometheus_client: pip install 'timewheel-purgatory[prometheus]' ({exc})"
     ) from exc
 
-from . import Histogram, samples
+from . import METRICS, Histogram, samples
+from . import Metric as MetricRow
 
 __all__ = ["TimewheelCollector", "register_collector"]
 
@@ -40,18 +41,23 @@ def _bound(value: float) -> str:
     return repr(float(value))
 
 
+def _family(row: MetricRow) -> Any:
+    """The empty metric family of one row of the table."""
+    unit = "seconds" if row.unit == "seconds" else ""
+    if row.type == "histogram":
+        return HistogramMetricFamily(row.prometheus_name, row.help, labels=["name"], unit=unit)
+    kind = CounterMetricFamily if row.type == "counter" else GaugeMetricFamily
+    return kind(row.prometheus_name, row.help, labels=["name"], unit=unit)
+
+
 class TimewheelCollector(Collector):
     """Yields every timewheel metric of every live object at each scrape."""
 
     def collect(self) -> Iterator[Metric]:
         """One metric family per row of the table, one sample set per live object."""
         for row, values in samples():
-            unit = "seconds" if row.unit == "seconds" else ""
-            family: Any
+            family = _family(row)
             if row.type == "histogram":
-                family = HistogramMetricFamily(
-                    row.prometheus_name, row.help, labels=["name"], unit=unit
-                )
                 for name, hist in values:
                     assert isinstance(hist, Histogram)
                     buckets = [
@@ -60,22 +66,28 @@ class TimewheelCollector(Collector):
                     buckets.append(("+Inf", hist.count))
                     family.add_metric([name], buckets, hist.sum)
             else:
-                kind = CounterMetricFamily if row.type == "counter" else GaugeMetricFamily
-                family = kind(row.prometheus_name, row.help, labels=["name"], unit=unit)
                 for name, value in values:
                     family.add_metric([name], value)
             yield family
 
     def describe(self) -> Iterator[Metric]:
-        """Nothing: the metrics depend on which objects are alive at each scrape."""
-        return iter(())
+        """Every family, without samples: the registry refuses a second collector that
+        would yield the same series."""
+        return (_family(row) for row in METRICS)
 
 
 def register_collector(registry: CollectorRegistry = REGISTRY) -> TimewheelCollector:
     """Register a new :class:`TimewheelCollector` on ``registry`` and return it.
 
-    Unregister it with ``registry.unregister(collector)``.
+    A registry takes one: a second call on it raises ValueError (every series would be
+    doubled). Unregister it with ``registry.unregister(collector)``.
     """
     collector = TimewheelCollector()
-    registry.register(collector)
+    try:
+        registry.register(collector)
+    except ValueError as exc:
+        raise ValueError(
+            "registry already has timewheel's series: register_collector() was called on it "
+            "before (unregister that collector first)"
+        ) from exc
     return collector

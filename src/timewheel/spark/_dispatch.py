@@ -146,6 +146,8 @@ def _validate(
         key_cols=tuple(key_cols),
     )
     get_engine(engine)
+    if isinstance(target, type):
+        raise TypeError(f"target must be an instance, got the class {target.__name__}")
     submit = getattr(target, "submit", None)
     if not callable(submit):
         raise TypeError(f"target must have a submit(row, on_done) method, got {target!r}")
@@ -432,8 +434,9 @@ def dispatch(
     Connect has no accumulators: there both must be None.
     """
     engine = DEFAULT_ENGINE if _engine is None else _engine
-    if callable(getattr(target, "for_id_col", None)) and isinstance(id_col, str):
-        target = target.for_id_col(id_col)  # the HTTP target derives its keys from it
+    for_id_col = None if isinstance(target, type) else getattr(target, "for_id_col", None)
+    if callable(for_id_col) and isinstance(id_col, str):
+        target = for_id_col(id_col)  # the HTTP target derives its keys from it
     config = _validate(
         df,
         target,

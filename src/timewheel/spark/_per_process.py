@@ -9,10 +9,10 @@ not come along. :class:`PerProcess` gives each process its own instance.
 
 from __future__ import annotations
 
-import os
 import threading
-import weakref
-from typing import Any, Callable, Generic, TypeVar
+from typing import Callable, Generic, TypeVar
+
+from .. import _atfork
 
 __all__ = ["PerProcess"]
 
@@ -37,7 +37,7 @@ class PerProcess(Generic[T]):
         self._lock = threading.Lock()
         # A 1-tuple, so that a factory may return None and still be called once.
         self._held: tuple[T] | None = None
-        _LIVE.add(self)
+        _atfork.reset(self)
 
     def get(self) -> T:
         """This process's instance, made now if this process has none yet."""
@@ -50,16 +50,9 @@ class PerProcess(Generic[T]):
         return held[0]
 
     def _forget(self) -> None:
+        """Drop the instance and the lock (a thread lost in a fork may hold it): the next
+        :meth:`get` makes another."""
         self._lock = threading.Lock()
         self._held = None
 
-
-_LIVE: weakref.WeakSet[PerProcess[Any]] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for each in list(_LIVE):
-        each._forget()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+    _fork_reset = _forget  # what timewheel._atfork calls in a forked child

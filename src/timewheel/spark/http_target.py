@@ -45,7 +45,7 @@ from .targets import DownstreamError, DownstreamTimeout, Failure, OnDone, Reply
 
 __all__ = ["HttpDownstream", "add_http_options", "http_options"]
 
-log = logging.getLogger("timewheel")
+logger = logging.getLogger(__name__)
 
 #: The shape of the body: None for the method's default (the whole row for POST, PUT and
 #: PATCH; none for GET and DELETE), ``"row"`` or ``"none"`` to say so, column names for
@@ -447,7 +447,7 @@ class HttpDownstream:
             else:
                 on_done(ok, failure)
         except Exception:
-            log.exception("on_done callback of HttpDownstream raised")
+            logger.exception("on_done callback of HttpDownstream raised")
 
     # -- acall: aiohttp on the caller's loop -------------------------------------------
     async def acall(self, row: Mapping[str, Any]) -> Reply:

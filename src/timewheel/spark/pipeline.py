@@ -91,10 +91,19 @@ sends only the rows not yet ok there. An existing --output is refused unless
 """
 
 
+#: The command's local master: every core, and up to 4 failures of a task (Spark's
+#: spark.task.maxFailures on a cluster). Plain local[*] allows none, so one Python worker
+#: that dies (killed, out of memory) would fail the whole run.
+DEFAULT_MASTER = "local[*,4]"
+
+
 def add_dispatch_options(parser: argparse.ArgumentParser) -> None:
     """The options that map onto ``dispatch``'s arguments (shared with the benchmark)."""
     parser.add_argument(
-        "--master", default="local[*]", help="Spark master URL (default: %(default)s)"
+        "--master",
+        default=DEFAULT_MASTER,
+        help="Spark master URL (default: %(default)s: every core, and a task may fail 3 "
+        "times and run again, as on a cluster)",
     )
     parser.add_argument(
         "--target",
