@@ -155,25 +155,35 @@ def _raw_multi(url: str, in_flight: int) -> Callable[[int], int]:
             started += 1
         while ok < n:
             multi.perform()
-            while True:
-                queued, done, failed = multi.info_read()
-                for easy in done:
-                    multi.remove_handle(easy)
-                    ok += easy.getinfo(pycurl.RESPONSE_CODE) // 100 == 2
-                    if started < n:
-                        multi.add_handle(easy)
-                        started += 1
-                    else:
-                        idle.append(easy)
-                for _easy, errno, message in failed:
-                    raise RuntimeError(f"libcurl error {errno}: {message}")
-                if not queued:
-                    break
+            started, ok = _reuse_finished(multi, idle, started, ok, n)
             if ok < n:
                 multi.select(1.0)
         return ok
 
     return run
+
+
+def _reuse_finished(multi: Any, idle: list[Any], started: int, ok: int, n: int) -> tuple[int, int]:
+    """Count the transfers libcurl has finished and start the next on each freed handle.
+
+    Returns the new (started, ok); a transfer that failed ends the benchmark with its error.
+    """
+    import pycurl
+
+    while True:
+        queued, done, failed = multi.info_read()
+        for easy in done:
+            multi.remove_handle(easy)
+            ok += easy.getinfo(pycurl.RESPONSE_CODE) // 100 == 2
+            if started < n:
+                multi.add_handle(easy)
+                started += 1
+            else:
+                idle.append(easy)
+        for _easy, errno, message in failed:
+            raise RuntimeError(f"libcurl error {errno}: {message}")
+        if not queued:
+            return started, ok
 
 
 def _raw_socket_action(url: str, in_flight: int) -> Callable[[int], int]:
@@ -219,20 +229,7 @@ def _raw_socket_action(url: str, in_flight: int) -> Callable[[int], int]:
                     pycurl.CSELECT_OUT if mask & selectors.EVENT_WRITE else 0
                 )
                 multi.socket_action(key.fd, flags)
-            while True:
-                queued, done, failed = multi.info_read()
-                for easy in done:
-                    multi.remove_handle(easy)
-                    ok += easy.getinfo(pycurl.RESPONSE_CODE) // 100 == 2
-                    if started < n:
-                        multi.add_handle(easy)
-                        started += 1
-                    else:
-                        idle.append(easy)
-                for _easy, errno, message in failed:
-                    raise RuntimeError(f"libcurl error {errno}: {message}")
-                if not queued:
-                    break
+            started, ok = _reuse_finished(multi, idle, started, ok, n)
         return ok
 
     return run
