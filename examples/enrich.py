@@ -4,21 +4,20 @@ Runs as it stands (``python examples/enrich.py``): it starts a small customer se
 (aiohttp, on 127.0.0.1, answering per customer id) and a local Spark, then sends each
 order's customer to the service with :func:`timewheel.spark.dispatch`:
 
+* ``GET /customers/{customer_id}``: a URL template filled from each row;
+* ``reply_schema=``: the service's JSON answer parsed into a struct column ``reply``, so
+  the customer's name and tier become columns of the order;
 * ``rate=RATE``: the whole job stays under RATE requests a second, however many tasks;
 * ``dedupe_col="customer_id"``: orders of the same customer share one request;
-* every order comes back once with how its lookup ended (``status``, ``attempts``,
-  ``latency_ms``, ``error``); unknown customers are ``failed`` with the service's 404.
-
-The reply itself (the customer's name and tier as columns) needs the reply columns of
-issue 21 (``method="GET"``, a ``{customer_id}`` URL template, ``reply_schema=``); until
-then this example shows the quota, the de-duplication and the accounting.
+* every order comes back once with how its lookup ended (``status``, ``http_status``,
+  ``attempts``, ``latency_ms``, ``error``); unknown customers are ``failed`` with the
+  service's 404.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import json
 import sys
 import threading
 import time
@@ -38,7 +37,7 @@ RATE = 100.0  # requests per second for the whole job
 
 
 class CustomerService:
-    """``POST /customers`` with ``{"customer_id": N}``: the customer, or 404; notes when."""
+    """``GET /customers/{id}``: the customer as JSON, or 404; notes when each request came."""
 
     def __init__(self) -> None:
         self.arrivals: list[float] = []
@@ -50,7 +49,7 @@ class CustomerService:
 
     async def customer(self, request: web.Request) -> web.Response:
         self.arrivals.append(time.monotonic())
-        customer_id = json.loads(await request.read())["customer_id"]
+        customer_id = int(request.match_info["customer_id"])
         if not 0 <= customer_id < KNOWN:
             return web.Response(status=404, text=f"no customer {customer_id}")
         tier = ("gold", "silver", "bronze")[customer_id % 3]
@@ -61,12 +60,13 @@ class CustomerService:
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         app = web.Application()
-        app.router.add_post("/customers", self.customer)
+        app.router.add_get("/customers/{customer_id}", self.customer)
         runner = web.AppRunner(app, access_log=None)
         self.loop.run_until_complete(runner.setup())
         site = web.TCPSite(runner, "127.0.0.1", 0)
         self.loop.run_until_complete(site.start())
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/customers"  # type: ignore[union-attr]
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}/customers/{{customer_id}}"
         self.ready.set()
         self.loop.run_forever()
 
@@ -87,7 +87,7 @@ def main() -> int:
             (F.col("id") * 7 % CUSTOMERS).alias("customer_id"),
             F.round(F.rand(seed=1) * 100, 2).alias("amount"),
         )
-        target = HttpDownstream(service.url, body=["customer_id"])
+        target = HttpDownstream(service.url, method="GET")
         start = time.monotonic()
         enriched: Any = dispatch(
             orders,
@@ -95,14 +95,18 @@ def main() -> int:
             id_col="order_id",
             dedupe_col="customer_id",
             rate=RATE,
+            reply_schema="id long, name string, tier string",
             timeout_ms=5000,
             retries=2,
         ).cache()
         counts = {r["status"]: r["count"] for r in enriched.groupBy("status").count().collect()}
         elapsed = time.monotonic() - start
-        enriched.filter("status = 'failed'").select("order_id", "customer_id", "error").show(
-            3, truncate=False
-        )
+        enriched.select(
+            "order_id", "customer_id", "amount", "reply.name", "reply.tier", "status"
+        ).show(3, truncate=False)
+        enriched.filter("status = 'failed'").select(
+            "order_id", "customer_id", "http_status", "error"
+        ).show(3, truncate=False)
         rows = sum(counts.values())
         print(
             f"{rows} orders back ({counts.get('ok', 0)} ok, {counts.get('failed', 0)} failed) "
@@ -110,7 +114,12 @@ def main() -> int:
             f"{service.most_in_one_second()} in any second (rate {RATE:g})"
         )
         unique_orders = enriched.select("order_id").distinct().count()
-        return 0 if rows == ORDERS == unique_orders else 1
+        # Every known customer's order carries its name; an unknown one's the 404.
+        wrong = enriched.filter(
+            "(status = 'ok' AND reply.name != concat('customer ', customer_id))"
+            " OR (status = 'failed' AND http_status != 404)"
+        ).count()
+        return 0 if rows == ORDERS == unique_orders and wrong == 0 else 1
     finally:
         spark.stop()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import os
+import re
 import subprocess
 import sys
 import time
@@ -125,3 +126,6 @@ def test_the_enrich_example_runs_under_its_rate_and_saves_repeated_lookups() -> 
     last = result.stdout.strip().splitlines()[-1]
     # 3000 orders of 150 customers: one request per customer, 10 of them unknown.
     assert last.startswith("3000 orders back (2800 ok, 200 failed) from 150 requests"), last
+    # The replies came back as columns: the shown orders carry their customer's name and tier.
+    shown = re.search(r"\|customer \d+\s*\|(gold|silver|bronze)\s*\|ok", result.stdout)
+    assert shown, result.stdout
