@@ -10,6 +10,7 @@ never does), and a model checks the wheel after every call.
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import signal
@@ -97,6 +98,8 @@ class Interrupts:
         self.target: object = None
 
     def handler(self, signum: int, frame: FrameType | None) -> None:
+        if _collecting:
+            return  # in a gc.callbacks hook (ours or hypothesis's): an error there is unraisable
         while frame is not None:
             if frame.f_code.co_name == "__del__":
                 return  # a finalizer the collector runs meanwhile: an error there is unraisable
@@ -115,10 +118,30 @@ class Interrupts:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
+# True from the first gc.callbacks hook of a collection to its last one: the collector's
+# hooks run inside whatever call the collection interrupted, so a frame of the wheel can be
+# below a hook's frame.
+_collecting = False
+
+
+def _collection_starts(phase: str, info: dict[str, int]) -> None:
+    global _collecting
+    if phase == "start":
+        _collecting = True
+
+
+def _collection_ends(phase: str, info: dict[str, int]) -> None:
+    global _collecting
+    if phase == "stop":
+        _collecting = False
+
+
 @pytest.fixture
 def interrupts() -> Any:
     previous = signal.getsignal(signal.SIGALRM)
     made: list[Interrupts] = []
+    gc.callbacks.insert(0, _collection_starts)
+    gc.callbacks.append(_collection_ends)
 
     def make(filename: str, seed: int) -> Interrupts:
         made.append(Interrupts(filename, random.Random(seed)))
@@ -128,6 +151,8 @@ def interrupts() -> Any:
     yield make
     Interrupts.disarm()
     signal.signal(signal.SIGALRM, previous)
+    gc.callbacks.remove(_collection_starts)
+    gc.callbacks.remove(_collection_ends)
 
 
 def check_against(wheel: Any, model: dict[int, int]) -> None:
