@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
 from spark_faults import check, needs_proc, run_with_a_worker_killed
 
 pytestmark = [pytest.mark.spark, needs_proc]
