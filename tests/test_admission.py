@@ -12,7 +12,7 @@ import pytest
 from timewheel.spark.admission import BURST_S, Admission, check_rate, is_overload
 from timewheel.spark.engines import DispatchConfig
 from timewheel.spark.registry import engine_names, get_engine
-from timewheel.spark.targets import Failure, OnDone
+from timewheel.spark.targets import Failure, OnDone, Reply
 from timewheel.spark.timewheel_engine import timewheel_engine
 
 
@@ -170,6 +170,10 @@ def test_bad_rates_are_refused_by_name(rate: Any, error: type[Exception]) -> Non
 def test_overload_is_429_or_503_only() -> None:
     assert is_overload(Failure("HTTP 429: x", 1.0)) and is_overload("HTTP 503: busy")
     assert not is_overload("HTTP 500: boom") and not is_overload(None)
+    # A reply's status decides when the call handed one back, whatever the error's words.
+    assert is_overload("too many requests", Reply(429, b"")) and is_overload(None, Reply(503, None))
+    assert not is_overload("HTTP 429: x", Reply(500, b""))
+    assert not is_overload("x", Reply(None, None))  # no status: the words decide
 
 
 def test_with_a_rate_the_window_starts_small_and_grows_only_while_it_holds_calls_back() -> None:

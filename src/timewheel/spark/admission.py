@@ -42,8 +42,19 @@ def check_rate(rate: Any) -> float:
     return float(rate)
 
 
-def is_overload(error: object) -> bool:
-    """Whether a failed call's error says the service is overloaded (HTTP 429 or 503)."""
+#: The HTTP answers that mean "too much, slow down".
+OVERLOAD_STATUSES = (429, 503)
+
+
+def is_overload(error: object, reply: Any = None) -> bool:
+    """Whether a failed call was refused for overload (HTTP 429 or 503).
+
+    Read from the call's reply when it handed one back (``reply.status``), else from the
+    error's text, for targets that report only ``on_done(ok, error)``.
+    """
+    status = getattr(reply, "status", None)
+    if status is not None:
+        return status in OVERLOAD_STATUSES
     return isinstance(error, str) and error.startswith(("HTTP 429", "HTTP 503"))
 
 

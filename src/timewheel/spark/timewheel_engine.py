@@ -280,6 +280,7 @@ class _Partition:
         """An attempt ended: finish the row, or retry it after a backoff."""
         wait_s: float | None = 0.0
         reply = None
+        overloaded = False
         if answer is None:
             status, error = TIMEOUT, self.timeout_error
         elif answer[0]:
@@ -289,14 +290,15 @@ class _Partition:
         else:
             status, error, wait_s = FAILED, str(answer[1] or "failed"), retry_after_of(answer[1])
             reply = answer[2]
-            if is_overload(answer[1]):
+            overloaded = is_overload(answer[1], reply)
+            if overloaded:
                 self.admission.overloaded(row.call, wait_s)
         if wait_s is None or row.attempts > self.config.retries:  # None: not worth a retry
             self.finish(row, status, error, reply)
             return
         delay_ms = round(max(backoff_s(self.config), wait_s) * 1000)
         # A refusal for overload waits its turn in the window with the new rows.
-        then = self.park if answer is not None and is_overload(answer[1]) else self.retry
+        then = self.park if overloaded else self.retry
         with self.lock:
             if self.closed:
                 return
