@@ -286,10 +286,14 @@ _SIM_OK = Reply(200, b'{"accepted":true}')
 
 
 def simulated_reply(error: str | None) -> Reply:
-    """The answer of a simulated call: a small JSON body, 200 unless it failed."""
+    """The answer of a simulated call: a small JSON body, 200 unless it failed.
+
+    A simulated failure is a 500, not a 503: it is a random fault, not overload, so it
+    must not shrink the adaptive window (a 1% rate of 503s would halve it every round).
+    """
     if error is None:
         return _SIM_OK
-    status = 409 if error.startswith("key overlap") else 503
+    status = 409 if error.startswith("key overlap") else 500
     return Reply(status, json.dumps({"accepted": False, "error": error}).encode())
 
 
