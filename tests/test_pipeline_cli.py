@@ -239,7 +239,9 @@ def test_bad_paths_formats_and_masters_are_one_line_errors(tmp_path: Path) -> No
     assert debug.returncode == 1 and "Traceback" in debug.stderr
 
 
-def test_progress_counts_rows_to_the_total(spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_progress_counts_rows_to_the_total(
+    spark: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from timewheel.spark import dispatch
     from timewheel.spark.targets import SimulatedDownstream
 
@@ -249,9 +251,10 @@ def test_progress_counts_rows_to_the_total(spark: Any, monkeypatch: pytest.Monke
 
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    rows = spark.sparkContext.accumulator(0)
+    # The bar counts the rows the tasks committed to the run's journal.
+    rows = pipeline.JournalCount(tmp_path / "journal")
     df = spark.range(2000, numPartitions=4)
-    result = dispatch(df, SimulatedDownstream(1, 2), id_col="id", _progress=rows)
+    result = dispatch(df, SimulatedDownstream(1, 2), id_col="id", _journal=str(rows.directory))
     with pipeline.Progress(rows, 2000, quiet=False):
         assert result.count() == 2000
     assert rows.value == 2000
@@ -344,7 +347,7 @@ def test_dedupe_col_and_rate_in_the_summary(spark: Any, tmp_path: Path) -> None:
 def test_the_row_ordinal_never_reaches_the_target(spark: Any, tmp_path: Path) -> None:
     import threading
 
-    from timewheel.spark.waves import ORDINAL
+    from timewheel.spark.journal import ORDINAL
 
     seen: list[dict[str, Any]] = []
     lock = threading.Lock()

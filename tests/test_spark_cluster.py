@@ -142,7 +142,7 @@ def test_the_cli_runs_on_the_cluster(master_url: str, tmp_path: Path) -> None:
     assert summary["master"] == master_url and summary["rows"] == 5000
     assert sum(summary["status"].values()) == 5000
     assert json.loads((out / "summary.json").read_text()) == summary
-    # The output is made from the committed waves: every generated row in it exactly once.
+    # Every generated row is in the output exactly once.
     import pyarrow.parquet as pq
 
     ids = pq.read_table(out / "rows", columns=["id"]).column("id").to_pylist()

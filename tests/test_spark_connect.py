@@ -116,13 +116,13 @@ def test_dispatch_on_connect_returns_every_row_once(session: Any) -> None:
 
 def test_accumulators_are_refused_clearly_on_connect(session: Any) -> None:
     with pytest.raises(ValueError, match="Spark Connect has no accumulators"):
-        dispatch(session.range(3), SimulatedDownstream(1, 2), id_col="id", _progress=object())
+        dispatch(session.range(3), SimulatedDownstream(1, 2), id_col="id", _reports=object())
 
 
 def test_the_cli_runs_on_connect(remote: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "timewheel", "pipeline", "--remote", remote, "--quiet"]
-    argv += ["--generate", "5000", "--wave-rows", "2000", "--output", str(out)]
+    argv += ["--generate", "5000", "--output", str(out)]
     argv += ["--target", "sim://?pct50=2&pct75=5&failures=0.02&seed=1", "--retries", "2"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import pickle
 import sys
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
@@ -43,6 +44,7 @@ from .._validate import check_columns, check_int
 from ._per_process import PerProcess
 from .admission import check_rate
 from .engines import OK, RESULT_COLUMNS, DispatchConfig, Outcome
+from .journal import FLUSH_ROWS, FLUSH_S, JournalWriter
 from .registry import DEFAULT_ENGINE, get_engine
 from .replies import REPLY_COLUMN, ReplyParser, reply_struct
 from .worker_metrics import PartitionCounts, worker_metrics
@@ -166,18 +168,18 @@ class _PartitionDispatch:
         engine: str,
         target: Any,
         config: DispatchConfig,
-        progress: Accumulator[int] | None = None,
         reports: Accumulator[Any] | None = None,
         reply: StructType | None = None,
         dedupe_col: str | None = None,
+        journal: str | None = None,
     ) -> None:
         self.engine = engine
         self.target = target
         self.config = config
-        self.progress = progress
         self.reports = reports
         self.reply = reply
         self.dedupe_col = dedupe_col
+        self.journal = journal
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         engine = get_engine(self.engine)
@@ -205,15 +207,34 @@ class _PartitionDispatch:
             run(rows()) if self.dedupe_col is None else sent_once(rows(), self.dedupe_col, run)
         )
         out: list[Outcome] = []
+        journal = None if self.journal is None else JournalWriter(self.journal)
         try:
-            for outcome in outcomes:
-                out.append(outcome)
-                if len(out) == _OUT_BATCH_ROWS:
-                    yield self._batch(out, schemas[0], counts, parser)
-                    out = []
+            if journal is None:
+                for outcome in outcomes:
+                    out.append(outcome)
+                    if len(out) == _OUT_BATCH_ROWS:
+                        yield self._batch(out, schemas[0], counts, parser)
+                        out = []
+            else:  # smaller batches, each committed to the journal before Spark gets it
+                first = 0.0
+                for outcome in outcomes:
+                    out.append(outcome)
+                    now = time.monotonic()
+                    if len(out) == 1:
+                        first = now
+                    elif len(out) == FLUSH_ROWS or now - first >= FLUSH_S:
+                        batch = self._batch(out, schemas[0], counts, parser)
+                        journal.write(batch)
+                        yield batch
+                        out = []
             if out:
-                yield self._batch(out, schemas[0], counts, parser)
+                batch = self._batch(out, schemas[0], counts, parser)
+                if journal is not None:
+                    journal.write(batch)
+                yield batch
         finally:
+            if journal is not None:
+                journal.close()
             report = worker.end(counts)
             if self.reports is not None:
                 self.reports.add({worker.name: report})
@@ -233,8 +254,6 @@ class _PartitionDispatch:
             replies.append(parsed)
         rows, *results = zip(*outcomes)
         counts.finish(results[0], results[1])  # the status and attempts columns
-        if self.progress is not None:
-            self.progress.add(len(outcomes))
         inputs = schema.names[: len(schema) - len(_ARROW_RESULT_FIELDS) - len(replies)]
         columns = [
             pa.array([row[name] for row in rows], schema.field(name).type) for name in inputs
@@ -390,8 +409,8 @@ def dispatch(
     dedupe_col: str | None = None,
     resume_from: DataFrame | None = None,
     _engine: str | None = None,
-    _progress: Accumulator[int] | None = None,
     _reports: Accumulator[Any] | None = None,
+    _journal: str | None = None,
 ) -> DataFrame:
     """Send each row of ``df`` to ``target`` from the executors; return it once, with its outcome.
 
@@ -427,11 +446,12 @@ def dispatch(
 
     The result is lazy, like any DataFrame: calls are made when an action runs, and
     again if the result is computed twice (cache or write it once).
-    ``_progress``, an int accumulator, is given the rows each task finished (the
-    CLI's progress bar reads it). ``_reports``, the accumulator of a
+    ``_reports``, the accumulator of a
     :class:`~timewheel.spark.worker_metrics.WorkerReports`, is given each partition's
-    ``spark_engine`` counts under its worker's name when the partition ends. Spark
-    Connect has no accumulators: there both must be None.
+    ``spark_engine`` counts under its worker's name when the partition ends (Spark
+    Connect has no accumulators: there it must be None). ``_journal``, a directory the
+    executors can write: each task also commits its finished rows there as it goes
+    (see :mod:`timewheel.spark.journal`; the CLI's resumable output).
     """
     engine = DEFAULT_ENGINE if _engine is None else _engine
     for_id_col = None if isinstance(target, type) else getattr(target, "for_id_col", None)
@@ -468,8 +488,8 @@ def dispatch(
     spark = df.sparkSession
     check_workers(spark)
     connect = is_connect(spark)
-    if connect and (_progress is not None or _reports is not None):
-        raise ValueError("Spark Connect has no accumulators: _progress and _reports must be None")
+    if connect and _reports is not None:
+        raise ValueError("Spark Connect has no accumulators: _reports must be None")
     by = config.key_cols[:1] or ((dedupe_col,) if dedupe_col else ())
     if rate is not None or by:
         # With a rate, one partition per task slot: each sends an equal share of it.
@@ -480,7 +500,7 @@ def dispatch(
     if dedupe_col:
         df = df.sortWithinPartitions(dedupe_col)
     result = df.mapInArrow(
-        _PartitionDispatch(engine, target, config, _progress, _reports, reply, dedupe_col),
+        _PartitionDispatch(engine, target, config, _reports, reply, dedupe_col, _journal),
         output_schema(df.schema, reply),
     )
     return result if kept is None else kept.unionByName(result)

@@ -31,20 +31,11 @@ from typing import Any
 from .. import _atfork
 from .._argtypes import non_negative, positive
 from .admission import check_rate
-from .engines import FAILED, OK, STATUSES, TIMEOUT
+from .engines import FAILED, STATUSES, TIMEOUT
 from .http_target import add_http_options, http_options
+from .journal import MANIFEST, ORDINAL, Manifest, compact, input_fingerprint, journal_rows, run_dir
 from .registry import DEFAULT_ENGINE
 from .targets import SimulatedDownstream, target_from_url
-from .waves import (
-    MANIFEST,
-    ORDINAL,
-    WAVE,
-    Manifest,
-    input_fingerprint,
-    landed_waves,
-    wave_count,
-    wave_dir,
-)
 
 __all__ = [
     "DEFAULT_MAX_FAILED",
@@ -82,8 +73,8 @@ exit status:
 
   130 interrupted (Ctrl-C); 143 stopped by SIGTERM: --output is left resumable
 
---output is committed as the run goes, in waves that each land whole (its waves/ and
-manifest.json); when every wave has landed it is replaced whole by its final form
+--output is committed as the run goes: each task journals its answered rows there
+(journal/, manifest.json); when the run ends it is replaced whole by its final form
 (rows/, summary.json, latency.png, manifest.json). A run that stopped before that
 (killed, interrupted, failed) is finished by the same command with --resume, which
 sends only the rows not yet ok there. An existing --output is refused unless
@@ -162,13 +153,6 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="finish the run that left --output unfinished: send only its rows not yet ok "
         "(refused if it was made from another input or with other request options)",
-    )
-    parser.add_argument(
-        "--wave-rows",
-        type=positive(int),
-        default=None,
-        metavar="N",
-        help="rows per committed wave (default: 2%% of the rows, at least 10,000)",
     )
     parser.add_argument(
         "--remote",
@@ -522,12 +506,12 @@ def read_input(spark: Any, path: str, fmt: str) -> Any:
 
 
 class Progress:
-    """A tqdm bar of rows done, rows/s and ETA on stderr, fed by the accumulator ``rows``.
+    """A tqdm bar of rows done, rows/s and ETA on stderr, fed by ``rows.value``.
 
-    The executors add each partition's row count to it, and Spark brings
-    it to the driver when the task ends, so the bar moves a partition at a time (more
-    ``--partitions``, finer steps). A thread polls it twice a second. The bar is off
-    with ``quiet`` and when stderr is not a terminal.
+    The pipeline gives it a :class:`JournalCount`: the rows the tasks have committed,
+    which moves as rows are answered, on classic Spark and on Spark Connect alike. A
+    thread polls it twice a second. The bar (and the polling) is off with ``quiet`` and
+    when stderr is not a terminal.
     """
 
     def __init__(self, rows: Any, total: int, quiet: bool) -> None:
@@ -546,13 +530,15 @@ class Progress:
         self._thread = threading.Thread(target=self._run, name="timewheel-progress", daemon=True)
 
     def __enter__(self) -> Progress:
-        self._thread.start()
+        if not self._bar.disable:
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._advance()
+        if not self._bar.disable:
+            self._stop.set()
+            self._thread.join()
+            self._advance()
         self._bar.close()
 
     def _advance(self) -> None:
@@ -737,7 +723,7 @@ def check_resumable(out_dir: Path, previous: Manifest, identity: dict[str, Any])
 
 
 class _Job:
-    """One run of the pipeline on ``out_dir``: its waves, their commits, the final output."""
+    """One run of the pipeline on ``out_dir``: its journal, the final output."""
 
     def __init__(
         self,
@@ -754,7 +740,7 @@ class _Job:
         self.max_in_flight = max_in_flight
         self.key_cols = key_cols
         self.out_dir = out_dir
-        self.waves_dir = out_dir / "waves"
+        self.done_count = 0
         from ._dispatch import is_connect
 
         self.connect = is_connect(spark)
@@ -799,7 +785,7 @@ class _Job:
             else:
                 self.spark.sparkContext.cancelAllJobs()
 
-    def dispatch(self, df: Any, progress: Any = None, reports: Any = None) -> Any:
+    def dispatch(self, df: Any, reports: Any = None, journal: Path | None = None) -> Any:
         from . import dispatch
 
         args = self.args
@@ -817,15 +803,13 @@ class _Job:
                 dedupe_col=args.dedupe_col,
                 reply_schema=args.reply_schema,
                 _engine=args.engine,
-                _progress=progress,
                 _reports=reports,
+                _journal=None if journal is None else str(journal),
             )
         except (TypeError, ValueError) as exc:
             raise UsageError(str(exc)) from exc
 
     def run(self, fmt: str | None, previous: Manifest | None, reports: Any) -> dict[str, Any]:
-        from pyspark.sql import functions as F
-
         args, spark = self.args, self.spark
         if args.input and fmt:
             df = read_input(spark, args.input, fmt)
@@ -835,6 +819,8 @@ class _Job:
             df = generated_rows(spark, args.generate or DEMO_ROWS, partitions)
         # The ordinal numbers the rows as read (partition and place in it), so the same
         # input read again numbers them alike: a resumed run knows its rows by it.
+        from pyspark.sql import functions as F
+
         base = df.withColumn(ORDINAL, F.monotonically_increasing_id())
         identity = {**run_identity(args, self.key_cols, fmt), "input_partitions": partitions}
         if previous is not None:
@@ -843,74 +829,66 @@ class _Job:
         if previous is None:
             if self.out_dir.exists():  # --overwrite, checked before Spark started
                 shutil.rmtree(self.out_dir)
-            self.waves_dir.mkdir(parents=True)
+            self.out_dir.mkdir(parents=True)
             manifest = Manifest(self.out_dir, identity)
         else:
             manifest = previous
-            self.waves_dir.mkdir(parents=True, exist_ok=True)
             # What a driver killed while it made the final output left next to it.
             name = self.out_dir.name
             for stale in self.out_dir.parent.glob(f".{name}.*"):
                 if stale.name.endswith((".partial", ".old")):
                     shutil.rmtree(stale, ignore_errors=True)
+        done = self.done_before()
         manifest.runs += 1
         manifest.write()
-        landed = landed_waves(self.waves_dir)
-        todo = base
-        if landed:  # a resumed run: the rows whose latest outcome is ok are done
-            done = latest(spark.read.parquet(str(self.waves_dir)))
-            todo = base.join(
-                done.filter(F.col("status") == OK).select(ORDINAL), ORDINAL, "left_anti"
-            )
+        todo = base if done is None else base.join(done.select(ORDINAL), ORDINAL, "left_anti")
         sending = todo.count()
-        waves = wave_count(sending, args.wave_rows)
-        first = landed[-1] + 1 if landed else 0
-        # Rows sharing a request go to one wave, so one request serves them all.
-        spread = F.col(args.dedupe_col) if args.dedupe_col else F.col(ORDINAL)
+        if args.partitions and args.input:  # generated rows are made so
+            todo = todo.repartition(args.partitions)
         if not args.quiet:
             where = args.remote or args.master
-            resumed = f" ({len(landed)} waves committed before)" if landed else ""
-            _note(
-                f"dispatching {sending:,} rows in {waves} waves to {self.target!r} "
-                f"on {where}{resumed}"
-            )
-        progress = _WaveCount() if self.connect else spark.sparkContext.accumulator(0)
-        start = time.monotonic()
-        with Progress(progress, sending, args.quiet):
-            for k in range(waves):
-                self.raise_if_signalled()
-                part = todo if waves == 1 else todo.filter(F.pmod(F.xxhash64(spread), waves) == k)
-                if args.partitions and args.input:  # generated rows are made so
-                    part = part.repartition(args.partitions)
-                accumulator = None if reports is None else reports.accumulator
-                result = self.dispatch(part, None if self.connect else progress, accumulator)
-                self.commit(result, first + k, progress)
-        elapsed = time.monotonic() - start
-        self.raise_if_signalled()
-        return self.finish(manifest, elapsed, sending)
-
-    def commit(self, result: Any, number: int, progress: Any) -> None:
-        """Write one wave where no reader looks, then rename it into place: whole or absent."""
-        staging = self.waves_dir / f".{WAVE}={number:05d}.partial"
-        self.staging.append(staging)
-        result.write.parquet(str(staging))
-        if isinstance(progress, _WaveCount):  # no accumulator on Connect: count the wave
-            progress.value += self.spark.read.parquet(str(staging)).count()
-        os.replace(staging, wave_dir(self.waves_dir, number))
-        self.staging.remove(staging)
-
-    def finish(self, manifest: Manifest, elapsed: float, sent: int) -> dict[str, Any]:
-        """Make the final output from the waves and put it in place of ``--output``, whole."""
-        from pyspark.sql import functions as F
-
-        args, out_dir = self.args, self.out_dir
+            before = f" ({self.done_count:,} answered ok before)" if done is not None else ""
+            _note(f"dispatching {sending:,} rows to {self.target!r} on {where}{before}")
+        journal = run_dir(self.out_dir, manifest.runs)
+        result = self.dispatch(todo, None if reports is None else reports.accumulator, journal)
         staging = Path(
-            tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent)
+            tempfile.mkdtemp(
+                prefix=f".{self.out_dir.name}.", suffix=".partial", dir=self.out_dir.parent
+            )
         )
         self.staging.append(staging)
-        waves = self.spark.read.parquet(str(self.waves_dir))
-        final = latest(waves) if manifest.runs > 1 else waves
-        final.drop(ORDINAL, WAVE).write.parquet(str(staging / "rows"))
+        start = time.monotonic()
+        with Progress(JournalCount(journal), sending, args.quiet):
+            if done is None:
+                result.drop(ORDINAL).write.parquet(str(staging / "rows"))
+            else:  # written once (a second computation would send the rows again)
+                result.write.parquet(str(staging / "sent"))
+        elapsed = time.monotonic() - start
+        self.raise_if_signalled()
+        if done is not None:
+            sent = spark.read.parquet(str(staging / "sent"))
+            kept = done.select([F.col(f.name).cast(f.dataType) for f in sent.schema])
+            sent.unionByName(kept).drop(ORDINAL).write.parquet(str(staging / "rows"))
+            shutil.rmtree(staging / "sent")
+        return self.finish(manifest, staging, elapsed, sending)
+
+    def done_before(self) -> Any:
+        """The rows earlier runs of ``--output`` answered ok (one per ordinal), or None."""
+        files = compact(self.out_dir)
+        if not files:
+            return None
+        done = self.spark.read.parquet(*map(str, files)).dropDuplicates([ORDINAL])
+        self.done_count = done.count()
+        return done
+
+    def finish(
+        self, manifest: Manifest, staging: Path, elapsed: float, sent: int
+    ) -> dict[str, Any]:
+        """Summarize the final output made in ``staging``, then put it in place of
+        ``--output``, whole (the journal goes with the old one)."""
+        from pyspark.sql import functions as F
+
+        args = self.args
         # Read the written rows back: recomputing the result would call the target again.
         written = self.spark.read.parquet(str(staging / "rows"))
         summary = summarize(written, elapsed)
@@ -939,7 +917,7 @@ class _Job:
         latency_histogram(written, staging / "latency.png")
         manifest.complete = True
         manifest.write(staging / MANIFEST)
-        publish(staging, out_dir)
+        publish(staging, self.out_dir)
         self.staging.remove(staging)
         return summary
 
@@ -983,23 +961,15 @@ class WithoutColumns:
         return repr(self.target)
 
 
-class _WaveCount:
-    """The progress bar's count on Spark Connect (which has no accumulators): wave by wave."""
+class JournalCount:
+    """The progress bar's count: the rows a run's tasks have committed to its journal."""
 
-    value = 0
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
 
-
-def latest(waves: Any) -> Any:
-    """Each row's latest outcome among ``waves`` (a resumed run may have sent it again)."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    order = Window.partitionBy(ORDINAL).orderBy(F.col(WAVE).desc())
-    return (
-        waves.withColumn("__timewheel_n", F.row_number().over(order))
-        .filter(F.col("__timewheel_n") == 1)
-        .drop("__timewheel_n")
-    )
+    @property
+    def value(self) -> int:
+        return journal_rows(self.directory)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -1021,7 +991,7 @@ def main(args: argparse.Namespace) -> int:
         code = 143 if isinstance(exc, Stopped) else 130
         _note(
             f"{'stopped by SIGTERM' if code == 143 else 'interrupted'}; --output "
-            f"{args.output!r} keeps the waves that landed (finish it with --resume)"
+            f"{args.output!r} keeps the rows answered so far (finish it with --resume)"
         )
         return code
     except Exception as exc:
