@@ -342,6 +342,27 @@ def test_pipeline_command_shapes_requests_and_counts_answers(
     assert len(echo.seen) == summary["attempts"]["total"]
 
 
+@pytest.mark.spark
+def test_pipeline_sends_identical_requests_once(
+    spark: Any, echo: _EchoServer, tmp_path: Path
+) -> None:
+    from timewheel.cli import main
+
+    csv = tmp_path / "in.csv"
+    csv.write_text("id,city\n" + "".join(f"{i},c{i % 9}\n" for i in range(60)))
+    out = tmp_path / "out"
+    argv = ["pipeline", "--input", str(csv), "--target", echo.url + "/cities/{city}"]
+    argv += ["--method", "GET", "--dedupe-requests", "--output", str(out), "--quiet"]
+    assert main([*argv, "--timeout-ms", "20000"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rows"] == 60 and summary["requests_saved"] == 60 - 9
+    assert sorted(s["path"] for s in echo.seen) == sorted(f"/cities/c{i}" for i in range(9))
+    rows = spark.read.parquet(str(out / "rows")).collect()
+    assert sorted(r["id"] for r in rows) == list(range(60))
+    assert {(r["status"], r["http_status"]) for r in rows} == {("ok", 200)}
+    assert [c for c in rows[0].asDict() if c.startswith("__")] == []
+
+
 def test_a_request_libcurl_refuses_fails_its_row_and_the_loop_goes_on(echo: _EchoServer) -> None:
     bad = HttpDownstream(echo.url + "/caf\u00e9/{p}")  # not ASCII: libcurl takes no such URL
     out = run([{"id": 1, "p": "x"}], bad, retries=3)

@@ -358,6 +358,8 @@ def test_the_row_ordinal_never_reaches_the_target(spark: Any, tmp_path: Path) ->
                 seen.append(row)
             on_done(True, None)
 
-    wrapped = pipeline.WithoutColumns(Recording(), frozenset({ORDINAL}))
+    from timewheel.spark._dispatch import WithoutColumns
+
+    wrapped = WithoutColumns(Recording(), frozenset({ORDINAL}))
     wrapped.for_id_col("id").submit({"id": 1, ORDINAL: 7}, lambda ok, error: None)
     assert seen == [{"id": 1}]

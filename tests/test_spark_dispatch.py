@@ -308,6 +308,33 @@ def test_identical_requests_are_sent_once_and_every_row_gets_the_outcome(
             assert (r["status"], r["attempts"]) == (("failed", 1) if r["acct"] == 0 else ("ok", 1))
 
 
+def test_identical_requests_without_a_dedupe_col_are_sent_once(spark: Any, recorder: Any) -> None:
+    # The body is the "id" column: 7 distinct requests (id 0 the recorder answers 503)
+    # among 210 rows told apart by "row"; a tenant header per row splits them in two.
+    df = spark.range(210, numPartitions=3).select(
+        F.col("id").alias("row"), (F.col("id") % 7).alias("id"), (F.col("id") % 2).alias("t")
+    )
+    url = f"http://127.0.0.1:{recorder.server_port}/ingest"
+    target = HttpDownstream(url, body=["id"], header_cols={"X-Tenant": "t"})
+    args = {"id_col": "row", "retries": 0, "max_in_flight": 8, "timeout_ms": 30_000}
+    rows = dispatch(df, target, dedupe_requests=True, **args).collect()
+    assert sorted(r["row"] for r in rows) == list(range(210))
+    assert "__timewheel_request" not in rows[0].asDict()
+    assert recorder.seen == {i: 2 for i in range(7)}  # one request per id and tenant
+    for r in rows:
+        assert (r["status"], r["http_status"]) == (("failed", 503) if r["id"] == 0 else ("ok", 200))
+    # A whole-row body: every row's request differs (its "row"), so each is sent.
+    recorder.seen.clear()
+    whole = dispatch(df, HttpDownstream(url), dedupe_requests=True, **args).collect()
+    assert len(whole) == 210 and sum(recorder.seen.values()) == 210
+    with pytest.raises(TypeError, match="dedupe_requests needs a target that names"):
+        dispatch(df, SimulatedDownstream(1, 2), id_col="row", dedupe_requests=True)
+    with pytest.raises(ValueError, match="dedupe_requests and dedupe_col cannot be combined"):
+        dispatch(df, target, id_col="row", dedupe_requests=True, dedupe_col="id")
+    with pytest.raises(TypeError, match="dedupe_requests must be True or False, got 1"):
+        dispatch(df, target, id_col="row", dedupe_requests=1)  # type: ignore[arg-type]
+
+
 def test_resume_from_sends_only_the_rows_not_ok_before(spark: Any, tmp_path: Any) -> None:
     df = spark.range(600, numPartitions=2).withColumn("acct", F.col("id") % 13)
     first = dispatch(

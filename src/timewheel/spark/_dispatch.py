@@ -265,6 +265,39 @@ class _PartitionDispatch:
         return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
+class WithoutColumns:
+    """``target`` given each row without ``hidden`` columns (the pipeline's row ordinal,
+    which is the pipeline's business, not the service's)."""
+
+    def __init__(self, target: Any, hidden: frozenset[str]) -> None:
+        self.target = target
+        self.hidden = hidden
+
+    def submit(self, row: dict[str, Any], on_done: Any) -> Any:
+        hidden = self.hidden
+        return self.target.submit({k: v for k, v in row.items() if k not in hidden}, on_done)
+
+    def columns(self) -> tuple[str, ...]:
+        """The columns the target's requests name (checked against the input before a job)."""
+        named = getattr(self.target, "columns", None)
+        return tuple(named()) if callable(named) else ()
+
+    def request_columns(self, columns: Sequence[str]) -> tuple[str, ...] | None:
+        """The target's request columns among ``columns`` less the hidden ones (None when
+        the target does not name them)."""
+        named = getattr(self.target, "request_columns", None)
+        if not callable(named):
+            return None
+        return tuple(named([c for c in columns if c not in self.hidden]))
+
+    def for_id_col(self, id_col: str) -> WithoutColumns:
+        derive = getattr(self.target, "for_id_col", None)
+        return self if derive is None else WithoutColumns(derive(id_col), self.hidden)
+
+    def __repr__(self) -> str:
+        return repr(self.target)
+
+
 def sent_once(
     rows: Iterable[dict[str, Any]],
     col: str,
@@ -407,6 +440,7 @@ def dispatch(
     reply_schema: str | None = None,
     rate: float | None = None,
     dedupe_col: str | None = None,
+    dedupe_requests: bool = False,
     resume_from: DataFrame | None = None,
     _engine: str | None = None,
     _reports: Accumulator[Any] | None = None,
@@ -432,6 +466,10 @@ def dispatch(
     HTTP 429 or 503 keeps fewer calls in flight and waits out ``Retry-After``.
     ``dedupe_col``: rows with the same (non-null) value there are sent once, by one
     row, and all of them get that request's outcome, each in its own output row.
+    ``dedupe_requests``: the same for rows whose requests are identical (same method,
+    URL, headers and body; the target names the columns they are made from with
+    ``request_columns(columns)``, as ``HttpDownstream`` does); the request carries the
+    idempotency key of the row that sends it.
     ``resume_from``: a previous result of this call (say, read back from Parquet);
     rows whose ``id_col`` value is ``ok`` there are not sent again but come back as
     they were there (ids must be unique for that to mean one row each).
@@ -481,10 +519,16 @@ def dispatch(
         )
     if rate is not None:
         rate = check_rate(rate)
+    if not isinstance(dedupe_requests, bool):
+        raise TypeError(f"dedupe_requests must be True or False, got {dedupe_requests!r}")
     kept = None
     if resume_from is not None:
         kept = _kept(df, resume_from, id_col, reply)
         df = df.join(kept.select(id_col), id_col, "left_anti")
+    hide = None
+    if dedupe_requests:
+        df, target, dedupe_col = _by_request(df, target, dedupe_col, config.key_cols)
+        hide = dedupe_col
     spark = df.sparkSession
     check_workers(spark)
     connect = is_connect(spark)
@@ -503,7 +547,44 @@ def dispatch(
         _PartitionDispatch(engine, target, config, _reports, reply, dedupe_col, _journal),
         output_schema(df.schema, reply),
     )
+    if hide is not None:
+        result = result.drop(hide)
     return result if kept is None else kept.unionByName(result)
+
+
+#: The hidden column ``dedupe_requests`` groups rows by: a digest of a row's request.
+REQUEST_KEY = "__timewheel_request"
+
+
+def request_key(df: DataFrame, target: Any) -> Any:
+    """The Column of each row's request digest (SHA-256 of its request columns as JSON),
+    or TypeError when ``target`` does not name the columns its requests are made from."""
+    from pyspark.sql import functions as F
+
+    named = getattr(target, "request_columns", None)
+    columns = named(df.columns) if callable(named) else None
+    if columns is None:
+        raise TypeError(
+            f"dedupe_requests needs a target that names the columns its requests are made "
+            f"from (a request_columns(columns) method, as HttpDownstream has); {target!r} "
+            f"has none: give dedupe_col instead"
+        )
+    return F.sha2(F.to_json(F.struct(*[F.col(c) for c in columns])), 256)
+
+
+def _by_request(
+    df: DataFrame, target: Any, dedupe_col: str | None, key_cols: Sequence[str]
+) -> tuple[DataFrame, Any, str]:
+    """``df`` with the request digest column, the target that does not see it, its name."""
+    if dedupe_col is not None or key_cols:
+        what = "dedupe_col" if dedupe_col is not None else "key_cols"
+        raise ValueError(f"dedupe_requests and {what} cannot be combined: give one")
+    df = df.withColumn(REQUEST_KEY, request_key(df, target))
+    if isinstance(target, WithoutColumns):  # one copy of each row, not two
+        target = WithoutColumns(target.target, target.hidden | {REQUEST_KEY})
+    else:
+        target = WithoutColumns(target, frozenset({REQUEST_KEY}))
+    return df, target, REQUEST_KEY
 
 
 def _kept(df: DataFrame, previous: Any, id_col: str, reply: StructType | None) -> DataFrame:

@@ -315,6 +315,17 @@ class HttpDownstream:
             named += self.body
         return tuple(dict.fromkeys(named))
 
+    def request_columns(self, columns: Sequence[str]) -> tuple[str, ...]:
+        """Of a row with ``columns``, those whose values make its request's method, URL,
+        headers and body: two rows equal on them send the same request (the idempotency
+        key aside). A body of the whole row, or made by a function, takes every column."""
+        body = self.body
+        if body is None:
+            body = "none" if self.method in ("GET", "DELETE") else "row"
+        if body == "row" or callable(body):
+            return tuple(columns)
+        return self.columns()
+
     # -- the request ------------------------------------------------------------------
     def idempotency_key(self, row: Mapping[str, Any]) -> str | None:
         """The key of ``row``: a digest of its id (None when the id is null or missing)."""

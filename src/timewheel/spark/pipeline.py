@@ -31,7 +31,7 @@ from typing import Any
 from .. import _atfork
 from .._argtypes import non_negative, positive
 from .admission import check_rate
-from .engines import FAILED, STATUSES, TIMEOUT
+from .engines import FAILED, RESULT_COLUMNS, STATUSES, TIMEOUT
 from .http_target import add_http_options, http_options
 from .journal import MANIFEST, ORDINAL, Manifest, compact, input_fingerprint, journal_rows, run_dir
 from .registry import DEFAULT_ENGINE
@@ -147,6 +147,12 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
         metavar="COLUMN",
         help="rows with the same value in COLUMN are sent once; each gets that request's "
         "outcome and its own output row",
+    )
+    parser.add_argument(
+        "--dedupe-requests",
+        action="store_true",
+        help="send identical requests (same method, URL, headers and body) once; every "
+        "row that makes one gets its outcome (an http(s) --target only)",
     )
     parser.add_argument(
         "--resume",
@@ -710,6 +716,7 @@ def run_identity(args: argparse.Namespace, key_cols: list[str], fmt: str | None)
         "id_col": args.id_col,
         "key_cols": key_cols,
         "dedupe_col": args.dedupe_col,
+        "dedupe_requests": args.dedupe_requests,
         # The output's columns: a resumed run's rows must have the same reply struct.
         "reply_schema": args.reply_schema,
     }
@@ -787,6 +794,7 @@ class _Job:
 
     def dispatch(self, df: Any, reports: Any = None, journal: Path | None = None) -> Any:
         from . import dispatch
+        from ._dispatch import WithoutColumns
 
         args = self.args
         try:
@@ -801,6 +809,7 @@ class _Job:
                 backoff_ms=args.backoff_ms,
                 rate=args.rate,
                 dedupe_col=args.dedupe_col,
+                dedupe_requests=args.dedupe_requests,
                 reply_schema=args.reply_schema,
                 _engine=args.engine,
                 _reports=reports,
@@ -908,11 +917,18 @@ class _Job:
             rows_sent=sent,
             runs=manifest.runs,
         )
-        if args.dedupe_col:
-            shared = written.filter(F.col(args.dedupe_col).isNotNull())
-            summary["requests_saved"] = (
-                shared.count() - shared.select(args.dedupe_col).distinct().count()
-            )
+        if args.dedupe_col or args.dedupe_requests:
+            if args.dedupe_col:
+                key = F.col(args.dedupe_col)
+            else:  # the digest of the input columns, as dispatch made it
+                from ._dispatch import request_key
+                from .replies import REPLY_COLUMN
+
+                made = {*RESULT_COLUMNS, REPLY_COLUMN}
+                inputs = written.select([c for c in written.columns if c not in made])
+                key = request_key(inputs, self.target)
+            shared = written.select(key.alias("key")).filter(F.col("key").isNotNull())
+            summary["requests_saved"] = shared.count() - shared.distinct().count()
         (staging / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         latency_histogram(written, staging / "latency.png")
         manifest.complete = True
@@ -934,31 +950,6 @@ class _Job:
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-class WithoutColumns:
-    """``target`` given each row without ``hidden`` columns (the pipeline's row ordinal,
-    which is the pipeline's business, not the service's)."""
-
-    def __init__(self, target: Any, hidden: frozenset[str]) -> None:
-        self.target = target
-        self.hidden = hidden
-
-    def submit(self, row: dict[str, Any], on_done: Any) -> Any:
-        hidden = self.hidden
-        return self.target.submit({k: v for k, v in row.items() if k not in hidden}, on_done)
-
-    def columns(self) -> tuple[str, ...]:
-        """The columns the target's requests name (checked against the input before a job)."""
-        named = getattr(self.target, "columns", None)
-        return tuple(named()) if callable(named) else ()
-
-    def for_id_col(self, id_col: str) -> WithoutColumns:
-        derive = getattr(self.target, "for_id_col", None)
-        return self if derive is None else WithoutColumns(derive(id_col), self.hidden)
-
-    def __repr__(self) -> str:
-        return repr(self.target)
 
 
 class JournalCount:
