@@ -17,14 +17,20 @@ def test_most_in_a_window_slides() -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("service", ["aiohttp", "nginx"])
 def test_bench_rate_reports_every_request_of_each_rate(
-    spark: Any, capsys: pytest.CaptureFixture[str]
+    spark: Any, capsys: pytest.CaptureFixture[str], service: str
 ) -> None:
+    if service == "nginx" and not bench._nginx_installed():
+        pytest.skip("nginx is not installed")
     parser = argparse.ArgumentParser()
     bench.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["rate", "--rates", "150", "--seconds", "2", "--master", "local[2]"])
+    argv = ["rate", "--rates", "150", "--seconds", "2", "--master", "local[2]"]
+    args = parser.parse_args([*argv, "--service", service])
     assert args.func(args) == 0
-    header, row = capsys.readouterr().out.strip().splitlines()[-2:]
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == f"counting service: {service}"
+    header, row = lines[-2:]
     assert header.split() == ["rate", "rows", "max_1s", "max/rate", "mean/rate"]
     rate, rows, max_1s, *_ = row.split()
     assert (rate, rows) == ("150", "300")

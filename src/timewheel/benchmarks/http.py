@@ -48,7 +48,8 @@ error_log {dir}/error.log;
 pid {dir}/nginx.pid;
 events {{ worker_connections 4096; }}
 http {{
-    access_log off;
+    log_format stamps '$msec';
+    access_log {access_log};
     client_body_temp_path {dir};
     keepalive_requests 1000000;
     server {{
@@ -75,11 +76,12 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def nginx() -> Iterator[str]:
+def nginx(access_log: Path | None = None) -> Iterator[str]:
     """Run nginx on 127.0.0.1 (one worker); yield its URL.
 
     It answers ``{"ok":true}`` on every path but ``/reply1k``, which answers
-    :data:`REPLY_1K`.
+    :data:`REPLY_1K`. With ``access_log`` it writes there the arrival time of every
+    request (``$msec``: seconds since the epoch, to the millisecond), one a line.
     """
     exe = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
     if exe is None:
@@ -87,7 +89,8 @@ def nginx() -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="timewheel-nginx-") as tmp:
         port = _free_port()
         conf = Path(tmp) / "nginx.conf"
-        conf.write_text(_NGINX_CONF.format(dir=tmp, port=port, reply=REPLY_1K))
+        log = "off" if access_log is None else f"{access_log} stamps"
+        conf.write_text(_NGINX_CONF.format(dir=tmp, port=port, reply=REPLY_1K, access_log=log))
         proc = subprocess.Popen([exe, "-c", str(conf), "-p", tmp], stderr=subprocess.PIPE)
         try:
             deadline = time.monotonic() + 10
