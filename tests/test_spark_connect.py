@@ -37,13 +37,9 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``sc://127.0.0.1:PORT`` of a running Connect server on ``local[2]``."""
-    if not shutil.which("java"):
-        pytest.skip("no java")
-    logs = tmp_path_factory.mktemp("spark-connect")
-    port = free_port()
+def start_server(logs: Path, port: int) -> subprocess.Popen[bytes]:
+    """A Connect server on ``local[2]`` at ``sc://127.0.0.1:port``, up and answering."""
+    logs.mkdir(parents=True, exist_ok=True)
     package_root = str(Path(timewheel.__file__).resolve().parent.parent)
     env = {
         **os.environ,
@@ -70,15 +66,25 @@ def remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
+    deadline = time.monotonic() + 120
+    while True:  # the gRPC port answers once the server is up
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)  # type: ignore[arg-type]
+            pytest.fail(f"the Connect server did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``sc://127.0.0.1:PORT`` of a running Connect server on ``local[2]``."""
+    if not shutil.which("java"):
+        pytest.skip("no java")
+    port = free_port()
+    proc = start_server(tmp_path_factory.mktemp("spark-connect"), port)
     try:
-        deadline = time.monotonic() + 120
-        while True:  # the gRPC port answers once the server is up
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the Connect server did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
         yield f"sc://127.0.0.1:{port}"
     finally:
         stop(proc)  # type: ignore[arg-type]
@@ -140,3 +146,48 @@ def test_the_cli_runs_on_connect(remote: str, tmp_path: Path) -> None:
         timeout=120,
     )
     assert refused.returncode == 2 and "Spark Connect does not have" in refused.stderr
+
+
+def test_a_connect_server_that_goes_away_ends_the_run_resumably(tmp_path: Path) -> None:
+    import signal
+
+    from timewheel.spark.journal import MANIFEST, journal_rows, run_dir
+
+    port = free_port()
+    server = start_server(tmp_path / "logs-1", port)
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "timewheel", "pipeline", "--remote", f"sc://127.0.0.1:{port}"]
+    argv += ["--generate", "20000", "--output", str(out), "--quiet", "--max-in-flight", "16"]
+    argv += ["--target", "sim://?pct50=20&pct75=40"]
+    try:
+        with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as cli:
+            try:
+                deadline = time.monotonic() + 300
+                while journal_rows(run_dir(out, 1)) < 500:
+                    assert cli.poll() is None, cli.communicate()
+                    assert time.monotonic() < deadline, "no rows committed in time"
+                    time.sleep(0.05)  # polling the disk for the journal
+                os.killpg(server.pid, signal.SIGKILL)  # the server dies; nothing is told
+                lost = time.monotonic()
+                _, err = cli.communicate(timeout=180)
+            finally:
+                if cli.poll() is None:
+                    cli.kill()
+        # Told in about a minute (pyspark alone retries for ten), in one line, resumable.
+        assert cli.returncode == 1 and time.monotonic() - lost < 120
+        assert len(err.splitlines()) == 1, err
+        assert err.startswith("timewheel pipeline: error: Spark Connect: UNAVAILABLE"), err
+        assert json.loads((out / MANIFEST).read_text())["complete"] is False
+        assert [p.name for p in tmp_path.glob(".*")] == []  # no staging left
+    finally:
+        stop(server)  # type: ignore[arg-type]
+    server = start_server(tmp_path / "logs-2", port)
+    try:
+        done = subprocess.run([*argv, "--resume"], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+    finally:
+        stop(server)  # type: ignore[arg-type]
+    import pyarrow.parquet as pq
+
+    ids = pq.read_table(out / "rows").column("id").to_pylist()
+    assert sorted(ids) == list(range(20000))

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -445,6 +446,12 @@ def spark_session(
     return session, True
 
 
+#: How long a lost Spark Connect server is retried: waits of 0.05, 0.2, 0.8, 3.2 s and
+#: then 10 s each, about 54 s in all (with pyspark's jitter, up to a few seconds more).
+CONNECT_RETRIES = 9
+CONNECT_MAX_BACKOFF_MS = 10_000
+
+
 def connect_session(url: str, conf: Sequence[tuple[str, str]] = ()) -> tuple[Any, bool]:
     """A Spark Connect session on ``url`` (``sc://HOST:PORT``) and True (ours to stop)."""
     from pyspark.sql import SparkSession
@@ -453,9 +460,20 @@ def connect_session(url: str, conf: Sequence[tuple[str, str]] = ()) -> tuple[Any
     for key, value in conf:
         builder = builder.config(key, value)
     try:
-        return builder.getOrCreate(), True
+        session = builder.getOrCreate()
     except Exception as exc:
         raise UsageError(f"--remote {url!r}: cannot open a session: {one_line(exc)}") from exc
+    # pyspark retries a lost server for at least 10 minutes, silently; a command that
+    # lost its server should say so within a minute (--output stays resumable).
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    # The error that ends the run says it in one line; pyspark's warning would repeat it.
+    warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
+
+    session.client.set_retry_policies(
+        [DefaultPolicy(max_retries=CONNECT_RETRIES, max_backoff=CONNECT_MAX_BACKOFF_MS)]
+    )
+    return session, True
 
 
 def check_remote(url: str) -> None:
@@ -647,7 +665,18 @@ def latency_histogram(result: Any, path: Path) -> Any:
 
 
 def one_line(exc: BaseException) -> str:
-    """The first line of ``exc``'s message (Spark's run to pages), at most 600 characters."""
+    """The first line of ``exc``'s message (Spark's run to pages), at most 600 characters.
+
+    A gRPC error (a Spark Connect server lost or refusing) says its status and details.
+    """
+    cause: BaseException | None = exc
+    while cause is not None:  # pyspark wraps gRPC's error in its own
+        code, details = getattr(cause, "code", None), getattr(cause, "details", None)
+        if callable(code) and callable(details):
+            status = getattr(code(), "name", code())
+            exc = RuntimeError(f"Spark Connect: {status}: {details()}")
+            break
+        cause = cause.__cause__ or cause.__context__
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     text = lines[0] if lines else type(exc).__name__
     return text if len(text) <= 600 else text[:597] + "..."
@@ -940,6 +969,9 @@ class _Job:
     def stop(self, owned: bool) -> None:
         """However the run ended: stop Spark's jobs (and Spark, if the run started it),
         then remove the hidden directories it was writing."""
+        if self.connect:  # a server that went away is not waited for again
+            with contextlib.suppress(Exception):
+                self.spark.client.set_retry_policies([])
         if self.staging:  # ended early: no task may go on writing into them
             self.cancel()
         if owned:
