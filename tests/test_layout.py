@@ -311,3 +311,36 @@ def test_what_the_rules_allow(tmp_path: Path) -> None:
         },
     )
     assert violations(root) == []
+
+
+#: Tests of the tooling, the only tests that import the benchmarks: the library's tests
+#: assert what the library does, whatever becomes of a benchmark.
+TOOLING_TESTS = ("test_bench_*.py", "test_cli.py")
+
+
+def benchmark_importers(tests: Path) -> list[str]:
+    """The test modules under ``tests``, other than the tooling's, that import a benchmark."""
+    out = []
+    for path in sorted(tests.rglob("*.py")):
+        if any(path.match(pattern) for pattern in TOOLING_TESTS):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        imported = _imported(tree, "tests." + path.stem, False)
+        lines = sorted(
+            {line for line, target in imported if _within(target, "timewheel.benchmarks")}
+        )
+        out += [f"{path.relative_to(tests)}:{line}: imports a benchmark" for line in lines]
+    return out
+
+
+def test_library_tests_do_not_import_the_benchmarks() -> None:
+    assert benchmark_importers(Path(__file__).parent) == []
+
+
+def test_a_library_test_importing_a_benchmark_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "test_wheel.py").write_text("from timewheel.benchmarks import core\n")
+    (tmp_path / "test_bench_core_cmd.py").write_text("from timewheel.benchmarks import core\n")
+    (tmp_path / "test_cli.py").write_text("import timewheel.benchmarks\n")
+    found = benchmark_importers(tmp_path)
+    assert len(found) == 1 and found[0].startswith("core/test_wheel.py:1: imports"), found
