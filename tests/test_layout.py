@@ -238,8 +238,8 @@ BROKEN = {
         "timewheel.spark.x:1: imports os.register_at_fork",
     ),
     "fork hook in Cython": (
-        {"_wheel_c.pyx": "import os\nos.register_at_fork(before=f)\n"},
-        "timewheel._wheel_c:2: calls register_at_fork",
+        {"_core.pyx": "import os\nos.register_at_fork(before=f)\n"},
+        "timewheel._core:2: calls register_at_fork",
     ),
     "logger on the package's name": (
         {"aio.py": "import logging\nlogger = logging.getLogger('timewheel')\n"},
