@@ -21,7 +21,7 @@ from timewheel.execution import ProduceConsume
 from timewheel.purgatory import DelayedOperation, Purgatory
 from timewheel.timer import ManualClock, Timer, TimerFullError
 
-ISOLATED = Path(__file__).parent / "isolated"
+ISOLATED = Path(__file__).parents[1] / "isolated"
 
 
 # Every test here runs on each TimingWheel implementation.

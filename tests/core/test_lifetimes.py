@@ -27,7 +27,7 @@ import pytest
 import timewheel
 from timewheel import ManualClock, Timer
 
-CASES = Path(__file__).parent / "isolated" / "lifetimes.py"
+CASES = Path(__file__).parents[1] / "isolated" / "lifetimes.py"
 posix_only = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
 

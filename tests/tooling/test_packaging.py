@@ -23,7 +23,7 @@ import pytest
 from hypothesis import settings
 from packaging.version import Version
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "timewheel"
 
 needs_source = pytest.mark.skipif(
