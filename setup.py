@@ -32,8 +32,8 @@ if not DEBUG:
 
 extensions = [
     Extension(
-        "timewheel._wheel_c",
-        ["src/timewheel/_wheel_c.pyx"],
+        "timewheel._core",
+        ["src/timewheel/_core.pyx"],
         include_dirs=[numpy.get_include()],
         define_macros=macros,
         extra_compile_args=["-O0", "-g"] if DEBUG else ["-O2"],

@@ -1,6 +1,6 @@
 """A Python worker killed with SIGKILL while ``timewheel pipeline`` sends to a loopback service.
 
-Used by tests/test_spark_faults.py (a local master) and tests/test_spark_cluster.py (a
+Used by tests/spark/test_spark_faults.py (a local master) and tests/spark/test_spark_cluster.py (a
 standalone cluster). The command runs in a child process under a timeout, against a
 :class:`~http_fixtures.ScriptedService` in the test's process; two partitions, so each
 worker process runs one first attempt. Once the service has seen ``kill_after``

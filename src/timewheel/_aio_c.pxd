@@ -5,7 +5,7 @@ error contracts, so that another extension can cimport them."""
 cimport cython
 from libc.stdint cimport int64_t
 
-from timewheel._wheel_c cimport TimingWheel
+from timewheel._core cimport TimingWheel
 
 
 cdef class LoopTimer

@@ -5,7 +5,7 @@
 
 The design, the guarantees and every result are those of the pure-Python twin; its
 docstring describes them. Here the entries are small C objects and the wheel is reached
-through its C methods (cimported from :mod:`timewheel._wheel_c`) whenever the GIL alone
+through its C methods (cimported from :mod:`timewheel._core`) whenever the GIL alone
 protects it, which is always the case on the loop's thread unless another thread is
 inside the same wheel; otherwise the wheel's Python methods take its lock.
 """
@@ -16,7 +16,7 @@ from libc.math cimport ceil, floor
 from libc.stdint cimport int64_t
 
 from timewheel._sync cimport TW_HAS_GIL
-from timewheel._wheel_c cimport TimingWheel
+from timewheel._core cimport TimingWheel
 
 import asyncio
 import sys

@@ -28,8 +28,8 @@ from asyncio.format_helpers import _format_callback_source
 from contextvars import Context, copy_context
 from typing import Any, Callable
 
+from ._core_py import TimingWheel
 from ._validate import MAX_LOOP_TIME, check_loop_callback, check_loop_seconds, check_seconds
-from ._wheel_py import TimingWheel
 
 __all__ = [
     "CASCADE_LIMIT",

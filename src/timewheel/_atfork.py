@@ -11,6 +11,9 @@ here (weakly: registering keeps nothing alive):
 * ``resume(obj)``: ``obj._fork_resume()`` runs in the child after every reset (a timer
   restarts its reaper there).
 
+A module's own state (a module-level lock) registers a function with ``in_child(fn)``:
+held strongly, it runs in the child before the objects' resets.
+
 Only this module calls :func:`os.register_at_fork`; the hooks cost nothing until a fork.
 """
 
@@ -18,13 +21,14 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["hold", "reset", "resume"]
+__all__ = ["hold", "in_child", "reset", "resume"]
 
 _held: weakref.WeakSet[Any] = weakref.WeakSet()
 _reset: weakref.WeakSet[Any] = weakref.WeakSet()
 _resume: weakref.WeakSet[Any] = weakref.WeakSet()
+_in_child: list[Callable[[], None]] = []  # module-level functions, kept alive
 _acquired: list[Any] = []  # what _before took, strongly, until the fork is over
 
 
@@ -41,6 +45,11 @@ def reset(obj: Any) -> None:
 def resume(obj: Any) -> None:
     """Have ``obj._fork_resume()`` run in every child, after every reset."""
     _resume.add(obj)
+
+
+def in_child(fn: Callable[[], None]) -> None:
+    """Have ``fn()`` run in every child, before the objects' resets (a module's own locks)."""
+    _in_child.append(fn)
 
 
 def _before() -> None:
@@ -61,6 +70,8 @@ def _after_in_parent() -> None:
 
 def _after_in_child() -> None:
     _release(True)
+    for fn in _in_child:
+        fn()
     for obj in list(_reset):
         obj._fork_reset()
     for obj in list(_resume):

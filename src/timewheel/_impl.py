@@ -1,6 +1,6 @@
 """Pick the implementation: both Cython extensions together, or both pure-Python twins.
 
-The pairs are :mod:`timewheel._wheel_c` / :mod:`timewheel._wheel_py` (the timing wheel),
+The pairs are :mod:`timewheel._core` / :mod:`timewheel._core_py` (the timing wheel),
 :mod:`timewheel._tasks_c` / :mod:`timewheel._tasks_py` (timer tasks, delayed
 operations and the purgatory's watcher registry) and :mod:`timewheel._aio_c` /
 :mod:`timewheel._aio_py` (timers driven by an asyncio loop). The twins are used when
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import _aio_py, _tasks_py, _wheel_py
+from . import _aio_py, _core_py, _tasks_py
 
 __all__ = [
     "CANCELLED",
@@ -77,13 +77,13 @@ def _load_extensions() -> Implementation | None:
     if NO_EXTENSIONS:
         return None
     try:
-        from . import _aio_c, _tasks_c, _wheel_c
+        from . import _aio_c, _core, _tasks_c
     except ImportError:  # pragma: no cover - only without a compiler
         return None
-    return Implementation("cython", _wheel_c, _tasks_c, _aio_c)
+    return Implementation("cython", _core, _tasks_c, _aio_c)
 
 
-_PYTHON = Implementation("python", _wheel_py, _tasks_py, _aio_py)
+_PYTHON = Implementation("python", _core_py, _tasks_py, _aio_py)
 _CYTHON = _load_extensions()
 _IN_USE = _CYTHON or _PYTHON
 
@@ -108,6 +108,7 @@ def implementation(name: str | None = None) -> Implementation:
 IMPLEMENTATION = _IN_USE.name
 
 if TYPE_CHECKING:
+    from ._core_py import TimingWheel
     from ._tasks_py import (
         CallbackTask,
         Counts,
@@ -118,7 +119,6 @@ if TYPE_CHECKING:
         TimerTask,
         monotonic_ms,
     )
-    from ._wheel_py import TimingWheel
 else:
     TimingWheel = _IN_USE.wheel.TimingWheel
     TimerTask = _IN_USE.tasks.TimerTask

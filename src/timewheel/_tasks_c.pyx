@@ -48,7 +48,7 @@ cdef extern from *:
 
 from libc.stdint cimport int64_t
 
-from timewheel._wheel_c cimport TimingWheel as CWheel
+from timewheel._core cimport TimingWheel as CWheel
 from timewheel._sync cimport (
     TW_HAS_GIL,
     tw_add,

@@ -9,11 +9,12 @@ from __future__ import annotations
 import itertools
 import numbers
 import operator
-import os
 import threading
 from collections.abc import Hashable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
+
+from . import _atfork
 
 if TYPE_CHECKING:
     import numpy as np
@@ -78,8 +79,7 @@ def _new_tags_lock() -> None:
     _tags_lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_tags_lock)
+_atfork.in_child(_new_tags_lock)
 
 
 def next_wheel_tag() -> int:

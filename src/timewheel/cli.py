@@ -3,28 +3,55 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
+from types import ModuleType
 
-# Modules that add a subcommand through add_parser(subparsers); imported when the CLI starts,
-# so each keeps its heavy imports (pyspark, matplotlib) inside its main().
-_COMMANDS = ["timewheel.demo", "timewheel.spark.pipeline"]
-_BENCHMARKS: list[str] = [
-    "timewheel.benchmarks.core",
-    "timewheel.benchmarks.purgatory",
-    "timewheel.benchmarks.sweep",
-    "timewheel.benchmarks.operations",
-    "timewheel.benchmarks.execution",
-    "timewheel.benchmarks.resources",
-    "timewheel.benchmarks.pipeline",
-    "timewheel.benchmarks.metrics",
-    "timewheel.benchmarks.aio",
-    "timewheel.benchmarks.aiotcp",
-    "timewheel.benchmarks.aioservice",
-    "timewheel.benchmarks.http",
-    "timewheel.benchmarks.rate",
-    "timewheel.benchmarks.resume",
-]
+
+def _commands() -> tuple[ModuleType, ...]:
+    """The modules that add a subcommand through ``add_parser(subparsers)``; imported when the
+    parser is built, not with this module, and each keeps its heavy imports (pyspark,
+    matplotlib) inside its ``main()``."""
+    from . import demo
+    from .spark import pipeline
+
+    return demo, pipeline
+
+
+def _benchmarks() -> tuple[ModuleType, ...]:
+    """The modules that add a ``bench`` subcommand, in the order ``--help`` lists them."""
+    from .benchmarks import (
+        aio,
+        aioservice,
+        aiotcp,
+        core,
+        execution,
+        http,
+        metrics,
+        operations,
+        pipeline,
+        purgatory,
+        rate,
+        resources,
+        resume,
+        sweep,
+    )
+
+    return (
+        core,
+        purgatory,
+        sweep,
+        operations,
+        execution,
+        resources,
+        pipeline,
+        metrics,
+        aio,
+        aiotcp,
+        aioservice,
+        http,
+        rate,
+        resume,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,13 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Hierarchical timing wheels and a request purgatory for Python.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _COMMANDS:
-        importlib.import_module(name).add_parser(sub)
+    for module in _commands():
+        module.add_parser(sub)
     bench = sub.add_parser("bench", help="run a benchmark (ratios against baselines in one run)")
     bench_sub = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK")
     bench_sub.required = True
-    for name in _BENCHMARKS:
-        importlib.import_module(name).add_parser(bench_sub)
+    for module in _benchmarks():
+        module.add_parser(bench_sub)
     return parser
 
 

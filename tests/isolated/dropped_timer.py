@@ -1,6 +1,6 @@
 """Drop a Timer, or a Purgatory without a reaper, with tasks pending: nothing may leak.
 
-Run in a fresh interpreter by tests/test_timer.py: ``dropped_timer.py IMPL KIND`` with
+Run in a fresh interpreter by tests/core/test_timer.py: ``dropped_timer.py IMPL KIND`` with
 IMPL "python" or "cython" and KIND "timer" or "purgatory". Prints how many of the
 pending tasks' arguments are still alive after the owner is dropped and collected.
 """

@@ -1,6 +1,6 @@
 """Lifetime cases, each in a fresh interpreter: ``lifetimes.py CASE``.
 
-Run by tests/test_lifetimes.py with ``TIMEWHEEL_NO_EXTENSIONS`` set or not, under a
+Run by tests/core/test_lifetimes.py with ``TIMEWHEEL_NO_EXTENSIONS`` set or not, under a
 timeout (a hang is a failure). Every case asserts, prints ``ok`` and exits 0; a fork
 case's child reports through its exit status, which the parent checks.
 """

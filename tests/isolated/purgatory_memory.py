@@ -1,6 +1,6 @@
 """Watch operations on 3 of 100 keys and complete them directly, as Kafka's benchmark does.
 
-Run in a fresh interpreter by tests/test_purgatory.py: ``purgatory_memory.py IMPL COUNT``
+Run in a fresh interpreter by tests/core/test_purgatory.py: ``purgatory_memory.py IMPL COUNT``
 with IMPL "python" or "cython". Prints a JSON report: the most operations ever alive,
 the most watcher-list entries ever held and their bound, and how far the resident set
 grew after a warm-up. The cyclic garbage collector is off, so every operation must be

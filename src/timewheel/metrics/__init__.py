@@ -20,12 +20,13 @@ after adding its kind to :data:`SNAPSHOTS` and its rows to :data:`METRICS` (see
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
+
+from .. import _atfork
 
 __all__ = [
     "METRICS",
@@ -324,8 +325,7 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):  # not on Windows
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_atfork.in_child(_after_fork_in_child)
 
 
 def register(kind: str, obj: Any, name: str | None = None) -> None:

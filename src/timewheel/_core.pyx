@@ -3,7 +3,7 @@
 # cython: binding=False
 # (binding=False: methods are plain method descriptors, not CyFunctions; callgrind counts
 # 14% fewer instructions per schedule + cancel from Python)
-"""Hierarchical timing wheel with a C core (the twin of :mod:`timewheel._wheel_py`).
+"""Hierarchical timing wheel with a C core (the twin of :mod:`timewheel._core_py`).
 
 The algorithm, the handles and every result are those of the pure-Python reference;
 its docstring describes the layout. Entries live in one C array (:c:type:`Entry`) whose
@@ -106,7 +106,7 @@ cdef const uint32_t SLOT_LIMIT = 0xFFFFFFF  # slots 0 .. 2**28 - 2: 2**28 - 1 at
 if (GEN_MAX, SLOT_BITS, TAG_SHIFT, SLOT_LIMIT) != (
     HANDLE_GEN_MAX, HANDLE_SLOT_BITS, HANDLE_TAG_SHIFT, MAX_SLOTS
 ):
-    raise ImportError("_wheel_c's handle layout differs from _validate's")
+    raise ImportError("_core's handle layout differs from _validate's")
 
 
 cdef int grow(void** ptr, size_t* cap, size_t need, size_t itemsize, size_t limit) noexcept nogil:

@@ -26,6 +26,7 @@ from timewheel.timer import ManualClock, Timer, TimerFullError, TimerTask, monot
 
 # Every test here runs on each TimingWheel implementation.
 pytestmark = pytest.mark.usefixtures("timer_wheel")
+ISOLATED = Path(__file__).parents[1] / "isolated"  # scripts run in a child interpreter
 
 
 @pytest.fixture
@@ -591,7 +592,7 @@ def test_a_dropped_timer_or_purgatory_frees_its_pending_tasks(impl: str, kind: s
     package_root = str(Path(timer_module.__file__).parents[1])
     path = os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).parent / "isolated" / "dropped_timer.py"), impl, kind],
+        [sys.executable, str(ISOLATED / "dropped_timer.py"), impl, kind],
         capture_output=True,
         text=True,
         env=dict(os.environ, PYTHONPATH=path),

@@ -15,7 +15,7 @@ SCRIPT = textwrap.dedent(
     """
     import json, tracemalloc
     import numpy as np
-    from timewheel._wheel_c import TimingWheel
+    from timewheel._core import TimingWheel
 
     n = 1_000_000
     deadlines = np.random.default_rng(7).integers(1, 200_001, n, dtype=np.int64)

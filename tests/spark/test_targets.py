@@ -224,7 +224,7 @@ def test_target_from_url() -> None:
             target_from_url(url)
 
 
-# The HTTP target has its own tests against an aiohttp service: tests/test_http_target.py.
+# The HTTP target has its own tests against an aiohttp service: tests/spark/test_http_target.py.
 
 
 class SubmitOnly:

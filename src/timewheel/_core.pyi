@@ -1,4 +1,4 @@
-"""Type stubs for the Cython timing wheel (:mod:`timewheel._wheel_c`)."""
+"""Type stubs for the Cython timing wheel (:mod:`timewheel._core`)."""
 
 from collections.abc import Sequence
 from typing import Any, final

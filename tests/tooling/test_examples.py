@@ -15,7 +15,7 @@ import pytest
 
 import timewheel
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "typed_usage.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "typed_usage.py"
 
 
 def test_typed_usage_example_runs(impl: str) -> None:

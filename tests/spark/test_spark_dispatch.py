@@ -252,7 +252,7 @@ def test_the_worker_runtime_is_made_after_fork_and_reused_across_tasks(spark: An
 )
 def test_nested_key_columns_are_refused_from_the_schema(spark: Any, ddl: str, shown: str) -> None:
     # Refused from the schema, before any job. (A key that still cannot be taken at run
-    # time fails its row once: tests/test_engines.py checks that for every engine.)
+    # time fails its row once: tests/spark/test_engines.py checks that for every engine.)
     df = spark.createDataFrame([], f"id long, {ddl}")
     with pytest.raises(ValueError) as info:
         dispatch(df, SimulatedDownstream(1, 2), id_col="id", key_cols=["acct"])

@@ -3,7 +3,7 @@
 With the command's default master (``local[*,4]``: a task may fail three times and run
 again, as on a cluster) Spark re-runs the killed worker's task and the output still has
 every row exactly once; the service saw the killed attempt's requests on top of the rows'
-attempts. tests/test_spark_cluster.py does the same on a standalone cluster.
+attempts. tests/spark/test_spark_cluster.py does the same on a standalone cluster.
 """
 
 from __future__ import annotations

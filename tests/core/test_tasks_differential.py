@@ -276,8 +276,8 @@ def test_the_pure_python_twin_passes_the_timer_and_purgatory_suites() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-c-extensions",
          str(here / "test_timer.py"), str(here / "test_purgatory.py"),
-         str(here / "test_resources.py"), str(here / "test_metrics.py")],
-        capture_output=True, text=True, env=env, cwd=here.parent, timeout=600,
+         str(here.parent / "test_resources.py"), str(here.parent / "test_metrics.py")],
+        capture_output=True, text=True, env=env, cwd=here.parents[1], timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert " passed" in proc.stdout and " failed" not in proc.stdout

@@ -1,4 +1,4 @@
-"""Pure-Python twin of :mod:`timewheel._wheel_c`, the timing wheel.
+"""Pure-Python twin of :mod:`timewheel._core`, the timing wheel.
 
 It implements the same algorithm as the extension, step for step, so that the two give
 identical answers (handles included) for any sequence of calls. It is the oracle of the

@@ -1,0 +1,343 @@
+"""The rules docs/architecture.md states about the source tree, read from the source itself.
+
+``violations(root)`` parses every module under ``root`` (a ``timewheel`` package folder):
+Python modules with :mod:`ast`, Cython modules line by line. The real tree must have none;
+each rule is also shown to catch a violation in a small synthetic tree, so none of them
+can pass by checking nothing.
+
+The rules:
+
+* fork hooks: only ``_atfork`` calls ``os.register_at_fork`` (everything else registers
+  through it, so the hooks exist only where the platform can fork);
+* loggers: every ``logging.getLogger`` call is ``getLogger(__name__)``, and nothing logs on
+  the root logger (``logging.info(...)``);
+* imports: only the wing (``timewheel.spark``) and the tooling import the wing, and only
+  the tooling imports the tooling; ``timewheel.targets``, the old name of
+  ``timewheel.spark.targets``, is the one re-export allowed; the argparse types
+  (``_argtypes``) serve the two command lines, the tooling's and the wing's ``pipeline``;
+* argument checks: in the library (not the wing, not the tooling), number checks (NaN,
+  infinity, a bool passed for a number) live in ``_validate``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import timewheel
+
+PACKAGE = Path(timewheel.__file__).parent
+
+#: The tooling: the ``timewheel`` command, its demo, argument types and benchmarks.
+TOOLING = ("timewheel.cli", "timewheel.demo", "timewheel.__main__")
+TOOLING_PACKAGES = ("timewheel.benchmarks",)
+WING = "timewheel.spark"
+#: argparse types, for the two command lines: the tooling's and the wing's ``pipeline``.
+COMMAND_LINE = frozenset({"timewheel._argtypes"})
+#: Modules that may import the wing although they are neither wing nor tooling.
+WING_SHIMS = frozenset({"timewheel.targets"})
+NUMBER_CHECKS = frozenset({"isnan", "isinf", "isfinite"})
+ROOT_LOG_CALLS = frozenset({"debug", "info", "warning", "error", "exception", "critical", "log"})
+
+
+def _module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["timewheel", *parts])
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _is_tooling(module: str) -> bool:
+    return module in TOOLING or any(_within(module, p) for p in TOOLING_PACKAGES)
+
+
+def _is_wing(module: str) -> bool:
+    return _within(module, WING)
+
+
+def _imported(tree: ast.Module, module: str, is_package: bool) -> list[tuple[int, str]]:
+    """Every module an import statement in ``tree`` names, made absolute."""
+    package = module if is_package else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.append((node.lineno, target))
+            # ``from . import spark`` names the module in the alias
+            found += [(node.lineno, f"{target}.{alias.name}") for alias in node.names]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def _check_imports(tree: ast.Module, module: str, is_package: bool) -> list[str]:
+    if _is_tooling(module):
+        return []
+    out = []
+    reported = set()  # one report per statement: ``from .spark import x`` names two modules
+    for line, target in _imported(tree, module, is_package):
+        if _is_tooling(target):
+            what = "the tooling"
+        elif _is_wing(target) and not _is_wing(module) and module not in WING_SHIMS:
+            what = "the wing"
+        elif target in COMMAND_LINE and not _is_wing(module):
+            what = "a command-line helper"
+        else:
+            continue
+        if line not in reported:
+            reported.add(line)
+            out.append(f"{module}:{line}: imports {what} ({target})")
+    return out
+
+
+def _attr(node: ast.AST) -> str | None:
+    """``x.name`` or a bare ``name`` as called."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    return None
+
+
+def _check_python(tree: ast.Module, module: str) -> list[str]:
+    out = []
+    library = not (_is_wing(module) or _is_tooling(module))
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module == "os"
+            and (
+                any(a.name == "register_at_fork" for a in node.names)
+                and module != "timewheel._atfork"
+            )
+        ):
+            out.append(f"{module}:{line}: imports os.register_at_fork (use _atfork)")
+        if not isinstance(node, ast.Call):
+            if library and module != "timewheel._validate" and isinstance(node, ast.BoolOp):
+                for value in node.values:
+                    if _is_bool_isinstance(value):
+                        out.append(f"{module}:{line}: a bool-for-number check (use _validate)")
+            continue
+        name = _attr(node.func)
+        if name == "register_at_fork" and module != "timewheel._atfork":
+            out.append(f"{module}:{line}: calls register_at_fork (use _atfork)")
+        elif name == "getLogger":
+            by_name = (
+                len(node.args) == 1
+                and not node.keywords
+                and isinstance(node.args[0], ast.Name)
+                and node.args[0].id == "__name__"
+            )
+            if not by_name:
+                out.append(f"{module}:{line}: a logger not named getLogger(__name__)")
+        elif (
+            name in ROOT_LOG_CALLS
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "logging"
+        ):
+            out.append(f"{module}:{line}: logs on the root logger (logging.{name})")
+        elif library and name in NUMBER_CHECKS and module != "timewheel._validate":
+            out.append(f"{module}:{line}: a number check (math.{name}; use _validate)")
+    return out
+
+
+def _is_bool_isinstance(node: ast.AST) -> bool:
+    if isinstance(node, ast.UnaryOp):
+        node = node.operand
+    return (
+        isinstance(node, ast.Call)
+        and _attr(node.func) == "isinstance"
+        and len(node.args) == 2
+        and isinstance(node.args[1], ast.Name)
+        and node.args[1].id == "bool"
+    )
+
+
+# The extensions are all core (library) modules; Cython is read line by line.
+_PYX_RULES = [
+    (re.compile(r"\bregister_at_fork\b"), "calls register_at_fork (use _atfork)"),
+    (re.compile(r"\bgetLogger\((?!__name__\))"), "a logger not named getLogger(__name__)"),
+    (re.compile(r"\b(isnan|isinf|isfinite)\("), "a number check (use _validate)"),
+    (re.compile(r"isinstance\([^()]*,\s*bool\)\s*(or|and)\b"), "a bool-for-number check"),
+    (re.compile(r"^\s*(from|c?import)\s+\S*\bspark\b"), "imports the wing"),
+    (
+        re.compile(r"^\s*(from|c?import)\s+\S*\b(cli|demo|benchmarks|_argtypes)\b"),
+        "imports the tooling",
+    ),
+]
+
+
+def _check_cython(path: Path, module: str) -> list[str]:
+    out = []
+    for number, text in enumerate(path.read_text().splitlines(), 1):
+        code = text.split("#", 1)[0]
+        out += [
+            f"{module}:{number}: {what}" for pattern, what in _PYX_RULES if pattern.search(code)
+        ]
+    return out
+
+
+def violations(root: Path) -> list[str]:
+    """Every break of the layout rules in the ``timewheel`` package at ``root``."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        module = _module_name(root, path)
+        tree = ast.parse(path.read_text(), str(path))
+        out += _check_imports(tree, module, path.name == "__init__.py")
+        out += _check_python(tree, module)
+    for path in sorted([*root.rglob("*.pyx"), *root.rglob("*.pxd")]):
+        out += _check_cython(path, _module_name(root, path))
+    return out
+
+
+def test_the_source_tree_keeps_the_rules() -> None:
+    assert violations(PACKAGE) == []
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "timewheel"
+    for name, text in {"__init__.py": "", "spark/__init__.py": "", **files}.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root
+
+
+# (files of a synthetic tree, the violation the checker must report)
+BROKEN = {
+    "fork hook outside _atfork": (
+        {"timer.py": "import os\nos.register_at_fork(after_in_child=print)\n"},
+        "timewheel.timer:2: calls register_at_fork",
+    ),
+    "fork hook imported from os": (
+        {"spark/x.py": "from os import register_at_fork\n"},
+        "timewheel.spark.x:1: imports os.register_at_fork",
+    ),
+    "fork hook in Cython": (
+        {"_core.pyx": "import os\nos.register_at_fork(before=f)\n"},
+        "timewheel._core:2: calls register_at_fork",
+    ),
+    "logger on the package's name": (
+        {"aio.py": "import logging\nlogger = logging.getLogger('timewheel')\n"},
+        "timewheel.aio:2: a logger not named getLogger(__name__)",
+    ),
+    "logging on the root logger": (
+        {"spark/engines.py": "import logging\nlogging.warning('x')\n"},
+        "timewheel.spark.engines:2: logs on the root logger",
+    ),
+    "library imports the wing": (
+        {"timer.py": "from .spark import targets\n"},
+        "timewheel.timer:1: imports the wing (timewheel.spark)",
+    ),
+    "library imports the wing from a package": (
+        {"metrics/__init__.py": "from .. import spark\n"},
+        "timewheel.metrics:1: imports the wing (timewheel.spark)",
+    ),
+    "library imports the wing by name": (
+        {"purgatory.py": "import importlib\nimportlib.import_module('timewheel.spark.x')\n"},
+        "timewheel.purgatory:2: imports the wing (timewheel.spark.x)",
+    ),
+    "wing imports the tooling": (
+        {"spark/pipeline.py": "from ..benchmarks import baselines\n"},
+        "timewheel.spark.pipeline:1: imports the tooling (timewheel.benchmarks)",
+    ),
+    "library imports the command-line helpers": (
+        {"timer.py": "from ._argtypes import positive\n"},
+        "timewheel.timer:1: imports a command-line helper (timewheel._argtypes)",
+    ),
+    "library imports the tooling": (
+        {"execution.py": "import timewheel.cli\n"},
+        "timewheel.execution:1: imports the tooling (timewheel.cli)",
+    ),
+    "NaN check outside _validate": (
+        {"timer.py": "import math\nok = math.isfinite(x)\n"},
+        "timewheel.timer:2: a number check (math.isfinite",
+    ),
+    "bool-for-number check outside _validate": (
+        {"sources.py": "bad = isinstance(n, bool) or not isinstance(n, int)\n"},
+        "timewheel.sources:1: a bool-for-number check",
+    ),
+    "NaN check in Cython": (
+        {"_aio_c.pyx": "from libc.math cimport isnan\nif isnan(x): pass\n"},
+        "timewheel._aio_c:2: a number check",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_each_rule_catches_a_violation(tmp_path: Path, case: str) -> None:
+    files, expected = BROKEN[case]
+    found = violations(_tree(tmp_path, files))
+    assert len(found) == 1 and found[0].startswith(expected), found
+
+
+def test_what_the_rules_allow(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "_atfork.py": "import os\nos.register_at_fork(before=f)\n",
+            "_validate.py": "import math\nok = isinstance(v, bool) or math.isnan(v)\n",
+            "targets.py": "from .spark.targets import Reply\n",
+            "cli.py": "from .spark import pipeline\nfrom .benchmarks import core\n",
+            "spark/pipeline.py": "from .._argtypes import positive\n",
+            "benchmarks/core.py": "from ..spark import targets\nfrom .. import demo\n",
+            "spark/targets.py": "import math, logging\nlog = logging.getLogger(__name__)\n"
+            "ok = math.isfinite(x) and not isinstance(x, bool)\n",
+            "purgatory.py": "flag = isinstance(reaper, bool)\n",
+        },
+    )
+    assert violations(root) == []
+
+
+def benchmark_importers(tests: Path) -> list[str]:
+    """The test modules under ``tests``, but not in its ``tooling`` folder, that import a
+    benchmark: the library's tests assert what the library does, whatever becomes of a
+    benchmark."""
+    out = []
+    for path in sorted(tests.rglob("*.py")):
+        if path.relative_to(tests).parts[0] == "tooling":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        imported = _imported(tree, "tests." + path.stem, False)
+        lines = sorted(
+            {line for line, target in imported if _within(target, "timewheel.benchmarks")}
+        )
+        out += [f"{path.relative_to(tests)}:{line}: imports a benchmark" for line in lines]
+    return out
+
+
+def test_library_tests_do_not_import_the_benchmarks() -> None:
+    assert benchmark_importers(Path(__file__).parents[1]) == []
+
+
+def test_a_library_test_importing_a_benchmark_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "test_wheel.py").write_text("from timewheel.benchmarks import core\n")
+    (tmp_path / "tooling").mkdir()
+    (tmp_path / "tooling" / "test_cli.py").write_text("import timewheel.benchmarks\n")
+    found = benchmark_importers(tmp_path)
+    assert len(found) == 1 and found[0].startswith("core/test_wheel.py:1: imports"), found
