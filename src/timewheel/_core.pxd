@@ -108,6 +108,10 @@ cdef class TimingWheel:
     cdef int _grow_slab(self, size_t need) noexcept nogil
     cdef int _prepare(self, size_t n, int64_t max_deadline) noexcept nogil
     cdef int64_t _insert_one(self, int64_t d, PyObject* item) noexcept nogil
+    cdef int _insert_chunk(self, const int64_t* d, PyObject** ptrs, int64_t* handles,
+                           size_t i, size_t end) noexcept nogil
+    cdef size_t _cancel_chunk(self, const int64_t* h, size_t i, size_t end,
+                              PyObject** dropped, size_t* kept) noexcept nogil
     cdef int64_t _insert(self, int64_t d, PyObject* item) noexcept nogil
     cdef uint32_t _take(self, int64_t d, PyObject* item) noexcept nogil
     cdef void _place(self, uint32_t s) noexcept nogil

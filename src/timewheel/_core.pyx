@@ -15,6 +15,8 @@ without the GIL (advance, the batch calls, and anyone who finds the wheel busy).
 never waited for while holding the GIL and the GIL is never taken while holding it, so
 no thread can hold one and wait for the other. With a GIL and nobody working GIL-free,
 schedule, cancel and next_deadline run under the GIL alone (see _enter_with_gil).
+Free-threaded builds take the lock for every call, waiting for it detached from the
+interpreter and working on the wheel attached (see wheel_traverse for why).
 Python objects are touched only with the GIL and outside the lock: references are
 taken before an insert and dropped after the lock is released, since dropping one may
 run a ``__del__`` that calls back into the wheel.
@@ -406,7 +408,6 @@ cdef class TimingWheel:
         cdef int64_t[::1] handles = out
         cdef PyObject** ptrs = NULL
         cdef size_t i, j, end
-        cdef int64_t top
         cdef int rc = 0
         if values is not None:
             # the slab's references; `values` is our private copy and outlives the loop
@@ -415,22 +416,20 @@ cdef class TimingWheel:
                 Py_INCREF(<object>ptrs[i])
         i = 0
         self._gilfree += 1
-        with nogil:
-            while i < n:
-                end = n if n - i < CHUNK else i + CHUNK
-                top = d[i]
-                for j in range(i + 1, end):
-                    if d[j] > top:
-                        top = d[j]
-                self._lock()
-                rc = self._prepare(end - i, top)
-                if rc == 0:
-                    for j in range(i, end):
-                        handles[j] = self._insert(d[j], ptrs[j] if ptrs != NULL else NULL)
-                self._unlock()
-                if rc < 0:
-                    break
-                i = end
+        while i < n:
+            end = n if n - i < CHUNK else i + CHUNK
+            if TW_HAS_GIL:
+                with nogil:
+                    self._lock()
+                    rc = self._insert_chunk(&d[0], ptrs, &handles[0], i, end)
+                    self._unlock()
+            else:
+                self._enter_with_gil()
+                rc = self._insert_chunk(&d[0], ptrs, &handles[0], i, end)
+                self._leave_with_gil()
+            if rc < 0:
+                break
+            i = end
         self._gilfree -= 1
         if rc < 0:
             if ptrs != NULL:
@@ -447,38 +446,64 @@ cdef class TimingWheel:
         arr = check_int64_array("handles", handles)
         cdef const int64_t[::1] h = arr
         cdef size_t n = h.shape[0]
-        cdef size_t i = 0, j, end, k, kept
+        cdef size_t i = 0, end, k, kept = 0
         cdef size_t cap = 0
         cdef size_t count = 0
         cdef PyObject** dropped = NULL
-        cdef PyObject* item
         cdef size_t room = CHUNK if n > CHUNK else n + 1
         # the dropped items of one chunk, released with the GIL once the lock is free
         if grow(<void**>&dropped, &cap, room, sizeof(PyObject*), room) < 0:
             raise MemoryError("cannot allocate the cancel buffer")
         self._gilfree += 1
         try:
-            with nogil:
-                while i < n:
-                    end = n if n - i < CHUNK else i + CHUNK
-                    kept = 0
-                    self._lock()
-                    for j in range(i, end):
-                        item = NULL
-                        if self._cancel(h[j], &item):
-                            count += 1
-                            if item != NULL:
-                                dropped[kept] = item
-                                kept += 1
-                    self._unlock()
-                    if kept:
-                        with gil:
-                            for k in range(kept):
-                                Py_XDECREF(dropped[k])
-                    i = end
+            while i < n:
+                end = n if n - i < CHUNK else i + CHUNK
+                if TW_HAS_GIL:
+                    with nogil:
+                        self._lock()
+                        count += self._cancel_chunk(&h[0], i, end, dropped, &kept)
+                        self._unlock()
+                else:
+                    self._enter_with_gil()
+                    count += self._cancel_chunk(&h[0], i, end, dropped, &kept)
+                    self._leave_with_gil()
+                for k in range(kept):
+                    Py_XDECREF(dropped[k])
+                i = end
         finally:
             self._gilfree -= 1
             PyMem_RawFree(dropped)
+        return count
+
+    cdef int _insert_chunk(self, const int64_t* d, PyObject** ptrs, int64_t* handles,
+                           size_t i, size_t end) noexcept nogil:
+        """schedule_many's entries ``i`` to ``end`` (lock held); -1 if out of memory."""
+        cdef size_t j
+        cdef int64_t top = d[i]
+        for j in range(i + 1, end):
+            if d[j] > top:
+                top = d[j]
+        if self._prepare(end - i, top) < 0:
+            return -1
+        for j in range(i, end):
+            handles[j] = self._insert(d[j], ptrs[j] if ptrs != NULL else NULL)
+        return 0
+
+    cdef size_t _cancel_chunk(self, const int64_t* h, size_t i, size_t end,
+                              PyObject** dropped, size_t* kept) noexcept nogil:
+        """cancel_many's handles ``i`` to ``end`` (lock held): how many were pending, with
+        their items in ``dropped[:kept]``, to release once the lock is free."""
+        cdef size_t j
+        cdef size_t count = 0
+        cdef PyObject* item
+        kept[0] = 0
+        for j in range(i, end):
+            item = NULL
+            if self._cancel(h[j], &item):
+                count += 1
+                if item != NULL:
+                    dropped[kept[0]] = item
+                    kept[0] += 1
         return count
 
     def advance_many(self, now):
@@ -503,6 +528,11 @@ cdef class TimingWheel:
         """Run _expire into ``buf`` (zeroed here) under the lock, with the GIL released."""
         buf.data = NULL
         buf.n = buf.cap = 0
+        if not TW_HAS_GIL:
+            self._enter_with_gil()
+            self._expire(t, buf, budget)
+            self._leave_with_gil()
+            return
         self._gilfree += 1
         with nogil:
             self._lock()
@@ -544,10 +574,19 @@ cdef class TimingWheel:
         before it lets go and until it has it back. So at _gilfree == 0 no lock is
         needed, which spares schedule and cancel an atomic operation each. A thread
         told False counts itself in, releases the GIL and blocks for the lock.
+
+        Free-threaded builds always enter, and change the wheel only while attached to
+        the interpreter: a thread waits for the lock detached (so a collection that
+        stops the world never waits on it) but works on the wheel attached, so the
+        world stops only between two changes and the collector's traverses see it
+        still (see wheel_traverse).
         """
         if TW_HAS_GIL:
             return self._gilfree == 0
-        return tw_mutex_trylock(&self._mutex)
+        if not tw_mutex_trylock(&self._mutex):
+            with nogil:
+                tw_mutex_lock(&self._mutex)
+        return True
 
     cdef void _leave_with_gil(self) noexcept:
         if not TW_HAS_GIL:
@@ -944,18 +983,21 @@ cdef int wheel_traverse(PyObject* o, tw_visitproc visit, void* arg) noexcept:
     :func:`gc.collect` makes. An untracked item's references look held from outside the
     collection, which is safe.
 
-    Only while no thread works on the wheel without the GIL: the collector holds the GIL
-    from its first traverse to its last, so nobody starts to, and every traverse of one
-    collection agrees. A wheel busy in another thread is simply not traversed that time
-    (its items look referenced from outside, which is safe). Free-threaded builds have
-    no such guarantee and never traverse.
+    With a GIL, only while no thread works on the wheel without it: the collector holds
+    the GIL from its first traverse to its last, so nobody starts to, and every traverse
+    of one collection agrees. A wheel busy in another thread is simply not traversed
+    that time (its items look referenced from outside, which is safe). A free-threaded
+    build's collector traverses with the world stopped, and the wheel changes only in
+    threads attached to the interpreter (see _enter_with_gil), none of which is inside
+    the wheel then: so every traverse of one stop agrees. (:func:`gc.get_referents`
+    on a wheel another thread is changing is the one unguarded read there.)
     """
     cdef TimingWheel w = <TimingWheel>o
     cdef uint32_t s
     cdef int r = tw_visit_type(o, visit, arg)
     if r:
         return r
-    if not TW_HAS_GIL or w._gilfree != 0:
+    if TW_HAS_GIL and w._gilfree != 0:
         return 0
     for s in range(w._hw):
         if w._entries[s].bucket != NIL and w._entries[s].item != NULL:
@@ -966,11 +1008,12 @@ cdef int wheel_traverse(PyObject* o, tw_visitproc visit, void* arg) noexcept:
 
 
 cdef int wheel_clear(PyObject* o) noexcept:
-    """Drop every pending item (they stay pending as None): the collector breaks cycles."""
+    """Drop every pending item (they stay pending as None): the collector breaks cycles.
+    Only an unreachable wheel is cleared, so no other thread is inside it."""
     cdef TimingWheel w = <TimingWheel>o
     cdef uint32_t s = 0
     cdef PyObject* item
-    if not TW_HAS_GIL or w._gilfree != 0:
+    if TW_HAS_GIL and w._gilfree != 0:
         return 0
     # Indexes, not pointers: dropping an item may run a __del__ that grows the slab.
     while s < w._hw:

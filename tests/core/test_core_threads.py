@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import random
 import threading
 from typing import Any
@@ -136,3 +137,86 @@ def test_other_threads_run_during_a_large_batch(TW: Any, impl: str) -> None:
     watcher.join()
     assert seen, "no other thread ran while the batch was scheduled"
     assert len(w) == n
+
+
+class _Cyclic:
+    """A pending item in a reference cycle: the collector would clear it if it ever took
+    the wheel's reference for the only one and found the cycle unreachable."""
+
+    def __init__(self, key: tuple[int, int]) -> None:
+        self.key = key
+        self.me = self
+
+
+@pytest.mark.stress
+def test_collections_while_threads_work_on_the_wheel_never_take_a_pending_item(
+    TW: Any, stress: int
+) -> None:
+    """The collector traverses the wheel while other threads schedule, cancel and advance
+    it (with and without the GIL, one and many at a time): every item comes out whole."""
+    w = TW(tick=1, wheel_size=8)
+    rounds = 100 * stress
+    start = threading.Barrier(4)
+    producers_done = threading.Event()
+    progressed = threading.Event()  # paces the collector: one collection per round or so
+    scheduled: list[set[tuple[int, int]]] = [set(), set()]
+    cancelled = [0, 0]
+    fired: list[tuple[int, int]] = []  # keys only: the heap each collection walks stays small
+    cleared: list[_Cyclic] = []
+    errors: list[BaseException] = []
+
+    def take(items: list[_Cyclic]) -> None:
+        for item in items:
+            if getattr(item, "me", None) is not item:  # a cleared instance has no attributes
+                cleared.append(item)
+                continue
+            item.me = None
+            fired.append(item.key)
+
+    def produce(p: int) -> None:
+        rng = random.Random(p)
+        try:
+            start.wait()
+            for i in range(rounds):
+                items = [_Cyclic((p, i * 20 + k)) for k in range(20)]
+                deadlines = np.array([w.now + rng.randrange(0, 500) for _ in items], dtype=np.int64)
+                handles = [int(h) for h in w.schedule_many(deadlines, items)]
+                handles.append(w.schedule(w.now + rng.randrange(0, 500), _Cyclic((p, -i - 1))))
+                scheduled[p].update(item.key for item in items)
+                scheduled[p].add((p, -i - 1))
+                cancelled[p] += w.cancel_many(np.array(handles[:5], dtype=np.int64))
+                cancelled[p] += w.cancel(handles[-1])
+                progressed.set()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def advance() -> None:
+        t = 0
+        start.wait()
+        while not producers_done.is_set():
+            t += 3
+            take(w.advance(t))
+
+    def collect() -> None:
+        start.wait()
+        while not producers_done.is_set():
+            # (a collection stops every thread: back to back, they would starve the rest)
+            if progressed.wait(0.05):
+                progressed.clear()
+                gc.collect()
+
+    workers = [threading.Thread(target=produce, args=(p,)) for p in range(2)]
+    others = [threading.Thread(target=advance), threading.Thread(target=collect)]
+    for t in [*workers, *others]:
+        t.start()
+    for t in workers:
+        t.join()
+    producers_done.set()
+    for t in others:
+        t.join()
+    take(w.advance(INT64_MAX))
+
+    assert errors == [] and len(w) == 0
+    assert cleared == [], "the collector cleared items the wheel still held"
+    assert len(set(fired)) == len(fired) and set(fired) <= scheduled[0] | scheduled[1]
+    assert len(fired) + sum(cancelled) == len(scheduled[0]) + len(scheduled[1])

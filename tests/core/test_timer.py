@@ -646,8 +646,6 @@ def _all_collected(*refs: weakref.ref[Any]) -> bool:
 def test_a_timer_whose_pending_callback_refers_back_to_it_is_collected(
     impl: str, clock: ManualClock
 ) -> None:
-    if FREE_THREADED and impl == "cython":
-        pytest.skip("the C wheel does not traverse on free-threaded builds (docs/architecture.md)")
     t = Timer(clock=clock)
     cb = _Rearm(t)
     t.add(10, cb)
@@ -672,8 +670,7 @@ def test_a_task_held_elsewhere_keeps_its_callback_and_timer_whole(
     clock.advance(10)
     assert timer.advance_clock(0) and task.done and len(timer) == 1  # it ran and re-added
     del timer, task
-    if not (FREE_THREADED and impl == "cython"):  # that wheel does not traverse
-        assert _all_collected(*refs)
+    assert _all_collected(*refs)
 
 
 def test_waits_longer_than_threading_allows_are_capped(clock: ManualClock) -> None:
