@@ -388,7 +388,8 @@ def test_nan_and_bad_types_are_refused_naming_the_argument(
             loop.call_later(math.nan, print)
         with pytest.raises(ValueError, match=r"when .*NaN"):
             loop.call_at(math.nan, print)
-        with pytest.raises(ValueError, match=r"delay .*NaN"):
+        # (CPython 3.13's asyncio.sleep refuses NaN itself: "Invalid delay: NaN ...")
+        with pytest.raises(ValueError, match=r"delay\b.*NaN"):
             await asyncio.sleep(math.nan)
         for bad in (True, "1", None, [1]):
             with pytest.raises(TypeError, match="delay must be a number"):

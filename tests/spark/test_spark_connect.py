@@ -32,7 +32,7 @@ pytestmark = [
     pytest.mark.connect,
     pytest.mark.skipif(
         os.environ.get("TIMEWHEEL_CONNECT_TESTS") != "1",
-        reason="about 2 minutes: run by .ci/connect (TIMEWHEEL_CONNECT_TESTS=1)",
+        reason="about 3 minutes: run by .ci/connect (TIMEWHEEL_CONNECT_TESTS=1)",
     ),
 ]
 
