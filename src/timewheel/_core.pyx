@@ -40,19 +40,21 @@ from libc.stdlib cimport qsort
 import numpy as np
 
 from timewheel import _atfork
-from timewheel._validate import (
-    HANDLE_BOUND,
+from timewheel._handles import (
     HANDLE_GEN_MAX,
     HANDLE_SLOT_BITS,
     HANDLE_TAG_SHIFT,
     MAX_SLOTS,
+    next_wheel_tag,
+)
+from timewheel._validate import (
+    HANDLE_BOUND,
     INT64_MAX as _INT64_MAX,
     INT64_MIN as _INT64_MIN,
     MAX_WHEEL_SIZE,
     check_int as _check_int,
     check_int64_array,
     check_items,
-    next_wheel_tag,
 )
 
 

@@ -46,7 +46,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from . import _atfork, _validate
+from . import _atfork, _handles, _validate
 from ._validate import check_int64_array, check_items
 
 __all__ = ["TimingWheel"]
@@ -55,12 +55,12 @@ INT64_MIN = _validate.INT64_MIN
 INT64_MAX = _validate.INT64_MAX
 _U64 = 1 << 64
 MAX_WHEEL_SIZE = _validate.MAX_WHEEL_SIZE
-MAX_SLOTS = _validate.MAX_SLOTS
+MAX_SLOTS = _handles.MAX_SLOTS
 HANDLE_BOUND = _validate.HANDLE_BOUND
-_GEN_MAX = _validate.HANDLE_GEN_MAX
-_SLOT_BITS = _validate.HANDLE_SLOT_BITS
+_GEN_MAX = _handles.HANDLE_GEN_MAX
+_SLOT_BITS = _handles.HANDLE_SLOT_BITS
 _SLOT_MASK = (1 << _SLOT_BITS) - 1
-_TAG_SHIFT = _validate.HANDLE_TAG_SHIFT
+_TAG_SHIFT = _handles.HANDLE_TAG_SHIFT
 _FREE = -2  # bucket id of a free slot
 _DUE = -1  # bucket id of the due bucket
 _MISSING = object()  # what _cancel returns for a handle that was not pending
@@ -120,7 +120,7 @@ class TimingWheel:
         self._gen_floor = 1
         self._gen_ceiling = 1
         # This wheel's tag, in place in a handle's high bits.
-        self._tag = _validate.next_wheel_tag() << _TAG_SHIFT
+        self._tag = _handles.next_wheel_tag() << _TAG_SHIFT
         self._next_seq = 0
         self._len = 0
         # None while the wheel is whole; else the repair it needs: entries scheduled at

@@ -70,15 +70,8 @@ from weakref import WeakSet
 from weakref import ref as _weakref
 
 from timewheel import _atfork
-from timewheel._validate import (
-    INT64_MAX,
-    INT64_MIN,
-    LATENESS_BOUNDS_MS,
-    TimerFullError,
-    aborted,
-    check_int,
-    check_keys,
-)
+from timewheel._tasks_shared import LATENESS_BOUNDS_MS, TimerFullError, aborted
+from timewheel._validate import INT64_MAX, INT64_MIN, check_int, check_keys
 
 __all__ = [
     "CallbackTask", "Counts", "DelayedOperation", "Lateness", "PurgatoryCore", "TimerCore",

@@ -36,15 +36,8 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import Any, TypeVar
 
 from . import _atfork
-from ._validate import (
-    INT64_MAX,
-    INT64_MIN,
-    LATENESS_BOUNDS_MS,
-    TimerFullError,
-    aborted,
-    check_int,
-    check_keys,
-)
+from ._tasks_shared import LATENESS_BOUNDS_MS, TimerFullError, aborted
+from ._validate import INT64_MAX, INT64_MIN, check_int, check_keys
 
 __all__ = [
     "CANCELLED",

@@ -6,7 +6,6 @@ checks and limits from here, so they refuse the same input with the same words.
 
 from __future__ import annotations
 
-import itertools
 import numbers
 import operator
 import threading
@@ -14,26 +13,16 @@ from collections.abc import Hashable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
-from . import _atfork
-
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
 __all__ = [
     "HANDLE_BOUND",
-    "HANDLE_GEN_MAX",
-    "HANDLE_SLOT_BITS",
-    "HANDLE_TAG_BITS",
-    "HANDLE_TAG_SHIFT",
     "INT64_MAX",
     "INT64_MIN",
-    "LATENESS_BOUNDS_MS",
     "MAX_LOOP_TIME",
-    "MAX_SLOTS",
     "MAX_WHEEL_SIZE",
-    "TimerFullError",
-    "aborted",
     "check_columns",
     "check_int",
     "check_int64_array",
@@ -44,7 +33,6 @@ __all__ = [
     "check_seconds",
     "check_shards",
     "check_timeout",
-    "next_wheel_tag",
 ]
 
 INT64_MAX = (1 << 63) - 1
@@ -53,39 +41,6 @@ INT64_MIN = -(1 << 63)
 MAX_WHEEL_SIZE = 1 << 16
 #: A wheel handle beyond this is refused as nonsense; within it, an unknown one is stale.
 HANDLE_BOUND = 1 << 200
-#: The upper bounds (inclusive, ms) of a timer's lateness histogram; a last bucket
-#: counts everything later. Fixed, so that both implementations and every exporter agree.
-LATENESS_BOUNDS_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
-
-# A wheel handle is ``tag << 55 | generation << 28 | slot``, a positive int64:
-# * slot, 28 bits: at most 2**28 - 1 entries pending in one wheel (10 GiB of C slab);
-# * generation, 27 bits (1 .. 2**27 - 1): bumped each time the slot is freed, so a
-#   stale handle matches a later entry of its slot only after 2**27 - 1 reuses;
-# * tag, 8 bits: the wheel's own, so a wheel refuses the handles of the 255 wheels
-#   created before and after it (wheels take tags in turn, twins and extension alike).
-HANDLE_SLOT_BITS = 28
-HANDLE_GEN_MAX = (1 << 27) - 1
-HANDLE_TAG_SHIFT = 55
-HANDLE_TAG_BITS = 8
-#: The most entries one wheel holds at a time (slot numbers fit in HANDLE_SLOT_BITS).
-MAX_SLOTS = (1 << HANDLE_SLOT_BITS) - 1
-_tags = itertools.count()
-_tags_lock = threading.Lock()
-
-
-def _new_tags_lock() -> None:
-    # A thread that vanished in the fork may have held it: the child makes wheels too.
-    global _tags_lock
-    _tags_lock = threading.Lock()
-
-
-_atfork.in_child(_new_tags_lock)
-
-
-def next_wheel_tag() -> int:
-    """The tag of the next wheel made (either implementation): 0, 1, ... 255, 0, ..."""
-    with _tags_lock:
-        return next(_tags) & ((1 << HANDLE_TAG_BITS) - 1)
 
 
 def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
@@ -270,13 +225,3 @@ def check_items(items: Any, n: int) -> list[Any] | None:
     if exact:
         return list(items)
     return [items[i] for i in range(n)]
-
-
-class TimerFullError(RuntimeError):
-    """Raised by :meth:`Timer.add <timewheel.timer.Timer.add>` when ``max_pending`` tasks
-    are already pending."""
-
-
-def aborted(task: object, exc: BaseException) -> RuntimeError:
-    """The error a timer task's call raises in place of ``SystemExit`` from its ``run``."""
-    return RuntimeError(f"{task!r} raised {exc!r}")

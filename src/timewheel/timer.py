@@ -27,9 +27,10 @@ from ._impl import (
     implementation,
     monotonic_ms,
 )
+from ._tasks_shared import TimerFullError
 from ._validate import INT64_MAX as _INT64_MAX
 from ._validate import INT64_MIN as _INT64_MIN
-from ._validate import MAX_WHEEL_SIZE, TimerFullError, check_int
+from ._validate import MAX_WHEEL_SIZE, check_int
 from .execution import (
     ExecuteProduceConsume,
     ExecutionStrategy,

@@ -273,12 +273,12 @@ def fork_mid_wait() -> None:
 def fork_while_making_a_wheel() -> None:
     """A fork while another thread holds the lock that hands out wheel tags (made certain
     here by holding that private lock): the child still makes wheels."""
-    from timewheel import _validate
+    from timewheel import _handles
 
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with _validate._tags_lock:
+        with _handles._tags_lock:
             held.set()
             release.wait(WAIT_S)
 
