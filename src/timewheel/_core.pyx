@@ -527,7 +527,8 @@ cdef class TimingWheel:
         return out
 
     cdef void _collect(self, int64_t t, ExpiredBuf* buf, size_t budget) noexcept:
-        """Run _expire into ``buf`` (zeroed here) under the lock, with the GIL released."""
+        """Run _expire into ``buf`` (zeroed here) under the lock, with the GIL released
+        (attached, on free-threaded builds: see _enter_with_gil)."""
         buf.data = NULL
         buf.n = buf.cap = 0
         if not TW_HAS_GIL:
