@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import shutil
 import threading
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("pycurl")
 
-from timewheel.benchmarks.http import nginx, run_http_bench
+from timewheel.benchmarks.http import nginx, nginx_exe, run_http_bench
 from timewheel.cli import main
 
-_NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+_NGINX = nginx_exe()
 
 
 @pytest.mark.skipif(_NGINX is None, reason="nginx is not installed")

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from timewheel.benchmarks import rate as bench
+from timewheel.benchmarks.http import nginx_exe
 
 
 def test_most_in_a_window_slides() -> None:
@@ -21,7 +22,7 @@ def test_most_in_a_window_slides() -> None:
 def test_bench_rate_reports_every_request_of_each_rate(
     spark: Any, capsys: pytest.CaptureFixture[str], service: str
 ) -> None:
-    if service == "nginx" and not bench._nginx_installed():
+    if service == "nginx" and nginx_exe() is None:
         pytest.skip("nginx is not installed")
     parser = argparse.ArgumentParser()
     bench.add_parser(parser.add_subparsers())

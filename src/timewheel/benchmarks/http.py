@@ -75,6 +75,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def nginx_exe() -> str | None:
+    """The nginx executable (on PATH, or Debian's /usr/sbin, off a user's PATH), or None."""
+    return shutil.which("nginx") or (
+        "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
+    )
+
+
 @contextlib.contextmanager
 def nginx(access_log: Path | None = None) -> Iterator[str]:
     """Run nginx on 127.0.0.1 (one worker); yield its URL.
@@ -83,9 +90,9 @@ def nginx(access_log: Path | None = None) -> Iterator[str]:
     :data:`REPLY_1K`. With ``access_log`` it writes there the arrival time of every
     request (``$msec``: seconds since the epoch, to the millisecond), one a line.
     """
-    exe = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    exe = nginx_exe()
     if exe is None:
-        raise SystemExit("nginx is not installed: give --url")
+        raise SystemExit("nginx is not installed (apt-get install nginx-light)")
     with tempfile.TemporaryDirectory(prefix="timewheel-nginx-") as tmp:
         port = _free_port()
         conf = Path(tmp) / "nginx.conf"

@@ -23,7 +23,6 @@ import contextlib
 import functools
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -127,11 +126,11 @@ def main(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"bench rate: --rates must be numbers > 0, got {args.rates!r}", file=sys.stderr)
         return 2
-    service = args.service or ("nginx" if _nginx_installed() else "aiohttp")
+    from .http import nginx, nginx_exe
+
+    service = args.service or ("nginx" if nginx_exe() else "aiohttp")
     with contextlib.ExitStack() as stack:
         if service == "nginx":
-            from .http import nginx
-
             log = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "access.log"
             url = stack.enter_context(nginx(access_log=log))
             stats = functools.partial(_nginx_stats, log)
@@ -151,10 +150,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"counting service: {service}")
         _measure(url, stats, args, rates)
     return 0
-
-
-def _nginx_installed() -> bool:
-    return shutil.which("nginx") is not None or Path("/usr/sbin/nginx").exists()
 
 
 def _nginx_stats(log: Path) -> dict[str, Any]:
