@@ -208,30 +208,31 @@ class _PartitionDispatch:
         )
         out: list[Outcome] = []
         journal = None if self.journal is None else JournalWriter(self.journal)
+        # With a journal, smaller batches (by rows and by age), each committed before
+        # Spark gets it; without one, only the clock-free row count.
+        cap = _OUT_BATCH_ROWS if journal is None else FLUSH_ROWS
+        first = 0.0  # when the batch's first row finished (with a journal)
+
+        def emit() -> pa.RecordBatch:
+            batch = self._batch(out, schemas[0], counts, parser)
+            if journal is not None:
+                journal.write(batch)
+            return batch
+
         try:
-            if journal is None:
-                for outcome in outcomes:
-                    out.append(outcome)
-                    if len(out) == _OUT_BATCH_ROWS:
-                        yield self._batch(out, schemas[0], counts, parser)
-                        out = []
-            else:  # smaller batches, each committed to the journal before Spark gets it
-                first = 0.0
-                for outcome in outcomes:
-                    out.append(outcome)
+            for outcome in outcomes:
+                out.append(outcome)
+                aged = False
+                if journal is not None:
                     now = time.monotonic()
                     if len(out) == 1:
                         first = now
-                    elif len(out) == FLUSH_ROWS or now - first >= FLUSH_S:
-                        batch = self._batch(out, schemas[0], counts, parser)
-                        journal.write(batch)
-                        yield batch
-                        out = []
+                    aged = now - first >= FLUSH_S
+                if len(out) == cap or aged:
+                    yield emit()
+                    out = []
             if out:
-                batch = self._batch(out, schemas[0], counts, parser)
-                if journal is not None:
-                    journal.write(batch)
-                yield batch
+                yield emit()
         finally:
             if journal is not None:
                 journal.close()
@@ -272,6 +273,14 @@ class WithoutColumns:
     def __init__(self, target: Any, hidden: frozenset[str]) -> None:
         self.target = target
         self.hidden = hidden
+
+    @classmethod
+    def hiding(cls, target: Any, columns: Iterable[str]) -> WithoutColumns:
+        """``target`` without ``columns``: one wrapper, however many hide some (each row
+        is copied once, not once per wrapper)."""
+        if isinstance(target, cls):
+            return cls(target.target, target.hidden | frozenset(columns))
+        return cls(target, frozenset(columns))
 
     def submit(self, row: dict[str, Any], on_done: Any) -> Any:
         hidden = self.hidden
@@ -580,11 +589,7 @@ def _by_request(
         what = "dedupe_col" if dedupe_col is not None else "key_cols"
         raise ValueError(f"dedupe_requests and {what} cannot be combined: give one")
     df = df.withColumn(REQUEST_KEY, request_key(df, target))
-    if isinstance(target, WithoutColumns):  # one copy of each row, not two
-        target = WithoutColumns(target.target, target.hidden | {REQUEST_KEY})
-    else:
-        target = WithoutColumns(target, frozenset({REQUEST_KEY}))
-    return df, target, REQUEST_KEY
+    return df, WithoutColumns.hiding(target, [REQUEST_KEY]), REQUEST_KEY
 
 
 def _kept(df: DataFrame, previous: Any, id_col: str, reply: StructType | None) -> DataFrame:

@@ -829,7 +829,7 @@ class _Job:
         try:
             return dispatch(
                 df,
-                WithoutColumns(self.target, frozenset({ORDINAL})),
+                WithoutColumns.hiding(self.target, [ORDINAL]),
                 id_col=args.id_col,
                 key_cols=self.key_cols,
                 timeout_ms=args.timeout_ms,
