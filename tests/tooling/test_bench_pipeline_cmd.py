@@ -40,11 +40,14 @@ def test_bench_reports_every_engine_with_all_rows_accounted(
             "sim://?pct50=2&pct75=8&failures=0.05&seed=1",
             "--json",
             str(out),
+            "--journal",
         ]
     )
     assert args.func(args) == 0
     report = json.loads(out.read_text())
-    assert [r["engine"] for r in report["results"]] == list(engine_names())
+    first = engine_names()[0]
+    assert [r["engine"] for r in report["results"]] == [*engine_names(), f"{first}+journal"]
+    assert report["results"][-1]["journal_rows"] == 2000  # every row committed once
     for r in report["results"]:
         assert r["accounted"] and r["rows"] == 2000 and sum(r["status"].values()) == 2000
         assert r["attempts"] >= 2000 and r["worker_cpu_us_per_row"] > 0 and r["rows_per_s"] > 0

@@ -25,6 +25,7 @@ import os
 import resource
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,6 +91,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "answers, as the row '<engine>+replies': its 'x <engine>' column is the cost of "
         "replies (with --reply-schema, parsed into that struct too)",
     )
+    parser.add_argument(
+        "--journal",
+        action="store_true",
+        help="also run the first engine with timewheel pipeline's journal (each task "
+        "committing its answered rows to a temporary directory, which a local master's "
+        "executors share), as the row '<engine>+journal': its 'x <engine>' column is the "
+        "journal's cost",
+    )
 
     add_dispatch_options(parser)
     # Resolved in main: --target http has its own (the issue's: 512 in flight, 1 s timeout).
@@ -137,11 +146,17 @@ class _BenchPartition:
     """Runs dispatch's partition function and returns one row of accounting and CPU figures."""
 
     def __init__(
-        self, engine: str, target: Any, config: DispatchConfig, id_col: str, reply: Any = None
+        self,
+        engine: str,
+        target: Any,
+        config: DispatchConfig,
+        id_col: str,
+        reply: Any = None,
+        journal: str | None = None,
     ) -> None:
         from ..spark._dispatch import _PartitionDispatch
 
-        self.dispatch = _PartitionDispatch(engine, target, config, reply=reply)
+        self.dispatch = _PartitionDispatch(engine, target, config, reply=reply, journal=journal)
         self.id_col = id_col
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
@@ -219,6 +234,7 @@ def run_engine(
     id_col: str,
     service: ServiceProcess | None = None,
     reply: Any = None,
+    journal: str | None = None,
 ) -> dict[str, Any]:
     """Dispatch ``df`` with ``engine``; return throughput, CPU per row and the accounting.
 
@@ -228,7 +244,7 @@ def run_engine(
     received0 = service.stats()["requests"] if service is not None else 0
     jvm0, drv0, start = _jvm_cpu_s(spark), _driver_cpu_s(), time.monotonic()
     parts = df.mapInArrow(
-        _BenchPartition(engine, target, config, id_col, reply), _STATS_SCHEMA
+        _BenchPartition(engine, target, config, id_col, reply, journal), _STATS_SCHEMA
     ).collect()
     wall = time.monotonic() - start
     jvm1, drv1 = _jvm_cpu_s(spark), _driver_cpu_s()
@@ -336,6 +352,20 @@ def _run(
                 run_engine(spark, warm, engines[0], replying, config, "id", reply=reply)
             got = run_engine(spark, df, engines[0], replying, config, "id", reply=reply)
             results.append({**got, "engine": f"{engines[0]}+replies"})
+        if args.journal:
+            from ..spark.journal import journal_rows
+
+            with tempfile.TemporaryDirectory(prefix="timewheel-bench-journal-") as tmp:
+                if warmup > 0:
+                    run_engine(spark, warm, engines[0], target, config, "id", journal=f"{tmp}/w")
+                run = Path(tmp) / "run"
+                got = run_engine(
+                    spark, df, engines[0], target, config, "id", service, journal=str(run)
+                )
+                # every row committed, once (no task of the benchmark runs twice)
+                got["journal_rows"] = journal_rows(run)
+                got["accounted"] = got["accounted"] and got["journal_rows"] == got["rows"]
+            results.append({**got, "engine": f"{engines[0]}+journal"})
     finally:
         if owned:
             spark.stop()
@@ -374,10 +404,11 @@ def _print_table(report: dict[str, Any]) -> None:
         + (f"; in-flight bound {bound:,.0f} rows/s" if bound else "")
     )
     names = [r["engine"] for r in report["results"]]
+    width = {n: max(10, len(n) + 3) for n in names}  # "x <engine>", right-aligned
     print(
         f"{'engine':<18}{'rows/s':>10}{'/core':>9}{'of bound':>9}"
-        f"{'CPU us/row':>11}{'worker':>8}{'jvm':>7}{'req/row':>8}"
-        + "".join(f"{'x ' + n:>10}" for n in names)
+        f"{'CPU us/row':>11}{'worker':>8}{'jvm':>7}{'req/row':>9}"
+        + "".join(f"{'x ' + n:>{width[n]}}" for n in names)
         + f"  {'/'.join(STATUSES)}  attempts  accounted"
     )
     for r in report["results"]:
@@ -387,8 +418,8 @@ def _print_table(report: dict[str, Any]) -> None:
         per_row = "" if r["requests_per_row"] is None else f"{r['requests_per_row']:.4f}"
         print(
             f"{r['engine']:<18}{r['rows_per_s']:>10,.0f}{r['rows_per_s_per_core']:>9,.0f}{share:>9}"
-            f"{r['cpu_us_per_row']:>11.1f}{r['worker_cpu_us_per_row']:>8.1f}{jvm:>7}{per_row:>8}"
-            + "".join(f"{r['x_' + n]:>10.2f}" for n in names)
+            f"{r['cpu_us_per_row']:>11.1f}{r['worker_cpu_us_per_row']:>8.1f}{jvm:>7}{per_row:>9}"
+            + "".join(f"{r['x_' + n]:>{width[n]}.2f}" for n in names)
             + f"  {'/'.join(str(s[k]) for k in STATUSES)}  {r['attempts']}"
             + f"  {'yes' if r['accounted'] else 'NO'}"
         )
