@@ -9,7 +9,6 @@ import pytest
 from hypothesis import settings
 
 from timewheel import Implementation, implementation
-from timewheel import timer as _timer
 from timewheel.timer import ManualClock
 
 # The wheel builds run the suite once per wheel (on a dozen runners, some free-threaded
@@ -81,10 +80,15 @@ def TW(implementation_: Implementation) -> Any:
 
 
 @pytest.fixture
-def timer_wheel(TW: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Make the Timer layer (and all above it) build its wheels from ``TW``."""
-    monkeypatch.setattr(_timer, "TimingWheel", TW)
-    return TW
+def on_each_implementation(
+    implementation_: Implementation, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Implementation:
+    """Run the test on the whole implementation under test: for the test's duration, the
+    names the test's module lists in ``classes_of(impl)`` (``Timer``, ``Purgatory``, its
+    own subclasses of their tasks...) are that implementation's."""
+    for name, value in request.module.classes_of(implementation_).items():
+        monkeypatch.setattr(request.module, name, value)
+    return implementation_
 
 
 @pytest.fixture

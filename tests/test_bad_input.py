@@ -91,13 +91,13 @@ def _wheel_state(w: Any) -> Any:
 
 
 def _timer(impl: Implementation) -> Timer:
-    timer = Timer(clock=ManualClock(), wheel_class=impl.TimingWheel)
+    timer = impl.Timer(clock=ManualClock())
     timer.add(10, lambda: None)
     return timer
 
 
 def _purgatory(impl: Implementation) -> Purgatory:
-    return Purgatory(timer=Timer(clock=ManualClock(), wheel_class=impl.TimingWheel), reaper=False)
+    return impl.Purgatory(timer=impl.Timer(clock=ManualClock()), reaper=False)
 
 
 def _manager(impl: Implementation) -> ResourceManager:
@@ -306,12 +306,11 @@ for _arg in (
     "clock",
     "executor",
     "strategy",
-    "wheel_class",
 ):
-    E[f"Timer.{_arg}"] = ctor("Timer", lambda i, **k: Timer(**k), _arg)
+    E[f"Timer.{_arg}"] = ctor("Timer", lambda i, **k: i.Timer(**k), _arg)
 for _arg in ("name", "purge_interval", "reaper", "shards", "pool_threads", "timer", "strategy"):
     E[f"Purgatory.{_arg}"] = ctor(
-        "Purgatory", lambda i, **k: Purgatory(**{"reaper": False, **k}), _arg
+        "Purgatory", lambda i, **k: i.Purgatory(**{"reaper": False, **k}), _arg
     )
 for _arg in ("loader", "purgatory", "load_threads"):
     E[f"ResourceManager.{_arg}"] = ctor(
@@ -436,7 +435,6 @@ ROWS: list[Row] = [
     *wrong("Timer.clock", "clock", 5, NAN, "now"),
     *wrong("Timer.executor", "executor", 5, NAN, "pool"),
     *wrong("Timer.strategy", "strategy", 5, NAN, "fair"),
-    *wrong("Timer.wheel_class", "wheel_class", 5, NAN, dict),
     *ints("Timer.add", "delay_ms"),
     *callables("Timer.add.callback", "callback"),
     *ints("Timer.add_task", "delay_ms"),

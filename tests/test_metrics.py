@@ -394,7 +394,7 @@ def test_lateness_buckets_match_a_replay_in_both_implementations(
 
 def test_timer_lateness_follows_a_manual_clock_replay(implementation_: Implementation) -> None:
     clock = ManualClock(0)
-    with Timer(clock=clock, wheel_class=implementation_.TimingWheel) as timer:
+    with implementation_.Timer(clock=clock) as timer:
         for deadline in EXPIRING:
             timer.add(deadline, lambda: None)
         for now in ADVANCES:

@@ -8,8 +8,11 @@ operations and the purgatory's watcher registry) and :mod:`timewheel._aio_c` /
 CPython, or when either extension cannot be imported; never one of each, since a C timer
 task in a pure-Python wheel would only be slower and harder to reason about.
 
-:data:`IMPLEMENTATION` names the one in use; :func:`implementation` hands the tests and
-benchmarks either one as a whole.
+This module is the one place that decides: the public classes (``Timer``,
+``Purgatory``, ``aio.DelayedOperation``, ``aio.Purgatory``) are module-level classes
+on the implementation in use. :data:`IMPLEMENTATION` names it; :func:`implementation`
+hands the tests and benchmarks either one as a whole, the public classes included (the
+twins, and their public classes in :mod:`timewheel._twin`, are imported only then).
 """
 
 from __future__ import annotations
@@ -19,8 +22,6 @@ import platform
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
-
-from . import _aio_py, _core_py, _tasks_py
 
 __all__ = [
     "CANCELLED",
@@ -47,13 +48,13 @@ NO_EXTENSIONS = bool(os.environ.get("TIMEWHEEL_NO_EXTENSIONS")) or (
 )
 
 #: The states of a timer task (the same numbers in both implementations).
-PENDING, CANCELLED, FIRED = _tasks_py.PENDING, _tasks_py.CANCELLED, _tasks_py.FIRED
+PENDING, CANCELLED, FIRED = 0, 1, 2
 
 
 @dataclass(frozen=True)
 class Implementation:
     """One whole implementation of the core: a wheel module, a tasks module and the
-    asyncio loop-driven timers (``aio``)."""
+    asyncio loop-driven timers (``aio``), and the public classes on them."""
 
     name: str
     wheel: ModuleType
@@ -64,6 +65,40 @@ class Implementation:
     def TimingWheel(self) -> Any:
         """The timing wheel class."""
         return self.wheel.TimingWheel
+
+    @property
+    def Timer(self) -> Any:
+        """:class:`timewheel.Timer` on this implementation."""
+        return self._public("Timer")
+
+    @property
+    def Purgatory(self) -> Any:
+        """:class:`timewheel.Purgatory` on this implementation."""
+        return self._public("Purgatory")
+
+    @property
+    def AioDelayedOperation(self) -> Any:
+        """:class:`timewheel.aio.DelayedOperation` on this implementation."""
+        return self._public("AioDelayedOperation")
+
+    @property
+    def AioPurgatory(self) -> Any:
+        """:class:`timewheel.aio.Purgatory` on this implementation."""
+        return self._public("AioPurgatory")
+
+    def _public(self, name: str) -> Any:
+        if self is _IN_USE:
+            from . import aio, purgatory, timer
+
+            return {
+                "Timer": timer.Timer,
+                "Purgatory": purgatory.Purgatory,
+                "AioDelayedOperation": aio.DelayedOperation,
+                "AioPurgatory": aio.Purgatory,
+            }[name]
+        from . import _twin  # the twin's, made only when the extensions are in use
+
+        return getattr(_twin, name)
 
     def __getattr__(self, name: str) -> Any:
         """``TimerTask``, ``CallbackTask``, ``TimerCore``, ``DelayedOperation``, ``PurgatoryCore``,
@@ -83,9 +118,15 @@ def _load_extensions() -> Implementation | None:
     return Implementation("cython", _core, _tasks_c, _aio_c)
 
 
-_PYTHON = Implementation("python", _core_py, _tasks_py, _aio_py)
+def _load_twins() -> Implementation:
+    from . import _aio_py, _core_py, _tasks_py
+
+    return Implementation("python", _core_py, _tasks_py, _aio_py)
+
+
 _CYTHON = _load_extensions()
-_IN_USE = _CYTHON or _PYTHON
+_PYTHON: Implementation | None = None if _CYTHON else _load_twins()
+_IN_USE: Implementation = _CYTHON or _PYTHON  # type: ignore[assignment]
 
 
 def implementation(name: str | None = None) -> Implementation:
@@ -93,9 +134,12 @@ def implementation(name: str | None = None) -> Implementation:
 
     Raises LookupError for "cython" when the extensions are not in use.
     """
+    global _PYTHON
     if name is None:
         return _IN_USE
     if name == "python":
+        if _PYTHON is None:
+            _PYTHON = _load_twins()
         return _PYTHON
     if name == "cython":
         if _CYTHON is None:

@@ -94,7 +94,9 @@ class TimerCore:
     def _lateness(self) -> Lateness: ...
     def _bind(
         self,
-        wheel: Any,
+        tick_ms: int,
+        wheel_size: int,
+        start_ms: int,
         clock: Callable[[], int],
         cond: Any,
         max_pending: int | None,

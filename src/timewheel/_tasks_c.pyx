@@ -121,7 +121,7 @@ cdef inline void retrack(object o) noexcept:
 # are tracked (operation first, then its entry, as in _left), and the collector sees
 # every cycle through them; afterwards the ones still pending are untracked again. The
 # young collections, where the cost was, keep skipping them.
-_timer_wheels = WeakSet()  # the C wheels TimerCore._bind was given
+_timer_wheels = WeakSet()  # the wheels TimerCore._bind made
 
 
 def _full_collection(phase, info):
@@ -155,17 +155,17 @@ def monotonic_ms():
     return ns // 1000000
 
 
-cdef inline int64_t wheel_insert(object wheel, int64_t d, object item) except? -1:
-    """Schedule ``item`` on ``wheel``: a Cython wheel without a Python call, and then a
-    task of this module leaves the collector's lists while the wheel holds it (see
-    ``untrack``); its ``_left`` tracks it again."""
-    if type(wheel) is CWheel:
-        return (<CWheel>wheel)._schedule_item(d, item, isinstance(item, TimerTask))
-    return wheel.schedule(d, item)
+cdef inline int64_t wheel_insert(CWheel wheel, int64_t d, TimerTask task) except? -1:
+    """Schedule ``task`` on ``wheel`` without a Python call; the task leaves the
+    collector's lists while the wheel holds it (see ``untrack``), and its ``_left``
+    tracks it again."""
+    return wheel._schedule_item(d, task, True)
 
 
 cdef inline bint wheel_cancel(object wheel, int64_t h) except -1:
-    """Cancel ``h`` on ``wheel``, the same two ways as :func:`wheel_insert`."""
+    """Cancel ``h`` on a task's ``_wheel``: its timer's Cython wheel without a Python
+    call, or (for an operation of :class:`timewheel.aio.Purgatory`, whose timeouts are
+    timers on the loop's wheel) the purgatory, through its ``cancel``."""
     if type(wheel) is CWheel:
         return (<CWheel>wheel)._cancel_handle(h)
     return wheel.cancel(h)
@@ -291,19 +291,19 @@ cdef class CallbackTask(TimerTask):
 cdef class TimerCore:
     """The hot half of :class:`~timewheel.timer.Timer`, which subclasses it: adding tasks.
 
-    The twin's docstring says what ``_bind`` and ``_notify_upto`` are. Here an add makes
-    its task and schedules it without a Python call: the default clock is read in C and
-    a Cython wheel is entered through its C methods.
+    The twin's docstring says what ``_bind`` and ``_notify_upto`` are. Here the wheel is
+    the Cython one and an add makes its task and schedules it without a Python call: the
+    default clock is read in C and the wheel is entered through its C methods.
     """
 
     def __cinit__(self):
         self._notify_upto = INT64_MIN
 
-    def _bind(self, wheel, clock, cond, max_pending, name):
+    def _bind(self, tick_ms, wheel_size, start_ms, clock, cond, max_pending, name):
+        wheel = CWheel(tick_ms, wheel_size, start_ms)
         self._lateness = Lateness()
         self._wheel = wheel
-        if type(wheel) is CWheel:
-            _timer_wheels.add(wheel)
+        _timer_wheels.add(wheel)
         self._clock = clock
         self._c_clock = TW_C_MONOTONIC and clock is monotonic_ms
         self._cond = cond
@@ -346,6 +346,9 @@ cdef class TimerCore:
         cdef long long delay = -1, now
         cdef int64_t deadline, h
         cdef TimerTask ctask
+        cdef CWheel wheel
+        if not isinstance(task, TimerTask):
+            raise TypeError(f"task must be a TimerTask, got {task!r}")
         if PyLong_CheckExact(delay_ms):
             delay = PyLong_AsLongLongAndOverflow(delay_ms, &overflow)
         if delay < 0:  # not an int, negative, or past int64
@@ -367,30 +370,23 @@ cdef class TimerCore:
                 f"delay_ms is too large: the deadline {now + delay} passes int64"
             )
         deadline = now + delay
-        wheel = self._wheel
-        if isinstance(task, TimerTask):
-            ctask = <TimerTask>task
-            ctask._deadline = deadline
-            ctask._timed = True
-            ctask._wheel = wheel
-        else:  # the twin's task, which a timer accepts too
-            task.deadline_ms = deadline
-            task._wheel = wheel
+        wheel = <CWheel>self._wheel
+        ctask = <TimerTask>task
+        ctask._deadline = deadline
+        ctask._timed = True
+        ctask._wheel = wheel
         if self._max_pending is None:
-            h = wheel_insert(wheel, deadline, task)
+            h = wheel_insert(wheel, deadline, ctask)
         else:
             with self._cond:
                 if len(wheel) >= self._max_pending:
-                    task._wheel = None
-                    task.deadline_ms = None
+                    ctask._wheel = None
+                    ctask._timed = False
                     raise TimerFullError(
                         f"timer {self.name!r} has max_pending={self._max_pending} tasks pending"
                     )
-                h = wheel_insert(wheel, deadline, task)
-        if isinstance(task, TimerTask):
-            (<TimerTask>task)._handle = h
-        else:
-            task._handle = h
+                h = wheel_insert(wheel, deadline, ctask)
+        ctask._handle = h
         # Only a deadline earlier than what the waiter waits for changes its plan.
         if deadline <= self._notify_upto:
             with self._cond:
@@ -448,10 +444,7 @@ cdef class Lateness:
         cdef long long late, total = 0
         cdef Py_ssize_t i
         for task in tasks:
-            if isinstance(task, TimerTask):
-                late = now_ms - (<TimerTask>task)._deadline
-            else:  # the twin's task, which a timer accepts too
-                late = now_ms - <long long>task.deadline_ms
+            late = now_ms - (<TimerTask?>task)._deadline
             if late < 0:
                 late = 0
             i = 0

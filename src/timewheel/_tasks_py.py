@@ -36,6 +36,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import Any, TypeVar
 
 from . import _atfork
+from ._core_py import TimingWheel
 from ._tasks_shared import LATENESS_BOUNDS_MS, TimerFullError, aborted
 from ._validate import INT64_MAX, INT64_MIN, check_int, check_keys
 
@@ -158,10 +159,11 @@ class CallbackTask(TimerTask):
 class TimerCore:
     """The hot half of :class:`~timewheel.timer.Timer`, which subclasses it: adding tasks.
 
-    :meth:`_bind` must be called once before use. ``_notify_upto`` is how the timer's
-    waiter asks to be woken: an add whose deadline is at or before it notifies ``_cond``
-    (``INT64_MIN`` when nobody waits, ``INT64_MAX`` while a waiter is deciding; at
-    ``INT64_MIN`` itself a notify is spurious, which is harmless).
+    :meth:`_bind` must be called once before use: it makes the timer's wheel, this
+    implementation's own (here :class:`timewheel._core_py.TimingWheel`). ``_notify_upto``
+    is how the timer's waiter asks to be woken: an add whose deadline is at or before it
+    notifies ``_cond`` (``INT64_MIN`` when nobody waits, ``INT64_MAX`` while a waiter is
+    deciding; at ``INT64_MIN`` itself a notify is spurious, which is harmless).
     """
 
     _wheel: Any
@@ -169,12 +171,15 @@ class TimerCore:
 
     def _bind(
         self,
-        wheel: Any,
+        tick_ms: int,
+        wheel_size: int,
+        start_ms: int,
         clock: Callable[[], int],
         cond: threading.Condition,
         max_pending: int | None,
         name: str,
     ) -> None:
+        wheel = TimingWheel(tick_ms, wheel_size, start_ms)
         self._lateness = Lateness()
         self._wheel = wheel
         self._clock = clock
@@ -195,6 +200,8 @@ class TimerCore:
         return self._schedule(CallbackTask(callback, args), delay_ms)
 
     def _schedule(self, task: _Task, delay_ms: int) -> _Task:
+        if not isinstance(task, TimerTask):
+            raise TypeError(f"task must be a TimerTask, got {task!r}")
         if type(delay_ms) is not int or not 0 <= delay_ms <= INT64_MAX:
             delay_ms = check_int("delay_ms", delay_ms, 0, INT64_MAX)
         if self._closed:

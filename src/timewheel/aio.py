@@ -28,9 +28,9 @@ from collections.abc import Awaitable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _impl
-from ._impl import FIRED, Implementation
+from ._impl import FIRED
 from ._loop import EventLoop, EventLoopPolicy, install, new_event_loop, new_uvloop_event_loop, run
-from ._validate import check_seconds
+from ._validate import check_int, check_seconds, check_shards
 
 __all__ = [
     "DelayedOperation",
@@ -132,173 +132,190 @@ async def wait_for(aw: Awaitable[T], timeout: float | None) -> T:
 
 
 # -- the awaitable purgatory ---------------------------------------------------------
-def purgatory_classes(impl: Implementation) -> tuple[type[Any], type[Any]]:
-    """``(DelayedOperation, Purgatory)`` for asyncio on implementation ``impl``'s core;
-    :class:`DelayedOperation` and :class:`Purgatory` are those of the one in use."""
+# Each class is a layer with no core of its own, put on the core in use below and on the
+# pure-Python twin's by implementation("python") (AioDelayedOperation, AioPurgatory).
+if TYPE_CHECKING:
+    _OperationBase = _impl.DelayedOperation
+    _PurgatoryBase = _impl.PurgatoryCore
+else:
+    _OperationBase = _PurgatoryBase = object
 
-    class AioDelayedOperation(impl.DelayedOperation):  # type: ignore[misc,name-defined]
-        """A purgatory operation that can be awaited: ``await op`` is True once it
-        completed, False once it expired.
 
-        Subclass it as :class:`timewheel.purgatory.DelayedOperation` (``try_complete``,
-        ``on_complete``, optionally ``on_expiration``) and give it to
-        :meth:`Purgatory.watch` on the loop. :meth:`force_complete` (so also
-        ``check_and_complete``) may run on any thread; the result reaches the loop
-        through ``call_soon_threadsafe``.
-        """
+class DelayedOperationLayer(_OperationBase):
+    """All of :class:`DelayedOperation` but its core."""
 
-        def __init__(self, delay_ms: int) -> None:
-            super().__init__(delay_ms)
-            self._claim = threading.Lock()  # who completes it: the timeout or a caller
-            self._future: asyncio.Future[bool] | None = None
-            self._loop: asyncio.AbstractEventLoop | None = None
+    _claim: threading.Lock
+    _future: asyncio.Future[bool] | None
+    _loop: asyncio.AbstractEventLoop | None
 
-        def force_complete(self) -> bool:
-            """Complete now; True for exactly one caller across all threads."""
-            if not self._claim.acquire(False):
-                return False
-            try:
-                return bool(super().force_complete())
-            finally:
-                self._resolve(True)
+    def __init__(self, delay_ms: int) -> None:
+        super().__init__(delay_ms)
+        self._claim = threading.Lock()  # who completes it: the timeout or a caller
+        self._future = None
+        self._loop = None
 
-        def run(self) -> None:
-            """The timeout (run on the loop): complete as expired."""
-            if not self._claim.acquire(False):
-                return
-            try:
-                super().run()
-            finally:
-                self._resolve(False)
+    def force_complete(self) -> bool:
+        """Complete now; True for exactly one caller across all threads."""
+        if not self._claim.acquire(False):
+            return False
+        try:
+            return bool(super().force_complete())
+        finally:
+            self._resolve(True)
 
-        def _resolve(self, completed: bool) -> None:
-            future, loop = self._future, self._loop
-            if future is None or loop is None:
-                return
-            if asyncio._get_running_loop() is loop:
-                _set_result(future, completed)
-                return
-            # a closed loop raises RuntimeError: nobody can await the result any more
+    def run(self) -> None:
+        """The timeout (run on the loop): complete as expired."""
+        if not self._claim.acquire(False):
+            return
+        try:
+            super().run()
+        finally:
+            self._resolve(False)
+
+    def _resolve(self, completed: bool) -> None:
+        future, loop = self._future, self._loop
+        if future is None or loop is None:
+            return
+        if asyncio._get_running_loop() is loop:
+            _set_result(future, completed)
+            return
+        # a closed loop raises RuntimeError: nobody can await the result any more
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_set_result, future, completed)
+
+    def __await__(self) -> Any:
+        if self._future is None:
+            raise RuntimeError("give the operation to Purgatory.watch() before awaiting it")
+        return self._future.__await__()
+
+
+class PurgatoryLayer(_PurgatoryBase):
+    """All of :class:`Purgatory` but its core."""
+
+    _operation_class: type[DelayedOperationLayer]  # the DelayedOperation on the same core
+    _loop_timers: Any  # the module whose get_timer gives the loop's wheel, on the same core
+
+    def __init__(
+        self,
+        name: str = "purgatory",
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
+        purge_interval: int = 1000,
+        shards: int = 16,
+    ) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {name!r}")
+        purge_interval = check_int("purge_interval", purge_interval, 1)
+        shards = check_shards(shards)
+        self.name = name
+        self._timer = self._loop_timers.get_timer(loop)
+        self._loop = self._timer.loop
+        self._handles: dict[int, tuple[Any, DelayedOperationLayer]] = {}
+        self._next_id = 0
+        self._setup(self._time_out, purge_interval, shards)
+
+    def watch(self, op: DelayedOperationLayer, keys: Iterable[Hashable]) -> bool:
+        """Complete ``op`` now if it can be, else watch it on ``keys`` until it
+        completes or its ``delay_ms`` passes; then ``await op`` tells which.
+        Returns True only if this call completed it. Call it on the loop."""
+        if not isinstance(op, self._operation_class):
+            raise TypeError(f"op must be a timewheel.aio.DelayedOperation, got {op!r}")
+        if op._future is not None:
+            raise ValueError(f"op was already given to a purgatory: {op!r}")
+        if self._timer.closed:
+            raise RuntimeError("Event loop is closed")
+        op._loop = self._loop
+        op._future = self._loop.create_future()
+        try:
+            return bool(self.try_complete_else_watch(op, keys))
+        except BaseException:
+            op._future = op._loop = None
+            raise
+
+    # -- the timer side: the core calls _time_out, TimerTask.cancel calls cancel --
+    def _time_out(self, op: Any, delay_ms: int) -> None:
+        self._next_id += 1
+        key = self._next_id
+        handle = self._timer.call_later(
+            delay_ms / 1000, self._expire, op, key, context=self._timer._context
+        )
+        self._handles[key] = (handle, op)
+        op.deadline_ms = round(handle.when() * 1000)
+        op._wheel = self
+        op._handle = key
+
+    def cancel(self, key: int) -> bool:
+        """Drop the timeout ``key`` (from any thread); True if it was pending."""
+        pending = self._handles.pop(key, None)
+        if pending is None:
+            return False
+        handle = pending[0]
+        if asyncio._get_running_loop() is self._loop:
+            handle.cancel()
+        else:
+            # a closed loop raises RuntimeError: its wheel released the timer already
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_set_result, future, completed)
+                self._loop.call_soon_threadsafe(handle.cancel)
+        return True
 
-        def __await__(self) -> Any:
-            if self._future is None:
-                raise RuntimeError("give the operation to Purgatory.watch() before awaiting it")
-            return self._future.__await__()
+    def _expire(self, op: DelayedOperationLayer, key: int) -> None:
+        if self._handles.pop(key, None) is None:
+            return  # completed meanwhile
+        op._state = FIRED
+        try:
+            op.run()
+        finally:
+            self._maybe_purge()
 
-    class AioPurgatory(impl.PurgatoryCore):  # type: ignore[misc,name-defined]
-        """A purgatory whose timeouts are timers on the running loop's wheel.
+    def _try_raised(self, op: Any) -> None:
+        self._count_error()
+        logger.exception("try_complete of %r in purgatory %r raised", op, self.name)
 
-        ``Purgatory(name="purgatory", *, loop=None, purge_interval=1000, shards=16)``,
-        made on the loop (or given ``loop``). Operations are :class:`DelayedOperation`
-        s, handed over with :meth:`watch` on the loop thread and awaited there;
-        :meth:`check_and_complete` may be called from any thread.
-        """
+    @property
+    def delayed(self) -> int:
+        """The number of operations whose timeout is pending."""
+        return len(self._handles)
 
-        def __init__(
-            self,
-            name: str = "purgatory",
-            *,
-            loop: asyncio.AbstractEventLoop | None = None,
-            purge_interval: int = 1000,
-            shards: int = 16,
-        ) -> None:
-            from ._validate import check_int, check_shards
-
-            if not isinstance(name, str):
-                raise TypeError(f"name must be a str, got {name!r}")
-            purge_interval = check_int("purge_interval", purge_interval, 1)
-            shards = check_shards(shards)
-            self.name = name
-            self._timer = impl.aio.get_timer(loop)
-            self._loop = self._timer.loop
-            self._handles: dict[int, tuple[Any, AioDelayedOperation]] = {}
-            self._next_id = 0
-            self._setup(self._time_out, purge_interval, shards)
-
-        def watch(self, op: AioDelayedOperation, keys: Iterable[Hashable]) -> bool:
-            """Complete ``op`` now if it can be, else watch it on ``keys`` until it
-            completes or its ``delay_ms`` passes; then ``await op`` tells which.
-            Returns True only if this call completed it. Call it on the loop."""
-            if not isinstance(op, AioDelayedOperation):
-                raise TypeError(f"op must be a timewheel.aio.DelayedOperation, got {op!r}")
-            if op._future is not None:
-                raise ValueError(f"op was already given to a purgatory: {op!r}")
-            if self._timer.closed:
-                raise RuntimeError("Event loop is closed")
-            op._loop = self._loop
-            op._future = self._loop.create_future()
-            try:
-                return bool(self.try_complete_else_watch(op, keys))
-            except BaseException:
-                op._future = op._loop = None
-                raise
-
-        # -- the timer side: the core calls _time_out, TimerTask.cancel calls cancel --
-        def _time_out(self, op: AioDelayedOperation, delay_ms: int) -> None:
-            self._next_id += 1
-            key = self._next_id
-            handle = self._timer.call_later(
-                delay_ms / 1000, self._expire, op, key, context=self._timer._context
-            )
-            self._handles[key] = (handle, op)
-            op.deadline_ms = round(handle.when() * 1000)
-            op._wheel = self
-            op._handle = key
-
-        def cancel(self, key: int) -> bool:
-            """Drop the timeout ``key`` (from any thread); True if it was pending."""
+    def shutdown(self) -> list[Any]:
+        """Stop: drop every pending timeout and return the operations that never
+        completed; whoever awaits one gets CancelledError."""
+        self._stopping = True
+        left = []
+        for key in list(self._handles):
             pending = self._handles.pop(key, None)
-            if pending is None:
-                return False
-            handle = pending[0]
-            if asyncio._get_running_loop() is self._loop:
+            if pending is not None:
+                handle, op = pending
                 handle.cancel()
-            else:
-                # a closed loop raises RuntimeError: its wheel released the timer already
-                with contextlib.suppress(RuntimeError):
-                    self._loop.call_soon_threadsafe(handle.cancel)
-            return True
+                if op._future is not None:
+                    op._future.cancel()
+                left.append(op)
+        self._forget()
+        return left
 
-        def _expire(self, op: AioDelayedOperation, key: int) -> None:
-            if self._handles.pop(key, None) is None:
-                return  # completed meanwhile
-            op._state = FIRED
-            try:
-                op.run()
-            finally:
-                self._maybe_purge()
-
-        def _try_raised(self, op: Any) -> None:
-            self._count_error()
-            logger.exception("try_complete of %r in purgatory %r raised", op, self.name)
-
-        @property
-        def delayed(self) -> int:
-            """The number of operations whose timeout is pending."""
-            return len(self._handles)
-
-        def shutdown(self) -> list[Any]:
-            """Stop: drop every pending timeout and return the operations that never
-            completed; whoever awaits one gets CancelledError."""
-            self._stopping = True
-            left = []
-            for key in list(self._handles):
-                pending = self._handles.pop(key, None)
-                if pending is not None:
-                    handle, op = pending
-                    handle.cancel()
-                    if op._future is not None:
-                        op._future.cancel()
-                    left.append(op)
-            self._forget()
-            return left
-
-        def __repr__(self) -> str:
-            return f"<aio.Purgatory {self.name!r} delayed={self.delayed} watched={self.watched}>"
-
-    return AioDelayedOperation, AioPurgatory
+    def __repr__(self) -> str:
+        return f"<aio.Purgatory {self.name!r} delayed={self.delayed} watched={self.watched}>"
 
 
-DelayedOperation, Purgatory = purgatory_classes(_impl.implementation())
+class DelayedOperation(DelayedOperationLayer, _impl.DelayedOperation):
+    """A purgatory operation that can be awaited: ``await op`` is True once it
+    completed, False once it expired.
+
+    Subclass it as :class:`timewheel.purgatory.DelayedOperation` (``try_complete``,
+    ``on_complete``, optionally ``on_expiration``) and give it to
+    :meth:`Purgatory.watch` on the loop. :meth:`force_complete` (so also
+    ``check_and_complete``) may run on any thread; the result reaches the loop
+    through ``call_soon_threadsafe``.
+    """
+
+
+class Purgatory(PurgatoryLayer, _impl.PurgatoryCore):
+    """A purgatory whose timeouts are timers on the running loop's wheel.
+
+    ``Purgatory(name="purgatory", *, loop=None, purge_interval=1000, shards=16)``,
+    made on the loop (or given ``loop``). Operations are :class:`DelayedOperation`
+    s, handed over with :meth:`watch` on the loop thread and awaited there;
+    :meth:`check_and_complete` may be called from any thread.
+    """
+
+    _operation_class = DelayedOperation
+    _loop_timers = _impl.implementation().aio

@@ -11,47 +11,37 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from ._impl import Counts, DelayedOperation, PurgatoryCore, implementation
+from ._impl import Counts, DelayedOperation, PurgatoryCore
 from ._validate import check_shards
 from .metrics import register
-from .timer import StrategyFactory, Timer, check_ms
+from .timer import StrategyFactory, Timer, TimerLayer, check_ms
 
-__all__ = ["Counts", "DelayedOperation", "Purgatory", "PurgatoryCore", "PyPurgatory"]
+__all__ = ["Counts", "DelayedOperation", "Purgatory", "PurgatoryCore", "PurgatoryLayer"]
 
 logger = logging.getLogger(__name__)
+_P = TypeVar("_P", bound="PurgatoryLayer")
+
+# The layer of Purgatory above its core, as timer.TimerLayer is for Timer: Purgatory puts
+# it on the core in use, implementation("python").Purgatory on the twin's.
+if TYPE_CHECKING:
+    _CoreBase = PurgatoryCore
+else:
+    _CoreBase = object
 
 
-class Purgatory(PurgatoryCore):
-    """Hold :class:`DelayedOperation` s until they complete or expire (Kafka's purgatory).
+class PurgatoryLayer(_CoreBase):
+    """All of :class:`Purgatory` but its core (watching, completing, purging)."""
 
-    ``Purgatory(name="purgatory", *, timer=None, purge_interval=1000, reaper=True,
-    shards=16, strategy=None, pool_threads=2)``. The purgatory owns its timer (a new
-    :class:`Timer` unless one is given) and closes it at :meth:`shutdown`. With
-    ``reaper=True`` a thread advances the clock; with ``reaper=False`` the caller calls
-    :meth:`advance_clock`.
-
-    Timeouts (``on_complete`` then ``on_expiration`` of an expired operation) are timer
-    tasks, so the reaper runs them through the timer's execution strategy:
-    ``strategy`` and ``pool_threads`` are passed to the timer the purgatory builds (see
-    :class:`Timer`; give them to your own timer instead when you pass one).
-    Completions found by :meth:`check_and_complete` or :meth:`DelayedOperation.force_complete`
-    run on the completing thread, as in Kafka: that thread has just made the operation
-    completable, and a hand-off per completion would put a dispatch on the hot path.
-
-    Lifetime: as the timer's (see :class:`Timer`). The reaper holds the purgatory only
-    weakly, so a purgatory dropped without :meth:`shutdown` is collected with the timer
-    it built, whose threads then stop; its pending operations are dropped, neither
-    completed nor expired. After :func:`os.fork` the child's purgatory is usable and its
-    reaper runs again.
-    """
+    _timer_class: type[TimerLayer]  # the Timer on the same core
+    _operation_class: type[DelayedOperation]  # the core's DelayedOperation
 
     def __init__(
         self,
         name: str = "purgatory",
         *,
-        timer: Timer | None = None,
+        timer: TimerLayer | None = None,
         purge_interval: int = 1000,
         reaper: bool = True,
         shards: int = 16,
@@ -60,7 +50,7 @@ class Purgatory(PurgatoryCore):
     ) -> None:
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {name!r}")
-        if timer is not None and not isinstance(timer, Timer):
+        if timer is not None and not isinstance(timer, self._timer_class):
             raise TypeError(f"timer must be a Timer or None, got {timer!r}")
         if timer is not None and (strategy is not None or pool_threads != 2):
             raise ValueError("strategy and pool_threads configure a new timer: give them to yours")
@@ -70,7 +60,9 @@ class Purgatory(PurgatoryCore):
             raise TypeError(f"reaper must be a bool, got {reaper!r}")
         self.name = name
         if timer is None:
-            timer = Timer(name=f"{name}-timer", strategy=strategy, pool_threads=pool_threads)
+            timer = self._timer_class(
+                name=f"{name}-timer", strategy=strategy, pool_threads=pool_threads
+            )
         self._timer = timer
         self._setup(timer._schedule, purge_interval, shards)
         register("purgatory", self, name)
@@ -122,7 +114,7 @@ class Purgatory(PurgatoryCore):
         return metrics
 
     @property
-    def timer(self) -> Timer:
+    def timer(self) -> TimerLayer:
         """The timer that times the operations out."""
         return self._timer
 
@@ -134,9 +126,9 @@ class Purgatory(PurgatoryCore):
         self._stopping = True
         left = self._timer.close()
         self._forget()
-        return [op for op in left if isinstance(op, (DelayedOperation, _PYTHON.DelayedOperation))]
+        return [op for op in left if isinstance(op, self._operation_class)]
 
-    def __enter__(self) -> Purgatory:
+    def __enter__(self: _P) -> _P:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -146,7 +138,7 @@ class Purgatory(PurgatoryCore):
         return f"<Purgatory {self.name!r} delayed={self.delayed} watched={self.watched}>"
 
 
-def _purge_weakly(ref: weakref.ReferenceType[Purgatory]) -> Callable[[], None]:
+def _purge_weakly(ref: weakref.ReferenceType[PurgatoryLayer]) -> Callable[[], None]:
     """The reaper's after_advance: purge if due, without keeping the purgatory alive."""
 
     def purge() -> None:
@@ -157,17 +149,37 @@ def _purge_weakly(ref: weakref.ReferenceType[Purgatory]) -> Callable[[], None]:
     return purge
 
 
-_PYTHON = implementation("python")
+class Purgatory(PurgatoryLayer, PurgatoryCore):
+    """Hold :class:`DelayedOperation` s until they complete or expire (Kafka's purgatory).
 
-#: The purgatory on the pure-Python core (for operations subclassing
-#: ``timewheel._tasks_py.DelayedOperation``): :class:`Purgatory` itself when the
-#: extension is not in use; tests and benchmarks compare the two.
-PyPurgatory: type[Purgatory]
-if PurgatoryCore is _PYTHON.PurgatoryCore:
-    PyPurgatory = Purgatory
-else:
-    _methods = {k: v for k, v in vars(Purgatory).items() if k not in ("__dict__", "__weakref__")}
-    PyPurgatory = cast(
-        "type[Purgatory]",
-        type("PyPurgatory", (_PYTHON.PurgatoryCore,), _methods),
-    )
+    ``Purgatory(name="purgatory", *, timer=None, purge_interval=1000, reaper=True,
+    shards=16, strategy=None, pool_threads=2)``. The purgatory owns its timer (a new
+    :class:`Timer` unless one is given) and closes it at :meth:`shutdown`. With
+    ``reaper=True`` a thread advances the clock; with ``reaper=False`` the caller calls
+    :meth:`advance_clock`.
+
+    Timeouts (``on_complete`` then ``on_expiration`` of an expired operation) are timer
+    tasks, so the reaper runs them through the timer's execution strategy:
+    ``strategy`` and ``pool_threads`` are passed to the timer the purgatory builds (see
+    :class:`Timer`; give them to your own timer instead when you pass one).
+    Completions found by :meth:`check_and_complete` or :meth:`DelayedOperation.force_complete`
+    run on the completing thread, as in Kafka: that thread has just made the operation
+    completable, and a hand-off per completion would put a dispatch on the hot path.
+
+    Lifetime: as the timer's (see :class:`Timer`). The reaper holds the purgatory only
+    weakly, so a purgatory dropped without :meth:`shutdown` is collected with the timer
+    it built, whose threads then stop; its pending operations are dropped, neither
+    completed nor expired. After :func:`os.fork` the child's purgatory is usable and its
+    reaper runs again.
+    """
+
+    _timer_class = Timer
+    _operation_class = DelayedOperation
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PyPurgatory":  # the name the twin's purgatory had before implementation()
+        from ._impl import implementation
+
+        return implementation("python").Purgatory
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,7 +13,7 @@ import logging
 import threading
 import weakref
 from collections import deque
-from typing import Any, Callable, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, TypeVar, Union, cast
 
 from . import _atfork
 from ._impl import (
@@ -23,14 +23,12 @@ from ._impl import (
     Lateness,
     TimerCore,
     TimerTask,
-    TimingWheel,
-    implementation,
     monotonic_ms,
 )
 from ._tasks_shared import TimerFullError
 from ._validate import INT64_MAX as _INT64_MAX
 from ._validate import INT64_MIN as _INT64_MIN
-from ._validate import MAX_WHEEL_SIZE, check_int
+from ._validate import check_int
 from .execution import (
     ExecuteProduceConsume,
     ExecutionStrategy,
@@ -41,12 +39,18 @@ from .execution import (
 )
 from .metrics import Histogram, register
 
-__all__ = ["ManualClock", "Timer", "TimerFullError", "TimerTask", "logger", "monotonic_ms"]
+__all__ = [
+    "ManualClock",
+    "Timer",
+    "TimerFullError",
+    "TimerLayer",
+    "TimerTask",
+    "logger",
+    "monotonic_ms",
+]
 
 logger = logging.getLogger(__name__)
-
-#: Every TimerTask class a Timer accepts: the one in use and its twin.
-_TASK_TYPES = (TimerTask, implementation("python").TimerTask)
+_T = TypeVar("_T", bound="TimerLayer")
 
 _NEVER = _INT64_MIN  # _notify_upto when nobody waits: no add notifies
 _ALWAYS = _INT64_MAX  # _notify_upto while a waiter is deciding: every add notifies
@@ -147,7 +151,7 @@ class _Reaping:
 
     __slots__ = ("_timer", "after_advance", "closed", "poll_ms", "tasks")
 
-    def __init__(self, timer: Timer) -> None:
+    def __init__(self, timer: TimerLayer) -> None:
         # deque's append and popleft are atomic: an advance may queue while a task is taken.
         self.tasks: deque[TimerTask] = deque()
         # Weakly: the threads producing must not keep a timer the program dropped alive.
@@ -172,7 +176,7 @@ class _Reaping:
             _reap_once(self._timer, self.poll_ms, self.after_advance)
 
 
-def _reap(ref: weakref.ReferenceType[Timer]) -> None:
+def _reap(ref: weakref.ReferenceType[TimerLayer]) -> None:
     """The reaper thread's body; it holds its timer for one turn at a time."""
     # Production passes between this thread and the pool's, and stops only at close;
     # the loop restarts it should a strategy ever let it go.
@@ -209,9 +213,9 @@ def _read(clock: Callable[[], int]) -> int:
 
 
 def _advance(
-    ref: weakref.ReferenceType[Timer],
+    ref: weakref.ReferenceType[TimerLayer],
     timeout_ms: int,
-    dispatch: Callable[[Timer, list[TimerTask]], None],
+    dispatch: Callable[[TimerLayer, list[TimerTask]], None],
 ) -> bool:
     """Wait until a task is due or ``timeout_ms`` passes, then expire what is due and
     ``dispatch(timer, due)`` it; False if nothing was due, or the timer is closed or gone."""
@@ -235,7 +239,7 @@ def _advance(
         lock.release()
 
 
-def _wait_until_due(ref: weakref.ReferenceType[Timer], timeout_ms: int) -> Timer | None:
+def _wait_until_due(ref: weakref.ReferenceType[TimerLayer], timeout_ms: int) -> TimerLayer | None:
     """Wait until the earliest deadline, ``timeout_ms`` or close, whichever comes first;
     the timer then, or None if it was collected meanwhile."""
     timer = ref()
@@ -266,10 +270,10 @@ def _wait_until_due(ref: weakref.ReferenceType[Timer], timeout_ms: int) -> Timer
 
 
 def _reap_once(
-    ref: weakref.ReferenceType[Timer], poll_ms: int, after_advance: Callable[[], None] | None
+    ref: weakref.ReferenceType[TimerLayer], poll_ms: int, after_advance: Callable[[], None] | None
 ) -> None:
     """One turn of the reaper's work, on whichever thread produces."""
-    ran = _advance(ref, poll_ms, Timer._queue_expired)
+    ran = _advance(ref, poll_ms, TimerLayer._queue_expired)
     if after_advance is not None:
         try:
             after_advance()
@@ -284,7 +288,7 @@ def _reap_once(
         _wait_for_manual_clock(ref, poll_ms)
 
 
-def _wait_for_manual_clock(ref: weakref.ReferenceType[Timer], poll_ms: int) -> None:
+def _wait_for_manual_clock(ref: weakref.ReferenceType[TimerLayer], poll_ms: int) -> None:
     """Wait up to ``poll_ms`` for a :class:`ManualClock` to move (it notifies the timer's
     condition) or for an add that is already due."""
     timer = ref()
@@ -310,47 +314,19 @@ def _wait_for_manual_clock(ref: weakref.ReferenceType[Timer], poll_ms: int) -> N
                 timer._notify_upto = _NEVER
 
 
-class Timer(TimerCore):
-    """Run callbacks after a delay, on a hierarchical timing wheel (Kafka's SystemTimer).
+# The layer of Timer above its core, with no core of its own: :class:`Timer` puts it on
+# the core in use, and the pure-Python twin's Timer (``implementation("python").Timer``)
+# on that one's, so that each Timer runs one implementation whole.
+if TYPE_CHECKING:
+    _CoreBase = TimerCore
+else:
+    _CoreBase = object
 
-    ``Timer(tick_ms=1, wheel_size=20, *, clock=None, executor=None, strategy=None,
-    pool_threads=2, max_pending=None, name="timer", wheel_class=None)``. ``wheel_class``
-    picks the wheel implementation (default :class:`timewheel.TimingWheel`, the
-    extension when built); benchmarks pass the twin's to compare.
-    The clock is :func:`monotonic_ms` unless a :class:`ManualClock` or another
-    zero-argument callable returning milliseconds is given. Time moves only in
-    :meth:`advance_clock`, called by the caller or by the reaper thread of :meth:`start`.
 
-    Where expired tasks run:
+class TimerLayer(_CoreBase):
+    """All of :class:`Timer` but its core (``add``, ``_schedule`` and ``_expire``)."""
 
-    * the reaper thread hands what it expires to an execution strategy, so that a
-      callback that blocks does not hold up unrelated expirations. By default that is
-      :class:`~timewheel.execution.ExecuteProduceConsume` over a pool of
-      ``pool_threads`` threads that the timer owns, starts only when they are needed
-      and shuts down in :meth:`close`: the reaper runs tasks itself unless an idle pool
-      thread can take over producing, so fast callbacks cost about what running them
-      inline costs. ``strategy`` replaces it: a callable that takes the producer of
-      expired tasks and returns the strategy to drive it (for example
-      ``ProduceConsume``, or ``lambda p: ExecuteProduceConsume(p, shared_pool)``; the
-      timer does not shut down a pool it was not built with);
-    * a thread that calls :meth:`advance_clock` itself runs what it expires in deadline
-      order before the call returns, which keeps event-time replays deterministic;
-    * with ``executor`` (anything with ``submit(fn, *args)``), every expired task is
-      submitted there instead, from either path; it excludes ``strategy``.
-
-    A callback that raises is logged once (on the ``timewheel.timer`` logger, or on
-    ``timewheel.execution`` when the reaper's strategy ran it) and counted in
-    :attr:`errors`; it never stops the reaper or a pool thread. :meth:`lateness` tells
-    how late expired tasks ran.
-
-    Lifetime: the reaper and the pool hold the timer only weakly. A timer the program
-    drops without :meth:`close` is collected (with :func:`gc.collect` if its pending
-    callbacks refer back to it): its pending tasks are dropped, marked cancelled and
-    never run, and its threads exit within ``poll_ms``. After :func:`os.fork` the
-    child's timer is usable: its locks are new, its pending tasks are the parent's
-    (each process runs its own copy), and a reaper started in the parent is started
-    again in the child; tasks the parent's threads were running at the fork are not.
-    """
+    _task_class: type[TimerTask]  # the core's TimerTask, which add_task takes
 
     def __init__(
         self,
@@ -363,11 +339,8 @@ class Timer(TimerCore):
         pool_threads: int = 2,
         max_pending: int | None = None,
         name: str = "timer",
-        wheel_class: Callable[[int, int, int], Any] | None = None,
     ) -> None:
         tick_ms = check_ms("tick_ms", tick_ms, 1)
-        if wheel_class is not None and not callable(wheel_class):
-            raise TypeError(f"wheel_class must be a TimingWheel class, got {wheel_class!r}")
         if executor is not None and not callable(getattr(executor, "submit", None)):
             raise TypeError(f"executor must have a submit(fn, *args) method, got {executor!r}")
         if strategy is not None and not callable(strategy):
@@ -392,18 +365,8 @@ class Timer(TimerCore):
         else:
             raise TypeError(f"clock must be a ManualClock or a callable, got {clock!r}")
         start = check_ms("clock()", now_ms(), -_INT64_MAX - 1)
-        if wheel_class is None:
-            wheel = TimingWheel(tick_ms, wheel_size, start)
-        else:
-            check_ms("wheel_size", wheel_size, 2, MAX_WHEEL_SIZE)
-            try:
-                wheel = wheel_class(tick_ms, wheel_size, start)
-            except TypeError as exc:  # a class that is no wheel, such as dict
-                raise TypeError(
-                    f"wheel_class must be a TimingWheel class, got {wheel_class!r}: {exc}"
-                ) from None
-        # add() is TimerCore's: C in the extension, the twin's otherwise.
-        self._bind(wheel, now_ms, cond, max_pending, name)
+        # The core makes its own wheel; add() is the core's too.
+        self._bind(tick_ms, wheel_size, start, now_ms, cond, max_pending, name)
         if self._manual is not None:
             self._manual._subscribe(cond)
         self._executor = executor
@@ -476,7 +439,7 @@ class Timer(TimerCore):
     # -- adding (add() is TimerCore's) --------------------------------------------------
     def add_task(self, task: TimerTask, delay_ms: int) -> TimerTask:
         """Schedule a :class:`TimerTask` subclass instance; it may be added only once."""
-        if not isinstance(task, _TASK_TYPES):
+        if not isinstance(task, self._task_class):
             raise TypeError(f"task must be a TimerTask, got {task!r}")
         if task._wheel is not None or task._state != PENDING:
             raise ValueError(f"task was already added to a timer: {task!r}")
@@ -492,7 +455,7 @@ class Timer(TimerCore):
         :meth:`close` cuts it short. While another thread advances, this call waits for
         it up to ``timeout_ms`` and returns False if it cannot take over in time.
         """
-        return _advance(weakref.ref(self), check_ms("timeout_ms", timeout_ms), Timer._dispatch)
+        return _advance(weakref.ref(self), check_ms("timeout_ms", timeout_ms), TimerLayer._dispatch)
 
     def _dispatch(self, tasks: list[TimerTask]) -> None:
         """Run (or submit) expired tasks in order on this thread."""
@@ -595,7 +558,7 @@ class Timer(TimerCore):
         """True once :meth:`close` was called."""
         return self._closed
 
-    def __enter__(self) -> Timer:
+    def __enter__(self: _T) -> _T:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -633,3 +596,49 @@ class Timer(TimerCore):
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<Timer {self.name!r} pending={len(self._wheel)} {state}>"
+
+
+class Timer(TimerLayer, TimerCore):
+    """Run callbacks after a delay, on a hierarchical timing wheel (Kafka's SystemTimer).
+
+    ``Timer(tick_ms=1, wheel_size=20, *, clock=None, executor=None, strategy=None,
+    pool_threads=2, max_pending=None, name="timer")``. Its wheel is the
+    :class:`timewheel.TimingWheel` of the implementation in use (the extension when
+    built); ``timewheel.implementation("python").Timer`` is the same Timer on the
+    pure-Python twin, wheel and tasks alike.
+    The clock is :func:`monotonic_ms` unless a :class:`ManualClock` or another
+    zero-argument callable returning milliseconds is given. Time moves only in
+    :meth:`advance_clock`, called by the caller or by the reaper thread of :meth:`start`.
+
+    Where expired tasks run:
+
+    * the reaper thread hands what it expires to an execution strategy, so that a
+      callback that blocks does not hold up unrelated expirations. By default that is
+      :class:`~timewheel.execution.ExecuteProduceConsume` over a pool of
+      ``pool_threads`` threads that the timer owns, starts only when they are needed
+      and shuts down in :meth:`close`: the reaper runs tasks itself unless an idle pool
+      thread can take over producing, so fast callbacks cost about what running them
+      inline costs. ``strategy`` replaces it: a callable that takes the producer of
+      expired tasks and returns the strategy to drive it (for example
+      ``ProduceConsume``, or ``lambda p: ExecuteProduceConsume(p, shared_pool)``; the
+      timer does not shut down a pool it was not built with);
+    * a thread that calls :meth:`advance_clock` itself runs what it expires in deadline
+      order before the call returns, which keeps event-time replays deterministic;
+    * with ``executor`` (anything with ``submit(fn, *args)``), every expired task is
+      submitted there instead, from either path; it excludes ``strategy``.
+
+    A callback that raises is logged once (on the ``timewheel.timer`` logger, or on
+    ``timewheel.execution`` when the reaper's strategy ran it) and counted in
+    :attr:`errors`; it never stops the reaper or a pool thread. :meth:`lateness` tells
+    how late expired tasks ran.
+
+    Lifetime: the reaper and the pool hold the timer only weakly. A timer the program
+    drops without :meth:`close` is collected (with :func:`gc.collect` if its pending
+    callbacks refer back to it): its pending tasks are dropped, marked cancelled and
+    never run, and its threads exit within ``poll_ms``. After :func:`os.fork` the
+    child's timer is usable: its locks are new, its pending tasks are the parent's
+    (each process runs its own copy), and a reaper started in the parent is started
+    again in the child; tasks the parent's threads were running at the fork are not.
+    """
+
+    _task_class = TimerTask

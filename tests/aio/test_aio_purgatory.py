@@ -11,7 +11,6 @@ import pytest
 
 from test_aio import VirtualLoop, new_loop
 from timewheel import Implementation
-from timewheel.aio import purgatory_classes
 
 
 # Real clocks only: the virtual clock would jump to the timeouts while other threads work.
@@ -25,7 +24,7 @@ def loop(request: pytest.FixtureRequest) -> Iterator[asyncio.AbstractEventLoop]:
 
 @pytest.fixture
 def classes(implementation_: Implementation) -> tuple[type[Any], type[Any]]:
-    return purgatory_classes(implementation_)
+    return implementation_.AioDelayedOperation, implementation_.AioPurgatory
 
 
 def make_op_class(base: type[Any]) -> type[Any]:

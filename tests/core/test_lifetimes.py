@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import timewheel
-from timewheel import ManualClock, Timer
+from timewheel import Implementation, ManualClock
 
 CASES = Path(__file__).parents[1] / "isolated" / "lifetimes.py"
 posix_only = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -279,9 +279,9 @@ def test_an_interrupted_single_call_leaves_the_wheel_whole(
 
 
 def test_an_interrupt_in_a_callback_loses_no_other_task(
-    impl: str, timer_wheel: Any, clock: ManualClock
+    implementation_: Implementation, clock: ManualClock
 ) -> None:
-    timer = Timer(clock=clock)
+    timer = implementation_.Timer(clock=clock)
     ran: list[int] = []
 
     def task(i: int) -> None:
@@ -301,9 +301,9 @@ def test_an_interrupt_in_a_callback_loses_no_other_task(
 
 
 def test_a_started_timer_keeps_going_after_a_callback_interrupts_its_reaper(
-    impl: str, timer_wheel: Any
+    implementation_: Implementation,
 ) -> None:
-    with Timer(name="kb", strategy=None) as timer:
+    with implementation_.Timer(name="kb", strategy=None) as timer:
         timer.start(poll_ms=20)
         done = threading.Event()
         timer.add(1, lambda: (_ for _ in ()).throw(KeyboardInterrupt))

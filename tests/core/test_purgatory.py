@@ -1,7 +1,8 @@
-"""Purgatory and DelayedOperation, on every TimingWheel implementation."""
+"""Purgatory and DelayedOperation, on each implementation."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from timewheel import Implementation
 from timewheel import timer as timer_module
 from timewheel.execution import ProduceConsume
 from timewheel.purgatory import DelayedOperation, Purgatory
@@ -24,8 +26,8 @@ from timewheel.timer import ManualClock, Timer, TimerFullError
 ISOLATED = Path(__file__).parents[1] / "isolated"
 
 
-# Every test here runs on each TimingWheel implementation.
-pytestmark = pytest.mark.usefixtures("timer_wheel")
+# Every test here runs on each whole implementation (see on_each_implementation).
+pytestmark = pytest.mark.usefixtures("on_each_implementation")
 
 
 @pytest.fixture
@@ -34,24 +36,54 @@ def purgatory(clock: ManualClock) -> Iterator[Purgatory]:
         yield p
 
 
-class Op(DelayedOperation):
-    """Completes once ``ready``; records what happened to it in ``events``."""
+@functools.cache
+def op_classes(base: type[DelayedOperation]) -> tuple[type[Any], type[Any]]:
+    """This module's operations, on ``base`` (one implementation's DelayedOperation)."""
 
-    __slots__ = ("events", "ready")
+    class Op(base):  # type: ignore[valid-type,misc]
+        """Completes once ``ready``; records what happened to it in ``events``."""
 
-    def __init__(self, delay_ms: int, ready: bool = False, events: list[str] | None = None):
-        super().__init__(delay_ms)
-        self.ready = ready
-        self.events = [] if events is None else events
+        __slots__ = ("events", "ready")
 
-    def try_complete(self) -> bool:
-        return self.ready and self.force_complete()
+        def __init__(self, delay_ms: int, ready: bool = False, events: list[str] | None = None):
+            super().__init__(delay_ms)
+            self.ready = ready
+            self.events = [] if events is None else events
 
-    def on_complete(self) -> None:
-        self.events.append("complete")
+        def try_complete(self) -> bool:
+            return self.ready and self.force_complete()
 
-    def on_expiration(self) -> None:
-        self.events.append("expire")
+        def on_complete(self) -> None:
+            self.events.append("complete")
+
+        def on_expiration(self) -> None:
+            self.events.append("expire")
+
+    class FailingOp(Op):
+        """Completes at once, then fails in on_complete."""
+
+        __slots__ = ()
+
+        def on_complete(self) -> None:
+            raise RuntimeError("the response could not be sent")
+
+    return Op, FailingOp
+
+
+def classes_of(impl: Implementation) -> dict[str, Any]:
+    Op, FailingOp = op_classes(impl.DelayedOperation)
+    return {
+        "Timer": impl.Timer,
+        "Purgatory": impl.Purgatory,
+        "DelayedOperation": impl.DelayedOperation,
+        "Op": Op,
+        "FailingOp": FailingOp,
+    }
+
+
+# Op and FailingOp (see op_classes) on the implementation in use, for the annotations;
+# on_each_implementation rebinds them for each test.
+Op, FailingOp = op_classes(DelayedOperation)
 
 
 # -- completing and expiring -------------------------------------------------------------
@@ -550,12 +582,15 @@ def test_a_full_timer_refuses_the_operation_with_nothing_registered(clock: Manua
         ({"timer": "t"}, TypeError, "timer must be a Timer or None, got 't'"),
         ({"reaper": 1}, TypeError, "reaper must be a bool, got 1"),
         ({"pool_threads": 0}, ValueError, "pool_threads must be between 1 and 1024, got 0"),
-        ({"timer": Timer(), "strategy": ProduceConsume}, ValueError, "give them to yours"),
+        ({"timer": "a Timer", "strategy": ProduceConsume}, ValueError, "give them to yours"),
     ],
 )
 def test_constructor_rejects_bad_arguments(kwargs: Any, exc: type, message: str) -> None:
-    with pytest.raises(exc, match=message):
-        Purgatory(**kwargs)
+    with Timer() as timer:
+        if kwargs.get("timer") == "a Timer":
+            kwargs = {**kwargs, "timer": timer}
+        with pytest.raises(exc, match=message):
+            Purgatory(**kwargs)
 
 
 # -- shutdown ----------------------------------------------------------------------------
@@ -592,15 +627,6 @@ def test_a_million_completed_operations_leave_no_trace(impl: str) -> None:
     assert report["max_alive"] == 0
     assert report["max_entries"] <= report["entry_bound"]
     assert report["rss_growth_bytes"] < 16 * 1024 * 1024, report
-
-
-class FailingOp(Op):
-    """Completes at once, then fails in on_complete."""
-
-    __slots__ = ()
-
-    def on_complete(self) -> None:
-        raise RuntimeError("the response could not be sent")
 
 
 def test_an_operation_whose_on_complete_raises_is_not_timed(

@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from timewheel import implementation
-from timewheel.purgatory import Purgatory, PyPurgatory
+from timewheel import Implementation, implementation
+from timewheel.purgatory import Purgatory
 from timewheel.timer import ManualClock, Timer
 
 in_use = implementation()
@@ -59,12 +59,12 @@ def op_class(base: type) -> type:
 class Side:
     """One purgatory, its clock, its operations and what they did."""
 
-    def __init__(self, purgatory_class: type, op_base: type) -> None:
+    def __init__(self, whole: Implementation) -> None:
         self.clock = ManualClock()
-        self.purgatory = purgatory_class(
-            timer=Timer(clock=self.clock), reaper=False, purge_interval=2, shards=4
+        self.purgatory = whole.Purgatory(
+            timer=whole.Timer(clock=self.clock), reaper=False, purge_interval=2, shards=4
         )
-        self.op = op_class(op_base)
+        self.op = op_class(whole.DelayedOperation)
         self.log: list[tuple[str, int]] = []
         self.ops: list[Any] = []  # None once the test dropped its reference
 
@@ -151,8 +151,8 @@ commands = st.lists(
 # the twin, so only the twin queued the entry as cleared.
 @example([("watch", 0, (0,), False), ("ready", 0), ("drop", 0), ("check", 0)])
 def test_the_c_core_and_the_python_twin_agree_step_by_step(script: list[Any]) -> None:
-    c = Side(Purgatory, in_use.DelayedOperation)
-    py = Side(PyPurgatory, twin.DelayedOperation)
+    c = Side(in_use)
+    py = Side(twin)
     try:
         for command in script:
             assert c.step(command) == py.step(command), command
@@ -162,18 +162,22 @@ def test_the_c_core_and_the_python_twin_agree_step_by_step(script: list[Any]) ->
         py.purgatory.shutdown()
 
 
+def test_the_twins_purgatory_keeps_its_old_import() -> None:
+    from timewheel.purgatory import PyPurgatory
+
+    assert PyPurgatory is twin.Purgatory
+    assert twin.Purgatory._timer_class is twin.Timer
+
+
 def test_the_purgatories_refuse_the_other_twins_operations() -> None:
     if in_use.name != "cython":
         pytest.skip("one implementation only")
-    for purgatory_class, base in (
-        (Purgatory, twin.DelayedOperation),
-        (PyPurgatory, in_use.DelayedOperation),
-    ):
+    for whole, other in ((in_use, twin), (twin, in_use)):
         with (
-            purgatory_class(timer=Timer(clock=ManualClock()), reaper=False) as p,
+            whole.Purgatory(timer=whole.Timer(clock=ManualClock()), reaper=False) as p,
             pytest.raises(TypeError, match="op must be a DelayedOperation"),
         ):
-            p.try_complete_else_watch(op_class(base)(1, 0, []), ("k",))
+            p.try_complete_else_watch(op_class(other.DelayedOperation)(1, 0, []), ("k",))
 
 
 # -- the garbage collector ---------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Timer, TimerTask and ManualClock, on every TimingWheel implementation."""
+"""Timer, TimerTask and ManualClock, on each implementation."""
 
 from __future__ import annotations
 
@@ -19,13 +19,19 @@ from typing import Any, Callable
 
 import pytest
 
-from timewheel import implementation
+from timewheel import Implementation, implementation
 from timewheel import timer as timer_module
 from timewheel.execution import ProduceConsume
 from timewheel.timer import ManualClock, Timer, TimerFullError, TimerTask, monotonic_ms
 
-# Every test here runs on each TimingWheel implementation.
-pytestmark = pytest.mark.usefixtures("timer_wheel")
+# Every test here runs on each whole implementation (see on_each_implementation).
+pytestmark = pytest.mark.usefixtures("on_each_implementation")
+
+
+def classes_of(impl: Implementation) -> dict[str, Any]:
+    return {"Timer": impl.Timer, "TimerTask": impl.TimerTask}
+
+
 ISOLATED = Path(__file__).parents[1] / "isolated"  # scripts run in a child interpreter
 
 
@@ -795,20 +801,29 @@ def test_start_checks_and_sets_the_reaper_under_the_lock(
     assert t.close() == []
 
 
-def test_wheel_class_picks_the_implementation_and_is_checked() -> None:
-    from timewheel import implementation
-
-    twin_wheel = implementation("python").TimingWheel
-    timer = Timer(clock=ManualClock(), wheel_class=twin_wheel)
+def test_a_timer_runs_its_own_implementation_whole(implementation_: Implementation) -> None:
+    impl = implementation_
+    timer = Timer(clock=ManualClock())
     try:
-        assert isinstance(timer._wheel, twin_wheel)
-        fired: list[int] = []
-        timer.add(5, fired.append, 1)
+        assert type(timer._wheel) is impl.TimingWheel
+        assert type(timer.add(5, print)) is impl.CallbackTask
+        if implementation().name == "cython":  # then both are here: one of each is refused
+            other = implementation("python" if impl.name == "cython" else "cython")
+
+            class Foreign(other.TimerTask):  # type: ignore[name-defined,misc]
+                def run(self) -> None:
+                    pass
+
+            with pytest.raises(TypeError, match="task must be a TimerTask, got <"):
+                timer.add_task(Foreign(), 1)
+            with (
+                other.Timer(clock=ManualClock()) as foreign_timer,
+                pytest.raises(TypeError, match="timer must be a Timer or None"),
+            ):
+                impl.Purgatory(timer=foreign_timer, reaper=False)
         assert len(timer) == 1
     finally:
         timer.close()
-    with pytest.raises(TypeError, match="wheel_class"):
-        Timer(clock=ManualClock(), wheel_class=42)  # type: ignore[arg-type]
 
 
 def test_the_reaper_runs_non_blocking_tasks_itself(clock: ManualClock) -> None:

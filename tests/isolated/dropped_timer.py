@@ -11,8 +11,7 @@ import gc
 import sys
 import weakref
 
-from timewheel import implementation
-from timewheel import timer as timer_module
+from timewheel import ManualClock, implementation
 
 COUNT = 100
 
@@ -22,13 +21,8 @@ class Payload:
 
 
 def main(impl: str, kind: str) -> None:
-    wheel_class = implementation(impl).TimingWheel
-    if wheel_class is None:
-        raise SystemExit(f"implementation {impl!r} is not available")
-    timer_module.TimingWheel = wheel_class  # what the tests' TW fixture does
-
-    from timewheel.purgatory import DelayedOperation, Purgatory
-    from timewheel.timer import ManualClock, Timer
+    whole = implementation(impl)  # LookupError if it is not built
+    DelayedOperation, Purgatory, Timer = whole.DelayedOperation, whole.Purgatory, whole.Timer
 
     class Op(DelayedOperation):
         __slots__ = ("payload",)

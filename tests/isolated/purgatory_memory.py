@@ -15,8 +15,7 @@ import os
 import random
 import sys
 
-from timewheel import implementation
-from timewheel import timer as timer_module
+from timewheel import ManualClock, implementation
 
 PURGE_INTERVAL = 1000
 KEYS = 3
@@ -28,13 +27,8 @@ def rss_bytes() -> int:
 
 
 def main(impl: str, count: int) -> None:
-    wheel_class = implementation(impl).TimingWheel
-    if wheel_class is None:
-        raise SystemExit(f"implementation {impl!r} is not available")
-    timer_module.TimingWheel = wheel_class  # what the tests' TW fixture does
-
-    from timewheel.purgatory import DelayedOperation, Purgatory
-    from timewheel.timer import ManualClock, Timer
+    whole = implementation(impl)  # LookupError if it is not built
+    DelayedOperation, Purgatory, Timer = whole.DelayedOperation, whole.Purgatory, whole.Timer
 
     alive = [0]
 

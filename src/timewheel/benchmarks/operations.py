@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable
 
 from .. import implementation
-from ..purgatory import DelayedOperation, Purgatory, PyPurgatory
+from ..purgatory import DelayedOperation, Purgatory
 from ..timer import ManualClock, Timer
 from .baselines import ClassicPurgatory
 
@@ -55,28 +55,18 @@ def request_class(impl: str) -> type[Any]:
     return PyRequest if impl == "wheel[python]" else Request
 
 
-def timer_on(wheel_name: str, clock: ManualClock) -> Timer:
-    """A :class:`Timer` on ``clock`` whose wheel is the "cython" or "python" one."""
-    try:
-        wheel_class = implementation(wheel_name).TimingWheel
-    except LookupError:
-        raise ValueError(
-            "the cython wheel needs the compiled extension, which is not built"
-        ) from None
-    return Timer(clock=clock, wheel_class=wheel_class)
-
-
 def make_purgatory(impl: str, clock: ManualClock) -> Any:
     """A reaper-less purgatory of ``impl`` (one of :data:`IMPLS`) on ``clock``.
 
-    ``wheel[python]`` is all pure Python: the twin's core and operations on the
-    twin's wheel. ``classic`` takes the same operations as ``wheel``.
+    ``wheel[python]`` is all pure Python: the twin's purgatory, timer, wheel and
+    operations. ``classic`` takes the same operations as ``wheel``.
     """
     if impl == "classic":
         return ClassicPurgatory(clock=clock, reaper=False)
     if impl == "wheel[python]":
-        return PyPurgatory(timer=timer_on("python", clock), reaper=False)
-    return Purgatory(timer=timer_on("cython", clock), reaper=False)
+        twin = implementation("python")
+        return twin.Purgatory(timer=twin.Timer(clock=clock), reaper=False)
+    return Purgatory(timer=Timer(clock=clock), reaper=False)
 
 
 def extension_missing() -> bool:
