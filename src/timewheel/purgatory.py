@@ -18,7 +18,7 @@ from ._validate import check_shards
 from .metrics import register
 from .timer import StrategyFactory, Timer, TimerLayer, check_ms
 
-__all__ = ["Counts", "DelayedOperation", "Purgatory", "PurgatoryCore", "PurgatoryLayer"]
+__all__ = ["Counts", "DelayedOperation", "Purgatory", "PurgatoryCore"]
 
 logger = logging.getLogger(__name__)
 _P = TypeVar("_P", bound="PurgatoryLayer")

@@ -43,7 +43,6 @@ __all__ = [
     "ManualClock",
     "Timer",
     "TimerFullError",
-    "TimerLayer",
     "TimerTask",
     "logger",
     "monotonic_ms",
