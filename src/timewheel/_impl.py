@@ -17,6 +17,7 @@ twins, and their public classes in :mod:`timewheel._twin`, are imported only the
 
 from __future__ import annotations
 
+import importlib
 import os
 import platform
 from dataclasses import dataclass
@@ -51,6 +52,15 @@ NO_EXTENSIONS = bool(os.environ.get("TIMEWHEEL_NO_EXTENSIONS")) or (
 PENDING, CANCELLED, FIRED = 0, 1, 2
 
 
+#: The public classes an Implementation hands out: (module, name) on the one in use.
+_PUBLIC = {
+    "Timer": (".timer", "Timer"),
+    "Purgatory": (".purgatory", "Purgatory"),
+    "AioDelayedOperation": (".aio", "DelayedOperation"),
+    "AioPurgatory": (".aio", "Purgatory"),
+}
+
+
 @dataclass(frozen=True)
 class Implementation:
     """One whole implementation of the core: a wheel module, a tasks module and the
@@ -66,45 +76,20 @@ class Implementation:
         """The timing wheel class."""
         return self.wheel.TimingWheel
 
-    @property
-    def Timer(self) -> Any:
-        """:class:`timewheel.Timer` on this implementation."""
-        return self._public("Timer")
-
-    @property
-    def Purgatory(self) -> Any:
-        """:class:`timewheel.Purgatory` on this implementation."""
-        return self._public("Purgatory")
-
-    @property
-    def AioDelayedOperation(self) -> Any:
-        """:class:`timewheel.aio.DelayedOperation` on this implementation."""
-        return self._public("AioDelayedOperation")
-
-    @property
-    def AioPurgatory(self) -> Any:
-        """:class:`timewheel.aio.Purgatory` on this implementation."""
-        return self._public("AioPurgatory")
-
-    def _public(self, name: str) -> Any:
-        if self is _IN_USE:
-            from . import aio, purgatory, timer
-
-            return {
-                "Timer": timer.Timer,
-                "Purgatory": purgatory.Purgatory,
-                "AioDelayedOperation": aio.DelayedOperation,
-                "AioPurgatory": aio.Purgatory,
-            }[name]
-        from . import _twin  # the twin's, made only when the extensions are in use
-
-        return getattr(_twin, name)
-
     def __getattr__(self, name: str) -> Any:
-        """``TimerTask``, ``CallbackTask``, ``TimerCore``, ``DelayedOperation``, ``PurgatoryCore``,
-        ``Counts``, ``Lateness``, ``monotonic_ms``: from the tasks module."""
+        """The public classes on this implementation (``Timer``, ``Purgatory``,
+        ``AioDelayedOperation``, ``AioPurgatory``), then the tasks module's names
+        (``TimerTask``, ``CallbackTask``, ``TimerCore``, ``DelayedOperation``,
+        ``PurgatoryCore``, ``Counts``, ``Lateness``, ``monotonic_ms``)."""
         if name.startswith("__"):
             raise AttributeError(name)
+        if name in _PUBLIC:
+            if self is not _IN_USE:
+                from . import _twin  # the twin's, made only when the extensions are in use
+
+                return getattr(_twin, name)
+            module, attr = _PUBLIC[name]
+            return getattr(importlib.import_module(module, __package__), attr)
         return getattr(self.tasks, name)
 
 

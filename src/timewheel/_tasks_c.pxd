@@ -54,7 +54,7 @@ cdef class TimerCore:
     cdef public object name
     cdef public bint _closed
     cdef public long long _notify_upto
-    cdef int _schedule_c(self, object task, object delay_ms) except -1
+    cdef int _schedule_c(self, TimerTask task, object delay_ms) except -1
 
 
 cdef class DelayedOperation(TimerTask):

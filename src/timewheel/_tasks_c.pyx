@@ -327,7 +327,9 @@ cdef class TimerCore:
         return task
 
     def _schedule(self, task, delay_ms):
-        self._schedule_c(task, delay_ms)
+        if not isinstance(task, TimerTask):
+            raise TypeError(f"task must be a TimerTask, got {task!r}")
+        self._schedule_c(<TimerTask>task, delay_ms)
         return task
 
     def _expire(self, now):
@@ -341,14 +343,11 @@ cdef class TimerCore:
             self._lateness.record(due, now)
         return due
 
-    cdef int _schedule_c(self, object task, object delay_ms) except -1:
+    cdef int _schedule_c(self, TimerTask task, object delay_ms) except -1:
         cdef int overflow = 0
         cdef long long delay = -1, now
         cdef int64_t deadline, h
-        cdef TimerTask ctask
         cdef CWheel wheel
-        if not isinstance(task, TimerTask):
-            raise TypeError(f"task must be a TimerTask, got {task!r}")
         if PyLong_CheckExact(delay_ms):
             delay = PyLong_AsLongLongAndOverflow(delay_ms, &overflow)
         if delay < 0:  # not an int, negative, or past int64
@@ -371,22 +370,21 @@ cdef class TimerCore:
             )
         deadline = now + delay
         wheel = <CWheel>self._wheel
-        ctask = <TimerTask>task
-        ctask._deadline = deadline
-        ctask._timed = True
-        ctask._wheel = wheel
+        task._deadline = deadline
+        task._timed = True
+        task._wheel = wheel
         if self._max_pending is None:
-            h = wheel_insert(wheel, deadline, ctask)
+            h = wheel_insert(wheel, deadline, task)
         else:
             with self._cond:
                 if len(wheel) >= self._max_pending:
-                    ctask._wheel = None
-                    ctask._timed = False
+                    task._wheel = None
+                    task._timed = False
                     raise TimerFullError(
                         f"timer {self.name!r} has max_pending={self._max_pending} tasks pending"
                     )
-                h = wheel_insert(wheel, deadline, ctask)
-        ctask._handle = h
+                h = wheel_insert(wheel, deadline, task)
+        task._handle = h
         # Only a deadline earlier than what the waiter waits for changes its plan.
         if deadline <= self._notify_upto:
             with self._cond:

@@ -200,8 +200,6 @@ class TimerCore:
         return self._schedule(CallbackTask(callback, args), delay_ms)
 
     def _schedule(self, task: _Task, delay_ms: int) -> _Task:
-        if not isinstance(task, TimerTask):
-            raise TypeError(f"task must be a TimerTask, got {task!r}")
         if type(delay_ms) is not int or not 0 <= delay_ms <= INT64_MAX:
             delay_ms = check_int("delay_ms", delay_ms, 0, INT64_MAX)
         if self._closed:
