@@ -7,7 +7,7 @@ share a benchmark group, so pytest-benchmark's relative column is the ratio.
     PYTHONPATH=src python -m pytest bench/test_bench_core.py --benchmark-disable-gc \
         --benchmark-columns=min,median
 
-The collector is off, as in :func:`timewheel.benchmarks.core.run_core_bench` and timeit:
+The collector is off, as in :func:`timewheel.cli.bench.core.run_core_bench` and timeit:
 with it on, the baselines that allocate tracked objects (heapq entries, asyncio
 handles) lose much more than the wheel, whose handles are plain ints.
 """
@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import pytest
 
-from timewheel.benchmarks.core import build_cases
+from timewheel.cli.bench.core import build_cases
 
 N = 200_000
 CASES = build_cases(N)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from timewheel.benchmarks.execution import REQUEST_LINES, STRATEGIES, parse_request, respond
+from timewheel.cli.bench.execution import REQUEST_LINES, STRATEGIES, parse_request, respond
 from timewheel.execution import (
     ExecuteProduceConsume,
     ExecutionStrategy,

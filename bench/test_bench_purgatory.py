@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 import pytest
 
-from timewheel.benchmarks.baselines import HeapTimer
-from timewheel.benchmarks.operations import (
+from timewheel.cli.bench.baselines import HeapTimer
+from timewheel.cli.bench.operations import (
     IMPLS,
     extension_missing,
     make_purgatory,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from timewheel.benchmarks.baselines import LockedResourceManager
+from timewheel.cli.bench.baselines import LockedResourceManager
 from timewheel.resources import ResourceManager
 
 BATCH = 1000

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from timewheel.benchmarks.baselines import SetDeque
+from timewheel.cli.bench.baselines import SetDeque
 from timewheel.sources import SetQueue
 
 ITEMS = 1000

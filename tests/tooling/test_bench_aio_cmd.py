@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from timewheel import implementation
-from timewheel.benchmarks import aio
-from timewheel.benchmarks.aio import format_rows, run_aio_bench
 from timewheel.cli import main
+from timewheel.cli.bench import aio
+from timewheel.cli.bench.aio import format_rows, run_aio_bench
 
 
 def test_bench_aio_reports_every_case_with_its_baseline(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from timewheel.benchmarks.aioservice import format_rows, run_service_bench
 from timewheel.cli import main
+from timewheel.cli.bench.aioservice import format_rows, run_service_bench
 
 pytest.importorskip("uvicorn")
 

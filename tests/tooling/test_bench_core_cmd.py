@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from timewheel import implementation
-from timewheel.benchmarks import core
+from timewheel.cli.bench import core
 
 PyTimingWheel = implementation("python").TimingWheel
 CTimingWheel = implementation("cython").TimingWheel if implementation().name == "cython" else None

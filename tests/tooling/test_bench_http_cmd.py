@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("pycurl")
 
-from timewheel.benchmarks.http import nginx, nginx_exe, run_http_bench
 from timewheel.cli import main
+from timewheel.cli.bench.http import nginx, nginx_exe, run_http_bench
 
 _NGINX = nginx_exe()
 

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from timewheel import IMPLEMENTATION
-from timewheel.benchmarks import operations as bench
+from timewheel.cli.bench import operations as bench
 
 
 def test_bench_operations_command_pushes_every_operation_through(

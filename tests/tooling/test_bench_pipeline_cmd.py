@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from timewheel.benchmarks import pipeline as bench
+from timewheel.cli.bench import pipeline as bench
 from timewheel.spark.engines import DispatchConfig
 from timewheel.spark.registry import engine_names
 from timewheel.spark.targets import SimulatedDownstream

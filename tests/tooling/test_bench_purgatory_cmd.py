@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from timewheel.benchmarks import purgatory as bench
-from timewheel.benchmarks import sweep
+from timewheel.cli.bench import purgatory as bench
+from timewheel.cli.bench import sweep
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from timewheel.benchmarks import rate as bench
-from timewheel.benchmarks.http import nginx_exe
+from timewheel.cli.bench import rate as bench
+from timewheel.cli.bench.http import nginx_exe
 
 
 def test_most_in_a_window_slides() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from timewheel.benchmarks import resources as bench
-from timewheel.benchmarks.baselines import LockedResourceManager
+from timewheel.cli.bench import resources as bench
+from timewheel.cli.bench.baselines import LockedResourceManager
 
 WAIT = 10.0  # seconds: an upper bound for things that should happen at once, never a delay
 

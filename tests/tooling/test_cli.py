@@ -6,14 +6,14 @@ import pkgutil
 
 import pytest
 
-import timewheel.benchmarks
+import timewheel.cli.bench
 from timewheel import cli
 
 
 def test_every_benchmark_module_with_a_command_is_registered() -> None:
     shipped = set()
-    for info in pkgutil.iter_modules(timewheel.benchmarks.__path__):
-        source = timewheel.benchmarks.__path__[0] + f"/{info.name}.py"
+    for info in pkgutil.iter_modules(timewheel.cli.bench.__path__):
+        source = timewheel.cli.bench.__path__[0] + f"/{info.name}.py"
         with open(source, encoding="utf-8") as f:
             if "def add_parser(" in f.read():
                 shipped.add(info.name)

@@ -11,10 +11,11 @@ The rules:
   through it, so the hooks exist only where the platform can fork);
 * loggers: every ``logging.getLogger`` call is ``getLogger(__name__)``, and nothing logs on
   the root logger (``logging.info(...)``);
-* imports: only the wing (``timewheel.spark``) and the tooling import the wing, and only
-  the tooling imports the tooling; ``timewheel.targets``, the old name of
-  ``timewheel.spark.targets``, is the one re-export allowed; the argparse types
-  (``_argtypes``) serve the two command lines, the tooling's and the wing's ``pipeline``;
+* imports: only the wing (``timewheel.spark``) and the tooling (``timewheel.cli`` and
+  ``__main__``) import the wing, and only the tooling imports the tooling;
+  ``timewheel.targets``, the old name of ``timewheel.spark.targets``, is the one
+  re-export allowed; the argparse types (``_argtypes``) serve the two command lines, the
+  tooling's and the wing's ``pipeline``;
 * argument checks: in the library (not the wing, not the tooling), number checks (NaN,
   infinity, a bool passed for a number) live in ``_validate``.
 """
@@ -32,9 +33,12 @@ import timewheel
 
 PACKAGE = Path(timewheel.__file__).parent
 
-#: The tooling: the ``timewheel`` command, its demo, argument types and benchmarks.
-TOOLING = ("timewheel.cli", "timewheel.demo", "timewheel.__main__")
-TOOLING_PACKAGES = ("timewheel.benchmarks",)
+#: The tooling: the ``timewheel`` command (``cli``: its demo and benchmarks too) and the
+#: ``python -m timewheel`` entry point.
+TOOLING = ("timewheel.__main__",)
+TOOLING_PACKAGES = ("timewheel.cli",)
+#: The benchmarks, which only the tooling's tests import.
+BENCHMARKS = "timewheel.cli.bench"
 WING = "timewheel.spark"
 #: argparse types, for the two command lines: the tooling's and the wing's ``pipeline``.
 COMMAND_LINE = frozenset({"timewheel._argtypes"})
@@ -185,7 +189,7 @@ _PYX_RULES = [
     (re.compile(r"isinstance\([^()]*,\s*bool\)\s*(or|and)\b"), "a bool-for-number check"),
     (re.compile(r"^\s*(from|c?import)\s+\S*\bspark\b"), "imports the wing"),
     (
-        re.compile(r"^\s*(from|c?import)\s+\S*\b(cli|demo|benchmarks|_argtypes)\b"),
+        re.compile(r"^\s*(from|c?import)\s+\S*\b(cli|_argtypes)\b"),
         "imports the tooling",
     ),
 ]
@@ -262,8 +266,8 @@ BROKEN = {
         "timewheel.purgatory:2: imports the wing (timewheel.spark.x)",
     ),
     "wing imports the tooling": (
-        {"spark/pipeline.py": "from ..benchmarks import baselines\n"},
-        "timewheel.spark.pipeline:1: imports the tooling (timewheel.benchmarks)",
+        {"spark/pipeline.py": "from ..cli.bench import baselines\n"},
+        "timewheel.spark.pipeline:1: imports the tooling (timewheel.cli.bench)",
     ),
     "library imports the command-line helpers": (
         {"timer.py": "from ._argtypes import positive\n"},
@@ -302,9 +306,10 @@ def test_what_the_rules_allow(tmp_path: Path) -> None:
             "_atfork.py": "import os\nos.register_at_fork(before=f)\n",
             "_validate.py": "import math\nok = isinstance(v, bool) or math.isnan(v)\n",
             "targets.py": "from .spark.targets import Reply\n",
-            "cli.py": "from .spark import pipeline\nfrom .benchmarks import core\n",
+            "__main__.py": "from .cli import main\n",
+            "cli/__init__.py": "from ..spark import pipeline\nfrom .bench import core\n",
             "spark/pipeline.py": "from .._argtypes import positive\n",
-            "benchmarks/core.py": "from ..spark import targets\nfrom .. import demo\n",
+            "cli/bench/core.py": "from ...spark import targets\nfrom .. import demo\n",
             "spark/targets.py": "import math, logging\nlog = logging.getLogger(__name__)\n"
             "ok = math.isfinite(x) and not isinstance(x, bool)\n",
             "purgatory.py": "flag = isinstance(reaper, bool)\n",
@@ -323,9 +328,7 @@ def benchmark_importers(tests: Path) -> list[str]:
             continue
         tree = ast.parse(path.read_text(), str(path))
         imported = _imported(tree, "tests." + path.stem, False)
-        lines = sorted(
-            {line for line, target in imported if _within(target, "timewheel.benchmarks")}
-        )
+        lines = sorted({line for line, target in imported if _within(target, BENCHMARKS)})
         out += [f"{path.relative_to(tests)}:{line}: imports a benchmark" for line in lines]
     return out
 
@@ -336,8 +339,8 @@ def test_library_tests_do_not_import_the_benchmarks() -> None:
 
 def test_a_library_test_importing_a_benchmark_is_caught(tmp_path: Path) -> None:
     (tmp_path / "core").mkdir()
-    (tmp_path / "core" / "test_wheel.py").write_text("from timewheel.benchmarks import core\n")
+    (tmp_path / "core" / "test_wheel.py").write_text("from timewheel.cli.bench import core\n")
     (tmp_path / "tooling").mkdir()
-    (tmp_path / "tooling" / "test_cli.py").write_text("import timewheel.benchmarks\n")
+    (tmp_path / "tooling" / "test_cli.py").write_text("import timewheel.cli.bench\n")
     found = benchmark_importers(tmp_path)
     assert len(found) == 1 and found[0].startswith("core/test_wheel.py:1: imports"), found

@@ -17,9 +17,9 @@ import random
 import time
 from typing import Any, Callable
 
-from .. import implementation
-from ..purgatory import DelayedOperation, Purgatory
-from ..timer import ManualClock, Timer
+from ... import implementation
+from ...purgatory import DelayedOperation, Purgatory
+from ...timer import ManualClock, Timer
 from .baselines import ClassicPurgatory
 
 IMPLS = ("wheel", "wheel[python]", "classic")

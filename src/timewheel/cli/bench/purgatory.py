@@ -9,9 +9,9 @@ expire. The workload is drawn up front from a seeded NumPy generator and the two
 load threads are the same for every ``--impl``:
 
 * ``wheel``: :class:`~timewheel.purgatory.Purgatory` with its reaper;
-* ``classic``: :class:`~timewheel.benchmarks.baselines.ClassicPurgatory` (heap + strong
+* ``classic``: :class:`~timewheel.cli.bench.baselines.ClassicPurgatory` (heap + strong
   watcher lists + purge by scan), with its reaper;
-* ``asyncio``: :class:`~timewheel.benchmarks.baselines.AsyncioPurgatory`, the purgatory a
+* ``asyncio``: :class:`~timewheel.cli.bench.baselines.AsyncioPurgatory`, the purgatory a
   Python user writes today on an event loop's ``call_later``.
 
 A run that loses a request (completed + expired != num) fails loudly.
@@ -34,9 +34,9 @@ from array import array
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .._argtypes import positive
-from ..metrics import Histogram
-from ..purgatory import DelayedOperation, Purgatory
+from ..._argtypes import positive
+from ...metrics import Histogram
+from ...purgatory import DelayedOperation, Purgatory
 from .baselines import AsyncioPurgatory, ClassicPurgatory
 
 IMPLS = ("wheel", "classic", "asyncio")

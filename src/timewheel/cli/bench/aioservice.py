@@ -53,7 +53,7 @@ def _raise_nofile() -> None:
 
 
 def _new_loop(loop: str) -> asyncio.AbstractEventLoop:
-    from .. import aio
+    from ... import aio
 
     if loop.startswith("wheel-"):
         return aio.new_event_loop(loop.removeprefix("wheel-"))
@@ -64,7 +64,7 @@ def _new_loop(loop: str) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
-# -- the server (a child process: python -m timewheel.benchmarks.aioservice serve ...) --
+# -- the server (a child process: python -m timewheel.cli.bench.aioservice serve ...) --
 async def asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     async with asyncio.timeout(10):
         await asyncio.sleep(0)
@@ -182,7 +182,7 @@ def _cpu_s(pid: int) -> float:
 
 def _spawn(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "timewheel.benchmarks.aioservice", *args],
+        [sys.executable, "-m", "timewheel.cli.bench.aioservice", *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

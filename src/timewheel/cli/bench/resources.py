@@ -23,7 +23,7 @@ import time
 from collections.abc import Hashable, Iterable
 from typing import Any, Callable
 
-from ..resources import ResourceManager
+from ...resources import ResourceManager
 from .baselines import LockedResourceManager
 
 MIN_KEYS, MAX_KEYS = 1, 4

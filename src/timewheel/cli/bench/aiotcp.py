@@ -18,7 +18,7 @@ import resource
 import time
 from typing import Any, Callable
 
-from .. import aio
+from ... import aio
 
 __all__ = ["add_parser", "run_tcp_bench"]
 

@@ -41,9 +41,9 @@ import tracemalloc
 from collections.abc import Coroutine
 from typing import Any, Callable
 
-from .. import implementation
-from .._loop import new_event_loop
-from ..timer import Timer
+from ... import implementation
+from ..._loop import new_event_loop
+from ...timer import Timer
 
 __all__ = ["add_parser", "run_aio_bench"]
 

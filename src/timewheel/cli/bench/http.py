@@ -251,7 +251,7 @@ def _target(url: str, in_flight: int) -> Callable[[int], int]:
     Like the engine, the submitting thread is woken once per burst of replies (when a
     quarter of the slots are free), not once per reply.
     """
-    from ..spark.targets import HttpDownstream, accepts_reply
+    from ...spark.targets import HttpDownstream, accepts_reply
 
     target = HttpDownstream(url)
 
@@ -374,7 +374,7 @@ def run_http_bench(
             close = getattr(run, "close", None)
             if close is not None:
                 close()
-        from ..spark.targets import HttpDownstream
+        from ...spark.targets import HttpDownstream
 
         HttpDownstream(url).close()  # this process's loop thread, made by the target
     rows = list(best.values())
@@ -429,7 +429,7 @@ def _main(args: argparse.Namespace) -> int:
         print(f"timewheel bench http: unknown --clients {unknown}", file=sys.stderr)
         return 2
     if args.url is not None:
-        from ..spark.targets import HttpDownstream
+        from ...spark.targets import HttpDownstream
 
         try:
             HttpDownstream(args.url)

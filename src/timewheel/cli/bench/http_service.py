@@ -89,7 +89,7 @@ async def _serve(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the service until its lifetime ends or its parent exits."""
-    parser = argparse.ArgumentParser(prog="python -m timewheel.benchmarks.http_service")
+    parser = argparse.ArgumentParser(prog="python -m timewheel.cli.bench.http_service")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--pct50", type=float, default=20.0)
     parser.add_argument("--pct75", type=float, default=30.0)
@@ -119,7 +119,7 @@ class ServiceProcess:
         self.errors, self.stalls = errors, stalls
         self.proc = subprocess.Popen(
             [
-                *(sys.executable, "-m", "timewheel.benchmarks.http_service"),
+                *(sys.executable, "-m", "timewheel.cli.bench.http_service"),
                 *("--pct50", str(pct50_ms), "--pct75", str(pct75_ms)),
                 *("--errors", str(errors), "--stalls", str(stalls)),
                 *("--lifetime-s", str(lifetime_s)),

@@ -31,11 +31,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..spark.engines import STATUSES, DispatchConfig
-from ..spark.http_target import http_options
-from ..spark.pipeline import add_dispatch_options, spark_session
-from ..spark.registry import engine_names
-from ..spark.targets import HttpDownstream, SimulatedDownstream, target_from_url
+from ...spark.engines import STATUSES, DispatchConfig
+from ...spark.http_target import http_options
+from ...spark.pipeline import add_dispatch_options, spark_session
+from ...spark.registry import engine_names
+from ...spark.targets import HttpDownstream, SimulatedDownstream, target_from_url
 from .http_service import ServiceProcess
 
 __all__ = ["add_parser", "little_bound_rows_per_s", "main", "mean_slot_ms"]
@@ -154,7 +154,7 @@ class _BenchPartition:
         reply: Any = None,
         journal: str | None = None,
     ) -> None:
-        from ..spark._dispatch import _PartitionDispatch
+        from ...spark._dispatch import _PartitionDispatch
 
         self.dispatch = _PartitionDispatch(engine, target, config, reply=reply, journal=journal)
         self.id_col = id_col
@@ -344,7 +344,7 @@ def _run(
             run_engine(spark, df, engine, target, config, "id", service) for engine in engines
         ]
         if args.reply_target:
-            from ..spark.replies import reply_struct
+            from ...spark.replies import reply_struct
 
             reply = None if args.reply_schema is None else reply_struct(args.reply_schema)
             replying = target_from_url(args.reply_target)
@@ -353,7 +353,7 @@ def _run(
             got = run_engine(spark, df, engines[0], replying, config, "id", reply=reply)
             results.append({**got, "engine": f"{engines[0]}+replies"})
         if args.journal:
-            from ..spark.journal import journal_rows
+            from ...spark.journal import journal_rows
 
             with tempfile.TemporaryDirectory(prefix="timewheel-bench-journal-") as tmp:
                 if warmup > 0:

@@ -27,8 +27,8 @@ from collections import deque
 from collections.abc import Hashable, Iterable
 from typing import Any, Callable
 
-from ..purgatory import Counts, DelayedOperation
-from ..timer import ManualClock, check_ms, logger, monotonic_ms
+from ...purgatory import Counts, DelayedOperation
+from ...timer import ManualClock, check_ms, logger, monotonic_ms
 
 __all__ = [
     "AsyncioPurgatory",

@@ -1,4 +1,10 @@
-"""The ``timewheel`` command line: ``demo``, ``pipeline`` and ``bench <name>``."""
+"""The ``timewheel`` command line: ``demo``, ``pipeline`` and ``bench <name>``.
+
+The tooling lives here, apart from the library: :mod:`.demo`, and :mod:`.bench`, one
+module per ``timewheel bench`` subcommand (its workloads, baselines and pytest-benchmark
+files too). Nothing in the library or the Spark wing imports it; ``pipeline`` is the
+wing's own command (:mod:`timewheel.spark.pipeline`), registered here.
+"""
 
 from __future__ import annotations
 
@@ -11,15 +17,15 @@ def _commands() -> tuple[ModuleType, ...]:
     """The modules that add a subcommand through ``add_parser(subparsers)``; imported when the
     parser is built, not with this module, and each keeps its heavy imports (pyspark,
     matplotlib) inside its ``main()``."""
+    from ..spark import pipeline
     from . import demo
-    from .spark import pipeline
 
     return demo, pipeline
 
 
 def _benchmarks() -> tuple[ModuleType, ...]:
     """The modules that add a ``bench`` subcommand, in the order ``--help`` lists them."""
-    from .benchmarks import (
+    from .bench import (
         aio,
         aioservice,
         aiotcp,

@@ -27,9 +27,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .._argtypes import positive
-from .._impl import Lateness
-from ..timer import ManualClock, Timer
+from ..._argtypes import positive
+from ..._impl import Lateness
+from ...timer import ManualClock, Timer
 from . import core
 from . import purgatory as purgatory_bench
 
@@ -42,7 +42,7 @@ class Scraper:
     def __init__(self, interval_s: float) -> None:
         from prometheus_client import CollectorRegistry, generate_latest
 
-        from ..metrics.prometheus import register_collector
+        from ...metrics.prometheus import register_collector
 
         self._registry = CollectorRegistry()
         register_collector(self._registry)

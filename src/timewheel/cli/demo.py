@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._impl import IMPLEMENTATION, TimingWheel
+from .._impl import IMPLEMENTATION, TimingWheel
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

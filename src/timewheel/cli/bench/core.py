@@ -29,7 +29,8 @@ from typing import Any, Callable
 import numpy as np
 
 from timewheel import implementation
-from timewheel.benchmarks.baselines import LazyHeap
+
+from .baselines import LazyHeap
 
 PyTimingWheel = implementation("python").TimingWheel
 CTimingWheel = None if implementation().name != "cython" else implementation("cython").TimingWheel

@@ -11,7 +11,7 @@ mean rate. The figure is their ratio to R, measured in the run: ``max_1s / rate`
 stay at or under 1.05; ``mean / rate`` says how close the job came to the rate it was
 given.
 
-Run as ``python -m timewheel.benchmarks.rate --serve`` it is the aiohttp service alone.
+Run as ``python -m timewheel.cli.bench.rate --serve`` it is the aiohttp service alone.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._argtypes import positive
+from ..._argtypes import positive
 
 __all__ = ["add_parser", "main", "most_in_a_window"]
 
@@ -137,7 +137,7 @@ def main(args: argparse.Namespace) -> int:
         else:
             server = stack.enter_context(
                 subprocess.Popen(
-                    [sys.executable, "-m", "timewheel.benchmarks.rate", "--serve"],
+                    [sys.executable, "-m", "timewheel.cli.bench.rate", "--serve"],
                     stdout=subprocess.PIPE,
                     text=True,
                 )
@@ -172,9 +172,9 @@ def _stats(stamps: list[float]) -> dict[str, Any]:
 def _measure(
     url: str, stats: Callable[[], dict[str, Any]], args: argparse.Namespace, rates: list[float]
 ) -> None:
-    from ..spark import dispatch
-    from ..spark.pipeline import spark_session
-    from ..spark.targets import HttpDownstream
+    from ...spark import dispatch
+    from ...spark.pipeline import spark_session
+    from ...spark.targets import HttpDownstream
 
     spark, owned = None, False
     try:
