@@ -123,7 +123,8 @@ class _Connection:
             self._run.complete(time.perf_counter_ns() - arrival)
 
 
-def _make(name: str, producer: Producer, pool: ThreadPool) -> ExecutionStrategy:
+def make_strategy(name: str, producer: Producer, pool: ThreadPool) -> ExecutionStrategy:
+    """The strategy called ``name`` (one of :data:`STRATEGIES`) on ``producer`` and ``pool``."""
     if name == "ProduceConsume":
         return ProduceConsume(producer)
     if name == "ProduceExecuteConsume":
@@ -159,7 +160,7 @@ def _run_once(
         _Connection(run, arrivals, t0, every, args.block_ms / 1000) for _ in range(args.producers)
     ]
     with ThreadPool(max_threads=args.threads, name="bench-pool") as pool:
-        strategies = [_make(name, c, pool) for c in conns]
+        strategies = [make_strategy(name, c, pool) for c in conns]
         selectors = [threading.Thread(target=s.produce, daemon=True) for s in strategies]
         cpu0 = time.process_time()
         for t in selectors:

@@ -82,21 +82,25 @@ def workload(
     return [(rng.randint(1, max_delay), tuple(rng.sample(range(keys), watch))) for _ in range(ops)]
 
 
-def run_one(
-    impl: str, plan: list[tuple[int, tuple[int, ...]]], pending: int, complete: str
-) -> dict[str, Any]:
-    """Push ``plan`` through one implementation; return seconds, µs/op and its metrics."""
-    clock = ManualClock()
-    p = make_purgatory(impl, clock)
+def hold(p: Any, impl: str, plan: list[tuple[int, tuple[int, ...]]], pending: int) -> list[Any]:
+    """``pending`` long-lived operations of ``impl`` watched in ``p``, on ``plan``'s keys in
+    turn; the caller keeps the list."""
     held = [request_class(impl)(10**9) for _ in range(pending)]
     for i, op in enumerate(held):
         p.try_complete_else_watch(op, plan[i % len(plan)][1])
+    return held
+
+
+def push(
+    p: Any, clock: ManualClock, impl: str, plan: list[tuple[int, tuple[int, ...]]], complete: str
+) -> None:
+    """Every operation of ``plan`` through ``p``: watched, then completed by
+    ``force_complete`` (``complete="force"``) or by ``check_and_complete`` on its first
+    key (``"check"``); the clock ticks 1 ms and ``advance_clock`` runs every 100."""
     watch: Callable[[DelayedOperation, tuple[int, ...]], bool] = p.try_complete_else_watch
     check: Callable[[int], int] = p.check_and_complete
     by_check = complete == "check"
     Request = request_class(impl)
-    gc.collect()
-    start = time.perf_counter()
     for i, (delay, op_keys) in enumerate(plan):
         op = Request(delay)
         watch(op, op_keys)
@@ -108,9 +112,22 @@ def run_one(
         if i % 100 == 99:
             clock.advance(1)
             p.advance_clock(0)
+
+
+def run_one(
+    impl: str, plan: list[tuple[int, tuple[int, ...]]], pending: int, complete: str
+) -> dict[str, Any]:
+    """Push ``plan`` through one implementation; return seconds, µs/op and its metrics."""
+    clock = ManualClock()
+    p = make_purgatory(impl, clock)
+    held = hold(p, impl, plan, pending)
+    gc.collect()
+    start = time.perf_counter()
+    push(p, clock, impl, plan, complete)
     seconds = time.perf_counter() - start
     metrics = p.metrics()
     p.shutdown()
+    del held  # pending until here, as a broker's long-lived requests are
     us_per_op = seconds / len(plan) * 1e6
     return {"impl": impl, "seconds": seconds, "us_per_op": us_per_op, "metrics": metrics}
 

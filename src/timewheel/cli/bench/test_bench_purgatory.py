@@ -4,7 +4,7 @@ Each round pushes BATCH operations (or timers) through one contender; divide a r
 time by BATCH for the cost per operation. Contenders of a case share a benchmark group,
 so pytest-benchmark's relative column is the ratio against the fastest.
 
-    PYTHONPATH=src python -m pytest bench/test_bench_purgatory.py \
+    python -m pytest --pyargs timewheel.cli.bench.test_bench_purgatory \
         --benchmark-columns=min,median,rounds
 
 Cases:
@@ -19,8 +19,7 @@ Cases:
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -28,8 +27,9 @@ from timewheel.cli.bench.baselines import HeapTimer
 from timewheel.cli.bench.operations import (
     IMPLS,
     extension_missing,
+    hold,
     make_purgatory,
-    request_class,
+    push,
     timer_on,
     workload,
 )
@@ -38,6 +38,8 @@ from timewheel.timer import ManualClock
 BATCH = 2000
 ROUNDS = 15
 PLAN = workload(1024, keys=100, watch=3, max_delay=400)
+#: One round's operations: the plan's 1,024 over and over.
+ROUND = [PLAN[i % len(PLAN)] for i in range(BATCH)]
 
 
 def _skip_without_extension(name: str) -> None:
@@ -45,15 +47,17 @@ def _skip_without_extension(name: str) -> None:
         pytest.skip("C extension not built")
 
 
-def _rounds(p: Any, clock: ManualClock, body: Callable[[int], None]) -> Iterator[None]:
-    """Each next() is one round: BATCH operations, a clock tick and advance every 100."""
-    while True:
-        for i in range(BATCH):
-            body(i)
-            if i % 100 == 99:
-                clock.advance(1)
-                p.advance_clock(0)
-        yield
+def _run_rounds(benchmark: Any, p: Any, clock: ManualClock, name: str, complete: str) -> int:
+    """Time rounds of :data:`ROUND` through ``p``; return how many ran (the warm-up's
+    included; one in all under ``--benchmark-disable``)."""
+    ran = []
+
+    def round_() -> None:
+        ran.append(1)
+        push(p, clock, name, ROUND, complete)
+
+    benchmark.pedantic(round_, rounds=ROUNDS, warmup_rounds=1)
+    return len(ran)
 
 
 @pytest.mark.parametrize("pending", [0, 10_000, 100_000])
@@ -62,22 +66,11 @@ def test_watch_and_force_complete(benchmark: Any, name: str, pending: int) -> No
     _skip_without_extension(name)
     clock = ManualClock()
     p = make_purgatory(name, clock)
-    Request = request_class(name)
-    held = [Request(10**9) for _ in range(pending)]
-    for i, op in enumerate(held):
-        p.try_complete_else_watch(op, PLAN[i & 1023][1])
-    watch = p.try_complete_else_watch
-
-    def body(i: int) -> None:
-        delay, keys = PLAN[i & 1023]
-        op = Request(delay)
-        watch(op, keys)
-        op.force_complete()
-
+    held = hold(p, name, PLAN, pending)
     benchmark.group = f"watch+force, 3 keys, {pending} pending ({BATCH} ops per round)"
-    benchmark.pedantic(next, args=(_rounds(p, clock, body),), rounds=ROUNDS, warmup_rounds=1)
-    assert p.metrics()["completed"] >= BATCH * ROUNDS
-    assert len(p.shutdown()) == pending
+    ran = _run_rounds(benchmark, p, clock, name, "force")
+    assert p.metrics()["completed"] >= BATCH * ran
+    assert len(p.shutdown()) == len(held) == pending
 
 
 @pytest.mark.parametrize("name", IMPLS)
@@ -85,19 +78,9 @@ def test_watch_and_check_and_complete(benchmark: Any, name: str) -> None:
     _skip_without_extension(name)
     clock = ManualClock()
     p = make_purgatory(name, clock)
-    Request = request_class(name)
-    watch, check = p.try_complete_else_watch, p.check_and_complete
-
-    def body(i: int) -> None:
-        delay, keys = PLAN[i & 1023]
-        op = Request(delay)
-        watch(op, keys)
-        op.ready = True
-        check(keys[0])
-
     benchmark.group = f"watch+check_and_complete, 3 keys ({BATCH} ops per round)"
-    benchmark.pedantic(next, args=(_rounds(p, clock, body),), rounds=ROUNDS, warmup_rounds=1)
-    assert p.metrics()["completed"] >= BATCH * ROUNDS
+    ran = _run_rounds(benchmark, p, clock, name, "check")
+    assert p.metrics()["completed"] >= BATCH * ran
     p.shutdown()
 
 

@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from pytest_benchmark.fixture import BenchmarkFixture
 
-from timewheel.cli.bench.execution import REQUEST_LINES, STRATEGIES, parse_request, respond
-from timewheel.execution import (
-    ExecuteProduceConsume,
-    ExecutionStrategy,
-    ProduceConsume,
-    ProduceExecuteConsume,
-    Task,
-    TaskQueue,
-    ThreadPool,
+from timewheel.cli.bench.execution import (
+    REQUEST_LINES,
+    STRATEGIES,
+    make_strategy,
+    parse_request,
+    respond,
 )
+from timewheel.execution import Task, TaskQueue, ThreadPool
 
 TASKS = 2000
 
@@ -61,15 +59,9 @@ class Batch:
 
 
 @pytest.mark.parametrize("name", STRATEGIES)
-def test_run_batch(benchmark: BenchmarkFixture, name: str, pool: ThreadPool) -> None:
+def test_run_batch(benchmark: Any, name: str, pool: ThreadPool) -> None:
     batch = Batch()
-    strategy: ExecutionStrategy
-    if name == "ProduceConsume":
-        strategy = ProduceConsume(batch.queue)
-    elif name == "ProduceExecuteConsume":
-        strategy = ProduceExecuteConsume(batch.queue, pool)
-    else:
-        strategy = ExecuteProduceConsume(batch.queue, pool)
+    strategy = make_strategy(name, batch.queue, pool)
 
     rounds = []
 

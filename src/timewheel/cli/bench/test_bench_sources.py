@@ -4,7 +4,8 @@ Each round offers ITEMS distinct items and then polls them all; divide a round's
 ITEMS for nanoseconds per item. ``per-item`` calls offer/poll once per item, ``batch``
 uses the bulk calls where the structure has them.
 
-    PYTHONPATH=src python -m pytest bench/test_bench_sources.py --benchmark-columns=min,median
+    python -m pytest --pyargs timewheel.cli.bench.test_bench_sources \
+        --benchmark-columns=min,median
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from timewheel.sources import SetQueue
 ITEMS = 1000
 
 
-def setqueue_per_item(items: range) -> Callable[[], Any]:
-    q: SetQueue[int] = SetQueue()
-    offer, poll = q.offer, q.poll
+def per_item(
+    offer: Callable[[int], Any], poll: Callable[[], Any], items: range
+) -> Callable[[], Any]:
+    """A round that offers every item, one call each, then polls them all, one call each."""
 
     def run() -> None:
         for i in items:
@@ -32,6 +34,11 @@ def setqueue_per_item(items: range) -> Callable[[], Any]:
             poll()
 
     return run
+
+
+def setqueue_per_item(items: range) -> Callable[[], Any]:
+    q: SetQueue[int] = SetQueue()
+    return per_item(q.offer, q.poll, items)
 
 
 def setqueue_batch(items: range) -> Callable[[], Any]:
@@ -47,28 +54,12 @@ def setqueue_batch(items: range) -> Callable[[], Any]:
 
 def setdeque_per_item(items: range) -> Callable[[], Any]:
     q = SetDeque()
-    offer, poll = q.offer, q.poll
-
-    def run() -> None:
-        for i in items:
-            offer(i)
-        for _ in items:
-            poll()
-
-    return run
+    return per_item(q.offer, q.poll, items)
 
 
 def queue_queue_per_item(items: range) -> Callable[[], Any]:
     q: queue.Queue[int] = queue.Queue()  # no de-duplication at all
-    put, get = q.put_nowait, q.get_nowait
-
-    def run() -> None:
-        for i in items:
-            put(i)
-        for _ in items:
-            get()
-
-    return run
+    return per_item(q.put_nowait, q.get_nowait, items)
 
 
 CASES = {
