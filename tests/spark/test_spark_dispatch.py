@@ -6,7 +6,7 @@ import http.server
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -15,7 +15,7 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql import functions as F
 
-from timewheel.spark import dispatch, output_schema
+from timewheel.spark import dispatch, output_schema, partition_dispatcher
 from timewheel.spark.engines import worker_runtime
 from timewheel.spark.registry import engine_names
 from timewheel.spark.targets import HttpDownstream, SimulatedDownstream
@@ -29,22 +29,19 @@ def counts(df: Any, col: str = "status") -> dict:
     return {row[col]: row["count"] for row in df.groupBy(col).count().collect()}
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_every_id_comes_back_exactly_once(spark: Any, engine: str) -> None:
-    n = 3000
-    df = spark.range(n, numPartitions=3).withColumn("payload", F.concat(F.lit("row-"), F.col("id")))
-    sim = SimulatedDownstream(pct50_ms=2, pct75_ms=12, failure_rate=0.1, seed=1)
-    out = dispatch(
-        df,
-        sim,
-        id_col="id",
-        timeout_ms=10,
-        max_in_flight=64,
-        retries=1,
-        backoff_ms=1,
-        _engine=engine,
+#: Short calls against a simulated downstream whose slow tenth times out, one retry each.
+SHORT = {"timeout_ms": 10, "max_in_flight": 64, "retries": 1, "backoff_ms": 1}
+
+
+def rows_with_payload(spark: Any, n: int) -> Any:
+    return spark.range(n, numPartitions=3).withColumn(
+        "payload", F.concat(F.lit("row-"), F.col("id"))
     )
-    assert out.schema == output_schema(df.schema)
+
+
+def assert_every_id_once(out: Any, n: int) -> None:
+    """Ids 0..n-1 of ``rows_with_payload`` each back once with its payload, every status
+    seen, errors only on rows not ok, one retry at most (``SHORT``)."""
     rows = out.select("id", "payload", "status", "attempts", "error").collect()
     ids = [r["id"] for r in rows]
     assert sorted(ids) == list(range(n))
@@ -55,6 +52,16 @@ def test_every_id_comes_back_exactly_once(spark: Any, engine: str) -> None:
         assert (r["error"] is None) == (r["status"] == "ok")
         assert 1 <= r["attempts"] <= 2
     assert set(by_status) == {"ok", "failed", "timeout"} and sum(by_status.values()) == n
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_id_comes_back_exactly_once(spark: Any, engine: str) -> None:
+    n = 3000
+    df = rows_with_payload(spark, n)
+    sim = SimulatedDownstream(pct50_ms=2, pct75_ms=12, failure_rate=0.1, seed=1)
+    out = dispatch(df, sim, id_col="id", **SHORT, _engine=engine)
+    assert out.schema == output_schema(df.schema)
+    assert_every_id_once(out, n)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -201,10 +208,11 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize(("change", "exc", "words"), BAD, ids=[str(b[0]) for b in BAD])
-def test_bad_input_is_refused_before_any_job(
-    spark: Any, change: dict, exc: type, words: str
+def refused_before_any_job(
+    spark: Any, call: Callable[..., Any], change: dict, exc: type, words: str
 ) -> None:
+    """``call(df, target, **kwargs)`` with ``change`` applied raises ``exc`` saying
+    ``words``, and no Spark job ran."""
     df = spark.createDataFrame([(1, 10)], "id long, acct long")
     kwargs: dict = {"target": SimulatedDownstream(1, 2), "id_col": "id", **change}
     target = kwargs.pop("target")
@@ -212,11 +220,18 @@ def test_bad_input_is_refused_before_any_job(
     sc.setJobGroup("bad-input", "must stay empty")
     try:
         with pytest.raises(exc) as info:
-            dispatch(df, target, **kwargs)
+            call(df, target, **kwargs)
         assert words in str(info.value)
         assert list(sc.statusTracker().getJobIdsForGroup("bad-input")) == []
     finally:
         sc.setJobGroup("tests", "")
+
+
+@pytest.mark.parametrize(("change", "exc", "words"), BAD, ids=[str(b[0]) for b in BAD])
+def test_bad_input_is_refused_before_any_job(
+    spark: Any, change: dict, exc: type, words: str
+) -> None:
+    refused_before_any_job(spark, dispatch, change, exc, words)
 
 
 def test_bad_dataframes_are_refused(spark: Any) -> None:
@@ -372,3 +387,93 @@ def test_a_rate_is_shared_by_the_tasks_and_holds_for_the_job(spark: Any) -> None
     # 600 requests at 300/s take two seconds at least (less the tasks' bursts), however
     # many tasks share them.
     assert elapsed >= (600 - 300 * 0.02 - 2) / 300
+
+
+# -- partition_dispatcher: dispatch's per-partition function, in a mapInArrow of one's own --
+
+#: The arguments of ``BAD`` that partition_dispatcher takes too (the rest are dispatch's
+#: work across partitions).
+PER_PARTITION = {"id_col", "key_cols", "timeout_ms", "max_in_flight", "retries", "backoff_ms"}
+PER_PARTITION |= {"target", "_engine"}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_partition_dispatcher_in_ones_own_map_in_arrow(spark: Any, engine: str) -> None:
+    n = 900
+    df = rows_with_payload(spark, n)
+    sim = SimulatedDownstream(pct50_ms=2, pct75_ms=12, failure_rate=0.1, seed=1)
+    run = partition_dispatcher(df.schema, sim, id_col="id", **SHORT, _engine=engine)
+    out = df.mapInArrow(run, output_schema(df.schema))
+    assert out.schema == dispatch(df, sim, id_col="id").schema
+    assert_every_id_once(out, n)
+
+    def per_task(batches: Iterator[Any]) -> Iterator[Any]:
+        """A step of one's own around it, in the same task: its rows in and out, by status."""
+        import pyarrow as pa
+
+        seen = [0]
+
+        def tap() -> Iterator[Any]:
+            for batch in batches:
+                seen[0] += batch.num_rows
+                yield batch
+
+        statuses = [s for out in run(tap()) for s in out.column("status").to_pylist()]
+        yield pa.RecordBatch.from_pylist(
+            [{"rows_in": seen[0], "rows_out": len(statuses), "ok": statuses.count("ok")}]
+        )
+
+    tasks = df.mapInArrow(per_task, "rows_in long, rows_out long, ok long").collect()
+    assert len(tasks) == 3
+    assert all(t["rows_in"] == t["rows_out"] == n // 3 for t in tasks)
+    assert 0 < sum(t["ok"] for t in tasks) < n
+
+
+def test_partition_dispatcher_keeps_keys_apart_within_each_partition(spark: Any) -> None:
+    data = [(i, i % 8, (i * 3 + 1) % 8) for i in range(600)]
+    df = spark.createDataFrame(data, "id long, src long, dst long").repartition(2)
+    sim = SimulatedDownstream(pct50_ms=1, pct75_ms=3, seed=2, exclusive_cols=("src", "dst"))
+    run = partition_dispatcher(
+        df.schema, sim, id_col="id", key_cols=("src", "dst"), retries=0, max_in_flight=32
+    )
+    # An overlap would fail its row with "key overlap on ..." (retries=0 keeps it visible).
+    out = df.mapInArrow(run, output_schema(df.schema)).groupBy("status").count().collect()
+    assert {r["status"]: r["count"] for r in out} == {"ok": 600}
+
+
+def test_partition_dispatcher_replies_match_output_schema_from_the_ddl(
+    spark: Any, recorder: Any
+) -> None:
+    df = spark.range(6, numPartitions=2)
+    target = HttpDownstream(f"http://127.0.0.1:{recorder.server_port}/ingest")
+    run = partition_dispatcher(df.schema, target, id_col="id", reply_schema="ok boolean")
+    schema = output_schema(df.schema, "ok boolean")
+    assert schema == dispatch(df, target, id_col="id", reply_schema="ok boolean").schema
+    rows = df.mapInArrow(run, schema).select("id", "status", "reply").collect()
+    assert sorted(r["id"] for r in rows) == list(range(6))
+    # the recorder refuses every seventh id (id 0 here) with HTTP 503 and answers {} otherwise
+    assert {r["id"]: r["status"] for r in rows} == {0: "failed", **dict.fromkeys(range(1, 6), "ok")}
+    assert all(r["reply"] is not None for r in rows if r["status"] == "ok")
+
+
+@pytest.mark.parametrize(
+    ("change", "exc", "words"),
+    [b for b in BAD if set(b[0]) <= PER_PARTITION],
+    ids=[str(b[0]) for b in BAD if set(b[0]) <= PER_PARTITION],
+)
+def test_partition_dispatcher_refuses_what_dispatch_refuses_before_any_job(
+    spark: Any, change: dict, exc: type, words: str
+) -> None:
+    def call(df: Any, target: Any, **kwargs: Any) -> Any:
+        return partition_dispatcher(df.schema, target, **kwargs)
+
+    refused_before_any_job(spark, call, change, exc, words)
+
+
+def test_partition_dispatcher_takes_the_schema_without_result_columns(spark: Any) -> None:
+    df = spark.range(1)
+    with pytest.raises(TypeError, match=r"schema must be a pyspark\.sql\.types\.StructType"):
+        partition_dispatcher(df, SimulatedDownstream(1, 2), id_col="id")  # the df, not its schema
+    clash = spark.createDataFrame([(1, "x")], "id long, status string")
+    with pytest.raises(ValueError, match=r"df already has result column\(s\) \['status'\]"):
+        partition_dispatcher(clash.schema, SimulatedDownstream(1, 2), id_col="id")

@@ -3,7 +3,8 @@
 * :func:`dispatch` sends every row of a DataFrame to a target from Spark's executors and
   returns each row once, with how its call ended. It lives in ``_dispatch`` (a module
   named ``dispatch`` would shadow the function as an attribute of this package once
-  imported).
+  imported). :func:`partition_dispatcher` is the function it runs on each partition, for
+  a ``mapInArrow`` of your own, with :func:`output_schema` the schema that returns.
 * Targets (:mod:`timewheel.spark.targets`): :class:`SimulatedDownstream`,
   :class:`HttpDownstream`, or any picklable object with ``submit(row, on_done)``.
 * Engines (:mod:`timewheel.spark.engines` for the contract,
@@ -13,8 +14,8 @@
 * ``timewheel pipeline`` (:mod:`timewheel.spark.pipeline`): the command line around it.
 
 The wing imports the library, never the other way round. pyspark and pyarrow are
-imported on first use of :func:`dispatch` or :func:`output_schema`, so the targets and
-the engines work without them.
+imported on first use of :func:`dispatch`, :func:`partition_dispatcher` or
+:func:`output_schema`, so the targets and the engines work without them.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 from .engines import RESULT_COLUMNS, STATUSES
 
 if TYPE_CHECKING:
-    from ._dispatch import dispatch, output_schema
+    from ._dispatch import dispatch, output_schema, partition_dispatcher
 
-__all__ = ["RESULT_COLUMNS", "STATUSES", "dispatch", "output_schema"]
+__all__ = ["RESULT_COLUMNS", "STATUSES", "dispatch", "output_schema", "partition_dispatcher"]
 
-_LAZY = ("dispatch", "output_schema")
+_LAZY = ("dispatch", "output_schema", "partition_dispatcher")
 
 
 def __getattr__(name: str) -> Any:

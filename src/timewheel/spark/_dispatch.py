@@ -57,6 +57,7 @@ __all__ = [
     "dispatch",
     "is_connect",
     "output_schema",
+    "partition_dispatcher",
     "task_slots",
 ]
 
@@ -82,9 +83,11 @@ _NESTED_TYPES = (ArrayType, MapType, StructType)
 _OUT_BATCH_ROWS = 10_000
 
 
-def output_schema(schema: StructType, reply: StructType | None = None) -> StructType:
-    """The schema of ``dispatch``'s result for an input of ``schema`` (and a reply struct)."""
-    extra = [] if reply is None else [StructField(REPLY_COLUMN, reply, True)]
+def output_schema(schema: StructType, reply: StructType | str | None = None) -> StructType:
+    """The schema of ``dispatch``'s result for an input of ``schema`` (and a reply struct,
+    or the ``reply_schema`` DDL string it is parsed from)."""
+    struct = reply_struct(reply) if isinstance(reply, str) else reply
+    extra = [] if struct is None else [StructField(REPLY_COLUMN, struct, True)]
     return StructType([*schema.fields, *_RESULT_FIELDS, *extra])
 
 
@@ -97,8 +100,8 @@ MAX_IN_FLIGHT = 1_000_000
 MAX_RETRIES = 1000
 
 
-def _validate(
-    df: Any,
+def _prepare(
+    schema: StructType,
     target: Any,
     id_col: Any,
     key_cols: Any,
@@ -106,12 +109,17 @@ def _validate(
     max_in_flight: Any,
     retries: Any,
     backoff_ms: Any,
-    engine: Any,
+    engine: str,
+    reply_schema: str | None,
     dedupe_col: Any = None,
-) -> DispatchConfig:
-    if not isinstance(df, DataFrame):
-        raise TypeError(f"df must be a pyspark.sql.DataFrame, got {type(df).__name__}")
-    columns = df.columns
+) -> tuple[Any, DispatchConfig, StructType | None]:
+    """Every argument checked against an input of ``schema``, before any job; then what
+    each partition needs: the target (keyed on ``id_col`` when it derives its keys from
+    it), the settings and the reply struct."""
+    for_id_col = None if isinstance(target, type) else getattr(target, "for_id_col", None)
+    if callable(for_id_col) and isinstance(id_col, str):
+        target = for_id_col(id_col)  # the HTTP target derives its keys from it
+    columns = schema.fieldNames()
     if not isinstance(id_col, str):
         raise TypeError(f"id_col must be a column name (str), got {id_col!r}")
     if id_col not in columns:
@@ -129,7 +137,7 @@ def _validate(
                 "dedupe_col and key_cols cannot be combined: rows are partitioned by one "
                 "column, and each needs its own"
             )
-    for field in df.schema.fields:
+    for field in schema.fields:
         if field.name in (*key_cols, dedupe_col) and isinstance(field.dataType, _NESTED_TYPES):
             what = "dedupe_col" if field.name == dedupe_col else "key column"
             raise ValueError(
@@ -157,7 +165,17 @@ def _validate(
         cloudpickle.dumps(target)  # type: ignore[no-untyped-call]
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
         raise TypeError(f"target {target!r} cannot be pickled for Spark's workers: {exc}") from exc
-    return config
+    reply = None if reply_schema is None else reply_struct(reply_schema)
+    if reply is not None and REPLY_COLUMN in columns:
+        raise ValueError(f"df already has a {REPLY_COLUMN!r} column; rename it before dispatch")
+    named = getattr(target, "columns", None)
+    missing = [c for c in (named() if callable(named) else ()) if c not in columns]
+    if missing:
+        raise ValueError(
+            f"the target's requests name column(s) {missing} that df does not have; "
+            f"columns: {columns}"
+        )
+    return target, config, reply
 
 
 class _PartitionDispatch:
@@ -500,12 +518,11 @@ def dispatch(
     executors can write: each task also commits its finished rows there as it goes
     (see :mod:`timewheel.spark.journal`; the CLI's resumable output).
     """
+    if not isinstance(df, DataFrame):
+        raise TypeError(f"df must be a pyspark.sql.DataFrame, got {type(df).__name__}")
     engine = DEFAULT_ENGINE if _engine is None else _engine
-    for_id_col = None if isinstance(target, type) else getattr(target, "for_id_col", None)
-    if callable(for_id_col) and isinstance(id_col, str):
-        target = for_id_col(id_col)  # the HTTP target derives its keys from it
-    config = _validate(
-        df,
+    target, config, reply = _prepare(
+        df.schema,
         target,
         id_col,
         key_cols,
@@ -514,18 +531,9 @@ def dispatch(
         retries,
         backoff_ms,
         engine,
+        reply_schema,
         dedupe_col,
     )
-    reply = None if reply_schema is None else reply_struct(reply_schema)
-    if reply is not None and REPLY_COLUMN in df.columns:
-        raise ValueError(f"df already has a {REPLY_COLUMN!r} column; rename it before dispatch")
-    named = getattr(target, "columns", None)
-    missing = [c for c in (named() if callable(named) else ()) if c not in df.columns]
-    if missing:
-        raise ValueError(
-            f"the target's requests name column(s) {missing} that df does not have; "
-            f"columns: {df.columns}"
-        )
     if rate is not None:
         rate = check_rate(rate)
     if not isinstance(dedupe_requests, bool):
@@ -559,6 +567,55 @@ def dispatch(
     if hide is not None:
         result = result.drop(hide)
     return result if kept is None else kept.unionByName(result)
+
+
+def partition_dispatcher(
+    schema: StructType,
+    target: Any,
+    *,
+    id_col: str,
+    key_cols: Sequence[str] = (),
+    timeout_ms: int = 1000,
+    max_in_flight: int = 256,
+    retries: int = 2,
+    backoff_ms: int = 100,
+    reply_schema: str | None = None,
+    _engine: str | None = None,
+    _journal: str | None = None,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function :func:`dispatch` runs on each partition, for a ``mapInArrow`` of your own.
+
+    ``df.mapInArrow(partition_dispatcher(df.schema, target, id_col="id"),
+    output_schema(df.schema))`` sends every row of each partition as ``dispatch(df, target,
+    id_col="id")`` does and returns the same columns; the function takes and yields Arrow
+    record batches, so it can run inside a per-partition function of yours (a step before
+    or after it on the same batches, a task's own accounting). ``schema`` is the input's;
+    the other arguments are ``dispatch``'s, checked the same way before anything runs
+    (``reply_schema``: pass it to :func:`output_schema` too).
+
+    Not done here, because they are ``dispatch``'s work across partitions: repartitioning
+    by the first of ``key_cols`` (so two rows sharing a key value are kept apart within a
+    partition only), ``rate``, ``dedupe_col`` and ``dedupe_requests``, ``resume_from``,
+    and the check that the executors can import timewheel.
+    """
+    if not isinstance(schema, StructType):
+        raise TypeError(
+            f"schema must be a pyspark.sql.types.StructType (df.schema), got {schema!r}"
+        )
+    engine = DEFAULT_ENGINE if _engine is None else _engine
+    target, config, reply = _prepare(
+        schema,
+        target,
+        id_col,
+        key_cols,
+        timeout_ms,
+        max_in_flight,
+        retries,
+        backoff_ms,
+        engine,
+        reply_schema,
+    )
+    return _PartitionDispatch(engine, target, config, reply=reply, journal=_journal)
 
 
 #: The hidden column ``dedupe_requests`` groups rows by: a digest of a row's request.

@@ -1,8 +1,9 @@
 """``timewheel bench pipeline``: dispatch engines side by side on one Spark session and one dataset.
 
-Each engine runs the same partition function ``dispatch`` uses, over the same rows and
-target. Every partition reports its rows in and out (so the run checks that every id
-came back exactly once), its statuses and attempts, and the CPU its Python worker spent
+Each engine runs the same partition function ``dispatch`` uses
+(:func:`~timewheel.spark.partition_dispatcher`), over the same rows and target. Every
+partition reports its rows in and out (so the run checks that every id came back
+exactly once), its statuses and attempts, and the CPU its Python worker spent
 (``resource.getrusage`` inside the task). The driver adds its own CPU and, on a local
 master, the JVM's. Throughput is compared as ratios between engines of the same run,
 and against the bound that Little's law gives for the in-flight limit and the
@@ -27,10 +28,11 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ...spark import partition_dispatcher
 from ...spark.engines import STATUSES, DispatchConfig
 from ...spark.http_target import http_options
 from ...spark.pipeline import add_dispatch_options, spark_session
@@ -145,18 +147,8 @@ def little_bound_rows_per_s(sim: Any, config: DispatchConfig, concurrent_tasks: 
 class _BenchPartition:
     """Runs dispatch's partition function and returns one row of accounting and CPU figures."""
 
-    def __init__(
-        self,
-        engine: str,
-        target: Any,
-        config: DispatchConfig,
-        id_col: str,
-        reply: Any = None,
-        journal: str | None = None,
-    ) -> None:
-        from ...spark._dispatch import _PartitionDispatch
-
-        self.dispatch = _PartitionDispatch(engine, target, config, reply=reply, journal=journal)
+    def __init__(self, dispatch: Callable[[Iterator[Any]], Iterator[Any]], id_col: str) -> None:
+        self.dispatch = dispatch
         self.id_col = id_col
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
@@ -233,7 +225,7 @@ def run_engine(
     config: DispatchConfig,
     id_col: str,
     service: ServiceProcess | None = None,
-    reply: Any = None,
+    reply_schema: str | None = None,
     journal: str | None = None,
 ) -> dict[str, Any]:
     """Dispatch ``df`` with ``engine``; return throughput, CPU per row and the accounting.
@@ -241,11 +233,21 @@ def run_engine(
     With a ``service``, the requests it received are counted too, and must equal the
     rows' attempts.
     """
+    dispatch = partition_dispatcher(
+        df.schema,
+        target,
+        id_col=id_col,
+        timeout_ms=config.timeout_ms,
+        max_in_flight=config.max_in_flight,
+        retries=config.retries,
+        backoff_ms=config.backoff_ms,
+        reply_schema=reply_schema,
+        _engine=engine,
+        _journal=journal,
+    )
     received0 = service.stats()["requests"] if service is not None else 0
     jvm0, drv0, start = _jvm_cpu_s(spark), _driver_cpu_s(), time.monotonic()
-    parts = df.mapInArrow(
-        _BenchPartition(engine, target, config, id_col, reply, journal), _STATS_SCHEMA
-    ).collect()
+    parts = df.mapInArrow(_BenchPartition(dispatch, id_col), _STATS_SCHEMA).collect()
     wall = time.monotonic() - start
     jvm1, drv1 = _jvm_cpu_s(spark), _driver_cpu_s()
     total = {k: sum(p[k] for p in parts) for k in (*_COUNTS, "cpu_s")}
@@ -344,13 +346,11 @@ def _run(
             run_engine(spark, df, engine, target, config, "id", service) for engine in engines
         ]
         if args.reply_target:
-            from ...spark.replies import reply_struct
-
-            reply = None if args.reply_schema is None else reply_struct(args.reply_schema)
+            reply = args.reply_schema
             replying = target_from_url(args.reply_target)
             if warmup > 0:
-                run_engine(spark, warm, engines[0], replying, config, "id", reply=reply)
-            got = run_engine(spark, df, engines[0], replying, config, "id", reply=reply)
+                run_engine(spark, warm, engines[0], replying, config, "id", reply_schema=reply)
+            got = run_engine(spark, df, engines[0], replying, config, "id", reply_schema=reply)
             results.append({**got, "engine": f"{engines[0]}+replies"})
         if args.journal:
             from ...spark.journal import journal_rows
