@@ -15,7 +15,9 @@ The rules:
   ``__main__``) import the wing, and only the tooling imports the tooling;
   ``timewheel.targets``, the old name of ``timewheel.spark.targets``, is the one
   re-export allowed; the argparse types (``_argtypes``) serve the two command lines, the
-  tooling's and the wing's ``pipeline``;
+  tooling's and the wing's ``pipeline``; nothing outside the wing, the tooling included,
+  imports a private name of the wing (a ``_module`` or a ``_name``): what the tooling
+  needs from the wing is public API a user could call too;
 * argument checks: in the library (not the wing, not the tooling), number checks (NaN,
   infinity, a bool passed for a number) live in ``_validate``.
 """
@@ -96,19 +98,36 @@ def _imported(tree: ast.Module, module: str, is_package: bool) -> list[tuple[int
     return found
 
 
-def _check_imports(tree: ast.Module, module: str, is_package: bool) -> list[str]:
+def _private_to_the_wing(target: str) -> bool:
+    """``target`` is in the wing and names a private module or name on the way
+    (``timewheel.spark._dispatch``, ``timewheel.spark.engines._helper``)."""
+    if not _is_wing(target):
+        return False
+    inside = target[len(WING) + 1 :].split(".") if target != WING else []
+    return any(part.startswith("_") and not part.endswith("__") for part in inside)
+
+
+def _forbidden(module: str, target: str) -> str | None:
+    """What ``module`` may not import, if ``target`` is that."""
+    if _private_to_the_wing(target) and not _is_wing(module):
+        return "a private name of the wing"
     if _is_tooling(module):
-        return []
+        return None
+    if _is_tooling(target):
+        return "the tooling"
+    if _is_wing(target) and not _is_wing(module) and module not in WING_SHIMS:
+        return "the wing"
+    if target in COMMAND_LINE and not _is_wing(module):
+        return "a command-line helper"
+    return None
+
+
+def _check_imports(tree: ast.Module, module: str, is_package: bool) -> list[str]:
     out = []
     reported = set()  # one report per statement: ``from .spark import x`` names two modules
     for line, target in _imported(tree, module, is_package):
-        if _is_tooling(target):
-            what = "the tooling"
-        elif _is_wing(target) and not _is_wing(module) and module not in WING_SHIMS:
-            what = "the wing"
-        elif target in COMMAND_LINE and not _is_wing(module):
-            what = "a command-line helper"
-        else:
+        what = _forbidden(module, target)
+        if what is None:
             continue
         if line not in reported:
             reported.add(line)
@@ -273,6 +292,25 @@ BROKEN = {
         {"timer.py": "from ._argtypes import positive\n"},
         "timewheel.timer:1: imports a command-line helper (timewheel._argtypes)",
     ),
+    "tooling imports a private module of the wing": (
+        {"cli/bench/pipeline.py": "from ...spark._dispatch import _PartitionDispatch\n"},
+        "timewheel.cli.bench.pipeline:1: imports a private name of the wing "
+        "(timewheel.spark._dispatch)",
+    ),
+    "tooling imports a private name of a public wing module": (
+        {"cli/bench/pipeline.py": "from ...spark.engines import _settle\n"},
+        "timewheel.cli.bench.pipeline:1: imports a private name of the wing "
+        "(timewheel.spark.engines._settle)",
+    ),
+    "tooling imports a private module of the wing by name": (
+        {"cli/bench/http.py": "import importlib as i\ni.import_module('timewheel.spark._curl')\n"},
+        "timewheel.cli.bench.http:2: imports a private name of the wing (timewheel.spark._curl)",
+    ),
+    "the old targets module imports a private name of the wing": (
+        {"targets.py": "from .spark.targets import Reply, _Pending\n"},
+        "timewheel.targets:1: imports a private name of the wing "
+        "(timewheel.spark.targets._Pending)",
+    ),
     "library imports the tooling": (
         {"execution.py": "import timewheel.cli\n"},
         "timewheel.execution:1: imports the tooling (timewheel.cli)",
@@ -308,8 +346,10 @@ def test_what_the_rules_allow(tmp_path: Path) -> None:
             "targets.py": "from .spark.targets import Reply\n",
             "__main__.py": "from .cli import main\n",
             "cli/__init__.py": "from ..spark import pipeline\nfrom .bench import core\n",
-            "spark/pipeline.py": "from .._argtypes import positive\n",
             "cli/bench/core.py": "from ...spark import targets\nfrom .. import demo\n",
+            "cli/bench/pipeline.py": "from ...spark import partition_dispatcher\n",
+            "spark/pipeline.py": "from .._argtypes import positive\n"
+            "from ._dispatch import _prepare\n",  # the wing's private names are its own
             "spark/targets.py": "import math, logging\nlog = logging.getLogger(__name__)\n"
             "ok = math.isfinite(x) and not isinstance(x, bool)\n",
             "purgatory.py": "flag = isinstance(reaper, bool)\n",
