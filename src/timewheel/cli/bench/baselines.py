@@ -22,13 +22,16 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 import threading
 from collections import deque
 from collections.abc import Hashable, Iterable
 from typing import Any, Callable
 
 from ...purgatory import Counts, DelayedOperation
-from ...timer import ManualClock, check_ms, logger, monotonic_ms
+from ...timer import ManualClock, check_ms, monotonic_ms
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "AsyncioPurgatory",

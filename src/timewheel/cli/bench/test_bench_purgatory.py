@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from timewheel import implementation
 from timewheel.cli.bench.baselines import HeapTimer
 from timewheel.cli.bench.operations import (
     IMPLS,
@@ -30,7 +31,6 @@ from timewheel.cli.bench.operations import (
     hold,
     make_purgatory,
     push,
-    timer_on,
     workload,
 )
 from timewheel.timer import ManualClock
@@ -88,7 +88,10 @@ def test_watch_and_check_and_complete(benchmark: Any, name: str) -> None:
 def test_timer_add_and_cancel(benchmark: Any, name: str) -> None:
     _skip_without_extension(name)
     clock = ManualClock()
-    t: Any = HeapTimer(clock=clock) if name == "heapq" else timer_on(name[6:-1], clock)
+    if name == "heapq":
+        t: Any = HeapTimer(clock=clock)
+    else:
+        t = implementation(name[6:-1]).Timer(clock=clock)
     rng = random.Random(42)
     delays: list[int] = [rng.randint(1, 10_000) for _ in range(BATCH)]
 
