@@ -39,14 +39,14 @@ extensions = [
         extra_compile_args=["-O0", "-g"] if DEBUG else ["-O2"],
     ),
     Extension(
-        "timewheel._tasks_c",
-        ["src/timewheel/_tasks_c.pyx"],
+        "timewheel._impl._tasks_c",
+        ["src/timewheel/_impl/_tasks_c.pyx"],
         define_macros=macros,
         extra_compile_args=["-O0", "-g"] if DEBUG else ["-O2"],
     ),
     Extension(
-        "timewheel._aio_c",
-        ["src/timewheel/_aio_c.pyx"],
+        "timewheel._impl._aio_c",
+        ["src/timewheel/_impl/_aio_c.pyx"],
         define_macros=macros,
         extra_compile_args=["-O0", "-g"] if DEBUG else ["-O2"],
     ),

@@ -24,7 +24,7 @@ MODULES = [
     "timewheel.execution",
     "timewheel.resources",
     "timewheel.sources",
-    "timewheel._tasks_py",
+    "timewheel._impl._tasks_py",
     "timewheel.aio",
     "timewheel.spark.http_target",
 ]

@@ -40,7 +40,7 @@ from libc.stdlib cimport qsort
 import numpy as np
 
 from timewheel import _atfork
-from timewheel._handles import (
+from timewheel._impl._handles import (
     HANDLE_GEN_MAX,
     HANDLE_SLOT_BITS,
     HANDLE_TAG_SHIFT,
@@ -558,7 +558,7 @@ cdef class TimingWheel:
 
     # -- locking --------------------------------------------------------------------
     cdef list _pending_items(self):
-        """Every pending item, for the collector hook of :mod:`timewheel._tasks_c`; an
+        """Every pending item, for the collector hook of :mod:`timewheel._impl._tasks_c`; an
         empty list unless the GIL alone guards the wheel (as in wheel_traverse)."""
         cdef list out = []
         cdef uint32_t s

@@ -46,7 +46,8 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from . import _atfork, _handles, _validate
+from . import _atfork, _validate
+from ._impl import _handles
 from ._validate import check_int64_array, check_items
 
 __all__ = ["TimingWheel"]

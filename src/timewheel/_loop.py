@@ -42,7 +42,8 @@ def wheel_loop_class(
     name: str, base: type[Any], aio: ModuleType, base_call_at: Any = None
 ) -> type[Any]:
     """A subclass ``name`` of the loop class ``base`` whose timers go to the wheel of
-    ``aio`` (``timewheel._aio_c`` or ``timewheel._aio_py``); the tests make one per twin.
+    ``aio`` (``timewheel._impl._aio_c`` or ``timewheel._impl._aio_py``); the tests make one
+    per twin.
     ``base_call_at(loop, when, callback, *args, context=None)`` is the base loop's own
     ``call_at`` (default ``base.call_at``), which must not call ``loop.call_later``."""
 

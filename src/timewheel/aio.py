@@ -59,7 +59,7 @@ logger = logging.getLogger(__name__)
 _aio = _impl.implementation().aio  # the module in use (the tests swap in the other)
 
 if TYPE_CHECKING:  # both twins have the same signatures; the stubs describe them
-    from ._aio_py import (
+    from ._impl._aio_py import (
         LoopTimer,
         Timeout,
         TimerHandle,

@@ -1,8 +1,8 @@
 """Purgatory: delayed operations that wait on keys until they complete or time out.
 
 Kafka's DelayedOperationPurgatory with the watcher registry of its redesign write-up
-(see :mod:`timewheel._tasks_py` for the design). The hot path, the operations and
-the registry, are the Cython extension :mod:`timewheel._tasks_c` when it is built, else
+(see :mod:`timewheel._impl._tasks_py` for the design). The hot path, the operations and
+the registry, are the Cython extension :mod:`timewheel._impl._tasks_c` when it is built, else
 their pure-Python twin (:mod:`timewheel._impl` picks); this module adds construction, the
 timer and introspection.
 """

@@ -25,7 +25,7 @@ from ._impl import (
     TimerTask,
     monotonic_ms,
 )
-from ._tasks_shared import TimerFullError
+from ._impl._tasks_shared import TimerFullError
 from ._validate import INT64_MAX as _INT64_MAX
 from ._validate import INT64_MIN as _INT64_MIN
 from ._validate import check_int

@@ -687,7 +687,8 @@ def test_sleep_on_the_virtual_clock_takes_exactly_its_delay(
 def test_both_implementations_fire_the_same_callbacks_in_the_same_order(
     ops: list[tuple[str, int, int]],
 ) -> None:
-    from timewheel import _aio_py, implementation
+    from timewheel import implementation
+    from timewheel._impl import _aio_py
 
     mods = [_aio_py]
     if implementation().name == "cython":

@@ -274,7 +274,7 @@ def test_the_pure_python_twin_passes_the_timer_and_purgatory_suites() -> None:
     """With the extension in use, the suites above test the C core; run them once more
     against the pure-Python twin, in a child interpreter that does not load it."""
     here = Path(__file__).parent
-    package_root = str(Path(in_use.tasks.__file__).parents[1])
+    package_root = str(Path(in_use.tasks.__file__).parents[2])
     env = dict(os.environ, TIMEWHEEL_NO_EXTENSIONS="1")
     env["PYTHONPATH"] = os.pathsep.join([package_root, env.get("PYTHONPATH", "")])
     proc = subprocess.run(

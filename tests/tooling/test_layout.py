@@ -324,8 +324,8 @@ BROKEN = {
         "timewheel.sources:1: a bool-for-number check",
     ),
     "NaN check in Cython": (
-        {"_aio_c.pyx": "from libc.math cimport isnan\nif isnan(x): pass\n"},
-        "timewheel._aio_c:2: a number check",
+        {"_impl/_aio_c.pyx": "from libc.math cimport isnan\nif isnan(x): pass\n"},
+        "timewheel._impl._aio_c:2: a number check",
     ),
 }
 

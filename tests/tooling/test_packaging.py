@@ -79,7 +79,7 @@ def test_sdist_carries_the_cython_sources_and_stubs(dist: Path) -> None:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     shipped = {name[len("src/timewheel/") :] for name in names if name.startswith("src/timewheel/")}
     wanted = _package_files("*.py", "*.pyx", "*.pxd", "*.pyi", "py.typed", "*.properties")
-    assert {"_core.pyx", "_core.pxd", "_tasks_c.pxd", "_core.pyi", "py.typed"} <= wanted
+    assert {"_core.pyx", "_core.pxd", "_impl/_tasks_c.pxd", "_core.pyi", "py.typed"} <= wanted
     assert "spark/log4j2.properties" in wanted
     assert wanted - shipped == set()
     assert {"pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "CHANGES.md"} <= names
@@ -98,7 +98,7 @@ def test_wheel_carries_stubs_marker_and_compiled_core(dist: Path) -> None:
     # log4j2.properties keeps `timewheel pipeline` quiet.
     wanted = _package_files("*.py", "*.pxd", "*.pyi", "py.typed", "*.properties")
     assert wanted - shipped == set()
-    for ext in ("_core.", "_tasks_c.", "_aio_c."):
+    for ext in ("_core.", "_impl/_tasks_c.", "_impl/_aio_c."):
         compiled = [
             name
             for name in shipped

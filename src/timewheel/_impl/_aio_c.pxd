@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""C layout of :mod:`timewheel._aio_c`: its classes' fields and cdef methods, with their
+"""C layout of :mod:`timewheel._impl._aio_c`: its classes' fields and cdef methods, with their
 error contracts, so that another extension can cimport them."""
 
 cimport cython

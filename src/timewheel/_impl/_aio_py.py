@@ -1,4 +1,4 @@
-"""Timers driven by a running asyncio loop (the pure-Python twin of :mod:`timewheel._aio_c`).
+"""Timers driven by a running asyncio loop (the pure-Python twin of :mod:`timewheel._impl._aio_c`).
 
 One :class:`LoopTimer` per event loop keeps every timer of that loop in a timing wheel
 (deadlines in integer nanoseconds of ``loop.time()``, level-0 buckets one millisecond
@@ -28,8 +28,8 @@ from asyncio.format_helpers import _format_callback_source
 from contextvars import Context, copy_context
 from typing import Any, Callable
 
-from ._core_py import TimingWheel
-from ._validate import MAX_LOOP_TIME, check_loop_callback, check_loop_seconds, check_seconds
+from .._core_py import TimingWheel
+from .._validate import MAX_LOOP_TIME, check_loop_callback, check_loop_seconds, check_seconds
 
 __all__ = [
     "CASCADE_LIMIT",

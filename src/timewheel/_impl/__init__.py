@@ -1,9 +1,9 @@
 """Pick the implementation: both Cython extensions together, or both pure-Python twins.
 
 The pairs are :mod:`timewheel._core` / :mod:`timewheel._core_py` (the timing wheel),
-:mod:`timewheel._tasks_c` / :mod:`timewheel._tasks_py` (timer tasks, delayed
-operations and the purgatory's watcher registry) and :mod:`timewheel._aio_c` /
-:mod:`timewheel._aio_py` (timers driven by an asyncio loop). The twins are used when
+:mod:`timewheel._impl._tasks_c` / :mod:`timewheel._impl._tasks_py` (timer tasks, delayed
+operations and the purgatory's watcher registry) and :mod:`timewheel._impl._aio_c` /
+:mod:`timewheel._impl._aio_py` (timers driven by an asyncio loop). The twins are used when
 ``TIMEWHEEL_NO_EXTENSIONS`` is set to a non-empty value, on interpreters other than
 CPython, or when either extension cannot be imported; never one of each, since a C timer
 task in a pure-Python wheel would only be slower and harder to reason about.
@@ -12,7 +12,7 @@ This module is the one place that decides: the public classes (``Timer``,
 ``Purgatory``, ``aio.DelayedOperation``, ``aio.Purgatory``) are module-level classes
 on the implementation in use. :data:`IMPLEMENTATION` names it; :func:`implementation`
 hands the tests and benchmarks either one as a whole, the public classes included (the
-twins, and their public classes in :mod:`timewheel._twin`, are imported only then).
+twins, and their public classes in :mod:`timewheel._impl._twin`, are imported only then).
 """
 
 from __future__ import annotations
@@ -54,10 +54,10 @@ PENDING, CANCELLED, FIRED = 0, 1, 2
 
 #: The public classes an Implementation hands out: (module, name) on the one in use.
 _PUBLIC = {
-    "Timer": (".timer", "Timer"),
-    "Purgatory": (".purgatory", "Purgatory"),
-    "AioDelayedOperation": (".aio", "DelayedOperation"),
-    "AioPurgatory": (".aio", "Purgatory"),
+    "Timer": ("..timer", "Timer"),
+    "Purgatory": ("..purgatory", "Purgatory"),
+    "AioDelayedOperation": ("..aio", "DelayedOperation"),
+    "AioPurgatory": ("..aio", "Purgatory"),
 }
 
 
@@ -97,14 +97,16 @@ def _load_extensions() -> Implementation | None:
     if NO_EXTENSIONS:
         return None
     try:
-        from . import _aio_c, _core, _tasks_c
+        from .. import _core
+        from . import _aio_c, _tasks_c
     except ImportError:  # pragma: no cover - only without a compiler
         return None
     return Implementation("cython", _core, _tasks_c, _aio_c)
 
 
 def _load_twins() -> Implementation:
-    from . import _aio_py, _core_py, _tasks_py
+    from .. import _core_py
+    from . import _aio_py, _tasks_py
 
     return Implementation("python", _core_py, _tasks_py, _aio_py)
 
@@ -137,7 +139,7 @@ def implementation(name: str | None = None) -> Implementation:
 IMPLEMENTATION = _IN_USE.name
 
 if TYPE_CHECKING:
-    from ._core_py import TimingWheel
+    from .._core_py import TimingWheel
     from ._tasks_py import (
         CallbackTask,
         Counts,

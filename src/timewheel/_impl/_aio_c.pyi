@@ -1,4 +1,4 @@
-"""Type stubs for the Cython asyncio timers (:mod:`timewheel._aio_c`)."""
+"""Type stubs for the Cython asyncio timers (:mod:`timewheel._impl._aio_c`)."""
 
 import asyncio
 from contextvars import Context

@@ -1,6 +1,7 @@
-"""Type stubs for the Cython timer tasks, operations and purgatory core (:mod:`timewheel._tasks_c`).
+"""Type stubs for the Cython timer tasks, operations and purgatory core
+(:mod:`timewheel._impl._tasks_c`).
 
-The same API as :mod:`timewheel._tasks_py`.
+The same API as :mod:`timewheel._impl._tasks_py`.
 """
 
 from collections.abc import Callable, Hashable, Iterable

@@ -1,10 +1,10 @@
 # cython: language_level=3
-"""C declarations of :mod:`timewheel._tasks_c`: the fields and cdef methods of its classes,
+"""C declarations of :mod:`timewheel._impl._tasks_c`: the fields and cdef methods of its classes,
 so that another extension can cimport them."""
 
 cimport cython
 from libc.stdint cimport int64_t
-from timewheel._sync cimport tw_add, tw_mutex
+from timewheel._impl._sync cimport tw_add, tw_mutex
 
 
 cdef class TimerTask:

@@ -1,5 +1,5 @@
-"""What both implementations of the timer tasks share (:mod:`timewheel._tasks_c` and
-:mod:`timewheel._tasks_py`): the error of a full timer, the error a task's ``SystemExit``
+"""What both implementations of the timer tasks share (:mod:`timewheel._impl._tasks_c` and
+:mod:`timewheel._impl._tasks_py`): the error of a full timer, the error a task's ``SystemExit``
 becomes, and the lateness histogram's bounds."""
 
 from __future__ import annotations

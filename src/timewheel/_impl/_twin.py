@@ -8,7 +8,8 @@ extension's (when the twin is the implementation in use, the public classes are 
 
 from __future__ import annotations
 
-from . import _aio_py, _tasks_py, aio, purgatory, timer
+from .. import aio, purgatory, timer
+from . import _aio_py, _tasks_py
 
 __all__ = ["AioDelayedOperation", "AioPurgatory", "Purgatory", "Timer"]
 

@@ -1,6 +1,6 @@
 """Timer tasks, delayed operations and the purgatory's watcher registry in pure Python.
 
-The twin of :mod:`timewheel._tasks_c` (the Cython build of the same classes): the same
+The twin of :mod:`timewheel._impl._tasks_c` (the Cython build of the same classes): the same
 behaviour, attribute names and results, used when the extension is not built and as
 the reference the tests compare the extension with. :mod:`timewheel._impl` picks one.
 
@@ -35,10 +35,10 @@ import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, TypeVar
 
-from . import _atfork
-from ._core_py import TimingWheel
+from .. import _atfork
+from .._core_py import TimingWheel
+from .._validate import INT64_MAX, INT64_MIN, check_int, check_keys
 from ._tasks_shared import LATENESS_BOUNDS_MS, TimerFullError, aborted
-from ._validate import INT64_MAX, INT64_MIN, check_int, check_keys
 
 __all__ = [
     "CANCELLED",

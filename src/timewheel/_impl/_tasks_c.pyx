@@ -3,7 +3,7 @@
 # cython: binding=False
 """Timer tasks, delayed operations and the purgatory's watcher registry in C.
 
-The twin of :mod:`timewheel._tasks_py`, whose docstring describes the design:
+The twin of :mod:`timewheel._impl._tasks_py`, whose docstring describes the design:
 same classes, attribute names, behaviour and results. What C changes is the cost of a
 request: typed fields instead of slot descriptors, an atomic exchange on a C int
 instead of a ``threading.Lock`` per operation for "completes once", atomic counters
@@ -49,7 +49,7 @@ cdef extern from *:
 from libc.stdint cimport int64_t
 
 from timewheel._core cimport TimingWheel as CWheel
-from timewheel._sync cimport (
+from timewheel._impl._sync cimport (
     TW_HAS_GIL,
     tw_add,
     tw_load,
@@ -70,7 +70,7 @@ from weakref import WeakSet
 from weakref import ref as _weakref
 
 from timewheel import _atfork
-from timewheel._tasks_shared import LATENESS_BOUNDS_MS, TimerFullError, aborted
+from timewheel._impl._tasks_shared import LATENESS_BOUNDS_MS, TimerFullError, aborted
 from timewheel._validate import INT64_MAX, INT64_MIN, check_int, check_keys
 
 __all__ = [

@@ -1,7 +1,7 @@
 # cython: language_level=3
 # cython: freethreading_compatible=True
 # cython: binding=False
-"""Timers driven by a running asyncio loop, in C (the twin of :mod:`timewheel._aio_py`).
+"""Timers driven by a running asyncio loop, in C (the twin of :mod:`timewheel._impl._aio_py`).
 
 The design, the guarantees and every result are those of the pure-Python twin; its
 docstring describes them. Here the entries are small C objects and the wheel is reached
@@ -15,7 +15,7 @@ from cpython.weakref cimport PyWeakref_GetObject
 from libc.math cimport ceil, floor
 from libc.stdint cimport int64_t
 
-from timewheel._sync cimport TW_HAS_GIL
+from timewheel._impl._sync cimport TW_HAS_GIL
 from timewheel._core cimport TimingWheel
 
 import asyncio
