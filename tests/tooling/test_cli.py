@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pkgutil
+import subprocess
+import sys
 
 import pytest
 
@@ -38,3 +40,19 @@ def test_bench_without_a_name_is_a_usage_error(capsys: pytest.CaptureFixture[str
         cli.main(["bench"])
     assert exc.value.code == 2
     assert "BENCHMARK" in capsys.readouterr().err
+
+
+def test_building_the_parser_imports_no_heavy_library() -> None:
+    # Every `timewheel bench x` builds the whole parser: an import of pyspark there costs
+    # every benchmark ~35 MiB of peak RSS (40 -> 75 MiB here) and moves their figures.
+    code = (
+        "import sys\n"
+        "from timewheel.cli import build_parser\n"
+        "build_parser()\n"
+        "heavy = {'pyspark', 'pyarrow', 'pandas', 'matplotlib', 'aiohttp', 'pycurl'}\n"
+        "print(sorted(heavy & {name.split('.')[0] for name in sys.modules}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout

@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ...spark import partition_dispatcher
 from ...spark.engines import STATUSES, DispatchConfig
 from ...spark.http_target import http_options
 from ...spark.pipeline import add_dispatch_options, spark_session
@@ -233,6 +232,8 @@ def run_engine(
     With a ``service``, the requests it received are counted too, and must equal the
     rows' attempts.
     """
+    from ...spark import partition_dispatcher  # imports pyspark: not when the parser is built
+
     dispatch = partition_dispatcher(
         df.schema,
         target,
