@@ -39,14 +39,7 @@ from .execution import (
 )
 from .metrics import Histogram, register
 
-__all__ = [
-    "ManualClock",
-    "Timer",
-    "TimerFullError",
-    "TimerTask",
-    "logger",
-    "monotonic_ms",
-]
+__all__ = ["ManualClock", "Timer", "TimerFullError", "TimerTask", "logger", "monotonic_ms"]
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T", bound="TimerLayer")
