@@ -11,7 +11,7 @@ cimport cython
 from cpython.object cimport PyObject
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
-from timewheel._impl._sync cimport (
+from timewheel._sync cimport (
     TW_HAS_GIL,
     tw_mutex,
     tw_mutex_destroy,

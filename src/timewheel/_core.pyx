@@ -40,7 +40,7 @@ from libc.stdlib cimport qsort
 import numpy as np
 
 from timewheel import _atfork
-from timewheel._impl._handles import (
+from timewheel._handles import (
     HANDLE_GEN_MAX,
     HANDLE_SLOT_BITS,
     HANDLE_TAG_SHIFT,

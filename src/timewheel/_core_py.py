@@ -46,8 +46,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from . import _atfork, _validate
-from ._impl import _handles
+from . import _atfork, _handles, _validate
 from ._validate import check_int64_array, check_items
 
 __all__ = ["TimingWheel"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from timewheel import implementation
-from timewheel._impl._handles import HANDLE_SLOT_BITS, HANDLE_TAG_SHIFT
+from timewheel._handles import HANDLE_SLOT_BITS, HANDLE_TAG_SHIFT
 
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1

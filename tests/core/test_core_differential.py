@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from timewheel import implementation
-from timewheel._impl._handles import HANDLE_TAG_SHIFT
+from timewheel._handles import HANDLE_TAG_SHIFT
 
 PyTimingWheel = implementation("python").TimingWheel
 

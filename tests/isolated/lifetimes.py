@@ -273,7 +273,7 @@ def fork_mid_wait() -> None:
 def fork_while_making_a_wheel() -> None:
     """A fork while another thread holds the lock that hands out wheel tags (made certain
     here by holding that private lock): the child still makes wheels."""
-    from timewheel._impl import _handles
+    from timewheel import _handles
 
     held, release = threading.Event(), threading.Event()
 

@@ -15,7 +15,7 @@ from cpython.weakref cimport PyWeakref_GetObject
 from libc.math cimport ceil, floor
 from libc.stdint cimport int64_t
 
-from timewheel._impl._sync cimport TW_HAS_GIL
+from timewheel._sync cimport TW_HAS_GIL
 from timewheel._core cimport TimingWheel
 
 import asyncio

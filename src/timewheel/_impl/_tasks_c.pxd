@@ -4,7 +4,7 @@ so that another extension can cimport them."""
 
 cimport cython
 from libc.stdint cimport int64_t
-from timewheel._impl._sync cimport tw_add, tw_mutex
+from timewheel._sync cimport tw_add, tw_mutex
 
 
 cdef class TimerTask:

@@ -49,7 +49,7 @@ cdef extern from *:
 from libc.stdint cimport int64_t
 
 from timewheel._core cimport TimingWheel as CWheel
-from timewheel._impl._sync cimport (
+from timewheel._sync cimport (
     TW_HAS_GIL,
     tw_add,
     tw_load,

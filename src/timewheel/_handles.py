@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 
-from .. import _atfork
+from . import _atfork
 
 __all__ = [
     "HANDLE_GEN_MAX",
