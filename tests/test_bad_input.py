@@ -22,6 +22,7 @@ import pytest
 from timewheel import (
     ExecuteProduceConsume,
     Fair,
+    Implementation,
     ManualClock,
     PreferThenFair,
     ProduceConsume,
@@ -36,7 +37,6 @@ from timewheel import (
     Timer,
     implementation,
 )
-from timewheel._impl import Implementation
 
 NAN, INF = math.nan, math.inf
 HUGE = [2**63, 2**70, -(2**70)]

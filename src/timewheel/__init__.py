@@ -37,7 +37,8 @@ TypeError naming the argument. Quick start::
 
 import logging
 
-from ._impl import IMPLEMENTATION, Implementation, TimingWheel, implementation
+from ._impl import IMPLEMENTATION, TimingWheel
+from ._implementation import Implementation, implementation
 from ._version import __version__
 from .execution import (
     ExecuteProduceConsume,

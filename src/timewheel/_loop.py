@@ -8,7 +8,7 @@ goes to the base loop's own ``call_at`` (due at its next iteration, as asyncio),
 beyond :data:`~timewheel._validate.MAX_LOOP_TIME` (``asyncio.sleep(math.inf)``) gets a
 handle that nothing schedules. ``loop.time()`` and every other method are the base
 loop's. Two bases: asyncio's selector loop (:class:`EventLoop`) and uvloop
-(:class:`UVLoop`, made on first use, so uvloop is imported only then).
+(``UVLoop``, made on first use, so uvloop is imported only then).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import functools
 import sys
 from collections.abc import Coroutine
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from . import _impl
 
@@ -26,6 +26,7 @@ __all__ = [
     "BASES",
     "EventLoop",
     "EventLoopPolicy",
+    "WheelLoopLayer",
     "install",
     "loop_class",
     "new_event_loop",
@@ -38,74 +39,74 @@ T = TypeVar("T")
 BASES = ("asyncio", "uvloop")
 
 
-def wheel_loop_class(
-    name: str, base: type[Any], aio: ModuleType, base_call_at: Any = None
-) -> type[Any]:
-    """A subclass ``name`` of the loop class ``base`` whose timers go to the wheel of
-    ``aio`` (``timewheel._impl._aio_c`` or ``timewheel._impl._aio_py``); the tests make one
-    per twin.
-    ``base_call_at(loop, when, callback, *args, context=None)`` is the base loop's own
-    ``call_at`` (default ``base.call_at``), which must not call ``loop.call_later``."""
+if TYPE_CHECKING:  # both twins have the same signatures; the stubs describe them
+    from ._impl._aio_py import WheelLoopMethods
+else:
+    WheelLoopMethods = _impl.core().aio.WheelLoopMethods
 
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        base.__init__(self, *args, **kwargs)
-        self._timewheel = aio.LoopTimer(self)
-        self._timewheel._debug = self.get_debug()
 
-    def set_debug(self: Any, enabled: bool) -> None:
-        base.set_debug(self, enabled)
+class WheelLoopLayer:
+    """All of a wheel loop but its ``call_later``/``call_at`` (the ``WheelLoopMethods`` of
+    ``_loop_timers``, first among its bases) and its base loop: the loop's ``LoopTimer``,
+    made with the loop, which follows the loop's debug mode. A wheel loop class also sets
+    ``_timewheel_base_call_at``, its base loop's own ``call_at(loop, when, callback, *args,
+    context=None)``, which must not call ``loop.call_later``."""
+
+    _loop_timers: ClassVar[ModuleType] = _impl.core().aio  # the core whose wheel it runs on
+    _timewheel: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._timewheel = self._loop_timers.LoopTimer(self)
+        self._timewheel._debug = self.get_debug()  # type: ignore[attr-defined]
+
+    def set_debug(self, enabled: bool) -> None:
+        super().set_debug(enabled)  # type: ignore[misc]
         timer = self.__dict__.get("_timewheel")  # None while the base's __init__ runs
         if timer is not None:
             timer._debug = bool(enabled)
 
-    return type(
-        name,
-        (aio.WheelLoopMethods, base),
-        {
-            "__doc__": f"{base.__module__}.{base.__qualname__} with its timers on a timing wheel.",
-            "__module__": __name__,
-            "__init__": __init__,
-            "set_debug": set_debug,
-            # the wheel's alarm and the timers already due take the base loop's own
-            "_timewheel_base_call_at": staticmethod(base_call_at or base.call_at),
-        },
-    )
+
+class EventLoop(WheelLoopMethods, WheelLoopLayer, asyncio.SelectorEventLoop):  # type: ignore[misc]
+    """asyncio.SelectorEventLoop with its timers on a timing wheel (the default loop on Unix)."""
+
+    # the wheel's alarm and the timers already due take the base loop's own
+    _timewheel_base_call_at = staticmethod(asyncio.SelectorEventLoop.call_at)
 
 
-#: The wheel loop on asyncio's selector loop (the default loop on Unix).
-EventLoop: type[asyncio.SelectorEventLoop] = wheel_loop_class(
-    "EventLoop", asyncio.SelectorEventLoop, _impl.implementation().aio
-)
+def uvloop_base_call_at(uv_call_later: Any) -> Any:
+    """uvloop's own ``call_at`` for a wheel loop on uvloop, from ``uvloop.Loop.call_later``
+    (uvloop's ``call_at`` calls ``self.call_later``, which there is the wheel's)."""
+
+    def call_at(
+        loop: Any, when: float, callback: Any, *args: Any, context: Any = None
+    ) -> asyncio.TimerHandle:
+        handle = uv_call_later(loop, when - loop.time(), callback, *args, context=context)
+        traceback = getattr(handle, "_source_traceback", None)  # debug mode: drop this frame
+        if traceback:
+            del traceback[-1]
+        return handle  # type: ignore[no-any-return]
+
+    return call_at
 
 
 @functools.cache
 def _uvloop_class() -> type[asyncio.AbstractEventLoop]:
     try:
-        return uvloop_class(_impl.implementation().aio)
+        import uvloop
     except ImportError as exc:  # pragma: no cover - uvloop is not built for every platform
         raise RuntimeError(
             "base='uvloop' needs uvloop (pip install uvloop; not built for Windows)"
         ) from exc
 
+    # Written here, not at module level, so that uvloop is imported on first use only.
+    class UVLoop(WheelLoopMethods, WheelLoopLayer, uvloop.Loop):  # type: ignore[misc]
+        """uvloop.Loop with its timers on a timing wheel."""
 
-def uvloop_class(aio: ModuleType) -> type[asyncio.AbstractEventLoop]:
-    """The wheel loop on uvloop, on the wheel of ``aio``."""
-    import uvloop
+        _timewheel_base_call_at = staticmethod(uvloop_base_call_at(uvloop.Loop.call_later))
 
-    uv_call_later = uvloop.Loop.call_later
-
-    def uv_call_at(
-        loop: Any, when: float, callback: Any, *args: Any, context: Any = None
-    ) -> asyncio.TimerHandle:
-        # uvloop's call_at calls self.call_later, which here is the wheel's
-        handle = uv_call_later(loop, when - loop.time(), callback, *args, context=context)
-        traceback = getattr(handle, "_source_traceback", None)  # debug mode: drop this frame
-        if traceback:
-            del traceback[-1]
-        return handle
-
-    cls: type[asyncio.AbstractEventLoop] = wheel_loop_class("UVLoop", uvloop.Loop, aio, uv_call_at)
-    return cls
+    UVLoop.__qualname__ = "UVLoop"
+    return UVLoop
 
 
 def loop_class(base: str = "asyncio") -> type[asyncio.AbstractEventLoop]:

@@ -56,7 +56,7 @@ __all__ = [
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
-_aio = _impl.implementation().aio  # the module in use (the tests swap in the other)
+_aio = _impl.core().aio  # the loop-driven timers of the core in use
 
 if TYPE_CHECKING:  # both twins have the same signatures; the stubs describe them
     from ._impl._aio_py import (
@@ -133,7 +133,7 @@ async def wait_for(aw: Awaitable[T], timeout: float | None) -> T:
 
 # -- the awaitable purgatory ---------------------------------------------------------
 # Each class is a layer with no core of its own, put on the core in use below and on the
-# pure-Python twin's by implementation("python") (AioDelayedOperation, AioPurgatory).
+# pure-Python twin's by timewheel._twin (AioDelayedOperation, AioPurgatory).
 if TYPE_CHECKING:
     _OperationBase = _impl.DelayedOperation
     _PurgatoryBase = _impl.PurgatoryCore
@@ -318,4 +318,4 @@ class Purgatory(PurgatoryLayer, _impl.PurgatoryCore):
     """
 
     _operation_class = DelayedOperation
-    _loop_timers = _impl.implementation().aio
+    _loop_timers = _aio

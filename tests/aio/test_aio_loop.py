@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import gc
 import math
 import subprocess
@@ -22,8 +23,9 @@ from typing import Any, Callable
 
 import pytest
 
-from timewheel import Implementation, aio
+from timewheel import IMPLEMENTATION, Implementation, aio
 from timewheel import _loop as loop_module
+from timewheel._impl import _aio_py
 
 try:
     import uvloop
@@ -41,12 +43,34 @@ def plain_loop(base: str) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
+class TwinEventLoop(
+    _aio_py.WheelLoopMethods, loop_module.WheelLoopLayer, asyncio.SelectorEventLoop
+):
+    """The wheel loop on the pure-Python twin's wheel, while the extension is in use."""
+
+    _loop_timers = _aio_py
+    _timewheel_base_call_at = staticmethod(asyncio.SelectorEventLoop.call_at)
+
+
+@functools.cache
+def twin_uvloop() -> type[Any]:
+    class TwinUVLoop(_aio_py.WheelLoopMethods, loop_module.WheelLoopLayer, uvloop.Loop):  # type: ignore[misc]
+        _loop_timers = _aio_py
+        _timewheel_base_call_at = staticmethod(
+            loop_module.uvloop_base_call_at(uvloop.Loop.call_later)
+        )
+
+    return TwinUVLoop
+
+
 def wheel_class(base: str, impl: Implementation) -> type[Any]:
-    if base == "uvloop":
-        if uvloop is None:
-            pytest.skip("uvloop is not installed on this platform")
-        return loop_module.uvloop_class(impl.aio)
-    return loop_module.wheel_loop_class("EventLoop", asyncio.SelectorEventLoop, impl.aio)
+    """The wheel loop on ``base`` of the implementation under test: the package's own on
+    the core in use, these tests' on the twin's while the extension is in use."""
+    if base == "uvloop" and uvloop is None:
+        pytest.skip("uvloop is not installed on this platform")
+    if impl.name == IMPLEMENTATION:
+        return loop_module.loop_class(base)
+    return twin_uvloop() if base == "uvloop" else TwinEventLoop
 
 
 @pytest.fixture(params=BASES)

@@ -8,16 +8,15 @@ operations and the purgatory's watcher registry) and :mod:`timewheel._impl._aio_
 CPython, or when either extension cannot be imported; never one of each, since a C timer
 task in a pure-Python wheel would only be slower and harder to reason about.
 
-This module is the one place that decides: the public classes (``Timer``,
-``Purgatory``, ``aio.DelayedOperation``, ``aio.Purgatory``) are module-level classes
-on the implementation in use. :data:`IMPLEMENTATION` names it; :func:`implementation`
-hands the tests and benchmarks either one as a whole, the public classes included (the
-twins, and their public classes in :mod:`timewheel._impl._twin`, are imported only then).
+This module is the one place that decides, and it bundles core modules only: the public
+classes (``Timer``, ``Purgatory``, ``aio.DelayedOperation``, ``aio.Purgatory``) are layers
+above it, put on the core in use by their own modules. :data:`IMPLEMENTATION` names the
+core in use; :func:`core` hands out either core whole (the twins are imported only then),
+and :func:`timewheel.implementation` adds the public classes on it.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import platform
 from dataclasses import dataclass
@@ -31,15 +30,15 @@ __all__ = [
     "NO_EXTENSIONS",
     "PENDING",
     "CallbackTask",
+    "Core",
     "Counts",
     "DelayedOperation",
-    "Implementation",
     "Lateness",
     "PurgatoryCore",
     "TimerCore",
     "TimerTask",
     "TimingWheel",
-    "implementation",
+    "core",
     "monotonic_ms",
 ]
 
@@ -52,19 +51,10 @@ NO_EXTENSIONS = bool(os.environ.get("TIMEWHEEL_NO_EXTENSIONS")) or (
 PENDING, CANCELLED, FIRED = 0, 1, 2
 
 
-#: The public classes an Implementation hands out: (module, name) on the one in use.
-_PUBLIC = {
-    "Timer": ("..timer", "Timer"),
-    "Purgatory": ("..purgatory", "Purgatory"),
-    "AioDelayedOperation": ("..aio", "DelayedOperation"),
-    "AioPurgatory": ("..aio", "Purgatory"),
-}
-
-
 @dataclass(frozen=True)
-class Implementation:
-    """One whole implementation of the core: a wheel module, a tasks module and the
-    asyncio loop-driven timers (``aio``), and the public classes on them."""
+class Core:
+    """One whole core: a wheel module, a tasks module and the asyncio loop-driven timers
+    (``aio``), all extensions or all twins."""
 
     name: str
     wheel: ModuleType
@@ -77,23 +67,15 @@ class Implementation:
         return self.wheel.TimingWheel
 
     def __getattr__(self, name: str) -> Any:
-        """The public classes on this implementation (``Timer``, ``Purgatory``,
-        ``AioDelayedOperation``, ``AioPurgatory``), then the tasks module's names
-        (``TimerTask``, ``CallbackTask``, ``TimerCore``, ``DelayedOperation``,
-        ``PurgatoryCore``, ``Counts``, ``Lateness``, ``monotonic_ms``)."""
+        """The tasks module's names (``TimerTask``, ``CallbackTask``, ``TimerCore``,
+        ``DelayedOperation``, ``PurgatoryCore``, ``Counts``, ``Lateness``,
+        ``monotonic_ms``)."""
         if name.startswith("__"):
             raise AttributeError(name)
-        if name in _PUBLIC:
-            if self is not _IN_USE:
-                from . import _twin  # the twin's, made only when the extensions are in use
-
-                return getattr(_twin, name)
-            module, attr = _PUBLIC[name]
-            return getattr(importlib.import_module(module, __package__), attr)
         return getattr(self.tasks, name)
 
 
-def _load_extensions() -> Implementation | None:
+def _load_extensions() -> Core | None:
     if NO_EXTENSIONS:
         return None
     try:
@@ -101,23 +83,23 @@ def _load_extensions() -> Implementation | None:
         from . import _aio_c, _tasks_c
     except ImportError:  # pragma: no cover - only without a compiler
         return None
-    return Implementation("cython", _core, _tasks_c, _aio_c)
+    return Core("cython", _core, _tasks_c, _aio_c)
 
 
-def _load_twins() -> Implementation:
+def _load_twins() -> Core:
     from .. import _core_py
     from . import _aio_py, _tasks_py
 
-    return Implementation("python", _core_py, _tasks_py, _aio_py)
+    return Core("python", _core_py, _tasks_py, _aio_py)
 
 
 _CYTHON = _load_extensions()
-_PYTHON: Implementation | None = None if _CYTHON else _load_twins()
-_IN_USE: Implementation = _CYTHON or _PYTHON  # type: ignore[assignment]
+_PYTHON: Core | None = None if _CYTHON else _load_twins()
+_IN_USE: Core = _CYTHON or _PYTHON  # type: ignore[assignment]
 
 
-def implementation(name: str | None = None) -> Implementation:
-    """The implementation called ``name`` ("cython" or "python"), or the one in use.
+def core(name: str | None = None) -> Core:
+    """The core called ``name`` ("cython" or "python"), or the one in use.
 
     Raises LookupError for "cython" when the extensions are not in use.
     """

@@ -1,15 +1,16 @@
-"""The public classes on the pure-Python twin, while the extensions are in use.
+"""The public classes on the pure-Python twin's core, while the extensions are in use.
 
-``implementation("python")`` hands these out, whole, to the tests and benchmarks that
-compare the two implementations; nothing else imports this module. Each is the public
-class's layer on the twin's core, as the public class is the same layer on the
-extension's (when the twin is the implementation in use, the public classes are these).
+:func:`timewheel.implementation` hands these out (``implementation("python")``) to the
+tests and benchmarks that compare the two implementations; nothing else imports this
+module. Each is the public class's layer on the twin's core, as the public class is the
+same layer on the extension's (when the twin is the core in use, the public classes are
+the twin's already, and this module is not imported). It sits above every public layer.
 """
 
 from __future__ import annotations
 
-from .. import aio, purgatory, timer
-from . import _aio_py, _tasks_py
+from . import aio, purgatory, timer
+from ._impl import _aio_py, _tasks_py
 
 __all__ = ["AioDelayedOperation", "AioPurgatory", "Purgatory", "Timer"]
 
