@@ -19,7 +19,17 @@ The rules:
   imports a private name of the wing (a ``_module`` or a ``_name``): what the tooling
   needs from the wing is public API a user could call too;
 * argument checks: in the library (not the wing, not the tooling), number checks (NaN,
-  infinity, a bool passed for a number) live in ``_validate``.
+  infinity, a bool passed for a number) live in ``_validate``;
+* layers: no module of the core (``_impl/``, the wheel pair ``_core*``, ``_handles``,
+  ``_sync``, ``_validate``, ``_atfork``, ``execution``, ``metrics``) imports a layer above
+  it (``timer``, ``purgatory``, ``aio``, ``_loop``, ``resources``, ``sources``, the twin
+  device ``_twin`` / ``_implementation``, the wing, the tooling), imports inside functions
+  and Cython's included; an ``import_module`` or ``__import__`` whose module is not a
+  constant string is a violation anywhere, since no rule could see what it imports;
+* cycles: no import cycle among the modules of ``src/timewheel`` (imports inside functions
+  included; importing ``a.b.c`` runs the packages ``a.b`` on the way, unless the importer
+  is inside them). The wing and the tooling are left out of this rule for now, while
+  their own circles are being removed (issue 31, items 2 and 3).
 """
 
 from __future__ import annotations
@@ -46,6 +56,34 @@ WING = "timewheel.spark"
 COMMAND_LINE = frozenset({"timewheel._argtypes"})
 #: Modules that may import the wing although they are neither wing nor tooling.
 WING_SHIMS = frozenset({"timewheel.targets"})
+#: The core, which no layer above may be imported by (a module and everything under it).
+CORE = (
+    "timewheel._impl",
+    "timewheel._core",
+    "timewheel._core_py",
+    "timewheel._handles",
+    "timewheel._sync",
+    "timewheel._validate",
+    "timewheel._atfork",
+    "timewheel.execution",
+    "timewheel.metrics",
+)
+#: The layers above the core (and the twin device above them all).
+ABOVE_THE_CORE = (
+    "timewheel.timer",
+    "timewheel.purgatory",
+    "timewheel.aio",
+    "timewheel._loop",
+    "timewheel.resources",
+    "timewheel.sources",
+    "timewheel._twin",
+    "timewheel._implementation",
+    WING,
+    "timewheel.cli",
+    "timewheel.__main__",
+)
+#: Left out of the cycle rule until their own circles are gone (issue 31, items 2 and 3).
+CYCLE_RULE_SKIPS = (WING, "timewheel.cli", "timewheel.targets")
 NUMBER_CHECKS = frozenset({"isnan", "isinf", "isfinite"})
 ROOT_LOG_CALLS = frozenset({"debug", "info", "warning", "error", "exception", "critical", "log"})
 
@@ -86,16 +124,26 @@ def _imported(tree: ast.Module, module: str, is_package: bool) -> list[tuple[int
             found.append((node.lineno, target))
             # ``from . import spark`` names the module in the alias
             found += [(node.lineno, f"{target}.{alias.name}") for alias in node.names]
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "import_module"
-            and node.args
-            and isinstance(node.args[0], ast.Constant)
-            and isinstance(node.args[0].value, str)
-        ):
-            found.append((node.lineno, node.args[0].value))
+        elif isinstance(node, ast.Call) and _attr(node.func) in DYNAMIC_IMPORTS:
+            first = node.args[0] if node.args else None
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                found.append((node.lineno, first.value))
+            else:
+                found.append((node.lineno, NOT_A_CONSTANT))
     return found
+
+
+DYNAMIC_IMPORTS = frozenset({"import_module", "__import__"})
+#: What :func:`_imported` reports for an ``import_module``/``__import__`` of a computed name.
+NOT_A_CONSTANT = "<not a constant>"
+
+
+def _is_core(module: str) -> bool:
+    return any(_within(module, p) for p in CORE)
+
+
+def _is_above_the_core(module: str) -> bool:
+    return any(_within(module, p) for p in ABOVE_THE_CORE)
 
 
 def _private_to_the_wing(target: str) -> bool:
@@ -109,6 +157,8 @@ def _private_to_the_wing(target: str) -> bool:
 
 def _forbidden(module: str, target: str) -> str | None:
     """What ``module`` may not import, if ``target`` is that."""
+    if target == NOT_A_CONSTANT:
+        return "a module named at run time (import_module/__import__ of a non-constant)"
     if _private_to_the_wing(target) and not _is_wing(module):
         return "a private name of the wing"
     if _is_tooling(module):
@@ -119,6 +169,8 @@ def _forbidden(module: str, target: str) -> str | None:
         return "the wing"
     if target in COMMAND_LINE and not _is_wing(module):
         return "a command-line helper"
+    if _is_core(module) and _is_above_the_core(target):
+        return "a layer above the core"
     return None
 
 
@@ -214,6 +266,20 @@ _PYX_RULES = [
 ]
 
 
+_PYX_IMPORT = re.compile(r"^\s*(?:from\s+(\S+)\s+c?import\b|c?import\s+(\S+))")
+
+
+def _cython_imported(path: Path) -> list[tuple[int, str]]:
+    """Every ``timewheel`` module a Cython file imports or cimports (absolute in this tree)."""
+    found = []
+    for number, text in enumerate(path.read_text().splitlines(), 1):
+        match = _PYX_IMPORT.match(text.split("#", 1)[0])
+        target = match and (match.group(1) or match.group(2))
+        if target and _within(target, "timewheel"):
+            found.append((number, target))
+    return found
+
+
 def _check_cython(path: Path, module: str) -> list[str]:
     out = []
     for number, text in enumerate(path.read_text().splitlines(), 1):
@@ -221,7 +287,97 @@ def _check_cython(path: Path, module: str) -> list[str]:
         out += [
             f"{module}:{number}: {what}" for pattern, what in _PYX_RULES if pattern.search(code)
         ]
+    for number, target in _cython_imported(path):
+        if _is_core(module) and _is_above_the_core(target):
+            out.append(f"{module}:{number}: imports a layer above the core ({target})")
     return out
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Which modules of the package at ``root`` each one imports (inside functions too, and
+    Cython's imports and cimports), as module names: a name imported from a module counts
+    as that module, and importing ``a.b.c`` also runs ``a.b`` unless the importer is in it
+    (the root package, which every import runs first, is left out)."""
+    files: dict[str, list[tuple[int, str]]] = {}
+    for path in sorted(root.rglob("*.py")):
+        module = _module_name(root, path)
+        tree = ast.parse(path.read_text(), str(path))
+        files.setdefault(module, []).extend(_imported(tree, module, path.name == "__init__.py"))
+    for path in sorted([*root.rglob("*.pyx"), *root.rglob("*.pxd")]):
+        files.setdefault(_module_name(root, path), []).extend(_cython_imported(path))
+    graph: dict[str, set[str]] = {module: set() for module in files}
+    for module, imports in files.items():
+        for _, named in imports:
+            target = named
+            while target and target not in files:  # a name in a module: the module
+                target = target.rpartition(".")[0]
+            # ``from .. import _core`` names the importer's own package only on the way to
+            # the module; a name taken from it (``from .. import implementation``) counts.
+            if not target or target == module or (target == named and _within(module, target)):
+                continue
+            graph[module].add(target)
+            package = target.rpartition(".")[0]
+            while package.count("."):  # the packages on the way, below the root
+                if not _within(module, package):
+                    graph[module].add(package)
+                package = package.rpartition(".")[0]
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]], skip: tuple[str, ...] = ()) -> list[list[str]]:
+    """One cycle through each strongly connected set of modules of more than one (Tarjan),
+    leaving out the modules under ``skip``."""
+    kept = {m: sorted(t for t in ts if t in graph and not _skipped(t, skip))
+            for m, ts in graph.items() if not _skipped(m, skip)}  # fmt: skip
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in kept[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            members = []
+            while True:
+                member = stack.pop()
+                members.append(member)
+                if member == node:
+                    break
+            if len(members) > 1:
+                cycles.append(_a_cycle(sorted(members)[0], set(members), kept))
+
+    for node in sorted(kept):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def _skipped(module: str, skip: tuple[str, ...]) -> bool:
+    return any(_within(module, p) for p in skip)
+
+
+def _a_cycle(start: str, members: set[str], graph: dict[str, list[str]]) -> list[str]:
+    """A shortest path from ``start`` back to itself inside ``members`` (breadth first)."""
+    came_from = {start: ""}
+    queue = [start]
+    for node in queue:
+        for nxt in graph[node]:
+            if nxt == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(came_from[path[-1]])
+                return [start, *reversed(path[:-1]), start]
+            if nxt in members and nxt not in came_from:
+                came_from[nxt] = node
+                queue.append(nxt)
+    raise AssertionError(f"no cycle through {start}")  # pragma: no cover
 
 
 def violations(root: Path) -> list[str]:
@@ -234,6 +390,8 @@ def violations(root: Path) -> list[str]:
         out += _check_python(tree, module)
     for path in sorted([*root.rglob("*.pyx"), *root.rglob("*.pxd")]):
         out += _check_cython(path, _module_name(root, path))
+    for cycle in import_cycles(import_graph(root), CYCLE_RULE_SKIPS):
+        out.append(f"{cycle[0]}: an import cycle ({' -> '.join(cycle)})")
     return out
 
 
@@ -323,6 +481,42 @@ BROKEN = {
         {"sources.py": "bad = isinstance(n, bool) or not isinstance(n, int)\n"},
         "timewheel.sources:1: a bool-for-number check",
     ),
+    "the core imports a layer above it, inside a function": (
+        {"_impl/__init__.py": "def whole():\n    from .. import timer\n"},
+        "timewheel._impl:2: imports a layer above the core (timewheel.timer)",
+    ),
+    "the core imports the twin device": (
+        {"metrics/__init__.py": "from .._implementation import implementation\n"},
+        "timewheel.metrics:1: imports a layer above the core (timewheel._implementation",
+    ),
+    "a Cython module of the core imports a layer above it": (
+        {"_core.pyx": "from timewheel.purgatory import Purgatory\n"},
+        "timewheel._core:1: imports a layer above the core (timewheel.purgatory)",
+    ),
+    "import_module of a computed name": (
+        {"_impl/__init__.py": "import importlib\nm = importlib.import_module(f'..{n}', 'x')\n"},
+        "timewheel._impl:2: imports a module named at run time",
+    ),
+    "__import__ of a computed name": (
+        {"spark/registry.py": "engine = __import__(name)\n"},
+        "timewheel.spark.registry:1: imports a module named at run time",
+    ),
+    "an import cycle between the wheel and the core's package": (
+        {
+            "_impl/__init__.py": "from .. import _core\n",
+            "_impl/_handles.py": "",
+            "_core.pyx": "from timewheel._impl._handles import HANDLE_TAG_SHIFT\n",
+        },
+        "timewheel._core: an import cycle (timewheel._core -> timewheel._impl -> timewheel._core)",
+    ),
+    "an import cycle through an import inside a function": (
+        {
+            "timer.py": "def f():\n    from . import purgatory\n",
+            "purgatory.py": "from .timer import T\n",
+        },
+        "timewheel.purgatory: an import cycle "
+        "(timewheel.purgatory -> timewheel.timer -> timewheel.purgatory)",
+    ),
     "NaN check in Cython": (
         {"_impl/_aio_c.pyx": "from libc.math cimport isnan\nif isnan(x): pass\n"},
         "timewheel._impl._aio_c:2: a number check",
@@ -353,6 +547,19 @@ def test_what_the_rules_allow(tmp_path: Path) -> None:
             "spark/targets.py": "import math, logging\nlog = logging.getLogger(__name__)\n"
             "ok = math.isfinite(x) and not isinstance(x, bool)\n",
             "purgatory.py": "flag = isinstance(reaper, bool)\n",
+            # the core imports the core, Cython cimports included; a package its modules
+            "_impl/__init__.py": "from .. import _core\nfrom . import _tasks_c\n",
+            "_impl/_tasks_c.pyx": "from timewheel._core cimport TimingWheel\n"
+            "from timewheel._validate import check_int\n",
+            "_impl/_tasks_py.py": "import importlib\nnp = importlib.import_module('numpy')\n",
+            "_core.pyx": "from timewheel._handles import HANDLE_TAG_SHIFT\n",
+            "_handles.py": "from . import _atfork\n",
+            # the layers above import the core, and the twin device the layers
+            "_implementation.py": "from . import _impl\ndef f():\n    from . import _twin\n",
+            "_twin.py": "from . import aio, purgatory, timer\nfrom ._impl import _tasks_py\n",
+            # a circle in the wing or the tooling is not (yet) the cycle rule's
+            "spark/journal.py": "from .replies import reply_schema\n",
+            "spark/replies.py": "def f():\n    from .journal import Journal\n",
         },
     )
     assert violations(root) == []
