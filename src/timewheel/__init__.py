@@ -64,9 +64,6 @@ from .sources import (
     Sink,
     Source,
 )
-from .sources import (
-    Strategy as Strategy,  # the old name of SchedulingStrategy, still importable
-)
 from .timer import ManualClock, Timer, TimerFullError, TimerTask
 
 # The library convention: silent unless the application configures logging. Every module

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from ._impl import Counts, DelayedOperation, PurgatoryCore
-from ._validate import check_shards
+from ._validate import INT64_MAX, check_int, check_shards
 from .metrics import register
-from .timer import StrategyFactory, Timer, TimerLayer, check_ms
+from .timer import StrategyFactory, Timer, TimerLayer
 
 __all__ = ["Counts", "DelayedOperation", "Purgatory", "PurgatoryCore"]
 
@@ -54,7 +54,7 @@ class PurgatoryLayer(_CoreBase):
             raise TypeError(f"timer must be a Timer or None, got {timer!r}")
         if timer is not None and (strategy is not None or pool_threads != 2):
             raise ValueError("strategy and pool_threads configure a new timer: give them to yours")
-        purge_interval = check_ms("purge_interval", purge_interval, 1)
+        purge_interval = check_int("purge_interval", purge_interval, 1, INT64_MAX)
         shards = check_shards(shards)
         if not isinstance(reaper, bool):
             raise TypeError(f"reaper must be a bool, got {reaper!r}")
@@ -175,11 +175,3 @@ class Purgatory(PurgatoryLayer, PurgatoryCore):
 
     _timer_class = Timer
     _operation_class = DelayedOperation
-
-
-def __getattr__(name: str) -> Any:
-    if name == "PyPurgatory":  # the name the twin's purgatory had before implementation()
-        from ._impl import implementation
-
-        return implementation("python").Purgatory
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -36,11 +36,10 @@ from concurrent.futures import CancelledError
 from types import TracebackType
 from typing import Any, Callable
 
-from ._validate import check_int, check_keys, check_timeout
+from ._validate import INT64_MAX, check_int, check_keys, check_timeout
 from .execution import PoolShutDown, ThreadPool
 from .metrics import register
 from .purgatory import DelayedOperation, Purgatory
-from .timer import check_ms
 
 __all__ = ["Checkout", "ResourceManager"]
 
@@ -359,7 +358,7 @@ class ResourceManager:
         keys = check_keys(keys)
         deadline = None
         if timeout_ms is not None:
-            timeout_ms = check_ms("timeout_ms", timeout_ms)
+            timeout_ms = check_int("timeout_ms", timeout_ms, 0, INT64_MAX)
             deadline = self._now() + timeout_ms
         if self._closed:
             raise RuntimeError("ResourceManager is closed")

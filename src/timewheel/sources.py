@@ -385,10 +385,6 @@ def _check_names(name: str, value: Any) -> tuple[str, ...]:
     return names
 
 
-#: The name this class had before 0.1.0; kept so that existing imports still work.
-Strategy = SchedulingStrategy
-
-
 class Fair(SchedulingStrategy):
     """Round-robin: split the budget evenly, the first pick rotating every round.
 

@@ -48,11 +48,6 @@ _NEVER = _INT64_MIN  # _notify_upto when nobody waits: no add notifies
 _ALWAYS = _INT64_MAX  # _notify_upto while a waiter is deciding: every add notifies
 
 
-def check_ms(name: str, value: Any, lo: int = 0, hi: int = _INT64_MAX) -> int:
-    """Return ``value`` as an int in ``[lo, hi]`` or raise naming ``name`` (bools refused)."""
-    return check_int(name, value, lo, hi)
-
-
 def _seconds(ms: float) -> float:
     """``ms`` as a wait in seconds, capped where ``threading`` accepts it."""
     return min(ms / 1000, threading.TIMEOUT_MAX)
@@ -73,7 +68,7 @@ class ManualClock:
     __slots__ = ("__weakref__", "_listeners", "_lock", "_now")
 
     def __init__(self, start_ms: int = 0) -> None:
-        self._now = check_ms("start_ms", start_ms, -_INT64_MAX - 1)
+        self._now = check_int("start_ms", start_ms, _INT64_MIN, _INT64_MAX)
         self._lock = threading.Lock()
         self._listeners: weakref.WeakSet[threading.Condition] = weakref.WeakSet()
         _atfork.reset(self)
@@ -91,16 +86,16 @@ class ManualClock:
 
     def advance(self, ms: int) -> int:
         """Move the clock forward by ``ms`` (>= 0) and return the new time."""
-        ms = check_ms("ms", ms)
+        ms = check_int("ms", ms, 0, _INT64_MAX)
         with self._lock:
-            now = check_ms("clock time", self._now + ms, -_INT64_MAX - 1)
+            now = check_int("clock time", self._now + ms, _INT64_MIN, _INT64_MAX)
             self._now = now
         self._notify()
         return now
 
     def set(self, ms: int) -> None:
         """Move the clock to ``ms``; moving it backwards raises ValueError."""
-        ms = check_ms("ms", ms, -_INT64_MAX - 1)
+        ms = check_int("ms", ms, _INT64_MIN, _INT64_MAX)
         with self._lock:
             if ms < self._now:
                 raise ValueError(f"ms must not be before the current time {self._now}, got {ms}")
@@ -194,7 +189,7 @@ def _read(clock: Callable[[], int]) -> int:
     """The clock's time, checked: a user's clock may return anything."""
     now = clock()
     if type(now) is not int:
-        now = check_ms("clock()", now, -_INT64_MAX - 1)
+        now = check_int("clock()", now, _INT64_MIN, _INT64_MAX)
     return now
 
 
@@ -332,16 +327,16 @@ class TimerLayer(_CoreBase):
         max_pending: int | None = None,
         name: str = "timer",
     ) -> None:
-        tick_ms = check_ms("tick_ms", tick_ms, 1)
+        tick_ms = check_int("tick_ms", tick_ms, 1, _INT64_MAX)
         if executor is not None and not callable(getattr(executor, "submit", None)):
             raise TypeError(f"executor must have a submit(fn, *args) method, got {executor!r}")
         if strategy is not None and not callable(strategy):
             raise TypeError(f"strategy must be a callable that builds a strategy, got {strategy!r}")
         if strategy is not None and executor is not None:
             raise ValueError("give either executor or strategy, not both")
-        pool_threads = check_ms("pool_threads", pool_threads, 1, 1024)
+        pool_threads = check_int("pool_threads", pool_threads, 1, 1024)
         if max_pending is not None:
-            max_pending = check_ms("max_pending", max_pending, 1)
+            max_pending = check_int("max_pending", max_pending, 1, _INT64_MAX)
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {name!r}")
         cond = threading.Condition(threading.Lock())
@@ -356,7 +351,7 @@ class TimerLayer(_CoreBase):
             now_ms = clock
         else:
             raise TypeError(f"clock must be a ManualClock or a callable, got {clock!r}")
-        start = check_ms("clock()", now_ms(), -_INT64_MAX - 1)
+        start = check_int("clock()", now_ms(), _INT64_MIN, _INT64_MAX)
         # The core makes its own wheel; add() is the core's too.
         self._bind(tick_ms, wheel_size, start, now_ms, cond, max_pending, name)
         if self._manual is not None:
@@ -447,7 +442,8 @@ class TimerLayer(_CoreBase):
         :meth:`close` cuts it short. While another thread advances, this call waits for
         it up to ``timeout_ms`` and returns False if it cannot take over in time.
         """
-        return _advance(weakref.ref(self), check_ms("timeout_ms", timeout_ms), TimerLayer._dispatch)
+        timeout_ms = check_int("timeout_ms", timeout_ms, 0, _INT64_MAX)
+        return _advance(weakref.ref(self), timeout_ms, TimerLayer._dispatch)
 
     def _dispatch(self, tasks: list[TimerTask]) -> None:
         """Run (or submit) expired tasks in order on this thread."""
@@ -507,7 +503,7 @@ class TimerLayer(_CoreBase):
         ``after_advance`` is called after every advance (the purgatory purges there);
         if it raises, the error is logged and counted like a callback's.
         """
-        poll_ms = check_ms("poll_ms", poll_ms, 1)
+        poll_ms = check_int("poll_ms", poll_ms, 1, _INT64_MAX)
         if after_advance is not None and not callable(after_advance):
             raise TypeError(f"after_advance must be callable or None, got {after_advance!r}")
         # Under the lock close() takes: two starts cannot both see no reaper, and

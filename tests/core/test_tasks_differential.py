@@ -162,11 +162,14 @@ def test_the_c_core_and_the_python_twin_agree_step_by_step(script: list[Any]) ->
         py.purgatory.shutdown()
 
 
-def test_the_twins_purgatory_keeps_its_old_import() -> None:
-    from timewheel.purgatory import PyPurgatory
+def test_the_twins_purgatory_is_reached_through_implementation_only() -> None:
+    import timewheel
+    from timewheel import purgatory
 
-    assert PyPurgatory is twin.Purgatory
     assert twin.Purgatory._timer_class is twin.Timer
+    # the old names, never released, are gone: CHANGES.md says what to use instead
+    assert not hasattr(purgatory, "PyPurgatory")
+    assert not hasattr(timewheel, "Strategy")
 
 
 def test_the_purgatories_refuse_the_other_twins_operations() -> None:

@@ -28,8 +28,9 @@ from collections import deque
 from collections.abc import Hashable, Iterable
 from typing import Any, Callable
 
+from ..._validate import INT64_MAX, check_int
 from ...purgatory import Counts, DelayedOperation
-from ...timer import ManualClock, check_ms, monotonic_ms
+from ...timer import ManualClock, monotonic_ms
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +140,7 @@ class HeapTimer:
 
     def add(self, delay_ms: int, callback: Callable[..., Any], *args: Any) -> HeapTimerHandle:
         """Run ``callback(*args)`` after ``delay_ms``."""
-        delay_ms = check_ms("delay_ms", delay_ms)
+        delay_ms = check_int("delay_ms", delay_ms, 0, INT64_MAX)
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
         q = self._queue
@@ -167,7 +168,7 @@ class HeapTimer:
     def advance_clock(self, timeout_ms: int) -> bool:
         """Wait for the head entry or the timeout, then run what is due; True if any ran."""
         q = self._queue
-        due = q.pop_due(check_ms("timeout_ms", timeout_ms))
+        due = q.pop_due(check_int("timeout_ms", timeout_ms, 0, INT64_MAX))
         with q.cond:  # claim the payloads so that a racing cancel sees them gone
             payloads = []
             for entry in due:
@@ -206,8 +207,8 @@ class ClassicPurgatory:
     ) -> None:
         self.name = name
         self._queue = _DelayQueue(clock)
-        self._purge_interval = check_ms("purge_interval", purge_interval, 1)
-        if check_ms("shards", shards, 1, 1 << 16) & (shards - 1):
+        self._purge_interval = check_int("purge_interval", purge_interval, 1, INT64_MAX)
+        if check_int("shards", shards, 1, 1 << 16) & (shards - 1):
             raise ValueError(f"shards must be a power of two, got {shards}")
         self._locks = [threading.Lock() for _ in range(shards)]
         self._lists: list[dict[Hashable, list[DelayedOperation]]] = [{} for _ in range(shards)]
@@ -313,7 +314,7 @@ class ClassicPurgatory:
     def advance_clock(self, timeout_ms: int) -> bool:
         """Wait for the head of the heap or the timeout, expire what is due, maybe purge."""
         ran = False
-        for _, _, op in self._queue.pop_due(check_ms("timeout_ms", timeout_ms)):
+        for _, _, op in self._queue.pop_due(check_int("timeout_ms", timeout_ms, 0, INT64_MAX)):
             if op.is_completed:
                 continue
             ran = True
