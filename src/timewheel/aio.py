@@ -212,7 +212,7 @@ class PurgatoryLayer(_PurgatoryBase):
         self._loop = self._timer.loop
         self._handles: dict[int, tuple[Any, DelayedOperationLayer]] = {}
         self._next_id = 0
-        self._setup(self._time_out, purge_interval, shards)
+        self._setup(self, purge_interval, shards)  # its own TimeoutOwner
 
     def watch(self, op: DelayedOperationLayer, keys: Iterable[Hashable]) -> bool:
         """Complete ``op`` now if it can be, else watch it on ``keys`` until it
@@ -232,8 +232,10 @@ class PurgatoryLayer(_PurgatoryBase):
             op._future = op._loop = None
             raise
 
-    # -- the timer side: the core calls _time_out, TimerTask.cancel calls cancel --
-    def _time_out(self, op: Any, delay_ms: int) -> None:
+    # -- the TimeoutOwner (_impl._tasks_shared): the core calls _schedule, and an
+    # operation's cancel (so force_complete) calls _cancel --
+    def _schedule(self, op: Any, delay_ms: int) -> Any:
+        """Time ``op`` out on the loop's wheel, ``delay_ms`` ms from now."""
         self._next_id += 1
         key = self._next_id
         handle = self._timer.call_later(
@@ -241,10 +243,11 @@ class PurgatoryLayer(_PurgatoryBase):
         )
         self._handles[key] = (handle, op)
         op.deadline_ms = round(handle.when() * 1000)
-        op._wheel = self
+        op._owner = self
         op._handle = key
+        return op
 
-    def cancel(self, key: int) -> bool:
+    def _cancel(self, key: int) -> bool:
         """Drop the timeout ``key`` (from any thread); True if it was pending."""
         pending = self._handles.pop(key, None)
         if pending is None:

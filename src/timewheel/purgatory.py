@@ -64,7 +64,7 @@ class PurgatoryLayer(_CoreBase):
                 name=f"{name}-timer", strategy=strategy, pool_threads=pool_threads
             )
         self._timer = timer
-        self._setup(timer._schedule, purge_interval, shards)
+        self._setup(timer, purge_interval, shards)
         register("purgatory", self, name)
         if reaper:
             self._timer.start(after_advance=_purge_weakly(weakref.ref(self)))

@@ -428,7 +428,7 @@ class TimerLayer(_CoreBase):
         """Schedule a :class:`TimerTask` subclass instance; it may be added only once."""
         if not isinstance(task, self._task_class):
             raise TypeError(f"task must be a TimerTask, got {task!r}")
-        if task._wheel is not None or task._state != PENDING:
+        if task._owner is not None or task._state != PENDING:
             raise ValueError(f"task was already added to a timer: {task!r}")
         return self._schedule(task, delay_ms)
 

@@ -183,6 +183,74 @@ def test_the_purgatories_refuse_the_other_twins_operations() -> None:
             p.try_complete_else_watch(op_class(other.DelayedOperation)(1, 0, []), ("k",))
 
 
+# -- the timeout owner ---------------------------------------------------------------------
+class DictOwner:
+    """A TimeoutOwner (``timewheel._impl.TimeoutOwner``) of its own: timeouts in a dict,
+    fired by hand; it records what it was asked to cancel."""
+
+    def __init__(self) -> None:
+        self.timed: dict[int, Any] = {}
+        self.cancelled: list[int] = []
+        self.handles = 0
+
+    def _schedule(self, task: Any, delay_ms: int) -> Any:
+        self.handles += 1
+        task.deadline_ms = 1000 + delay_ms
+        task._owner = self
+        task._handle = self.handles
+        self.timed[self.handles] = task
+        return task
+
+    def _cancel(self, handle: int) -> bool:
+        self.cancelled.append(handle)
+        return self.timed.pop(handle, None) is not None
+
+
+@pytest.mark.parametrize("which", ["in use", "python"])
+def test_a_purgatory_core_times_its_operations_through_its_timeout_owner(which: str) -> None:
+    whole = in_use if which == "in use" else twin
+
+    class Core(whole.PurgatoryCore):  # type: ignore[misc,name-defined]
+        name = "owned"
+
+        def _try_raised(self, op: Any) -> None:
+            raise AssertionError(f"try_complete of {op!r} raised")
+
+    owner = DictOwner()
+    core = Core()
+    core._setup(owner, 1000, 4)
+    log: list[tuple[str, int]] = []
+    op = op_class(whole.DelayedOperation)
+    a, b = op(50, 1, log), op(70, 2, log)
+    assert not core.try_complete_else_watch(a, ("k",))
+    assert not core.try_complete_else_watch(b, ("k",))
+    assert owner.timed == {1: a, 2: b}
+    assert (a._owner, a._handle, a.deadline_ms) == (owner, 1, 1050)
+    a.ready = True
+    assert core.check_and_complete("k") == 1  # its completion cancels at its owner
+    assert owner.cancelled == [1] and list(owner.timed) == [2] and a.cancelled
+    owner.timed.pop(2).run()  # the owner's timeout fires
+    assert log == [("complete", 1), ("complete", 2), ("expire", 2)]
+    assert not b.cancel() and owner.cancelled == [1, 2]
+
+
+@pytest.mark.parametrize("which", ["in use", "python"])
+def test_a_timers_tasks_hold_its_wheel_and_cancel_there(which: str) -> None:
+    # The timer is its purgatories' timeout owner, but a pending task holds the timer's
+    # wheel (never the timer, which must stay collectable) and cancels on it directly.
+    whole = in_use if which == "in use" else twin
+    with whole.Purgatory(timer=whole.Timer(clock=ManualClock()), reaper=False) as p:
+        timer = p.timer
+        task = timer.add(10, print)
+        op = op_class(whole.DelayedOperation)(10, 0, [])
+        p.try_complete_else_watch(op, ("k",))
+        assert task._owner is timer._wheel and op._owner is timer._wheel
+        assert len(timer) == 2
+        assert task.cancel() and op.force_complete()
+        assert len(timer) == 0 and task.cancelled and op.cancelled
+        assert not timer._cancel(task._handle)  # the timer's own _cancel: on its wheel
+
+
 # -- the garbage collector ---------------------------------------------------------------
 class Cyclic(in_use.DelayedOperation):  # type: ignore[misc,valid-type]
     """An operation in a reference cycle with itself: only the collector can free it."""

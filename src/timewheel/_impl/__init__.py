@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
+from ._tasks_shared import TimeoutOwner
+
 __all__ = [
     "CANCELLED",
     "FIRED",
@@ -35,6 +37,7 @@ __all__ = [
     "DelayedOperation",
     "Lateness",
     "PurgatoryCore",
+    "TimeoutOwner",
     "TimerCore",
     "TimerTask",
     "TimingWheel",

@@ -11,7 +11,9 @@ cdef class TimerTask:
     cdef long long _deadline
     cdef bint _timed  # whether _deadline holds deadline_ms
     cdef public long long _handle
-    cdef public object _wheel
+    # while pending: its timer's C wheel (cancelled by a typed call), else the
+    # TimeoutOwner that timed it (``_tasks_shared.TimeoutOwner``: ``_cancel(handle)``)
+    cdef public object _owner
     cdef public int _state
     cdef object __weakref__
     cdef bint _cancel(self) except -1
@@ -72,7 +74,8 @@ cdef class WatchList:
 
 
 cdef class PurgatoryCore:
-    cdef object _schedule
+    cdef object _owner  # the TimeoutOwner that times the operations out
+    cdef TimerCore _timer  # the same, when it is a timer's core: scheduled by a C call
     cdef Py_ssize_t _purge_interval
     cdef Py_ssize_t _nshards
     cdef Py_hash_t _mask

@@ -9,6 +9,8 @@ from typing import Any, final
 
 from typing_extensions import disjoint_base
 
+from ._tasks_shared import TimeoutOwner
+
 __all__ = [
     "CallbackTask",
     "Counts",
@@ -28,7 +30,7 @@ class TimerTask:
     """A task scheduled on a Timer; subclasses override :meth:`run`."""
 
     _handle: int
-    _wheel: Any
+    _owner: Any  # while pending: its timer's wheel, or the TimeoutOwner that timed it
     _state: int
     non_blocking: bool
     def __init__(self) -> None: ...
@@ -106,6 +108,7 @@ class TimerCore:
     def add(self, delay_ms: int, callback: Callable[..., Any], *args: Any) -> CallbackTask:
         """Run ``callback(*args)`` once ``delay_ms`` (>= 0) milliseconds have passed."""
     def _schedule(self, task: Any, delay_ms: int) -> Any: ...
+    def _cancel(self, handle: int) -> bool: ...
     def _expire(self, now: int) -> list[Any]: ...
 
 @disjoint_base
@@ -144,9 +147,7 @@ class PurgatoryCore:
     def _purge_time_ns(self) -> int: ...
     @property
     def _cleared_count(self) -> int: ...
-    def _setup(
-        self, schedule: Callable[[TimerTask, int], Any], purge_interval: int, shards: int
-    ) -> None: ...
+    def _setup(self, owner: TimeoutOwner, purge_interval: int, shards: int) -> None: ...
     def _count_error(self) -> None: ...
     def try_complete_else_watch(self, op: DelayedOperation, keys: Iterable[Hashable]) -> bool:
         """Try to complete ``op``; if it cannot yet, watch it on every key and time it."""

@@ -162,13 +162,13 @@ cdef inline int64_t wheel_insert(CWheel wheel, int64_t d, TimerTask task) except
     return wheel._schedule_item(d, task, True)
 
 
-cdef inline bint wheel_cancel(object wheel, int64_t h) except -1:
-    """Cancel ``h`` on a task's ``_wheel``: its timer's Cython wheel without a Python
-    call, or (for an operation of :class:`timewheel.aio.Purgatory`, whose timeouts are
-    timers on the loop's wheel) the purgatory, through its ``cancel``."""
-    if type(wheel) is CWheel:
-        return (<CWheel>wheel)._cancel_handle(h)
-    return wheel.cancel(h)
+cdef inline bint owner_cancel(object owner, int64_t h) except -1:
+    """Cancel ``h`` on a task's ``_owner``: its timer's wheel (the fast path, typed), or
+    the :class:`~timewheel._impl._tasks_shared.TimeoutOwner` that timed it (an operation
+    of :class:`timewheel.aio.Purgatory`, on the loop's wheel) through its ``_cancel``."""
+    if type(owner) is CWheel:
+        return (<CWheel>owner)._cancel_handle(h)
+    return owner._cancel(h)
 
 
 class Entry(_weakref):
@@ -233,8 +233,8 @@ cdef class TimerTask:
             raise aborted(self, exc) from exc
 
     cdef bint _cancel(self) except -1:
-        wheel = self._wheel
-        if wheel is not None and wheel_cancel(wheel, self._handle):
+        owner = self._owner
+        if owner is not None and owner_cancel(owner, self._handle):
             self._state = CANCELLED
             self._left()
             return True
@@ -332,6 +332,11 @@ cdef class TimerCore:
         self._schedule_c(<TimerTask>task, delay_ms)
         return task
 
+    def _cancel(self, handle):
+        """Drop the timeout ``handle``: the :class:`TimeoutOwner` side of a timer, whose
+        tasks cancel on its wheel directly."""
+        return (<CWheel>self._wheel).cancel(handle)
+
     def _expire(self, now):
         """Advance the wheel to ``now`` and return the tasks due, counted in the lateness
         histogram; the collector tracks them again."""
@@ -372,13 +377,13 @@ cdef class TimerCore:
         wheel = <CWheel>self._wheel
         task._deadline = deadline
         task._timed = True
-        task._wheel = wheel
+        task._owner = wheel
         if self._max_pending is None:
             h = wheel_insert(wheel, deadline, task)
         else:
             with self._cond:
                 if len(wheel) >= self._max_pending:
-                    task._wheel = None
+                    task._owner = None
                     task._timed = False
                     raise TimerFullError(
                         f"timer {self.name!r} has max_pending={self._max_pending} tasks pending"
@@ -391,7 +396,7 @@ cdef class TimerCore:
                 self._cond.notify_all()
         # close() sets _closed before draining: either the drain saw this task, or we
         # see _closed here and take the task back.
-        if self._closed and wheel_cancel(wheel, h):
+        if self._closed and wheel._cancel_handle(h):
             raise RuntimeError(f"timer {self.name!r} is closed")
         return 0
 
@@ -575,7 +580,8 @@ cdef Py_ssize_t compact(
 cdef class PurgatoryCore:
     """The hot path of a purgatory: watching, completing by key, dropping dead entries.
 
-    :meth:`_setup` must be called before use, with the timer's ``_schedule``.
+    :meth:`_setup` must be called before use, with the :class:`TimeoutOwner` that times
+    its operations out (a timer, or :class:`timewheel.aio.Purgatory` itself).
     Subclasses provide ``name``, ``delayed`` and ``_try_raised(op)`` (log an exception
     that ``op.try_complete()`` just raised).
     """
@@ -590,7 +596,7 @@ cdef class PurgatoryCore:
         if self._purge_ready:
             tw_mutex_destroy(&self._purge_mutex)
 
-    def _setup(self, schedule, Py_ssize_t purge_interval, Py_ssize_t shards):
+    def _setup(self, owner, Py_ssize_t purge_interval, Py_ssize_t shards):
         if self._locks != NULL:
             raise RuntimeError("the purgatory is already set up")
         self._locks = <tw_mutex*>PyMem_RawCalloc(shards, sizeof(tw_mutex))
@@ -604,7 +610,8 @@ cdef class PurgatoryCore:
         if tw_mutex_init(&self._purge_mutex) != 0:
             raise MemoryError("cannot create the purge lock")
         self._purge_ready = True
-        self._schedule = schedule
+        self._owner = owner
+        self._timer = owner if isinstance(owner, TimerCore) else None
         self._purge_interval = purge_interval
         self._nshards = shards
         self._mask = shards - 1
@@ -669,7 +676,7 @@ cdef class PurgatoryCore:
         if not isinstance(op, DelayedOperation):
             raise TypeError(f"op must be a DelayedOperation, got {op!r}")
         dop = <DelayedOperation>op
-        if dop._purgatory is not None or dop._wheel is not None or completed(dop):
+        if dop._purgatory is not None or dop._owner is not None or completed(dop):
             raise ValueError(f"op was already given to a purgatory or completed: {op!r}")
         if type(keys) is tuple and 0 < len(<tuple>keys) <= FAST_KEYS:
             try:
@@ -696,7 +703,10 @@ cdef class PurgatoryCore:
         # Timed before it is listed, so nothing is half-registered if the timer refuses
         # it, and a completion always finds the timer entry to cancel.
         try:
-            self._schedule(op, dop.delay_ms)
+            if self._timer is not None:
+                self._timer._schedule_c(dop, dop.delay_ms)
+            else:
+                self._owner._schedule(op, dop.delay_ms)
         except BaseException:
             dop._purgatory = None
             raise

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 from .. import _atfork
 from .._core_py import TimingWheel
 from .._validate import INT64_MAX, INT64_MIN, check_int, check_keys
-from ._tasks_shared import LATENESS_BOUNDS_MS, TimerFullError, aborted
+from ._tasks_shared import LATENESS_BOUNDS_MS, TimeoutOwner, TimerFullError, aborted
 
 __all__ = [
     "CANCELLED",
@@ -75,7 +75,7 @@ class TimerTask:
     O(1); ``cancelled`` and ``done`` tell what became of the task.
     """
 
-    __slots__ = ("__weakref__", "_handle", "_state", "_wheel", "deadline_ms")
+    __slots__ = ("__weakref__", "_handle", "_owner", "_state", "deadline_ms")
 
     #: Set True on a subclass whose :meth:`run` never blocks: a timer's reaper then runs
     #: it on the thread that expired it, without first handing the clock to a pool
@@ -84,7 +84,7 @@ class TimerTask:
 
     def __init__(self) -> None:
         self.deadline_ms: int | None = None
-        self._wheel: Any = None
+        self._owner: Any = None  # while pending: its timer's wheel, or its TimeoutOwner
         self._handle = 0
         self._state = PENDING
 
@@ -111,8 +111,15 @@ class TimerTask:
 
         A task that has already run (or was handed to the executor) cannot be cancelled.
         """
-        wheel = self._wheel
-        if wheel is not None and wheel.cancel(self._handle):
+        owner = self._owner
+        if owner is None:
+            return False
+        # a timer's tasks hold its wheel; any other TimeoutOwner holds them itself
+        if (
+            owner.cancel(self._handle)
+            if type(owner) is TimingWheel
+            else owner._cancel(self._handle)
+        ):
             self._state = CANCELLED
             return True
         return False
@@ -211,13 +218,13 @@ class TimerCore:
         if deadline > INT64_MAX:
             raise ValueError(f"delay_ms is too large: the deadline {deadline} passes int64")
         task.deadline_ms = deadline
-        task._wheel = wheel = self._wheel
+        task._owner = wheel = self._wheel
         if self._max_pending is None:
             task._handle = wheel.schedule(deadline, task)
         else:
             with self._cond:
                 if len(wheel) >= self._max_pending:
-                    task._wheel = None
+                    task._owner = None
                     task.deadline_ms = None
                     raise TimerFullError(
                         f"timer {self.name!r} has max_pending={self._max_pending} tasks pending"
@@ -232,6 +239,11 @@ class TimerCore:
         if self._closed and wheel.cancel(task._handle):
             raise RuntimeError(f"timer {self.name!r} is closed")
         return task
+
+    def _cancel(self, handle: int) -> bool:
+        """Drop the timeout ``handle``: the :class:`TimeoutOwner` side of a timer, whose
+        tasks cancel on its wheel directly."""
+        return bool(self._wheel.cancel(handle))
 
     def _expire(self, now: int) -> list[Any]:
         """Advance the wheel to ``now`` and return the tasks due, counted in the lateness
@@ -314,7 +326,7 @@ class DelayedOperation(TimerTask):
             delay_ms = check_int("delay_ms", delay_ms, 0, INT64_MAX)
         self.delay_ms = delay_ms
         self.deadline_ms = None
-        self._wheel = None
+        self._owner = None
         self._handle = 0
         self._state = PENDING
         # A non-blocking acquire is the atomic test-and-set that makes completion happen once.
@@ -442,20 +454,16 @@ def _compact(
 class PurgatoryCore:
     """The hot path of a purgatory: watching, completing by key, dropping dead entries.
 
-    :meth:`_setup` must be called before use, with the timer's ``_schedule``.
+    :meth:`_setup` must be called before use, with the :class:`TimeoutOwner` that times
+    its operations out (a timer, or :class:`timewheel.aio.Purgatory` itself).
     Subclasses provide ``name`` and ``_try_raised(op)`` (log an exception that
     ``op.try_complete()`` just raised).
     """
 
     name: str
 
-    def _setup(
-        self,
-        schedule: Callable[[TimerTask, int], Any],
-        purge_interval: int,
-        shards: int,
-    ) -> None:
-        self._schedule = schedule
+    def _setup(self, owner: TimeoutOwner, purge_interval: int, shards: int) -> None:
+        self._owner = owner
         self._purge_interval = purge_interval
         self._shards = [_Shard() for _ in range(shards)]
         self._mask = shards - 1
@@ -501,7 +509,7 @@ class PurgatoryCore:
         """
         if not isinstance(op, DelayedOperation):
             raise TypeError(f"op must be a DelayedOperation, got {op!r}")
-        if op._purgatory is not None or op._wheel is not None or op._once.locked():
+        if op._purgatory is not None or op._owner is not None or op._once.locked():
             raise ValueError(f"op was already given to a purgatory or completed: {op!r}")
         try:
             # The common case, checked inline: a tuple of distinct hashable keys.
@@ -526,7 +534,7 @@ class PurgatoryCore:
         # Timed before it is listed, so nothing is half-registered if the timer refuses
         # it, and a completion always finds the timer entry to cancel.
         try:
-            self._schedule(op, op.delay_ms)
+            self._owner._schedule(op, op.delay_ms)
         except BaseException:
             op._purgatory = None
             raise

@@ -438,27 +438,6 @@ class LazyHeap:
         return out
 
 
-class _LoopCancel:
-    """Stands in for the timer of an operation watched by :class:`AsyncioPurgatory`.
-
-    ``DelayedOperation.force_complete`` cancels through ``op._wheel.cancel(op._handle)``;
-    cancelling posts the operation to the loop, since asyncio is not thread-safe. One
-    per operation (as an asyncio ``TimerHandle`` is): the message holds the operation,
-    so it cannot be freed before the loop has seen it.
-    """
-
-    __slots__ = ("_op", "_post")
-
-    def __init__(self, post: Any, op: DelayedOperation) -> None:
-        self._post = post
-        self._op = op
-
-    def cancel(self, handle: int) -> bool:
-        """Have the loop cancel the operation's timeout and unwatch it."""
-        self._post(("done", self._op))
-        return True
-
-
 class AsyncioPurgatory:
     """A purgatory on an asyncio event loop in its own thread: ``call_later`` timeouts
     and watcher sets, tuned the way a careful user would write it.
@@ -468,6 +447,11 @@ class AsyncioPurgatory:
     completed operation's timer handle is cancelled (asyncio compacts its heap once
     half of it is cancelled) and it leaves its watcher sets at once. No reference
     cycles: a finished operation is freed by reference counting, as in the others.
+
+    It is its operations' timeout owner (the core's ``TimeoutOwner`` protocol, as
+    :class:`timewheel.aio.Purgatory` is): the loop times each one with :meth:`_schedule`,
+    and an operation's ``cancel`` (so ``force_complete``, on any thread) calls
+    :meth:`_cancel`, which posts to the loop, since asyncio is not thread-safe.
     """
 
     def __init__(self, name: str = "asyncio") -> None:
@@ -476,8 +460,11 @@ class AsyncioPurgatory:
         self._inbox: deque[tuple[Any, ...]] = deque()
         self._wake_pending = False
         self._watchers: dict[Hashable, set[DelayedOperation]] = {}
-        # Pending operations: their timer handles and keys (the loop's strong reference).
-        self._pending: dict[DelayedOperation, tuple[asyncio.TimerHandle, tuple[Hashable, ...]]] = {}
+        # Pending operations: [timer handle, own handle, keys] (the loop's strong
+        # reference), and the operation of each own handle; both changed on the loop only.
+        self._pending: dict[DelayedOperation, list[Any]] = {}
+        self._timed: dict[int, DelayedOperation] = {}
+        self._next_handle = 0
         self._stats_lock = threading.Lock()
         self._counts = Counts()
         self._errors = 0
@@ -502,29 +489,49 @@ class AsyncioPurgatory:
     def _drain(self) -> None:
         # Reset before draining: a post after this line wakes the loop again.
         self._wake_pending = False
-        inbox, watchers, pending = self._inbox, self._watchers, self._pending
-        call_later, expire = self._loop.call_later, self._expire
+        inbox, watchers, pending, timed = self._inbox, self._watchers, self._pending, self._timed
         while inbox:
             message = inbox.popleft()
             kind, op = message[0], message[1]
             if kind == "watch":
                 if op.is_completed:  # completed before the loop got to it
                     continue
-                keys = message[2]
-                pending[op] = (call_later(op.delay_ms / 1000, expire, op), keys)
+                self._schedule(op, op.delay_ms)
+                pending[op][2] = keys = message[2]
                 for key in keys:
                     s = watchers.get(key)
                     if s is None:
                         watchers[key] = {op}
                     else:
                         s.add(op)
-                op._wheel = _LoopCancel(self._post, op)
                 if op.is_completed:  # completed while its handle was not yet published
                     self._finish(op)
-            elif kind == "done":
-                self._finish(op)
+            elif kind == "done":  # op is the handle _cancel was given
+                op = timed.get(op)
+                if op is not None:
+                    self._finish(op)
             else:  # "flush"
                 op.set()
+
+    # -- the timeout owner: _drain times an operation, its cancel calls _cancel --
+    def _schedule(self, op: DelayedOperation, delay_ms: int) -> DelayedOperation:
+        """Time ``op`` out on the loop (called there; _drain adds its keys)."""
+        self._next_handle += 1
+        handle = self._next_handle
+        timer = self._loop.call_later(delay_ms / 1000, self._expire, op)
+        self._pending[op] = [timer, handle, ()]
+        self._timed[handle] = op
+        op._owner = self
+        op._handle = handle
+        return op
+
+    def _cancel(self, handle: int) -> bool:
+        """Have the loop cancel the timeout ``handle`` and unwatch its operation (from any
+        thread); True if it was pending when asked."""
+        if handle not in self._timed:
+            return False
+        self._post(("done", handle))
+        return True
 
     def flush(self) -> None:
         """Return once the loop has watched every request posted before this call.
@@ -541,9 +548,9 @@ class AsyncioPurgatory:
         entry = self._pending.pop(op, None)
         if entry is None:
             return  # a timeout and a completion both finished it
-        handle, keys = entry
-        handle.cancel()
-        op._wheel = None  # and with it the _LoopCancel's reference back
+        timer, handle, keys = entry
+        timer.cancel()
+        del self._timed[handle]
         watchers = self._watchers
         for key in keys:
             s = watchers.get(key)
