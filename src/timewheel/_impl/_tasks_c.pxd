@@ -75,7 +75,7 @@ cdef class WatchList:
 
 cdef class PurgatoryCore:
     cdef object _owner  # the TimeoutOwner that times the operations out
-    cdef TimerCore _timer  # the same, when it is a timer's core: scheduled by a C call
+    cdef TimerCore _timer_core  # the same, when it is a timer: scheduled by a C call
     cdef Py_ssize_t _purge_interval
     cdef Py_ssize_t _nshards
     cdef Py_hash_t _mask

@@ -611,7 +611,7 @@ cdef class PurgatoryCore:
             raise MemoryError("cannot create the purge lock")
         self._purge_ready = True
         self._owner = owner
-        self._timer = owner if isinstance(owner, TimerCore) else None
+        self._timer_core = owner if isinstance(owner, TimerCore) else None
         self._purge_interval = purge_interval
         self._nshards = shards
         self._mask = shards - 1
@@ -703,8 +703,8 @@ cdef class PurgatoryCore:
         # Timed before it is listed, so nothing is half-registered if the timer refuses
         # it, and a completion always finds the timer entry to cancel.
         try:
-            if self._timer is not None:
-                self._timer._schedule_c(dop, dop.delay_ms)
+            if self._timer_core is not None:
+                self._timer_core._schedule_c(dop, dop.delay_ms)
             else:
                 self._owner._schedule(op, dop.delay_ms)
         except BaseException:
