@@ -63,7 +63,7 @@ FLUSH_ROWS = 1000
 #: ... and at most this many seconds after the first of them finished (checked as rows
 #: finish, so a task with nothing finishing has nothing to commit).
 FLUSH_S = 0.5
-_FORMAT = 3
+_FORMAT = 2
 
 # A frame's header: magic, kind (schema or batch), three zero bytes, the payload's length,
 # the payload's CRC-32 and the CRC-32 of the header before it (so a damaged length is told
