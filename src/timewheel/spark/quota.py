@@ -327,7 +327,7 @@ class Bucket:
         cap_left = math.inf if q.max_requests is None else q.max_requests - self.requests_taken
         if self.exhausted or cap_left < 1 or budget_left < need_cost:
             self.exhausted = True
-            return Grant(spent=True)
+            return Grant(spent=True, budget_left=budget_left, requests_left=cap_left)
 
         def wait_for(seconds: float, paused: bool = False) -> Grant:
             return Grant(
