@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -75,12 +74,3 @@ class RedisServer:
                 self.kill()
         if self.proc.stderr is not None:
             self.proc.stderr.close()
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    try:
-        yield server
-    finally:
-        server.stop()

@@ -9,15 +9,27 @@ import math
 import pickle
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from redis_fixtures import RedisServer, needs_redis, redis_server  # noqa: F401
 
+from redis_fixtures import RedisServer, needs_redis
 from timewheel.spark.quota import BudgetSpent, LocalStore, Quota, QuotaStoreError, TaskQuota
 from timewheel.spark.quota_redis import RedisStore, redact_url, redis_store
 
 pytestmark = needs_redis
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own on a free loopback port, stopped after it."""
+    server = RedisServer(tmp_path)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 class Clock:
