@@ -124,38 +124,43 @@ def parse_rate(name: str, value: Any) -> float:
     return _positive(name, value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Quota:
-    """A job's quota. Every field is optional, but at least one must be set.
+    """A job's quota. Every argument is optional, but at least one must be set.
 
-    ``rate`` and ``cost_rate`` are normalised to units per second (a string such as
+    ``rate`` and ``cost_rate`` are kept in units per second (a string such as
     ``"5000/min"`` is read by :func:`parse_rate`); ``ttl_s`` is how long a holder that
     is not heard from keeps its slots. A quota holds no secret and pickles as it is.
     """
 
-    rate: float | None = None
-    cost_rate: float | None = None
-    concurrency: int | None = None
-    budget: float | None = None
-    max_requests: int | None = None
-    ttl_s: float = DEFAULT_TTL_S
+    rate: float | None
+    cost_rate: float | None
+    concurrency: int | None
+    budget: float | None
+    max_requests: int | None
+    ttl_s: float
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        rate: float | str | None = None,
+        cost_rate: float | str | None = None,
+        concurrency: int | None = None,
+        budget: float | None = None,
+        max_requests: int | None = None,
+        ttl_s: float = DEFAULT_TTL_S,
+    ) -> None:
         set_ = object.__setattr__
-        if self.rate is not None:
-            set_(self, "rate", parse_rate("rate", self.rate))
-        if self.cost_rate is not None:
-            set_(self, "cost_rate", parse_rate("cost_rate", self.cost_rate))
-        if self.concurrency is not None:
-            set_(self, "concurrency", int(_positive("concurrency", self.concurrency, True)))
-        if self.budget is not None:
-            set_(self, "budget", _positive("budget", self.budget))
-        if self.max_requests is not None:
-            set_(self, "max_requests", int(_positive("max_requests", self.max_requests, True)))
-        set_(self, "ttl_s", _positive("ttl_s", self.ttl_s))
-        if (self.rate, self.cost_rate, self.concurrency, self.budget, self.max_requests) == (
-            None,
-        ) * 5:
+        set_(self, "rate", None if rate is None else parse_rate("rate", rate))
+        set_(self, "cost_rate", None if cost_rate is None else parse_rate("cost_rate", cost_rate))
+        if concurrency is not None:
+            concurrency = int(_positive("concurrency", concurrency, True))
+        set_(self, "concurrency", concurrency)
+        set_(self, "budget", None if budget is None else _positive("budget", budget))
+        if max_requests is not None:
+            max_requests = int(_positive("max_requests", max_requests, True))
+        set_(self, "max_requests", max_requests)
+        set_(self, "ttl_s", _positive("ttl_s", ttl_s))
+        if (rate, cost_rate, concurrency, budget, max_requests) == (None,) * 5:
             raise ValueError(
                 "a Quota needs at least one of rate, cost_rate, concurrency, budget, max_requests"
             )
@@ -171,11 +176,9 @@ class Quota:
         ):
             raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
         budget = self.budget if budget_left is None or self.budget is None else budget_left
-        cap = (
-            self.max_requests
-            if requests_left is None or self.max_requests is None
-            else (requests_left)
-        )
+        cap = self.max_requests
+        if requests_left is not None and cap is not None:
+            cap = requests_left
         budget = None if budget is None else budget * fraction
         cap = None if cap is None else math.floor(cap * fraction)
         if (budget is not None and budget <= 0) or (cap is not None and cap < 1):
