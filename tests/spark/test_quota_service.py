@@ -211,3 +211,39 @@ def test_fork_the_child_reconnects_and_its_copy_of_the_service_is_closed() -> No
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "4"
+
+
+def test_a_request_whose_answer_is_lost_is_retried_only_if_safe_twice() -> None:
+    # A server that sends a challenge, reads one request and hangs up without answering.
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+
+    def serve() -> None:
+        for _ in range(6):  # the six connections the client below makes
+            conn, _ = listener.accept()
+            with conn:
+                conn.sendall(b"c" * 16)
+                data = conn.recv(4096)
+                if data:
+                    seen.append(data)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        client = ServiceStore(listener.getsockname(), b"s" * 32, Quota(rate=1), timeout_s=5)
+        with pytest.raises(QuotaStoreError):
+            client.take("a", 1)  # taken twice at worst: fewer calls, never more
+        assert len(seen) == 2
+        with pytest.raises(QuotaStoreError):
+            client.give_back("a", 1)  # returned twice would send above the quota
+        assert len(seen) == 3
+        with pytest.raises(QuotaStoreError):
+            client.settle("a", -5.0)  # a refund: the same
+        assert len(seen) == 4
+        with pytest.raises(QuotaStoreError):
+            client.settle("a", 5.0)  # taking more twice is safe
+        assert len(seen) == 6
+        client.close()
+    finally:
+        thread.join(10)
+        listener.close()

@@ -101,7 +101,8 @@ def _positive(name: str, value: Any, integer: bool = False) -> float:
     ):
         what = "an integer" if integer else "a number"
         raise TypeError(f"{name} must be {what}, got {value!r}")
-    if not (math.isfinite(value) and 0 < value <= MAX_AMOUNT):
+    # (An int is compared as it is: one beyond a float's range must not overflow.)
+    if not ((isinstance(value, int) or math.isfinite(value)) and 0 < value <= MAX_AMOUNT):
         raise ValueError(f"{name} must be a finite number > 0 and <= {MAX_AMOUNT:g}, got {value!r}")
     return float(value)
 
@@ -118,9 +119,13 @@ def parse_rate(name: str, value: Any) -> float:
             raise ValueError(
                 f"{name} must be a number per second or 'N/s', 'N/min' or 'N/h', got {value!r}"
             )
-        amount = float(match.group(1).replace("_", ""))
-        _positive(name, amount)
-        return _positive(name, amount / _UNITS[match.group(2)])
+        per_second = float(match.group(1).replace("_", "")) / _UNITS[match.group(2)]
+        if not (math.isfinite(per_second) and 0 < per_second <= MAX_AMOUNT):
+            raise ValueError(
+                f"{name} must be a finite number > 0 and <= {MAX_AMOUNT:g} per second, "
+                f"got {value!r}"
+            )
+        return per_second
     return _positive(name, value)
 
 
