@@ -19,8 +19,6 @@ from redis_fixtures import RedisServer, needs_redis
 from timewheel.spark.quota import BudgetSpent, LocalStore, Quota, QuotaStoreError, TaskQuota
 from timewheel.spark.quota_redis import RedisStore, redact_url, redis_store
 
-pytestmark = needs_redis
-
 
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
@@ -77,6 +75,7 @@ SCENARIO: list[tuple[float, str, tuple[Any, ...]]] = [
 ]
 
 
+@needs_redis
 def test_redis_does_the_same_accounting_as_the_bucket(redis_server: RedisServer) -> None:
     quota = Quota(rate=100, cost_rate=2000, concurrency=6, budget=3000, max_requests=400)
     local_clock, redis_clock = Clock(), Clock()
@@ -155,12 +154,14 @@ def _two_processes(url: str, mode: str) -> list[Any]:
     return out
 
 
+@needs_redis
 def test_two_processes_share_a_request_cap_exactly(redis_server: RedisServer) -> None:
     sent = _two_processes(redis_server.url, "cap")
     # A second at the rate, started together: both get a share, and together the cap.
     assert sum(sent) == 1000 and min(sent) > 0, sent
 
 
+@needs_redis
 def test_two_processes_stay_within_the_rate_together(redis_server: RedisServer) -> None:
     stamps = sorted(t for one in _two_processes(redis_server.url, "rate") for t in one)
     # Any one second holds at most a second's rate, the bucket's burst (20) and the
@@ -172,6 +173,7 @@ def test_two_processes_stay_within_the_rate_together(redis_server: RedisServer) 
     assert len(stamps) >= 200  # they did share it (1.5 s at 200/s, from two starts)
 
 
+@needs_redis
 def test_redis_killed_mid_run_falls_back_to_the_static_split_and_says_so(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -199,6 +201,7 @@ def test_redis_killed_mid_run_falls_back_to_the_static_split_and_says_so(
     assert sent == 61
 
 
+@needs_redis
 def test_a_redis_refusing_connections_falls_back_at_once(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -211,6 +214,7 @@ def test_a_redis_refusing_connections_falls_back_at_once(
     assert "ConnectionError" in caplog.records[0].getMessage()
 
 
+@needs_redis
 def test_state_reset_and_errors(redis_server: RedisServer) -> None:
     store = RedisStore(redis_server.url, "reset-me", Quota(max_requests=10))
     task = TaskQuota(store)
