@@ -1,0 +1,353 @@
+"""An OpenAI-compatible stub that meters its callers as those APIs do, for quota tests and benches.
+
+``POST /v1/embeddings`` and ``POST /v1/chat/completions`` answer in OpenAI's shapes
+after ``--latency-ms``, each with ``usage``. Tokens are counted as a stated function of
+the text: **one token per 4 bytes of UTF-8, rounded up, per input or message** (OpenAI's
+own rule of thumb); a chat answer adds ``--completion-tokens`` (``total_tokens`` is
+the sum). Each API key (``Authorization: Bearer KEY``; none: 401) has a sliding window
+of ``--window-s`` seconds (60: per minute) holding at most ``--rpm`` requests and
+``--tpm`` tokens; a request that would exceed either is refused with 429,
+``Retry-After`` (whole seconds until the window has room for it) and no ``usage``.
+Every answer carries ``x-ratelimit-limit-requests`` / ``-tokens``,
+``x-ratelimit-remaining-requests`` / ``-tokens`` (after this request) and
+``x-ratelimit-reset-requests`` / ``-tokens`` (until the window is empty again: Go-style
+durations such as ``6m0s``, ``1s``, ``20ms``, as OpenAI sends them).
+
+``GET /stats`` returns what it saw: requests answered, tokens counted and refusals,
+in total and per minute since it started (``minutes``: one entry per minute with
+``requests``, ``tokens``, ``refused``), and the most requests and tokens any key had in
+its window (never above the limits: the stub enforces them). It listens on 127.0.0.1
+only, prints ``port <n>`` once it does, and exits after ``--lifetime-s`` or when its
+parent goes away. :class:`StubProcess` starts one from Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = ["Limits", "StubProcess", "WindowLimiter", "count_tokens", "go_duration", "main"]
+
+
+def count_tokens(text: str) -> int:
+    """The stub's token count of ``text``: one per 4 bytes of UTF-8, rounded up."""
+    return math.ceil(len(text.encode("utf-8")) / 4)
+
+
+def go_duration(seconds: float) -> str:
+    """``seconds`` as OpenAI's reset headers spell it: ``6m0s``, ``1s``, ``20ms``."""
+    if seconds < 1:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    minutes, rest = divmod(seconds, 60)
+    text = f"{rest:.3f}".rstrip("0").rstrip(".") + "s"
+    return f"{int(minutes)}m{text}" if minutes else text
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Requests and tokens a key may use in one window of ``window_s`` seconds."""
+
+    rpm: int
+    tpm: int
+    window_s: float = 60.0
+
+
+@dataclass
+class _Key:
+    admitted: deque[tuple[float, int]] = field(default_factory=deque)
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One request's fate and the headers that say so."""
+
+    allowed: bool
+    retry_after_s: int
+    headers: dict[str, str]
+
+
+class WindowLimiter:
+    """A sliding window per API key, on ``clock`` (seconds), as the stub enforces it."""
+
+    def __init__(self, limits: Limits, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits = limits
+        self.clock = clock
+        self.keys: dict[str, _Key] = {}
+        self.peak_requests = 0
+        self.peak_tokens = 0
+
+    def admit(self, key: str, tokens: int) -> Verdict:
+        """Admit a request of ``tokens`` for ``key`` if its window has room for it."""
+        now = self.clock()
+        lim = self.limits
+        state = self.keys.setdefault(key, _Key())
+        window = state.admitted
+        while window and window[0][0] <= now - lim.window_s:
+            state.tokens -= window.popleft()[1]
+        allowed = len(window) + 1 <= lim.rpm and state.tokens + tokens <= lim.tpm
+        retry = 0
+        if allowed:
+            window.append((now, tokens))
+            state.tokens += tokens
+            self.peak_requests = max(self.peak_requests, len(window))
+            self.peak_tokens = max(self.peak_tokens, state.tokens)
+        else:
+            retry = self._room_in(state, tokens, now)
+        used_requests, used_tokens = len(window), state.tokens
+        reset = (window[-1][0] + lim.window_s - now) if window else 0.0
+        headers = {
+            "x-ratelimit-limit-requests": str(lim.rpm),
+            "x-ratelimit-limit-tokens": str(lim.tpm),
+            "x-ratelimit-remaining-requests": str(max(0, lim.rpm - used_requests)),
+            "x-ratelimit-remaining-tokens": str(max(0, lim.tpm - used_tokens)),
+            "x-ratelimit-reset-requests": go_duration(reset),
+            "x-ratelimit-reset-tokens": go_duration(reset),
+        }
+        if not allowed:
+            headers["Retry-After"] = str(retry)
+        return Verdict(allowed, retry, headers)
+
+    def _room_in(self, state: _Key, tokens: int, now: float) -> int:
+        """Whole seconds until the window has room for one more request of ``tokens``."""
+        lim = self.limits
+        if tokens > lim.tpm:
+            return math.ceil(lim.window_s)  # it never fits; try again after a window
+        count, used, wait = len(state.admitted), state.tokens, 0.0
+        for stamp, spent in state.admitted:  # the oldest leave the window first
+            if count + 1 <= lim.rpm and used + tokens <= lim.tpm:
+                break
+            count, used = count - 1, used - spent
+            wait = stamp + lim.window_s - now
+        return max(1, math.ceil(wait))
+
+
+def _embedding(text: str, dims: int) -> list[float]:
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    return [round(digest[i % len(digest)] / 255.0, 6) for i in range(dims)]
+
+
+class _Stub:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.limiter = WindowLimiter(Limits(args.rpm, args.tpm, args.window_s))
+        self.latency_s = args.latency_ms / 1000.0
+        self.completion_tokens = args.completion_tokens
+        self.dims = args.dims
+        self.started = time.monotonic()
+        self.minutes: dict[int, dict[str, int]] = {}
+        self.totals = {"requests": 0, "tokens": 0, "refused": 0, "bad": 0}
+
+    def _minute(self) -> dict[str, int]:
+        index = int((time.monotonic() - self.started) // 60)
+        return self.minutes.setdefault(index, {"requests": 0, "tokens": 0, "refused": 0})
+
+    def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> Any:
+        from aiohttp import web
+
+        body = {"error": {"message": message, "type": "invalid_request_error"}}
+        return web.json_response(body, status=status, headers=headers)
+
+    async def _metered(self, request: Any, kind: str) -> Any:
+        from aiohttp import web
+
+        auth = request.headers.get("Authorization", "")
+        if not auth.startswith("Bearer ") or not auth[7:].strip():
+            return self._error(401, "no API key (Authorization: Bearer KEY)")
+        try:
+            body = json.loads(await request.read())
+            texts = self._texts(body, kind)
+        except (ValueError, TypeError, KeyError) as exc:
+            self.totals["bad"] += 1
+            return self._error(400, f"bad request: {exc}")
+        prompt = sum(count_tokens(t) for t in texts)
+        completion = self.completion_tokens if kind == "chat" else 0
+        verdict = self.limiter.admit(auth[7:].strip(), prompt + completion)
+        minute = self._minute()
+        if not verdict.allowed:
+            self.totals["refused"] += 1
+            minute["refused"] += 1
+            return self._error(429, "rate limit reached", verdict.headers)
+        self.totals["requests"] += 1
+        self.totals["tokens"] += prompt + completion
+        minute["requests"] += 1
+        minute["tokens"] += prompt + completion
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        model = str(body.get("model", "stub"))
+        if kind == "embeddings":
+            answer: dict[str, Any] = {
+                "object": "list",
+                "model": model,
+                "data": [
+                    {"object": "embedding", "index": i, "embedding": _embedding(t, self.dims)}
+                    for i, t in enumerate(texts)
+                ],
+                "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
+            }
+        else:
+            answer = {
+                "id": "chatcmpl-stub",
+                "object": "chat.completion",
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "ok " * completion},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": prompt,
+                    "completion_tokens": completion,
+                    "total_tokens": prompt + completion,
+                },
+            }
+        return web.json_response(answer, headers=verdict.headers)
+
+    @staticmethod
+    def _texts(body: Any, kind: str) -> list[str]:
+        if not isinstance(body, dict):
+            raise TypeError("the body must be a JSON object")
+        if kind == "embeddings":
+            given = body["input"]
+            texts = [given] if isinstance(given, str) else given
+        else:
+            texts = [m["content"] for m in body["messages"]]
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise TypeError("input must be a string or a non-empty list of strings")
+        return texts
+
+    async def embeddings(self, request: Any) -> Any:
+        return await self._metered(request, "embeddings")
+
+    async def chat(self, request: Any) -> Any:
+        return await self._metered(request, "chat")
+
+    async def stats(self, request: Any) -> Any:
+        from aiohttp import web
+
+        last = max(self.minutes, default=-1)
+        empty = {"requests": 0, "tokens": 0, "refused": 0}
+        minutes = [{"minute": i, **self.minutes.get(i, empty)} for i in range(last + 1)]
+        limits = self.limiter.limits
+        return web.json_response(
+            {
+                **self.totals,
+                "minutes": minutes,
+                "limits": {"rpm": limits.rpm, "tpm": limits.tpm, "window_s": limits.window_s},
+                "peak_requests": self.limiter.peak_requests,
+                "peak_tokens": self.limiter.peak_tokens,
+            }
+        )
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from aiohttp import web
+
+    stub = _Stub(args)
+    app = web.Application()
+    app.router.add_post("/v1/embeddings", stub.embeddings)
+    app.router.add_post("/v1/chat/completions", stub.chat)
+    app.router.add_get("/stats", stub.stats)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=4096)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    print(f"port {port}", flush=True)
+    parent = os.getppid()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + args.lifetime_s
+    try:
+        while loop.time() < end and os.getppid() == parent:
+            await asyncio.sleep(0.5)
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the stub until its lifetime ends or its parent exits."""
+    parser = argparse.ArgumentParser(prog="python -m timewheel.cli.bench.openai_stub")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--rpm", type=int, default=5000, help="requests per window per key")
+    parser.add_argument("--tpm", type=int, default=2_000_000, help="tokens per window per key")
+    parser.add_argument("--window-s", type=float, default=60.0)
+    parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument("--completion-tokens", type=int, default=8)
+    parser.add_argument("--dims", type=int, default=8, help="numbers per embedding")
+    parser.add_argument("--lifetime-s", type=float, default=3600.0)
+    args = parser.parse_args(argv)
+    if min(args.rpm, args.tpm, args.dims) < 1 or not args.window_s > 0:
+        parser.error("--rpm, --tpm and --dims must be >= 1 and --window-s > 0")
+    if args.latency_ms < 0 or args.completion_tokens < 0:
+        parser.error("--latency-ms and --completion-tokens must be >= 0")
+    asyncio.run(_serve(args))
+    return 0
+
+
+class StubProcess:
+    """The stub in a child process on 127.0.0.1; a context manager that stops it."""
+
+    def __init__(
+        self,
+        rpm: int = 5000,
+        tpm: int = 2_000_000,
+        window_s: float = 60.0,
+        latency_ms: float = 0.0,
+        completion_tokens: int = 8,
+    ) -> None:
+        self.proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "timewheel.cli.bench.openai_stub"),
+                *("--rpm", str(rpm), "--tpm", str(tpm), "--window-s", str(window_s)),
+                *("--latency-ms", str(latency_ms), "--completion-tokens", str(completion_tokens)),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("port "):
+            self.close()
+            raise RuntimeError(f"the OpenAI stub did not start (said {line!r})")
+        self.port = int(line.split()[1])
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+
+    def stats(self) -> dict[str, Any]:
+        """What the stub saw so far (see the module's docstring)."""
+        url = f"http://127.0.0.1:{self.port}/stats"
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return json.loads(response.read())  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Stop the stub."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> StubProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""What a service's rate-limit headers say about its quota, read into one :class:`RateLimitInfo`.
+
+Three families are read, whichever the answer carries:
+
+* ``Retry-After`` (RFC 9110): delta-seconds or an HTTP date;
+* OpenAI's ``x-ratelimit-remaining-requests`` / ``-tokens`` and
+  ``x-ratelimit-reset-requests`` / ``-tokens``, the resets as Go-style durations
+  (``6m0s``, ``1s``, ``20ms``, ``1h2m3.5s``) or plain seconds;
+* the IETF ``RateLimit-Policy`` and ``RateLimit`` structured fields
+  (draft-ietf-httpapi-ratelimit-headers): lists of named policies, ``q`` the quota,
+  ``qu`` its unit (``requests`` unless given), ``w`` the window, ``r`` the remaining
+  quota and ``t`` the seconds until it resets. A policy in ``requests`` speaks of
+  requests, ``concurrent-requests`` is ignored, any other unit (``content-bytes``,
+  ``tokens``) of cost; of several, the one with the least remaining counts.
+
+A header that is missing or does not parse says nothing (its fields stay None); this
+module never raises on a service's answer.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Callable, Union
+
+__all__ = ["RateLimitInfo", "parse_duration", "parse_rate_limit_headers", "parse_retry_after"]
+
+Headers = Union[Mapping[str, str], Callable[[str], Union[str, None]]]
+
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?)(h|ms|m|s|us|µs|ns)")
+_DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+@dataclass(frozen=True)
+class RateLimitInfo:
+    """What the service said: each field None when it did not say."""
+
+    retry_after_s: float | None = None
+    remaining_requests: float | None = None
+    reset_requests_s: float | None = None
+    remaining_cost: float | None = None
+    reset_cost_s: float | None = None
+
+    def pause_s(self) -> float:
+        """How long the whole job should wait: ``Retry-After``, else the reset of a
+        quota the service says is used up (0.0: no need to wait)."""
+        if self.retry_after_s is not None:
+            return self.retry_after_s
+        waits = [0.0]
+        if self.remaining_requests is not None and self.remaining_requests < 1:
+            waits.append(self.reset_requests_s or 0.0)
+        if self.remaining_cost is not None and self.remaining_cost <= 0:
+            waits.append(self.reset_cost_s or 0.0)
+        return max(waits)
+
+
+def _seconds(value: float) -> float | None:
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def parse_retry_after(text: str | None, now: float | None = None) -> float | None:
+    """Seconds a ``Retry-After`` value asks for (a past date: 0.0); None if unreadable.
+
+    ``now`` is the wall clock (``time.time()`` unless given) an HTTP date is measured from.
+    """
+    if text is None:
+        return None
+    text = text.strip()
+    try:
+        return _seconds(float(text))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    wall = time.time() if now is None else now
+    return max(0.0, when.timestamp() - wall)
+
+
+def parse_duration(text: str | None) -> float | None:
+    """Seconds in a Go-style duration (``6m0s``, ``20ms``, ``1h2m3.5s``) or a plain
+    number of seconds; None if unreadable."""
+    if text is None:
+        return None
+    text = text.strip()
+    try:
+        return _seconds(float(text))
+    except ValueError:
+        pass
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return _seconds(sum(float(n) * _DURATION_UNITS[u] for n, u in parts))
+
+
+def _number(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return _seconds(float(text.strip()))
+    except ValueError:
+        return None
+
+
+# -- IETF structured fields (RFC 9651), the subset these two fields use ----------------
+_KEY = r"[a-z*][a-z0-9_.*-]*"
+_BARE = r'"(?:[^"\\]|\\.)*"|:[A-Za-z0-9+/=]*:|\?[01]|-?[0-9]+(?:\.[0-9]+)?|[A-Za-z*][^;,\s]*'
+_PARAM = re.compile(rf"\s*;\s*({_KEY})(?:=({_BARE}))?")
+_ITEM = re.compile(rf"\s*({_BARE})")
+
+
+def _sf_list(text: str) -> list[tuple[str, dict[str, str]]] | None:
+    """A structured-field list of items with parameters: ``[(item, {key: value})]``."""
+    out: list[tuple[str, dict[str, str]]] = []
+    pos, end = 0, len(text)
+    while pos < end:
+        match = _ITEM.match(text, pos)
+        if match is None:
+            return None
+        item, pos = match.group(1), match.end()
+        params: dict[str, str] = {}
+        while (param := _PARAM.match(text, pos)) is not None:
+            params[param.group(1)] = param.group(2) if param.group(2) is not None else "?1"
+            pos = param.end()
+        out.append((item.strip('"'), params))
+        rest = text[pos:].lstrip()
+        if not rest:
+            break
+        if not rest.startswith(","):
+            return None
+        pos = end - len(rest) + 1
+    return out
+
+
+def _ietf(
+    policy: str | None, limit: str | None
+) -> tuple[tuple[float, float | None] | None, tuple[float, float | None] | None]:
+    """``((remaining, reset) for requests, (remaining, reset) for cost)`` from the two
+    IETF fields: the policy with the least remaining of each kind."""
+    units: dict[str, str] = {}
+    for name, params in _sf_list(policy or "") or []:
+        units[name] = params.get("qu", '"requests"').strip('"')
+    best: dict[str, tuple[float, float | None]] = {}
+    for name, params in _sf_list(limit or "") or []:
+        remaining = _number(params.get("r"))
+        if remaining is None:
+            continue
+        kind = units.get(name, "requests")
+        if kind == "concurrent-requests":
+            continue
+        kind = "requests" if kind == "requests" else "cost"
+        if kind not in best or remaining < best[kind][0]:
+            best[kind] = (remaining, _number(params.get("t")))
+    return best.get("requests"), best.get("cost")
+
+
+def parse_rate_limit_headers(headers: Headers, now: float | None = None) -> RateLimitInfo:
+    """Read an answer's rate-limit headers (a mapping, any case, or a ``header(name)``
+    function, asked lower-case names); ``now`` is the wall clock for an HTTP-date
+    ``Retry-After``."""
+    if isinstance(headers, Mapping):
+        lowered = {k.lower(): v for k, v in headers.items()}
+
+        def get(name: str) -> str | None:
+            return lowered.get(name)
+    else:
+
+        def get(name: str) -> str | None:
+            return headers(name)
+
+    requests = (
+        _number(get("x-ratelimit-remaining-requests")),
+        parse_duration(get("x-ratelimit-reset-requests")),
+    )
+    cost = (
+        _number(get("x-ratelimit-remaining-tokens")),
+        parse_duration(get("x-ratelimit-reset-tokens")),
+    )
+    ietf_requests, ietf_cost = _ietf(get("ratelimit-policy"), get("ratelimit"))
+    if requests[0] is None and ietf_requests is not None:
+        requests = ietf_requests
+    if cost[0] is None and ietf_cost is not None:
+        cost = ietf_cost
+    return RateLimitInfo(
+        retry_after_s=parse_retry_after(get("retry-after"), now),
+        remaining_requests=requests[0],
+        reset_requests_s=requests[1],
+        remaining_cost=cost[0],
+        reset_cost_s=cost[1],
+    )

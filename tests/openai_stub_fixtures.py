@@ -1,0 +1,66 @@
+"""The OpenAI-compatible stub (``timewheel.cli.bench.openai_stub``) in a child process on
+127.0.0.1, for tests that call it over HTTP.
+
+It is started as a command, not imported, so that a test of the library may use it as it
+would nginx (only the tooling's tests import the benchmarks). ``post`` sends one request
+and returns the status, headers and JSON body, 4xx and 5xx included.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+
+class OpenAIStub:
+    """The stub's process; ``base_url`` ends in ``/v1``."""
+
+    def __init__(self, **options: float) -> None:
+        args = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "timewheel.cli.bench.openai_stub", *args],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("port "):
+            self.close()
+            raise RuntimeError(f"the OpenAI stub did not start (said {line!r})")
+        self.port = int(line.split()[1])
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+
+    def post(
+        self, path: str, body: Any, key: str | None = "sk-test"
+    ) -> tuple[int, dict[str, str], Any]:
+        headers = {"Content-Type": "application/json"}
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        request = urllib.request.Request(self.base_url + path, data, headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, dict(response.headers), json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            with error:
+                return error.code, dict(error.headers), json.loads(error.read())
+
+    def stats(self) -> dict[str, Any]:
+        url = f"http://127.0.0.1:{self.port}/stats"
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return json.loads(response.read())  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
