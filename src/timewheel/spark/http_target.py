@@ -32,6 +32,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import threading
 import time
 import urllib.parse
@@ -160,6 +161,24 @@ def _column_map(name: str, value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(given.items())
 
 
+# What may not be inside a header value (or a URL): it would end the line, or the request.
+_BREAKS = re.compile("[\r\n\0]")
+# A header name is an RFC 9110 token.
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _has_break(value: str) -> bool:
+    """Whether ``value`` holds a CR, LF or NUL (which would end a header line on the wire)."""
+    return _BREAKS.search(value) is not None
+
+
+def _check_header_names(name: str, names: Sequence[str]) -> None:
+    """ValueError naming ``name`` unless every one of ``names`` is a header name (a token)."""
+    for header in names:
+        if not _TOKEN.fullmatch(header):
+            raise ValueError(f"{name}: {header!r} is not a header name (letters, digits, -, ...)")
+
+
 _LOOP_LOCK = threading.Lock()
 
 
@@ -261,6 +280,10 @@ class HttpDownstream:
             isinstance(k, str) and isinstance(v, str) for k, v in given.items()
         ):
             raise TypeError(f"headers must be a mapping of str to str, got {headers!r}")
+        _check_header_names("headers", list(given))
+        for name, value in given.items():
+            if _has_break(value):
+                raise ValueError(f"headers: the value of {name!r} holds a CR, LF or NUL")
         if isinstance(body, str):
             if body not in ("row", "none"):
                 raise TypeError(
@@ -275,6 +298,8 @@ class HttpDownstream:
             raise TypeError(
                 f"idempotency_header must be a header name or None, got {idempotency_header!r}"
             )
+        if idempotency_header is not None:
+            _check_header_names("idempotency_header", [idempotency_header])
         if max_connections is not None:
             max_connections = check_int("max_connections", max_connections, 1)
         if not isinstance(verify_tls, bool):
@@ -286,6 +311,7 @@ class HttpDownstream:
         self.body = body
         self.params = _column_map("params", params)
         self.header_cols = _column_map("header_cols", header_cols)
+        _check_header_names("header_cols", [name for name, _ in self.header_cols])
         self.idempotency_header = idempotency_header
         self.max_connections = max_connections
         self.verify_tls = verify_tls
@@ -369,7 +395,12 @@ class HttpDownstream:
             )
             url += ("&" if "?" in url else "?") + query
         for name, col in self.header_cols:
-            extra[name] = self._value(row, col, "header")
+            value = self._value(row, col, "header")
+            if _has_break(value):
+                raise DownstreamError(
+                    f"header column {col!r} holds a CR, LF or NUL: not sent", retry_after_s=None
+                )
+            extra[name] = value
         body = self.body
         if body is None:
             body = "none" if self.method in ("GET", "DELETE") else "row"

@@ -1,0 +1,210 @@
+"""What goes on the wire, and what legal servers answer, against raw sockets on 127.0.0.1.
+
+The server reads requests one after another on each keep-alive connection and answers by
+path, so that the test sees exactly what the client sent (a smuggled second request, a
+path a row changed) and can do what legal servers do that frameworks hide (close after
+every answer, gzip, 503 with Retry-After).
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import socket
+import socketserver
+import threading
+import time
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pycurl")
+
+from timewheel.spark.engines import DispatchConfig, Outcome
+from timewheel.spark.registry import get_engine
+from timewheel.spark.targets import HttpDownstream
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: _WireServer
+
+    def handle(self) -> None:
+        conn = self.request
+        conn.settimeout(10)
+        buf = b""
+        while True:
+            while b"\r\n\r\n" not in buf:
+                try:
+                    data = conn.recv(65536)
+                except OSError:
+                    return
+                if not data:
+                    return
+                buf += data
+            head, _, buf = buf.partition(b"\r\n\r\n")
+            match = re.search(rb"\r\ncontent-length:\s*(\d+)", head, re.I)
+            need = int(match.group(1)) if match else 0
+            while len(buf) < need:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                buf += data
+            buf = buf[need:]
+            lines = head.decode("latin-1").split("\r\n")
+            target = lines[0].split(" ")[1]
+            headers = {}
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            with self.server.lock:
+                self.server.seen.append((target, headers))
+                self.server.hits[target.split("?")[0]] += 1
+            try:
+                if not self.server.answer(conn, target, headers):
+                    return
+            except OSError:
+                return
+
+
+class _WireServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 256
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.lock = threading.Lock()
+        self.seen: list[tuple[str, dict[str, str]]] = []
+        self.hits: Counter[str] = Counter()
+        self.thread = threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def answer(self, conn: socket.socket, target: str, headers: dict[str, str]) -> bool:
+        """Answer one request; False: close the connection."""
+        path = target.split("?")[0]
+        kind = path.strip("/").split("/")[0]
+        body = (headers.get("x-row") or target).encode()
+        extra = b""
+        keep = True
+        if kind == "smuggled":
+            time.sleep(0.3)  # answered late: after the client has sent its next request
+        elif kind == "close":
+            keep = False  # legal: close a keep-alive connection after any answer
+        elif kind in ("gzip", "deflate"):
+            body = (gzip.compress if kind == "gzip" else zlib.compress)(body * 50)
+            extra = b"Content-Encoding: " + kind.encode() + b"\r\n"
+        elif kind == "bomb":
+            body = gzip.compress(b"\0" * (20 << 20))
+            extra = b"Content-Encoding: gzip\r\n"
+        elif kind == "busy":
+            with self.lock:
+                nth = self.hits[path]
+            if nth == 1:
+                conn.sendall(
+                    b"HTTP/1.1 503 Busy\r\nRetry-After: 1\r\nContent-Length: 4\r\n\r\nbusy"
+                )
+                return True
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\n"
+            + extra
+            + b"Content-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+        return keep
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[_WireServer]:
+    srv = _WireServer()
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+def run(rows: list[dict[str, Any]], target: Any, **config: Any) -> dict[Any, Outcome]:
+    config.setdefault("timeout_ms", 10_000)
+    outcomes = list(get_engine("timewheel")(iter(rows), target, DispatchConfig(**config)))
+    assert sorted(o.row["id"] for o in outcomes) == sorted(r["id"] for r in rows)
+    return {o.row["id"]: o for o in outcomes}
+
+
+# -- item: header injection -------------------------------------------------------------
+
+SMUGGLE = "0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: x\r\nX-Row: smuggled\r\nX-Pad: x"
+
+
+def test_a_row_cannot_smuggle_a_request_and_every_row_gets_its_own_answer(
+    server: _WireServer,
+) -> None:
+    # One connection, one call at a time: every row's request follows the one before it
+    # on the same keep-alive connection, where a smuggled request would shift the answers.
+    target = HttpDownstream(
+        server.url + "/rows", method="GET", header_cols={"X-Row": "row"}, max_connections=1
+    )
+    rows = [{"id": 0, "row": SMUGGLE}] + [{"id": i, "row": str(i)} for i in range(1, 8)]
+    out = run(rows, target, max_in_flight=1, retries=0)
+    assert (out[0].status, out[0].attempts, out[0].http_status) == ("failed", 1, None)
+    assert out[0].error == "header column 'row' holds a CR, LF or NUL: not sent"
+    for i in range(1, 8):
+        assert (out[i].status, out[i].response) == ("ok", str(i)), out[i]
+    assert server.hits["/smuggled"] == 0
+    assert [h.get("x-row") for _, h in server.seen] == [str(i) for i in range(1, 8)]
+
+
+def test_a_row_cannot_add_headers_to_its_request(server: _WireServer) -> None:
+    target = HttpDownstream(server.url + "/rows", method="GET", header_cols={"X-Row": "row"})
+    rows = [
+        {"id": 1, "row": "a\r\nX-Admin: yes"},
+        {"id": 2, "row": "a\nX-Admin: yes"},
+        {"id": 3, "row": "a\rX-Admin: yes"},
+        {"id": 4, "row": "a\0b"},
+        {"id": 5, "row": "fine\ttab"},
+    ]
+    out = run(rows, target, retries=2)
+    assert {out[i].status for i in (1, 2, 3, 4)} == {"failed"}
+    assert {out[i].attempts for i in (1, 2, 3, 4)} == {1}
+    assert out[5].status == "ok"
+    assert [h.get("x-row") for _, h in server.seen] == ["fine\ttab"]
+    assert all("x-admin" not in h for _, h in server.seen)
+
+
+def test_a_params_value_with_a_line_break_is_data_not_a_header(server: _WireServer) -> None:
+    # params are percent-encoded: a CR/LF travels as %0D%0A inside the query, never raw.
+    target = HttpDownstream(server.url + "/rows", method="GET", params={"q": "q"})
+    out = run([{"id": 1, "q": "a\r\nX-Admin: yes"}], target)
+    assert out[1].status == "ok"
+    ((sent, headers),) = server.seen
+    assert sent == "/rows?q=a%0D%0AX-Admin%3A+yes" and "x-admin" not in headers
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"headers": {"X-A": "v\r\nX-B: w"}}, "headers"),
+        ({"headers": {"X-A": "v\nw"}}, "headers"),
+        ({"headers": {"X-A": "v\0"}}, "headers"),
+        ({"headers": {"X-A\r\nX-B": "v"}}, "headers"),
+        ({"headers": {"X A": "v"}}, "headers"),
+        ({"headers": {"": "v"}}, "headers"),
+        ({"header_cols": {"X-A\r\n": "c"}}, "header_cols"),
+        ({"header_cols": {"X:A": "c"}}, "header_cols"),
+        ({"idempotency_header": "Key\r\nX-B: 1"}, "idempotency_header"),
+    ],
+)
+def test_static_headers_with_line_breaks_are_refused(kwargs: dict[str, Any], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        HttpDownstream("http://127.0.0.1:9/x", **kwargs)
