@@ -14,6 +14,7 @@ import socket
 import socketserver
 import threading
 import time
+import urllib.parse
 import zlib
 from collections import Counter
 from collections.abc import Iterator
@@ -208,3 +209,65 @@ def test_a_params_value_with_a_line_break_is_data_not_a_header(server: _WireServ
 def test_static_headers_with_line_breaks_are_refused(kwargs: dict[str, Any], words: str) -> None:
     with pytest.raises(ValueError, match=words):
         HttpDownstream("http://127.0.0.1:9/x", **kwargs)
+
+
+# -- item: row data that changes the endpoint --------------------------------------------
+
+SEGMENTS = ["..", ".", "...", "/", "?", "#", "%2e%2e", "%2E%2E", "a/../b", "../admin", "a b", "é"]
+
+
+def test_a_url_value_stays_one_path_segment(server: _WireServer) -> None:
+    target = HttpDownstream(server.url + "/customers/{c}/orders", method="GET")
+    rows = [{"id": i, "c": value} for i, value in enumerate(SEGMENTS)]
+    out = run(rows, target, retries=0)
+    assert {o.status for o in out.values()} == {"ok"}
+    paths = {o.row["c"]: o.response for o in out.values()}  # the server echoes the target
+    for value, sent in paths.items():
+        assert sent is not None and sent.startswith("/customers/"), (value, sent)
+        assert sent.endswith("/orders"), (value, sent)
+        segment = sent[len("/customers/") : -len("/orders")]
+        assert "/" not in segment and "?" not in segment and "#" not in segment, (value, sent)
+        assert segment not in (".", ".."), (value, sent)
+        assert urllib.parse.unquote(segment) == value, (value, sent)
+
+
+def test_a_static_path_is_sent_as_written(server: _WireServer) -> None:
+    out = run([{"id": 1, "c": "x"}], HttpDownstream(server.url + "/a/../b/{c}", method="GET"))
+    assert out[1].response == "/a/../b/x"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://h:99999/x",
+        "http://h:abc/x",
+        "http://h:-1/x",
+        "http://exa mple.com/x",
+        "http://h/a b",
+        "http://h/a\tb",
+        "http://h/a\r\nX-B: 1",
+        "http://[::1/x",
+        "http://[not-an-ip]/x",
+        "http://h..example/x",
+        "http://h/{c}\n",
+        "http://user@:80/x",
+        "http://h%00/x",
+    ],
+)
+def test_a_broken_url_is_refused_when_the_target_is_made(url: str) -> None:
+    with pytest.raises(ValueError, match="url"):
+        HttpDownstream(url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8080/x",
+        "https://[::1]:443/x?a=b",
+        "http://api.example.com/customers/{c}/orders?since={day}",
+        "http://my_host.internal/x",
+        "http://h:/x",
+    ],
+)
+def test_sound_urls_are_taken(url: str) -> None:
+    assert HttpDownstream(url).url == url

@@ -143,6 +143,8 @@ class _Multi:
         easy.setopt(pycurl.SSL_VERIFYHOST, 2 if s.verify_tls else 0)
         easy.setopt(pycurl.MAXFILESIZE_LARGE, s.max_reply_bytes)
         easy.setopt(pycurl.FOLLOWLOCATION, 0)
+        # The path as the target built it: libcurl would otherwise remove dot segments.
+        easy.setopt(pycurl.PATH_AS_IS, 1)
         if s.timeout_ms is not None:
             easy.setopt(pycurl.TIMEOUT_MS, s.timeout_ms)
         easy.custom = None

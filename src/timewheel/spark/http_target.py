@@ -29,6 +29,7 @@ import contextlib
 import copy
 import email.utils
 import hashlib
+import ipaddress
 import json
 import logging
 import math
@@ -151,6 +152,48 @@ def _template(url: str) -> tuple[tuple[str, str | None], ...]:
     return tuple(pieces)
 
 
+# A host name: dot-separated labels of letters, digits, - and _ (an optional final dot).
+_HOST = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?")
+
+
+def _check_url(url: str, pieces: tuple[tuple[str, str | None], ...]) -> None:
+    """ValueError naming ``url`` unless it is an http(s) URL libcurl will take as it reads.
+
+    Checked once, when the target is made, with every ``{column}`` standing for a value:
+    no space or control character, a host that is a name or an IP address and holds no
+    field, a port in 1..65535.
+    """
+    filled = ["".join(t + (fill if c else "") for t, c in pieces) for fill in ("x", "y")]
+    text = filled[0]
+    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
+        raise ValueError(f"url must hold no spaces or control characters, got {url!r}")
+    try:
+        parts, other = (urllib.parse.urlsplit(each) for each in filled)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"url {url!r} is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"url must be an http:// or https:// URL with a host, got {url!r}")
+    if (parts.scheme, parts.netloc) != (other.scheme, other.netloc):
+        raise ValueError(f"url must not take its host or port from a column, got {url!r}")
+    if port == 0:
+        raise ValueError(f"url {url!r}: port 0 is not a port")
+    host = parts.hostname
+    if "[" in parts.netloc:
+        try:
+            ipaddress.IPv6Address(host.partition("%")[0])
+        except ValueError:
+            raise ValueError(f"url {url!r}: [{host}] is not an IPv6 address") from None
+    elif not _HOST.fullmatch(host):
+        raise ValueError(f"url {url!r}: {host!r} is not a host name or IP address")
+
+
+def _segment(value: str) -> str:
+    """``value`` percent-encoded as one path segment: ``/?#%`` and a bare ``.``/``..`` too."""
+    quoted = urllib.parse.quote(value, safe="")
+    return quoted.replace(".", "%2E") if quoted.strip(".") == "" else quoted
+
+
 def _column_map(name: str, value: Any) -> tuple[tuple[str, str], ...]:
     """``value`` (a mapping of names to column names) as pairs, or TypeError naming ``name``."""
     given = {} if value is None else value
@@ -268,9 +311,7 @@ class HttpDownstream:
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, got {url!r}")
         pieces = _template(url)
-        parts = urllib.parse.urlsplit("".join(t + ("x" if c else "") for t, c in pieces))
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"url must be an http:// or https:// URL with a host, got {url!r}")
+        _check_url(url, pieces)
         if not isinstance(method, str) or method.upper() not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
         if id_col is not None and (not isinstance(id_col, str) or not id_col):
@@ -386,7 +427,7 @@ class HttpDownstream:
         url = self.url
         if self._pieces is not None:
             url = "".join(
-                text + (urllib.parse.quote(self._value(row, col, "url"), safe="") if col else "")
+                text + (_segment(self._value(row, col, "url")) if col else "")
                 for text, col in self._pieces
             )
         if self.params:
