@@ -63,6 +63,7 @@ class _Handler(socketserver.BaseRequestHandler):
             with self.server.lock:
                 self.server.seen.append((target, headers))
                 self.server.hits[target.split("?")[0]] += 1
+                self.server.arrivals.append(time.monotonic())
             try:
                 if not self.server.answer(conn, target, headers):
                     return
@@ -80,6 +81,7 @@ class _WireServer(socketserver.ThreadingTCPServer):
         self.lock = threading.Lock()
         self.seen: list[tuple[str, dict[str, str]]] = []
         self.hits: Counter[str] = Counter()
+        self.arrivals: list[float] = []
         self.thread = threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
@@ -271,3 +273,42 @@ def test_a_broken_url_is_refused_when_the_target_is_made(url: str) -> None:
 )
 def test_sound_urls_are_taken(url: str) -> None:
     assert HttpDownstream(url).url == url
+
+
+# -- item: what servers legally do --------------------------------------------------------
+
+
+def test_a_server_that_closes_after_every_answer_fails_no_row(server: _WireServer) -> None:
+    # No "Connection: close": the server just closes, as HTTP/1.1 allows at any time
+    # between requests. Requests that meet such a connection are sent again on a fresh one.
+    target = HttpDownstream(server.url + "/close")
+    rows = [{"id": i} for i in range(1500)]
+    out = run(rows, target, max_in_flight=64, retries=0)
+    errors = Counter(o.error for o in out.values() if o.status != "ok")
+    assert errors == Counter(), errors.most_common(3)
+    assert server.hits["/close"] >= len(rows)
+    target.close()
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_encoded_answers_are_asked_for_and_decoded(server: _WireServer, encoding: str) -> None:
+    target = HttpDownstream(server.url + f"/{encoding}", header_cols={"X-Row": "row"})
+    out = run([{"id": 1, "row": "row-1;"}], target)
+    assert (out[1].status, out[1].response) == ("ok", "row-1;" * 50), out[1]
+    ((_, headers),) = server.seen
+    asked = {e.strip() for e in headers["accept-encoding"].split(",")}
+    assert {"gzip", "deflate"} <= asked
+
+
+def test_a_decoded_answer_is_bounded_by_max_reply_bytes(server: _WireServer) -> None:
+    # 20 MiB of zeros in about 20 KiB of gzip: the limit holds for what is decoded.
+    out = run([{"id": 1}], HttpDownstream(server.url + "/bomb"), retries=2)
+    assert (out[1].status, out[1].attempts) == ("failed", 1)
+    assert out[1].error == "answer larger than 1048576 bytes (max_reply_bytes): not read"
+
+
+def test_a_503_with_retry_after_is_retried_after_it(server: _WireServer) -> None:
+    out = run([{"id": 1}], HttpDownstream(server.url + "/busy"), retries=2, backoff_ms=10)
+    assert (out[1].status, out[1].attempts) == ("ok", 2)
+    first, second = (at for at in server.arrivals)
+    assert second - first >= 0.95

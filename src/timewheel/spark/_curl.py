@@ -30,9 +30,10 @@ __all__ = ["REFUSED", "CurlLoop", "Request", "Settings", "curl_error_kind"]
 
 #: ``on_end(context, status, body, headers, curl_errno, curl_message)``: ``context`` is
 #: what the request was made with (the caller's callback, say); status 0 when no answer
-#: came (curl_errno says why); ``body`` is the answer's bytes; ``headers`` holds the
-#: ``Retry-After`` (seconds, as libcurl reads it: a number or an HTTP date) of a 429 and
-#: the ``Location`` of a 3xx, and nothing else: no Python runs per header line.
+#: came (curl_errno says why); ``body`` is the answer's bytes (decoded: gzip, deflate,
+#: ...); ``headers`` holds the ``Retry-After`` (seconds, as libcurl reads it: a number or
+#: an HTTP date) of a 429 or a 503 and the ``Location`` of a 3xx, and nothing else: no
+#: Python runs per header line.
 OnEnd = Callable[[Any, int, bytes, "dict[str, str]", int, str], None]
 
 # libcurl errors that say the connection failed or broke (worth a retry).
@@ -44,6 +45,9 @@ _CONNECTION = {
     pycurl.E_GOT_NOTHING,
     pycurl.E_PARTIAL_FILE,
 }
+# libcurl errors of a request that met a connection the server had closed (legal between
+# two requests of a keep-alive connection): worth sending again at once on a new one.
+_STALE = {pycurl.E_SEND_ERROR, pycurl.E_RECV_ERROR, pycurl.E_GOT_NOTHING}
 _TLS = {
     pycurl.E_SSL_CONNECT_ERROR,
     pycurl.E_PEER_FAILED_VERIFICATION,
@@ -85,6 +89,7 @@ class Request:
         "cancelled",
         "context",
         "easy",
+        "fresh",
         "headers",
         "loop",
         "method",
@@ -113,6 +118,7 @@ class Request:
         self.body = body
         self.on_end = on_end
         self.cancelled = False
+        self.fresh = False  # sent again on a new connection (once at most)
         self.easy: Any = None
 
     def cancel(self) -> None:
@@ -143,12 +149,15 @@ class _Multi:
         easy.setopt(pycurl.SSL_VERIFYHOST, 2 if s.verify_tls else 0)
         easy.setopt(pycurl.MAXFILESIZE_LARGE, s.max_reply_bytes)
         easy.setopt(pycurl.FOLLOWLOCATION, 0)
+        # Ask for every encoding this libcurl decodes (gzip, deflate, br, zstd), and decode.
+        easy.setopt(pycurl.ACCEPT_ENCODING, "")
         # The path as the target built it: libcurl would otherwise remove dot segments.
         easy.setopt(pycurl.PATH_AS_IS, 1)
         if s.timeout_ms is not None:
             easy.setopt(pycurl.TIMEOUT_MS, s.timeout_ms)
         easy.custom = None
         easy.url = None
+        easy.fresh = False
         # The answer's chunks: one list per handle, emptied when its request ends.
         easy.chunks = []
         easy.setopt(pycurl.WRITEFUNCTION, easy.chunks.append)
@@ -167,6 +176,9 @@ class _Multi:
         self.multi.add_handle(easy)
 
     def _prepare(self, easy: Any, request: Request) -> None:
+        if easy.fresh:
+            easy.setopt(pycurl.FRESH_CONNECT, 0)
+            easy.fresh = False
         if request.url != easy.url:
             easy.setopt(pycurl.URL, request.url)
             easy.url = request.url
@@ -190,13 +202,28 @@ class _Multi:
         easy.chunks.clear()
         self.idle.append(easy)
 
+    def resend(self, easy: Any, request: Request) -> bool:
+        """Send ``request`` again on a new connection if it failed on a reused one before
+        any answer came (the server had closed it: libcurl's own retries pick the pool's
+        next connection, which may be closed too); once per request."""
+        if request.fresh or easy.getinfo(pycurl.NUM_CONNECTS) or easy.getinfo(pycurl.HEADER_SIZE):
+            return False
+        request.fresh = easy.fresh = True
+        self.multi.remove_handle(easy)
+        easy.chunks.clear()
+        easy.setopt(pycurl.FRESH_CONNECT, 1)
+        self.multi.add_handle(easy)
+        return True
+
     def finish(self, easy: Any, errno: int, message: str) -> None:
         request = self.running.get(easy)
         if request is None:
             return
+        if errno in _STALE and not request.cancelled and self.resend(easy, request):
+            return
         status = easy.getinfo(pycurl.RESPONSE_CODE) if errno == 0 else 0
         headers = _NO_HEADERS
-        if status == 429:
+        if status == 429 or status == 503:
             headers = {"Retry-After": str(easy.getinfo(pycurl.RETRY_AFTER))}
         elif 300 <= status < 400:
             headers = {"Location": easy.getinfo(pycurl.REDIRECT_URL) or ""}

@@ -115,12 +115,12 @@ def verdict(
 ) -> tuple[bool, str | None, float | None]:
     """``(ok, error, retry_after_s)`` of an answer; ``retry_after_s`` None: do not retry.
 
-    ``header(name)`` reads one of the answer's headers (only for a 3xx or a 429).
+    ``header(name)`` reads one of the answer's headers (only for a 3xx, a 429 or a 503).
     """
     if 200 <= status < 300:
         return True, None, 0.0
     error = f"HTTP {status}: {text[:_DETAIL].decode('utf-8', 'replace')}"
-    if status == 429:
+    if status == 429 or status == 503:
         return False, error, retry_after_s(header("Retry-After"), cap_s)
     if status >= 500:
         return False, error, 0.0
