@@ -9,7 +9,9 @@ every answer, gzip, 503 with Retry-After).
 from __future__ import annotations
 
 import gzip
+import os
 import re
+import resource
 import socket
 import socketserver
 import threading
@@ -64,6 +66,7 @@ class _Handler(socketserver.BaseRequestHandler):
                 self.server.seen.append((target, headers))
                 self.server.hits[target.split("?")[0]] += 1
                 self.server.arrivals.append(time.monotonic())
+                self.server.arrived.notify_all()
             try:
                 if not self.server.answer(conn, target, headers):
                     return
@@ -82,6 +85,7 @@ class _WireServer(socketserver.ThreadingTCPServer):
         self.seen: list[tuple[str, dict[str, str]]] = []
         self.hits: Counter[str] = Counter()
         self.arrivals: list[float] = []
+        self.arrived = threading.Condition(self.lock)
         self.thread = threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
@@ -98,6 +102,8 @@ class _WireServer(socketserver.ThreadingTCPServer):
         keep = True
         if kind == "smuggled":
             time.sleep(0.3)  # answered late: after the client has sent its next request
+        elif kind == "slow":
+            time.sleep(0.5)
         elif kind == "close":
             keep = False  # legal: close a keep-alive connection after any answer
         elif kind in ("gzip", "deflate"):
@@ -312,3 +318,77 @@ def test_a_503_with_retry_after_is_retried_after_it(server: _WireServer) -> None
     assert (out[1].status, out[1].attempts) == ("ok", 2)
     first, second = (at for at in server.arrivals)
     assert second - first >= 0.95
+
+
+# -- item: the loop thread ----------------------------------------------------------------
+
+
+def test_sockets_numbered_above_fd_setsize_are_waited_on(server: _WireServer) -> None:
+    # select() on curl_multi_fdset leaves out every socket numbered 1024 or more: their
+    # answers were noticed only when libcurl's own timers woke the loop, if ever.
+    need = 1600
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < need:
+        pytest.skip(f"RLIMIT_NOFILE's hard limit is {hard}")
+    if soft != resource.RLIM_INFINITY and soft < need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    target = HttpDownstream(server.url + "/rows")
+    target.close()  # a loop thread of this test's own, made before the fds below
+    assert run([{"id": -1}], target)[-1].status == "ok"
+    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        assert max(fds) >= 1100  # every new connection's socket is numbered above 1024
+        rows = [{"id": i} for i in range(200)]
+        start = time.monotonic()
+        out = run(rows, target, max_in_flight=50, timeout_ms=5_000, retries=0)
+        elapsed = time.monotonic() - start
+        assert {o.status for o in out.values()} == {"ok"}, Counter(o.error for o in out.values())
+        assert elapsed < 2.5, elapsed  # 200 answers from loopback: well under a timeout
+    finally:
+        for fd in fds:
+            os.close(fd)
+        HttpDownstream(server.url).close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_failed_loop_turn_fails_the_calls_in_flight_and_the_loop_goes_on(
+    server: _WireServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from timewheel.spark import _curl
+
+    HttpDownstream(server.url).close()  # a loop of this test's own
+    armed = threading.Event()
+    fired: list[bool] = []
+    original = _curl._Multi.run
+
+    def run_or_raise(self: Any) -> None:
+        if armed.is_set() and not fired:
+            fired.append(True)
+            raise RuntimeError("boom")
+        original(self)
+
+    monkeypatch.setattr(_curl._Multi, "run", run_or_raise)
+    got: list[tuple[bool, Any]] = []
+    ended = threading.Condition()
+
+    def on_done(ok: bool, error: Any) -> None:
+        with ended:
+            got.append((ok, error))
+            ended.notify_all()
+
+    target = HttpDownstream(server.url + "/slow")
+    for i in range(5):
+        target.submit({"id": i}, on_done)
+    with server.arrived:  # all five sent: the service holds them for 0.5 s
+        assert server.arrived.wait_for(lambda: server.hits["/slow"] == 5, timeout=10)
+    armed.set()
+    with ended:
+        assert ended.wait_for(lambda: len(got) == 5, timeout=10)
+    assert fired
+    assert {ok for ok, _ in got} == {False}
+    assert {str(error) for _, error in got} == {"the HTTP loop failed: RuntimeError: boom"}
+    assert {error.retry_after_s for _, error in got} == {0.0}  # worth a retry
+    # the loop went on: later requests are answered
+    again = run([{"id": i} for i in range(5)], HttpDownstream(server.url + "/rows"))
+    assert {o.status for o in again.values()} == {"ok"}
+    target.close()

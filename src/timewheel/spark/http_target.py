@@ -513,11 +513,13 @@ class HttpDownstream:
         else:
             import pycurl
 
-            from ._curl import REFUSED, curl_error_kind
+            from ._curl import LOOP_FAILED, REFUSED, curl_error_kind
 
             ok, reply = False, None
             if errno == REFUSED:
                 failure = Failure(f"request not made: {msg}", None)
+            elif errno == LOOP_FAILED:
+                failure = Failure(msg, 0.0)
             elif errno == pycurl.E_FILESIZE_EXCEEDED:
                 failure = _too_large(self.max_reply_bytes)
             elif errno == pycurl.E_OPERATION_TIMEDOUT:
