@@ -392,3 +392,35 @@ def test_a_failed_loop_turn_fails_the_calls_in_flight_and_the_loop_goes_on(
     again = run([{"id": i} for i in range(5)], HttpDownstream(server.url + "/rows"))
     assert {o.status for o in again.values()} == {"ok"}
     target.close()
+
+
+def test_a_loop_that_keeps_failing_stops_and_says_why(
+    server: _WireServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from timewheel.spark import _curl
+
+    HttpDownstream(server.url).close()  # a loop of this test's own
+    target = HttpDownstream(server.url + "/rows")
+    assert run([{"id": 0}], target)[0].status == "ok"
+
+    def broken(self: Any) -> Any:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(_curl.CurlLoop, "_take", broken)
+    got: list[tuple[bool, Any]] = []
+    ended = threading.Event()
+
+    def on_done(ok: bool, error: Any) -> None:
+        got.append((ok, error))
+        ended.set()
+
+    target.submit({"id": 1}, on_done)
+    assert ended.wait(10)
+    reason = "the HTTP loop failed: OSError: [Errno 24] Too many open files"
+    assert [(ok, str(error)) for ok, error in got] == [(False, reason)]
+    with pytest.raises(RuntimeError, match=re.escape(reason)):
+        target.submit({"id": 2}, on_done)
+    monkeypatch.undo()
+    target.close()  # the next use makes a new loop
+    assert run([{"id": 3}], target)[3].status == "ok"
+    target.close()
