@@ -340,10 +340,11 @@ def test_sockets_numbered_above_fd_setsize_are_waited_on(server: _WireServer) ->
         assert max(fds) >= 1100  # every new connection's socket is numbered above 1024
         rows = [{"id": i} for i in range(200)]
         start = time.monotonic()
-        out = run(rows, target, max_in_flight=50, timeout_ms=5_000, retries=0)
+        out = run(rows, target, max_in_flight=50, timeout_ms=10_000, retries=0)
         elapsed = time.monotonic() - start
         assert {o.status for o in out.values()} == {"ok"}, Counter(o.error for o in out.values())
-        assert elapsed < 2.5, elapsed  # 200 answers from loopback: well under a timeout
+        # 200 answers from loopback (0.3 s here): within half of one call's timeout
+        assert elapsed < 5.0, elapsed
     finally:
         for fd in fds:
             os.close(fd)
