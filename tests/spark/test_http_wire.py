@@ -212,6 +212,7 @@ def test_a_params_value_with_a_line_break_is_data_not_a_header(server: _WireServ
         ({"header_cols": {"X-A\r\n": "c"}}, "header_cols"),
         ({"header_cols": {"X:A": "c"}}, "header_cols"),
         ({"idempotency_header": "Key\r\nX-B: 1"}, "idempotency_header"),
+        ({"params": {"q\r\nX-B: 1": "c"}}, "params"),
     ],
 )
 def test_static_headers_with_line_breaks_are_refused(kwargs: dict[str, Any], words: str) -> None:

@@ -351,6 +351,9 @@ class HttpDownstream:
         self.headers = {"Content-Type": "application/json", **given}
         self.body = body
         self.params = _column_map("params", params)
+        for name, _ in self.params:
+            if _has_break(name):
+                raise ValueError(f"params: the name {name!r} holds a CR, LF or NUL")
         self.header_cols = _column_map("header_cols", header_cols)
         _check_header_names("header_cols", [name for name, _ in self.header_cols])
         self.idempotency_header = idempotency_header
