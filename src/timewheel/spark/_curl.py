@@ -341,10 +341,11 @@ class CurlLoop:
                     return
                 raise RuntimeError(self._failure or "the HTTP loop is closed")
             (self._cancels if cancel else self._adds).append(request)
-            wake = not self._signalled
-            self._signalled = True
-        if wake:  # once per burst of requests, not once per request
-            os.write(self._wfd, b"\0")
+            # Once per burst of requests, not once per request; under the lock, so that
+            # the pipe is still open (the thread closes it only once it sees _closing).
+            if not self._signalled:
+                self._signalled = True
+                os.write(self._wfd, b"\0")
 
     def _take(self) -> tuple[list[Request], list[Request], bool]:
         with self._lock:
@@ -451,5 +452,5 @@ class CurlLoop:
             if self._closing:
                 return
             self._closing = True
-        os.write(self._wfd, b"\0")
+            os.write(self._wfd, b"\0")
         self.thread.join(10)
