@@ -1,14 +1,21 @@
 """libcurl's multi interface driven by one loop thread per process: the HTTP target's client.
 
-The loop is libcurl's own ``perform()`` and ``select()`` over the sockets libcurl names
-(``curl_multi_fdset``), plus a pipe that other threads write to when they queue a
-request or a cancellation. No Python callback runs per socket event or per timer:
-measured against libcurl's ``CURLMOPT_SOCKETFUNCTION`` / ``CURLMOPT_TIMERFUNCTION`` on
-a ``selectors`` loop, this plain loop spent about half the CPU per request (see
-docs/spark.md). Deadlines are not libcurl's business here: the caller's timewheel times
-each call out and cancels it, and :meth:`CurlLoop.cancel` takes the transfer out of the
-multi handle at the loop's next turn, which closes its connection (libcurl never
-reuses a connection whose answer was not read to the end).
+The loop waits with ``poll()`` on the sockets libcurl names, plus a pipe that other
+threads write to when they queue a request or a cancellation, and hands each socket that
+is ready to libcurl (``socket_action``). libcurl names its sockets through
+``CURLMOPT_SOCKETFUNCTION``, called only when what it waits for on a socket changes
+(about twice per request on a kept-alive connection); its timers are read with
+``curl_multi_timeout`` at each turn, not through a timer callback. ``poll()``, unlike
+``select()`` on ``curl_multi_fdset`` (which this loop used before), sees sockets
+numbered ``FD_SETSIZE`` (1024) or more. If a turn of the loop fails, the requests in
+flight end with the reason (:data:`LOOP_FAILED`) and the loop goes on with new
+connections; a second failure in a row stops it, and later requests are refused with
+the reason.
+
+Deadlines are not libcurl's business here: the caller's timewheel times each call out
+and cancels it, and :meth:`Request.cancel` takes the transfer out of the multi handle at
+the loop's next turn, which closes its connection (libcurl never reuses a connection
+whose answer was not read to the end).
 
 One :class:`CurlLoop` per process (see :mod:`._per_process`): it is made after a fork,
 never inherited, and :meth:`CurlLoop.close` stops its thread and closes every
@@ -19,6 +26,7 @@ do not change from request to request are set once.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import select
 import threading
@@ -26,13 +34,16 @@ from typing import Any, Callable, NamedTuple
 
 import pycurl
 
-__all__ = ["REFUSED", "CurlLoop", "Request", "Settings", "curl_error_kind"]
+__all__ = ["LOOP_FAILED", "REFUSED", "CurlLoop", "Request", "Settings", "curl_error_kind"]
+
+logger = logging.getLogger(__name__)
 
 #: ``on_end(context, status, body, headers, curl_errno, curl_message)``: ``context`` is
 #: what the request was made with (the caller's callback, say); status 0 when no answer
-#: came (curl_errno says why); ``body`` is the answer's bytes; ``headers`` holds the
-#: ``Retry-After`` (seconds, as libcurl reads it: a number or an HTTP date) of a 429 and
-#: the ``Location`` of a 3xx, and nothing else: no Python runs per header line.
+#: came (curl_errno says why); ``body`` is the answer's bytes (decoded: gzip, deflate,
+#: ...); ``headers`` holds the ``Retry-After`` (seconds, as libcurl reads it: a number or
+#: an HTTP date) of a 429 or a 503 and the ``Location`` of a 3xx, and nothing else: no
+#: Python runs per header line.
 OnEnd = Callable[[Any, int, bytes, "dict[str, str]", int, str], None]
 
 # libcurl errors that say the connection failed or broke (worth a retry).
@@ -44,6 +55,9 @@ _CONNECTION = {
     pycurl.E_GOT_NOTHING,
     pycurl.E_PARTIAL_FILE,
 }
+# libcurl errors of a request that met a connection the server had closed (legal between
+# two requests of a keep-alive connection): worth sending again at once on a new one.
+_STALE = {pycurl.E_SEND_ERROR, pycurl.E_RECV_ERROR, pycurl.E_GOT_NOTHING}
 _TLS = {
     pycurl.E_SSL_CONNECT_ERROR,
     pycurl.E_PEER_FAILED_VERIFICATION,
@@ -66,6 +80,24 @@ _NO_HEADERS: dict[str, str] = {}
 
 #: The ``curl_errno`` of a request libcurl would not take (its message says why).
 REFUSED = -1
+#: The ``curl_errno`` of a request in flight when the loop thread failed (the message
+#: says why); the loop starts again with new connections.
+LOOP_FAILED = -2
+
+# What poll() waits for, for each of libcurl's socket wishes.
+_EVENTS = {
+    pycurl.POLL_IN: select.POLLIN,
+    pycurl.POLL_OUT: select.POLLOUT,
+    pycurl.POLL_INOUT: select.POLLIN | select.POLLOUT,
+}
+
+# What libcurl is told of a socket, for each set of poll() events (their low 6 bits).
+_CSELECT = tuple(
+    (pycurl.CSELECT_IN if events & (select.POLLIN | select.POLLPRI | select.POLLHUP) else 0)
+    | (pycurl.CSELECT_OUT if events & select.POLLOUT else 0)
+    | (pycurl.CSELECT_ERR if events & (select.POLLERR | select.POLLNVAL) else 0)
+    for events in range(64)
+)
 
 
 class Settings(NamedTuple):
@@ -85,6 +117,7 @@ class Request:
         "cancelled",
         "context",
         "easy",
+        "fresh",
         "headers",
         "loop",
         "method",
@@ -113,6 +146,7 @@ class Request:
         self.body = body
         self.on_end = on_end
         self.cancelled = False
+        self.fresh = False  # sent again on a new connection (once at most)
         self.easy: Any = None
 
     def cancel(self) -> None:
@@ -125,9 +159,13 @@ class Request:
 class _Multi:
     """A multi handle and the idle easy handles of one :class:`Settings`."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, loop: CurlLoop) -> None:
         self.settings = settings
+        self.loop = loop
         self.multi = pycurl.CurlMulti()
+        # libcurl names the sockets it waits on, and for what, when that changes: the
+        # loop polls them, whatever their numbers, and hands their events back to it.
+        self.multi.setopt(pycurl.M_SOCKETFUNCTION, self.on_socket)
         if settings.max_connections is not None:
             self.multi.setopt(pycurl.M_MAX_TOTAL_CONNECTIONS, settings.max_connections)
         self.idle: list[Any] = []
@@ -143,14 +181,29 @@ class _Multi:
         easy.setopt(pycurl.SSL_VERIFYHOST, 2 if s.verify_tls else 0)
         easy.setopt(pycurl.MAXFILESIZE_LARGE, s.max_reply_bytes)
         easy.setopt(pycurl.FOLLOWLOCATION, 0)
+        # Ask for every encoding this libcurl decodes (gzip, deflate, br, zstd), and decode.
+        easy.setopt(pycurl.ACCEPT_ENCODING, "")
+        # The path as the target built it: libcurl would otherwise remove dot segments.
+        easy.setopt(pycurl.PATH_AS_IS, 1)
         if s.timeout_ms is not None:
             easy.setopt(pycurl.TIMEOUT_MS, s.timeout_ms)
         easy.custom = None
         easy.url = None
+        easy.fresh = False
         # The answer's chunks: one list per handle, emptied when its request ends.
         easy.chunks = []
         easy.setopt(pycurl.WRITEFUNCTION, easy.chunks.append)
         return easy
+
+    def on_socket(self, what: int, fd: int, multi: Any, data: Any) -> None:
+        """libcurl's ``CURLMOPT_SOCKETFUNCTION``: wait on ``fd`` for ``what`` from now on."""
+        loop = self.loop
+        if what == pycurl.POLL_REMOVE:
+            if loop._owners.pop(fd, None) is not None:
+                loop._poll.unregister(fd)
+        else:
+            loop._owners[fd] = self
+            loop._poll.register(fd, _EVENTS[what])
 
     def add(self, request: Request) -> None:
         easy = self._easy()
@@ -165,6 +218,9 @@ class _Multi:
         self.multi.add_handle(easy)
 
     def _prepare(self, easy: Any, request: Request) -> None:
+        if easy.fresh:
+            easy.setopt(pycurl.FRESH_CONNECT, 0)
+            easy.fresh = False
         if request.url != easy.url:
             easy.setopt(pycurl.URL, request.url)
             easy.url = request.url
@@ -188,13 +244,28 @@ class _Multi:
         easy.chunks.clear()
         self.idle.append(easy)
 
+    def resend(self, easy: Any, request: Request) -> bool:
+        """Send ``request`` again on a new connection if it failed on a reused one before
+        any answer came (the server had closed it: libcurl's own retries pick the pool's
+        next connection, which may be closed too); once per request."""
+        if request.fresh or easy.getinfo(pycurl.NUM_CONNECTS) or easy.getinfo(pycurl.HEADER_SIZE):
+            return False
+        request.fresh = easy.fresh = True
+        self.multi.remove_handle(easy)
+        easy.chunks.clear()
+        easy.setopt(pycurl.FRESH_CONNECT, 1)
+        self.multi.add_handle(easy)
+        return True
+
     def finish(self, easy: Any, errno: int, message: str) -> None:
         request = self.running.get(easy)
         if request is None:
             return
+        if errno in _STALE and not request.cancelled and self.resend(easy, request):
+            return
         status = easy.getinfo(pycurl.RESPONSE_CODE) if errno == 0 else 0
         headers = _NO_HEADERS
-        if status == 429:
+        if status == 429 or status == 503:
             headers = {"Retry-After": str(easy.getinfo(pycurl.RETRY_AFTER))}
         elif 300 <= status < 400:
             headers = {"Location": easy.getinfo(pycurl.REDIRECT_URL) or ""}
@@ -206,9 +277,11 @@ class _Multi:
             request.on_end(request.context, status, body, headers, errno, message)
 
     def run(self) -> None:
+        """Run libcurl's timers if one is due (new requests start so), then report what
+        ended; socket events were handed to libcurl as they came (:meth:`CurlLoop._turn`)."""
         multi = self.multi
-        while multi.perform()[0] == pycurl.E_CALL_MULTI_PERFORM:
-            pass
+        if multi.timeout() == 0:
+            multi.socket_action(pycurl.SOCKET_TIMEOUT, 0)
         while True:
             queued, ok, failed = multi.info_read()
             for easy in ok:
@@ -236,10 +309,13 @@ class CurlLoop:
         self._cancels: list[Request] = []
         self._signalled = False
         self._closing = False
+        self._failure: str | None = None
         self._rfd, self._wfd = os.pipe()
         os.set_blocking(self._rfd, False)
         os.set_blocking(self._wfd, False)
         self._multis: dict[Settings, _Multi] = {}
+        self._owners: dict[int, _Multi] = {}  # the sockets libcurl waits on: whose they are
+        self._poll = self._new_poll()
         self.thread = threading.Thread(target=self._run, name="timewheel-http", daemon=True)
         self.thread.start()
 
@@ -263,12 +339,13 @@ class CurlLoop:
             if self._closing:
                 if cancel:
                     return
-                raise RuntimeError("the HTTP loop is closed")
+                raise RuntimeError(self._failure or "the HTTP loop is closed")
             (self._cancels if cancel else self._adds).append(request)
-            wake = not self._signalled
-            self._signalled = True
-        if wake:  # once per burst of requests, not once per request
-            os.write(self._wfd, b"\0")
+            # Once per burst of requests, not once per request; under the lock, so that
+            # the pipe is still open (the thread closes it only once it sees _closing).
+            if not self._signalled:
+                self._signalled = True
+                os.write(self._wfd, b"\0")
 
     def _take(self) -> tuple[list[Request], list[Request], bool]:
         with self._lock:
@@ -281,42 +358,93 @@ class CurlLoop:
             return adds, cancels, self._closing
 
     def _run(self) -> None:
-        rfd = self._rfd
+        failed_turns = 0
         while True:
-            adds, cancels, closing = self._take()
-            if closing:
-                break
-            for request in cancels:
-                if request.easy is not None:
-                    self._multis[request.settings].remove(request)
-            for request in adds:
-                if not request.cancelled:
-                    multi = self._multis.get(request.settings)
-                    if multi is None:
-                        multi = self._multis[request.settings] = _Multi(request.settings)
-                    try:
-                        multi.add(request)
-                    except Exception as exc:  # libcurl refused an option (a bad URL, say)
-                        message = f"{type(exc).__name__}: {exc}"
-                        request.on_end(request.context, 0, b"", _NO_HEADERS, REFUSED, message)
-            wait_ms = -1
-            reads, writes, errors = [rfd], [], []
-            for multi in self._multis.values():
-                multi.run()
-                t = multi.multi.timeout()
-                if t >= 0 and (wait_ms < 0 or t < wait_ms):
-                    wait_ms = t
-                r, w, x = multi.multi.fdset()
-                reads += r
-                writes += w
-                errors += x
-            if wait_ms != 0:
-                select.select(reads, writes, errors, None if wait_ms < 0 else wait_ms / 1000)
+            try:
+                if self._turn():
+                    break
+                failed_turns = 0
+            except Exception as exc:  # a bug, or libcurl in a state it should not be in
+                failed_turns += 1
+                reason = f"the HTTP loop failed: {type(exc).__name__}: {exc}"
+                logger.error("%s", reason, exc_info=True)
+                self._reset(reason)
+                if failed_turns > 1:  # failed again right after a reset: stop for good
+                    self._stop(reason)
+                    break
         for multi in self._multis.values():
             multi.close()
         self._multis.clear()
         os.close(self._rfd)
         os.close(self._wfd)
+
+    def _turn(self) -> bool:
+        """One turn of the loop: take what was queued, run libcurl, wait; True: closing."""
+        adds, cancels, closing = self._take()
+        if closing:
+            return True
+        for request in cancels:
+            if request.easy is not None:
+                self._multis[request.settings].remove(request)
+        for request in adds:
+            if not request.cancelled:
+                multi = self._multis.get(request.settings)
+                if multi is None:
+                    multi = self._multis[request.settings] = _Multi(request.settings, self)
+                try:
+                    multi.add(request)
+                except Exception as exc:  # libcurl refused an option (a bad URL, say)
+                    message = f"{type(exc).__name__}: {exc}"
+                    request.on_end(request.context, 0, b"", _NO_HEADERS, REFUSED, message)
+        wait_ms = -1
+        for multi in self._multis.values():
+            multi.run()
+            t = multi.multi.timeout()
+            if t >= 0 and (wait_ms < 0 or t < wait_ms):
+                wait_ms = t
+        if wait_ms != 0:
+            owners = self._owners
+            for fd, events in self._poll.poll(None if wait_ms < 0 else wait_ms):
+                owner = owners.get(fd)
+                if owner is None:
+                    continue  # the wake-up pipe: read by the next turn's _take
+                if events & select.POLLNVAL:  # closed without libcurl saying so: forget it
+                    del owners[fd]
+                    self._poll.unregister(fd)
+                owner.multi.socket_action(fd, _CSELECT[events & 63])
+        return False
+
+    def _new_poll(self) -> Any:
+        poll = select.poll()  # no limit on socket numbers, unlike select() (FD_SETSIZE)
+        poll.register(self._rfd, select.POLLIN)
+        return poll
+
+    def _reset(self, reason: str) -> None:
+        """After a failed turn: fail every request in flight, drop every connection."""
+        ended: list[Request] = []
+        for multi in self._multis.values():
+            ended += [r for r in multi.running.values() if not r.cancelled]
+            with contextlib.suppress(Exception):
+                multi.close()
+        self._multis.clear()
+        self._owners.clear()
+        self._poll = self._new_poll()
+        for request in ended:
+            request.easy = None
+            with contextlib.suppress(Exception):
+                request.on_end(request.context, 0, b"", _NO_HEADERS, LOOP_FAILED, reason)
+
+    def _stop(self, reason: str) -> None:
+        """Stop for good: fail what is queued, and refuse what comes with ``reason``."""
+        with self._lock:
+            self._closing = True
+            self._failure = reason
+            adds, self._adds = self._adds, []
+            self._cancels = []
+        for request in adds:
+            if not request.cancelled:
+                with contextlib.suppress(Exception):
+                    request.on_end(request.context, 0, b"", _NO_HEADERS, LOOP_FAILED, reason)
 
     def close(self) -> None:
         """Drop what is in flight (never reported), close every connection, stop the thread."""
@@ -324,5 +452,5 @@ class CurlLoop:
             if self._closing:
                 return
             self._closing = True
-        os.write(self._wfd, b"\0")
+            os.write(self._wfd, b"\0")
         self.thread.join(10)

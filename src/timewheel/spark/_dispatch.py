@@ -16,7 +16,6 @@ partitions may share a value of the second column).
 
 from __future__ import annotations
 
-import gc
 import pickle
 import sys
 import time
@@ -41,7 +40,6 @@ from pyspark.sql.types import (
 )
 
 from .._validate import check_columns, check_int
-from ._per_process import PerProcess
 from .admission import check_rate
 from .engines import OK, RESULT_COLUMNS, DispatchConfig, Outcome
 from .journal import FLUSH_ROWS, FLUSH_S, JournalWriter
@@ -201,7 +199,6 @@ class _PartitionDispatch:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         engine = get_engine(self.engine)
-        _HEAP_FROZEN.get()  # once per Python worker
         schemas: list[pa.Schema] = []
         worker = worker_metrics()
         counts = worker.start()
@@ -367,23 +364,6 @@ def sent_once(
             yield ready.popleft()
     while ready:
         yield ready.popleft()
-
-
-def _freeze_heap() -> None:
-    """Move what this worker has loaded out of the garbage collector's way.
-
-    A worker holds hundreds of thousands of long-lived objects (PySpark, pyarrow, this
-    package), and every engine allocates a few small objects per row, which triggers
-    full collections that would scan all of them again and again (half of a worker's
-    CPU in a profile). Frozen objects are still freed by reference counting; the GC
-    just stops scanning them. Done once per process, after a collection, so at most
-    the first task's few cyclic leftovers are kept.
-    """
-    gc.collect()
-    gc.freeze()
-
-
-_HEAP_FROZEN = PerProcess(_freeze_heap)
 
 
 def _probe(_: Iterable[int]) -> Iterator[str]:

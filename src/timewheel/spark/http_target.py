@@ -29,9 +29,11 @@ import contextlib
 import copy
 import email.utils
 import hashlib
+import ipaddress
 import json
 import logging
 import math
+import re
 import threading
 import time
 import urllib.parse
@@ -113,12 +115,12 @@ def verdict(
 ) -> tuple[bool, str | None, float | None]:
     """``(ok, error, retry_after_s)`` of an answer; ``retry_after_s`` None: do not retry.
 
-    ``header(name)`` reads one of the answer's headers (only for a 3xx or a 429).
+    ``header(name)`` reads one of the answer's headers (only for a 3xx, a 429 or a 503).
     """
     if 200 <= status < 300:
         return True, None, 0.0
     error = f"HTTP {status}: {text[:_DETAIL].decode('utf-8', 'replace')}"
-    if status == 429:
+    if status == 429 or status == 503:
         return False, error, retry_after_s(header("Retry-After"), cap_s)
     if status >= 500:
         return False, error, 0.0
@@ -150,6 +152,48 @@ def _template(url: str) -> tuple[tuple[str, str | None], ...]:
     return tuple(pieces)
 
 
+# A host name: dot-separated labels of letters, digits, - and _ (an optional final dot).
+_HOST = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?")
+
+
+def _check_url(url: str, pieces: tuple[tuple[str, str | None], ...]) -> None:
+    """ValueError naming ``url`` unless it is an http(s) URL libcurl will take as it reads.
+
+    Checked once, when the target is made, with every ``{column}`` standing for a value:
+    no space or control character, a host that is a name or an IP address and holds no
+    field, a port in 1..65535.
+    """
+    filled = ["".join(t + (fill if c else "") for t, c in pieces) for fill in ("x", "y")]
+    text = filled[0]
+    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
+        raise ValueError(f"url must hold no spaces or control characters, got {url!r}")
+    try:
+        parts, other = (urllib.parse.urlsplit(each) for each in filled)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"url {url!r} is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"url must be an http:// or https:// URL with a host, got {url!r}")
+    if (parts.scheme, parts.netloc) != (other.scheme, other.netloc):
+        raise ValueError(f"url must not take its host or port from a column, got {url!r}")
+    if port == 0:
+        raise ValueError(f"url {url!r}: port 0 is not a port")
+    host = parts.hostname
+    if "[" in parts.netloc:
+        try:
+            ipaddress.IPv6Address(host.partition("%")[0])
+        except ValueError:
+            raise ValueError(f"url {url!r}: [{host}] is not an IPv6 address") from None
+    elif not _HOST.fullmatch(host):
+        raise ValueError(f"url {url!r}: {host!r} is not a host name or IP address")
+
+
+def _segment(value: str) -> str:
+    """``value`` percent-encoded as one path segment: ``/?#%`` and a bare ``.``/``..`` too."""
+    quoted = urllib.parse.quote(value, safe="")
+    return quoted.replace(".", "%2E") if quoted.strip(".") == "" else quoted
+
+
 def _column_map(name: str, value: Any) -> tuple[tuple[str, str], ...]:
     """``value`` (a mapping of names to column names) as pairs, or TypeError naming ``name``."""
     given = {} if value is None else value
@@ -158,6 +202,24 @@ def _column_map(name: str, value: Any) -> tuple[tuple[str, str], ...]:
     ):
         raise TypeError(f"{name} must be a mapping of names to column names, got {value!r}")
     return tuple(given.items())
+
+
+# What may not be inside a header value (or a URL): it would end the line, or the request.
+_BREAKS = re.compile("[\r\n\0]")
+# A header name is an RFC 9110 token.
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _has_break(value: str) -> bool:
+    """Whether ``value`` holds a CR, LF or NUL (which would end a header line on the wire)."""
+    return _BREAKS.search(value) is not None
+
+
+def _check_header_names(name: str, names: Sequence[str]) -> None:
+    """ValueError naming ``name`` unless every one of ``names`` is a header name (a token)."""
+    for header in names:
+        if not _TOKEN.fullmatch(header):
+            raise ValueError(f"{name}: {header!r} is not a header name (letters, digits, -, ...)")
 
 
 _LOOP_LOCK = threading.Lock()
@@ -249,9 +311,7 @@ class HttpDownstream:
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, got {url!r}")
         pieces = _template(url)
-        parts = urllib.parse.urlsplit("".join(t + ("x" if c else "") for t, c in pieces))
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"url must be an http:// or https:// URL with a host, got {url!r}")
+        _check_url(url, pieces)
         if not isinstance(method, str) or method.upper() not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
         if id_col is not None and (not isinstance(id_col, str) or not id_col):
@@ -261,6 +321,10 @@ class HttpDownstream:
             isinstance(k, str) and isinstance(v, str) for k, v in given.items()
         ):
             raise TypeError(f"headers must be a mapping of str to str, got {headers!r}")
+        _check_header_names("headers", list(given))
+        for name, value in given.items():
+            if _has_break(value):
+                raise ValueError(f"headers: the value of {name!r} holds a CR, LF or NUL")
         if isinstance(body, str):
             if body not in ("row", "none"):
                 raise TypeError(
@@ -275,6 +339,8 @@ class HttpDownstream:
             raise TypeError(
                 f"idempotency_header must be a header name or None, got {idempotency_header!r}"
             )
+        if idempotency_header is not None:
+            _check_header_names("idempotency_header", [idempotency_header])
         if max_connections is not None:
             max_connections = check_int("max_connections", max_connections, 1)
         if not isinstance(verify_tls, bool):
@@ -285,7 +351,11 @@ class HttpDownstream:
         self.headers = {"Content-Type": "application/json", **given}
         self.body = body
         self.params = _column_map("params", params)
+        for name, _ in self.params:
+            if _has_break(name):
+                raise ValueError(f"params: the name {name!r} holds a CR, LF or NUL")
         self.header_cols = _column_map("header_cols", header_cols)
+        _check_header_names("header_cols", [name for name, _ in self.header_cols])
         self.idempotency_header = idempotency_header
         self.max_connections = max_connections
         self.verify_tls = verify_tls
@@ -360,7 +430,7 @@ class HttpDownstream:
         url = self.url
         if self._pieces is not None:
             url = "".join(
-                text + (urllib.parse.quote(self._value(row, col, "url"), safe="") if col else "")
+                text + (_segment(self._value(row, col, "url")) if col else "")
                 for text, col in self._pieces
             )
         if self.params:
@@ -369,7 +439,12 @@ class HttpDownstream:
             )
             url += ("&" if "?" in url else "?") + query
         for name, col in self.header_cols:
-            extra[name] = self._value(row, col, "header")
+            value = self._value(row, col, "header")
+            if _has_break(value):
+                raise DownstreamError(
+                    f"header column {col!r} holds a CR, LF or NUL: not sent", retry_after_s=None
+                )
+            extra[name] = value
         body = self.body
         if body is None:
             body = "none" if self.method in ("GET", "DELETE") else "row"
@@ -441,11 +516,13 @@ class HttpDownstream:
         else:
             import pycurl
 
-            from ._curl import REFUSED, curl_error_kind
+            from ._curl import LOOP_FAILED, REFUSED, curl_error_kind
 
             ok, reply = False, None
             if errno == REFUSED:
                 failure = Failure(f"request not made: {msg}", None)
+            elif errno == LOOP_FAILED:
+                failure = Failure(msg, 0.0)
             elif errno == pycurl.E_FILESIZE_EXCEEDED:
                 failure = _too_large(self.max_reply_bytes)
             elif errno == pycurl.E_OPERATION_TIMEDOUT:
