@@ -7,6 +7,7 @@ twin), through test_aio_loop's wheel_class.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import Iterator
@@ -14,8 +15,8 @@ from typing import Any, Callable
 
 import pytest
 
-from test_aio_loop import BASES, wheel_class
-from timewheel import Implementation
+from test_aio_loop import BASES, uvloop, wheel_class
+from timewheel import Implementation, aio
 
 
 @pytest.fixture(params=BASES)
@@ -173,3 +174,43 @@ def test_debug_mode_keeps_deadline_order_and_the_exception_report(
     loop.run_until_complete(main())
     assert ran == [1, 2, 3]
     assert len(reports) == 1 and isinstance(reports[0]["exception"], ValueError)
+
+
+# -- aio.run's end, on every Python --------------------------------------------------------
+def test_aio_run_cancels_the_tasks_main_left_and_runs_their_cleanup(
+    base: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before, on Python 3.9 and 3.10: the task was never cancelled, its finally never ran,
+    # and asyncio logged "Task was destroyed but it is pending!" when it was collected.
+    if base == "uvloop" and uvloop is None:
+        pytest.skip("uvloop is not installed on this platform")
+    events: list[str] = []
+    reports: list[dict[str, Any]] = []
+
+    async def forever() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            events.append("cleanup")
+
+    async def raises_on_cancel() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            raise ValueError("in cleanup")
+
+    async def main() -> str:
+        asyncio.get_running_loop().set_exception_handler(lambda lp, ctx: reports.append(ctx))
+        left = [asyncio.ensure_future(forever()), asyncio.ensure_future(raises_on_cancel())]
+        await asyncio.sleep(0)
+        return "done" if not any(t.done() for t in left) else "a task ended early"
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        assert aio.run(main(), base=base) == "done"
+        gc.collect()
+    assert events == ["cleanup"]
+    # the cleanup's exception is reported; no "Task was destroyed but it is pending!"
+    assert [(type(r.get("exception")), "destroyed" in r["message"]) for r in reports] == [
+        (ValueError, False)
+    ]
+    assert not [r for r in caplog.records if "destroyed" in r.getMessage()]
