@@ -251,15 +251,11 @@ def test_a_deadline_already_reached_expires_at_the_first_suspension(
             out.append(f"not suspended, expired={cm.expired()}")
         return out
 
-    assert (
-        on_both(base, loop, scenario)
-        == [
-            "TimeoutError, expired=True",
-            "TimeoutError after reschedule to the past",
-            "not suspended, expired=False",
-        ]
-        * len(makes)
-    )
+    assert on_both(base, loop, scenario) == [
+        "TimeoutError, expired=True",
+        "TimeoutError after reschedule to the past",
+        "not suspended, expired=False",
+    ] * len(makes)
 
 
 def test_timeouts_and_wait_for_give_asyncios_outcomes(

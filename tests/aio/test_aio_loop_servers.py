@@ -35,6 +35,7 @@ else:  # 3.9, 3.10: a bound on a wait, on the loop's own call_later (so on the w
         finally:
             handle.cancel()
 
+
 pytest.importorskip("uvicorn")
 web = pytest.importorskip("aiohttp.web")
 aiohttp = pytest.importorskip("aiohttp")
