@@ -156,7 +156,11 @@ def run(main: Coroutine[Any, Any, T], *, base: str = "asyncio", debug: bool | No
     if sys.version_info >= (3, 11):
         with asyncio.Runner(debug=debug, loop_factory=factory) as runner:
             return runner.run(main)
-    loop = factory()  # pragma: no cover - Python 3.9 and 3.10: what asyncio.run does
+    if asyncio._get_running_loop() is not None:  # pragma: no cover - 3.9 and 3.10 from here
+        raise RuntimeError("aio.run() cannot be called from a running event loop")
+    if not asyncio.iscoroutine(main):  # pragma: no cover
+        raise ValueError(f"a coroutine was expected, got {main!r}")
+    loop = factory()  # pragma: no cover - what asyncio.run does there
     try:  # pragma: no cover
         asyncio.set_event_loop(loop)
         if debug is not None:
@@ -164,8 +168,30 @@ def run(main: Coroutine[Any, Any, T], *, base: str = "asyncio", debug: bool | No
         return loop.run_until_complete(main)
     finally:  # pragma: no cover
         try:
+            _cancel_all_tasks(loop)
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.run_until_complete(loop.shutdown_default_executor())
         finally:
             asyncio.set_event_loop(None)
             loop.close()
+
+
+def _cancel_all_tasks(loop: asyncio.AbstractEventLoop) -> None:  # pragma: no cover - 3.9, 3.10
+    """Cancel the tasks ``main()`` left pending and let their cleanup run, as asyncio.run
+    does (on 3.11+ asyncio.Runner does it); an exception one raises meanwhile goes to the
+    loop's exception handler."""
+    pending = asyncio.all_tasks(loop)
+    if not pending:
+        return
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    for task in pending:
+        if not task.cancelled() and task.exception() is not None:
+            loop.call_exception_handler(
+                {
+                    "message": "unhandled exception during aio.run() shutdown",
+                    "exception": task.exception(),
+                    "task": task,
+                }
+            )

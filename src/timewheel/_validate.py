@@ -49,9 +49,12 @@ def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = Non
     if type(value) is int:
         v: int = value
     else:
-        # operator.index accepts NumPy integers and refuses floats and NumPy bools.
+        # operator.index accepts NumPy integers and refuses floats, and NumPy bools from
+        # NumPy 2.1 on (2.0, the last for Python 3.9, only warns: refused here by name).
         try:
-            if isinstance(value, bool):
+            if isinstance(value, bool) or (
+                type(value).__name__ in ("bool", "bool_") and type(value).__module__ == "numpy"
+            ):
                 raise TypeError
             v = operator.index(value)
         except TypeError:

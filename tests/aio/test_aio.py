@@ -567,7 +567,7 @@ def test_timeout_raises_the_builtin_timeout_error_on_every_loop(
 ) -> None:
     async def main() -> Any:
         start = loop.time()
-        with pytest.raises(TimeoutError) as info:
+        with pytest.raises(asyncio.TimeoutError) as info:  # TimeoutError from 3.11
             async with A.timeout(0.01) as cm:
                 await asyncio.sleep(5)
         assert cm.expired() and isinstance(info.value.__cause__, asyncio.CancelledError)
@@ -593,7 +593,7 @@ def test_a_timeout_made_on_one_loop_fires_on_the_loop_it_is_entered_on(
         try:
             async with cm:
                 await asyncio.sleep(2)  # bounded: without the timeout it ends here
-        except TimeoutError:
+        except asyncio.TimeoutError:
             return "fired"
         return "did not fire"
 
@@ -662,10 +662,10 @@ def test_wait_for(loop: asyncio.AbstractEventLoop) -> None:
                 cancelled.append(True)
                 raise
 
-        with pytest.raises(TimeoutError):
+        with pytest.raises(asyncio.TimeoutError):
             await public_aio.wait_for(slow(), 0.01)
         assert cancelled == [True]
-        with pytest.raises(TimeoutError):
+        with pytest.raises(asyncio.TimeoutError):
             await public_aio.wait_for(slow(), 0)
         done = loop.create_future()
         done.set_result(7)

@@ -5,6 +5,7 @@ aiohttp server and client, on 127.0.0.1; their keep-alive timeouts are the wheel
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import socket
@@ -20,6 +21,21 @@ import pytest
 from test_aio_loop import wheel_class
 from timewheel import Implementation
 
+if sys.version_info >= (3, 11):
+    bound = asyncio.timeout
+else:  # 3.9, 3.10: a bound on a wait, on the loop's own call_later (so on the wheel)
+
+    @contextlib.asynccontextmanager
+    async def bound(seconds: float) -> Any:
+        task = asyncio.current_task()
+        assert task is not None
+        handle = asyncio.get_running_loop().call_later(seconds, task.cancel)
+        try:
+            yield
+        finally:
+            handle.cancel()
+
+
 pytest.importorskip("uvicorn")
 web = pytest.importorskip("aiohttp.web")
 aiohttp = pytest.importorskip("aiohttp")
@@ -31,8 +47,13 @@ import asyncio
 async def app(scope, receive, send):
     assert scope["type"] == "http"
     loop = asyncio.get_running_loop()
-    async with asyncio.timeout(5):  # unchanged user code: a timer on the wheel
+    if hasattr(asyncio, "timeout"):  # Python 3.11+
+        async with asyncio.timeout(5):  # unchanged user code: a timer on the wheel
+            pending = len(loop._timewheel)
+    else:  # 3.9, 3.10: a timer of the app's own
+        handle = loop.call_later(5, print)
         pending = len(loop._timewheel)
+        handle.cancel()
     body = f"{type(loop).__name__} {pending}".encode()
     headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -138,7 +159,7 @@ def test_aiohttp_server_and_client_on_the_wheel_loop(
     keepalive = 0.5
 
     async def handle(request: Any) -> Any:
-        async with asyncio.timeout(5):
+        async with bound(5):
             await asyncio.sleep(0.001)
             return web.Response(text=str(len(asyncio.get_running_loop()._timewheel)))
 
@@ -151,7 +172,7 @@ def test_aiohttp_server_and_client_on_the_wheel_loop(
         await site.start()
         port = runner.addresses[0][1]
         try:
-            async with asyncio.timeout(20):
+            async with bound(20):
                 timeout = aiohttp.ClientTimeout(total=5, sock_read=5)
                 async with aiohttp.ClientSession(timeout=timeout) as session:
                     texts = []

@@ -114,7 +114,8 @@ def run(TW: Any, wheel: tuple[int, int, int], program: list[tuple]) -> None:
     tags: dict[str, int] = {}
 
     def same(ha: list[int], hb: list[int]) -> None:
-        for x, y in zip(ha, hb, strict=True):
+        assert len(ha) == len(hb)
+        for x, y in zip(ha, hb):
             assert x & ~TAG == y & ~TAG
             assert tags.setdefault("a", x & TAG) == x & TAG, "a wheel changed its tag"
             assert tags.setdefault("b", y & TAG) == y & TAG, "a wheel changed its tag"

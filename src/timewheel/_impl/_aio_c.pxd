@@ -49,6 +49,7 @@ cdef class LoopTimer:
     cdef TimingWheel _wheel
     cdef object _alarm  # weak reference to the armed _Alarm, or None
     cdef int64_t _armed_ns
+    cdef int64_t _due_ns  # the latest wheel key given to a timer already due when scheduled
     cdef bint _firing
     cdef bint _closed
     cdef public bint _debug  # the wheel loop's debug mode: its call_later/call_at check more
@@ -59,6 +60,8 @@ cdef class LoopTimer:
     cdef TimerHandle _handle(self, double when, object callback, tuple args, object context)
     cdef object _live_loop(self)
     cdef int _add(self, _Entry entry, double when) except -1
+    cdef int _add_due(self, _Entry entry, double when, double now) except -1
+    cdef int _defer(self, object loop, _Entry entry) except -1
     cdef int _arm(self, int64_t t) except -1
     cdef int _fire(self) except -1
     cdef int _rearm(self) except -1

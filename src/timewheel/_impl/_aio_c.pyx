@@ -85,6 +85,13 @@ cdef inline int64_t tick_end(int64_t d) noexcept:
     return q * TICK
 
 
+cdef inline int64_t due_ns(double when, double now) noexcept:
+    """The wheel key of a timer already due (``when <= now``); see the twin's due_ns."""
+    cdef int64_t n = <int64_t>floor(now * 1e9)
+    cdef int64_t d = <int64_t>ceil((when if when > -MAX_TIME else -MAX_TIME) * 1e9)
+    return d if d < n else n
+
+
 cdef inline double as_delay(object delay) except? -1.0:
     """``delay`` as seconds >= 0, checked by _validate unless it is a plain float in range."""
     cdef double d
@@ -213,6 +220,26 @@ cdef class _Alarm:
             timer._alarm_lost()
 
 
+class _Deferred:
+    """A due entry handed to ``loop.call_soon`` in debug mode; see the twin's."""
+
+    def __init__(self, timer, entry, callback):
+        self.timer = timer
+        self.entry = entry
+        if callback is None:
+            self.__qualname__ = repr(entry)
+        else:
+            self.__qualname__ = (
+                getattr(callback, "__qualname__", None)
+                or getattr(callback, "__name__", None)
+                or repr(callback)
+            )
+            self.__wrapped__ = callback
+
+    def __call__(self, *args):
+        self.timer._run_deferred(self.entry)
+
+
 @cython.final
 cdef class LoopTimer:
     """The timing wheel of one event loop; get it with :func:`get_timer`."""
@@ -221,6 +248,7 @@ cdef class LoopTimer:
         self._loopref = weakref.ref(loop)
         self._wheel = TimingWheel(TICK, WHEEL_SIZE, <int64_t>floor(loop.time() * 1e9))
         self._armed_ns = NEVER
+        self._due_ns = -NEVER  # the latest key given to a timer already due (due_ns)
         self._context = Context()
         # the wheel loop's own call_at goes to this wheel: the alarm takes the base loop's
         self._base_call_at = getattr(type(loop), "_timewheel_base_call_at", None)
@@ -296,6 +324,25 @@ cdef class LoopTimer:
         entry._timer = self
         return 0
 
+    cdef int _add_due(self, _Entry entry, double when, double now) except -1:
+        """``entry``, due already at loop time ``now``: see the twin's."""
+        cdef int64_t d, h
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        d = due_ns(when, now)
+        h = self._wheel._schedule_item(d, entry, False)
+        if d < self._armed_ns and not self._firing:
+            try:
+                self._arm(d)
+            except BaseException:
+                self._wheel._cancel_handle(h)
+                raise
+        if d > self._due_ns:
+            self._due_ns = d
+        entry._id = h
+        entry._timer = self
+        return 0
+
     cdef int _arm(self, int64_t t) except -1:
         loop = self._live_loop()
         cdef _Alarm alarm = _Alarm.__new__(_Alarm)
@@ -333,14 +380,18 @@ cdef class LoopTimer:
         for i in range(n):
             (<_Entry>due[i])._id = 0  # left the wheel; a reschedule gives it a new id
         self._firing = True
+        cdef bint debug = self._debug
         i = 0
         try:
             while i < n:
                 entry = <_Entry>due[i]
                 i += 1
                 if entry._timer is self and not entry._id:
-                    entry._timer = None
-                    entry._expire(loop)
+                    if debug:
+                        self._defer(loop, entry)
+                    else:
+                        entry._timer = None
+                        entry._expire(loop)
         finally:
             self._firing = False
             while i < n:  # a callback raised SystemExit or KeyboardInterrupt
@@ -352,11 +403,35 @@ cdef class LoopTimer:
         return 0
 
     cdef int _rearm(self) except -1:
+        cdef int64_t t
         d = self._wheel.next_deadline()
         if d is not None and not self._closed:
-            # A firing cut short by CASCADE_LIMIT left due entries: go on at once.
-            self._arm(self._wheel._now if d <= self._wheel._now else tick_end(d))
+            # Due already (cut short by CASCADE_LIMIT, or due when scheduled): at once.
+            t = d
+            self._arm(t if t <= self._wheel._now or t <= self._due_ns else tick_end(t))
         return 0
+
+    cdef int _defer(self, object loop, _Entry entry) except -1:
+        """Debug mode: run the due ``entry`` as a callback of its own; see the twin's."""
+        cdef TimerHandle handle
+        if isinstance(entry, TimerHandle):
+            handle = <TimerHandle>entry
+            soon = loop.call_soon(
+                _Deferred(self, entry, handle._callback), *handle._args, context=Context()
+            )
+        else:
+            soon = loop.call_soon(_Deferred(self, entry, None), context=Context())
+        try:  # made here, not where the timer was (asyncio's handles let it go, uvloop's not)
+            soon._source_traceback = None
+        except AttributeError:
+            pass
+        return 0
+
+    def _run_deferred(self, _Entry entry not None):
+        loop = <object>PyWeakref_GetObject(self._loopref)
+        if loop is not None and entry._timer is self and not entry._id:  # not cancelled since
+            entry._timer = None
+            entry._expire(loop)
 
     cdef int _alarm_lost(self) except -1:
         loop = <object>PyWeakref_GetObject(self._loopref)
@@ -586,7 +661,8 @@ cdef class WheelLoopMethods:
         d = loop_seconds("delay", delay)
         if 0.0 < d <= MAX_TIME:
             return timer._call(loop.time() + d, callback, args, context)
-        return loop_call(loop, loop.time() + d, d <= 0.0, callback, args, context)
+        cdef double now = loop.time()
+        return loop_call(loop, now + d, now, d <= 0.0, callback, args, context)
 
     def call_at(self, when, callback, *args, context=None):
         """Run ``callback(*args)`` at loop time ``when``, on the loop's wheel."""
@@ -594,13 +670,22 @@ cdef class WheelLoopMethods:
         cdef double w = loop_seconds("when", when)
         if (<LoopTimer?>loop._timewheel)._debug:
             check_loop_callback(loop, callback, "call_at")
-        return loop_call(loop, w, w <= loop.time(), callback, args, context)
+        cdef double now = loop.time()
+        return loop_call(loop, w, now, w <= now, callback, args, context)
 
 
-cdef object loop_call(loop, double when, bint due, callback, tuple args, context):
-    if due:  # due at once: the base loop runs it at its next iteration, as asyncio does
-        return loop._timewheel_base_call_at(loop, when, callback, *args, context=context)
+cdef object loop_call(loop, double when, double now, bint due, callback, tuple args, context):
     cdef LoopTimer timer = <LoopTimer?>loop._timewheel
+    cdef TimerHandle handle
+    if due:  # due at once: run at the loop's next iteration, as asyncio does
+        if timer._debug:  # the base loop's handle, which carries the caller's traceback
+            return loop._timewheel_base_call_at(loop, when, callback, *args, context=context)
+        if loop.is_closed():
+            raise RuntimeError("Event loop is closed")
+        # in the wheel's deadline order: before a wheel timer due later, however late
+        handle = timer._handle(when, callback, args, context)
+        timer._add_due(handle, when, now)
+        return handle
     if when > MAX_TIME:  # never due (asyncio.sleep(math.inf)): a handle, nothing else
         if loop.is_closed():
             raise RuntimeError("Event loop is closed")

@@ -21,6 +21,7 @@ is due and ``_release()`` when the loop closes first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import sys
 import weakref
@@ -74,6 +75,16 @@ def deadline_ns(when: float) -> int:
 
 def _tick_end(d: int) -> int:
     return -(-d // TICK_NS) * TICK_NS
+
+
+def due_ns(when: float, now: float) -> int:
+    """The wheel key of a timer already due (``when <= now``, both loop times): its
+    deadline to the nanosecond, at most ``now``'s, so that the next firing runs it and
+    runs it in deadline order among the wheel's timers (whose keys are one nanosecond
+    later than their deadline: :func:`deadline_ns`)."""
+    n = math.floor(now * 1e9)
+    d = math.ceil(max(when, -MAX_LOOP_TIME) * 1e9)
+    return d if d < n else n
 
 
 class TimerHandle:
@@ -185,6 +196,30 @@ class _Alarm:
             timer._alarm_lost()
 
 
+class _Deferred:
+    """A due entry handed to ``loop.call_soon`` in debug mode (``LoopTimer._defer``).
+
+    The loop's handle prints its callback as asyncio prints a function: by
+    ``__qualname__`` and, through ``__wrapped__``, the callback's source line; the
+    loop passes it the entry's arguments only for that print."""
+
+    def __init__(self, timer: LoopTimer, entry: Any, callback: Any) -> None:
+        self.timer = timer
+        self.entry = entry
+        if callback is None:
+            self.__qualname__ = repr(entry)
+        else:
+            self.__qualname__ = (
+                getattr(callback, "__qualname__", None)
+                or getattr(callback, "__name__", None)
+                or repr(callback)
+            )
+            self.__wrapped__ = callback
+
+    def __call__(self, *args: Any) -> None:
+        self.timer._run_deferred(self.entry)
+
+
 class LoopTimer:
     """The timing wheel of one event loop; get it with :func:`get_timer`."""
 
@@ -196,6 +231,7 @@ class LoopTimer:
         "_closed",
         "_context",
         "_debug",
+        "_due_ns",
         "_firing",
         "_loopref",
         "_wheel",
@@ -206,6 +242,7 @@ class LoopTimer:
         self._wheel = TimingWheel(TICK_NS, WHEEL_SIZE, math.floor(loop.time() * 1e9))
         self._alarm: weakref.ref[_Alarm] | None = None
         self._armed_ns = _NEVER
+        self._due_ns = -_NEVER  # the latest key given to a timer already due (due_ns)
         self._firing = False
         self._closed = False
         self._context = Context()  # for internal callbacks, which need none of their own
@@ -296,6 +333,24 @@ class LoopTimer:
         entry._id = h
         entry._timer = self
 
+    def _add_due(self, entry: Any, when: float, now: float) -> None:
+        """``entry``, due already at loop time ``now``: into the wheel's order, and the
+        alarm armed to run it at the loop's next iteration (as asyncio runs a past timer)."""
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        d = due_ns(when, now)
+        h = self._wheel.schedule(d, entry)
+        if d < self._armed_ns and not self._firing:
+            try:
+                self._arm(d)
+            except BaseException:
+                self._wheel.cancel(h)
+                raise
+        if d > self._due_ns:
+            self._due_ns = d
+        entry._id = h
+        entry._timer = self
+
     def _arm(self, t: int) -> None:
         loop = self._live_loop()
         alarm = _Alarm(self)
@@ -327,12 +382,16 @@ class LoopTimer:
         for entry in due:
             entry._id = 0  # left the wheel; a reschedule while we run gives it a new id
         self._firing = True
+        debug = self._debug
         i = 0
         try:
             for i, entry in enumerate(due):  # noqa: B007  (i is read in finally)
                 if entry._timer is self and not entry._id:
-                    entry._timer = None
-                    entry._expire(loop)
+                    if debug:
+                        self._defer(loop, entry)
+                    else:
+                        entry._timer = None
+                        entry._expire(loop)
         finally:
             self._firing = False
             for entry in due[i + 1 :]:  # a callback raised SystemExit/KeyboardInterrupt
@@ -343,8 +402,32 @@ class LoopTimer:
     def _rearm(self) -> None:
         d = self._wheel.next_deadline()
         if d is not None and not self._closed:
-            # A firing cut short by CASCADE_LIMIT left due entries: go on at once.
-            self._arm(self._wheel.now if d <= self._wheel.now else _tick_end(d))
+            # Due already (a firing cut short by CASCADE_LIMIT, or a timer due when it was
+            # scheduled while the firing ran, whose key is at most _due_ns): go on at once.
+            self._arm(d if d <= self._wheel.now or d <= self._due_ns else _tick_end(d))
+
+    def _defer(self, loop: asyncio.AbstractEventLoop, entry: Any) -> None:
+        """Debug mode: run the due ``entry`` as a callback of its own on the loop (its
+        next iteration, in the order of the wheel), so that the loop times it alone and
+        its slow-callback warning names the callback, not the alarm."""
+        handle: Any
+        if isinstance(entry, TimerHandle):
+            assert entry._args is not None
+            handle = loop.call_soon(
+                _Deferred(self, entry, entry._callback), *entry._args, context=Context()
+            )
+        else:
+            handle = loop.call_soon(_Deferred(self, entry, None), context=Context())
+        # the handle was made here, not where the timer was: no "created at" this line
+        # (asyncio's handles let it go; uvloop's keep it)
+        with contextlib.suppress(AttributeError):
+            handle._source_traceback = None
+
+    def _run_deferred(self, entry: Any) -> None:
+        loop = self._loopref()
+        if loop is not None and entry._timer is self and not entry._id:  # not cancelled since
+            entry._timer = None
+            entry._expire(loop)
 
     def _alarm_lost(self) -> None:
         loop = self._loopref()
@@ -551,7 +634,8 @@ class WheelLoopMethods:
         delay = check_loop_seconds("delay", delay)
         if loop._timewheel._debug:
             check_loop_callback(loop, callback, "call_later")
-        return _loop_call(loop, loop.time() + delay, delay <= 0, callback, args, context)
+        now = loop.time()
+        return _loop_call(loop, now + delay, now, delay <= 0, callback, args, context)
 
     def call_at(
         self, when: float, callback: Callable[..., Any], *args: Any, context: Context | None = None
@@ -561,20 +645,30 @@ class WheelLoopMethods:
         when = check_loop_seconds("when", when)
         if loop._timewheel._debug:
             check_loop_callback(loop, callback, "call_at")
-        return _loop_call(loop, when, when <= loop.time(), callback, args, context)
+        now = loop.time()
+        return _loop_call(loop, when, now, when <= now, callback, args, context)
 
 
 def _loop_call(
     loop: Any,
     when: float,
+    now: float,
     due: bool,
     callback: Callable[..., Any],
     args: tuple[Any, ...],
     context: Context | None,
 ) -> Any:
-    if due:  # due at once: the base loop runs it at its next iteration, as asyncio does
-        return loop._timewheel_base_call_at(loop, when, callback, *args, context=context)
     timer: LoopTimer = loop._timewheel
+    if due:  # due at once: run at the loop's next iteration, as asyncio does
+        if timer._debug:  # the base loop's handle, which carries the caller's traceback
+            return loop._timewheel_base_call_at(loop, when, callback, *args, context=context)
+        if loop.is_closed():
+            raise RuntimeError("Event loop is closed")
+        # in the wheel's deadline order: before a wheel timer due later, however late
+        # the loop is
+        handle = timer._handle(when, callback, args, context)
+        timer._add_due(handle, when, now)
+        return handle
     if when > MAX_LOOP_TIME:  # never due (asyncio.sleep(math.inf)): a handle, nothing else
         if loop.is_closed():
             raise RuntimeError("Event loop is closed")
