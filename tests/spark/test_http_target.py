@@ -374,10 +374,10 @@ def test_dispatch_on_spark_accounts_for_every_row_and_request(
 def _pipeline_args(argv: list[str]) -> Any:
     import argparse
 
-    from timewheel.spark import pipeline
+    from timewheel.cli.pipeline import add_parser
 
     parser = argparse.ArgumentParser(prog="timewheel")
-    pipeline.add_parser(parser.add_subparsers(dest="command"))
+    add_parser(parser.add_subparsers(dest="command"))
     return parser.parse_args(["pipeline", *argv])
 
 
