@@ -382,7 +382,7 @@ def _pipeline_args(argv: list[str]) -> Any:
 
 
 def test_pipeline_options_make_the_http_target() -> None:
-    from timewheel.spark.http_target import http_options
+    from timewheel.cli.pipeline.options import http_options
 
     args = _pipeline_args(
         [
