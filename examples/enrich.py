@@ -27,7 +27,7 @@ from aiohttp import web
 from pyspark.sql import functions as F
 
 from timewheel.spark import dispatch
-from timewheel.spark.pipeline import spark_session
+from timewheel.spark.session import spark_session
 from timewheel.spark.targets import HttpDownstream
 
 ORDERS = 3000

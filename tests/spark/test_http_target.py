@@ -374,15 +374,15 @@ def test_dispatch_on_spark_accounts_for_every_row_and_request(
 def _pipeline_args(argv: list[str]) -> Any:
     import argparse
 
-    from timewheel.spark import pipeline
+    from timewheel.cli.pipeline import add_parser
 
     parser = argparse.ArgumentParser(prog="timewheel")
-    pipeline.add_parser(parser.add_subparsers(dest="command"))
+    add_parser(parser.add_subparsers(dest="command"))
     return parser.parse_args(["pipeline", *argv])
 
 
 def test_pipeline_options_make_the_http_target() -> None:
-    from timewheel.spark.http_target import http_options
+    from timewheel.cli.pipeline.options import http_options
 
     args = _pipeline_args(
         [

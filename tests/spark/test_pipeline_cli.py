@@ -12,14 +12,24 @@ from typing import Any
 
 import pytest
 
-from timewheel.spark import pipeline
+from timewheel.cli.pipeline import add_parser
+from timewheel.cli.pipeline.options import (
+    REAL_MAX_IN_FLIGHT,
+    SIM_MAX_IN_FLIGHT,
+    conf_pair,
+    max_failed,
+    resolve_max_in_flight,
+)
+from timewheel.cli.pipeline.progress import JournalCount, Progress
+from timewheel.cli.pipeline.summary import failure_budget, latency_histogram
+from timewheel.spark.session import check_master, on_loopback
 
 pytestmark = pytest.mark.spark
 
 
 def run_cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="timewheel")
-    pipeline.add_parser(parser.add_subparsers(dest="command"))
+    add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["pipeline", *argv])
     return int(args.func(args))
 
@@ -120,9 +130,9 @@ def test_max_in_flight_defaults_to_the_targets_kind_unless_given() -> None:
     from timewheel.spark.targets import HttpDownstream, SimulatedDownstream
 
     sim, http = SimulatedDownstream(20, 60), HttpDownstream("http://127.0.0.1:9/x")
-    assert pipeline.resolve_max_in_flight(None, sim) == pipeline.SIM_MAX_IN_FLIGHT == 2000
-    assert pipeline.resolve_max_in_flight(None, http) == pipeline.REAL_MAX_IN_FLIGHT == 256
-    assert pipeline.resolve_max_in_flight(7, sim) == pipeline.resolve_max_in_flight(7, http) == 7
+    assert resolve_max_in_flight(None, sim) == SIM_MAX_IN_FLIGHT == 2000
+    assert resolve_max_in_flight(None, http) == REAL_MAX_IN_FLIGHT == 256
+    assert resolve_max_in_flight(7, sim) == resolve_max_in_flight(7, http) == 7
 
 
 def sim_run(out: Path, *extra: str) -> list[str]:
@@ -252,17 +262,17 @@ def test_progress_counts_rows_to_the_total(
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     # The bar counts the rows the tasks committed to the run's journal.
-    rows = pipeline.JournalCount(tmp_path / "journal")
+    rows = JournalCount(tmp_path / "journal")
     df = spark.range(2000, numPartitions=4)
-    result = dispatch(df, SimulatedDownstream(1, 2), id_col="id", _journal=str(rows.directory))
-    with pipeline.Progress(rows, 2000, quiet=False):
+    result = dispatch(df, SimulatedDownstream(1, 2), id_col="id", journal=str(rows.directory))
+    with Progress(rows, 2000, quiet=False):
         assert result.count() == 2000
     assert rows.value == 2000
     final = terminal.getvalue().split("\r")[-1]
     assert "2.00k/2.00k" in final and "rows/s" in final and "100%" in final
     quiet = Terminal()
     monkeypatch.setattr(sys, "stderr", quiet)
-    with pipeline.Progress(rows, 2000, quiet=True):
+    with Progress(rows, 2000, quiet=True):
         pass
     assert quiet.getvalue() == ""
 
@@ -276,7 +286,7 @@ def test_the_histogram_gives_every_outcome_its_own_log_scale_panel(
         + [("timeout", 200.0, None)]
     )
     result = spark.createDataFrame(data, "status string, latency_ms double, http_status int")
-    fig = pipeline.latency_histogram(result, tmp_path / "latency.png")
+    fig = latency_histogram(result, tmp_path / "latency.png")
     axes = fig.axes
     assert [ax.get_title(loc="left") for ax in axes] == [
         "ok: 5,000 rows (HTTP 200: 5,000)",
@@ -290,23 +300,23 @@ def test_the_histogram_gives_every_outcome_its_own_log_scale_panel(
 
 
 def test_option_parsers() -> None:
-    assert pipeline.max_failed("0") == 0 and pipeline.max_failed("12") == 12
-    assert pipeline.max_failed("1%") == 0.01 and pipeline.max_failed("100%") == 1.0
+    assert max_failed("0") == 0 and max_failed("12") == 12
+    assert max_failed("1%") == 0.01 and max_failed("100%") == 1.0
     for bad in ("-1", "1.5", "101%", "x%", ""):
         with pytest.raises(argparse.ArgumentTypeError, match="must be a count >= 0"):
-            pipeline.max_failed(bad)
-    assert pipeline.failure_budget(0.01, 3000) == 30 and pipeline.failure_budget(5, 3000) == 5
-    assert pipeline.conf_pair("spark.a.b=x=y") == ("spark.a.b", "x=y")
+            max_failed(bad)
+    assert failure_budget(0.01, 3000) == 30 and failure_budget(5, 3000) == 5
+    assert conf_pair("spark.a.b=x=y") == ("spark.a.b", "x=y")
     with pytest.raises(argparse.ArgumentTypeError, match="must be KEY=VALUE"):
-        pipeline.conf_pair("spark.a.b")
+        conf_pair("spark.a.b")
     good_masters = ("local", "local[4]", "local[*]", "local[2,3]", "local[*,4]", "yarn")
     for good in (*good_masters, "spark://h:7077"):
-        pipeline.check_master(good)
+        check_master(good)
     for bad in ("foo", "local[0]", "spark://", "local[x]"):
         with pytest.raises(ValueError, match="master must be"):
-            pipeline.check_master(bad)
-    assert pipeline.on_loopback("local[2]") and pipeline.on_loopback("spark://127.0.0.1:7077")
-    assert not pipeline.on_loopback("spark://10.0.0.5:7077") and not pipeline.on_loopback("yarn")
+            check_master(bad)
+    assert on_loopback("local[2]") and on_loopback("spark://127.0.0.1:7077")
+    assert not on_loopback("spark://10.0.0.5:7077") and not on_loopback("yarn")
 
 
 @pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="no /usr/bin/python3")

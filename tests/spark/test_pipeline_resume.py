@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from timewheel.spark import pipeline
+from timewheel.cli.pipeline import add_parser
+from timewheel.cli.pipeline.output import run_identity
 from timewheel.spark.journal import JOURNAL, MANIFEST, ORDINAL, journal_rows, read_batches, run_dir
 
 pytestmark = pytest.mark.spark
@@ -169,9 +170,9 @@ def test_resume_and_output_refusals_are_one_line_before_spark(tmp_path: Path) ->
     out = tmp_path / "out"
     out.mkdir()
     parser = argparse.ArgumentParser()
-    pipeline.add_parser(parser.add_subparsers())
+    add_parser(parser.add_subparsers())
     made = parser.parse_args(["pipeline", "--generate", "10", "--target", "sim://?pct50=1"])
-    identity = {**pipeline.run_identity(made, [], None), "input_partitions": None}
+    identity = {**run_identity(made, [], None), "input_partitions": None}
     manifest = {"format": 2, "complete": False, "runs": 1, "identity": identity}
     (out / MANIFEST).write_text(json.dumps(manifest))
     (tmp_path / "afile").write_text("")

@@ -122,7 +122,7 @@ def test_dispatch_on_connect_returns_every_row_once(session: Any) -> None:
 
 def test_accumulators_are_refused_clearly_on_connect(session: Any) -> None:
     with pytest.raises(ValueError, match="Spark Connect has no accumulators"):
-        dispatch(session.range(3), SimulatedDownstream(1, 2), id_col="id", _reports=object())
+        dispatch(session.range(3), SimulatedDownstream(1, 2), id_col="id", worker_reports=object())
 
 
 def test_the_cli_runs_on_connect(remote: str, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from timewheel.spark import dispatch, output_schema, partition_dispatcher
 from timewheel.spark.engines import worker_runtime
-from timewheel.spark.registry import engine_names
+from timewheel.spark.registry import engine_names, get_engine
 from timewheel.spark.targets import HttpDownstream, SimulatedDownstream
 
 pytestmark = pytest.mark.spark
@@ -59,7 +59,7 @@ def test_every_id_comes_back_exactly_once(spark: Any, engine: str) -> None:
     n = 3000
     df = rows_with_payload(spark, n)
     sim = SimulatedDownstream(pct50_ms=2, pct75_ms=12, failure_rate=0.1, seed=1)
-    out = dispatch(df, sim, id_col="id", **SHORT, _engine=engine)
+    out = dispatch(df, sim, id_col="id", **SHORT, engine=get_engine(engine))
     assert out.schema == output_schema(df.schema)
     assert_every_id_once(out, n)
 
@@ -70,7 +70,13 @@ def test_key_exclusivity_and_co_partitioning(spark: Any, engine: str) -> None:
     df = spark.createDataFrame(data, "id long, src long, dst long").repartition(3)
     sim = SimulatedDownstream(pct50_ms=1, pct75_ms=3, seed=2, exclusive_cols=("src", "dst"))
     out = dispatch(
-        df, sim, id_col="id", key_cols=("src", "dst"), retries=0, max_in_flight=32, _engine=engine
+        df,
+        sim,
+        id_col="id",
+        key_cols=("src", "dst"),
+        retries=0,
+        max_in_flight=32,
+        engine=get_engine(engine),
     )
     out = out.withColumn("part", F.spark_partition_id()).cache()
     try:
@@ -135,7 +141,7 @@ def test_http_target_served_on_loopback(spark: Any, recorder: Any, engine: str) 
         retries=1,
         backoff_ms=1,
         max_in_flight=8,
-        _engine=engine,
+        engine=get_engine(engine),
     )
     rows = {r["id"]: r for r in out.collect()}
     assert sorted(rows) == list(range(140))
@@ -190,7 +196,7 @@ BAD = [
     ({"target": object()}, TypeError, "target must have a submit(row, on_done) method"),
     ({"target": HttpDownstream}, TypeError, "target must be an instance, got the class"),
     ({"target": SimulatedDownstream}, TypeError, "target must be an instance, got the class"),
-    ({"_engine": "fibers"}, ValueError, "engine must be one of"),
+    ({"engine": "fibers"}, TypeError, "engine must be an Engine (a function of rows"),
     ({"rate": 0}, ValueError, "rate must be a finite number > 0 and <= 1e+09, got 0"),
     ({"rate": -3.0}, ValueError, "rate must be a finite number > 0 and <= 1e+09, got -3.0"),
     ({"rate": float("nan")}, ValueError, "rate must be a finite number > 0 and <= 1e+09, got nan"),
@@ -394,7 +400,7 @@ def test_a_rate_is_shared_by_the_tasks_and_holds_for_the_job(spark: Any) -> None
 #: The arguments of ``BAD`` that partition_dispatcher takes too (the rest are dispatch's
 #: work across partitions).
 PER_PARTITION = {"id_col", "key_cols", "timeout_ms", "max_in_flight", "retries", "backoff_ms"}
-PER_PARTITION |= {"target", "_engine"}
+PER_PARTITION |= {"target", "engine"}
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -402,7 +408,7 @@ def test_partition_dispatcher_in_ones_own_map_in_arrow(spark: Any, engine: str) 
     n = 900
     df = rows_with_payload(spark, n)
     sim = SimulatedDownstream(pct50_ms=2, pct75_ms=12, failure_rate=0.1, seed=1)
-    run = partition_dispatcher(df.schema, sim, id_col="id", **SHORT, _engine=engine)
+    run = partition_dispatcher(df.schema, sim, id_col="id", **SHORT, engine=get_engine(engine))
     out = df.mapInArrow(run, output_schema(df.schema))
     assert out.schema == dispatch(df, sim, id_col="id").schema
     assert_every_id_once(out, n)

@@ -11,8 +11,7 @@ import sys
 
 import pytest
 
-import timewheel.spark.targets
-import timewheel.targets
+import timewheel.spark
 
 
 def _run(code: str) -> str:
@@ -34,17 +33,11 @@ def test_the_library_does_not_import_the_wing() -> None:
 
 def test_targets_and_engines_import_without_pyspark_or_pyarrow() -> None:
     out = _run(
-        "import sys, timewheel.targets, timewheel.spark, timewheel.spark.targets, "
-        "timewheel.spark.registry, timewheel.spark.pipeline\n"
+        "import sys, timewheel.spark, timewheel.spark.targets, timewheel.spark.contract, "
+        "timewheel.spark.registry, timewheel.spark.session, timewheel.cli.pipeline\n"
         "print(sorted(m for m in ('pyspark', 'pyarrow') if m in sys.modules))"
     )
     assert out.strip() == "[]"
-
-
-def test_the_old_targets_module_re_exports_the_new_one() -> None:
-    for name in timewheel.spark.targets.__all__:
-        assert getattr(timewheel.targets, name) is getattr(timewheel.spark.targets, name)
-    assert set(timewheel.targets.__all__) == set(timewheel.spark.targets.__all__)
 
 
 def test_dispatch_is_the_function_however_the_wing_was_imported() -> None:

@@ -27,11 +27,14 @@ pa = pytest.importorskip("pyarrow")  # the spark extra's
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from timewheel.cli.pipeline import add_parser  # noqa: E402
+from timewheel.cli.pipeline.metrics_endpoint import MetricsEndpoint  # noqa: E402
+from timewheel.cli.pipeline.options import metrics_port  # noqa: E402
 from timewheel.metrics.prometheus import register_collector  # noqa: E402
-from timewheel.spark import pipeline  # noqa: E402
 from timewheel.spark._dispatch import _PartitionDispatch  # noqa: E402
 from timewheel.spark.engines import STATUSES, DispatchConfig  # noqa: E402
 from timewheel.spark.targets import OnDone, SimulatedDownstream  # noqa: E402
+from timewheel.spark.timewheel_engine import timewheel_engine  # noqa: E402
 from timewheel.spark.worker_metrics import WorkerReports, worker_metrics  # noqa: E402
 
 PREFIX = "timewheel_spark_engine_"
@@ -81,7 +84,7 @@ def test_a_workers_counters_are_live_while_its_partition_runs(
     before = scrape(registry)[name]
     target = Held()
     config = DispatchConfig(timeout_ms=10_000, max_in_flight=8, retries=0)
-    partition = _PartitionDispatch("timewheel", target, config)
+    partition = _PartitionDispatch(timewheel_engine, target, config)
     batch = pa.RecordBatch.from_pydict({"id": list(range(6))})
     out: list[Any] = []
     runner = threading.Thread(target=lambda: out.extend(partition(iter([batch]))))
@@ -128,7 +131,7 @@ def test_the_driver_exports_each_workers_counters_as_the_rows_came_back(
             max_in_flight=64,
             retries=1,
             backoff_ms=1,
-            _reports=reports.accumulator,
+            worker_reports=reports.accumulator,
         )
         rows = out.select("status", "attempts").collect()
         workers = scrape(registry)
@@ -158,10 +161,10 @@ def test_the_driver_exports_each_workers_counters_as_the_rows_came_back(
 
 
 def test_metrics_port_values(capsys: pytest.CaptureFixture[str]) -> None:
-    assert pipeline.metrics_port("0") == 0 and pipeline.metrics_port("65535") == 65535
+    assert metrics_port("0") == 0 and metrics_port("65535") == 65535
     for bad in ("65536", "-1", "1.5", "true", "", "9464x"):
         with pytest.raises(argparse.ArgumentTypeError, match="must be a port number from 0 to"):
-            pipeline.metrics_port(bad)
+            metrics_port(bad)
     with pytest.raises(SystemExit) as exit_:
         run_cli(["--metrics-port", "70000"])
     assert exit_.value.code == 2
@@ -172,7 +175,7 @@ def test_metrics_port_values(capsys: pytest.CaptureFixture[str]) -> None:
 
 def run_cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="timewheel")
-    pipeline.add_parser(parser.add_subparsers(dest="command"))
+    add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["pipeline", *argv])
     return int(args.func(args))
 
@@ -289,7 +292,7 @@ def _serves(port: int) -> bool:
 
 def test_a_dropped_metrics_endpoint_stops_serving_and_its_thread_ends() -> None:
     before = set(threading.enumerate())
-    endpoint = pipeline.MetricsEndpoint(0)
+    endpoint = MetricsEndpoint(0)
     port = endpoint.port
     assert _serves(port)
     started = [t for t in threading.enumerate() if t not in before]
@@ -303,7 +306,7 @@ def test_a_dropped_metrics_endpoint_stops_serving_and_its_thread_ends() -> None:
 
 
 def test_a_forked_child_closes_the_endpoint_without_the_parents_thread() -> None:
-    endpoint = pipeline.MetricsEndpoint(0)
+    endpoint = MetricsEndpoint(0)
     try:
         with warnings.catch_warnings():  # 3.12+ warns about forking a threaded process
             warnings.simplefilter("ignore", DeprecationWarning)

@@ -13,11 +13,12 @@ The rules:
   the root logger (``logging.info(...)``);
 * imports: only the wing (``timewheel.spark``) and the tooling (``timewheel.cli`` and
   ``__main__``) import the wing, and only the tooling imports the tooling;
-  ``timewheel.targets``, the old name of ``timewheel.spark.targets``, is the one
-  re-export allowed; the argparse types (``_argtypes``) serve the two command lines, the
-  tooling's and the wing's ``pipeline``; nothing outside the wing, the tooling included,
+  nothing outside the wing, the tooling included,
   imports a private name of the wing (a ``_module`` or a ``_name``): what the tooling
   needs from the wing is public API a user could call too;
+* the wing: it has no command line (no ``argparse`` under ``spark/``: ``timewheel
+  pipeline`` is the tooling's, ``cli/pipeline/``), and no module of it is over
+  ``WING_MAX_LINES`` lines;
 * argument checks: in the library (not the wing, not the tooling), number checks (NaN,
   infinity, a bool passed for a number) live in ``_validate``;
 * layers: no module of the core (``_impl/``, the wheel pair ``_core*``, ``_handles``,
@@ -52,10 +53,8 @@ TOOLING_PACKAGES = ("timewheel.cli",)
 #: The benchmarks, which only the tooling's tests import.
 BENCHMARKS = "timewheel.cli.bench"
 WING = "timewheel.spark"
-#: argparse types, for the two command lines: the tooling's and the wing's ``pipeline``.
-COMMAND_LINE = frozenset({"timewheel._argtypes"})
-#: Modules that may import the wing although they are neither wing nor tooling.
-WING_SHIMS = frozenset({"timewheel.targets"})
+#: The longest module the wing may have: a longer one is doing more than one job.
+WING_MAX_LINES = 700
 #: The core, which no layer above may be imported by (a module and everything under it).
 CORE = (
     "timewheel._impl",
@@ -82,8 +81,8 @@ ABOVE_THE_CORE = (
     "timewheel.cli",
     "timewheel.__main__",
 )
-#: Left out of the cycle rule until their own circles are gone (issue 31, items 2 and 3).
-CYCLE_RULE_SKIPS = (WING, "timewheel.cli", "timewheel.targets")
+#: Left out of the cycle rule (none: the wing lost its last circle in issue 31, item 2).
+CYCLE_RULE_SKIPS: tuple[str, ...] = ()
 NUMBER_CHECKS = frozenset({"isnan", "isinf", "isfinite"})
 ROOT_LOG_CALLS = frozenset({"debug", "info", "warning", "error", "exception", "critical", "log"})
 
@@ -165,10 +164,10 @@ def _forbidden(module: str, target: str) -> str | None:
         return None
     if _is_tooling(target):
         return "the tooling"
-    if _is_wing(target) and not _is_wing(module) and module not in WING_SHIMS:
+    if _is_wing(target) and not _is_wing(module):
         return "the wing"
-    if target in COMMAND_LINE and not _is_wing(module):
-        return "a command-line helper"
+    if target == "argparse" and _is_wing(module):
+        return "argparse: the wing has no command line (that is the tooling's, cli/)"
     if _is_core(module) and _is_above_the_core(target):
         return "a layer above the core"
     return None
@@ -260,7 +259,7 @@ _PYX_RULES = [
     (re.compile(r"isinstance\([^()]*,\s*bool\)\s*(or|and)\b"), "a bool-for-number check"),
     (re.compile(r"^\s*(from|c?import)\s+\S*\bspark\b"), "imports the wing"),
     (
-        re.compile(r"^\s*(from|c?import)\s+\S*\b(cli|_argtypes)\b"),
+        re.compile(r"^\s*(from|c?import)\s+\S*\bcli\b"),
         "imports the tooling",
     ),
 ]
@@ -385,9 +384,13 @@ def violations(root: Path) -> list[str]:
     out = []
     for path in sorted(root.rglob("*.py")):
         module = _module_name(root, path)
-        tree = ast.parse(path.read_text(), str(path))
+        text = path.read_text()
+        tree = ast.parse(text, str(path))
         out += _check_imports(tree, module, path.name == "__init__.py")
         out += _check_python(tree, module)
+        lines = text.count("\n")
+        if _is_wing(module) and lines > WING_MAX_LINES:
+            out.append(f"{module}: {lines} lines, over {WING_MAX_LINES}: more than one job")
     for path in sorted([*root.rglob("*.pyx"), *root.rglob("*.pxd")]):
         out += _check_cython(path, _module_name(root, path))
     for cycle in import_cycles(import_graph(root), CYCLE_RULE_SKIPS):
@@ -443,12 +446,12 @@ BROKEN = {
         "timewheel.purgatory:2: imports the wing (timewheel.spark.x)",
     ),
     "wing imports the tooling": (
-        {"spark/pipeline.py": "from ..cli.bench import baselines\n"},
-        "timewheel.spark.pipeline:1: imports the tooling (timewheel.cli.bench)",
+        {"spark/journal.py": "from ..cli.bench import baselines\n"},
+        "timewheel.spark.journal:1: imports the tooling (timewheel.cli.bench)",
     ),
     "library imports the command-line helpers": (
-        {"timer.py": "from ._argtypes import positive\n"},
-        "timewheel.timer:1: imports a command-line helper (timewheel._argtypes)",
+        {"spark/session.py": "import argparse\n"},
+        "timewheel.spark.session:1: imports argparse: the wing has no command line",
     ),
     "tooling imports a private module of the wing": (
         {"cli/bench/pipeline.py": "from ...spark._dispatch import _PartitionDispatch\n"},
@@ -463,11 +466,6 @@ BROKEN = {
     "tooling imports a private module of the wing by name": (
         {"cli/bench/http.py": "import importlib as i\ni.import_module('timewheel.spark._curl')\n"},
         "timewheel.cli.bench.http:2: imports a private name of the wing (timewheel.spark._curl)",
-    ),
-    "the old targets module imports a private name of the wing": (
-        {"targets.py": "from .spark.targets import Reply, _Pending\n"},
-        "timewheel.targets:1: imports a private name of the wing "
-        "(timewheel.spark.targets._Pending)",
     ),
     "library imports the tooling": (
         {"execution.py": "import timewheel.cli\n"},
@@ -517,6 +515,18 @@ BROKEN = {
         "timewheel.purgatory: an import cycle "
         "(timewheel.purgatory -> timewheel.timer -> timewheel.purgatory)",
     ),
+    "a wing module over the size limit": (
+        {"spark/engines.py": "x = 1\n" * 701},
+        "timewheel.spark.engines: 701 lines, over 700",
+    ),
+    "an import cycle in the wing": (
+        {
+            "spark/journal.py": "from .replies import reply_schema\n",
+            "spark/replies.py": "def f():\n    from .journal import Journal\n",
+        },
+        "timewheel.spark.journal: an import cycle "
+        "(timewheel.spark.journal -> timewheel.spark.replies -> timewheel.spark.journal)",
+    ),
     "NaN check in Cython": (
         {"_impl/_aio_c.pyx": "from libc.math cimport isnan\nif isnan(x): pass\n"},
         "timewheel._impl._aio_c:2: a number check",
@@ -537,13 +547,13 @@ def test_what_the_rules_allow(tmp_path: Path) -> None:
         {
             "_atfork.py": "import os\nos.register_at_fork(before=f)\n",
             "_validate.py": "import math\nok = isinstance(v, bool) or math.isnan(v)\n",
-            "targets.py": "from .spark.targets import Reply\n",
             "__main__.py": "from .cli import main\n",
             "cli/__init__.py": "from ..spark import pipeline\nfrom .bench import core\n",
-            "cli/bench/core.py": "from ...spark import targets\nfrom .. import demo\n",
+            "cli/bench/core.py": "from ...spark import targets\nfrom ..demo import main\n",
+            "cli/demo.py": "",
             "cli/bench/pipeline.py": "from ...spark import partition_dispatcher\n",
-            "spark/pipeline.py": "from .._argtypes import positive\n"
-            "from ._dispatch import _prepare\n",  # the wing's private names are its own
+            "cli/pipeline/options.py": "import argparse\nfrom ..argtypes import positive\n",
+            "spark/simulator.py": "from ._dispatch import _prepare\n",  # its privates are its own
             "spark/targets.py": "import math, logging\nlog = logging.getLogger(__name__)\n"
             "ok = math.isfinite(x) and not isinstance(x, bool)\n",
             "purgatory.py": "flag = isinstance(reaper, bool)\n",
@@ -557,9 +567,6 @@ def test_what_the_rules_allow(tmp_path: Path) -> None:
             # the layers above import the core, and the twin device the layers
             "_implementation.py": "from . import _impl\ndef f():\n    from . import _twin\n",
             "_twin.py": "from . import aio, purgatory, timer\nfrom ._impl import _tasks_py\n",
-            # a circle in the wing or the tooling is not (yet) the cycle rule's
-            "spark/journal.py": "from .replies import reply_schema\n",
-            "spark/replies.py": "def f():\n    from .journal import Journal\n",
         },
     )
     assert violations(root) == []

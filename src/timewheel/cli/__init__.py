@@ -1,9 +1,9 @@
 """The ``timewheel`` command line: ``demo``, ``pipeline`` and ``bench <name>``.
 
 The tooling lives here, apart from the library: :mod:`.demo`, and :mod:`.bench`, one
-module per ``timewheel bench`` subcommand (its workloads, baselines and pytest-benchmark
-files too). Nothing in the library or the Spark wing imports it; ``pipeline`` is the
-wing's own command (:mod:`timewheel.spark.pipeline`), registered here.
+module per ``timewheel bench`` subcommand (its workloads and baselines), and
+:mod:`.pipeline`, the command line around the Spark wing's ``dispatch``. Nothing in the
+library or the Spark wing imports it.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ def _commands() -> tuple[ModuleType, ...]:
     """The modules that add a subcommand through ``add_parser(subparsers)``; imported when the
     parser is built, not with this module, and each keeps its heavy imports (pyspark,
     matplotlib) inside its ``main()``."""
-    from ..spark import pipeline
-    from . import demo
+    from . import demo, pipeline
 
     return demo, pipeline
 

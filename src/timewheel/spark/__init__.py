@@ -11,7 +11,14 @@
   :mod:`timewheel.spark.registry` for the names): the per-partition work; the default
   runs on the package's own timer, purgatory and resource manager
   (:mod:`timewheel.spark.timewheel_engine`).
-* ``timewheel pipeline`` (:mod:`timewheel.spark.pipeline`): the command line around it.
+* Helpers a job of its own around ``dispatch`` uses (``timewheel pipeline`` does):
+  :func:`task_slots` (the tasks Spark runs at once), :func:`is_connect` (a Spark Connect
+  session?), :class:`WithoutColumns` (a target that does not see some columns),
+  :func:`request_key` (the column ``dedupe_requests`` groups rows by);
+  :func:`~timewheel.spark.session.spark_session`; the journal
+  (:mod:`timewheel.spark.journal`).
+
+The command line around it, ``timewheel pipeline``, is tooling: :mod:`timewheel.cli.pipeline`.
 
 The wing imports the library, never the other way round. pyspark and pyarrow are
 imported on first use of :func:`dispatch`, :func:`partition_dispatcher` or
@@ -25,11 +32,37 @@ from typing import TYPE_CHECKING, Any
 from .engines import RESULT_COLUMNS, STATUSES
 
 if TYPE_CHECKING:
-    from ._dispatch import dispatch, output_schema, partition_dispatcher
+    from ._dispatch import (
+        WithoutColumns,
+        dispatch,
+        is_connect,
+        output_schema,
+        partition_dispatcher,
+        request_key,
+        task_slots,
+    )
 
-__all__ = ["RESULT_COLUMNS", "STATUSES", "dispatch", "output_schema", "partition_dispatcher"]
+__all__ = [
+    "RESULT_COLUMNS",
+    "STATUSES",
+    "WithoutColumns",
+    "dispatch",
+    "is_connect",
+    "output_schema",
+    "partition_dispatcher",
+    "request_key",
+    "task_slots",
+]
 
-_LAZY = ("dispatch", "output_schema", "partition_dispatcher")
+_LAZY = (
+    "WithoutColumns",
+    "dispatch",
+    "is_connect",
+    "output_schema",
+    "partition_dispatcher",
+    "request_key",
+    "task_slots",
+)
 
 
 def __getattr__(name: str) -> Any:

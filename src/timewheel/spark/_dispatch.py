@@ -41,10 +41,10 @@ from pyspark.sql.types import (
 
 from .._validate import check_columns, check_int
 from .admission import check_rate
-from .engines import OK, RESULT_COLUMNS, DispatchConfig, Outcome
+from .engines import OK, RESULT_COLUMNS, DispatchConfig, Engine, Outcome
 from .journal import FLUSH_ROWS, FLUSH_S, JournalWriter
-from .registry import DEFAULT_ENGINE, get_engine
 from .replies import REPLY_COLUMN, ReplyParser, reply_struct
+from .timewheel_engine import timewheel_engine
 from .worker_metrics import PartitionCounts, worker_metrics
 
 __all__ = [
@@ -107,7 +107,7 @@ def _prepare(
     max_in_flight: Any,
     retries: Any,
     backoff_ms: Any,
-    engine: str,
+    engine: Any,
     reply_schema: str | None,
     dedupe_col: Any = None,
 ) -> tuple[Any, DispatchConfig, StructType | None]:
@@ -153,7 +153,10 @@ def _prepare(
         backoff_ms=check_int("backoff_ms", backoff_ms, 0, MAX_DELAY_MS),
         key_cols=tuple(key_cols),
     )
-    get_engine(engine)
+    if not callable(engine):
+        raise TypeError(
+            f"engine must be an Engine (a function of rows, target and config), got {engine!r}"
+        )
     if isinstance(target, type):
         raise TypeError(f"target must be an instance, got the class {target.__name__}")
     submit = getattr(target, "submit", None)
@@ -181,7 +184,7 @@ class _PartitionDispatch:
 
     def __init__(
         self,
-        engine: str,
+        engine: Engine,
         target: Any,
         config: DispatchConfig,
         reports: Accumulator[Any] | None = None,
@@ -198,7 +201,7 @@ class _PartitionDispatch:
         self.journal = journal
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        engine = get_engine(self.engine)
+        engine = self.engine
         schemas: list[pa.Schema] = []
         worker = worker_metrics()
         counts = worker.start()
@@ -449,9 +452,9 @@ def dispatch(
     dedupe_col: str | None = None,
     dedupe_requests: bool = False,
     resume_from: DataFrame | None = None,
-    _engine: str | None = None,
-    _reports: Accumulator[Any] | None = None,
-    _journal: str | None = None,
+    engine: Engine | None = None,
+    worker_reports: Accumulator[Any] | None = None,
+    journal: str | None = None,
 ) -> DataFrame:
     """Send each row of ``df`` to ``target`` from the executors; return it once, with its outcome.
 
@@ -491,16 +494,20 @@ def dispatch(
 
     The result is lazy, like any DataFrame: calls are made when an action runs, and
     again if the result is computed twice (cache or write it once).
-    ``_reports``, the accumulator of a
-    :class:`~timewheel.spark.worker_metrics.WorkerReports`, is given each partition's
-    ``spark_engine`` counts under its worker's name when the partition ends (Spark
-    Connect has no accumulators: there it must be None). ``_journal``, a directory the
-    executors can write: each task also commits its finished rows there as it goes
-    (see :mod:`timewheel.spark.journal`; the CLI's resumable output).
+
+    ``journal``: a directory the executors can write; each task also commits its
+    finished rows there as it goes (see :mod:`timewheel.spark.journal`), so a run that
+    is stopped keeps what was answered (``timewheel pipeline``'s resumable output).
+    ``worker_reports``: the accumulator of a
+    :class:`~timewheel.spark.worker_metrics.WorkerReports`, given each partition's
+    ``spark_engine`` counts under its worker's name when the partition ends, for a
+    driver's metrics endpoint (Spark Connect has no accumulators: there it must be None).
+    ``engine``: what runs each partition's calls (:class:`~timewheel.spark.engines.Engine`;
+    default the timewheel engine, :func:`~timewheel.spark.timewheel_engine.timewheel_engine`).
     """
     if not isinstance(df, DataFrame):
         raise TypeError(f"df must be a pyspark.sql.DataFrame, got {type(df).__name__}")
-    engine = DEFAULT_ENGINE if _engine is None else _engine
+    engine = timewheel_engine if engine is None else engine
     target, config, reply = _prepare(
         df.schema,
         target,
@@ -529,8 +536,8 @@ def dispatch(
     spark = df.sparkSession
     check_workers(spark)
     connect = is_connect(spark)
-    if connect and _reports is not None:
-        raise ValueError("Spark Connect has no accumulators: _reports must be None")
+    if connect and worker_reports is not None:
+        raise ValueError("Spark Connect has no accumulators: worker_reports must be None")
     by = config.key_cols[:1] or ((dedupe_col,) if dedupe_col else ())
     if rate is not None or by:
         # With a rate, one partition per task slot: each sends an equal share of it.
@@ -541,7 +548,7 @@ def dispatch(
     if dedupe_col:
         df = df.sortWithinPartitions(dedupe_col)
     result = df.mapInArrow(
-        _PartitionDispatch(engine, target, config, _reports, reply, dedupe_col, _journal),
+        _PartitionDispatch(engine, target, config, worker_reports, reply, dedupe_col, journal),
         output_schema(df.schema, reply),
     )
     if hide is not None:
@@ -560,8 +567,8 @@ def partition_dispatcher(
     retries: int = 2,
     backoff_ms: int = 100,
     reply_schema: str | None = None,
-    _engine: str | None = None,
-    _journal: str | None = None,
+    engine: Engine | None = None,
+    journal: str | None = None,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function :func:`dispatch` runs on each partition, for a ``mapInArrow`` of your own.
 
@@ -571,7 +578,8 @@ def partition_dispatcher(
     record batches, so it can run inside a per-partition function of yours (a step before
     or after it on the same batches, a task's own accounting). ``schema`` is the input's;
     the other arguments are ``dispatch``'s, checked the same way before anything runs
-    (``reply_schema``: pass it to :func:`output_schema` too).
+    (``reply_schema``: pass it to :func:`output_schema` too; ``engine`` and ``journal`` as
+    for ``dispatch``).
 
     Not done here, because they are ``dispatch``'s work across partitions: repartitioning
     by the first of ``key_cols`` (so two rows sharing a key value are kept apart within a
@@ -582,7 +590,7 @@ def partition_dispatcher(
         raise TypeError(
             f"schema must be a pyspark.sql.types.StructType (df.schema), got {schema!r}"
         )
-    engine = DEFAULT_ENGINE if _engine is None else _engine
+    engine = timewheel_engine if engine is None else engine
     target, config, reply = _prepare(
         schema,
         target,
@@ -595,7 +603,7 @@ def partition_dispatcher(
         engine,
         reply_schema,
     )
-    return _PartitionDispatch(engine, target, config, reply=reply, journal=_journal)
+    return _PartitionDispatch(engine, target, config, reply=reply, journal=journal)
 
 
 #: The hidden column ``dedupe_requests`` groups rows by: a digest of a row's request.

@@ -28,7 +28,7 @@ from typing import (
 )
 
 from ._per_process import PerProcess
-from .targets import DownstreamError, DownstreamTimeout, Reply
+from .contract import DownstreamError, DownstreamTimeout, Reply
 
 __all__ = [
     "FAILED",

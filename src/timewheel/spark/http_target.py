@@ -22,7 +22,6 @@ POST turned into a GET, and a redirect loop cannot happen). An answer longer tha
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import atexit
 import contextlib
@@ -43,9 +42,9 @@ from typing import Any, Callable, Union
 
 from .._validate import check_columns, check_int
 from ._per_process import PerProcess
-from .targets import DownstreamError, DownstreamTimeout, Failure, OnDone, Reply
+from .contract import DownstreamError, DownstreamTimeout, Failure, OnDone, Reply
 
-__all__ = ["HttpDownstream", "add_http_options", "http_options"]
+__all__ = ["DEFAULT_MAX_REPLY_BYTES", "METHODS", "Body", "HttpDownstream"]
 
 logger = logging.getLogger(__name__)
 
@@ -645,118 +644,3 @@ class HttpDownstream:
 
 def _too_large_error(limit: int) -> DownstreamError:
     return DownstreamError(str(_too_large(limit)), retry_after_s=None)
-
-
-def _pairs(flag: str, given: list[str]) -> dict[str, str]:
-    """``NAME=COLUMN`` options as a dict; ValueError naming ``flag`` for a malformed one."""
-    pairs = {}
-    for text in given:
-        name, sep, col = text.partition("=")
-        if not sep or not name.strip() or not col.strip():
-            raise ValueError(f"{flag} must be NAME=COLUMN, got {text!r}")
-        pairs[name.strip()] = col.strip()
-    return pairs
-
-
-def add_http_options(parser: argparse.ArgumentParser) -> None:
-    """The command line's options for an http(s):// ``--target`` (see :class:`HttpDownstream`)."""
-    group = parser.add_argument_group(
-        "http(s):// target",
-        "--target may name columns as {column} (http://api/customers/{customer_id}): "
-        "each is filled from the row, percent-encoded",
-    )
-    group.add_argument(
-        "--method",
-        default="POST",
-        type=str.upper,
-        choices=METHODS,
-        help="the request's method (default: %(default)s; GET and DELETE send no body)",
-    )
-    group.add_argument(
-        "--http-header",
-        action="append",
-        default=[],
-        metavar="NAME:VALUE",
-        help="a header sent with every request (repeatable)",
-    )
-    group.add_argument(
-        "--header-col",
-        action="append",
-        default=[],
-        metavar="NAME=COLUMN",
-        help="a header whose value is the row's COLUMN (repeatable)",
-    )
-    group.add_argument(
-        "--param",
-        action="append",
-        default=[],
-        metavar="NAME=COLUMN",
-        help="a query parameter whose value is the row's COLUMN (repeatable)",
-    )
-    group.add_argument(
-        "--body-cols",
-        default="",
-        help="comma-separated columns to send as the JSON body (default: the whole row "
-        "for POST, PUT and PATCH; none for GET and DELETE); 'none' sends no body",
-    )
-    group.add_argument(
-        "--idempotency-header",
-        default="Idempotency-Key",
-        help="header carrying the key derived from --id-col; 'none' to send none "
-        "(default: %(default)s)",
-    )
-    group.add_argument(
-        "--http-max-connections",
-        type=int,
-        default=None,
-        metavar="N",
-        help="connections per Python worker (default: as many as calls in flight)",
-    )
-    group.add_argument(
-        "--max-reply-bytes",
-        type=int,
-        default=DEFAULT_MAX_REPLY_BYTES,
-        metavar="N",
-        help="the longest answer read; a longer one fails the attempt (default: %(default)s)",
-    )
-    group.add_argument(
-        "--reply-schema",
-        default=None,
-        metavar="DDL",
-        help="parse ok answers as JSON into a struct column 'reply' of this Spark DDL "
-        "('lat double, lon double'); an answer that does not fit fails its row",
-    )
-    group.add_argument(
-        "--insecure",
-        action="store_true",
-        help="do not verify HTTPS certificates",
-    )
-
-
-def http_options(args: argparse.Namespace) -> dict[str, Any]:
-    """:class:`HttpDownstream`'s keyword arguments from the options of :func:`add_http_options`.
-
-    A malformed header or pair raises ValueError naming it.
-    """
-    headers = {}
-    for header in args.http_header:
-        name, sep, value = header.partition(":")
-        if not sep or not name.strip():
-            raise ValueError(f"--http-header must be NAME:VALUE, got {header!r}")
-        headers[name.strip()] = value.strip()
-    body: Body = [c.strip() for c in args.body_cols.split(",") if c.strip()] or None
-    if body == ["none"]:
-        body = "none"
-    key_header = None if args.idempotency_header.lower() == "none" else args.idempotency_header
-    return {
-        "method": args.method,
-        "id_col": getattr(args, "id_col", None),
-        "headers": headers,
-        "body": body,
-        "params": _pairs("--param", args.param),
-        "header_cols": _pairs("--header-col", args.header_col),
-        "idempotency_header": key_header,
-        "max_connections": args.http_max_connections,
-        "verify_tls": not args.insecure,
-        "max_reply_bytes": args.max_reply_bytes,
-    }

@@ -1,4 +1,5 @@
-"""The dispatch engines by name: what ``dispatch(..., _engine=name)`` and the benchmark run.
+"""The dispatch engines by name: what ``timewheel pipeline --engine`` and the benchmark run
+(``dispatch`` takes the engine itself: ``engine=get_engine(name)``).
 
 Adding an engine is one line in ``_ENGINES``. This module imports every engine, so the
 engines themselves import :mod:`timewheel.spark.engines` (the contract), never this.

@@ -1,47 +1,37 @@
-"""Downstream targets that :func:`timewheel.spark.dispatch` sends rows to.
+"""The targets :func:`timewheel.spark.dispatch` sends rows to, in one place to import from.
 
-A target is any picklable object with ``submit(row, on_done)``: it starts one call for
-``row`` (a dict) and later calls ``on_done(ok, error)`` exactly once, from any thread.
-A target that gets an answer back may hand it over as a third argument,
-``on_done(ok, error, Reply(status, body))``: ``dispatch`` puts ``status`` in the row's
-``http_status`` column and ``body`` (bytes, decoded as UTF-8, or str) in ``response``, and
-parses it into ``reply`` when given a ``reply_schema``. ``dispatch``'s engines always
-accept the third argument (they are marked with :func:`accepts_reply`); a target that
-may also be called with someone else's two-argument ``on_done`` reports through
-:func:`deliver`, which passes the reply only to a callback marked so. A target that calls
-``on_done(ok, error)`` works unchanged: its rows' ``http_status`` and ``response`` are
-null. In the blocking and awaitable forms, ``call`` and ``acall`` return the Reply (or
-None), and a :class:`DownstreamError` carries the answer of a failed call as ``reply``.
-Two targets ship here: :class:`SimulatedDownstream`, an in-process service with a
-log-normal latency, and :class:`HttpDownstream` (in :mod:`.http_target`), which sends
-rows to a real endpoint.
-Both also offer the blocking ``call(row, timeout_s)`` and awaitable ``acall(row)`` forms
-that thread-pool and asyncio code use; :func:`blocking_call` and :func:`async_call` give
-those forms to any target that only has ``submit``.
-
-Targets are pickled to Spark's Python workers, so every thread, lock and connection a
-target owns is created lazily in the process that uses it (after the worker forks).
+Two targets ship: :class:`SimulatedDownstream` (:mod:`.simulator`), an in-process service
+with a log-normal latency, and :class:`HttpDownstream` (:mod:`.http_target`), which sends
+rows to a real endpoint; any picklable object with ``submit(row, on_done)`` is a target
+too (:mod:`.contract` says what ``dispatch`` asks of one). :func:`target_from_url` makes
+either from the command line's ``--target``. Both also offer the blocking
+``call(row, timeout_s)`` and awaitable ``acall(row)`` forms that thread-pool and asyncio
+code use; :func:`blocking_call` and :func:`async_call` give those forms to any target that
+only has ``submit``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import heapq
-import itertools
-import json
-import logging
-import math
 import threading
-import time
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Callable, NamedTuple, Optional, Protocol, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
-import numpy
-
-from .._validate import check_columns
-from ._per_process import PerProcess
+from .contract import (
+    DownstreamError,
+    DownstreamTimeout,
+    Failure,
+    OnDone,
+    Reply,
+    Target,
+    accepts_reply,
+    deliver,
+    retry_after_of,
+    row_keys,
+)
+from .http_target import HttpDownstream
+from .simulator import SimulatedDownstream, simulator_from_url
 
 __all__ = [
     "DownstreamError",
@@ -60,386 +50,6 @@ __all__ = [
     "target_from_url",
 ]
 
-log = logging.getLogger(__name__)
-
-
-class Reply(NamedTuple):
-    """The answer a call got: ``status`` (an HTTP status, or None) and its ``body``.
-
-    ``body`` is bytes (decoded as UTF-8 when the row's ``response`` is made) or str, or
-    None when the answer had none.
-    """
-
-    status: int | None
-    body: bytes | str | None
-
-
-#: ``on_done(ok, error)``: ``error`` is None when ``ok`` is True, else a short message
-#: (a :class:`Failure` when the target knows whether a retry is worth making). A callback
-#: marked with :func:`accepts_reply` also takes the answer: ``on_done(ok, error, reply)``.
-OnDone = Callable[[bool, Optional[str]], None]
-
-
-class Failure(str):
-    """An ``on_done`` error that also says when a retry is worth making.
-
-    ``retry_after_s`` is the least wait before a retry (0: the usual backoff), or None
-    when retrying cannot help (an HTTP 4xx, say). A plain ``str`` error means 0.
-    """
-
-    retry_after_s: float | None
-
-    def __new__(cls, text: str, retry_after_s: float | None = 0.0) -> Failure:
-        self = super().__new__(cls, text)
-        self.retry_after_s = retry_after_s
-        return self
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def accepts_reply(on_done: F) -> F:
-    """Mark an ``on_done`` function as taking the third argument, ``reply``."""
-    on_done.accepts_reply = True  # type: ignore[attr-defined]
-    return on_done
-
-
-def deliver(on_done: Any, ok: bool, error: str | None, reply: Reply | None) -> None:
-    """Call ``on_done(ok, error, reply)``, or ``on_done(ok, error)`` if it is not marked
-    with :func:`accepts_reply` (a bound method is marked through its function)."""
-    if getattr(on_done, "accepts_reply", False):
-        on_done(ok, error, reply)
-    else:
-        on_done(ok, error)
-
-
-def retry_after_of(error: object) -> float | None:
-    """The ``retry_after_s`` an error carries (a Failure or DownstreamError); 0 otherwise."""
-    return getattr(error, "retry_after_s", 0.0)
-
-
-# Latencies and failures a SimulatedDownstream draws at a time.
-_DRAW_BLOCK = 4096
-
-# The standard normal quantile at 0.75: pct75 = exp(mu + sigma * _Z75) for a log-normal.
-_Z75 = 0.6744897501960817
-
-
-class Target(Protocol):
-    """What ``dispatch`` needs from a downstream: start a call, report its end once."""
-
-    def submit(self, row: Mapping[str, Any], on_done: OnDone) -> Any:
-        """Start a call for ``row``; call ``on_done(ok, error)`` once when it ends.
-
-        It may return a handle with ``cancel()``: ``dispatch`` calls it when the call
-        times out, so that the target can drop the request at once.
-        """
-
-
-class DownstreamError(RuntimeError):
-    """The call failed: the downstream refused it, or it could not be made.
-
-    ``retry_after_s`` is the least wait before a retry is worth making (0: the usual
-    backoff), or None when retrying cannot help (an HTTP 4xx, say). ``reply`` is the
-    answer that said no, when one came.
-    """
-
-    def __init__(
-        self, message: str, *, retry_after_s: float | None = 0.0, reply: Reply | None = None
-    ) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-        self.reply = reply
-
-
-class DownstreamTimeout(TimeoutError):
-    """The call did not end within its timeout."""
-
-
-def _normal_cdf(x: float) -> float:
-    return 0.5 * (1 + math.erf(x / math.sqrt(2)))
-
-
-def _check_number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)
-
-
-def row_keys(row: Mapping[str, Any], key_cols: Sequence[str]) -> tuple[Any, ...]:
-    """The distinct non-null values of ``key_cols`` in ``row``: the keys a call holds."""
-    return tuple(dict.fromkeys(row[col] for col in key_cols if row[col] is not None))
-
-
-class _Delivery:
-    """One thread per process runs callbacks at their due time: a heap, not a thread per call."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.wakeup = threading.Condition(self.lock)
-        self.heap: list[tuple[float, int, Callable[[], None]]] = []
-        self.seq = itertools.count()
-        self.thread: threading.Thread | None = None
-
-    def at(self, due: float, callback: Callable[[], None]) -> None:
-        with self.lock:
-            heapq.heappush(self.heap, (due, next(self.seq), callback))
-            if self.thread is None:
-                self.thread = threading.Thread(
-                    target=self._run, name="timewheel-sim-replies", daemon=True
-                )
-                self.thread.start()
-            elif self.heap[0][0] == due:
-                self.wakeup.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self.lock:
-                while not self.heap:
-                    self.wakeup.wait()
-                delay = self.heap[0][0] - time.monotonic()
-                if delay > 0:
-                    self.wakeup.wait(delay)
-                    continue
-                now = time.monotonic()
-                due = []
-                while self.heap and self.heap[0][0] <= now:
-                    due.append(heapq.heappop(self.heap)[2])
-            for callback in due:
-                callback()  # never raises: _SimState.reply guards the user's callback
-
-
-# This process's delivery thread (one inherited through fork has no thread: a child
-# makes its own).
-_DELIVERY = PerProcess(_Delivery)
-
-
-class _SimState:
-    """The per-process half of a :class:`SimulatedDownstream`: its RNG, held keys and counters."""
-
-    def __init__(self, seed: int | None, mu: float, sigma: float, failure_rate: float) -> None:
-        self.rng = numpy.random.default_rng(seed)
-        self.mu, self.sigma, self.failure_rate = mu, sigma, failure_rate
-        self.draws: Iterator[tuple[float, bool]] = iter(())
-        self.lock = threading.Lock()
-        # The rows (by identity) holding each key: a row's retry after its own timeout
-        # may start while its first call is still out, and that is not an overlap.
-        self.held: dict[Any, list[Mapping[str, Any]]] = {}
-        self.calls = 0
-        self.overlaps = 0
-        self.callback_errors = 0
-
-    def start(self, row: Mapping[str, Any], keys: tuple[Any, ...]) -> tuple[float, str | None]:
-        """Draw a call's latency (s) and fate and mark ``keys`` in flight for ``row``.
-
-        The error is None, ``"simulated failure"``, or names the first key already held
-        by another row.
-        """
-        clash = None
-        with self.lock:
-            self.calls += 1
-            draw = next(self.draws, None)
-            if draw is None:
-                # Drawn in blocks: random's per-call rejection loop was a large share
-                # of the simulator's CPU, which every engine's figures include.
-                latencies = self.rng.lognormal(self.mu, self.sigma, _DRAW_BLOCK).tolist()
-                failures = (self.rng.random(_DRAW_BLOCK) < self.failure_rate).tolist()
-                self.draws = zip(latencies, failures)
-                draw = next(self.draws)
-            for key in keys:
-                holders = self.held.setdefault(key, [])
-                if clash is None and any(other is not row for other in holders):
-                    clash = key
-                holders.append(row)
-            if clash is not None:
-                self.overlaps += 1
-        latency, failed = draw
-        if clash is not None:
-            return latency, f"key overlap on {clash!r}"
-        return latency, "simulated failure" if failed else None
-
-    def release(self, row: Mapping[str, Any], keys: tuple[Any, ...]) -> None:
-        if not keys:  # every reply when no exclusive_cols: skip the lock
-            return
-        with self.lock:
-            for key in keys:
-                holders = self.held[key]
-                del holders[next(i for i, other in enumerate(holders) if other is row)]
-                if not holders:
-                    del self.held[key]
-
-    def reply(
-        self, on_done: OnDone, error: str | None, row: Mapping[str, Any], keys: tuple[Any, ...]
-    ) -> None:
-        self.release(row, keys)
-        try:
-            deliver(on_done, error is None, error, simulated_reply(error))
-        except Exception:
-            with self.lock:
-                self.callback_errors += 1
-            log.exception("on_done callback of SimulatedDownstream raised")
-
-
-_SIM_OK = Reply(200, b'{"accepted":true}')
-
-
-def simulated_reply(error: str | None) -> Reply:
-    """The answer of a simulated call: a small JSON body, 200 unless it failed.
-
-    A simulated failure is a 500, not a 503: it is a random fault, not overload, so it
-    must not shrink the adaptive window (a 1% rate of 503s would halve it every round).
-    """
-    if error is None:
-        return _SIM_OK
-    status = 409 if error.startswith("key overlap") else 500
-    return Reply(status, json.dumps({"accepted": False, "error": error}).encode())
-
-
-class SimulatedDownstream:
-    """An in-process downstream service with log-normal latency and random failures.
-
-    ``pct50_ms`` and ``pct75_ms`` fix the latency distribution (the median and the
-    third quartile, in ms); each call fails with probability ``failure_rate``;
-    ``seed`` makes the draws reproducible within one process. When
-    ``exclusive_cols`` names columns, every call holds its row's non-null values of
-    those columns while in flight (values, not column/value pairs: a transfer holds
-    both of its accounts whichever column names them), and a call that starts while
-    another holds one of the same values is an overlap: it is counted in
-    :attr:`overlaps` and fails with ``"key overlap on <value>"``, so overlaps show in
-    dispatch's output. Holders are told apart by the row object: the same row's retry
-    after its own timeout, while its first call is still out, is not an overlap.
-
-    The three call forms share the latency and failure model: :meth:`submit`
-    replies from one delivery thread after the latency (the caller's timeout does
-    not shorten it), :meth:`call` blocks and gives up at ``timeout_s``, and
-    :meth:`acall` awaits and releases its keys when cancelled.
-    """
-
-    def __init__(
-        self,
-        pct50_ms: float,
-        pct75_ms: float,
-        failure_rate: float = 0.0,
-        seed: int | None = None,
-        exclusive_cols: Sequence[str] = (),
-    ) -> None:
-        p50 = _check_number("pct50_ms", pct50_ms)
-        p75 = _check_number("pct75_ms", pct75_ms)
-        rate = _check_number("failure_rate", failure_rate)
-        if p50 <= 0:
-            raise ValueError(f"pct50_ms must be > 0, got {pct50_ms!r}")
-        if p75 < p50:
-            raise ValueError(f"pct75_ms must be >= pct50_ms ({pct50_ms!r}), got {pct75_ms!r}")
-        if not 0.0 <= rate <= 1.0:
-            raise ValueError(f"failure_rate must be between 0 and 1, got {failure_rate!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise TypeError(f"seed must be an int or None, got {seed!r}")
-        self.pct50_ms = p50
-        self.pct75_ms = p75
-        self.failure_rate = rate
-        self.seed = seed
-        self.exclusive_cols = check_columns("exclusive_cols", exclusive_cols)
-        self._mu = math.log(p50 / 1000.0)
-        self._sigma = math.log(p75 / p50) / _Z75
-        self._state = self._new_state()
-
-    def __repr__(self) -> str:
-        return (
-            f"SimulatedDownstream(pct50_ms={self.pct50_ms:g}, pct75_ms={self.pct75_ms:g}, "
-            f"failure_rate={self.failure_rate:g}, seed={self.seed!r})"
-        )
-
-    def _new_state(self) -> PerProcess[_SimState]:
-        return PerProcess(
-            functools.partial(_SimState, self.seed, self._mu, self._sigma, self.failure_rate)
-        )
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_state"]  # each process that unpickles it starts its own
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._state = self._new_state()
-
-    def _live(self) -> _SimState:
-        return self._state.get()
-
-    @property
-    def calls(self) -> int:
-        """Calls started in this process."""
-        return self._live().calls
-
-    @property
-    def overlaps(self) -> int:
-        """Calls in this process that started while another call held one of their keys."""
-        return self._live().overlaps
-
-    @property
-    def callback_errors(self) -> int:
-        """``on_done`` callbacks that raised (each was logged on the ``timewheel`` logger)."""
-        return self._live().callback_errors
-
-    def expected_attempt(self, timeout_ms: float) -> tuple[float, float]:
-        """Mean length (ms) of one attempt cut off at ``timeout_ms``, and its chance to fail."""
-        mu, sigma, t = self._mu + math.log(1000.0), self._sigma, float(timeout_ms)
-        if sigma == 0:
-            in_time = 1.0 if self.pct50_ms <= t else 0.0
-            mean = min(self.pct50_ms, t)
-        else:
-            z = (math.log(t) - mu) / sigma
-            in_time = _normal_cdf(z)
-            # E[L; L < t] for a log-normal, plus t for the attempts cut off at t.
-            mean = math.exp(mu + sigma * sigma / 2) * _normal_cdf(z - sigma) + t * (1 - in_time)
-        return mean, (1 - in_time) + in_time * self.failure_rate
-
-    def _start(
-        self, row: Mapping[str, Any]
-    ) -> tuple[_SimState, float, str | None, tuple[Any, ...]]:
-        """Draw one call's latency (s) and outcome, and hold its keys."""
-        state = self._live()
-        keys = row_keys(row, self.exclusive_cols) if self.exclusive_cols else ()
-        latency, error = state.start(row, keys)
-        return state, latency, error, keys
-
-    def submit(self, row: Mapping[str, Any], on_done: OnDone) -> None:
-        """Start a call; ``on_done`` runs on the process's delivery thread after the latency."""
-        state, latency, error, keys = self._start(row)
-        _DELIVERY.get().at(
-            time.monotonic() + latency, functools.partial(state.reply, on_done, error, row, keys)
-        )
-
-    def call(self, row: Mapping[str, Any], timeout_s: float) -> Reply:
-        """Block for the latency; raise DownstreamTimeout past ``timeout_s`` or DownstreamError."""
-        state, latency, error, keys = self._start(row)
-        try:
-            if latency > timeout_s:
-                time.sleep(max(timeout_s, 0.0))
-                raise DownstreamTimeout(f"no reply within {timeout_s * 1000:.0f} ms")
-            time.sleep(latency)
-        finally:
-            state.release(row, keys)
-        if error is not None:
-            raise DownstreamError(error, reply=simulated_reply(error))
-        return _SIM_OK
-
-    async def acall(self, row: Mapping[str, Any]) -> Reply:
-        """Await the latency; raise DownstreamError on failure (cancel it to time it out)."""
-        state, latency, error, keys = self._start(row)
-        try:
-            await asyncio.sleep(latency)
-        finally:
-            state.release(row, keys)
-        if error is not None:
-            raise DownstreamError(error, reply=simulated_reply(error))
-        return _SIM_OK
-
-
-_SIM_PARAMS = {"pct50": float, "pct75": float, "failures": float, "seed": int}
-
 
 def target_from_url(url: str, **http_options: Any) -> Any:
     """Build a target from the CLI form: ``sim://?pct50=20&pct75=60&failures=0.01&seed=1`` or ``http(s)://...``.
@@ -448,32 +58,9 @@ def target_from_url(url: str, **http_options: Any) -> Any:
     """
     if not isinstance(url, str):
         raise TypeError(f"target must be a URL string, got {url!r}")
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme in ("http", "https"):
+    if urllib.parse.urlsplit(url).scheme in ("http", "https"):
         return HttpDownstream(url, **http_options)
-    if parts.scheme != "sim":
-        raise ValueError(f"target must be sim://?... or an http(s):// URL, got {url!r}")
-    if parts.netloc or parts.path or parts.fragment:
-        raise ValueError(
-            f"target {url!r}: sim:// takes its parameters after '?', "
-            "as in sim://?pct50=20&pct75=60&failures=0.01&seed=1"
-        )
-    given: dict[str, Any] = {}
-    for name, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
-        if name not in _SIM_PARAMS:
-            raise ValueError(
-                f"unknown sim:// parameter {name!r} in {url!r}; known: {', '.join(_SIM_PARAMS)}"
-            )
-        try:
-            given[name] = _SIM_PARAMS[name](value)
-        except ValueError:
-            raise ValueError(f"sim:// parameter {name} must be a number, got {value!r}") from None
-    return SimulatedDownstream(
-        pct50_ms=given.get("pct50", 20.0),
-        pct75_ms=given.get("pct75", 60.0),
-        failure_rate=given.get("failures", 0.0),
-        seed=given.get("seed"),
-    )
+    return simulator_from_url(url)
 
 
 def _reply_of(value: Any) -> Reply | None:
@@ -537,7 +124,3 @@ async def async_call(target: Any, row: Mapping[str, Any]) -> Reply | None:
     if not ok:
         raise DownstreamError(error or "failed", retry_after_s=retry_after_of(error), reply=reply)
     return _reply_of(reply)
-
-
-# At the end: the HTTP target builds on the errors and the OnDone protocol above.
-from .http_target import HttpDownstream  # noqa: E402

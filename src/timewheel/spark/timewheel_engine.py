@@ -39,6 +39,7 @@ from ..purgatory import DelayedOperation, Purgatory
 from ..resources import Checkout, ResourceManager
 from ..timer import Timer, TimerTask
 from .admission import Admission, is_overload
+from .contract import Reply, accepts_reply, retry_after_of, row_keys
 from .engines import (
     FAILED,
     OK,
@@ -51,7 +52,6 @@ from .engines import (
     timeout_message,
     worker_runtime,
 )
-from .targets import Reply, accepts_reply, retry_after_of, row_keys
 
 __all__ = ["timewheel_engine"]
 

@@ -33,7 +33,6 @@ from functools import partial
 from typing import Callable, cast
 from urllib.parse import parse_qsl
 
-from timewheel._argtypes import positive
 from timewheel.execution import (
     ExecuteProduceConsume,
     ExecutionStrategy,
@@ -43,6 +42,8 @@ from timewheel.execution import (
     Task,
     ThreadPool,
 )
+
+from ..argtypes import positive
 
 STRATEGIES = ("ProduceConsume", "ProduceExecuteConsume", "ExecuteProduceConsume")
 

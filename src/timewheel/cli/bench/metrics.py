@@ -27,9 +27,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ..._argtypes import positive
 from ..._impl import Lateness
 from ...timer import ManualClock, Timer
+from ..argtypes import positive
 from . import core
 from . import purgatory as purgatory_bench
 

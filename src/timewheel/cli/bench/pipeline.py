@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from ...spark.engines import STATUSES, DispatchConfig
-from ...spark.http_target import http_options
-from ...spark.pipeline import add_dispatch_options, spark_session
-from ...spark.registry import engine_names
+from ...spark.registry import engine_names, get_engine
+from ...spark.session import spark_session
 from ...spark.targets import HttpDownstream, SimulatedDownstream, target_from_url
+from ..pipeline.options import add_dispatch_options, http_options
 from .http_service import ServiceProcess
 
 __all__ = ["add_parser", "little_bound_rows_per_s", "main", "mean_slot_ms"]
@@ -243,8 +243,8 @@ def run_engine(
         retries=config.retries,
         backoff_ms=config.backoff_ms,
         reply_schema=reply_schema,
-        _engine=engine,
-        _journal=journal,
+        engine=get_engine(engine),
+        journal=journal,
     )
     received0 = service.stats()["requests"] if service is not None else 0
     jvm0, drv0, start = _jvm_cpu_s(spark), _driver_cpu_s(), time.monotonic()

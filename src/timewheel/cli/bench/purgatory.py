@@ -34,9 +34,9 @@ from array import array
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..._argtypes import positive
 from ...metrics import Histogram
 from ...purgatory import DelayedOperation, Purgatory
+from ..argtypes import positive
 from .baselines import AsyncioPurgatory, ClassicPurgatory
 
 IMPLS = ("wheel", "classic", "asyncio")

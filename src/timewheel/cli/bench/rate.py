@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..._argtypes import positive
+from ..argtypes import positive
 
 __all__ = ["add_parser", "main", "most_in_a_window"]
 
@@ -173,7 +173,7 @@ def _measure(
     url: str, stats: Callable[[], dict[str, Any]], args: argparse.Namespace, rates: list[float]
 ) -> None:
     from ...spark import dispatch
-    from ...spark.pipeline import spark_session
+    from ...spark.session import spark_session
     from ...spark.targets import HttpDownstream
 
     spark, owned = None, False

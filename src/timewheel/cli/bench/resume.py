@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..._argtypes import positive
+from ..argtypes import positive
 
 __all__ = ["add_parser", "main"]
 

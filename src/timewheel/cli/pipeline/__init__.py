@@ -1,0 +1,145 @@
+"""``timewheel pipeline``: dispatch a dataset's rows to a downstream on Spark, end to end.
+
+It reads Parquet or CSV (or generates rows), runs :func:`timewheel.spark.dispatch`,
+writes the result as Parquet, then a ``summary.json`` and a latency histogram PNG
+next to it, and prints the summary. With no options it is the demo: a million
+generated rows against the simulated downstream on a local Spark.
+
+pyspark and matplotlib are imported when the command runs, not when the CLI starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ...spark.engines import FAILED, TIMEOUT
+from ...spark.session import check_master, spark_session
+from ...spark.targets import target_from_url
+from .errors import Stopped, UsageError, _limit_text, _note, one_line
+from .inputs import input_format
+from .job import _Job
+from .metrics_endpoint import MetricsEndpoint
+from .options import add_options, http_options, resolve_max_in_flight
+from .output import check_output, check_resumable, run_identity
+from .sessions import check_remote, connect_session
+
+__all__ = ["add_parser", "main"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``pipeline`` subcommand."""
+    add_options(subparsers).set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the pipeline and print the summary; return the exit status.
+
+    0: every row accounted for, no more failed or timed-out rows than ``--max-failed``;
+    1: more than that, or the run failed; 2: an argument or input was refused before
+    any row was sent; 130 (Ctrl-C) and 143 (SIGTERM): stopped, the output left
+    resumable. Errors are one line on stderr (``--debug``: the traceback).
+    """
+    try:
+        return run(args)
+    except UsageError as exc:
+        if args.debug:
+            raise
+        _note(f"error: {exc}")
+        return 2
+    except (KeyboardInterrupt, Stopped) as exc:
+        code = 143 if isinstance(exc, Stopped) else 130
+        _note(
+            f"{'stopped by SIGTERM' if code == 143 else 'interrupted'}; --output "
+            f"{args.output!r} keeps the rows answered so far (finish it with --resume)"
+        )
+        return code
+    except Exception as exc:
+        if args.debug:
+            raise
+        _note(f"error: {one_line(exc)}")
+        return 1
+
+
+def run(args: argparse.Namespace) -> int:
+    """``main`` without the error handling: raises UsageError for refused input."""
+    if args.metrics_port is None:
+        return _run(args, report_workers=False)
+    endpoint = MetricsEndpoint(args.metrics_port)
+    try:
+        if not args.quiet:
+            _note(f"serving metrics on http://127.0.0.1:{endpoint.port}/metrics")
+        return _run(args, report_workers=True)
+    finally:
+        endpoint.close()
+
+
+def _run(args: argparse.Namespace, *, report_workers: bool) -> int:
+    from ...spark.worker_metrics import WorkerReports
+
+    try:
+        target = target_from_url(args.target, **http_options(args))
+        if args.remote is None:
+            check_master(args.master)
+        else:
+            check_remote(args.remote)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
+    if args.remote is not None and report_workers:
+        raise UsageError(
+            "--metrics-port: the workers' counters travel to the driver in an accumulator, "
+            "which Spark Connect does not have; leave out --metrics-port with --remote"
+        )
+    if args.resume and args.overwrite:
+        raise UsageError("--resume finishes --output and --overwrite replaces it: give one")
+    max_in_flight = resolve_max_in_flight(args.max_in_flight, target)
+    key_cols = [c.strip() for c in args.key_cols.split(",") if c.strip()]
+    fmt = input_format(args.input, args.format) if args.input else None
+    out_dir = Path(args.output)
+    previous = check_output(out_dir, args.overwrite, args.resume)
+    if previous is not None:  # all but the input's partitions, before Spark starts
+        partitions = previous.identity.get("input_partitions")
+        identity = {**run_identity(args, key_cols, fmt), "input_partitions": partitions}
+        check_resumable(out_dir, previous, identity)
+    # A failed task's log is pages of traceback; the error that ends the run is printed in
+    # one line instead (all of it with --debug).
+    log_level = "WARN" if args.debug else "FATAL"
+    if args.remote is None:
+        spark, owned = spark_session(
+            args.master, "timewheel pipeline", args.conf, args.python, log_level
+        )
+    else:
+        spark, owned = connect_session(args.remote, args.conf)
+    job = _Job(args, spark, target, max_in_flight, key_cols, out_dir)
+    reports: WorkerReports | None = None
+    try:
+        if report_workers:  # registered on the driver for the endpoint, closed below
+            reports = WorkerReports(spark.sparkContext)
+        with job.signals():
+            try:
+                summary = job.run(fmt, previous, reports)
+            except BaseException:
+                job.raise_if_signalled()
+                raise
+    finally:
+        job.stop(owned)
+        if reports is not None:
+            reports.close()
+    budget = summary["max_failed_rows"]
+    print(json.dumps(summary, indent=2))
+    if not args.quiet:
+        _note(f"wrote {out_dir / 'rows'}, {out_dir / 'summary.json'}, {out_dir / 'latency.png'}")
+    bad = summary["status"][FAILED] + summary["status"][TIMEOUT]
+    if bad > budget:
+        _note(
+            f"{bad:,} of {summary['rows']:,} rows failed or timed out, more than "
+            f"--max-failed {_limit_text(args.max_failed)} allows ({budget:,})"
+        )
+        return 1
+    if bad:
+        _note(
+            f"{bad:,} of {summary['rows']:,} rows failed or timed out "
+            f"(within --max-failed {_limit_text(args.max_failed)})"
+        )
+    return 0

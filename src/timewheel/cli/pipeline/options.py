@@ -1,0 +1,405 @@
+"""The options of ``timewheel pipeline``: the parser, its argument types, the defaults."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from ...spark.admission import check_rate
+from ...spark.http_target import DEFAULT_MAX_REPLY_BYTES, METHODS, Body
+from ...spark.session import DEFAULT_MASTER
+from ...spark.simulator import SimulatedDownstream
+from ..argtypes import non_negative, positive
+
+_DESCRIPTION = """\
+Dispatch a dataset's rows to a downstream on Spark, end to end: read Parquet or CSV (or
+generate rows), run timewheel.spark.dispatch, write the result as Parquet, then a
+summary.json and a latency histogram PNG next to it, and print the summary. With no
+options it is the demo: a million generated rows against the simulated downstream on a
+local Spark."""
+
+#: Rows the demo generates.
+DEMO_ROWS = 1_000_000
+
+#: The simulated downstream the demo calls: median 20 ms, third quartile 60 ms, 1% failures.
+DEFAULT_TARGET = "sim://?pct50=20&pct75=60&failures=0.01&seed=1"
+
+#: --max-in-flight unless given: the simulated downstream takes any load, and the
+#: in-flight limit is what bounds throughput (Little's law), so the demo uses the
+#: benchmark's 2000; a real endpoint gets dispatch's own default.
+SIM_MAX_IN_FLIGHT = 2000
+
+REAL_MAX_IN_FLIGHT = 256
+
+# Generated data gets at least one partition per this many rows, so progress moves. Not
+# fewer rows: every task ends with a tail of retries in which its slots sit idle.
+_ROWS_PER_PARTITION = 250_000
+
+#: --max-failed unless given: the share of rows that may end failed or timed out.
+DEFAULT_MAX_FAILED = "1%"
+
+_EPILOG = """\
+exit status:
+  0  every row came back; at most --max-failed of them failed or timed out
+  1  more rows failed or timed out than --max-failed allows, or the run failed
+  2  an argument or the input was refused before any row was sent
+
+  130 interrupted (Ctrl-C); 143 stopped by SIGTERM: --output is left resumable
+
+--output is committed as the run goes: each task journals its answered rows there
+(journal/, manifest.json); when the run ends it is replaced whole by its final form
+(rows/, summary.json, latency.png, manifest.json). A run that stopped before that
+(killed, interrupted, failed) is finished by the same command with --resume, which
+sends only the rows not yet ok there. An existing --output is refused unless
+--overwrite (replace it) or --resume (finish it) is given.
+"""
+
+
+def add_dispatch_options(parser: argparse.ArgumentParser) -> None:
+    """The options that map onto ``dispatch``'s arguments (shared with the benchmark)."""
+    parser.add_argument(
+        "--master",
+        default=DEFAULT_MASTER,
+        help="Spark master URL (default: %(default)s: every core, and a task may fail 3 "
+        "times and run again, as on a cluster)",
+    )
+    parser.add_argument(
+        "--target",
+        default=DEFAULT_TARGET,
+        help="sim://?pct50=..&pct75=..&failures=..&seed=.. or an http(s):// URL "
+        "(default: %(default)s)",
+    )
+    add_http_options(parser)
+    parser.add_argument(
+        "--timeout-ms",
+        type=positive(int),
+        default=1000,
+        help="per-call timeout (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-in-flight",
+        type=positive(int),
+        default=None,
+        help=f"calls outstanding per partition (default: {SIM_MAX_IN_FLIGHT} for a sim:// "
+        f"target, which has no capacity to protect; {REAL_MAX_IN_FLIGHT} for a real endpoint, "
+        "which every partition calls at once)",
+    )
+    parser.add_argument(
+        "--retries",
+        type=non_negative(int),
+        default=2,
+        help="retries after a failure or timeout (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--backoff-ms",
+        type=non_negative(int),
+        default=100,
+        help="wait before a retry, with jitter (default: %(default)s)",
+    )
+
+
+def add_job_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a whole job: its rate, de-duplication, resuming and session."""
+    parser.add_argument(
+        "--rate",
+        type=rate_arg,
+        default=None,
+        metavar="N",
+        help="requests per second for the whole job, however many tasks run (default: no "
+        "limit; 429/503 answers slow it down either way)",
+    )
+    parser.add_argument(
+        "--dedupe-col",
+        default=None,
+        metavar="COLUMN",
+        help="rows with the same value in COLUMN are sent once; each gets that request's "
+        "outcome and its own output row",
+    )
+    parser.add_argument(
+        "--dedupe-requests",
+        action="store_true",
+        help="send identical requests (same method, URL, headers and body) once; every "
+        "row that makes one gets its outcome (an http(s) --target only)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish the run that left --output unfinished: send only its rows not yet ok "
+        "(refused if it was made from another input or with other request options)",
+    )
+    parser.add_argument(
+        "--remote",
+        default=None,
+        metavar="sc://HOST:PORT",
+        help="run on a Spark Connect server instead of --master (the server must see "
+        "--output's directory: same machine or shared storage)",
+    )
+
+
+def add_options(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    """Add the ``pipeline`` subcommand's parser, with every option, and return it."""
+    parser = subparsers.add_parser(
+        "pipeline",
+        help="send a dataset's rows to a downstream from Spark (no options: the 1M-row demo)",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--input", help="Parquet file/directory, or CSV (name ends in .csv; header row)"
+    )
+    source.add_argument(
+        "--generate",
+        type=positive(int),
+        metavar="N",
+        help=f"generate N rows (default: {DEMO_ROWS:,} when there is no --input)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("parquet", "csv"),
+        default=None,
+        help="format of --input (default: csv for a name ending in .csv, parquet for .parquet "
+        "or a directory)",
+    )
+    parser.add_argument(
+        "--output",
+        default="timewheel-pipeline-output",
+        help="directory for rows/, summary.json and latency.png, written in full or not at all "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --output (it is refused otherwise)",
+    )
+    parser.add_argument(
+        "--id-col", default="id", help="column that identifies a row (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--key-cols",
+        default="",
+        help="comma-separated key columns; rows sharing a value are never in flight together",
+    )
+    add_dispatch_options(parser)
+    add_job_options(parser)
+    parser.add_argument(
+        "--partitions",
+        type=positive(int),
+        default=None,
+        metavar="N",
+        help="split the rows into N partitions, the units Spark runs in parallel and the "
+        "steps the progress bar moves in (default: the input's own; generated rows: one "
+        f"per {_ROWS_PER_PARTITION:,} rows, at least one per core)",
+    )
+    parser.add_argument(
+        "--max-failed",
+        type=max_failed,
+        default=DEFAULT_MAX_FAILED,
+        metavar="N|P%",
+        help="rows that may end failed or timed out before the exit status is 1: a count "
+        "(0: none) or a percentage of the rows (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        type=conf_pair,
+        metavar="KEY=VALUE",
+        help="a Spark setting, as spark-submit's --conf (repeatable)",
+    )
+    parser.add_argument(
+        "--python",
+        default=None,
+        metavar="PATH",
+        help="the Python the executors run; it must have timewheel installed (default: "
+        "spark.pyspark.python if given with --conf, else $PYSPARK_PYTHON, else this one)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=metrics_port,
+        default=None,
+        metavar="PORT",
+        help="serve the driver's Prometheus metrics on http://127.0.0.1:PORT/metrics while the "
+        "command runs, with every worker's spark_engine counters (0: any free port, shown in "
+        "a note); needs prometheus_client",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or notes")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=os.environ.get("TIMEWHEEL_DEBUG") == "1",
+        help="show the traceback of an error (also TIMEWHEEL_DEBUG=1)",
+    )
+    parser.add_argument("--engine", default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def max_failed(text: str) -> float | int:
+    """``--max-failed``: a count of rows (``5``) or a fraction of them (``0.5%`` is 0.005)."""
+    try:
+        if text.endswith("%"):
+            pct = float(text[:-1])
+            if not 0 <= pct <= 100:
+                raise ValueError
+            return pct / 100
+        count = int(text)
+        if count < 0:
+            raise ValueError
+        return count
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a count >= 0 or a percentage between 0% and 100%, got {text!r}"
+        ) from None
+
+
+def rate_arg(text: str) -> float:
+    """``--rate``: requests per second, a finite number > 0."""
+    try:
+        return check_rate(float(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("rate ")) from None
+
+
+def conf_pair(text: str) -> tuple[str, str]:
+    """``--conf KEY=VALUE``."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"must be KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+def metrics_port(text: str) -> int:
+    """``--metrics-port``: a TCP port number, 0 (any free port) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {text!r}")
+    return port
+
+
+def resolve_max_in_flight(given: int | None, target: Any) -> int:
+    """``--max-in-flight`` as given, else the default for ``target`` (see SIM_MAX_IN_FLIGHT)."""
+    if given is not None:
+        return given
+    return SIM_MAX_IN_FLIGHT if isinstance(target, SimulatedDownstream) else REAL_MAX_IN_FLIGHT
+
+
+def _pairs(flag: str, given: list[str]) -> dict[str, str]:
+    """``NAME=COLUMN`` options as a dict; ValueError naming ``flag`` for a malformed one."""
+    pairs = {}
+    for text in given:
+        name, sep, col = text.partition("=")
+        if not sep or not name.strip() or not col.strip():
+            raise ValueError(f"{flag} must be NAME=COLUMN, got {text!r}")
+        pairs[name.strip()] = col.strip()
+    return pairs
+
+
+def add_http_options(parser: argparse.ArgumentParser) -> None:
+    """The command line's options for an http(s):// ``--target`` (see :class:`HttpDownstream`)."""
+    group = parser.add_argument_group(
+        "http(s):// target",
+        "--target may name columns as {column} (http://api/customers/{customer_id}): "
+        "each is filled from the row, percent-encoded",
+    )
+    group.add_argument(
+        "--method",
+        default="POST",
+        type=str.upper,
+        choices=METHODS,
+        help="the request's method (default: %(default)s; GET and DELETE send no body)",
+    )
+    group.add_argument(
+        "--http-header",
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="a header sent with every request (repeatable)",
+    )
+    group.add_argument(
+        "--header-col",
+        action="append",
+        default=[],
+        metavar="NAME=COLUMN",
+        help="a header whose value is the row's COLUMN (repeatable)",
+    )
+    group.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=COLUMN",
+        help="a query parameter whose value is the row's COLUMN (repeatable)",
+    )
+    group.add_argument(
+        "--body-cols",
+        default="",
+        help="comma-separated columns to send as the JSON body (default: the whole row "
+        "for POST, PUT and PATCH; none for GET and DELETE); 'none' sends no body",
+    )
+    group.add_argument(
+        "--idempotency-header",
+        default="Idempotency-Key",
+        help="header carrying the key derived from --id-col; 'none' to send none "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--http-max-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help="connections per Python worker (default: as many as calls in flight)",
+    )
+    group.add_argument(
+        "--max-reply-bytes",
+        type=int,
+        default=DEFAULT_MAX_REPLY_BYTES,
+        metavar="N",
+        help="the longest answer read; a longer one fails the attempt (default: %(default)s)",
+    )
+    group.add_argument(
+        "--reply-schema",
+        default=None,
+        metavar="DDL",
+        help="parse ok answers as JSON into a struct column 'reply' of this Spark DDL "
+        "('lat double, lon double'); an answer that does not fit fails its row",
+    )
+    group.add_argument(
+        "--insecure",
+        action="store_true",
+        help="do not verify HTTPS certificates",
+    )
+
+
+def http_options(args: argparse.Namespace) -> dict[str, Any]:
+    """:class:`HttpDownstream`'s keyword arguments from the options of :func:`add_http_options`.
+
+    A malformed header or pair raises ValueError naming it.
+    """
+    headers = {}
+    for header in args.http_header:
+        name, sep, value = header.partition(":")
+        if not sep or not name.strip():
+            raise ValueError(f"--http-header must be NAME:VALUE, got {header!r}")
+        headers[name.strip()] = value.strip()
+    body: Body = [c.strip() for c in args.body_cols.split(",") if c.strip()] or None
+    if body == ["none"]:
+        body = "none"
+    key_header = None if args.idempotency_header.lower() == "none" else args.idempotency_header
+    return {
+        "method": args.method,
+        "id_col": getattr(args, "id_col", None),
+        "headers": headers,
+        "body": body,
+        "params": _pairs("--param", args.param),
+        "header_cols": _pairs("--header-col", args.header_col),
+        "idempotency_header": key_header,
+        "max_connections": args.http_max_connections,
+        "verify_tls": not args.insecure,
+        "max_reply_bytes": args.max_reply_bytes,
+    }

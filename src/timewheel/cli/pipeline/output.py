@@ -1,0 +1,92 @@
+"""``--output``: refused or taken, what a run is made from, and its final form put in place."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ...spark.journal import Manifest, input_fingerprint
+from .errors import UsageError
+from .options import DEMO_ROWS, http_options
+
+
+def check_output(out_dir: Path, overwrite: bool, resume: bool) -> Manifest | None:
+    """Refuse an ``--output`` that cannot be used; return the manifest ``--resume`` continues.
+
+    A file, an existing output without ``--overwrite`` or ``--resume``, ``--resume``
+    of an output that has no unfinished run, and a place where nothing can be created
+    are refused here, before Spark starts.
+    """
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--output {str(out_dir)!r} is a file, not a directory")
+    previous = Manifest.read(out_dir) if out_dir.is_dir() else None
+    if resume:
+        if previous is None:
+            raise UsageError(f"--resume: --output {str(out_dir)!r} holds no run to resume")
+        if previous.complete:
+            raise UsageError(f"--resume: --output {str(out_dir)!r} is complete; nothing to resume")
+    elif out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        unfinished = previous is not None and not previous.complete
+        hint = "--resume to finish it or " if unfinished else ""
+        what = " (a run that did not finish)" if unfinished else ""
+        raise UsageError(
+            f"--output {str(out_dir)!r} exists{what}; give {hint}--overwrite to replace it"
+        )
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        # What the run will do there: make a hidden directory (and remove it).
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".probe", dir=out_dir.parent))
+    except OSError as exc:
+        raise UsageError(f"cannot create --output {str(out_dir)!r}: {exc.strerror or exc}") from exc
+    return previous if resume else None
+
+
+def publish(staging: Path, out_dir: Path) -> None:
+    """Move the finished ``staging`` directory to ``out_dir``, replacing what was there.
+
+    Renames on one filesystem: the old output is moved aside, the new one moved in,
+    and only then is the old one deleted, so ``out_dir`` holds one run's files, whole.
+    """
+    if out_dir.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=out_dir.parent))
+        os.replace(out_dir, old / out_dir.name)
+        os.replace(staging, out_dir)
+        shutil.rmtree(old)
+    else:
+        os.replace(staging, out_dir)
+
+
+def run_identity(args: argparse.Namespace, key_cols: list[str], fmt: str | None) -> dict[str, Any]:
+    """What decides which rows there are and what is sent for each: a resumed run must
+    have the same (delivery settings such as --rate or --timeout-ms may change).
+    The input's partitions, known once Spark has read it, are added to it then."""
+    http = json.dumps(http_options(args), sort_keys=True, default=str)
+    return {
+        "input": args.input,
+        "input_files": input_fingerprint(args.input),
+        "format": fmt,
+        "generate": None if args.input else (args.generate or DEMO_ROWS),
+        "partitions": args.partitions,
+        "target": args.target,
+        # A digest: the headers may hold a token, which has no place on disk.
+        "http_options": hashlib.sha256(http.encode()).hexdigest(),
+        "id_col": args.id_col,
+        "key_cols": key_cols,
+        "dedupe_col": args.dedupe_col,
+        "dedupe_requests": args.dedupe_requests,
+        # The output's columns: a resumed run's rows must have the same reply struct.
+        "reply_schema": args.reply_schema,
+    }
+
+
+def check_resumable(out_dir: Path, previous: Manifest, identity: dict[str, Any]) -> None:
+    """Refuse ``--resume`` of an output made from another input or other request options."""
+    reason = previous.mismatch(identity)
+    if reason is not None:
+        raise UsageError(f"--resume: --output {str(out_dir)!r} cannot be resumed: {reason}")

@@ -1,0 +1,107 @@
+"""What a finished run reports: ``summary.json``'s figures and ``latency.png``."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from ...spark import STATUSES
+
+_PERCENTILES = (50, 90, 99, 99.9)
+
+
+def failure_budget(limit: float | int, rows: int) -> int:
+    """The most rows that may end failed or timed out under ``--max-failed`` ``limit``."""
+    return math.floor(limit * rows) if isinstance(limit, float) else limit
+
+
+def summarize(result: Any, elapsed_s: float) -> dict[str, Any]:
+    """Rows per status, attempts, latency percentiles and throughput of a dispatch result."""
+    from pyspark.sql import functions as F
+
+    rows = result.count()
+    statuses = {r["status"]: r["count"] for r in result.groupBy("status").count().collect()}
+    attempts = {r["attempts"]: r["count"] for r in result.groupBy("attempts").count().collect()}
+    answers = result.groupBy("http_status").count().collect()
+    quantiles = ", ".join(str(p / 100) for p in _PERCENTILES)
+    stats = result.select(
+        F.expr(f"percentile(latency_ms, array({quantiles}))").alias("q"),
+        F.mean("latency_ms").alias("mean"),
+        F.max("latency_ms").alias("max"),
+    ).first()
+    latency = {f"p{p:g}": round(q, 3) for p, q in zip(_PERCENTILES, stats["q"] or [])}
+    latency.update(mean=round(stats["mean"] or 0.0, 3), max=round(stats["max"] or 0.0, 3))
+    return {
+        "rows": rows,
+        "status": {s: statuses.get(s, 0) for s in STATUSES},
+        "attempts": {
+            "total": sum(k * v for k, v in attempts.items()),
+            "rows_by_attempts": {str(k): attempts[k] for k in sorted(attempts)},
+        },
+        "http_status": {
+            str(r["http_status"] or "none"): r["count"]
+            for r in sorted(answers, key=lambda r: r["http_status"] or 0)
+        },
+        "latency_ms": latency,
+        "elapsed_s": round(elapsed_s, 3),
+        "rows_per_s": round(rows / elapsed_s, 1) if elapsed_s > 0 else None,
+    }
+
+
+def latency_histogram(result: Any, path: Path) -> Any:
+    """Write the ``latency_ms`` histogram as a PNG: one panel per status, log-scale axes.
+
+    Each status has its own panel and the counts are on a log scale, so a handful of
+    failed or timed-out rows stay visible next to a million ok ones. Binned in Spark;
+    returns the (closed) figure.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pyspark.sql import functions as F
+
+    bins_per_decade = 20
+    binned = result.select(
+        "status",
+        F.floor(F.log10(F.greatest(F.col("latency_ms"), F.lit(0.01))) * bins_per_decade).alias(
+            "bin"
+        ),
+    )
+    counts: dict[str, dict[int, int]] = {}
+    for r in binned.groupBy("status", "bin").count().collect():
+        counts.setdefault(r["status"], {})[int(r["bin"])] = r["count"]
+    # Each panel's title counts its rows' answers by HTTP status too.
+    answers: dict[str, list[str]] = {}
+    for r in sorted(
+        result.groupBy("status", "http_status").count().collect(),
+        key=lambda r: r["http_status"] or 0,
+    ):
+        code = "no answer" if r["http_status"] is None else f"HTTP {r['http_status']}"
+        answers.setdefault(r["status"], []).append(f"{code}: {r['count']:,}")
+    fig, axes = plt.subplots(len(STATUSES), 1, figsize=(8, 7), sharex=True)
+    for ax, status, color in zip(axes, STATUSES, ("tab:green", "tab:red", "tab:orange")):
+        bins = counts.get(status, {})
+        edges = sorted(bins)
+        ax.bar(
+            [10 ** (b / bins_per_decade) for b in edges],
+            [bins[b] for b in edges],
+            width=[10 ** ((b + 1) / bins_per_decade) - 10 ** (b / bins_per_decade) for b in edges],
+            align="edge",
+            color=color,
+        )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=0.7)
+        ax.set_ylabel("rows")
+        by_answer = f" ({', '.join(answers[status])})" if status in answers else ""
+        ax.set_title(
+            f"{status}: {sum(bins.values()):,} rows{by_answer}", loc="left", fontsize="medium"
+        )
+    axes[-1].set_xlabel("latency from first call to outcome (ms)")
+    fig.suptitle("timewheel pipeline: row latency by outcome")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return fig
