@@ -4,7 +4,7 @@ Each round runs one whole workload over N timers (deadlines uniform in 1..N, tic
 wheel 20); divide a round's time by N for nanoseconds per timer. Contenders of a case
 share a benchmark group, so pytest-benchmark's relative column is the ratio.
 
-    python -m pytest --pyargs timewheel.cli.bench.test_bench_core \
+    python -m pytest bench/test_bench_core.py \
         --benchmark-disable-gc --benchmark-columns=min,median
 
 The collector is off, as in :func:`timewheel.cli.bench.core.run_core_bench` and timeit:

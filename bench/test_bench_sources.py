@@ -4,7 +4,7 @@ Each round offers ITEMS distinct items and then polls them all; divide a round's
 ITEMS for nanoseconds per item. ``per-item`` calls offer/poll once per item, ``batch``
 uses the bulk calls where the structure has them.
 
-    python -m pytest --pyargs timewheel.cli.bench.test_bench_sources \
+    python -m pytest bench/test_bench_sources.py \
         --benchmark-columns=min,median
 """
 

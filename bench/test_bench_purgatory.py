@@ -4,7 +4,7 @@ Each round pushes BATCH operations (or timers) through one contender; divide a r
 time by BATCH for the cost per operation. Contenders of a case share a benchmark group,
 so pytest-benchmark's relative column is the ratio against the fastest.
 
-    python -m pytest --pyargs timewheel.cli.bench.test_bench_purgatory \
+    python -m pytest bench/test_bench_purgatory.py \
         --benchmark-columns=min,median,rounds
 
 Cases:

@@ -5,7 +5,7 @@ contention: the bare cost of the path the redesign made lock-free, which the thr
 ``timewheel bench resources`` pays for in exchange for never serialising on one lock.
 Both contenders share a benchmark group, so pytest-benchmark's relative column is the ratio.
 
-    python -m pytest --pyargs timewheel.cli.bench.test_bench_resources \
+    python -m pytest bench/test_bench_resources.py \
         --benchmark-columns=min,median
 """
 
