@@ -104,7 +104,39 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-class ServiceProcess:
+class ChildService:
+    """A loopback service in a child process (``self.proc``, serving on ``self.port``):
+    its ``/stats``, and a context manager that stops it."""
+
+    proc: subprocess.Popen[str]
+    port: int
+
+    def stats(self) -> dict[str, Any]:
+        """What the service counted so far (its ``/stats`` answer)."""
+        url = f"http://127.0.0.1:{self.port}/stats"
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return json.loads(response.read())  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Stop the service (it would stop by itself at the end of its lifetime)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ServiceProcess(ChildService):
     """The service in a child process, on 127.0.0.1; a context manager that stops it."""
 
     def __init__(
@@ -140,30 +172,6 @@ class ServiceProcess:
             f"loopback HTTP service (pct50 {self.pct50_ms:g} ms, pct75 {self.pct75_ms:g} ms, "
             f"{self.errors:.1%} HTTP 500, {self.stalls:.1%} stalls)"
         )
-
-    def stats(self) -> dict[str, int]:
-        """Requests received and distinct idempotency keys seen so far."""
-        url = f"http://127.0.0.1:{self.port}/stats"
-        with urllib.request.urlopen(url, timeout=30) as response:
-            return json.loads(response.read())  # type: ignore[no-any-return]
-
-    def close(self) -> None:
-        """Stop the service (it would stop by itself at the end of its lifetime)."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-    def __enter__(self) -> ServiceProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 if __name__ == "__main__":

@@ -32,10 +32,11 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from .http_service import ChildService
 
 __all__ = ["Limits", "StubProcess", "WindowLimiter", "count_tokens", "go_duration", "main"]
 
@@ -296,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-class StubProcess:
+class StubProcess(ChildService):
     """The stub in a child process on 127.0.0.1; a context manager that stops it."""
 
     def __init__(
@@ -323,30 +324,6 @@ class StubProcess:
             raise RuntimeError(f"the OpenAI stub did not start (said {line!r})")
         self.port = int(line.split()[1])
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
-
-    def stats(self) -> dict[str, Any]:
-        """What the stub saw so far (see the module's docstring)."""
-        url = f"http://127.0.0.1:{self.port}/stats"
-        with urllib.request.urlopen(url, timeout=30) as response:
-            return json.loads(response.read())  # type: ignore[no-any-return]
-
-    def close(self) -> None:
-        """Stop the stub."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-    def __enter__(self) -> StubProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 if __name__ == "__main__":
