@@ -236,6 +236,8 @@ def test_one_open_batch_per_request_line() -> None:
         ({"cost": True}, TypeError, "cost"),
         ({"cost": None}, TypeError, "cost"),
         ({"deadline": math.nan}, ValueError, "deadline"),
+        ({"deadline": "soon"}, TypeError, "deadline"),
+        ({"deadline": -2.0 * math.inf}, ValueError, "deadline"),
         ({"line": ["POST", "/a"]}, TypeError, "line"),
     ],
 )
@@ -332,6 +334,11 @@ def test_split_by_position_embeddings_shape() -> None:
         _ok(answer["data"][0]),  # type: ignore[index]
         _ok(answer["data"][1]),  # type: ignore[index]
     ]
+
+
+def test_split_top_level_not_an_array() -> None:
+    (got,) = ReplySplit("[*]").split('{"a": 1}', [0])
+    assert got.reason == "the batch's answer is an object, not an array"
 
 
 def test_split_paths_of_every_form() -> None:
@@ -592,6 +599,16 @@ def test_fail_ends_every_row_of_the_part() -> None:
     assert not iso.done
     iso.answered(right)
     assert iso.done and [f.status for f in iso.finals if f] == ["failed"] * 2 + ["ok"] * 2
+
+
+def test_a_status_other_than_failed_or_timeout_is_refused() -> None:
+    iso = Isolation(2, retries=1)
+    (part,) = iso.take()
+    for feed in (iso.fail, lambda p, s, r: iso.interrupted(p, s, r, now=0.0)):
+        with pytest.raises(ValueError, match="status must be"):
+            feed(part, "ok", "no")
+    iso.fail(part, "failed", "HTTP 401: who are you")  # still out: nothing changed
+    assert iso.done and iso.finals == [Final("failed", "HTTP 401: who are you")] * 2
 
 
 def test_a_part_not_out_is_refused_and_nothing_changes() -> None:

@@ -128,11 +128,12 @@ class ReplySplit:
         except (ValueError, UnicodeDecodeError) as exc:
             return self._all(n, f"the batch's answer is not JSON: {exc}")
         array, why = _follow(answer, self._to_array)
-        where = ".".join(self._to_array) or "the answer"
         if why is not None:
             return self._all(n, f"the batch's answer has no array at {self.path!r}: {why}")
         if not isinstance(array, list):
-            return self._all(n, f"{where} in the batch's answer is {_kind(array)}, not an array")
+            where = ".".join(self._to_array)
+            where = f"{where} in the batch's answer" if where else "the batch's answer"
+            return self._all(n, f"{where} is {_kind(array)}, not an array")
         if self.id_field is None:
             return self._by_position(array, n)
         return self._by_id(array, ids)

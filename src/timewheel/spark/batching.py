@@ -271,7 +271,10 @@ class Accumulator(Generic[T]):
         """
         cost = _cost("cost", cost, positive=False)
         if deadline is not None:
-            _cost("deadline", deadline, positive=False)
+            if isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
+                raise TypeError(f"deadline must be a clock time or None, got {deadline!r}")
+            if not math.isfinite(deadline):
+                raise ValueError(f"deadline must be a finite clock time, got {deadline!r}")
         try:
             hash(line)
         except TypeError:
@@ -350,6 +353,11 @@ def classify(status: int | None) -> str:
     return REFUSED
 
 
+def _check_status(status: str) -> None:
+    if status not in (FAILED, TIMEOUT):
+        raise ValueError(f"status must be {FAILED!r} or {TIMEOUT!r}, got {status!r}")
+
+
 class Part(NamedTuple):
     """A sub-batch to send: positions in the batch (ascending) and its retries so far."""
 
@@ -406,7 +414,8 @@ class Isolation:
         return self._left == 0
 
     def take(self) -> list[Part]:
-        """The parts to send now (each counts as one request); none while others are out."""
+        """The parts queued to send now, each one request (both halves of a refused part
+        come together); empty while nothing is queued, though parts may still be out."""
         parts, self._queued = self._queued, []
         for part in parts:
             self._sent.add(part)
@@ -451,6 +460,7 @@ class Isolation:
         """No answer or a 5xx (``status`` timeout or failed): queue ``part`` again whole
         and return it, less its rows whose deadline is at or before ``now`` (they end
         timeout); when its retries are spent, its rows end with ``status`` and ``reason``."""
+        _check_status(status)
         self._ended(part)
         if part.tries >= self.retries:
             for i in part.rows:
@@ -472,6 +482,7 @@ class Isolation:
     def fail(self, part: Part, status: str, reason: str) -> None:
         """An ending no retry can help (a refused caller, the task ending): every row of
         ``part`` ends with ``status`` and ``reason``."""
+        _check_status(status)
         self._ended(part)
         for i in part.rows:
             self._final(i, status, reason)
