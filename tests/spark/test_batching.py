@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from timewheel.spark.batch_replies import ReplySplit, RowAnswer
+from timewheel.spark.batch_run import AFTER_BACKOFF, NOTHING, BatchRun, RowEnd
 from timewheel.spark.batching import (
     ANSWERED,
     MAX_BATCH_LINGER_MS,
@@ -29,6 +30,7 @@ from timewheel.spark.batching import (
     batch_key,
     classify,
 )
+from timewheel.spark.targets import Failure, Reply
 
 
 class Clock:
@@ -635,3 +637,127 @@ def test_a_part_not_out_is_refused_and_nothing_changes() -> None:
 def test_isolation_refuses_bad_arguments(args: tuple, kwargs: dict, error: type) -> None:
     with pytest.raises(error):
         Isolation(*args, **kwargs)
+
+
+# -- one batch driven to one ending per row ----------------------------------------------------
+def _service(ids: list[int], bad: set[int], flaky: bool) -> tuple[bool, str | None, Reply]:
+    """An embeddings-style service: 503 when flaky, 400 naming the first bad row, else
+    one element per row, in order."""
+    if flaky:
+        return False, Failure("HTTP 503: busy", 0.0), Reply(503, b"busy")
+    refused = [i for i in ids if i in bad]
+    if refused:
+        text = json.dumps({"error": f"row {refused[0]} is bad"}).encode()
+        return False, Failure(f"HTTP 400: {text.decode()}", None), Reply(400, text)
+    answer = {"data": [{"index": n, "embedding": [i, i / 2]} for n, i in enumerate(ids)]}
+    return True, None, Reply(200, json.dumps(answer).encode())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 100),
+    st.sets(st.integers(0, 99), max_size=5),
+    st.integers(0, 2),
+    st.lists(st.booleans(), max_size=60),
+)
+def test_batch_run_every_row_ends_once_as_a_single_request_would(
+    n: int, bad: set[int], retries: int, flakes: list[bool]
+) -> None:
+    bad = {i for i in bad if i < n}
+    ids = [10 * i for i in range(n)]
+    bad_ids = {10 * i for i in bad}
+    run = BatchRun(ids, ReplySplit("data[*].embedding"), retries=retries)
+    flaky = iter(flakes)
+    ends: list[RowEnd] = []
+    parts = run.take()
+    while parts:
+        waiting = []
+        for part in parts:
+            got, then = run.ended(
+                part, *_service([ids[i] for i in part.rows], bad_ids, next(flaky, False))
+            )
+            ends += got
+            waiting.append(then)
+        parts = run.take()
+        assert bool(parts) == any(t != NOTHING for t in waiting)
+    assert run.done
+    assert sorted(e.at for e in ends) == list(range(n))  # each row once
+    for e in ends:
+        assert e.attempts == run.iso.attempts[e.at] >= 1
+        if e.status == "ok":
+            assert e.error is None and e.at not in bad
+            assert e.reply == Reply(200, json.dumps([ids[e.at], ids[e.at] / 2]).replace(" ", ""))
+        elif e.reply is not None and e.reply.status == 400:  # refused alone, with its reason
+            assert e.at in bad and e.error == f'HTTP 400: {{"error": "row {ids[e.at]} is bad"}}'
+            assert e.reply.body == json.dumps({"error": f"row {ids[e.at]} is bad"}).encode()
+        else:  # a 503 and no retry left
+            assert (e.status, e.error, e.reply) == ("failed", "HTTP 503: busy", Reply(503, b"busy"))
+    if not any(flakes):
+        assert sorted(e.at for e in ends if e.status == "ok") == sorted(set(range(n)) - bad)
+
+
+def test_batch_run_timeouts_retried_whole_then_timeout() -> None:
+    clock = Clock()
+    run = BatchRun([1, 2, 3], ReplySplit("[*]"), retries=1, deadlines=[5.0, 0.5, None], clock=clock)
+    (part,) = run.take()
+    clock.now = 1.0
+    ends, then = run.timed_out(part, "no reply within 1000 ms")
+    assert then == AFTER_BACKOFF
+    assert ends == [
+        RowEnd(1, "timeout", "deadline passed; last attempt: no reply within 1000 ms", None, 1)
+    ]
+    (again,) = run.take()
+    assert again.rows == (0, 2)
+    ends, then = run.timed_out(again, "no reply within 1000 ms")
+    assert then == NOTHING and run.done
+    assert ends == [
+        RowEnd(0, "timeout", "no reply within 1000 ms", None, 2),
+        RowEnd(2, "timeout", "no reply within 1000 ms", None, 2),
+    ]
+
+
+def test_batch_run_answers_that_fail_only_some_rows() -> None:
+    run = BatchRun(["a", "b", "c"], ReplySplit("r[*].v", id_field="id"))
+    (part,) = run.take()
+    body = b'{"r": [{"id": "c", "v": 3}, {"id": "a", "v": {"x": 1}}]}'
+    ends, then = run.ended(part, True, None, Reply(200, body))
+    assert then == NOTHING and run.done
+    assert ends == [
+        RowEnd(0, "ok", None, Reply(200, '{"x":1}'), 1),
+        RowEnd(1, "failed", 'no element of the batch\'s answer with id "b"', Reply(200, None), 1),
+        RowEnd(2, "ok", None, Reply(200, "3"), 1),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("ok", "error", "reply", "then", "says"),
+    [
+        # refused before any answer (a row's URL column is null, say): no retry
+        (False, Failure("url column 'x' is null: not sent", None), None, NOTHING, "not sent"),
+        # the caller is refused: halving cannot help
+        (False, Failure("HTTP 401: no key", None), Reply(401, b"no key"), NOTHING, "401"),
+        # a 2xx the target failed (too large) but says is worth a retry
+        (False, Failure("connection reset", 0.0), Reply(200, b"[1]"), AFTER_BACKOFF, None),
+        (False, Failure("HTTP 429: slow down", 2.0), Reply(429, b""), AFTER_BACKOFF, None),
+        (False, "HTTP 502: bad gateway", Reply(502, b"x"), AFTER_BACKOFF, None),
+        # a target that reports success with no answer: nothing to split
+        (True, None, None, NOTHING, "empty"),
+    ],
+)
+def test_batch_run_reads_each_ending(
+    ok: bool, error: str | None, reply: Reply | None, then: str, says: str | None
+) -> None:
+    run = BatchRun([1, 2], ReplySplit("[*]"), retries=1)
+    (part,) = run.take()
+    ends, next_step = run.ended(part, ok, error, reply)
+    assert next_step == then
+    if then == NOTHING:
+        assert [e.at for e in ends] == [0, 1] and all(e.status == "failed" for e in ends)
+        assert all(says in str(e.error) for e in ends)
+    else:
+        assert ends == [] and run.take() == [Part((0, 1), 1)]
+
+
+def test_batch_run_refuses_a_bad_split() -> None:
+    with pytest.raises(TypeError, match="split"):
+        BatchRun([1], "[*]")  # type: ignore[arg-type]
