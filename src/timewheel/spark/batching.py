@@ -188,12 +188,16 @@ def batch_key(keys: Sequence[str]) -> str:
     rows it is split onto. A batch of one row has a key other than that row's own (its
     body is an array, not the row's body). Hex, 32 characters, like a row's key.
     """
-    if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence) or not keys:
-        raise TypeError(f"keys must be a non-empty sequence of row keys, got {keys!r}")
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
+        raise TypeError(f"keys must be a sequence of row keys, got {keys!r}")
+    if not keys:
+        raise ValueError("keys must name at least one row's key, got an empty sequence")
     digest = hashlib.sha256(b"timewheel-batch\n")
     for key in keys:
-        if not isinstance(key, str) or "\n" in key:
-            raise TypeError(f"a row key must be a str without a newline, got {key!r}")
+        if not isinstance(key, str):
+            raise TypeError(f"a row key must be a str, got {key!r} ({type(key).__name__})")
+        if "\n" in key:
+            raise ValueError(f"a row key must not hold a newline, got {key!r}")
         digest.update(key.encode())
         digest.update(b"\n")
     return digest.hexdigest()[:32]
