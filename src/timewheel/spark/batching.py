@@ -318,8 +318,13 @@ class Accumulator(Generic[T]):
     def take(self) -> list[Batch[T]]:
         """The open batches whose linger or earliest deadline has come, oldest first."""
         now = self.clock()
-        due = [(at, why, line) for line, b in self._open.items() for at, why in [self._due(b)]]
-        return [self._close(line, why) for at, why, line in sorted(due, key=_first) if at <= now]
+        ready = []
+        for line, b in self._open.items():
+            at, why = self._due(b)
+            if at <= now:
+                ready.append((at, why, line))
+        ready.sort(key=_first)
+        return [self._close(line, why) for _, why, line in ready]
 
     def flush(self) -> list[Batch[T]]:
         """Every open batch, at once (the input has ended)."""
