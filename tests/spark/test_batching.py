@@ -771,3 +771,18 @@ def test_batch_run_reads_each_ending(
 def test_batch_run_refuses_a_bad_split() -> None:
     with pytest.raises(TypeError, match="split"):
         BatchRun([1], "[*]")  # type: ignore[arg-type]
+
+
+def test_take_returns_due_batches_earliest_first() -> None:
+    clock = Clock()
+    acc: Accumulator[int] = Accumulator(BatchSettings(10, 100), clock)
+    acc.add(1, line="late")
+    clock.now = 0.01
+    acc.add(2, line="soon", deadline=0.05)
+    acc.add(3, line="early")  # opened at 0.01: due at 0.11
+    clock.now = 0.2
+    assert [(b.line, b.why) for b in acc.take()] == [
+        ("soon", "deadline"),
+        ("late", "linger"),
+        ("early", "linger"),
+    ]
