@@ -1,0 +1,133 @@
+"""One batch driven to one ending per row: an answer's meaning, per row, for the engine.
+
+A :class:`BatchRun` joins the pieces of :mod:`.batching` and :mod:`.batch_replies` at
+the one place an engine needs them: when a request of the batch ends. The engine takes
+the parts to send (:meth:`BatchRun.take`), sends each as one request, and hands each
+ending to :meth:`BatchRun.ended` exactly as a target reports it (``ok``, ``error``,
+``reply``), or to :meth:`BatchRun.timed_out` when the engine's own timeout ended it.
+It gets back the rows that have now ended, each as the same ``(status, error, reply)``
+a single request would give (so the engine finishes them one by one, as it does rows
+today), and what to do next: nothing, send the parts now queued (halves), or send them
+after a backoff (a retry). Nothing here sends, waits or holds a thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Callable, NamedTuple
+
+from .batch_replies import ReplySplit
+from .batching import ANSWERED, REFUSED, RETRY, Isolation, Part, classify
+from .contract import Reply, retry_after_of
+from .engines import FAILED, TIMEOUT
+
+__all__ = ["AFTER_BACKOFF", "NOTHING", "NOW", "BatchRun", "RowEnd"]
+
+#: What the engine does after an ending: nothing more to send for it, send the parts
+#: queued now (the halves of a refused part), or send them after its backoff (a retry).
+NOTHING, NOW, AFTER_BACKOFF = "nothing", "now", "after backoff"
+
+
+class RowEnd(NamedTuple):
+    """A row of the batch that has ended: what a single request would have given it.
+
+    ``at`` is its position in the batch; ``reply`` carries the batch's status and
+    the row's own element as text (the whole answer for a row refused alone, None when
+    no answer came); ``attempts`` counts the requests it was in.
+    """
+
+    at: int
+    status: str
+    error: str | None
+    reply: Reply | None
+    attempts: int
+
+
+class BatchRun:
+    """A batch of rows with ids ``ids`` (read only when splitting by id), split back by
+    ``split``, retried whole up to ``retries`` times within the rows' ``deadlines``
+    (seconds on ``clock``, None for none)."""
+
+    def __init__(
+        self,
+        ids: Sequence[Any],
+        split: ReplySplit,
+        *,
+        retries: int = 0,
+        deadlines: Sequence[float | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not isinstance(split, ReplySplit):
+            raise TypeError(f"split must be a ReplySplit, got {split!r}")
+        self.iso = Isolation(len(ids), retries=retries, deadlines=deadlines)
+        self.ids = list(ids)
+        self.split = split
+        self.clock = clock
+
+    @property
+    def done(self) -> bool:
+        """Every row has ended."""
+        return self.iso.done
+
+    def take(self) -> list[Part]:
+        """The parts to send now, each one request (see :meth:`Isolation.take`)."""
+        return self.iso.take()
+
+    def ended(
+        self, part: Part, ok: bool, error: str | None, reply: Reply | None
+    ) -> tuple[list[RowEnd], str]:
+        """One request of ``part`` ended as the target reports it: the rows now ended, and
+        what to do next (:data:`NOTHING`, :data:`NOW` or :data:`AFTER_BACKOFF`)."""
+        status = None if reply is None else reply.status
+        if ok:
+            verdict = ANSWERED
+        elif status is None or 200 <= status < 300:
+            # No answer, or a success the target failed (an answer too large): the
+            # target's error says whether a retry can help.
+            verdict = REFUSED if retry_after_of(error) is None else RETRY
+        else:
+            verdict = classify(status)
+        reason = str(error or f"HTTP {status}")
+        iso, replies = self.iso, {}
+        then = NOTHING
+        if verdict == ANSWERED:
+            body = None if reply is None else reply.body
+            answers = self.split.split(body, [self.ids[i] for i in part.rows])
+            failed = {}
+            for i, answer in zip(part.rows, answers):
+                if not answer.ok:
+                    failed[i] = str(answer.reason)
+                replies[i] = Reply(status, answer.response)
+            iso.answered(part, failed)
+        elif verdict == RETRY:
+            if iso.interrupted(part, FAILED, reason, self.clock()):
+                then = AFTER_BACKOFF
+        elif verdict == REFUSED:
+            iso.fail(part, FAILED, reason)
+        elif iso.refused_as_bad_input(part, reason):
+            then = NOW
+        return self._ends(part, replies, reply), then
+
+    def timed_out(self, part: Part, reason: str) -> tuple[list[RowEnd], str]:
+        """The engine's timeout ended a request of ``part`` (no answer): retried whole
+        within the retries and deadlines, else its rows end ``timeout``."""
+        again = self.iso.interrupted(part, TIMEOUT, reason, self.clock())
+        return self._ends(part, {}, None), NOTHING if again is None else AFTER_BACKOFF
+
+    def _ends(
+        self,
+        part: Part,
+        replies: dict[int, Reply],
+        reply: Reply | None,
+    ) -> list[RowEnd]:
+        """The rows of ``part`` that ended just now (a part's rows had not ended when it
+        was sent), each with its own reply."""
+        iso = self.iso
+        ends = []
+        for i in part.rows:
+            final = iso.finals[i]
+            if final is not None:
+                row_reply = replies.get(i, reply)
+                ends.append(RowEnd(i, final.status, final.reason, row_reply, iso.attempts[i]))
+        return ends
