@@ -33,6 +33,7 @@ import ipaddress
 import json
 import logging
 import math
+import os
 import re
 import threading
 import time
@@ -43,6 +44,7 @@ from typing import Any, Callable, Union
 
 from .._validate import check_columns, check_int
 from ._per_process import PerProcess
+from .secrets import Secret, SecretError, redact_url
 from .targets import DownstreamError, DownstreamTimeout, Failure, OnDone, Reply
 
 __all__ = ["HttpDownstream", "add_http_options", "http_options"]
@@ -126,6 +128,7 @@ def verdict(
         return False, error, 0.0
     if 300 <= status < 400:
         where = header("Location")
+        where = None if where is None else redact_url(where)
         return False, f"HTTP {status}: redirect to {where!r} not followed", None
     return False, error, None
 
@@ -142,11 +145,12 @@ def _template(url: str) -> tuple[tuple[str, str | None], ...]:
     try:
         parsed = list(string.Formatter().parse(url))
     except ValueError as exc:
-        raise ValueError(f"url template {url!r}: {exc}") from None
+        raise ValueError(f"url template {redact_url(url)!r}: {exc}") from None
     for text, field, spec, conversion in parsed:
         if field is not None and (not field.isidentifier() or spec or conversion):
             raise ValueError(
-                f"url template {url!r}: a field must be a plain column name, got {{{field}}}"
+                f"url template {redact_url(url)!r}: a field must be a plain column name, "
+                f"got {{{field}}}"
             )
         pieces.append((text, field or None))
     return tuple(pieces)
@@ -164,6 +168,7 @@ def _check_url(url: str, pieces: tuple[tuple[str, str | None], ...]) -> None:
     field, a port in 1..65535.
     """
     filled = ["".join(t + (fill if c else "") for t, c in pieces) for fill in ("x", "y")]
+    url = redact_url(url)  # as the errors show it
     text = filled[0]
     if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
         raise ValueError(f"url must hold no spaces or control characters, got {url!r}")
@@ -283,7 +288,17 @@ class HttpDownstream:
     * ``max_connections``: the most connections this process opens to the service;
       None (the default) lets it follow the calls in flight, which ``dispatch`` bounds
       with ``max_in_flight``.
+    * ``headers`` values may be :class:`~.secrets.Secret`: read where the request is sent
+      (on the executor), never pickled, shown by name only; see docs/spark.md, "Secrets".
+      A secret's function, or file, is read again once when the service answers 401,
+      and the row's request sent again once with the new value.
     * ``verify_tls``: HTTPS certificates are verified unless this is False.
+    * ``ca_file``: the CA bundle (PEM) to verify servers with, in place of the system's;
+      ``client_cert`` and ``client_key``: a client certificate (PEM) and its key, for
+      mutual TLS (the key may be in the certificate's file). Each must be a readable
+      file when the target is made, at the same path on the executors.
+    * ``http2``: HTTP/2 where an https:// server offers it (many requests share one
+      connection); False: HTTP/1.1.
     * ``timeout_s``: a backstop for ``submit`` used outside ``dispatch`` (which times
       each call out itself and cancels it); None: none.
     * ``max_retry_after_s``: the longest a 429's ``Retry-After`` may delay the retry.
@@ -297,13 +312,17 @@ class HttpDownstream:
         *,
         method: str = "POST",
         id_col: str | None = None,
-        headers: Mapping[str, str] | None = None,
+        headers: Mapping[str, str | Secret] | None = None,
         body: Body = None,
         params: Mapping[str, str] | None = None,
         header_cols: Mapping[str, str] | None = None,
         idempotency_header: str | None = "Idempotency-Key",
         max_connections: int | None = None,
         verify_tls: bool = True,
+        ca_file: str | None = None,
+        client_cert: str | None = None,
+        client_key: str | None = None,
+        http2: bool = True,
         timeout_s: float | None = None,
         max_retry_after_s: float = 30.0,
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
@@ -318,11 +337,13 @@ class HttpDownstream:
             raise TypeError(f"id_col must be a column name (str) or None, got {id_col!r}")
         given = {} if headers is None else headers
         if not isinstance(given, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in given.items()
+            isinstance(k, str) and isinstance(v, (str, Secret)) for k, v in given.items()
         ):
-            raise TypeError(f"headers must be a mapping of str to str, got {headers!r}")
+            raise TypeError(f"headers must be a mapping of str to str or Secret, got {headers!r}")
         _check_header_names("headers", list(given))
-        for name, value in given.items():
+        secrets = tuple((k, v) for k, v in given.items() if isinstance(v, Secret))
+        plain = {k: v for k, v in given.items() if isinstance(v, str)}
+        for name, value in plain.items():
             if _has_break(value):
                 raise ValueError(f"headers: the value of {name!r} holds a CR, LF or NUL")
         if isinstance(body, str):
@@ -345,10 +366,17 @@ class HttpDownstream:
             max_connections = check_int("max_connections", max_connections, 1)
         if not isinstance(verify_tls, bool):
             raise TypeError(f"verify_tls must be a bool, got {verify_tls!r}")
+        if not isinstance(http2, bool):
+            raise TypeError(f"http2 must be a bool, got {http2!r}")
+        if client_key is not None and client_cert is None:
+            raise ValueError("client_key needs client_cert (the certificate it is the key of)")
         self.url = url
         self.method = method.upper()
         self.id_col = id_col
-        self.headers = {"Content-Type": "application/json", **given}
+        self.headers = {"Content-Type": "application/json", **plain}
+        #: (header name, Secret) pairs, resolved per process where requests are sent.
+        self.header_secrets = secrets
+        self._renews = any(not str(v.key).startswith("env:") for _, v in secrets)
         self.body = body
         self.params = _column_map("params", params)
         for name, _ in self.params:
@@ -359,6 +387,10 @@ class HttpDownstream:
         self.idempotency_header = idempotency_header
         self.max_connections = max_connections
         self.verify_tls = verify_tls
+        self.ca_file = _readable("ca_file", ca_file)
+        self.client_cert = _readable("client_cert", client_cert)
+        self.client_key = _readable("client_key", client_key)
+        self.http2 = http2
         self.timeout_s = None if timeout_s is None else _finite("timeout_s", timeout_s, 0.001)
         self.max_retry_after_s = _finite("max_retry_after_s", max_retry_after_s, 0.0)
         self.max_reply_bytes = check_int("max_reply_bytes", max_reply_bytes, 1)
@@ -367,7 +399,7 @@ class HttpDownstream:
         self._curl_settings: Any = None  # made on first submit
 
     def __repr__(self) -> str:
-        return f"HttpDownstream({self.method} {self.url!r})"
+        return f"HttpDownstream({self.method} {redact_url(self.url)!r})"
 
     def for_id_col(self, id_col: str) -> HttpDownstream:
         """This target keyed on ``id_col`` unless it names its own (``dispatch`` calls it)."""
@@ -463,7 +495,16 @@ class HttpDownstream:
         from ._curl import Settings
 
         timeout_ms = None if self.timeout_s is None else max(1, round(self.timeout_s * 1000))
-        return Settings(self.verify_tls, self.max_connections, timeout_ms, self.max_reply_bytes)
+        return Settings(
+            self.verify_tls,
+            self.max_connections,
+            timeout_ms,
+            self.max_reply_bytes,
+            self.ca_file,
+            self.client_cert,
+            self.client_key,
+            self.http2 and self.url.startswith("https:"),
+        )
 
     # -- submit: this process's libcurl loop thread ------------------------------------
     def submit(self, row: Mapping[str, Any], on_done: OnDone) -> Any:
@@ -487,6 +528,8 @@ class HttpDownstream:
         settings = self._curl_settings
         if settings is None:
             settings = self._curl_settings = self._settings()
+        if self.header_secrets:
+            return _WithSecrets(self, settings, url, lines, body, on_done).start()
         return _LOOP.get().request(
             settings,
             self.method,
@@ -643,6 +686,120 @@ class HttpDownstream:
         _REQUESTS.get().sessions.clear()
 
 
+def _readable(name: str, path: Any) -> str | None:
+    """``path`` made absolute, or ValueError naming ``name`` unless it is a readable file."""
+    if path is None:
+        return None
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise TypeError(f"{name} must be a file path (str) or None, got {path!r}")
+    full: str = os.path.abspath(os.fspath(path))
+    if not os.path.isfile(full):
+        raise ValueError(f"{name}: {full!r} is not a file")
+    try:
+        with open(full, "rb"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{name}: {full!r} cannot be read: {exc.strerror}") from None
+    return full
+
+
+def _renewer() -> Any:
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(1, thread_name_prefix="timewheel-secret")
+
+
+# The thread that reads secrets again after a 401 (their function may take a while: not
+# on the loop thread), one per process.
+_RENEWER: PerProcess[Any] = PerProcess(_renewer)
+
+
+class _WithSecrets:
+    """A request whose headers hold secrets: read them (this process's values), send it,
+    and on a 401 read the renewable ones again and send it once more."""
+
+    __slots__ = (
+        "body",
+        "cancelled",
+        "lines",
+        "numbers",
+        "on_done",
+        "renewed",
+        "request",
+        "settings",
+        "target",
+        "url",
+    )
+
+    def __init__(
+        self,
+        target: HttpDownstream,
+        settings: Any,
+        url: str,
+        lines: list[str],
+        body: bytes | None,
+        on_done: OnDone,
+    ) -> None:
+        self.target = target
+        self.settings = settings
+        self.url = url
+        self.lines = lines
+        self.body = body
+        self.on_done = on_done
+        self.numbers: list[int] = []
+        self.request: Any = None
+        self.cancelled = self.renewed = False
+
+    def _send(self, renew: bool) -> bool:
+        """Send with the secrets' values (read again if ``renew``); False: failed the row."""
+        lines = list(self.lines)
+        numbers = []
+        try:
+            for i, (name, secret) in enumerate(self.target.header_secrets):
+                value, number = secret.renew(self.numbers[i]) if renew else secret.resolve()
+                lines.append(f"{name}: {value}")
+                numbers.append(number)
+        except SecretError as exc:
+            self.on_done(False, Failure(str(exc), exc.retry_after_s))
+            return False
+        self.numbers = numbers
+        t = self.target
+        self.request = _LOOP.get().request(
+            self.settings, t.method, self.url, lines, self.body, _WithSecrets._ended, self
+        )
+        return True
+
+    def start(self) -> _WithSecrets | None:
+        return self if self._send(renew=False) else None
+
+    def _ended(
+        self, status: int, text: bytes, headers: dict[str, str], errno: int, msg: str
+    ) -> None:
+        if status == 401 and errno == 0 and self.target._renews and not self.renewed:
+            self.renewed = True
+            _RENEWER.get().submit(self._renew)
+            return
+        self.target._ended(self.on_done, status, text, headers, errno, msg)
+
+    def _renew(self) -> None:
+        if self.cancelled:
+            return
+        try:
+            sent = self._send(renew=True)
+        except Exception as exc:  # the loop closed: the row fails, worth a retry
+            self.on_done(False, Failure(f"request not made: {exc}", 0.0))
+            return
+        if sent and self.cancelled:
+            self.request.cancel()
+
+    def cancel(self) -> None:
+        """Drop the request, and the second one a 401 would make."""
+        self.cancelled = True
+        request = self.request
+        if request is not None:
+            request.cancel()
+
+
 def _too_large_error(limit: int) -> DownstreamError:
     return DownstreamError(str(_too_large(limit)), retry_after_s=None)
 
@@ -677,7 +834,17 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME:VALUE",
-        help="a header sent with every request (repeatable)",
+        help="a header sent with every request (repeatable); never a token: see "
+        "--http-header-secret",
+    )
+    group.add_argument(
+        "--http-header-secret",
+        action="append",
+        default=[],
+        metavar="NAME=SECRET",
+        help="a header whose value is a secret read on the executors, never written: SECRET "
+        "is env:VAR, file:PATH, or a prefix and one of them in braces, as in "
+        "'Authorization=Bearer {env:API_TOKEN}' (repeatable)",
     )
     group.add_argument(
         "--header-col",
@@ -731,6 +898,29 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not verify HTTPS certificates",
     )
+    group.add_argument(
+        "--ca-file",
+        default=None,
+        metavar="PEM",
+        help="verify HTTPS servers with this CA bundle (a corporate CA) instead of the system's",
+    )
+    group.add_argument(
+        "--client-cert",
+        default=None,
+        metavar="PEM",
+        help="a client certificate for mutual TLS (its key too, unless --client-key)",
+    )
+    group.add_argument(
+        "--client-key",
+        default=None,
+        metavar="PEM",
+        help="the key of --client-cert",
+    )
+    group.add_argument(
+        "--http1",
+        action="store_true",
+        help="HTTP/1.1 only (default: HTTP/2 where an https:// server offers it)",
+    )
 
 
 def http_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -738,12 +928,19 @@ def http_options(args: argparse.Namespace) -> dict[str, Any]:
 
     A malformed header or pair raises ValueError naming it.
     """
-    headers = {}
+    headers: dict[str, str | Secret] = {}
     for header in args.http_header:
         name, sep, value = header.partition(":")
         if not sep or not name.strip():
             raise ValueError(f"--http-header must be NAME:VALUE, got {header!r}")
         headers[name.strip()] = value.strip()
+    for text in getattr(args, "http_header_secret", []):
+        from .secrets import parse_secret
+
+        name, sep, spelled = text.partition("=")
+        if not sep or not name.strip() or not spelled.strip():
+            raise ValueError(f"--http-header-secret must be NAME=SECRET, got {text!r}")
+        headers[name.strip()] = parse_secret(spelled.strip())
     body: Body = [c.strip() for c in args.body_cols.split(",") if c.strip()] or None
     if body == ["none"]:
         body = "none"
@@ -758,5 +955,9 @@ def http_options(args: argparse.Namespace) -> dict[str, Any]:
         "idempotency_header": key_header,
         "max_connections": args.http_max_connections,
         "verify_tls": not args.insecure,
+        "ca_file": getattr(args, "ca_file", None),
+        "client_cert": getattr(args, "client_cert", None),
+        "client_key": getattr(args, "client_key", None),
+        "http2": not getattr(args, "http1", False),
         "max_reply_bytes": args.max_reply_bytes,
     }

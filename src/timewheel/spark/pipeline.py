@@ -36,6 +36,7 @@ from .engines import FAILED, RESULT_COLUMNS, STATUSES, TIMEOUT
 from .http_target import add_http_options, http_options
 from .journal import MANIFEST, ORDINAL, Manifest, compact, input_fingerprint, journal_rows, run_dir
 from .registry import DEFAULT_ENGINE
+from .secrets import redact_url
 from .targets import SimulatedDownstream, target_from_url
 
 __all__ = [
@@ -739,7 +740,10 @@ def run_identity(args: argparse.Namespace, key_cols: list[str], fmt: str | None)
         "format": fmt,
         "generate": None if args.input else (args.generate or DEMO_ROWS),
         "partitions": args.partitions,
-        "target": args.target,
+        # Shown without its userinfo and query values (a token may be there), and a
+        # digest of it whole, so that a resume to another URL is refused all the same.
+        "target": redact_url(args.target),
+        "target_digest": hashlib.sha256(args.target.encode()).hexdigest(),
         # A digest: the headers may hold a token, which has no place on disk.
         "http_options": hashlib.sha256(http.encode()).hexdigest(),
         "id_col": args.id_col,

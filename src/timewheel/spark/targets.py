@@ -42,6 +42,7 @@ import numpy
 
 from .._validate import check_columns
 from ._per_process import PerProcess
+from .secrets import redact_url
 
 __all__ = [
     "DownstreamError",
@@ -452,7 +453,7 @@ def target_from_url(url: str, **http_options: Any) -> Any:
     if parts.scheme in ("http", "https"):
         return HttpDownstream(url, **http_options)
     if parts.scheme != "sim":
-        raise ValueError(f"target must be sim://?... or an http(s):// URL, got {url!r}")
+        raise ValueError(f"target must be sim://?... or an http(s):// URL, got {redact_url(url)!r}")
     if parts.netloc or parts.path or parts.fragment:
         raise ValueError(
             f"target {url!r}: sim:// takes its parameters after '?', "
