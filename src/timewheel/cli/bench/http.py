@@ -35,9 +35,9 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
-__all__ = ["add_parser", "nginx", "run_http_bench"]
+__all__ = ["TlsFiles", "add_parser", "make_tls_files", "nginx", "run_http_bench"]
 
 _BODY = b'{"id": 1, "amount": 12.5, "note": "benchmark row"}'
 
@@ -53,7 +53,8 @@ http {{
     client_body_temp_path {dir};
     keepalive_requests 1000000;
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port}{listen};
+{tls}
         default_type application/json;
         location / {{ return 200 '{{"ok":true}}'; }}
         location /reply1k {{ return 200 '{reply}'; }}
@@ -67,6 +68,49 @@ REPLY_1K = json.dumps(
     separators=(",", ":"),
 )
 REPLY_1K_DDL = "id int, score double, tags array<string>, text string"
+
+
+class TlsFiles(NamedTuple):
+    """A CA, a server certificate for 127.0.0.1 and a client certificate it signed (PEM)."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def make_tls_files(directory: Path) -> TlsFiles:
+    """Make a throwaway CA and the certificates it signs in ``directory`` (``openssl``)."""
+    exe = shutil.which("openssl")
+    if exe is None:
+        raise SystemExit("the openssl command is not installed (apt-get install openssl)")
+    d = Path(directory)
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+
+    def run(*argv: str) -> None:
+        subprocess.run([exe, *argv], check=True, capture_output=True, timeout=30)
+
+    run("req", "-x509", *key, "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"),
+        "-days", "2", "-subj", "/CN=timewheel test CA",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
+    for serial, (name, ext) in enumerate(
+        [
+            ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth"),
+            ("client", "extendedKeyUsage=clientAuth"),
+        ],
+        start=1,
+    ):
+        (d / f"{name}.ext").write_text(ext + "\n")
+        run("req", *key, "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"),
+            "-subj", f"/CN=timewheel test {name}")  # fmt: skip
+        run("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"),
+            "-CAkey", str(d / "ca.key"), "-set_serial", str(serial), "-days", "2",
+            "-extfile", str(d / f"{name}.ext"), "-out", str(d / f"{name}.pem"))  # fmt: skip
+    return TlsFiles(
+        d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key"
+    )
 
 
 def _free_port() -> int:
@@ -83,8 +127,13 @@ def nginx_exe() -> str | None:
 
 
 @contextlib.contextmanager
-def nginx(access_log: Path | None = None) -> Iterator[str]:
+def nginx(
+    access_log: Path | None = None, tls: TlsFiles | None = None, client_certs: bool = False
+) -> Iterator[str]:
     """Run nginx on 127.0.0.1 (one worker); yield its URL.
+
+    With ``tls`` it serves HTTPS with ``tls.server_cert`` (HTTP/2 offered, HTTP/1.1 too)
+    and, with ``client_certs``, answers only clients with a certificate ``tls.ca`` signed.
 
     It answers ``{"ok":true}`` on every path but ``/reply1k``, which answers
     :data:`REPLY_1K`. With ``access_log`` it writes there the arrival time of every
@@ -97,7 +146,20 @@ def nginx(access_log: Path | None = None) -> Iterator[str]:
         port = _free_port()
         conf = Path(tmp) / "nginx.conf"
         log = "off" if access_log is None else f"{access_log} stamps"
-        conf.write_text(_NGINX_CONF.format(dir=tmp, port=port, reply=REPLY_1K, access_log=log))
+        listen, lines = "", ""
+        if tls is not None:
+            listen = " ssl http2"
+            lines = f"        ssl_certificate {tls.server_cert};\n"
+            lines += f"        ssl_certificate_key {tls.server_key};\n"
+            if client_certs:
+                lines += (
+                    f"        ssl_client_certificate {tls.ca};\n        ssl_verify_client on;\n"
+                )
+        conf.write_text(
+            _NGINX_CONF.format(
+                dir=tmp, port=port, reply=REPLY_1K, access_log=log, listen=listen, tls=lines
+            )
+        )
         proc = subprocess.Popen([exe, "-c", str(conf), "-p", tmp], stderr=subprocess.PIPE)
         try:
             deadline = time.monotonic() + 10
@@ -110,7 +172,7 @@ def nginx(access_log: Path | None = None) -> Iterator[str]:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"nginx did not start: {proc.stderr.read().decode()[-300:]}")  # type: ignore[union-attr]
                 time.sleep(0.05)
-            yield f"http://127.0.0.1:{port}/ingest"
+            yield f"{'https' if tls else 'http'}://127.0.0.1:{port}/ingest"
         finally:
             proc.terminate()
             try:
