@@ -146,3 +146,19 @@ def test_mutual_tls_works_with_the_client_certificate_and_is_refused_without(
     assert [ok for ok, _ in got] == [False] * 3
     for _, error in got:
         assert "HTTP 400" in str(error) and "No required SSL certificate" in str(error), error
+
+
+@needs_nginx
+def test_bench_http_http2_runs_the_target_on_both_versions_over_tls(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from timewheel.cli import main
+
+    assert main(["bench", "http", "--http2", "--requests", "200", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("https://127.0.0.1:")
+    rows = [line.split("  ")[0] for line in out.splitlines()[2:]]
+    assert rows == ["libcurl multi", "target", "target http/1.1"]
+    assert main(["bench", "http", "--http2", "--url", "https://127.0.0.1:9/"]) == 2
+    assert main(["bench", "http", "--http2", "--clients", "aiohttp"]) == 2
+    assert "--http2 runs only target, target http/1.1" in capsys.readouterr().err

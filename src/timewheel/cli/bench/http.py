@@ -198,7 +198,7 @@ def _measure(run: Callable[[int], int], n: int) -> dict[str, float]:
     return {"requests": n, "rps": n / wall, "cpu_us": cpu / n * 1e6}
 
 
-def _curl_easy(url: str, in_flight: int) -> list[Any]:
+def _curl_easy(url: str, in_flight: int, ca_file: str | None = None) -> list[Any]:
     import pycurl
 
     handles = []
@@ -209,16 +209,19 @@ def _curl_easy(url: str, in_flight: int) -> list[Any]:
         easy.setopt(pycurl.HTTPHEADER, ["Content-Type: application/json", "Expect:"])
         easy.setopt(pycurl.WRITEFUNCTION, lambda chunk: None)
         easy.setopt(pycurl.NOSIGNAL, 1)
+        if ca_file is not None:  # over TLS: HTTP/1.1, the baseline the target is held to
+            easy.setopt(pycurl.CAINFO, ca_file)
+            easy.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)
         handles.append(easy)
     return handles
 
 
-def _raw_multi(url: str, in_flight: int) -> Callable[[int], int]:
+def _raw_multi(url: str, in_flight: int, ca_file: str | None = None) -> Callable[[int], int]:
     """libcurl's multi interface, perform() and select() on this thread."""
     import pycurl
 
     multi = pycurl.CurlMulti()
-    idle = _curl_easy(url, in_flight)
+    idle = _curl_easy(url, in_flight, ca_file)
 
     def run(n: int) -> int:
         started = ok = 0
@@ -307,7 +310,9 @@ def _raw_socket_action(url: str, in_flight: int) -> Callable[[int], int]:
     return run
 
 
-def _target(url: str, in_flight: int) -> Callable[[int], int]:
+def _target(
+    url: str, in_flight: int, ca_file: str | None = None, http2: bool = True
+) -> Callable[[int], int]:
     """HttpDownstream.submit, its replies back on the loop thread, as the timewheel engine.
 
     Like the engine, the submitting thread is woken once per burst of replies (when a
@@ -315,7 +320,7 @@ def _target(url: str, in_flight: int) -> Callable[[int], int]:
     """
     from ...spark.targets import HttpDownstream, accepts_reply
 
-    target = HttpDownstream(url)
+    target = HttpDownstream(url, ca_file=ca_file, http2=http2)
 
     def run(n: int) -> int:
         lock = threading.Lock()
@@ -396,19 +401,31 @@ def _asyncio_client(url: str, in_flight: int, kind: str) -> Callable[[int], int]
     return run
 
 
-_CONTENDERS: dict[str, Callable[[str, int], Callable[[int], int]]] = {
+_CONTENDERS: dict[str, Callable[..., Callable[[int], int]]] = {
     "libcurl multi": _raw_multi,
     "target": _target,
     "libcurl socket_action": _raw_socket_action,
     "aiohttp": lambda url, k: _asyncio_client(url, k, "aiohttp"),
     "pyreqwest": lambda url, k: _asyncio_client(url, k, "pyreqwest"),
+    "target http/1.1": lambda url, k, ca=None: _target(url, k, ca, http2=False),
 }
+#: The contenders run by default; over TLS (--http2), those that are given the CA.
+_DEFAULT = ("libcurl multi", "target", "libcurl socket_action", "aiohttp", "pyreqwest")
+_OVER_TLS = ("target", "target http/1.1")
 
 
 def run_http_bench(
-    url: str, requests: int, in_flight: int, clients: list[str] | None = None, rounds: int = 3
+    url: str,
+    requests: int,
+    in_flight: int,
+    clients: list[str] | None = None,
+    rounds: int = 3,
+    ca_file: str | None = None,
 ) -> list[dict[str, Any]]:
     """One row per contender that is installed, each with its ratios to the raw multi loop.
+
+    With ``ca_file`` (an https:// ``url`` whose certificate it verifies) only the
+    contenders of :data:`_OVER_TLS` run, next to the raw loop over HTTP/1.1.
 
     The contenders take turns, ``rounds`` times; each row keeps its best round (least
     CPU, most requests/s), which a busy machine disturbs least.
@@ -417,8 +434,10 @@ def run_http_bench(
     for name, make in _CONTENDERS.items():
         if clients is not None and name not in clients and name != "libcurl multi":
             continue
+        if ca_file is not None and name not in (*_OVER_TLS, "libcurl multi"):
+            continue
         try:
-            runs[name] = make(url, in_flight)
+            runs[name] = make(url, in_flight, ca_file) if ca_file else make(url, in_flight)
         except ImportError:
             continue
     best: dict[str, dict[str, Any]] = {}
@@ -463,9 +482,17 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--clients",
-        default=",".join(_CONTENDERS),
+        default=None,
         help="comma-separated contenders (the raw libcurl multi loop always runs; "
-        "default: %(default)s)",
+        f"default: {','.join(_DEFAULT)}; with --http2: {','.join(_OVER_TLS)}; "
+        f"all: {','.join(_CONTENDERS)})",
+    )
+    p.add_argument(
+        "--http2",
+        action="store_true",
+        help="serve nginx over TLS with HTTP/2 offered (a CA and certificate made for the "
+        "run) and compare the target on HTTP/2 with the target on HTTP/1.1 and the raw "
+        "libcurl multi loop on HTTP/1.1",
     )
     p.add_argument(
         "--serve",
@@ -485,10 +512,18 @@ def _main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    clients = [c.strip() for c in args.clients.split(",") if c.strip()]
+    given = args.clients or ",".join(_OVER_TLS if args.http2 else _DEFAULT)
+    clients = [c.strip() for c in given.split(",") if c.strip()]
     unknown = [c for c in clients if c not in _CONTENDERS]
     if unknown:
         print(f"timewheel bench http: unknown --clients {unknown}", file=sys.stderr)
+        return 2
+    if args.http2 and (args.url is not None or args.serve):
+        print("timewheel bench http: --http2 starts its own nginx: no --url, no --serve",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if args.http2 and not set(clients) <= {*_OVER_TLS, "libcurl multi"}:
+        print(f"timewheel bench http: --http2 runs only {', '.join(_OVER_TLS)}", file=sys.stderr)
         return 2
     if args.url is not None:
         from ...spark.targets import HttpDownstream
@@ -507,8 +542,14 @@ def _main(args: argparse.Namespace) -> int:
                 threading.Event().wait()
         return 0
     with contextlib.ExitStack() as stack:
-        url = args.url or stack.enter_context(nginx())
-        rows = run_http_bench(url, args.requests, args.in_flight, clients, args.rounds)
+        ca_file = None
+        if args.http2:
+            tls = make_tls_files(Path(stack.enter_context(tempfile.TemporaryDirectory())))
+            ca_file = str(tls.ca)
+            url = stack.enter_context(nginx(tls=tls))
+        else:
+            url = args.url or stack.enter_context(nginx())
+        rows = run_http_bench(url, args.requests, args.in_flight, clients, args.rounds, ca_file)
     print(
         f"{url}, {args.requests} requests, {args.in_flight} in flight, best of {args.rounds} rounds"
     )
