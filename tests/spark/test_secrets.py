@@ -292,3 +292,15 @@ def test_a_pipeline_run_writes_and_prints_no_secret(
         assert not [s for s in secrets if s in data], path
     for text in (printed.out, printed.err):
         assert not [s for s in secrets if s.decode() in text]
+
+
+def test_call_and_acall_refuse_what_only_submit_sends() -> None:
+    import asyncio
+
+    from timewheel.spark.targets import DownstreamError
+
+    target = HttpDownstream("http://127.0.0.1:9/x", headers={"A": Secret("env:TW_X")})
+    with pytest.raises(DownstreamError, match="call: secrets, ca_file"):
+        target.call({"id": 1}, 1.0)
+    with pytest.raises(DownstreamError, match="acall: secrets, ca_file"):
+        asyncio.run(target.acall({"id": 1}))

@@ -490,6 +490,15 @@ class HttpDownstream:
             payload = {col: row.get(col) for col in body}
         return url, extra, _ENCODE(payload).encode()
 
+    def _submit_only(self, form: str) -> None:
+        """DownstreamError (final) when the target has what only ``submit`` sends."""
+        if self.header_secrets or self.ca_file or self.client_cert or not self.http2:
+            raise DownstreamError(
+                f"{form}: secrets, ca_file, client_cert and http2=False are sent by submit "
+                "(the timewheel engine) only",
+                retry_after_s=None,
+            )
+
     def _settings(self) -> tuple[Any, ...]:
         """What the connections depend on: copies with equal settings share them."""
         from ._curl import Settings
@@ -590,6 +599,7 @@ class HttpDownstream:
         """
         import aiohttp
 
+        self._submit_only("acall")
         url, extra, body = self._request(row)
         per_loop = _LOOP_SESSIONS.get().setdefault(asyncio.get_running_loop(), {})
         session = per_loop.get(self._settings())
@@ -640,6 +650,7 @@ class HttpDownstream:
         read); return its answer, or raise DownstreamError (carrying it) unless 2xx."""
         import requests
 
+        self._submit_only("call")
         url, extra, body = self._request(row)
         sessions = _REQUESTS.get().sessions
         session = sessions.get(self._settings())
