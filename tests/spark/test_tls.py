@@ -16,16 +16,15 @@ pytest.importorskip("pycurl")
 
 import pycurl
 
-from timewheel.cli.bench.http import TlsFiles, make_tls_files, nginx, nginx_exe
 from timewheel.spark.http_target import (
     _LOOP,
     HttpDownstream,
     add_http_options,
     http_options,
 )
+from tls_fixtures import AVAILABLE, TlsFiles, make_tls_files, nginx_tls
 
-_SERVER = nginx_exe() is not None and shutil.which("openssl") is not None
-needs_nginx = pytest.mark.skipif(not _SERVER, reason="nginx or openssl is not installed")
+needs_nginx = pytest.mark.skipif(not AVAILABLE, reason="nginx or openssl is not installed")
 
 
 class _Replies:
@@ -103,7 +102,7 @@ def _last_http_version(target: HttpDownstream) -> int:
 def test_a_servers_own_ca_verifies_and_http2_is_used(
     tls: TlsFiles, closing: list[HttpDownstream]
 ) -> None:
-    with nginx(tls=tls) as url:
+    with nginx_tls(tls) as url:
         target = HttpDownstream(url, ca_file=str(tls.ca))
         closing.append(target)
         assert _send(target, 20) == [(True, None)] * 20
@@ -119,7 +118,7 @@ def test_a_servers_own_ca_verifies_and_http2_is_used(
 def test_without_the_ca_every_row_fails_with_the_reason(
     tls: TlsFiles, closing: list[HttpDownstream]
 ) -> None:
-    with nginx(tls=tls) as url:
+    with nginx_tls(tls) as url:
         target = HttpDownstream(url)
         closing.append(target)
         got = _send(target, 5)
@@ -132,7 +131,7 @@ def test_without_the_ca_every_row_fails_with_the_reason(
 def test_mutual_tls_works_with_the_client_certificate_and_is_refused_without(
     tls: TlsFiles, closing: list[HttpDownstream]
 ) -> None:
-    with nginx(tls=tls, client_certs=True) as url:
+    with nginx_tls(tls, client_certs=True) as url:
         target = HttpDownstream(
             url,
             ca_file=str(tls.ca),
@@ -146,19 +145,3 @@ def test_mutual_tls_works_with_the_client_certificate_and_is_refused_without(
     assert [ok for ok, _ in got] == [False] * 3
     for _, error in got:
         assert "HTTP 400" in str(error) and "No required SSL certificate" in str(error), error
-
-
-@needs_nginx
-def test_bench_http_http2_runs_the_target_on_both_versions_over_tls(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    from timewheel.cli import main
-
-    assert main(["bench", "http", "--http2", "--requests", "200", "--rounds", "1"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("https://127.0.0.1:")
-    rows = [line.split("  ")[0] for line in out.splitlines()[2:]]
-    assert rows == ["libcurl multi", "target", "target http/1.1"]
-    assert main(["bench", "http", "--http2", "--url", "https://127.0.0.1:9/"]) == 2
-    assert main(["bench", "http", "--http2", "--clients", "aiohttp"]) == 2
-    assert "--http2 runs only target, target http/1.1" in capsys.readouterr().err

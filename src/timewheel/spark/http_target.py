@@ -492,9 +492,9 @@ class HttpDownstream:
 
     def _submit_only(self, form: str) -> None:
         """DownstreamError (final) when the target has what only ``submit`` sends."""
-        if self.header_secrets or self.ca_file or self.client_cert or not self.http2:
+        if self.header_secrets or self.ca_file or self.client_cert:
             raise DownstreamError(
-                f"{form}: secrets, ca_file, client_cert and http2=False are sent by submit "
+                f"{form}: secrets, ca_file and client_cert are sent by submit "
                 "(the timewheel engine) only",
                 retry_after_s=None,
             )
