@@ -304,3 +304,24 @@ def test_call_and_acall_refuse_what_only_submit_sends() -> None:
         target.call({"id": 1}, 1.0)
     with pytest.raises(DownstreamError, match="acall: secrets, ca_file"):
         asyncio.run(target.acall({"id": 1}))
+
+
+def test_a_bad_headers_argument_is_named_without_its_values() -> None:
+    with pytest.raises(TypeError, match="headers must be a mapping") as info:
+        HttpDownstream("http://h/", headers={"Authorization": f"Bearer {TOKEN}", "X": 5})  # type: ignore[dict-item]
+    assert TOKEN not in str(info.value) and "'X': 'int'" in str(info.value)
+
+
+def test_close_stops_the_renewing_thread(server: _AuthServer, tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    calls.touch()
+    target = HttpDownstream(
+        f"http://127.0.0.1:{server.port}/ingest",
+        headers={"Authorization": Secret(_Rotating(calls), name="oauth")},
+    )
+    assert _send(target, 1) == [(True, None)]  # a 401, then the renewed value
+    target.close()
+    for thread in threading.enumerate():
+        if thread.name.startswith("timewheel-secret"):
+            thread.join(10)
+    assert not [t for t in threading.enumerate() if t.name.startswith("timewheel-secret")]

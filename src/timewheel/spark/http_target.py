@@ -339,7 +339,13 @@ class HttpDownstream:
         if not isinstance(given, Mapping) or not all(
             isinstance(k, str) and isinstance(v, (str, Secret)) for k, v in given.items()
         ):
-            raise TypeError(f"headers must be a mapping of str to str or Secret, got {headers!r}")
+            # Named by its keys and types only: a value may be a token.
+            shown = (
+                {k: type(v).__name__ for k, v in given.items()}
+                if isinstance(given, Mapping)
+                else type(headers).__name__
+            )
+            raise TypeError(f"headers must be a mapping of str to str or Secret, got {shown!r}")
         _check_header_names("headers", list(given))
         secrets = tuple((k, v) for k, v in given.items() if isinstance(v, Secret))
         plain = {k: v for k, v in given.items() if isinstance(v, str)}
@@ -692,6 +698,11 @@ class HttpDownstream:
             _LOOP._forget()
         if held is not None:
             held[0].close()
+        with _LOOP_LOCK:
+            renewer = _RENEWER._held
+            _RENEWER._forget()
+        if renewer is not None:
+            renewer[0].shutdown(wait=False)
         for session in _REQUESTS.get().sessions.values():
             session.close()
         _REQUESTS.get().sessions.clear()
