@@ -325,3 +325,23 @@ def test_close_stops_the_renewing_thread(server: _AuthServer, tmp_path: Path) ->
         if thread.name.startswith("timewheel-secret"):
             thread.join(10)
     assert not [t for t in threading.enumerate() if t.name.startswith("timewheel-secret")]
+
+
+def test_a_forked_child_reads_its_own_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TW_TEST_FORK", "parent")
+    secret = Secret("env:TW_TEST_FORK")
+    assert secret.resolve()[0] == "parent"  # kept in this process
+    os.environ["TW_TEST_FORK"] = "child"  # what a new process would be given
+    assert secret.resolve()[0] == "parent"
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own cache (and lock), not the parent's
+        try:
+            os.write(write, secret.resolve()[0].encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        got = f.read()
+    assert os.waitpid(pid, 0)[1] == 0
+    assert got == b"child"
