@@ -20,10 +20,11 @@ def test_a_partition_does_not_freeze_the_workers_garbage_collector() -> None:
         from timewheel.spark._dispatch import _PartitionDispatch
         from timewheel.spark.engines import DispatchConfig
         from timewheel.spark.targets import SimulatedDownstream
+        from timewheel.spark.timewheel_engine import timewheel_engine
 
         assert gc.get_freeze_count() == 0
         partition = _PartitionDispatch(
-            "timewheel", SimulatedDownstream(1.0, 2.0), DispatchConfig()
+            timewheel_engine, SimulatedDownstream(1.0, 2.0), DispatchConfig()
         )
         batch = pa.RecordBatch.from_pydict({"id": list(range(50))})
         rows = sum(b.num_rows for b in partition(iter([batch])))

@@ -34,7 +34,15 @@ from typing import Any, Callable, NamedTuple
 
 import pycurl
 
-__all__ = ["LOOP_FAILED", "REFUSED", "CurlLoop", "Request", "Settings", "curl_error_kind"]
+__all__ = [
+    "HAS_HTTP2",
+    "LOOP_FAILED",
+    "REFUSED",
+    "CurlLoop",
+    "Request",
+    "Settings",
+    "curl_error_kind",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +86,9 @@ def curl_error_kind(errno: int) -> str:
 
 _NO_HEADERS: dict[str, str] = {}
 
+#: Whether this libcurl speaks HTTP/2 (it was built with nghttp2).
+HAS_HTTP2 = bool(pycurl.version_info()[4] & pycurl.VERSION_HTTP2)
+
 #: The ``curl_errno`` of a request libcurl would not take (its message says why).
 REFUSED = -1
 #: The ``curl_errno`` of a request in flight when the loop thread failed (the message
@@ -107,6 +118,13 @@ class Settings(NamedTuple):
     max_connections: int | None
     timeout_ms: int | None
     max_reply_bytes: int
+    #: A CA bundle to verify servers with (None: libcurl's own).
+    ca_file: str | None = None
+    #: A client certificate (PEM) and its key, for mutual TLS.
+    client_cert: str | None = None
+    client_key: str | None = None
+    #: HTTP/2 where the server offers it over TLS (HTTP/1.1 otherwise, or when False).
+    http2: bool = True
 
 
 class Request:
@@ -168,6 +186,9 @@ class _Multi:
         self.multi.setopt(pycurl.M_SOCKETFUNCTION, self.on_socket)
         if settings.max_connections is not None:
             self.multi.setopt(pycurl.M_MAX_TOTAL_CONNECTIONS, settings.max_connections)
+        # Requests to one host share an HTTP/2 connection (libcurl's default since 7.62:
+        # said here so that it holds whatever the default becomes).
+        self.multi.setopt(pycurl.M_PIPELINING, pycurl.PIPE_MULTIPLEX)
         self.idle: list[Any] = []
         self.running: dict[Any, Request] = {}
 
@@ -187,6 +208,20 @@ class _Multi:
         easy.setopt(pycurl.PATH_AS_IS, 1)
         if s.timeout_ms is not None:
             easy.setopt(pycurl.TIMEOUT_MS, s.timeout_ms)
+        if s.ca_file is not None:
+            easy.setopt(pycurl.CAINFO, s.ca_file)
+        if s.client_cert is not None:
+            easy.setopt(pycurl.SSLCERT, s.client_cert)
+        if s.client_key is not None:
+            easy.setopt(pycurl.SSLKEY, s.client_key)
+        if s.http2 and HAS_HTTP2:
+            # HTTP/2 if the server offers it in the TLS handshake (ALPN), else HTTP/1.1;
+            # a request waits for a connection being made rather than open another, so
+            # that requests multiplex on it once it is known to speak HTTP/2.
+            easy.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_2TLS)
+            easy.setopt(pycurl.PIPEWAIT, 1)
+        else:
+            easy.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)
         easy.custom = None
         easy.url = None
         easy.fresh = False

@@ -26,15 +26,10 @@ import asyncio
 import atexit
 import contextlib
 import copy
-import email.utils
 import hashlib
-import ipaddress
-import json
 import logging
-import math
-import re
+import os
 import threading
-import time
 import urllib.parse
 import weakref
 from collections.abc import Mapping, Sequence
@@ -43,6 +38,20 @@ from typing import Any, Callable, Union
 from .._validate import check_columns, check_int
 from ._per_process import PerProcess
 from .contract import DownstreamError, DownstreamTimeout, Failure, OnDone, Reply
+from .http_request import (
+    _ENCODE,
+    _ENCODE_KEY,
+    _check_header_names,
+    _check_url,
+    _column_map,
+    _finite,
+    _has_break,
+    _segment,
+    _template,
+    _too_large,
+    verdict,
+)
+from .secrets import Secret, SecretError, redact_url
 
 __all__ = ["DEFAULT_MAX_REPLY_BYTES", "METHODS", "Body", "HttpDownstream"]
 
@@ -58,167 +67,6 @@ METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 #: The default limit on an answer's size (bytes).
 DEFAULT_MAX_REPLY_BYTES = 1 << 20
-
-# Bytes of the answer quoted in an error.
-_DETAIL = 200
-
-
-def _encoder() -> Callable[[Any], str]:
-    """json.dumps(value, default=str), with the C encoder made once, not once per call."""
-    from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
-
-    if c_make_encoder is None:  # no C accelerator: the same text, made the slow way
-        return json.JSONEncoder(default=str).encode
-    encode = c_make_encoder(
-        None, str, encode_basestring_ascii, None, ": ", ", ", False, False, True
-    )
-    return lambda value: "".join(encode(value, 0))
-
-
-_ENCODE = _encoder()
-_ENCODE_KEY = json.JSONEncoder(default=str, sort_keys=True, separators=(",", ":")).encode
-
-
-def _finite(name: str, value: Any, minimum: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
-    if not math.isfinite(value) or value < minimum:
-        raise ValueError(f"{name} must be a finite number >= {minimum:g}, got {value!r}")
-    return float(value)
-
-
-def retry_after_s(header: str | None, cap_s: float) -> float:
-    """Seconds a ``Retry-After`` header asks for, at most ``cap_s``.
-
-    Both forms are read: delta-seconds and an HTTP date (the wait until then). A missing,
-    unreadable, negative or past value asks for no wait beyond the backoff.
-    """
-    if header is None:
-        return 0.0
-    text = header.strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(text)
-        except (TypeError, ValueError, IndexError):
-            return 0.0
-        if when.tzinfo is None:
-            return 0.0
-        seconds = when.timestamp() - time.time()
-    return min(max(seconds, 0.0), cap_s) if math.isfinite(seconds) else 0.0
-
-
-def verdict(
-    status: int, text: bytes, header: Callable[[str], str | None], cap_s: float
-) -> tuple[bool, str | None, float | None]:
-    """``(ok, error, retry_after_s)`` of an answer; ``retry_after_s`` None: do not retry.
-
-    ``header(name)`` reads one of the answer's headers (only for a 3xx, a 429 or a 503).
-    """
-    if 200 <= status < 300:
-        return True, None, 0.0
-    error = f"HTTP {status}: {text[:_DETAIL].decode('utf-8', 'replace')}"
-    if status == 429 or status == 503:
-        return False, error, retry_after_s(header("Retry-After"), cap_s)
-    if status >= 500:
-        return False, error, 0.0
-    if 300 <= status < 400:
-        where = header("Location")
-        return False, f"HTTP {status}: redirect to {where!r} not followed", None
-    return False, error, None
-
-
-def _too_large(limit: int) -> Failure:
-    return Failure(f"answer larger than {limit} bytes (max_reply_bytes): not read", None)
-
-
-def _template(url: str) -> tuple[tuple[str, str | None], ...]:
-    """``url`` cut into (text, column) pieces at its ``{column}`` fields; ValueError if bad."""
-    import string
-
-    pieces: list[tuple[str, str | None]] = []
-    try:
-        parsed = list(string.Formatter().parse(url))
-    except ValueError as exc:
-        raise ValueError(f"url template {url!r}: {exc}") from None
-    for text, field, spec, conversion in parsed:
-        if field is not None and (not field.isidentifier() or spec or conversion):
-            raise ValueError(
-                f"url template {url!r}: a field must be a plain column name, got {{{field}}}"
-            )
-        pieces.append((text, field or None))
-    return tuple(pieces)
-
-
-# A host name: dot-separated labels of letters, digits, - and _ (an optional final dot).
-_HOST = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?")
-
-
-def _check_url(url: str, pieces: tuple[tuple[str, str | None], ...]) -> None:
-    """ValueError naming ``url`` unless it is an http(s) URL libcurl will take as it reads.
-
-    Checked once, when the target is made, with every ``{column}`` standing for a value:
-    no space or control character, a host that is a name or an IP address and holds no
-    field, a port in 1..65535.
-    """
-    filled = ["".join(t + (fill if c else "") for t, c in pieces) for fill in ("x", "y")]
-    text = filled[0]
-    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
-        raise ValueError(f"url must hold no spaces or control characters, got {url!r}")
-    try:
-        parts, other = (urllib.parse.urlsplit(each) for each in filled)
-        port = parts.port
-    except ValueError as exc:
-        raise ValueError(f"url {url!r} is not a URL: {exc}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"url must be an http:// or https:// URL with a host, got {url!r}")
-    if (parts.scheme, parts.netloc) != (other.scheme, other.netloc):
-        raise ValueError(f"url must not take its host or port from a column, got {url!r}")
-    if port == 0:
-        raise ValueError(f"url {url!r}: port 0 is not a port")
-    host = parts.hostname
-    if "[" in parts.netloc:
-        try:
-            ipaddress.IPv6Address(host.partition("%")[0])
-        except ValueError:
-            raise ValueError(f"url {url!r}: [{host}] is not an IPv6 address") from None
-    elif not _HOST.fullmatch(host):
-        raise ValueError(f"url {url!r}: {host!r} is not a host name or IP address")
-
-
-def _segment(value: str) -> str:
-    """``value`` percent-encoded as one path segment: ``/?#%`` and a bare ``.``/``..`` too."""
-    quoted = urllib.parse.quote(value, safe="")
-    return quoted.replace(".", "%2E") if quoted.strip(".") == "" else quoted
-
-
-def _column_map(name: str, value: Any) -> tuple[tuple[str, str], ...]:
-    """``value`` (a mapping of names to column names) as pairs, or TypeError naming ``name``."""
-    given = {} if value is None else value
-    if not isinstance(given, Mapping) or not all(
-        isinstance(k, str) and k and isinstance(v, str) and v for k, v in given.items()
-    ):
-        raise TypeError(f"{name} must be a mapping of names to column names, got {value!r}")
-    return tuple(given.items())
-
-
-# What may not be inside a header value (or a URL): it would end the line, or the request.
-_BREAKS = re.compile("[\r\n\0]")
-# A header name is an RFC 9110 token.
-_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-
-
-def _has_break(value: str) -> bool:
-    """Whether ``value`` holds a CR, LF or NUL (which would end a header line on the wire)."""
-    return _BREAKS.search(value) is not None
-
-
-def _check_header_names(name: str, names: Sequence[str]) -> None:
-    """ValueError naming ``name`` unless every one of ``names`` is a header name (a token)."""
-    for header in names:
-        if not _TOKEN.fullmatch(header):
-            raise ValueError(f"{name}: {header!r} is not a header name (letters, digits, -, ...)")
 
 
 _LOOP_LOCK = threading.Lock()
@@ -282,7 +130,17 @@ class HttpDownstream:
     * ``max_connections``: the most connections this process opens to the service;
       None (the default) lets it follow the calls in flight, which ``dispatch`` bounds
       with ``max_in_flight``.
+    * ``headers`` values may be :class:`~.secrets.Secret`: read where the request is sent
+      (on the executor), never pickled, shown by name only; see docs/spark.md, "Secrets".
+      A secret's function, or file, is read again once when the service answers 401,
+      and the row's request sent again once with the new value.
     * ``verify_tls``: HTTPS certificates are verified unless this is False.
+    * ``ca_file``: the CA bundle (PEM) to verify servers with, in place of the system's;
+      ``client_cert`` and ``client_key``: a client certificate (PEM) and its key, for
+      mutual TLS (the key may be in the certificate's file). Each must be a readable
+      file when the target is made, at the same path on the executors.
+    * ``http2``: HTTP/2 where an https:// server offers it (many requests share one
+      connection); False: HTTP/1.1.
     * ``timeout_s``: a backstop for ``submit`` used outside ``dispatch`` (which times
       each call out itself and cancels it); None: none.
     * ``max_retry_after_s``: the longest a 429's ``Retry-After`` may delay the retry.
@@ -296,13 +154,17 @@ class HttpDownstream:
         *,
         method: str = "POST",
         id_col: str | None = None,
-        headers: Mapping[str, str] | None = None,
+        headers: Mapping[str, str | Secret] | None = None,
         body: Body = None,
         params: Mapping[str, str] | None = None,
         header_cols: Mapping[str, str] | None = None,
         idempotency_header: str | None = "Idempotency-Key",
         max_connections: int | None = None,
         verify_tls: bool = True,
+        ca_file: str | None = None,
+        client_cert: str | None = None,
+        client_key: str | None = None,
+        http2: bool = True,
         timeout_s: float | None = None,
         max_retry_after_s: float = 30.0,
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
@@ -317,11 +179,19 @@ class HttpDownstream:
             raise TypeError(f"id_col must be a column name (str) or None, got {id_col!r}")
         given = {} if headers is None else headers
         if not isinstance(given, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in given.items()
+            isinstance(k, str) and isinstance(v, (str, Secret)) for k, v in given.items()
         ):
-            raise TypeError(f"headers must be a mapping of str to str, got {headers!r}")
+            # Named by its keys and types only: a value may be a token.
+            shown = (
+                {k: type(v).__name__ for k, v in given.items()}
+                if isinstance(given, Mapping)
+                else type(headers).__name__
+            )
+            raise TypeError(f"headers must be a mapping of str to str or Secret, got {shown!r}")
         _check_header_names("headers", list(given))
-        for name, value in given.items():
+        secrets = tuple((k, v) for k, v in given.items() if isinstance(v, Secret))
+        plain = {k: v for k, v in given.items() if isinstance(v, str)}
+        for name, value in plain.items():
             if _has_break(value):
                 raise ValueError(f"headers: the value of {name!r} holds a CR, LF or NUL")
         if isinstance(body, str):
@@ -344,10 +214,17 @@ class HttpDownstream:
             max_connections = check_int("max_connections", max_connections, 1)
         if not isinstance(verify_tls, bool):
             raise TypeError(f"verify_tls must be a bool, got {verify_tls!r}")
+        if not isinstance(http2, bool):
+            raise TypeError(f"http2 must be a bool, got {http2!r}")
+        if client_key is not None and client_cert is None:
+            raise ValueError("client_key needs client_cert (the certificate it is the key of)")
         self.url = url
         self.method = method.upper()
         self.id_col = id_col
-        self.headers = {"Content-Type": "application/json", **given}
+        self.headers = {"Content-Type": "application/json", **plain}
+        #: (header name, Secret) pairs, resolved per process where requests are sent.
+        self.header_secrets = secrets
+        self._renews = any(not str(v.key).startswith("env:") for _, v in secrets)
         self.body = body
         self.params = _column_map("params", params)
         for name, _ in self.params:
@@ -358,6 +235,10 @@ class HttpDownstream:
         self.idempotency_header = idempotency_header
         self.max_connections = max_connections
         self.verify_tls = verify_tls
+        self.ca_file = _readable("ca_file", ca_file)
+        self.client_cert = _readable("client_cert", client_cert)
+        self.client_key = _readable("client_key", client_key)
+        self.http2 = http2
         self.timeout_s = None if timeout_s is None else _finite("timeout_s", timeout_s, 0.001)
         self.max_retry_after_s = _finite("max_retry_after_s", max_retry_after_s, 0.0)
         self.max_reply_bytes = check_int("max_reply_bytes", max_reply_bytes, 1)
@@ -366,7 +247,7 @@ class HttpDownstream:
         self._curl_settings: Any = None  # made on first submit
 
     def __repr__(self) -> str:
-        return f"HttpDownstream({self.method} {self.url!r})"
+        return f"HttpDownstream({self.method} {redact_url(self.url)!r})"
 
     def for_id_col(self, id_col: str) -> HttpDownstream:
         """This target keyed on ``id_col`` unless it names its own (``dispatch`` calls it)."""
@@ -457,12 +338,30 @@ class HttpDownstream:
             payload = {col: row.get(col) for col in body}
         return url, extra, _ENCODE(payload).encode()
 
+    def _submit_only(self, form: str) -> None:
+        """DownstreamError (final) when the target has what only ``submit`` sends."""
+        if self.header_secrets or self.ca_file or self.client_cert:
+            raise DownstreamError(
+                f"{form}: secrets, ca_file and client_cert are sent by submit "
+                "(the timewheel engine) only",
+                retry_after_s=None,
+            )
+
     def _settings(self) -> tuple[Any, ...]:
         """What the connections depend on: copies with equal settings share them."""
         from ._curl import Settings
 
         timeout_ms = None if self.timeout_s is None else max(1, round(self.timeout_s * 1000))
-        return Settings(self.verify_tls, self.max_connections, timeout_ms, self.max_reply_bytes)
+        return Settings(
+            self.verify_tls,
+            self.max_connections,
+            timeout_ms,
+            self.max_reply_bytes,
+            self.ca_file,
+            self.client_cert,
+            self.client_key,
+            self.http2 and self.url.startswith("https:"),
+        )
 
     # -- submit: this process's libcurl loop thread ------------------------------------
     def submit(self, row: Mapping[str, Any], on_done: OnDone) -> Any:
@@ -486,6 +385,8 @@ class HttpDownstream:
         settings = self._curl_settings
         if settings is None:
             settings = self._curl_settings = self._settings()
+        if self.header_secrets:
+            return _WithSecrets(self, settings, url, lines, body, on_done).start()
         return _LOOP.get().request(
             settings,
             self.method,
@@ -546,6 +447,7 @@ class HttpDownstream:
         """
         import aiohttp
 
+        self._submit_only("acall")
         url, extra, body = self._request(row)
         per_loop = _LOOP_SESSIONS.get().setdefault(asyncio.get_running_loop(), {})
         session = per_loop.get(self._settings())
@@ -596,6 +498,7 @@ class HttpDownstream:
         read); return its answer, or raise DownstreamError (carrying it) unless 2xx."""
         import requests
 
+        self._submit_only("call")
         url, extra, body = self._request(row)
         sessions = _REQUESTS.get().sessions
         session = sessions.get(self._settings())
@@ -637,9 +540,128 @@ class HttpDownstream:
             _LOOP._forget()
         if held is not None:
             held[0].close()
+        with _LOOP_LOCK:
+            renewer = _RENEWER._held
+            _RENEWER._forget()
+        if renewer is not None:
+            renewer[0].shutdown(wait=False)
         for session in _REQUESTS.get().sessions.values():
             session.close()
         _REQUESTS.get().sessions.clear()
+
+
+def _readable(name: str, path: Any) -> str | None:
+    """``path`` made absolute, or ValueError naming ``name`` unless it is a readable file."""
+    if path is None:
+        return None
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise TypeError(f"{name} must be a file path (str) or None, got {path!r}")
+    full: str = os.path.abspath(os.fspath(path))
+    if not os.path.isfile(full):
+        raise ValueError(f"{name}: {full!r} is not a file")
+    try:
+        with open(full, "rb"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{name}: {full!r} cannot be read: {exc.strerror}") from None
+    return full
+
+
+def _renewer() -> Any:
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(1, thread_name_prefix="timewheel-secret")
+
+
+# The thread that reads secrets again after a 401 (their function may take a while: not
+# on the loop thread), one per process.
+_RENEWER: PerProcess[Any] = PerProcess(_renewer)
+
+
+class _WithSecrets:
+    """A request whose headers hold secrets: read them (this process's values), send it,
+    and on a 401 read the renewable ones again and send it once more."""
+
+    __slots__ = (
+        "body",
+        "cancelled",
+        "lines",
+        "numbers",
+        "on_done",
+        "renewed",
+        "request",
+        "settings",
+        "target",
+        "url",
+    )
+
+    def __init__(
+        self,
+        target: HttpDownstream,
+        settings: Any,
+        url: str,
+        lines: list[str],
+        body: bytes | None,
+        on_done: OnDone,
+    ) -> None:
+        self.target = target
+        self.settings = settings
+        self.url = url
+        self.lines = lines
+        self.body = body
+        self.on_done = on_done
+        self.numbers: list[int] = []
+        self.request: Any = None
+        self.cancelled = self.renewed = False
+
+    def _send(self, renew: bool) -> bool:
+        """Send with the secrets' values (read again if ``renew``); False: failed the row."""
+        lines = list(self.lines)
+        numbers = []
+        try:
+            for i, (name, secret) in enumerate(self.target.header_secrets):
+                value, number = secret.renew(self.numbers[i]) if renew else secret.resolve()
+                lines.append(f"{name}: {value}")
+                numbers.append(number)
+        except SecretError as exc:
+            self.on_done(False, Failure(str(exc), exc.retry_after_s))
+            return False
+        self.numbers = numbers
+        t = self.target
+        self.request = _LOOP.get().request(
+            self.settings, t.method, self.url, lines, self.body, _WithSecrets._ended, self
+        )
+        return True
+
+    def start(self) -> _WithSecrets | None:
+        return self if self._send(renew=False) else None
+
+    def _ended(
+        self, status: int, text: bytes, headers: dict[str, str], errno: int, msg: str
+    ) -> None:
+        if status == 401 and errno == 0 and self.target._renews and not self.renewed:
+            self.renewed = True
+            _RENEWER.get().submit(self._renew)
+            return
+        self.target._ended(self.on_done, status, text, headers, errno, msg)
+
+    def _renew(self) -> None:
+        if self.cancelled:
+            return
+        try:
+            sent = self._send(renew=True)
+        except Exception as exc:  # the loop closed: the row fails, worth a retry
+            self.on_done(False, Failure(f"request not made: {exc}", 0.0))
+            return
+        if sent and self.cancelled:
+            self.request.cancel()
+
+    def cancel(self) -> None:
+        """Drop the request, and the second one a 401 would make."""
+        self.cancelled = True
+        request = self.request
+        if request is not None:
+            request.cancel()
 
 
 def _too_large_error(limit: int) -> DownstreamError:

@@ -293,6 +293,8 @@ class Manifest:
             if was != now:
                 if key == "input_files":
                     return "its input's files changed (names, sizes or times differ)"
+                if key == "target_digest":
+                    return "it was made with another --target"
                 if key == "http_options":
                     return "it was made with other HTTP options (headers, body, key header)"
                 return f"it was made with {key} {was!r}, this run has {now!r}"

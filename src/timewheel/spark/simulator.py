@@ -25,6 +25,7 @@ import numpy
 from .._validate import check_columns
 from ._per_process import PerProcess
 from .contract import DownstreamError, DownstreamTimeout, OnDone, Reply, deliver, row_keys
+from .secrets import redact_url
 
 __all__ = ["SimulatedDownstream", "simulated_reply", "simulator_from_url"]
 
@@ -321,7 +322,7 @@ def simulator_from_url(url: str) -> SimulatedDownstream:
     """``sim://?pct50=20&pct75=60&failures=0.01&seed=1`` as a :class:`SimulatedDownstream`."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme != "sim":
-        raise ValueError(f"target must be sim://?... or an http(s):// URL, got {url!r}")
+        raise ValueError(f"target must be sim://?... or an http(s):// URL, got {redact_url(url)!r}")
     if parts.netloc or parts.path or parts.fragment:
         raise ValueError(
             f"target {url!r}: sim:// takes its parameters after '?', "

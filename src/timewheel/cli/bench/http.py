@@ -35,9 +35,9 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
-__all__ = ["add_parser", "nginx", "run_http_bench"]
+__all__ = ["TlsFiles", "add_parser", "make_tls_files", "nginx", "run_http_bench"]
 
 _BODY = b'{"id": 1, "amount": 12.5, "note": "benchmark row"}'
 
@@ -53,7 +53,8 @@ http {{
     client_body_temp_path {dir};
     keepalive_requests 1000000;
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port}{listen};
+{tls}
         default_type application/json;
         location / {{ return 200 '{{"ok":true}}'; }}
         location /reply1k {{ return 200 '{reply}'; }}
@@ -67,6 +68,49 @@ REPLY_1K = json.dumps(
     separators=(",", ":"),
 )
 REPLY_1K_DDL = "id int, score double, tags array<string>, text string"
+
+
+class TlsFiles(NamedTuple):
+    """A CA, a server certificate for 127.0.0.1 and a client certificate it signed (PEM)."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def make_tls_files(directory: Path) -> TlsFiles:
+    """Make a throwaway CA and the certificates it signs in ``directory`` (``openssl``)."""
+    exe = shutil.which("openssl")
+    if exe is None:
+        raise SystemExit("the openssl command is not installed (apt-get install openssl)")
+    d = Path(directory)
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+
+    def run(*argv: str) -> None:
+        subprocess.run([exe, *argv], check=True, capture_output=True, timeout=30)
+
+    run("req", "-x509", *key, "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"),
+        "-days", "2", "-subj", "/CN=timewheel test CA",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
+    for serial, (name, ext) in enumerate(
+        [
+            ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth"),
+            ("client", "extendedKeyUsage=clientAuth"),
+        ],
+        start=1,
+    ):
+        (d / f"{name}.ext").write_text(ext + "\n")
+        run("req", *key, "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"),
+            "-subj", f"/CN=timewheel test {name}")  # fmt: skip
+        run("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"),
+            "-CAkey", str(d / "ca.key"), "-set_serial", str(serial), "-days", "2",
+            "-extfile", str(d / f"{name}.ext"), "-out", str(d / f"{name}.pem"))  # fmt: skip
+    return TlsFiles(
+        d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key"
+    )
 
 
 def _free_port() -> int:
@@ -83,8 +127,13 @@ def nginx_exe() -> str | None:
 
 
 @contextlib.contextmanager
-def nginx(access_log: Path | None = None) -> Iterator[str]:
+def nginx(
+    access_log: Path | None = None, tls: TlsFiles | None = None, client_certs: bool = False
+) -> Iterator[str]:
     """Run nginx on 127.0.0.1 (one worker); yield its URL.
+
+    With ``tls`` it serves HTTPS with ``tls.server_cert`` (HTTP/2 offered, HTTP/1.1 too)
+    and, with ``client_certs``, answers only clients with a certificate ``tls.ca`` signed.
 
     It answers ``{"ok":true}`` on every path but ``/reply1k``, which answers
     :data:`REPLY_1K`. With ``access_log`` it writes there the arrival time of every
@@ -97,7 +146,20 @@ def nginx(access_log: Path | None = None) -> Iterator[str]:
         port = _free_port()
         conf = Path(tmp) / "nginx.conf"
         log = "off" if access_log is None else f"{access_log} stamps"
-        conf.write_text(_NGINX_CONF.format(dir=tmp, port=port, reply=REPLY_1K, access_log=log))
+        listen, lines = "", ""
+        if tls is not None:
+            listen = " ssl http2"
+            lines = f"        ssl_certificate {tls.server_cert};\n"
+            lines += f"        ssl_certificate_key {tls.server_key};\n"
+            if client_certs:
+                lines += (
+                    f"        ssl_client_certificate {tls.ca};\n        ssl_verify_client on;\n"
+                )
+        conf.write_text(
+            _NGINX_CONF.format(
+                dir=tmp, port=port, reply=REPLY_1K, access_log=log, listen=listen, tls=lines
+            )
+        )
         proc = subprocess.Popen([exe, "-c", str(conf), "-p", tmp], stderr=subprocess.PIPE)
         try:
             deadline = time.monotonic() + 10
@@ -110,7 +172,7 @@ def nginx(access_log: Path | None = None) -> Iterator[str]:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"nginx did not start: {proc.stderr.read().decode()[-300:]}")  # type: ignore[union-attr]
                 time.sleep(0.05)
-            yield f"http://127.0.0.1:{port}/ingest"
+            yield f"{'https' if tls else 'http'}://127.0.0.1:{port}/ingest"
         finally:
             proc.terminate()
             try:
@@ -136,7 +198,7 @@ def _measure(run: Callable[[int], int], n: int) -> dict[str, float]:
     return {"requests": n, "rps": n / wall, "cpu_us": cpu / n * 1e6}
 
 
-def _curl_easy(url: str, in_flight: int) -> list[Any]:
+def _curl_easy(url: str, in_flight: int, ca_file: str | None = None) -> list[Any]:
     import pycurl
 
     handles = []
@@ -147,16 +209,19 @@ def _curl_easy(url: str, in_flight: int) -> list[Any]:
         easy.setopt(pycurl.HTTPHEADER, ["Content-Type: application/json", "Expect:"])
         easy.setopt(pycurl.WRITEFUNCTION, lambda chunk: None)
         easy.setopt(pycurl.NOSIGNAL, 1)
+        if ca_file is not None:  # over TLS: HTTP/1.1, the baseline the target is held to
+            easy.setopt(pycurl.CAINFO, ca_file)
+            easy.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)
         handles.append(easy)
     return handles
 
 
-def _raw_multi(url: str, in_flight: int) -> Callable[[int], int]:
+def _raw_multi(url: str, in_flight: int, ca_file: str | None = None) -> Callable[[int], int]:
     """libcurl's multi interface, perform() and select() on this thread."""
     import pycurl
 
     multi = pycurl.CurlMulti()
-    idle = _curl_easy(url, in_flight)
+    idle = _curl_easy(url, in_flight, ca_file)
 
     def run(n: int) -> int:
         started = ok = 0
@@ -245,7 +310,9 @@ def _raw_socket_action(url: str, in_flight: int) -> Callable[[int], int]:
     return run
 
 
-def _target(url: str, in_flight: int) -> Callable[[int], int]:
+def _target(
+    url: str, in_flight: int, ca_file: str | None = None, http2: bool = True
+) -> Callable[[int], int]:
     """HttpDownstream.submit, its replies back on the loop thread, as the timewheel engine.
 
     Like the engine, the submitting thread is woken once per burst of replies (when a
@@ -253,7 +320,7 @@ def _target(url: str, in_flight: int) -> Callable[[int], int]:
     """
     from ...spark.targets import HttpDownstream, accepts_reply
 
-    target = HttpDownstream(url)
+    target = HttpDownstream(url, ca_file=ca_file, http2=http2)
 
     def run(n: int) -> int:
         lock = threading.Lock()
@@ -334,19 +401,31 @@ def _asyncio_client(url: str, in_flight: int, kind: str) -> Callable[[int], int]
     return run
 
 
-_CONTENDERS: dict[str, Callable[[str, int], Callable[[int], int]]] = {
+_CONTENDERS: dict[str, Callable[..., Callable[[int], int]]] = {
     "libcurl multi": _raw_multi,
     "target": _target,
     "libcurl socket_action": _raw_socket_action,
     "aiohttp": lambda url, k: _asyncio_client(url, k, "aiohttp"),
     "pyreqwest": lambda url, k: _asyncio_client(url, k, "pyreqwest"),
+    "target http/1.1": lambda url, k, ca=None: _target(url, k, ca, http2=False),
 }
+#: The contenders run by default; over TLS (--http2), those that are given the CA.
+_DEFAULT = ("libcurl multi", "target", "libcurl socket_action", "aiohttp", "pyreqwest")
+_OVER_TLS = ("target", "target http/1.1")
 
 
 def run_http_bench(
-    url: str, requests: int, in_flight: int, clients: list[str] | None = None, rounds: int = 3
+    url: str,
+    requests: int,
+    in_flight: int,
+    clients: list[str] | None = None,
+    rounds: int = 3,
+    ca_file: str | None = None,
 ) -> list[dict[str, Any]]:
     """One row per contender that is installed, each with its ratios to the raw multi loop.
+
+    With ``ca_file`` (an https:// ``url`` whose certificate it verifies) only the
+    contenders of :data:`_OVER_TLS` run, next to the raw loop over HTTP/1.1.
 
     The contenders take turns, ``rounds`` times; each row keeps its best round (least
     CPU, most requests/s), which a busy machine disturbs least.
@@ -355,8 +434,10 @@ def run_http_bench(
     for name, make in _CONTENDERS.items():
         if clients is not None and name not in clients and name != "libcurl multi":
             continue
+        if ca_file is not None and name not in (*_OVER_TLS, "libcurl multi"):
+            continue
         try:
-            runs[name] = make(url, in_flight)
+            runs[name] = make(url, in_flight, ca_file) if ca_file else make(url, in_flight)
         except ImportError:
             continue
     best: dict[str, dict[str, Any]] = {}
@@ -401,9 +482,17 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--clients",
-        default=",".join(_CONTENDERS),
+        default=None,
         help="comma-separated contenders (the raw libcurl multi loop always runs; "
-        "default: %(default)s)",
+        f"default: {','.join(_DEFAULT)}; with --http2: {','.join(_OVER_TLS)}; "
+        f"all: {','.join(_CONTENDERS)})",
+    )
+    p.add_argument(
+        "--http2",
+        action="store_true",
+        help="serve nginx over TLS with HTTP/2 offered (a CA and certificate made for the "
+        "run) and compare the target on HTTP/2 with the target on HTTP/1.1 and the raw "
+        "libcurl multi loop on HTTP/1.1",
     )
     p.add_argument(
         "--serve",
@@ -423,10 +512,18 @@ def _main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    clients = [c.strip() for c in args.clients.split(",") if c.strip()]
+    given = args.clients or ",".join(_OVER_TLS if args.http2 else _DEFAULT)
+    clients = [c.strip() for c in given.split(",") if c.strip()]
     unknown = [c for c in clients if c not in _CONTENDERS]
     if unknown:
         print(f"timewheel bench http: unknown --clients {unknown}", file=sys.stderr)
+        return 2
+    if args.http2 and (args.url is not None or args.serve):
+        print("timewheel bench http: --http2 starts its own nginx: no --url, no --serve",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if args.http2 and not set(clients) <= {*_OVER_TLS, "libcurl multi"}:
+        print(f"timewheel bench http: --http2 runs only {', '.join(_OVER_TLS)}", file=sys.stderr)
         return 2
     if args.url is not None:
         from ...spark.targets import HttpDownstream
@@ -445,8 +542,14 @@ def _main(args: argparse.Namespace) -> int:
                 threading.Event().wait()
         return 0
     with contextlib.ExitStack() as stack:
-        url = args.url or stack.enter_context(nginx())
-        rows = run_http_bench(url, args.requests, args.in_flight, clients, args.rounds)
+        ca_file = None
+        if args.http2:
+            tls = make_tls_files(Path(stack.enter_context(tempfile.TemporaryDirectory())))
+            ca_file = str(tls.ca)
+            url = stack.enter_context(nginx(tls=tls))
+        else:
+            url = args.url or stack.enter_context(nginx())
+        rows = run_http_bench(url, args.requests, args.in_flight, clients, args.rounds, ca_file)
     print(
         f"{url}, {args.requests} requests, {args.in_flight} in flight, best of {args.rounds} rounds"
     )

@@ -8,6 +8,7 @@ from typing import Any
 
 from ...spark.admission import check_rate
 from ...spark.http_target import DEFAULT_MAX_REPLY_BYTES, METHODS, Body
+from ...spark.secrets import Secret, parse_secret
 from ...spark.session import DEFAULT_MASTER
 from ...spark.simulator import SimulatedDownstream
 from ..argtypes import non_negative, positive
@@ -320,7 +321,17 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME:VALUE",
-        help="a header sent with every request (repeatable)",
+        help="a header sent with every request (repeatable); never a token: see "
+        "--http-header-secret",
+    )
+    group.add_argument(
+        "--http-header-secret",
+        action="append",
+        default=[],
+        metavar="NAME=SECRET",
+        help="a header whose value is a secret read on the executors, never written: SECRET "
+        "is env:VAR, file:PATH, or a prefix and one of them in braces, as in "
+        "'Authorization=Bearer {env:API_TOKEN}' (repeatable)",
     )
     group.add_argument(
         "--header-col",
@@ -370,6 +381,29 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
         "('lat double, lon double'); an answer that does not fit fails its row",
     )
     group.add_argument(
+        "--ca-file",
+        default=None,
+        metavar="PEM",
+        help="verify HTTPS servers with this CA bundle (a corporate CA) instead of the system's",
+    )
+    group.add_argument(
+        "--client-cert",
+        default=None,
+        metavar="PEM",
+        help="a client certificate for mutual TLS (its key too, unless --client-key)",
+    )
+    group.add_argument(
+        "--client-key",
+        default=None,
+        metavar="PEM",
+        help="the key of --client-cert",
+    )
+    group.add_argument(
+        "--http1",
+        action="store_true",
+        help="HTTP/1.1 only (default: HTTP/2 where an https:// server offers it)",
+    )
+    group.add_argument(
         "--insecure",
         action="store_true",
         help="do not verify HTTPS certificates",
@@ -381,12 +415,17 @@ def http_options(args: argparse.Namespace) -> dict[str, Any]:
 
     A malformed header or pair raises ValueError naming it.
     """
-    headers = {}
+    headers: dict[str, str | Secret] = {}
     for header in args.http_header:
         name, sep, value = header.partition(":")
         if not sep or not name.strip():
             raise ValueError(f"--http-header must be NAME:VALUE, got {header!r}")
         headers[name.strip()] = value.strip()
+    for text in args.http_header_secret:
+        name, sep, spelled = text.partition("=")
+        if not sep or not name.strip() or not spelled.strip():
+            raise ValueError(f"--http-header-secret must be NAME=SECRET, got {text!r}")
+        headers[name.strip()] = parse_secret(spelled.strip())
     body: Body = [c.strip() for c in args.body_cols.split(",") if c.strip()] or None
     if body == ["none"]:
         body = "none"
@@ -401,5 +440,9 @@ def http_options(args: argparse.Namespace) -> dict[str, Any]:
         "idempotency_header": key_header,
         "max_connections": args.http_max_connections,
         "verify_tls": not args.insecure,
+        "ca_file": args.ca_file,
+        "client_cert": args.client_cert,
+        "client_key": args.client_key,
+        "http2": not args.http1,
         "max_reply_bytes": args.max_reply_bytes,
     }

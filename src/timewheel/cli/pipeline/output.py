@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ...spark.journal import Manifest, input_fingerprint
+from ...spark.secrets import redact_url
 from .errors import UsageError
 from .options import DEMO_ROWS, http_options
 
@@ -73,7 +74,11 @@ def run_identity(args: argparse.Namespace, key_cols: list[str], fmt: str | None)
         "format": fmt,
         "generate": None if args.input else (args.generate or DEMO_ROWS),
         "partitions": args.partitions,
-        "target": args.target,
+        # A URL without its userinfo and query values (a token may be there; sim://'s
+        # are its latencies), and a digest of it whole, so that a resume to another URL
+        # is refused all the same.
+        "target": args.target if args.target.startswith("sim:") else redact_url(args.target),
+        "target_digest": hashlib.sha256(args.target.encode()).hexdigest(),
         # A digest: the headers may hold a token, which has no place on disk.
         "http_options": hashlib.sha256(http.encode()).hexdigest(),
         "id_col": args.id_col,
