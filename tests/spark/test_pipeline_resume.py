@@ -80,10 +80,23 @@ def committed_ok(out: Path) -> int:
     tables = [pq.read_table(f) for f in journal.glob("run-*.parquet")]
     tables += [b for f in journal.glob("run-*/*.arrow") for b in read_batches(f)]
     for table in tables:
-        for ordinal, status in zip(table.column(ORDINAL).to_pylist(), table.column("status")):
+        for row_id, status in zip(table.column("id").to_pylist(), table.column("status")):
             if str(status) == "ok":
-                ok.add(ordinal)
+                ok.add(row_id)
     return len(ok)
+
+
+def without(argv: list[str], option: str, has_value: bool = True) -> list[str]:
+    """``argv`` without ``option`` (and its value)."""
+    at = argv.index(option)
+    return argv[:at] + argv[at + 1 + has_value :]
+
+
+def exactly_once(out: Path, ids: list[int]) -> None:
+    """``--output`` holds each of ``ids`` once, each row answered (ok or failed)."""
+    rows = pq.read_table(out / "rows")
+    assert sorted(rows.column("id").to_pylist()) == sorted(ids)
+    assert set(rows.column("status").to_pylist()) <= {"ok", "failed"}
 
 
 def test_a_journal_cut_short_keeps_its_whole_batches(tmp_path: Path) -> None:
@@ -92,8 +105,8 @@ def test_a_journal_cut_short_keeps_its_whole_batches(tmp_path: Path) -> None:
     from timewheel.spark.journal import JournalWriter, compact
 
     def batch(first: int, status: str) -> pa.RecordBatch:
-        ordinals = list(range(first, first + 100))
-        return pa.record_batch({ORDINAL: ordinals, "status": [status] * 100})
+        ids = list(range(first, first + 100))
+        return pa.record_batch({"id": ids, "status": [status] * 100})
 
     out = tmp_path / "out"
     writer = JournalWriter(str(run_dir(out, 1)))
@@ -153,7 +166,7 @@ def test_a_run_stopped_any_way_resumes_to_every_row_once(tmp_path: Path) -> None
     assert 0 < summary["rows_sent"] <= ROWS - ok_before and summary["runs"] == 4
     assert summary["rows"] == ROWS and sum(summary["status"].values()) == ROWS
     rows = pq.read_table(out / "rows")
-    assert ORDINAL not in rows.column_names
+    assert ORDINAL not in rows.column_names and summary["journal_damaged"] == 0
     ids = rows.column("id").to_pylist()
     assert sorted(ids) == list(range(ROWS))
     assert sorted(p.name for p in out.iterdir()) == [
@@ -227,3 +240,63 @@ def test_a_resume_after_damage_in_the_journal_sends_those_rows_again(tmp_path: P
     assert done.returncode == 0, done.stderr
     ids = pq.read_table(out / "rows").column("id").to_pylist()
     assert sorted(ids) == list(range(ROWS))
+
+
+def test_a_resume_on_another_master_sends_every_row_once(tmp_path: Path) -> None:
+    # Killed on local[2], finished on local[3]: the generated rows come in 2 partitions, then
+    # in 3. Rows numbered by their place in a partition were matched with the wrong journal
+    # rows (thousands of ids lost, as many twice); they are matched by --id-col.
+    out = tmp_path / "out"
+    argv = [*without(RUN, "--partitions"), "--output", str(out)]
+    code, err = stop_once_committed(argv, out, 1, signal.SIGKILL)
+    assert code == -signal.SIGKILL, err
+    ok_before = committed_ok(out)
+    assert 0 < ok_before < ROWS
+    on_three = [*without(argv, "--master"), "--master", "local[3]", "--resume"]
+    done = subprocess.run(command(*on_three), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    exactly_once(out, list(range(ROWS)))
+    summary = json.loads((out / "summary.json").read_text())
+    assert 0 < summary["rows_sent"] <= ROWS - ok_before
+    assert summary["journal_outside_input"] == 0
+
+
+def test_a_resume_with_other_split_points_sends_every_row_once(tmp_path: Path) -> None:
+    # A Parquet input of many row groups, split by spark.sql.files.maxPartitionBytes: another
+    # value on --resume moves the split points (and the partition count).
+    import pyarrow as pa
+
+    data = tmp_path / "in.parquet"
+    ids = [i * 3 + 1 for i in range(ROWS)]  # not 0..N-1: ids are not places
+    pq.write_table(pa.table({"id": ids, "pad": ["x" * 40] * ROWS}), data, row_group_size=50)
+    out = tmp_path / "out"
+    split = ["--conf", "spark.sql.files.openCostInBytes=0"]
+    argv = [*without(RUN, "--generate"), *split, "--input", str(data), "--output", str(out)]
+    first = [*argv, "--conf", "spark.sql.files.maxPartitionBytes=9000"]
+    code, err = stop_once_committed(first, out, 1, signal.SIGKILL)
+    assert code == -signal.SIGKILL, err
+    assert 0 < committed_ok(out) < ROWS
+    second = [*argv, "--conf", "spark.sql.files.maxPartitionBytes=23000", "--resume"]
+    done = subprocess.run(command(*second), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    exactly_once(out, ids)
+
+
+@pytest.mark.parametrize("bad", ["duplicate", "null"])
+def test_an_id_col_that_does_not_name_each_row_once_is_refused(tmp_path: Path, bad: str) -> None:
+    import pyarrow as pa
+
+    ids: list[int | None] = list(range(100))
+    ids[7] = 3 if bad == "duplicate" else None
+    data = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": ids, "v": list(range(100))}), data)
+    out = tmp_path / "out"
+    argv = [*without(RUN, "--generate"), "--input", str(data), "--output", str(out)]
+    done = subprocess.run(command(*argv), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    distinct, nulls = (99, 0) if bad == "duplicate" else (99, 1)
+    assert done.stderr.splitlines()[-1] == (
+        "timewheel pipeline: error: --id-col 'id' must name each row once (unique, never "
+        f"null): the input has 100 rows, {distinct} distinct ids and {nulls} nulls"
+    )
+    assert not out.exists()  # nothing sent, nothing journalled

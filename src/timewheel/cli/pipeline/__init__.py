@@ -98,10 +98,8 @@ def _run(args: argparse.Namespace, *, report_workers: bool) -> int:
     fmt = input_format(args.input, args.format) if args.input else None
     out_dir = Path(args.output)
     previous = check_output(out_dir, args.overwrite, args.resume)
-    if previous is not None:  # all but the input's partitions, before Spark starts
-        partitions = previous.identity.get("input_partitions")
-        identity = {**run_identity(args, key_cols, fmt), "input_partitions": partitions}
-        check_resumable(out_dir, previous, identity)
+    if previous is not None:  # before Spark starts
+        check_resumable(out_dir, previous, run_identity(args, key_cols, fmt))
     # A failed task's log is pages of traceback; the error that ends the run is printed in
     # one line instead (all of it with --debug).
     log_level = "WARN" if args.debug else "FATAL"

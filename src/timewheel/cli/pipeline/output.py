@@ -64,8 +64,8 @@ def publish(staging: Path, out_dir: Path) -> None:
 
 def run_identity(args: argparse.Namespace, key_cols: list[str], fmt: str | None) -> dict[str, Any]:
     """What decides which rows there are and what is sent for each: a resumed run must
-    have the same (delivery settings such as --rate or --timeout-ms may change).
-    The input's partitions, known once Spark has read it, are added to it then."""
+    have the same (delivery settings such as --rate or --timeout-ms may change, and so
+    may the master and how Spark splits the input: rows are matched by --id-col)."""
     http = json.dumps(http_options(args), sort_keys=True, default=str)
     return {
         "input": args.input,
