@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -221,7 +222,8 @@ def test_resume_and_output_refusals_are_one_line_before_spark(tmp_path: Path) ->
     (out / MANIFEST).write_text(json.dumps(complete))
     done = subprocess.run(command("--output", str(out), "--resume"), capture_output=True, text=True)
     assert done.returncode == 2 and "is complete; nothing to resume" in done.stderr
-    assert sorted(os.listdir(tmp_path)) == ["afile", "out"]
+    # Nothing but the lock files of the outputs named (see test_a_second_run_...).
+    assert sorted(os.listdir(tmp_path)) == [".none.lock", ".out.lock", "afile", "out"]
 
 
 def test_a_resume_after_damage_in_the_journal_sends_those_rows_again(tmp_path: Path) -> None:
@@ -300,3 +302,105 @@ def test_an_id_col_that_does_not_name_each_row_once_is_refused(tmp_path: Path, b
         f"null): the input has 100 rows, {distinct} distinct ids and {nulls} nulls"
     )
     assert not out.exists()  # nothing sent, nothing journalled
+
+
+def test_a_second_run_on_an_output_in_use_is_refused(tmp_path: Path) -> None:
+    # Two runs on one --output (or a --resume of it while it runs) both sent every row and
+    # deleted each other's journal: the second is refused while the first holds the lock.
+    out = tmp_path / "out"
+    slow = "sim://?pct50=300&pct75=400&seed=5"  # ~20 s of sending: time for both refusals
+    argv = [*without(RUN, "--target"), "--target", slow, "--timeout-ms", "20000"]
+    argv += ["--output", str(out)]
+    with subprocess.Popen(
+        command(*argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as first:
+        try:
+            deadline = time.monotonic() + 300
+            while journal_rows(run_dir(out, 1)) < 16:
+                assert first.poll() is None, first.communicate()
+                assert time.monotonic() < deadline, "no rows committed in time"
+                time.sleep(0.05)  # polling the disk for the journal
+            for extra in ([], ["--resume"]):
+                second = subprocess.run(
+                    command(*argv, *extra), capture_output=True, text=True, timeout=120
+                )
+                assert second.returncode == 2, second.stderr
+                assert second.stderr.splitlines() == [
+                    f"timewheel pipeline: error: --output {str(out)!r} is in use by another "
+                    f"run (pid {first.pid}); wait for it to end, or stop it and give --resume"
+                ]
+            assert first.poll() is None  # refused while the first run held the lock
+            _, err = first.communicate(timeout=300)
+        finally:
+            if first.poll() is None:
+                first.kill()
+    assert first.returncode == 0, err
+    exactly_once(out, list(range(ROWS)))
+    assert json.loads((out / "summary.json").read_text())["runs"] == 1
+
+
+# Runs the command, killed by SIGKILL in publish() right after its first rename (the old
+# --output moved aside, the final one not yet moved in).
+KILLED_IN_PUBLISH = """
+import os, signal, sys
+from unittest import mock
+from timewheel.cli import main
+from timewheel.cli.pipeline import job, output
+
+def publish(staging, out_dir):
+    real = os.replace
+    def replace(src, dst):
+        real(src, dst)
+        os.kill(os.getpid(), signal.SIGKILL)
+    with mock.patch.object(os, "replace", replace):
+        output.publish(staging, out_dir)
+
+job.publish = publish
+sys.exit(main(["pipeline", *sys.argv[1:]]))
+"""
+
+
+def test_a_publish_killed_between_its_renames_is_finished_or_rolled_back(tmp_path: Path) -> None:
+    out = tmp_path / "a" / "out"
+    argv = [*RUN, "--output", str(out)]
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_IN_PUBLISH, *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not out.exists()
+    left = sorted(p.suffix for p in out.parent.iterdir() if p.name.startswith(".out."))
+    assert left == [".lock", ".old", ".partial"]
+    # The same state without the final output (a second Ctrl-C in publish, whose cleanup
+    # removed it): only the old output aside.
+    rolled = tmp_path / "b"
+    shutil.copytree(out.parent, rolled, symlinks=True)
+    for partial in rolled.glob(".out.*.partial"):
+        shutil.rmtree(partial)
+
+    # Finished: the final output is moved in; --resume has nothing left to do.
+    done = subprocess.run(command(*argv, "--resume"), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (
+        f"timewheel pipeline: --output {str(out)!r}: a run killed as it published left its "
+        "final output: moved in"
+    ) in done.stderr.splitlines()
+    exactly_once(out, list(range(ROWS)))
+    assert json.loads((out / MANIFEST).read_text())["complete"] is True
+    assert json.loads(done.stdout)["runs"] == 1 and hidden(tmp_path / "a") == []
+
+    # Rolled back: the old output is moved back, and the run goes on as asked (--resume).
+    out = rolled / "out"
+    argv = [*RUN, "--output", str(out), "--resume"]
+    done = subprocess.run(command(*argv), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (
+        f"timewheel pipeline: --output {str(out)!r}: a run killed as it published left it "
+        "aside: moved back"
+    ) in done.stderr.splitlines()
+    exactly_once(out, list(range(ROWS)))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["runs"] == 2 and 0 < summary["rows_sent"] < ROWS  # the failed rows only
+    assert hidden(rolled) == []
