@@ -242,6 +242,15 @@ def test_a_resume_after_damage_in_the_journal_sends_those_rows_again(tmp_path: P
     assert done.returncode == 0, done.stderr
     ids = pq.read_table(out / "rows").column("id").to_pylist()
     assert sorted(ids) == list(range(ROWS))
+    # Said (even with --quiet) in one line, and counted in the summary.
+    damaged = json.loads((out / "summary.json").read_text())["journal_damaged"]
+    assert damaged >= 1
+    (line,) = [line for line in done.stderr.splitlines() if "damaged" in line]
+    assert line.startswith(
+        f"timewheel pipeline: the journal had {damaged} damaged batch(es) or file(s), set "
+        f"aside (first: run-0001/{file.name} at byte "
+    )
+    assert line.endswith("); their rows are sent again")
 
 
 def test_a_resume_on_another_master_sends_every_row_once(tmp_path: Path) -> None:
