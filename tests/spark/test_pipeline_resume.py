@@ -222,8 +222,7 @@ def test_resume_and_output_refusals_are_one_line_before_spark(tmp_path: Path) ->
     (out / MANIFEST).write_text(json.dumps(complete))
     done = subprocess.run(command("--output", str(out), "--resume"), capture_output=True, text=True)
     assert done.returncode == 2 and "is complete; nothing to resume" in done.stderr
-    # Nothing but the lock files of the outputs named (see test_a_second_run_...).
-    assert sorted(os.listdir(tmp_path)) == [".none.lock", ".out.lock", "afile", "out"]
+    assert sorted(os.listdir(tmp_path)) == ["afile", "out"]
 
 
 def test_a_resume_after_damage_in_the_journal_sends_those_rows_again(tmp_path: Path) -> None:
@@ -381,7 +380,7 @@ def test_a_publish_killed_between_its_renames_is_finished_or_rolled_back(tmp_pat
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert not out.exists()
     left = sorted(p.suffix for p in out.parent.iterdir() if p.name.startswith(".out."))
-    assert left == [".lock", ".old", ".partial"]
+    assert left == [".lock", ".old", ".partial"]  # the lock file, no longer held
     # The same state without the final output (a second Ctrl-C in publish, whose cleanup
     # removed it): only the old output aside.
     rolled = tmp_path / "b"
@@ -399,6 +398,7 @@ def test_a_publish_killed_between_its_renames_is_finished_or_rolled_back(tmp_pat
     exactly_once(out, list(range(ROWS)))
     assert json.loads((out / MANIFEST).read_text())["complete"] is True
     assert json.loads(done.stdout)["runs"] == 1 and hidden(tmp_path / "a") == []
+    assert sorted(os.listdir(tmp_path / "a")) == ["out"]
 
     # Rolled back: the old output is moved back, and the run goes on as asked (--resume).
     out = rolled / "out"

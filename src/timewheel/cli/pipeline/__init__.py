@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,14 @@ from .inputs import input_format
 from .job import _Job
 from .metrics_endpoint import MetricsEndpoint
 from .options import add_options, http_options, resolve_max_in_flight
-from .output import check_output, check_resumable, lock_output, recover_publish, run_identity
+from .output import (
+    check_output,
+    check_resumable,
+    lock_output,
+    recover_publish,
+    run_identity,
+    unlock_output,
+)
 from .sessions import check_remote, connect_session
 
 __all__ = ["add_parser", "main"]
@@ -101,7 +107,7 @@ def _run(args: argparse.Namespace, *, report_workers: bool) -> int:
     try:
         return _run_locked(args, out_dir, target, max_in_flight, key_cols, fmt, report_workers)
     finally:
-        os.close(lock)
+        unlock_output(out_dir, lock)
 
 
 def _run_locked(

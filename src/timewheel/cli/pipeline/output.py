@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -51,30 +52,53 @@ def check_output(out_dir: Path, overwrite: bool, resume: bool) -> Manifest | Non
 
 def lock_output(out_dir: Path) -> int:
     """Hold ``--output`` for this run: an exclusive ``flock`` on ``.NAME.lock`` beside it
-    (its descriptor is returned; the lock goes when it is closed or the process ends, so
-    a killed run never leaves it held). A run that holds it already is a UsageError.
-
-    The lock file stays (removing it would let two runs lock two files of one name).
+    (its descriptor is returned). The lock goes when the descriptor is closed or the
+    process ends, so a killed run never leaves it held (only the file, unheld). A run
+    that holds it already is a UsageError.
     """
-    lock = out_dir.parent / f".{out_dir.name}.lock"
+    lock = _lock_file(out_dir)
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         raise UsageError(f"cannot create --output {str(out_dir)!r}: {exc.strerror or exc}") from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-        os.close(fd)
-        who = f" (pid {holder})" if holder.isdigit() else ""
-        raise UsageError(
-            f"--output {str(out_dir)!r} is in use by another run{who}; "
-            "wait for it to end, or stop it and give --resume"
-        ) from exc
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise UsageError(
+                f"cannot create --output {str(out_dir)!r}: {exc.strerror or exc}"
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            who = f" (pid {holder})" if holder.isdigit() else ""
+            raise UsageError(
+                f"--output {str(out_dir)!r} is in use by another run{who}; "
+                "wait for it to end, or stop it and give --resume"
+            ) from exc
+        try:  # the file the lock is on is still the one of that name ...
+            here = os.stat(lock)
+            if (here.st_dev, here.st_ino) == (os.fstat(fd).st_dev, os.fstat(fd).st_ino):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # ... not one a run that ended removed as this one opened it
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def unlock_output(out_dir: Path, fd: int) -> None:
+    """Let ``--output`` go: remove the lock file while it is held, then close it."""
+    with contextlib.suppress(OSError):
+        os.unlink(_lock_file(out_dir))
+    os.close(fd)
+
+
+def _lock_file(out_dir: Path) -> Path:
+    return out_dir.parent / f".{out_dir.name}.lock"
 
 
 def recover_publish(out_dir: Path) -> tuple[str, bool] | None:
