@@ -413,3 +413,30 @@ def test_a_publish_killed_between_its_renames_is_finished_or_rolled_back(tmp_pat
     summary = json.loads((out / "summary.json").read_text())
     assert summary["runs"] == 2 and 0 < summary["rows_sent"] < ROWS  # the failed rows only
     assert hidden(rolled) == []
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_the_errno(tmp_path: Path) -> None:
+    # The journal on a 64 KB tmpfs: the run ended with "An exception was thrown from the
+    # Python worker:" and nothing after it.
+    import re
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)]
+    mounted = subprocess.run(mount, capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        out = disk / "out"
+        done = subprocess.run(
+            command(*RUN, "--output", str(out)), capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 1, done.stderr
+        journal = re.escape(str(run_dir(out, 1)))
+        assert re.fullmatch(
+            "timewheel pipeline: error: An exception was thrown from the Python worker: "
+            rf"OSError: \[Errno 28\] No space left on device: '{journal}/[0-9a-f]{{32}}\.arrow'",
+            done.stderr.splitlines()[-1],
+        ), done.stderr
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)

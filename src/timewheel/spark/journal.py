@@ -86,19 +86,29 @@ class JournalWriter:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self._fd = -1
+        self._path = ""
 
     def write(self, batch: pa.RecordBatch) -> None:
         if self._fd < 0:
             os.makedirs(self.directory, exist_ok=True)
             path = os.path.join(self.directory, f"{uuid.uuid4().hex}.arrow")
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            self._path = path
             try:
-                _write_frame(fd, _SCHEMA, batch.schema.serialize())
+                self._write(fd, _SCHEMA, batch.schema.serialize())
             except BaseException:
                 os.close(fd)
                 raise
             self._fd = fd
-        _write_frame(self._fd, _BATCH, batch.serialize())
+        self._write(self._fd, _BATCH, batch.serialize())
+
+    def _write(self, fd: int, kind: int, payload: Any) -> None:
+        try:
+            _write_frame(fd, kind, payload)
+        except OSError as exc:  # a full disk: the error names the file (writev does not)
+            if exc.filename is not None:
+                raise
+            raise OSError(exc.errno, exc.strerror, self._path) from exc
 
     def close(self) -> None:
         if self._fd >= 0:
