@@ -186,7 +186,7 @@ def test_resume_and_output_refusals_are_one_line_before_spark(tmp_path: Path) ->
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())
     made = parser.parse_args(["pipeline", "--generate", "10", "--target", "sim://?pct50=1"])
-    identity = {**run_identity(made, [], None), "input_partitions": None}
+    identity = run_identity(made, [], None)
     manifest = {"format": 2, "complete": False, "runs": 1, "identity": identity}
     (out / MANIFEST).write_text(json.dumps(manifest))
     (tmp_path / "afile").write_text("")

@@ -177,7 +177,6 @@ class _Job:
         """The rows earlier runs of ``--output`` answered ok (one per id, each id one of
         the input's), or None. What the journal could not vouch for is set aside, said
         in one line and counted: those rows are sent again."""
-
         damaged: list[str] = []
         files = compact(self.out_dir, damaged)
         self.journal_damaged = len(damaged)
