@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -373,3 +374,35 @@ def test_the_row_ordinal_never_reaches_the_target(spark: Any, tmp_path: Path) ->
     wrapped = WithoutColumns(Recording(), frozenset({ORDINAL}))
     wrapped.for_id_col("id").submit({"id": 1, ORDINAL: 7}, lambda ok, error: None)
     assert seen == [{"id": 1}]
+
+
+def test_one_line_carries_the_cause_of_a_spark_error(spark: Any, tmp_path: Path) -> None:
+    # Spark's first line alone ("An exception was thrown from the Python worker:", "An error
+    # occurred while calling o61.parquet.") lost the reason: the root cause follows it.
+    import errno
+
+    from timewheel.cli.pipeline.errors import one_line
+
+    journal = str(tmp_path / "journal" / "run-0001" / "x.arrow")
+
+    def full_disk(batches: Any) -> Any:
+        for batch in batches:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), journal)
+            yield batch
+
+    df = spark.range(4, numPartitions=1)  # type: ignore[attr-defined]
+    with pytest.raises(Exception) as worker:
+        df.mapInArrow(full_disk, df.schema).collect()
+    assert one_line(worker.value) == (
+        "An exception was thrown from the Python worker: "
+        f"OSError: [Errno 28] No space left on device: {journal!r}"
+    )
+
+    bogus = tmp_path / "bogus.parquet"
+    bogus.write_text("id\n1\n" * 10)
+    with pytest.raises(Exception) as py4j:
+        spark.read.parquet(str(bogus)).collect()  # type: ignore[attr-defined]
+    line = one_line(py4j.value)
+    assert line.startswith("An error occurred while calling o") and "\n" not in line
+    assert f"{bogus} is not a Parquet file" in line, line
+    assert len(line) <= 600

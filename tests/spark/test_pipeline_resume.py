@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,10 +81,23 @@ def committed_ok(out: Path) -> int:
     tables = [pq.read_table(f) for f in journal.glob("run-*.parquet")]
     tables += [b for f in journal.glob("run-*/*.arrow") for b in read_batches(f)]
     for table in tables:
-        for ordinal, status in zip(table.column(ORDINAL).to_pylist(), table.column("status")):
+        for row_id, status in zip(table.column("id").to_pylist(), table.column("status")):
             if str(status) == "ok":
-                ok.add(ordinal)
+                ok.add(row_id)
     return len(ok)
+
+
+def without(argv: list[str], option: str, has_value: bool = True) -> list[str]:
+    """``argv`` without ``option`` (and its value)."""
+    at = argv.index(option)
+    return argv[:at] + argv[at + 1 + has_value :]
+
+
+def exactly_once(out: Path, ids: list[int]) -> None:
+    """``--output`` holds each of ``ids`` once, each row answered (ok or failed)."""
+    rows = pq.read_table(out / "rows")
+    assert sorted(rows.column("id").to_pylist()) == sorted(ids)
+    assert set(rows.column("status").to_pylist()) <= {"ok", "failed"}
 
 
 def test_a_journal_cut_short_keeps_its_whole_batches(tmp_path: Path) -> None:
@@ -92,8 +106,8 @@ def test_a_journal_cut_short_keeps_its_whole_batches(tmp_path: Path) -> None:
     from timewheel.spark.journal import JournalWriter, compact
 
     def batch(first: int, status: str) -> pa.RecordBatch:
-        ordinals = list(range(first, first + 100))
-        return pa.record_batch({ORDINAL: ordinals, "status": [status] * 100})
+        ids = list(range(first, first + 100))
+        return pa.record_batch({"id": ids, "status": [status] * 100})
 
     out = tmp_path / "out"
     writer = JournalWriter(str(run_dir(out, 1)))
@@ -153,7 +167,7 @@ def test_a_run_stopped_any_way_resumes_to_every_row_once(tmp_path: Path) -> None
     assert 0 < summary["rows_sent"] <= ROWS - ok_before and summary["runs"] == 4
     assert summary["rows"] == ROWS and sum(summary["status"].values()) == ROWS
     rows = pq.read_table(out / "rows")
-    assert ORDINAL not in rows.column_names
+    assert ORDINAL not in rows.column_names and summary["journal_damaged"] == 0
     ids = rows.column("id").to_pylist()
     assert sorted(ids) == list(range(ROWS))
     assert sorted(p.name for p in out.iterdir()) == [
@@ -172,7 +186,7 @@ def test_resume_and_output_refusals_are_one_line_before_spark(tmp_path: Path) ->
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())
     made = parser.parse_args(["pipeline", "--generate", "10", "--target", "sim://?pct50=1"])
-    identity = {**run_identity(made, [], None), "input_partitions": None}
+    identity = run_identity(made, [], None)
     manifest = {"format": 2, "complete": False, "runs": 1, "identity": identity}
     (out / MANIFEST).write_text(json.dumps(manifest))
     (tmp_path / "afile").write_text("")
@@ -227,3 +241,202 @@ def test_a_resume_after_damage_in_the_journal_sends_those_rows_again(tmp_path: P
     assert done.returncode == 0, done.stderr
     ids = pq.read_table(out / "rows").column("id").to_pylist()
     assert sorted(ids) == list(range(ROWS))
+    # Said (even with --quiet) in one line, and counted in the summary.
+    damaged = json.loads((out / "summary.json").read_text())["journal_damaged"]
+    assert damaged >= 1
+    (line,) = [line for line in done.stderr.splitlines() if "damaged" in line]
+    assert line.startswith(
+        f"timewheel pipeline: the journal had {damaged} damaged batch(es) or file(s), set "
+        f"aside (first: run-0001/{file.name} at byte "
+    )
+    assert line.endswith("); their rows are sent again")
+
+
+def test_a_resume_on_another_master_sends_every_row_once(tmp_path: Path) -> None:
+    # Killed on local[2], finished on local[3]: the generated rows come in 2 partitions, then
+    # in 3. Rows numbered by their place in a partition were matched with the wrong journal
+    # rows (thousands of ids lost, as many twice); they are matched by --id-col.
+    out = tmp_path / "out"
+    argv = [*without(RUN, "--partitions"), "--output", str(out)]
+    code, err = stop_once_committed(argv, out, 1, signal.SIGKILL)
+    assert code == -signal.SIGKILL, err
+    ok_before = committed_ok(out)
+    assert 0 < ok_before < ROWS
+    on_three = [*without(argv, "--master"), "--master", "local[3]", "--resume"]
+    done = subprocess.run(command(*on_three), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    exactly_once(out, list(range(ROWS)))
+    summary = json.loads((out / "summary.json").read_text())
+    assert 0 < summary["rows_sent"] <= ROWS - ok_before
+    assert summary["journal_outside_input"] == 0
+
+
+def test_a_resume_with_other_split_points_sends_every_row_once(tmp_path: Path) -> None:
+    # A Parquet input of many row groups, split by spark.sql.files.maxPartitionBytes: another
+    # value on --resume moves the split points (and the partition count).
+    import pyarrow as pa
+
+    data = tmp_path / "in.parquet"
+    ids = [i * 3 + 1 for i in range(ROWS)]  # not 0..N-1: ids are not places
+    pq.write_table(pa.table({"id": ids, "pad": ["x" * 40] * ROWS}), data, row_group_size=50)
+    out = tmp_path / "out"
+    split = ["--conf", "spark.sql.files.openCostInBytes=0"]
+    argv = [*without(RUN, "--generate"), *split, "--input", str(data), "--output", str(out)]
+    first = [*argv, "--conf", "spark.sql.files.maxPartitionBytes=9000"]
+    code, err = stop_once_committed(first, out, 1, signal.SIGKILL)
+    assert code == -signal.SIGKILL, err
+    assert 0 < committed_ok(out) < ROWS
+    second = [*argv, "--conf", "spark.sql.files.maxPartitionBytes=23000", "--resume"]
+    done = subprocess.run(command(*second), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    exactly_once(out, ids)
+
+
+@pytest.mark.parametrize("bad", ["duplicate", "null"])
+def test_an_id_col_that_does_not_name_each_row_once_is_refused(tmp_path: Path, bad: str) -> None:
+    import pyarrow as pa
+
+    ids: list[int | None] = list(range(100))
+    ids[7] = 3 if bad == "duplicate" else None
+    data = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": ids, "v": list(range(100))}), data)
+    out = tmp_path / "out"
+    argv = [*without(RUN, "--generate"), "--input", str(data), "--output", str(out)]
+    done = subprocess.run(command(*argv), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    distinct, nulls = (99, 0) if bad == "duplicate" else (99, 1)
+    assert done.stderr.splitlines()[-1] == (
+        "timewheel pipeline: error: --id-col 'id' must name each row once (unique, never "
+        f"null): the input has 100 rows, {distinct} distinct ids and {nulls} nulls"
+    )
+    assert not out.exists()  # nothing sent, nothing journalled
+
+
+def test_a_second_run_on_an_output_in_use_is_refused(tmp_path: Path) -> None:
+    # Two runs on one --output (or a --resume of it while it runs) both sent every row and
+    # deleted each other's journal: the second is refused while the first holds the lock.
+    out = tmp_path / "out"
+    slow = "sim://?pct50=300&pct75=400&seed=5"  # ~20 s of sending: time for both refusals
+    argv = [*without(RUN, "--target"), "--target", slow, "--timeout-ms", "20000"]
+    argv += ["--output", str(out)]
+    with subprocess.Popen(
+        command(*argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as first:
+        try:
+            deadline = time.monotonic() + 300
+            while journal_rows(run_dir(out, 1)) < 16:
+                assert first.poll() is None, first.communicate()
+                assert time.monotonic() < deadline, "no rows committed in time"
+                time.sleep(0.05)  # polling the disk for the journal
+            for extra in ([], ["--resume"]):
+                second = subprocess.run(
+                    command(*argv, *extra), capture_output=True, text=True, timeout=120
+                )
+                assert second.returncode == 2, second.stderr
+                assert second.stderr.splitlines() == [
+                    f"timewheel pipeline: error: --output {str(out)!r} is in use by another "
+                    f"run (pid {first.pid}); wait for it to end, or stop it and give --resume"
+                ]
+            assert first.poll() is None  # refused while the first run held the lock
+            _, err = first.communicate(timeout=300)
+        finally:
+            if first.poll() is None:
+                first.kill()
+    assert first.returncode == 0, err
+    exactly_once(out, list(range(ROWS)))
+    assert json.loads((out / "summary.json").read_text())["runs"] == 1
+
+
+# Runs the command, killed by SIGKILL in publish() right after its first rename (the old
+# --output moved aside, the final one not yet moved in).
+KILLED_IN_PUBLISH = """
+import os, signal, sys
+from unittest import mock
+from timewheel.cli import main
+from timewheel.cli.pipeline import job, output
+
+def publish(staging, out_dir):
+    real = os.replace
+    def replace(src, dst):
+        real(src, dst)
+        os.kill(os.getpid(), signal.SIGKILL)
+    with mock.patch.object(os, "replace", replace):
+        output.publish(staging, out_dir)
+
+job.publish = publish
+sys.exit(main(["pipeline", *sys.argv[1:]]))
+"""
+
+
+def test_a_publish_killed_between_its_renames_is_finished_or_rolled_back(tmp_path: Path) -> None:
+    out = tmp_path / "a" / "out"
+    argv = [*RUN, "--output", str(out)]
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_IN_PUBLISH, *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not out.exists()
+    left = sorted(p.suffix for p in out.parent.iterdir() if p.name.startswith(".out."))
+    assert left == [".lock", ".old", ".partial"]  # the lock file, no longer held
+    # The same state without the final output (a second Ctrl-C in publish, whose cleanup
+    # removed it): only the old output aside.
+    rolled = tmp_path / "b"
+    shutil.copytree(out.parent, rolled, symlinks=True)
+    for partial in rolled.glob(".out.*.partial"):
+        shutil.rmtree(partial)
+
+    # Finished: the final output is moved in; --resume has nothing left to do.
+    done = subprocess.run(command(*argv, "--resume"), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (
+        f"timewheel pipeline: --output {str(out)!r}: a run killed as it published left its "
+        "final output: moved in"
+    ) in done.stderr.splitlines()
+    exactly_once(out, list(range(ROWS)))
+    assert json.loads((out / MANIFEST).read_text())["complete"] is True
+    assert json.loads(done.stdout)["runs"] == 1 and hidden(tmp_path / "a") == []
+    assert sorted(os.listdir(tmp_path / "a")) == ["out"]
+
+    # Rolled back: the old output is moved back, and the run goes on as asked (--resume).
+    out = rolled / "out"
+    argv = [*RUN, "--output", str(out), "--resume"]
+    done = subprocess.run(command(*argv), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (
+        f"timewheel pipeline: --output {str(out)!r}: a run killed as it published left it "
+        "aside: moved back"
+    ) in done.stderr.splitlines()
+    exactly_once(out, list(range(ROWS)))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["runs"] == 2 and 0 < summary["rows_sent"] < ROWS  # the failed rows only
+    assert hidden(rolled) == []
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_the_errno(tmp_path: Path) -> None:
+    # The journal on a 64 KB tmpfs: the run ended with "An exception was thrown from the
+    # Python worker:" and nothing after it.
+    import re
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)]
+    mounted = subprocess.run(mount, capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        out = disk / "out"
+        done = subprocess.run(
+            command(*RUN, "--output", str(out)), capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 1, done.stderr
+        journal = re.escape(str(run_dir(out, 1)))
+        assert re.fullmatch(
+            "timewheel pipeline: error: An exception was thrown from the Python worker: "
+            rf"OSError: \[Errno 28\] No space left on device: '{journal}/[0-9a-f]{{32}}\.arrow'",
+            done.stderr.splitlines()[-1],
+        ), done.stderr
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)

@@ -1,7 +1,7 @@
 """``timewheel pipeline``'s output as it is made: a journal of answered rows, and a manifest.
 
 A run is one Spark job. Each of its tasks appends every batch of finished rows (their
-input columns, the row's ordinal and its outcome) to a file of its own in
+input columns, its id among them, and its outcome) to a file of its own in
 ``--output/journal/run-NNNN/``, written straight to the file descriptor, so a row is
 committed as soon as its batch is: at most :data:`FLUSH_ROWS` rows or :data:`FLUSH_S`
 seconds after its answer. A file is a sequence of frames, each one Arrow IPC message
@@ -56,7 +56,8 @@ __all__ = [
 MANIFEST = "manifest.json"
 #: The journal's directory inside ``--output``.
 JOURNAL = "journal"
-#: The hidden column numbering the input's rows (taken off the final output).
+#: A hidden column name kept from the journal's first format (rows numbered by their
+#: place in a partition); ``timewheel pipeline`` now knows rows by ``--id-col``.
 ORDINAL = "__timewheel_row"
 #: A task commits its finished rows in batches of at most this many rows ...
 FLUSH_ROWS = 1000
@@ -86,19 +87,29 @@ class JournalWriter:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self._fd = -1
+        self._path = ""
 
     def write(self, batch: pa.RecordBatch) -> None:
         if self._fd < 0:
             os.makedirs(self.directory, exist_ok=True)
             path = os.path.join(self.directory, f"{uuid.uuid4().hex}.arrow")
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            self._path = path
             try:
-                _write_frame(fd, _SCHEMA, batch.schema.serialize())
+                self._write(fd, _SCHEMA, batch.schema.serialize())
             except BaseException:
                 os.close(fd)
                 raise
             self._fd = fd
-        _write_frame(self._fd, _BATCH, batch.serialize())
+        self._write(self._fd, _BATCH, batch.serialize())
+
+    def _write(self, fd: int, kind: int, payload: Any) -> None:
+        try:
+            _write_frame(fd, kind, payload)
+        except OSError as exc:  # a full disk: the error names the file (writev does not)
+            if exc.filename is not None:
+                raise
+            raise OSError(exc.errno, exc.strerror, self._path) from exc
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -186,7 +197,7 @@ def compact(out_dir: Path, damaged: list[str] | None = None) -> list[Path]:
 
     A file is written hidden and renamed into place, so a compaction killed at any point
     is done again whole by the next one. A row may be in two files (a task Spark ran
-    twice): readers keep one per ordinal. What cannot be trusted is left out and
+    twice): readers keep one per id. What cannot be trusted is left out and
     described in ``damaged`` (when a list is given), so that its rows are sent again: a
     journal batch that fails its checksum (see :func:`read_batches`), and an earlier
     compaction's file that fails Parquet's (cut short, or its pages changed), which is

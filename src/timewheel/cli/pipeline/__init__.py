@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from ...spark.engines import FAILED, TIMEOUT
 from ...spark.session import check_master, spark_session
@@ -22,7 +23,14 @@ from .inputs import input_format
 from .job import _Job
 from .metrics_endpoint import MetricsEndpoint
 from .options import add_options, http_options, resolve_max_in_flight
-from .output import check_output, check_resumable, run_identity
+from .output import (
+    check_output,
+    check_resumable,
+    lock_output,
+    recover_publish,
+    run_identity,
+    unlock_output,
+)
 from .sessions import check_remote, connect_session
 
 __all__ = ["add_parser", "main"]
@@ -76,8 +84,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, *, report_workers: bool) -> int:
-    from ...spark.worker_metrics import WorkerReports
-
     try:
         target = target_from_url(args.target, **http_options(args))
         if args.remote is None:
@@ -97,11 +103,35 @@ def _run(args: argparse.Namespace, *, report_workers: bool) -> int:
     key_cols = [c.strip() for c in args.key_cols.split(",") if c.strip()]
     fmt = input_format(args.input, args.format) if args.input else None
     out_dir = Path(args.output)
+    lock = lock_output(out_dir)  # held to the end: one run at a time on an output
+    try:
+        return _run_locked(args, out_dir, target, max_in_flight, key_cols, fmt, report_workers)
+    finally:
+        unlock_output(out_dir, lock)
+
+
+def _run_locked(
+    args: argparse.Namespace,
+    out_dir: Path,
+    target: Any,
+    max_in_flight: int,
+    key_cols: list[str],
+    fmt: str | None,
+    report_workers: bool,
+) -> int:
+    from ...spark.worker_metrics import WorkerReports
+
+    recovered = recover_publish(out_dir)
+    if recovered is not None:
+        line, complete = recovered
+        _note(line)
+        if complete and args.resume:  # the run it would resume had finished
+            _note(f"--output {str(out_dir)!r} is complete: nothing left to resume")
+            summary = json.loads((out_dir / "summary.json").read_text())
+            return _report(args, out_dir, summary)
     previous = check_output(out_dir, args.overwrite, args.resume)
-    if previous is not None:  # all but the input's partitions, before Spark starts
-        partitions = previous.identity.get("input_partitions")
-        identity = {**run_identity(args, key_cols, fmt), "input_partitions": partitions}
-        check_resumable(out_dir, previous, identity)
+    if previous is not None:  # before Spark starts
+        check_resumable(out_dir, previous, run_identity(args, key_cols, fmt))
     # A failed task's log is pages of traceback; the error that ends the run is printed in
     # one line instead (all of it with --debug).
     log_level = "WARN" if args.debug else "FATAL"
@@ -126,6 +156,11 @@ def _run(args: argparse.Namespace, *, report_workers: bool) -> int:
         job.stop(owned)
         if reports is not None:
             reports.close()
+    return _report(args, out_dir, summary)
+
+
+def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) -> int:
+    """Print the summary; the exit status its rows call for."""
     budget = summary["max_failed_rows"]
     print(json.dumps(summary, indent=2))
     if not args.quiet:

@@ -11,7 +11,8 @@ from .options import _ROWS_PER_PARTITION
 
 
 def generated_rows(spark: Any, n: int, partitions: int | None = None) -> Any:
-    """``n`` rows: ``id``, an ``account`` (100,003 distinct values) and an ``amount``."""
+    """``n`` rows: ``id``, an ``account`` (100,003 distinct values) and an ``amount``,
+    each a function of ``id`` alone (the same row however many partitions make it)."""
     from pyspark.sql import functions as F
 
     from ...spark import task_slots
@@ -21,7 +22,7 @@ def generated_rows(spark: Any, n: int, partitions: int | None = None) -> Any:
     return spark.range(n, numPartitions=partitions).select(
         "id",
         (F.col("id") * 7919 % 100_003).alias("account"),
-        F.round(F.rand(seed=1) * 1000, 2).alias("amount"),
+        (F.pmod(F.xxhash64("id"), F.lit(100_000)) / 100).alias("amount"),
     )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ...spark import RESULT_COLUMNS
-from ...spark.journal import MANIFEST, ORDINAL, Manifest, compact, run_dir
+from ...spark.journal import MANIFEST, Manifest, compact, run_dir
 from ...spark.registry import DEFAULT_ENGINE, get_engine
 from .errors import Stopped, UsageError, _limit_text, _note
 from .inputs import generated_rows, read_input
@@ -49,6 +49,8 @@ class _Job:
         self.connect = is_connect(spark)
         # Hidden directories this run is writing: removed however it ends.
         self.staging: list[Path] = []
+        self.journal_damaged = 0  # journal parts set aside (their rows sent again)
+        self.journal_outside = 0  # journal rows whose id is not in the input
 
     @contextlib.contextmanager
     def signals(self) -> Iterator[None]:
@@ -89,13 +91,13 @@ class _Job:
                 self.spark.sparkContext.cancelAllJobs()
 
     def dispatch(self, df: Any, reports: Any = None, journal: Path | None = None) -> Any:
-        from ...spark import WithoutColumns, dispatch
+        from ...spark import dispatch
 
         args = self.args
         try:
             return dispatch(
                 df,
-                WithoutColumns.hiding(self.target, [ORDINAL]),
+                self.target,
                 id_col=args.id_col,
                 key_cols=self.key_cols,
                 timeout_ms=args.timeout_ms,
@@ -114,22 +116,20 @@ class _Job:
             raise UsageError(str(exc)) from exc
 
     def run(self, fmt: str | None, previous: Manifest | None, reports: Any) -> dict[str, Any]:
-        args, spark = self.args, self.spark
-        if args.input and fmt:
-            df = read_input(spark, args.input, fmt)
-            partitions = None if self.connect else df.rdd.getNumPartitions()
-        else:
-            partitions = args.partitions
-            df = generated_rows(spark, args.generate or DEMO_ROWS, partitions)
-        # The ordinal numbers the rows as read (partition and place in it), so the same
-        # input read again numbers them alike: a resumed run knows its rows by it.
         from pyspark.sql import functions as F
 
-        base = df.withColumn(ORDINAL, F.monotonically_increasing_id())
-        identity = {**run_identity(args, self.key_cols, fmt), "input_partitions": partitions}
+        args, spark = self.args, self.spark
+        if args.input and fmt:
+            base = read_input(spark, args.input, fmt)
+        else:
+            base = generated_rows(spark, args.generate or DEMO_ROWS, args.partitions)
+        # A row is known by its --id-col, however Spark splits the input (another master,
+        # another spark.sql.files.maxPartitionBytes): a resumed run matches rows by it.
+        identity = run_identity(args, self.key_cols, fmt)
         if previous is not None:
             check_resumable(self.out_dir, previous, identity)
         self.dispatch(base)  # every argument checked, and the executors, before --output changes
+        self.input_rows = check_ids(base, args.id_col)
         if previous is None:
             if self.out_dir.exists():  # --overwrite, checked before Spark started
                 shutil.rmtree(self.out_dir)
@@ -137,15 +137,11 @@ class _Job:
             manifest = Manifest(self.out_dir, identity)
         else:
             manifest = previous
-            # What a driver killed while it made the final output left next to it.
-            name = self.out_dir.name
-            for stale in self.out_dir.parent.glob(f".{name}.*"):
-                if stale.name.endswith((".partial", ".old")):
-                    shutil.rmtree(stale, ignore_errors=True)
-        done = self.done_before()
+        done = self.done_before(base)
         manifest.runs += 1
         manifest.write()
-        todo = base if done is None else base.join(done.select(ORDINAL), ORDINAL, "left_anti")
+        id_col = args.id_col
+        todo = base if done is None else base.join(done.select(id_col), id_col, "left_anti")
         sending = todo.count()
         if args.partitions and args.input:  # generated rows are made so
             todo = todo.repartition(args.partitions)
@@ -164,7 +160,7 @@ class _Job:
         start = time.monotonic()
         with Progress(JournalCount(journal), sending, args.quiet):
             if done is None:
-                result.drop(ORDINAL).write.parquet(str(staging / "rows"))
+                result.write.parquet(str(staging / "rows"))
             else:  # written once (a second computation would send the rows again)
                 result.write.parquet(str(staging / "sent"))
         elapsed = time.monotonic() - start
@@ -172,17 +168,38 @@ class _Job:
         if done is not None:
             sent = spark.read.parquet(str(staging / "sent"))
             kept = done.select([F.col(f.name).cast(f.dataType) for f in sent.schema])
-            sent.unionByName(kept).drop(ORDINAL).write.parquet(str(staging / "rows"))
+            sent.unionByName(kept).write.parquet(str(staging / "rows"))
             shutil.rmtree(staging / "sent")
+        check_rows(spark.read.parquet(str(staging / "rows")), base, id_col, self.input_rows)
         return self.finish(manifest, staging, elapsed, sending)
 
-    def done_before(self) -> Any:
-        """The rows earlier runs of ``--output`` answered ok (one per ordinal), or None."""
-        files = compact(self.out_dir)
+    def done_before(self, base: Any) -> Any:
+        """The rows earlier runs of ``--output`` answered ok (one per id, each id one of
+        the input's), or None. What the journal could not vouch for is set aside, said
+        in one line and counted: those rows are sent again."""
+        damaged: list[str] = []
+        files = compact(self.out_dir, damaged)
+        self.journal_damaged = len(damaged)
+        if damaged:  # said even with --quiet: those rows reach the target twice
+            _note(
+                f"the journal had {len(damaged):,} damaged batch(es) or file(s), set aside "
+                f"(first: {damaged[0]}); their rows are sent again"
+            )
         if not files:
             return None
-        done = self.spark.read.parquet(*map(str, files)).dropDuplicates([ORDINAL])
+        id_col = self.args.id_col
+        found = self.spark.read.parquet(*map(str, files))
+        if id_col not in found.columns:
+            raise UsageError(f"--resume: the journal has no column {id_col!r} (--id-col)")
+        found = found.dropDuplicates([id_col])
+        done = found.join(base.select(id_col), id_col, "left_semi")
         self.done_count = done.count()
+        self.journal_outside = found.count() - self.done_count
+        if self.journal_outside and not self.args.quiet:
+            _note(
+                f"{self.journal_outside:,} rows of the journal have an {id_col!r} not in the "
+                "input: left out"
+            )
         return done
 
     def finish(
@@ -211,6 +228,8 @@ class _Job:
             # This run's share: a resumed run sends only what was not ok yet.
             rows_sent=sent,
             runs=manifest.runs,
+            journal_damaged=self.journal_damaged,
+            journal_outside_input=self.journal_outside,
         )
         if args.dedupe_col or args.dedupe_requests:
             if args.dedupe_col:
@@ -245,6 +264,44 @@ class _Job:
                 self.spark.stop()
         for path in self.staging:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def check_ids(df: Any, id_col: str) -> int:
+    """The input's row count, once ``id_col`` is known to name each row once (unique,
+    never null): one aggregate pass, before any row is sent. A UsageError otherwise."""
+    from pyspark.sql import functions as F
+
+    col = F.col(id_col)
+    rows, distinct, nulls = df.agg(
+        F.count(F.lit(1)), F.countDistinct(col), F.sum(col.isNull().cast("long"))
+    ).first()
+    nulls = nulls or 0
+    if distinct != rows or nulls:
+        raise UsageError(
+            f"--id-col {id_col!r} must name each row once (unique, never null): the input "
+            f"has {rows:,} rows, {distinct:,} distinct ids and {nulls:,} nulls"
+        )
+    return int(rows)
+
+
+class OutputMismatch(Exception):
+    """The final output does not hold every input row exactly once: never published."""
+
+
+def check_rows(written: Any, base: Any, id_col: str, input_rows: int) -> None:
+    """Refuse a final output that is not every input id exactly once (the same count,
+    no id twice, none outside the input), before it is published."""
+    from pyspark.sql import functions as F
+
+    col = F.col(id_col)
+    rows, distinct = written.agg(F.count(F.lit(1)), F.countDistinct(col)).first()
+    outside = written.select(id_col).join(base.select(id_col), id_col, "left_anti").count()
+    if rows != input_rows or distinct != input_rows or outside:
+        raise OutputMismatch(
+            f"the final output is not every input row once ({input_rows:,} input rows; "
+            f"{rows:,} output rows, {distinct:,} distinct ids, {outside:,} ids not in the "
+            "input): not published; --output is left to --resume"
+        )
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

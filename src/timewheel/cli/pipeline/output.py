@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -48,6 +51,104 @@ def check_output(out_dir: Path, overwrite: bool, resume: bool) -> Manifest | Non
     return previous if resume else None
 
 
+def lock_output(out_dir: Path) -> int:
+    """Hold ``--output`` for this run: an exclusive ``flock`` on ``.NAME.lock`` beside it
+    (its descriptor is returned). The lock goes when the descriptor is closed or the
+    process ends, so a killed run never leaves it held (only the file, unheld). A run
+    that holds it already is a UsageError.
+    """
+    lock = _lock_file(out_dir)
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create --output {str(out_dir)!r}: {exc.strerror or exc}") from exc
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise UsageError(
+                f"cannot create --output {str(out_dir)!r}: {exc.strerror or exc}"
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            who = f" (pid {holder})" if holder.isdigit() else ""
+            raise UsageError(
+                f"--output {str(out_dir)!r} is in use by another run{who}; "
+                "wait for it to end, or stop it and give --resume"
+            ) from exc
+        try:  # the file the lock is on is still the one of that name ...
+            here = os.stat(lock)
+            if (here.st_dev, here.st_ino) == (os.fstat(fd).st_dev, os.fstat(fd).st_ino):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # ... not one a run that ended removed as this one opened it
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def unlock_output(out_dir: Path, fd: int) -> None:
+    """Let ``--output`` go: remove the lock file while it is held, then close it."""
+    with contextlib.suppress(OSError):
+        os.unlink(_lock_file(out_dir))
+    os.close(fd)
+
+
+def _lock_file(out_dir: Path) -> Path:
+    return out_dir.parent / f".{out_dir.name}.lock"
+
+
+def recover_publish(out_dir: Path) -> tuple[str, bool] | None:
+    """Finish or roll back what a run killed inside :func:`publish` left beside
+    ``out_dir``, and remove the hidden directories killed runs left there.
+
+    Called with the lock held (no other run is writing them). A final output whose
+    manifest says complete, with no ``out_dir`` (killed between the two renames) or
+    an unfinished one of the same runs, is moved in; else an old output moved aside
+    is moved back. Returns the line to say and whether the output is now complete,
+    or None when there was nothing to finish or roll back.
+    """
+    pattern = re.compile(rf"\.{re.escape(out_dir.name)}\.[a-z0-9_]{{8}}\.(partial|old)")
+    left: dict[str, list[Path]] = {"partial": [], "old": []}
+    if out_dir.parent.is_dir():
+        for path in out_dir.parent.iterdir():
+            found = pattern.fullmatch(path.name)
+            if found and path.is_dir():
+                left[found[1]].append(path)
+    current = Manifest.read(out_dir) if out_dir.is_dir() else None
+    finished = []
+    for staging in left["partial"]:
+        made = Manifest.read(staging)
+        if made is None or not made.complete:
+            continue
+        same = current is not None and (current.identity, current.runs) == (
+            made.identity,
+            made.runs,
+        )
+        if not out_dir.exists() or (same and current is not None and not current.complete):
+            finished.append(staging)
+    said: tuple[str, bool] | None = None
+    where = f"--output {str(out_dir)!r}"
+    if finished:
+        staging = max(finished, key=lambda p: p.stat().st_mtime_ns)
+        left["partial"].remove(staging)
+        publish(staging, out_dir)
+        said = (f"{where}: a run killed as it published left its final output: moved in", True)
+    elif not out_dir.exists():
+        for old in left["old"]:
+            if (old / out_dir.name).is_dir():
+                os.replace(old / out_dir.name, out_dir)
+                said = (f"{where}: a run killed as it published left it aside: moved back", False)
+                break
+    for path in left["partial"] + left["old"]:
+        shutil.rmtree(path, ignore_errors=True)
+    return said
+
+
 def publish(staging: Path, out_dir: Path) -> None:
     """Move the finished ``staging`` directory to ``out_dir``, replacing what was there.
 
@@ -65,8 +166,8 @@ def publish(staging: Path, out_dir: Path) -> None:
 
 def run_identity(args: argparse.Namespace, key_cols: list[str], fmt: str | None) -> dict[str, Any]:
     """What decides which rows there are and what is sent for each: a resumed run must
-    have the same (delivery settings such as --rate or --timeout-ms may change).
-    The input's partitions, known once Spark has read it, are added to it then."""
+    have the same (delivery settings such as --rate or --timeout-ms may change, and so
+    may the master and how Spark splits the input: rows are matched by --id-col)."""
     http = json.dumps(http_options(args), sort_keys=True, default=str)
     return {
         "input": args.input,
