@@ -71,18 +71,28 @@ async def _serve(args: argparse.Namespace) -> None:
     app.router.add_post("/ingest", service.ingest)
     app.router.add_get("/stats", service.stats)
     # A stalled request ends when its client goes away, as a real server's would.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await serve_app(app, args.port, args.lifetime_s, handler_cancellation=True)
+
+
+async def serve_app(
+    app: Any, port: int, lifetime_s: float, *, handler_cancellation: bool = False
+) -> None:
+    """Serve ``app`` on 127.0.0.1:``port`` (0: any), print ``port N`` for the parent, and
+    stop when ``lifetime_s`` has passed or the parent process has gone."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, handler_cancellation=handler_cancellation, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=4096)
+    site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    print(f"port {port}", flush=True)
+    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    print(f"port {bound}", flush=True)
     parent = os.getppid()
     loop = asyncio.get_running_loop()
-    end = loop.time() + args.lifetime_s
+    end = loop.time() + lifetime_s
     try:
         while loop.time() < end and os.getppid() == parent:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(0.5)
     finally:
         await runner.cleanup()
 

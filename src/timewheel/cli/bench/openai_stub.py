@@ -28,7 +28,6 @@ import asyncio
 import hashlib
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -36,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .http_service import ChildService
+from .http_service import ChildService, serve_app
 
 __all__ = ["Limits", "StubProcess", "WindowLimiter", "count_tokens", "go_duration", "main"]
 
@@ -261,20 +260,7 @@ async def _serve(args: argparse.Namespace) -> None:
     app.router.add_post("/v1/embeddings", stub.embeddings)
     app.router.add_post("/v1/chat/completions", stub.chat)
     app.router.add_get("/stats", stub.stats)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=4096)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    print(f"port {port}", flush=True)
-    parent = os.getppid()
-    loop = asyncio.get_running_loop()
-    end = loop.time() + args.lifetime_s
-    try:
-        while loop.time() < end and os.getppid() == parent:
-            await asyncio.sleep(0.5)
-    finally:
-        await runner.cleanup()
+    await serve_app(app, args.port, args.lifetime_s)
 
 
 def main(argv: list[str] | None = None) -> int:
