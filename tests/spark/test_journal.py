@@ -11,7 +11,6 @@ import pytest
 
 from timewheel.spark.journal import (
     JOURNAL,
-    ORDINAL,
     JournalWriter,
     compact,
     journal_rows,
@@ -23,6 +22,8 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 BATCH = 200
+#: The column numbering the test batches' rows.
+ORDINAL = "row"
 
 
 def batch(first: int, status: str = "ok") -> pa.RecordBatch:

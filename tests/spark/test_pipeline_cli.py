@@ -355,27 +355,6 @@ def test_dedupe_col_and_rate_in_the_summary(spark: Any, tmp_path: Path) -> None:
     assert rows.select("id").distinct().count() == 300
 
 
-def test_the_row_ordinal_never_reaches_the_target(spark: Any, tmp_path: Path) -> None:
-    import threading
-
-    from timewheel.spark.journal import ORDINAL
-
-    seen: list[dict[str, Any]] = []
-    lock = threading.Lock()
-
-    class Recording:
-        def submit(self, row: dict[str, Any], on_done: Any) -> None:
-            with lock:
-                seen.append(row)
-            on_done(True, None)
-
-    from timewheel.spark._dispatch import WithoutColumns
-
-    wrapped = WithoutColumns(Recording(), frozenset({ORDINAL}))
-    wrapped.for_id_col("id").submit({"id": 1, ORDINAL: 7}, lambda ok, error: None)
-    assert seen == [{"id": 1}]
-
-
 def test_one_line_carries_the_cause_of_a_spark_error(spark: Any, tmp_path: Path) -> None:
     # Spark's first line alone ("An exception was thrown from the Python worker:", "An error
     # occurred while calling o61.parquet.") lost the reason: the root cause follows it.

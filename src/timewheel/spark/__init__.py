@@ -13,8 +13,7 @@
   (:mod:`timewheel.spark.timewheel_engine`).
 * Helpers a job of its own around ``dispatch`` uses (``timewheel pipeline`` does):
   :func:`task_slots` (the tasks Spark runs at once), :func:`is_connect` (a Spark Connect
-  session?), :class:`WithoutColumns` (a target that does not see some columns),
-  :func:`request_key` (the column ``dedupe_requests`` groups rows by);
+  session?), :func:`request_key` (the column ``dedupe_requests`` groups rows by);
   :func:`~timewheel.spark.session.spark_session`; the journal
   (:mod:`timewheel.spark.journal`).
 
@@ -33,7 +32,6 @@ from .engines import RESULT_COLUMNS, STATUSES
 
 if TYPE_CHECKING:
     from ._dispatch import (
-        WithoutColumns,
         dispatch,
         is_connect,
         output_schema,
@@ -45,7 +43,6 @@ if TYPE_CHECKING:
 __all__ = [
     "RESULT_COLUMNS",
     "STATUSES",
-    "WithoutColumns",
     "dispatch",
     "is_connect",
     "output_schema",
@@ -55,7 +52,6 @@ __all__ = [
 ]
 
 _LAZY = (
-    "WithoutColumns",
     "dispatch",
     "is_connect",
     "output_schema",

@@ -285,8 +285,8 @@ class _PartitionDispatch:
 
 
 class WithoutColumns:
-    """``target`` given each row without ``hidden`` columns (the pipeline's row ordinal,
-    which is the pipeline's business, not the service's)."""
+    """``target`` given each row without ``hidden`` columns (``dedupe_requests``'s key,
+    which is dispatch's business, not the service's)."""
 
     def __init__(self, target: Any, hidden: frozenset[str]) -> None:
         self.target = target

@@ -42,7 +42,6 @@ __all__ = [
     "FLUSH_S",
     "JOURNAL",
     "MANIFEST",
-    "ORDINAL",
     "JournalWriter",
     "Manifest",
     "compact",
@@ -56,9 +55,6 @@ __all__ = [
 MANIFEST = "manifest.json"
 #: The journal's directory inside ``--output``.
 JOURNAL = "journal"
-#: A hidden column name kept from the journal's first format (rows numbered by their
-#: place in a partition); ``timewheel pipeline`` now knows rows by ``--id-col``.
-ORDINAL = "__timewheel_row"
 #: A task commits its finished rows in batches of at most this many rows ...
 FLUSH_ROWS = 1000
 #: ... and at most this many seconds after the first of them finished (checked as rows
