@@ -7,6 +7,9 @@
   a ``mapInArrow`` of your own, with :func:`output_schema` the schema that returns.
 * Targets (:mod:`timewheel.spark.targets`): :class:`SimulatedDownstream`,
   :class:`HttpDownstream`, or any picklable object with ``submit(row, on_done)``.
+* :class:`Quota`: one quota for a whole job (requests, cost, calls in flight, budget),
+  ``dispatch(..., quota=...)``; :mod:`timewheel.spark.quota` and
+  :mod:`timewheel.spark.quota_job` say how it is kept.
 * Engines (:mod:`timewheel.spark.engines` for the contract,
   :mod:`timewheel.spark.registry` for the names): the per-partition work; the default
   runs on the package's own timer, purgatory and resource manager
@@ -29,6 +32,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .engines import RESULT_COLUMNS, STATUSES
+from .quota_spec import Quota
 
 if TYPE_CHECKING:
     from ._dispatch import (
@@ -43,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RESULT_COLUMNS",
     "STATUSES",
+    "Quota",
     "dispatch",
     "is_connect",
     "output_schema",

@@ -43,6 +43,8 @@ from .._validate import check_columns, check_int
 from .admission import check_rate
 from .engines import OK, RESULT_COLUMNS, DispatchConfig, Engine, Outcome
 from .journal import FLUSH_ROWS, FLUSH_S, JournalWriter
+from .quota import Quota
+from .quota_job import check_quota, place_quota
 from .replies import REPLY_COLUMN, ReplyParser, reply_struct
 from .timewheel_engine import timewheel_engine
 from .worker_metrics import PartitionCounts, worker_metrics
@@ -455,6 +457,9 @@ def dispatch(
     engine: Engine | None = None,
     worker_reports: Accumulator[Any] | None = None,
     journal: str | None = None,
+    quota: Quota | None = None,
+    cost: str | Callable[[dict[str, Any]], float] | None = None,
+    reply_cost: str | Callable[[Any], float] | None = None,
 ) -> DataFrame:
     """Send each row of ``df`` to ``target`` from the executors; return it once, with its outcome.
 
@@ -470,10 +475,21 @@ def dispatch(
     most ``max_in_flight`` calls outstanding, times a call out after ``timeout_ms`` and
     retries up to ``retries`` times after about ``backoff_ms`` (with jitter).
 
-    ``rate`` (requests per second, retries included) caps the whole job: the rows are
-    spread over as many partitions as Spark runs tasks at once, each sending its share
-    (see :mod:`timewheel.spark.admission`). Whatever ``rate``, a task that is answered
-    HTTP 429 or 503 keeps fewer calls in flight and waits out ``Retry-After``.
+    ``quota`` (a :class:`~timewheel.spark.quota.Quota`: requests and cost per second or
+    minute, calls in flight, a budget, a request cap) holds for the whole job: every
+    attempt of every task draws on it as it goes (see :mod:`timewheel.spark.quota_job`
+    for where it lives). ``cost`` gives each row's estimated cost: a numeric column's
+    name or a function of the row (a row whose cost is null, negative or NaN fails
+    unsent). ``reply_cost`` reads the actual cost from the JSON answer: a dotted path
+    (``"usage.total_tokens"``) or a function of the parsed answer; the difference is
+    settled with the quota (see :mod:`timewheel.spark.quota_gate`). Once the budget or
+    the request cap is spent, nothing more is sent, and the rows not sent come back
+    ``skipped``. A 429 or 503 with ``Retry-After`` pauses the whole job's quota.
+    ``rate`` (requests per second, retries included) is a static split without a
+    quota: the rows are spread over as many partitions as Spark runs tasks at once, each
+    sending its share (see :mod:`timewheel.spark.admission`). Whatever the limit, a task
+    that is answered HTTP 429 or 503 keeps fewer calls in flight and waits out
+    ``Retry-After``.
     ``dedupe_col``: rows with the same (non-null) value there are sent once, by one
     row, and all of them get that request's outcome, each in its own output row.
     ``dedupe_requests``: the same for rows whose requests are identical (same method,
@@ -523,6 +539,7 @@ def dispatch(
     )
     if rate is not None:
         rate = check_rate(rate)
+    check_quota(df.schema, quota, cost, reply_cost, rate)
     if not isinstance(dedupe_requests, bool):
         raise TypeError(f"dedupe_requests must be True or False, got {dedupe_requests!r}")
     kept = None
@@ -539,6 +556,10 @@ def dispatch(
     if connect and worker_reports is not None:
         raise ValueError("Spark Connect has no accumulators: worker_reports must be None")
     by = config.key_cols[:1] or ((dedupe_col,) if dedupe_col else ())
+    if quota is not None:
+        # Tasks share the quota as they go: the input's partitions stay as they are.
+        ref = place_quota(quota, spark, task_slots(spark), connect)
+        config = replace(config, quota=ref, cost=cost, reply_cost=reply_cost)
     if rate is not None or by:
         # With a rate, one partition per task slot: each sends an equal share of it.
         slots = task_slots(spark) if rate is not None or connect else df.rdd.getNumPartitions()

@@ -34,6 +34,7 @@ __all__ = [
     "FAILED",
     "OK",
     "RESULT_COLUMNS",
+    "SKIPPED",
     "STATUSES",
     "TIMEOUT",
     "DispatchConfig",
@@ -53,9 +54,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: The values of the ``status`` column: how a row's last attempt ended.
-OK, FAILED, TIMEOUT = "ok", "failed", "timeout"
-STATUSES = (OK, FAILED, TIMEOUT)
+#: The values of the ``status`` column: how a row's last attempt ended (``skipped``: not
+#: sent, or not sent again, because the quota's budget or request cap was spent).
+OK, FAILED, TIMEOUT, SKIPPED = "ok", "failed", "timeout", "skipped"
+STATUSES = (OK, FAILED, TIMEOUT, SKIPPED)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,11 @@ class DispatchConfig:
     key_cols: tuple[str, ...] = ()
     #: This task's share of ``dispatch``'s ``rate`` (requests/s); None: no limit.
     rate_per_task: float | None = None
+    #: The job's quota (a :class:`~timewheel.spark.quota_job.QuotaRef`), and how a row's
+    #: estimated and actual cost are read (see :mod:`timewheel.spark.quota_gate`).
+    quota: Any = None
+    cost: Any = None
+    reply_cost: Any = None
 
 
 class Outcome(NamedTuple):

@@ -146,11 +146,14 @@ class TaskQuota:
                 raise BudgetSpent("budget spent")
             need_slot = self.quota.concurrency is not None and self.in_flight >= self.slots
             if self.requests < 1 or self.cost < cost or need_slot:
+                # A lease tops what is in hand up to a lease's worth, never beyond: a
+                # task holds at most one lease of the budget that it has not spent.
+                need_cost = max(0.0, cost - self.cost)
                 grant = self.store.take(
                     self.holder,
-                    self.lease_requests,
-                    max(self.lease_cost, cost * self.lease_requests),
-                    need_cost=max(0.0, cost - self.cost),
+                    max(1, self.lease_requests - max(0, self.requests)),
+                    max(need_cost, max(self.lease_cost, cost * self.lease_requests) - self.cost),
+                    need_cost=need_cost,
                     slots=self.lease_slots if need_slot else 0,
                     need_slots=1 if need_slot else 0,
                     owed=self.owed,

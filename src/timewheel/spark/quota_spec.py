@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import urllib.parse
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
@@ -89,6 +90,13 @@ class Quota:
     ``rate`` and ``cost_rate`` are kept in units per second (a string such as
     ``"5000/min"`` is read by :func:`parse_rate`); ``ttl_s`` is how long a holder that
     is not heard from keeps its slots. A quota holds no secret and pickles as it is.
+
+    Where it lives: by default a service in the driver, for one job (or one
+    streaming query: the same ``Quota`` object keeps one service for as long as it
+    lives). ``store="redis://HOST:PORT/DB"`` and a ``name`` keep it in Redis instead,
+    shared by every job and process that names it; ``store_password`` names where
+    Redis's password is read (``"env:NAME"`` or ``"file:PATH"``, resolved where it is
+    used), since a URL with a password would travel in the job's plan.
     """
 
     rate: float | None
@@ -97,6 +105,9 @@ class Quota:
     budget: float | None
     max_requests: int | None
     ttl_s: float
+    store: str | None
+    name: str | None
+    store_password: str | None
 
     def __init__(
         self,
@@ -106,6 +117,9 @@ class Quota:
         budget: float | None = None,
         max_requests: int | None = None,
         ttl_s: float = DEFAULT_TTL_S,
+        store: str | None = None,
+        name: str | None = None,
+        store_password: str | None = None,
     ) -> None:
         set_ = object.__setattr__
         set_(self, "rate", None if rate is None else parse_rate("rate", rate))
@@ -118,6 +132,10 @@ class Quota:
             max_requests = int(_positive("max_requests", max_requests, True))
         set_(self, "max_requests", max_requests)
         set_(self, "ttl_s", _positive("ttl_s", ttl_s))
+        _check_store(store, name, store_password)
+        set_(self, "store", store)
+        set_(self, "name", name)
+        set_(self, "store_password", store_password)
         if (rate, cost_rate, concurrency, budget, max_requests) == (None,) * 5:
             raise ValueError(
                 "a Quota needs at least one of rate, cost_rate, concurrency, budget, max_requests"
@@ -151,6 +169,39 @@ class Quota:
             budget=budget,
             max_requests=cap,
         )
+
+
+_STORE_SCHEMES = ("redis", "rediss", "unix")
+_NAME = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,200}$")
+
+
+def _check_store(store: Any, name: Any, password: Any) -> None:
+    """ValueError/TypeError unless ``store`` is None or a Redis URL without a password,
+    given with a ``name``; ``password`` a secret reference (``env:`` or ``file:``)."""
+    if store is None:
+        if name is not None or password is not None:
+            what = "name" if name is not None else "store_password"
+            raise ValueError(f"{what} is given without a store (store='redis://HOST:PORT/DB')")
+        return
+    if not isinstance(store, str):
+        raise TypeError(f"store must be a redis://HOST:PORT/DB URL (str), got {store!r}")
+    parts = urllib.parse.urlsplit(store)
+    if parts.scheme not in _STORE_SCHEMES:
+        raise ValueError(f"store must be a redis://HOST:PORT/DB URL, got {parts.scheme}:...")
+    if parts.password is not None:
+        raise ValueError(
+            "store must not hold a password (it would travel in the job's plan): give "
+            "store_password='env:NAME' or 'file:PATH' instead"
+        )
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(
+            f"a store needs a name of 1 to 200 letters, digits or _.:@/+- "
+            f"(the quota's key in Redis), got {name!r}"
+        )
+    if password is not None and (
+        not isinstance(password, str) or not password.startswith(("env:", "file:"))
+    ):
+        raise ValueError("store_password must be 'env:NAME' or 'file:PATH' (not the password)")
 
 
 class BudgetSpent(Exception):

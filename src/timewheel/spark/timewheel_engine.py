@@ -14,7 +14,11 @@ Per partition (one :class:`_Partition`):
   timer, up to ``retries``, unless the target's error says a retry cannot help (or
   asks for a longer wait: a :class:`~timewheel.spark.targets.Failure`); a timed-out
   call is cancelled at the target when ``submit`` returned a handle;
-* completions run through an :class:`~timewheel.execution.ExecuteProduceConsume`.
+* completions run through an :class:`~timewheel.execution.ExecuteProduceConsume`;
+* with a quota, every attempt first takes its request, cost and call slot from the
+  job's quota (a :class:`~timewheel.spark.quota_gate.QuotaGate`), on the task's thread
+  for a row's first attempt and on the timer's for a retry, and gives the slot back
+  when it ends; once the budget is spent, the rows not sent end ``skipped``.
 
 The timer, purgatory, pool and strategy live once per Python worker (a
 :class:`_WorkerKit` in :func:`~timewheel.spark.engines.worker_runtime`), are made after the
@@ -43,6 +47,7 @@ from .contract import Reply, accepts_reply, retry_after_of, row_keys
 from .engines import (
     FAILED,
     OK,
+    SKIPPED,
     TIMEOUT,
     DispatchConfig,
     Outcome,
@@ -52,6 +57,7 @@ from .engines import (
     timeout_message,
     worker_runtime,
 )
+from .quota_gate import BUDGET_SPENT, BudgetSpent, QuotaGate
 
 __all__ = ["timewheel_engine"]
 
@@ -62,6 +68,9 @@ _BATCH = 1024
 # has): waking it per row would cost a thread switch per row; slots left empty
 # meanwhile are at most this share.
 _WAKE_SHARE = 32
+# With a quota, the task's thread renews its hold at least this often (the quota drops a
+# holder not heard from for its ttl_s, 30 s by default).
+_KEEPALIVE_S = 5.0
 
 
 class _WorkerKit:
@@ -102,12 +111,15 @@ def _kit() -> _WorkerKit:
 class _Row:
     """One row's progress: its attempts, its keys and when its first call started."""
 
-    __slots__ = ("attempts", "backoff", "call", "checkout", "data", "seq", "start")
+    __slots__ = ("attempts", "backoff", "call", "checkout", "cost", "data", "held", "seq", "start")
 
     def __init__(self, seq: int, data: dict[str, Any]) -> None:
         self.seq = seq
         self.data = data
         self.attempts = 0
+        # With a quota: the row's estimated cost, and whether an attempt holds its share.
+        self.cost = 0.0
+        self.held = False
         # The admission's count of calls started when its latest attempt was sent.
         self.call = 0
         self.start = 0.0
@@ -183,6 +195,14 @@ class _Partition:
         self.done: deque[Outcome] = deque()
         self.wake = threading.Event()
         self.admission = Admission(config.max_in_flight, config.rate_per_task)
+        self.gate = (
+            None
+            if config.quota is None
+            else QuotaGate(config.quota.open(), config.cost, config.reply_cost)
+        )
+        # With a quota: the row that waits for its share, and whether the budget is spent.
+        self.pending: _Row | None = None
+        self.spent = False
         # Rows refused for overload whose backoff has ended, waiting for room.
         self.parked: deque[_Row] = deque()
         self.wake_after = max(1, config.max_in_flight // _WAKE_SHARE)
@@ -201,10 +221,71 @@ class _Partition:
         return self.admitted - self.yielded - len(self.done)
 
     def admit(self, data: dict[str, Any]) -> None:
-        """Take the row's keys (all or nothing), then send its first attempt."""
+        """Start a new row (no quota: nothing to wait for)."""
+        self.start(self.new_row(data))
+
+    def new_row(self, data: dict[str, Any]) -> _Row:
+        """The next row of the input, live from now on."""
         row = _Row(self.admitted, data)
         self.live[row.seq] = row
         self.admitted += 1
+        return row
+
+    def admit_within_quota(self, room: int) -> tuple[int, float | None, bool]:
+        """Admit up to ``room`` rows as the quota allows: ``(rows sent, seconds until the
+        quota may allow the next, input exhausted)``."""
+        gate = self.gate
+        assert gate is not None
+        sent = seen = 0
+        while sent < room and seen < room:  # rows not sent count too: memory stays bounded
+            seen += 1
+            row = self.pending
+            if row is None:
+                data = next(self.rows, None)
+                if data is None:
+                    return sent, None, True
+                row = self.new_row(data)
+                cost = gate.cost_of(data)
+                if isinstance(cost, str):
+                    self.finish(row, FAILED, cost)
+                    continue
+                row.cost = cost
+            wait = self.take_quota(row)
+            if wait is None:
+                continue
+            if wait > 0:
+                self.pending = row
+                return sent, wait, False
+            self.pending = None
+            self.start(row)
+            sent += 1
+        return sent, None, False
+
+    def take_quota(self, row: _Row) -> float | None:
+        """Take the quota for ``row``'s next attempt: 0.0 when taken, else the seconds to
+        wait; None when the budget is spent (the row is then finished ``skipped``)."""
+        assert self.gate is not None
+        if not self.spent:
+            try:
+                wait = self.gate.acquire(row.cost)
+            except BudgetSpent:
+                self.spent = True
+            else:
+                row.held = wait == 0.0
+                return wait
+        self.pending = None if self.pending is row else self.pending
+        self.finish(row, SKIPPED, BUDGET_SPENT)
+        return None
+
+    def unhold(self, row: _Row, ok: bool, reply: Reply | None, retry_after_s: float | None) -> None:
+        """The attempt that held ``row``'s share of the quota ended: settle it."""
+        if row.held and self.gate is not None:
+            row.held = False
+            self.gate.ended(row.cost, ok, reply, retry_after_s)
+
+    def start(self, row: _Row) -> None:
+        """Take the row's keys (all or nothing), then send its first attempt."""
+        data = row.data
         if self.keys is None:
             self.send(row)
             return
@@ -283,13 +364,16 @@ class _Partition:
         overloaded = False
         if answer is None:
             status, error = TIMEOUT, self.timeout_error
+            self.unhold(row, False, None, None)
         elif answer[0]:
+            self.unhold(row, True, answer[2], None)
             self.admission.succeeded()
             self.finish(row, OK, None, answer[2])
             return
         else:
             status, error, wait_s = FAILED, str(answer[1] or "failed"), retry_after_of(answer[1])
             reply = answer[2]
+            self.unhold(row, False, reply, wait_s)
             overloaded = is_overload(answer[1], reply)
             if overloaded:
                 self.admission.overloaded(row.call, wait_s)
@@ -316,10 +400,14 @@ class _Partition:
 
     def retry(self, row: _Row) -> None:
         """A backoff ended (on the timer's thread): send the next attempt once the rate allows."""
-        wait_s = self.admission.take_one()
+        wait_s: float | None = self.admission.take_one()
+        if not wait_s and self.gate is not None:
+            wait_s = self.take_quota(row)  # None: the budget is spent, the row skipped
         with self.lock:
             self.backoffs.discard(row.backoff)
             row.backoff = None
+            if wait_s is None:
+                return
             if wait_s:  # no token yet: ask again when there is one
                 if not self.closed:
                     row.backoff = self.kit.timer.add(max(1, round(wait_s * 1000)), self.retry, row)
@@ -329,6 +417,7 @@ class _Partition:
 
     def finish(self, row: _Row, status: str, error: str | None, reply: Reply | None = None) -> None:
         """Give the row's keys back and queue its outcome for the task's thread."""
+        self.unhold(row, False, None, None)
         self.release(row)
         latency_ms = (time.monotonic() - row.start) * 1000.0 if row.attempts else 0.0
         self.live.pop(row.seq, None)
@@ -360,19 +449,34 @@ class _Partition:
 
     def _loop(self) -> Iterator[Outcome]:
         done, wake, rows, admission = self.done, self.wake, self.rows, self.admission
+        gate = self.gate
         exhausted = False
         while True:
             wake.clear()
+            if gate is not None:
+                gate.keepalive()
             room, later = 0, None
             parked = self.parked
             if not exhausted or parked:
                 room, later = admission.room(self.outstanding() - len(parked))
                 room = min(room, _BATCH)
             while room > 0 and parked:  # refused rows first: they have waited longest
+                if gate is not None:
+                    wait = self.take_quota(parked[0])
+                    if wait is None:
+                        parked.popleft()
+                        continue
+                    if wait > 0:
+                        room, later = 0, wait
+                        break
                 self.send(parked.popleft())
                 admission.took(1)
                 room -= 1
-            if room > 0 and not exhausted:
+            if room > 0 and not exhausted and gate is not None:
+                admitted, wait, exhausted = self.admit_within_quota(room)
+                admission.took(admitted)
+                later = wait if later is None else later
+            elif room > 0 and not exhausted:
                 before = self.admitted
                 for data in itertools.islice(rows, room):
                     self.admit(data)
@@ -389,6 +493,8 @@ class _Partition:
             # or a Retry-After lets the next call start.
             self.wake_after = max(1, int(admission.window) // _WAKE_SHARE)
             if exhausted or self.outstanding() >= int(admission.window) or later is not None:
+                if gate is not None:  # renew the task's hold on the quota meanwhile
+                    later = _KEEPALIVE_S if later is None else min(later, _KEEPALIVE_S)
                 wake.wait(later)
 
     def close(self) -> None:
@@ -403,6 +509,8 @@ class _Partition:
             op.force_complete()
         for row in list(self.live.values()):
             self.release(row)
+        if self.gate is not None:
+            self.gate.close()
 
 
 def timewheel_engine(
