@@ -337,9 +337,12 @@ def test_a_store_that_dies_falls_back_to_a_static_share_and_says_so(
 def test_a_dead_store_with_nothing_left_refuses_everything() -> None:
     clock = Clock()
     quota = Quota(max_requests=10)
-    store = Failover(Dies(quota, clock, answers=1), 0.5, clock)
+    dies = Dies(quota, clock, answers=10)
+    store = Failover(dies, 0.5, clock)
     task = TaskQuota(store, clock=clock)
-    assert task.acquire() == 0.0  # a lease of all 10
+    for _ in range(10):  # leases of an eighth of what is left, the last ones 1 each
+        assert task.acquire() == 0.0
+    assert dies.inner.state().requests_taken == 10
     with pytest.raises(BudgetSpent):
         TaskQuota(store, clock=clock).acquire()
 

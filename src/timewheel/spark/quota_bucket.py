@@ -19,6 +19,7 @@ from .quota_spec import (
     _EPS,
     BURST_S,
     LEASE_S,
+    LEFT_SHARE,
     Grant,
     Quota,
     QuotaState,
@@ -144,10 +145,14 @@ class Bucket:
             wait = max(wait, (c_need - self.c_tokens) / q.cost_rate)
         if wait > 0.0:
             return wait_for(wait)
-        got_r = min(float(requests), cap_left)
+        # Near a cap or a budget, a lease is at most a share of what is left: what the
+        # tasks hold unspent when it runs out is then a few calls, not a lease each.
+        got_r = float(requests)
+        if math.isfinite(cap_left):
+            got_r = min(got_r, max(1.0, math.ceil(cap_left / LEFT_SHARE)))
         if q.rate:
             got_r = min(got_r, math.floor(self.r_tokens + _EPS))
-        got_c = min(cost, budget_left)
+        got_c = min(cost, max(need_cost, budget_left / LEFT_SHARE))
         if q.cost_rate:
             got_c = min(got_c, max(self.c_tokens, need_cost))
             self.c_tokens -= got_c

@@ -48,6 +48,7 @@ local rate, crate, conc = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]
 local budget, cap, ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local rcap, ccap = tonumber(ARGV[9]), tonumber(ARGV[10])
 local EPS, LEASE = 1e-9, tonumber(ARGV[11])
+local LEFT_SHARE = 8
 local a = {}
 for i = 12, #ARGV do a[i - 11] = ARGV[i] end
 
@@ -120,9 +121,11 @@ if op == 'take' then
     wait = math.max(wait, (c_need - st.c) / crate)
   end
   if wait > 0 then return reply('wait', 0, 0, 0, wait) end
-  local got_r = math.min(requests, cap_left)
+  -- Near a cap or a budget, a lease is at most an eighth of what is left: what tasks
+  -- hold unspent when it runs out is then a few calls, not a lease each.
+  local got_r = math.min(requests, math.max(1, math.ceil(cap_left / LEFT_SHARE)))
   if rate > 0 then got_r = math.min(got_r, math.floor(st.r + EPS)) end
-  local got_c = math.min(cost, budget_left)
+  local got_c = math.min(cost, math.max(need_cost, budget_left / LEFT_SHARE))
   if crate > 0 then
     got_c = math.min(got_c, math.max(st.c, need_cost))
     st.c = st.c - got_c

@@ -16,6 +16,7 @@ __all__ = [
     "BURST_S",
     "DEFAULT_TTL_S",
     "LEASE_S",
+    "LEFT_SHARE",
     "MAX_AMOUNT",
     "RESTART_JITTER_S",
     "BudgetSpent",
@@ -38,6 +39,8 @@ LEASE_S = 0.05
 RESTART_JITTER_S = 0.25
 #: A holder not heard from for this long is dropped (its slots come back).
 DEFAULT_TTL_S = 30.0
+#: Near a cap or a budget, a lease is at most this fraction's inverse of what is left.
+LEFT_SHARE = 8
 #: The largest rate, budget or cap: far from float rounding.
 MAX_AMOUNT = 1e15
 _EPS = 1e-9
