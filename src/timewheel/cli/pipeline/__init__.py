@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ...spark.engines import FAILED, TIMEOUT
+from ...spark.engines import FAILED, SKIPPED, TIMEOUT
 from ...spark.session import check_master, spark_session
 from ...spark.targets import target_from_url
 from .errors import Stopped, UsageError, _limit_text, _note, one_line
@@ -46,8 +46,9 @@ def main(args: argparse.Namespace) -> int:
 
     0: every row accounted for, no more failed or timed-out rows than ``--max-failed``;
     1: more than that, or the run failed; 2: an argument or input was refused before
-    any row was sent; 130 (Ctrl-C) and 143 (SIGTERM): stopped, the output left
-    resumable. Errors are one line on stderr (``--debug``: the traceback).
+    any row was sent; 3: the quota's budget or request cap was spent (rows
+    ``skipped``); 130 (Ctrl-C) and 143 (SIGTERM): stopped, the output left resumable.
+    Errors are one line on stderr (``--debug``: the traceback).
     """
     try:
         return run(args)
@@ -161,8 +162,12 @@ def _run_locked(
 
 def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) -> int:
     """Print the summary; the exit status its rows call for."""
-    budget = summary["max_failed_rows"]
     print(json.dumps(summary, indent=2))
+    if summary.get("dry_run"):
+        if not args.quiet:
+            _note("dry run: nothing was sent and --output is as it was")
+        return 0
+    budget = summary["max_failed_rows"]
     if not args.quiet:
         _note(f"wrote {out_dir / 'rows'}, {out_dir / 'summary.json'}, {out_dir / 'latency.png'}")
     bad = summary["status"][FAILED] + summary["status"][TIMEOUT]
@@ -177,4 +182,11 @@ def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) ->
             f"{bad:,} of {summary['rows']:,} rows failed or timed out "
             f"(within --max-failed {_limit_text(args.max_failed)})"
         )
+    skipped = summary["status"][SKIPPED]
+    if skipped:
+        _note(
+            f"the quota's budget was spent: {skipped:,} of {summary['rows']:,} rows were not "
+            f"sent (status skipped); --resume sends them"
+        )
+        return 3
     return 0

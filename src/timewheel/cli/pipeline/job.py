@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ...spark import RESULT_COLUMNS
+from ...spark.engines import OK, SKIPPED
 from ...spark.journal import MANIFEST, Manifest, compact, run_dir
 from ...spark.registry import DEFAULT_ENGINE, get_engine
 from .errors import Stopped, UsageError, _limit_text, _note
@@ -22,6 +23,7 @@ from .inputs import generated_rows, read_input
 from .options import DEMO_ROWS
 from .output import check_resumable, publish, run_identity
 from .progress import JournalCount, Progress
+from .quota import QuotaWatch, dry_run, quota_from_args
 from .summary import failure_budget, latency_histogram, summarize
 
 
@@ -51,6 +53,9 @@ class _Job:
         self.staging: list[Path] = []
         self.journal_damaged = 0  # journal parts set aside (their rows sent again)
         self.journal_outside = 0  # journal rows whose id is not in the input
+        # One Quota object for the run: every dispatch of it draws on the same quota.
+        self.quota = quota_from_args(args)
+        self.watch: QuotaWatch | None = None
 
     @contextlib.contextmanager
     def signals(self) -> Iterator[None]:
@@ -104,10 +109,12 @@ class _Job:
                 max_in_flight=self.max_in_flight,
                 retries=args.retries,
                 backoff_ms=args.backoff_ms,
-                rate=args.rate,
                 dedupe_col=args.dedupe_col,
                 dedupe_requests=args.dedupe_requests,
                 reply_schema=args.reply_schema,
+                quota=self.quota,
+                cost=args.cost_col,
+                reply_cost=args.reply_cost,
                 engine=None if args.engine is None else get_engine(args.engine),
                 worker_reports=reports,
                 journal=None if journal is None else str(journal),
@@ -116,6 +123,7 @@ class _Job:
             raise UsageError(str(exc)) from exc
 
     def run(self, fmt: str | None, previous: Manifest | None, reports: Any) -> dict[str, Any]:
+        """Send the rows (or, with --dry-run, say what would be sent) and publish."""
         from pyspark.sql import functions as F
 
         args, spark = self.args, self.spark
@@ -130,6 +138,8 @@ class _Job:
             check_resumable(self.out_dir, previous, identity)
         self.dispatch(base)  # every argument checked, and the executors, before --output changes
         self.input_rows = check_ids(base, args.id_col)
+        if args.dry_run:
+            return self.dry_run(base)
         if previous is None:
             if self.out_dir.exists():  # --overwrite, checked before Spark started
                 shutil.rmtree(self.out_dir)
@@ -158,7 +168,11 @@ class _Job:
         )
         self.staging.append(staging)
         start = time.monotonic()
-        with Progress(JournalCount(journal), sending, args.quiet):
+        self.watch = None if self.quota is None else QuotaWatch(self.quota, self.quota_store())
+        with contextlib.ExitStack() as stack:
+            if self.watch is not None:
+                stack.enter_context(self.watch)
+            stack.enter_context(Progress(JournalCount(journal), sending, args.quiet, self.watch))
             if done is None:
                 result.write.parquet(str(staging / "rows"))
             else:  # written once (a second computation would send the rows again)
@@ -173,10 +187,47 @@ class _Job:
         check_rows(spark.read.parquet(str(staging / "rows")), base, id_col, self.input_rows)
         return self.finish(manifest, staging, elapsed, sending)
 
+    def dry_run(self, base: Any) -> dict[str, Any]:
+        """What the run would send, sending nothing and leaving --output as it was."""
+        args = self.args
+        key = None
+        if args.dedupe_col:
+            from pyspark.sql import functions as F
+
+            key = F.col(args.dedupe_col)
+        elif args.dedupe_requests:
+            from ...spark import request_key
+
+            key = request_key(base, self.target)
+        report = dry_run(base, self.quota, args.cost_col, key, self.input_rows)
+        report["target"] = repr(self.target)
+        if args.resume:
+            report["note"] = "counted over the whole input, rows answered before included"
+        return report
+
+    def quota_store(self) -> Any:
+        """The store the driver reads the quota's use from (None: the static split)."""
+        from ...spark.quota_job import driver_store
+
+        quota = self.quota
+        if quota is None:
+            return None
+        if quota.store is None:
+            return driver_store(quota)
+        from ...spark.quota_redis import RedisStore
+        from ...spark.secrets import Secret
+
+        password = None
+        if quota.store_password is not None:
+            password = Secret(quota.store_password).resolve()[0]
+        assert quota.name is not None
+        return RedisStore(quota.store, quota.name, quota, password=password)
+
     def done_before(self, base: Any) -> Any:
         """The rows earlier runs of ``--output`` answered ok (one per id, each id one of
         the input's), or None. What the journal could not vouch for is set aside, said
         in one line and counted: those rows are sent again."""
+        from pyspark.sql import functions as F
         damaged: list[str] = []
         files = compact(self.out_dir, damaged)
         self.journal_damaged = len(damaged)
@@ -185,10 +236,13 @@ class _Job:
                 f"the journal had {len(damaged):,} damaged batch(es) or file(s), set aside "
                 f"(first: {damaged[0]}); their rows are sent again"
             )
-        if not files:
+        paths = list(map(str, files))
+        if (self.out_dir / "rows").is_dir():  # the rows of a run its budget stopped
+            paths.append(str(self.out_dir / "rows"))
+        if not paths:
             return None
         id_col = self.args.id_col
-        found = self.spark.read.parquet(*map(str, files))
+        found = self.spark.read.parquet(*paths).filter(F.col("status") == OK)
         if id_col not in found.columns:
             raise UsageError(f"--resume: the journal has no column {id_col!r} (--id-col)")
         found = found.dropDuplicates([id_col])
@@ -223,6 +277,7 @@ class _Job:
             backoff_ms=args.backoff_ms,
             key_cols=self.key_cols,
             rate=args.rate,
+            quota_use=None if self.watch is None else self.watch.summary(),
             max_failed=_limit_text(args.max_failed),
             max_failed_rows=failure_budget(args.max_failed, summary["rows"]),
             # This run's share: a resumed run sends only what was not ok yet.
@@ -245,7 +300,8 @@ class _Job:
             summary["requests_saved"] = shared.count() - shared.distinct().count()
         (staging / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         latency_histogram(written, staging / "latency.png")
-        manifest.complete = True
+        # A run stopped by its budget is published, and left for --resume to finish.
+        manifest.complete = summary["status"][SKIPPED] == 0
         manifest.write(staging / MANIFEST)
         publish(staging, self.out_dir)
         self.staging.remove(staging)

@@ -12,6 +12,7 @@ from ...spark.secrets import Secret, parse_secret
 from ...spark.session import DEFAULT_MASTER
 from ...spark.simulator import SimulatedDownstream
 from ..argtypes import non_negative, positive
+from .quota import add_quota_options
 
 _DESCRIPTION = """\
 Dispatch a dataset's rows to a downstream on Spark, end to end: read Parquet or CSV (or
@@ -45,6 +46,8 @@ exit status:
   0  every row came back; at most --max-failed of them failed or timed out
   1  more rows failed or timed out than --max-failed allows, or the run failed
   2  an argument or the input was refused before any row was sent
+  3  the quota's --budget or --max-requests was spent: the rows not sent came back
+     'skipped' (--resume sends them, say with tomorrow's budget)
 
   130 interrupted (Ctrl-C); 143 stopped by SIGTERM: --output is left resumable
 
@@ -107,8 +110,8 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
         type=rate_arg,
         default=None,
         metavar="N",
-        help="requests per second for the whole job, however many tasks run (default: no "
-        "limit; 429/503 answers slow it down either way)",
+        help="requests per second for the whole job, however many tasks run, shared by "
+        "them as they go (default: no limit; 429/503 answers slow it down either way)",
     )
     parser.add_argument(
         "--dedupe-col",
@@ -187,6 +190,7 @@ def add_options(
     )
     add_dispatch_options(parser)
     add_job_options(parser)
+    add_quota_options(parser)
     parser.add_argument(
         "--partitions",
         type=positive(int),

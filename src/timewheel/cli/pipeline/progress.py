@@ -19,10 +19,11 @@ class Progress:
     when stderr is not a terminal.
     """
 
-    def __init__(self, rows: Any, total: int, quiet: bool) -> None:
+    def __init__(self, rows: Any, total: int, quiet: bool, quota: Any = None) -> None:
         from tqdm import tqdm
 
         self.rows = rows
+        self.quota = quota  # a QuotaWatch: the bar also shows the cost spent
         self._bar = tqdm(
             total=total,
             unit="rows",
@@ -47,6 +48,9 @@ class Progress:
         self._bar.close()
 
     def _advance(self) -> None:
+        watch = self.quota
+        if watch is not None and (watch.quota.cost_rate or watch.quota.budget):
+            self._bar.set_postfix_str(f"cost {watch.cost_spent:,.0f}", refresh=False)
         self._bar.update(self.rows.value - self._bar.n)
 
     def _run(self) -> None:

@@ -81,7 +81,9 @@ def latency_histogram(result: Any, path: Path) -> Any:
         code = "no answer" if r["http_status"] is None else f"HTTP {r['http_status']}"
         answers.setdefault(r["status"], []).append(f"{code}: {r['count']:,}")
     fig, axes = plt.subplots(len(STATUSES), 1, figsize=(8, 7), sharex=True)
-    for ax, status, color in zip(axes, STATUSES, ("tab:green", "tab:red", "tab:orange")):
+    for ax, status, color in zip(
+        axes, STATUSES, ("tab:green", "tab:red", "tab:orange", "tab:gray")
+    ):
         bins = counts.get(status, {})
         edges = sorted(bins)
         ax.bar(

@@ -1,0 +1,234 @@
+"""``timewheel pipeline``'s quota: its options, the :class:`~timewheel.spark.Quota` they
+make, what a dry run prints, and the job's use of the quota, minute by minute."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import threading
+import time
+from typing import Any
+
+from ...spark.quota_spec import Quota, parse_rate
+from ..argtypes import positive
+from .errors import UsageError
+
+__all__ = ["QuotaWatch", "add_quota_options", "dry_run", "quota_from_args"]
+
+
+def add_quota_options(parser: argparse.ArgumentParser) -> None:
+    """The quota's options (``--rate`` is the job's, see ``add_job_options``)."""
+    group = parser.add_argument_group(
+        "quota",
+        "one quota for the whole job, shared by its tasks as they go (--rate is part of it)",
+    )
+    group.add_argument(
+        "--cost-col",
+        default=None,
+        metavar="COLUMN",
+        help="a numeric column holding each row's estimated cost (tokens, credits, cents)",
+    )
+    group.add_argument(
+        "--cost-rate",
+        default=None,
+        metavar="N/s|N/min",
+        help="cost per second or per minute for the whole job ('2000000/min')",
+    )
+    group.add_argument(
+        "--reply-cost",
+        default=None,
+        metavar="PATH",
+        help="where the JSON answer says what the call cost ('usage.total_tokens'); the "
+        "difference from the estimate is settled with the quota",
+    )
+    group.add_argument(
+        "--concurrency",
+        type=positive(int),
+        default=None,
+        metavar="N",
+        help="calls in flight across the whole job",
+    )
+    group.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="N",
+        help="the total cost the run may spend; then it stops (exit 3, --resume finishes it)",
+    )
+    group.add_argument(
+        "--max-requests",
+        type=positive(int),
+        default=None,
+        metavar="N",
+        help="the most requests the run may send, retries included; then it stops (exit 3)",
+    )
+    group.add_argument(
+        "--quota-store",
+        default=None,
+        metavar="redis://HOST:PORT/DB",
+        help="keep the quota in Redis, shared by every job naming it (default: in the driver)",
+    )
+    group.add_argument(
+        "--quota-name",
+        default=None,
+        metavar="NAME",
+        help="the quota's name in --quota-store (say, the API key's name, never the key)",
+    )
+    group.add_argument(
+        "--quota-store-password",
+        default=None,
+        metavar="env:VAR|file:PATH",
+        help="where Redis's password is read (never the password itself)",
+    )
+    group.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what the run would send (rows, requests, estimated cost, the time the "
+        "quota implies) and send nothing",
+    )
+
+
+def quota_from_args(args: argparse.Namespace) -> Quota | None:
+    """The run's quota, or None when no option asks for one; UsageError if one is bad."""
+    given = (args.rate, args.cost_rate, args.concurrency, args.budget, args.max_requests)
+    if all(value is None for value in given):
+        if args.quota_store or args.quota_name or args.cost_col or args.reply_cost:
+            raise UsageError(
+                "--quota-store, --quota-name, --cost-col and --reply-cost need a quota: "
+                "--rate, --cost-rate, --concurrency, --budget or --max-requests"
+            )
+        return None
+    try:
+        cost_rate = None if args.cost_rate is None else parse_rate("--cost-rate", args.cost_rate)
+        return Quota(
+            rate=args.rate,
+            cost_rate=cost_rate,
+            concurrency=args.concurrency,
+            budget=args.budget,
+            max_requests=args.max_requests,
+            store=args.quota_store,
+            name=args.quota_name,
+            store_password=args.quota_store_password,
+        )
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"quota: {exc}") from None
+
+
+def quota_text(quota: Quota) -> dict[str, Any]:
+    """The quota as the summary shows it (the store without anything secret)."""
+    from ...spark.quota_redis import redact_url
+
+    return {
+        "rate_per_s": quota.rate,
+        "cost_per_s": quota.cost_rate,
+        "concurrency": quota.concurrency,
+        "budget": quota.budget,
+        "max_requests": quota.max_requests,
+        "store": None if quota.store is None else redact_url(quota.store),
+        "name": quota.name,
+    }
+
+
+def dry_run(
+    df: Any, quota: Quota | None, cost_col: str | None, request_col: Any, rows: int
+) -> dict[str, Any]:
+    """What a run would send: rows, requests after de-duplication (``request_col``, a
+    Column of the request's key, or None), their estimated cost and the time the quota
+    implies for them."""
+    from pyspark.sql import functions as F
+
+    sent = df
+    if request_col is not None:  # one request per key; rows without one send their own
+        keyed = df.withColumn("__key", request_col)
+        firsts = keyed.filter(F.col("__key").isNotNull()).dropDuplicates(["__key"])
+        sent = firsts.drop("__key").unionByName(keyed.filter(F.col("__key").isNull()).drop("__key"))
+    requests, cost = sent.agg(
+        F.count(F.lit(1)), F.sum(F.col(cost_col)) if cost_col else F.lit(None)
+    ).first()
+    report: dict[str, Any] = {"dry_run": True, "rows": rows, "requests": int(requests)}
+    report["estimated_cost"] = None if cost is None else float(cost)
+    if quota is not None:
+        report["quota"] = quota_text(quota)
+        times = [0.0]
+        if quota.rate:
+            times.append(requests / quota.rate)
+        if quota.cost_rate and cost:
+            times.append(float(cost) / quota.cost_rate)
+        report["time_s_at_quota"] = round(max(times), 1)
+        stops = []
+        if quota.max_requests is not None and requests > quota.max_requests:
+            stops.append(f"--max-requests {quota.max_requests:,} of {requests:,} requests")
+        if quota.budget is not None and cost is not None and cost > quota.budget:
+            stops.append(f"--budget {quota.budget:,.0f} of {cost:,.0f} estimated")
+        report["stops_at"] = stops or None
+    return report
+
+
+class QuotaWatch:
+    """The job's use of its quota, read from its store every second while the run
+    lasts: requests and cost, in total and per minute (with each minute's share of
+    what the quota allows). ``store`` None (the static split): nothing is read."""
+
+    def __init__(self, quota: Quota, store: Any) -> None:
+        self.quota = quota
+        self.store = store
+        self.samples: list[tuple[float, int, float]] = []
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="timewheel-quota", daemon=True)
+
+    def __enter__(self) -> QuotaWatch:
+        if self.store is not None:
+            self._sample()
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.store is not None:
+            self._stop.set()
+            self._thread.join()
+            self._sample()
+
+    def _sample(self) -> None:
+        try:
+            state = self.store.state()
+        except Exception as exc:  # a store gone: said in the summary, not fatal
+            self.error = f"{type(exc).__name__}: {exc}"
+            return
+        self.samples.append((time.monotonic(), state.requests_taken, state.cost_spent))
+        self.pauses = state.pauses
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            self._sample()
+
+    @property
+    def cost_spent(self) -> float:
+        """The cost spent so far (for the progress bar)."""
+        return self.samples[-1][2] - self.samples[0][2] if self.samples else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """``quota_use`` in the summary."""
+        use: dict[str, Any] = {"quota": quota_text(self.quota)}
+        if self.store is None or len(self.samples) < 2:
+            use["read"] = self.error or "not read (a static split: no store to read)"
+            return use
+        t0, r0, c0 = self.samples[0]
+        use["requests"] = self.samples[-1][1] - r0
+        use["cost_spent"] = round(self.samples[-1][2] - c0, 3)
+        use["pauses"] = getattr(self, "pauses", 0)
+        minutes = []
+        for m in range(math.ceil((self.samples[-1][0] - t0) / 60) or 1):
+            inside = [s for s in self.samples if t0 + 60 * m <= s[0] <= t0 + 60 * (m + 1)]
+            if len(inside) < 2:
+                continue
+            (ta, ra, ca), (tb, rb, cb) = inside[0], inside[-1]
+            row: dict[str, Any] = {"minute": m, "seconds": round(tb - ta, 1), "requests": rb - ra}
+            row["cost"] = round(cb - ca, 3)
+            if self.quota.rate:
+                row["requests_share"] = round((rb - ra) / (self.quota.rate * (tb - ta)), 3)
+            if self.quota.cost_rate:
+                row["cost_share"] = round((cb - ca) / (self.quota.cost_rate * (tb - ta)), 3)
+            minutes.append(row)
+        use["per_minute"] = minutes
+        return use
