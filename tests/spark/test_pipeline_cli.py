@@ -104,7 +104,7 @@ def test_csv_input_with_key_columns(spark: Any, tmp_path: Path) -> None:
     )
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == {"ok": 200, "failed": 0, "timeout": 0}
+    assert summary["status"] == {"ok": 200, "failed": 0, "timeout": 0, "skipped": 0}
     assert summary["key_cols"] == ["src", "dst"]
     assert sorted(
         r["txn"] for r in spark.read.parquet(str(out / "rows")).select("txn").collect()
@@ -162,7 +162,7 @@ def test_rows_failing_past_max_failed_exit_1_with_the_output_written(
         "--max-failed 1% allows (4)\n"
     )
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == {"ok": 0, "failed": 400, "timeout": 0}
+    assert summary["status"] == {"ok": 0, "failed": 400, "timeout": 0, "skipped": 0}
     # A count works too, and 0 allows none.
     assert run_cli([*argv, "--overwrite", "--max-failed", "400"]) == 0
     ok_run = sim_run(out, "--overwrite", "--max-failed", "0", "--quiet")
@@ -385,3 +385,66 @@ def test_one_line_carries_the_cause_of_a_spark_error(spark: Any, tmp_path: Path)
     assert line.startswith("An error occurred while calling o") and "\n" not in line
     assert f"{bogus} is not a Parquet file" in line, line
     assert len(line) <= 600
+
+
+def test_a_spent_budget_exits_3_and_resume_finishes_with_a_new_one(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    # Generated rows cost their amount (1 to 1000); 20,000 covers a few dozen of 400.
+    base = sim_run(out, "--cost-col", "amount", "--rate", "5000", "--quiet")
+    assert run_cli([*base, "--budget", "20000"]) == 3
+    err = capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    skipped = summary["status"]["skipped"]
+    assert 0 < skipped < 400 and summary["status"]["ok"] == 400 - skipped
+    assert f"{skipped:,} of 400 rows were not sent (status skipped); --resume sends them" in err
+    use = summary["quota_use"]
+    assert use["quota"]["budget"] == 20000 and 0 < use["cost_spent"] <= 20000
+    rows = spark.read.parquet(str(out / "rows"))
+    spent = rows.filter("status = 'ok'").agg({"amount": "sum"}).first()[0]
+    assert spent == pytest.approx(use["cost_spent"]) and spent <= 20000
+    # Tomorrow's budget: only the skipped rows are sent, and every row is there once.
+    assert run_cli([*base, "--budget", "1e9", "--resume"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rows_sent"] == skipped and summary["status"]["ok"] == 400
+    rows = spark.read.parquet(str(out / "rows"))
+    assert rows.count() == rows.select("id").distinct().count() == 400
+
+
+def test_a_dry_run_says_what_would_be_sent_and_sends_nothing(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    csv = tmp_path / "in.csv"
+    csv.write_text("id,city,tokens\n" + "".join(f"{i},{i % 10},{i % 3}\n" for i in range(300)))
+    out = tmp_path / "out"
+    argv = ["--input", str(csv), "--output", str(out), "--target", "sim://?pct50=1&pct75=2"]
+    quota = ["--cost-col", "tokens", "--cost-rate", "60/min", "--budget", "10", "--quiet"]
+    assert run_cli([*argv, *quota, "--dedupe-col", "city", "--dry-run"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    # Ten cities, one request each; their tokens are 0, 1, 2, 0, 1, 2, 0, 1, 2, 0.
+    assert (report["rows"], report["requests"], report["estimated_cost"]) == (300, 10, 9.0)
+    assert report["time_s_at_quota"] == 9.0  # 9 tokens at one a second
+    assert report["stops_at"] is None
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--cost-col", "amount"], "--cost-col and --reply-cost need a quota"),
+        (["--cost-rate", "lots"], "quota: --cost-rate must be a number per second"),
+        (["--budget", "nan"], "quota: budget must be a finite number > 0"),
+        (["--budget", "10", "--cost-col", "nope"], "cost column 'nope' is not a column"),
+        (["--rate", "5", "--quota-store", "redis://:pw@127.0.0.1/0"], "must not hold a password"),
+        (["--rate", "5", "--quota-store", "redis://127.0.0.1/0"], "a store needs a name"),
+    ],
+)
+def test_bad_quota_options_exit_2_before_anything_is_sent(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], words: str
+) -> None:
+    out = tmp_path / "out"
+    assert run_cli([*sim_run(out, "--quiet"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "pw" not in err
+    assert not out.exists()

@@ -140,14 +140,17 @@ def test_a_spent_budget_sends_nothing_more_and_skips_each_row_once() -> None:
     assert ref.open().state().exhausted
 
 
-def test_a_request_cap_is_exact_across_tasks() -> None:
+def test_a_request_cap_holds_across_tasks() -> None:
     ref = static_ref(Quota(max_requests=150))
     target = Service(hold_s=0.001)
     parts = [[{"id": p * 1000 + i} for i in range(100)] for p in range(3)]
     out = run_partitions(parts, target, DispatchConfig(quota=ref))
     statuses = Counter(o.status for p in out for o in p)
-    assert statuses == {"ok": 150, "skipped": 150}
-    assert len(target.sent) == 150
+    # Never above the cap; below it by at most a call held by each other task when it
+    # ran out (leases near a cap are an eighth of what is left).
+    assert 150 - 2 <= statuses["ok"] <= 150
+    assert statuses["ok"] + statuses["skipped"] == 300
+    assert len(target.sent) == statuses["ok"]
 
 
 @pytest.mark.parametrize(
@@ -290,9 +293,13 @@ def test_a_quota_kept_in_redis_is_shared_and_counted_there(spark: Any, tmp_path:
         second = dispatch(df, target, id_col="id", quota=quota).collect()
         # Two jobs, one cap of 700 requests between them.
         assert Counter(r.status for r in first) == {"ok": 500}
-        assert Counter(r.status for r in second) == {"ok": 200, "skipped": 300}
+        second_ok = Counter(r.status for r in second)["ok"]
+        # Never above the cap; below it by at most the one call each task running when it
+        # ran out may have held (two at once on local[2]).
+        assert 700 - 2 <= 500 + second_ok <= 700
+        assert Counter(r.status for r in second)["skipped"] == 500 - second_ok
         store = RedisStore(server.url, "job-a", quota)
-        assert store.state().requests_taken == 700
+        assert store.state().requests_taken == 500 + second_ok
         store.close()
     finally:
         server.stop()
@@ -314,3 +321,32 @@ def test_a_store_that_cannot_be_reached_falls_back_to_the_static_split(spark: An
     # Each worker falls back to its half of the cap: together, never above it.
     assert 0 < counts["ok"] <= 100
     assert counts["ok"] + counts["skipped"] == 300
+
+
+@pytest.mark.spark
+def test_bad_quota_arguments_are_refused_before_any_job(spark: Any) -> None:
+    from timewheel.spark import dispatch
+    from timewheel.spark.simulator import SimulatedDownstream
+
+    df = spark.createDataFrame([(1, "a", 2.0)], "id long, text string, tokens double")
+    target = SimulatedDownstream(1, 2)
+    q = Quota(budget=10)
+
+    def refused(**kwargs: Any) -> str:
+        with pytest.raises((TypeError, ValueError)) as info:
+            dispatch(df, target, id_col="id", **kwargs)
+        return str(info.value)
+
+    assert "cost column 'text' has type string" in refused(quota=q, cost="text")
+    assert "cost column 'nope' is not a column" in refused(quota=q, cost="nope")
+    assert "cost is given without a quota" in refused(cost="tokens")
+    assert "reply_cost is given without a quota" in refused(reply_cost="usage.total_tokens")
+    assert "give rate or quota, not both" in refused(quota=q, rate=5)
+    assert "quota must be a timewheel.spark.Quota" in refused(quota={"rate": 5})
+    assert "the quota counts no cost" in refused(quota=Quota(rate=5), cost="tokens")
+    assert "reply_cost must not be empty" in refused(quota=q, reply_cost=" ")
+    for bad in (0, -1, math.nan, math.inf, True, 10**400):
+        with pytest.raises((TypeError, ValueError), match="budget"):
+            Quota(budget=bad)
+    with pytest.raises(ValueError, match=r"per second"):
+        Quota(cost_rate="5/fortnight")

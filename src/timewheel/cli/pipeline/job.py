@@ -228,6 +228,7 @@ class _Job:
         the input's), or None. What the journal could not vouch for is set aside, said
         in one line and counted: those rows are sent again."""
         from pyspark.sql import functions as F
+
         damaged: list[str] = []
         files = compact(self.out_dir, damaged)
         self.journal_damaged = len(damaged)

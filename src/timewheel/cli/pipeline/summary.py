@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ...spark import STATUSES
+from ...spark.engines import FAILED, OK, SKIPPED, TIMEOUT
 
 _PERCENTILES = (50, 90, 99, 99.9)
 
@@ -80,10 +81,12 @@ def latency_histogram(result: Any, path: Path) -> Any:
     ):
         code = "no answer" if r["http_status"] is None else f"HTTP {r['http_status']}"
         answers.setdefault(r["status"], []).append(f"{code}: {r['count']:,}")
-    fig, axes = plt.subplots(len(STATUSES), 1, figsize=(8, 7), sharex=True)
-    for ax, status, color in zip(
-        axes, STATUSES, ("tab:green", "tab:red", "tab:orange", "tab:gray")
-    ):
+    # Rows a spent budget left unsent have no latency: their panel only when there are some.
+    shown = [s for s in STATUSES if s != SKIPPED or s in counts]
+    fig, axes = plt.subplots(len(shown), 1, figsize=(8, 7), sharex=True)
+    colors = {OK: "tab:green", FAILED: "tab:red", TIMEOUT: "tab:orange", SKIPPED: "tab:gray"}
+    for ax, status in zip(axes, shown):
+        color = colors[status]
         bins = counts.get(status, {})
         edges = sorted(bins)
         ax.bar(
