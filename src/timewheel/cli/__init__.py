@@ -35,6 +35,7 @@ def _benchmarks() -> tuple[ModuleType, ...]:
         operations,
         pipeline,
         purgatory,
+        quota,
         rate,
         resources,
         resume,
@@ -56,6 +57,7 @@ def _benchmarks() -> tuple[ModuleType, ...]:
         http,
         rate,
         resume,
+        quota,
     )
 
 

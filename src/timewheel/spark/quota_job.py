@@ -16,8 +16,9 @@
   Spark's ``spark.redaction.regex`` hides its value in the event log and the UI.
 * **Redis** (``Quota(store="redis://...", name=...)``): the URL (never with a password)
   and name; the password, if any, is a secret reference read where it is used.
-* **the static split**, where neither can serve: Spark Connect without a ``store`` (its
-  client is not the driver and sets no local property). Each task then holds its
+* **the static split**, where neither can serve (Spark Connect without a ``store``: its
+  client is not the driver and sets no local property), or when asked
+  (``store="static"``). Each task then holds its
   ``fraction`` of the quota, as ``rate`` did before quotas; one log line says so.
 
 On the executor, :meth:`QuotaRef.open` gives the store a task draws on: one per Python
@@ -165,6 +166,8 @@ def place_quota(quota: Quota, spark: Any, slots: int, connect: bool) -> QuotaRef
     if not isinstance(quota, Quota):
         raise TypeError(f"quota must be a timewheel.spark.Quota, got {quota!r}")
     fraction = 1.0 / max(1, slots)
+    if quota.store == "static":
+        return QuotaRef(quota, "static", fraction, key=f"static:{id(quota)}")
     if quota.store is not None:
         return QuotaRef(quota, "redis", fraction, key=f"redis:{quota.name}")
     if connect:

@@ -100,6 +100,8 @@ class Quota:
     shared by every job and process that names it; ``store_password`` names where
     Redis's password is read (``"env:NAME"`` or ``"file:PATH"``, resolved where it is
     used), since a URL with a password would travel in the job's plan.
+    ``store="static"``: no store; each of the job's concurrent tasks keeps an equal
+    share of the quota (what a store that cannot be reached falls back to).
     """
 
     rate: float | None
@@ -188,6 +190,10 @@ def _check_store(store: Any, name: Any, password: Any) -> None:
         return
     if not isinstance(store, str):
         raise TypeError(f"store must be a redis://HOST:PORT/DB URL (str), got {store!r}")
+    if store == "static":  # each task keeps its own share: nothing to name or reach
+        if name is not None or password is not None:
+            raise ValueError("store='static' keeps no quota anywhere: it takes no name")
+        return
     parts = urllib.parse.urlsplit(store)
     if parts.scheme not in _STORE_SCHEMES:
         raise ValueError(f"store must be a redis://HOST:PORT/DB URL, got {parts.scheme}:...")

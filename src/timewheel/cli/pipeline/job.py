@@ -210,7 +210,7 @@ class _Job:
         from ...spark.quota_job import driver_store
 
         quota = self.quota
-        if quota is None:
+        if quota is None or quota.store == "static":
             return None
         if quota.store is None:
             return driver_store(quota)

@@ -1,0 +1,283 @@
+"""``timewheel bench quota``: how close does a job run to a service's tokens-per-minute quota?
+
+It starts the OpenAI-compatible stub (:mod:`.openai_stub`: it refuses with 429 and
+``Retry-After`` what goes over ``--tpm`` tokens or ``--rpm`` requests in any window
+of ``--window-s`` seconds) and sends it ``--rows`` texts for embeddings from Spark, on
+``--partitions`` partitions of uneven size (the first holds 4x the rows of each other
+one), each row's cost estimated as the stub counts tokens, and settled from the
+answer's ``usage.total_tokens``. Side by side, each on a fresh stub:
+
+* ``shared``: ``Quota(rate=rpm, cost_rate=tpm)`` kept by the driver, which every task
+  draws on as it goes;
+* ``static``: the same quota split statically, each task holding an equal share
+  (``Quota(store="static")``; what ``rate`` was before quotas);
+* ``redis x2`` (when ``redis-server`` is on PATH): two jobs at once, one per thread,
+  sharing one quota kept in a throw-away Redis.
+
+For each: the tokens the stub took per second in the steady state (the windows after
+the first and before the last) as a share of the quota, the share of requests it
+refused, and the most tokens it took in any one window against ``--tpm``. The quota is
+the stub's limit itself unless ``--quota-share`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from ..argtypes import positive
+
+__all__ = ["add_parser", "main"]
+
+_KEY_ENV = "TIMEWHEEL_BENCH_API_KEY"
+# (time, tokens, requests, refused): the stub's totals at one moment.
+Samples = list[tuple[float, int, int, int]]
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``bench quota``."""
+    parser = subparsers.add_parser(
+        "quota",
+        help="the share of a tokens-per-minute quota a job uses, and the refusals it gets",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--rows", type=positive(int), default=4000, help="(default: %(default)s)")
+    parser.add_argument("--partitions", type=positive(int), default=8, help="(default: 8)")
+    parser.add_argument("--master", default="local[4]", help="(default: %(default)s)")
+    parser.add_argument(
+        "--tpm", type=positive(int), default=120_000, help="tokens per window (default: 120000)"
+    )
+    parser.add_argument(
+        "--rpm", type=positive(int), default=100_000, help="requests per window (default: 100000)"
+    )
+    parser.add_argument(
+        "--window-s",
+        type=positive(float),
+        default=10.0,
+        help="the stub's window; the quota is --tpm per window (default: %(default)s s, so "
+        "that a run shows several windows in a minute)",
+    )
+    parser.add_argument(
+        "--latency-ms", type=positive(float), default=20.0, help="(default: %(default)s)"
+    )
+    parser.add_argument(
+        "--quota-share",
+        type=positive(float),
+        default=1.0,
+        help="the job's quota as a share of the stub's limits (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--scenarios",
+        default="shared,static,redis",
+        help="which to run, comma-separated (default: %(default)s)",
+    )
+    parser.set_defaults(func=main)
+
+
+def _texts(spark: Any, rows: int, partitions: int) -> Any:
+    """``rows`` texts of 40 to 1,000 bytes (10 to 250 tokens), the first partition 4x
+    the others, each with the stub's count of its tokens."""
+    from pyspark.sql import functions as F
+
+    weight = 4 + (partitions - 1)
+    first = rows * 4 // weight
+    df = spark.range(rows).select(
+        "id",
+        F.expr("repeat('word ', 8 + pmod(xxhash64(id), 192))").alias("text"),
+        F.when(F.col("id") < first, 0)
+        .otherwise(1 + F.pmod(F.col("id"), partitions - 1))
+        .alias("part"),
+    )
+    df = df.withColumn("tokens", F.ceil(F.length("text") / 4).cast("double"))
+    return df.repartition(partitions, "part").drop("part")
+
+
+class _Sampler:
+    """The stub's totals, every ``interval_s``, while a scenario runs."""
+
+    def __init__(self, stub: Any, interval_s: float = 0.5) -> None:
+        self.stub = stub
+        self.interval_s = interval_s
+        self.samples: Samples = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _take(self) -> None:
+        s = self.stub.stats()
+        self.samples.append((time.monotonic(), s["tokens"], s["requests"], s["refused"]))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._take()
+
+    def __enter__(self) -> _Sampler:
+        self._take()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._take()
+
+
+def _figures(samples: Samples, tpm: int, window_s: float, share: float) -> dict[str, Any]:
+    """Steady-state use of the quota (``share`` of ``tpm`` per window), refusals, and
+    the busiest window against the stub's limit."""
+    t0 = next((t for t, tok, *_ in samples if tok > 0), samples[0][0])
+    t_end = next(t for t, tok, *_ in samples if tok == samples[-1][1])
+    inside = [s for s in samples if t0 + window_s <= s[0] <= t_end - window_s]
+    steady = None
+    if len(inside) >= 2:
+        (ta, ka, *_), (tb, kb, *_) = inside[0], inside[-1]
+        steady = (kb - ka) / (tb - ta) / (share * tpm / window_s)
+    busiest = 0
+    for i, (t, tok, *_) in enumerate(samples):
+        before = [k for (u, k, *_) in samples[: i + 1] if u >= t - window_s]
+        busiest = max(busiest, tok - min(before))
+    _, tokens, requests, refused = samples[-1]
+    _, tokens0, requests0, refused0 = samples[0]
+    sent = (requests - requests0) + (refused - refused0)
+    return {
+        "seconds": round(t_end - t0, 1),
+        "tokens": tokens - tokens0,
+        "steady_share": None if steady is None else round(steady, 3),
+        "refused_share": round((refused - refused0) / sent, 4) if sent else 0.0,
+        "busiest_window_share": round(busiest / tpm, 3),
+    }
+
+
+def _redis() -> tuple[subprocess.Popen[bytes], str] | None:
+    """A throw-away redis-server on a free loopback port, or None without one."""
+    server = shutil.which("redis-server")
+    if server is None:
+        return None
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    workdir = tempfile.mkdtemp(prefix="timewheel-bench-redis-")
+    proc = subprocess.Popen(
+        [server, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", workdir],
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            time.sleep(0.05)  # until it listens, at most 20 s
+    proc.kill()
+    return None
+
+
+def _run(spark: Any, args: argparse.Namespace, scenario: str) -> dict[str, Any]:
+    from ...spark import Quota, dispatch
+    from ...spark.http_target import HttpDownstream
+    from ...spark.secrets import parse_secret
+    from .openai_stub import StubProcess
+
+    share = args.quota_share
+    rate, cost_rate = share * args.rpm / args.window_s, share * args.tpm / args.window_s
+    redis = _redis() if scenario == "redis" else None
+    if scenario == "redis" and redis is None:
+        return {"scenario": scenario, "skipped": "redis-server is not on PATH"}
+    jobs = 2 if scenario == "redis" else 1
+    with StubProcess(args.rpm, args.tpm, args.window_s, args.latency_ms) as stub:
+        target = HttpDownstream(
+            f"{stub.base_url}/embeddings",
+            body=lambda row: {"model": "bench", "input": row["text"]},
+            headers={"Authorization": parse_secret(f"Bearer {{env:{_KEY_ENV}}}")},
+            max_retry_after_s=args.window_s,
+        )
+        if scenario == "shared":
+            quota = Quota(rate=rate, cost_rate=cost_rate)
+        elif scenario == "static":
+            quota = Quota(rate=rate, cost_rate=cost_rate, store="static")
+        else:
+            assert redis is not None
+            quota = Quota(rate=rate, cost_rate=cost_rate, store=redis[1], name="bench")
+        df = _texts(spark, args.rows // jobs, args.partitions)
+        errors: list[BaseException] = []
+
+        def job() -> None:
+            try:
+                out = dispatch(
+                    df,
+                    target,
+                    id_col="id",
+                    quota=quota,
+                    cost="tokens",
+                    reply_cost="usage.total_tokens",
+                    timeout_ms=30_000,
+                    retries=10,
+                    max_in_flight=64,
+                )
+                out.write.format("noop").mode("overwrite").save()
+            except BaseException as exc:  # reported below, after the other job
+                errors.append(exc)
+
+        try:
+            with _Sampler(stub) as sampler:
+                threads = [threading.Thread(target=job) for _ in range(jobs)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+        finally:
+            if redis is not None:
+                redis[0].kill()
+                redis[0].wait()
+        if errors:
+            raise errors[0]
+        return {
+            "scenario": scenario if jobs == 1 else "redis x2",
+            **_figures(sampler.samples, args.tpm, args.window_s, share),
+        }
+
+
+def main(args: argparse.Namespace) -> int:
+    from ...spark.session import spark_session
+
+    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = [s for s in scenarios if s not in ("shared", "static", "redis")]
+    if unknown or args.partitions < 2:
+        print(
+            f"bench quota: --scenarios must be among shared, static, redis (got {unknown}) "
+            "and --partitions at least 2",
+            file=sys.stderr,
+        )
+        return 2
+    os.environ[_KEY_ENV] = "sk-bench"  # read on the executors, as a real key would be
+    spark, owned = spark_session(args.master, "timewheel bench quota")
+    try:
+        results = [_run(spark, args, s) for s in scenarios]
+    finally:
+        if owned:
+            spark.stop()
+    print(
+        f"bench quota: {args.rows:,} rows on {args.partitions} uneven partitions, {args.master}; "
+        f"stub limit {args.tpm:,} tokens per {args.window_s:g} s; quota {args.quota_share:g} "
+        "of it"
+    )
+    head = f"{'scenario':<10} {'seconds':>8} {'tokens':>9} {'steady/quota':>13} "
+    print(head + f"{'refused':>8} {'busiest window/limit':>21}")
+    for r in results:
+        if "skipped" in r:
+            print(f"{r['scenario']:<10} skipped: {r['skipped']}")
+            continue
+        steady = "-" if r["steady_share"] is None else f"{r['steady_share']:.1%}"
+        print(
+            f"{r['scenario']:<10} {r['seconds']:>8.1f} {r['tokens']:>9,} {steady:>13} "
+            f"{r['refused_share']:>8.2%} {r['busiest_window_share']:>21.1%}"
+        )
+    return 0
