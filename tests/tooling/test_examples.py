@@ -129,3 +129,33 @@ def test_the_enrich_example_runs_under_its_rate_and_saves_repeated_lookups() -> 
     # The replies came back as columns: the shown orders carry their customer's name and tier.
     shown = re.search(r"\|customer \d+\s*\|(gold|silver|bronze)\s*\|ok", result.stdout)
     assert shown, result.stdout
+
+
+@pytest.mark.spark
+def test_the_llm_enrich_example_keeps_to_its_tokens_per_minute() -> None:
+    pytest.importorskip("pyspark")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(timewheel.__file__).parents[1]), env.get("PYTHONPATH", "")]
+    )
+    env["PYSPARK_PYTHON"] = sys.executable
+    env.pop("OPENAI_API_KEY", None)
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE.with_name("llm_enrich.py"))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    found = re.match(
+        r"160 texts back \(160 ok\) with ([\d,]+) tokens in ([\d.]+) s .*refused 0 requests$",
+        last,
+    )
+    assert found, last
+    tokens, seconds = int(found[1].replace(",", "")), float(found[2])
+    # 1,000 tokens a second: the job cannot have been faster than its quota allows (less
+    # the bucket's first tenth of a second).
+    assert seconds >= (tokens - 100) / 1000
+    assert "sk-example" not in result.stdout + result.stderr

@@ -1,0 +1,82 @@
+"""Embeddings for a DataFrame of texts, under a tokens-per-minute quota.
+
+Runs as it stands (``python examples/llm_enrich.py``): it starts timewheel's
+OpenAI-compatible stub on 127.0.0.1 (``POST /v1/embeddings``; it refuses with 429 what
+goes over its tokens-per-minute limit, and says in ``usage`` what each call cost) and a
+local Spark, then asks for each text's embedding with :func:`timewheel.spark.dispatch`:
+
+* ``quota=Quota(cost_rate="60000/min")``: one quota for the whole job, counted in tokens
+  as the service counts them, drawn on by every task as it goes;
+* ``cost="est_tokens"``: each row's estimate (its bytes / 4), taken before the call;
+  ``reply_cost="usage.total_tokens"``: what the call really cost, settled after it;
+* the API key is read on the executors from ``OPENAI_API_KEY`` (never in the plan);
+* ``reply_schema=``: the answer's embedding and token count as columns.
+
+Point ``URL`` at a real endpoint (and set ``OPENAI_API_KEY``) to run it for real: set the
+quota a little under the key's limit (a token bucket's burst can take a window ~1% over).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from pyspark.sql import functions as F
+
+from timewheel.cli.bench.openai_stub import StubProcess
+from timewheel.spark import Quota, dispatch
+from timewheel.spark.secrets import parse_secret
+from timewheel.spark.session import spark_session
+from timewheel.spark.targets import HttpDownstream
+
+TEXTS = 160
+TOKENS_PER_MINUTE = 60_000  # the stub's limit, and the job's quota
+
+
+def main() -> int:
+    os.environ.setdefault("OPENAI_API_KEY", "sk-example")  # the stub takes any key
+    stub = StubProcess(rpm=10_000, tpm=TOKENS_PER_MINUTE)
+    spark, _ = spark_session("local[2]", "timewheel llm_enrich example")
+    try:
+        texts = spark.range(TEXTS).select(
+            "id", F.expr("repeat('a sentence to embed ', 4 + id % 40)").alias("text")
+        )
+        texts = texts.withColumn("est_tokens", F.ceil(F.length("text") / 4))
+        target = HttpDownstream(
+            f"{stub.base_url}/embeddings",
+            body=lambda row: {"model": "text-embedding-3-small", "input": row["text"]},
+            headers={"Authorization": parse_secret("Bearer {env:OPENAI_API_KEY}")},
+        )
+        start = time.monotonic()
+        out = dispatch(
+            texts,
+            target,
+            id_col="id",
+            quota=Quota(cost_rate=f"{TOKENS_PER_MINUTE}/min"),
+            cost="est_tokens",
+            reply_cost="usage.total_tokens",
+            reply_schema="data array<struct<embedding: array<double>>>, "
+            "usage struct<total_tokens: long>",
+            timeout_ms=30_000,
+        ).cache()
+        counts = {r["status"]: r["count"] for r in out.groupBy("status").count().collect()}
+        elapsed = time.monotonic() - start
+        out.select(
+            "id", "est_tokens", "reply.usage.total_tokens", F.size("reply.data").alias("vectors")
+        ).show(3)
+        tokens = out.agg(F.sum("reply.usage.total_tokens")).first()[0]
+        stats = stub.stats()
+        print(
+            f"{sum(counts.values())} texts back ({counts.get('ok', 0)} ok) with {tokens:,} "
+            f"tokens in {elapsed:.1f} s ({tokens / elapsed * 60:,.0f} a minute; quota "
+            f"{TOKENS_PER_MINUTE:,}); the service refused {stats['refused']} requests"
+        )
+        return 0 if counts == {"ok": TEXTS} else 1
+    finally:
+        spark.stop()
+        stub.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
