@@ -463,7 +463,8 @@ def dispatch(
 ) -> DataFrame:
     """Send each row of ``df`` to ``target`` from the executors; return it once, with its outcome.
 
-    The result has ``df``'s columns plus ``status`` (``ok``, ``failed`` or ``timeout``:
+    The result has ``df``'s columns plus ``status`` (``ok``, ``failed``, ``timeout`` or,
+    with a quota whose budget was spent, ``skipped``:
     how the last attempt ended), ``attempts``, ``latency_ms`` (first call to final
     outcome, backoff included), ``error`` (None when ok), ``http_status`` and
     ``response`` (the last answer's status and body as text; None when no answer came,

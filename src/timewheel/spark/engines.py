@@ -79,7 +79,8 @@ class DispatchConfig:
 
 
 class Outcome(NamedTuple):
-    """How one row ended: ``status`` is ok, failed or timeout (that of the last attempt).
+    """How one row ended: ``status`` is ok, failed or timeout (that of the last attempt),
+    or skipped (not sent: the quota's budget was spent).
 
     ``latency_ms`` runs from the row's first call to its final outcome, backoff
     included; time spent waiting for a free slot or for its keys is not counted.
