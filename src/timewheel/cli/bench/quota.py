@@ -16,7 +16,12 @@ answer's ``usage.total_tokens``. Side by side, each on a fresh stub:
 
 For each: the tokens the stub took per second in the steady state (the windows after
 the first and before the last) as a share of the quota, the share of requests it
-refused, and the most tokens it took in any one window against ``--tpm``. The quota is
+refused, and the most tokens it took in any one window against ``--tpm``.
+
+``lease`` (nginx on PATH) is the price of the lease protocol itself: ``--lease-rows``
+rows against nginx, without a quota and with a quota far above what the job can send
+(``Quota(rate=1e9)``, kept by the driver), alternating, best of ``--rounds``; its
+figure is the rows/s with the quota over the rows/s without. The quota is
 the stub's limit itself unless ``--quota-share`` says otherwise.
 """
 
@@ -77,10 +82,43 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     parser.add_argument(
         "--scenarios",
-        default="shared,static,redis",
+        default="shared,static,redis,lease",
         help="which to run, comma-separated (default: %(default)s)",
     )
+    parser.add_argument(
+        "--lease-rows", type=positive(int), default=200_000, help="(default: 200000)"
+    )
+    parser.add_argument("--rounds", type=positive(int), default=3, help="(default: 3)")
     parser.set_defaults(func=main)
+
+
+def _lease(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Rows/s against nginx with and without a quota that never binds."""
+    from ...spark import Quota, dispatch
+    from ...spark.http_target import HttpDownstream
+    from .http import nginx, nginx_exe
+
+    if nginx_exe() is None:
+        return {"scenario": "lease", "skipped": "nginx is not installed"}
+    quota = Quota(rate=1e9)
+    best: dict[str, float] = {"none": 0.0, "quota": 0.0}
+    with nginx() as url:
+        target = HttpDownstream(url, max_connections=64)
+        df = spark.range(args.lease_rows, numPartitions=spark.sparkContext.defaultParallelism)
+        dispatch(df.limit(5000), target, id_col="id").write.format("noop").mode("overwrite").save()
+        for _ in range(args.rounds):
+            for kind in ("none", "quota"):
+                given = quota if kind == "quota" else None
+                out = dispatch(df, target, id_col="id", max_in_flight=64, quota=given)
+                start = time.monotonic()
+                out.write.format("noop").mode("overwrite").save()
+                best[kind] = max(best[kind], args.lease_rows / (time.monotonic() - start))
+    return {
+        "scenario": "lease",
+        "rows_per_s": round(best["none"]),
+        "rows_per_s_quota": round(best["quota"]),
+        "ratio": round(best["quota"] / best["none"], 3),
+    }
 
 
 def _texts(spark: Any, rows: int, partitions: int) -> Any:
@@ -249,10 +287,10 @@ def main(args: argparse.Namespace) -> int:
     from ...spark.session import spark_session
 
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
-    unknown = [s for s in scenarios if s not in ("shared", "static", "redis")]
+    unknown = [s for s in scenarios if s not in ("shared", "static", "redis", "lease")]
     if unknown or args.partitions < 2:
         print(
-            f"bench quota: --scenarios must be among shared, static, redis (got {unknown}) "
+            f"bench quota: --scenarios must be among shared, static, redis, lease (got {unknown}) "
             "and --partitions at least 2",
             file=sys.stderr,
         )
@@ -260,7 +298,7 @@ def main(args: argparse.Namespace) -> int:
     os.environ[_KEY_ENV] = "sk-bench"  # read on the executors, as a real key would be
     spark, owned = spark_session(args.master, "timewheel bench quota")
     try:
-        results = [_run(spark, args, s) for s in scenarios]
+        results = [_lease(spark, args) if s == "lease" else _run(spark, args, s) for s in scenarios]
     finally:
         if owned:
             spark.stop()
@@ -272,6 +310,12 @@ def main(args: argparse.Namespace) -> int:
     head = f"{'scenario':<10} {'seconds':>8} {'tokens':>9} {'steady/quota':>13} "
     print(head + f"{'refused':>8} {'busiest window/limit':>21}")
     for r in results:
+        if r["scenario"] == "lease" and "skipped" not in r:
+            print(
+                f"lease: {r['rows_per_s']:,} rows/s against nginx without a quota, "
+                f"{r['rows_per_s_quota']:,} with one that never binds: x{r['ratio']:.3f}"
+            )
+            continue
         if "skipped" in r:
             print(f"{r['scenario']:<10} skipped: {r['skipped']}")
             continue
