@@ -28,7 +28,6 @@ the stub's limit itself unless ``--quota-share`` says otherwise.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import socket
 import subprocess
@@ -42,7 +41,6 @@ from ..argtypes import positive
 
 __all__ = ["add_parser", "main"]
 
-_KEY_ENV = "TIMEWHEEL_BENCH_API_KEY"
 # (time, tokens, requests, refused): the stub's totals at one moment.
 Samples = list[tuple[float, int, int, int]]
 
@@ -221,7 +219,6 @@ def _redis() -> tuple[subprocess.Popen[bytes], str] | None:
 def _run(spark: Any, args: argparse.Namespace, scenario: str) -> dict[str, Any]:
     from ...spark import Quota, dispatch
     from ...spark.http_target import HttpDownstream
-    from ...spark.secrets import parse_secret
     from .openai_stub import StubProcess
 
     share = args.quota_share
@@ -234,7 +231,7 @@ def _run(spark: Any, args: argparse.Namespace, scenario: str) -> dict[str, Any]:
         target = HttpDownstream(
             f"{stub.base_url}/embeddings",
             body=lambda row: {"model": "bench", "input": row["text"]},
-            headers={"Authorization": parse_secret(f"Bearer {{env:{_KEY_ENV}}}")},
+            headers={"Authorization": "Bearer sk-bench"},  # the stub's: no secret
             max_retry_after_s=args.window_s,
         )
         if scenario == "shared":
@@ -246,6 +243,7 @@ def _run(spark: Any, args: argparse.Namespace, scenario: str) -> dict[str, Any]:
             quota = Quota(rate=rate, cost_rate=cost_rate, store=redis[1], name="bench")
         df = _texts(spark, args.rows // jobs, args.partitions)
         errors: list[BaseException] = []
+        statuses: list[str] = []
 
         def job() -> None:
             try:
@@ -260,7 +258,7 @@ def _run(spark: Any, args: argparse.Namespace, scenario: str) -> dict[str, Any]:
                     retries=10,
                     max_in_flight=64,
                 )
-                out.write.format("noop").mode("overwrite").save()
+                statuses.extend(r["status"] for r in out.select("status").collect())
             except BaseException as exc:  # reported below, after the other job
                 errors.append(exc)
 
@@ -277,6 +275,11 @@ def _run(spark: Any, args: argparse.Namespace, scenario: str) -> dict[str, Any]:
                 redis[0].wait()
         if errors:
             raise errors[0]
+        if statuses.count("ok") != len(statuses):
+            raise RuntimeError(
+                f"bench quota: {len(statuses) - statuses.count('ok')} of {len(statuses)} rows "
+                f"did not end ok in scenario {scenario}"
+            )
         return {
             "scenario": scenario if jobs == 1 else "redis x2",
             **_figures(sampler.samples, args.tpm, args.window_s, share),
@@ -295,7 +298,6 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    os.environ[_KEY_ENV] = "sk-bench"  # read on the executors, as a real key would be
     spark, owned = spark_session(args.master, "timewheel bench quota")
     try:
         results = [_lease(spark, args) if s == "lease" else _run(spark, args, s) for s in scenarios]
