@@ -226,7 +226,7 @@ def test_the_ref_travels_without_its_secret(spark: Any) -> None:
 
     quota = Quota(rate=100)
     ref = place_quota(quota, spark, 2, False)
-    _, service, key = _SERVICES[id(quota)]
+    _, service, key, _ = _SERVICES[id(quota)]
     secret = service.secret.hex()
     plan = pickle.dumps(DispatchConfig(quota=ref))
     assert secret.encode() not in plan and service.secret not in plan

@@ -149,6 +149,27 @@ def test_the_cli_runs_on_the_cluster(master_url: str, tmp_path: Path) -> None:
     assert sorted(ids) == list(range(5000))
 
 
+def test_a_quota_held_by_the_driver_stops_the_cluster_job_at_its_cap(
+    master_url: str, tmp_path: Path
+) -> None:
+    """The executors (in the worker's JVM's Python workers) reach the driver's quota
+    service with the job's secret: the cap holds across them, and the run exits 3."""
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "timewheel", "pipeline", "--master", master_url]
+    argv += ["--generate", "3000", "--partitions", "4", "--output", str(out), "--quiet"]
+    argv += ["--target", "sim://?pct50=2&pct75=5&seed=1", "--max-requests", "1000"]
+    for conf in CONF:
+        argv += ["--conf", conf]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 3, done.stderr
+    summary = json.loads(done.stdout)
+    ok, skipped = summary["status"]["ok"], summary["status"]["skipped"]
+    # Never above the cap; short of it by at most a call each running task held.
+    assert 1000 - 2 <= ok <= 1000 and ok + skipped == 3000
+    # Every task drew on the driver's service (one that fell back would not be counted).
+    assert summary["quota_use"]["requests"] == ok
+
+
 DRIVER = """
 import json, os, sys
 from pyspark.sql import SparkSession

@@ -47,9 +47,9 @@ logger = logging.getLogger(__name__)
 #: name: Spark's default redaction pattern hides it).
 SECRET_PROPERTY = "timewheel.quota.secret."
 
-# id(Quota) -> the Quota (kept, so its id stays its own), its service in this driver and
-# the key its secret's property is named by.
-_SERVICES: dict[int, tuple[Quota, Any, str]] = {}
+# id(Quota) -> the Quota (kept, so its id stays its own), its service in this driver, the
+# key its secret's property is named by, and the address the executors reach it at.
+_SERVICES: dict[int, tuple[Quota, Any, str, tuple[str, int]]] = {}
 _LOCK = threading.Lock()
 
 
@@ -152,13 +152,16 @@ def check_quota(schema: Any, quota: Any, cost: Any, reply_cost: Any, rate: float
             )
 
 
-def _driver_host(spark: Any) -> str:
-    """Where the executors reach the driver: loopback on ``local[...]``, else
-    ``spark.driver.host``."""
+def _driver_host(spark: Any) -> tuple[str, str]:
+    """Where the service listens and where the executors reach it: loopback on
+    ``local[...]``; else ``spark.driver.bindAddress`` (default: the host) and
+    ``spark.driver.host``, as Spark's own driver services."""
     sc = spark.sparkContext
     if sc.master.startswith("local"):
-        return "127.0.0.1"
-    return str(sc.getConf().get("spark.driver.host", "127.0.0.1"))
+        return "127.0.0.1", "127.0.0.1"
+    conf = sc.getConf()
+    host = str(conf.get("spark.driver.host", "127.0.0.1"))
+    return str(conf.get("spark.driver.bindAddress", host)), host
 
 
 def place_quota(quota: Quota, spark: Any, slots: int, connect: bool) -> QuotaRef:
@@ -182,25 +185,27 @@ def place_quota(quota: Quota, spark: Any, slots: int, connect: bool) -> QuotaRef
 
     sc = spark.sparkContext
     with _LOCK:
-        _, service, key = _SERVICES.get(id(quota), (quota, None, ""))
+        _, service, key, address = _SERVICES.get(id(quota), (quota, None, "", ("", 0)))
         if service is None or service.closed:
-            service, key = QuotaService(quota, _driver_host(spark)), secrets.token_hex(8)
-            _SERVICES[id(quota)] = (quota, service, key)
+            bind, host = _driver_host(spark)
+            service, key = QuotaService(quota, bind), secrets.token_hex(8)
+            address = (host, service.address[1])
+            _SERVICES[id(quota)] = (quota, service, key, address)
     sc.setLocalProperty(SECRET_PROPERTY + key, service.secret.hex())
-    return QuotaRef(quota, "service", fraction, service.address, key)
+    return QuotaRef(quota, "service", fraction, address, key)
 
 
 def driver_store(quota: Quota) -> QuotaStore | None:
     """The store of ``quota``'s service in this driver (None if it has none): what the
     pipeline reads the job's use from."""
-    _, service, _ = _SERVICES.get(id(quota), (quota, None, ""))
-    return None if service is None else service.store
+    held = _SERVICES.get(id(quota))
+    return None if held is None else held[1].store
 
 
 def close_quota(quota: Quota) -> None:
     """Stop ``quota``'s service in this driver, if it has one (its jobs must be over:
     a task that asks it later falls back to the static split)."""
     with _LOCK:
-        _, service, _ = _SERVICES.pop(id(quota), (quota, None, ""))
-    if service is not None:
-        service.close()
+        held = _SERVICES.pop(id(quota), None)
+    if held is not None:
+        held[1].close()
