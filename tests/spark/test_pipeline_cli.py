@@ -448,3 +448,37 @@ def test_bad_quota_options_exit_2_before_anything_is_sent(
     err = capsys.readouterr().err
     assert words in err and "pw" not in err
     assert not out.exists()
+
+
+def test_a_tokens_quota_against_the_openai_stub_settles_what_each_call_cost(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from openai_stub_fixtures import OpenAIStub
+
+    # 200 texts of 40 to 396 bytes: the stub counts one token per 4 bytes, rounded up.
+    texts = [("x" * (40 + (i * 37) % 357)) for i in range(200)]
+    tokens = [-(-len(t) // 4) for t in texts]
+    csv = tmp_path / "texts.csv"
+    # The estimate is a quarter off (bytes / 5): the answers' usage settles the difference.
+    csv.write_text(
+        "id,input,est\n" + "".join(f"{i},{t},{len(t) // 5}\n" for i, t in enumerate(texts))
+    )
+    stub = OpenAIStub(rpm=100_000, tpm=1_000_000, window_s=60)
+    try:
+        argv = ["--input", str(csv), "--target", f"{stub.base_url}/embeddings"]
+        argv += ["--body-cols", "input", "--http-header", "Authorization: Bearer sk-test"]
+        argv += ["--cost-col", "est", "--cost-rate", "600000/min", "--quiet"]
+        out = tmp_path / "out"
+        assert run_cli([*argv, "--output", str(out), "--reply-cost", "usage.total_tokens"]) == 0
+        use = json.loads((out / "summary.json").read_text())["quota_use"]
+        assert use["cost_spent"] == pytest.approx(sum(tokens))
+        assert (use["refused"], use["cost_unknown"], use["requests"]) == (0, 0, 200)
+        assert stub.stats()["tokens"] == sum(tokens)
+        # A path the answers do not have: every estimate stands, and the summary says so.
+        out2 = tmp_path / "out2"
+        assert run_cli([*argv, "--output", str(out2), "--reply-cost", "usage.nope"]) == 0
+        use = json.loads((out2 / "summary.json").read_text())["quota_use"]
+        assert use["cost_unknown"] == 200
+        assert use["cost_spent"] == pytest.approx(sum(len(t) // 5 for t in texts))
+    finally:
+        stub.close()

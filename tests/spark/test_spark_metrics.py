@@ -38,7 +38,16 @@ from timewheel.spark.timewheel_engine import timewheel_engine  # noqa: E402
 from timewheel.spark.worker_metrics import WorkerReports, worker_metrics  # noqa: E402
 
 PREFIX = "timewheel_spark_engine_"
-COUNTERS = ("partitions", "rows_admitted", *(f"rows_{s}" for s in STATUSES), "retries")
+COUNTERS = (
+    "partitions",
+    "rows_admitted",
+    *(f"rows_{s}" for s in STATUSES),
+    "retries",
+    "quota_refused",
+    "cost_unknown",
+)
+# What a job without a quota leaves at 0.
+NO_QUOTA = {"rows_skipped": 0, "quota_refused": 0, "cost_unknown": 0}
 
 
 def parse(text: str) -> dict[str, dict[str, float]]:
@@ -108,6 +117,7 @@ def test_a_workers_counters_are_live_while_its_partition_runs(
         "rows_failed": 2,
         "rows_timeout": 0,
         "retries": 0,
+        **NO_QUOTA,
     }
     assert after["rows_in_flight"] == before["rows_in_flight"]
 
@@ -144,8 +154,11 @@ def test_the_driver_exports_each_workers_counters_as_the_rows_came_back(
         "rows_admitted": 2000,
         **{f"rows_{s}": sum(r["status"] == s for r in rows) for s in STATUSES},
         "retries": sum(r["attempts"] - 1 for r in rows),
+        "quota_refused": 0,
+        "cost_unknown": 0,
     }
-    assert all(want[f"rows_{s}"] > 0 for s in STATUSES)  # the workload mixes all three
+    # The workload mixes all three outcomes (skipped needs a quota).
+    assert all(want[f"rows_{s}"] > 0 for s in ("ok", "failed", "timeout"))
     assert want["retries"] > 0
     # One series per Spark worker process, none of them the driver (this process).
     assert reported and set(reported) <= set(workers)
@@ -218,6 +231,7 @@ def test_the_pipeline_serves_its_workers_counters_while_it_runs(
         "rows_failed": rows,
         "rows_timeout": 0,
         "retries": rows * retries,
+        **NO_QUOTA,
     }
     driver = f"worker-{os.getpid()}@"
     port = free_port()

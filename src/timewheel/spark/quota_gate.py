@@ -29,6 +29,7 @@ from typing import Any, Union
 
 from .contract import Reply
 from .quota import BudgetSpent, QuotaStore, TaskQuota
+from .worker_metrics import partition_counts
 
 __all__ = ["BUDGET_SPENT", "BudgetSpent", "CostSpec", "QuotaGate", "check_cost", "reply_path"]
 
@@ -91,6 +92,8 @@ class QuotaGate:
         self.cost_unknown = 0
         #: Attempts refused for overload (HTTP 429 or 503).
         self.refused = 0
+        # The partition's counts (made on its task's thread), given these when it closes.
+        self.counts = partition_counts()
 
     def cost_of(self, row: Mapping[str, Any]) -> float | str:
         """The row's estimated cost, or why it has none (the row then fails unsent)."""
@@ -146,5 +149,8 @@ class QuotaGate:
         self.task.keepalive()
 
     def close(self) -> None:
-        """Give back what the task holds and did not use."""
+        """Give back what the task holds and did not use; count what it saw."""
         self.task.close()
+        if self.counts is not None:
+            self.counts.quota_refused += self.refused
+            self.counts.cost_unknown += self.cost_unknown

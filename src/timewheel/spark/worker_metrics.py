@@ -27,13 +27,21 @@ from .. import metrics
 from ._per_process import PerProcess
 from .engines import STATUSES
 
-__all__ = ["KIND", "PartitionCounts", "WorkerMetrics", "WorkerReports", "worker_metrics"]
+__all__ = [
+    "KIND",
+    "PartitionCounts",
+    "WorkerMetrics",
+    "WorkerReports",
+    "partition_counts",
+    "worker_metrics",
+]
 
 #: The metric kind, ``timewheel_spark_engine_*``.
 KIND = "spark_engine"
 # The counters, in the order of the table; rows_in_flight is computed from them.
 _FINISHED = tuple(f"rows_{status}" for status in STATUSES)
-_COUNTERS = ("partitions", "rows_admitted", *_FINISHED, "retries")
+_QUOTA = ("quota_refused", "cost_unknown")
+_COUNTERS = ("partitions", "rows_admitted", *_FINISHED, "retries", *_QUOTA)
 
 Counts = dict[str, int]
 
@@ -84,6 +92,22 @@ metrics.define(
         ),
         metrics.Metric(
             KIND,
+            "quota_refused",
+            "counter",
+            "attempts",
+            "Attempts under a quota the service refused for overload (HTTP 429 or 503).",
+            "quota_refused",
+        ),
+        metrics.Metric(
+            KIND,
+            "cost_unknown",
+            "counter",
+            "answers",
+            "Answers under a quota without the actual cost (reply_cost): the estimate stood.",
+            "cost_unknown",
+        ),
+        metrics.Metric(
+            KIND,
             "rows_in_flight",
             "gauge",
             "rows",
@@ -99,12 +123,15 @@ class PartitionCounts:
     """One partition's counts, kept by its task's thread alone (so no lock), a batch at
     a time: rows as they are read from Spark, outcomes as they go back."""
 
-    __slots__ = ("admitted", "finished", "retries")
+    __slots__ = ("admitted", "cost_unknown", "finished", "quota_refused", "retries")
 
     def __init__(self) -> None:
         self.admitted = 0
         self.retries = 0
         self.finished = dict.fromkeys(STATUSES, 0)
+        # Set by the partition's quota gate when it closes (see quota_gate).
+        self.quota_refused = 0
+        self.cost_unknown = 0
 
     def finish(self, statuses: Sequence[str], attempts: Sequence[int]) -> None:
         """Count a batch of finished rows from its status and attempts columns, in C loops
@@ -117,7 +144,13 @@ class PartitionCounts:
         """The row counters of this partition, as :class:`WorkerMetrics` adds them up."""
         # Finished rows first: read while the task runs, admitted is then never behind.
         done = {f"rows_{status}": n for status, n in self.finished.items()}
-        return {"rows_admitted": self.admitted, **done, "retries": self.retries}
+        return {
+            "rows_admitted": self.admitted,
+            **done,
+            "retries": self.retries,
+            "quota_refused": self.quota_refused,
+            "cost_unknown": self.cost_unknown,
+        }
 
 
 def _add(total: Counts, counts: Counts) -> None:
@@ -136,15 +169,19 @@ class WorkerMetrics:
         metrics.register(KIND, self, self.name)
 
     def start(self) -> PartitionCounts:
-        """A new partition's counts, included in :meth:`metrics` while it runs."""
+        """A new partition's counts, included in :meth:`metrics` while it runs (and the
+        task thread's :func:`partition_counts` until :meth:`end`)."""
         counts = PartitionCounts()
         with self._lock:
             self._running.add(counts)
+        _CURRENT.counts = counts
         return counts
 
     def end(self, partition: PartitionCounts) -> Counts:
         """Fold an ended partition into the totals; return what it added (its report)."""
         counts = {"partitions": 1, **partition.counts()}
+        if getattr(_CURRENT, "counts", None) is partition:
+            _CURRENT.counts = None
         with self._lock:
             self._running.discard(partition)
             _add(self._totals, counts)
@@ -161,6 +198,13 @@ class WorkerMetrics:
 
 
 _WORKER = PerProcess(WorkerMetrics)
+# The counts of the partition the current thread (a task's) is running.
+_CURRENT = threading.local()
+
+
+def partition_counts() -> PartitionCounts | None:
+    """The counts of the partition this task thread runs (None outside one)."""
+    return getattr(_CURRENT, "counts", None)
 
 
 def worker_metrics() -> WorkerMetrics:

@@ -145,7 +145,9 @@ def _run_locked(
     job = _Job(args, spark, target, max_in_flight, key_cols, out_dir)
     reports: WorkerReports | None = None
     try:
-        if report_workers:  # registered on the driver for the endpoint, closed below
+        # For the endpoint, and for the quota's refusals in the summary (not on Connect:
+        # no accumulators there); registered on the driver, closed below.
+        if report_workers or (job.quota is not None and not job.connect):
             reports = WorkerReports(spark.sparkContext)
         with job.signals():
             try:

@@ -168,7 +168,9 @@ class _Job:
         )
         self.staging.append(staging)
         start = time.monotonic()
-        self.watch = None if self.quota is None else QuotaWatch(self.quota, self.quota_store())
+        self.watch = None
+        if self.quota is not None:
+            self.watch = QuotaWatch(self.quota, self.quota_store(), reports)
         with contextlib.ExitStack() as stack:
             if self.watch is not None:
                 stack.enter_context(self.watch)

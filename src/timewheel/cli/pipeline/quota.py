@@ -169,9 +169,10 @@ class QuotaWatch:
     lasts: requests and cost, in total and per minute (with each minute's share of
     what the quota allows). ``store`` None (the static split): nothing is read."""
 
-    def __init__(self, quota: Quota, store: Any) -> None:
+    def __init__(self, quota: Quota, store: Any, reports: Any = None) -> None:
         self.quota = quota
         self.store = store
+        self.reports = reports  # the workers' counts: refusals, answers without a cost
         self.samples: list[tuple[float, int, float]] = []
         self.error: str | None = None
         self._stop = threading.Event()
@@ -210,6 +211,10 @@ class QuotaWatch:
     def summary(self) -> dict[str, Any]:
         """``quota_use`` in the summary."""
         use: dict[str, Any] = {"quota": quota_text(self.quota)}
+        if self.reports is not None:
+            workers = self.reports.workers().values()
+            use["refused"] = sum(w.get("quota_refused", 0) for w in workers)
+            use["cost_unknown"] = sum(w.get("cost_unknown", 0) for w in workers)
         if self.store is None or len(self.samples) < 2:
             use["read"] = self.error or "not read (a static split: no store to read)"
             return use
@@ -217,6 +222,8 @@ class QuotaWatch:
         use["requests"] = self.samples[-1][1] - r0
         use["cost_spent"] = round(self.samples[-1][2] - c0, 3)
         use["pauses"] = getattr(self, "pauses", 0)
+        if "refused" in use and use["requests"]:
+            use["refused_share"] = round(use["refused"] / use["requests"], 4)
         minutes = []
         for m in range(math.ceil((self.samples[-1][0] - t0) / 60) or 1):
             inside = [s for s in self.samples if t0 + 60 * m <= s[0] <= t0 + 60 * (m + 1)]
