@@ -136,7 +136,8 @@ def workload() -> Iterator[Workload]:
     ended.admitted, running.admitted = 5, 3
     # statuses and attempts of the rows each has finished
     ended.finish(("ok", "ok", "failed", "timeout", "failed"), (1, 2, 3, 2, 0))
-    running.finish(("ok",), (1,))
+    running.finish(("ok", "skipped"), (1, 0))
+    ended.quota_refused, ended.cost_unknown = 2, 1
     worker.end(ended)
 
     cumulative, sum_ms = replay_lateness()
@@ -182,8 +183,11 @@ def workload() -> Iterator[Workload]:
         ("spark_engine", "rows_ok"): (w, 3),
         ("spark_engine", "rows_failed"): (w, 2),
         ("spark_engine", "rows_timeout"): (w, 1),
+        ("spark_engine", "rows_skipped"): (w, 1),
         ("spark_engine", "retries"): (w, 4),
-        ("spark_engine", "rows_in_flight"): (w, 2),
+        ("spark_engine", "quota_refused"): (w, 2),
+        ("spark_engine", "cost_unknown"): (w, 1),
+        ("spark_engine", "rows_in_flight"): (w, 1),
     }
     with pytest.raises(TimeoutError, match="timed out"):
         waiting.result(timeout=0)
