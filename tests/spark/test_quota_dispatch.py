@@ -23,7 +23,7 @@ from timewheel.spark import Quota
 from timewheel.spark.engines import DispatchConfig, Outcome
 from timewheel.spark.quota_job import _SERVICES, SECRET_PROPERTY, QuotaRef, driver_store
 from timewheel.spark.quota_spec import BURST_S
-from timewheel.spark.targets import Failure, OnDone, Reply
+from timewheel.spark.targets import Failure, OnDone, Reply, accepts_reply
 from timewheel.spark.timewheel_engine import timewheel_engine
 
 _KEYS = iter(range(1_000_000))
@@ -350,3 +350,98 @@ def test_bad_quota_arguments_are_refused_before_any_job(spark: Any) -> None:
             Quota(budget=bad)
     with pytest.raises(ValueError, match=r"per second"):
         Quota(cost_rate="5/fortnight")
+
+
+def test_rate_limit_lines_keep_the_last_answers_rate_limit_headers() -> None:
+    from timewheel.spark._curl import rate_limit_lines
+
+    lines = [
+        b"HTTP/1.1 100 Continue\r\n",
+        b"X-RateLimit-Remaining-Tokens: 1\r\n",
+        b"\r\n",
+        b"HTTP/1.1 429 Too Many Requests\r\n",
+        b"Content-Type: application/json\r\n",
+        b"Retry-After: 2\r\n",
+        b"x-ratelimit-remaining-tokens:  0 \r\n",
+        b'RateLimit: "tokens";r=0;t=2\r\n',
+        b"\r\n",
+    ]
+    assert rate_limit_lines(lines) == {
+        "retry-after": "2",
+        "x-ratelimit-remaining-tokens": "0",
+        "ratelimit": '"tokens";r=0;t=2',
+    }
+
+
+class SaysRemaining:
+    """Answers ok, saying the service's token window has ``remaining`` left until ``reset``."""
+
+    def __init__(self, remaining: str, reset: str) -> None:
+        self.headers = {
+            "x-ratelimit-remaining-tokens": remaining,
+            "x-ratelimit-reset-tokens": reset,
+        }
+        self.sent: list[float] = []
+
+    def submit(self, row: dict[str, Any], on_done: OnDone) -> None:
+        self.sent.append(time.monotonic())
+        on_done(True, None, Reply(200, b"{}", self.headers))  # type: ignore[call-arg]
+
+
+def test_the_services_headers_pause_the_job_when_its_window_is_used_up() -> None:
+    target = SaysRemaining("0", "400ms")
+    ref = static_ref(Quota(cost_rate=1e6))
+    out = list(
+        timewheel_engine(
+            iter([{"id": i} for i in range(3)]),
+            target,
+            DispatchConfig(quota=ref, cost=lambda r: 1.0, max_in_flight=1),
+        )
+    )
+    assert [o.status for o in out] == ["ok"] * 3
+    # Each answer said the window was used up for 0.4 s: the next call waited for it.
+    gaps = [b - a for a, b in zip(target.sent, target.sent[1:])]
+    assert all(gap >= 0.4 for gap in gaps), gaps
+    assert ref.open().state().pauses == 3
+
+
+def test_headers_that_leave_room_cost_no_store_call() -> None:
+    target = SaysRemaining("900000", "1s")
+    ref = static_ref(Quota(cost_rate=1000))
+    config = DispatchConfig(quota=ref, cost=lambda r: 1.0)
+    out = list(timewheel_engine(iter([{"id": i} for i in range(50)]), target, config))
+    assert {o.status for o in out} == {"ok"}
+    assert ref.open().state().pauses == 0
+
+
+def test_the_http_target_hands_over_the_stubs_headers_only_when_asked(tmp_path: Path) -> None:
+    from openai_stub_fixtures import OpenAIStub
+    from timewheel.spark.targets import HttpDownstream
+
+    stub = OpenAIStub(rpm=1000, tpm=100_000)
+    try:
+        plain = HttpDownstream(
+            f"{stub.base_url}/embeddings",
+            body=lambda row: {"input": row["text"]},
+            headers={"Authorization": "Bearer sk-test"},
+        )
+        replies: list[Reply] = []
+        done = threading.Event()
+
+        @accepts_reply
+        def on_done(ok: bool, error: Any, reply: Reply | None = None) -> None:
+            assert reply is not None
+            replies.append(reply)
+            done.set()
+
+        for target in (plain, plain.for_quota()):
+            done.clear()
+            target.submit({"id": 1, "text": "hello there"}, on_done)
+            assert done.wait(10)
+        assert replies[0].headers is None
+        headers = replies[1].headers
+        assert headers is not None
+        assert headers["x-ratelimit-limit-tokens"] == "100000"
+        assert int(headers["x-ratelimit-remaining-tokens"]) == 100_000 - 3 - 3
+    finally:
+        stub.close()

@@ -111,6 +111,24 @@ _CSELECT = tuple(
 )
 
 
+_RATE_LIMIT_NAMES = (b"x-ratelimit-", b"ratelimit", b"retry-after")
+
+
+def rate_limit_lines(lines: list[bytes]) -> dict[str, str]:
+    """The rate-limit headers among an answer's header lines (the last answer's, after
+    any 1xx), by lower-case name."""
+    found: dict[str, str] = {}
+    for line in lines:
+        if line.startswith(b"HTTP/"):  # a new answer (after a 100 Continue): start again
+            found.clear()
+            continue
+        name, sep, value = line.partition(b":")
+        name = name.strip().lower()
+        if sep and name.startswith(_RATE_LIMIT_NAMES):
+            found[name.decode("latin-1")] = value.strip().decode("latin-1")
+    return found
+
+
 class Settings(NamedTuple):
     """The options set once per easy handle: requests with equal settings share handles."""
 
@@ -125,6 +143,8 @@ class Settings(NamedTuple):
     client_key: str | None = None
     #: HTTP/2 where the server offers it over TLS (HTTP/1.1 otherwise, or when False).
     http2: bool = True
+    #: Hand the answer's rate-limit headers to ``on_end`` (a Python call per header line).
+    rate_limit_headers: bool = False
 
 
 class Request:
@@ -228,6 +248,10 @@ class _Multi:
         # The answer's chunks: one list per handle, emptied when its request ends.
         easy.chunks = []
         easy.setopt(pycurl.WRITEFUNCTION, easy.chunks.append)
+        # The answer's header lines, when asked for (emptied with the chunks).
+        easy.lines = []
+        if s.rate_limit_headers:
+            easy.setopt(pycurl.HEADERFUNCTION, easy.lines.append)
         return easy
 
     def on_socket(self, what: int, fd: int, multi: Any, data: Any) -> None:
@@ -277,6 +301,7 @@ class _Multi:
         del self.running[easy]
         self.multi.remove_handle(easy)  # an unfinished transfer's connection is closed
         easy.chunks.clear()
+        easy.lines.clear()
         self.idle.append(easy)
 
     def resend(self, easy: Any, request: Request) -> bool:
@@ -288,6 +313,7 @@ class _Multi:
         request.fresh = easy.fresh = True
         self.multi.remove_handle(easy)
         easy.chunks.clear()
+        easy.lines.clear()
         easy.setopt(pycurl.FRESH_CONNECT, 1)
         self.multi.add_handle(easy)
         return True
@@ -304,6 +330,8 @@ class _Multi:
             headers = {"Retry-After": str(easy.getinfo(pycurl.RETRY_AFTER))}
         elif 300 <= status < 400:
             headers = {"Location": easy.getinfo(pycurl.REDIRECT_URL) or ""}
+        if easy.lines:
+            headers = {**rate_limit_lines(easy.lines), **headers}
         chunks = easy.chunks
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()

@@ -323,6 +323,10 @@ class WithoutColumns:
         derive = getattr(self.target, "for_id_col", None)
         return self if derive is None else WithoutColumns(derive(id_col), self.hidden)
 
+    def for_quota(self) -> WithoutColumns:
+        derive = getattr(self.target, "for_quota", None)
+        return self if derive is None else WithoutColumns(derive(), self.hidden)
+
     def __repr__(self) -> str:
         return repr(self.target)
 
@@ -561,6 +565,9 @@ def dispatch(
         # Tasks share the quota as they go: the input's partitions stay as they are.
         ref = place_quota(quota, spark, task_slots(spark), connect)
         config = replace(config, quota=ref, cost=cost, reply_cost=reply_cost)
+        for_quota = getattr(target, "for_quota", None)
+        if callable(for_quota):  # its answers' rate-limit headers reach the quota
+            target = for_quota()
     if rate is not None or by:
         # With a rate, one partition per task slot: each sends an equal share of it.
         slots = task_slots(spark) if rate is not None or connect else df.rdd.getNumPartitions()

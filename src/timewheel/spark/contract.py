@@ -41,11 +41,14 @@ class Reply(NamedTuple):
     """The answer a call got: ``status`` (an HTTP status, or None) and its ``body``.
 
     ``body`` is bytes (decoded as UTF-8 when the row's ``response`` is made) or str, or
-    None when the answer had none.
+    None when the answer had none. ``headers``: the answer's rate-limit headers
+    (``Retry-After``, ``x-ratelimit-*``, ``RateLimit*``) when the target was asked for
+    them (``for_quota``), else None.
     """
 
     status: int | None
     body: bytes | str | None
+    headers: Mapping[str, str] | None = None
 
 
 #: ``on_done(ok, error)``: ``error`` is None when ``ok`` is True, else a short message
@@ -105,6 +108,8 @@ class Target(Protocol):
       send the same request);
     * ``for_id_col(id_col) -> Target``: a copy keyed on the id column (the HTTP target
       derives its idempotency keys from it), called once before the job;
+    * ``for_quota() -> Target``: a copy whose replies carry the service's rate-limit
+      headers (``Reply.headers``), called once before a job with a quota;
     * ``close()``: release what the target holds in a process (its connections).
     """
 

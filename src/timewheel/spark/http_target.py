@@ -239,6 +239,8 @@ class HttpDownstream:
         self.client_cert = _readable("client_cert", client_cert)
         self.client_key = _readable("client_key", client_key)
         self.http2 = http2
+        # Set by for_quota: replies carry the answer's rate-limit headers.
+        self.rate_limit_headers = False
         self.timeout_s = None if timeout_s is None else _finite("timeout_s", timeout_s, 0.001)
         self.max_retry_after_s = _finite("max_retry_after_s", max_retry_after_s, 0.0)
         self.max_reply_bytes = check_int("max_reply_bytes", max_reply_bytes, 1)
@@ -255,6 +257,14 @@ class HttpDownstream:
             return self
         bound = copy.copy(self)
         bound.id_col = id_col
+        return bound
+
+    def for_quota(self) -> HttpDownstream:
+        """This target with its answers' rate-limit headers in each ``Reply`` (``dispatch``
+        calls it for a job with a quota, which follows them)."""
+        bound = copy.copy(self)
+        bound.rate_limit_headers = True
+        bound._curl_settings = None
         return bound
 
     def columns(self) -> tuple[str, ...]:
@@ -361,6 +371,7 @@ class HttpDownstream:
             self.client_cert,
             self.client_key,
             self.http2 and self.url.startswith("https:"),
+            self.rate_limit_headers,
         )
 
     # -- submit: this process's libcurl loop thread ------------------------------------
@@ -407,12 +418,13 @@ class HttpDownstream:
         msg: str,
     ) -> None:
         """The loop's report of one request: its verdict and answer, to ``on_done``."""
+        given = headers if self.rate_limit_headers else None
         if errno == 0 and 200 <= status < 300:  # the common case, first
-            ok, failure, reply = True, None, Reply(status, text or None)
+            ok, failure, reply = True, None, Reply(status, text or None, given)
         elif errno == 0:
             _, error, wait = verdict(status, text, headers.get, self.max_retry_after_s)
             ok, failure = False, Failure(error or "failed", wait)
-            reply = Reply(status, text or None)
+            reply = Reply(status, text or None, given)
         else:
             import pycurl
 

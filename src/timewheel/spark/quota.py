@@ -214,9 +214,16 @@ class TaskQuota:
         wait = info.pause_s()
         if wait > 0:
             self.pause(wait)
-        if info.remaining_requests is not None or info.remaining_cost is not None:
+        # Only what is below what the buckets can hold changes them: no store call else.
+        q = self.quota
+        requests, cost = info.remaining_requests, info.remaining_cost
+        if requests is not None and not (q.rate and requests < q.rate * BURST_S):
+            requests = None
+        if cost is not None and not (q.cost_rate and cost < q.cost_rate * BURST_S):
+            cost = None
+        if requests is not None or cost is not None:
             with self.lock:
-                self.store.clamp(info.remaining_requests, info.remaining_cost)
+                self.store.clamp(requests, cost)
                 self.last_contact = self.clock()
 
     def keepalive(self) -> None:

@@ -13,6 +13,10 @@ the attempt ended:
 * a refusal (HTTP 429 or 503) costs nothing at the service: its estimate is paid back,
   and its ``Retry-After`` pauses the whole job's quota (each task restarts after the
   pause plus a random jitter, see :mod:`timewheel.spark.quota`);
+* an answer with the service's rate-limit headers (``Reply.headers``, which
+  ``HttpDownstream`` gives once ``dispatch`` has called its ``for_quota``) is followed:
+  ``Retry-After`` or a used-up window pauses the job, and the quota holds no more than
+  the service says is left (:meth:`~timewheel.spark.quota.TaskQuota.follow`);
 * anything else (a timeout, a 5xx, a refused connection) may have cost what it was
   estimated at: the estimate stands.
 
@@ -22,6 +26,7 @@ Every attempt takes one request, its estimated cost and one call slot (with a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -29,6 +34,7 @@ from typing import Any, Union
 
 from .contract import Reply
 from .quota import BudgetSpent, QuotaStore, TaskQuota
+from .ratelimit_headers import parse_rate_limit_headers
 from .worker_metrics import partition_counts
 
 __all__ = ["BUDGET_SPENT", "BudgetSpent", "CostSpec", "QuotaGate", "check_cost", "reply_path"]
@@ -124,11 +130,18 @@ class QuotaGate:
         task = self.task
         task.done()
         status = None if reply is None else reply.status
+        headers = None if reply is None else reply.headers
+        if headers:  # the service's own view of the quota (Retry-After included)
+            info = parse_rate_limit_headers(headers)
+            if retry_after_s is not None and info.retry_after_s is not None:
+                # The target's cap on Retry-After (max_retry_after_s) holds here too.
+                info = dataclasses.replace(info, retry_after_s=retry_after_s)
+            task.follow(info)
         if status in (429, 503):
             self.refused += 1
             if cost:
                 task.settle(cost, 0.0)
-            if retry_after_s:
+            if retry_after_s and not headers:
                 task.pause(retry_after_s)
             return
         if not ok or self.reply_cost is None or reply is None:

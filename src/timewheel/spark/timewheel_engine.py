@@ -458,7 +458,9 @@ class _Partition:
             room, later = 0, None
             parked = self.parked
             if not exhausted or parked:
-                room, later = admission.room(self.outstanding() - len(parked))
+                # Neither a parked row nor one waiting for the quota is in flight.
+                waiting = len(parked) + (self.pending is not None)
+                room, later = admission.room(self.outstanding() - waiting)
                 room = min(room, _BATCH)
             while room > 0 and parked:  # refused rows first: they have waited longest
                 if gate is not None:
