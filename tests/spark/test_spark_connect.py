@@ -120,6 +120,40 @@ def test_dispatch_on_connect_returns_every_row_once(session: Any) -> None:
     assert sorted(r["id"] for r in again) == list(range(3000))
 
 
+def test_a_quota_on_connect_lives_in_redis_and_holds_across_its_tasks(
+    session: Any, tmp_path: Path
+) -> None:
+    """The Connect client is not the driver: a quota kept in Redis is one its executors
+    reach, and two jobs share its cap."""
+    from collections import Counter
+
+    from redis_fixtures import REDIS_SERVER, RedisServer
+    from timewheel.spark import Quota
+
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not on PATH")
+    server = RedisServer(tmp_path)
+    try:
+        quota = Quota(max_requests=500, store=server.url, name="connect-job")
+        df = session.range(400, numPartitions=3)
+        target = SimulatedDownstream(1, 3, seed=2)
+        first = Counter(
+            r["status"] for r in dispatch(df, target, id_col="id", quota=quota).collect()
+        )
+        second = Counter(
+            r["status"] for r in dispatch(df, target, id_col="id", quota=quota).collect()
+        )
+        assert first == {"ok": 400}
+        assert 100 - 2 <= second["ok"] <= 100 and second["skipped"] == 400 - second["ok"]
+    finally:
+        server.stop()
+    # Without a store, the quota is split statically, said in one warning.
+    quota = Quota(max_requests=50)
+    rows = dispatch(df, target, id_col="id", quota=quota).collect()
+    statuses = Counter(r["status"] for r in rows)
+    assert 0 < statuses["ok"] <= 50 and sum(statuses.values()) == 400
+
+
 def test_accumulators_are_refused_clearly_on_connect(session: Any) -> None:
     with pytest.raises(ValueError, match="Spark Connect has no accumulators"):
         dispatch(session.range(3), SimulatedDownstream(1, 2), id_col="id", worker_reports=object())
