@@ -30,7 +30,7 @@ from timewheel.spark.secrets import parse_secret
 from timewheel.spark.session import spark_session
 from timewheel.spark.targets import HttpDownstream
 
-TEXTS = 160
+TEXTS = 80
 TOKENS_PER_MINUTE = 60_000  # the stub's limit, and the job's quota
 
 

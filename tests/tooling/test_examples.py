@@ -150,7 +150,7 @@ def test_the_llm_enrich_example_keeps_to_its_tokens_per_minute() -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     last = result.stdout.strip().splitlines()[-1]
     found = re.match(
-        r"160 texts back \(160 ok\) with ([\d,]+) tokens in ([\d.]+) s .*refused 0 requests$",
+        r"80 texts back \(80 ok\) with ([\d,]+) tokens in ([\d.]+) s .*refused 0 requests$",
         last,
     )
     assert found, last
