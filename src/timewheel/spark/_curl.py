@@ -404,6 +404,7 @@ class CurlLoop:
         # select() (cheaper) until a descriptor libcurl uses is FD_SETSIZE or more, then
         # poll() for good: see the module's docstring.
         self._polled = max(self._rfd, self._wfd) >= FD_SETSIZE
+        self._selecting = not self._polled  # _multis may hold select() side ones
         self._owners: dict[int, _Multi] = {}  # the sockets libcurl waits on: whose they are
         self._poll = self._new_poll()
         self.thread = threading.Thread(target=self._run, name="timewheel-http", daemon=True)
@@ -496,12 +497,13 @@ class CurlLoop:
                     message = f"{type(exc).__name__}: {exc}"
                     request.on_end(request.context, 0, b"", _NO_HEADERS, REFUSED, message)
         wait_ms = -1
-        for multi in [*self._multis.values(), *self._draining]:
+        draining = self._draining
+        for multi in [*self._multis.values(), *draining] if draining else self._multis.values():
             multi.run()
             t = multi.multi.timeout()
             if t >= 0 and (wait_ms < 0 or t < wait_ms):
                 wait_ms = t
-        if self._polled:
+        if self._polled and (self._selecting or draining):
             self._drain()
             if self._again:
                 wait_ms = 0
@@ -532,10 +534,12 @@ class CurlLoop:
 
     def _drain(self) -> None:
         """Once polling: the select() side's multis run out their requests, then close."""
-        for settings, multi in list(self._multis.items()):
-            if not multi.polled:
-                del self._multis[settings]
-                self._draining.append(multi)
+        if self._selecting:
+            self._selecting = False
+            for settings, multi in list(self._multis.items()):
+                if not multi.polled:
+                    del self._multis[settings]
+                    self._draining.append(multi)
         if self._draining:
             for multi in [m for m in self._draining if not m.running]:
                 self._draining.remove(multi)
