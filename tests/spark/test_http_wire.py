@@ -8,6 +8,7 @@ every answer, gzip, 503 with Retry-After).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import re
@@ -324,33 +325,154 @@ def test_a_503_with_retry_after_is_retried_after_it(server: _WireServer) -> None
 # -- item: the loop thread ----------------------------------------------------------------
 
 
-def test_sockets_numbered_above_fd_setsize_are_waited_on(server: _WireServer) -> None:
-    # select() on curl_multi_fdset leaves out every socket numbered 1024 or more: their
-    # answers were noticed only when libcurl's own timers woke the loop, if ever.
+@contextlib.contextmanager
+def _no_descriptor_free_below_fd_setsize() -> Iterator[None]:
+    """1100 more open descriptors: every number below 1024 is taken, so every socket made
+    meanwhile is numbered above FD_SETSIZE."""
     need = 1600
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < need:
         pytest.skip(f"RLIMIT_NOFILE's hard limit is {hard}")
     if soft != resource.RLIM_INFINITY and soft < need:
         resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
-    target = HttpDownstream(server.url + "/rows")
-    target.close()  # a loop thread of this test's own, made before the fds below
-    assert run([{"id": -1}], target)[-1].status == "ok"
     fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
     try:
-        assert max(fds) >= 1100  # every new connection's socket is numbered above 1024
-        rows = [{"id": i} for i in range(200)]
-        start = time.monotonic()
-        out = run(rows, target, max_in_flight=50, timeout_ms=10_000, retries=0)
-        elapsed = time.monotonic() - start
-        assert {o.status for o in out.values()} == {"ok"}, Counter(o.error for o in out.values())
-        # 200 answers from loopback (0.3 s here): within half of one call's timeout
-        assert elapsed < 5.0, elapsed
+        assert max(fds) >= 1100
+        yield
     finally:
         for fd in fds:
             os.close(fd)
-        HttpDownstream(server.url).close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _curl_loop() -> Any:
+    from timewheel.spark.http_target import _LOOP
+
+    return _LOOP.get()
+
+
+def test_sockets_numbered_above_fd_setsize_are_waited_on(server: _WireServer) -> None:
+    # select() on curl_multi_fdset leaves out every socket numbered 1024 or more: their
+    # answers were noticed only when libcurl's own timers woke the loop, if ever.
+    target = HttpDownstream(server.url + "/rows")
+    target.close()  # a loop thread of this test's own, made before the fds below
+    assert run([{"id": -1}], target)[-1].status == "ok"
+    try:
+        with _no_descriptor_free_below_fd_setsize():
+            rows = [{"id": i} for i in range(200)]
+            start = time.monotonic()
+            out = run(rows, target, max_in_flight=50, timeout_ms=10_000, retries=0)
+            elapsed = time.monotonic() - start
+            assert {o.status for o in out.values()} == {"ok"}, Counter(
+                o.error for o in out.values()
+            )
+            # 200 answers from loopback (0.3 s here): within half of one call's timeout
+            assert elapsed < 5.0, elapsed
+    finally:
+        HttpDownstream(server.url).close()
+
+
+def test_the_loop_selects_until_a_socket_is_above_fd_setsize_then_polls(
+    server: _WireServer,
+) -> None:
+    # select() and perform() (cheaper) while every socket is below FD_SETSIZE; the first
+    # one above switches the loop to poll() for good. That socket's request goes again
+    # (it was never sent), and requests already sent on the select() side finish there.
+    HttpDownstream(server.url).close()  # a loop of this test's own
+    target = HttpDownstream(server.url + "/rows", header_cols={"X-Row": "row"})
+    out = run([{"id": -1, "row": "r-1"}], target)
+    assert (out[-1].status, out[-1].response) == ("ok", "r-1")
+    loop = _curl_loop()
+    assert loop.polled is False
+    got: list[tuple[bool, Any]] = []
+    ended = threading.Condition()
+
+    def on_done(ok: bool, error: Any) -> None:
+        with ended:
+            got.append((ok, error))
+            ended.notify_all()
+
+    slow = HttpDownstream(server.url + "/slow")  # the same settings: the same multi handle
+    for i in range(5):
+        slow.submit({"id": i}, on_done)
+    with server.arrived:  # all five sent from the select() side: held 0.5 s
+        assert server.arrived.wait_for(lambda: server.hits["/slow"] == 5, timeout=10)
+    assert loop.polled is False
+    try:
+        with _no_descriptor_free_below_fd_setsize():
+            rows = [{"id": i, "row": f"r{i}"} for i in range(20)]
+            out = run(rows, target, max_in_flight=10, timeout_ms=10_000, retries=0)
+            assert loop.polled is True
+            assert {(o.status, o.attempts) for o in out.values()} == {("ok", 1)}, out
+            assert all(out[i].response == f"r{i}" for i in range(20))
+            # the five held requests end on the select() side's sockets, polled now
+            with ended:
+                assert ended.wait_for(lambda: len(got) == 5, timeout=5), got
+            assert got == [(True, None)] * 5
+    finally:
+        HttpDownstream(server.url).close()
+    assert _curl_loop() is not loop  # closed above: a new loop starts with select() again
+    # each row reached the service once: the request refused a socket was never sent
+    assert server.hits["/rows"] == 21
+    assert sorted(h["x-row"] for t, h in server.seen if t == "/rows") == sorted(
+        ["r-1"] + [f"r{i}" for i in range(20)]
+    )
+
+
+def test_a_multi_handle_made_with_no_low_number_free_polls(
+    server: _WireServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # libcurl's multi handle has a descriptor of its own, which ends a name lookup and is
+    # never shown to the socket check: made when no number below FD_SETSIZE is free, it
+    # is out of select()'s reach (with raw pycurl, a lookup there was never noticed to
+    # end). The loop sees that no low number is free and makes that handle a polled one.
+    from timewheel.spark import _curl
+
+    port = server.server_address[1]
+    try:  # libcurl looks "localhost." up as "localhost"
+        resolved = {a[4][0] for a in socket.getaddrinfo("localhost", port, socket.AF_INET)}
+    except OSError as exc:
+        pytest.skip(f"'localhost' does not resolve here: {exc}")
+    if resolved != {"127.0.0.1"}:
+        pytest.skip(f"'localhost' resolves to {resolved}")
+    checked: list[int] = []
+    original = _curl._Multi.on_new_socket
+
+    def on_new_socket(self: Any, fd: int, purpose: int) -> int:
+        checked.append(fd)
+        return original(self, fd, purpose)
+
+    monkeypatch.setattr(_curl._Multi, "on_new_socket", on_new_socket)
+    HttpDownstream(server.url).close()  # a loop of this test's own
+    assert run([{"id": -1}], HttpDownstream(server.url + "/rows"))[-1].status == "ok"
+    loop = _curl_loop()
+    assert loop.polled is False
+    assert checked and max(checked) < 1024  # the select() side checked its socket
+    # other settings: a multi handle of their own, made while no low number is free;
+    # libcurl looks the name up (it knows "localhost" itself, not "localhost.")
+    named = HttpDownstream(f"http://localhost.:{port}/named", max_connections=7)
+    got: list[tuple[bool, Any]] = []
+    ended = threading.Event()
+
+    def on_done(ok: bool, error: Any) -> None:
+        got.append((ok, error))
+        ended.set()
+
+    checked.clear()
+    try:
+        with _no_descriptor_free_below_fd_setsize():
+            # one request, one wake-up of the loop: the lookup's end must wake it
+            named.submit({"id": 0}, on_done)
+            assert ended.wait(5), "the name lookup's end was never noticed"
+            assert got == [(True, None)]
+            assert loop.polled is True
+            # polled from its first request: never on the select() side, never refused
+            assert checked == []
+            out = run([{"id": i} for i in range(1, 3)], named, timeout_ms=5_000, retries=0)
+            assert {o.status for o in out.values()} == {"ok"}, out
+    finally:
+        HttpDownstream(server.url).close()
+    assert server.hits["/named"] == 3
 
 
 def test_a_failed_loop_turn_fails_the_calls_in_flight_and_the_loop_goes_on(

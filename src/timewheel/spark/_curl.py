@@ -1,16 +1,23 @@
 """libcurl's multi interface driven by one loop thread per process: the HTTP target's client.
 
-The loop waits with ``poll()`` on the sockets libcurl names, plus a pipe that other
-threads write to when they queue a request or a cancellation, and hands each socket that
-is ready to libcurl (``socket_action``). libcurl names its sockets through
-``CURLMOPT_SOCKETFUNCTION``, called only when what it waits for on a socket changes
-(about twice per request on a kept-alive connection); its timers are read with
-``curl_multi_timeout`` at each turn, not through a timer callback. ``poll()``, unlike
-``select()`` on ``curl_multi_fdset`` (which this loop used before), sees sockets
-numbered ``FD_SETSIZE`` (1024) or more. If a turn of the loop fails, the requests in
-flight end with the reason (:data:`LOOP_FAILED`) and the loop goes on with new
-connections; a second failure in a row stops it, and later requests are refused with
-the reason.
+The loop has two ways to wait, and starts with the cheaper one. While every socket
+libcurl makes is numbered below ``FD_SETSIZE`` (1024), it runs libcurl's own
+``perform()`` and waits with ``select()`` on the sockets libcurl lists
+(``curl_multi_fdset``), plus a pipe that other threads write to when they queue a
+request or a cancellation: no Python runs per socket event. ``select()`` cannot see a
+socket numbered ``FD_SETSIZE`` or more (``curl_multi_fdset`` leaves it out), so each
+new socket libcurl opens is shown to the loop first (``CURLOPT_SOCKOPTFUNCTION``, once
+per connection, before it connects). The first one numbered too high is refused (its
+request was not sent: it goes again at once, not counted as an attempt) and the loop
+switches to ``poll()`` for good: libcurl then names the sockets it waits on through
+``CURLMOPT_SOCKETFUNCTION``, called when what it waits for on a socket changes (about
+twice per request on a kept-alive connection), and each socket that is ready is handed
+to libcurl (``socket_action``). Requests already sent on the ``select()`` side finish
+there, their sockets polled with the rest, and then its handles are closed. Either way,
+libcurl's timers are read with ``curl_multi_timeout`` at each turn, not through a timer
+callback. If a turn of the loop fails, the requests in flight end with the reason
+(:data:`LOOP_FAILED`) and the loop goes on with new connections; a second failure in a
+row stops it, and later requests are refused with the reason.
 
 Deadlines are not libcurl's business here: the caller's timewheel times each call out
 and cancels it, and :meth:`Request.cancel` takes the transfer out of the multi handle at
@@ -66,6 +73,10 @@ _CONNECTION = {
 # libcurl errors of a request that met a connection the server had closed (legal between
 # two requests of a keep-alive connection): worth sending again at once on a new one.
 _STALE = {pycurl.E_SEND_ERROR, pycurl.E_RECV_ERROR, pycurl.E_GOT_NOTHING}
+# What a request whose socket on_new_socket refused ends with (nothing else here aborts).
+_REFUSED_SOCKET = pycurl.E_ABORTED_BY_CALLBACK
+_SOCKOPT_OK: int = pycurl.SOCKOPT_OK
+_SOCKOPT_ERROR: int = pycurl.SOCKOPT_ERROR
 _TLS = {
     pycurl.E_SSL_CONNECT_ERROR,
     pycurl.E_PEER_FAILED_VERIFICATION,
@@ -94,6 +105,9 @@ REFUSED = -1
 #: The ``curl_errno`` of a request in flight when the loop thread failed (the message
 #: says why); the loop starts again with new connections.
 LOOP_FAILED = -2
+
+#: The first descriptor number ``select()`` cannot wait on (glibc's, and most systems').
+FD_SETSIZE = 1024
 
 # What poll() waits for, for each of libcurl's socket wishes.
 _EVENTS = {
@@ -159,6 +173,7 @@ class Request:
         "headers",
         "loop",
         "method",
+        "multi",
         "on_end",
         "settings",
         "url",
@@ -186,6 +201,7 @@ class Request:
         self.cancelled = False
         self.fresh = False  # sent again on a new connection (once at most)
         self.easy: Any = None
+        self.multi: _Multi | None = None  # whose easy handle it runs on
 
     def cancel(self) -> None:
         """Drop the request: never sent if not started, else taken out and its connection closed."""
@@ -195,15 +211,22 @@ class Request:
 
 
 class _Multi:
-    """A multi handle and the idle easy handles of one :class:`Settings`."""
+    """A multi handle and the idle easy handles of one :class:`Settings`.
 
-    def __init__(self, settings: Settings, loop: CurlLoop) -> None:
+    ``polled``: driven by ``poll()`` and ``socket_action`` (any socket number), else by
+    ``perform()`` and ``select()`` (sockets below :data:`FD_SETSIZE` only: each new one
+    is checked, see :meth:`on_new_socket`).
+    """
+
+    def __init__(self, settings: Settings, loop: CurlLoop, *, polled: bool) -> None:
         self.settings = settings
         self.loop = loop
+        self.polled = polled
         self.multi = pycurl.CurlMulti()
-        # libcurl names the sockets it waits on, and for what, when that changes: the
-        # loop polls them, whatever their numbers, and hands their events back to it.
-        self.multi.setopt(pycurl.M_SOCKETFUNCTION, self.on_socket)
+        if polled:
+            # libcurl names the sockets it waits on, and for what, when that changes: the
+            # loop polls them, whatever their numbers, and hands their events back to it.
+            self.multi.setopt(pycurl.M_SOCKETFUNCTION, self.on_socket)
         if settings.max_connections is not None:
             self.multi.setopt(pycurl.M_MAX_TOTAL_CONNECTIONS, settings.max_connections)
         # Requests to one host share an HTTP/2 connection (libcurl's default since 7.62:
@@ -252,7 +275,19 @@ class _Multi:
         easy.lines = []
         if s.rate_limit_headers:
             easy.setopt(pycurl.HEADERFUNCTION, easy.lines.append)
+        if not self.polled:
+            easy.setopt(pycurl.SOCKOPTFUNCTION, self.on_new_socket)
         return easy
+
+    def on_new_socket(self, fd: int, purpose: int) -> int:
+        """libcurl's ``CURLOPT_SOCKOPTFUNCTION`` (``select()`` side only): called with each
+        socket libcurl opens, before it connects. One that ``select()`` cannot wait on is
+        refused (its request fails with ``E_ABORTED_BY_CALLBACK`` before anything is sent,
+        and :meth:`finish` hands it back to the loop), and the loop switches to ``poll()``."""
+        if fd < FD_SETSIZE:
+            return _SOCKOPT_OK
+        self.loop._polled = True
+        return _SOCKOPT_ERROR
 
     def on_socket(self, what: int, fd: int, multi: Any, data: Any) -> None:
         """libcurl's ``CURLMOPT_SOCKETFUNCTION``: wait on ``fd`` for ``what`` from now on."""
@@ -273,6 +308,7 @@ class _Multi:
             easy.close()
             raise
         request.easy = easy
+        request.multi = self
         self.running[easy] = request
         self.multi.add_handle(easy)
 
@@ -324,6 +360,14 @@ class _Multi:
             return
         if errno in _STALE and not request.cancelled and self.resend(easy, request):
             return
+        if errno == _REFUSED_SOCKET and not self.polled:
+            # Its socket was numbered too high for select() (on_new_socket, the only
+            # callback here that aborts): it never connected, so nothing was sent. It
+            # goes again at once on the poll() side, not counted as an attempt.
+            self.remove(request)
+            if not request.cancelled:
+                self.loop._again.append(request)
+            return
         status = easy.getinfo(pycurl.RESPONSE_CODE) if errno == 0 else 0
         headers = _NO_HEADERS
         if status == 429 or status == 503:
@@ -340,10 +384,14 @@ class _Multi:
             request.on_end(request.context, status, body, headers, errno, message)
 
     def run(self) -> None:
-        """Run libcurl's timers if one is due (new requests start so), then report what
-        ended; socket events were handed to libcurl as they came (:meth:`CurlLoop._turn`)."""
+        """Let libcurl work, then report what ended. Polled: run libcurl's timers if one
+        is due (new requests start so); socket events were handed to libcurl as they came
+        (:meth:`CurlLoop._turn`). Else: ``perform()``, which looks at every transfer."""
         multi = self.multi
-        if multi.timeout() == 0:
+        if not self.polled:
+            while multi.perform()[0] == pycurl.E_CALL_MULTI_PERFORM:
+                pass
+        elif multi.timeout() == 0:
             multi.socket_action(pycurl.SOCKET_TIMEOUT, 0)
         while True:
             queued, ok, failed = multi.info_read()
@@ -376,7 +424,15 @@ class CurlLoop:
         self._rfd, self._wfd = os.pipe()
         os.set_blocking(self._rfd, False)
         os.set_blocking(self._wfd, False)
+        # Each Settings' multi handle; once the loop polls, the select() side ones still
+        # running requests drain (their sockets are polled with the rest), then close.
         self._multis: dict[Settings, _Multi] = {}
+        self._draining: list[_Multi] = []
+        self._again: list[Request] = []  # refused a socket select() cannot see: add again
+        # select() (cheaper) until a descriptor libcurl uses is FD_SETSIZE or more, then
+        # poll() for good: see the module's docstring.
+        self._polled = max(self._rfd, self._wfd) >= FD_SETSIZE
+        self._selecting = not self._polled  # _multis may hold select() side ones
         self._owners: dict[int, _Multi] = {}  # the sockets libcurl waits on: whose they are
         self._poll = self._new_poll()
         self.thread = threading.Thread(target=self._run, name="timewheel-http", daemon=True)
@@ -435,11 +491,17 @@ class CurlLoop:
                 if failed_turns > 1:  # failed again right after a reset: stop for good
                     self._stop(reason)
                     break
-        for multi in self._multis.values():
+        for multi in [*self._multis.values(), *self._draining]:
             multi.close()
         self._multis.clear()
+        self._draining.clear()
         os.close(self._rfd)
         os.close(self._wfd)
+
+    @property
+    def polled(self) -> bool:
+        """Whether the loop waits with ``poll()`` (for good), not ``select()``."""
+        return self._polled
 
     def _turn(self) -> bool:
         """One turn of the loop: take what was queued, run libcurl, wait; True: closing."""
@@ -447,35 +509,109 @@ class CurlLoop:
         if closing:
             return True
         for request in cancels:
-            if request.easy is not None:
-                self._multis[request.settings].remove(request)
+            if request.easy is not None and request.multi is not None:
+                request.multi.remove(request)
+        if self._again:
+            adds = self._again + adds
+            self._again = []
         for request in adds:
             if not request.cancelled:
                 multi = self._multis.get(request.settings)
                 if multi is None:
-                    multi = self._multis[request.settings] = _Multi(request.settings, self)
+                    multi = self._multis[request.settings] = self._new_multi(request.settings)
                 try:
                     multi.add(request)
                 except Exception as exc:  # libcurl refused an option (a bad URL, say)
                     message = f"{type(exc).__name__}: {exc}"
                     request.on_end(request.context, 0, b"", _NO_HEADERS, REFUSED, message)
         wait_ms = -1
-        for multi in self._multis.values():
+        draining = self._draining
+        for multi in [*self._multis.values(), *draining] if draining else self._multis.values():
             multi.run()
             t = multi.multi.timeout()
             if t >= 0 and (wait_ms < 0 or t < wait_ms):
                 wait_ms = t
+        if self._polled and (self._selecting or draining):
+            self._drain()
+            if self._again:
+                wait_ms = 0
         if wait_ms != 0:
-            owners = self._owners
-            for fd, events in self._poll.poll(None if wait_ms < 0 else wait_ms):
-                owner = owners.get(fd)
-                if owner is None:
-                    continue  # the wake-up pipe: read by the next turn's _take
-                if events & select.POLLNVAL:  # closed without libcurl saying so: forget it
-                    del owners[fd]
-                    self._poll.unregister(fd)
-                owner.multi.socket_action(fd, _CSELECT[events & 63])
+            if self._polled:
+                self._wait_poll(wait_ms)
+            else:
+                self._wait_select(wait_ms)
         return False
+
+    def _new_multi(self, settings: Settings) -> _Multi:
+        if not self._polled:
+            multi = _Multi(settings, self, polled=False)
+            # libcurl's own descriptors (the multi handle's wake-up one, which ends a name
+            # lookup) are not shown to on_new_socket. They take the lowest free number:
+            # if that is past select()'s reach right after, theirs may be too.
+            try:
+                probe = os.dup(self._rfd)
+                os.close(probe)
+            except OSError:  # no number free at all (EMFILE): none below FD_SETSIZE either
+                probe = FD_SETSIZE
+            if probe < FD_SETSIZE:
+                return multi
+            multi.close()
+            self._polled = True
+            self._drain()
+        return _Multi(settings, self, polled=True)
+
+    def _drain(self) -> None:
+        """Once polling: the select() side's multis run out their requests, then close."""
+        if self._selecting:
+            self._selecting = False
+            for settings, multi in list(self._multis.items()):
+                if not multi.polled:
+                    del self._multis[settings]
+                    self._draining.append(multi)
+        if self._draining:
+            for multi in [m for m in self._draining if not m.running]:
+                self._draining.remove(multi)
+                multi.close()
+
+    def _wait_select(self, wait_ms: int) -> None:
+        """Wait on the pipe and on every socket libcurl lists (all below FD_SETSIZE)."""
+        reads, writes, errors = [self._rfd], [], []
+        for multi in self._multis.values():
+            r, w, x = multi.multi.fdset()
+            reads += r
+            writes += w
+            errors += x
+        select.select(reads, writes, errors, None if wait_ms < 0 else wait_ms / 1000)
+
+    def _wait_poll(self, wait_ms: int) -> None:
+        """Wait on the pipe and the sockets libcurl named, and hand it the ready ones; the
+        draining select() side's sockets are polled for this wait only (it runs
+        ``perform()`` at each turn, which looks at them)."""
+        poll = self._poll
+        owners = self._owners
+        lent: dict[int, int] = {}
+        for multi in self._draining:
+            r, w, x = multi.multi.fdset()
+            for fds, events in ((r, select.POLLIN), (w, select.POLLOUT), (x, select.POLLPRI)):
+                for fd in fds:
+                    lent[fd] = lent.get(fd, 0) | events
+        for fd in [fd for fd in lent if fd in owners or fd == self._rfd]:
+            del lent[fd]  # not libcurl's select() side's (a stale number): polled anyway
+        for fd, events in lent.items():
+            poll.register(fd, events)
+        try:
+            ready = poll.poll(None if wait_ms < 0 else wait_ms)
+        finally:
+            for fd in lent:
+                poll.unregister(fd)
+        for fd, events in ready:
+            owner = owners.get(fd)
+            if owner is None:
+                continue  # the wake-up pipe (read by the next turn's _take), or lent
+            if events & select.POLLNVAL:  # closed without libcurl saying so: forget it
+                del owners[fd]
+                poll.unregister(fd)
+            owner.multi.socket_action(fd, _CSELECT[events & 63])
 
     def _new_poll(self) -> Any:
         poll = select.poll()  # no limit on socket numbers, unlike select() (FD_SETSIZE)
@@ -484,12 +620,14 @@ class CurlLoop:
 
     def _reset(self, reason: str) -> None:
         """After a failed turn: fail every request in flight, drop every connection."""
-        ended: list[Request] = []
-        for multi in self._multis.values():
+        ended = [r for r in self._again if not r.cancelled]
+        self._again = []
+        for multi in [*self._multis.values(), *self._draining]:
             ended += [r for r in multi.running.values() if not r.cancelled]
             with contextlib.suppress(Exception):
                 multi.close()
         self._multis.clear()
+        self._draining.clear()
         self._owners.clear()
         self._poll = self._new_poll()
         for request in ended:
