@@ -32,7 +32,7 @@ pytestmark = [
     pytest.mark.cluster,
     pytest.mark.skipif(
         os.environ.get("TIMEWHEEL_CLUSTER_TESTS") != "1",
-        reason="2 to 4 minutes: run by .ci/cluster (TIMEWHEEL_CLUSTER_TESTS=1)",
+        reason="3 to 5 minutes: run by .ci/cluster (TIMEWHEEL_CLUSTER_TESTS=1)",
     ),
 ]
 
