@@ -136,7 +136,9 @@ def check_quota(schema: Any, quota: Any, cost: Any, reply_cost: Any, rate: float
     if quota is not None and not isinstance(quota, Quota):
         raise TypeError(f"quota must be a timewheel.spark.Quota, got {quota!r}")
     if quota is not None and rate is not None:
-        raise ValueError("give rate or quota, not both (rate=R is Quota(rate=R)'s static split)")
+        raise ValueError(
+            "give rate or quota, not both (rate=R splits R statically; Quota(rate=R) shares it)"
+        )
     for name, spec in (("cost", cost), ("reply_cost", reply_cost)):
         if check_cost(name, spec) is not None and quota is None:
             raise ValueError(f"{name} is given without a quota to count it against")
