@@ -7,10 +7,9 @@
   a ``mapInArrow`` of your own, with :func:`output_schema` the schema that returns.
 * Targets (:mod:`timewheel.spark.targets`): :class:`SimulatedDownstream`,
   :class:`HttpDownstream`, or any picklable object with ``submit(row, on_done)``.
-* Engines (:mod:`timewheel.spark.engines` for the contract,
-  :mod:`timewheel.spark.registry` for the names): the per-partition work; the default
-  runs on the package's own timer, purgatory and resource manager
-  (:mod:`timewheel.spark.timewheel_engine`).
+* Engines (:mod:`timewheel.spark.engines` for the contract): the per-partition work;
+  the one the wing ships, the default, runs on the package's own timer, purgatory and
+  resource manager (:mod:`timewheel.spark.timewheel_engine`).
 * Helpers a job of its own around ``dispatch`` uses (``timewheel pipeline`` does):
   :func:`task_slots` (the tasks Spark runs at once), :func:`is_connect` (a Spark Connect
   session?), :func:`request_key` (the column ``dedupe_requests`` groups rows by);
