@@ -14,7 +14,7 @@ import pytest
 from engine_contract import *  # noqa: F403  (the cases, run here against the engines below)
 from timewheel.cli.bench.baseline_engines import async_call, blocking_call
 from timewheel.cli.bench.engines import DEFAULT_ENGINE, engine_names, get_engine
-from timewheel.spark.engines import DispatchConfig, Outcome
+from timewheel.spark.engines import DispatchConfig, Outcome, worker_runtime
 from timewheel.spark.secrets import Secret
 from timewheel.spark.targets import DownstreamError, DownstreamTimeout, HttpDownstream
 from timewheel.spark.timewheel_engine import timewheel_engine
@@ -166,3 +166,28 @@ def test_the_bridges_wait_on_submit_raise_its_failure_and_cancel_on_timeout() ->
 
     asyncio.run(scenario())
     assert silent.cancelled == 2
+
+
+def test_closing_the_worker_runtime_closes_the_baselines_clients() -> None:
+    from http_fixtures import ScriptedService
+
+    def pools(session: Any) -> int:  # a requests session's open connection pools
+        return sum(len(adapter.poolmanager.pools) for adapter in session.adapters.values())
+
+    service = ScriptedService()
+    try:
+        target = HttpDownstream(service.url)
+        worker_runtime().close()  # what earlier tests kept: this test's clients only
+        for name in BASELINES:
+            outcomes = list(get_engine(name)(iter([{"id": 1}]), target, DispatchConfig()))
+            assert [o.status for o in outcomes] == ["ok"]
+        kept = worker_runtime().objects()
+        threads, aio = kept["threads-engine-pool"], kept["asyncio-engine-loop"]
+        (requests_session,) = threads._sessions  # the one thread that sent
+        (aiohttp_session,) = aio._sessions.values()
+        assert pools(requests_session) == 1 and not aiohttp_session.closed
+        worker_runtime().close()
+        assert pools(requests_session) == 0 and aiohttp_session.closed
+        assert aio.loop.is_closed() and threads.pool._shutdown
+    finally:
+        service.close()
