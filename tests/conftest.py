@@ -97,4 +97,4 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-from spark_fixtures import spark  # noqa: E402,F401  (the session-scoped Spark fixture)
+from spark_fixtures import recorder, spark  # noqa: E402,F401  (Spark, a recording HTTP service)

@@ -8,10 +8,14 @@ an installed package does not need.
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +65,43 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         yield session
     finally:
         session.stop()
+
+
+# -- a loopback HTTP service that records the ids it is sent (dispatch's HTTP cases) --
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        row = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        server: Any = self.server
+        with server.lock:
+            server.seen[row["id"]] = server.seen.get(row["id"], 0) + 1
+        status = 503 if row["id"] % 7 == 0 else 200
+        self.send_response(status)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _RecorderServer(http.server.ThreadingHTTPServer):
+    # The default backlog of 5 overflows when both workers connect at once; a dropped
+    # SYN is resent a second or more later, which can exceed a call's timeout.
+    request_queue_size = 128
+
+
+@pytest.fixture
+def recorder() -> Iterator[Any]:
+    server: Any = _RecorderServer(("127.0.0.1", 0), _Recorder)
+    server.daemon_threads = True
+    server.lock = threading.Lock()
+    server.seen = {}
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()

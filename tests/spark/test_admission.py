@@ -11,48 +11,8 @@ import pytest
 
 from timewheel.spark.admission import BURST_S, Admission, check_rate, is_overload
 from timewheel.spark.engines import DispatchConfig
-from timewheel.spark.registry import engine_names, get_engine
 from timewheel.spark.targets import Failure, OnDone, Reply
 from timewheel.spark.timewheel_engine import timewheel_engine
-
-
-class Stamped:
-    """Answers every call at once (ok) and notes when each was sent."""
-
-    def __init__(self) -> None:
-        self.sent: list[float] = []
-        self.lock = threading.Lock()
-
-    def submit(self, row: dict[str, Any], on_done: OnDone) -> None:
-        with self.lock:
-            self.sent.append(time.monotonic())
-        on_done(True, None)
-
-
-def most_in_any_window(stamps: list[float], window_s: float = 1.0) -> int:
-    stamps = sorted(stamps)
-    most, lo = 0, 0
-    for hi, t in enumerate(stamps):
-        while t - stamps[lo] >= window_s:
-            lo += 1
-        most = max(most, hi - lo + 1)
-    return most
-
-
-@pytest.mark.parametrize("engine", engine_names())
-def test_a_rate_holds_in_every_one_second_window_bursts_included(engine: str) -> None:
-    target = Stamped()
-    config = DispatchConfig(max_in_flight=64, rate_per_task=300.0)
-    start = time.monotonic()
-    outcomes = list(get_engine(engine)(iter([{"id": i} for i in range(750)]), target, config))
-    elapsed = time.monotonic() - start
-    assert sorted(o.row["id"] for o in outcomes) == list(range(750))
-    assert {o.status for o in outcomes} == {"ok"}
-    # At most the rate plus the bucket's burst in any one-second window (the issue's 5%
-    # leaves room for a thread descheduled between taking its tokens and sending) ...
-    assert most_in_any_window(target.sent) <= 300 * 1.05
-    # ... and not far below it either: 750 rows at 300/s take about 2.5 s.
-    assert elapsed >= (750 - 300 * BURST_S) / 300
 
 
 class Crowded:

@@ -24,8 +24,8 @@ import pytest
 pytest.importorskip("pycurl")
 
 from timewheel.spark.engines import DispatchConfig, Outcome
-from timewheel.spark.registry import get_engine
 from timewheel.spark.targets import Failure, HttpDownstream
+from timewheel.spark.timewheel_engine import timewheel_engine
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -170,7 +170,7 @@ def _client_sockets(port: int) -> int:
 
 
 def run(rows: list[dict[str, Any]], target: Any, **config: Any) -> dict[Any, Outcome]:
-    outcomes = list(get_engine("timewheel")(iter(rows), target, DispatchConfig(**config)))
+    outcomes = list(timewheel_engine(iter(rows), target, DispatchConfig(**config)))
     assert sorted(o.row["id"] for o in outcomes) == sorted(r["id"] for r in rows)
     return {o.row["id"]: o for o in outcomes}
 

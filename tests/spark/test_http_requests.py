@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("pycurl")
 
 from timewheel.spark.engines import DispatchConfig, Outcome
-from timewheel.spark.registry import engine_names, get_engine
-from timewheel.spark.targets import HttpDownstream, SimulatedDownstream
+from timewheel.spark.targets import HttpDownstream
+from timewheel.spark.timewheel_engine import timewheel_engine
 
 
 class _Echo(BaseHTTPRequestHandler):
@@ -89,11 +89,9 @@ def echo() -> Iterator[_EchoServer]:
         srv.server_close()
 
 
-def run(
-    rows: list[dict[str, Any]], target: Any, engine: str = "timewheel", **config: Any
-) -> dict[Any, Outcome]:
+def run(rows: list[dict[str, Any]], target: Any, **config: Any) -> dict[Any, Outcome]:
     config.setdefault("timeout_ms", 20_000)  # a busy machine's slow answer is not the point
-    outcomes = list(get_engine(engine)(iter(rows), target, DispatchConfig(**config)))
+    outcomes = list(timewheel_engine(iter(rows), target, DispatchConfig(**config)))
     assert sorted(o.row["id"] for o in outcomes) == sorted(r["id"] for r in rows)
     return {o.row["id"]: o for o in outcomes}
 
@@ -168,11 +166,10 @@ def test_bad_request_shapes_are_refused(kwargs: dict[str, Any], exc: type, words
         HttpDownstream(url, **kwargs)
 
 
-@pytest.mark.parametrize("engine", engine_names())
-def test_every_engine_carries_the_answer(echo: _EchoServer, engine: str) -> None:
+def test_the_engine_carries_the_answer(echo: _EchoServer) -> None:
     rows = [{"id": 1, "p": "found"}, {"id": 2, "p": "missing"}, {"id": 3, "p": "latin1"}]
     target = HttpDownstream(echo.url + "/{p}")
-    out = run(rows, target, engine, retries=1)
+    out = run(rows, target, retries=1)
     assert (out[1].status, out[1].http_status) == ("ok", 200)
     assert json.loads(out[1].response or "") == {"got": "/found", "n": 7}
     # a 4xx is final and keeps what the service said
@@ -181,21 +178,6 @@ def test_every_engine_carries_the_answer(echo: _EchoServer, engine: str) -> None
     # a body that is not UTF-8 cannot be a response: the row fails, saying why
     assert (out[3].status, out[3].http_status, out[3].response) == ("failed", 200, None)
     assert (out[3].error or "").startswith("answer is not UTF-8: ")
-
-
-@pytest.mark.parametrize("engine", engine_names())
-def test_targets_without_replies_keep_working(engine: str) -> None:
-    class OldStyle:
-        def submit(self, row: dict[str, Any], on_done: Any) -> None:
-            on_done(row["id"] % 2 == 0, None if row["id"] % 2 == 0 else "odd")
-
-    out = run([{"id": 1}, {"id": 2}], OldStyle(), engine, retries=0)
-    assert [(o.status, o.http_status, o.response) for o in out.values()] == [
-        ("failed", None, None),
-        ("ok", None, None),
-    ]
-    sim = run([{"id": 1}], SimulatedDownstream(1, 2, seed=1), engine)
-    assert (sim[1].http_status, sim[1].response) == (200, '{"accepted":true}')
 
 
 def test_reply_parser_fails_only_the_rows_that_do_not_fit() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import multiprocessing
 import pickle
 import shutil
@@ -18,18 +19,16 @@ from typing import Any
 import pytest
 
 pytest.importorskip("aiohttp")
-pytest.importorskip("requests")
 
 from http_fixtures import ScriptedService
 from timewheel.spark.engines import DispatchConfig, Outcome
-from timewheel.spark.registry import engine_names, get_engine
 from timewheel.spark.targets import (
     DownstreamError,
-    DownstreamTimeout,
     Failure,
     HttpDownstream,
     target_from_url,
 )
+from timewheel.spark.timewheel_engine import timewheel_engine
 
 
 @pytest.fixture
@@ -59,8 +58,8 @@ class Replies:
         return self.got
 
 
-def run(engine: str, rows: list[dict[str, Any]], target: Any, **config: Any) -> dict[Any, Outcome]:
-    outcomes = list(get_engine(engine)(iter(rows), target, DispatchConfig(**config)))
+def run(rows: list[dict[str, Any]], target: Any, **config: Any) -> dict[Any, Outcome]:
+    outcomes = list(timewheel_engine(iter(rows), target, DispatchConfig(**config)))
     ids = [repr(o.row["id"]) for o in outcomes]
     assert sorted(ids) == sorted(repr(r["id"]) for r in rows), "a row was lost or repeated"
     return {o.row["id"]: o for o in outcomes}
@@ -98,8 +97,7 @@ def test_body_shape_and_header_name_are_settable(service: ScriptedService) -> No
     assert "Idempotency-Key" not in second["headers"]
 
 
-@pytest.mark.parametrize("engine", engine_names())
-def test_retry_policy_and_a_stable_key(service: ScriptedService, engine: str) -> None:
+def test_retry_policy_and_a_stable_key(service: ScriptedService) -> None:
     rows = [
         {"id": 1, "plan": ["500", "200"]},
         {"id": 2, "plan": ["429:1", "200"]},
@@ -109,7 +107,7 @@ def test_retry_policy_and_a_stable_key(service: ScriptedService, engine: str) ->
         {"id": 6, "plan": ["200"]},
     ]
     target = HttpDownstream(service.url)
-    out = run(engine, rows, target, timeout_ms=400, retries=2, backoff_ms=10)
+    out = run(rows, target, timeout_ms=400, retries=2, backoff_ms=10)
     assert {i: (o.status, o.attempts) for i, o in out.items()} == {
         1: ("ok", 2),
         2: ("ok", 2),
@@ -135,7 +133,7 @@ def test_a_timed_out_request_is_dropped_at_once(service: ScriptedService) -> Non
     target = HttpDownstream(service.url)
     rows = [{"id": i, "plan": ["stall"]} for i in range(20)]
     start = time.monotonic()
-    out = run("timewheel", rows, target, timeout_ms=200, retries=0, backoff_ms=0)
+    out = run(rows, target, timeout_ms=200, retries=0, backoff_ms=0)
     assert {o.status for o in out.values()} == {"timeout"}
     deadline = time.monotonic() + 5
     while len(service.seen.dropped_stalls) < 20 and time.monotonic() < deadline:
@@ -147,13 +145,13 @@ def test_a_timed_out_request_is_dropped_at_once(service: ScriptedService) -> Non
     names = [t.name for t in threading.enumerate() if t.name == "timewheel-http"]
     assert names == ["timewheel-http"]
     # the same target goes on working after the cancellations
-    again = run("timewheel", [{"id": 99}], target, timeout_ms=2000)
+    again = run([{"id": 99}], target, timeout_ms=2000)
     assert again[99].status == "ok"
 
 
 def test_max_in_flight_bounds_the_requests_at_the_service(service: ScriptedService) -> None:
     rows = [{"id": i, "plan": ["slow:40"]} for i in range(120)]
-    out = run("timewheel", rows, HttpDownstream(service.url), max_in_flight=8, timeout_ms=5000)
+    out = run(rows, HttpDownstream(service.url), max_in_flight=8, timeout_ms=5000)
     assert {o.status for o in out.values()} == {"ok"}
     assert 4 <= service.seen.max_in_flight <= 8
 
@@ -161,43 +159,36 @@ def test_max_in_flight_bounds_the_requests_at_the_service(service: ScriptedServi
 def test_max_connections_caps_the_connections(service: ScriptedService) -> None:
     rows = [{"id": i, "plan": ["slow:40"]} for i in range(30)]
     target = HttpDownstream(service.url, max_connections=3)
-    out = run("timewheel", rows, target, max_in_flight=30, timeout_ms=5000)
+    out = run(rows, target, max_in_flight=30, timeout_ms=5000)
     assert {o.status for o in out.values()} == {"ok"}
     assert service.seen.max_in_flight == 3
 
 
 def test_a_row_without_an_id_is_not_sent(service: ScriptedService) -> None:
-    out = run("timewheel", [{"id": None}, {"id": 1}], HttpDownstream(service.url), retries=2)
+    out = run([{"id": None}, {"id": 1}], HttpDownstream(service.url), retries=2)
     assert (out[None].status, out[None].attempts) == ("failed", 1)
     assert "null or missing" in (out[None].error or "")
     assert [r["body"]["id"] for r in service.seen.requests] == [1]
 
 
-def test_call_and_acall_say_what_is_worth_a_retry(service: ScriptedService) -> None:
-    import asyncio
-
-    target = HttpDownstream(service.url)
-    target.call({"id": 1}, timeout_s=5)
-    with pytest.raises(DownstreamError, match="HTTP 429") as info:
-        target.call({"id": 2, "plan": ["429:3"]}, timeout_s=5)
-    assert info.value.retry_after_s == 3.0
-    with pytest.raises(DownstreamError, match="HTTP 404") as info:
-        target.call({"id": 3, "plan": ["404"]}, timeout_s=5)
-    assert info.value.retry_after_s is None
-    with pytest.raises(DownstreamTimeout):
-        target.call({"id": 4, "plan": ["stall"]}, timeout_s=0.2)
-
-    async def main() -> None:
-        await target.acall({"id": 5})
-        with pytest.raises(DownstreamError, match="HTTP 500") as info:
-            await target.acall({"id": 6, "plan": ["500"]})
-        assert info.value.retry_after_s == 0.0
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(target.acall({"id": 7, "plan": ["stall"]}), 0.2)
-        await target.aclose()
-
-    asyncio.run(main())
-    assert [r["body"]["id"] for r in service.seen.requests] == [1, 2, 3, 4, 5, 6, 7]
+def test_request_is_the_one_submit_sends(service: ScriptedService) -> None:
+    target = HttpDownstream(service.url, params={"v": "ver"}, header_cols={"X-Tenant": "tenant"})
+    row = {"id": 9, "ver": 2, "tenant": "t1"}
+    replies = Replies()
+    target.submit(row, replies.on_done)
+    assert replies.wait(1) == [(True, None)]
+    (sent,) = service.seen.requests
+    request = target.request(row)
+    assert (request.method, request.url) == ("POST", service.url + "?v=2")
+    for name, value in request.headers.items():
+        assert sent["headers"][name] == value
+    assert request.headers["Idempotency-Key"] == target.idempotency_key(row) == sent["key"]
+    assert request.headers["X-Tenant"] == "t1"
+    assert json.loads(request.body or b"") == sent["body"] == row
+    assert HttpDownstream(service.url, method="GET").request(row).body is None
+    with pytest.raises(DownstreamError, match="null or missing") as info:
+        target.request({"ver": 1, "tenant": "t"})
+    assert info.value.retry_after_s is None  # final, as submit fails it
 
 
 def test_retry_after_is_capped(service: ScriptedService) -> None:
@@ -218,8 +209,6 @@ def test_unreachable_is_a_retryable_failure() -> None:
     ((ok, error),) = replies.wait(1)
     assert not ok and "Connect" in (error or "") and isinstance(error, Failure)
     assert error.retry_after_s == 0.0
-    with pytest.raises(DownstreamError, match="ConnectionError"):
-        target.call({"id": 1}, timeout_s=2.0)
 
 
 def _self_signed(tmp: Path) -> ssl.SSLContext:
@@ -251,15 +240,11 @@ def test_https_is_verified_unless_opted_out(tmp_path: Path) -> None:
         HttpDownstream(svc.url).submit({"id": 1}, replies.on_done)
         ((ok, error),) = replies.wait(1)
         assert not ok and "certificate" in (error or "").lower()
-        with pytest.raises(DownstreamError, match="SSLError"):
-            HttpDownstream(svc.url).call({"id": 2}, timeout_s=5)
         assert svc.seen.requests == []  # refused before anything was sent
         insecure = HttpDownstream(svc.url, verify_tls=False)
         insecure.submit({"id": 3}, replies.on_done)
         assert replies.wait(2)[1] == (True, None)
-        with pytest.warns(Warning, match="Unverified HTTPS request"):  # requests' own
-            insecure.call({"id": 4}, timeout_s=5)
-        assert [r["body"]["id"] for r in svc.seen.requests] == [3, 4]
+        assert [r["body"]["id"] for r in svc.seen.requests] == [3]
     finally:
         svc.close()
         gc.collect()

@@ -345,6 +345,7 @@ def test_bad_quota_arguments_are_refused_before_any_job(spark: Any) -> None:
     assert "quota must be a timewheel.spark.Quota" in refused(quota={"rate": 5})
     assert "the quota counts no cost" in refused(quota=Quota(rate=5), cost="tokens")
     assert "reply_cost must not be empty" in refused(quota=q, reply_cost=" ")
+    assert "timewheel engine only" in refused(quota=q, engine=lambda rows, t, c: iter(()))
     for bad in (0, -1, math.nan, math.inf, True, 10**400):
         with pytest.raises((TypeError, ValueError), match="budget"):
             Quota(budget=bad)

@@ -295,16 +295,27 @@ def test_a_pipeline_run_writes_and_prints_no_secret(
         assert not [s for s in secrets if s.decode() in text]
 
 
-def test_call_and_acall_refuse_what_only_submit_sends() -> None:
-    import asyncio
-
+def test_request_reads_secrets_where_used_and_never_shows_or_pickles_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from timewheel.spark.targets import DownstreamError
 
-    target = HttpDownstream("http://127.0.0.1:9/x", headers={"A": Secret("env:TW_X")})
-    with pytest.raises(DownstreamError, match="call: secrets, ca_file"):
-        target.call({"id": 1}, 1.0)
-    with pytest.raises(DownstreamError, match="acall: secrets, ca_file"):
-        asyncio.run(target.acall({"id": 1}))
+    monkeypatch.setenv("TW_TEST_TOKEN", TOKEN)
+    monkeypatch.delenv("TW_TEST_UNSET", raising=False)
+    url = "http://user:pw@127.0.0.1:9/x?sig=abc"
+    bearer = Secret("env:TW_TEST_TOKEN", prefix="Bearer ")
+    target = HttpDownstream(url, headers={"Authorization": bearer})
+    request = target.request({"id": 1})
+    assert request.headers["Authorization"] == f"Bearer {TOKEN}"  # read here, in this process
+    shown = repr(request) + str(request)
+    assert TOKEN not in shown and "pw" not in shown and "abc" not in shown
+    assert "Authorization" in shown
+    with pytest.raises(TypeError, match="not pickled"):
+        pickle.dumps(request)
+    unset = HttpDownstream(url, headers={"Authorization": Secret("env:TW_TEST_UNSET")})
+    with pytest.raises(DownstreamError, match="TW_TEST_UNSET") as info:
+        unset.request({"id": 1})
+    assert info.value.retry_after_s is None  # an unset variable stays unset: final
 
 
 def test_a_bad_headers_argument_is_named_without_its_values() -> None:

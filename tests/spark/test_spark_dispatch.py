@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import http.server
-import json
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -15,143 +13,18 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql import functions as F
 
+from spark_dispatch_cases import *  # noqa: F403  (the cases, run here against the engine below)
 from timewheel.spark import dispatch, output_schema, partition_dispatcher
 from timewheel.spark.engines import worker_runtime
-from timewheel.spark.registry import engine_names, get_engine
 from timewheel.spark.targets import HttpDownstream, SimulatedDownstream
+from timewheel.spark.timewheel_engine import timewheel_engine
 
 pytestmark = pytest.mark.spark
 
-ENGINES = engine_names()
-
-
-def counts(df: Any, col: str = "status") -> dict:
-    return {row[col]: row["count"] for row in df.groupBy(col).count().collect()}
-
-
-#: Short calls against a simulated downstream whose slow tenth times out, one retry each.
-SHORT = {"timeout_ms": 10, "max_in_flight": 64, "retries": 1, "backoff_ms": 1}
-
-
-def rows_with_payload(spark: Any, n: int) -> Any:
-    return spark.range(n, numPartitions=3).withColumn(
-        "payload", F.concat(F.lit("row-"), F.col("id"))
-    )
-
-
-def assert_every_id_once(out: Any, n: int) -> None:
-    """Ids 0..n-1 of ``rows_with_payload`` each back once with its payload, every status
-    seen, errors only on rows not ok, one retry at most (``SHORT``)."""
-    rows = out.select("id", "payload", "status", "attempts", "error").collect()
-    ids = [r["id"] for r in rows]
-    assert sorted(ids) == list(range(n))
-    by_status: dict = {}
-    for r in rows:
-        by_status[r["status"]] = by_status.get(r["status"], 0) + 1
-        assert r["payload"] == f"row-{r['id']}"
-        assert (r["error"] is None) == (r["status"] == "ok")
-        assert 1 <= r["attempts"] <= 2
-    assert set(by_status) == {"ok", "failed", "timeout"} and sum(by_status.values()) == n
-
-
-@pytest.mark.parametrize("engine", ENGINES)
-def test_every_id_comes_back_exactly_once(spark: Any, engine: str) -> None:
-    n = 3000
-    df = rows_with_payload(spark, n)
-    sim = SimulatedDownstream(pct50_ms=2, pct75_ms=12, failure_rate=0.1, seed=1)
-    out = dispatch(df, sim, id_col="id", **SHORT, engine=get_engine(engine))
-    assert out.schema == output_schema(df.schema)
-    assert_every_id_once(out, n)
-
-
-@pytest.mark.parametrize("engine", ENGINES)
-def test_key_exclusivity_and_co_partitioning(spark: Any, engine: str) -> None:
-    data = [(i, i % 16, (i * 5 + 1) % 16) for i in range(1200)]
-    df = spark.createDataFrame(data, "id long, src long, dst long").repartition(3)
-    sim = SimulatedDownstream(pct50_ms=1, pct75_ms=3, seed=2, exclusive_cols=("src", "dst"))
-    out = dispatch(
-        df,
-        sim,
-        id_col="id",
-        key_cols=("src", "dst"),
-        retries=0,
-        max_in_flight=32,
-        engine=get_engine(engine),
-    )
-    out = out.withColumn("part", F.spark_partition_id()).cache()
-    try:
-        # An overlap would fail its row with "key overlap on ..." (retries=0 keeps it visible).
-        assert counts(out) == {"ok": 1200}
-        # Co-partitioned by the first key column: each src value lives in one partition.
-        per_src = out.groupBy("src").agg(F.countDistinct("part").alias("parts"))
-        assert per_src.agg(F.max("parts")).first()[0] == 1
-        assert out.select("id").distinct().count() == 1200
-    finally:
-        out.unpersist()
-
-
-class _Recorder(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_POST(self) -> None:
-        row = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        server: Any = self.server
-        with server.lock:
-            server.seen[row["id"]] = server.seen.get(row["id"], 0) + 1
-        status = 503 if row["id"] % 7 == 0 else 200
-        self.send_response(status)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"{}")
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-class _RecorderServer(http.server.ThreadingHTTPServer):
-    # The default backlog of 5 overflows when both workers connect at once; a dropped
-    # SYN is resent a second or more later, which can exceed a call's timeout.
-    request_queue_size = 128
-
 
 @pytest.fixture
-def recorder() -> Iterator[Any]:
-    server: Any = _RecorderServer(("127.0.0.1", 0), _Recorder)
-    server.daemon_threads = True
-    server.lock = threading.Lock()
-    server.seen = {}
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-@pytest.mark.parametrize("engine", ENGINES)
-def test_http_target_served_on_loopback(spark: Any, recorder: Any, engine: str) -> None:
-    df = spark.range(140, numPartitions=2).withColumn("note", F.lit("hello"))
-    target = HttpDownstream(f"http://127.0.0.1:{recorder.server_port}/ingest", max_connections=8)
-    out = dispatch(
-        df,
-        target,
-        id_col="id",
-        timeout_ms=5000,
-        retries=1,
-        backoff_ms=1,
-        max_in_flight=8,
-        engine=get_engine(engine),
-    )
-    rows = {r["id"]: r for r in out.collect()}
-    assert sorted(rows) == list(range(140))
-    for i, r in rows.items():
-        if i % 7 == 0:
-            assert (r["status"], r["attempts"], r["error"]) == ("failed", 2, "HTTP 503: {}")
-            assert recorder.seen[i] == 2
-        else:
-            assert (r["status"], r["attempts"], r["error"]) == ("ok", 1, None)
-            assert recorder.seen[i] == 1
+def engine() -> Any:
+    return timewheel_engine
 
 
 class _Unpicklable:
@@ -401,38 +274,6 @@ def test_a_rate_is_shared_by_the_tasks_and_holds_for_the_job(spark: Any) -> None
 #: work across partitions).
 PER_PARTITION = {"id_col", "key_cols", "timeout_ms", "max_in_flight", "retries", "backoff_ms"}
 PER_PARTITION |= {"target", "engine"}
-
-
-@pytest.mark.parametrize("engine", ENGINES)
-def test_partition_dispatcher_in_ones_own_map_in_arrow(spark: Any, engine: str) -> None:
-    n = 900
-    df = rows_with_payload(spark, n)
-    sim = SimulatedDownstream(pct50_ms=2, pct75_ms=12, failure_rate=0.1, seed=1)
-    run = partition_dispatcher(df.schema, sim, id_col="id", **SHORT, engine=get_engine(engine))
-    out = df.mapInArrow(run, output_schema(df.schema))
-    assert out.schema == dispatch(df, sim, id_col="id").schema
-    assert_every_id_once(out, n)
-
-    def per_task(batches: Iterator[Any]) -> Iterator[Any]:
-        """A step of one's own around it, in the same task: its rows in and out, by status."""
-        import pyarrow as pa
-
-        seen = [0]
-
-        def tap() -> Iterator[Any]:
-            for batch in batches:
-                seen[0] += batch.num_rows
-                yield batch
-
-        statuses = [s for out in run(tap()) for s in out.column("status").to_pylist()]
-        yield pa.RecordBatch.from_pylist(
-            [{"rows_in": seen[0], "rows_out": len(statuses), "ok": statuses.count("ok")}]
-        )
-
-    tasks = df.mapInArrow(per_task, "rows_in long, rows_out long, ok long").collect()
-    assert len(tasks) == 3
-    assert all(t["rows_in"] == t["rows_out"] == n // 3 for t in tasks)
-    assert 0 < sum(t["ok"] for t in tasks) < n
 
 
 def test_partition_dispatcher_keeps_keys_apart_within_each_partition(spark: Any) -> None:

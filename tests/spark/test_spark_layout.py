@@ -6,8 +6,10 @@ anything already.
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -34,7 +36,7 @@ def test_the_library_does_not_import_the_wing() -> None:
 def test_targets_and_engines_import_without_pyspark_or_pyarrow() -> None:
     out = _run(
         "import sys, timewheel.spark, timewheel.spark.targets, timewheel.spark.contract, "
-        "timewheel.spark.registry, timewheel.spark.session, timewheel.cli.pipeline\n"
+        "timewheel.spark.timewheel_engine, timewheel.spark.session, timewheel.cli.pipeline\n"
         "print(sorted(m for m in ('pyspark', 'pyarrow') if m in sys.modules))"
     )
     assert out.strip() == "[]"
@@ -51,3 +53,25 @@ def test_dispatch_is_the_function_however_the_wing_was_imported() -> None:
     assert out.split() == ["True", "True", "timewheel.spark._dispatch"]
     with pytest.raises(AttributeError, match="has no attribute 'dispatcher'"):
         timewheel.spark.dispatcher  # noqa: B018
+
+
+def test_the_wing_sends_with_libcurl_only() -> None:
+    # requests and aiohttp are the benchmark baselines' clients (timewheel.cli.bench), not
+    # the product's: no module of the wing imports them, inside a function or not, so the
+    # spark extra does not need them.
+    wing = Path(timewheel.spark.__file__).parent
+    found = []
+    for path in sorted(wing.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            found += [
+                f"{path.name}:{node.lineno}: {name}"
+                for name in names
+                if name.partition(".")[0] in ("requests", "aiohttp")
+            ]
+    assert found == []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import pickle
@@ -15,12 +14,8 @@ from typing import Any
 import pytest
 
 from timewheel.spark.targets import (
-    DownstreamError,
-    DownstreamTimeout,
     HttpDownstream,
     SimulatedDownstream,
-    async_call,
-    blocking_call,
     target_from_url,
 )
 
@@ -106,27 +101,30 @@ def test_simulated_latency_has_the_given_median_and_is_never_early() -> None:
 def test_simulated_failure_rate_and_seed_reproduce() -> None:
     def failures(seed: int) -> list[int]:
         sim = SimulatedDownstream(pct50_ms=0.01, pct75_ms=0.02, failure_rate=0.3, seed=seed)
-        out = []
+        failed: list[int] = []
+        errors: set[str | None] = set()
+        ended = threading.Semaphore(0)
+
+        def on_done_of(i: int) -> Any:
+            def on_done(ok: bool, error: str | None) -> None:
+                if not ok:
+                    failed.append(i)
+                    errors.add(error)
+                ended.release()
+
+            return on_done
+
         for i in range(2000):
-            try:
-                sim.call({"id": i}, timeout_s=1.0)
-            except DownstreamError as exc:
-                assert str(exc) == "simulated failure"
-                out.append(i)
-        return out
+            sim.submit({"id": i}, on_done_of(i))
+        for _ in range(2000):
+            assert ended.acquire(timeout=10)
+        assert errors <= {"simulated failure"}
+        return sorted(failed)  # delivered in latency order; drawn in submit order
 
     first = failures(11)
     assert 520 <= len(first) <= 680  # 600 expected, 4 standard deviations either side
     assert failures(11) == first
     assert failures(12) != first
-
-
-def test_simulated_call_times_out_at_the_timeout() -> None:
-    sim = SimulatedDownstream(pct50_ms=500, pct75_ms=500)  # always 500 ms
-    start = time.monotonic()
-    with pytest.raises(DownstreamTimeout, match="no reply within 20 ms"):
-        sim.call({"id": 1}, timeout_s=0.02)
-    assert 0.02 <= time.monotonic() - start < 0.4
 
 
 def test_simulated_records_key_overlaps_and_fails_the_overlapping_call() -> None:
@@ -161,19 +159,6 @@ def test_simulated_retry_of_the_same_row_is_not_an_overlap() -> None:
     sim.submit({"src": 1, "dst": 2}, replies.on_done)
     replies.wait(4)
     assert sim.overlaps == 1 and replies.got[-1][:2] == (True, None)
-
-
-def test_simulated_acall_releases_keys_when_cancelled_by_wait_for() -> None:
-    sim = SimulatedDownstream(pct50_ms=200, pct75_ms=200, exclusive_cols=("k",))
-
-    async def scenario() -> None:
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(sim.acall({"k": "a"}), 0.01)
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(sim.acall({"k": "a"}), 0.01)
-
-    asyncio.run(scenario())
-    assert sim.calls == 2 and sim.overlaps == 0
 
 
 def test_simulated_callback_that_raises_is_logged_counted_and_does_not_stop_delivery(
@@ -225,34 +210,6 @@ def test_target_from_url() -> None:
 
 
 # The HTTP target has its own tests against an aiohttp service: tests/spark/test_http_target.py.
-
-
-class SubmitOnly:
-    """A target with only submit(): replies at once with a fixed outcome, or never."""
-
-    def __init__(self, outcome: tuple[bool, str | None] | None) -> None:
-        self.outcome = outcome
-
-    def submit(self, row: Any, on_done: Any) -> None:
-        if self.outcome is not None:
-            on_done(*self.outcome)
-
-
-def test_adapters_give_submit_only_targets_the_blocking_and_async_forms() -> None:
-    blocking_call(SubmitOnly((True, None)), {}, 1.0)
-    with pytest.raises(DownstreamError, match="boom"):
-        blocking_call(SubmitOnly((False, "boom")), {}, 1.0)
-    with pytest.raises(DownstreamTimeout, match="no reply within 10 ms"):
-        blocking_call(SubmitOnly(None), {}, 0.01)
-
-    async def scenario() -> None:
-        await async_call(SubmitOnly((True, None)), {})
-        with pytest.raises(DownstreamError, match="boom"):
-            await async_call(SubmitOnly((False, "boom")), {})
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(async_call(SubmitOnly(None), {}), 0.01)
-
-    asyncio.run(scenario())
 
 
 def test_expected_attempt_matches_a_seeded_sample() -> None:

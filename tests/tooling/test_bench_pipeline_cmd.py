@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from timewheel.cli.bench import pipeline as bench
+from timewheel.cli.bench.engines import engine_names
 from timewheel.spark.engines import DispatchConfig
-from timewheel.spark.registry import engine_names
 from timewheel.spark.targets import SimulatedDownstream
 
 pytestmark = pytest.mark.spark

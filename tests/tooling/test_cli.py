@@ -49,7 +49,7 @@ def test_building_the_parser_imports_no_heavy_library() -> None:
         "import sys\n"
         "from timewheel.cli import build_parser\n"
         "build_parser()\n"
-        "heavy = {'pyspark', 'pyarrow', 'pandas', 'matplotlib', 'aiohttp', 'pycurl'}\n"
+        "heavy = {'pyspark', 'pyarrow', 'pandas', 'matplotlib', 'aiohttp', 'pycurl', 'requests'}\n"
         "print(sorted(heavy & {name.split('.')[0] for name in sys.modules}))\n"
     )
     out = subprocess.run(

@@ -10,10 +10,9 @@
 * :class:`Quota`: one quota for a whole job (requests, cost, calls in flight, budget),
   ``dispatch(..., quota=...)``; :mod:`timewheel.spark.quota` and
   :mod:`timewheel.spark.quota_job` say how it is kept.
-* Engines (:mod:`timewheel.spark.engines` for the contract,
-  :mod:`timewheel.spark.registry` for the names): the per-partition work; the default
-  runs on the package's own timer, purgatory and resource manager
-  (:mod:`timewheel.spark.timewheel_engine`).
+* Engines (:mod:`timewheel.spark.engines` for the contract): the per-partition work;
+  the one the wing ships, the default, runs on the package's own timer, purgatory and
+  resource manager (:mod:`timewheel.spark.timewheel_engine`).
 * Helpers a job of its own around ``dispatch`` uses (``timewheel pipeline`` does):
   :func:`task_slots` (the tasks Spark runs at once), :func:`is_connect` (a Spark Connect
   session?), :func:`request_key` (the column ``dedupe_requests`` groups rows by);

@@ -545,6 +545,8 @@ def dispatch(
     if rate is not None:
         rate = check_rate(rate)
     check_quota(df.schema, quota, cost, reply_cost, rate)
+    if quota is not None and engine is not timewheel_engine:
+        raise ValueError(f"a quota is kept by the timewheel engine only, not by {engine!r}")
     if not isinstance(dedupe_requests, bool):
         raise TypeError(f"dedupe_requests must be True or False, got {dedupe_requests!r}")
     kept = None

@@ -7,8 +7,10 @@ timers) in the :func:`worker_runtime` of its Python worker, and leaves those obj
 idle when the partition ends, however it ends.
 
 The status words and the result columns are defined here, once, for dispatch, the
-engines, the pipeline's summary and the benchmark. Engines are looked up by name in
-:mod:`timewheel.spark.registry`.
+engines, the pipeline's summary and the benchmark. The wing ships one engine,
+:mod:`timewheel.spark.timewheel_engine`; ``dispatch(engine=...)`` takes any other (the
+benchmark's baselines and the names ``timewheel pipeline --engine`` takes are tooling:
+:mod:`timewheel.cli.bench.engines`).
 """
 
 from __future__ import annotations

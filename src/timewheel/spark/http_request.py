@@ -39,6 +39,33 @@ _ENCODE = _encoder()
 _ENCODE_KEY = json.JSONEncoder(default=str, sort_keys=True, separators=(",", ":")).encode
 
 
+class HttpRequest:
+    """One row's request: ``method``, ``url``, ``headers`` (a dict, secrets' values
+    included) and ``body`` (bytes, or None).
+
+    Its repr shows the URL redacted and the header names only, and it refuses to
+    pickle, so a secret's value cannot reach a log line, an error or a Spark plan.
+    """
+
+    __slots__ = ("body", "headers", "method", "url")
+
+    def __init__(self, method: str, url: str, headers: dict[str, str], body: bytes | None) -> None:
+        self.method = method
+        self.url = url
+        self.headers = headers
+        self.body = body
+
+    def __repr__(self) -> str:
+        size = "no body" if self.body is None else f"{len(self.body)} bytes"
+        return (
+            f"HttpRequest({self.method} {redact_url(self.url)!r}, "
+            f"headers={sorted(self.headers)!r}, {size})"
+        )
+
+    def __reduce__(self) -> Any:
+        raise TypeError("an HttpRequest is not pickled: its headers may hold a secret's value")
+
+
 def _finite(name: str, value: Any, minimum: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")

@@ -11,36 +11,33 @@ Every request carries an idempotency key derived from the row's id (the same acr
 retries, Spark task retries and recomputations), so the service can drop repeats:
 delivery is at least once, and the key makes it effectively once.
 
-The answer's verdict is shared by the three call forms: 2xx is success; 5xx, 429
-(after its ``Retry-After``, capped), timeouts and connection errors are worth a retry;
-any other status is a final failure, not retried. Redirects are not followed: a 3xx is
-a final failure naming its ``Location`` (so a request is never re-sent elsewhere, nor a
-POST turned into a GET, and a redirect loop cannot happen). An answer longer than
-``max_reply_bytes`` fails the attempt, unread. ``call`` (requests, blocking) and
-``acall`` (aiohttp on the caller's loop) are the forms thread-pool and asyncio code use.
+The answer's verdict (:func:`~.http_request.verdict`): 2xx is success; 5xx, 429 (after
+its ``Retry-After``, capped), timeouts and connection errors are worth a retry; any other
+status is a final failure, not retried. Redirects are not followed: a 3xx is a final
+failure naming its ``Location`` (so a request is never re-sent elsewhere, nor a POST
+turned into a GET, and a redirect loop cannot happen). An answer longer than
+``max_reply_bytes`` fails the attempt, unread. :meth:`HttpDownstream.request` gives the
+request a row makes, for code that sends it with a client of its own.
 """
 
 from __future__ import annotations
 
-import asyncio
-import atexit
-import contextlib
 import copy
 import hashlib
 import logging
 import os
 import threading
 import urllib.parse
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Union
 
 from .._validate import check_columns, check_int
 from ._per_process import PerProcess
-from .contract import DownstreamError, DownstreamTimeout, Failure, OnDone, Reply
+from .contract import DownstreamError, Failure, OnDone, Reply
 from .http_request import (
     _ENCODE,
     _ENCODE_KEY,
+    HttpRequest,
     _check_header_names,
     _check_url,
     _column_map,
@@ -53,7 +50,7 @@ from .http_request import (
 )
 from .secrets import Secret, SecretError, redact_url
 
-__all__ = ["DEFAULT_MAX_REPLY_BYTES", "METHODS", "Body", "HttpDownstream"]
+__all__ = ["DEFAULT_MAX_REPLY_BYTES", "METHODS", "Body", "HttpDownstream", "HttpRequest"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,34 +77,6 @@ def _new_loop() -> Any:
 
 # This process's libcurl loop thread (made on first use, again in a forked child).
 _LOOP: PerProcess[Any] = PerProcess(_new_loop)
-
-
-class _ThreadSessions(threading.local):
-    """One ``requests.Session`` per thread and target settings, for :meth:`HttpDownstream.call`."""
-
-    def __init__(self) -> None:
-        self.sessions: dict[tuple[Any, ...], Any] = {}
-
-
-_REQUESTS: PerProcess[_ThreadSessions] = PerProcess(_ThreadSessions)
-# aiohttp sessions of acall, one per caller's event loop and target settings.
-_LOOP_SESSIONS: PerProcess[weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]]] = PerProcess(
-    weakref.WeakKeyDictionary
-)
-
-
-def _close_idle_loop_sessions() -> None:
-    """At exit: close acall's sessions on loops that are idle (a worker's kept loop)."""
-    for loop, sessions in list(_LOOP_SESSIONS.get().items()):
-        if loop.is_closed() or loop.is_running():
-            continue
-        for session in sessions.values():
-            with contextlib.suppress(Exception):
-                loop.run_until_complete(session.close())
-        sessions.clear()
-
-
-atexit.register(_close_idle_loop_sessions)
 
 
 class HttpDownstream:
@@ -348,14 +317,23 @@ class HttpDownstream:
             payload = {col: row.get(col) for col in body}
         return url, extra, _ENCODE(payload).encode()
 
-    def _submit_only(self, form: str) -> None:
-        """DownstreamError (final) when the target has what only ``submit`` sends."""
-        if self.header_secrets or self.ca_file or self.client_cert:
-            raise DownstreamError(
-                f"{form}: secrets, ca_file and client_cert are sent by submit "
-                "(the timewheel engine) only",
-                retry_after_s=None,
-            )
+    def request(self, row: Mapping[str, Any]) -> HttpRequest:
+        """The request ``row`` makes, for a client of one's own: its method, URL,
+        headers (secrets read now, in this process) and body.
+
+        :meth:`submit` sends this request (and reads a secret again once on a 401).
+        DownstreamError when the row cannot make one (final, as ``submit`` fails it) or
+        a secret cannot be read (its ``retry_after_s`` says whether a retry may help).
+        The result shows header names only and refuses to pickle: it may hold a secret.
+        """
+        url, extra, body = self._request(row)
+        headers = {**self.headers, **extra}
+        for name, secret in self.header_secrets:
+            try:
+                headers[name] = secret.resolve()[0]
+            except SecretError as exc:
+                raise DownstreamError(str(exc), retry_after_s=exc.retry_after_s) from None
+        return HttpRequest(self.method, url, headers, body)
 
     def _settings(self) -> tuple[Any, ...]:
         """What the connections depend on: copies with equal settings share them."""
@@ -449,102 +427,6 @@ class HttpDownstream:
         except Exception:
             logger.exception("on_done callback of HttpDownstream raised")
 
-    # -- acall: aiohttp on the caller's loop -------------------------------------------
-    async def acall(self, row: Mapping[str, Any]) -> Reply:
-        """Send ``row``'s request from the running loop; return its answer, or raise
-        DownstreamError (carrying the answer) unless it is a 2xx.
-
-        Cancel it (``asyncio.wait_for``) to time it out. Each loop has its own
-        connections; :meth:`aclose` closes them (a loop left idle is closed at exit).
-        """
-        import aiohttp
-
-        self._submit_only("acall")
-        url, extra, body = self._request(row)
-        per_loop = _LOOP_SESSIONS.get().setdefault(asyncio.get_running_loop(), {})
-        session = per_loop.get(self._settings())
-        if session is None:
-            session = per_loop[self._settings()] = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=self.max_connections or 0, ssl=self.verify_tls
-                ),
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-            )
-        limit = self.max_reply_bytes
-        try:
-            async with session.request(
-                self.method,
-                url,
-                data=body,
-                headers={**self.headers, **extra},
-                allow_redirects=False,
-            ) as response:
-                if (response.content_length or 0) > limit:
-                    raise _too_large_error(limit)
-                text = b""
-                async for chunk in response.content.iter_chunked(1 << 16):
-                    text += chunk
-                    if len(text) > limit:
-                        raise _too_large_error(limit)
-                ok, error, wait = verdict(
-                    response.status, text, response.headers.get, self.max_retry_after_s
-                )
-                reply = Reply(response.status, text or None)
-        except asyncio.TimeoutError as exc:
-            raise DownstreamTimeout(f"no reply within {self.timeout_s} s") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise DownstreamError(f"{type(exc).__name__}: {exc}") from exc
-        if not ok:
-            raise DownstreamError(error or "failed", retry_after_s=wait, reply=reply)
-        return reply
-
-    async def aclose(self) -> None:
-        """Close the connections :meth:`acall` opened on the running loop."""
-        sessions = _LOOP_SESSIONS.get().pop(asyncio.get_running_loop(), {})
-        for session in sessions.values():
-            await session.close()
-
-    # -- call: requests on the caller's thread -----------------------------------------
-    def call(self, row: Mapping[str, Any], timeout_s: float) -> Reply:
-        """Send ``row``'s request with requests, giving up at ``timeout_s`` (connect, each
-        read); return its answer, or raise DownstreamError (carrying it) unless 2xx."""
-        import requests
-
-        self._submit_only("call")
-        url, extra, body = self._request(row)
-        sessions = _REQUESTS.get().sessions
-        session = sessions.get(self._settings())
-        if session is None:
-            session = sessions[self._settings()] = requests.Session()
-        limit = self.max_reply_bytes
-        try:
-            with session.request(
-                self.method,
-                url,
-                data=body,
-                headers={**self.headers, **extra},
-                timeout=timeout_s,
-                verify=self.verify_tls,
-                allow_redirects=False,
-                stream=True,
-            ) as response:
-                if int(response.headers.get("Content-Length") or 0) > limit:
-                    raise _too_large_error(limit)
-                text = response.raw.read(limit + 1, decode_content=True)
-                if len(text) > limit:
-                    raise _too_large_error(limit)
-        except requests.Timeout as exc:
-            raise DownstreamTimeout(f"no reply within {timeout_s * 1000:.0f} ms") from exc
-        except requests.RequestException as exc:
-            raise DownstreamError(f"{type(exc).__name__}: {exc}") from exc
-        ok, error, wait = verdict(
-            response.status_code, text, response.headers.get, self.max_retry_after_s
-        )
-        reply = Reply(response.status_code, text or None)
-        if not ok:
-            raise DownstreamError(error or "failed", retry_after_s=wait, reply=reply)
-        return reply
-
     def close(self) -> None:
         """Close this process's HTTP loop thread and its connections (remade on next use)."""
         with _LOOP_LOCK:
@@ -557,9 +439,6 @@ class HttpDownstream:
             _RENEWER._forget()
         if renewer is not None:
             renewer[0].shutdown(wait=False)
-        for session in _REQUESTS.get().sessions.values():
-            session.close()
-        _REQUESTS.get().sessions.clear()
 
 
 def _readable(name: str, path: Any) -> str | None:
@@ -674,7 +553,3 @@ class _WithSecrets:
         request = self.request
         if request is not None:
             request.cancel()
-
-
-def _too_large_error(limit: int) -> DownstreamError:
-    return DownstreamError(str(_too_large(limit)), retry_after_s=None)

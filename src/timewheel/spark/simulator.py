@@ -7,7 +7,6 @@ tests and benchmarks measure engines against; ``sim://?pct50=..`` URLs make one
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import heapq
 import itertools
@@ -24,7 +23,7 @@ import numpy
 
 from .._validate import check_columns
 from ._per_process import PerProcess
-from .contract import DownstreamError, DownstreamTimeout, OnDone, Reply, deliver, row_keys
+from .contract import OnDone, Reply, deliver, row_keys
 from .secrets import redact_url
 
 __all__ = ["SimulatedDownstream", "simulated_reply", "simulator_from_url"]
@@ -188,10 +187,8 @@ class SimulatedDownstream:
     dispatch's output. Holders are told apart by the row object: the same row's retry
     after its own timeout, while its first call is still out, is not an overlap.
 
-    The three call forms share the latency and failure model: :meth:`submit`
-    replies from one delivery thread after the latency (the caller's timeout does
-    not shorten it), :meth:`call` blocks and gives up at ``timeout_s``, and
-    :meth:`acall` awaits and releases its keys when cancelled.
+    :meth:`submit` replies from one delivery thread after the latency (the caller's
+    timeout does not shorten it, and the call holds its keys until then).
     """
 
     def __init__(
@@ -288,31 +285,6 @@ class SimulatedDownstream:
         _DELIVERY.get().at(
             time.monotonic() + latency, functools.partial(state.reply, on_done, error, row, keys)
         )
-
-    def call(self, row: Mapping[str, Any], timeout_s: float) -> Reply:
-        """Block for the latency; raise DownstreamTimeout past ``timeout_s`` or DownstreamError."""
-        state, latency, error, keys = self._start(row)
-        try:
-            if latency > timeout_s:
-                time.sleep(max(timeout_s, 0.0))
-                raise DownstreamTimeout(f"no reply within {timeout_s * 1000:.0f} ms")
-            time.sleep(latency)
-        finally:
-            state.release(row, keys)
-        if error is not None:
-            raise DownstreamError(error, reply=simulated_reply(error))
-        return _SIM_OK
-
-    async def acall(self, row: Mapping[str, Any]) -> Reply:
-        """Await the latency; raise DownstreamError on failure (cancel it to time it out)."""
-        state, latency, error, keys = self._start(row)
-        try:
-            await asyncio.sleep(latency)
-        finally:
-            state.release(row, keys)
-        if error is not None:
-            raise DownstreamError(error, reply=simulated_reply(error))
-        return _SIM_OK
 
 
 _SIM_PARAMS = {"pct50": float, "pct75": float, "failures": float, "seed": int}

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from ...spark.engines import STATUSES, DispatchConfig
-from ...spark.registry import engine_names, get_engine
 from ...spark.session import spark_session
 from ...spark.targets import HttpDownstream, SimulatedDownstream, target_from_url
 from ..pipeline.options import add_dispatch_options, http_options
+from .engines import engine_names, get_engine
 from .http_service import ServiceProcess
 
 __all__ = ["add_parser", "little_bound_rows_per_s", "main", "mean_slot_ms"]

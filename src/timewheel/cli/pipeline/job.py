@@ -17,7 +17,7 @@ from typing import Any
 from ...spark import RESULT_COLUMNS
 from ...spark.engines import OK, SKIPPED
 from ...spark.journal import MANIFEST, Manifest, compact, run_dir
-from ...spark.registry import DEFAULT_ENGINE, get_engine
+from ..bench.engines import DEFAULT_ENGINE, get_engine
 from .errors import Stopped, UsageError, _limit_text, _note
 from .inputs import generated_rows, read_input
 from .options import DEMO_ROWS

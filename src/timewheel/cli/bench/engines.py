@@ -1,15 +1,16 @@
-"""The dispatch engines by name: what ``timewheel pipeline --engine`` and the benchmark run
-(``dispatch`` takes the engine itself: ``engine=get_engine(name)``).
+"""The dispatch engines by name: what ``timewheel pipeline --engine`` and ``timewheel bench
+pipeline`` run (``dispatch`` takes the engine itself: ``engine=get_engine(name)``).
 
-Adding an engine is one line in ``_ENGINES``. This module imports every engine, so the
-engines themselves import :mod:`timewheel.spark.engines` (the contract), never this.
+The product's one engine, ``timewheel`` (:mod:`timewheel.spark.timewheel_engine`), and
+the benchmark's baselines (:mod:`.baseline_engines`). Adding an engine is one line in
+``_ENGINES``; an engine imports :mod:`timewheel.spark.engines` (the contract), never this.
 """
 
 from __future__ import annotations
 
+from ...spark.engines import Engine
+from ...spark.timewheel_engine import timewheel_engine
 from .baseline_engines import asyncio_engine, threads_engine
-from .engines import Engine
-from .timewheel_engine import timewheel_engine
 
 __all__ = ["DEFAULT_ENGINE", "engine_names", "get_engine"]
 
