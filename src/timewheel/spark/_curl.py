@@ -132,6 +132,9 @@ def rate_limit_lines(lines: list[bytes]) -> dict[str, str]:
     """The rate-limit headers among an answer's header lines (the last answer's, after
     any 1xx), by lower-case name."""
     found: dict[str, str] = {}
+    seen = b"".join(lines).lower()  # most answers have none: one search in C says so
+    if b"ratelimit" not in seen and b"retry-after" not in seen:
+        return found
     for line in lines:
         if line.startswith(b"HTTP/"):  # a new answer (after a 100 Continue): start again
             found.clear()

@@ -125,6 +125,7 @@ class TaskQuota:
         self.requests = 0
         self.cost = 0.0
         self.slots = 0
+        # Calls out, counted only with a concurrency (the only thing that reads it).
         self.in_flight = 0
         self.owed = 0.0
         self.spent = False
@@ -137,10 +138,11 @@ class TaskQuota:
         """Take one call's request, ``cost`` and slot: 0.0 when taken, else the seconds
         to wait before asking again. Raises :class:`BudgetSpent` once the budget or the
         request cap is spent."""
-        if isinstance(cost, bool) or not isinstance(cost, (int, float)):
-            raise TypeError(f"cost must be a number, got {cost!r}")
-        if not (math.isfinite(cost) and cost >= 0):
-            raise ValueError(f"cost must be a finite number >= 0, got {cost!r}")
+        if type(cost) is not float or not 0.0 <= cost < math.inf:  # (the common case: one test)
+            if isinstance(cost, bool) or not isinstance(cost, (int, float)):
+                raise TypeError(f"cost must be a number, got {cost!r}")
+            if not (math.isfinite(cost) and cost >= 0):
+                raise ValueError(f"cost must be a finite number >= 0, got {cost!r}")
         with self.lock:
             if self.spent:
                 raise BudgetSpent("budget spent")
@@ -171,12 +173,15 @@ class TaskQuota:
                 self.slots += grant.slots
             self.requests -= 1
             self.cost -= cost
-            self.in_flight += 1
+            if self.lease_slots:
+                self.in_flight += 1
             return 0.0
 
     def done(self) -> None:
         """A call ended (answered, failed or timed out): its slot is free again; slots
         this task holds beyond twice a lease's are given back."""
+        if not self.lease_slots:  # no concurrency to keep: nothing to count
+            return
         with self.lock:
             self.in_flight -= 1
             if self.lease_slots and self.slots - self.in_flight >= 2 * self.lease_slots:

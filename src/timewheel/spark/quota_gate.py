@@ -91,6 +91,9 @@ class QuotaGate:
         self, store: QuotaStore, cost: CostSpec = None, reply_cost: CostSpec = None
     ) -> None:
         self.task = TaskQuota(store)
+        #: Take an attempt's request, cost and slot: 0.0, or the seconds to wait first;
+        #: :class:`BudgetSpent` when no more may be sent (the task's own method).
+        self.acquire = self.task.acquire
         self.cost_col = cost if isinstance(cost, str) else None
         self.cost_fn = cost if callable(cost) else None
         self.reply_cost = reply_path(reply_cost) if isinstance(reply_cost, str) else reply_cost
@@ -118,19 +121,15 @@ class QuotaGate:
             return f"{what} gave {value!r}, not a finite number >= 0: not sent"
         return amount
 
-    def acquire(self, cost: float) -> float:
-        """Take an attempt's request, cost and slot: 0.0, or the seconds to wait first;
-        :class:`BudgetSpent` when no more may be sent."""
-        return self.task.acquire(cost)
-
     def ended(
         self, cost: float, ok: bool, reply: Reply | None, retry_after_s: float | None
     ) -> None:
         """An attempt that took ``cost`` ended: give its slot back and settle its cost."""
         task = self.task
         task.done()
-        status = None if reply is None else reply.status
-        headers = None if reply is None else reply.headers
+        if reply is None:
+            return
+        status, headers = reply.status, reply.headers
         if headers:  # the service's own view of the quota (Retry-After included)
             info = parse_rate_limit_headers(headers)
             if retry_after_s is not None and info.retry_after_s is not None:
@@ -144,7 +143,7 @@ class QuotaGate:
             if retry_after_s and not headers:
                 task.pause(retry_after_s)
             return
-        if not ok or self.reply_cost is None or reply is None:
+        if not ok or self.reply_cost is None:
             return
         actual = None
         try:
