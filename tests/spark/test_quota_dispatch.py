@@ -444,5 +444,14 @@ def test_the_http_target_hands_over_the_stubs_headers_only_when_asked(tmp_path: 
         assert headers is not None
         assert headers["x-ratelimit-limit-tokens"] == "100000"
         assert int(headers["x-ratelimit-remaining-tokens"]) == 100_000 - 3 - 3
+        # One answer in 8 per connection handle is read (a Python call per header line):
+        # one request at a time reuses one handle (equal settings share handles).
+        reading = plain.for_quota()
+        for _ in range(9):
+            done.clear()
+            reading.submit({"id": 1, "text": "hello there"}, on_done)
+            assert done.wait(10)
+        read = [bool(r.headers) for r in replies[1:]]
+        assert read == [True] + [False] * 7 + [True, False]
     finally:
         stub.close()

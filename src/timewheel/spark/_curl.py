@@ -126,6 +126,10 @@ _CSELECT = tuple(
 
 
 _RATE_LIMIT_NAMES = (b"x-ratelimit-", b"ratelimit", b"retry-after")
+#: With ``Settings.rate_limit_headers``, a handle reads an answer's header lines once in
+#: this many answers (and the one after a 429/503): ``Retry-After`` of a refusal is read
+#: from libcurl in any case.
+HEADER_EVERY = 8
 
 
 def rate_limit_lines(lines: list[bytes]) -> dict[str, str]:
@@ -274,10 +278,10 @@ class _Multi:
         # The answer's chunks: one list per handle, emptied when its request ends.
         easy.chunks = []
         easy.setopt(pycurl.WRITEFUNCTION, easy.chunks.append)
-        # The answer's header lines, when asked for (emptied with the chunks).
+        # The answer's header lines, when read (emptied with the chunks): see _prepare.
         easy.lines = []
-        if s.rate_limit_headers:
-            easy.setopt(pycurl.HEADERFUNCTION, easy.lines.append)
+        easy.unread = HEADER_EVERY  # answers since this handle last read them: the first is
+        easy.reading = False
         if not self.polled:
             easy.setopt(pycurl.SOCKOPTFUNCTION, self.on_new_socket)
         return easy
@@ -323,6 +327,19 @@ class _Multi:
             easy.setopt(pycurl.URL, request.url)
             easy.url = request.url
         easy.setopt(pycurl.HTTPHEADER, request.headers)
+        if self.settings.rate_limit_headers:
+            # libcurl hands header lines over one Python call each (~1 us): they are
+            # read on one answer in HEADER_EVERY per handle, and after a refusal.
+            easy.unread += 1
+            reading = easy.unread >= HEADER_EVERY
+            if reading:
+                easy.unread = 0
+            if reading != easy.reading:
+                if reading:
+                    easy.setopt(pycurl.HEADERFUNCTION, easy.lines.append)
+                else:
+                    easy.unsetopt(pycurl.HEADERFUNCTION)
+                easy.reading = reading
         method = request.method
         if request.body is None:
             easy.setopt(pycurl.HTTPGET, 1)
@@ -375,6 +392,7 @@ class _Multi:
         headers = _NO_HEADERS
         if status == 429 or status == 503:
             headers = {"Retry-After": str(easy.getinfo(pycurl.RETRY_AFTER))}
+            easy.unread = HEADER_EVERY  # the next answer on this handle is read whole
         elif 300 <= status < 400:
             headers = {"Location": easy.getinfo(pycurl.REDIRECT_URL) or ""}
         if easy.lines:

@@ -115,6 +115,10 @@ class HttpDownstream:
     * ``max_retry_after_s``: the longest a 429's ``Retry-After`` may delay the retry.
     * ``max_reply_bytes``: the longest answer read (1 MiB by default); a longer one
       fails the attempt (final: a retry would get the same).
+    * ``read_rate_limit_headers``: under a quota (``dispatch`` calls :meth:`for_quota`),
+      hand the answers' rate-limit headers to it (read on one answer in 8 per
+      connection handle and after each refusal; a Python call per header line then).
+      False: only a refusal's ``Retry-After`` reaches the quota.
     """
 
     def __init__(
@@ -137,6 +141,7 @@ class HttpDownstream:
         timeout_s: float | None = None,
         max_retry_after_s: float = 30.0,
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+        read_rate_limit_headers: bool = True,
     ) -> None:
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, got {url!r}")
@@ -183,6 +188,10 @@ class HttpDownstream:
             max_connections = check_int("max_connections", max_connections, 1)
         if not isinstance(verify_tls, bool):
             raise TypeError(f"verify_tls must be a bool, got {verify_tls!r}")
+        if not isinstance(read_rate_limit_headers, bool):
+            raise TypeError(
+                f"read_rate_limit_headers must be a bool, got {read_rate_limit_headers!r}"
+            )
         if not isinstance(http2, bool):
             raise TypeError(f"http2 must be a bool, got {http2!r}")
         if client_key is not None and client_cert is None:
@@ -208,7 +217,8 @@ class HttpDownstream:
         self.client_cert = _readable("client_cert", client_cert)
         self.client_key = _readable("client_key", client_key)
         self.http2 = http2
-        # Set by for_quota: replies carry the answer's rate-limit headers.
+        self.read_rate_limit_headers = read_rate_limit_headers
+        # Set by for_quota (if read_rate_limit_headers): replies carry them.
         self.rate_limit_headers = False
         self.timeout_s = None if timeout_s is None else _finite("timeout_s", timeout_s, 0.001)
         self.max_retry_after_s = _finite("max_retry_after_s", max_retry_after_s, 0.0)
@@ -230,7 +240,10 @@ class HttpDownstream:
 
     def for_quota(self) -> HttpDownstream:
         """This target with its answers' rate-limit headers in each ``Reply`` (``dispatch``
-        calls it for a job with a quota, which follows them)."""
+        calls it for a job with a quota, which follows them); itself without
+        ``read_rate_limit_headers``."""
+        if not self.read_rate_limit_headers:
+            return self
         bound = copy.copy(self)
         bound.rate_limit_headers = True
         bound._curl_settings = None
