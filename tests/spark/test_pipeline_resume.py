@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import pytest
 
@@ -19,8 +20,22 @@ from timewheel.cli.pipeline import add_parser
 from timewheel.cli.pipeline.output import run_identity
 from timewheel.spark.journal import JOURNAL, MANIFEST, journal_rows, read_batches, run_dir
 
+F = TypeVar("F", bound=Callable[..., object])
+
 pytestmark = pytest.mark.spark
 pq = pytest.importorskip("pyarrow.parquet")
+
+
+def kill_lane(test: F) -> F:
+    """A test that kills and resumes whole runs in child processes (30 to 80 s each, about
+    5 minutes together): run by ``.ci/kills`` (TIMEWHEEL_KILL_TESTS=1), which ``.ci/run``
+    calls, so that the default suite stays near 10 minutes."""
+    lane = pytest.mark.skipif(
+        os.environ.get("TIMEWHEEL_KILL_TESTS") != "1",
+        reason="a run killed and resumed, 30-80 s: run by .ci/kills (TIMEWHEEL_KILL_TESTS=1)",
+    )
+    return pytest.mark.kills(lane(test))  # type: ignore[no-any-return]
+
 
 ROWS = 2000
 RUN = [
@@ -135,6 +150,7 @@ def test_a_journal_cut_short_keeps_its_whole_batches(tmp_path: Path) -> None:
     assert compact(out) == files  # again: nothing left to do
 
 
+@kill_lane
 def test_a_run_stopped_any_way_resumes_to_every_row_once(tmp_path: Path) -> None:
     out = tmp_path / "out"
     argv = [*RUN, "--output", str(out)]
@@ -225,6 +241,7 @@ def test_resume_and_output_refusals_are_one_line_before_spark(tmp_path: Path) ->
     assert sorted(os.listdir(tmp_path)) == ["afile", "out"]
 
 
+@kill_lane
 def test_a_resume_after_damage_in_the_journal_sends_those_rows_again(tmp_path: Path) -> None:
     # 4 KB of garbage in the middle of a killed run's journal file: the rows of what it hit
     # are sent again, never taken for other rows (Arrow IPC alone trusted damaged ordinals,
@@ -252,6 +269,7 @@ def test_a_resume_after_damage_in_the_journal_sends_those_rows_again(tmp_path: P
     assert line.endswith("); their rows are sent again")
 
 
+@kill_lane
 def test_a_resume_on_another_master_sends_every_row_once(tmp_path: Path) -> None:
     # Killed on local[2], finished on local[3]: the generated rows come in 2 partitions, then
     # in 3. Rows numbered by their place in a partition were matched with the wrong journal
@@ -271,6 +289,7 @@ def test_a_resume_on_another_master_sends_every_row_once(tmp_path: Path) -> None
     assert summary["journal_outside_input"] == 0
 
 
+@kill_lane
 def test_a_resume_with_other_split_points_sends_every_row_once(tmp_path: Path) -> None:
     # A Parquet input of many row groups, split by spark.sql.files.maxPartitionBytes: another
     # value on --resume moves the split points (and the partition count).
@@ -312,6 +331,7 @@ def test_an_id_col_that_does_not_name_each_row_once_is_refused(tmp_path: Path, b
     assert not out.exists()  # nothing sent, nothing journalled
 
 
+@kill_lane
 def test_a_second_run_on_an_output_in_use_is_refused(tmp_path: Path) -> None:
     # Two runs on one --output (or a --resume of it while it runs) both sent every row and
     # deleted each other's journal: the second is refused while the first holds the lock.
@@ -368,6 +388,7 @@ sys.exit(main(["pipeline", *sys.argv[1:]]))
 """
 
 
+@kill_lane
 def test_a_publish_killed_between_its_renames_is_finished_or_rolled_back(tmp_path: Path) -> None:
     out = tmp_path / "a" / "out"
     argv = [*RUN, "--output", str(out)]
