@@ -455,3 +455,21 @@ def test_the_http_target_hands_over_the_stubs_headers_only_when_asked(tmp_path: 
         assert read == [True] + [False] * 7 + [True, False]
     finally:
         stub.close()
+
+
+@pytest.mark.spark
+def test_close_quota_stops_the_drivers_service_and_its_thread(spark: Any) -> None:
+    from timewheel.spark.quota_job import close_quota, place_quota
+
+    quota = Quota(rate=10)
+    first = place_quota(quota, spark, 2, False)
+    again = place_quota(quota, spark, 2, False)
+    assert again == first  # one service per Quota object, for every job given it
+    _, service, _, _ = _SERVICES[id(quota)]
+    thread = service._thread
+    assert thread.is_alive() and driver_store(quota) is service.store
+    close_quota(quota)
+    thread.join(5)
+    assert not thread.is_alive() and service.closed
+    assert driver_store(quota) is None
+    close_quota(quota)  # a second close is a no-op
