@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["BURST_S", "Admission", "check_rate", "is_overload"]
+__all__ = ["BURST_S", "OVERLOAD_STATUSES", "Admission", "check_rate", "is_overload"]
 
 #: A task's bucket holds at most this many seconds of its share (and at least one token).
 BURST_S = 0.02

@@ -32,6 +32,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, Union
 
+from .admission import OVERLOAD_STATUSES
 from .contract import Reply
 from .quota import BudgetSpent, QuotaStore, TaskQuota
 from .ratelimit_headers import parse_rate_limit_headers
@@ -136,7 +137,7 @@ class QuotaGate:
                 # The target's cap on Retry-After (max_retry_after_s) holds here too.
                 info = dataclasses.replace(info, retry_after_s=retry_after_s)
             task.follow(info)
-        if status in (429, 503):
+        if status in OVERLOAD_STATUSES:
             self.refused += 1
             if cost:
                 task.settle(cost, 0.0)

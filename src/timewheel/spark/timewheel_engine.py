@@ -222,7 +222,10 @@ class _Partition:
 
     def admit(self, data: dict[str, Any]) -> None:
         """Start a new row (no quota: nothing to wait for)."""
-        self.start(self.new_row(data))
+        row = _Row(self.admitted, data)  # new_row, inlined: once per row
+        self.live[row.seq] = row
+        self.admitted += 1
+        self.start(row)
 
     def new_row(self, data: dict[str, Any]) -> _Row:
         """The next row of the input, live from now on."""
@@ -278,7 +281,8 @@ class _Partition:
         return None
 
     def unhold(self, row: _Row, ok: bool, reply: Reply | None, retry_after_s: float | None) -> None:
-        """The attempt that held ``row``'s share of the quota ended: settle it."""
+        """The attempt that held ``row``'s share of the quota ended: settle it (callers
+        test ``row.held`` first: without a quota this costs no call per row)."""
         if row.held and self.gate is not None:
             row.held = False
             self.gate.ended(row.cost, ok, reply, retry_after_s)
@@ -364,16 +368,19 @@ class _Partition:
         overloaded = False
         if answer is None:
             status, error = TIMEOUT, self.timeout_error
-            self.unhold(row, False, None, None)
+            if row.held:
+                self.unhold(row, False, None, None)
         elif answer[0]:
-            self.unhold(row, True, answer[2], None)
+            if row.held:
+                self.unhold(row, True, answer[2], None)
             self.admission.succeeded()
             self.finish(row, OK, None, answer[2])
             return
         else:
             status, error, wait_s = FAILED, str(answer[1] or "failed"), retry_after_of(answer[1])
             reply = answer[2]
-            self.unhold(row, False, reply, wait_s)
+            if row.held:
+                self.unhold(row, False, reply, wait_s)
             overloaded = is_overload(answer[1], reply)
             if overloaded:
                 self.admission.overloaded(row.call, wait_s)
@@ -417,7 +424,8 @@ class _Partition:
 
     def finish(self, row: _Row, status: str, error: str | None, reply: Reply | None = None) -> None:
         """Give the row's keys back and queue its outcome for the task's thread."""
-        self.unhold(row, False, None, None)
+        if row.held:
+            self.unhold(row, False, None, None)
         self.release(row)
         latency_ms = (time.monotonic() - row.start) * 1000.0 if row.attempts else 0.0
         self.live.pop(row.seq, None)
