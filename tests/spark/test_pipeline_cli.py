@@ -482,3 +482,24 @@ def test_a_tokens_quota_against_the_openai_stub_settles_what_each_call_cost(
         assert use["cost_spent"] == pytest.approx(sum(len(t) // 5 for t in texts))
     finally:
         stub.close()
+
+
+def test_a_quota_kept_in_redis_is_read_back_for_the_summary(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from redis_fixtures import REDIS_SERVER, RedisServer
+
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not on PATH (apt-get install redis-server)")
+    server = RedisServer(tmp_path)
+    try:
+        out = tmp_path / "out"
+        store = ["--quota-store", server.url, "--quota-name", "cli-job", "--quiet"]
+        assert run_cli([*sim_run(out, "--max-requests", "150", *store)]) == 3
+        summary = json.loads((out / "summary.json").read_text())
+        ok = summary["status"]["ok"]
+        assert 150 - 2 <= ok <= 150 and ok + summary["status"]["skipped"] == 400
+        use = summary["quota_use"]
+        assert use["requests"] == ok and use["quota"]["store"] == server.url
+    finally:
+        server.stop()

@@ -39,7 +39,14 @@ from .engines import worker_runtime
 from .quota import Failover, LocalStore, Quota, QuotaStore
 from .quota_gate import check_cost
 
-__all__ = ["QuotaRef", "check_quota", "close_quota", "driver_store", "place_quota"]
+__all__ = [
+    "QuotaRef",
+    "check_quota",
+    "close_quota",
+    "driver_store",
+    "place_quota",
+    "redis_store_of",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -75,18 +82,8 @@ class QuotaRef:
             share = self.quota.share(self.fraction)
             return LocalStore(share if share is not None else self.quota, exhausted=share is None)
         if self.kind == "redis":
-            from .quota_redis import RedisStore
-
-            password = None
-            if self.quota.store_password is not None:
-                from .secrets import Secret
-
-                password = Secret(self.quota.store_password).resolve()[0]
-            assert self.quota.store is not None and self.quota.name is not None
             try:
-                primary: QuotaStore = RedisStore(
-                    self.quota.store, self.quota.name, self.quota, password=password
-                )
+                primary: QuotaStore = redis_store_of(self.quota)
             except Exception as exc:  # no redis client: say so, then the static split
                 primary = _Unreachable(self.quota, f"{type(exc).__name__}: {exc}")
             return Failover(primary, self.fraction)
@@ -105,6 +102,20 @@ class QuotaRef:
         else:
             primary = ServiceStore(self.address, bytes.fromhex(secret), self.quota)
         return Failover(primary, self.fraction)
+
+
+def redis_store_of(quota: Quota) -> QuotaStore:
+    """The :class:`~timewheel.spark.quota_redis.RedisStore` that ``quota`` names, its
+    password (if any) read here, where it is used."""
+    from .quota_redis import RedisStore
+
+    password = None
+    if quota.store_password is not None:
+        from .secrets import Secret
+
+        password = Secret(quota.store_password).resolve()[0]
+    assert quota.store is not None and quota.name is not None
+    return RedisStore(quota.store, quota.name, quota, password=password)
 
 
 class _Unreachable:

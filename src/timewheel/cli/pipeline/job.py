@@ -169,11 +169,12 @@ class _Job:
         self.staging.append(staging)
         start = time.monotonic()
         self.watch = None
-        if self.quota is not None:
-            self.watch = QuotaWatch(self.quota, self.quota_store(), reports)
         with contextlib.ExitStack() as stack:
-            if self.watch is not None:
-                stack.enter_context(self.watch)
+            if self.quota is not None:
+                store = self.quota_store()
+                if self.quota.store is not None and store is not None:
+                    stack.callback(store.close)  # this run's own Redis client
+                self.watch = stack.enter_context(QuotaWatch(self.quota, store, reports))
             stack.enter_context(Progress(JournalCount(journal), sending, args.quiet, self.watch))
             if done is None:
                 result.write.parquet(str(staging / "rows"))
@@ -209,21 +210,12 @@ class _Job:
 
     def quota_store(self) -> Any:
         """The store the driver reads the quota's use from (None: the static split)."""
-        from ...spark.quota_job import driver_store
+        from ...spark.quota_job import driver_store, redis_store_of
 
         quota = self.quota
         if quota is None or quota.store == "static":
             return None
-        if quota.store is None:
-            return driver_store(quota)
-        from ...spark.quota_redis import RedisStore
-        from ...spark.secrets import Secret
-
-        password = None
-        if quota.store_password is not None:
-            password = Secret(quota.store_password).resolve()[0]
-        assert quota.name is not None
-        return RedisStore(quota.store, quota.name, quota, password=password)
+        return driver_store(quota) if quota.store is None else redis_store_of(quota)
 
     def done_before(self, base: Any) -> Any:
         """The rows earlier runs of ``--output`` answered ok (one per id, each id one of
