@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import pickle
 import random
+import signal
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -352,3 +356,44 @@ def test_state_reports_a_snapshot() -> None:
     store = LocalStore(Quota(rate=10, concurrency=3), clock)
     TaskQuota(store, clock=clock).acquire()
     assert store.state() == QuotaState(requests_taken=1, slots_used=1, holders=1)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_while_a_thread_holds_the_locks_takes_its_own_share() -> None:
+    """A task's quota, its store and a failover forked while another thread is inside
+    them: the child's copies have fresh locks and go on (no hang), the parent's too."""
+    store = Failover(LocalStore(Quota(rate=1000, budget=100)), 0.5)
+    task = TaskQuota(store)
+    inside, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with task.lock, store.lock, store.primary.lock:  # type: ignore[attr-defined]
+            inside.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert inside.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the child: every call below needs those locks
+        code = 1
+        try:
+            ok = task.acquire(1.0) == 0.0
+            task.done()
+            task.settle(1.0, 2.0)
+            task.close()
+            code = 0 if ok and store.state().cost_spent > 0 else 2
+        finally:
+            os._exit(code)
+    release.set()
+    holder.join(10)
+    deadline = time.monotonic() + 20
+    while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on a lock its parent's thread held")
+        time.sleep(0.01)  # polling the child's exit, bounded above
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    assert task.acquire(1.0) == 0.0  # the parent's copies work on
+    task.close()
