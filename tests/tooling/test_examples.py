@@ -107,22 +107,29 @@ def test_aio_idle_server_example_runs(impl: str, loop: str) -> None:
     assert result.stderr == ""
 
 
-@pytest.mark.spark
-def test_the_enrich_example_runs_under_its_rate_and_saves_repeated_lookups() -> None:
+def run_spark_example(name: str, *unset: str) -> subprocess.CompletedProcess[str]:
+    """Run ``examples/<name>`` as a user would, on this checkout's timewheel (executors
+    too), without the environment variables ``unset``; it must exit 0."""
     pytest.importorskip("pyspark")
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(timewheel.__file__).parents[1]), env.get("PYTHONPATH", "")]
     )
     env["PYSPARK_PYTHON"] = sys.executable
     result = subprocess.run(
-        [sys.executable, str(EXAMPLE.with_name("enrich.py"))],
+        [sys.executable, str(EXAMPLE.with_name(name))],
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.spark
+def test_the_enrich_example_runs_under_its_rate_and_saves_repeated_lookups() -> None:
+    result = run_spark_example("enrich.py")
     last = result.stdout.strip().splitlines()[-1]
     # 3000 orders of 150 customers: one request per customer, 10 of them unknown.
     assert last.startswith("3000 orders back (2800 ok, 200 failed) from 150 requests"), last
@@ -133,21 +140,7 @@ def test_the_enrich_example_runs_under_its_rate_and_saves_repeated_lookups() -> 
 
 @pytest.mark.spark
 def test_the_llm_enrich_example_keeps_to_its_tokens_per_minute() -> None:
-    pytest.importorskip("pyspark")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(timewheel.__file__).parents[1]), env.get("PYTHONPATH", "")]
-    )
-    env["PYSPARK_PYTHON"] = sys.executable
-    env.pop("OPENAI_API_KEY", None)
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLE.with_name("llm_enrich.py"))],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_spark_example("llm_enrich.py", "OPENAI_API_KEY")
     last = result.stdout.strip().splitlines()[-1]
     found = re.match(
         r"80 texts back \(80 ok\) with ([\d,]+) tokens in ([\d.]+) s .*refused 0 requests$",

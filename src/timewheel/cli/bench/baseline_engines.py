@@ -59,6 +59,13 @@ from ...spark.http_target import HttpDownstream
 __all__ = ["async_call", "asyncio_engine", "blocking_call", "threads_engine"]
 
 
+def _failed(exc: Exception, config: DispatchConfig) -> tuple[str, str, float | None, Any]:
+    """An attempt that raised ``exc``: its status, error, wait before a retry (None: no
+    retry) and the answer it got, if any; the same for both baselines."""
+    status, error = classify(exc, config)
+    return status, error, retry_wait_s(exc, config), getattr(exc, "reply", None)
+
+
 def _too_large(limit: int) -> DownstreamError:
     """The failure of an answer over ``max_reply_bytes`` (worded as ``submit`` words it)."""
     return DownstreamError(
@@ -337,9 +344,7 @@ def _attempts_blocking(
             else:
                 reply = blocking_call(target, row, timeout_s)
         except Exception as exc:
-            status, error = classify(exc, config)
-            wait = retry_wait_s(exc, config)
-            reply = getattr(exc, "reply", None)
+            status, error, wait, reply = _failed(exc, config)
         else:
             return outcome(row, OK, attempt, (time.monotonic() - start) * 1000.0, None, reply)
         if wait is None or attempt > config.retries:
@@ -423,9 +428,7 @@ def asyncio_engine(
                 )
                 reply = await asyncio.wait_for(call, timeout_s)
             except Exception as exc:
-                status, error = classify(exc, config)
-                wait = retry_wait_s(exc, config)
-                reply = getattr(exc, "reply", None)
+                status, error, wait, reply = _failed(exc, config)
             else:
                 return outcome(row, OK, attempt, (time.monotonic() - start) * 1000.0, None, reply)
             if wait is None or attempt > config.retries:
