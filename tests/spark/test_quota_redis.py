@@ -16,8 +16,15 @@ from typing import Any
 import pytest
 
 from redis_fixtures import RedisServer, needs_redis
-from timewheel.spark.quota import BudgetSpent, LocalStore, Quota, QuotaStoreError, TaskQuota
-from timewheel.spark.quota_redis import RedisStore, redact_url, redis_store
+from timewheel.spark.quota import (
+    BudgetSpent,
+    Failover,
+    LocalStore,
+    Quota,
+    QuotaStoreError,
+    TaskQuota,
+)
+from timewheel.spark.quota_redis import RedisStore, redact_url
 
 
 @pytest.fixture
@@ -179,7 +186,9 @@ def test_redis_killed_mid_run_falls_back_to_the_static_split_and_says_so(
 ) -> None:
     clock = Clock()
     quota = Quota(rate=100, budget=1000)
-    store = redis_store(redis_server.url, "dies", quota, 0.25, clock=clock, timeout_s=2)
+    store = Failover(
+        RedisStore(redis_server.url, "dies", quota, clock=clock, timeout_s=2), 0.25, clock
+    )
     task = TaskQuota(store, clock=clock)
     with caplog.at_level(logging.WARNING, "timewheel.spark.quota"):
         assert task.acquire(4.0) == 0.0
@@ -207,7 +216,7 @@ def test_a_redis_refusing_connections_falls_back_at_once(
 ) -> None:
     url = redis_server.url
     redis_server.stop()
-    store = redis_store(url, "refused", Quota(rate=50), 0.5, timeout_s=2)
+    store = Failover(RedisStore(url, "refused", Quota(rate=50), timeout_s=2), 0.5)
     with caplog.at_level(logging.WARNING, "timewheel.spark.quota"):
         assert TaskQuota(store).acquire() == 0.0
     assert store.fallback is not None and store.fallback.quota.rate == 25

@@ -14,24 +14,23 @@ agrees on; a test may pass ``clock=`` to drive it. The quota's numbers travel wi
 call: jobs sharing a ``name`` should give the same :class:`~timewheel.spark.quota.Quota`.
 
 A Redis that refuses the connection, times out (``timeout_s``) or dies raises
-:class:`~timewheel.spark.quota.QuotaStoreError`; :func:`redis_store` wraps the store in
-a :class:`~timewheel.spark.quota.Failover`, which says so in one line and falls back to
-this process's static share. A URL's password is never shown (``repr`` and errors
-print the URL with ``***`` for it), and a store is not pickled (it holds connections):
-an executor makes its own from the URL (without the password) and the password given
-apart from the plan.
+:class:`~timewheel.spark.quota.QuotaStoreError`; a job's tasks draw on it through a
+:class:`~timewheel.spark.quota.Failover` (:mod:`timewheel.spark.quota_job`), which says
+so in one line and falls back to this process's static share. A URL's password is
+never shown (``repr`` and errors print the URL with ``***`` for it), and a store is
+not pickled (it holds connections): an executor makes its own from the URL (without the
+password) and the password given apart from the plan.
 """
 
 from __future__ import annotations
 
 import re
-import time
 import urllib.parse
 from typing import Any, Callable
 
-from .quota import BURST_S, LEASE_S, Failover, Grant, Quota, QuotaState, QuotaStoreError
+from .quota import BURST_S, LEASE_S, Grant, Quota, QuotaState, QuotaStoreError
 
-__all__ = ["SCRIPT", "RedisStore", "redact_url", "redis_store"]
+__all__ = ["SCRIPT", "RedisStore", "redact_url"]
 
 #: The one script every operation runs. ARGV: op, now ("" = the server's TIME), the
 #: quota (rate, cost_rate, concurrency, budget, max_requests: 0 = none; ttl_s; the two
@@ -370,19 +369,3 @@ class RedisStore:
     def close(self) -> None:
         """Close the connections (redis-py makes new ones in a forked child by itself)."""
         self._redis.close()
-
-
-def redis_store(
-    url: str,
-    name: str,
-    quota: Quota,
-    fraction: float,
-    *,
-    clock: Callable[[], float] | None = None,
-    timeout_s: float = 5.0,
-    password: str | None = None,
-) -> Failover:
-    """A :class:`RedisStore` that falls back to ``fraction`` of the quota (this process's
-    static share) if Redis cannot be reached, saying so in one log line."""
-    store = RedisStore(url, name, quota, clock=clock, timeout_s=timeout_s, password=password)
-    return Failover(store, fraction, clock if clock is not None else time.monotonic)
