@@ -129,14 +129,22 @@ def master_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 CONF = ["spark.executor.memory=512m", "spark.cores.max=2", "spark.ui.enabled=false"]
 
 
-def test_the_cli_runs_on_the_cluster(master_url: str, tmp_path: Path) -> None:
-    out = tmp_path / "out"
+def pipeline_on(
+    master_url: str, out: Path, rows: int, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """``timewheel pipeline`` on the cluster: ``rows`` generated rows in 4 partitions."""
     argv = [sys.executable, "-m", "timewheel", "pipeline", "--master", master_url]
-    argv += ["--generate", "5000", "--partitions", "4", "--output", str(out), "--quiet"]
-    argv += ["--target", "sim://?pct50=2&pct75=5&failures=0.02&seed=1", "--retries", "2"]
+    argv += ["--generate", str(rows), "--partitions", "4", "--output", str(out), "--quiet"]
     for conf in CONF:
         argv += ["--conf", conf]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    argv += extra
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=out.parent)
+
+
+def test_the_cli_runs_on_the_cluster(master_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    target = ["--target", "sim://?pct50=2&pct75=5&failures=0.02&seed=1", "--retries", "2"]
+    done = pipeline_on(master_url, out, 5000, *target)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["master"] == master_url and summary["rows"] == 5000
@@ -154,13 +162,8 @@ def test_a_quota_held_by_the_driver_stops_the_cluster_job_at_its_cap(
 ) -> None:
     """The executors (in the worker's JVM's Python workers) reach the driver's quota
     service with the job's secret: the cap holds across them, and the run exits 3."""
-    out = tmp_path / "out"
-    argv = [sys.executable, "-m", "timewheel", "pipeline", "--master", master_url]
-    argv += ["--generate", "3000", "--partitions", "4", "--output", str(out), "--quiet"]
-    argv += ["--target", "sim://?pct50=2&pct75=5&seed=1", "--max-requests", "1000"]
-    for conf in CONF:
-        argv += ["--conf", conf]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    target = ["--target", "sim://?pct50=2&pct75=5&seed=1", "--max-requests", "1000"]
+    done = pipeline_on(master_url, tmp_path / "out", 3000, *target)
     assert done.returncode == 3, done.stderr
     summary = json.loads(done.stdout)
     ok, skipped = summary["status"]["ok"], summary["status"]["skipped"]
