@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("aiohttp")
+pytest.importorskip("pycurl")  # the spark extra's HTTP client
 
 from http_fixtures import ScriptedService
 from timewheel.spark.engines import DispatchConfig, Outcome

@@ -354,6 +354,7 @@ def test_bad_quota_arguments_are_refused_before_any_job(spark: Any) -> None:
 
 
 def test_rate_limit_lines_keep_the_last_answers_rate_limit_headers() -> None:
+    pytest.importorskip("pycurl")  # the spark extra's HTTP client
     from timewheel.spark._curl import rate_limit_lines
 
     lines = [
@@ -416,6 +417,7 @@ def test_headers_that_leave_room_cost_no_store_call() -> None:
 
 
 def test_the_http_target_hands_over_the_stubs_headers_only_when_asked(tmp_path: Path) -> None:
+    pytest.importorskip("pycurl")  # the spark extra's HTTP client
     from openai_stub_fixtures import OpenAIStub
     from timewheel.spark.targets import HttpDownstream
 
