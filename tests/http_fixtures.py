@@ -5,6 +5,14 @@ request with the same idempotency key (the last entry repeats). An entry is ``"2
 ``"500"``, ``"400"``, ``"429:<seconds>"`` (with that Retry-After), ``"slow:<ms>"`` (200
 after a delay) or ``"stall"`` (no answer until the client goes away, at most 30 s). The
 service records every request, the concurrency it saw, and when clients dropped stalls.
+
+``batch_url`` takes many rows per request, as embedding and bulk APIs do: a JSON array
+of elements (or ``{"input": array}``), each ``{"id": ..., ...}``. An element with
+``"bad": true`` makes the whole request a 400 naming it (bad input). The first
+element's ``plan`` scripts the answer per idempotency key as above, plus ``"short"``
+(the last element left out), ``"reversed"`` (elements in reverse order) and
+``"extra"`` (one element too many). A 200 answers ``{"data": [{"id": id, "echo":
+element}, ...]}`` and ``usage.total_tokens`` (one per element).
 """
 
 from __future__ import annotations
@@ -51,11 +59,13 @@ class ScriptedService:
             raise RuntimeError("the scripted service did not start")
         scheme = "https" if tls else "http"
         self.url = f"{scheme}://127.0.0.1:{self.port}/ingest"
+        self.batch_url = f"{scheme}://127.0.0.1:{self.port}/batch"
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         app = web.Application()
         app.router.add_post("/ingest", self._handle)
+        app.router.add_post("/batch", self._batch)
         # Cancel a handler whose client went away: that is how a dropped stall is seen.
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         self.loop.run_until_complete(self.runner.setup())
@@ -106,6 +116,35 @@ class ScriptedService:
         finally:
             with self.lock:
                 seen.in_flight -= 1
+
+    async def _batch(self, request: Any) -> Any:
+        body = json.loads(await request.read())
+        elements = body["input"] if isinstance(body, dict) else body
+        key = request.headers.get("Idempotency-Key", "")
+        with self.lock:
+            self.seen.per_key[key] += 1
+            nth = self.seen.per_key[key]
+            self.seen.requests.append(
+                {"key": key, "body": body, "headers": request.headers.copy(), "rows": len(elements)}
+            )
+        bad = [i for i, e in enumerate(elements) if e.get("bad")]
+        if bad:
+            return web.Response(status=400, text=f"element {bad[0]} is bad")
+        plan = elements[0].get("plan") or ["200"]
+        action = plan[min(nth, len(plan)) - 1]
+        if action == "stall":
+            await asyncio.sleep(_STALL_LIMIT_S)
+        if action not in ("200", "short", "reversed", "extra"):
+            return web.Response(status=int(action), text="no")
+        data = [{"id": e.get("id"), "echo": e} for e in elements]
+        if action == "short":
+            data = data[:-1]
+        elif action == "reversed":
+            data.reverse()
+        elif action == "extra":
+            data.append({"id": None, "echo": None})
+        usage = {"total_tokens": len(elements)}
+        return web.Response(text=json.dumps({"data": data, "usage": usage}))
 
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(20)

@@ -138,6 +138,7 @@ def workload() -> Iterator[Workload]:
     ended.finish(("ok", "ok", "failed", "timeout", "failed"), (1, 2, 3, 2, 0))
     running.finish(("ok", "skipped"), (1, 0))
     ended.quota_refused, ended.cost_unknown = 2, 1
+    ended.batch_requests, ended.rows_failed_alone = 3, 1
     worker.end(ended)
 
     cumulative, sum_ms = replay_lateness()
@@ -187,6 +188,8 @@ def workload() -> Iterator[Workload]:
         ("spark_engine", "retries"): (w, 4),
         ("spark_engine", "quota_refused"): (w, 2),
         ("spark_engine", "cost_unknown"): (w, 1),
+        ("spark_engine", "batch_requests"): (w, 3),
+        ("spark_engine", "rows_failed_alone"): (w, 1),
         ("spark_engine", "rows_in_flight"): (w, 1),
     }
     with pytest.raises(TimeoutError, match="timed out"):

@@ -39,9 +39,9 @@ if TYPE_CHECKING:
         is_connect,
         output_schema,
         partition_dispatcher,
-        request_key,
         task_slots,
     )
+    from .dedupe import request_key
 
 __all__ = [
     "RESULT_COLUMNS",
@@ -67,6 +67,10 @@ _LAZY = (
 
 def __getattr__(name: str) -> Any:
     """Import ``dispatch`` (and with it pyspark) when it is first asked for."""
+    if name == "request_key":
+        from .dedupe import request_key
+
+        return request_key
     if name in _LAZY:
         from . import _dispatch
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import pickle
 import sys
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -41,6 +40,8 @@ from pyspark.sql.types import (
 
 from .._validate import check_columns, check_int
 from .admission import check_rate
+from .batching import batch_settings
+from .dedupe import by_request, sent_once
 from .engines import OK, RESULT_COLUMNS, DispatchConfig, Engine, Outcome
 from .journal import FLUSH_ROWS, FLUSH_S, JournalWriter
 from .quota import Quota
@@ -286,95 +287,6 @@ class _PartitionDispatch:
         return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-class WithoutColumns:
-    """``target`` given each row without ``hidden`` columns (``dedupe_requests``'s key,
-    which is dispatch's business, not the service's)."""
-
-    def __init__(self, target: Any, hidden: frozenset[str]) -> None:
-        self.target = target
-        self.hidden = hidden
-
-    @classmethod
-    def hiding(cls, target: Any, columns: Iterable[str]) -> WithoutColumns:
-        """``target`` without ``columns``: one wrapper, however many hide some (each row
-        is copied once, not once per wrapper)."""
-        if isinstance(target, cls):
-            return cls(target.target, target.hidden | frozenset(columns))
-        return cls(target, frozenset(columns))
-
-    def submit(self, row: dict[str, Any], on_done: Any) -> Any:
-        hidden = self.hidden
-        return self.target.submit({k: v for k, v in row.items() if k not in hidden}, on_done)
-
-    def columns(self) -> tuple[str, ...]:
-        """The columns the target's requests name (checked against the input before a job)."""
-        named = getattr(self.target, "columns", None)
-        return tuple(named()) if callable(named) else ()
-
-    def request_columns(self, columns: Sequence[str]) -> tuple[str, ...] | None:
-        """The target's request columns among ``columns`` less the hidden ones (None when
-        the target does not name them)."""
-        named = getattr(self.target, "request_columns", None)
-        if not callable(named):
-            return None
-        return tuple(named([c for c in columns if c not in self.hidden]))
-
-    def for_id_col(self, id_col: str) -> WithoutColumns:
-        derive = getattr(self.target, "for_id_col", None)
-        return self if derive is None else WithoutColumns(derive(id_col), self.hidden)
-
-    def for_quota(self) -> WithoutColumns:
-        derive = getattr(self.target, "for_quota", None)
-        return self if derive is None else WithoutColumns(derive(), self.hidden)
-
-    def __repr__(self) -> str:
-        return repr(self.target)
-
-
-def sent_once(
-    rows: Iterable[dict[str, Any]],
-    col: str,
-    run: Callable[[Iterable[dict[str, Any]]], Iterator[Outcome]],
-) -> Iterator[Outcome]:
-    """``run`` the first row of each value of ``col``; every other row with that value gets
-    a copy of its outcome (with its own row). Rows come sorted by ``col``, so a value
-    never comes back once another has started; a null value is no request to share.
-    """
-    waiting: dict[Any, list[dict[str, Any]]] = {}  # value -> its rows after the first
-    finished: dict[Any, Outcome] = {}  # the values of the current run whose outcome is in
-    ready: deque[Outcome] = deque()
-    current: list[Any] = [None]
-
-    def firsts() -> Iterator[dict[str, Any]]:
-        for row in rows:
-            value = row[col]
-            if value is None:
-                yield row
-                continue
-            if value != current[0]:
-                current[0] = value
-                finished.clear()  # sorted: the values before will not come again
-            if value in finished:
-                ready.append(finished[value]._replace(row=row))
-            elif value in waiting:
-                waiting[value].append(row)
-            else:
-                waiting[value] = []
-                yield row
-
-    for outcome in run(firsts()):
-        yield outcome
-        value = outcome.row[col]
-        if value is not None:
-            if value == current[0]:
-                finished[value] = outcome
-            ready.extend(outcome._replace(row=row) for row in waiting.pop(value, ()))
-        while ready:
-            yield ready.popleft()
-    while ready:
-        yield ready.popleft()
-
-
 def _probe(_: Iterable[int]) -> Iterator[str]:
     """Run on one executor: unpickling this function imports timewheel there."""
     yield sys.executable
@@ -464,6 +376,9 @@ def dispatch(
     quota: Quota | None = None,
     cost: str | Callable[[dict[str, Any]], float] | None = None,
     reply_cost: str | Callable[[Any], float] | None = None,
+    batch_size: int = 1,
+    batch_linger_ms: int = 0,
+    batch_max_cost: float | None = None,
 ) -> DataFrame:
     """Send each row of ``df`` to ``target`` from the executors; return it once, with its outcome.
 
@@ -501,6 +416,14 @@ def dispatch(
     URL, headers and body; the target names the columns they are made from with
     ``request_columns(columns)``, as ``HttpDownstream`` does); the request carries the
     idempotency key of the row that sends it.
+    ``batch_size``: the most rows per request (1, the default: a request per row), for
+    a target that takes many (``HttpDownstream``'s ``batch_body`` and ``batch_reply``
+    say how); ``batch_linger_ms``: the longest a partly filled batch waits for rows;
+    ``batch_max_cost``: the most estimated ``cost`` per request. Each row still gets its
+    own outcome: a batch refused as bad input is halved until the rows at fault stand
+    alone, one that times out or gets a 5xx is retried whole. ``max_in_flight`` then
+    counts requests, and a quota is taken per request (one request, the sum of its rows'
+    costs). See :mod:`timewheel.spark.batch_engine` and docs/spark.md, "Batches".
     ``resume_from``: a previous result of this call (say, read back from Parquet);
     rows whose ``id_col`` value is ``ok`` there are not sent again but come back as
     they were there (ids must be unique for that to mean one row each).
@@ -547,6 +470,16 @@ def dispatch(
     check_quota(df.schema, quota, cost, reply_cost, rate)
     if quota is not None and engine is not timewheel_engine:
         raise ValueError(f"a quota is kept by the timewheel engine only, not by {engine!r}")
+    target, batch = batch_settings(target, batch_size, batch_linger_ms, batch_max_cost, cost)
+    if batch is not None:
+        if engine is not timewheel_engine:
+            raise ValueError(f"batches are made by the timewheel engine only, not by {engine!r}")
+        if rate is not None:
+            raise ValueError(
+                "rate counts rows per task, not requests: with batch_size > 1 give "
+                "quota=Quota(rate=...) instead"
+            )
+        config = replace(config, batch=batch)
     if not isinstance(dedupe_requests, bool):
         raise TypeError(f"dedupe_requests must be True or False, got {dedupe_requests!r}")
     kept = None
@@ -555,7 +488,7 @@ def dispatch(
         df = df.join(kept.select(id_col), id_col, "left_anti")
     hide = None
     if dedupe_requests:
-        df, target, dedupe_col = _by_request(df, target, dedupe_col, config.key_cols)
+        df, target, dedupe_col = by_request(df, target, dedupe_col, config.key_cols)
         hide = dedupe_col
     spark = df.sparkSession
     check_workers(spark)
@@ -635,37 +568,6 @@ def partition_dispatcher(
         reply_schema,
     )
     return _PartitionDispatch(engine, target, config, reply=reply, journal=journal)
-
-
-#: The hidden column ``dedupe_requests`` groups rows by: a digest of a row's request.
-REQUEST_KEY = "__timewheel_request"
-
-
-def request_key(df: DataFrame, target: Any) -> Any:
-    """The Column of each row's request digest (SHA-256 of its request columns as JSON),
-    or TypeError when ``target`` does not name the columns its requests are made from."""
-    from pyspark.sql import functions as F
-
-    named = getattr(target, "request_columns", None)
-    columns = named(df.columns) if callable(named) else None
-    if columns is None:
-        raise TypeError(
-            f"dedupe_requests needs a target that names the columns its requests are made "
-            f"from (a request_columns(columns) method, as HttpDownstream has); {target!r} "
-            f"has none: give dedupe_col instead"
-        )
-    return F.sha2(F.to_json(F.struct(*[F.col(c) for c in columns])), 256)
-
-
-def _by_request(
-    df: DataFrame, target: Any, dedupe_col: str | None, key_cols: Sequence[str]
-) -> tuple[DataFrame, Any, str]:
-    """``df`` with the request digest column, the target that does not see it, its name."""
-    if dedupe_col is not None or key_cols:
-        what = "dedupe_col" if dedupe_col is not None else "key_cols"
-        raise ValueError(f"dedupe_requests and {what} cannot be combined: give one")
-    df = df.withColumn(REQUEST_KEY, request_key(df, target))
-    return df, WithoutColumns.hiding(target, [REQUEST_KEY]), REQUEST_KEY
 
 
 def _kept(df: DataFrame, previous: Any, id_col: str, reply: StructType | None) -> DataFrame:

@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple
 from .batch_replies import ReplySplit
 from .batching import ANSWERED, REFUSED, RETRY, Isolation, Part, classify
 from .contract import Reply, retry_after_of
-from .engines import FAILED, TIMEOUT
+from .engines import FAILED, SKIPPED, TIMEOUT
 
 __all__ = ["AFTER_BACKOFF", "NOTHING", "NOW", "BatchRun", "RowEnd"]
 
@@ -114,6 +114,16 @@ class BatchRun:
         within the retries and deadlines, else its rows end ``timeout``."""
         again = self.iso.interrupted(part, TIMEOUT, reason, self.clock())
         return self._ends(part, {}, None), NOTHING if again is None else AFTER_BACKOFF
+
+    def skipped(self, part: Part, reason: str) -> list[RowEnd]:
+        """``part`` was not sent (the quota's budget is spent): its rows end ``skipped``,
+        the request not counted."""
+        iso = self.iso
+        iso.fail(part, SKIPPED, reason)
+        iso.requests -= 1
+        for i in part.rows:
+            iso.attempts[i] -= 1
+        return self._ends(part, {}, None)
 
     def _ends(
         self,

@@ -1,7 +1,7 @@
 """Many rows per request: the pieces of a batch, each testable without Spark or a network.
 
-Not yet wired into ``dispatch``, ``HttpDownstream`` or ``timewheel pipeline`` (see
-docs/spark.md, "Batches: what exists so far"). What is here:
+``dispatch(batch_size=N)`` gathers rows with these (the engine's side is
+:mod:`.batch_engine`; see docs/spark.md, "Batches"). What is here:
 
 * :class:`BatchSettings`: ``batch_size``, ``batch_linger_ms`` and ``batch_max_cost``,
   checked when made;
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, NamedTuple, TypeVar, Union
 
 from .._validate import check_int
-from .engines import FAILED, OK, TIMEOUT
+from .engines import FAILED, OK, SKIPPED, TIMEOUT
 
 __all__ = [
     "MAX_BATCH_LINGER_MS",
@@ -45,6 +45,7 @@ __all__ = [
     "Part",
     "batch_deadline",
     "batch_key",
+    "batch_settings",
     "classify",
 ]
 
@@ -94,6 +95,30 @@ class BatchSettings:
         # NumPy integers are taken, stored as ints.
         object.__setattr__(self, "batch_size", int(self.batch_size))
         object.__setattr__(self, "batch_linger_ms", int(self.batch_linger_ms))
+
+
+def batch_settings(
+    target: Any, batch_size: Any, batch_linger_ms: Any, batch_max_cost: Any, cost: Any
+) -> tuple[Any, BatchSettings | None]:
+    """``dispatch``'s batch arguments checked: the target to use and the settings (None
+    for a request per row, ``batch_size`` 1). ``cost``: dispatch's (``batch_max_cost``
+    counts it, so needs it)."""
+    settings = BatchSettings(batch_size, batch_linger_ms, batch_max_cost)
+    if settings.batch_max_cost is not None and cost is None:
+        raise ValueError(
+            f"batch_max_cost={batch_max_cost!r} counts the rows' cost: give cost= "
+            "(with a quota) too"
+        )
+    if settings.batch_size == 1:
+        return target, None
+    derive = getattr(target, "for_batches", None)
+    if not callable(derive) or not callable(getattr(target, "submit_batch", None)):
+        raise TypeError(
+            f"batch_size={settings.batch_size} needs a target that sends many rows per "
+            f"request (for_batches and submit_batch, as HttpDownstream has); {target!r} "
+            "has none"
+        )
+    return derive(), settings
 
 
 # -- the body -----------------------------------------------------------------------------
@@ -362,9 +387,10 @@ def classify(status: int | None) -> str:
     return REFUSED
 
 
-def _check_status(status: str) -> None:
-    if status not in (FAILED, TIMEOUT):
-        raise ValueError(f"status must be {FAILED!r} or {TIMEOUT!r}, got {status!r}")
+def _check_status(status: str, *allowed: str) -> None:
+    allowed = (FAILED, TIMEOUT, *allowed)
+    if status not in allowed:
+        raise ValueError(f"status must be one of {allowed}, got {status!r}")
 
 
 class Part(NamedTuple):
@@ -413,6 +439,8 @@ class Isolation:
         self.attempts = [0] * size
         #: Requests made (parts taken).
         self.requests = 0
+        #: Rows that failed alone: refused as bad input in a part of their own.
+        self.alone = 0
         self._queued: list[Part] = [Part(tuple(range(size)))]
         self._sent: set[Part] = set()
         self._left = size
@@ -459,6 +487,7 @@ class Isolation:
         self._ended(part)
         if len(part.rows) == 1:
             self._final(part.rows[0], FAILED, reason)
+            self.alone += 1
             return []
         half = (len(part.rows) + 1) // 2
         halves = [Part(part.rows[:half], part.tries), Part(part.rows[half:], part.tries)]
@@ -489,9 +518,9 @@ class Isolation:
         return again
 
     def fail(self, part: Part, status: str, reason: str) -> None:
-        """An ending no retry can help (a refused caller, the task ending): every row of
-        ``part`` ends with ``status`` and ``reason``."""
-        _check_status(status)
+        """An ending no retry can help (a refused caller, a spent budget: ``skipped``):
+        every row of ``part`` ends with ``status`` and ``reason``."""
+        _check_status(status, SKIPPED)
         self._ended(part)
         for i in part.rows:
             self._final(i, status, reason)

@@ -78,6 +78,9 @@ class DispatchConfig:
     quota: Any = None
     cost: Any = None
     reply_cost: Any = None
+    #: Many rows per request (a :class:`~timewheel.spark.batching.BatchSettings`), or
+    #: None for one request per row.
+    batch: Any = None
 
 
 class Outcome(NamedTuple):

@@ -29,10 +29,12 @@ import os
 import threading
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, Union
+from typing import Any, Callable, NamedTuple, Union
 
 from .._validate import check_columns, check_int
 from ._per_process import PerProcess
+from .batch_replies import ReplySplit
+from .batching import BatchBody, BodySpec
 from .contract import DownstreamError, Failure, OnDone, Reply
 from .http_request import (
     _ENCODE,
@@ -50,7 +52,14 @@ from .http_request import (
 )
 from .secrets import Secret, SecretError, redact_url
 
-__all__ = ["DEFAULT_MAX_REPLY_BYTES", "METHODS", "Body", "HttpDownstream", "HttpRequest"]
+__all__ = [
+    "DEFAULT_MAX_REPLY_BYTES",
+    "METHODS",
+    "BatchPart",
+    "Body",
+    "HttpDownstream",
+    "HttpRequest",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +76,19 @@ DEFAULT_MAX_REPLY_BYTES = 1 << 20
 
 
 _LOOP_LOCK = threading.Lock()
+# A request without a body (GET and DELETE by default).
+_NO_BODY = object()
+
+
+class BatchPart(NamedTuple):
+    """What a row gives a batch request: its request ``line`` (URL and the row's own
+    headers: rows with equal lines share a request), its body's JSON value, its
+    idempotency ``key`` (None without an idempotency header) and its ``id``."""
+
+    line: tuple[str, tuple[tuple[str, str], ...]]
+    payload: Any
+    key: str | None
+    id: Any
 
 
 def _new_loop() -> Any:
@@ -119,6 +141,13 @@ class HttpDownstream:
       hand the answers' rate-limit headers to it (read on one answer in 8 per
       connection handle and after each refusal; a Python call per header line then).
       False: only a refusal's ``Retry-After`` reaches the quota.
+    * ``batch_body``, ``batch_reply``, ``batch_id_field``: how the service takes many
+      rows per request (``dispatch(batch_size=N)``; see docs/spark.md, "Batches"). The
+      body: None for a JSON array of the rows' bodies, a template placing that array
+      where ``$rows`` stands (``'{"model": "m", "input": $rows}'``), or a function of
+      the list of bodies. The answer: the path of its array (``"data[*].embedding"``,
+      ``"[*]"`` by default: the answer is the array), each element going to the row at
+      its position, or to the row whose id its ``batch_id_field`` holds.
     """
 
     def __init__(
@@ -142,6 +171,9 @@ class HttpDownstream:
         max_retry_after_s: float = 30.0,
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
         read_rate_limit_headers: bool = True,
+        batch_body: BodySpec = None,
+        batch_reply: str = "[*]",
+        batch_id_field: str | None = None,
     ) -> None:
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, got {url!r}")
@@ -223,6 +255,9 @@ class HttpDownstream:
         self.timeout_s = None if timeout_s is None else _finite("timeout_s", timeout_s, 0.001)
         self.max_retry_after_s = _finite("max_retry_after_s", max_retry_after_s, 0.0)
         self.max_reply_bytes = check_int("max_reply_bytes", max_reply_bytes, 1)
+        self.batch_body = BatchBody(batch_body)
+        #: How a batch's answer is split back per row (read by the dispatch engine).
+        self.batch_reply = ReplySplit(batch_reply, batch_id_field)
         self._pieces = pieces if any(c for _, c in pieces) else None
         self._lines = [f"{k}: {v}" for k, v in self.headers.items()] + ["Expect:"]
         self._curl_settings: Any = None  # made on first submit
@@ -249,6 +284,23 @@ class HttpDownstream:
         bound._curl_settings = None
         return bound
 
+    def for_batches(self) -> HttpDownstream:
+        """This target, checked for batches (``dispatch(batch_size=N)`` calls it):
+        ValueError when its requests have no body to hold the rows'."""
+        if self._body() == "none":
+            raise ValueError(
+                f"batch_size > 1 needs requests with a body to hold the rows' bodies; "
+                f"{self!r} sends none (method {self.method}, body {self.body!r})"
+            )
+        return self
+
+    def _body(self) -> str | Sequence[str] | Callable[[Mapping[str, Any]], Any]:
+        """The body's shape, the method's default resolved."""
+        body = self.body
+        if body is None:
+            return "none" if self.method in ("GET", "DELETE") else "row"
+        return body
+
     def columns(self) -> tuple[str, ...]:
         """The columns the requests are made from: the URL's fields, params and header_cols."""
         named = [c for _, c in self._pieces or () if c]
@@ -261,9 +313,7 @@ class HttpDownstream:
         """Of a row with ``columns``, those whose values make its request's method, URL,
         headers and body: two rows equal on them send the same request (the idempotency
         key aside). A body of the whole row, or made by a function, takes every column."""
-        body = self.body
-        if body is None:
-            body = "none" if self.method in ("GET", "DELETE") else "row"
+        body = self._body()
         if body == "row" or callable(body):
             return tuple(columns)
         return self.columns()
@@ -285,11 +335,9 @@ class HttpDownstream:
             raise DownstreamError(f"{what} column {col!r} is null: not sent", retry_after_s=None)
         return value if isinstance(value, str) else _ENCODE(value)
 
-    def _request(self, row: Mapping[str, Any]) -> tuple[str, dict[str, str], bytes | None]:
-        """The URL, extra headers and body of ``row``'s request.
-
-        DownstreamError (final) when the row cannot make one.
-        """
+    def _parts(self, row: Mapping[str, Any]) -> tuple[str, dict[str, str], Any]:
+        """The URL, extra headers and body value (``_NO_BODY`` for none) of ``row``'s
+        request. DownstreamError (final) when the row cannot make one."""
         extra: dict[str, str] = {}
         if self.idempotency_header is not None:
             key = self.idempotency_key(row)
@@ -317,18 +365,19 @@ class HttpDownstream:
                     f"header column {col!r} holds a CR, LF or NUL: not sent", retry_after_s=None
                 )
             extra[name] = value
-        body = self.body
-        if body is None:
-            body = "none" if self.method in ("GET", "DELETE") else "row"
+        body = self._body()
         if body == "none":
-            return url, extra, None
+            return url, extra, _NO_BODY
         if body == "row":
-            payload: Any = row
-        elif callable(body):
-            payload = body(row)
-        else:
-            payload = {col: row.get(col) for col in body}
-        return url, extra, _ENCODE(payload).encode()
+            return url, extra, row
+        if callable(body):
+            return url, extra, body(row)
+        return url, extra, {col: row.get(col) for col in body}
+
+    def _request(self, row: Mapping[str, Any]) -> tuple[str, dict[str, str], bytes | None]:
+        """The URL, extra headers and body of ``row``'s request (see :meth:`_parts`)."""
+        url, extra, payload = self._parts(row)
+        return url, extra, None if payload is _NO_BODY else _ENCODE(payload).encode()
 
     def request(self, row: Mapping[str, Any]) -> HttpRequest:
         """The request ``row`` makes, for a client of one's own: its method, URL,
@@ -383,6 +432,10 @@ class HttpDownstream:
         except DownstreamError as exc:
             on_done(False, Failure(str(exc), exc.retry_after_s))
             return None
+        return self._send(url, extra, body, on_done)
+
+    def _send(self, url: str, extra: dict[str, str], body: bytes | None, on_done: OnDone) -> Any:
+        """Hand one request to this process's loop; the handle whose ``cancel()`` drops it."""
         lines = self._lines + [f"{k}: {v}" for k, v in extra.items()] if extra else self._lines
         settings = self._curl_settings
         if settings is None:
@@ -398,6 +451,33 @@ class HttpDownstream:
             self._ended,
             on_done,
         )
+
+    # -- batches: many rows per request ----------------------------------------------------
+    def batch_part(self, row: Mapping[str, Any]) -> BatchPart:
+        """What ``row`` gives a batch request (DownstreamError, final, when it cannot)."""
+        url, extra, payload = self._parts(row)
+        key = None if self.idempotency_header is None else extra.pop(self.idempotency_header)
+        return BatchPart((url, tuple(extra.items())), payload, key, row.get(self.id_col or "id"))
+
+    def submit_batch(
+        self,
+        line: tuple[str, tuple[tuple[str, str], ...]],
+        payloads: list[Any],
+        key: str | None,
+        on_done: OnDone,
+    ) -> Any:
+        """Send one request holding ``payloads`` (the rows' bodies, made by
+        ``batch_body``) on ``line``, with the batch's idempotency ``key``; as :meth:`submit`."""
+        try:
+            body = self.batch_body.encode(payloads)
+        except Exception as exc:  # the user's function, or a value JSON cannot hold
+            on_done(False, Failure(f"batch_body: {type(exc).__name__}: {exc}", None))
+            return None
+        url, own = line
+        extra = dict(own)
+        if key is not None and self.idempotency_header is not None:
+            extra[self.idempotency_header] = key
+        return self._send(url, extra, body, on_done)
 
     def _ended(
         self,

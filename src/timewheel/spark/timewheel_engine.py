@@ -43,6 +43,7 @@ from ..purgatory import DelayedOperation, Purgatory
 from ..resources import Checkout, ResourceManager
 from ..timer import Timer, TimerTask
 from .admission import Admission, is_overload
+from .batch_engine import Batcher
 from .contract import Reply, accepts_reply, retry_after_of, row_keys
 from .engines import (
     FAILED,
@@ -111,7 +112,19 @@ def _kit() -> _WorkerKit:
 class _Row:
     """One row's progress: its attempts, its keys and when its first call started."""
 
-    __slots__ = ("attempts", "backoff", "call", "checkout", "cost", "data", "held", "seq", "start")
+    __slots__ = (
+        "attempts",
+        "backoff",
+        "call",
+        "checkout",
+        "cost",
+        "data",
+        "deadline",
+        "held",
+        "part",
+        "seq",
+        "start",
+    )
 
     def __init__(self, seq: int, data: dict[str, Any]) -> None:
         self.seq = seq
@@ -125,6 +138,9 @@ class _Row:
         self.start = 0.0
         self.checkout: Checkout | None = None
         self.backoff: TimerTask | None = None
+        # With batches: what the row gives its batch's request, and its deadline.
+        self.part: Any = None
+        self.deadline = 0.0
 
 
 class _Call(DelayedOperation):
@@ -194,7 +210,10 @@ class _Partition:
         self.live: dict[int, _Row] = {}
         self.done: deque[Outcome] = deque()
         self.wake = threading.Event()
-        self.admission = Admission(config.max_in_flight, config.rate_per_task)
+        # With batches, max_in_flight counts requests: the rows out are up to that many
+        # full batches.
+        size = 1 if config.batch is None else config.batch.batch_size
+        self.admission = Admission(config.max_in_flight * size, config.rate_per_task)
         self.gate = (
             None
             if config.quota is None
@@ -214,6 +233,8 @@ class _Partition:
         self.settling = threading.Lock()
         self.admitted = 0
         self.yielded = 0
+        self.batcher = None if config.batch is None else Batcher(self)
+        self.task_thread = threading.get_ident()
 
     # -- admission (the task's thread) -------------------------------------------------
     def outstanding(self) -> int:
@@ -319,10 +340,17 @@ class _Partition:
             self.finish(row, FAILED, f"keys {checkout.keys!r} not checked out: {exc!r}")
             return
         self.send(row)
+        # Keys free at once are given on the task's thread, which polls after each round.
+        if self.batcher is not None and threading.get_ident() != self.task_thread:
+            self.batcher.poll()
 
     # -- attempts ---------------------------------------------------------------------
     def send(self, row: _Row) -> None:
-        """Start one attempt: list it in the purgatory (timing it), then call the target."""
+        """Start one attempt: list it in the purgatory (timing it), then call the target
+        (with batches: put it in its batch)."""
+        if self.batcher is not None:
+            self.batcher.add(row)
+            return
         row.attempts += 1
         row.call = self.admission.started
         if row.attempts == 1:
@@ -482,7 +510,7 @@ class _Partition:
                 self.send(parked.popleft())
                 admission.took(1)
                 room -= 1
-            if room > 0 and not exhausted and gate is not None:
+            if room > 0 and not exhausted and gate is not None and self.batcher is None:
                 admitted, wait, exhausted = self.admit_within_quota(room)
                 admission.took(admitted)
                 later = wait if later is None else later
@@ -493,6 +521,8 @@ class _Partition:
                 admitted = self.admitted - before
                 admission.took(admitted)
                 exhausted = admitted < room
+            if self.batcher is not None:
+                self.batcher.poll(exhausted)
             while done:
                 outcome = done.popleft()
                 self.yielded += 1
@@ -519,6 +549,8 @@ class _Partition:
             op.force_complete()
         for row in list(self.live.values()):
             self.release(row)
+        if self.batcher is not None:
+            self.batcher.close()
         if self.gate is not None:
             self.gate.close()
 

@@ -41,7 +41,8 @@ KIND = "spark_engine"
 # The counters, in the order of the table; rows_in_flight is computed from them.
 _FINISHED = tuple(f"rows_{status}" for status in STATUSES)
 _QUOTA = ("quota_refused", "cost_unknown")
-_COUNTERS = ("partitions", "rows_admitted", *_FINISHED, "retries", *_QUOTA)
+_BATCHES = ("batch_requests", "rows_failed_alone")
+_COUNTERS = ("partitions", "rows_admitted", *_FINISHED, "retries", *_QUOTA, *_BATCHES)
 
 Counts = dict[str, int]
 
@@ -108,6 +109,22 @@ metrics.define(
         ),
         metrics.Metric(
             KIND,
+            "batch_requests",
+            "counter",
+            "requests",
+            "Requests of many rows sent (dispatch with batch_size > 1), retries included.",
+            "batch_requests",
+        ),
+        metrics.Metric(
+            KIND,
+            "rows_failed_alone",
+            "counter",
+            "rows",
+            "Rows of batches the service refused as bad input once they stood alone.",
+            "rows_failed_alone",
+        ),
+        metrics.Metric(
+            KIND,
             "rows_in_flight",
             "gauge",
             "rows",
@@ -123,7 +140,15 @@ class PartitionCounts:
     """One partition's counts, kept by its task's thread alone (so no lock), a batch at
     a time: rows as they are read from Spark, outcomes as they go back."""
 
-    __slots__ = ("admitted", "cost_unknown", "finished", "quota_refused", "retries")
+    __slots__ = (
+        "admitted",
+        "batch_requests",
+        "cost_unknown",
+        "finished",
+        "quota_refused",
+        "retries",
+        "rows_failed_alone",
+    )
 
     def __init__(self) -> None:
         self.admitted = 0
@@ -132,6 +157,9 @@ class PartitionCounts:
         # Set by the partition's quota gate when it closes (see quota_gate).
         self.quota_refused = 0
         self.cost_unknown = 0
+        # Set by the partition's batcher when it closes (see batch_engine).
+        self.batch_requests = 0
+        self.rows_failed_alone = 0
 
     def finish(self, statuses: Sequence[str], attempts: Sequence[int]) -> None:
         """Count a batch of finished rows from its status and attempts columns, in C loops
@@ -150,6 +178,8 @@ class PartitionCounts:
             "retries": self.retries,
             "quota_refused": self.quota_refused,
             "cost_unknown": self.cost_unknown,
+            "batch_requests": self.batch_requests,
+            "rows_failed_alone": self.rows_failed_alone,
         }
 
 
