@@ -245,3 +245,42 @@ def test_a_bad_body_or_reply_path_is_refused_when_the_target_is_made(
 ) -> None:
     with pytest.raises((TypeError, ValueError), match=match):
         HttpDownstream("http://127.0.0.1:9/x", **options)
+
+
+def test_a_batch_takes_one_request_and_its_rows_cost_from_the_quota(
+    service: ScriptedService,
+) -> None:
+    from timewheel.spark import Quota
+    from timewheel.spark.quota_job import QuotaRef
+
+    ref = QuotaRef(Quota(max_requests=2), "static", 1.0, key="batch-test-requests")
+    rows = [{"id": i, "text": "x", "c": 5} for i in range(50)]
+    target = echo_target(service)
+    # The service's usage.total_tokens is one per element: the actual cost, settled.
+    out = run(rows, target, size=10, quota=ref, cost="c", reply_cost="usage.total_tokens")
+    sent = [r["rows"] for r in service.seen.requests]
+    assert sent == [10, 10]  # two requests of ten rows: the cap counts requests
+    ok = [o for o in out.values() if o.status == "ok"]
+    skipped = [o for o in out.values() if o.status == "skipped"]
+    assert len(ok) == 20 and len(skipped) == 30
+    assert {(o.attempts, o.error) for o in skipped} == {(0, "budget spent: not sent")}
+    state = ref.open().state()
+    assert state.requests_taken == 2
+    assert state.cost_spent == 20  # 20 rows answered at 1 each, not 5
+
+
+def test_the_counts_of_requests_and_rows_failed_alone_reach_the_metrics(
+    service: ScriptedService,
+) -> None:
+    from timewheel.spark.worker_metrics import worker_metrics
+
+    rows = [{"id": i, "text": "x", "bad": i == 5} for i in range(8)]
+    metrics = worker_metrics()
+    counts = metrics.start()
+    try:
+        out = run(rows, echo_target(service), size=8)
+    finally:
+        report = metrics.end(counts)
+    assert out[5].status == "failed"
+    assert report["batch_requests"] == len(service.seen.requests) == 7  # 1 + 2 + 2 + 2
+    assert report["rows_failed_alone"] == 1

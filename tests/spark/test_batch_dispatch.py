@@ -1,0 +1,88 @@
+"""dispatch(batch_size=N) on a real local Spark session against a service on 127.0.0.1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pycurl")
+
+from pyspark.sql import functions as F
+
+from http_fixtures import ScriptedService
+from timewheel.spark import dispatch
+from timewheel.spark.targets import HttpDownstream
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def service() -> Iterator[ScriptedService]:
+    svc = ScriptedService()
+    yield svc
+    svc.close()
+
+
+def test_every_row_comes_back_once_with_its_own_reply(spark: Any, service: ScriptedService) -> None:
+    df = spark.range(300, numPartitions=3).select(
+        "id", F.concat(F.lit("t"), F.col("id")).alias("text"), (F.col("id") % 97 == 5).alias("bad")
+    )
+    target = HttpDownstream(service.batch_url, batch_reply="data[*].echo")
+    out = dispatch(
+        df,
+        target,
+        id_col="id",
+        batch_size=50,
+        batch_linger_ms=5000,  # each partition's 100 rows fill two batches
+        reply_schema="id long, text string",
+        timeout_ms=30_000,
+    ).collect()
+    assert sorted(r["id"] for r in out) == list(range(300))
+    for r in out:
+        if r["bad"]:
+            assert (r["status"], r["http_status"], r["reply"]) == ("failed", 400, None)
+        else:
+            assert r["status"] == "ok"
+            assert (r["reply"]["id"], r["reply"]["text"]) == (r["id"], r["text"])
+            assert r["response"] == f'{{"id":{r["id"]},"text":"{r["text"]}","bad":false}}'
+    assert max(s["rows"] for s in service.seen.requests) <= 50
+    # k bad rows (5, 102, 199, 296) in batches of 50: at most k * (2 * 6 + 1) more requests.
+    k = sum(r["bad"] for r in out)
+    assert k == 4 and len(service.seen.requests) <= 300 / 50 + k * 13
+
+
+def test_a_de_duplicated_request_joins_a_batch_once(spark: Any, service: ScriptedService) -> None:
+    df = spark.range(210, numPartitions=3).select(
+        F.col("id").alias("row"), (F.col("id") % 7).alias("id")
+    )
+    target = HttpDownstream(service.batch_url, body=["id"], batch_reply="data[*].echo")
+    rows = dispatch(
+        df, target, id_col="row", dedupe_requests=True, batch_size=100, timeout_ms=30_000
+    ).collect()
+    assert len(rows) == 210 and {r["status"] for r in rows} == {"ok"}
+    sent = [e["id"] for request in service.seen.requests for e in request["body"]]
+    assert sorted(sent) == list(range(7))  # each distinct request in one batch, once
+    for r in rows:
+        assert r["response"] == f'{{"id":{r["id"]}}}'
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"batch_size": 0}, ValueError, "batch_size"),
+        ({"batch_size": True}, TypeError, "batch_size"),
+        ({"batch_size": 10, "batch_linger_ms": -1}, ValueError, "batch_linger_ms"),
+        ({"batch_size": 10, "rate": 5.0}, ValueError, r"quota=Quota\(rate=...\)"),
+        ({"batch_size": 10, "engine": lambda rows, target, config: iter(())}, ValueError, "engine"),
+    ],
+)
+def test_bad_batch_arguments_are_refused_before_any_job(
+    spark: Any, kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    df = spark.range(3)
+    target = HttpDownstream("http://127.0.0.1:9/batch")
+    with pytest.raises(error, match=match):
+        dispatch(df, target, id_col="id", **kwargs)
