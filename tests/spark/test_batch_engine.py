@@ -72,7 +72,7 @@ def test_the_batch_key_is_derived_from_its_rows_and_kept_by_a_whole_retry(
     out = run(rows, target, size=5)
     assert {(o.status, o.attempts) for o in out.values()} == {("ok", 3)}
     keys = [r["key"] for r in service.seen.requests]
-    row_keys = [target.for_id_col("id").idempotency_key(r) for r in rows]
+    row_keys = [str(target.for_id_col("id").idempotency_key(r)) for r in rows]
     assert keys == [batch_key(row_keys)] * 3  # the same rows, the same key, every time
 
 
