@@ -503,3 +503,56 @@ def test_a_quota_kept_in_redis_is_read_back_for_the_summary(
         assert use["requests"] == ok and use["quota"]["store"] == server.url
     finally:
         server.stop()
+
+
+def test_batches_of_texts_to_an_embeddings_stub_one_answer_per_row(
+    spark: Any, tmp_path: Path
+) -> None:
+    from openai_stub_fixtures import OpenAIStub
+
+    texts = [("y" * (8 + (i * 13) % 97)) for i in range(200)]
+    csv = tmp_path / "texts.csv"
+    csv.write_text("id,text,est\n" + "".join(f"{i},{t},30\n" for i, t in enumerate(texts)))
+    stub = OpenAIStub(rpm=1000, tpm=1_000_000, window_s=60)
+    try:
+        out = tmp_path / "out"
+        argv = ["--input", str(csv), "--output", str(out), "--quiet"]
+        argv += ["--target", f"{stub.base_url}/embeddings", "--body-col", "text"]
+        argv += ["--http-header", "Authorization: Bearer sk-test", "--batch-size", "50"]
+        argv += ["--batch-linger-ms", "5000", "--batch-body", '{"model": "m", "input": $rows}']
+        argv += ["--batch-reply", "data[*].embedding", "--cost-col", "est"]
+        argv += ["--cost-rate", "600000/min", "--reply-cost", "usage.total_tokens"]
+        assert run_cli(argv) == 0
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["status"]["ok"] == 200
+        batches = summary["batches"]
+        assert (batches["requests"], batches["rows_failed_alone"]) == (4, 0)
+        assert batches["rows_per_request"] == 50.0
+        # The quota took one request per batch and settled the tokens the stub counted.
+        assert summary["quota_use"]["requests"] == 4
+        assert summary["quota_use"]["cost_spent"] == pytest.approx(stub.stats()["tokens"])
+        assert stub.stats()["requests"] == 4
+        rows = spark.read.parquet(str(out / "rows")).collect()
+        assert sorted(r["id"] for r in rows) == list(range(200))
+        assert {len(json.loads(r["response"])) for r in rows} == {8}  # each its own vector
+    finally:
+        stub.close()
+
+
+def test_batch_options_that_cannot_work_exit_2_before_anything_is_sent(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    base = ["--generate", "10", "--output", str(out), "--quiet"]
+    http = ["--target", "http://127.0.0.1:9/batch", "--batch-size", "10"]
+    cases = [
+        ([*http, "--batch-body", '{"input": []}'], "$rows exactly once"),
+        ([*http, "--batch-reply", "a[*].b[*]"], "does not parse"),
+        ([*http, "--method", "GET"], "sends none"),
+        ([*http, "--batch-linger-ms", "-5"], "batch_linger_ms"),
+        ([*http, "--batch-max-cost", "10"], "give cost="),
+    ]
+    for extra, words in cases:
+        assert run_cli([*base, *extra]) == 2, extra
+        assert words in capsys.readouterr().err
+        assert not out.exists()

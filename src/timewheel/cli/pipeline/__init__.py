@@ -145,9 +145,10 @@ def _run_locked(
     job = _Job(args, spark, target, max_in_flight, key_cols, out_dir)
     reports: WorkerReports | None = None
     try:
-        # For the endpoint, and for the quota's refusals in the summary (not on Connect:
-        # no accumulators there); registered on the driver, closed below.
-        if report_workers or (job.quota is not None and not job.connect):
+        # For the endpoint, and for the quota's refusals and the batches' requests in the
+        # summary (not on Connect: no accumulators there); registered on the driver,
+        # closed below.
+        if report_workers or ((job.quota is not None or args.batch_size > 1) and not job.connect):
             reports = WorkerReports(spark.sparkContext)
         with job.signals():
             try:

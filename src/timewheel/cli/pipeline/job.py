@@ -18,6 +18,7 @@ from ...spark import RESULT_COLUMNS
 from ...spark.engines import OK, SKIPPED
 from ...spark.journal import MANIFEST, Manifest, compact, run_dir
 from ..bench.engines import DEFAULT_ENGINE, get_engine
+from .batches import batch_summary
 from .errors import Stopped, UsageError, _limit_text, _note
 from .inputs import generated_rows, read_input
 from .options import DEMO_ROWS
@@ -56,6 +57,8 @@ class _Job:
         # One Quota object for the run: every dispatch of it draws on the same quota.
         self.quota = quota_from_args(args)
         self.watch: QuotaWatch | None = None
+        # The workers' reports (None without them), for the summary's batch counts.
+        self.reports: Any = None
 
     @contextlib.contextmanager
     def signals(self) -> Iterator[None]:
@@ -115,6 +118,9 @@ class _Job:
                 quota=self.quota,
                 cost=args.cost_col,
                 reply_cost=args.reply_cost,
+                batch_size=args.batch_size,
+                batch_linger_ms=args.batch_linger_ms,
+                batch_max_cost=args.batch_max_cost,
                 engine=None if args.engine is None else get_engine(args.engine),
                 worker_reports=reports,
                 journal=None if journal is None else str(journal),
@@ -161,6 +167,7 @@ class _Job:
             _note(f"dispatching {sending:,} rows to {self.target!r} on {where}{before}")
         journal = run_dir(self.out_dir, manifest.runs)
         result = self.dispatch(todo, None if reports is None else reports.accumulator, journal)
+        self.reports = reports
         staging = Path(
             tempfile.mkdtemp(
                 prefix=f".{self.out_dir.name}.", suffix=".partial", dir=self.out_dir.parent
@@ -273,6 +280,7 @@ class _Job:
             key_cols=self.key_cols,
             rate=args.rate,
             quota_use=None if self.watch is None else self.watch.summary(),
+            batches=batch_summary(args, sent, self.reports),
             max_failed=_limit_text(args.max_failed),
             max_failed_rows=failure_budget(args.max_failed, summary["rows"]),
             # This run's share: a resumed run sends only what was not ok yet.

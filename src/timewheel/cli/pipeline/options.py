@@ -12,6 +12,7 @@ from ...spark.secrets import Secret, parse_secret
 from ...spark.session import DEFAULT_MASTER
 from ...spark.simulator import SimulatedDownstream
 from ..argtypes import non_negative, positive
+from .batches import add_batch_options, batch_target_options
 from .quota import add_quota_options
 
 _DESCRIPTION = """\
@@ -191,6 +192,7 @@ def add_options(
     add_dispatch_options(parser)
     add_job_options(parser)
     add_quota_options(parser)
+    add_batch_options(parser)
     parser.add_argument(
         "--partitions",
         type=positive(int),
@@ -449,4 +451,5 @@ def http_options(args: argparse.Namespace) -> dict[str, Any]:
         "client_key": args.client_key,
         "http2": not args.http1,
         "max_reply_bytes": args.max_reply_bytes,
+        **batch_target_options(args),
     }
