@@ -470,16 +470,14 @@ def dispatch(
     check_quota(df.schema, quota, cost, reply_cost, rate)
     if quota is not None and engine is not timewheel_engine:
         raise ValueError(f"a quota is kept by the timewheel engine only, not by {engine!r}")
-    target, batch = batch_settings(target, batch_size, batch_linger_ms, batch_max_cost, cost)
-    if batch is not None:
-        if engine is not timewheel_engine:
-            raise ValueError(f"batches are made by the timewheel engine only, not by {engine!r}")
-        if rate is not None:
-            raise ValueError(
-                "rate counts rows per task, not requests: with batch_size > 1 give "
-                "quota=Quota(rate=...) instead"
-            )
-        config = replace(config, batch=batch)
+    target, config = _with_batches(
+        target, config, engine, batch_size, batch_linger_ms, batch_max_cost, cost
+    )
+    if config.batch is not None and rate is not None:
+        raise ValueError(
+            "rate counts rows per task, not requests: with batch_size > 1 give "
+            "quota=Quota(rate=...) instead"
+        )
     if not isinstance(dedupe_requests, bool):
         raise TypeError(f"dedupe_requests must be True or False, got {dedupe_requests!r}")
     kept = None
@@ -520,6 +518,24 @@ def dispatch(
     return result if kept is None else kept.unionByName(result)
 
 
+def _with_batches(
+    target: Any,
+    config: DispatchConfig,
+    engine: Any,
+    batch_size: Any,
+    batch_linger_ms: Any,
+    batch_max_cost: Any = None,
+    cost: Any = None,
+) -> tuple[Any, DispatchConfig]:
+    """The target and settings for ``batch_size`` (unchanged for 1), checked."""
+    target, batch = batch_settings(target, batch_size, batch_linger_ms, batch_max_cost, cost)
+    if batch is None:
+        return target, config
+    if engine is not timewheel_engine:
+        raise ValueError(f"batches are made by the timewheel engine only, not by {engine!r}")
+    return target, replace(config, batch=batch)
+
+
 def partition_dispatcher(
     schema: StructType,
     target: Any,
@@ -533,6 +549,8 @@ def partition_dispatcher(
     reply_schema: str | None = None,
     engine: Engine | None = None,
     journal: str | None = None,
+    batch_size: int = 1,
+    batch_linger_ms: int = 0,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function :func:`dispatch` runs on each partition, for a ``mapInArrow`` of your own.
 
@@ -542,8 +560,8 @@ def partition_dispatcher(
     record batches, so it can run inside a per-partition function of yours (a step before
     or after it on the same batches, a task's own accounting). ``schema`` is the input's;
     the other arguments are ``dispatch``'s, checked the same way before anything runs
-    (``reply_schema``: pass it to :func:`output_schema` too; ``engine`` and ``journal`` as
-    for ``dispatch``).
+    (``reply_schema``: pass it to :func:`output_schema` too; ``engine``, ``journal``,
+    ``batch_size`` and ``batch_linger_ms`` as for ``dispatch``).
 
     Not done here, because they are ``dispatch``'s work across partitions: repartitioning
     by the first of ``key_cols`` (so two rows sharing a key value are kept apart within a
@@ -567,6 +585,7 @@ def partition_dispatcher(
         engine,
         reply_schema,
     )
+    target, config = _with_batches(target, config, engine, batch_size, batch_linger_ms)
     return _PartitionDispatch(engine, target, config, reply=reply, journal=journal)
 
 

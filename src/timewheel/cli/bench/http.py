@@ -58,6 +58,8 @@ http {{
         default_type application/json;
         location / {{ return 200 '{{"ok":true}}'; }}
         location /reply1k {{ return 200 '{reply}'; }}
+        location /batch10 {{ return 200 '{batch10}'; }}
+        location /batch100 {{ return 200 '{batch100}'; }}
     }}
 }}
 """
@@ -68,6 +70,12 @@ REPLY_1K = json.dumps(
     separators=(",", ":"),
 )
 REPLY_1K_DDL = "id int, score double, tags array<string>, text string"
+
+
+def batch_reply(n: int) -> str:
+    """The answer of nginx's ``/batch<n>`` (10 and 100): an array of ``n`` elements, one
+    per row of a full batch (a batch of fewer rows cannot be split from it)."""
+    return json.dumps([{"ok": True}] * n, separators=(",", ":"))
 
 
 class TlsFiles(NamedTuple):
@@ -136,8 +144,9 @@ def nginx(
     and, with ``client_certs``, answers only clients with a certificate ``tls.ca`` signed.
 
     It answers ``{"ok":true}`` on every path but ``/reply1k``, which answers
-    :data:`REPLY_1K`. With ``access_log`` it writes there the arrival time of every
-    request (``$msec``: seconds since the epoch, to the millisecond), one a line.
+    :data:`REPLY_1K`, and ``/batch10`` and ``/batch100`` (:func:`batch_reply`). With
+    ``access_log`` it writes there the arrival time of every request (``$msec``: seconds
+    since the epoch, to the millisecond), one a line.
     """
     exe = nginx_exe()
     if exe is None:
@@ -157,7 +166,14 @@ def nginx(
                 )
         conf.write_text(
             _NGINX_CONF.format(
-                dir=tmp, port=port, reply=REPLY_1K, access_log=log, listen=listen, tls=lines
+                dir=tmp,
+                port=port,
+                reply=REPLY_1K,
+                batch10=batch_reply(10),
+                batch100=batch_reply(100),
+                access_log=log,
+                listen=listen,
+                tls=lines,
             )
         )
         proc = subprocess.Popen([exe, "-c", str(conf), "-p", tmp], stderr=subprocess.PIPE)

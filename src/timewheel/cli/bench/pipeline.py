@@ -93,6 +93,30 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "replies (with --reply-schema, parsed into that struct too)",
     )
     parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="also run the first engine with N rows per request against --batch-target, "
+        "as the row '<engine>+batchN' (its 'x <engine>' column and its CPU per row next "
+        "to the single requests' of the same run)",
+    )
+    parser.add_argument(
+        "--batch-target",
+        default=None,
+        metavar="URL",
+        help="where batches go: an http(s) service answering a JSON array of one element "
+        "per row (nginx's /batch100 of 'timewheel bench http --serve', for --batch-size 100)",
+    )
+    parser.add_argument(
+        "--batch-linger-ms",
+        type=int,
+        default=1000,
+        metavar="T",
+        help="how long a partly filled batch waits for rows (default: %(default)s: batches "
+        "fill, but for each partition's last)",
+    )
+    parser.add_argument(
         "--journal",
         action="store_true",
         help="also run the first engine with timewheel pipeline's journal (each task "
@@ -226,11 +250,12 @@ def run_engine(
     service: ServiceProcess | None = None,
     reply_schema: str | None = None,
     journal: str | None = None,
+    batch: tuple[int, int] = (1, 0),
 ) -> dict[str, Any]:
     """Dispatch ``df`` with ``engine``; return throughput, CPU per row and the accounting.
 
     With a ``service``, the requests it received are counted too, and must equal the
-    rows' attempts.
+    rows' attempts. ``batch``: ``(batch_size, batch_linger_ms)``.
     """
     from ...spark import partition_dispatcher  # imports pyspark: not when the parser is built
 
@@ -245,6 +270,8 @@ def run_engine(
         reply_schema=reply_schema,
         engine=get_engine(engine),
         journal=journal,
+        batch_size=batch[0],
+        batch_linger_ms=batch[1],
     )
     received0 = service.stats()["requests"] if service is not None else 0
     jvm0, drv0, start = _jvm_cpu_s(spark), _driver_cpu_s(), time.monotonic()
@@ -294,6 +321,13 @@ def main(args: argparse.Namespace) -> int:
         print(
             "timewheel bench pipeline: error: "
             f"engines must be among {engine_names()}, rows >= 1 and warmup-rows >= 0",
+            file=sys.stderr,
+        )
+        return 2
+    if (args.batch_size > 1) != (args.batch_target is not None) or args.batch_size < 1:
+        print(
+            "timewheel bench pipeline: error: --batch-size N (> 1) and --batch-target URL "
+            "go together",
             file=sys.stderr,
         )
         return 2
@@ -353,6 +387,13 @@ def _run(
                 run_engine(spark, warm, engines[0], replying, config, "id", reply_schema=reply)
             got = run_engine(spark, df, engines[0], replying, config, "id", reply_schema=reply)
             results.append({**got, "engine": f"{engines[0]}+replies"})
+        if args.batch_target:
+            batch = (args.batch_size, args.batch_linger_ms)
+            batching = target_from_url(args.batch_target)
+            if warmup > 0:
+                run_engine(spark, warm, engines[0], batching, config, "id", batch=batch)
+            got = run_engine(spark, df, engines[0], batching, config, "id", batch=batch)
+            results.append({**got, "engine": f"{engines[0]}+batch{args.batch_size}"})
         if args.journal:
             from ...spark.journal import journal_rows
 
