@@ -145,12 +145,12 @@ class Batcher:
         row.part = part
         row.deadline = time.monotonic() + self.budget_s
         with self.lock:
-            full = self.acc.add(
-                row, line=part.line, cost=row.cost, deadline=row.deadline - self.timeout_s
-            )
+            full = self.acc.put(row, part.line, row.cost, row.deadline - self.timeout_s)
             if self.flushing:
                 full += self.acc.flush()
-            elif self.lingers:
+            elif self.lingers and self.linger_at is None:
+                # Every batch has the same linger and its rows the same time budget, so
+                # one opened later is never due sooner: the timer set is the earliest.
                 self._arm()
         for batch in full:
             self.launch(batch)
