@@ -1,16 +1,20 @@
-"""Embeddings for a DataFrame of texts, under a tokens-per-minute quota.
+"""Embeddings for a DataFrame of texts, many per request, under a tokens-per-minute quota.
 
 Runs as it stands (``python examples/llm_enrich.py``): it starts timewheel's
 OpenAI-compatible stub on 127.0.0.1 (``POST /v1/embeddings``; it refuses with 429 what
 goes over its tokens-per-minute limit, and says in ``usage`` what each call cost) and a
 local Spark, then asks for each text's embedding with :func:`timewheel.spark.dispatch`:
 
+* ``batch_size=16``: up to 16 texts per request, as embedding APIs take them
+  (``batch_body`` puts the texts in the request's ``input``; ``batch_reply="data[*]"``
+  gives each row its own element of the answer's ``data``, by position);
 * ``quota=Quota(cost_rate="60000/min")``: one quota for the whole job, counted in tokens
-  as the service counts them, drawn on by every task as it goes;
+  as the service counts them, drawn on by every task as it goes: each request takes
+  the sum of its texts' estimates;
 * ``cost="est_tokens"``: each row's estimate (its bytes / 4), taken before the call;
-  ``reply_cost="usage.total_tokens"``: what the call really cost, settled after it;
+  ``reply_cost="usage.total_tokens"``: what the request really cost, settled after it;
 * the API key is read on the executors from ``OPENAI_API_KEY`` (never in the plan);
-* ``reply_schema=``: the answer's embedding and token count as columns.
+* ``reply_schema=``: each row's element (its index and embedding) as columns.
 
 Point ``URL`` at a real endpoint (and set ``OPENAI_API_KEY``) to run it for real: set the
 quota a little under the key's limit (a token bucket's burst can take a window ~1% over).
@@ -32,6 +36,7 @@ from timewheel.spark.targets import HttpDownstream
 
 TEXTS = 80
 TOKENS_PER_MINUTE = 60_000  # the stub's limit, and the job's quota
+BATCH = 16  # texts per request
 
 
 def main() -> int:
@@ -45,7 +50,9 @@ def main() -> int:
         texts = texts.withColumn("est_tokens", F.ceil(F.length("text") / 4))
         target = HttpDownstream(
             f"{stub.base_url}/embeddings",
-            body=lambda row: {"model": "text-embedding-3-small", "input": row["text"]},
+            body=lambda row: row["text"],  # each row's part of the request: its text
+            batch_body='{"model": "text-embedding-3-small", "input": $rows}',
+            batch_reply="data[*]",
             headers={"Authorization": parse_secret("Bearer {env:OPENAI_API_KEY}")},
         )
         start = time.monotonic()
@@ -56,21 +63,21 @@ def main() -> int:
             quota=Quota(cost_rate=f"{TOKENS_PER_MINUTE}/min"),
             cost="est_tokens",
             reply_cost="usage.total_tokens",
-            reply_schema="data array<struct<embedding: array<double>>>, "
-            "usage struct<total_tokens: long>",
+            reply_schema="index int, embedding array<double>",
+            batch_size=BATCH,
+            batch_linger_ms=200,
             timeout_ms=30_000,
         ).cache()
         counts = {r["status"]: r["count"] for r in out.groupBy("status").count().collect()}
         elapsed = time.monotonic() - start
-        out.select(
-            "id", "est_tokens", "reply.usage.total_tokens", F.size("reply.data").alias("vectors")
-        ).show(3)
-        tokens = out.agg(F.sum("reply.usage.total_tokens")).first()[0]
+        out.select("id", "est_tokens", F.size("reply.embedding").alias("dimensions")).show(3)
         stats = stub.stats()
+        tokens = stats["tokens"]
         print(
-            f"{sum(counts.values())} texts back ({counts.get('ok', 0)} ok) with {tokens:,} "
-            f"tokens in {elapsed:.1f} s ({tokens / elapsed * 60:,.0f} a minute; quota "
-            f"{TOKENS_PER_MINUTE:,}); the service refused {stats['refused']} requests"
+            f"{sum(counts.values())} texts back ({counts.get('ok', 0)} ok) in "
+            f"{stats['requests']} requests with {tokens:,} tokens in {elapsed:.1f} s "
+            f"({tokens / elapsed * 60:,.0f} a minute; quota {TOKENS_PER_MINUTE:,}); the "
+            f"service refused {stats['refused']} requests"
         )
         return 0 if counts == {"ok": TEXTS} else 1
     finally:
