@@ -39,6 +39,7 @@ __all__ = [
     "Accumulator",
     "Batch",
     "BatchBody",
+    "BatchPart",
     "BatchSettings",
     "Final",
     "Isolation",
@@ -68,6 +69,18 @@ def _cost(name: str, value: Any, *, positive: bool) -> float:
         what = "> 0" if positive else ">= 0"
         raise ValueError(f"{name} must be a finite number {what}, got {value!r}")
     return float(value)
+
+
+class BatchPart(NamedTuple):
+    """What a row gives a batch request (a target's ``batch_part(row)``): its request
+    ``line`` (any hashable: rows with equal lines share a request; the HTTP target's is
+    the URL and the row's own headers), its body's JSON value, its idempotency ``key``
+    (None for none) and its ``id`` (what a reply split by id field matches)."""
+
+    line: Hashable
+    payload: Any
+    key: str | None
+    id: Any
 
 
 # -- settings ---------------------------------------------------------------------------

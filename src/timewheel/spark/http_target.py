@@ -29,12 +29,12 @@ import os
 import threading
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, NamedTuple, Union
+from typing import Any, Callable, Union
 
 from .._validate import check_columns, check_int
 from ._per_process import PerProcess
 from .batch_replies import ReplySplit
-from .batching import BatchBody, BodySpec
+from .batching import BatchBody, BatchPart, BodySpec
 from .contract import DownstreamError, Failure, OnDone, Reply
 from .http_request import (
     _ENCODE,
@@ -55,7 +55,6 @@ from .secrets import Secret, SecretError, redact_url
 __all__ = [
     "DEFAULT_MAX_REPLY_BYTES",
     "METHODS",
-    "BatchPart",
     "Body",
     "HttpDownstream",
     "HttpRequest",
@@ -78,17 +77,6 @@ DEFAULT_MAX_REPLY_BYTES = 1 << 20
 _LOOP_LOCK = threading.Lock()
 # A request without a body (GET and DELETE by default).
 _NO_BODY = object()
-
-
-class BatchPart(NamedTuple):
-    """What a row gives a batch request: its request ``line`` (URL and the row's own
-    headers: rows with equal lines share a request), its body's JSON value, its
-    idempotency ``key`` (None without an idempotency header) and its ``id``."""
-
-    line: tuple[str, tuple[tuple[str, str], ...]]
-    payload: Any
-    key: str | None
-    id: Any
 
 
 def _new_loop() -> Any:

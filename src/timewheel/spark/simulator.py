@@ -23,6 +23,8 @@ import numpy
 
 from .._validate import check_columns
 from ._per_process import PerProcess
+from .batch_replies import ReplySplit
+from .batching import BatchPart
 from .contract import OnDone, Reply, deliver, row_keys
 from .secrets import redact_url
 
@@ -113,6 +115,12 @@ class _SimState:
         The error is None, ``"simulated failure"``, or names the first key already held
         by another row.
         """
+        return self.start_many([(row, keys)])
+
+    def start_many(
+        self, rows: Sequence[tuple[Mapping[str, Any], tuple[Any, ...]]]
+    ) -> tuple[float, str | None]:
+        """:meth:`start` for one call carrying several rows (a batch), each holding its keys."""
         clash = None
         with self.lock:
             self.calls += 1
@@ -124,11 +132,12 @@ class _SimState:
                 failures = (self.rng.random(_DRAW_BLOCK) < self.failure_rate).tolist()
                 self.draws = zip(latencies, failures)
                 draw = next(self.draws)
-            for key in keys:
-                holders = self.held.setdefault(key, [])
-                if clash is None and any(other is not row for other in holders):
-                    clash = key
-                holders.append(row)
+            for row, keys in rows:
+                for key in keys:
+                    holders = self.held.setdefault(key, [])
+                    if clash is None and any(other is not row for other in holders):
+                        clash = key
+                    holders.append(row)
             if clash is not None:
                 self.overlaps += 1
         latency, failed = draw
@@ -146,12 +155,25 @@ class _SimState:
                 if not holders:
                     del self.held[key]
 
+    def reply_many(
+        self,
+        on_done: OnDone,
+        error: str | None,
+        held: list[tuple[Mapping[str, Any], tuple[Any, ...]]],
+    ) -> None:
+        for row, keys in held:
+            self.release(row, keys)
+        self.answer(on_done, error, simulated_reply(error, len(held)))
+
     def reply(
         self, on_done: OnDone, error: str | None, row: Mapping[str, Any], keys: tuple[Any, ...]
     ) -> None:
         self.release(row, keys)
+        self.answer(on_done, error, simulated_reply(error))
+
+    def answer(self, on_done: OnDone, error: str | None, reply: Reply) -> None:
         try:
-            deliver(on_done, error is None, error, simulated_reply(error))
+            deliver(on_done, error is None, error, reply)
         except Exception:
             with self.lock:
                 self.callback_errors += 1
@@ -161,14 +183,20 @@ class _SimState:
 _SIM_OK = Reply(200, b'{"accepted":true}')
 
 
-def simulated_reply(error: str | None) -> Reply:
-    """The answer of a simulated call: a small JSON body, 200 unless it failed.
+@functools.lru_cache(maxsize=64)
+def _batch_ok(rows: int) -> Reply:
+    return Reply(200, b"[" + b",".join([b'{"accepted":true}'] * rows) + b"]")
+
+
+def simulated_reply(error: str | None, rows: int | None = None) -> Reply:
+    """The answer of a simulated call: a small JSON body, 200 unless it failed (for a
+    batch of ``rows``, an array of one such body per row).
 
     A simulated failure is a 500, not a 503: it is a random fault, not overload, so it
     must not shrink the adaptive window (a 1% rate of 503s would halve it every round).
     """
     if error is None:
-        return _SIM_OK
+        return _SIM_OK if rows is None else _batch_ok(rows)
     status = 409 if error.startswith("key overlap") else 500
     return Reply(status, json.dumps({"accepted": False, "error": error}).encode())
 
@@ -284,6 +312,32 @@ class SimulatedDownstream:
         state, latency, error, keys = self._start(row)
         _DELIVERY.get().at(
             time.monotonic() + latency, functools.partial(state.reply, on_done, error, row, keys)
+        )
+
+    # -- batches: a call of many rows, one latency and fate for all ----------------------
+    #: Each row's answer: its element of the batch's answer, by position.
+    batch_reply = ReplySplit("[*]")
+
+    def for_batches(self) -> SimulatedDownstream:
+        """Itself: it takes batches (``dispatch(batch_size=N)``)."""
+        return self
+
+    def batch_part(self, row: Mapping[str, Any]) -> BatchPart:
+        """A row's part of a batch: the row itself, on the one request line there is."""
+        return BatchPart(None, row, None, None)
+
+    def submit_batch(
+        self, line: Any, rows: list[Mapping[str, Any]], key: str | None, on_done: OnDone
+    ) -> None:
+        """One call carrying ``rows``: one latency and fate drawn, each row holding its
+        keys; the answer is an array of one element per row (a 500 when it failed)."""
+        state = self._live()
+        cols = self.exclusive_cols
+        held = [(row, row_keys(row, cols) if cols else ()) for row in rows]
+        latency, error = state.start_many(held)
+        _DELIVERY.get().at(
+            time.monotonic() + latency,
+            functools.partial(state.reply_many, on_done, error, held),
         )
 
 
