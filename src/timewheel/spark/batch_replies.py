@@ -157,7 +157,10 @@ class ReplySplit:
                 f"the batch's answer has {len(array)} elements for {n} rows: "
                 "which is whose cannot be told",
             )
-        out = [self._element(element, i) for i, element in enumerate(array)]
+        if not self._each and None not in array:  # each element whole, none null: per row
+            out = [RowAnswer(True, _ENCODE(element), None) for element in array]
+        else:
+            out = [self._element(element, i) for i, element in enumerate(array)]
         short = f"the batch's answer has {len(array)} elements for {n} rows: none for this row"
         missing = RowAnswer(False, None, short)
         out.extend([missing] * (n - len(array)))

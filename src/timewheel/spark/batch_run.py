@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple
 from .batch_replies import ReplySplit
 from .batching import ANSWERED, REFUSED, RETRY, Isolation, Part, classify
 from .contract import Reply, retry_after_of
-from .engines import FAILED, SKIPPED, TIMEOUT
+from .engines import FAILED, OK, SKIPPED, TIMEOUT
 
 __all__ = ["AFTER_BACKOFF", "NOTHING", "NOW", "BatchRun", "RowEnd"]
 
@@ -89,31 +89,36 @@ class BatchRun:
         else:
             verdict = classify(status)
         reason = str(error or f"HTTP {status}")
-        iso, replies = self.iso, {}
+        iso = self.iso
         then = NOTHING
-        if verdict == ANSWERED:
+        if verdict == ANSWERED:  # every row ends now: its ending made here, in one pass
             body = None if reply is None else reply.body
             answers = self.split.split(body, [self.ids[i] for i in part.rows])
             failed = {}
+            ends = []
+            attempts = iso.attempts
             for i, answer in zip(part.rows, answers):
-                if not answer.ok:
-                    failed[i] = str(answer.reason)
-                replies[i] = Reply(status, answer.response)
+                if answer.ok:
+                    ends.append(RowEnd(i, OK, None, Reply(status, answer.response), attempts[i]))
+                else:
+                    failed[i] = why = str(answer.reason)
+                    ends.append(RowEnd(i, FAILED, why, Reply(status, None), attempts[i]))
             iso.answered(part, failed)
-        elif verdict == RETRY:
+            return ends, NOTHING
+        if verdict == RETRY:
             if iso.interrupted(part, FAILED, reason, self.clock()):
                 then = AFTER_BACKOFF
         elif verdict == REFUSED:
             iso.fail(part, FAILED, reason)
         elif iso.refused_as_bad_input(part, reason):
             then = NOW
-        return self._ends(part, replies, reply), then
+        return self._ends(part, reply), then
 
     def timed_out(self, part: Part, reason: str) -> tuple[list[RowEnd], str]:
         """The engine's timeout ended a request of ``part`` (no answer): retried whole
         within the retries and deadlines, else its rows end ``timeout``."""
         again = self.iso.interrupted(part, TIMEOUT, reason, self.clock())
-        return self._ends(part, {}, None), NOTHING if again is None else AFTER_BACKOFF
+        return self._ends(part, None), NOTHING if again is None else AFTER_BACKOFF
 
     def skipped(self, part: Part, reason: str) -> list[RowEnd]:
         """``part`` was not sent (the quota's budget is spent): its rows end ``skipped``,
@@ -123,21 +128,15 @@ class BatchRun:
         iso.requests -= 1
         for i in part.rows:
             iso.attempts[i] -= 1
-        return self._ends(part, {}, None)
+        return self._ends(part, None)
 
-    def _ends(
-        self,
-        part: Part,
-        replies: dict[int, Reply],
-        reply: Reply | None,
-    ) -> list[RowEnd]:
+    def _ends(self, part: Part, reply: Reply | None) -> list[RowEnd]:
         """The rows of ``part`` that ended just now (a part's rows had not ended when it
-        was sent), each with its own reply."""
+        was sent), each with ``reply``: the request's answer (None when none came)."""
         iso = self.iso
         ends = []
         for i in part.rows:
             final = iso.finals[i]
             if final is not None:
-                row_reply = replies.get(i, reply)
-                ends.append(RowEnd(i, final.status, final.reason, row_reply, iso.attempts[i]))
+                ends.append(RowEnd(i, final.status, final.reason, reply, iso.attempts[i]))
         return ends

@@ -247,6 +247,7 @@ class HttpDownstream:
         #: How a batch's answer is split back per row (read by the dispatch engine).
         self.batch_reply = ReplySplit(batch_reply, batch_id_field)
         self._pieces = pieces if any(c for _, c in pieces) else None
+        self._one_line: tuple[str, tuple[tuple[str, str], ...]] = (url, ())
         self._lines = [f"{k}: {v}" for k, v in self.headers.items()] + ["Expect:"]
         self._curl_settings: Any = None  # made on first submit
 
@@ -353,14 +354,18 @@ class HttpDownstream:
                     f"header column {col!r} holds a CR, LF or NUL: not sent", retry_after_s=None
                 )
             extra[name] = value
+        return url, extra, self._payload(row)
+
+    def _payload(self, row: Mapping[str, Any]) -> Any:
+        """``row``'s body as a JSON value (``_NO_BODY`` for none)."""
         body = self._body()
         if body == "none":
-            return url, extra, _NO_BODY
+            return _NO_BODY
         if body == "row":
-            return url, extra, row
+            return row
         if callable(body):
-            return url, extra, body(row)
-        return url, extra, {col: row.get(col) for col in body}
+            return body(row)
+        return {col: row.get(col) for col in body}
 
     def _request(self, row: Mapping[str, Any]) -> tuple[str, dict[str, str], bytes | None]:
         """The URL, extra headers and body of ``row``'s request (see :meth:`_parts`)."""
@@ -442,10 +447,26 @@ class HttpDownstream:
 
     # -- batches: many rows per request ----------------------------------------------------
     def batch_part(self, row: Mapping[str, Any]) -> BatchPart:
-        """What ``row`` gives a batch request (DownstreamError, final, when it cannot)."""
+        """What ``row`` gives a batch request (DownstreamError, final, when it cannot).
+
+        Its key is its id's JSON form (the text its own key digests): a batch's key is a
+        digest of its rows', so a digest per row would be spent for nothing.
+        """
+        row_id = row.get(self.id_col or "id")
+        key = None
+        if self.idempotency_header is not None:
+            if row_id is None:
+                raise DownstreamError(
+                    f"the row's id ({self.id_col or 'id'!r}) is null or missing: not sent",
+                    retry_after_s=None,
+                )
+            key = str(row_id) if type(row_id) is int else _ENCODE_KEY(row_id)
+        if self._pieces is None and not self.params and not self.header_cols:
+            # The common case: every row on the target's own URL and headers.
+            return BatchPart(self._one_line, self._payload(row), key, row_id)
         url, extra, payload = self._parts(row)
-        key = None if self.idempotency_header is None else extra.pop(self.idempotency_header)
-        return BatchPart((url, tuple(extra.items())), payload, key, row.get(self.id_col or "id"))
+        extra.pop(self.idempotency_header or "", None)
+        return BatchPart((url, tuple(extra.items())), payload, key, row_id)
 
     def submit_batch(
         self,

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ...spark.engines import STATUSES, DispatchConfig
+from ...spark.engines import OK, STATUSES, DispatchConfig, Outcome
 from ...spark.session import spark_session
 from ...spark.targets import HttpDownstream, SimulatedDownstream, target_from_url
 from ..pipeline.options import add_dispatch_options, http_options
@@ -115,6 +115,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="T",
         help="how long a partly filled batch waits for rows (default: %(default)s: batches "
         "fill, but for each partition's last)",
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help=f"also run an engine that makes no calls, as the row '{FLOOR}': what Spark "
+        "and the rows' way through the Python worker cost per row, the floor under every "
+        "engine's CPU per row",
     )
     parser.add_argument(
         "--journal",
@@ -240,6 +247,17 @@ def _driver_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+#: The row of the run that makes no calls (``--floor``).
+FLOOR = "floor (no calls)"
+
+
+def _no_calls(rows: Any, target: Any, config: DispatchConfig) -> Iterator[Outcome]:
+    """Every row ``ok`` at once, nothing sent: what Spark and the rows' way into the
+    Python worker and back cost, which no client can save."""
+    for row in rows:
+        yield Outcome(row, OK, 1, 0.0, None)
+
+
 def run_engine(
     spark: Any,
     df: Any,
@@ -268,7 +286,7 @@ def run_engine(
         retries=config.retries,
         backoff_ms=config.backoff_ms,
         reply_schema=reply_schema,
-        engine=get_engine(engine),
+        engine=_no_calls if engine == FLOOR else get_engine(engine),
         journal=journal,
         batch_size=batch[0],
         batch_linger_ms=batch[1],
@@ -394,6 +412,10 @@ def _run(
                 run_engine(spark, warm, engines[0], batching, config, "id", batch=batch)
             got = run_engine(spark, df, engines[0], batching, config, "id", batch=batch)
             results.append({**got, "engine": f"{engines[0]}+batch{args.batch_size}"})
+        if args.floor:
+            if warmup > 0:
+                run_engine(spark, warm, FLOOR, target, config, "id")
+            results.append(run_engine(spark, df, FLOOR, target, config, "id"))
         if args.journal:
             from ...spark.journal import journal_rows
 
