@@ -290,6 +290,27 @@ def test_a_resume_on_another_master_sends_every_row_once(tmp_path: Path) -> None
 
 
 @kill_lane
+def test_a_run_of_batches_killed_mid_batch_resumes_to_every_row_once(tmp_path: Path) -> None:
+    # Batches of 20 rows, killed once 200 rows are committed (batches are then in flight):
+    # rows are journalled one by one, so --resume sends only those not yet ok, in new
+    # batches (of another size, too).
+    out = tmp_path / "out"
+    argv = [*RUN, "--output", str(out), "--batch-size", "20", "--batch-linger-ms", "10"]
+    code, err = stop_once_committed(argv, out, 1, signal.SIGKILL)
+    assert code == -signal.SIGKILL, err
+    ok_before = committed_ok(out)
+    assert 0 < ok_before < ROWS
+    resumed = [*without(argv, "--batch-size"), "--batch-size", "50", "--resume"]
+    done = subprocess.run(command(*resumed), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    exactly_once(out, list(range(ROWS)))
+    summary = json.loads((out / "summary.json").read_text())
+    assert 0 < summary["rows_sent"] <= ROWS - ok_before
+    batches = summary["batches"]
+    assert batches["batch_size"] == 50 and batches["rows_per_request"] > 1
+
+
+@kill_lane
 def test_a_resume_with_other_split_points_sends_every_row_once(tmp_path: Path) -> None:
     # A Parquet input of many row groups, split by spark.sql.files.maxPartitionBytes: another
     # value on --resume moves the split points (and the partition count).
