@@ -18,6 +18,13 @@ For each: the tokens the stub took per second in the steady state (the windows a
 the first and before the last) as a share of the quota, the share of requests it
 refused, and the most tokens it took in any one window against ``--tpm``.
 
+``batches`` is what batches buy under a request quota: the stub limited to
+``--batch-rpm`` requests per window (tokens unbounded), the job's quota at
+``--quota-share`` of it, texts of 4 tokens each; first one row per request, then
+``--batch-size`` rows per request, each run long enough for several windows. For each:
+the rows answered per second in the steady state (from the stub's token count), and the
+ratio of the two against ``--batch-size`` (the goal: at least 0.9).
+
 ``lease`` (nginx on PATH) is the price of the lease protocol itself: ``--lease-rows``
 rows against nginx, without a quota and with a quota far above what the job can send
 (``Quota(rate=1e9)``, kept by the driver), alternating, median of ``--rounds``: the
@@ -89,6 +96,21 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--lease-rows", type=positive(int), default=200_000, help="(default: 200000)"
     )
     parser.add_argument("--rounds", type=positive(int), default=3, help="(default: 3)")
+    parser.add_argument(
+        "--batch-size", type=positive(int), default=50, help="batches: rows per request (50)"
+    )
+    parser.add_argument(
+        "--batch-rpm",
+        type=positive(int),
+        default=300,
+        help="batches: the stub's requests per window (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-seconds",
+        type=positive(float),
+        default=30.0,
+        help="batches: how long each run sends, about (default: %(default)s)",
+    )
     parser.set_defaults(func=main)
 
 
@@ -123,6 +145,64 @@ def _lease(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
         "ratio": round(median["quota"] / median["none"], 3),
         "ratio_headers": round(median["quota+headers"] / median["none"], 3),
     }
+
+
+def _batches(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Steady rows/s under a request quota, one row per request and then batches."""
+    from pyspark.sql import functions as F
+
+    from ...spark import Quota, dispatch
+    from ...spark.http_target import HttpDownstream
+    from .openai_stub import StubProcess
+
+    rate = args.quota_share * args.batch_rpm / args.window_s  # requests per second
+    per_row = 4  # tokens: 16 bytes of text
+    result: dict[str, Any] = {"scenario": "batches", "requests_per_s": round(rate, 2)}
+    for size in (1, args.batch_size):
+        rows = max(1, round(rate * size * args.batch_seconds))
+        df = spark.range(rows, numPartitions=args.partitions).select(
+            "id", F.lit("sixteen bytes ok").alias("text")
+        )
+        with StubProcess(args.batch_rpm, 10**12, args.window_s, args.latency_ms) as stub:
+            # One row per request: its text in the request; in batches: the texts in it.
+            target = HttpDownstream(
+                f"{stub.base_url}/embeddings",
+                body=(lambda row: row["text"])
+                if size > 1
+                else (lambda row: {"model": "bench", "input": row["text"]}),
+                batch_body='{"model": "bench", "input": $rows}',
+                batch_reply="data[*].index",
+                headers={"Authorization": "Bearer sk-bench"},  # the stub's: no secret
+                max_retry_after_s=args.window_s,
+            )
+            out = dispatch(
+                df,
+                target,
+                id_col="id",
+                quota=Quota(rate=rate),
+                timeout_ms=30_000,
+                retries=10,
+                max_in_flight=64,
+                batch_size=size,
+                batch_linger_ms=0 if size == 1 else 200,
+            )
+            with _Sampler(stub) as sampler:
+                statuses = [r["status"] for r in out.select("status").collect()]
+            refused = stub.stats()["refused"]
+        if statuses.count("ok") != rows:
+            raise RuntimeError(f"bench quota: batches of {size}: not every row ended ok")
+        samples = sampler.samples
+        t0, t1 = samples[0][0], samples[-1][0]
+        steady = [s for s in samples if t0 + 0.25 * (t1 - t0) <= s[0] <= t0 + 0.9 * (t1 - t0)]
+        if len(steady) < 2:
+            steady = samples
+        rows_s = (steady[-1][1] - steady[0][1]) / per_row / (steady[-1][0] - steady[0][0])
+        key = "single" if size == 1 else "batched"
+        result[key] = {"rows": rows, "rows_per_s": round(rows_s, 1), "refused": refused}
+    ratio = result["batched"]["rows_per_s"] / result["single"]["rows_per_s"]
+    result["x_single"] = round(ratio, 2)
+    result["of_batch_size"] = round(ratio / args.batch_size, 3)
+    return result
 
 
 def _texts(spark: Any, rows: int, partitions: int) -> Any:
@@ -292,32 +372,54 @@ def _run(spark: Any, args: argparse.Namespace, scenario: str) -> dict[str, Any]:
         }
 
 
+def _scenario(spark: Any, args: argparse.Namespace, name: str) -> dict[str, Any]:
+    if name == "lease":
+        return _lease(spark, args)
+    if name == "batches":
+        return _batches(spark, args)
+    return _run(spark, args, name)
+
+
 def main(args: argparse.Namespace) -> int:
     from ...spark.session import spark_session
 
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
-    unknown = [s for s in scenarios if s not in ("shared", "static", "redis", "lease")]
+    known = ("shared", "static", "redis", "lease", "batches")
+    unknown = [s for s in scenarios if s not in known]
     if unknown or args.partitions < 2:
         print(
-            f"bench quota: --scenarios must be among shared, static, redis, lease (got {unknown}) "
+            f"bench quota: --scenarios must be among {', '.join(known)} (got {unknown}) "
             "and --partitions at least 2",
             file=sys.stderr,
         )
         return 2
     spark, owned = spark_session(args.master, "timewheel bench quota")
     try:
-        results = [_lease(spark, args) if s == "lease" else _run(spark, args, s) for s in scenarios]
+        special = {"lease": _lease, "batches": _batches}
+        results = [
+            special.get(s, _run)(spark, args, *(() if s in special else (s,))) for s in scenarios
+        ]
     finally:
         if owned:
             spark.stop()
-    print(
-        f"bench quota: {args.rows:,} rows on {args.partitions} uneven partitions, {args.master}; "
-        f"stub limit {args.tpm:,} tokens per {args.window_s:g} s; quota {args.quota_share:g} "
-        "of it"
-    )
-    head = f"{'scenario':<10} {'seconds':>8} {'tokens':>9} {'steady/quota':>13} "
-    print(head + f"{'refused':>8} {'busiest window/limit':>21}")
+    if any(s in ("shared", "static", "redis") for s in scenarios):
+        print(
+            f"bench quota: {args.rows:,} rows on {args.partitions} uneven partitions, {args.master}; "
+            f"stub limit {args.tpm:,} tokens per {args.window_s:g} s; quota {args.quota_share:g} "
+            "of it"
+        )
+        head = f"{'scenario':<10} {'seconds':>8} {'tokens':>9} {'steady/quota':>13} "
+        print(head + f"{'refused':>8} {'busiest window/limit':>21}")
     for r in results:
+        if r["scenario"] == "batches":
+            one, many = r["single"], r["batched"]
+            print(
+                f"batches: under {r['requests_per_s']:g} requests/s, {one['rows_per_s']:,} "
+                f"rows/s one per request, {many['rows_per_s']:,} in batches of "
+                f"{args.batch_size}: x{r['x_single']:g}, {r['of_batch_size']:.1%} of the "
+                f"batch size (refused {one['refused']} and {many['refused']})"
+            )
+            continue
         if r["scenario"] == "lease" and "skipped" not in r:
             print(
                 f"lease: {r['rows_per_s']:,} rows/s against nginx without a quota (median of "
