@@ -404,9 +404,9 @@ def main(args: argparse.Namespace) -> int:
             spark.stop()
     if any(s in ("shared", "static", "redis") for s in scenarios):
         print(
-            f"bench quota: {args.rows:,} rows on {args.partitions} uneven partitions, {args.master}; "
-            f"stub limit {args.tpm:,} tokens per {args.window_s:g} s; quota {args.quota_share:g} "
-            "of it"
+            f"bench quota: {args.rows:,} rows on {args.partitions} uneven partitions, "
+            f"{args.master}; stub limit {args.tpm:,} tokens per {args.window_s:g} s; quota "
+            f"{args.quota_share:g} of it"
         )
         head = f"{'scenario':<10} {'seconds':>8} {'tokens':>9} {'steady/quota':>13} "
         print(head + f"{'refused':>8} {'busiest window/limit':>21}")
