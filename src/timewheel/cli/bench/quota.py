@@ -380,6 +380,14 @@ def _scenario(spark: Any, args: argparse.Namespace, name: str) -> dict[str, Any]
     return _run(spark, args, name)
 
 
+def _scenario(spark: Any, args: argparse.Namespace, name: str) -> dict[str, Any]:
+    if name == "lease":
+        return _lease(spark, args)
+    if name == "batches":
+        return _batches(spark, args)
+    return _run(spark, args, name)
+
+
 def main(args: argparse.Namespace) -> int:
     from ...spark.session import spark_session
 
@@ -395,10 +403,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     spark, owned = spark_session(args.master, "timewheel bench quota")
     try:
-        special = {"lease": _lease, "batches": _batches}
-        results = [
-            special.get(s, _run)(spark, args, *(() if s in special else (s,))) for s in scenarios
-        ]
+        results = [_scenario(spark, args, s) for s in scenarios]
     finally:
         if owned:
             spark.stop()
