@@ -380,14 +380,6 @@ def _scenario(spark: Any, args: argparse.Namespace, name: str) -> dict[str, Any]
     return _run(spark, args, name)
 
 
-def _scenario(spark: Any, args: argparse.Namespace, name: str) -> dict[str, Any]:
-    if name == "lease":
-        return _lease(spark, args)
-    if name == "batches":
-        return _batches(spark, args)
-    return _run(spark, args, name)
-
-
 def main(args: argparse.Namespace) -> int:
     from ...spark.session import spark_session
 
