@@ -64,3 +64,32 @@ def test_little_bound_is_slots_over_mean_slot_time() -> None:
     flaky = SimulatedDownstream(pct50_ms=50, pct75_ms=50, failure_rate=0.5)
     # attempts: 1 + 0.5 + 0.25; backoff before the 0.75 expected retries
     assert bench.mean_slot_ms(flaky, config) == pytest.approx(1.75 * 50 + 0.75 * 10)
+
+
+def test_bench_runs_batches_and_the_floor_next_to_single_requests(
+    spark: Any, tmp_path: Path
+) -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers())
+    out = tmp_path / "bench.json"
+    sim = "sim://?pct50=2&pct75=8&seed=1"
+    argv = ["pipeline", "--rows", "4000", "--warmup-rows", "0", "--engines", "timewheel"]
+    argv += ["--target", sim, "--batch-size", "20", "--batch-target", sim, "--floor"]
+    args = parser.parse_args([*argv, "--batch-linger-ms", "5", "--json", str(out)])
+    assert args.func(args) == 0
+    report = json.loads(out.read_text())
+    names = [r["engine"] for r in report["results"]]
+    assert names == ["timewheel", "timewheel+batch20", bench.FLOOR]
+    for r in report["results"]:
+        assert r["accounted"] and r["status"]["ok"] == 4000
+    # Batches cost less CPU per row than a call per row; no calls at all, less again.
+    cpu = [r["cpu_us_per_row"] for r in report["results"]]
+    assert cpu[2] < cpu[0] and cpu[1] < cpu[0]
+
+
+def test_batch_size_needs_a_batch_target(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["pipeline", "--batch-size", "10"])
+    assert args.func(args) == 2
+    assert "--batch-target URL go together" in capsys.readouterr().err

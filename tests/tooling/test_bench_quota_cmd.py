@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 import pytest
@@ -47,3 +48,22 @@ def test_bad_scenarios_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     args = parser.parse_args(["quota", "--scenarios", "shared,fast"])
     assert args.func(args) == 2
     assert "'fast'" in capsys.readouterr().err
+
+
+@pytest.mark.spark
+def test_bench_quota_batches_multiply_the_rows_a_request_quota_allows(
+    spark: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers())
+    argv = ["quota", "--scenarios", "batches", "--partitions", "2", "--master", "local[2]"]
+    argv += ["--batch-rpm", "40", "--window-s", "2", "--batch-size", "10"]
+    args = parser.parse_args([*argv, "--batch-seconds", "4", "--latency-ms", "1"])
+    assert args.func(args) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    shape = r"batches: under 20 requests/s, ([\d.,]+) rows/s .* ([\d.,]+) in batches"
+    found = re.match(shape, line)
+    assert found, line
+    single, batched = (float(found[i].replace(",", "")) for i in (1, 2))
+    # Every row was answered (the run checks it) and batches carried more rows per second.
+    assert batched > 3 * single > 0
