@@ -111,6 +111,20 @@ class Target(Protocol):
     * ``for_quota() -> Target``: a copy whose replies carry the service's rate-limit
       headers (``Reply.headers``), called once before a job with a quota;
     * ``close()``: release what the target holds in a process (its connections).
+
+    A target that takes many rows per request (``dispatch(batch_size=N)``; see
+    :mod:`.batch_engine`) has four more, all required together (``HttpDownstream`` and
+    ``SimulatedDownstream`` have them):
+
+    * ``for_batches() -> Target``: itself or a copy, checked for batches (ValueError when
+      its requests cannot hold rows), called once before the job;
+    * ``batch_part(row) -> BatchPart``: what the row gives a batch: its request line,
+      body value, key text and id (DownstreamError when the row cannot make one);
+    * ``submit_batch(line, payloads, key, on_done)``: one request carrying the rows'
+      bodies, as ``submit`` (with ``on_done`` marked by :func:`accepts_reply`, the
+      batch's answer reaches it);
+    * ``batch_reply``: the :class:`~.batch_replies.ReplySplit` that splits the answer
+      per row.
     """
 
     def submit(self, row: Mapping[str, Any], on_done: OnDone) -> Any:
