@@ -47,6 +47,7 @@ from .journal import FLUSH_ROWS, FLUSH_S, JournalWriter
 from .quota import Quota
 from .quota_job import check_quota, place_quota
 from .replies import REPLY_COLUMN, ReplyParser, reply_struct
+from .stream_record import answered_once, claim_record, record_of
 from .timewheel_engine import timewheel_engine
 from .worker_metrics import PartitionCounts, worker_metrics
 
@@ -194,6 +195,7 @@ class _PartitionDispatch:
         reply: StructType | None = None,
         dedupe_col: str | None = None,
         journal: str | None = None,
+        record_id: str | None = None,
     ) -> None:
         self.engine = engine
         self.target = target
@@ -202,6 +204,8 @@ class _PartitionDispatch:
         self.reply = reply
         self.dedupe_col = dedupe_col
         self.journal = journal
+        # On a stream: the id column by which the journal's record is looked up first.
+        self.record_id = record_id
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         engine = self.engine
@@ -224,9 +228,13 @@ class _PartitionDispatch:
         def run(rows: Iterable[dict[str, Any]]) -> Iterator[Outcome]:
             return engine(rows, self.target, self.config)
 
-        outcomes = (
-            run(rows()) if self.dedupe_col is None else sent_once(rows(), self.dedupe_col, run)
-        )
+        def sent(rows: Iterable[dict[str, Any]]) -> Iterator[Outcome]:
+            return run(rows) if self.dedupe_col is None else sent_once(rows, self.dedupe_col, run)
+
+        if self.record_id is not None and self.journal is not None:
+            outcomes = answered_once(rows(), record_of(self.journal, self.record_id), sent)
+        else:
+            outcomes = sent(rows())
         out: list[Outcome] = []
         journal = None if self.journal is None else JournalWriter(self.journal)
         # With a journal, smaller batches (by rows and by age), each committed before
@@ -441,7 +449,10 @@ def dispatch(
 
     ``journal``: a directory the executors can write; each task also commits its
     finished rows there as it goes (see :mod:`timewheel.spark.journal`), so a run that
-    is stopped keeps what was answered (``timewheel pipeline``'s resumable output).
+    is stopped keeps what was answered (``timewheel pipeline``'s resumable output). On a
+    streaming ``df`` it is also the record each task looks a row up in before sending
+    it: a micro-batch that runs again sends none of the rows already answered, and they
+    come back with their recorded outcome (see :mod:`timewheel.spark.stream_record`).
     ``worker_reports``: the accumulator of a
     :class:`~timewheel.spark.worker_metrics.WorkerReports`, given each partition's
     ``spark_engine`` counts under its worker's name when the partition ends, for a
@@ -480,8 +491,15 @@ def dispatch(
         )
     if not isinstance(dedupe_requests, bool):
         raise TypeError(f"dedupe_requests must be True or False, got {dedupe_requests!r}")
-    kept = None
+    kept = record_id = None
+    if df.isStreaming and journal is not None:
+        # A record of the rows answered, looked up before each is sent: a micro-batch
+        # that runs again calls none of them twice (see stream_record).
+        claim_record(journal, id_col, target, df.columns)
+        record_id = id_col
     if resume_from is not None:
+        if df.isStreaming:
+            raise ValueError("resume_from is for batch jobs: a stream resumes from its journal")
         kept = _kept(df, resume_from, id_col, reply)
         df = df.join(kept.select(id_col), id_col, "left_anti")
     hide = None
@@ -503,14 +521,17 @@ def dispatch(
             target = for_quota()
     if rate is not None or by:
         # With a rate, one partition per task slot: each sends an equal share of it.
-        slots = task_slots(spark) if rate is not None or connect else df.rdd.getNumPartitions()
+        same = rate is not None or connect or df.isStreaming  # (a stream has no rdd)
+        slots = task_slots(spark) if same else df.rdd.getNumPartitions()
         df = df.repartition(slots, *by)
         if rate is not None:
             config = replace(config, rate_per_task=rate / slots)
     if dedupe_col:
         df = df.sortWithinPartitions(dedupe_col)
     result = df.mapInArrow(
-        _PartitionDispatch(engine, target, config, worker_reports, reply, dedupe_col, journal),
+        _PartitionDispatch(
+            engine, target, config, worker_reports, reply, dedupe_col, journal, record_id
+        ),
         output_schema(df.schema, reply),
     )
     if hide is not None:

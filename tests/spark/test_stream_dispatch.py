@@ -1,0 +1,102 @@
+"""dispatch on a Structured Streaming query: with a journal, a micro-batch run again calls no
+row twice (local Spark, a real service on 127.0.0.1)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pycurl")
+
+from http_fixtures import ScriptedService
+from timewheel.spark import dispatch
+from timewheel.spark.stream_record import RECORD_FILE, claim_record
+from timewheel.spark.targets import HttpDownstream
+
+pytestmark = pytest.mark.spark
+
+FILES, PER_FILE = 3, 100
+
+
+@pytest.fixture
+def service() -> Iterator[ScriptedService]:
+    svc = ScriptedService()
+    yield svc
+    svc.close()
+
+
+def run_query(
+    spark: Any, inp: Path, sink: Path, ck: Path, target: Any, journal: str | None
+) -> None:
+    """The files of ``inp`` through dispatch, one file a micro-batch, each batch's rows
+    written to ``sink/batch=N`` (overwritten when the batch runs again)."""
+    schema = "id long, text string"
+    stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(inp))
+    out = dispatch(stream, target, id_col="id", journal=journal, timeout_ms=30_000)
+
+    def write(batch: Any, batch_id: int) -> None:
+        batch.write.mode("overwrite").parquet(str(sink / f"batch={batch_id}"))
+
+    query = (
+        out.writeStream.foreachBatch(write)
+        .option("checkpointLocation", str(ck))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(300) is not False
+    assert query.exception() is None
+
+
+@pytest.mark.parametrize("journalled", [True, False])
+def test_a_micro_batch_run_again_calls_no_row_twice(
+    spark: Any, service: ScriptedService, tmp_path: Path, journalled: bool
+) -> None:
+    inp, sink, ck = tmp_path / "in", tmp_path / "sink", tmp_path / "ck"
+    for f in range(FILES):
+        rows = [(f * PER_FILE + i, f"t{f}-{i}") for i in range(PER_FILE)]
+        spark.createDataFrame(rows, "id long, text string").coalesce(1).write.parquet(
+            str(inp / f"part{f}")
+        )
+    # One directory of files: the stream reads them as they are listed.
+    for f in range(FILES):
+        for p in (inp / f"part{f}").glob("*.parquet"):
+            p.rename(inp / f"file{f}.parquet")
+    target = HttpDownstream(service.url)
+    journal = str(tmp_path / "record") if journalled else None
+    run_query(spark, inp, sink, ck, target, journal)
+    assert len(service.seen.requests) == FILES * PER_FILE
+    # The driver died after the last micro-batch ran but before it was committed: the
+    # restarted query runs that batch again.
+    last = max(int(p.name) for p in (ck / "commits").iterdir() if p.name.isdigit())
+    (ck / "commits" / str(last)).unlink()
+    (ck / "commits" / f".{last}.crc").unlink(missing_ok=True)
+    run_query(spark, inp, sink, ck, target, journal)
+    out = spark.read.parquet(str(sink)).collect()
+    assert sorted(r["id"] for r in out) == list(range(FILES * PER_FILE))  # each row once
+    assert {r["status"] for r in out} == {"ok"}
+    calls = len(service.seen.requests)
+    if journalled:  # the re-run batch's rows came back from the record, unsent
+        assert calls == FILES * PER_FILE
+        assert set(service.seen.per_key.values()) == {1}
+    else:  # without the record, every row of the batch is called again
+        assert calls == (FILES + 1) * PER_FILE
+
+
+def test_a_record_belongs_to_one_query(tmp_path: Path) -> None:
+    record = str(tmp_path / "record")
+    target = HttpDownstream("http://127.0.0.1:9/x")
+    claim_record(record, "id", target, ["id", "text"])
+    assert (tmp_path / "record" / RECORD_FILE).exists()
+    claim_record(record, "id", target, ["id", "text"])  # the same query again: fine
+    with pytest.raises(ValueError, match=r"the record of another query .*id_col"):
+        claim_record(record, "key", target, ["key", "text"])
+    with pytest.raises(ValueError, match=r"the record of another query .*target"):
+        claim_record(record, "id", HttpDownstream("http://127.0.0.1:9/y"), ["id", "text"])
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match="cannot be written"):
+        claim_record(str(blocker / "record"), "id", target, ["id"])
