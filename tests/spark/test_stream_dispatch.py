@@ -100,3 +100,31 @@ def test_a_record_belongs_to_one_query(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(ValueError, match="cannot be written"):
         claim_record(str(blocker / "record"), "id", target, ["id"])
+
+
+def test_one_quota_holds_across_the_micro_batches(
+    spark: Any, service: ScriptedService, tmp_path: Path
+) -> None:
+    from timewheel.spark import Quota
+
+    inp, sink, ck = tmp_path / "in", tmp_path / "sink", tmp_path / "ck"
+    for f in range(FILES):
+        rows = [(f * PER_FILE + i, "x") for i in range(PER_FILE)]
+        df = spark.createDataFrame(rows, "id long, text string").coalesce(1)
+        df.write.parquet(str(inp / f"part{f}"))
+        for p in (inp / f"part{f}").glob("*.parquet"):
+            p.rename(inp / f"file{f}.parquet")
+    stream = spark.readStream.schema("id long, text string").option("maxFilesPerTrigger", 1)
+    quota = Quota(max_requests=150)  # one cap for the query's life, not per micro-batch
+    out = dispatch(stream.parquet(str(inp)), HttpDownstream(service.url), id_col="id", quota=quota)
+
+    def write(batch: Any, batch_id: int) -> None:
+        batch.write.mode("overwrite").parquet(str(sink / f"batch={batch_id}"))
+
+    query = out.writeStream.foreachBatch(write).option("checkpointLocation", str(ck))
+    started = query.trigger(availableNow=True).start()
+    assert started.awaitTermination(300) is not False and started.exception() is None
+    statuses = [r["status"] for r in spark.read.parquet(str(sink)).collect()]
+    assert len(statuses) == FILES * PER_FILE
+    assert len(service.seen.requests) == statuses.count("ok") == 150
+    assert statuses.count("skipped") == FILES * PER_FILE - 150
