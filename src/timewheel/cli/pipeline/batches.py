@@ -8,7 +8,13 @@ from typing import Any
 
 from ..argtypes import positive
 
-__all__ = ["ColumnValue", "add_batch_options", "batch_summary", "batch_target_options"]
+__all__ = [
+    "ColumnValue",
+    "add_batch_options",
+    "add_batch_target_options",
+    "batch_summary",
+    "batch_target_options",
+]
 
 
 class ColumnValue:
@@ -27,7 +33,8 @@ class ColumnValue:
 
 
 def add_batch_options(parser: argparse.ArgumentParser) -> None:
-    """Many rows per request (an http(s):// --target, or sim://)."""
+    """Many rows per request (an http(s):// --target, or sim://): how rows are gathered;
+    the target's side is in the http(s) group (:func:`add_batch_target_options`)."""
     group = parser.add_argument_group(
         "batches",
         "many rows per request, each row still answered on its own (see docs/spark.md, 'Batches')",
@@ -55,6 +62,10 @@ def add_batch_options(parser: argparse.ArgumentParser) -> None:
         metavar="C",
         help="the most --cost-col units per request",
     )
+
+
+def add_batch_target_options(group: Any) -> None:
+    """How an http(s):// target takes many rows per request (in its group of options)."""
     group.add_argument(
         "--batch-body",
         default=None,

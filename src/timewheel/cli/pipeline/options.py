@@ -12,7 +12,7 @@ from ...spark.secrets import Secret, parse_secret
 from ...spark.session import DEFAULT_MASTER
 from ...spark.simulator import SimulatedDownstream
 from ..argtypes import non_negative, positive
-from .batches import add_batch_options, batch_target_options
+from .batches import add_batch_options, add_batch_target_options, batch_target_options
 from .quota import add_quota_options
 
 _DESCRIPTION = """\
@@ -414,6 +414,7 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not verify HTTPS certificates",
     )
+    add_batch_target_options(group)
 
 
 def http_options(args: argparse.Namespace) -> dict[str, Any]:
