@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from .output import (
     unlock_output,
 )
 from .sessions import check_remote, connect_session
+from .stream import check_stream_args, run_stream
 
 __all__ = ["add_parser", "main"]
 
@@ -59,9 +61,10 @@ def main(args: argparse.Namespace) -> int:
         return 2
     except (KeyboardInterrupt, Stopped) as exc:
         code = 143 if isinstance(exc, Stopped) else 130
+        then = "run it again to go on" if args.stream else "finish it with --resume"
         _note(
             f"{'stopped by SIGTERM' if code == 143 else 'interrupted'}; --output "
-            f"{args.output!r} keeps the rows answered so far (finish it with --resume)"
+            f"{args.output!r} keeps the rows answered so far ({then})"
         )
         return code
     except Exception as exc:
@@ -100,9 +103,12 @@ def _run(args: argparse.Namespace, *, report_workers: bool) -> int:
         )
     if args.resume and args.overwrite:
         raise UsageError("--resume finishes --output and --overwrite replaces it: give one")
+    check_stream_args(args)
     max_in_flight = resolve_max_in_flight(args.max_in_flight, target)
     key_cols = [c.strip() for c in args.key_cols.split(",") if c.strip()]
-    fmt = input_format(args.input, args.format) if args.input else None
+    if args.format == "json" and not args.stream:
+        raise UsageError("--format json (JSON lines) is read by --stream only")
+    fmt = None if args.stream or not args.input else input_format(args.input, args.format)
     out_dir = Path(args.output)
     lock = lock_output(out_dir)  # held to the end: one run at a time on an output
     try:
@@ -122,6 +128,8 @@ def _run_locked(
 ) -> int:
     from ...spark.worker_metrics import WorkerReports
 
+    if args.stream:
+        return _run_stream(args, out_dir, target, max_in_flight, key_cols, report_workers)
     recovered = recover_publish(out_dir)
     if recovered is not None:
         line, complete = recovered
@@ -161,6 +169,52 @@ def _run_locked(
         if reports is not None:
             reports.close()
     return _report(args, out_dir, summary)
+
+
+def _run_stream(
+    args: argparse.Namespace,
+    out_dir: Path,
+    target: Any,
+    max_in_flight: int,
+    key_cols: list[str],
+    report_workers: bool,
+) -> int:
+    """``--stream``: the query on its own session; the exit status its rows call for."""
+    from ...spark.worker_metrics import WorkerReports
+
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "checkpoint").is_dir():
+        if not args.overwrite:
+            raise UsageError(
+                f"--output {str(out_dir)!r} exists and is not a stream's output; give "
+                "another, or --overwrite to replace it"
+            )
+        shutil.rmtree(out_dir)
+    log_level = "WARN" if args.debug else "FATAL"
+    if args.remote is None:
+        spark, owned = spark_session(
+            args.master, "timewheel pipeline --stream", args.conf, args.python, log_level
+        )
+    else:
+        spark, owned = connect_session(args.remote, args.conf)
+    job = _Job(args, spark, target, max_in_flight, key_cols, out_dir)
+    reports = None
+    try:
+        if report_workers or (args.batch_size > 1 and not job.connect):
+            reports = WorkerReports(spark.sparkContext)
+        summary = run_stream(args, job, out_dir, reports)
+    finally:
+        job.stop(owned)
+        if reports is not None:
+            reports.close()
+    print(json.dumps(summary, indent=2))
+    bad = summary["status"][FAILED] + summary["status"][TIMEOUT]
+    if bad > summary["max_failed_rows"]:
+        _note(
+            f"{bad:,} of {summary['rows']:,} rows failed or timed out, more than "
+            f"--max-failed {_limit_text(args.max_failed)} allows"
+        )
+        return 1
+    return 3 if summary["status"][SKIPPED] else 0
 
 
 def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) -> int:

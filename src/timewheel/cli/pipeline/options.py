@@ -165,10 +165,31 @@ def add_options(
     )
     parser.add_argument(
         "--format",
-        choices=("parquet", "csv"),
+        choices=("parquet", "csv", "json"),
         default=None,
         help="format of --input (default: csv for a name ending in .csv, parquet for .parquet "
-        "or a directory)",
+        "or a directory; with --stream, what the files' names say; json: JSON lines, "
+        "--stream only)",
+    )
+    parser.add_argument(
+        "--stream",
+        action="store_true",
+        help="read the files landing in the directory --input as they come, until stopped "
+        "(SIGINT/SIGTERM): each micro-batch's rows to --output/rows, the query's checkpoint "
+        "and the record of answered rows in --output, so a run again goes on where it was "
+        "and calls no row twice",
+    )
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="with --stream: send what has landed, then stop (Spark's availableNow)",
+    )
+    parser.add_argument(
+        "--trigger-ms",
+        type=positive(int),
+        default=1000,
+        metavar="T",
+        help="with --stream: start a micro-batch every T ms (default: %(default)s)",
     )
     parser.add_argument(
         "--output",

@@ -1,0 +1,122 @@
+"""``timewheel pipeline --stream``: files landing in a folder, each row sent once."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pycurl")
+
+from http_fixtures import ScriptedService
+from timewheel.cli.pipeline import add_parser
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def service() -> Iterator[ScriptedService]:
+    svc = ScriptedService()
+    yield svc
+    svc.close()
+
+
+def land(folder: Path, n: int, first: int, rows: int = 50) -> None:
+    """A CSV file of ``rows`` rows landing in ``folder`` whole (written aside, renamed in)."""
+    tmp = folder.parent / f".landing-{n}.csv"
+    tmp.write_text("id,text\n" + "".join(f"{first + i},t{first + i}\n" for i in range(rows)))
+    tmp.rename(folder / f"part-{n}.csv")
+
+
+def run_cli(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="timewheel")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["pipeline", *argv])
+    return int(args.func(args))
+
+
+def test_once_sends_what_landed_and_a_run_again_only_what_is_new(
+    spark: Any, service: ScriptedService, tmp_path: Path
+) -> None:
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    land(inp, 0, 0)
+    land(inp, 1, 50)
+    argv = ["--stream", "--once", "--input", str(inp), "--output", str(out), "--quiet"]
+    argv += ["--target", service.url, "--master", "local[2]"]
+    assert run_cli(argv) == 0
+    assert json.loads((out / "summary.json").read_text())["rows"] == 100
+    land(inp, 2, 100)
+    assert run_cli(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rows"] == 150 and summary["status"]["ok"] == 150
+    assert [b["rows"] for b in summary["micro_batches"]] == [50]  # this run: the new file
+    ids = sorted(r["id"] for r in spark.read.parquet(str(out / "rows")).collect())
+    assert ids == list(range(150))
+    assert len(service.seen.requests) == 150 and set(service.seen.per_key.values()) == {1}
+
+
+def test_a_running_stream_stops_on_sigterm_and_goes_on_where_it_was(
+    service: ScriptedService, tmp_path: Path
+) -> None:
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    land(inp, 0, 0)
+    argv = ["--stream", "--input", str(inp), "--output", str(out), "--trigger-ms", "200"]
+    argv += ["--target", service.url, "--master", "local[2]", "--quiet"]
+    command = [sys.executable, "-m", "timewheel", "pipeline", *argv]
+    with subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as p:
+        try:
+            deadline = time.monotonic() + 240
+            land_next = True
+            while not (out / "rows" / "batch=1").is_dir():
+                assert p.poll() is None, p.communicate()
+                assert time.monotonic() < deadline, "no micro-batches in time"
+                if land_next and (out / "rows" / "batch=0").is_dir():
+                    land(inp, 1, 50)  # lands while the query runs
+                    land_next = False
+                time.sleep(0.1)  # polling the disk for the query's output
+            p.send_signal(signal.SIGTERM)
+            _, err = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+    assert p.returncode == 143, err
+    assert err.strip().splitlines()[-1].startswith("timewheel pipeline: stopped by SIGTERM")
+    assert "run it again to go on" in err and "Traceback" not in err
+    land(inp, 2, 100)
+    done = subprocess.run([*command, "--once"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((out / "summary.json").read_text())["rows"] == 150
+    assert len(service.seen.requests) == 150 and set(service.seen.per_key.values()) == {1}
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--once"], "--once goes with --stream"),
+        (["--stream"], "--stream reads the files landing in --input"),
+        (["--stream", "--input", "IN", "--resume"], "--stream cannot take --resume"),
+        (["--stream", "--input", "IN/part-0.csv"], "is not a directory"),
+        (["--input", "IN/part-0.csv", "--format", "json"], "read by --stream only"),
+    ],
+)
+def test_stream_options_that_cannot_work_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], words: str
+) -> None:
+    inp = tmp_path / "in"
+    inp.mkdir()
+    land(inp, 0, 0)
+    argv = [a.replace("IN", str(inp)) for a in extra]
+    assert run_cli([*argv, "--output", str(tmp_path / "out"), "--quiet"]) == 2
+    assert words in capsys.readouterr().err
