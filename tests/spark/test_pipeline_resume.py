@@ -12,29 +12,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
 
 import pytest
 
+from spark_fixtures import kill_lane
 from timewheel.cli.pipeline import add_parser
 from timewheel.cli.pipeline.output import run_identity
 from timewheel.spark.journal import JOURNAL, MANIFEST, journal_rows, read_batches, run_dir
 
-F = TypeVar("F", bound=Callable[..., object])
-
 pytestmark = pytest.mark.spark
 pq = pytest.importorskip("pyarrow.parquet")
-
-
-def kill_lane(test: F) -> F:
-    """A test that kills and resumes whole runs in child processes (30 to 80 s each, about
-    5 minutes together): run by ``.ci/kills`` (TIMEWHEEL_KILL_TESTS=1), which ``.ci/run``
-    calls, so that the default suite stays near 10 minutes."""
-    lane = pytest.mark.skipif(
-        os.environ.get("TIMEWHEEL_KILL_TESTS") != "1",
-        reason="a run killed and resumed, 30-80 s: run by .ci/kills (TIMEWHEEL_KILL_TESTS=1)",
-    )
-    return pytest.mark.kills(lane(test))  # type: ignore[no-any-return]
 
 
 ROWS = 2000

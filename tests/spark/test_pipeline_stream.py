@@ -17,6 +17,7 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pycurl")
 
 from http_fixtures import ScriptedService
+from spark_fixtures import kill_lane
 from timewheel.cli.pipeline import add_parser
 
 pytestmark = pytest.mark.spark
@@ -66,6 +67,7 @@ def test_once_sends_what_landed_and_a_run_again_only_what_is_new(
     assert len(service.seen.requests) == 150 and set(service.seen.per_key.values()) == {1}
 
 
+@kill_lane
 def test_a_running_stream_stops_on_sigterm_and_goes_on_where_it_was(
     service: ScriptedService, tmp_path: Path
 ) -> None:
