@@ -32,11 +32,11 @@ import threading
 import time
 from typing import Any
 
-from ..purgatory import DelayedOperation
 from ..timer import TimerTask
+from .attempt import Attempt
 from .batch_run import AFTER_BACKOFF, NOW, BatchRun, RowEnd
 from .batching import Accumulator, Batch, Part, batch_key
-from .contract import DownstreamError, Reply, accepts_reply, retry_after_of
+from .contract import DownstreamError, retry_after_of
 from .engines import FAILED, backoff_s
 from .quota_gate import BUDGET_SPENT, BudgetSpent
 from .worker_metrics import partition_counts
@@ -58,37 +58,20 @@ class _Job:
         self.lock = threading.Lock()
 
 
-class _BatchCall(DelayedOperation):
-    """One request of a batch in flight: completed by its answer, expired at the timeout."""
+class _BatchCall(Attempt):
+    """One request of a batch in flight."""
 
-    __slots__ = ("answer", "batcher", "cost", "handle", "held", "job", "part")
+    __slots__ = ("batcher", "cost", "held", "job", "part")
 
     def __init__(
         self, delay_ms: int, batcher: Batcher, job: _Job, part: Part, cost: float, held: bool
     ) -> None:
-        DelayedOperation.__init__(self, delay_ms)
+        Attempt.__init__(self, delay_ms)
         self.batcher = batcher
         self.job = job
         self.part = part
         self.cost = cost
         self.held = held
-        self.answer: tuple[bool, str | None, Reply | None] | None = None
-        self.handle: Any = None
-
-    @accepts_reply
-    def reply(self, ok: bool, error: str | None, reply: Reply | None = None) -> None:
-        self.answer = (ok, error, reply)
-        self.force_complete()
-
-    def started(self, handle: Any) -> None:
-        if handle is None or not hasattr(handle, "cancel"):
-            return
-        self.handle = handle
-        if self.answer is None and self.is_completed:
-            handle.cancel()
-
-    def try_complete(self) -> bool:
-        return self.answer is not None and self.force_complete()
 
     def on_complete(self) -> None:
         if self.answer is None and self.handle is not None:

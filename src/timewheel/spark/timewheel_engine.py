@@ -39,12 +39,13 @@ from functools import partial
 from typing import Any
 
 from ..execution import ExecuteProduceConsume, ProduceConsume, TaskQueue, ThreadPool
-from ..purgatory import DelayedOperation, Purgatory
+from ..purgatory import Purgatory
 from ..resources import Checkout, ResourceManager
 from ..timer import Timer, TimerTask
 from .admission import Admission, is_overload
+from .attempt import Attempt
 from .batch_engine import Batcher
-from .contract import Reply, accepts_reply, retry_after_of, row_keys
+from .contract import Reply, retry_after_of, row_keys
 from .engines import (
     FAILED,
     OK,
@@ -143,36 +144,15 @@ class _Row:
         self.deadline = 0.0
 
 
-class _Call(DelayedOperation):
-    """One attempt in flight: completed by the target's reply, expired at the timeout."""
+class _Call(Attempt):
+    """One attempt of a row in flight."""
 
-    __slots__ = ("answer", "handle", "partition", "row")
+    __slots__ = ("partition", "row")
 
     def __init__(self, delay_ms: int, row: _Row, partition: _Partition) -> None:
-        DelayedOperation.__init__(self, delay_ms)
+        Attempt.__init__(self, delay_ms)
         self.row = row
         self.partition = partition
-        self.answer: tuple[bool, str | None, Reply | None] | None = None
-        # What the target's submit returned: cancelled when the call times out.
-        self.handle: Any = None
-
-    @accepts_reply
-    def reply(self, ok: bool, error: str | None, reply: Reply | None = None) -> None:
-        """The target's ``on_done``: complete the call unless it already timed out."""
-        self.answer = (ok, error, reply)
-        self.force_complete()
-
-    def started(self, handle: Any) -> None:
-        """Keep the target's handle; cancel it now if the call timed out meanwhile."""
-        if handle is None or not hasattr(handle, "cancel"):
-            return
-        self.handle = handle
-        if self.answer is None and self.is_completed:
-            handle.cancel()
-
-    def try_complete(self) -> bool:
-        """Complete once the target has replied (a reply may come inside ``submit``)."""
-        return self.answer is not None and self.force_complete()
 
     def on_complete(self) -> None:
         """Queue the attempt's end for the partition's completion task.
