@@ -224,6 +224,10 @@ class HttpDownstream:
         self.header_secrets = secrets
         self._renews = any(not str(v.key).startswith("env:") for _, v in secrets)
         self.body = body
+        # The body's shape, the method's default resolved (read per request).
+        self._shape: str | Sequence[str] | Callable[[Mapping[str, Any]], Any] = (
+            ("none" if self.method in ("GET", "DELETE") else "row") if body is None else body
+        )
         self.params = _column_map("params", params)
         for name, _ in self.params:
             if _has_break(name):
@@ -276,19 +280,12 @@ class HttpDownstream:
     def for_batches(self) -> HttpDownstream:
         """This target, checked for batches (``dispatch(batch_size=N)`` calls it):
         ValueError when its requests have no body to hold the rows'."""
-        if self._body() == "none":
+        if self._shape == "none":
             raise ValueError(
                 f"batch_size > 1 needs requests with a body to hold the rows' bodies; "
                 f"{self!r} sends none (method {self.method}, body {self.body!r})"
             )
         return self
-
-    def _body(self) -> str | Sequence[str] | Callable[[Mapping[str, Any]], Any]:
-        """The body's shape, the method's default resolved."""
-        body = self.body
-        if body is None:
-            return "none" if self.method in ("GET", "DELETE") else "row"
-        return body
 
     def columns(self) -> tuple[str, ...]:
         """The columns the requests are made from: the URL's fields, params and header_cols."""
@@ -302,7 +299,7 @@ class HttpDownstream:
         """Of a row with ``columns``, those whose values make its request's method, URL,
         headers and body: two rows equal on them send the same request (the idempotency
         key aside). A body of the whole row, or made by a function, takes every column."""
-        body = self._body()
+        body = self._shape
         if body == "row" or callable(body):
             return tuple(columns)
         return self.columns()
@@ -358,7 +355,7 @@ class HttpDownstream:
 
     def _payload(self, row: Mapping[str, Any]) -> Any:
         """``row``'s body as a JSON value (``_NO_BODY`` for none)."""
-        body = self._body()
+        body = self._shape
         if body == "none":
             return _NO_BODY
         if body == "row":
