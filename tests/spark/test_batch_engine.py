@@ -8,6 +8,7 @@ part of the answer, whatever the service does to the batch.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -307,3 +308,83 @@ def test_the_simulated_downstream_takes_batches(keyed: bool) -> None:
         assert sim.overlaps == 0
     else:  # many rows per call: 40 full batches, each tried about 1.25 times
         assert sim.calls < 100
+
+
+class _Instant:
+    """Answers each batch inside ``submit_batch``: nothing of a call outlives it here."""
+
+    from timewheel.spark.batch_replies import ReplySplit
+
+    batch_reply = ReplySplit("[*]")
+
+    def for_batches(self) -> _Instant:
+        return self
+
+    def batch_part(self, row: dict[str, Any]) -> Any:
+        from timewheel.spark.batching import BatchPart
+
+        return BatchPart(None, row, None, row["id"])
+
+    def submit_batch(self, line: Any, payloads: list[Any], key: Any, on_done: Any) -> None:
+        from timewheel.spark.contract import Reply
+
+        on_done(True, None, Reply(200, "[" + ",".join(["{}"] * len(payloads)) + "]"))
+
+
+def _endless_run() -> tuple[Any, Any]:
+    """A batched run of endless rows, one outcome in: a batch of 1,000 answered, and the
+    minute of linger of the batch opened first still pending on the worker's timer."""
+    import itertools
+
+    cfg = DispatchConfig(timeout_ms=5000, max_in_flight=2, batch=BatchSettings(1000, 60_000))
+    run = timewheel_engine(({"id": i} for i in itertools.count()), _Instant(), cfg)
+    assert next(run).status == "ok"
+    batcher = run.gi_frame.f_locals["self"].batcher  # type: ignore[union-attr]
+    assert batcher.linger is not None
+    return run, batcher
+
+
+def _batches_in_child(queue: Any) -> None:
+    from timewheel.spark.targets import SimulatedDownstream
+
+    sim = SimulatedDownstream(1, 2, seed=2).for_batches()
+    cfg = DispatchConfig(timeout_ms=5000, batch=BatchSettings(10, 5))
+    queue.put(
+        sorted(o.status for o in timewheel_engine(iter([{"id": i} for i in range(25)]), sim, cfg))
+    )
+
+
+def test_a_batched_run_dropped_without_close_is_collected_and_leaves_no_timer() -> None:
+    import gc
+    import weakref
+
+    from timewheel.spark.timewheel_engine import _kit
+
+    run, batcher = _endless_run()
+    gone = weakref.ref(batcher)
+    del run, batcher
+    gc.collect()
+    done = threading.Event()  # the completions queued before the close have run
+    _kit().complete(done.set)
+    assert done.wait(10)
+    gc.collect()
+    assert gone() is None  # the generator's finally closed the partition and its Batcher
+    assert len(_kit().timer) == 0  # its linger timer went with it
+
+
+def test_a_fork_while_a_batch_lingers_batches_in_the_child() -> None:
+    import multiprocessing
+
+    run, batcher = _endless_run()
+    try:
+        ctx = multiprocessing.get_context("fork")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_batches_in_child, args=(queue,))
+        child.start()
+        assert queue.get(timeout=30) == ["ok"] * 25  # the child's own timer and loop
+        child.join(30)
+        assert child.exitcode == 0
+        assert batcher.linger is not None  # the parent's run is as it was
+    finally:
+        run.close()
+    assert batcher.linger is None

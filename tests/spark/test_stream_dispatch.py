@@ -128,3 +128,37 @@ def test_one_quota_holds_across_the_micro_batches(
     assert len(statuses) == FILES * PER_FILE
     assert len(service.seen.requests) == statuses.count("ok") == 150
     assert statuses.count("skipped") == FILES * PER_FILE - 150
+
+
+def _record_in_child(path: str, queue: Any) -> None:
+    from timewheel.spark.stream_record import record_of
+
+    record = record_of(path, "id")
+    queue.put((id(record), sorted(record.outcomes)))
+
+
+def test_a_forked_worker_reads_the_record_afresh_with_its_own_lock(tmp_path: Path) -> None:
+    import multiprocessing
+
+    import pyarrow as pa
+
+    from timewheel.spark.engines import RESULT_COLUMNS
+    from timewheel.spark.journal import JournalWriter
+    from timewheel.spark.stream_record import record_of
+
+    values = {"status": ["ok", "failed"], "attempts": [1, 1], "latency_ms": [1.0, 2.0]}
+    values.update(error=[None, "no"], http_status=[200, 400], response=["{}", "no"])
+    batch = pa.RecordBatch.from_pydict({"id": [1, 2], **{c: values[c] for c in RESULT_COLUMNS}})
+    writer = JournalWriter(str(tmp_path))
+    writer.write(batch)
+    writer.close()
+    parent = record_of(str(tmp_path), "id")
+    with parent.lock:  # held across the fork: the child's record has a lock of its own
+        ctx = multiprocessing.get_context("fork")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_record_in_child, args=(str(tmp_path), queue))
+        child.start()
+    made, ids = queue.get(timeout=30)
+    child.join(30)
+    assert child.exitcode == 0 and ids == [1, 2] and made != id(parent)
+    assert parent.get(2) == ("failed", 1, 2.0, "no", 400, "no")

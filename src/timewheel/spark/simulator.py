@@ -85,8 +85,14 @@ class _Delivery:
                 due = []
                 while self.heap and self.heap[0][0] <= now:
                     due.append(heapq.heappop(self.heap)[2])
-            for callback in due:
-                callback()  # never raises: _SimState.reply guards the user's callback
+            # In a call of its own, so that the thread does not keep the callbacks (and
+            # the callers' calls they hold) while it waits for the next.
+            _deliver(due)
+
+
+def _deliver(due: list[Callable[[], None]]) -> None:
+    for callback in due:
+        callback()  # never raises: _SimState.reply guards the user's callback
 
 
 # This process's delivery thread (one inherited through fork has no thread: a child
