@@ -119,3 +119,16 @@ def kill_lane(test: F) -> F:
         reason="a run killed and resumed, 30-80 s: run by .ci/kills (TIMEWHEEL_KILL_TESTS=1)",
     )
     return pytest.mark.kills(lane(test))  # type: ignore[no-any-return]
+
+
+def pipeline_cli(argv: list[str]) -> int:
+    """``timewheel pipeline ARGV`` in this process, as the command line runs it: its exit
+    status."""
+    import argparse
+
+    from timewheel.cli.pipeline import add_parser
+
+    parser = argparse.ArgumentParser(prog="timewheel")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["pipeline", *argv])
+    return int(args.func(args))

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from timewheel.cli.pipeline import add_parser
+from spark_fixtures import pipeline_cli
 from timewheel.cli.pipeline.options import (
     REAL_MAX_IN_FLIGHT,
     SIM_MAX_IN_FLIGHT,
@@ -28,18 +28,11 @@ from timewheel.spark.session import check_master, on_loopback
 pytestmark = pytest.mark.spark
 
 
-def run_cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="timewheel")
-    add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["pipeline", *argv])
-    return int(args.func(args))
-
-
 def test_generated_rows_end_to_end(
     spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
-    code = run_cli(
+    code = pipeline_cli(
         [
             "--generate",
             "3000",
@@ -86,7 +79,7 @@ def test_csv_input_with_key_columns(spark: Any, tmp_path: Path) -> None:
     csv = tmp_path / "transfers.csv"
     csv.write_text("txn,src,dst\n" + "".join(f"{i},{i % 5},{(i + 2) % 5}\n" for i in range(200)))
     out = tmp_path / "out"
-    code = run_cli(
+    code = pipeline_cli(
         [
             "--input",
             str(csv),
@@ -122,7 +115,7 @@ def test_csv_input_with_key_columns(spark: Any, tmp_path: Path) -> None:
 def test_bad_arguments_exit_2_with_a_message(
     spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], words: str
 ) -> None:
-    assert run_cli([*argv, "--output", str(tmp_path / "out")]) == 2
+    assert pipeline_cli([*argv, "--output", str(tmp_path / "out")]) == 2
     assert words in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -155,7 +148,7 @@ def test_rows_failing_past_max_failed_exit_1_with_the_output_written(
 ) -> None:
     out = tmp_path / "out"
     argv = sim_run(out, "--target", "sim://?pct50=1&pct75=2&failures=1", "--quiet")
-    assert run_cli(argv) == 1
+    assert pipeline_cli(argv) == 1
     err = capsys.readouterr().err
     assert err == (
         "timewheel pipeline: 400 of 400 rows failed or timed out, more than "
@@ -164,9 +157,9 @@ def test_rows_failing_past_max_failed_exit_1_with_the_output_written(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == {"ok": 0, "failed": 400, "timeout": 0, "skipped": 0}
     # A count works too, and 0 allows none.
-    assert run_cli([*argv, "--overwrite", "--max-failed", "400"]) == 0
+    assert pipeline_cli([*argv, "--overwrite", "--max-failed", "400"]) == 0
     ok_run = sim_run(out, "--overwrite", "--max-failed", "0", "--quiet")
-    assert run_cli(ok_run) == 0
+    assert pipeline_cli(ok_run) == 0
 
 
 def test_an_existing_output_is_refused_then_replaced_whole_with_overwrite(
@@ -175,12 +168,12 @@ def test_an_existing_output_is_refused_then_replaced_whole_with_overwrite(
     out = tmp_path / "out"
     out.mkdir()
     (out / "stale.txt").write_text("from an older run")
-    assert run_cli(sim_run(out)) == 2
+    assert pipeline_cli(sim_run(out)) == 2
     assert capsys.readouterr().err == (
         f"timewheel pipeline: error: --output {str(out)!r} exists; give --overwrite to replace it\n"
     )
     assert [p.name for p in out.iterdir()] == ["stale.txt"]
-    assert run_cli(sim_run(out, "--overwrite")) == 0
+    assert pipeline_cli(sim_run(out, "--overwrite")) == 0
     assert sorted(p.name for p in out.iterdir()) == [
         "latency.png",
         "manifest.json",
@@ -189,7 +182,7 @@ def test_an_existing_output_is_refused_then_replaced_whole_with_overwrite(
     ]
     # A re-run refused after Spark started (a bad id column) leaves the output as it was.
     before = (out / "summary.json").read_text()
-    assert run_cli(sim_run(out, "--overwrite", "--id-col", "nope")) == 2
+    assert pipeline_cli(sim_run(out, "--overwrite", "--id-col", "nope")) == 2
     assert (out / "summary.json").read_text() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
@@ -199,7 +192,7 @@ def test_partitions_splits_a_single_file(spark: Any, tmp_path: Path) -> None:
     csv.write_text("id,acct\n" + "".join(f"{i},{i % 7}\n" for i in range(300)))
     out = tmp_path / "out"
     argv = ["--input", str(csv), "--output", str(out), "--target", "sim://?pct50=1&pct75=2"]
-    assert run_cli([*argv, "--partitions", "3", "--quiet"]) == 0
+    assert pipeline_cli([*argv, "--partitions", "3", "--quiet"]) == 0
     assert json.loads((out / "summary.json").read_text())["rows"] == 300
 
 
@@ -208,7 +201,7 @@ def test_a_file_spark_cannot_read_is_one_line_exit_2(
 ) -> None:
     bogus = tmp_path / "rows.parquet"
     bogus.write_text("id\n1\n")
-    assert run_cli(["--input", str(bogus), "--output", str(tmp_path / "out")]) == 2
+    assert pipeline_cli(["--input", str(bogus), "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"timewheel pipeline: error: cannot read {str(bogus)!r} as parquet")
     assert err.count("\n") == 1
@@ -346,7 +339,7 @@ def test_dedupe_col_and_rate_in_the_summary(spark: Any, tmp_path: Path) -> None:
     csv.write_text("id,city\n" + "".join(f"{i},{i % 9 if i % 5 else ''}\n" for i in range(300)))
     out = tmp_path / "out"
     argv = ["--input", str(csv), "--output", str(out), "--target", "sim://?pct50=1&pct75=2"]
-    assert run_cli([*argv, "--dedupe-col", "city", "--rate", "2000", "--quiet"]) == 0
+    assert pipeline_cli([*argv, "--dedupe-col", "city", "--rate", "2000", "--quiet"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     # 240 rows name one of 9 cities: 231 of them shared another row's request.
     assert summary["rows"] == 300 and summary["requests_saved"] == 240 - 9
@@ -393,7 +386,7 @@ def test_a_spent_budget_exits_3_and_resume_finishes_with_a_new_one(
     out = tmp_path / "out"
     # Generated rows cost their amount (1 to 1000); 20,000 covers a few dozen of 400.
     base = sim_run(out, "--cost-col", "amount", "--rate", "5000", "--quiet")
-    assert run_cli([*base, "--budget", "20000"]) == 3
+    assert pipeline_cli([*base, "--budget", "20000"]) == 3
     err = capsys.readouterr().err
     summary = json.loads((out / "summary.json").read_text())
     skipped = summary["status"]["skipped"]
@@ -405,7 +398,7 @@ def test_a_spent_budget_exits_3_and_resume_finishes_with_a_new_one(
     spent = rows.filter("status = 'ok'").agg({"amount": "sum"}).first()[0]
     assert spent == pytest.approx(use["cost_spent"]) and spent <= 20000
     # Tomorrow's budget: only the skipped rows are sent, and every row is there once.
-    assert run_cli([*base, "--budget", "1e9", "--resume"]) == 0
+    assert pipeline_cli([*base, "--budget", "1e9", "--resume"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rows_sent"] == skipped and summary["status"]["ok"] == 400
     rows = spark.read.parquet(str(out / "rows"))
@@ -420,7 +413,7 @@ def test_a_dry_run_says_what_would_be_sent_and_sends_nothing(
     out = tmp_path / "out"
     argv = ["--input", str(csv), "--output", str(out), "--target", "sim://?pct50=1&pct75=2"]
     quota = ["--cost-col", "tokens", "--cost-rate", "60/min", "--budget", "10", "--quiet"]
-    assert run_cli([*argv, *quota, "--dedupe-col", "city", "--dry-run"]) == 0
+    assert pipeline_cli([*argv, *quota, "--dedupe-col", "city", "--dry-run"]) == 0
     report = json.loads(capsys.readouterr().out)
     # Ten cities, one request each; their tokens are 0, 1, 2, 0, 1, 2, 0, 1, 2, 0.
     assert (report["rows"], report["requests"], report["estimated_cost"]) == (300, 10, 9.0)
@@ -444,7 +437,7 @@ def test_bad_quota_options_exit_2_before_anything_is_sent(
     spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], words: str
 ) -> None:
     out = tmp_path / "out"
-    assert run_cli([*sim_run(out, "--quiet"), *extra]) == 2
+    assert pipeline_cli([*sim_run(out, "--quiet"), *extra]) == 2
     err = capsys.readouterr().err
     assert words in err and "pw" not in err
     assert not out.exists()
@@ -469,14 +462,16 @@ def test_a_tokens_quota_against_the_openai_stub_settles_what_each_call_cost(
         argv += ["--body-cols", "input", "--http-header", "Authorization: Bearer sk-test"]
         argv += ["--cost-col", "est", "--cost-rate", "600000/min", "--quiet"]
         out = tmp_path / "out"
-        assert run_cli([*argv, "--output", str(out), "--reply-cost", "usage.total_tokens"]) == 0
+        assert (
+            pipeline_cli([*argv, "--output", str(out), "--reply-cost", "usage.total_tokens"]) == 0
+        )
         use = json.loads((out / "summary.json").read_text())["quota_use"]
         assert use["cost_spent"] == pytest.approx(sum(tokens))
         assert (use["refused"], use["cost_unknown"], use["requests"]) == (0, 0, 200)
         assert stub.stats()["tokens"] == sum(tokens)
         # A path the answers do not have: every estimate stands, and the summary says so.
         out2 = tmp_path / "out2"
-        assert run_cli([*argv, "--output", str(out2), "--reply-cost", "usage.nope"]) == 0
+        assert pipeline_cli([*argv, "--output", str(out2), "--reply-cost", "usage.nope"]) == 0
         use = json.loads((out2 / "summary.json").read_text())["quota_use"]
         assert use["cost_unknown"] == 200
         assert use["cost_spent"] == pytest.approx(sum(len(t) // 5 for t in texts))
@@ -495,7 +490,7 @@ def test_a_quota_kept_in_redis_is_read_back_for_the_summary(
     try:
         out = tmp_path / "out"
         store = ["--quota-store", server.url, "--quota-name", "cli-job", "--quiet"]
-        assert run_cli([*sim_run(out, "--max-requests", "150", *store)]) == 3
+        assert pipeline_cli([*sim_run(out, "--max-requests", "150", *store)]) == 3
         summary = json.loads((out / "summary.json").read_text())
         ok = summary["status"]["ok"]
         assert 150 - 2 <= ok <= 150 and ok + summary["status"]["skipped"] == 400
@@ -522,7 +517,7 @@ def test_batches_of_texts_to_an_embeddings_stub_one_answer_per_row(
         argv += ["--batch-linger-ms", "5000", "--batch-body", '{"model": "m", "input": $rows}']
         argv += ["--batch-reply", "data[*].embedding", "--cost-col", "est"]
         argv += ["--cost-rate", "600000/min", "--reply-cost", "usage.total_tokens"]
-        assert run_cli(argv) == 0
+        assert pipeline_cli(argv) == 0
         summary = json.loads((out / "summary.json").read_text())
         assert summary["status"]["ok"] == 200
         batches = summary["batches"]
@@ -553,6 +548,6 @@ def test_batch_options_that_cannot_work_exit_2_before_anything_is_sent(
         ([*http, "--batch-max-cost", "10"], "give cost="),
     ]
     for extra, words in cases:
-        assert run_cli([*base, *extra]) == 2, extra
+        assert pipeline_cli([*base, *extra]) == 2, extra
         assert words in capsys.readouterr().err
         assert not out.exists()

@@ -17,8 +17,7 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pycurl")
 
 from http_fixtures import ScriptedService
-from spark_fixtures import kill_lane
-from timewheel.cli.pipeline import add_parser
+from spark_fixtures import kill_lane, pipeline_cli
 
 pytestmark = pytest.mark.spark
 
@@ -37,15 +36,6 @@ def land(folder: Path, n: int, first: int, rows: int = 50) -> None:
     tmp.rename(folder / f"part-{n}.csv")
 
 
-def run_cli(argv: list[str]) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="timewheel")
-    add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["pipeline", *argv])
-    return int(args.func(args))
-
-
 def test_once_sends_what_landed_and_a_run_again_only_what_is_new(
     spark: Any, service: ScriptedService, tmp_path: Path
 ) -> None:
@@ -55,10 +45,10 @@ def test_once_sends_what_landed_and_a_run_again_only_what_is_new(
     land(inp, 1, 50)
     argv = ["--stream", "--once", "--input", str(inp), "--output", str(out), "--quiet"]
     argv += ["--target", service.url, "--master", "local[2]"]
-    assert run_cli(argv) == 0
+    assert pipeline_cli(argv) == 0
     assert json.loads((out / "summary.json").read_text())["rows"] == 100
     land(inp, 2, 100)
-    assert run_cli(argv) == 0
+    assert pipeline_cli(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rows"] == 150 and summary["status"]["ok"] == 150
     assert [b["rows"] for b in summary["micro_batches"]] == [50]  # this run: the new file
@@ -120,5 +110,5 @@ def test_stream_options_that_cannot_work_exit_2(
     inp.mkdir()
     land(inp, 0, 0)
     argv = [a.replace("IN", str(inp)) for a in extra]
-    assert run_cli([*argv, "--output", str(tmp_path / "out"), "--quiet"]) == 2
+    assert pipeline_cli([*argv, "--output", str(tmp_path / "out"), "--quiet"]) == 2
     assert words in capsys.readouterr().err

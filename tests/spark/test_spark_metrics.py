@@ -22,12 +22,13 @@ from typing import Any
 
 import pytest
 
+from spark_fixtures import pipeline_cli
+
 pa = pytest.importorskip("pyarrow")  # the spark extra's
 
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from timewheel.cli.pipeline import add_parser  # noqa: E402
 from timewheel.cli.pipeline.metrics_endpoint import MetricsEndpoint  # noqa: E402
 from timewheel.cli.pipeline.options import metrics_port  # noqa: E402
 from timewheel.metrics.prometheus import register_collector  # noqa: E402
@@ -179,18 +180,11 @@ def test_metrics_port_values(capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(argparse.ArgumentTypeError, match="must be a port number from 0 to"):
             metrics_port(bad)
     with pytest.raises(SystemExit) as exit_:
-        run_cli(["--metrics-port", "70000"])
+        pipeline_cli(["--metrics-port", "70000"])
     assert exit_.value.code == 2
     assert "--metrics-port: must be a port number from 0 to 65535, got '70000'" in (
         capsys.readouterr().err
     )
-
-
-def run_cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="timewheel")
-    add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["pipeline", *argv])
-    return int(args.func(args))
 
 
 def test_a_port_in_use_is_refused_before_spark_starts(
@@ -200,7 +194,7 @@ def test_a_port_in_use_is_refused_before_spark_starts(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        code = run_cli(
+        code = pipeline_cli(
             ["--generate", "10", "--output", str(tmp_path / "out"), "--metrics-port", str(port)]
         )
     assert code == 2
@@ -260,7 +254,7 @@ def test_the_pipeline_serves_its_workers_counters_while_it_runs(
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        code = run_cli(
+        code = pipeline_cli(
             [
                 "--generate",
                 str(rows),
