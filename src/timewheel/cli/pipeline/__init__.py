@@ -141,15 +141,7 @@ def _run_locked(
     previous = check_output(out_dir, args.overwrite, args.resume)
     if previous is not None:  # before Spark starts
         check_resumable(out_dir, previous, run_identity(args, key_cols, fmt))
-    # A failed task's log is pages of traceback; the error that ends the run is printed in
-    # one line instead (all of it with --debug).
-    log_level = "WARN" if args.debug else "FATAL"
-    if args.remote is None:
-        spark, owned = spark_session(
-            args.master, "timewheel pipeline", args.conf, args.python, log_level
-        )
-    else:
-        spark, owned = connect_session(args.remote, args.conf)
+    spark, owned = _session(args, "timewheel pipeline")
     job = _Job(args, spark, target, max_in_flight, key_cols, out_dir)
     reports: WorkerReports | None = None
     try:
@@ -171,6 +163,16 @@ def _run_locked(
     return _report(args, out_dir, summary)
 
 
+def _session(args: argparse.Namespace, name: str) -> tuple[Any, bool]:
+    """The run's Spark session (Connect's with --remote), and whether the run owns it."""
+    if args.remote is not None:
+        return connect_session(args.remote, args.conf)
+    # A failed task's log is pages of traceback; the error that ends the run is printed in
+    # one line instead (all of it with --debug).
+    log_level = "WARN" if args.debug else "FATAL"
+    return spark_session(args.master, name, args.conf, args.python, log_level)
+
+
 def _run_stream(
     args: argparse.Namespace,
     out_dir: Path,
@@ -189,13 +191,7 @@ def _run_stream(
                 "another, or --overwrite to replace it"
             )
         shutil.rmtree(out_dir)
-    log_level = "WARN" if args.debug else "FATAL"
-    if args.remote is None:
-        spark, owned = spark_session(
-            args.master, "timewheel pipeline --stream", args.conf, args.python, log_level
-        )
-    else:
-        spark, owned = connect_session(args.remote, args.conf)
+    spark, owned = _session(args, "timewheel pipeline --stream")
     job = _Job(args, spark, target, max_in_flight, key_cols, out_dir)
     reports = None
     try:
