@@ -398,24 +398,23 @@ def _run(
         results = [
             run_engine(spark, df, engine, target, config, "id", service) for engine in engines
         ]
+
+        def also(name: str, engine: str, other: Any, **options: Any) -> None:
+            """Run ``engine`` against ``other`` (after its own warm-up) as row ``name``."""
+            if warmup > 0:
+                run_engine(spark, warm, engine, other, config, "id", **options)
+            got = run_engine(spark, df, engine, other, config, "id", **options)
+            results.append({**got, "engine": name})
+
         if args.reply_target:
-            reply = args.reply_schema
             replying = target_from_url(args.reply_target)
-            if warmup > 0:
-                run_engine(spark, warm, engines[0], replying, config, "id", reply_schema=reply)
-            got = run_engine(spark, df, engines[0], replying, config, "id", reply_schema=reply)
-            results.append({**got, "engine": f"{engines[0]}+replies"})
+            also(f"{engines[0]}+replies", engines[0], replying, reply_schema=args.reply_schema)
         if args.batch_target:
-            batch = (args.batch_size, args.batch_linger_ms)
             batching = target_from_url(args.batch_target)
-            if warmup > 0:
-                run_engine(spark, warm, engines[0], batching, config, "id", batch=batch)
-            got = run_engine(spark, df, engines[0], batching, config, "id", batch=batch)
-            results.append({**got, "engine": f"{engines[0]}+batch{args.batch_size}"})
+            batch = (args.batch_size, args.batch_linger_ms)
+            also(f"{engines[0]}+batch{args.batch_size}", engines[0], batching, batch=batch)
         if args.floor:
-            if warmup > 0:
-                run_engine(spark, warm, FLOOR, target, config, "id")
-            results.append(run_engine(spark, df, FLOOR, target, config, "id"))
+            also(FLOOR, FLOOR, target)
         if args.journal:
             from ...spark.journal import journal_rows
 
