@@ -28,6 +28,7 @@ from timewheel import Implementation, ManualClock, Purgatory, QueueingSource, Re
 from timewheel import metrics as tw_metrics
 from timewheel.metrics import METRICS, Metric
 from timewheel.purgatory import DelayedOperation
+from timewheel.cli.pipeline.stream import _Numbers as StreamNumbers
 from timewheel.spark.worker_metrics import WorkerMetrics
 from timewheel.timer import Timer
 
@@ -139,7 +140,13 @@ def workload() -> Iterator[Workload]:
     running.finish(("ok", "skipped"), (1, 0))
     ended.quota_refused, ended.cost_unknown = 2, 1
     ended.batch_requests, ended.rows_failed_alone = 3, 1
+    ended.rows_from_record = 2
     worker.end(ended)
+
+    # A pipeline --stream's driver: two micro-batches written, the last 1.5 s behind.
+    stream = StreamNumbers()
+    tw_metrics.register("spark_stream", stream, f"{name}-stream")
+    stream.values.update(micro_batches=2, rows=300, lag_seconds=1.5)
 
     cumulative, sum_ms = replay_lateness()
     lateness = (cumulative, sum_ms / 1000)
@@ -190,11 +197,15 @@ def workload() -> Iterator[Workload]:
         ("spark_engine", "cost_unknown"): (w, 1),
         ("spark_engine", "batch_requests"): (w, 3),
         ("spark_engine", "rows_failed_alone"): (w, 1),
+        ("spark_engine", "rows_from_record"): (w, 2),
         ("spark_engine", "rows_in_flight"): (w, 1),
+        ("spark_stream", "micro_batches"): (f"{name}-stream", 2),
+        ("spark_stream", "rows"): (f"{name}-stream", 300),
+        ("spark_stream", "lag_seconds"): (f"{name}-stream", 1.5),
     }
     with pytest.raises(TimeoutError, match="timed out"):
         waiting.result(timeout=0)
-    yield Workload(name, [purgatory, manager, source, ops, held, parked, worker], expected)
+    yield Workload(name, [purgatory, manager, source, ops, held, parked, worker, stream], expected)
     manager.checkin(held)
     manager.close()
     rm_purgatory.shutdown()

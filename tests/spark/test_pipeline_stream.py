@@ -52,9 +52,65 @@ def test_once_sends_what_landed_and_a_run_again_only_what_is_new(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rows"] == 150 and summary["status"]["ok"] == 150
     assert [b["rows"] for b in summary["micro_batches"]] == [50]  # this run: the new file
+    batch = summary["micro_batches"][0]
+    assert (batch["calls"], batch["from_record"]) == (50, 0)
+    assert 0 <= batch["lag_s"]["p50"] <= batch["lag_s"]["max"] == summary["lag_s"]["max"]
     ids = sorted(r["id"] for r in spark.read.parquet(str(out / "rows")).collect())
     assert ids == list(range(150))
     assert len(service.seen.requests) == 150 and set(service.seen.per_key.values()) == {1}
+
+
+def test_a_checkpoint_or_record_deleted_is_refused_before_anything_is_sent(
+    service: ScriptedService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    land(inp, 0, 0)
+    argv = ["--stream", "--once", "--input", str(inp), "--output", str(out), "--quiet"]
+    argv += ["--target", service.url, "--master", "local[2]"]
+    assert pipeline_cli(argv) == 0
+    land(inp, 1, 50)
+    assert pipeline_cli(argv) == 0  # micro-batches 0 and 1 done
+    land(inp, 2, 100)
+    (out / "record").rename(tmp_path / "record")
+    assert pipeline_cli(argv) == 2
+    assert "holds no micro-batch but the query is at micro-batch 2" in capsys.readouterr().err
+    (tmp_path / "record").rename(out / "record")
+    (out / "checkpoint").rename(tmp_path / "checkpoint")
+    assert pipeline_cli(argv) == 2
+    err = capsys.readouterr().err
+    assert "holds micro-batch 1 but the query is at micro-batch 0" in err
+    assert "give a new --output" in err
+    assert len(service.seen.requests) == 100  # the refused runs sent nothing
+
+
+def test_each_micro_batch_reaches_the_metrics_with_its_lag(spark: Any, tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from timewheel.cli.pipeline.stream import _Batches
+    from timewheel.metrics.prometheus import register_collector
+
+    registry = CollectorRegistry()
+    register_collector(registry)
+    out = tmp_path / "out"
+    # The file source's log in the checkpoint: micro-batch 3 read a file landed 20 s ago.
+    sources = out / "checkpoint" / "sources" / "0"
+    sources.mkdir(parents=True)
+    entry = {"path": "file:///in/x.csv", "timestamp": int((time.time() - 20) * 1000), "batchId": 3}
+    (sources / "3").write_text("v1\n" + json.dumps(entry) + "\n")
+    batches = _Batches(spark, out, None, quiet=True)
+    rows = [(i, "ok" if i % 5 else "failed") for i in range(10)]
+    batches(spark.createDataFrame(rows, "id long, status string"), 3)
+    done = batches.seen[0]
+    assert done["rows"] == 10 and done["status"]["failed"] == 2
+    assert 20 <= done["lag_s"]["max"] < 60
+    assert sorted(p.name for p in (out / "rows").iterdir()) == ["batch=3"]  # none left aside
+
+    def sample(name: str) -> Any:
+        return registry.get_sample_value(f"timewheel_spark_stream_{name}", {"name": "pipeline"})
+
+    assert (sample("micro_batches_total"), sample("rows_total")) == (1, 10)
+    assert abs(sample("lag_seconds") - done["lag_s"]["max"]) < 0.01
 
 
 @kill_lane

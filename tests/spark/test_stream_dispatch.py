@@ -3,6 +3,7 @@ row twice (local Spark, a real service on 127.0.0.1)."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,11 +30,10 @@ def service() -> Iterator[ScriptedService]:
     svc.close()
 
 
-def run_query(
-    spark: Any, inp: Path, sink: Path, ck: Path, target: Any, journal: str | None
-) -> None:
+def run_query(spark: Any, inp: Path, sink: Path, ck: Path, target: Any, journal: str | None) -> Any:
     """The files of ``inp`` through dispatch, one file a micro-batch, each batch's rows
-    written to ``sink/batch=N`` (overwritten when the batch runs again)."""
+    written to ``sink/batch=N`` (overwritten when the batch runs again); the query's
+    exception, if it failed."""
     schema = "id long, text string"
     stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(inp))
     out = dispatch(stream, target, id_col="id", journal=journal, timeout_ms=30_000)
@@ -47,15 +47,15 @@ def run_query(
         .trigger(availableNow=True)
         .start()
     )
-    assert query.awaitTermination(300) is not False
-    assert query.exception() is None
+    try:
+        assert query.awaitTermination(300) is not False
+    except Exception:  # the query failed: its exception says why
+        pass
+    return query.exception()
 
 
-@pytest.mark.parametrize("journalled", [True, False])
-def test_a_micro_batch_run_again_calls_no_row_twice(
-    spark: Any, service: ScriptedService, tmp_path: Path, journalled: bool
-) -> None:
-    inp, sink, ck = tmp_path / "in", tmp_path / "sink", tmp_path / "ck"
+def land_files(spark: Any, inp: Path) -> None:
+    """FILES parquet files of PER_FILE rows in ``inp``, ids 0 to FILES * PER_FILE - 1."""
     for f in range(FILES):
         rows = [(f * PER_FILE + i, f"t{f}-{i}") for i in range(PER_FILE)]
         spark.createDataFrame(rows, "id long, text string").coalesce(1).write.parquet(
@@ -65,16 +65,28 @@ def test_a_micro_batch_run_again_calls_no_row_twice(
     for f in range(FILES):
         for p in (inp / f"part{f}").glob("*.parquet"):
             p.rename(inp / f"file{f}.parquet")
-    target = HttpDownstream(service.url)
-    journal = str(tmp_path / "record") if journalled else None
-    run_query(spark, inp, sink, ck, target, journal)
-    assert len(service.seen.requests) == FILES * PER_FILE
-    # The driver died after the last micro-batch ran but before it was committed: the
-    # restarted query runs that batch again.
+
+
+def forget_last_commit(ck: Path) -> None:
+    """As a driver killed after the last micro-batch ran, before it was committed:
+    the query restarted from ``ck`` runs that micro-batch again."""
     last = max(int(p.name) for p in (ck / "commits").iterdir() if p.name.isdigit())
     (ck / "commits" / str(last)).unlink()
     (ck / "commits" / f".{last}.crc").unlink(missing_ok=True)
-    run_query(spark, inp, sink, ck, target, journal)
+
+
+@pytest.mark.parametrize("journalled", [True, False])
+def test_a_micro_batch_run_again_calls_no_row_twice(
+    spark: Any, service: ScriptedService, tmp_path: Path, journalled: bool
+) -> None:
+    inp, sink, ck = tmp_path / "in", tmp_path / "sink", tmp_path / "ck"
+    land_files(spark, inp)
+    target = HttpDownstream(service.url)
+    journal = str(tmp_path / "record") if journalled else None
+    assert run_query(spark, inp, sink, ck, target, journal) is None
+    assert len(service.seen.requests) == FILES * PER_FILE
+    forget_last_commit(ck)
+    assert run_query(spark, inp, sink, ck, target, journal) is None
     out = spark.read.parquet(str(sink)).collect()
     assert sorted(r["id"] for r in out) == list(range(FILES * PER_FILE))  # each row once
     assert {r["status"] for r in out} == {"ok"}
@@ -84,6 +96,36 @@ def test_a_micro_batch_run_again_calls_no_row_twice(
         assert set(service.seen.per_key.values()) == {1}
     else:  # without the record, every row of the batch is called again
         assert calls == (FILES + 1) * PER_FILE
+
+
+def test_a_checkpoint_or_a_record_lost_stops_the_query_before_a_second_call(
+    spark: Any, service: ScriptedService, tmp_path: Path
+) -> None:
+    inp, sink, ck, record = (tmp_path / d for d in ("in", "sink", "ck", "record"))
+    land_files(spark, inp)
+    target = HttpDownstream(service.url)
+    assert run_query(spark, inp, sink, ck, target, str(record)) is None
+    forget_last_commit(ck)
+    calls = len(service.seen.requests)
+    # The record deleted, the checkpoint kept: its last micro-batch would run again.
+    record.rename(tmp_path / "record-aside")
+    failed = run_query(spark, inp, sink, ck, target, str(record))
+    assert "holds no micro-batch but the query is at micro-batch 2" in str(failed)
+    shutil.rmtree(record)
+    (tmp_path / "record-aside").rename(record)
+    # The checkpoint deleted, the record kept: every file would be read again.
+    ck.rename(tmp_path / "ck-aside")
+    failed = run_query(spark, inp, sink, ck, target, str(record))
+    assert "holds micro-batch 2 but the query is at micro-batch 0" in str(failed)
+    assert len(service.seen.requests) == calls  # neither sent a row
+    # Together again, the query goes on: the re-run micro-batch comes from the record.
+    shutil.rmtree(ck)
+    (tmp_path / "ck-aside").rename(ck)
+    assert run_query(spark, inp, sink, ck, target, str(record)) is None
+    assert len(service.seen.requests) == calls
+    rerun = spark.read.parquet(str(sink / "batch=2")).collect()
+    assert sorted(r["id"] for r in rerun) == list(range(200, 300))
+    assert {r["status"] for r in rerun} == {"ok"}
 
 
 def test_a_record_belongs_to_one_query(tmp_path: Path) -> None:
@@ -108,12 +150,7 @@ def test_one_quota_holds_across_the_micro_batches(
     from timewheel.spark import Quota
 
     inp, sink, ck = tmp_path / "in", tmp_path / "sink", tmp_path / "ck"
-    for f in range(FILES):
-        rows = [(f * PER_FILE + i, "x") for i in range(PER_FILE)]
-        df = spark.createDataFrame(rows, "id long, text string").coalesce(1)
-        df.write.parquet(str(inp / f"part{f}"))
-        for p in (inp / f"part{f}").glob("*.parquet"):
-            p.rename(inp / f"file{f}.parquet")
+    land_files(spark, inp)
     stream = spark.readStream.schema("id long, text string").option("maxFilesPerTrigger", 1)
     quota = Quota(max_requests=150)  # one cap for the query's life, not per micro-batch
     out = dispatch(stream.parquet(str(inp)), HttpDownstream(service.url), id_col="id", quota=quota)
@@ -131,9 +168,9 @@ def test_one_quota_holds_across_the_micro_batches(
 
 
 def _record_in_child(path: str, queue: Any) -> None:
-    from timewheel.spark.stream_record import record_of
+    from timewheel.spark.stream_record import Recording, record_of
 
-    record = record_of(path, "id")
+    record = record_of(path, Recording("id", 100))
     queue.put((id(record), sorted(record.outcomes)))
 
 
@@ -144,7 +181,7 @@ def test_a_forked_worker_reads_the_record_afresh_with_its_own_lock(tmp_path: Pat
 
     from timewheel.spark.engines import RESULT_COLUMNS
     from timewheel.spark.journal import JournalWriter
-    from timewheel.spark.stream_record import record_of
+    from timewheel.spark.stream_record import Recording, record_of
 
     values = {"status": ["ok", "failed"], "attempts": [1, 1], "latency_ms": [1.0, 2.0]}
     values.update(error=[None, "no"], http_status=[200, 400], response=["{}", "no"])
@@ -152,7 +189,7 @@ def test_a_forked_worker_reads_the_record_afresh_with_its_own_lock(tmp_path: Pat
     writer = JournalWriter(str(tmp_path))
     writer.write(batch)
     writer.close()
-    parent = record_of(str(tmp_path), "id")
+    parent = record_of(str(tmp_path), Recording("id", 100))
     with parent.lock:  # held across the fork: the child's record has a lock of its own
         ctx = multiprocessing.get_context("fork")
         queue = ctx.Queue()
@@ -162,3 +199,77 @@ def test_a_forked_worker_reads_the_record_afresh_with_its_own_lock(tmp_path: Pat
     child.join(30)
     assert child.exitcode == 0 and ids == [1, 2] and made != id(parent)
     assert parent.get(2) == ("failed", 1, 2.0, "no", 400, "no")
+
+
+def _recorded(directory: Path, batch: int, ids: list[int], status: str = "ok") -> None:
+    """A task's record file of micro-batch ``batch`` answering ``ids``."""
+    import pyarrow as pa
+
+    from timewheel.spark.engines import RESULT_COLUMNS
+    from timewheel.spark.journal import JournalWriter
+    from timewheel.spark.stream_record import batch_prefix
+
+    n = len(ids)
+    values = {"status": [status] * n, "attempts": [1] * n, "latency_ms": [1.0] * n}
+    values.update(error=[None] * n, http_status=[200] * n, response=["{}"] * n)
+    writer = JournalWriter(str(directory), batch_prefix(batch))
+    writer.write(pa.RecordBatch.from_pydict({"id": ids, **{c: values[c] for c in RESULT_COLUMNS}}))
+    writer.close()
+
+
+def test_the_record_keeps_the_micro_batches_the_checkpoint_keeps(tmp_path: Path) -> None:
+    from timewheel.spark.stream_record import Record, _batch_of
+
+    record = Record(str(tmp_path), "id")
+    for batch in range(6):
+        record.begin(batch, retain=2)
+        _recorded(tmp_path, batch, [batch * 10, batch * 10 + 1])
+        record.refresh()
+    # At micro-batch 5, those of 3 and before are gone from the disk and from memory.
+    assert sorted(record.outcomes) == [40, 41, 50, 51]
+    kept = sorted((p.suffix, _batch_of(p.name)) for p in tmp_path.iterdir())
+    assert kept == [("", 4), ("", 5), (".arrow", 4), (".arrow", 5)]  # marks and files
+    # An id recorded again later keeps its later outcome when the earlier file goes.
+    record.begin(6, retain=2)
+    _recorded(tmp_path, 6, [50], status="failed")
+    record.refresh()
+    record.begin(7, retain=2)
+    record.refresh()
+    assert record.get(50) is not None and record.get(50)[0] == "failed"
+    assert record.get(51) is None and record.get(60) is None
+
+
+def test_a_record_and_a_checkpoint_that_no_longer_belong_together_send_nothing(
+    tmp_path: Path,
+) -> None:
+    from timewheel.spark.stream_record import Record
+
+    Record(str(tmp_path), "id").begin(0, retain=100)
+    Record(str(tmp_path), "id").begin(1, retain=100)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(ValueError, match="holds micro-batch 1 but the query is at micro-batch 0"):
+        Record(str(tmp_path), "id").begin(0, retain=100)  # a checkpoint made anew
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="holds no micro-batch but the query is at micro-batch 3"):
+        Record(str(empty), "id").begin(3, retain=100)  # a record deleted under its query
+    assert list(empty.iterdir()) == []
+
+
+def test_the_record_keeps_what_the_session_checkpoints_keep(spark: Any) -> None:
+    from timewheel.spark.stream_record import CHECKPOINT_RETAINS, retain_batches
+
+    key = "spark.sql.streaming.minBatchesToRetain"
+    had = spark.conf.get(key, None)
+    try:
+        spark.conf.unset(key)
+        assert retain_batches(spark, None) == CHECKPOINT_RETAINS
+        spark.conf.set(key, "7")
+        assert retain_batches(spark, None) == 7
+    finally:
+        spark.conf.unset(key) if had is None else spark.conf.set(key, had)
+    assert retain_batches(spark, 3) == 3
+    for bad, error in [(0, ValueError), (True, TypeError), (2.0, TypeError), (10**12, ValueError)]:
+        with pytest.raises(error, match="journal_retain_batches"):
+            retain_batches(spark, bad)

@@ -47,7 +47,15 @@ from .journal import FLUSH_ROWS, FLUSH_S, JournalWriter
 from .quota import Quota
 from .quota_job import check_quota, place_quota
 from .replies import REPLY_COLUMN, ReplyParser, reply_struct
-from .stream_record import answered_once, claim_record, record_of
+from .stream_record import (
+    Recording,
+    answered_once,
+    batch_prefix,
+    claim_record,
+    record_of,
+    retain_batches,
+    task_batch,
+)
 from .timewheel_engine import timewheel_engine
 from .worker_metrics import PartitionCounts, worker_metrics
 
@@ -195,7 +203,7 @@ class _PartitionDispatch:
         reply: StructType | None = None,
         dedupe_col: str | None = None,
         journal: str | None = None,
-        record_id: str | None = None,
+        recording: Recording | None = None,
     ) -> None:
         self.engine = engine
         self.target = target
@@ -204,8 +212,8 @@ class _PartitionDispatch:
         self.reply = reply
         self.dedupe_col = dedupe_col
         self.journal = journal
-        # On a stream: the id column by which the journal's record is looked up first.
-        self.record_id = record_id
+        # On a stream: how the journal is kept as the record looked up first.
+        self.recording = recording
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         engine = self.engine
@@ -231,12 +239,16 @@ class _PartitionDispatch:
         def sent(rows: Iterable[dict[str, Any]]) -> Iterator[Outcome]:
             return run(rows) if self.dedupe_col is None else sent_once(rows, self.dedupe_col, run)
 
-        if self.record_id is not None and self.journal is not None:
-            outcomes = answered_once(rows(), record_of(self.journal, self.record_id), sent)
+        prefix = ""
+        if self.recording is not None and self.journal is not None:
+            batch = task_batch()
+            prefix = batch_prefix(batch)
+            record = record_of(self.journal, self.recording, batch)
+            outcomes = answered_once(rows(), record, sent, counts)
         else:
             outcomes = sent(rows())
         out: list[Outcome] = []
-        journal = None if self.journal is None else JournalWriter(self.journal)
+        journal = None if self.journal is None else JournalWriter(self.journal, prefix)
         # With a journal, smaller batches (by rows and by age), each committed before
         # Spark gets it; without one, only the clock-free row count.
         cap = _OUT_BATCH_ROWS if journal is None else FLUSH_ROWS
@@ -381,6 +393,7 @@ def dispatch(
     engine: Engine | None = None,
     worker_reports: Accumulator[Any] | None = None,
     journal: str | None = None,
+    journal_retain_batches: int | None = None,
     quota: Quota | None = None,
     cost: str | Callable[[dict[str, Any]], float] | None = None,
     reply_cost: str | Callable[[Any], float] | None = None,
@@ -453,6 +466,8 @@ def dispatch(
     streaming ``df`` it is also the record each task looks a row up in before sending
     it: a micro-batch that runs again sends none of the rows already answered, and they
     come back with their recorded outcome (see :mod:`timewheel.spark.stream_record`).
+    It keeps the last ``journal_retain_batches`` micro-batches (default: as many as the
+    checkpoint keeps, ``spark.sql.streaming.minBatchesToRetain``).
     ``worker_reports``: the accumulator of a
     :class:`~timewheel.spark.worker_metrics.WorkerReports`, given each partition's
     ``spark_engine`` counts under its worker's name when the partition ends, for a
@@ -491,12 +506,15 @@ def dispatch(
         )
     if not isinstance(dedupe_requests, bool):
         raise TypeError(f"dedupe_requests must be True or False, got {dedupe_requests!r}")
-    kept = record_id = None
+    kept = recording = None
     if df.isStreaming and journal is not None:
         # A record of the rows answered, looked up before each is sent: a micro-batch
         # that runs again calls none of them twice (see stream_record).
+        retain = retain_batches(df.sparkSession, journal_retain_batches)
         claim_record(journal, id_col, target, df.columns)
-        record_id = id_col
+        recording = Recording(id_col, retain)
+    elif journal_retain_batches is not None:
+        raise ValueError("journal_retain_batches is for a stream with a journal")
     if resume_from is not None:
         if df.isStreaming:
             raise ValueError("resume_from is for batch jobs: a stream resumes from its journal")
@@ -530,7 +548,7 @@ def dispatch(
         df = df.sortWithinPartitions(dedupe_col)
     result = df.mapInArrow(
         _PartitionDispatch(
-            engine, target, config, worker_reports, reply, dedupe_col, journal, record_id
+            engine, target, config, worker_reports, reply, dedupe_col, journal, recording
         ),
         output_schema(df.schema, reply),
     )

@@ -80,15 +80,16 @@ class JournalWriter:
     """One task's journal file: every batch written whole to the file descriptor as it
     comes (no buffer in this process, so a killed worker loses no written batch)."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, prefix: str = "") -> None:
         self.directory = directory
+        self.prefix = prefix  # the start of the file's name
         self._fd = -1
         self._path = ""
 
     def write(self, batch: pa.RecordBatch) -> None:
         if self._fd < 0:
             os.makedirs(self.directory, exist_ok=True)
-            path = os.path.join(self.directory, f"{uuid.uuid4().hex}.arrow")
+            path = os.path.join(self.directory, f"{self.prefix}{uuid.uuid4().hex}.arrow")
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
             self._path = path
             try:

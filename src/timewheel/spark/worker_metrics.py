@@ -42,7 +42,15 @@ KIND = "spark_engine"
 _FINISHED = tuple(f"rows_{status}" for status in STATUSES)
 _QUOTA = ("quota_refused", "cost_unknown")
 _BATCHES = ("batch_requests", "rows_failed_alone")
-_COUNTERS = ("partitions", "rows_admitted", *_FINISHED, "retries", *_QUOTA, *_BATCHES)
+_COUNTERS = (
+    "partitions",
+    "rows_admitted",
+    *_FINISHED,
+    "retries",
+    *_QUOTA,
+    *_BATCHES,
+    "rows_from_record",
+)
 
 Counts = dict[str, int]
 
@@ -125,6 +133,14 @@ metrics.define(
         ),
         metrics.Metric(
             KIND,
+            "rows_from_record",
+            "counter",
+            "rows",
+            "Rows of a stream answered from its record, unsent (a micro-batch run again).",
+            "rows_from_record",
+        ),
+        metrics.Metric(
+            KIND,
             "rows_in_flight",
             "gauge",
             "rows",
@@ -148,6 +164,7 @@ class PartitionCounts:
         "quota_refused",
         "retries",
         "rows_failed_alone",
+        "rows_from_record",
     )
 
     def __init__(self) -> None:
@@ -160,6 +177,8 @@ class PartitionCounts:
         # Set by the partition's batcher when it closes (see batch_engine).
         self.batch_requests = 0
         self.rows_failed_alone = 0
+        # Set by a stream's record as it answers rows (see stream_record).
+        self.rows_from_record = 0
 
     def finish(self, statuses: Sequence[str], attempts: Sequence[int]) -> None:
         """Count a batch of finished rows from its status and attempts columns, in C loops
@@ -180,6 +199,7 @@ class PartitionCounts:
             "cost_unknown": self.cost_unknown,
             "batch_requests": self.batch_requests,
             "rows_failed_alone": self.rows_failed_alone,
+            "rows_from_record": self.rows_from_record,
         }
 
 

@@ -33,7 +33,7 @@ from .output import (
     unlock_output,
 )
 from .sessions import check_remote, connect_session
-from .stream import check_stream_args, run_stream
+from .stream import check_checkpoint, check_stream_args, run_stream
 
 __all__ = ["add_parser", "main"]
 
@@ -129,7 +129,7 @@ def _run_locked(
     from ...spark.worker_metrics import WorkerReports
 
     if args.stream:
-        return _run_stream(args, out_dir, target, max_in_flight, key_cols, report_workers)
+        return _run_stream(args, out_dir, target, max_in_flight, key_cols)
     recovered = recover_publish(out_dir)
     if recovered is not None:
         line, complete = recovered
@@ -179,23 +179,24 @@ def _run_stream(
     target: Any,
     max_in_flight: int,
     key_cols: list[str],
-    report_workers: bool,
 ) -> int:
     """``--stream``: the query on its own session; the exit status its rows call for."""
     from ...spark.worker_metrics import WorkerReports
 
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "checkpoint").is_dir():
+    ours = (out_dir / "checkpoint").is_dir() or (out_dir / "record").is_dir()
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not ours:
         if not args.overwrite:
             raise UsageError(
                 f"--output {str(out_dir)!r} exists and is not a stream's output; give "
                 "another, or --overwrite to replace it"
             )
         shutil.rmtree(out_dir)
+    check_checkpoint(out_dir)
     spark, owned = _session(args, "timewheel pipeline --stream")
     job = _Job(args, spark, target, max_in_flight, key_cols, out_dir)
     reports = None
     try:
-        if report_workers or (args.batch_size > 1 and not job.connect):
+        if not job.connect:  # the calls of each micro-batch (Connect has no accumulators)
             reports = WorkerReports(spark.sparkContext)
         summary = run_stream(args, job, out_dir, reports)
     finally:

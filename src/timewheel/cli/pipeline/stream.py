@@ -16,15 +16,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+from ... import metrics
 from ...spark.engines import STATUSES
 from .errors import UsageError, _note, one_line
 from .summary import failure_budget
 
-__all__ = ["STREAM_FORMATS", "check_stream_args", "run_stream", "stream_format"]
+__all__ = [
+    "STREAM_FORMATS",
+    "STREAM_KIND",
+    "check_checkpoint",
+    "check_stream_args",
+    "landed",
+    "run_stream",
+    "stream_format",
+]
 
 #: The formats a stream reads, by the files' names.
 STREAM_FORMATS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json"}
@@ -80,36 +90,152 @@ def _reader(reader: Any, fmt: str) -> Any:
     return reader.option("header", True).csv if fmt == "csv" else getattr(reader, fmt)
 
 
-class _Batches:
-    """The query's ``foreachBatch``: each micro-batch written whole, then counted."""
+#: The metric kind of a running ``--stream``, ``timewheel_spark_stream_*``.
+STREAM_KIND = "spark_stream"
+metrics.define(
+    STREAM_KIND,
+    lambda numbers: dict(numbers.values),
+    [
+        metrics.Metric(
+            STREAM_KIND,
+            "micro_batches",
+            "counter",
+            "micro-batches",
+            "Micro-batches of a timewheel pipeline --stream written to its output.",
+            "micro_batches",
+        ),
+        metrics.Metric(
+            STREAM_KIND,
+            "rows",
+            "counter",
+            "rows",
+            "Rows of a timewheel pipeline --stream written to its output.",
+            "rows",
+        ),
+        metrics.Metric(
+            STREAM_KIND,
+            "lag_seconds",
+            "gauge",
+            "seconds",
+            "The last micro-batch's longest lag: from a file landing to its rows written.",
+            "lag_seconds",
+        ),
+    ],
+)
 
-    def __init__(self, spark: Any, rows: Path, quiet: bool) -> None:
+
+def landed(sources: Path, batch_id: int) -> list[float]:
+    """When the files of micro-batch ``batch_id`` landed (their modification times, in
+    seconds), from the file source's log in the checkpoint; [] when it does not say."""
+    times: list[float] = []
+    for name in (f"{batch_id}", f"{batch_id}.compact"):
+        try:
+            lines = (sources / name).read_text().splitlines()[1:]  # after the version
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                entry = json.loads(line)
+                if entry["batchId"] == batch_id:
+                    times.append(entry["timestamp"] / 1000)
+            except (ValueError, KeyError, TypeError):
+                continue
+        return times
+    return times
+
+
+def _quantiles(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+
+    return {"p50": at(0.5), "p99": at(0.99), "max": round(ordered[-1], 3)}
+
+
+class _Numbers:
+    """What a running ``--stream`` shows the exporters (registered while it runs)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {"micro_batches": 0, "rows": 0, "lag_seconds": 0.0}
+        metrics.register(STREAM_KIND, self, "pipeline")
+
+
+class _Batches:
+    """The query's ``foreachBatch``: each micro-batch written whole (aside, then moved in
+    place of what a run before wrote of it), counted, and its lag measured."""
+
+    def __init__(self, spark: Any, out_dir: Path, reports: Any, quiet: bool) -> None:
         self.spark = spark
-        self.rows = rows
+        self.rows = out_dir / "rows"
+        self.sources = out_dir / "checkpoint" / "sources" / "0"
+        self.reports = reports  # WorkerReports, for the calls (None on Connect)
         self.quiet = quiet
         self.seen: list[dict[str, Any]] = []
+        self.lags: list[float] = []  # every landed file's lag, this run
+        # Dropped when the run ends (Spark may hold this object longer).
+        self.numbers: _Numbers | None = _Numbers()
+
+    def _engine(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        if self.reports is not None:
+            for counts in self.reports.workers().values():
+                for key in ("rows_admitted", "rows_from_record", "retries", "batch_requests"):
+                    totals[key] = totals.get(key, 0) + counts[key]
+        return totals
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         start = time.monotonic()
+        before = self._engine()
         path = self.rows / f"batch={batch_id}"
-        batch.write.mode("overwrite").parquet(str(path))
+        # Written aside first: a micro-batch that fails leaves what a run before wrote.
+        aside = self.rows / f"_writing-batch={batch_id}"
+        shutil.rmtree(aside, ignore_errors=True)
+        batch.write.parquet(str(aside))
+        shutil.rmtree(path, ignore_errors=True)
+        aside.rename(path)
+        now = time.time()
+        lags = [now - t for t in landed(self.sources, batch_id)]
         # Read back: counting the batch itself would compute it, and call, again.
         written = self.spark.read.parquet(str(path)).groupBy("status").count().collect()
         counts = {status: 0 for status in STATUSES}
         counts.update({r["status"]: r["count"] for r in written})
-        done = {
-            "batch": batch_id,
-            "rows": sum(counts.values()),
-            "status": counts,
-            "seconds": round(time.monotonic() - start, 3),
-        }
+        done: dict[str, Any] = {"batch": batch_id, "rows": sum(counts.values()), "status": counts}
+        if self.reports is not None:
+            after = self._engine()
+            delta = {k: after[k] - before.get(k, 0) for k in after}
+            done["from_record"] = delta["rows_from_record"]
+            sent = delta["rows_admitted"] - delta["rows_from_record"]
+            done["calls"] = delta["batch_requests"] or sent + delta["retries"]
+        done["lag_s"] = _quantiles(lags)
+        done["seconds"] = round(time.monotonic() - start, 3)
         self.seen.append(done)
+        self.lags.extend(lags)
+        if self.numbers is not None:
+            values = self.numbers.values
+            values["micro_batches"] += 1
+            values["rows"] += done["rows"]
+            values["lag_seconds"] = max(lags, default=0.0)
         if not self.quiet:
-            _note(
-                f"micro-batch {batch_id}: {done['rows']:,} rows, "
-                + ", ".join(f"{k} {v:,}" for k, v in counts.items() if v)
-                + f" ({done['seconds']:.1f} s)"
-            )
+            _note(_line(done))
+
+
+def _line(done: dict[str, Any]) -> str:
+    """A micro-batch's line: its rows, statuses, calls and lag."""
+    parts = [f"{k} {v:,}" for k, v in done["status"].items() if v]
+    if "calls" in done:
+        parts.append(f"{done['calls']:,} calls")
+        if done["from_record"]:
+            parts.append(f"{done['from_record']:,} answered from the record")
+    if done["lag_s"] is not None:
+        parts.append(f"lag {done['lag_s']['max']:.1f} s")
+    return (
+        f"micro-batch {done['batch']}: {done['rows']:,} rows, "
+        + ", ".join(parts)
+        + f" ({done['seconds']:.1f} s)"
+    )
 
 
 def run_stream(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) -> dict[str, Any]:
@@ -124,8 +250,8 @@ def run_stream(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) 
         raise UsageError(f"cannot read {args.input!r} as {fmt}: {one_line(exc)}") from exc
     stream = _reader(spark.readStream.schema(schema), fmt)(args.input)
     out_dir.mkdir(parents=True, exist_ok=True)
-    out = job.dispatch(stream, reports, out_dir / "record")
-    batches = _Batches(spark, out_dir / "rows", args.quiet)
+    out = job.dispatch(stream, None if reports is None else reports.accumulator, out_dir / "record")
+    batches = _Batches(spark, out_dir, reports, args.quiet)
     writer = out.writeStream.foreachBatch(batches).option(
         "checkpointLocation", str(out_dir / "checkpoint")
     )
@@ -145,18 +271,47 @@ def run_stream(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) 
         finally:
             if query.isActive:
                 query.stop()
+            batches.numbers = None  # off the exporters
         # A signal's cancelling ends the micro-batch in progress: it is left for the
         # next run (its rows already answered are in the record), not a failure.
+        if failure is not None and job.signalled is None:
+            raise RuntimeError(f"the stream failed: {one_line(failure)}") from failure
+        try:
+            summary = _summary(spark, out_dir, batches, time.monotonic() - start, args)
+            (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        except Exception:
+            if job.signalled is None:
+                raise
+            # Stopped: the summary's own job may have been cancelled too; none written.
         job.raise_if_signalled()
-    if failure is not None:
-        raise RuntimeError(f"the stream failed: {one_line(failure)}") from failure
-    summary = _summary(spark, out_dir, batches.seen, time.monotonic() - start, args)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
+def check_checkpoint(out_dir: Path) -> None:
+    """UsageError, before the query starts, when ``out_dir``'s checkpoint and record of
+    answered rows no longer belong together (one of them deleted): a micro-batch run
+    again would call its rows twice (see :func:`~timewheel.spark.stream_record.check_together`)."""
+    from ...spark.stream_record import check_together
+
+    def batches(name: str) -> set[int]:
+        folder = out_dir / "checkpoint" / name
+        found = folder.iterdir() if folder.is_dir() else ()
+        return {int(p.name) for p in found if p.name.isdigit()}
+
+    offsets = batches("offsets")
+    # The micro-batch the query runs next: the last one again, unless it was committed.
+    at = 0 if not offsets else max(offsets) + (max(offsets) in batches("commits"))
+    try:
+        check_together(str(out_dir / "record"), at)
+    except ValueError as exc:
+        raise UsageError(
+            f"--output {str(out_dir)!r}: {exc}. To start over, give a new --output "
+            "(every row is then sent again)"
+        ) from None
+
+
 def _summary(
-    spark: Any, out_dir: Path, seen: list[dict[str, Any]], elapsed: float, args: Any
+    spark: Any, out_dir: Path, batches: _Batches, elapsed: float, args: Any
 ) -> dict[str, Any]:
     counts = {status: 0 for status in STATUSES}
     rows_dir = out_dir / "rows"
@@ -169,7 +324,8 @@ def _summary(
         "input": args.input,
         "rows": rows,
         "status": counts,
-        "micro_batches": seen,
+        "micro_batches": batches.seen,
+        "lag_s": _quantiles(batches.lags),
         "elapsed_s": round(elapsed, 3),
         "max_failed_rows": failure_budget(args.max_failed, rows),
     }
