@@ -74,7 +74,7 @@ def test_a_checkpoint_or_record_deleted_is_refused_before_anything_is_sent(
     land(inp, 2, 100)
     (out / "record").rename(tmp_path / "record")
     assert pipeline_cli(argv) == 2
-    assert "holds no micro-batch but the query is at micro-batch 2" in capsys.readouterr().err
+    assert "checkpoint is at micro-batch 2 but its record of answered" in capsys.readouterr().err
     (tmp_path / "record").rename(out / "record")
     (out / "checkpoint").rename(tmp_path / "checkpoint")
     assert pipeline_cli(argv) == 2
@@ -96,9 +96,10 @@ def test_each_micro_batch_reaches_the_metrics_with_its_lag(spark: Any, tmp_path:
     # The file source's log in the checkpoint: micro-batch 3 read a file landed 20 s ago.
     sources = out / "checkpoint" / "sources" / "0"
     sources.mkdir(parents=True)
+    (out / "record").mkdir()
     entry = {"path": "file:///in/x.csv", "timestamp": int((time.time() - 20) * 1000), "batchId": 3}
     (sources / "3").write_text("v1\n" + json.dumps(entry) + "\n")
-    batches = _Batches(spark, out, None, quiet=True)
+    batches = _Batches(out, None, quiet=True)
     rows = [(i, "ok" if i % 5 else "failed") for i in range(10)]
     batches(spark.createDataFrame(rows, "id long, status string"), 3)
     done = batches.seen[0]

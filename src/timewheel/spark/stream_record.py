@@ -22,11 +22,13 @@ micro-batch in a worker marks it (an empty ``at-0000000042``) and removes the fi
 marks of the micro-batches ``retain`` or more before it (:meth:`Record.begin`; by
 default ``retain`` is Spark's ``spark.sql.streaming.minBatchesToRetain``, 100: Spark
 cannot run again a micro-batch older than that from its checkpoint). The marks tell
-when the record and the checkpoint no longer belong together, and the task refuses to
-send rather than call rows twice unseen: a query at a micro-batch older than the
-record's newest (its checkpoint was deleted or replaced) or a record that holds nothing
-while the query is past its first micro-batch (the record was deleted, or is new to a
-query with a history).
+when the checkpoint no longer belongs with the record: a task of a query at a
+micro-batch older than the record's newest (its checkpoint was deleted or replaced)
+refuses to send rather than call rows twice unseen. The other way round, a record
+deleted under a checkpoint that goes on, cannot be told in a task from a record whose
+first micro-batches ran no task of this dispatch (empty ones, a filter):
+``timewheel pipeline --stream``, which knows its checkpoint, refuses that before the
+query starts.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ __all__ = [
     "batches_recorded",
     "check_together",
     "claim_record",
+    "mark",
     "record_of",
     "retain_batches",
     "task_batch",
@@ -181,7 +184,7 @@ class Record:
             if self._begun == batch:
                 return
             if batch not in marks:
-                (self.directory / f"{_MARK}{batch:010d}").touch()
+                mark(str(self.directory), batch)
             for name in os.listdir(self.directory):
                 old = _batch_of(name)
                 if old is not None and old <= batch - retain:
@@ -249,26 +252,24 @@ def batches_recorded(directory: str) -> list[int]:
 def check_together(directory: str, batch: int) -> list[int]:
     """ValueError unless a query at micro-batch ``batch`` may use the record in
     ``directory``: not when the record holds a later micro-batch (the query's checkpoint
-    was deleted or replaced), nor when it holds none and the query is past its first
-    (the record was deleted, or is new to a query with a history). The record's
-    micro-batches otherwise."""
+    was deleted or replaced, and the rows the record no longer holds would be sent
+    again). The record's micro-batches otherwise."""
     marks = batches_recorded(directory)
-    where = f"journal {directory!r}"
     if marks and marks[-1] > batch:
         raise ValueError(
-            f"{where} holds micro-batch {marks[-1]} but the query is at micro-batch "
-            f"{batch}: its checkpoint was deleted or replaced, and rows the record "
-            "no longer holds would be sent again. Give the query a new journal "
+            f"journal {directory!r} holds micro-batch {marks[-1]} but the query is at "
+            f"micro-batch {batch}: its checkpoint was deleted or replaced, and rows the "
+            "record no longer holds would be sent again. Give the query a new journal "
             "with a new checkpoint, or its own checkpoint back"
         )
-    if not marks and batch > 0:
-        raise ValueError(
-            f"{where} holds no micro-batch but the query is at micro-batch {batch}: "
-            "the record was deleted, or is new to a query that ran without it, and "
-            "rows of a micro-batch that runs again would be sent twice. A record "
-            "starts with its query: give a new checkpoint with it"
-        )
     return marks
+
+
+def mark(directory: str, batch: int) -> None:
+    """Mark micro-batch ``batch`` begun in the record in ``directory``."""
+    path = Path(directory) / f"{_MARK}{batch:010d}"
+    if not path.exists():
+        path.touch()
 
 
 def record_of(directory: str, recording: Recording, batch: int | None = None) -> Record:

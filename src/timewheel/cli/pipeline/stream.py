@@ -18,6 +18,7 @@ import argparse
 import json
 import shutil
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -167,9 +168,9 @@ class _Batches:
     """The query's ``foreachBatch``: each micro-batch written whole (aside, then moved in
     place of what a run before wrote of it), counted, and its lag measured."""
 
-    def __init__(self, spark: Any, out_dir: Path, reports: Any, quiet: bool) -> None:
-        self.spark = spark
+    def __init__(self, out_dir: Path, reports: Any, quiet: bool) -> None:
         self.rows = out_dir / "rows"
+        self.record = out_dir / "record"
         self.sources = out_dir / "checkpoint" / "sources" / "0"
         self.reports = reports  # WorkerReports, for the calls (None on Connect)
         self.quiet = quiet
@@ -187,7 +188,14 @@ class _Batches:
         return totals
 
     def __call__(self, batch: Any, batch_id: int) -> None:
+        import pyarrow.parquet as pq
+
+        from ...spark.stream_record import mark
+
         start = time.monotonic()
+        # Marked from here too: a micro-batch whose tasks sent nothing is marked all the
+        # same, so a checkpoint replaced later is told by check_checkpoint.
+        mark(str(self.record), batch_id)
         before = self._engine()
         path = self.rows / f"batch={batch_id}"
         # Written aside first: a micro-batch that fails leaves what a run before wrote.
@@ -198,10 +206,10 @@ class _Batches:
         aside.rename(path)
         now = time.time()
         lags = [now - t for t in landed(self.sources, batch_id)]
-        # Read back: counting the batch itself would compute it, and call, again.
-        written = self.spark.read.parquet(str(path)).groupBy("status").count().collect()
+        # Read back (its status column, in this process: no Spark job), as counting the
+        # batch itself would compute it, and call, again.
         counts = {status: 0 for status in STATUSES}
-        counts.update({r["status"]: r["count"] for r in written})
+        counts.update(Counter(pq.read_table(path, columns=["status"])["status"].to_pylist()))
         done: dict[str, Any] = {"batch": batch_id, "rows": sum(counts.values()), "status": counts}
         if self.reports is not None:
             after = self._engine()
@@ -251,7 +259,7 @@ def run_stream(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) 
     stream = _reader(spark.readStream.schema(schema), fmt)(args.input)
     out_dir.mkdir(parents=True, exist_ok=True)
     out = job.dispatch(stream, None if reports is None else reports.accumulator, out_dir / "record")
-    batches = _Batches(spark, out_dir, reports, args.quiet)
+    batches = _Batches(out_dir, reports, args.quiet)
     writer = out.writeStream.foreachBatch(batches).option(
         "checkpointLocation", str(out_dir / "checkpoint")
     )
@@ -290,8 +298,8 @@ def run_stream(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) 
 def check_checkpoint(out_dir: Path) -> None:
     """UsageError, before the query starts, when ``out_dir``'s checkpoint and record of
     answered rows no longer belong together (one of them deleted): a micro-batch run
-    again would call its rows twice (see :func:`~timewheel.spark.stream_record.check_together`)."""
-    from ...spark.stream_record import check_together
+    again would call its rows twice."""
+    from ...spark.stream_record import RECORD_FILE, check_together
 
     def batches(name: str) -> set[int]:
         folder = out_dir / "checkpoint" / name
@@ -301,8 +309,15 @@ def check_checkpoint(out_dir: Path) -> None:
     offsets = batches("offsets")
     # The micro-batch the query runs next: the last one again, unless it was committed.
     at = 0 if not offsets else max(offsets) + (max(offsets) in batches("commits"))
+    record = out_dir / "record"
     try:
-        check_together(str(out_dir / "record"), at)
+        if offsets and not (record / RECORD_FILE).exists():
+            raise ValueError(
+                f"its checkpoint is at micro-batch {at} but its record of answered rows "
+                f"({str(record)!r}) is gone, so rows of a micro-batch that runs again would "
+                "be sent twice"
+            )
+        check_together(str(record), at)
     except ValueError as exc:
         raise UsageError(
             f"--output {str(out_dir)!r}: {exc}. To start over, give a new --output "
