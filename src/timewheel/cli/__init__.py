@@ -39,6 +39,7 @@ def _benchmarks() -> tuple[ModuleType, ...]:
         rate,
         resources,
         resume,
+        stream,
         sweep,
     )
 
@@ -58,6 +59,7 @@ def _benchmarks() -> tuple[ModuleType, ...]:
         rate,
         resume,
         quota,
+        stream,
     )
 
 
