@@ -3,8 +3,11 @@
 Each request's JSON body may carry ``plan``: what to answer on the 1st, 2nd, ...
 request with the same idempotency key (the last entry repeats). An entry is ``"200"``,
 ``"500"``, ``"400"``, ``"429:<seconds>"`` (with that Retry-After), ``"slow:<ms>"`` (200
-after a delay) or ``"stall"`` (no answer until the client goes away, at most 30 s). The
-service records every request, the concurrency it saw, and when clients dropped stalls.
+after a delay) or ``"stall"`` (no answer until the client goes away, at most 30 s).
+A body without ``plan`` gets ``plan_of(body)``: ``["200"]`` unless the service was
+given a function of its own (an attribute, so a test may change it while requests
+come). The service records every request, the concurrency it saw, and when clients
+dropped stalls.
 
 ``batch_url`` takes many rows per request, as embedding and bulk APIs do: a JSON array
 of elements (or ``{"input": array}``), each ``{"id": ..., ...}``. An element with
@@ -23,6 +26,7 @@ import ssl
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +35,10 @@ import pytest
 web = pytest.importorskip("aiohttp.web")
 
 _STALL_LIMIT_S = 30.0
+
+
+def _answer_200(body: Any) -> list[str]:
+    return ["200"]
 
 
 @dataclass
@@ -47,8 +55,14 @@ class Seen:
 class ScriptedService:
     """The service and its records; ``url`` is where it listens."""
 
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        tls: ssl.SSLContext | None = None,
+        plan_of: Callable[[Any], list[str]] | None = None,
+    ) -> None:
         self.seen = Seen()
+        #: The plan of an /ingest request whose body has none, from its body.
+        self.plan_of: Callable[[Any], list[str]] = plan_of or _answer_200
         self.lock = threading.Lock()
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
@@ -95,7 +109,7 @@ class ScriptedService:
             seen.in_flight += 1
             seen.max_in_flight = max(seen.max_in_flight, seen.in_flight)
         try:
-            plan = body.get("plan") or ["200"]
+            plan = body.get("plan") or self.plan_of(body)
             action = plan[min(nth, len(plan)) - 1]
             if action == "stall":
                 try:

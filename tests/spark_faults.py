@@ -42,6 +42,19 @@ def _tcp() -> list[tuple[int, int, int]]:
     return out
 
 
+def open_at(service_port: int) -> set[int]:
+    """The client ports of the connections to ``service_port`` that the service has not
+    closed yet (established, or closed by the client only): what a client sent on them
+    before it died may still be unread by the service."""
+    ports = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote = fields[1].split(":")[1], fields[2].split(":")[1]
+        if int(local, 16) == service_port and fields[3] in ("01", "08"):  # ESTABLISHED, CLOSE_WAIT
+            ports.add(int(remote, 16))
+    return ports
+
+
 def _socket_inodes(pid: int) -> set[int]:
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():

@@ -111,12 +111,12 @@ F = TypeVar("F", bound=Callable[..., object])
 
 
 def kill_lane(test: F) -> F:
-    """A test that kills, stops or resumes whole runs in child processes (30 to 80 s
-    each, about 7 minutes together): run by ``.ci/kills`` (TIMEWHEEL_KILL_TESTS=1), which
+    """A test that kills, stops or resumes whole runs in child processes (30 to 140 s
+    each, about 9 minutes together): run by ``.ci/kills`` (TIMEWHEEL_KILL_TESTS=1), which
     ``.ci/run`` calls, so that the default suite stays near 10 minutes."""
     lane = pytest.mark.skipif(
         os.environ.get("TIMEWHEEL_KILL_TESTS") != "1",
-        reason="a run killed and resumed, 30-80 s: run by .ci/kills (TIMEWHEEL_KILL_TESTS=1)",
+        reason="a run killed and resumed, 30-140 s: run by .ci/kills (TIMEWHEEL_KILL_TESTS=1)",
     )
     return pytest.mark.kills(lane(test))  # type: ignore[no-any-return]
 
