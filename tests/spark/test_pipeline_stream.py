@@ -158,6 +158,7 @@ def test_a_running_stream_stops_on_sigterm_and_goes_on_where_it_was(
         (["--stream", "--input", "IN", "--resume"], "--stream cannot take --resume"),
         (["--stream", "--input", "IN/part-0.csv"], "is not a directory"),
         (["--input", "IN/part-0.csv", "--format", "json"], "read by --stream only"),
+        (["--stream", "--input", "IN", "--remote", "sc://127.0.0.1:9"], "classic Spark"),
     ],
 )
 def test_stream_options_that_cannot_work_exit_2(

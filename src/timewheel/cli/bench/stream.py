@@ -136,7 +136,6 @@ def _journal(args: argparse.Namespace, tmp: Path) -> bool:
             return False
         if n >= 0:
             rates[journalled].append(args.journal_rows / elapsed)
-    spark.stop()
     with_, without = statistics.median(rates[True]), statistics.median(rates[False])
     print(
         f"journal: {args.journal_rows:,} rows on a stream, median of {args.rounds}: "

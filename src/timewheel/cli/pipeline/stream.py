@@ -67,6 +67,11 @@ def check_stream_args(args: argparse.Namespace) -> None:
         )
     if not Path(args.input).is_dir():
         raise UsageError(f"--stream: --input {args.input!r} is not a directory")
+    if args.remote is not None:
+        raise UsageError(
+            "--stream runs on classic Spark for now (--master): on Spark Connect a "
+            "query's foreachBatch runs on the server, out of this command's sight"
+        )
 
 
 def stream_format(directory: str, fmt: str | None) -> str:
