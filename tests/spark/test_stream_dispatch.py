@@ -22,6 +22,8 @@ from timewheel.spark.targets import HttpDownstream
 pytestmark = pytest.mark.spark
 
 FILES, PER_FILE = 3, 100
+# Rows whose ``plan`` scripts the service's answers to them (see http_fixtures).
+PLANNED = "id long, plan array<string>"
 
 
 @pytest.fixture
@@ -31,13 +33,15 @@ def service() -> Iterator[ScriptedService]:
     svc.close()
 
 
-def run_query(spark: Any, inp: Path, sink: Path, ck: Path, target: Any, journal: str | None) -> Any:
-    """The files of ``inp`` through dispatch, one file a micro-batch, each batch's rows
-    written to ``sink/batch=N`` (overwritten when the batch runs again); the query's
-    exception, if it failed."""
-    schema = "id long, text string"
-    stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(inp))
-    out = dispatch(stream, target, id_col="id", journal=journal, timeout_ms=30_000)
+def stream_of(spark: Any, inp: Path, schema: str = "id long, text string") -> Any:
+    """The files of ``inp`` as a stream, one file a micro-batch."""
+    return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(inp))
+
+
+def run_to_sink(out: Any, sink: Path, ck: Path) -> Any:
+    """``out`` until its input is drained, each micro-batch's rows written to
+    ``sink/batch=N`` (overwritten when the batch runs again); the query's exception, if
+    it failed."""
 
     def write(batch: Any, batch_id: int) -> None:
         batch.write.mode("overwrite").parquet(str(sink / f"batch={batch_id}"))
@@ -56,17 +60,26 @@ def run_query(spark: Any, inp: Path, sink: Path, ck: Path, target: Any, journal:
     return query.exception()
 
 
-def land_files(spark: Any, inp: Path) -> None:
-    """FILES parquet files of PER_FILE rows in ``inp``, ids 0 to FILES * PER_FILE - 1."""
-    for f in range(FILES):
-        rows = [(f * PER_FILE + i, f"t{f}-{i}") for i in range(PER_FILE)]
-        spark.createDataFrame(rows, "id long, text string").coalesce(1).write.parquet(
-            str(inp / f"part{f}")
-        )
+def run_query(spark: Any, inp: Path, sink: Path, ck: Path, target: Any, journal: str | None) -> Any:
+    """The files of ``inp`` through dispatch to ``sink`` (see run_to_sink)."""
+    out = dispatch(stream_of(spark, inp), target, id_col="id", journal=journal, timeout_ms=30_000)
+    return run_to_sink(out, sink, ck)
+
+
+def land_rows(spark: Any, inp: Path, files: list[list[tuple[Any, ...]]], schema: str) -> None:
+    """A parquet file in ``inp`` of each list of rows, in order."""
+    for f, rows in enumerate(files):
+        spark.createDataFrame(rows, schema).coalesce(1).write.parquet(str(inp / f"part{f}"))
     # One directory of files: the stream reads them as they are listed.
-    for f in range(FILES):
+    for f in range(len(files)):
         for p in (inp / f"part{f}").glob("*.parquet"):
             p.rename(inp / f"file{f}.parquet")
+
+
+def land_files(spark: Any, inp: Path) -> None:
+    """FILES parquet files of PER_FILE rows in ``inp``, ids 0 to FILES * PER_FILE - 1."""
+    files = [[(f * PER_FILE + i, f"t{f}-{i}") for i in range(PER_FILE)] for f in range(FILES)]
+    land_rows(spark, inp, files, "id long, text string")
 
 
 def forget_last_commit(ck: Path) -> None:
@@ -96,6 +109,11 @@ def test_a_micro_batch_run_again_calls_no_row_twice(
     if journalled:  # the re-run batch's rows came back from the record, unsent
         assert calls == FILES * PER_FILE
         assert set(service.seen.per_key.values()) == {1}
+        # ... and were not written to the record again.
+        from timewheel.spark.journal import read_batches
+
+        files = Path(journal).glob("b0000000002-*.arrow")
+        assert sum(b.num_rows for f in files for b in read_batches(f)) == PER_FILE
     else:  # without the record, every row of the batch is called again
         assert calls == (FILES + 1) * PER_FILE
 
@@ -147,16 +165,9 @@ def test_one_quota_holds_across_the_micro_batches(
 
     inp, sink, ck = tmp_path / "in", tmp_path / "sink", tmp_path / "ck"
     land_files(spark, inp)
-    stream = spark.readStream.schema("id long, text string").option("maxFilesPerTrigger", 1)
     quota = Quota(max_requests=150)  # one cap for the query's life, not per micro-batch
-    out = dispatch(stream.parquet(str(inp)), HttpDownstream(service.url), id_col="id", quota=quota)
-
-    def write(batch: Any, batch_id: int) -> None:
-        batch.write.mode("overwrite").parquet(str(sink / f"batch={batch_id}"))
-
-    query = out.writeStream.foreachBatch(write).option("checkpointLocation", str(ck))
-    started = query.trigger(availableNow=True).start()
-    assert started.awaitTermination(300) is not False and started.exception() is None
+    out = dispatch(stream_of(spark, inp), HttpDownstream(service.url), id_col="id", quota=quota)
+    assert run_to_sink(out, sink, ck) is None
     statuses = [r["status"] for r in spark.read.parquet(str(sink)).collect()]
     assert len(statuses) == FILES * PER_FILE
     assert len(service.seen.requests) == statuses.count("ok") == 150
@@ -279,24 +290,13 @@ def test_a_429_pause_carries_over_to_the_next_micro_batch(
     inp, sink, ck = tmp_path / "in", tmp_path / "sink", tmp_path / "ck"
     # Micro-batch 0: ten rows, the first refused with 429 and Retry-After: 3 (no retry);
     # micro-batch 1: ten more rows, read as soon as the first batch ends.
-    for f in range(2):
-        plans = [["429:3"] if f == 0 and i == 0 else None for i in range(10)]
-        rows = [(f * 10 + i, plans[i]) for i in range(10)]
-        df = spark.createDataFrame(rows, "id long, plan array<string>").coalesce(1)
-        df.write.parquet(str(inp / f"part{f}"))
-        for p in (inp / f"part{f}").glob("*.parquet"):
-            p.rename(inp / f"file{f}.parquet")
-    stream = spark.readStream.schema("id long, plan array<string>")
-    stream = stream.option("maxFilesPerTrigger", 1).parquet(str(inp))
-    target = HttpDownstream(service.url)
-    out = dispatch(stream, target, id_col="id", retries=0, quota=Quota(rate=1000))
-
-    def write(batch: Any, batch_id: int) -> None:
-        batch.write.mode("overwrite").parquet(str(sink / f"batch={batch_id}"))
-
-    query = out.writeStream.foreachBatch(write).option("checkpointLocation", str(ck))
-    started = query.trigger(availableNow=True).start()
-    assert started.awaitTermination(300) is not False and started.exception() is None
+    files = [[(f * 10 + i, ["429:3"] if f == i == 0 else None) for i in range(10)] for f in (0, 1)]
+    land_rows(spark, inp, files, PLANNED)
+    stream = stream_of(spark, inp, PLANNED)
+    out = dispatch(
+        stream, HttpDownstream(service.url), id_col="id", retries=0, quota=Quota(rate=1000)
+    )
+    assert run_to_sink(out, sink, ck) is None
     by_id = {r["body"]["id"]: r["at"] for r in service.seen.requests}
     assert len(by_id) == 20
     refused = by_id[0]
@@ -309,24 +309,19 @@ def test_a_service_down_mid_stream_fails_those_rows_and_the_query_goes_on(
 ) -> None:
     inp, sink, ck = tmp_path / "in", tmp_path / "sink", tmp_path / "ck"
     # The service is down (500 to every call) while micro-batch 1's rows are sent.
-    for f in range(3):
-        rows = [(f * 10 + i, ["500"] if f == 1 else None) for i in range(10)]
-        df = spark.createDataFrame(rows, "id long, plan array<string>").coalesce(1)
-        df.write.parquet(str(inp / f"part{f}"))
-        for p in (inp / f"part{f}").glob("*.parquet"):
-            p.rename(inp / f"file{f}.parquet")
-    stream = spark.readStream.schema("id long, plan array<string>")
-    stream = stream.option("maxFilesPerTrigger", 1).parquet(str(inp))
+    files = [[(f * 10 + i, ["500"] if f == 1 else None) for i in range(10)] for f in range(3)]
+    land_rows(spark, inp, files, PLANNED)
     target = HttpDownstream(service.url)
     journal = str(tmp_path / "record")
-    out = dispatch(stream, target, id_col="id", retries=1, backoff_ms=10, journal=journal)
-
-    def write(batch: Any, batch_id: int) -> None:
-        batch.write.mode("overwrite").parquet(str(sink / f"batch={batch_id}"))
-
-    query = out.writeStream.foreachBatch(write).option("checkpointLocation", str(ck))
-    started = query.trigger(availableNow=True).start()
-    assert started.awaitTermination(300) is not False and started.exception() is None
+    out = dispatch(
+        stream_of(spark, inp, PLANNED),
+        target,
+        id_col="id",
+        retries=1,
+        backoff_ms=10,
+        journal=journal,
+    )
+    assert run_to_sink(out, sink, ck) is None
     got = {
         r["id"]: (r["status"], r["http_status"]) for r in spark.read.parquet(str(sink)).collect()
     }

@@ -240,11 +240,12 @@ class _PartitionDispatch:
             return run(rows) if self.dedupe_col is None else sent_once(rows, self.dedupe_col, run)
 
         prefix = ""
+        recorded: set[int] = set()  # id() of the outcomes read from a stream's record
         if self.recording is not None and self.journal is not None:
             batch = task_batch()
             prefix = batch_prefix(batch)
             record = record_of(self.journal, self.recording, batch)
-            outcomes = answered_once(rows(), record, sent, counts)
+            outcomes = answered_once(rows(), record, sent, counts, recorded)
         else:
             outcomes = sent(rows())
         out: list[Outcome] = []
@@ -257,7 +258,12 @@ class _PartitionDispatch:
         def emit() -> pa.RecordBatch:
             batch = self._batch(out, schemas[0], counts, parser)
             if journal is not None:
-                journal.write(batch)
+                fresh = batch
+                if recorded:  # the record has those already: not written to it again
+                    fresh = batch.filter([id(o) not in recorded for o in out])
+                    recorded.difference_update(id(o) for o in out)
+                if fresh.num_rows:
+                    journal.write(fresh)
             return batch
 
         try:

@@ -292,24 +292,29 @@ def answered_once(
     record: Record,
     run: Callable[[Iterable[dict[str, Any]]], Iterator[Outcome]],
     counts: Any = None,
+    recorded: set[int] | None = None,
 ) -> Iterator[Outcome]:
     """``run`` the rows the record does not hold; the others come back with their
     recorded outcome, unsent (counted in ``counts.rows_from_record``, a
-    :class:`~.worker_metrics.PartitionCounts`, when given)."""
+    :class:`~.worker_metrics.PartitionCounts`, and their outcomes' ``id()`` added to
+    ``recorded``, when given)."""
     found: deque[Outcome] = deque()
     id_col = record.id_col
 
     def unanswered() -> Iterator[dict[str, Any]]:
         for row in rows:
-            recorded = record.get(row.get(id_col))
-            if recorded is None:
+            recorded_fields = record.get(row.get(id_col))
+            if recorded_fields is None:
                 yield row
             else:
-                found.append(Outcome(row, *recorded))
+                outcome = Outcome(row, *recorded_fields)
+                if recorded is not None:
+                    recorded.add(id(outcome))
+                found.append(outcome)
                 if counts is not None:
                     counts.rows_from_record += 1
                     # Its recorded attempts were made before: not retries of this task.
-                    counts.retries -= max(recorded[1] - 1, 0)
+                    counts.retries -= max(recorded_fields[1] - 1, 0)
 
     for outcome in run(unanswered()):
         yield outcome
