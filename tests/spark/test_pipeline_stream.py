@@ -84,6 +84,21 @@ def test_a_checkpoint_or_record_deleted_is_refused_before_anything_is_sent(
     assert len(service.seen.requests) == 100  # the refused runs sent nothing
 
 
+def test_an_id_twice_in_a_micro_batch_is_sent_once_and_its_second_row_says_why(
+    spark: Any, service: ScriptedService, tmp_path: Path
+) -> None:
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    (inp / "part-0.csv").write_text("id,text\n1,a\n1,b\n2,c\n")
+    argv = ["--stream", "--once", "--input", str(inp), "--output", str(out), "--quiet"]
+    argv += ["--target", service.url, "--master", "local[2]", "--max-failed", "1"]
+    assert pipeline_cli(argv) == 0
+    rows = sorted(spark.read.parquet(str(out / "rows")).collect(), key=lambda r: r["text"])
+    assert [(r["id"], r["status"]) for r in rows] == [(1, "ok"), (1, "failed"), (2, "ok")]
+    assert rows[1]["error"] == "id 1 is twice in the micro-batch: sent once"
+    assert sorted(r["body"]["id"] for r in service.seen.requests) == [1, 2]
+
+
 def test_each_micro_batch_reaches_the_metrics_with_its_lag(spark: Any, tmp_path: Path) -> None:
     from prometheus_client import CollectorRegistry
 

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ._per_process import PerProcess
-from .engines import RESULT_COLUMNS, Outcome
+from .engines import FAILED, RESULT_COLUMNS, Outcome
 from .journal import read_batches
 
 __all__ = [
@@ -294,17 +294,26 @@ def answered_once(
     counts: Any = None,
     recorded: set[int] | None = None,
 ) -> Iterator[Outcome]:
-    """``run`` the rows the record does not hold; the others come back with their
+    """``run`` the rows the record does not hold, once per id (a row whose id this task
+    has sent already fails, unsent, saying so); the others come back with their
     recorded outcome, unsent (counted in ``counts.rows_from_record``, a
     :class:`~.worker_metrics.PartitionCounts`, and their outcomes' ``id()`` added to
     ``recorded``, when given)."""
     found: deque[Outcome] = deque()
     id_col = record.id_col
+    sent: set[Any] = set()  # the ids this task sends
 
     def unanswered() -> Iterator[dict[str, Any]]:
         for row in rows:
-            recorded_fields = record.get(row.get(id_col))
+            row_id = row.get(id_col)
+            recorded_fields = record.get(row_id)
             if recorded_fields is None:
+                if row_id is not None:
+                    if row_id in sent:  # its answer would be the first one's: not sent
+                        why = f"{id_col} {row_id!r} is twice in the micro-batch: sent once"
+                        found.append(Outcome(row, FAILED, 0, 0.0, why, None, None))
+                        continue
+                    sent.add(row_id)
                 yield row
             else:
                 outcome = Outcome(row, *recorded_fields)
