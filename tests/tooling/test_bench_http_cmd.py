@@ -44,3 +44,27 @@ def test_bench_http_refuses_bad_arguments(
 ) -> None:
     assert main(["bench", "http", *argv]) == 2
     assert words in capsys.readouterr().err
+
+
+@pytest.mark.skipif(_NGINX is None, reason="needs nginx (apt-get install nginx-light)")
+def test_bench_http_serve_stops_nginx_on_sigterm() -> None:
+    import signal
+    import socket
+    import subprocess
+    import sys
+    from urllib.parse import urlsplit
+
+    command = [sys.executable, "-m", "timewheel", "bench", "http", "--serve"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as serving:
+        try:
+            assert serving.stdout is not None
+            line = serving.stdout.readline()  # "nginx on http://127.0.0.1:PORT/ingest and ..."
+            port = urlsplit(line.split()[2]).port
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            serving.send_signal(signal.SIGTERM)
+            assert serving.wait(30) == 0
+        finally:
+            if serving.poll() is None:
+                serving.kill()
+    with pytest.raises(ConnectionRefusedError):  # nginx went with it
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()

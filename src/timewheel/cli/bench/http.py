@@ -28,6 +28,7 @@ import json
 import resource
 import selectors
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -550,6 +551,8 @@ def _main(args: argparse.Namespace) -> int:
             print(f"timewheel bench http: --url: {exc}", file=sys.stderr)
             return 2
     if args.serve:
+        # SIGTERM too ends the wait below (its default would leave nginx running).
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         with nginx() as url:
             base = url.rsplit("/", 1)[0]
             print(f"nginx on {url} and {base}/reply1k (a 1 KB answer); Ctrl-C stops it")
