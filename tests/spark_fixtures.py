@@ -112,7 +112,7 @@ F = TypeVar("F", bound=Callable[..., object])
 
 def kill_lane(test: F) -> F:
     """A test that kills, stops or resumes whole runs in child processes (30 to 140 s
-    each, about 9 minutes together): run by ``.ci/kills`` (TIMEWHEEL_KILL_TESTS=1), which
+    each, about 10 minutes together): run by ``.ci/kills`` (TIMEWHEEL_KILL_TESTS=1), which
     ``.ci/run`` calls, so that the default suite stays near 10 minutes."""
     lane = pytest.mark.skipif(
         os.environ.get("TIMEWHEEL_KILL_TESTS") != "1",

@@ -444,6 +444,7 @@ def test_a_publish_killed_between_its_renames_is_finished_or_rolled_back(tmp_pat
     assert hidden(rolled) == []
 
 
+@kill_lane  # a child run on a 64 KB tmpfs, about 20 s
 def test_a_full_disk_is_one_line_naming_the_file_and_the_errno(tmp_path: Path) -> None:
     # The journal on a 64 KB tmpfs: the run ended with "An exception was thrown from the
     # Python worker:" and nothing after it.
