@@ -267,9 +267,7 @@ def check_together(directory: str, batch: int) -> list[int]:
 
 def mark(directory: str, batch: int) -> None:
     """Mark micro-batch ``batch`` begun in the record in ``directory``."""
-    path = Path(directory) / f"{_MARK}{batch:010d}"
-    if not path.exists():
-        path.touch()
+    (Path(directory) / f"{_MARK}{batch:010d}").touch()
 
 
 def record_of(directory: str, recording: Recording, batch: int | None = None) -> Record:

@@ -31,11 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from ..argtypes import positive
+from ..pipeline.stream import quantiles
 
 __all__ = ["add_parser", "main"]
 
 SCENARIOS = ("journal", "lag", "once")
 SIM = "sim://?pct50=2&pct75=5&seed=1"
+_QUERY_S = 1800  # the longest a query or a child run may take
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -128,7 +130,10 @@ def _journal(args: argparse.Namespace, tmp: Path) -> bool:
             .trigger(availableNow=True)
             .start()
         )
-        query.awaitTermination()
+        if not query.awaitTermination(_QUERY_S):
+            query.stop()
+            print(f"bench stream: journal: the query did not end in {_QUERY_S} s")
+            return False
         elapsed = time.perf_counter() - start
         written = spark.read.parquet(str(run / "rows")).count()
         if written != args.journal_rows:
@@ -201,16 +206,17 @@ def _lag(args: argparse.Namespace, tmp: Path) -> bool:
         finally:
             if child.poll() is None:
                 child.kill()
-    lags = sorted(written[f] - landed[f] for f in landed)
-    p50, p99 = lags[len(lags) // 2], lags[min(len(lags) - 1, int(0.99 * len(lags)))]
+    lags = quantiles([written[f] - landed[f] for f in landed])
+    assert lags is not None  # a file landed at least
     try:
         own = json.loads((out / "summary.json").read_text())["lag_s"]
     except (OSError, ValueError, KeyError):
         own = "not written"
     print(
-        f"lag: {len(lags)} files of {per_file} rows landing every 100 ms "
+        f"lag: {len(landed)} files of {per_file} rows landing every 100 ms "
         f"({args.lag_rate:,} rows/s) for {args.lag_seconds:g} s, --trigger-ms "
-        f"{args.trigger_ms}: file landed to rows written p50 {p50:.3f} s, p99 {p99:.3f} s "
+        f"{args.trigger_ms}: file landed to rows written p50 {lags['p50']:.3f} s, "
+        f"p99 {lags['p99']:.3f} s "
         f"(the pipeline's own summary, by the files' modification times: {own})"
     )
     return True
@@ -229,7 +235,7 @@ def _once(args: argparse.Namespace, tmp: Path) -> bool:
             ["--stream", "--once"] if kind == "stream" else []
         )
         start = time.perf_counter()
-        done = subprocess.run(_pipeline(argv), capture_output=True, text=True, timeout=1800)
+        done = subprocess.run(_pipeline(argv), capture_output=True, text=True, timeout=_QUERY_S)
         wall = time.perf_counter() - start
         if done.returncode != 0:
             print(f"bench stream: once: {kind} failed ({done.returncode}): {done.stderr[-500:]}")

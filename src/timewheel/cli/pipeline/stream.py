@@ -33,6 +33,7 @@ __all__ = [
     "check_checkpoint",
     "check_stream_args",
     "landed",
+    "quantiles",
     "run_stream",
     "stream_format",
 ]
@@ -150,7 +151,8 @@ def landed(sources: Path, batch_id: int) -> list[float]:
     return times
 
 
-def _quantiles(values: list[float]) -> dict[str, float] | None:
+def quantiles(values: list[float]) -> dict[str, float] | None:
+    """p50, p99 and max of ``values`` (rounded to the millisecond), None when empty."""
     if not values:
         return None
     ordered = sorted(values)
@@ -222,7 +224,7 @@ class _Batches:
             done["from_record"] = delta["rows_from_record"]
             sent = delta["rows_admitted"] - delta["rows_from_record"]
             done["calls"] = delta["batch_requests"] or sent + delta["retries"]
-        done["lag_s"] = _quantiles(lags)
+        done["lag_s"] = quantiles(lags)
         done["seconds"] = round(time.monotonic() - start, 3)
         self.seen.append(done)
         self.lags.extend(lags)
@@ -345,7 +347,7 @@ def _summary(
         "rows": rows,
         "status": counts,
         "micro_batches": batches.seen,
-        "lag_s": _quantiles(batches.lags),
+        "lag_s": quantiles(batches.lags),
         "elapsed_s": round(elapsed, 3),
         "max_failed_rows": failure_budget(args.max_failed, rows),
     }
