@@ -16,6 +16,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
+from ._json import encoder
 from .contract import Failure
 from .secrets import redact_url
 
@@ -23,19 +24,7 @@ from .secrets import redact_url
 _DETAIL = 200
 
 
-def _encoder() -> Callable[[Any], str]:
-    """json.dumps(value, default=str), with the C encoder made once, not once per call."""
-    from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
-
-    if c_make_encoder is None:  # no C accelerator: the same text, made the slow way
-        return json.JSONEncoder(default=str).encode
-    encode = c_make_encoder(
-        None, str, encode_basestring_ascii, None, ": ", ", ", False, False, True
-    )
-    return lambda value: "".join(encode(value, 0))
-
-
-_ENCODE = _encoder()
+_ENCODE = encoder(default=str)
 _ENCODE_KEY = json.JSONEncoder(default=str, sort_keys=True, separators=(",", ":")).encode
 
 
