@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from timewheel.spark.batch_replies import ReplySplit, RowAnswer
@@ -470,6 +470,22 @@ def test_split_every_row_gets_one_answer(n: int, elements: list) -> None:
             assert json.loads(str(answer.response)) == elements[i]["v"]
     if len(elements) > n:
         assert not any(a.ok for a in got)
+
+
+@given(st.integers(1, 12), st.lists(_element, max_size=15), st.sampled_from(["out[*].v", "out"]))
+@example(3, [{"v": 1}, {"v": "é"}, {"v": [2.5]}], "out[*].v")
+@example(2, [1, {"a": None}], "out")
+def test_texts_is_the_split_when_every_row_is_answered(n: int, elements: list, path: str) -> None:
+    # The engine's cheap way for the common answer: the same texts as the split, or
+    # None (and the engine reads the answer with split) when any row would fail.
+    body = json.dumps({"out": elements})
+    split = ReplySplit(path)
+    got, texts = split.split(body, list(range(n))), split.texts(body, n)
+    if all(a.ok for a in got):
+        assert texts == [a.response for a in got]
+    else:
+        assert texts is None
+    assert ReplySplit(path, id_field="id").texts(body, n) is None  # by id: split says
 
 
 @given(st.permutations(list(range(8))), st.sets(st.integers(0, 7)))

@@ -261,6 +261,21 @@ class Batcher:
             reply = None if answer is None else answer[2]
             p.gate.ended(call.cost, answer is not None and answer[0], reply, wait_s)
         job = call.job
+        if answer is not None and answer[0]:
+            part = call.part
+            with job.lock:
+                texts = job.run.answered_whole(part, answer[2])
+                done = job.run.done
+            if texts is not None:
+                attempts = job.run.iso.attempts
+                p.finish_answered(
+                    [job.rows[i] for i in part.rows],
+                    texts,
+                    answer[2].status,  # type: ignore[union-attr]
+                    [attempts[i] for i in part.rows],
+                )
+                self.finish(job, [], done)
+                return
         with job.lock:
             if answer is None:
                 ends, then = job.run.timed_out(call.part, p.timeout_error)

@@ -32,9 +32,11 @@ import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from ._json import encoder
+
 __all__ = ["ReplySplit", "RowAnswer"]
 
-_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_ENCODE = encoder(ascii=False, compact=True)
 # An id's form for matching (as the rows' idempotency keys read an id).
 _KEY = json.JSONEncoder(default=str, sort_keys=True, separators=(",", ":")).encode
 _NAME = re.compile(r"[^.\[\]\s]+")
@@ -121,22 +123,43 @@ class ReplySplit:
         ``ids`` are the rows' ids (only read when splitting by ``id_field``).
         """
         n = len(ids)
-        if body is None or not body:
-            return self._all(n, "the batch's answer is empty")
-        try:
-            answer = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            return self._all(n, f"the batch's answer is not JSON: {exc}")
-        array, why = _follow(answer, self._to_array)
-        if why is not None:
-            return self._all(n, f"the batch's answer has no array at {self.path!r}: {why}")
-        if not isinstance(array, list):
-            where = ".".join(self._to_array)
-            where = f"{where} in the batch's answer" if where else "the batch's answer"
-            return self._all(n, f"{where} is {_kind(array)}, not an array")
+        array = self._array(body)
+        if isinstance(array, str):
+            return self._all(n, array)
         if self.id_field is None:
             return self._by_position(array, n)
         return self._by_id(array, ids)
+
+    def texts(self, body: bytes | str | None, n: int) -> list[str] | None:
+        """Each of ``n`` rows' element as text, when every row gets one (by position: an
+        array of exactly ``n`` elements, none null or lacking the path): what
+        :meth:`split` gives then, without a :class:`RowAnswer` per row. None when a row
+        would fail, or when splitting by id; :meth:`split` then says why."""
+        array = None if self.id_field is not None else self._array(body)
+        if not isinstance(array, list) or len(array) != n:
+            return None
+        if self._each:
+            array = [_follow(element, self._each)[0] for element in array]
+        if None in array:  # null, or without the path
+            return None
+        return [_ENCODE(value) for value in array]
+
+    def _array(self, body: bytes | str | None) -> list[Any] | str:
+        """The answer's array at the path, or why there is none."""
+        if body is None or not body:
+            return "the batch's answer is empty"
+        try:
+            answer = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return f"the batch's answer is not JSON: {exc}"
+        array, why = _follow(answer, self._to_array)
+        if why is not None:
+            return f"the batch's answer has no array at {self.path!r}: {why}"
+        if not isinstance(array, list):
+            where = ".".join(self._to_array)
+            where = f"{where} in the batch's answer" if where else "the batch's answer"
+            return f"{where} is {_kind(array)}, not an array"
+        return array
 
     @staticmethod
     def _all(n: int, reason: str) -> list[RowAnswer]:

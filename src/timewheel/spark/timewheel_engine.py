@@ -442,6 +442,24 @@ class _Partition:
         if len(done) >= self.wake_after or self.outstanding() == 0:
             self.wake.set()
 
+    def finish_answered(
+        self, rows: list[_Row], texts: list[str], status: int, attempts: list[int]
+    ) -> None:
+        """Finish ``rows`` ok, each with its text of one answer (a batch's, with
+        ``status``) and its ``attempts``: :meth:`finish` for a batch's rows, in one pass
+        (none holds a share of the quota: a batch's request does)."""
+        now = time.monotonic()
+        live, done = self.live, self.done
+        for row, text, tries in zip(rows, texts, attempts):
+            if row.checkout is not None:
+                self.release(row)
+            row.attempts = tries
+            live.pop(row.seq, None)
+            latency_ms = (now - row.start) * 1000.0
+            done.append(Outcome(row.data, OK, tries, latency_ms, None, status, text))
+        if len(done) >= self.wake_after or self.outstanding() == 0:
+            self.wake.set()
+
     def release(self, row: _Row) -> None:
         """Check the row's keys in, once, whoever asks first."""
         if row.checkout is None:
