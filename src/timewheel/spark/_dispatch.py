@@ -39,6 +39,7 @@ from pyspark.sql.types import (
 )
 
 from .._validate import check_columns, check_int
+from ._heap import heap_frozen
 from .admission import check_rate
 from .batching import batch_settings
 from .dedupe import by_request, sent_once
@@ -216,6 +217,10 @@ class _PartitionDispatch:
         self.recording = recording
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        with heap_frozen():  # see _heap: the collector's full passes, cut to the rows
+            yield from self._dispatch(batches)
+
+    def _dispatch(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         engine = self.engine
         schemas: list[pa.Schema] = []
         worker = worker_metrics()
