@@ -14,8 +14,9 @@ puts it back (:func:`gc.unfreeze`) when the last one ends: nothing is kept from 
 collector for longer than the dispatch, and a cycle that becomes garbage meanwhile is
 collected then. Freezing changes which objects a pass looks at, never what is freed.
 Not done while something else keeps the heap frozen (a pre-fork server's own freeze is
-left as it is), nor with the collector disabled. A forked child gives the heap back to
-the collector: the partitions that froze it are its parent's.
+left as it is), nor with the collector disabled, nor where the collector cannot freeze
+(PyPy). A forked child gives the heap back to the collector: the partitions that froze
+it are its parent's.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .. import _atfork
 
 __all__ = ["heap_frozen"]
 
+_CAN_FREEZE = hasattr(gc, "freeze")  # CPython's, since 3.7
 _lock = threading.Lock()
 _partitions = 0  # partitions of this process inside heap_frozen
 _ours = False  # whether the heap is frozen by them
@@ -40,7 +42,7 @@ def heap_frozen() -> Iterator[None]:
     partition of the process inside this ends."""
     global _partitions, _ours
     with _lock:
-        if _partitions == 0 and gc.isenabled() and gc.get_freeze_count() == 0:
+        if _partitions == 0 and _CAN_FREEZE and gc.isenabled() and gc.get_freeze_count() == 0:
             gc.freeze()
             _ours = True
         _partitions += 1

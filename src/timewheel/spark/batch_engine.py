@@ -261,19 +261,15 @@ class Batcher:
             reply = None if answer is None else answer[2]
             p.gate.ended(call.cost, answer is not None and answer[0], reply, wait_s)
         job = call.job
-        if answer is not None and answer[0]:
-            part = call.part
-            with job.lock:
+        if answer is not None and answer[0] and answer[2] is not None:
+            part, status = call.part, answer[2].status
+            with job.lock:  # the usual answer (an element per row) ends here, in one pass
                 texts = job.run.answered_whole(part, answer[2])
                 done = job.run.done
             if texts is not None:
                 attempts = job.run.iso.attempts
-                p.finish_answered(
-                    [job.rows[i] for i in part.rows],
-                    texts,
-                    answer[2].status,  # type: ignore[union-attr]
-                    [attempts[i] for i in part.rows],
-                )
+                rows = [job.rows[i] for i in part.rows]
+                p.finish_answered(rows, texts, status, [attempts[i] for i in part.rows])
                 self.finish(job, [], done)
                 return
         with job.lock:

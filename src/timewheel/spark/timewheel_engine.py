@@ -443,7 +443,7 @@ class _Partition:
             self.wake.set()
 
     def finish_answered(
-        self, rows: list[_Row], texts: list[str], status: int, attempts: list[int]
+        self, rows: list[_Row], texts: list[str], status: int | None, attempts: list[int]
     ) -> None:
         """Finish ``rows`` ok, each with its text of one answer (a batch's, with
         ``status``) and its ``attempts``: :meth:`finish` for a batch's rows, in one pass
