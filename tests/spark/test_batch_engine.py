@@ -140,6 +140,19 @@ def test_the_end_of_the_input_sends_a_lingering_batch_at_once(service: ScriptedS
     assert [r["rows"] for r in service.seen.requests] == [3]
 
 
+@pytest.mark.parametrize(("size", "rows"), [(100, 5_000), (1_500, 6_000)])
+def test_with_no_linger_rows_at_hand_go_in_full_batches(
+    service: ScriptedService, size: int, rows: int
+) -> None:
+    # The input reads as fast as the window allows; a round of it must end on a whole
+    # batch, or each round would send a part alone (before: 24-row requests among the
+    # 100s, and never more than 1,024 rows in one).
+    data = [{"id": i, "text": "x"} for i in range(rows)]
+    out = run(data, echo_target(service), size=size, max_in_flight=64)
+    assert {o.status for o in out.values()} == {"ok"}
+    assert [r["rows"] for r in service.seen.requests] == [size] * (rows // size)
+
+
 def test_linger_ends_early_at_a_rows_deadline(service: ScriptedService) -> None:
     # A row's deadline is (retries + 1) * timeout_ms after it joins its batch, and a
     # batch leaves at least timeout_ms before it: here after about 1 s, not 60.

@@ -64,7 +64,8 @@ from .quota_gate import BUDGET_SPENT, BudgetSpent, QuotaGate
 __all__ = ["timewheel_engine"]
 
 # The most rows admitted per round before the outcomes ready are yielded: a fast
-# target frees slots as quickly as they are filled, and the outcomes must not pile up.
+# target frees slots as quickly as they are filled, and the outcomes must not pile up
+# (with batches: as many whole batches as fit, or one).
 _BATCH = 1024
 # The task's thread is woken when this share of max_in_flight has finished (or all
 # has): waking it per row would cost a thread switch per row; slots left empty
@@ -484,6 +485,9 @@ class _Partition:
     def _loop(self) -> Iterator[Outcome]:
         done, wake, rows, admission = self.done, self.wake, self.rows, self.admission
         gate = self.gate
+        # With batches, a round reads whole batches' worth of rows (at least one batch).
+        size = 1 if self.config.batch is None else self.config.batch.batch_size
+        per_round = max(_BATCH - _BATCH % size, size)
         exhausted = False
         while True:
             wake.clear()
@@ -495,7 +499,9 @@ class _Partition:
                 # Neither a parked row nor one waiting for the quota is in flight.
                 waiting = len(parked) + (self.pending is not None)
                 room, later = admission.room(self.outstanding() - waiting)
-                room = min(room, _BATCH)
+                room = min(room, per_round)
+                if room > size:  # whole batches: with no linger, a part would leave alone
+                    room -= room % size
             while room > 0 and parked:  # refused rows first: they have waited longest
                 if gate is not None:
                     wait = self.take_quota(parked[0])
