@@ -138,9 +138,13 @@ class ReplySplit:
         array = None if self.id_field is not None else self._array(body)
         if not isinstance(array, list) or len(array) != n:
             return None
+        return self._texts(array)
+
+    def _texts(self, array: list[Any]) -> list[str] | None:
+        """Each element's value at the path as text; None when one is null or lacks it."""
         if self._each:
             array = [_follow(element, self._each)[0] for element in array]
-        if None in array:  # null, or without the path
+        if None in array:
             return None
         return [_ENCODE(value) for value in array]
 
@@ -180,8 +184,9 @@ class ReplySplit:
                 f"the batch's answer has {len(array)} elements for {n} rows: "
                 "which is whose cannot be told",
             )
-        if not self._each and None not in array:  # each element whole, none null: per row
-            out = [RowAnswer(True, _ENCODE(element), None) for element in array]
+        texts = self._texts(array)
+        if texts is not None:  # every element there: no reason to look for
+            out = [RowAnswer(True, text, None) for text in texts]
         else:
             out = [self._element(element, i) for i, element in enumerate(array)]
         short = f"the batch's answer has {len(array)} elements for {n} rows: none for this row"

@@ -114,14 +114,12 @@ class BatchRun:
             then = NOW
         return self._ends(part, reply), then
 
-    def answered_whole(self, part: Part, reply: Reply | None) -> list[str] | None:
-        """The common ending, made cheaply: a 2xx whose answer has an element for every
-        row of ``part``. Its rows end ok (each with as many attempts as
-        ``iso.attempts`` says), and each row's element as text is returned in the
-        part's order. None, with nothing changed, for any other answer: :meth:`ended`
-        then reads it."""
-        if reply is None or reply.status is None or not 200 <= reply.status < 300:
-            return None
+    def answered_whole(self, part: Part, reply: Reply) -> list[str] | None:
+        """The common ending, made cheaply: a request of ``part`` that ended ok with
+        ``reply``, whose answer has an element for every row. Its rows end ok (each with
+        as many attempts as ``iso.attempts`` says), and each row's element as text is
+        returned in the part's order. None, with nothing changed, for any other answer:
+        :meth:`ended` then reads it."""
         texts = self.split.texts(reply.body, len(part.rows))
         if texts is not None:
             self.iso.answered(part)
