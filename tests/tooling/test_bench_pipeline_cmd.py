@@ -85,6 +85,7 @@ def test_bench_runs_batches_and_the_floor_next_to_single_requests(
     # Each row reports its CPU per row (compared by the bench's readers, not asserted
     # here: 4,000 rows without a warm-up put the order at the mercy of the machine).
     assert all(r["cpu_us_per_row"] > 0 for r in report["results"])
+    assert all(0 <= r["worker_gc_share"] < 1 for r in report["results"])
 
 
 def test_batch_size_needs_a_batch_target(capsys: pytest.CaptureFixture[str]) -> None:
@@ -93,3 +94,33 @@ def test_batch_size_needs_a_batch_target(capsys: pytest.CaptureFixture[str]) -> 
     args = parser.parse_args(["pipeline", "--batch-size", "10"])
     assert args.func(args) == 2
     assert "--batch-target URL go together" in capsys.readouterr().err
+
+
+def test_a_partition_reports_the_cpu_its_garbage_collections_took() -> None:
+    import gc
+
+    import pyarrow as pa
+
+    from timewheel.spark.engines import OK
+
+    def dispatch(batches: Any) -> Any:
+        for batch in batches:
+            gc.collect()  # a full pass over this process's heap: measurable CPU
+            n = batch.num_rows
+            yield batch.append_column("status", pa.array([OK] * n)).append_column(
+                "attempts", pa.array([1] * n, pa.int32())
+            )
+
+    hooks = list(gc.callbacks)
+    batch = pa.RecordBatch.from_pydict({"id": list(range(100))})
+    (row,) = next(bench._BenchPartition(dispatch, "id")([batch, batch])).to_pylist()
+    assert 0 < row["gc_s"] <= row["cpu_s"]
+    assert gc.callbacks == hooks  # its hook is gone once the partition is done
+
+    def failing(batches: Any) -> Any:
+        raise RuntimeError("the engine failed")
+        yield  # a generator, as dispatch's partition function is
+
+    with pytest.raises(RuntimeError, match="the engine failed"):
+        next(bench._BenchPartition(failing, "id")([batch]))
+    assert gc.callbacks == hooks

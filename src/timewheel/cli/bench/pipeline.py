@@ -21,6 +21,7 @@ the rows' ``attempts``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -43,7 +44,13 @@ __all__ = ["add_parser", "little_bound_rows_per_s", "main", "mean_slot_ms"]
 
 _COUNTS = ("rows_in", "rows_out", "distinct_out", "missing", "extra", *STATUSES, "attempts")
 _STATS_SCHEMA = ", ".join(
-    [*(f"{name} long" for name in _COUNTS), "cpu_s double", "wall_s double", "pid long"]
+    [
+        *(f"{name} long" for name in _COUNTS),
+        "cpu_s double",
+        "gc_s double",
+        "wall_s double",
+        "pid long",
+    ]
 )
 
 
@@ -184,6 +191,15 @@ class _BenchPartition:
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
+        gc_s = [0.0, 0.0]  # CPU in the garbage collector, and where the running pass began
+
+        def collecting(phase: str, _: Any) -> None:  # runs on the thread that collects
+            if phase == "start":
+                gc_s[1] = time.thread_time()
+            else:
+                gc_s[0] += time.thread_time() - gc_s[1]
+
+        gc.callbacks.append(collecting)
         before = resource.getrusage(resource.RUSAGE_SELF)
         start = time.monotonic()
         # Arrow columns, not Python ints, while the CPU is counted: a list of a million
@@ -198,13 +214,16 @@ class _BenchPartition:
         ids_out: list[Any] = []
         counts = dict.fromkeys(STATUSES, 0)
         attempts = 0
-        for out in self.dispatch(tap()):
-            ids_out.append(out.column(self.id_col))
-            for status, n in zip(*_value_counts(out.column("status"))):
-                counts[status] += n
-            attempts += pa.compute.sum(out.column("attempts")).as_py() or 0
-        after = resource.getrusage(resource.RUSAGE_SELF)
-        wall = time.monotonic() - start
+        try:
+            for out in self.dispatch(tap()):
+                ids_out.append(out.column(self.id_col))
+                for status, n in zip(*_value_counts(out.column("status"))):
+                    counts[status] += n
+                attempts += pa.compute.sum(out.column("attempts")).as_py() or 0
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            wall = time.monotonic() - start
+        finally:
+            gc.callbacks.remove(collecting)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         in_list = [i for chunk in ids_in for i in chunk.to_pylist()]
         out_list = [i for chunk in ids_out for i in chunk.to_pylist()]
@@ -218,6 +237,7 @@ class _BenchPartition:
             **counts,
             "attempts": attempts,
             "cpu_s": cpu,
+            "gc_s": gc_s[0],
             "wall_s": wall,
             "pid": os.getpid(),
         }
@@ -296,7 +316,7 @@ def run_engine(
     parts = df.mapInArrow(_BenchPartition(dispatch, id_col), _STATS_SCHEMA).collect()
     wall = time.monotonic() - start
     jvm1, drv1 = _jvm_cpu_s(spark), _driver_cpu_s()
-    total = {k: sum(p[k] for p in parts) for k in (*_COUNTS, "cpu_s")}
+    total = {k: sum(p[k] for p in parts) for k in (*_COUNTS, "cpu_s", "gc_s")}
     rows = total["rows_in"]
     jvm_cpu = None if jvm0 is None or jvm1 is None else jvm1 - jvm0
     cpu_total = total["cpu_s"] + (drv1 - drv0) + (jvm_cpu or 0.0)
@@ -313,6 +333,8 @@ def run_engine(
         "status": {k: total[k] for k in STATUSES},
         "attempts": total["attempts"],
         "worker_cpu_us_per_row": total["cpu_s"] / rows * 1e6,
+        # The share of the workers' CPU spent in the garbage collector.
+        "worker_gc_share": total["gc_s"] / total["cpu_s"] if total["cpu_s"] else 0.0,
         "driver_cpu_us_per_row": (drv1 - drv0) / rows * 1e6,
         "jvm_cpu_us_per_row": None if jvm_cpu is None else jvm_cpu / rows * 1e6,
         "cpu_us_per_row": cpu_total / rows * 1e6,
@@ -470,7 +492,7 @@ def _print_table(report: dict[str, Any]) -> None:
     width = {n: max(10, len(n) + 3) for n in names}  # "x <engine>", right-aligned
     print(
         f"{'engine':<18}{'rows/s':>10}{'/core':>9}{'of bound':>9}"
-        f"{'CPU us/row':>11}{'worker':>8}{'jvm':>7}{'req/row':>9}"
+        f"{'CPU us/row':>11}{'worker':>8}{'gc':>5}{'jvm':>7}{'req/row':>9}"
         + "".join(f"{'x ' + n:>{width[n]}}" for n in names)
         + f"  {'/'.join(STATUSES)}  attempts  accounted"
     )
@@ -481,7 +503,8 @@ def _print_table(report: dict[str, Any]) -> None:
         per_row = "" if r["requests_per_row"] is None else f"{r['requests_per_row']:.4f}"
         print(
             f"{r['engine']:<18}{r['rows_per_s']:>10,.0f}{r['rows_per_s_per_core']:>9,.0f}{share:>9}"
-            f"{r['cpu_us_per_row']:>11.1f}{r['worker_cpu_us_per_row']:>8.1f}{jvm:>7}{per_row:>9}"
+            f"{r['cpu_us_per_row']:>11.1f}{r['worker_cpu_us_per_row']:>8.1f}"
+            f"{r['worker_gc_share']:>5.0%}{jvm:>7}{per_row:>9}"
             + "".join(f"{r['x_' + n]:>{width[n]}.2f}" for n in names)
             + f"  {'/'.join(str(s[k]) for k in STATUSES)}  {r['attempts']}"
             + f"  {'yes' if r['accounted'] else 'NO'}"
