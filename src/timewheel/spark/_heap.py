@@ -4,9 +4,9 @@ while the partition dispatches.
 A partition in flight holds tens of thousands of rows (a dict, a row's state, a part of
 a batch each) for long enough that they reach the collector's oldest generation; each
 of its full passes then walks the whole heap of the Python worker (pyspark, pyarrow,
-py4j, cloudpickle), about 80 ms a pass on the 2-core machine. Measured in Spark's
-worker with 200,000 rows in two partitions: the collector took 18% of a partition's CPU
-with a request per row, 40% with 100 rows per request.
+py4j, cloudpickle), about 80 ms a pass. ``timewheel bench pipeline``'s ``gc`` column
+gives the collector's share of the workers' CPU (docs/spark.md has the runs: without
+this, 15% with a request per row and 35% with 100 rows per request; with it, 8% and 20%).
 
 :func:`heap_frozen` moves what is alive when the first partition of the process starts
 to the collector's permanent generation (:func:`gc.freeze`), which its passes skip, and
