@@ -1,7 +1,7 @@
 """What every dispatch engine does, in-process (no Spark): exactly once, retries, timeouts,
 keys, a rate, reuse of the worker's runtime.
 
-Each test takes an ``engine`` fixture (the Engine itself). ``tests/spark/test_engines.py``
+Each test takes an ``engine`` fixture (the Engine itself). ``tests/spark/engine/test_engines.py``
 runs them against the wing's engine, ``tests/tooling/test_baseline_engines.py`` against
 the benchmark's baselines: the same cases, so the baselines keep the contract the
 benchmark compares them under.
@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 
-from timewheel.spark.admission import BURST_S
-from timewheel.spark.engines import DispatchConfig, Outcome, worker_runtime
+from timewheel.spark.engine.admission import BURST_S
+from timewheel.spark.options import DispatchConfig
+from timewheel.spark.outcome import Outcome
+from timewheel.spark.runtime import worker_runtime
 from timewheel.spark.targets import OnDone, SimulatedDownstream
 
 #: The cases, for ``from engine_contract import *`` in a module that defines ``engine``.

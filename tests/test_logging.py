@@ -26,7 +26,7 @@ MODULES = [
     "timewheel.sources",
     "timewheel._impl._tasks_py",
     "timewheel.aio",
-    "timewheel.spark.http_target",
+    "timewheel.spark.http.target",
 ]
 
 

@@ -6,6 +6,7 @@ checks and limits from here, so they refuse the same input with the same words.
 
 from __future__ import annotations
 
+import math
 import numbers
 import operator
 import threading
@@ -68,6 +69,37 @@ def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = Non
             raise ValueError(f"{name} must be <= {hi}, got {v}")
         raise ValueError(f"{name} must be between {lo} and {hi}, got {v}")
     return v
+
+
+def check_number(
+    name: str,
+    value: Any,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    strict_lo: bool = False,
+) -> float:
+    """Return ``value`` as a finite float in ``[lo, hi]`` (``(lo, hi]`` when ``strict_lo``;
+    a bound left None is open), or raise TypeError/ValueError naming ``name`` and the
+    value. NaN, infinities, bools (NumPy's too) and ints too large for a float are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    try:
+        f = float(value)
+    except OverflowError:  # an int beyond a float
+        f = math.inf
+    low = lo is not None and (f <= lo if strict_lo else f < lo)
+    if not math.isfinite(f) or low or (hi is not None and f > hi):
+        if lo is None and hi is None:
+            what = "a finite number"
+        elif hi is None:
+            what = f"a finite number {'>' if strict_lo else '>='} {lo:g}"
+        elif lo is None:
+            what = f"a finite number <= {hi:g}"
+        else:
+            what = f"a number {'>' if strict_lo else '>='} {lo:g} and <= {hi:g}"
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return f
 
 
 def check_timeout(name: str, value: Any) -> float | None:

@@ -21,13 +21,13 @@ def test_a_partition_does_not_freeze_the_workers_garbage_collector() -> None:
         """
         import gc
         import pyarrow as pa
-        from timewheel.spark._dispatch import _PartitionDispatch
-        from timewheel.spark.engines import DispatchConfig
+        from timewheel.spark.columns import PartitionDispatch
+        from timewheel.spark.options import DispatchConfig
         from timewheel.spark.targets import SimulatedDownstream
-        from timewheel.spark.timewheel_engine import timewheel_engine
+        from timewheel.spark.engine.partition import timewheel_engine
 
         assert gc.get_freeze_count() == 0
-        partition = _PartitionDispatch(
+        partition = PartitionDispatch(
             timewheel_engine, SimulatedDownstream(1.0, 2.0), DispatchConfig()
         )
         batch = pa.RecordBatch.from_pydict({"id": list(range(50))})
@@ -46,12 +46,12 @@ def test_a_partition_does_not_freeze_the_workers_garbage_collector() -> None:
 def _partition(rows: int = 50) -> Iterator[object]:
     import pyarrow as pa
 
-    from timewheel.spark._dispatch import _PartitionDispatch
-    from timewheel.spark.engines import DispatchConfig
+    from timewheel.spark.columns import PartitionDispatch
+    from timewheel.spark.engine.partition import timewheel_engine
+    from timewheel.spark.options import DispatchConfig
     from timewheel.spark.targets import SimulatedDownstream
-    from timewheel.spark.timewheel_engine import timewheel_engine
 
-    run = _PartitionDispatch(timewheel_engine, SimulatedDownstream(1.0, 2.0), DispatchConfig())
+    run = PartitionDispatch(timewheel_engine, SimulatedDownstream(1.0, 2.0), DispatchConfig())
     batches = [pa.RecordBatch.from_pydict({"id": list(range(rows))})] * 2
     return run(iter(batches))  # type: ignore[no-any-return]
 

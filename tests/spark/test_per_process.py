@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from timewheel.spark._per_process import PerProcess
+from timewheel.spark.runtime import PerProcess
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="os.fork is POSIX only")
 
@@ -108,7 +108,7 @@ def _fork_and_report(script: str) -> str:
 def test_a_forked_child_gets_a_fresh_instance_and_not_the_parents_threads() -> None:
     out = _fork_and_report(
         """
-        from timewheel.spark._per_process import PerProcess
+        from timewheel.spark.runtime import PerProcess
 
         class Worker:
             def __init__(self):
@@ -136,7 +136,7 @@ def test_a_forked_child_gets_a_fresh_instance_and_not_the_parents_threads() -> N
 def test_a_child_forked_while_a_thread_is_making_the_instance_does_not_hang() -> None:
     out = _fork_and_report(
         """
-        from timewheel.spark._per_process import PerProcess
+        from timewheel.spark.runtime import PerProcess
 
         parent_pid, started, release = os.getpid(), threading.Event(), threading.Event()
 
@@ -162,7 +162,7 @@ def test_a_child_forked_while_a_thread_is_making_the_instance_does_not_hang() ->
 def test_the_wings_per_process_state_is_remade_in_a_forked_child() -> None:
     out = _fork_and_report(
         """
-        from timewheel.spark.engines import worker_runtime
+        from timewheel.spark.runtime import worker_runtime
         from timewheel.spark.targets import SimulatedDownstream
 
         sim = SimulatedDownstream(pct50_ms=1, pct75_ms=2, seed=1)
@@ -193,8 +193,8 @@ def test_the_wing_imports_where_os_has_no_register_at_fork() -> None:
         import os
         del os.register_at_fork, os.fork  # as on Windows (the standard library looks at fork)
         import timewheel.aio, timewheel.metrics.prometheus, timewheel.spark.targets
-        from timewheel.spark._per_process import PerProcess
-        from timewheel.spark.engines import worker_runtime
+        from timewheel.spark.runtime import PerProcess
+        from timewheel.spark.runtime import worker_runtime
         print(PerProcess(lambda: 7).get(), worker_runtime() is worker_runtime())
         """
     )

@@ -18,7 +18,7 @@ import pytest
 from spark_fixtures import kill_lane
 from timewheel.cli.pipeline import add_parser
 from timewheel.cli.pipeline.output import run_identity
-from timewheel.spark.journal import JOURNAL, MANIFEST, journal_rows, read_batches, run_dir
+from timewheel.spark.delivery.journal import JOURNAL, MANIFEST, journal_rows, read_batches, run_dir
 
 pytestmark = pytest.mark.spark
 pq = pytest.importorskip("pyarrow.parquet")
@@ -105,7 +105,7 @@ def exactly_once(out: Path, ids: list[int]) -> None:
 def test_a_journal_cut_short_keeps_its_whole_batches(tmp_path: Path) -> None:
     import pyarrow as pa
 
-    from timewheel.spark.journal import JournalWriter, compact
+    from timewheel.spark.delivery.journal import JournalWriter, compact
 
     def batch(first: int, status: str) -> pa.RecordBatch:
         ids = list(range(first, first + 100))

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("pycurl")
 
 from timewheel.cli.pipeline.options import add_http_options, http_options
-from timewheel.spark.http_target import HttpDownstream
+from timewheel.spark.http.target import HttpDownstream
 from timewheel.spark.secrets import Secret, SecretError, parse_secret, redact_url
 
 TOKEN = "tok-7f3a9c1e-never-on-disk"

@@ -284,7 +284,7 @@ class StopLookKill(threading.Thread):
             self.error = f"{type(exc).__name__}: {exc}"
 
     def _stop_look_kill(self) -> None:
-        from timewheel.spark.stream_record import Record
+        from timewheel.spark.delivery.stream_record import Record
 
         seen = self.service.seen
         end = time.monotonic() + WAIT_S
@@ -323,7 +323,7 @@ def test_a_stream_with_a_worker_killed_mid_micro_batch_sends_each_row_once_on_th
     once, and the only calls sent twice are the killed worker's calls in flight."""
     import pyarrow.parquet as pq
 
-    from timewheel.spark.http_target import HttpDownstream
+    from timewheel.spark.http.target import HttpDownstream
 
     rows, inp, out = 12_000, tmp_path / "in", tmp_path / "out"
     inp.mkdir()

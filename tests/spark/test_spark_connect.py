@@ -185,7 +185,7 @@ def test_the_cli_runs_on_connect(remote: str, tmp_path: Path) -> None:
 def test_a_connect_server_that_goes_away_ends_the_run_resumably(tmp_path: Path) -> None:
     import signal
 
-    from timewheel.spark.journal import MANIFEST, journal_rows, run_dir
+    from timewheel.spark.delivery.journal import MANIFEST, journal_rows, run_dir
 
     port = free_port()
     server = start_server(tmp_path / "logs-1", port)

@@ -15,9 +15,9 @@ from pyspark.sql import functions as F
 
 from spark_dispatch_cases import *  # noqa: F403  (the cases, run here against the engine below)
 from timewheel.spark import dispatch, output_schema, partition_dispatcher
-from timewheel.spark.engines import worker_runtime
+from timewheel.spark.engine.partition import timewheel_engine
+from timewheel.spark.runtime import worker_runtime
 from timewheel.spark.targets import HttpDownstream, SimulatedDownstream
-from timewheel.spark.timewheel_engine import timewheel_engine
 
 pytestmark = pytest.mark.spark
 
@@ -146,7 +146,7 @@ def test_the_worker_runtime_is_made_after_fork_and_reused_across_tasks(spark: An
 )
 def test_nested_key_columns_are_refused_from_the_schema(spark: Any, ddl: str, shown: str) -> None:
     # Refused from the schema, before any job. (A key that still cannot be taken at run
-    # time fails its row once: tests/spark/test_engines.py checks that for every engine.)
+    # time fails its row once: tests/spark/engine/test_engines.py checks that for every engine.)
     df = spark.createDataFrame([], f"id long, {ddl}")
     with pytest.raises(ValueError) as info:
         dispatch(df, SimulatedDownstream(1, 2), id_col="id", key_cols=["acct"])

@@ -36,7 +36,7 @@ def test_the_library_does_not_import_the_wing() -> None:
 def test_targets_and_engines_import_without_pyspark_or_pyarrow() -> None:
     out = _run(
         "import sys, timewheel.spark, timewheel.spark.targets, timewheel.spark.contract, "
-        "timewheel.spark.timewheel_engine, timewheel.spark.session, timewheel.cli.pipeline\n"
+        "timewheel.spark.engine.partition, timewheel.spark.session, timewheel.cli.pipeline\n"
         "print(sorted(m for m in ('pyspark', 'pyarrow') if m in sys.modules))"
     )
     assert out.strip() == "[]"

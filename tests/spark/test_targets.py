@@ -209,7 +209,8 @@ def test_target_from_url() -> None:
             target_from_url(url)
 
 
-# The HTTP target has its own tests against an aiohttp service: tests/spark/test_http_target.py.
+# The HTTP target has its own tests against an aiohttp service:
+# tests/spark/http/test_http_target.py.
 
 
 def test_expected_attempt_matches_a_seeded_sample() -> None:

@@ -14,10 +14,12 @@ import pytest
 from engine_contract import *  # noqa: F403  (the cases, run here against the engines below)
 from timewheel.cli.bench.baseline_engines import async_call, blocking_call
 from timewheel.cli.bench.engines import DEFAULT_ENGINE, engine_names, get_engine
-from timewheel.spark.engines import DispatchConfig, Outcome, worker_runtime
+from timewheel.spark.engine.partition import timewheel_engine
+from timewheel.spark.options import DispatchConfig
+from timewheel.spark.outcome import Outcome
+from timewheel.spark.runtime import worker_runtime
 from timewheel.spark.secrets import Secret
 from timewheel.spark.targets import DownstreamError, DownstreamTimeout, HttpDownstream
-from timewheel.spark.timewheel_engine import timewheel_engine
 
 BASELINES = ("threads", "asyncio")
 

@@ -11,7 +11,7 @@ import pytest
 
 from timewheel.cli.bench import pipeline as bench
 from timewheel.cli.bench.engines import engine_names
-from timewheel.spark.engines import DispatchConfig
+from timewheel.spark.options import DispatchConfig
 from timewheel.spark.targets import SimulatedDownstream
 
 pytestmark = pytest.mark.spark
@@ -101,7 +101,7 @@ def test_a_partition_reports_the_cpu_its_garbage_collections_took() -> None:
 
     import pyarrow as pa
 
-    from timewheel.spark.engines import OK
+    from timewheel.spark.outcome import OK
 
     def dispatch(batches: Any) -> Any:
         for batch in batches:

@@ -147,7 +147,7 @@ def _is_above_the_core(module: str) -> bool:
 
 def _private_to_the_wing(target: str) -> bool:
     """``target`` is in the wing and names a private module or name on the way
-    (``timewheel.spark._dispatch``, ``timewheel.spark.engines._helper``)."""
+    (``timewheel.spark._dispatch``, ``timewheel.spark.engine.contract._helper``)."""
     if not _is_wing(target):
         return False
     inside = target[len(WING) + 1 :].split(".") if target != WING else []
@@ -430,8 +430,8 @@ BROKEN = {
         "timewheel.aio:2: a logger not named getLogger(__name__)",
     ),
     "logging on the root logger": (
-        {"spark/engines.py": "import logging\nlogging.warning('x')\n"},
-        "timewheel.spark.engines:2: logs on the root logger",
+        {"spark/engine/contract.py": "import logging\nlogging.warning('x')\n"},
+        "timewheel.spark.engine.contract:2: logs on the root logger",
     ),
     "library imports the wing": (
         {"timer.py": "from .spark import targets\n"},
@@ -446,26 +446,30 @@ BROKEN = {
         "timewheel.purgatory:2: imports the wing (timewheel.spark.x)",
     ),
     "wing imports the tooling": (
-        {"spark/journal.py": "from ..cli.bench import baselines\n"},
-        "timewheel.spark.journal:1: imports the tooling (timewheel.cli.bench)",
+        {"spark/delivery/journal.py": "from ...cli.bench import baselines\n"},
+        "timewheel.spark.delivery.journal:1: imports the tooling (timewheel.cli.bench)",
     ),
     "library imports the command-line helpers": (
         {"spark/session.py": "import argparse\n"},
         "timewheel.spark.session:1: imports argparse: the wing has no command line",
     ),
     "tooling imports a private module of the wing": (
-        {"cli/bench/pipeline.py": "from ...spark._dispatch import _PartitionDispatch\n"},
+        {"cli/bench/pipeline.py": "from ...spark._dispatch import PartitionDispatch\n"},
         "timewheel.cli.bench.pipeline:1: imports a private name of the wing "
         "(timewheel.spark._dispatch)",
     ),
     "tooling imports a private name of a public wing module": (
-        {"cli/bench/pipeline.py": "from ...spark.engines import _settle\n"},
+        {"cli/bench/pipeline.py": "from ...spark.engine.contract import _settle\n"},
         "timewheel.cli.bench.pipeline:1: imports a private name of the wing "
-        "(timewheel.spark.engines._settle)",
+        "(timewheel.spark.engine.contract._settle)",
     ),
     "tooling imports a private module of the wing by name": (
-        {"cli/bench/http.py": "import importlib as i\ni.import_module('timewheel.spark._curl')\n"},
-        "timewheel.cli.bench.http:2: imports a private name of the wing (timewheel.spark._curl)",
+        {
+            "cli/bench/http.py": "import importlib as i\n"
+            "i.import_module('timewheel.spark.http._curl')\n"
+        },
+        "timewheel.cli.bench.http:2: imports a private name of the wing "
+        "(timewheel.spark.http._curl)",
     ),
     "library imports the tooling": (
         {"execution.py": "import timewheel.cli\n"},
@@ -516,16 +520,16 @@ BROKEN = {
         "(timewheel.purgatory -> timewheel.timer -> timewheel.purgatory)",
     ),
     "a wing module over the size limit": (
-        {"spark/engines.py": "x = 1\n" * 701},
-        "timewheel.spark.engines: 701 lines, over 700",
+        {"spark/engine/contract.py": "x = 1\n" * 701},
+        "timewheel.spark.engine.contract: 701 lines, over 700",
     ),
     "an import cycle in the wing": (
         {
-            "spark/journal.py": "from .replies import reply_schema\n",
-            "spark/replies.py": "def f():\n    from .journal import Journal\n",
+            "spark/delivery/journal.py": "from ..columns import reply_schema\n",
+            "spark/columns.py": "def f():\n    from .delivery.journal import Journal\n",
         },
-        "timewheel.spark.journal: an import cycle "
-        "(timewheel.spark.journal -> timewheel.spark.replies -> timewheel.spark.journal)",
+        "timewheel.spark.columns: an import cycle (timewheel.spark.columns -> "
+        "timewheel.spark.delivery.journal -> timewheel.spark.columns)",
     ),
     "NaN check in Cython": (
         {"_impl/_aio_c.pyx": "from libc.math cimport isnan\nif isnan(x): pass\n"},

@@ -14,7 +14,7 @@ from timewheel.cli.bench.openai_stub import (
     count_tokens,
     go_duration,
 )
-from timewheel.spark.ratelimit_headers import parse_duration, parse_rate_limit_headers
+from timewheel.spark.quota.headers import parse_duration, parse_rate_limit_headers
 
 
 @pytest.fixture

@@ -8,16 +8,16 @@
 * Targets (:mod:`timewheel.spark.targets`): :class:`SimulatedDownstream`,
   :class:`HttpDownstream`, or any picklable object with ``submit(row, on_done)``.
 * :class:`Quota`: one quota for a whole job (requests, cost, calls in flight, budget),
-  ``dispatch(..., quota=...)``; :mod:`timewheel.spark.quota` and
-  :mod:`timewheel.spark.quota_job` say how it is kept.
-* Engines (:mod:`timewheel.spark.engines` for the contract): the per-partition work;
+  ``dispatch(..., quota=...)``; :mod:`timewheel.spark.quota.task` and
+  :mod:`timewheel.spark.quota.placement` say how it is kept.
+* Engines (:mod:`timewheel.spark.engine.contract` for the contract): the per-partition work;
   the one the wing ships, the default, runs on the package's own timer, purgatory and
-  resource manager (:mod:`timewheel.spark.timewheel_engine`).
+  resource manager (:mod:`timewheel.spark.engine.partition`).
 * Helpers a job of its own around ``dispatch`` uses (``timewheel pipeline`` does):
   :func:`task_slots` (the tasks Spark runs at once), :func:`is_connect` (a Spark Connect
   session?), :func:`request_key` (the column ``dedupe_requests`` groups rows by);
   :func:`~timewheel.spark.session.spark_session`; the journal
-  (:mod:`timewheel.spark.journal`).
+  (:mod:`timewheel.spark.delivery.journal`).
 
 The command line around it, ``timewheel pipeline``, is tooling: :mod:`timewheel.cli.pipeline`.
 
@@ -30,18 +30,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .engines import RESULT_COLUMNS, STATUSES
-from .quota_spec import Quota
+from .outcome import RESULT_COLUMNS, STATUSES
+from .quota.spec import Quota
 
 if TYPE_CHECKING:
-    from ._dispatch import (
-        dispatch,
-        is_connect,
-        output_schema,
-        partition_dispatcher,
-        task_slots,
-    )
-    from .dedupe import request_key
+    from ._dispatch import dispatch, partition_dispatcher
+    from .cluster import is_connect, task_slots
+    from .columns import output_schema
+    from .delivery.dedupe import request_key
 
 __all__ = [
     "RESULT_COLUMNS",
@@ -68,13 +64,21 @@ _LAZY = (
 def __getattr__(name: str) -> Any:
     """Import ``dispatch`` (and with it pyspark) when it is first asked for."""
     if name == "request_key":
-        from .dedupe import request_key
+        from .delivery.dedupe import request_key
 
         return request_key
-    if name in _LAZY:
+    if name in ("dispatch", "partition_dispatcher"):
         from . import _dispatch
 
         return getattr(_dispatch, name)
+    if name == "output_schema":
+        from .columns import output_schema
+
+        return output_schema
+    if name in _LAZY:
+        from . import cluster
+
+        return getattr(cluster, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -2,7 +2,7 @@
 
 :func:`dispatch` sends every row of a DataFrame to a target (see
 :mod:`timewheel.spark.targets`) and returns each row once, with how its call ended.
-Inside each partition an engine (see :mod:`timewheel.spark.engines`) keeps at most
+Inside each partition an engine (see :mod:`timewheel.spark.engine.contract`) keeps at most
 ``max_in_flight`` calls outstanding, times each out at ``timeout_ms`` and retries
 failures and timeouts after ``backoff_ms``.
 
@@ -17,89 +17,42 @@ partitions may share a value of the second column).
 from __future__ import annotations
 
 import pickle
-import sys
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
-from py4j.protocol import Py4JJavaError
 from pyspark import Accumulator, cloudpickle
-from pyspark.errors import PythonException
 from pyspark.sql import DataFrame
 from pyspark.sql.types import (
-    ArrayType,
-    DoubleType,
-    IntegerType,
-    MapType,
-    StringType,
-    StructField,
     StructType,
 )
 
 from .._validate import check_columns, check_int
-from ._heap import heap_frozen
-from .admission import check_rate
-from .batching import batch_settings
-from .dedupe import by_request, sent_once
-from .engines import OK, RESULT_COLUMNS, DispatchConfig, Engine, Outcome
-from .journal import FLUSH_ROWS, FLUSH_S, JournalWriter
-from .quota import Quota
-from .quota_job import check_quota, place_quota
-from .replies import REPLY_COLUMN, ReplyParser, reply_struct
-from .stream_record import (
+from .batch.spec import batch_settings
+from .cluster import check_workers, is_connect, task_slots
+from .columns import NESTED_TYPES, REPLY_COLUMN, PartitionDispatch, output_schema, reply_struct
+from .delivery.dedupe import by_request
+from .delivery.stream_record import (
     Recording,
-    answered_once,
-    batch_prefix,
     claim_record,
-    record_of,
     retain_batches,
-    task_batch,
 )
-from .timewheel_engine import timewheel_engine
-from .worker_metrics import PartitionCounts, worker_metrics
+from .engine.admission import check_rate
+from .engine.contract import Engine
+from .engine.partition import timewheel_engine
+from .options import DispatchConfig
+from .outcome import OK, RESULT_COLUMNS
+from .quota.placement import check_quota, place_quota
+from .quota.task import Quota
 
 __all__ = [
     "MAX_DELAY_MS",
     "MAX_IN_FLIGHT",
     "MAX_RETRIES",
-    "check_workers",
     "dispatch",
-    "is_connect",
-    "output_schema",
     "partition_dispatcher",
-    "task_slots",
 ]
-
-# The Spark and Arrow type of each result column, and whether it may be null.
-_RESULT_TYPES = {
-    "status": (StringType(), pa.string(), False),
-    "attempts": (IntegerType(), pa.int32(), False),
-    "latency_ms": (DoubleType(), pa.float64(), False),
-    "error": (StringType(), pa.string(), True),
-    "http_status": (IntegerType(), pa.int32(), True),
-    "response": (StringType(), pa.string(), True),
-}
-_RESULT_FIELDS = [
-    StructField(name, _RESULT_TYPES[name][0], _RESULT_TYPES[name][2]) for name in RESULT_COLUMNS
-]
-_ARROW_RESULT_FIELDS = [
-    pa.field(name, _RESULT_TYPES[name][1], _RESULT_TYPES[name][2]) for name in RESULT_COLUMNS
-]
-# Key column types refused before the job: their values reach Python as lists and dicts,
-# which cannot be hashed (a key that is a struct's fields is better named column by column).
-_NESTED_TYPES = (ArrayType, MapType, StructType)
-# Rows per Arrow batch handed back to Spark (Spark's own default batch size).
-_OUT_BATCH_ROWS = 10_000
-
-
-def output_schema(schema: StructType, reply: StructType | str | None = None) -> StructType:
-    """The schema of ``dispatch``'s result for an input of ``schema`` (and a reply struct,
-    or the ``reply_schema`` DDL string it is parsed from)."""
-    struct = reply_struct(reply) if isinstance(reply, str) else reply
-    extra = [] if struct is None else [StructField(REPLY_COLUMN, struct, True)]
-    return StructType([*schema.fields, *_RESULT_FIELDS, *extra])
 
 
 #: The largest ``timeout_ms`` and ``backoff_ms``: 2**31 - 1 ms, about 24.8 days. The
@@ -149,7 +102,7 @@ def _prepare(
                 "column, and each needs its own"
             )
     for field in schema.fields:
-        if field.name in (*key_cols, dedupe_col) and isinstance(field.dataType, _NESTED_TYPES):
+        if field.name in (*key_cols, dedupe_col) and isinstance(field.dataType, NESTED_TYPES):
             what = "dedupe_col" if field.name == dedupe_col else "key column"
             raise ValueError(
                 f"{what} {field.name!r} has type {field.dataType.simpleString()}: its values "
@@ -192,200 +145,6 @@ def _prepare(
     return target, config, reply
 
 
-class _PartitionDispatch:
-    """The function ``mapInArrow`` runs on every partition: Arrow batches in, batches out."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        target: Any,
-        config: DispatchConfig,
-        reports: Accumulator[Any] | None = None,
-        reply: StructType | None = None,
-        dedupe_col: str | None = None,
-        journal: str | None = None,
-        recording: Recording | None = None,
-    ) -> None:
-        self.engine = engine
-        self.target = target
-        self.config = config
-        self.reports = reports
-        self.reply = reply
-        self.dedupe_col = dedupe_col
-        self.journal = journal
-        # On a stream: how the journal is kept as the record looked up first.
-        self.recording = recording
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        with heap_frozen():  # see _heap: the collector's full passes, cut to the rows
-            yield from self._dispatch(batches)
-
-    def _dispatch(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        engine = self.engine
-        schemas: list[pa.Schema] = []
-        worker = worker_metrics()
-        counts = worker.start()
-        parser = None if self.reply is None else ReplyParser(self.reply)
-        extra = [] if parser is None else [pa.field(REPLY_COLUMN, parser.arrow_type, True)]
-
-        def rows() -> Iterator[dict[str, Any]]:
-            for batch in batches:
-                if not schemas:
-                    schemas.append(pa.schema([*batch.schema, *_ARROW_RESULT_FIELDS, *extra]))
-                # Column by column, then zipped: cheaper than RecordBatch.to_pylist.
-                names = batch.schema.names
-                counts.admitted += batch.num_rows
-                for values in zip(*[column.to_pylist() for column in batch.columns]):
-                    yield dict(zip(names, values))
-
-        def run(rows: Iterable[dict[str, Any]]) -> Iterator[Outcome]:
-            return engine(rows, self.target, self.config)
-
-        def sent(rows: Iterable[dict[str, Any]]) -> Iterator[Outcome]:
-            return run(rows) if self.dedupe_col is None else sent_once(rows, self.dedupe_col, run)
-
-        prefix = ""
-        recorded: set[int] = set()  # id() of the outcomes read from a stream's record
-        if self.recording is not None and self.journal is not None:
-            batch = task_batch()
-            prefix = batch_prefix(batch)
-            record = record_of(self.journal, self.recording, batch)
-            outcomes = answered_once(rows(), record, sent, counts, recorded)
-        else:
-            outcomes = sent(rows())
-        out: list[Outcome] = []
-        journal = None if self.journal is None else JournalWriter(self.journal, prefix)
-        # With a journal, smaller batches (by rows and by age), each committed before
-        # Spark gets it; without one, only the clock-free row count.
-        cap = _OUT_BATCH_ROWS if journal is None else FLUSH_ROWS
-        first = 0.0  # when the batch's first row finished (with a journal)
-
-        def emit() -> pa.RecordBatch:
-            batch = self._batch(out, schemas[0], counts, parser)
-            if journal is not None:
-                fresh = batch
-                if recorded:  # the record has those already: not written to it again
-                    fresh = batch.filter([id(o) not in recorded for o in out])
-                    recorded.difference_update(id(o) for o in out)
-                if fresh.num_rows:
-                    journal.write(fresh)
-            return batch
-
-        try:
-            for outcome in outcomes:
-                out.append(outcome)
-                aged = False
-                if journal is not None:
-                    now = time.monotonic()
-                    if len(out) == 1:
-                        first = now
-                    aged = now - first >= FLUSH_S
-                if len(out) == cap or aged:
-                    yield emit()
-                    out = []
-            if out:
-                yield emit()
-        finally:
-            if journal is not None:
-                journal.close()
-            report = worker.end(counts)
-            if self.reports is not None:
-                self.reports.add({worker.name: report})
-
-    def _batch(
-        self,
-        outcomes: list[Outcome],
-        schema: pa.Schema,
-        counts: PartitionCounts,
-        parser: ReplyParser | None,
-    ) -> pa.RecordBatch:
-        """The output batch of ``outcomes`` (not empty), built column by column; the
-        columns also give the batch's counts."""
-        replies = []
-        if parser is not None:
-            outcomes, parsed = parser.parse(outcomes)
-            replies.append(parsed)
-        rows, *results = zip(*outcomes)
-        counts.finish(results[0], results[1])  # the status and attempts columns
-        inputs = schema.names[: len(schema) - len(_ARROW_RESULT_FIELDS) - len(replies)]
-        columns = [
-            pa.array([row[name] for row in rows], schema.field(name).type) for name in inputs
-        ]
-        columns += [
-            pa.array(values, field.type) for values, field in zip(results, _ARROW_RESULT_FIELDS)
-        ]
-        columns += replies
-        return pa.RecordBatch.from_arrays(columns, schema=schema)
-
-
-def _probe(_: Iterable[int]) -> Iterator[str]:
-    """Run on one executor: unpickling this function imports timewheel there."""
-    yield sys.executable
-
-
-def _probe_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The same probe as a ``mapInArrow`` function, the form Spark Connect runs."""
-    for _ in batches:
-        pass
-    yield pa.RecordBatch.from_pydict({"python": [sys.executable]})
-
-
-def is_connect(spark: Any) -> bool:
-    """Whether ``spark`` is a Spark Connect session (no SparkContext, no accumulators)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-def task_slots(spark: Any) -> int:
-    """How many tasks Spark runs at once: its default parallelism.
-
-    On Spark Connect (no SparkContext) it is read from how ``spark.range`` splits rows.
-    """
-    if not is_connect(spark):
-        return int(spark.sparkContext.defaultParallelism)
-    from pyspark.sql import functions as F
-
-    parts = spark.range(1 << 16).select(F.spark_partition_id().alias("p")).agg(F.max("p"))
-    return int(parts.first()[0]) + 1
-
-
-# The Spark applications (or Connect sessions) whose executors have imported timewheel.
-_WORKERS_CHECKED: set[str] = set()
-
-
-def check_workers(spark: Any) -> None:
-    """Make sure Spark's executors can import timewheel: once per application, one tiny task.
-
-    Without it, a missing package shows up only after every task has failed its
-    attempts, as a Py4J wall of text. Raises RuntimeError saying how to fix it.
-    """
-    connect = is_connect(spark)
-    app = f"connect:{spark.session_id}" if connect else spark.sparkContext.applicationId
-    if app in _WORKERS_CHECKED:
-        return
-    try:
-        if connect:
-            spark.range(1, numPartitions=1).mapInArrow(_probe_batches, "python string").collect()
-        else:
-            spark.sparkContext.parallelize([0], 1).mapPartitions(_probe).collect()
-    except (Py4JJavaError, PythonException) as exc:
-        missing = [line for line in str(exc).splitlines() if "ModuleNotFoundError" in line]
-        if not missing:
-            raise
-        python = (
-            "set by the server's spark.pyspark.python"
-            if connect
-            else repr(spark.sparkContext.pythonExec)
-        )
-        raise RuntimeError(
-            f"Spark's executors cannot import timewheel ({missing[-1].strip()}); their "
-            f"Python is {python}. Install timewheel-purgatory[spark] there, or set "
-            "spark.pyspark.python to an interpreter that has it (on one machine: the "
-            "driver's, sys.executable; on a cluster: a packed environment shipped with "
-            "spark.archives); see 'Running on a cluster' in docs/spark.md"
-        ) from None
-    _WORKERS_CHECKED.add(app)
-
-
 def dispatch(
     df: DataFrame,
     target: Any,
@@ -421,25 +180,25 @@ def dispatch(
     ``response`` (the last answer's status and body as text; None when no answer came,
     see :mod:`timewheel.spark.targets`), and with ``reply_schema`` (a Spark DDL string)
     ``reply``: ``ok`` answers parsed as JSON into that struct (see
-    :mod:`timewheel.spark.replies`). ``id_col`` names the
+    :mod:`timewheel.spark.columns`). ``id_col`` names the
     column that identifies a row; ``key_cols`` name the values a row holds while in
     flight (see the module docstring for the exact guarantee). Each partition keeps at
     most ``max_in_flight`` calls outstanding, times a call out after ``timeout_ms`` and
     retries up to ``retries`` times after about ``backoff_ms`` (with jitter).
 
-    ``quota`` (a :class:`~timewheel.spark.quota.Quota`: requests and cost per second or
+    ``quota`` (a :class:`~timewheel.spark.quota.task.Quota`: requests and cost per second or
     minute, calls in flight, a budget, a request cap) holds for the whole job: every
-    attempt of every task draws on it as it goes (see :mod:`timewheel.spark.quota_job`
+    attempt of every task draws on it as it goes (see :mod:`timewheel.spark.quota.placement`
     for where it lives). ``cost`` gives each row's estimated cost: a numeric column's
     name or a function of the row (a row whose cost is null, negative or NaN fails
     unsent). ``reply_cost`` reads the actual cost from the JSON answer: a dotted path
     (``"usage.total_tokens"``) or a function of the parsed answer; the difference is
-    settled with the quota (see :mod:`timewheel.spark.quota_gate`). Once the budget or
+    settled with the quota (see :mod:`timewheel.spark.quota.gate`). Once the budget or
     the request cap is spent, nothing more is sent, and the rows not sent come back
     ``skipped``. A 429 or 503 with ``Retry-After`` pauses the whole job's quota.
     ``rate`` (requests per second, retries included) is a static split without a
     quota: the rows are spread over as many partitions as Spark runs tasks at once, each
-    sending its share (see :mod:`timewheel.spark.admission`). Whatever the limit, a task
+    sending its share (see :mod:`timewheel.spark.engine.admission`). Whatever the limit, a task
     that is answered HTTP 429 or 503 keeps fewer calls in flight and waits out
     ``Retry-After``.
     ``dedupe_col``: rows with the same (non-null) value there are sent once, by one
@@ -455,7 +214,7 @@ def dispatch(
     own outcome: a batch refused as bad input is halved until the rows at fault stand
     alone, one that times out or gets a 5xx is retried whole. ``max_in_flight`` then
     counts requests, and a quota is taken per request (one request, the sum of its rows'
-    costs). See :mod:`timewheel.spark.batch_engine` and docs/spark.md, "Batches".
+    costs). See :mod:`timewheel.spark.engine.batcher` and docs/spark.md, "Batches".
     ``resume_from``: a previous result of this call (say, read back from Parquet);
     rows whose ``id_col`` value is ``ok`` there are not sent again but come back as
     they were there (ids must be unique for that to mean one row each).
@@ -472,19 +231,19 @@ def dispatch(
     again if the result is computed twice (cache or write it once).
 
     ``journal``: a directory the executors can write; each task also commits its
-    finished rows there as it goes (see :mod:`timewheel.spark.journal`), so a run that
+    finished rows there as it goes (see :mod:`timewheel.spark.delivery.journal`), so a run that
     is stopped keeps what was answered (``timewheel pipeline``'s resumable output). On a
     streaming ``df`` it is also the record each task looks a row up in before sending
     it: a micro-batch that runs again sends none of the rows already answered, and they
-    come back with their recorded outcome (see :mod:`timewheel.spark.stream_record`).
+    come back with their recorded outcome (see :mod:`timewheel.spark.delivery.stream_record`).
     It keeps the last ``journal_retain_batches`` micro-batches (default: as many as the
     checkpoint keeps, ``spark.sql.streaming.minBatchesToRetain``).
     ``worker_reports``: the accumulator of a
     :class:`~timewheel.spark.worker_metrics.WorkerReports`, given each partition's
     ``spark_engine`` counts under its worker's name when the partition ends, for a
     driver's metrics endpoint (Spark Connect has no accumulators: there it must be None).
-    ``engine``: what runs each partition's calls (:class:`~timewheel.spark.engines.Engine`;
-    default the timewheel engine, :func:`~timewheel.spark.timewheel_engine.timewheel_engine`).
+    ``engine``: what runs each partition's calls (:class:`~timewheel.spark.engine.contract.Engine`;
+    default the timewheel engine, :func:`~timewheel.spark.engine.partition.timewheel_engine`).
     """
     if not isinstance(df, DataFrame):
         raise TypeError(f"df must be a pyspark.sql.DataFrame, got {type(df).__name__}")
@@ -558,7 +317,7 @@ def dispatch(
     if dedupe_col:
         df = df.sortWithinPartitions(dedupe_col)
     result = df.mapInArrow(
-        _PartitionDispatch(
+        PartitionDispatch(
             engine, target, config, worker_reports, reply, dedupe_col, journal, recording
         ),
         output_schema(df.schema, reply),
@@ -636,7 +395,7 @@ def partition_dispatcher(
         reply_schema,
     )
     target, config = _with_batches(target, config, engine, batch_size, batch_linger_ms)
-    return _PartitionDispatch(engine, target, config, reply=reply, journal=journal)
+    return PartitionDispatch(engine, target, config, reply=reply, journal=journal)
 
 
 def _kept(df: DataFrame, previous: Any, id_col: str, reply: StructType | None) -> DataFrame:

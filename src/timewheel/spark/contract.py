@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Callable, NamedTuple, Optional, Protocol, TypeVar
 
 __all__ = [
+    "OVERLOAD_STATUSES",
     "DownstreamError",
     "DownstreamTimeout",
     "Failure",
@@ -32,6 +33,7 @@ __all__ = [
     "Target",
     "accepts_reply",
     "deliver",
+    "is_overload",
     "retry_after_of",
     "row_keys",
 ]
@@ -158,3 +160,19 @@ class DownstreamTimeout(TimeoutError):
 def row_keys(row: Mapping[str, Any], key_cols: Sequence[str]) -> tuple[Any, ...]:
     """The distinct non-null values of ``key_cols`` in ``row``: the keys a call holds."""
     return tuple(dict.fromkeys(row[col] for col in key_cols if row[col] is not None))
+
+
+#: The HTTP answers that mean "too much, slow down".
+OVERLOAD_STATUSES = (429, 503)
+
+
+def is_overload(error: object, reply: Any = None) -> bool:
+    """Whether a failed call was refused for overload (HTTP 429 or 503).
+
+    Read from the call's reply when it handed one back (``reply.status``), else from the
+    error's text, for targets that report only ``on_done(ok, error)``.
+    """
+    status = getattr(reply, "status", None)
+    if status is not None:
+        return status in OVERLOAD_STATUSES
+    return isinstance(error, str) and error.startswith(("HTTP 429", "HTTP 503"))

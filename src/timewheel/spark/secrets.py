@@ -20,7 +20,7 @@ import re
 import threading
 from typing import Any, Callable, Union
 
-from ._per_process import PerProcess
+from .runtime import PerProcess
 
 __all__ = ["Secret", "SecretError", "parse_secret", "redact_url"]
 

@@ -22,10 +22,10 @@ from typing import Any, Callable
 import numpy
 
 from .._validate import check_columns
-from ._per_process import PerProcess
-from .batch_replies import ReplySplit
-from .batching import BatchPart
+from .batch.replies import ReplySplit
+from .batch.spec import BatchPart
 from .contract import OnDone, Reply, deliver, row_keys
+from .runtime import PerProcess
 from .secrets import redact_url
 
 __all__ = ["SimulatedDownstream", "simulated_reply", "simulator_from_url"]

@@ -25,7 +25,7 @@ from .contract import (
     deliver,
     row_keys,
 )
-from .http_target import HttpDownstream, HttpRequest
+from .http.target import HttpDownstream, HttpRequest
 from .simulator import SimulatedDownstream, simulator_from_url
 
 __all__ = [

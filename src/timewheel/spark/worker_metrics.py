@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import metrics
-from ._per_process import PerProcess
-from .engines import STATUSES
+from .outcome import STATUSES
+from .runtime import PerProcess
 
 __all__ = [
     "KIND",

@@ -33,7 +33,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ...spark.admission import Admission
 from ...spark.contract import (
     DownstreamError,
     DownstreamTimeout,
@@ -42,19 +41,13 @@ from ...spark.contract import (
     retry_after_of,
     row_keys,
 )
-from ...spark.engines import (
-    FAILED,
-    OK,
-    DispatchConfig,
-    Outcome,
-    classify,
-    key_error,
-    outcome,
-    retry_wait_s,
-    worker_runtime,
-)
-from ...spark.http_request import verdict
-from ...spark.http_target import HttpDownstream
+from ...spark.engine.admission import Admission
+from ...spark.engine.contract import classify, key_error, retry_wait_s
+from ...spark.http.request import verdict
+from ...spark.http.target import HttpDownstream
+from ...spark.options import DispatchConfig
+from ...spark.outcome import FAILED, OK, Outcome, outcome
+from ...spark.runtime import worker_runtime
 
 __all__ = ["async_call", "asyncio_engine", "blocking_call", "threads_engine"]
 

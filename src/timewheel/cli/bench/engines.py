@@ -1,15 +1,15 @@
 """The dispatch engines by name: what ``timewheel pipeline --engine`` and ``timewheel bench
 pipeline`` run (``dispatch`` takes the engine itself: ``engine=get_engine(name)``).
 
-The product's one engine, ``timewheel`` (:mod:`timewheel.spark.timewheel_engine`), and
+The product's one engine, ``timewheel`` (:mod:`timewheel.spark.engine.partition`), and
 the benchmark's baselines (:mod:`.baseline_engines`). Adding an engine is one line in
-``_ENGINES``; an engine imports :mod:`timewheel.spark.engines` (the contract), never this.
+``_ENGINES``; an engine imports :mod:`timewheel.spark.engine.contract` (the contract), never this.
 """
 
 from __future__ import annotations
 
-from ...spark.engines import Engine
-from ...spark.timewheel_engine import timewheel_engine
+from ...spark.engine.contract import Engine
+from ...spark.engine.partition import timewheel_engine
 from .baseline_engines import asyncio_engine, threads_engine
 
 __all__ = ["DEFAULT_ENGINE", "engine_names", "get_engine"]

@@ -33,7 +33,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ...spark.engines import OK, STATUSES, DispatchConfig, Outcome
+from ...spark.options import DispatchConfig
+from ...spark.outcome import OK, STATUSES, Outcome
 from ...spark.session import spark_session
 from ...spark.targets import HttpDownstream, SimulatedDownstream, target_from_url
 from ..pipeline.options import add_dispatch_options, http_options
@@ -438,7 +439,7 @@ def _run(
         if args.floor:
             also(FLOOR, FLOOR, target)
         if args.journal:
-            from ...spark.journal import journal_rows
+            from ...spark.delivery.journal import journal_rows
 
             with tempfile.TemporaryDirectory(prefix="timewheel-bench-journal-") as tmp:
                 if warmup > 0:

@@ -117,7 +117,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def _lease(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Rows/s against nginx with and without a quota that never binds."""
     from ...spark import Quota, dispatch
-    from ...spark.http_target import HttpDownstream
+    from ...spark.http.target import HttpDownstream
     from .http import nginx, nginx_exe
 
     if nginx_exe() is None:
@@ -152,7 +152,7 @@ def _batches(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     from ...spark import Quota, dispatch
-    from ...spark.http_target import HttpDownstream
+    from ...spark.http.target import HttpDownstream
     from .openai_stub import StubProcess
 
     rate = args.quota_share * args.batch_rpm / args.window_s  # requests per second
@@ -304,7 +304,7 @@ def _redis() -> tuple[subprocess.Popen[bytes], str] | None:
 
 def _run(spark: Any, args: argparse.Namespace, scenario: str) -> dict[str, Any]:
     from ...spark import Quota, dispatch
-    from ...spark.http_target import HttpDownstream
+    from ...spark.http.target import HttpDownstream
     from .openai_stub import StubProcess
 
     share = args.quota_share

@@ -42,7 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def main(args: argparse.Namespace) -> int:
-    from ...spark.journal import JOURNAL, journal_rows
+    from ...spark.delivery.journal import JOURNAL, journal_rows
 
     with tempfile.TemporaryDirectory(prefix="timewheel-bench-resume-") as tmp:
         out = Path(tmp) / "out"

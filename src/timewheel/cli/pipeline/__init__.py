@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ...spark.engines import FAILED, SKIPPED, TIMEOUT
+from ...spark.outcome import FAILED, SKIPPED, TIMEOUT
 from ...spark.session import check_master, spark_session
 from ...spark.targets import target_from_url
 from .errors import Stopped, UsageError, _limit_text, _note, one_line

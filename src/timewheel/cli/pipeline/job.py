@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ...spark import RESULT_COLUMNS
-from ...spark.engines import OK, SKIPPED
-from ...spark.journal import MANIFEST, Manifest, compact, run_dir
+from ...spark.delivery.journal import MANIFEST, Manifest, compact, run_dir
+from ...spark.outcome import OK, SKIPPED
 from ..bench.engines import DEFAULT_ENGINE, get_engine
 from .batches import batch_summary
 from .errors import Stopped, UsageError, _limit_text, _note
@@ -217,7 +217,7 @@ class _Job:
 
     def quota_store(self) -> Any:
         """The store the driver reads the quota's use from (None: the static split)."""
-        from ...spark.quota_job import driver_store, redis_store_of
+        from ...spark.quota.placement import driver_store, redis_store_of
 
         quota = self.quota
         if quota is None or quota.store == "static":
@@ -294,7 +294,7 @@ class _Job:
                 key = F.col(args.dedupe_col)
             else:  # the digest of the input columns, as dispatch made it
                 from ...spark import request_key
-                from ...spark.replies import REPLY_COLUMN
+                from ...spark.columns import REPLY_COLUMN
 
                 made = {*RESULT_COLUMNS, REPLY_COLUMN}
                 inputs = written.select([c for c in written.columns if c not in made])

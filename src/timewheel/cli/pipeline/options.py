@@ -6,8 +6,8 @@ import argparse
 import os
 from typing import Any
 
-from ...spark.admission import check_rate
-from ...spark.http_target import DEFAULT_MAX_REPLY_BYTES, METHODS, Body
+from ...spark.engine.admission import check_rate
+from ...spark.http.target import DEFAULT_MAX_REPLY_BYTES, METHODS, Body
 from ...spark.secrets import Secret, parse_secret
 from ...spark.session import DEFAULT_MASTER
 from ...spark.simulator import SimulatedDownstream

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ...spark.journal import Manifest, input_fingerprint
+from ...spark.delivery.journal import Manifest, input_fingerprint
 from ...spark.secrets import redact_url
 from .errors import UsageError
 from .options import DEMO_ROWS, http_options

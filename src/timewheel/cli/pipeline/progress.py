@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ...spark.journal import journal_rows
+from ...spark.delivery.journal import journal_rows
 
 
 class Progress:

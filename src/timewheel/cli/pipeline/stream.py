@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import metrics
-from ...spark.engines import STATUSES
+from ...spark.outcome import STATUSES
 from .errors import UsageError, _note, one_line
 from .summary import failure_budget
 
@@ -197,7 +197,7 @@ class _Batches:
     def __call__(self, batch: Any, batch_id: int) -> None:
         import pyarrow.parquet as pq
 
-        from ...spark.stream_record import mark
+        from ...spark.delivery.stream_record import mark
 
         start = time.monotonic()
         # Marked from here too: a micro-batch whose tasks sent nothing is marked all the
@@ -306,7 +306,7 @@ def check_checkpoint(out_dir: Path) -> None:
     """UsageError, before the query starts, when ``out_dir``'s checkpoint and record of
     answered rows no longer belong together (one of them deleted): a micro-batch run
     again would call its rows twice."""
-    from ...spark.stream_record import RECORD_FILE, check_together
+    from ...spark.delivery.stream_record import RECORD_FILE, check_together
 
     def batches(name: str) -> set[int]:
         folder = out_dir / "checkpoint" / name

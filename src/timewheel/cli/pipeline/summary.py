@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ...spark import STATUSES
-from ...spark.engines import FAILED, OK, SKIPPED, TIMEOUT
+from ...spark.outcome import FAILED, OK, SKIPPED, TIMEOUT
 
 _PERCENTILES = (50, 90, 99, 99.9)
 

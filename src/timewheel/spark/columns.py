@@ -1,0 +1,322 @@
+"""A partition's rows in and out as Arrow: the result columns, the reply's own columns,
+and the function ``mapInArrow`` runs on each partition.
+
+:class:`PartitionDispatch` reads a partition's record batches as rows, runs the engine
+on them (with the journal, the stream record and the de-duplication on the way) and
+writes each row back once, with the result columns of :data:`RESULT_COLUMNS` and, with
+``reply_schema``, the answer parsed into a struct column (:class:`ReplyParser`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.json as pa_json
+from pyspark import Accumulator
+from pyspark.sql.types import (
+    ArrayType,
+    DoubleType,
+    IntegerType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from .delivery.dedupe import sent_once
+from .delivery.journal import FLUSH_ROWS, FLUSH_S, JournalWriter
+from .delivery.stream_record import (
+    Recording,
+    answered_once,
+    batch_prefix,
+    record_of,
+    task_batch,
+)
+from .engine.contract import Engine
+from .options import DispatchConfig
+from .outcome import FAILED, OK, RESULT_COLUMNS, Outcome
+from .runtime import heap_frozen
+from .worker_metrics import PartitionCounts, worker_metrics
+
+__all__ = [
+    "NESTED_TYPES",
+    "REPLY_COLUMN",
+    "PartitionDispatch",
+    "ReplyParser",
+    "output_schema",
+    "reply_struct",
+]
+
+
+# The Spark and Arrow type of each result column, and whether it may be null.
+_RESULT_TYPES = {
+    "status": (StringType(), pa.string(), False),
+    "attempts": (IntegerType(), pa.int32(), False),
+    "latency_ms": (DoubleType(), pa.float64(), False),
+    "error": (StringType(), pa.string(), True),
+    "http_status": (IntegerType(), pa.int32(), True),
+    "response": (StringType(), pa.string(), True),
+}
+
+
+_RESULT_FIELDS = [
+    StructField(name, _RESULT_TYPES[name][0], _RESULT_TYPES[name][2]) for name in RESULT_COLUMNS
+]
+
+
+_ARROW_RESULT_FIELDS = [
+    pa.field(name, _RESULT_TYPES[name][1], _RESULT_TYPES[name][2]) for name in RESULT_COLUMNS
+]
+
+
+# Key column types refused before the job: their values reach Python as lists and dicts,
+# which cannot be hashed (a key that is a struct's fields is better named column by column).
+NESTED_TYPES = (ArrayType, MapType, StructType)
+
+
+# Rows per Arrow batch handed back to Spark (Spark's own default batch size).
+_OUT_BATCH_ROWS = 10_000
+
+
+def output_schema(schema: StructType, reply: StructType | str | None = None) -> StructType:
+    """The schema of ``dispatch``'s result for an input of ``schema`` (and a reply struct,
+    or the ``reply_schema`` DDL string it is parsed from)."""
+    struct = reply_struct(reply) if isinstance(reply, str) else reply
+    extra = [] if struct is None else [StructField(REPLY_COLUMN, struct, True)]
+    return StructType([*schema.fields, *_RESULT_FIELDS, *extra])
+
+
+class PartitionDispatch:
+    """The function ``mapInArrow`` runs on every partition: Arrow batches in, batches out."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        target: Any,
+        config: DispatchConfig,
+        reports: Accumulator[Any] | None = None,
+        reply: StructType | None = None,
+        dedupe_col: str | None = None,
+        journal: str | None = None,
+        recording: Recording | None = None,
+    ) -> None:
+        self.engine = engine
+        self.target = target
+        self.config = config
+        self.reports = reports
+        self.reply = reply
+        self.dedupe_col = dedupe_col
+        self.journal = journal
+        # On a stream: how the journal is kept as the record looked up first.
+        self.recording = recording
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        with heap_frozen():  # see _heap: the collector's full passes, cut to the rows
+            yield from self._dispatch(batches)
+
+    def _dispatch(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        engine = self.engine
+        schemas: list[pa.Schema] = []
+        worker = worker_metrics()
+        counts = worker.start()
+        parser = None if self.reply is None else ReplyParser(self.reply)
+        extra = [] if parser is None else [pa.field(REPLY_COLUMN, parser.arrow_type, True)]
+
+        def rows() -> Iterator[dict[str, Any]]:
+            for batch in batches:
+                if not schemas:
+                    schemas.append(pa.schema([*batch.schema, *_ARROW_RESULT_FIELDS, *extra]))
+                # Column by column, then zipped: cheaper than RecordBatch.to_pylist.
+                names = batch.schema.names
+                counts.admitted += batch.num_rows
+                for values in zip(*[column.to_pylist() for column in batch.columns]):
+                    yield dict(zip(names, values))
+
+        def run(rows: Iterable[dict[str, Any]]) -> Iterator[Outcome]:
+            return engine(rows, self.target, self.config)
+
+        def sent(rows: Iterable[dict[str, Any]]) -> Iterator[Outcome]:
+            return run(rows) if self.dedupe_col is None else sent_once(rows, self.dedupe_col, run)
+
+        prefix = ""
+        recorded: set[int] = set()  # id() of the outcomes read from a stream's record
+        if self.recording is not None and self.journal is not None:
+            batch = task_batch()
+            prefix = batch_prefix(batch)
+            record = record_of(self.journal, self.recording, batch)
+            outcomes = answered_once(rows(), record, sent, counts, recorded)
+        else:
+            outcomes = sent(rows())
+        out: list[Outcome] = []
+        journal = None if self.journal is None else JournalWriter(self.journal, prefix)
+        # With a journal, smaller batches (by rows and by age), each committed before
+        # Spark gets it; without one, only the clock-free row count.
+        cap = _OUT_BATCH_ROWS if journal is None else FLUSH_ROWS
+        first = 0.0  # when the batch's first row finished (with a journal)
+
+        def emit() -> pa.RecordBatch:
+            batch = self._batch(out, schemas[0], counts, parser)
+            if journal is not None:
+                fresh = batch
+                if recorded:  # the record has those already: not written to it again
+                    fresh = batch.filter([id(o) not in recorded for o in out])
+                    recorded.difference_update(id(o) for o in out)
+                if fresh.num_rows:
+                    journal.write(fresh)
+            return batch
+
+        try:
+            for outcome in outcomes:
+                out.append(outcome)
+                aged = False
+                if journal is not None:
+                    now = time.monotonic()
+                    if len(out) == 1:
+                        first = now
+                    aged = now - first >= FLUSH_S
+                if len(out) == cap or aged:
+                    yield emit()
+                    out = []
+            if out:
+                yield emit()
+        finally:
+            if journal is not None:
+                journal.close()
+            report = worker.end(counts)
+            if self.reports is not None:
+                self.reports.add({worker.name: report})
+
+    def _batch(
+        self,
+        outcomes: list[Outcome],
+        schema: pa.Schema,
+        counts: PartitionCounts,
+        parser: ReplyParser | None,
+    ) -> pa.RecordBatch:
+        """The output batch of ``outcomes`` (not empty), built column by column; the
+        columns also give the batch's counts."""
+        replies = []
+        if parser is not None:
+            outcomes, parsed = parser.parse(outcomes)
+            replies.append(parsed)
+        rows, *results = zip(*outcomes)
+        counts.finish(results[0], results[1])  # the status and attempts columns
+        inputs = schema.names[: len(schema) - len(_ARROW_RESULT_FIELDS) - len(replies)]
+        columns = [
+            pa.array([row[name] for row in rows], schema.field(name).type) for name in inputs
+        ]
+        columns += [
+            pa.array(values, field.type) for values, field in zip(results, _ARROW_RESULT_FIELDS)
+        ]
+        columns += replies
+        return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+#: The name of the parsed answer's column.
+REPLY_COLUMN = "reply"
+
+_ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)
+
+
+def reply_struct(reply_schema: Any) -> Any:
+    """The StructType of a DDL string (``"lat double, tags array<string>"``).
+
+    Needs an active Spark session (Spark parses the DDL). Raises TypeError or ValueError
+    naming ``reply_schema`` when it is not a string or does not parse as a struct.
+    """
+    from pyspark.sql.types import DataType, StructType
+
+    if not isinstance(reply_schema, str) or not reply_schema.strip():
+        raise TypeError(f"reply_schema must be a Spark DDL string, got {reply_schema!r}")
+    try:
+        parsed = DataType.fromDDL(reply_schema)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"reply_schema {reply_schema!r} does not parse: {first}") from None
+    if not isinstance(parsed, StructType):
+        raise ValueError(f"reply_schema must describe a struct's fields, got {reply_schema!r}")
+    return parsed
+
+
+class ReplyParser:
+    """Parses a batch's ``ok`` answers into the Arrow type of a reply struct."""
+
+    def __init__(self, struct: Any) -> None:
+        from pyspark.sql.pandas.types import to_arrow_type
+
+        self.struct = struct
+        self.arrow_type = to_arrow_type(struct)
+        self.schema = pa.schema(list(self.arrow_type))
+        self.ddl = struct.simpleString()
+
+    def parse(self, outcomes: list[Outcome]) -> tuple[list[Outcome], pa.Array]:
+        """The outcomes (a row whose answer does not fit now ``failed``) and their replies.
+
+        The batch's answers are read at once as JSON lines; if any of them does not fit,
+        they are read again one by one, to fail only the rows that do not.
+        """
+        index: list[int | None] = []
+        lines: list[str] = []
+        for done in outcomes:
+            if done.status == OK and done.response is not None:
+                text = done.response
+                if "\n" in text or "\r" in text:  # whitespace in valid JSON: one line
+                    text = text.replace("\r", " ").replace("\n", " ")
+                index.append(len(lines))
+                lines.append(text)
+            else:
+                index.append(None)
+        if not lines:
+            return outcomes, pa.nulls(len(outcomes), self.arrow_type)
+        try:
+            parsed = self._read(lines)
+        except _ARROW_ERRORS:
+            return self._one_by_one(outcomes, lines, index)
+        return outcomes, parsed.take(pa.array(index, pa.int64()))
+
+    def _read(self, lines: list[str]) -> pa.Array:
+        """``lines`` (JSON objects, one per line) as an array of the reply struct."""
+        data = "\n".join(lines).encode()
+        table = pa_json.read_json(
+            io.BytesIO(data),
+            read_options=pa_json.ReadOptions(use_threads=False, block_size=len(data) + 1),
+            parse_options=pa_json.ParseOptions(
+                explicit_schema=self.schema, unexpected_field_behavior="ignore"
+            ),
+        )
+        if table.num_rows != len(lines):
+            raise pa.ArrowInvalid(f"{table.num_rows} objects read from {len(lines)} answers")
+        return table.to_struct_array().combine_chunks().cast(self.arrow_type)
+
+    def _one_by_one(
+        self, outcomes: list[Outcome], lines: list[str], index: list[int | None]
+    ) -> tuple[list[Outcome], pa.Array]:
+        """Read each answer alone, failing the rows whose answer does not fit."""
+        fixed = list(outcomes)
+        parts = []
+        for i, at in enumerate(index):
+            if at is None:
+                parts.append(pa.nulls(1, self.arrow_type))
+                continue
+            reason = None
+            try:
+                value = json.loads(lines[at])
+            except ValueError as exc:
+                reason = f"the answer is not JSON: {exc}"
+            else:
+                if not isinstance(value, dict):
+                    reason = "the answer is not a JSON object"
+            if reason is None:
+                try:
+                    parts.append(self._read([lines[at]]))
+                    continue
+                except _ARROW_ERRORS as exc:
+                    reason = f"the answer does not fit {self.ddl}: {exc}"
+            fixed[i] = outcomes[i]._replace(status=FAILED, error=reason)
+            parts.append(pa.nulls(1, self.arrow_type))
+        return fixed, pa.concat_arrays(parts)

@@ -1,0 +1,154 @@
+"""Rows sent once per value: ``dispatch``'s ``dedupe_col`` and ``dedupe_requests``.
+
+:func:`sent_once` runs the first row of each value of a column and copies its outcome
+to the others; :func:`request_key` is the column ``dedupe_requests`` groups rows by (a
+digest of each row's request); :class:`WithoutColumns` gives the target each row
+without that column, which is dispatch's business, not the service's.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..outcome import Outcome
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["REQUEST_KEY", "WithoutColumns", "by_request", "request_key", "sent_once"]
+
+
+class WithoutColumns:
+    """``target`` given each row without ``hidden`` columns (``dedupe_requests``'s key,
+    which is dispatch's business, not the service's)."""
+
+    def __init__(self, target: Any, hidden: frozenset[str]) -> None:
+        self.target = target
+        self.hidden = hidden
+
+    @classmethod
+    def hiding(cls, target: Any, columns: Iterable[str]) -> WithoutColumns:
+        """``target`` without ``columns``: one wrapper, however many hide some (each row
+        is copied once, not once per wrapper)."""
+        if isinstance(target, cls):
+            return cls(target.target, target.hidden | frozenset(columns))
+        return cls(target, frozenset(columns))
+
+    def submit(self, row: dict[str, Any], on_done: Any) -> Any:
+        hidden = self.hidden
+        return self.target.submit({k: v for k, v in row.items() if k not in hidden}, on_done)
+
+    def columns(self) -> tuple[str, ...]:
+        """The columns the target's requests name (checked against the input before a job)."""
+        named = getattr(self.target, "columns", None)
+        return tuple(named()) if callable(named) else ()
+
+    def request_columns(self, columns: Sequence[str]) -> tuple[str, ...] | None:
+        """The target's request columns among ``columns`` less the hidden ones (None when
+        the target does not name them)."""
+        named = getattr(self.target, "request_columns", None)
+        if not callable(named):
+            return None
+        return tuple(named([c for c in columns if c not in self.hidden]))
+
+    def for_id_col(self, id_col: str) -> WithoutColumns:
+        derive = getattr(self.target, "for_id_col", None)
+        return self if derive is None else WithoutColumns(derive(id_col), self.hidden)
+
+    def for_quota(self) -> WithoutColumns:
+        derive = getattr(self.target, "for_quota", None)
+        return self if derive is None else WithoutColumns(derive(), self.hidden)
+
+    def for_batches(self) -> WithoutColumns:
+        return WithoutColumns(self.target.for_batches(), self.hidden)
+
+    @property
+    def batch_reply(self) -> Any:
+        return self.target.batch_reply
+
+    def batch_part(self, row: dict[str, Any]) -> Any:
+        hidden = self.hidden
+        return self.target.batch_part({k: v for k, v in row.items() if k not in hidden})
+
+    def submit_batch(self, *args: Any) -> Any:
+        return self.target.submit_batch(*args)
+
+    def __repr__(self) -> str:
+        return repr(self.target)
+
+
+def sent_once(
+    rows: Iterable[dict[str, Any]],
+    col: str,
+    run: Callable[[Iterable[dict[str, Any]]], Iterator[Outcome]],
+) -> Iterator[Outcome]:
+    """``run`` the first row of each value of ``col``; every other row with that value gets
+    a copy of its outcome (with its own row). Rows come sorted by ``col``, so a value
+    never comes back once another has started; a null value is no request to share.
+    """
+    waiting: dict[Any, list[dict[str, Any]]] = {}  # value -> its rows after the first
+    finished: dict[Any, Outcome] = {}  # the values of the current run whose outcome is in
+    ready: deque[Outcome] = deque()
+    current: list[Any] = [None]
+
+    def firsts() -> Iterator[dict[str, Any]]:
+        for row in rows:
+            value = row[col]
+            if value is None:
+                yield row
+                continue
+            if value != current[0]:
+                current[0] = value
+                finished.clear()  # sorted: the values before will not come again
+            if value in finished:
+                ready.append(finished[value]._replace(row=row))
+            elif value in waiting:
+                waiting[value].append(row)
+            else:
+                waiting[value] = []
+                yield row
+
+    for outcome in run(firsts()):
+        yield outcome
+        value = outcome.row[col]
+        if value is not None:
+            if value == current[0]:
+                finished[value] = outcome
+            ready.extend(outcome._replace(row=row) for row in waiting.pop(value, ()))
+        while ready:
+            yield ready.popleft()
+    while ready:
+        yield ready.popleft()
+
+
+#: The hidden column ``dedupe_requests`` groups rows by: a digest of a row's request.
+REQUEST_KEY = "__timewheel_request"
+
+
+def request_key(df: DataFrame, target: Any) -> Any:
+    """The Column of each row's request digest (SHA-256 of its request columns as JSON),
+    or TypeError when ``target`` does not name the columns its requests are made from."""
+    from pyspark.sql import functions as F
+
+    named = getattr(target, "request_columns", None)
+    columns = named(df.columns) if callable(named) else None
+    if columns is None:
+        raise TypeError(
+            f"dedupe_requests needs a target that names the columns its requests are made "
+            f"from (a request_columns(columns) method, as HttpDownstream has); {target!r} "
+            f"has none: give dedupe_col instead"
+        )
+    return F.sha2(F.to_json(F.struct(*[F.col(c) for c in columns])), 256)
+
+
+def by_request(
+    df: DataFrame, target: Any, dedupe_col: str | None, key_cols: Sequence[str]
+) -> tuple[DataFrame, Any, str]:
+    """``df`` with the request digest column, the target that does not see it, its name."""
+    if dedupe_col is not None or key_cols:
+        what = "dedupe_col" if dedupe_col is not None else "key_cols"
+        raise ValueError(f"dedupe_requests and {what} cannot be combined: give one")
+    df = df.withColumn(REQUEST_KEY, request_key(df, target))
+    return df, WithoutColumns.hiding(target, [REQUEST_KEY]), REQUEST_KEY

@@ -1,0 +1,322 @@
+"""``timewheel pipeline``'s output as it is made: a journal of answered rows, and a manifest.
+
+A run is one Spark job. Each of its tasks appends every batch of finished rows (their
+input columns, its id among them, and its outcome) to a file of its own in
+``--output/journal/run-NNNN/``, written straight to the file descriptor, so a row is
+committed as soon as its batch is: at most :data:`FLUSH_ROWS` rows or :data:`FLUSH_S`
+seconds after its answer. A file is a sequence of frames, each one Arrow IPC message
+(the schema first, then one record batch a frame) behind a header with its length and
+its CRC-32, because Arrow IPC itself has no checksum: a batch whose bytes were damaged
+is set aside and counted, never trusted, and its rows are sent again (their idempotency
+keys make that safe). A task killed mid-write leaves a file whose last frame is cut
+short; readers keep the whole frames before it. ``manifest.json`` records what the
+output was made from (the input's files, the options that shape the requests) so that
+``--resume`` can refuse an output made from anything else.
+
+A resumed run first turns each earlier run's journal into one Parquet file of its ``ok``
+rows (:func:`compact`, written with Parquet's page checksums and checked again by the
+next compaction: a damaged one is set aside, named, and its rows are sent again), sends
+only the input rows not among them, and makes the final output from both. When a run
+finishes, ``--output`` is replaced whole by its final form and the journal goes with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import uuid
+import zlib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..outcome import OK
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = [
+    "FLUSH_ROWS",
+    "FLUSH_S",
+    "JOURNAL",
+    "MANIFEST",
+    "JournalWriter",
+    "Manifest",
+    "compact",
+    "input_fingerprint",
+    "journal_rows",
+    "read_batches",
+    "run_dir",
+]
+
+#: The manifest's name inside ``--output``.
+MANIFEST = "manifest.json"
+#: The journal's directory inside ``--output``.
+JOURNAL = "journal"
+#: A task commits its finished rows in batches of at most this many rows ...
+FLUSH_ROWS = 1000
+#: ... and at most this many seconds after the first of them finished (checked as rows
+#: finish, so a task with nothing finishing has nothing to commit).
+FLUSH_S = 0.5
+_FORMAT = 2
+
+# A frame's header: magic, kind (schema or batch), three zero bytes, the payload's length,
+# the payload's CRC-32 and the CRC-32 of the header before it (so a damaged length is told
+# from a file cut short). 24 bytes, so payloads stay 8-byte aligned as Arrow likes them.
+_FRAME = struct.Struct("<4sB3sQII")
+_HEAD = struct.Struct("<4sB3sQI")
+_MAGIC = b"TWJ1"
+_SCHEMA, _BATCH = 0, 1
+
+
+def run_dir(out_dir: Path, run: int) -> Path:
+    """Where run number ``run`` of ``out_dir`` journals its rows."""
+    return out_dir / JOURNAL / f"run-{run:04d}"
+
+
+class JournalWriter:
+    """One task's journal file: every batch written whole to the file descriptor as it
+    comes (no buffer in this process, so a killed worker loses no written batch)."""
+
+    def __init__(self, directory: str, prefix: str = "") -> None:
+        self.directory = directory
+        self.prefix = prefix  # the start of the file's name
+        self._fd = -1
+        self._path = ""
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self._fd < 0:
+            os.makedirs(self.directory, exist_ok=True)
+            path = os.path.join(self.directory, f"{self.prefix}{uuid.uuid4().hex}.arrow")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            self._path = path
+            try:
+                self._write(fd, _SCHEMA, batch.schema.serialize())
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd = fd
+        self._write(self._fd, _BATCH, batch.serialize())
+
+    def _write(self, fd: int, kind: int, payload: Any) -> None:
+        try:
+            _write_frame(fd, kind, payload)
+        except OSError as exc:  # a full disk: the error names the file (writev does not)
+            if exc.filename is not None:
+                raise
+            raise OSError(exc.errno, exc.strerror, self._path) from exc
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+    __del__ = close  # dropped unclosed (a task that failed): no descriptor left open
+
+
+def _write_frame(fd: int, kind: int, payload: Any) -> None:
+    view = memoryview(payload)
+    head = _HEAD.pack(_MAGIC, kind, bytes(3), view.nbytes, zlib.crc32(view))
+    data: list[memoryview] = [memoryview(head + struct.pack("<I", zlib.crc32(head))), view]
+    while data:  # a short write (a full disk raises instead) goes on where it stopped
+        done = os.writev(fd, data)
+        while data and done >= len(data[0]):
+            done -= len(data[0])
+            data.pop(0)
+        if done:
+            data[0] = data[0][done:]
+
+
+def read_batches(path: Path, damaged: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """The whole, intact batches of one journal file.
+
+    A file cut short ends at its last whole frame. A frame whose bytes fail their
+    checksum is skipped, and so is everything after a header that is not one (there is
+    no telling where the next frame starts); each such loss is described in ``damaged``
+    when a list is given.
+    """
+    import pyarrow as pa
+
+    try:
+        source = pa.memory_map(str(path))
+    except (OSError, pa.ArrowInvalid):
+        return  # removed meanwhile
+    with source:
+        size = source.size()
+        schema = None
+        while source.tell() + _FRAME.size <= size:
+            at = source.tell()
+            head = source.read(_FRAME.size)
+            magic, kind, _, length, crc, head_crc = _FRAME.unpack(head)
+            if magic != _MAGIC or zlib.crc32(head[: _HEAD.size]) != head_crc:
+                _damage(damaged, path, at, "not a journal frame: the rest of the file is lost")
+                return
+            if source.tell() + length > size:
+                return  # cut short in its last frame
+            payload = source.read_buffer(length)
+            if zlib.crc32(payload) != crc:
+                if kind == _SCHEMA:
+                    _damage(damaged, path, at, "its schema fails its checksum: the file is lost")
+                    return
+                _damage(damaged, path, at, "a batch fails its checksum")
+                continue
+            try:
+                if kind == _SCHEMA:
+                    schema = pa.ipc.read_schema(payload)
+                elif schema is None:
+                    _damage(damaged, path, at, "a batch before its schema: the file is lost")
+                    return
+                else:
+                    yield pa.ipc.read_record_batch(payload, schema)
+            except pa.ArrowException as exc:  # intact bytes that are no Arrow message
+                _damage(damaged, path, at, f"not an Arrow message ({exc})")
+                if kind == _SCHEMA:
+                    return
+
+
+def _damage(damaged: list[str] | None, path: Path, at: int, why: str) -> None:
+    if damaged is not None:
+        damaged.append(f"{path.parent.name}/{path.name} at byte {at}: {why}")
+
+
+def journal_rows(directory: Path) -> int:
+    """The rows committed so far in the journal files under ``directory``."""
+    if not directory.is_dir():
+        return 0
+    return sum(b.num_rows for f in directory.glob("*.arrow") for b in read_batches(f))
+
+
+def compact(out_dir: Path, damaged: list[str] | None = None) -> list[Path]:
+    """Turn each run's journal into ``journal/run-NNNN.parquet`` of its ``ok`` rows (then
+    drop the run's Arrow files) and return every such Parquet file.
+
+    A file is written hidden and renamed into place, so a compaction killed at any point
+    is done again whole by the next one. A row may be in two files (a task Spark ran
+    twice): readers keep one per id. What cannot be trusted is left out and
+    described in ``damaged`` (when a list is given), so that its rows are sent again: a
+    journal batch that fails its checksum (see :func:`read_batches`), and an earlier
+    compaction's file that fails Parquet's (cut short, or its pages changed), which is
+    renamed ``damaged-run-NNNN.parquet`` and kept for a person to look at.
+    """
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    journal = out_dir / JOURNAL
+    if not journal.is_dir():
+        return []
+    for stale in journal.glob(".*"):
+        stale.unlink()
+    for done in sorted(journal.glob("run-*.parquet")):
+        why = _parquet_damage(done)
+        if why is not None:
+            aside = done.with_name(f"damaged-{done.name}")
+            os.replace(done, aside)
+            if damaged is not None:
+                damaged.append(f"{done.name}: {why} (set aside as {aside.name})")
+    for run in sorted(p for p in journal.iterdir() if p.is_dir()):
+        done = journal / f"{run.name}.parquet"
+        if not done.exists():
+            tmp = journal / f".{done.name}.tmp"
+            writer = None
+            for file in sorted(run.glob("*.arrow")):
+                for batch in read_batches(file, damaged):
+                    ok = batch.filter(pc.equal(batch.column("status"), OK))
+                    if writer is None:
+                        writer = pq.ParquetWriter(str(tmp), batch.schema, write_page_checksum=True)
+                    writer.write_batch(ok)
+            if writer is None:  # nothing committed in that run
+                shutil.rmtree(run)
+                continue
+            writer.close()
+            os.replace(tmp, done)
+        shutil.rmtree(run)
+    return sorted(journal.glob("run-*.parquet"))
+
+
+def _parquet_damage(path: Path) -> str | None:
+    """Why the compacted file ``path`` cannot be read whole, or None when it can: its
+    footer, and every page against the checksum it was written with."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        with pq.ParquetFile(str(path), page_checksum_verification=True) as file:
+            for group in range(file.num_row_groups):
+                file.read_row_group(group)
+    except (pa.ArrowException, OSError) as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'unreadable'}"
+    return None
+
+
+def input_fingerprint(path: str | None) -> list[list[Any]]:
+    """The files of a local input: ``[relative name, size, mtime_ns]`` of each, sorted.
+
+    A remote input (``s3a://``...) is named only by its path: it is recorded as is.
+    """
+    if path is None:
+        return []
+    local = Path(path.removeprefix("file://"))
+    if "://" in path and not path.startswith("file://"):
+        return [[path, None, None]]
+    files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
+    out = []
+    for file in files:
+        if file.name.startswith((".", "_")):
+            continue  # Spark skips them too (checksums, _SUCCESS)
+        stat = file.stat()
+        name = str(file.relative_to(local)) if file != local else file.name
+        out.append([name, stat.st_size, stat.st_mtime_ns])
+    return out
+
+
+class Manifest:
+    """``--output/manifest.json``: what the output is made from, and how far it got."""
+
+    def __init__(self, out_dir: Path, identity: Mapping[str, Any]) -> None:
+        self.path = out_dir / MANIFEST
+        self.identity = dict(identity)
+        self.runs = 0
+        self.complete = False
+
+    @classmethod
+    def read(cls, out_dir: Path) -> Manifest | None:
+        """The manifest of ``out_dir``, or None when it has none (or one not readable)."""
+        try:
+            data = json.loads((out_dir / MANIFEST).read_text())
+            if data.get("format") != _FORMAT:
+                return None
+            manifest = cls(out_dir, data["identity"])
+            manifest.runs = int(data["runs"])
+            manifest.complete = bool(data["complete"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return manifest
+
+    def mismatch(self, other: Mapping[str, Any]) -> str | None:
+        """Why a run of ``other`` cannot resume this output; None when it can."""
+        for key in [*other, *(k for k in self.identity if k not in other)]:
+            was, now = self.identity.get(key), other.get(key)
+            if was != now:
+                if key == "input_files":
+                    return "its input's files changed (names, sizes or times differ)"
+                if key == "target_digest":
+                    return "it was made with another --target"
+                if key == "http_options":
+                    return "it was made with other HTTP options (headers, body, key header)"
+                return f"it was made with {key} {was!r}, this run has {now!r}"
+        return None
+
+    def write(self, path: Path | None = None) -> None:
+        """Write it (atomically: a temporary file renamed over the old one)."""
+        path = path or self.path
+        data = {
+            "format": _FORMAT,
+            "complete": self.complete,
+            "runs": self.runs,
+            "identity": self.identity,
+        }
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, path)

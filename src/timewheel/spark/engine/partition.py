@@ -1,0 +1,557 @@
+"""The timewheel dispatch engine: one partition's rows through the package's own parts.
+
+Per partition (one :class:`_Partition`):
+
+* the task's thread reads rows straight from the partition's input while fewer than
+  ``max_in_flight`` are out (admitted and not finished), and waits for a slot
+  otherwise (back pressure);
+* a row with ``key_cols`` checks out all its key values at once from a
+  :class:`~timewheel.resources.ResourceManager` before it is sent;
+* every call in flight is a :class:`_Call` in the worker's
+  :class:`~timewheel.purgatory.Purgatory`: the target's ``on_done`` reply completes it,
+  the timer expires it at ``timeout_ms``;
+* failed and timed-out attempts are retried after ``backoff_ms`` (with jitter) on the
+  timer, up to ``retries``, unless the target's error says a retry cannot help (or
+  asks for a longer wait: a :class:`~timewheel.spark.targets.Failure`); a timed-out
+  call is cancelled at the target when ``submit`` returned a handle;
+* completions run through an :class:`~timewheel.execution.ExecuteProduceConsume`;
+* with a quota, every attempt first takes its request, cost and call slot from the
+  job's quota (a :class:`~timewheel.spark.quota.gate.QuotaGate`), on the task's thread
+  for a row's first attempt and on the timer's for a retry, and gives the slot back
+  when it ends; once the budget is spent, the rows not sent end ``skipped``.
+
+The timer, purgatory, pool and strategy live once per Python worker (a
+:class:`_WorkerKit` in :func:`~timewheel.spark.runtime.worker_runtime`), are made after the
+fork, and are shared by every task the worker runs. A partition's state is its own:
+a reply that arrives after its partition ended (or after its call timed out) finds a
+completed operation and changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from typing import Any
+
+from ...execution import ExecuteProduceConsume, ProduceConsume, TaskQueue, ThreadPool
+from ...purgatory import Purgatory
+from ...resources import Checkout, ResourceManager
+from ...timer import Timer, TimerTask
+from ..contract import Reply, is_overload, retry_after_of, row_keys
+from ..options import DispatchConfig
+from ..outcome import FAILED, OK, SKIPPED, TIMEOUT, Outcome, outcome
+from ..quota.gate import BUDGET_SPENT, BudgetSpent, QuotaGate
+from ..runtime import worker_runtime
+from .admission import Admission
+from .attempt import Attempt
+from .batcher import Batcher
+from .contract import backoff_s, key_error, timeout_message
+
+__all__ = ["timewheel_engine"]
+
+# The most rows admitted per round before the outcomes ready are yielded: a fast
+# target frees slots as quickly as they are filled, and the outcomes must not pile up
+# (with batches: as many whole batches as fit, or one).
+_BATCH = 1024
+# The task's thread is woken when this share of max_in_flight has finished (or all
+# has): waking it per row would cost a thread switch per row; slots left empty
+# meanwhile are at most this share.
+_WAKE_SHARE = 32
+# With a quota, the task's thread renews its hold at least this often (the quota drops a
+# holder not heard from for its ttl_s, 30 s by default).
+_KEEPALIVE_S = 5.0
+
+
+class _WorkerKit:
+    """What one Python worker keeps for every partition it dispatches."""
+
+    def __init__(self) -> None:
+        # The reaper runs what expires itself: a timeout only queues the attempt's end
+        # for the completion thread and a backoff only starts a call, both short, so
+        # handing production to another thread would cost more than the task.
+        self.timer = Timer(name="timewheel-dispatch", strategy=ProduceConsume)
+        # Starts the reaper thread that expires calls and runs backoffs.
+        self.purgatory = Purgatory("timewheel-dispatch", timer=self.timer)
+        # One thread: completions are short, and a second would only take the producing
+        # role back and forth with the first, a thread switch per completion.
+        self.pool = ThreadPool(1, name="timewheel-dispatch")
+        self.completions = TaskQueue()
+        self.strategy = ExecuteProduceConsume(self.completions, self.pool)
+
+    def complete(self, task: Callable[[], None]) -> None:
+        """Run ``task`` through the completion strategy, on its pool thread.
+
+        Never on the caller's thread: that is the target's reply thread or the timer's
+        reaper, and neither should wait for the partition's bookkeeping.
+        """
+        self.completions.offer(task)
+        self.strategy.dispatch()
+
+    def close(self) -> None:
+        """Stop the reaper and the pool (called when the worker runtime is closed)."""
+        self.purgatory.shutdown()
+        self.pool.shutdown()
+
+
+def _kit() -> _WorkerKit:
+    return worker_runtime().shared("timewheel-engine", None, _WorkerKit)
+
+
+class _Row:
+    """One row's progress: its attempts, its keys and when its first call started."""
+
+    __slots__ = (
+        "attempts",
+        "backoff",
+        "call",
+        "checkout",
+        "cost",
+        "data",
+        "deadline",
+        "held",
+        "part",
+        "seq",
+        "start",
+    )
+
+    def __init__(self, seq: int, data: dict[str, Any]) -> None:
+        self.seq = seq
+        self.data = data
+        self.attempts = 0
+        # With a quota: the row's estimated cost, and whether an attempt holds its share.
+        self.cost = 0.0
+        self.held = False
+        # The admission's count of calls started when its latest attempt was sent.
+        self.call = 0
+        self.start = 0.0
+        self.checkout: Checkout | None = None
+        self.backoff: TimerTask | None = None
+        # With batches: what the row gives its batch's request, and its deadline.
+        self.part: Any = None
+        self.deadline = 0.0
+
+
+class _Call(Attempt):
+    """One attempt of a row in flight."""
+
+    __slots__ = ("partition", "row")
+
+    def __init__(self, delay_ms: int, row: _Row, partition: _Partition) -> None:
+        Attempt.__init__(self, delay_ms)
+        self.row = row
+        self.partition = partition
+
+    def on_complete(self) -> None:
+        """Queue the attempt's end for the partition's completion task.
+
+        Runs once, from the reply or the timeout, whichever won; ``answer`` is read
+        here so that a reply losing to the timeout cannot change the outcome. A call
+        that timed out (or was abandoned) is cancelled at the target, which may drop
+        its request and connection at once.
+        """
+        answer = self.answer
+        if answer is None and self.handle is not None:
+            self.handle.cancel()
+        self.partition.ended(self.row, answer)
+
+
+class _Partition:
+    """One task's dispatch: admits its rows and generates their outcomes."""
+
+    def __init__(
+        self, rows: Iterable[dict[str, Any]], target: Any, config: DispatchConfig, kit: _WorkerKit
+    ) -> None:
+        self.target = target
+        self.config = config
+        self.kit = kit
+        self.rows = iter(rows)
+        self.keys = ResourceManager(purgatory=kit.purgatory) if config.key_cols else None
+        # Every call of this partition is watched on this key: the end of the task finds
+        # the ones still in flight there.
+        self.token = object()
+        self.timeout_error = timeout_message(config)
+        # Guards closing against a send or backoff that is starting on another thread.
+        self.lock = threading.Lock()
+        self.closed = False
+        self.backoffs: set[TimerTask] = set()
+        self.live: dict[int, _Row] = {}
+        self.done: deque[Outcome] = deque()
+        self.wake = threading.Event()
+        # With batches, max_in_flight counts requests: the rows out are up to that many
+        # full batches.
+        size = 1 if config.batch is None else config.batch.batch_size
+        self.admission = Admission(config.max_in_flight * size, config.rate_per_task)
+        self.gate = (
+            None
+            if config.quota is None
+            else QuotaGate(config.quota.open(), config.cost, config.reply_cost)
+        )
+        # With a quota: the row that waits for its share, and whether the budget is spent.
+        self.pending: _Row | None = None
+        self.spent = False
+        # Rows refused for overload whose backoff has ended, waiting for room.
+        self.parked: deque[_Row] = deque()
+        self.wake_after = max(1, config.max_in_flight // _WAKE_SHARE)
+        self.ended_attempts: deque[tuple[_Row, tuple[bool, str | None, Reply | None] | None]] = (
+            deque()
+        )
+        # Held while a completion task is scheduled and not yet running: the
+        # non-blocking acquire is the test-and-set that schedules only one.
+        self.settling = threading.Lock()
+        self.admitted = 0
+        self.yielded = 0
+        self.batcher = None if config.batch is None else Batcher(self)
+        self.task_thread = threading.get_ident()
+
+    # -- admission (the task's thread) -------------------------------------------------
+    def outstanding(self) -> int:
+        """Rows admitted whose outcome has not been yielded or queued for yielding."""
+        return self.admitted - self.yielded - len(self.done)
+
+    def admit(self, data: dict[str, Any]) -> None:
+        """Start a new row (no quota: nothing to wait for)."""
+        row = _Row(self.admitted, data)  # new_row, inlined: once per row
+        self.live[row.seq] = row
+        self.admitted += 1
+        self.start(row)
+
+    def new_row(self, data: dict[str, Any]) -> _Row:
+        """The next row of the input, live from now on."""
+        row = _Row(self.admitted, data)
+        self.live[row.seq] = row
+        self.admitted += 1
+        return row
+
+    def admit_within_quota(self, room: int) -> tuple[int, float | None, bool]:
+        """Admit up to ``room`` rows as the quota allows: ``(rows sent, seconds until the
+        quota may allow the next, input exhausted)``."""
+        gate = self.gate
+        assert gate is not None
+        sent = seen = 0
+        while sent < room and seen < room:  # rows not sent count too: memory stays bounded
+            seen += 1
+            row = self.pending
+            if row is None:
+                data = next(self.rows, None)
+                if data is None:
+                    return sent, None, True
+                row = self.new_row(data)
+                cost = gate.cost_of(data)
+                if isinstance(cost, str):
+                    self.finish(row, FAILED, cost)
+                    continue
+                row.cost = cost
+            wait = self.take_quota(row)
+            if wait is None:
+                continue
+            if wait > 0:
+                self.pending = row
+                return sent, wait, False
+            self.pending = None
+            self.start(row)
+            sent += 1
+        return sent, None, False
+
+    def take_quota(self, row: _Row) -> float | None:
+        """Take the quota for ``row``'s next attempt: 0.0 when taken, else the seconds to
+        wait; None when the budget is spent (the row is then finished ``skipped``)."""
+        assert self.gate is not None
+        if not self.spent:
+            try:
+                wait = self.gate.acquire(row.cost)
+            except BudgetSpent:
+                self.spent = True
+            else:
+                row.held = wait == 0.0
+                return wait
+        self.pending = None if self.pending is row else self.pending
+        self.finish(row, SKIPPED, BUDGET_SPENT)
+        return None
+
+    def unhold(self, row: _Row, ok: bool, reply: Reply | None, retry_after_s: float | None) -> None:
+        """The attempt that held ``row``'s share of the quota ended: settle it (callers
+        test ``row.held`` first: without a quota this costs no call per row)."""
+        if row.held and self.gate is not None:
+            row.held = False
+            self.gate.ended(row.cost, ok, reply, retry_after_s)
+
+    def start(self, row: _Row) -> None:
+        """Take the row's keys (all or nothing), then send its first attempt."""
+        data = row.data
+        if self.keys is None:
+            self.send(row)
+            return
+        try:
+            keys = row_keys(data, self.config.key_cols)
+        except Exception as exc:  # a key column missing, or a list: the row fails, once
+            self.finish(row, FAILED, key_error(exc, self.config))
+            return
+        if not keys:
+            self.send(row)
+            return
+        try:
+            row.checkout = self.keys.checkout(keys)
+        except Exception as exc:
+            self.finish(row, FAILED, f"cannot check out keys {keys!r}: {exc}")
+            return
+        row.checkout.add_done_callback(partial(self.keys_ready, row))
+
+    def keys_ready(self, row: _Row, checkout: Checkout) -> None:
+        """The row's checkout is done: send it, or let go of keys the partition no longer needs."""
+        if self.closed:
+            self.release(row)
+            return
+        try:
+            checkout.result(0)
+        except Exception as exc:
+            self.finish(row, FAILED, f"keys {checkout.keys!r} not checked out: {exc!r}")
+            return
+        self.send(row)
+        # Keys free at once are given on the task's thread, which polls after each round.
+        if self.batcher is not None and threading.get_ident() != self.task_thread:
+            self.batcher.poll()
+
+    # -- attempts ---------------------------------------------------------------------
+    def send(self, row: _Row) -> None:
+        """Start one attempt: list it in the purgatory (timing it), then call the target
+        (with batches: put it in its batch)."""
+        if self.batcher is not None:
+            self.batcher.add(row)
+            return
+        row.attempts += 1
+        row.call = self.admission.started
+        if row.attempts == 1:
+            row.start = time.monotonic()
+        call = _Call(self.config.timeout_ms, row, self)
+        try:
+            self.kit.purgatory.try_complete_else_watch(call, (self.token,))
+        except Exception as exc:  # the worker's kit was shut down: the row fails, once
+            self.finish(row, FAILED, f"call not started: {type(exc).__name__}: {exc}")
+            return
+        # close() sets closed before it collects the calls listed on the token, so a
+        # call listed too late for it is seen here; no lock on the hot path.
+        if self.closed:
+            call.force_complete()
+            return
+        try:
+            call.started(self.target.submit(row.data, call.reply))
+        except Exception as exc:
+            call.reply(False, f"{type(exc).__name__}: {exc}")
+
+    def ended(self, row: _Row, answer: tuple[bool, str | None, Reply | None] | None) -> None:
+        """An attempt ended: queue it, and make sure one completion task will settle it.
+
+        One task settles every attempt queued when it runs, so a burst of replies costs
+        one hand-off to the completion thread, not one each.
+        """
+        self.ended_attempts.append((row, answer))
+        if self.settling.acquire(False):
+            self.kit.complete(self.settle_ended)
+
+    def settle_ended(self) -> None:
+        """The completion task: settle every attempt queued so far."""
+        # Released first: an attempt queued from now on schedules the next task.
+        self.settling.release()
+        queue = self.ended_attempts
+        while queue:
+            self.settle(*queue.popleft())
+
+    def settle(self, row: _Row, answer: tuple[bool, str | None, Reply | None] | None) -> None:
+        """An attempt ended: finish the row, or retry it after a backoff."""
+        wait_s: float | None = 0.0
+        reply = None
+        overloaded = False
+        if answer is None:
+            status, error = TIMEOUT, self.timeout_error
+            if row.held:
+                self.unhold(row, False, None, None)
+        elif answer[0]:
+            if row.held:
+                self.unhold(row, True, answer[2], None)
+            self.admission.succeeded()
+            self.finish(row, OK, None, answer[2])
+            return
+        else:
+            status, error, wait_s = FAILED, str(answer[1] or "failed"), retry_after_of(answer[1])
+            reply = answer[2]
+            if row.held:
+                self.unhold(row, False, reply, wait_s)
+            overloaded = is_overload(answer[1], reply)
+            if overloaded:
+                self.admission.overloaded(row.call, wait_s)
+        if wait_s is None or row.attempts > self.config.retries:  # None: not worth a retry
+            self.finish(row, status, error, reply)
+            return
+        delay_ms = round(max(backoff_s(self.config), wait_s) * 1000)
+        # A refusal for overload waits its turn in the window with the new rows.
+        then = self.park if overloaded else self.retry
+        with self.lock:
+            if self.closed:
+                return
+            row.backoff = self.kit.timer.add(delay_ms, then, row)
+            self.backoffs.add(row.backoff)
+
+    def park(self, row: _Row) -> None:
+        """A backoff after an overload ended: the task's thread sends it when the window
+        has room (it is not in a call meanwhile)."""
+        with self.lock:
+            self.backoffs.discard(row.backoff)
+            row.backoff = None
+        self.parked.append(row)
+        self.wake.set()
+
+    def retry(self, row: _Row) -> None:
+        """A backoff ended (on the timer's thread): send the next attempt once the rate allows."""
+        wait_s: float | None = self.admission.take_one()
+        if not wait_s and self.gate is not None:
+            wait_s = self.take_quota(row)  # None: the budget is spent, the row skipped
+        with self.lock:
+            self.backoffs.discard(row.backoff)
+            row.backoff = None
+            if wait_s is None:
+                return
+            if wait_s:  # no token yet: ask again when there is one
+                if not self.closed:
+                    row.backoff = self.kit.timer.add(max(1, round(wait_s * 1000)), self.retry, row)
+                    self.backoffs.add(row.backoff)
+                return
+        self.send(row)
+
+    def finish(self, row: _Row, status: str, error: str | None, reply: Reply | None = None) -> None:
+        """Give the row's keys back and queue its outcome for the task's thread."""
+        if row.held:
+            self.unhold(row, False, None, None)
+        self.release(row)
+        latency_ms = (time.monotonic() - row.start) * 1000.0 if row.attempts else 0.0
+        self.live.pop(row.seq, None)
+        done = self.done
+        done.append(outcome(row.data, status, row.attempts, latency_ms, error, reply))
+        if len(done) >= self.wake_after or self.outstanding() == 0:
+            self.wake.set()
+
+    def finish_answered(
+        self, rows: list[_Row], texts: list[str], status: int | None, attempts: list[int]
+    ) -> None:
+        """Finish ``rows`` ok, each with its text of one answer (a batch's, with
+        ``status``) and its ``attempts``: :meth:`finish` for a batch's rows, in one pass
+        (none holds a share of the quota: a batch's request does)."""
+        now = time.monotonic()
+        live, done = self.live, self.done
+        for row, text, tries in zip(rows, texts, attempts):
+            if row.checkout is not None:
+                self.release(row)
+            row.attempts = tries
+            live.pop(row.seq, None)
+            latency_ms = (now - row.start) * 1000.0
+            done.append(Outcome(row.data, OK, tries, latency_ms, None, status, text))
+        if len(done) >= self.wake_after or self.outstanding() == 0:
+            self.wake.set()
+
+    def release(self, row: _Row) -> None:
+        """Check the row's keys in, once, whoever asks first."""
+        if row.checkout is None:
+            return
+        with self.lock:
+            checkout, row.checkout = row.checkout, None
+        if checkout is None or self.keys is None:
+            return
+        if checkout.cancel():
+            return  # it was still waiting
+        with contextlib.suppress(ValueError):  # unless it failed, it is held now
+            self.keys.checkin(checkout)
+
+    # -- the task's thread ------------------------------------------------------------
+    def outcomes(self) -> Iterator[Outcome]:
+        """Feed the rows in and yield their outcomes as they end; clean up however it ends."""
+        try:
+            yield from self._loop()
+        finally:
+            self.close()
+
+    def _loop(self) -> Iterator[Outcome]:
+        done, wake, rows, admission = self.done, self.wake, self.rows, self.admission
+        gate = self.gate
+        # With batches, a round reads whole batches' worth of rows (at least one batch).
+        size = 1 if self.config.batch is None else self.config.batch.batch_size
+        per_round = max(_BATCH - _BATCH % size, size)
+        exhausted = False
+        while True:
+            wake.clear()
+            if gate is not None:
+                gate.keepalive()
+            room, later = 0, None
+            parked = self.parked
+            if not exhausted or parked:
+                # Neither a parked row nor one waiting for the quota is in flight.
+                waiting = len(parked) + (self.pending is not None)
+                room, later = admission.room(self.outstanding() - waiting)
+                room = min(room, per_round)
+                if room > size:  # whole batches: with no linger, a part would leave alone
+                    room -= room % size
+            while room > 0 and parked:  # refused rows first: they have waited longest
+                if gate is not None:
+                    wait = self.take_quota(parked[0])
+                    if wait is None:
+                        parked.popleft()
+                        continue
+                    if wait > 0:
+                        room, later = 0, wait
+                        break
+                self.send(parked.popleft())
+                admission.took(1)
+                room -= 1
+            if room > 0 and not exhausted and gate is not None and self.batcher is None:
+                admitted, wait, exhausted = self.admit_within_quota(room)
+                admission.took(admitted)
+                later = wait if later is None else later
+            elif room > 0 and not exhausted:
+                before = self.admitted
+                for data in itertools.islice(rows, room):
+                    self.admit(data)
+                admitted = self.admitted - before
+                admission.took(admitted)
+                exhausted = admitted < room
+            if self.batcher is not None:
+                self.batcher.poll(exhausted)
+            while done:
+                outcome = done.popleft()
+                self.yielded += 1
+                yield outcome
+            if exhausted and self.outstanding() == 0:
+                return
+            # Wake when a share of the window has ended (see finish), or when the rate
+            # or a Retry-After lets the next call start.
+            self.wake_after = max(1, int(admission.window) // _WAKE_SHARE)
+            if exhausted or self.outstanding() >= int(admission.window) or later is not None:
+                if gate is not None:  # renew the task's hold on the quota meanwhile
+                    later = _KEEPALIVE_S if later is None else min(later, _KEEPALIVE_S)
+                wake.wait(later)
+
+    def close(self) -> None:
+        """Abandon what is still in flight or waiting, leaving the worker's parts idle."""
+        with self.lock:
+            self.closed = True
+            backoffs, self.backoffs = self.backoffs, set()
+        for task in backoffs:
+            task.cancel()
+        # Completing them here means a late reply finds them done; settle sees closed.
+        for op in self.kit.purgatory.cancel_for_key(self.token):
+            op.force_complete()
+        for row in list(self.live.values()):
+            self.release(row)
+        if self.batcher is not None:
+            self.batcher.close()
+        if self.gate is not None:
+            self.gate.close()
+
+
+def timewheel_engine(
+    rows: Iterable[dict[str, Any]], target: Any, config: DispatchConfig
+) -> Iterator[Outcome]:
+    """Dispatch ``rows`` on the worker's timer and purgatory; yield each row's outcome once."""
+    return _Partition(rows, target, config, _kit()).outcomes()

@@ -1,0 +1,200 @@
+"""How a row becomes an HTTP request for :class:`~timewheel.spark.http.target.HttpDownstream`,
+and an answer a verdict: the URL template and its checks (a ``{column}`` value stays one
+path segment), header checks (no CR, LF or NUL reaches the wire), the JSON encoders, and
+what a status and ``Retry-After`` mean for a retry.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import ipaddress
+import json
+import math
+import re
+import time
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable
+
+from .._json import encoder
+from ..contract import Failure
+from ..secrets import redact_url
+
+# Bytes of the answer quoted in an error.
+_DETAIL = 200
+
+
+_ENCODE = encoder(default=str)
+_ENCODE_KEY = json.JSONEncoder(default=str, sort_keys=True, separators=(",", ":")).encode
+
+
+class HttpRequest:
+    """One row's request: ``method``, ``url``, ``headers`` (a dict, secrets' values
+    included) and ``body`` (bytes, or None).
+
+    Its repr shows the URL redacted and the header names only, and it refuses to
+    pickle, so a secret's value cannot reach a log line, an error or a Spark plan.
+    """
+
+    __slots__ = ("body", "headers", "method", "url")
+
+    def __init__(self, method: str, url: str, headers: dict[str, str], body: bytes | None) -> None:
+        self.method = method
+        self.url = url
+        self.headers = headers
+        self.body = body
+
+    def __repr__(self) -> str:
+        size = "no body" if self.body is None else f"{len(self.body)} bytes"
+        return (
+            f"HttpRequest({self.method} {redact_url(self.url)!r}, "
+            f"headers={sorted(self.headers)!r}, {size})"
+        )
+
+    def __reduce__(self) -> Any:
+        raise TypeError("an HttpRequest is not pickled: its headers may hold a secret's value")
+
+
+def _finite(name: str, value: Any, minimum: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value) or value < minimum:
+        raise ValueError(f"{name} must be a finite number >= {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def retry_after_s(header: str | None, cap_s: float) -> float:
+    """Seconds a ``Retry-After`` header asks for, at most ``cap_s``.
+
+    Both forms are read: delta-seconds and an HTTP date (the wait until then). A missing,
+    unreadable, negative or past value asks for no wait beyond the backoff.
+    """
+    if header is None:
+        return 0.0
+    text = header.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return 0.0
+        if when.tzinfo is None:
+            return 0.0
+        seconds = when.timestamp() - time.time()
+    return min(max(seconds, 0.0), cap_s) if math.isfinite(seconds) else 0.0
+
+
+def verdict(
+    status: int, text: bytes, header: Callable[[str], str | None], cap_s: float
+) -> tuple[bool, str | None, float | None]:
+    """``(ok, error, retry_after_s)`` of an answer; ``retry_after_s`` None: do not retry.
+
+    ``header(name)`` reads one of the answer's headers (only for a 3xx, a 429 or a 503).
+    """
+    if 200 <= status < 300:
+        return True, None, 0.0
+    error = f"HTTP {status}: {text[:_DETAIL].decode('utf-8', 'replace')}"
+    if status == 429 or status == 503:
+        return False, error, retry_after_s(header("Retry-After"), cap_s)
+    if status >= 500:
+        return False, error, 0.0
+    if 300 <= status < 400:
+        where = header("Location")
+        where = None if where is None else redact_url(where)
+        return False, f"HTTP {status}: redirect to {where!r} not followed", None
+    return False, error, None
+
+
+def _too_large(limit: int) -> Failure:
+    return Failure(f"answer larger than {limit} bytes (max_reply_bytes): not read", None)
+
+
+def _template(url: str) -> tuple[tuple[str, str | None], ...]:
+    """``url`` cut into (text, column) pieces at its ``{column}`` fields; ValueError if bad."""
+    import string
+
+    pieces: list[tuple[str, str | None]] = []
+    try:
+        parsed = list(string.Formatter().parse(url))
+    except ValueError as exc:
+        raise ValueError(f"url template {redact_url(url)!r}: {exc}") from None
+    for text, field, spec, conversion in parsed:
+        if field is not None and (not field.isidentifier() or spec or conversion):
+            raise ValueError(
+                f"url template {redact_url(url)!r}: a field must be a plain column name, "
+                f"got {{{field}}}"
+            )
+        pieces.append((text, field or None))
+    return tuple(pieces)
+
+
+# A host name: dot-separated labels of letters, digits, - and _ (an optional final dot).
+_HOST = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?")
+
+
+def _check_url(url: str, pieces: tuple[tuple[str, str | None], ...]) -> None:
+    """ValueError naming ``url`` unless it is an http(s) URL libcurl will take as it reads.
+
+    Checked once, when the target is made, with every ``{column}`` standing for a value:
+    no space or control character, a host that is a name or an IP address and holds no
+    field, a port in 1..65535.
+    """
+    filled = ["".join(t + (fill if c else "") for t, c in pieces) for fill in ("x", "y")]
+    url = redact_url(url)  # as the errors show it
+    text = filled[0]
+    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
+        raise ValueError(f"url must hold no spaces or control characters, got {url!r}")
+    try:
+        parts, other = (urllib.parse.urlsplit(each) for each in filled)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"url {url!r} is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"url must be an http:// or https:// URL with a host, got {url!r}")
+    if (parts.scheme, parts.netloc) != (other.scheme, other.netloc):
+        raise ValueError(f"url must not take its host or port from a column, got {url!r}")
+    if port == 0:
+        raise ValueError(f"url {url!r}: port 0 is not a port")
+    host = parts.hostname
+    if "[" in parts.netloc:
+        try:
+            ipaddress.IPv6Address(host.partition("%")[0])
+        except ValueError:
+            raise ValueError(f"url {url!r}: [{host}] is not an IPv6 address") from None
+    elif not _HOST.fullmatch(host):
+        raise ValueError(f"url {url!r}: {host!r} is not a host name or IP address")
+
+
+def _segment(value: str) -> str:
+    """``value`` percent-encoded as one path segment: ``/?#%`` and a bare ``.``/``..`` too."""
+    quoted = urllib.parse.quote(value, safe="")
+    return quoted.replace(".", "%2E") if quoted.strip(".") == "" else quoted
+
+
+def _column_map(name: str, value: Any) -> tuple[tuple[str, str], ...]:
+    """``value`` (a mapping of names to column names) as pairs, or TypeError naming ``name``."""
+    given = {} if value is None else value
+    if not isinstance(given, Mapping) or not all(
+        isinstance(k, str) and k and isinstance(v, str) and v for k, v in given.items()
+    ):
+        raise TypeError(f"{name} must be a mapping of names to column names, got {value!r}")
+    return tuple(given.items())
+
+
+# What may not be inside a header value (or a URL): it would end the line, or the request.
+_BREAKS = re.compile("[\r\n\0]")
+# A header name is an RFC 9110 token.
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _has_break(value: str) -> bool:
+    """Whether ``value`` holds a CR, LF or NUL (which would end a header line on the wire)."""
+    return _BREAKS.search(value) is not None
+
+
+def _check_header_names(name: str, names: Sequence[str]) -> None:
+    """ValueError naming ``name`` unless every one of ``names`` is a header name (a token)."""
+    for header in names:
+        if not _TOKEN.fullmatch(header):
+            raise ValueError(f"{name}: {header!r} is not a header name (letters, digits, -, ...)")

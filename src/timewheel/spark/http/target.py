@@ -1,0 +1,654 @@
+"""The HTTP target: a request per row, sent by libcurl from one loop thread per Python worker.
+
+:meth:`HttpDownstream.submit` hands the request to this process's :class:`~._curl.CurlLoop`
+(libcurl's multi interface on a thread made after a fork, never inherited); as many
+requests are in flight as the caller starts (``dispatch`` allows ``max_in_flight`` per
+partition), and the connection pool grows with them unless ``max_connections`` caps it.
+``submit`` returns a handle whose ``cancel()`` drops the request at once: a timed-out
+call is taken out of libcurl's multi handle, its connection closed, and holds no thread.
+
+Every request carries an idempotency key derived from the row's id (the same across
+retries, Spark task retries and recomputations), so the service can drop repeats:
+delivery is at least once, and the key makes it effectively once.
+
+The answer's verdict (:func:`~.http_request.verdict`): 2xx is success; 5xx, 429 (after
+its ``Retry-After``, capped), timeouts and connection errors are worth a retry; any other
+status is a final failure, not retried. Redirects are not followed: a 3xx is a final
+failure naming its ``Location`` (so a request is never re-sent elsewhere, nor a POST
+turned into a GET, and a redirect loop cannot happen). An answer longer than
+``max_reply_bytes`` fails the attempt, unread. :meth:`HttpDownstream.request` gives the
+request a row makes, for code that sends it with a client of its own.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import os
+import threading
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable, Union
+
+from ..._validate import check_columns, check_int
+from ..batch.replies import ReplySplit
+from ..batch.spec import BatchBody, BatchPart, BodySpec
+from ..contract import DownstreamError, Failure, OnDone, Reply
+from ..runtime import PerProcess
+from ..secrets import Secret, SecretError, redact_url
+from .request import (
+    _ENCODE,
+    _ENCODE_KEY,
+    HttpRequest,
+    _check_header_names,
+    _check_url,
+    _column_map,
+    _finite,
+    _has_break,
+    _segment,
+    _template,
+    _too_large,
+    verdict,
+)
+
+__all__ = [
+    "DEFAULT_MAX_REPLY_BYTES",
+    "METHODS",
+    "Body",
+    "HttpDownstream",
+    "HttpRequest",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The shape of the body: None for the method's default (the whole row for POST, PUT and
+#: PATCH; none for GET and DELETE), ``"row"`` or ``"none"`` to say so, column names for
+#: those columns, or a function of the row returning any JSON-serialisable value.
+Body = Union[None, str, Sequence[str], Callable[[Mapping[str, Any]], Any]]
+
+#: The methods a target may use.
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+#: The default limit on an answer's size (bytes).
+DEFAULT_MAX_REPLY_BYTES = 1 << 20
+
+
+_LOOP_LOCK = threading.Lock()
+# A request without a body (GET and DELETE by default).
+_NO_BODY = object()
+
+
+def _new_loop() -> Any:
+    from ._curl import CurlLoop
+
+    return CurlLoop()
+
+
+# This process's libcurl loop thread (made on first use, again in a forked child).
+_LOOP: PerProcess[Any] = PerProcess(_new_loop)
+
+
+class HttpDownstream:
+    """Sends a request per row to ``url``, with an idempotency key derived from its id.
+
+    * ``method``: GET, POST (the default), PUT, PATCH or DELETE.
+    * ``url``: may name columns as ``{column}`` (``http://api/customers/{customer_id}``):
+      each is filled with the row's value, percent-encoded. ``params`` (query name to
+      column) adds query parameters from columns; ``header_cols`` (header name to
+      column) adds headers from columns on top of ``headers``. A row whose value for any
+      of them is null fails without a request; :meth:`columns` names them all, so that
+      ``dispatch`` refuses a DataFrame without them before the job runs.
+    * ``id_col``: the row's id column (None: the ``id_col`` given to ``dispatch``, or
+      ``"id"`` outside it); the ``idempotency_header`` (``Idempotency-Key`` unless
+      renamed; None sends none) carries a hex digest of its value, the same for every
+      attempt of the row in any task or job. A row whose id is null or missing fails
+      without a request (nothing would let the service drop its repeats).
+    * ``headers``: sent with every request (``Content-Type: application/json`` unless
+      given). ``body``: see :data:`Body` (it must pickle for Spark).
+    * ``max_connections``: the most connections this process opens to the service;
+      None (the default) lets it follow the calls in flight, which ``dispatch`` bounds
+      with ``max_in_flight``.
+    * ``headers`` values may be :class:`~.secrets.Secret`: read where the request is sent
+      (on the executor), never pickled, shown by name only; see docs/spark.md, "Secrets".
+      A secret's function, or file, is read again once when the service answers 401,
+      and the row's request sent again once with the new value.
+    * ``verify_tls``: HTTPS certificates are verified unless this is False.
+    * ``ca_file``: the CA bundle (PEM) to verify servers with, in place of the system's;
+      ``client_cert`` and ``client_key``: a client certificate (PEM) and its key, for
+      mutual TLS (the key may be in the certificate's file). Each must be a readable
+      file when the target is made, at the same path on the executors.
+    * ``http2``: HTTP/2 where an https:// server offers it (many requests share one
+      connection); False: HTTP/1.1.
+    * ``timeout_s``: a backstop for ``submit`` used outside ``dispatch`` (which times
+      each call out itself and cancels it); None: none.
+    * ``max_retry_after_s``: the longest a 429's ``Retry-After`` may delay the retry.
+    * ``max_reply_bytes``: the longest answer read (1 MiB by default); a longer one
+      fails the attempt (final: a retry would get the same).
+    * ``read_rate_limit_headers``: under a quota (``dispatch`` calls :meth:`for_quota`),
+      hand the answers' rate-limit headers to it (read on one answer in 8 per
+      connection handle and after each refusal; a Python call per header line then).
+      False: only a refusal's ``Retry-After`` reaches the quota.
+    * ``batch_body``, ``batch_reply``, ``batch_id_field``: how the service takes many
+      rows per request (``dispatch(batch_size=N)``; see docs/spark.md, "Batches"). The
+      body: None for a JSON array of the rows' bodies, a template placing that array
+      where ``$rows`` stands (``'{"model": "m", "input": $rows}'``), or a function of
+      the list of bodies. The answer: the path of its array (``"data[*].embedding"``,
+      ``"[*]"`` by default: the answer is the array), each element going to the row at
+      its position, or to the row whose id its ``batch_id_field`` holds.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        method: str = "POST",
+        id_col: str | None = None,
+        headers: Mapping[str, str | Secret] | None = None,
+        body: Body = None,
+        params: Mapping[str, str] | None = None,
+        header_cols: Mapping[str, str] | None = None,
+        idempotency_header: str | None = "Idempotency-Key",
+        max_connections: int | None = None,
+        verify_tls: bool = True,
+        ca_file: str | None = None,
+        client_cert: str | None = None,
+        client_key: str | None = None,
+        http2: bool = True,
+        timeout_s: float | None = None,
+        max_retry_after_s: float = 30.0,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+        read_rate_limit_headers: bool = True,
+        batch_body: BodySpec = None,
+        batch_reply: str = "[*]",
+        batch_id_field: str | None = None,
+    ) -> None:
+        if not isinstance(url, str):
+            raise TypeError(f"url must be a str, got {url!r}")
+        pieces = _template(url)
+        _check_url(url, pieces)
+        if not isinstance(method, str) or method.upper() not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        if id_col is not None and (not isinstance(id_col, str) or not id_col):
+            raise TypeError(f"id_col must be a column name (str) or None, got {id_col!r}")
+        given = {} if headers is None else headers
+        if not isinstance(given, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, (str, Secret)) for k, v in given.items()
+        ):
+            # Named by its keys and types only: a value may be a token.
+            shown = (
+                {k: type(v).__name__ for k, v in given.items()}
+                if isinstance(given, Mapping)
+                else type(headers).__name__
+            )
+            raise TypeError(f"headers must be a mapping of str to str or Secret, got {shown!r}")
+        _check_header_names("headers", list(given))
+        secrets = tuple((k, v) for k, v in given.items() if isinstance(v, Secret))
+        plain = {k: v for k, v in given.items() if isinstance(v, str)}
+        for name, value in plain.items():
+            if _has_break(value):
+                raise ValueError(f"headers: the value of {name!r} holds a CR, LF or NUL")
+        if isinstance(body, str):
+            if body not in ("row", "none"):
+                raise TypeError(
+                    f"body must be None, 'row', 'none', a list of columns or a function, "
+                    f"got {body!r}"
+                )
+        elif body is not None and not callable(body):
+            body = check_columns("body", body)
+        if idempotency_header is not None and (
+            not isinstance(idempotency_header, str) or not idempotency_header.strip()
+        ):
+            raise TypeError(
+                f"idempotency_header must be a header name or None, got {idempotency_header!r}"
+            )
+        if idempotency_header is not None:
+            _check_header_names("idempotency_header", [idempotency_header])
+        if max_connections is not None:
+            max_connections = check_int("max_connections", max_connections, 1)
+        if not isinstance(verify_tls, bool):
+            raise TypeError(f"verify_tls must be a bool, got {verify_tls!r}")
+        if not isinstance(read_rate_limit_headers, bool):
+            raise TypeError(
+                f"read_rate_limit_headers must be a bool, got {read_rate_limit_headers!r}"
+            )
+        if not isinstance(http2, bool):
+            raise TypeError(f"http2 must be a bool, got {http2!r}")
+        if client_key is not None and client_cert is None:
+            raise ValueError("client_key needs client_cert (the certificate it is the key of)")
+        self.url = url
+        self.method = method.upper()
+        self.id_col = id_col
+        self.headers = {"Content-Type": "application/json", **plain}
+        #: (header name, Secret) pairs, resolved per process where requests are sent.
+        self.header_secrets = secrets
+        self._renews = any(not str(v.key).startswith("env:") for _, v in secrets)
+        self.body = body
+        # The body's shape, the method's default resolved (read per request).
+        self._shape: str | Sequence[str] | Callable[[Mapping[str, Any]], Any] = (
+            ("none" if self.method in ("GET", "DELETE") else "row") if body is None else body
+        )
+        self.params = _column_map("params", params)
+        for name, _ in self.params:
+            if _has_break(name):
+                raise ValueError(f"params: the name {name!r} holds a CR, LF or NUL")
+        self.header_cols = _column_map("header_cols", header_cols)
+        _check_header_names("header_cols", [name for name, _ in self.header_cols])
+        self.idempotency_header = idempotency_header
+        self.max_connections = max_connections
+        self.verify_tls = verify_tls
+        self.ca_file = _readable("ca_file", ca_file)
+        self.client_cert = _readable("client_cert", client_cert)
+        self.client_key = _readable("client_key", client_key)
+        self.http2 = http2
+        self.read_rate_limit_headers = read_rate_limit_headers
+        # Set by for_quota (if read_rate_limit_headers): replies carry them.
+        self.rate_limit_headers = False
+        self.timeout_s = None if timeout_s is None else _finite("timeout_s", timeout_s, 0.001)
+        self.max_retry_after_s = _finite("max_retry_after_s", max_retry_after_s, 0.0)
+        self.max_reply_bytes = check_int("max_reply_bytes", max_reply_bytes, 1)
+        self.batch_body = BatchBody(batch_body)
+        #: How a batch's answer is split back per row (read by the dispatch engine).
+        self.batch_reply = ReplySplit(batch_reply, batch_id_field)
+        self._pieces = pieces if any(c for _, c in pieces) else None
+        self._one_line: tuple[str, tuple[tuple[str, str], ...]] = (url, ())
+        self._lines = [f"{k}: {v}" for k, v in self.headers.items()] + ["Expect:"]
+        self._curl_settings: Any = None  # made on first submit
+
+    def __repr__(self) -> str:
+        return f"HttpDownstream({self.method} {redact_url(self.url)!r})"
+
+    def for_id_col(self, id_col: str) -> HttpDownstream:
+        """This target keyed on ``id_col`` unless it names its own (``dispatch`` calls it)."""
+        if self.id_col is not None:
+            return self
+        bound = copy.copy(self)
+        bound.id_col = id_col
+        return bound
+
+    def for_quota(self) -> HttpDownstream:
+        """This target with its answers' rate-limit headers in each ``Reply`` (``dispatch``
+        calls it for a job with a quota, which follows them); itself without
+        ``read_rate_limit_headers``."""
+        if not self.read_rate_limit_headers:
+            return self
+        bound = copy.copy(self)
+        bound.rate_limit_headers = True
+        bound._curl_settings = None
+        return bound
+
+    def for_batches(self) -> HttpDownstream:
+        """This target, checked for batches (``dispatch(batch_size=N)`` calls it):
+        ValueError when its requests have no body to hold the rows'."""
+        if self._shape == "none":
+            raise ValueError(
+                f"batch_size > 1 needs requests with a body to hold the rows' bodies; "
+                f"{self!r} sends none (method {self.method}, body {self.body!r})"
+            )
+        return self
+
+    def columns(self) -> tuple[str, ...]:
+        """The columns the requests are made from: the URL's fields, params and header_cols."""
+        named = [c for _, c in self._pieces or () if c]
+        named += [c for _, c in self.params] + [c for _, c in self.header_cols]
+        if isinstance(self.body, tuple):
+            named += self.body
+        return tuple(dict.fromkeys(named))
+
+    def request_columns(self, columns: Sequence[str]) -> tuple[str, ...]:
+        """Of a row with ``columns``, those whose values make its request's method, URL,
+        headers and body: two rows equal on them send the same request (the idempotency
+        key aside). A body of the whole row, or made by a function, takes every column."""
+        body = self._shape
+        if body == "row" or callable(body):
+            return tuple(columns)
+        return self.columns()
+
+    # -- the request ------------------------------------------------------------------
+    def idempotency_key(self, row: Mapping[str, Any]) -> str | None:
+        """The key of ``row``: a digest of its id (None when the id is null or missing)."""
+        value = row.get(self.id_col or "id")
+        if value is None:
+            return None
+        # The JSON form, so that 7 and "7" differ and equal ids of a column always agree
+        # (an int's is its str: the common case, without the encoder).
+        text = str(value) if type(value) is int else _ENCODE_KEY(value)
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def _value(self, row: Mapping[str, Any], col: str, what: str) -> str:
+        value = row.get(col)
+        if value is None:
+            raise DownstreamError(f"{what} column {col!r} is null: not sent", retry_after_s=None)
+        return value if isinstance(value, str) else _ENCODE(value)
+
+    def _parts(self, row: Mapping[str, Any]) -> tuple[str, dict[str, str], Any]:
+        """The URL, extra headers and body value (``_NO_BODY`` for none) of ``row``'s
+        request. DownstreamError (final) when the row cannot make one."""
+        extra: dict[str, str] = {}
+        if self.idempotency_header is not None:
+            key = self.idempotency_key(row)
+            if key is None:
+                raise DownstreamError(
+                    f"the row's id ({self.id_col or 'id'!r}) is null or missing: not sent",
+                    retry_after_s=None,
+                )
+            extra[self.idempotency_header] = key
+        url = self.url
+        if self._pieces is not None:
+            url = "".join(
+                text + (_segment(self._value(row, col, "url")) if col else "")
+                for text, col in self._pieces
+            )
+        if self.params:
+            query = urllib.parse.urlencode(
+                [(name, self._value(row, col, "param")) for name, col in self.params]
+            )
+            url += ("&" if "?" in url else "?") + query
+        for name, col in self.header_cols:
+            value = self._value(row, col, "header")
+            if _has_break(value):
+                raise DownstreamError(
+                    f"header column {col!r} holds a CR, LF or NUL: not sent", retry_after_s=None
+                )
+            extra[name] = value
+        return url, extra, self._payload(row)
+
+    def _payload(self, row: Mapping[str, Any]) -> Any:
+        """``row``'s body as a JSON value (``_NO_BODY`` for none)."""
+        body = self._shape
+        if body == "none":
+            return _NO_BODY
+        if body == "row":
+            return row
+        if callable(body):
+            return body(row)
+        return {col: row.get(col) for col in body}
+
+    def _request(self, row: Mapping[str, Any]) -> tuple[str, dict[str, str], bytes | None]:
+        """The URL, extra headers and body of ``row``'s request (see :meth:`_parts`)."""
+        url, extra, payload = self._parts(row)
+        return url, extra, None if payload is _NO_BODY else _ENCODE(payload).encode()
+
+    def request(self, row: Mapping[str, Any]) -> HttpRequest:
+        """The request ``row`` makes, for a client of one's own: its method, URL,
+        headers (secrets read now, in this process) and body.
+
+        :meth:`submit` sends this request (and reads a secret again once on a 401).
+        DownstreamError when the row cannot make one (final, as ``submit`` fails it) or
+        a secret cannot be read (its ``retry_after_s`` says whether a retry may help).
+        The result shows header names only and refuses to pickle: it may hold a secret.
+        """
+        url, extra, body = self._request(row)
+        headers = {**self.headers, **extra}
+        for name, secret in self.header_secrets:
+            try:
+                headers[name] = secret.resolve()[0]
+            except SecretError as exc:
+                raise DownstreamError(str(exc), retry_after_s=exc.retry_after_s) from None
+        return HttpRequest(self.method, url, headers, body)
+
+    def _settings(self) -> tuple[Any, ...]:
+        """What the connections depend on: copies with equal settings share them."""
+        from ._curl import Settings
+
+        timeout_ms = None if self.timeout_s is None else max(1, round(self.timeout_s * 1000))
+        return Settings(
+            self.verify_tls,
+            self.max_connections,
+            timeout_ms,
+            self.max_reply_bytes,
+            self.ca_file,
+            self.client_cert,
+            self.client_key,
+            self.http2 and self.url.startswith("https:"),
+            self.rate_limit_headers,
+        )
+
+    # -- submit: this process's libcurl loop thread ------------------------------------
+    def submit(self, row: Mapping[str, Any], on_done: OnDone) -> Any:
+        """Start the request; ``on_done(ok, error[, reply])`` runs on the loop thread.
+
+        ``reply`` is the answer's :class:`~.targets.Reply` (None when none came), given
+        when ``on_done`` is marked with :func:`~.targets.accepts_reply`.
+
+        A failed request's error is a :class:`~.targets.Failure` saying whether (and
+        when) a retry is worth making.
+
+        Returns a handle whose ``cancel()`` drops the request (``dispatch`` cancels a
+        call when it times out); None when the row was refused at once.
+        """
+        try:
+            url, extra, body = self._request(row)
+        except DownstreamError as exc:
+            on_done(False, Failure(str(exc), exc.retry_after_s))
+            return None
+        return self._send(url, extra, body, on_done)
+
+    def _send(self, url: str, extra: dict[str, str], body: bytes | None, on_done: OnDone) -> Any:
+        """Hand one request to this process's loop; the handle whose ``cancel()`` drops it."""
+        lines = self._lines + [f"{k}: {v}" for k, v in extra.items()] if extra else self._lines
+        settings = self._curl_settings
+        if settings is None:
+            settings = self._curl_settings = self._settings()
+        if self.header_secrets:
+            return _WithSecrets(self, settings, url, lines, body, on_done).start()
+        return _LOOP.get().request(
+            settings,
+            self.method,
+            url,
+            lines,
+            body,
+            self._ended,
+            on_done,
+        )
+
+    # -- batches: many rows per request ----------------------------------------------------
+    def batch_part(self, row: Mapping[str, Any]) -> BatchPart:
+        """What ``row`` gives a batch request (DownstreamError, final, when it cannot).
+
+        Its key is its id's JSON form (the text its own key digests): a batch's key is a
+        digest of its rows', so a digest per row would be spent for nothing.
+        """
+        row_id = row.get(self.id_col or "id")
+        key = None
+        if self.idempotency_header is not None:
+            if row_id is None:
+                raise DownstreamError(
+                    f"the row's id ({self.id_col or 'id'!r}) is null or missing: not sent",
+                    retry_after_s=None,
+                )
+            key = str(row_id) if type(row_id) is int else _ENCODE_KEY(row_id)
+        if self._pieces is None and not self.params and not self.header_cols:
+            # The common case: every row on the target's own URL and headers.
+            return BatchPart(self._one_line, self._payload(row), key, row_id)
+        url, extra, payload = self._parts(row)
+        extra.pop(self.idempotency_header or "", None)
+        return BatchPart((url, tuple(extra.items())), payload, key, row_id)
+
+    def submit_batch(
+        self,
+        line: tuple[str, tuple[tuple[str, str], ...]],
+        payloads: list[Any],
+        key: str | None,
+        on_done: OnDone,
+    ) -> Any:
+        """Send one request holding ``payloads`` (the rows' bodies, made by
+        ``batch_body``) on ``line``, with the batch's idempotency ``key``; as :meth:`submit`."""
+        try:
+            body = self.batch_body.encode(payloads)
+        except Exception as exc:  # the user's function, or a value JSON cannot hold
+            on_done(False, Failure(f"batch_body: {type(exc).__name__}: {exc}", None))
+            return None
+        url, own = line
+        extra = dict(own)
+        if key is not None and self.idempotency_header is not None:
+            extra[self.idempotency_header] = key
+        return self._send(url, extra, body, on_done)
+
+    def _ended(
+        self,
+        on_done: OnDone,
+        status: int,
+        text: bytes,
+        headers: dict[str, str],
+        errno: int,
+        msg: str,
+    ) -> None:
+        """The loop's report of one request: its verdict and answer, to ``on_done``."""
+        given = headers if self.rate_limit_headers else None
+        if errno == 0 and 200 <= status < 300:  # the common case, first
+            ok, failure, reply = True, None, Reply(status, text or None, given)
+        elif errno == 0:
+            _, error, wait = verdict(status, text, headers.get, self.max_retry_after_s)
+            ok, failure = False, Failure(error or "failed", wait)
+            reply = Reply(status, text or None, given)
+        else:
+            import pycurl
+
+            from ._curl import LOOP_FAILED, REFUSED, curl_error_kind
+
+            ok, reply = False, None
+            if errno == REFUSED:
+                failure = Failure(f"request not made: {msg}", None)
+            elif errno == LOOP_FAILED:
+                failure = Failure(msg, 0.0)
+            elif errno == pycurl.E_FILESIZE_EXCEEDED:
+                failure = _too_large(self.max_reply_bytes)
+            elif errno == pycurl.E_OPERATION_TIMEDOUT:
+                failure = Failure(f"no reply within {self.timeout_s} s", 0.0)
+            else:
+                failure = Failure(f"{curl_error_kind(errno)}: {msg}", 0.0)
+        try:
+            if getattr(on_done, "accepts_reply", False):  # deliver(), inlined: per request
+                on_done(ok, failure, reply)  # type: ignore[call-arg]
+            else:
+                on_done(ok, failure)
+        except Exception:
+            logger.exception("on_done callback of HttpDownstream raised")
+
+    def close(self) -> None:
+        """Close this process's HTTP loop thread and its connections (remade on next use)."""
+        with _LOOP_LOCK:
+            held = _LOOP._held
+            _LOOP._forget()
+        if held is not None:
+            held[0].close()
+        with _LOOP_LOCK:
+            renewer = _RENEWER._held
+            _RENEWER._forget()
+        if renewer is not None:
+            renewer[0].shutdown(wait=False)
+
+
+def _readable(name: str, path: Any) -> str | None:
+    """``path`` made absolute, or ValueError naming ``name`` unless it is a readable file."""
+    if path is None:
+        return None
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise TypeError(f"{name} must be a file path (str) or None, got {path!r}")
+    full: str = os.path.abspath(os.fspath(path))
+    if not os.path.isfile(full):
+        raise ValueError(f"{name}: {full!r} is not a file")
+    try:
+        with open(full, "rb"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{name}: {full!r} cannot be read: {exc.strerror}") from None
+    return full
+
+
+def _renewer() -> Any:
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(1, thread_name_prefix="timewheel-secret")
+
+
+# The thread that reads secrets again after a 401 (their function may take a while: not
+# on the loop thread), one per process.
+_RENEWER: PerProcess[Any] = PerProcess(_renewer)
+
+
+class _WithSecrets:
+    """A request whose headers hold secrets: read them (this process's values), send it,
+    and on a 401 read the renewable ones again and send it once more."""
+
+    __slots__ = (
+        "body",
+        "cancelled",
+        "lines",
+        "numbers",
+        "on_done",
+        "renewed",
+        "request",
+        "settings",
+        "target",
+        "url",
+    )
+
+    def __init__(
+        self,
+        target: HttpDownstream,
+        settings: Any,
+        url: str,
+        lines: list[str],
+        body: bytes | None,
+        on_done: OnDone,
+    ) -> None:
+        self.target = target
+        self.settings = settings
+        self.url = url
+        self.lines = lines
+        self.body = body
+        self.on_done = on_done
+        self.numbers: list[int] = []
+        self.request: Any = None
+        self.cancelled = self.renewed = False
+
+    def _send(self, renew: bool) -> bool:
+        """Send with the secrets' values (read again if ``renew``); False: failed the row."""
+        lines = list(self.lines)
+        numbers = []
+        try:
+            for i, (name, secret) in enumerate(self.target.header_secrets):
+                value, number = secret.renew(self.numbers[i]) if renew else secret.resolve()
+                lines.append(f"{name}: {value}")
+                numbers.append(number)
+        except SecretError as exc:
+            self.on_done(False, Failure(str(exc), exc.retry_after_s))
+            return False
+        self.numbers = numbers
+        t = self.target
+        self.request = _LOOP.get().request(
+            self.settings, t.method, self.url, lines, self.body, _WithSecrets._ended, self
+        )
+        return True
+
+    def start(self) -> _WithSecrets | None:
+        return self if self._send(renew=False) else None
+
+    def _ended(
+        self, status: int, text: bytes, headers: dict[str, str], errno: int, msg: str
+    ) -> None:
+        if status == 401 and errno == 0 and self.target._renews and not self.renewed:
+            self.renewed = True
+            _RENEWER.get().submit(self._renew)
+            return
+        self.target._ended(self.on_done, status, text, headers, errno, msg)
+
+    def _renew(self) -> None:
+        if self.cancelled:
+            return
+        try:
+            sent = self._send(renew=True)
+        except Exception as exc:  # the loop closed: the row fails, worth a retry
+            self.on_done(False, Failure(f"request not made: {exc}", 0.0))
+            return
+        if sent and self.cancelled:
+            self.request.cancel()
+
+    def cancel(self) -> None:
+        """Drop the request, and the second one a 401 would make."""
+        self.cancelled = True
+        request = self.request
+        if request is not None:
+            request.cancel()

@@ -1,0 +1,168 @@
+"""One task's use of its job's quota, as the dispatch engine needs it.
+
+A :class:`QuotaGate` is made per partition on the store its worker draws on
+(:meth:`~timewheel.spark.quota.placement.QuotaRef.open`). For each attempt the engine asks
+:meth:`QuotaGate.acquire` with the row's estimated cost (:meth:`QuotaGate.cost_of`: the
+``cost`` column's value or function's result), and tells :meth:`QuotaGate.ended` how
+the attempt ended:
+
+* an answer with the actual cost (``reply_cost``: a dotted path into the JSON answer
+  such as ``"usage.total_tokens"``, or a function of the parsed answer) settles the
+  difference with the quota; an answer without it leaves the estimate standing and is
+  counted (:attr:`QuotaGate.cost_unknown`);
+* a refusal (HTTP 429 or 503) costs nothing at the service: its estimate is paid back,
+  and its ``Retry-After`` pauses the whole job's quota (each task restarts after the
+  pause plus a random jitter, see :mod:`timewheel.spark.quota.task`);
+* an answer with the service's rate-limit headers (``Reply.headers``, which
+  ``HttpDownstream`` gives once ``dispatch`` has called its ``for_quota``) is followed:
+  ``Retry-After`` or a used-up window pauses the job, and the quota holds no more than
+  the service says is left (:meth:`~timewheel.spark.quota.task.TaskQuota.follow`);
+* anything else (a timeout, a 5xx, a refused connection) may have cost what it was
+  estimated at: the estimate stands.
+
+Every attempt takes one request, its estimated cost and one call slot (with a
+``concurrency``); the slot comes back when the attempt ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Union
+
+from ..contract import OVERLOAD_STATUSES, Reply
+from ..worker_metrics import partition_counts
+from .headers import parse_rate_limit_headers
+from .task import BudgetSpent, QuotaStore, TaskQuota
+
+__all__ = ["BUDGET_SPENT", "BudgetSpent", "CostSpec", "QuotaGate", "check_cost", "reply_path"]
+
+#: The ``error`` of a row not sent because the budget or the request cap was spent.
+BUDGET_SPENT = "budget spent: not sent"
+
+#: ``cost``: a column name, or a function of the row; ``reply_cost``: a dotted path into
+#: the JSON answer, or a function of the parsed answer.
+CostSpec = Union[str, Callable[[Any], Any], None]
+
+
+def check_cost(name: str, spec: Any) -> CostSpec:
+    """``spec`` if it is None, a non-empty str or a callable; TypeError/ValueError otherwise."""
+    if spec is None or callable(spec):
+        return spec  # type: ignore[no-any-return]
+    if not isinstance(spec, str):
+        raise TypeError(f"{name} must be a column name, a path or a function, got {spec!r}")
+    if not spec.strip():
+        raise ValueError(f"{name} must not be empty, got {spec!r}")
+    return spec
+
+
+def reply_path(path: str) -> Callable[[Any], Any]:
+    """A function reading ``path`` (``"usage.total_tokens"``, ``"data.0.n"``) from parsed
+    JSON: None where a step is missing."""
+    steps = path.split(".")
+
+    def read(value: Any) -> Any:
+        for step in steps:
+            if isinstance(value, Mapping):
+                value = value.get(step)
+            elif isinstance(value, list) and step.isdigit() and int(step) < len(value):
+                value = value[int(step)]
+            else:
+                return None
+        return value
+
+    return read
+
+
+def _amount(value: Any) -> float | None:
+    """``value`` as a cost (a finite number >= 0), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+class QuotaGate:
+    """One partition's side of its job's quota (see the module docstring)."""
+
+    def __init__(
+        self, store: QuotaStore, cost: CostSpec = None, reply_cost: CostSpec = None
+    ) -> None:
+        self.task = TaskQuota(store)
+        #: Take an attempt's request, cost and slot: 0.0, or the seconds to wait first;
+        #: :class:`BudgetSpent` when no more may be sent (the task's own method).
+        self.acquire = self.task.acquire
+        self.cost_col = cost if isinstance(cost, str) else None
+        self.cost_fn = cost if callable(cost) else None
+        self.reply_cost = reply_path(reply_cost) if isinstance(reply_cost, str) else reply_cost
+        #: Answers that did not say what they cost (their estimate stood).
+        self.cost_unknown = 0
+        #: Attempts refused for overload (HTTP 429 or 503).
+        self.refused = 0
+        # The partition's counts (made on its task's thread), given these when it closes.
+        self.counts = partition_counts()
+
+    def cost_of(self, row: Mapping[str, Any]) -> float | str:
+        """The row's estimated cost, or why it has none (the row then fails unsent)."""
+        if self.cost_col is not None:
+            value, what = row.get(self.cost_col), f"cost column {self.cost_col!r}"
+        elif self.cost_fn is not None:
+            what = "the cost function"
+            try:
+                value = self.cost_fn(row)
+            except Exception as exc:
+                return f"{what} raised {type(exc).__name__}: {exc}: not sent"
+        else:
+            return 0.0
+        amount = _amount(value)
+        if amount is None:
+            return f"{what} gave {value!r}, not a finite number >= 0: not sent"
+        return amount
+
+    def ended(
+        self, cost: float, ok: bool, reply: Reply | None, retry_after_s: float | None
+    ) -> None:
+        """An attempt that took ``cost`` ended: give its slot back and settle its cost."""
+        task = self.task
+        task.done()
+        if reply is None:
+            return
+        status, headers = reply.status, reply.headers
+        if headers:  # the service's own view of the quota (Retry-After included)
+            info = parse_rate_limit_headers(headers)
+            if retry_after_s is not None and info.retry_after_s is not None:
+                # The target's cap on Retry-After (max_retry_after_s) holds here too.
+                info = dataclasses.replace(info, retry_after_s=retry_after_s)
+            task.follow(info)
+        if status in OVERLOAD_STATUSES:
+            self.refused += 1
+            if cost:
+                task.settle(cost, 0.0)
+            if retry_after_s and not headers:
+                task.pause(retry_after_s)
+            return
+        if not ok or self.reply_cost is None:
+            return
+        actual = None
+        try:
+            body = reply.body
+            actual = _amount(self.reply_cost(json.loads(body) if body else None))
+        except Exception:  # not JSON, or the function raised: the estimate stands
+            actual = None
+        if actual is None:
+            self.cost_unknown += 1
+        else:
+            task.settle(cost, actual)
+
+    def keepalive(self) -> None:
+        """Renew the task's hold on the quota (called from the task's loop)."""
+        self.task.keepalive()
+
+    def close(self) -> None:
+        """Give back what the task holds and did not use; count what it saw."""
+        self.task.close()
+        if self.counts is not None:
+            self.counts.quota_refused += self.refused
+            self.counts.cost_unknown += self.cost_unknown

@@ -1,0 +1,224 @@
+"""A job's quota, from the driver to its tasks: where it lives and how a task reaches it.
+
+:func:`place_quota` runs in the driver when ``dispatch`` is given a quota. It returns a
+:class:`QuotaRef`, which travels in the job's plan and holds no secret:
+
+* **the driver's service** (the default): a
+  :class:`~timewheel.spark.quota.service_store.QuotaService` in this process, one per
+  :class:`~timewheel.spark.quota.task.Quota` object (so a quota given to several jobs, or to
+  a streaming query, is one quota for all of them). It serves until :func:`close_quota`
+  or the driver's exit: a ``dispatch`` result is lazy, and its tasks may run long after
+  the caller let go of the Quota object (one idle thread each meanwhile). Its address
+  is the driver's (``spark.driver.host``; loopback on ``local[...]``).
+  Its secret goes to the executors the way Spark hands a job's own settings to its
+  tasks: a local property of the thread that runs the job (``sc.setLocalProperty``), which
+  Spark sends with each task and leaves out of the plan; its key holds ``secret``, so
+  Spark's ``spark.redaction.regex`` hides its value in the event log and the UI.
+* **Redis** (``Quota(store="redis://...", name=...)``): the URL (never with a password)
+  and name; the password, if any, is a secret reference read where it is used.
+* **the static split**, where neither can serve (Spark Connect without a ``store``: its
+  client is not the driver and sets no local property), or when asked
+  (``store="static"``). Each task then holds its
+  ``fraction`` of the quota, as ``rate`` did before quotas; one log line says so.
+
+On the executor, :meth:`QuotaRef.open` gives the store a task draws on: one per Python
+worker and quota, wrapped in a :class:`~timewheel.spark.quota.task.Failover` that falls back to
+the static split, saying so once, if the store cannot be reached. A worker falls back once,
+to ``fraction`` of what the store had left, so the workers together stay within the quota.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ..runtime import worker_runtime
+from .gate import check_cost
+from .task import Failover, LocalStore, Quota, QuotaStore
+
+__all__ = [
+    "QuotaRef",
+    "check_quota",
+    "close_quota",
+    "driver_store",
+    "place_quota",
+    "redis_store_of",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The local property that carries a service's secret to its tasks (``secret`` in its
+#: name: Spark's default redaction pattern hides it).
+SECRET_PROPERTY = "timewheel.quota.secret."
+
+# id(Quota) -> the Quota (kept, so its id stays its own), its service in this driver, the
+# key its secret's property is named by, and the address the executors reach it at.
+_SERVICES: dict[int, tuple[Quota, Any, str, tuple[str, int]]] = {}
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class QuotaRef:
+    """What a task needs to draw on its job's quota: picklable, without its secret."""
+
+    quota: Quota
+    #: ``"service"``, ``"redis"`` or ``"static"``.
+    kind: str
+    #: This process's static share if the store cannot be reached (1 / task slots).
+    fraction: float
+    #: The driver's service: its address and the id its secret's property is named by.
+    address: tuple[str, int] | None = None
+    key: str = ""
+
+    def open(self) -> QuotaStore:
+        """The store a task of this worker draws on (one per worker and quota)."""
+        return worker_runtime().shared(f"timewheel-quota:{self.key}", self, self._make)
+
+    def _make(self) -> QuotaStore:
+        if self.kind == "static":
+            share = self.quota.share(self.fraction)
+            return LocalStore(share if share is not None else self.quota, exhausted=share is None)
+        if self.kind == "redis":
+            try:
+                primary: QuotaStore = redis_store_of(self.quota)
+            except Exception as exc:  # no redis client: say so, then the static split
+                primary = _Unreachable(self.quota, f"{type(exc).__name__}: {exc}")
+            return Failover(primary, self.fraction)
+        from pyspark import TaskContext
+
+        from .service_store import ServiceStore
+
+        context = TaskContext.get()
+        secret = None if context is None else context.getLocalProperty(SECRET_PROPERTY + self.key)
+        if secret is None or self.address is None:
+            primary = _Unreachable(
+                self.quota,
+                "the job's quota secret did not reach this task (run the job's "
+                "action on the thread that called dispatch)",
+            )
+        else:
+            primary = ServiceStore(self.address, bytes.fromhex(secret), self.quota)
+        return Failover(primary, self.fraction)
+
+
+def redis_store_of(quota: Quota) -> QuotaStore:
+    """The :class:`~timewheel.spark.quota.redis_store.RedisStore` that ``quota`` names, its
+    password (if any) read here, where it is used."""
+    from .redis_store import RedisStore
+
+    password = None
+    if quota.store_password is not None:
+        from ..secrets import Secret
+
+        password = Secret(quota.store_password).resolve()[0]
+    assert quota.store is not None and quota.name is not None
+    return RedisStore(quota.store, quota.name, quota, password=password)
+
+
+class _Unreachable:
+    """A store that cannot be reached: every call raises, so a Failover falls back."""
+
+    def __init__(self, quota: Quota, why: str) -> None:
+        self.quota = quota
+        self.why = why
+
+    def __repr__(self) -> str:
+        return "the job's quota store"
+
+    def _fail(self, *args: Any, **kwargs: Any) -> Any:
+        from .task import QuotaStoreError
+
+        raise QuotaStoreError(self.why)
+
+    take = give_back = leave = settle = pause = clamp = state = _fail
+
+    def close(self) -> None:
+        pass
+
+
+def check_quota(schema: Any, quota: Any, cost: Any, reply_cost: Any, rate: float | None) -> None:
+    """ValueError/TypeError for a quota, cost or reply_cost that cannot be used on
+    ``schema``, before any job."""
+    from pyspark.sql.types import NumericType
+
+    if quota is not None and not isinstance(quota, Quota):
+        raise TypeError(f"quota must be a timewheel.spark.Quota, got {quota!r}")
+    if quota is not None and rate is not None:
+        raise ValueError(
+            "give rate or quota, not both (rate=R splits R statically; Quota(rate=R) shares it)"
+        )
+    for name, spec in (("cost", cost), ("reply_cost", reply_cost)):
+        if check_cost(name, spec) is not None and quota is None:
+            raise ValueError(f"{name} is given without a quota to count it against")
+    if quota is not None and cost is not None and quota.cost_rate is None and quota.budget is None:
+        raise ValueError("cost is given, but the quota counts no cost (cost_rate or budget)")
+    if isinstance(cost, str):
+        field = next((f for f in schema.fields if f.name == cost), None)
+        if field is None:
+            raise ValueError(f"cost column {cost!r} is not a column of df; columns: {schema.names}")
+        if not isinstance(field.dataType, NumericType):
+            raise ValueError(
+                f"cost column {cost!r} has type {field.dataType.simpleString()}: it must be numeric"
+            )
+
+
+def _driver_host(spark: Any) -> tuple[str, str]:
+    """Where the service listens and where the executors reach it: loopback on
+    ``local[...]``; else ``spark.driver.bindAddress`` (default: the host) and
+    ``spark.driver.host``, as Spark's own driver services."""
+    sc = spark.sparkContext
+    if sc.master.startswith("local"):
+        return "127.0.0.1", "127.0.0.1"
+    conf = sc.getConf()
+    host = str(conf.get("spark.driver.host", "127.0.0.1"))
+    return str(conf.get("spark.driver.bindAddress", host)), host
+
+
+def place_quota(quota: Quota, spark: Any, slots: int, connect: bool) -> QuotaRef:
+    """Where ``quota`` lives for a job of ``slots`` concurrent tasks on ``spark``."""
+    if not isinstance(quota, Quota):
+        raise TypeError(f"quota must be a timewheel.spark.Quota, got {quota!r}")
+    fraction = 1.0 / max(1, slots)
+    if quota.store == "static":
+        return QuotaRef(quota, "static", fraction, key=f"static:{id(quota)}")
+    if quota.store is not None:
+        return QuotaRef(quota, "redis", fraction, key=f"redis:{quota.name}")
+    if connect:
+        logger.warning(
+            "Spark Connect: the quota has no store its executors can reach "
+            "(Quota(store='redis://...', name=...)); each of the %d tasks keeps a static "
+            "share of it",
+            slots,
+        )
+        return QuotaRef(quota, "static", fraction, key=f"static:{id(quota)}")
+    from .service_store import QuotaService
+
+    sc = spark.sparkContext
+    with _LOCK:
+        _, service, key, address = _SERVICES.get(id(quota), (quota, None, "", ("", 0)))
+        if service is None or service.closed:
+            bind, host = _driver_host(spark)
+            service, key = QuotaService(quota, bind), secrets.token_hex(8)
+            address = (host, service.address[1])
+            _SERVICES[id(quota)] = (quota, service, key, address)
+    sc.setLocalProperty(SECRET_PROPERTY + key, service.secret.hex())
+    return QuotaRef(quota, "service", fraction, address, key)
+
+
+def driver_store(quota: Quota) -> QuotaStore | None:
+    """The store of ``quota``'s service in this driver (None if it has none): what the
+    pipeline reads the job's use from."""
+    held = _SERVICES.get(id(quota))
+    return None if held is None else held[1].store
+
+
+def close_quota(quota: Quota) -> None:
+    """Stop ``quota``'s service in this driver, if it has one (its jobs must be over:
+    a task that asks it later falls back to the static split)."""
+    with _LOCK:
+        held = _SERVICES.pop(id(quota), None)
+    if held is not None:
+        held[1].close()

@@ -1,0 +1,371 @@
+"""A job's quota kept in Redis, so several jobs or processes with one API key share it.
+
+``RedisStore("redis://HOST:PORT/DB", "my-api-key-quota", quota)`` is a
+:class:`~timewheel.spark.quota.task.QuotaStore` whose every operation is one call of one Lua
+script (:data:`SCRIPT`), which Redis runs atomically: the weighted take, the refund and
+the settle, the pause, the expiry of dead holders and the budget are the same
+accounting as :class:`~timewheel.spark.quota.task.Bucket`'s, step for step (the tests run
+one scenario through both). The state lives under three keys in one hash slot
+(``{timewheel-quota:NAME}``, ``...:holders``, ``...:expiry``), so it works on a Redis
+Cluster too, and persists until :meth:`RedisStore.reset` (a budget holds across runs).
+
+Time is the Redis server's (``TIME``), the one clock every process sharing the quota
+agrees on; a test may pass ``clock=`` to drive it. The quota's numbers travel with each
+call: jobs sharing a ``name`` should give the same :class:`~timewheel.spark.quota.task.Quota`.
+
+A Redis that refuses the connection, times out (``timeout_s``) or dies raises
+:class:`~timewheel.spark.quota.task.QuotaStoreError`; a job's tasks draw on it through a
+:class:`~timewheel.spark.quota.task.Failover` (:mod:`timewheel.spark.quota.placement`), which says
+so in one line and falls back to this process's static share. A URL's password is
+never shown (``repr`` and errors print the URL with ``***`` for it), and a store is
+not pickled (it holds connections): an executor makes its own from the URL (without the
+password) and the password given apart from the plan.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from typing import Any, Callable
+
+from .task import BURST_S, LEASE_S, Grant, Quota, QuotaState, QuotaStoreError
+
+__all__ = ["SCRIPT", "RedisStore", "redact_url"]
+
+#: The one script every operation runs. ARGV: op, now ("" = the server's TIME), the
+#: quota (rate, cost_rate, concurrency, budget, max_requests: 0 = none; ttl_s; the two
+#: bucket sizes), then the operation's own arguments.
+SCRIPT = r"""
+local S, H, E = KEYS[1], KEYS[2], KEYS[3]
+local op = ARGV[1]
+local now = tonumber(ARGV[2])
+if now == nil then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+end
+local rate, crate, conc = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local budget, cap, ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local rcap, ccap = tonumber(ARGV[9]), tonumber(ARGV[10])
+local EPS, LEASE = 1e-9, tonumber(ARGV[11])
+local LEFT_SHARE = 8
+local a = {}
+for i = 12, #ARGV do a[i - 11] = ARGV[i] end
+
+local function f(x) return string.format('%.17g', x) end
+local v = redis.call('HMGET', S, 'r', 'c', 'stamp', 'paused', 'taken', 'spent', 'slots',
+                     'exhausted', 'pauses')
+local st = {r = tonumber(v[1]) or rcap, c = tonumber(v[2]) or ccap,
+            stamp = tonumber(v[3]) or now, paused = tonumber(v[4]) or 0,
+            taken = tonumber(v[5]) or 0, spent = tonumber(v[6]) or 0,
+            slots = tonumber(v[7]) or 0, exhausted = tonumber(v[8]) or 0,
+            pauses = tonumber(v[9]) or 0}
+local function save()
+  redis.call('HSET', S, 'r', f(st.r), 'c', f(st.c), 'stamp', f(st.stamp),
+             'paused', f(st.paused), 'taken', f(st.taken), 'spent', f(st.spent),
+             'slots', f(st.slots), 'exhausted', st.exhausted, 'pauses', st.pauses)
+end
+local function held(h, k) return tonumber(redis.call('HGET', H, h .. '|' .. k)) or 0 end
+local function forget(h)
+  st.slots = st.slots - held(h, 's')
+  redis.call('HDEL', H, h .. '|r', h .. '|c', h .. '|s')
+  redis.call('ZREM', E, h)
+end
+local function reap()
+  for _, h in ipairs(redis.call('ZRANGEBYSCORE', E, '-inf', now)) do forget(h) end
+end
+local function refill()
+  local elapsed = math.max(0, now - st.stamp)
+  st.stamp = math.max(st.stamp, now)
+  if rate > 0 then st.r = math.min(rcap, st.r + elapsed * rate) end
+  if crate > 0 then st.c = math.min(ccap, st.c + elapsed * crate) end
+end
+local function settle(owed)
+  if owed ~= 0 then
+    st.spent = st.spent + owed
+    if crate > 0 then st.c = math.min(ccap, st.c - owed) end
+  end
+end
+local function begin(h, owed)
+  reap(); refill(); settle(owed)
+  redis.call('ZADD', E, now + ttl, h)
+end
+local function add(h, k, x) redis.call('HINCRBYFLOAT', H, h .. '|' .. k, f(x)) end
+
+if op == 'take' then
+  local h, requests, cost = a[1], tonumber(a[2]), tonumber(a[3])
+  local need_cost, slots, need_slots = tonumber(a[4]), tonumber(a[5]), tonumber(a[6])
+  begin(h, tonumber(a[7]))
+  cost = math.max(cost, need_cost)
+  local budget_left, cap_left = math.huge, math.huge
+  if budget > 0 then budget_left = budget - st.spent end
+  if cap > 0 then cap_left = cap - st.taken end
+  local function reply(kind, n, c, s, wait)
+    save()
+    return {kind, tostring(n), f(c), tostring(s), f(wait), f(budget_left), f(cap_left)}
+  end
+  if st.exhausted == 1 or cap_left < 1 or budget_left < need_cost then
+    st.exhausted = 1
+    return reply('spent', 0, 0, 0, 0)
+  end
+  if now < st.paused then return reply('pause', 0, 0, 0, st.paused - now) end
+  local free = math.huge
+  if conc > 0 then
+    free = conc - st.slots
+    if free < need_slots then return reply('wait', 0, 0, 0, LEASE) end
+  end
+  local wait = 0
+  local c_need = math.min(need_cost, ccap)
+  if rate > 0 and st.r < 1 - EPS then wait = (1 - st.r) / rate end
+  if crate > 0 and st.c < c_need * (1 - EPS) then
+    wait = math.max(wait, (c_need - st.c) / crate)
+  end
+  if wait > 0 then return reply('wait', 0, 0, 0, wait) end
+  -- Near a cap or a budget, a lease is at most an eighth of what is left: what tasks
+  -- hold unspent when it runs out is then a few calls, not a lease each.
+  local got_r = math.min(requests, math.max(1, math.ceil(cap_left / LEFT_SHARE)))
+  if rate > 0 then got_r = math.min(got_r, math.floor(st.r + EPS)) end
+  local got_c = math.min(cost, math.max(need_cost, budget_left / LEFT_SHARE))
+  if crate > 0 then
+    got_c = math.min(got_c, math.max(st.c, need_cost))
+    st.c = st.c - got_c
+  end
+  local got_s = 0
+  if conc > 0 then got_s = math.min(slots, free) end
+  local n = math.max(got_r, 1)
+  if rate > 0 then st.r = st.r - n end
+  st.taken = st.taken + n
+  st.spent = st.spent + got_c
+  st.slots = st.slots + got_s
+  add(h, 'r', n); add(h, 'c', got_c); add(h, 's', got_s)
+  budget_left = budget_left - got_c
+  cap_left = cap_left - n
+  return reply('ok', n, got_c, got_s, 0)
+elseif op == 'give_back' then
+  local h = a[1]
+  begin(h, tonumber(a[5]))
+  local requests = math.max(0, math.min(tonumber(a[2]), held(h, 'r')))
+  local cost = math.max(0, math.min(tonumber(a[3]), held(h, 'c')))
+  local slots = math.max(0, math.min(tonumber(a[4]), held(h, 's')))
+  if rate > 0 then st.r = math.min(rcap, st.r + requests) end
+  if crate > 0 then st.c = math.min(ccap, st.c + cost) end
+  st.taken = st.taken - requests
+  st.spent = st.spent - cost
+  st.slots = st.slots - slots
+  add(h, 'r', -requests); add(h, 'c', -cost); add(h, 's', -slots)
+  save()
+  return 'ok'
+elseif op == 'leave' then
+  begin(a[1], tonumber(a[2]))
+  forget(a[1])
+  save()
+  return 'ok'
+elseif op == 'settle' then
+  begin(a[1], tonumber(a[2]))
+  save()
+  return 'ok'
+elseif op == 'pause' then
+  st.paused = math.max(st.paused, now + tonumber(a[1]))
+  st.pauses = st.pauses + 1
+  save()
+  return 'ok'
+elseif op == 'clamp' then
+  refill()
+  local requests, cost = tonumber(a[1]), tonumber(a[2])
+  if requests ~= nil and rate > 0 then st.r = math.min(st.r, requests) end
+  if cost ~= nil and crate > 0 then st.c = math.min(st.c, cost) end
+  save()
+  return 'ok'
+elseif op == 'state' then
+  reap()
+  save()
+  return {tostring(st.taken), f(st.spent), tostring(st.slots), tostring(redis.call('ZCARD', E)),
+          f(math.max(0, st.paused - now)), tostring(st.exhausted), tostring(st.pauses)}
+elseif op == 'reset' then
+  redis.call('DEL', S, H, E)
+  return 'ok'
+end
+return redis.error_reply('no such operation ' .. tostring(op))
+"""
+
+_NAME = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,200}$")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password, if any, shown as ``***``."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def _opt(value: float | None) -> str:
+    return "" if value is None else repr(float(value))
+
+
+class RedisStore:
+    """A quota named ``name`` in the Redis at ``url`` (``redis://``, ``rediss://``,
+    ``unix://``); the ``redis`` client is needed (the ``quota`` extra)."""
+
+    def __init__(
+        self,
+        url: str,
+        name: str,
+        quota: Quota,
+        *,
+        clock: Callable[[], float] | None = None,
+        timeout_s: float = 5.0,
+        password: str | None = None,
+    ) -> None:
+        if not isinstance(url, str) or urllib.parse.urlsplit(url).scheme not in (
+            "redis",
+            "rediss",
+            "unix",
+        ):
+            shown = redact_url(url) if isinstance(url, str) else url
+            raise ValueError(f"store must be a redis://HOST:PORT/DB URL, got {shown!r}")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(f"name must be 1 to 200 letters, digits or _.:@/+-, got {name!r}")
+        if not isinstance(quota, Quota):
+            raise TypeError(f"quota must be a Quota, got {quota!r}")
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        self.url = url
+        self.name = name
+        self.quota = quota
+        self.clock = clock
+        extra: dict[str, Any] = {} if password is None else {"password": password}
+        # No retry inside the client: a script sent twice could return tokens twice.
+        self._redis = redis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+            **extra,
+        )
+        self._script = self._redis.register_script(SCRIPT)
+        base = "{timewheel-quota:" + name + "}"
+        self._keys = [base, base + ":holders", base + ":expiry"]
+        q = quota
+        r_cap = max(1.0, q.rate * BURST_S) if q.rate else 0.0
+        c_cap = q.cost_rate * BURST_S if q.cost_rate else 0.0
+        self._quota_args = [
+            repr(float(q.rate or 0)),
+            repr(float(q.cost_rate or 0)),
+            str(q.concurrency or 0),
+            repr(float(q.budget or 0)),
+            str(q.max_requests or 0),
+            repr(float(q.ttl_s)),
+            repr(r_cap),
+            repr(c_cap),
+            repr(LEASE_S),
+        ]
+
+    def __repr__(self) -> str:
+        return f"RedisStore({redact_url(self.url)!r}, {self.name!r})"
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a RedisStore holds connections and is not pickled: give the executors its URL "
+            "(without a password) and name"
+        )
+
+    def _run(self, op: str, *args: Any) -> Any:
+        import redis
+
+        now = "" if self.clock is None else repr(float(self.clock()))
+        argv = [op, now, *self._quota_args, *args]
+        try:
+            return self._script(keys=self._keys, args=argv)
+        except redis.RedisError as exc:
+            raise QuotaStoreError(
+                f"Redis at {redact_url(self.url)}: {type(exc).__name__}: {exc}"
+            ) from None
+
+    @staticmethod
+    def _f(x: Any) -> float:
+        return float(x.decode() if isinstance(x, bytes) else x)
+
+    def take(
+        self,
+        holder: str,
+        requests: int,
+        cost: float = 0.0,
+        need_cost: float = 0.0,
+        slots: int = 0,
+        need_slots: int = 0,
+        owed: float = 0.0,
+    ) -> Grant:
+        got = self._run(
+            "take",
+            holder,
+            int(requests),
+            repr(float(cost)),
+            repr(float(need_cost)),
+            int(slots),
+            int(need_slots),
+            repr(float(owed)),
+        )
+        kind = got[0].decode()
+        n, c, s, wait, budget_left, cap_left = (self._f(x) for x in got[1:])
+        if kind == "spent":
+            return Grant(spent=True, budget_left=budget_left, requests_left=cap_left)
+        if kind in ("wait", "pause"):
+            return Grant(
+                wait_s=wait, paused=kind == "pause", budget_left=budget_left, requests_left=cap_left
+            )
+        return Grant(
+            requests=int(n),
+            cost=c,
+            slots=int(s),
+            budget_left=budget_left,
+            requests_left=cap_left,
+        )
+
+    def give_back(
+        self, holder: str, requests: int = 0, cost: float = 0.0, slots: int = 0, owed: float = 0.0
+    ) -> None:
+        self._run(
+            "give_back", holder, int(requests), repr(float(cost)), int(slots), repr(float(owed))
+        )
+
+    def leave(self, holder: str, owed: float = 0.0) -> None:
+        self._run("leave", holder, repr(float(owed)))
+
+    def settle(self, holder: str, owed: float) -> None:
+        self._run("settle", holder, repr(float(owed)))
+
+    def pause(self, seconds: float) -> None:
+        self._run("pause", repr(float(seconds)))
+
+    def clamp(self, requests: float | None = None, cost: float | None = None) -> None:
+        self._run("clamp", _opt(requests), _opt(cost))
+
+    def state(self) -> QuotaState:
+        taken, spent, slots, holders, paused, exhausted, pauses = (
+            self._f(x) for x in self._run("state")
+        )
+        return QuotaState(
+            requests_taken=int(taken),
+            cost_spent=spent,
+            slots_used=int(slots),
+            holders=int(holders),
+            paused_for_s=paused,
+            exhausted=bool(exhausted),
+            pauses=int(pauses),
+        )
+
+    def reset(self) -> None:
+        """Forget this quota's state in Redis (what was spent, held and paused)."""
+        self._run("reset")
+
+    def close(self) -> None:
+        """Close the connections (redis-py makes new ones in a forked child by itself)."""
+        self._redis.close()

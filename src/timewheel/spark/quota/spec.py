@@ -1,0 +1,290 @@
+"""What a quota is: :class:`Quota`, its rate strings, and the protocol of a store.
+
+See :mod:`timewheel.spark.quota.task` for the whole picture.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import urllib.parse
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, TypeVar
+
+__all__ = [
+    "BURST_S",
+    "DEFAULT_TTL_S",
+    "LEASE_S",
+    "LEFT_SHARE",
+    "MAX_AMOUNT",
+    "RESTART_JITTER_S",
+    "BudgetSpent",
+    "Grant",
+    "Quota",
+    "QuotaState",
+    "QuotaStore",
+    "QuotaStoreError",
+    "parse_rate",
+]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: A bucket holds at most this many seconds of its rate.
+BURST_S = 0.1
+#: A task's lease is about this many seconds of the rate.
+LEASE_S = 0.05
+#: The longest random wait added to a pause, per task, so they do not restart together.
+RESTART_JITTER_S = 0.25
+#: A holder not heard from for this long is dropped (its slots come back).
+DEFAULT_TTL_S = 30.0
+#: Near a cap or a budget, a lease is at most this fraction's inverse of what is left.
+LEFT_SHARE = 8
+#: The largest rate, budget or cap: far from float rounding.
+MAX_AMOUNT = 1e15
+_EPS = 1e-9
+
+_UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "min": 60.0, "minute": 60.0, "h": 3600.0}
+_RATE_TEXT = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*/\s*([a-z]+)\s*$")
+
+
+def _positive(name: str, value: Any, integer: bool = False) -> float:
+    """``value`` as a finite number > 0 (an int if ``integer``); bools refused."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (integer and not isinstance(value, int))
+    ):
+        what = "an integer" if integer else "a number"
+        raise TypeError(f"{name} must be {what}, got {value!r}")
+    # (An int is compared as it is: one beyond a float's range must not overflow.)
+    if not ((isinstance(value, int) or math.isfinite(value)) and 0 < value <= MAX_AMOUNT):
+        raise ValueError(f"{name} must be a finite number > 0 and <= {MAX_AMOUNT:g}, got {value!r}")
+    return float(value)
+
+
+def parse_rate(name: str, value: Any) -> float:
+    """A rate as a float per second: a number (per second) or ``"N/s"``, ``"N/min"``, ``"N/h"``.
+
+    >>> parse_rate("cost_rate", "2000000/min")
+    33333.333333333336
+    """
+    if isinstance(value, str):
+        match = _RATE_TEXT.match(value.lower())
+        if match is None or match.group(2) not in _UNITS:
+            raise ValueError(
+                f"{name} must be a number per second or 'N/s', 'N/min' or 'N/h', got {value!r}"
+            )
+        per_second = float(match.group(1).replace("_", "")) / _UNITS[match.group(2)]
+        if not (math.isfinite(per_second) and 0 < per_second <= MAX_AMOUNT):
+            raise ValueError(
+                f"{name} must be a finite number > 0 and <= {MAX_AMOUNT:g} per second, "
+                f"got {value!r}"
+            )
+        return per_second
+    return _positive(name, value)
+
+
+@dataclass(frozen=True, init=False)
+class Quota:
+    """A job's quota. Every argument is optional, but at least one must be set.
+
+    ``rate`` and ``cost_rate`` are kept in units per second (a string such as
+    ``"5000/min"`` is read by :func:`parse_rate`); ``ttl_s`` is how long a holder that
+    is not heard from keeps its slots. A quota holds no secret and pickles as it is.
+
+    Where it lives: by default a service in the driver, for one job (or one
+    streaming query: the same ``Quota`` object keeps one service for as long as it
+    lives). ``store="redis://HOST:PORT/DB"`` and a ``name`` keep it in Redis instead,
+    shared by every job and process that names it; ``store_password`` names where
+    Redis's password is read (``"env:NAME"`` or ``"file:PATH"``, resolved where it is
+    used), since a URL with a password would travel in the job's plan.
+    ``store="static"``: no store; each of the job's concurrent tasks keeps an equal
+    share of the quota (what a store that cannot be reached falls back to).
+    """
+
+    rate: float | None
+    cost_rate: float | None
+    concurrency: int | None
+    budget: float | None
+    max_requests: int | None
+    ttl_s: float
+    store: str | None
+    name: str | None
+    store_password: str | None
+
+    def __init__(
+        self,
+        rate: float | str | None = None,
+        cost_rate: float | str | None = None,
+        concurrency: int | None = None,
+        budget: float | None = None,
+        max_requests: int | None = None,
+        ttl_s: float = DEFAULT_TTL_S,
+        store: str | None = None,
+        name: str | None = None,
+        store_password: str | None = None,
+    ) -> None:
+        set_ = object.__setattr__
+        set_(self, "rate", None if rate is None else parse_rate("rate", rate))
+        set_(self, "cost_rate", None if cost_rate is None else parse_rate("cost_rate", cost_rate))
+        if concurrency is not None:
+            concurrency = int(_positive("concurrency", concurrency, True))
+        set_(self, "concurrency", concurrency)
+        set_(self, "budget", None if budget is None else _positive("budget", budget))
+        if max_requests is not None:
+            max_requests = int(_positive("max_requests", max_requests, True))
+        set_(self, "max_requests", max_requests)
+        set_(self, "ttl_s", _positive("ttl_s", ttl_s))
+        _check_store(store, name, store_password)
+        set_(self, "store", store)
+        set_(self, "name", name)
+        set_(self, "store_password", store_password)
+        if (rate, cost_rate, concurrency, budget, max_requests) == (None,) * 5:
+            raise ValueError(
+                "a Quota needs at least one of rate, cost_rate, concurrency, budget, max_requests"
+            )
+
+    def share(
+        self, fraction: float, budget_left: float | None = None, requests_left: int | None = None
+    ) -> Quota | None:
+        """One process's static share: this quota's rates and concurrency times
+        ``fraction`` (concurrency rounded down, at least 1), and that share of the budget
+        and requests left (all of them unless given); None when that leaves nothing."""
+        if isinstance(fraction, bool) or not (
+            isinstance(fraction, (int, float)) and 0 < fraction <= 1
+        ):
+            raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
+        budget = self.budget if budget_left is None or self.budget is None else budget_left
+        cap = self.max_requests
+        if requests_left is not None and cap is not None:
+            cap = requests_left
+        budget = None if budget is None else budget * fraction
+        cap = None if cap is None else math.floor(cap * fraction)
+        if (budget is not None and budget <= 0) or (cap is not None and cap < 1):
+            return None
+        return replace(
+            self,
+            rate=None if self.rate is None else self.rate * fraction,
+            cost_rate=None if self.cost_rate is None else self.cost_rate * fraction,
+            concurrency=None
+            if self.concurrency is None
+            else max(1, math.floor(self.concurrency * fraction)),
+            budget=budget,
+            max_requests=cap,
+        )
+
+
+_STORE_SCHEMES = ("redis", "rediss", "unix")
+_NAME = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,200}$")
+
+
+def _check_store(store: Any, name: Any, password: Any) -> None:
+    """ValueError/TypeError unless ``store`` is None or a Redis URL without a password,
+    given with a ``name``; ``password`` a secret reference (``env:`` or ``file:``)."""
+    if store is None:
+        if name is not None or password is not None:
+            what = "name" if name is not None else "store_password"
+            raise ValueError(f"{what} is given without a store (store='redis://HOST:PORT/DB')")
+        return
+    if not isinstance(store, str):
+        raise TypeError(f"store must be a redis://HOST:PORT/DB URL (str), got {store!r}")
+    if store == "static":  # each task keeps its own share: nothing to name or reach
+        if name is not None or password is not None:
+            raise ValueError("store='static' keeps no quota anywhere: it takes no name")
+        return
+    parts = urllib.parse.urlsplit(store)
+    if parts.scheme not in _STORE_SCHEMES:
+        raise ValueError(f"store must be a redis://HOST:PORT/DB URL, got {parts.scheme}:...")
+    if parts.password is not None:
+        raise ValueError(
+            "store must not hold a password (it would travel in the job's plan): give "
+            "store_password='env:NAME' or 'file:PATH' instead"
+        )
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(
+            f"a store needs a name of 1 to 200 letters, digits or _.:@/+- "
+            f"(the quota's key in Redis), got {name!r}"
+        )
+    if password is not None and (
+        not isinstance(password, str) or not password.startswith(("env:", "file:"))
+    ):
+        raise ValueError("store_password must be 'env:NAME' or 'file:PATH' (not the password)")
+
+
+class BudgetSpent(Exception):
+    """The job's budget or request cap is spent: no further request may be sent."""
+
+
+class QuotaStoreError(Exception):
+    """A remote store could not be reached (or answered nonsense)."""
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one take got: requests, cost and slots, or why not.
+
+    Nothing granted: ``wait_s`` is how long until asking again may succeed (``paused``
+    when a pause is why), or ``spent`` says the budget or the request cap is spent.
+    """
+
+    requests: int = 0
+    cost: float = 0.0
+    slots: int = 0
+    wait_s: float = 0.0
+    paused: bool = False
+    spent: bool = False
+    #: What the store had left after this take (inf: no budget, no cap).
+    budget_left: float = math.inf
+    requests_left: float = math.inf
+
+    @property
+    def granted(self) -> bool:
+        return not self.spent and self.wait_s <= 0.0
+
+
+@dataclass(frozen=True)
+class QuotaState:
+    """A snapshot of a store: what was taken and spent, what is held and paused."""
+
+    requests_taken: int = 0
+    cost_spent: float = 0.0
+    slots_used: int = 0
+    holders: int = 0
+    paused_for_s: float = 0.0
+    exhausted: bool = False
+    pauses: int = 0
+
+
+class QuotaStore(Protocol):
+    """Where a quota lives: every method may raise :class:`QuotaStoreError`."""
+
+    quota: Quota
+
+    def take(
+        self,
+        holder: str,
+        requests: int,
+        cost: float = 0.0,
+        need_cost: float = 0.0,
+        slots: int = 0,
+        need_slots: int = 0,
+        owed: float = 0.0,
+    ) -> Grant: ...
+
+    def give_back(
+        self, holder: str, requests: int = 0, cost: float = 0.0, slots: int = 0, owed: float = 0.0
+    ) -> None: ...
+
+    def leave(self, holder: str, owed: float = 0.0) -> None: ...
+
+    def settle(self, holder: str, owed: float) -> None: ...
+
+    def pause(self, seconds: float) -> None: ...
+
+    def clamp(self, requests: float | None = None, cost: float | None = None) -> None: ...
+
+    def state(self) -> QuotaState: ...
+
+    def close(self) -> None: ...

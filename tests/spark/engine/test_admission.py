@@ -1,0 +1,149 @@
+"""The engines' admission: a task's share of ``rate`` and the window that backs off on 429/503."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from timewheel.spark.contract import is_overload
+from timewheel.spark.engine.admission import BURST_S, Admission, check_rate
+from timewheel.spark.engine.partition import timewheel_engine
+from timewheel.spark.options import DispatchConfig
+from timewheel.spark.targets import Failure, OnDone, Reply
+
+
+class Crowded:
+    """A service that takes ``capacity`` calls at once and answers 503 beyond that;
+    each accepted call is answered ``hold_s`` later."""
+
+    def __init__(self, capacity: int, hold_s: float, answer: str = "HTTP 503: busy") -> None:
+        self.capacity = capacity
+        self.hold_s = hold_s
+        self.answer = answer
+        self.lock = threading.Lock()
+        self.busy = 0
+        self.accepted = 0
+        self.refused = 0
+        self.refused_at: list[float] = []
+        self.sent_at: list[float] = []
+
+    def submit(self, row: dict[str, Any], on_done: OnDone) -> None:
+        with self.lock:
+            self.sent_at.append(time.monotonic())
+            if self.busy >= self.capacity:
+                self.refused += 1
+                self.refused_at.append(time.monotonic())
+                refuse = True
+            else:
+                self.busy += 1
+                self.accepted += 1
+                refuse = False
+        if refuse:
+            on_done(False, Failure(self.answer, 0.0))
+            return
+
+        def done() -> None:
+            with self.lock:
+                self.busy -= 1
+            on_done(True, None)
+
+        threading.Timer(self.hold_s, done).start()
+
+
+def test_503s_shrink_the_window_so_a_job_settles_at_what_the_service_takes() -> None:
+    service = Crowded(capacity=4, hold_s=0.01)
+    config = DispatchConfig(max_in_flight=64, retries=1000, backoff_ms=1)
+    outcomes = list(timewheel_engine(iter([{"id": i} for i in range(600)]), service, config))
+    assert sorted(o.row["id"] for o in outcomes) == list(range(600))
+    assert {o.status for o in outcomes} == {"ok"}
+    # Without backing off, every round would send 64 and have 60 refused: about 15
+    # refusals per row. Halving the window on a 503 keeps it near the capacity.
+    assert service.refused < 600, service.refused
+
+
+def test_a_429s_retry_after_holds_new_calls() -> None:
+    service = Crowded(capacity=1, hold_s=0.05)
+    wait_s = 0.4  # the first call is refused with a Retry-After ...
+
+    def submit(row: dict[str, Any], on_done: OnDone) -> None:
+        with service.lock:
+            first = not service.sent_at
+            service.sent_at.append(time.monotonic())
+        if first:
+            on_done(False, Failure("HTTP 429: slow down", wait_s))
+        else:
+            on_done(True, None)
+
+    service.submit = submit  # type: ignore[method-assign]
+    config = DispatchConfig(max_in_flight=1, retries=3, backoff_ms=1)
+    outcomes = list(timewheel_engine(iter([{"id": i} for i in range(5)]), service, config))
+    assert {o.status for o in outcomes} == {"ok"}
+    # ... and nothing else is sent until its Retry-After has passed.
+    gaps = [b - a for a, b in zip(service.sent_at, service.sent_at[1:])]
+    assert gaps[0] >= wait_s * 0.95, gaps
+
+
+def test_the_window_halves_once_per_round_and_climbs_back() -> None:
+    admission = Admission(64, None)
+    admission.took(64)
+    for _ in range(10):  # ten refusals of calls started in the same round: one cut
+        admission.overloaded(3, None)
+    assert admission.window == 32
+    admission.took(32)
+    admission.overloaded(70, None)  # a call started after the cut: the next cut
+    assert admission.window == 16
+    for _ in range(3000):  # about one call per round: (64**2 - 16**2) / 2 successes
+        admission.succeeded()
+    assert admission.window == 64
+
+
+def test_a_bucket_never_lets_more_than_its_burst_through_at_once() -> None:
+    admission = Admission(10_000, 1000.0)
+    room, _ = admission.room(0)
+    assert room == math.floor(1000 * BURST_S)
+    admission.took(room)
+    room, later = admission.room(0)
+    assert room == 0 and later is not None and 0 < later <= 0.001 + 1e-9
+
+
+@pytest.mark.parametrize(
+    ("rate", "error"),
+    [
+        (0, ValueError),
+        (-1, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        (1e10, ValueError),
+        (True, TypeError),
+        ("10", TypeError),
+        (None, TypeError),
+    ],
+)
+def test_bad_rates_are_refused_by_name(rate: Any, error: type[Exception]) -> None:
+    with pytest.raises(error, match="rate must be"):
+        check_rate(rate)
+
+
+def test_overload_is_429_or_503_only() -> None:
+    assert is_overload(Failure("HTTP 429: x", 1.0)) and is_overload("HTTP 503: busy")
+    assert not is_overload("HTTP 500: boom") and not is_overload(None)
+    # A reply's status decides when the call handed one back, whatever the error's words.
+    assert is_overload("too many requests", Reply(429, b"")) and is_overload(None, Reply(503, None))
+    assert not is_overload("HTTP 429: x", Reply(500, b""))
+    assert not is_overload("x", Reply(None, None))  # no status: the words decide
+
+
+def test_with_a_rate_the_window_starts_small_and_grows_only_while_it_holds_calls_back() -> None:
+    admission = Admission(256, 100.0)  # a burst of 2 tokens: a window of 4 calls
+    assert admission.window == 4
+    assert admission.room(0) == (2, None)  # the tokens hold the calls back ...
+    admission.succeeded()
+    assert admission.window == 4  # ... so answers do not widen the window
+    assert admission.room(4)[0] == 0  # the window holds them back ...
+    admission.succeeded()
+    assert admission.window == 5  # ... so each answer widens it by one (slow start)
+    assert Admission(256, None).window == 256  # without a rate: all of max_in_flight

@@ -1,0 +1,478 @@
+"""dispatch(quota=...): one quota for the whole job, in requests, cost, calls and budget.
+
+The engine's tests run partitions side by side on threads, drawing on one quota as the
+tasks of one job do (one store per worker); the Spark tests run the driver's service
+and Redis on ``local[2]``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from redis_fixtures import RedisServer, needs_redis
+from timewheel.spark import Quota
+from timewheel.spark.engine.partition import timewheel_engine
+from timewheel.spark.options import DispatchConfig
+from timewheel.spark.outcome import Outcome
+from timewheel.spark.quota.placement import _SERVICES, SECRET_PROPERTY, QuotaRef, driver_store
+from timewheel.spark.quota.spec import BURST_S
+from timewheel.spark.targets import Failure, OnDone, Reply, accepts_reply
+
+_KEYS = iter(range(1_000_000))
+
+
+def static_ref(quota: Quota, fraction: float = 1.0) -> QuotaRef:
+    """A quota kept in this process, shared by every partition given this ref."""
+    return QuotaRef(quota, "static", fraction, key=f"test-{next(_KEYS)}")
+
+
+class Service:
+    """Answers each call after ``hold_s`` on a timer thread; notes sends and calls open."""
+
+    def __init__(self, hold_s: float = 0.0, body: bytes | None = None) -> None:
+        self.hold_s = hold_s
+        self.body = body
+        self.sent: list[tuple[float, Any]] = []
+        self.open = 0
+        self.most_open = 0
+        self.lock = threading.Lock()
+
+    def submit(self, row: dict[str, Any], on_done: OnDone) -> None:
+        with self.lock:
+            self.sent.append((time.monotonic(), row["id"]))
+            self.open += 1
+            self.most_open = max(self.most_open, self.open)
+        if self.hold_s:
+            threading.Timer(self.hold_s, self._answer, (on_done,)).start()
+        else:
+            self._answer(on_done)
+
+    def _answer(self, on_done: OnDone) -> None:
+        with self.lock:
+            self.open -= 1
+        if getattr(on_done, "accepts_reply", False):
+            on_done(True, None, Reply(200, self.body))  # type: ignore[call-arg]
+        else:
+            on_done(True, None)
+
+
+def run_partitions(
+    parts: list[list[dict[str, Any]]], target: Any, config: DispatchConfig
+) -> list[list[Outcome]]:
+    """Run each partition on its own thread, as concurrent tasks of one job do."""
+    results: list[list[Outcome]] = [[] for _ in parts]
+
+    def run(i: int) -> None:
+        results[i] = list(timewheel_engine(iter(parts[i]), target, config))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(parts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+        assert not t.is_alive()
+    return results
+
+
+def most_in_window(stamps: list[float], window_s: float = 1.0) -> int:
+    stamps = sorted(stamps)
+    most, lo = 0, 0
+    for hi, t in enumerate(stamps):
+        while t - stamps[lo] >= window_s:
+            lo += 1
+        most = max(most, hi - lo + 1)
+    return most
+
+
+def test_uneven_tasks_share_one_rate_and_the_long_one_gets_all_of_it() -> None:
+    # One partition holds 4x the rows of the other: with a static split it would run
+    # its last three quarters at half the rate; sharing, the job takes rows / rate.
+    rate = 400.0
+    parts = [[{"id": i} for i in range(800)], [{"id": 1000 + i} for i in range(200)]]
+    target = Service()
+    start = time.monotonic()
+    out = run_partitions(
+        parts, target, DispatchConfig(max_in_flight=64, quota=static_ref(Quota(rate=rate)))
+    )
+    elapsed = time.monotonic() - start
+    assert sorted(o.row["id"] for p in out for o in p) == sorted(r["id"] for p in parts for r in p)
+    assert {o.status for p in out for o in p} == {"ok"}
+    stamps = [t for t, _ in target.sent]
+    # At most the rate plus the bucket's burst in any one second.
+    assert most_in_window(stamps) <= rate * (1 + BURST_S) + 1
+    # A static half each would take 800 / 200 = 4 s; one shared rate takes 1000 / 400.
+    assert elapsed < 1000 / rate * 1.3
+    short_done = max(t for t, i in target.sent if i >= 1000)
+    tail = [t for t, i in target.sent if i < 1000 and t > short_done]
+    assert len(tail) >= 200  # the long task went on alone ...
+    assert len(tail) / (max(tail) - min(tail)) > rate * 0.8  # ... at the whole rate
+
+
+def test_concurrency_caps_the_calls_open_across_tasks() -> None:
+    target = Service(hold_s=0.02)
+    parts = [[{"id": p * 100 + i} for i in range(60)] for p in range(3)]
+    config = DispatchConfig(max_in_flight=64, quota=static_ref(Quota(concurrency=5)))
+    out = run_partitions(parts, target, config)
+    assert Counter(o.status for p in out for o in p) == {"ok": 180}
+    assert target.most_open <= 5
+
+
+def test_a_spent_budget_sends_nothing_more_and_skips_each_row_once() -> None:
+    ref = static_ref(Quota(budget=100))
+    target = Service()
+    rows = [{"id": i, "c": 3} for i in range(100)]
+    out = list(timewheel_engine(iter(rows), target, DispatchConfig(quota=ref, cost="c")))
+    assert sorted(o.row["id"] for o in out) == list(range(100))
+    sent = {i for _, i in target.sent}
+    assert 3 * len(sent) <= 100  # never above the budget ...
+    assert len(sent) == 33  # ... and, one task alone, up to its last whole row
+    skipped = [o for o in out if o.status == "skipped"]
+    assert {o.row["id"] for o in skipped} == set(range(100)) - sent
+    assert {(o.attempts, o.error) for o in skipped} == {(0, "budget spent: not sent")}
+    assert ref.open().state().exhausted
+
+
+def test_a_request_cap_holds_across_tasks() -> None:
+    ref = static_ref(Quota(max_requests=150))
+    target = Service(hold_s=0.001)
+    parts = [[{"id": p * 1000 + i} for i in range(100)] for p in range(3)]
+    out = run_partitions(parts, target, DispatchConfig(quota=ref))
+    statuses = Counter(o.status for p in out for o in p)
+    # Never above the cap; below it by at most a call held by each other task when it
+    # ran out (leases near a cap are an eighth of what is left).
+    assert 150 - 2 <= statuses["ok"] <= 150
+    assert statuses["ok"] + statuses["skipped"] == 300
+    assert len(target.sent) == statuses["ok"]
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [(None, "None"), (-1, "-1"), (math.nan, "nan"), ("3", "'3'"), (True, "True")],
+)
+def test_a_row_without_a_usable_cost_fails_unsent(value: Any, why: str) -> None:
+    ref = static_ref(Quota(cost_rate=1e6))
+    target = Service()
+    rows = [{"id": 0, "c": value}, {"id": 1, "c": 2.0}]
+    out = {
+        o.row["id"]: o
+        for o in timewheel_engine(iter(rows), target, DispatchConfig(quota=ref, cost="c"))
+    }
+    assert out[1].status == "ok"
+    assert out[0].status == "failed" and out[0].attempts == 0
+    assert out[0].error == f"cost column 'c' gave {why}, not a finite number >= 0: not sent"
+    assert [i for _, i in target.sent] == [1]
+
+
+def test_the_actual_cost_in_the_reply_is_settled_with_the_quota() -> None:
+    body = json.dumps({"usage": {"total_tokens": 10}}).encode()
+    ref = static_ref(Quota(budget=10_000))
+    config = DispatchConfig(quota=ref, cost=lambda row: 1.0, reply_cost="usage.total_tokens")
+    out = list(timewheel_engine(iter([{"id": i} for i in range(40)]), Service(body=body), config))
+    assert {o.status for o in out} == {"ok"}
+    assert ref.open().state().cost_spent == pytest.approx(400.0)
+    # An answer that does not say leaves the estimate standing.
+    ref2 = static_ref(Quota(budget=10_000))
+    config = DispatchConfig(quota=ref2, cost=lambda row: 1.0, reply_cost="usage.total_tokens")
+    list(timewheel_engine(iter([{"id": i} for i in range(40)]), Service(body=b"{}"), config))
+    assert ref2.open().state().cost_spent == pytest.approx(40.0)
+
+
+class RefusesFirst:
+    """Refuses its first call with 429 and Retry-After ``pause_s``; answers all others."""
+
+    def __init__(self, pause_s: float) -> None:
+        self.pause_s = pause_s
+        self.sent: list[tuple[float, int]] = []
+        self.lock = threading.Lock()
+
+    def submit(self, row: dict[str, Any], on_done: OnDone) -> None:
+        with self.lock:
+            first = not self.sent
+            self.sent.append((time.monotonic(), row["id"]))
+        if first:
+            failure = Failure("HTTP 429: slow down", self.pause_s)
+            on_done(False, failure, Reply(429, b"slow down"))  # type: ignore[call-arg]
+        else:
+            on_done(True, None)
+
+
+def test_a_refusal_pauses_every_task_of_the_job() -> None:
+    target = RefusesFirst(pause_s=0.6)
+    ref = static_ref(Quota(rate=200))
+    parts = [[{"id": p * 1000 + i} for i in range(60)] for p in range(2)]
+    out = run_partitions(parts, target, DispatchConfig(quota=ref, backoff_ms=1))
+    assert Counter(o.status for p in out for o in p) == {"ok": 120}
+    refused_at = target.sent[0][0]
+    # Each task spends at most the lease in hand (50 ms of the rate: 10 calls) before
+    # it hears of the pause; then neither sends until the pause is over.
+    soon = [t for t, _ in target.sent[1:] if t < refused_at + 0.15]
+    during = [t for t, _ in target.sent[1:] if refused_at + 0.15 <= t < refused_at + 0.6]
+    assert len(soon) <= 2 * 10 + 1
+    assert during == []
+    assert ref.open().state().pauses == 1
+
+
+@pytest.mark.spark
+def test_the_ref_travels_without_its_secret(spark: Any) -> None:
+    from timewheel.spark.quota.placement import place_quota
+
+    quota = Quota(rate=100)
+    ref = place_quota(quota, spark, 2, False)
+    _, service, key, _ = _SERVICES[id(quota)]
+    secret = service.secret.hex()
+    plan = pickle.dumps(DispatchConfig(quota=ref))
+    assert secret.encode() not in plan and service.secret not in plan
+    assert secret not in repr(ref)
+    assert spark.sparkContext.getLocalProperty(SECRET_PROPERTY + key) == secret
+    assert "secret" in SECRET_PROPERTY  # Spark's default redaction pattern hides it
+
+
+@pytest.mark.spark
+def test_dispatch_keeps_one_job_within_its_quota_from_the_driver(spark: Any) -> None:
+    from pyspark.sql import functions as F
+
+    from timewheel.spark import dispatch
+    from timewheel.spark.simulator import SimulatedDownstream
+
+    # Uneven partitions: the first holds most rows.
+    df = spark.range(0, 1200, numPartitions=4).withColumn(
+        "c", F.when(F.col("id") < 600, F.lit(2.0)).otherwise(F.lit(1.0))
+    )
+    df = df.repartitionByRange(4, F.when(F.col("id") < 800, 0).otherwise(F.col("id")))
+    quota = Quota(rate=2000, budget=1_000_000)
+    out = dispatch(df, SimulatedDownstream(1, 2, seed=3), id_col="id", quota=quota, cost="c")
+    rows = out.collect()
+    assert sorted(r.id for r in rows) == list(range(1200))
+    assert {r.status for r in rows} == {"ok"}
+    state = driver_store(quota).state()  # type: ignore[union-attr]
+    assert state.requests_taken == 1200
+    assert state.cost_spent == pytest.approx(600 * 2 + 600 * 1)
+    assert state.holders == 0  # every task gave its lease back
+
+
+@pytest.mark.spark
+def test_a_budget_stop_comes_back_skipped_once_each(spark: Any) -> None:
+    from pyspark.sql import functions as F
+
+    from timewheel.spark import dispatch
+    from timewheel.spark.simulator import SimulatedDownstream
+
+    df = spark.range(0, 600, numPartitions=3).withColumn("c", F.lit(5))
+    quota = Quota(budget=1000)
+    out = dispatch(df, SimulatedDownstream(1, 2, seed=3), id_col="id", quota=quota, cost="c")
+    rows = out.collect()
+    assert sorted(r.id for r in rows) == list(range(600))
+    counts = Counter(r.status for r in rows)
+    assert set(counts) == {"ok", "skipped"}
+    assert 5 * counts["ok"] <= 1000
+    # Within one lease of the budget per task that could hold one (two run at once).
+    assert 5 * counts["ok"] >= 1000 - 2 * 5 * 64
+
+
+@pytest.mark.spark
+@needs_redis
+def test_a_quota_kept_in_redis_is_shared_and_counted_there(spark: Any, tmp_path: Path) -> None:
+    from timewheel.spark import dispatch
+    from timewheel.spark.quota.redis_store import RedisStore
+    from timewheel.spark.simulator import SimulatedDownstream
+
+    server = RedisServer(tmp_path)
+    try:
+        quota = Quota(rate=5000, max_requests=700, store=server.url, name="job-a")
+        df = spark.range(0, 500, numPartitions=3)
+        target = SimulatedDownstream(1, 2, seed=4)
+        first = dispatch(df, target, id_col="id", quota=quota).collect()
+        second = dispatch(df, target, id_col="id", quota=quota).collect()
+        # Two jobs, one cap of 700 requests between them.
+        assert Counter(r.status for r in first) == {"ok": 500}
+        second_ok = Counter(r.status for r in second)["ok"]
+        # Never above the cap; below it by at most the one call each task running when it
+        # ran out may have held (two at once on local[2]).
+        assert 700 - 2 <= 500 + second_ok <= 700
+        assert Counter(r.status for r in second)["skipped"] == 500 - second_ok
+        store = RedisStore(server.url, "job-a", quota)
+        assert store.state().requests_taken == 500 + second_ok
+        store.close()
+    finally:
+        server.stop()
+
+
+@pytest.mark.spark
+def test_a_store_that_cannot_be_reached_falls_back_to_the_static_split(spark: Any) -> None:
+    from redis_fixtures import free_port
+    from timewheel.spark import dispatch
+    from timewheel.spark.simulator import SimulatedDownstream
+
+    pytest.importorskip("redis")
+    nobody = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    quota = Quota(max_requests=100, store=nobody, name="gone")
+    df = spark.range(0, 300, numPartitions=3)
+    rows = dispatch(df, SimulatedDownstream(1, 2, seed=5), id_col="id", quota=quota).collect()
+    counts = Counter(r.status for r in rows)
+    assert sorted(r.id for r in rows) == list(range(300))
+    # Each worker falls back to its half of the cap: together, never above it.
+    assert 0 < counts["ok"] <= 100
+    assert counts["ok"] + counts["skipped"] == 300
+
+
+@pytest.mark.spark
+def test_bad_quota_arguments_are_refused_before_any_job(spark: Any) -> None:
+    from timewheel.spark import dispatch
+    from timewheel.spark.simulator import SimulatedDownstream
+
+    df = spark.createDataFrame([(1, "a", 2.0)], "id long, text string, tokens double")
+    target = SimulatedDownstream(1, 2)
+    q = Quota(budget=10)
+
+    def refused(**kwargs: Any) -> str:
+        with pytest.raises((TypeError, ValueError)) as info:
+            dispatch(df, target, id_col="id", **kwargs)
+        return str(info.value)
+
+    assert "cost column 'text' has type string" in refused(quota=q, cost="text")
+    assert "cost column 'nope' is not a column" in refused(quota=q, cost="nope")
+    assert "cost is given without a quota" in refused(cost="tokens")
+    assert "reply_cost is given without a quota" in refused(reply_cost="usage.total_tokens")
+    assert "give rate or quota, not both" in refused(quota=q, rate=5)
+    assert "quota must be a timewheel.spark.Quota" in refused(quota={"rate": 5})
+    assert "the quota counts no cost" in refused(quota=Quota(rate=5), cost="tokens")
+    assert "reply_cost must not be empty" in refused(quota=q, reply_cost=" ")
+    assert "timewheel engine only" in refused(quota=q, engine=lambda rows, t, c: iter(()))
+    for bad in (0, -1, math.nan, math.inf, True, 10**400):
+        with pytest.raises((TypeError, ValueError), match="budget"):
+            Quota(budget=bad)
+    with pytest.raises(ValueError, match=r"per second"):
+        Quota(cost_rate="5/fortnight")
+
+
+def test_rate_limit_lines_keep_the_last_answers_rate_limit_headers() -> None:
+    pytest.importorskip("pycurl")  # the spark extra's HTTP client
+    from timewheel.spark.http._curl import rate_limit_lines
+
+    lines = [
+        b"HTTP/1.1 100 Continue\r\n",
+        b"X-RateLimit-Remaining-Tokens: 1\r\n",
+        b"\r\n",
+        b"HTTP/1.1 429 Too Many Requests\r\n",
+        b"Content-Type: application/json\r\n",
+        b"Retry-After: 2\r\n",
+        b"x-ratelimit-remaining-tokens:  0 \r\n",
+        b'RateLimit: "tokens";r=0;t=2\r\n',
+        b"\r\n",
+    ]
+    assert rate_limit_lines(lines) == {
+        "retry-after": "2",
+        "x-ratelimit-remaining-tokens": "0",
+        "ratelimit": '"tokens";r=0;t=2',
+    }
+
+
+class SaysRemaining:
+    """Answers ok, saying the service's token window has ``remaining`` left until ``reset``."""
+
+    def __init__(self, remaining: str, reset: str) -> None:
+        self.headers = {
+            "x-ratelimit-remaining-tokens": remaining,
+            "x-ratelimit-reset-tokens": reset,
+        }
+        self.sent: list[float] = []
+
+    def submit(self, row: dict[str, Any], on_done: OnDone) -> None:
+        self.sent.append(time.monotonic())
+        on_done(True, None, Reply(200, b"{}", self.headers))  # type: ignore[call-arg]
+
+
+def test_the_services_headers_pause_the_job_when_its_window_is_used_up() -> None:
+    target = SaysRemaining("0", "400ms")
+    ref = static_ref(Quota(cost_rate=1e6))
+    out = list(
+        timewheel_engine(
+            iter([{"id": i} for i in range(3)]),
+            target,
+            DispatchConfig(quota=ref, cost=lambda r: 1.0, max_in_flight=1),
+        )
+    )
+    assert [o.status for o in out] == ["ok"] * 3
+    # Each answer said the window was used up for 0.4 s: the next call waited for it.
+    gaps = [b - a for a, b in zip(target.sent, target.sent[1:])]
+    assert all(gap >= 0.4 for gap in gaps), gaps
+    assert ref.open().state().pauses == 3
+
+
+def test_headers_that_leave_room_cost_no_store_call() -> None:
+    target = SaysRemaining("900000", "1s")
+    ref = static_ref(Quota(cost_rate=1000))
+    config = DispatchConfig(quota=ref, cost=lambda r: 1.0)
+    out = list(timewheel_engine(iter([{"id": i} for i in range(50)]), target, config))
+    assert {o.status for o in out} == {"ok"}
+    assert ref.open().state().pauses == 0
+
+
+def test_the_http_target_hands_over_the_stubs_headers_only_when_asked(tmp_path: Path) -> None:
+    pytest.importorskip("pycurl")  # the spark extra's HTTP client
+    from openai_stub_fixtures import OpenAIStub
+    from timewheel.spark.targets import HttpDownstream
+
+    stub = OpenAIStub(rpm=1000, tpm=100_000)
+    try:
+        plain = HttpDownstream(
+            f"{stub.base_url}/embeddings",
+            body=lambda row: {"input": row["text"]},
+            headers={"Authorization": "Bearer sk-test"},
+        )
+        replies: list[Reply] = []
+        done = threading.Event()
+
+        @accepts_reply
+        def on_done(ok: bool, error: Any, reply: Reply | None = None) -> None:
+            assert reply is not None
+            replies.append(reply)
+            done.set()
+
+        for target in (plain, plain.for_quota()):
+            done.clear()
+            target.submit({"id": 1, "text": "hello there"}, on_done)
+            assert done.wait(10)
+        assert replies[0].headers is None
+        headers = replies[1].headers
+        assert headers is not None
+        assert headers["x-ratelimit-limit-tokens"] == "100000"
+        assert int(headers["x-ratelimit-remaining-tokens"]) == 100_000 - 3 - 3
+        # One answer in 8 per connection handle is read (a Python call per header line):
+        # one request at a time reuses one handle (equal settings share handles).
+        reading = plain.for_quota()
+        for _ in range(9):
+            done.clear()
+            reading.submit({"id": 1, "text": "hello there"}, on_done)
+            assert done.wait(10)
+        read = [bool(r.headers) for r in replies[1:]]
+        assert read == [True] + [False] * 7 + [True, False]
+    finally:
+        stub.close()
+
+
+@pytest.mark.spark
+def test_close_quota_stops_the_drivers_service_and_its_thread(spark: Any) -> None:
+    from timewheel.spark.quota.placement import close_quota, place_quota
+
+    quota = Quota(rate=10)
+    first = place_quota(quota, spark, 2, False)
+    again = place_quota(quota, spark, 2, False)
+    assert again == first  # one service per Quota object, for every job given it
+    _, service, _, _ = _SERVICES[id(quota)]
+    thread = service._thread
+    assert thread.is_alive() and driver_store(quota) is service.store
+    close_quota(quota)
+    thread.join(5)
+    assert not thread.is_alive() and service.closed
+    assert driver_store(quota) is None
+    close_quota(quota)  # a second close is a no-op

@@ -1,0 +1,258 @@
+"""The job quota in a real Redis (timewheel.spark.quota.redis_store), on a redis-server
+of its own."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import pickle
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from redis_fixtures import RedisServer, needs_redis
+from timewheel.spark.quota.redis_store import RedisStore, redact_url
+from timewheel.spark.quota.task import (
+    BudgetSpent,
+    Failover,
+    LocalStore,
+    Quota,
+    QuotaStoreError,
+    TaskQuota,
+)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own on a free loopback port, stopped after it."""
+    server = RedisServer(tmp_path)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _rounded(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: _rounded(v) for k, v in dataclasses.asdict(value).items()}
+    if isinstance(value, float) and math.isfinite(value):
+        return round(value, 6)
+    return value
+
+
+# (seconds to advance, operation, arguments): every kind of step the accounting has.
+SCENARIO: list[tuple[float, str, tuple[Any, ...]]] = [
+    (0, "take", ("a", 5, 300.0, 100.0, 2, 1, 0.0)),
+    (0, "take", ("b", 5, 300.0, 100.0, 2, 1, 0.0)),
+    (0.01, "take", ("b", 5, 300.0, 100.0, 2, 1, 0.0)),
+    (0.2, "take", ("b", 5, 300.0, 100.0, 2, 1, 0.0)),
+    (0, "settle", ("a", -40.0)),
+    (0, "settle", ("b", 75.5)),
+    (0, "give_back", ("a", 2, 50.0, 1, 0.0)),
+    (0, "give_back", ("a", 99, 9999.0, 9, 0.0)),  # more than it holds: what it holds
+    (0.05, "take", ("c", 3, 10.0, 10.0, 1, 1, 1.5)),
+    (0, "pause", (2.0,)),
+    (1.0, "take", ("c", 3, 10.0, 10.0, 1, 1, 0.0)),
+    (1.5, "take", ("c", 3, 10.0, 10.0, 1, 1, 0.0)),
+    (0, "clamp", (1.0, 20.0)),
+    (0, "take", ("c", 3, 10.0, 10.0, 0, 0, 0.0)),
+    (29.0, "state", ()),  # a and b expire (ttl 30 s): their slots come back
+    (2.0, "state", ()),
+    (0, "take", ("d", 50, 5000.0, 900.0, 4, 1, 0.0)),
+    (5, "take", ("d", 50, 5000.0, 900.0, 4, 1, 0.0)),
+    (5, "take", ("d", 50, 5000.0, 900.0, 4, 1, 0.0)),
+    (0, "leave", ("d", 0.0)),
+    (0, "state", ()),
+    (5, "take", ("e", 50, 5000.0, 5000.0, 0, 0, 0.0)),  # more than the budget left
+    (5, "take", ("e", 1, 1.0, 1.0, 0, 0, 0.0)),  # stopped for good
+    (0, "state", ()),
+]
+
+
+@needs_redis
+def test_redis_does_the_same_accounting_as_the_bucket(redis_server: RedisServer) -> None:
+    quota = Quota(rate=100, cost_rate=2000, concurrency=6, budget=3000, max_requests=400)
+    local_clock, redis_clock = Clock(), Clock()
+    local = LocalStore(quota, local_clock)
+    remote = RedisStore(redis_server.url, "parity", quota, clock=redis_clock)
+    try:
+        for step, (advance, op, args) in enumerate(SCENARIO):
+            local_clock.now += advance
+            redis_clock.now += advance
+            expected = _rounded(getattr(local, op)(*args))
+            got = _rounded(getattr(remote, op)(*args))
+            assert got == expected, (step, op, args)
+        assert local.state().exhausted
+    finally:
+        remote.close()
+
+
+_SHARER = """
+import json, sys, time
+from timewheel.spark.quota.task import BudgetSpent, Quota, TaskQuota
+from timewheel.spark.quota.redis_store import RedisStore
+url, mode = sys.argv[1], sys.argv[2]
+if mode == "cap":
+    store = RedisStore(url, "shared-cap", Quota(rate=1000, max_requests=1000))
+    task, sent = TaskQuota(store), 0
+    store.state()  # connected
+    print("ready", flush=True)
+    sys.stdin.readline()  # both start together: the test says when
+    try:
+        while True:
+            wait = task.acquire()
+            if wait == 0.0:
+                sent += 1
+            else:
+                time.sleep(wait)
+    except BudgetSpent:
+        task.close()
+    print(json.dumps(sent))
+else:
+    store = RedisStore(url, "shared-rate", Quota(rate=200))
+    task, stamps = TaskQuota(store), []
+    end = time.time() + 1.5
+    while time.time() < end:
+        wait = task.acquire()
+        if wait == 0.0:
+            stamps.append(time.time())
+        else:
+            time.sleep(min(wait, 0.01))
+    task.close()
+    print(json.dumps(stamps))
+"""
+
+
+def _two_processes(url: str, mode: str) -> list[Any]:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SHARER, url, mode],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    if mode == "cap":
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    for proc in procs:  # go, both
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    out = []
+    for proc in procs:
+        stdout, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0
+        out.append(json.loads(stdout))
+    return out
+
+
+@needs_redis
+def test_two_processes_share_a_request_cap_exactly(redis_server: RedisServer) -> None:
+    sent = _two_processes(redis_server.url, "cap")
+    # A second at the rate, started together: both get a share, and together the cap.
+    assert sum(sent) == 1000 and min(sent) > 0, sent
+
+
+@needs_redis
+def test_two_processes_stay_within_the_rate_together(redis_server: RedisServer) -> None:
+    stamps = sorted(t for one in _two_processes(redis_server.url, "rate") for t in one)
+    # Any one second holds at most a second's rate, the bucket's burst (20) and the
+    # leases the two processes may hold unspent at its start (10 each).
+    worst = max(
+        sum(1 for t in stamps[i : i + 400] if t < start + 1.0) for i, start in enumerate(stamps)
+    )
+    assert worst <= 200 + 20 + 2 * 10, worst
+    assert len(stamps) >= 200  # they did share it (1.5 s at 200/s, from two starts)
+
+
+@needs_redis
+def test_redis_killed_mid_run_falls_back_to_the_static_split_and_says_so(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock()
+    quota = Quota(rate=100, budget=1000)
+    store = Failover(
+        RedisStore(redis_server.url, "dies", quota, clock=clock, timeout_s=2), 0.25, clock
+    )
+    task = TaskQuota(store, clock=clock)
+    with caplog.at_level(logging.WARNING, "timewheel.spark.quota.task"):
+        assert task.acquire(4.0) == 0.0
+        assert store.fallback is None
+        redis_server.kill()
+        for _ in range(4):  # the rest of the first lease (5) is spent locally
+            assert task.acquire(4.0) == 0.0
+        sent = 0
+        with pytest.raises(BudgetSpent):
+            for _ in range(10_000):
+                if task.acquire(4.0) == 0.0:
+                    sent += 1
+                clock.now += 0.01
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1, lines
+    assert "falling back to a static split: 0.25" in lines[0] and "Redis at redis://" in lines[0]
+    assert store.fallback is not None and store.fallback.quota.rate == 25
+    # A quarter of the 1000 - 5 * 4 left at Redis's last answer: 245, 61 calls of 4.
+    assert sent == 61
+
+
+@needs_redis
+def test_a_redis_refusing_connections_falls_back_at_once(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = redis_server.url
+    redis_server.stop()
+    store = Failover(RedisStore(url, "refused", Quota(rate=50), timeout_s=2), 0.5)
+    with caplog.at_level(logging.WARNING, "timewheel.spark.quota.task"):
+        assert TaskQuota(store).acquire() == 0.0
+    assert store.fallback is not None and store.fallback.quota.rate == 25
+    assert "ConnectionError" in caplog.records[0].getMessage()
+
+
+@needs_redis
+def test_state_reset_and_errors(redis_server: RedisServer) -> None:
+    store = RedisStore(redis_server.url, "reset-me", Quota(max_requests=10))
+    task = TaskQuota(store)
+    assert task.acquire() == 0.0
+    assert store.state().requests_taken == 2  # a lease: an eighth of the cap, rounded up
+    task.close()
+    assert store.state().requests_taken == 1
+    store.reset()
+    assert store.state().requests_taken == 0
+    with pytest.raises(QuotaStoreError, match="no such operation"):
+        store._run("nonsense")
+    store.close()
+
+
+def test_bad_urls_and_names_are_refused_and_passwords_never_shown() -> None:
+    quota = Quota(rate=1)
+    with pytest.raises(ValueError, match=r"redis://HOST:PORT/DB URL, got 'http://x'"):
+        RedisStore("http://x", "n", quota)
+    with pytest.raises(ValueError, match=r"\*\*\*"):
+        RedisStore("http://u:hunter2@x", "n", quota)
+    for bad in ("", "has space", "x" * 201, 3):
+        with pytest.raises(ValueError, match="name must be"):
+            RedisStore("redis://127.0.0.1:1/0", bad, quota)  # type: ignore[arg-type]
+    store = RedisStore("redis://user:hunter2@127.0.0.1:1/0", "n", quota, timeout_s=1)
+    assert "hunter2" not in repr(store)
+    assert redact_url("redis://:pw@[::1]:6379/2") == "redis://:***@[::1]:6379/2"
+    with pytest.raises(QuotaStoreError) as raised:
+        store.take("a", 1)
+    assert "hunter2" not in str(raised.value)
+    with pytest.raises(TypeError, match="not pickled"):
+        pickle.dumps(store)

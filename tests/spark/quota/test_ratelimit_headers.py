@@ -1,0 +1,127 @@
+"""Reading services' rate-limit headers (timewheel.spark.quota.headers)."""
+
+from __future__ import annotations
+
+import email.utils
+
+import pytest
+
+from timewheel.spark.quota.headers import (
+    RateLimitInfo,
+    parse_duration,
+    parse_rate_limit_headers,
+    parse_retry_after,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("6m0s", 360.0),
+        ("1s", 1.0),
+        ("20ms", 0.02),
+        ("1h2m3.5s", 3723.5),
+        ("0.5", 0.5),
+        ("17", 17.0),
+        ("250us", 0.00025),
+    ],
+)
+def test_durations_as_openai_sends_them(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", [None, "", "soon", "5x", "1s2", "-3", "nan", "s", "1s 2s"])
+def test_durations_that_do_not_parse_say_nothing(text: str | None) -> None:
+    assert parse_duration(text) is None
+
+
+def test_retry_after_in_seconds_or_as_an_http_date() -> None:
+    assert parse_retry_after("120") == 120.0
+    assert parse_retry_after(" 1.5 ") == 1.5
+    now = 1_800_000_000.0
+    date = email.utils.formatdate(now + 30, usegmt=True)
+    assert parse_retry_after(date, now=now) == pytest.approx(30.0)
+    past = email.utils.formatdate(now - 30, usegmt=True)
+    assert parse_retry_after(past, now=now) == 0.0
+    for bad in (None, "tomorrow", "-5", "inf", "Wed, 21 Oct 2015 07:28:00"):  # no zone
+        assert parse_retry_after(bad, now=now) is None
+
+
+def test_openai_headers() -> None:
+    info = parse_rate_limit_headers(
+        {
+            "X-RateLimit-Limit-Requests": "5000",
+            "x-ratelimit-remaining-requests": "4999",
+            "x-ratelimit-reset-requests": "12ms",
+            "x-ratelimit-limit-tokens": "2000000",
+            "x-ratelimit-remaining-tokens": "1999000",
+            "x-ratelimit-reset-tokens": "6m0s",
+        }
+    )
+    assert info == RateLimitInfo(
+        remaining_requests=4999,
+        reset_requests_s=pytest.approx(0.012),
+        remaining_cost=1999000,
+        reset_cost_s=360.0,
+    )
+    assert info.pause_s() == 0.0
+
+
+def test_a_used_up_window_asks_for_a_pause_until_its_reset() -> None:
+    info = parse_rate_limit_headers(
+        {"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "1m30s"}
+    )
+    assert info.pause_s() == 90.0
+    info = parse_rate_limit_headers(
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "2s"}
+    )
+    assert info.pause_s() == 2.0
+    # Retry-After, when present, is what counts.
+    info = parse_rate_limit_headers(
+        {
+            "Retry-After": "7",
+            "x-ratelimit-remaining-requests": "0",
+            "x-ratelimit-reset-requests": "2s",
+        }
+    )
+    assert info.pause_s() == 7.0
+
+
+def test_ietf_structured_fields_the_tightest_policy_of_each_kind() -> None:
+    headers = {
+        "RateLimit-Policy": (
+            '"burst";q=100;w=60, "daily";q=1000;w=86400, '
+            '"tokens";q=50000;qu="content-bytes";w=60, "open";q=10;qu="concurrent-requests"'
+        ),
+        "RateLimit": '"burst";r=40;t=12, "daily";r=30;t=3000, "tokens";r=1234;t=5, "open";r=0',
+    }
+    lowered = {k.lower(): v for k, v in headers.items()}
+    info = parse_rate_limit_headers(lowered.get)  # a header(name) function
+    assert info == RateLimitInfo(
+        remaining_requests=30, reset_requests_s=3000, remaining_cost=1234, reset_cost_s=5
+    )
+
+
+def test_ietf_field_without_a_policy_speaks_of_requests() -> None:
+    info = parse_rate_limit_headers({"ratelimit": '"default";r=0;t=9'})
+    assert info.remaining_requests == 0 and info.pause_s() == 9.0
+
+
+@pytest.mark.parametrize(
+    "value",
+    ['"default";r=', "default r=3", '"a";r=5,,', '"a";r=-1;t=3', '"a";r=x', "", ",", '"a"; =3'],
+)
+def test_malformed_ietf_fields_say_nothing(value: str) -> None:
+    assert parse_rate_limit_headers({"RateLimit": value}) == RateLimitInfo()
+
+
+def test_openai_headers_win_over_the_ietf_ones_and_junk_is_ignored() -> None:
+    info = parse_rate_limit_headers(
+        {
+            "x-ratelimit-remaining-requests": "10",
+            "x-ratelimit-reset-requests": "never",
+            "RateLimit": '"default";r=3;t=1',
+            "x-ratelimit-remaining-tokens": "lots",
+        }
+    )
+    assert info == RateLimitInfo(remaining_requests=10)
