@@ -56,3 +56,27 @@ def test_building_the_parser_imports_no_heavy_library() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_every_command_starts_without_the_posix_only_modules() -> None:
+    # Windows has neither `resource` nor `fcntl`: the parser imports every bench and the
+    # pipeline command, so a module-level import of either stops even `timewheel demo`.
+    code = (
+        "import sys\n"
+        "sys.modules['resource'] = sys.modules['fcntl'] = None  # import raises ImportError\n"
+        "from timewheel import cli\n"
+        "assert cli.main(['demo']) == 0\n"
+        "names = [['pipeline']] + [['bench', m.__name__.rsplit('.', 1)[1]]\n"
+        "                          for m in cli._benchmarks()]\n"
+        "for argv in names:\n"
+        "    try:\n"
+        "        cli.main([*argv, '--help'])\n"
+        "    except SystemExit as exc:\n"
+        "        assert exc.code == 0, (argv, exc.code)\n"
+        "    else:\n"
+        "        raise AssertionError(argv)\n"
+        "print('started', len(names))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == f"started {1 + len(cli._benchmarks())}"

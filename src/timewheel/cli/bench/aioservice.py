@@ -23,7 +23,6 @@ import asyncio
 import os
 import pstats
 import re
-import resource
 import shutil
 import signal
 import subprocess
@@ -47,6 +46,8 @@ end
 
 
 def _raise_nofile() -> None:
+    import resource  # POSIX only: imported when a run starts, not with the CLI
+
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

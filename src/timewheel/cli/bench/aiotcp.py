@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
-import resource
 import time
 from typing import Any, Callable
 
@@ -73,6 +72,8 @@ def _client_process(port: int, connections: int, messages: int, limit: float, q:
 
 
 async def _serve(variant: str, connections: int, messages: int, limit: float) -> dict[str, float]:
+    import resource  # POSIX only: imported when a run measures, not with the CLI
+
     loop = asyncio.get_running_loop()
     later = aio.get_timer(loop).call_later if variant == "timewheel.aio" else loop.call_later
     server = await loop.create_server(lambda: _Echo(later), "127.0.0.1", 0, backlog=4096)

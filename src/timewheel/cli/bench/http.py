@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import resource
 import selectors
 import shutil
 import signal
@@ -202,6 +201,8 @@ def nginx(
 
 
 def _cpu() -> float:
+    import resource  # POSIX only: imported when a run measures, not with the CLI
+
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 

@@ -24,7 +24,6 @@ import argparse
 import gc
 import json
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -190,6 +189,8 @@ class _BenchPartition:
         self.id_col = id_col
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import resource  # POSIX only: imported in the task, not with the CLI
+
         import pyarrow as pa
 
         gc_s = [0.0, 0.0]  # CPU in the garbage collector, and where the running pass began
@@ -264,6 +265,8 @@ def _jvm_cpu_s(spark: Any) -> float | None:
 
 
 def _driver_cpu_s() -> float:
+    import resource  # POSIX only: imported when a run measures, not with the CLI
+
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 

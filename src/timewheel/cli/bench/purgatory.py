@@ -26,7 +26,6 @@ import ctypes.util
 import gc
 import json
 import math
-import resource
 import sys
 import threading
 import time
@@ -251,12 +250,18 @@ def _reset_peak_rss() -> int:
     except OSError:
         pass
     rss = _status_kb("VmRSS")
-    return rss if rss is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if rss is not None else _max_rss_kb()
 
 
 def _peak_rss_kb() -> int:
     peak = _status_kb("VmHWM")
-    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if peak is not None else _max_rss_kb()
+
+
+def _max_rss_kb() -> int:
+    import resource  # POSIX only: imported off Linux when a run measures, not with the CLI
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 class _GcTimer:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -57,6 +56,8 @@ def lock_output(out_dir: Path) -> int:
     process ends, so a killed run never leaves it held (only the file, unheld). A run
     that holds it already is a UsageError.
     """
+    import fcntl  # POSIX only: imported when a run takes --output, not with the CLI
+
     lock = _lock_file(out_dir)
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
