@@ -140,6 +140,31 @@ def test_redact_url_hides_userinfo_and_query_values() -> None:
         == "http://h/a/{id}?user={user}&t=***#***"
     )
     assert redact_url("http://h:8080/a/b") == "http://h:8080/a/b"
+    # the whole userinfo, up to the authority's last @ (a password may hold one)
+    assert redact_url("redis://:pw@[::1]:6379/2") == "redis://***@[::1]:6379/2"
+    assert redact_url("redis://u:p@ss@h:6379/0") == "redis://***@h:6379/0"
+    assert redact_url("http://h/a#access_token=T") == "http://h/a#***"  # no query: still hidden
+
+
+def test_redact_url_hides_a_token_in_the_path() -> None:
+    # A webhook's secret is a path segment: a run of 16+ letters and digits, both present.
+    slack = "https://hooks.slack.com/services/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"
+    assert redact_url(slack) == "https://hooks.slack.com/services/T0123ABCD/B0456EFGH/***"
+    digest = "0123456789abcdef0123456789abcdef"
+    assert redact_url(f"https://h/hook/{digest}/in?x=1") == "https://h/hook/***/in?x=***"
+    bot = "https://api.telegram.org/bot123456:ABC-DEF1234ghIkl-zyx57W2v1u123ew11/sendMessage"
+    assert redact_url(bot) == "https://api.telegram.org/***/sendMessage"
+    # Kept: ids (digits alone), words, names split into shorter runs, {column} fields,
+    # and the host (only the path is read for tokens).
+    for kept in (
+        "https://h/orders/12345678901234567890",
+        "https://h/v1/internationalization/x",
+        "https://api.example/v1/models/text-embedding-3-small/embed",
+        "https://h/items/550e8400-e29b-41d4-a716-446655440000",
+        "https://h/{customerid12345678}/x",
+        "https://a1b2c3d4e5f6g7h8i9j0.example.com/x",
+    ):
+        assert redact_url(kept) == kept
 
 
 def test_repr_pickle_and_plan_hold_the_name_never_the_value(

@@ -7,8 +7,10 @@ pickled plan, and what its ``repr`` and every error show, is that name, never th
 The value is read on first use in each process and kept there (made again in a forked
 child); :meth:`Secret.renew` reads it again once after the service refused it (a 401).
 
-:func:`redact_url` is a URL as it may be written or printed: its userinfo and its query
-values replaced by ``***``.
+:func:`redact_url` is a URL as it may be written or printed, with ``***`` for what may be
+secret in it: its userinfo, its query values, its fragment, and any path segment that
+looks like a token (see :func:`redact_url` for the rule). Every part of timewheel that
+shows a URL shows it through this one function.
 """
 
 from __future__ import annotations
@@ -218,26 +220,60 @@ def parse_secret(text: str) -> Secret:
     return Secret(match["ref"], prefix=match["prefix"])
 
 
-# scheme://userinfo@ ; ?query ; #fragment
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@]*@")
+# scheme:// and the authority (userinfo@host:port), which ends at the first / ? or #.
+_AUTHORITY = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)")
 _FIELD = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
+#: A path segment holding a run of this many letters and digits, with at least one of
+#: each, is taken for a token and hidden.
+TOKEN_RUN = 16
+_RUN = re.compile(rf"[A-Za-z0-9]{{{TOKEN_RUN},}}")
+
+
+def _is_token(segment: str) -> bool:
+    """Whether a path segment looks like a token (a ``{column}`` field aside)."""
+    for run in _RUN.findall(_FIELD.sub("/", segment)):
+        if not run.isdigit() and not run.isalpha():
+            return True
+    return False
 
 
 def redact_url(url: str) -> str:
-    """``url`` as it may be written or printed: its userinfo and its query values (a
-    ``{column}`` field aside) replaced by ``***``, an item without ``=`` wholly."""
-    text = _USERINFO.sub(r"\1***@", str(url))
+    """``url`` as it may be written or printed, with ``***`` for what may be secret in it.
+
+    * the userinfo (``user:password@``), wholly;
+    * each query value (a ``{column}`` field aside), and an item without ``=`` wholly;
+    * the fragment;
+    * a path segment that looks like a token: one holding a run of :data:`TOKEN_RUN`
+      (16) or more letters and digits with at least one letter and one digit. This hides
+      the secret of a webhook URL (``https://hooks.slack.com/services/T0/B0/<token>``),
+      an API key or a hex digest in a path; it keeps ids (digits alone), words, and
+      names split by ``-``, ``_`` or ``.`` into shorter runs (``text-embedding-3-small``).
+      A token of letters alone is not recognised: keep such a secret out of the path
+      (in a header given as a :class:`Secret`).
+    """
+    text = str(url)
+    text, hash_, fragment = text.partition("#")
     head, sep, query = text.partition("?")
-    if not sep:
-        return text
-    query, hash_, fragment = query.partition("#")
-    items: list[str] = []
-    for item in query.split("&"):
-        name, eq, value = item.partition("=")
-        if not item:
-            items.append(item)
-        elif not eq:
-            items.append("***")
-        else:
-            items.append(f"{name}={value if _FIELD.fullmatch(value) else '***'}")
-    return f"{head}?{'&'.join(items)}{hash_}{'***' if fragment else ''}"
+    match = _AUTHORITY.match(head)
+    start = 0
+    if match is not None:
+        scheme, authority = match.groups()
+        at = authority.rfind("@")
+        if at >= 0:
+            authority = "***" + authority[at:]
+        start = len(scheme) + len(authority)
+        head = scheme + authority + head[match.end() :]
+    path = "/".join("***" if _is_token(s) else s for s in head[start:].split("/"))
+    out = head[:start] + path
+    if sep:
+        items: list[str] = []
+        for item in query.split("&"):
+            name, eq, value = item.partition("=")
+            if not item:
+                items.append(item)
+            elif not eq:
+                items.append("***")
+            else:
+                items.append(f"{name}={value if _FIELD.fullmatch(value) else '***'}")
+        out += "?" + "&".join(items)
+    return out + hash_ + ("***" if fragment else "")

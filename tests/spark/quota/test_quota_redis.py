@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from redis_fixtures import RedisServer, needs_redis
-from timewheel.spark.quota.redis_store import RedisStore, redact_url
+from timewheel.spark.quota.redis_store import RedisStore
 from timewheel.spark.quota.task import (
     BudgetSpent,
     Failover,
@@ -250,7 +250,6 @@ def test_bad_urls_and_names_are_refused_and_passwords_never_shown() -> None:
             RedisStore("redis://127.0.0.1:1/0", bad, quota)  # type: ignore[arg-type]
     store = RedisStore("redis://user:hunter2@127.0.0.1:1/0", "n", quota, timeout_s=1)
     assert "hunter2" not in repr(store)
-    assert redact_url("redis://:pw@[::1]:6379/2") == "redis://:***@[::1]:6379/2"
     with pytest.raises(QuotaStoreError) as raised:
         store.take("a", 1)
     assert "hunter2" not in str(raised.value)

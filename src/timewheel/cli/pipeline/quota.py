@@ -116,7 +116,7 @@ def quota_from_args(args: argparse.Namespace) -> Quota | None:
 
 def quota_text(quota: Quota) -> dict[str, Any]:
     """The quota as the summary shows it (the store without anything secret)."""
-    from ...spark.quota.redis_store import redact_url
+    from ...spark.secrets import redact_url
 
     return {
         "rate_per_s": quota.rate,

@@ -17,7 +17,8 @@ A Redis that refuses the connection, times out (``timeout_s``) or dies raises
 :class:`~timewheel.spark.quota.task.QuotaStoreError`; a job's tasks draw on it through a
 :class:`~timewheel.spark.quota.task.Failover` (:mod:`timewheel.spark.quota.placement`), which says
 so in one line and falls back to this process's static share. A URL's password is
-never shown (``repr`` and errors print the URL with ``***`` for it), and a store is
+never shown (``repr`` and errors print the URL through
+:func:`~timewheel.spark.secrets.redact_url`), and a store is
 not pickled (it holds connections): an executor makes its own from the URL (without the
 password) and the password given apart from the plan.
 """
@@ -28,9 +29,10 @@ import re
 import urllib.parse
 from typing import Any, Callable
 
+from ..secrets import redact_url
 from .task import BURST_S, LEASE_S, Grant, Quota, QuotaState, QuotaStoreError
 
-__all__ = ["SCRIPT", "RedisStore", "redact_url"]
+__all__ = ["SCRIPT", "RedisStore"]
 
 #: The one script every operation runs. ARGV: op, now ("" = the server's TIME), the
 #: quota (rate, cost_rate, concurrency, budget, max_requests: 0 = none; ttl_s; the two
@@ -188,19 +190,6 @@ return redis.error_reply('no such operation ' .. tostring(op))
 """
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,200}$")
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password, if any, shown as ``***``."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def _opt(value: float | None) -> str:
