@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -165,6 +166,26 @@ def test_bad_request_shapes_are_refused(kwargs: dict[str, Any], exc: type, words
     url = kwargs.pop("url", "http://127.0.0.1:9/x")
     with pytest.raises(exc, match=words):
         HttpDownstream(url, **kwargs)
+
+
+def test_a_refusal_waits_what_retry_after_asks_within_the_cap() -> None:
+    from email.utils import formatdate
+
+    from timewheel.spark.http.request import verdict
+
+    def wait(status: int, retry_after: str | None) -> float | None:
+        return verdict(status, b"busy", {"Retry-After": retry_after}.get, 30.0)[2]
+
+    assert verdict(429, b"busy", {"Retry-After": "5"}.get, 30.0) == (False, "HTTP 429: busy", 5.0)
+    assert wait(503, "1.5") == 1.5
+    assert wait(429, "120") == 30.0  # at most the cap (max_retry_after_s)
+    in_10s = wait(429, formatdate(time.time() + 10, usegmt=True))  # an HTTP date
+    assert in_10s is not None and 8.0 <= in_10s <= 10.0
+    assert wait(429, formatdate(time.time() - 60, usegmt=True)) == 0.0  # past
+    for unreadable in (None, "soon", "-3", "nan", "inf", ""):
+        assert wait(429, unreadable) == 0.0  # no wait beyond the backoff
+    assert wait(500, "5") == 0.0  # a 5xx other than 503: the backoff, not the header
+    assert wait(404, "5") is None  # final
 
 
 def test_the_engine_carries_the_answer(echo: _EchoServer) -> None:

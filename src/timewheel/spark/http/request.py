@@ -6,18 +6,17 @@ what a status and ``Retry-After`` mean for a retry.
 
 from __future__ import annotations
 
-import email.utils
 import ipaddress
 import json
 import math
 import re
-import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
 from .._json import encoder
 from ..contract import Failure
+from ..quota.headers import parse_retry_after
 from ..secrets import redact_url
 
 # Bytes of the answer quoted in an error.
@@ -63,32 +62,12 @@ def _finite(name: str, value: Any, minimum: float) -> float:
     return float(value)
 
 
-def retry_after_s(header: str | None, cap_s: float) -> float:
-    """Seconds a ``Retry-After`` header asks for, at most ``cap_s``.
-
-    Both forms are read: delta-seconds and an HTTP date (the wait until then). A missing,
-    unreadable, negative or past value asks for no wait beyond the backoff.
-    """
-    if header is None:
-        return 0.0
-    text = header.strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(text)
-        except (TypeError, ValueError, IndexError):
-            return 0.0
-        if when.tzinfo is None:
-            return 0.0
-        seconds = when.timestamp() - time.time()
-    return min(max(seconds, 0.0), cap_s) if math.isfinite(seconds) else 0.0
-
-
 def verdict(
     status: int, text: bytes, header: Callable[[str], str | None], cap_s: float
 ) -> tuple[bool, str | None, float | None]:
-    """``(ok, error, retry_after_s)`` of an answer; ``retry_after_s`` None: do not retry.
+    """``(ok, error, retry_after_s)`` of an answer; ``retry_after_s`` None: do not retry,
+    else the wait a 429's or 503's ``Retry-After`` asks for (delta-seconds or an HTTP
+    date), at most ``cap_s``.
 
     ``header(name)`` reads one of the answer's headers (only for a 3xx, a 429 or a 503).
     """
@@ -96,7 +75,9 @@ def verdict(
         return True, None, 0.0
     error = f"HTTP {status}: {text[:_DETAIL].decode('utf-8', 'replace')}"
     if status == 429 or status == 503:
-        return False, error, retry_after_s(header("Retry-After"), cap_s)
+        # Unreadable, negative or past: no wait beyond the backoff.
+        wait = parse_retry_after(header("Retry-After"))
+        return False, error, 0.0 if wait is None else min(wait, cap_s)
     if status >= 500:
         return False, error, 0.0
     if 300 <= status < 400:

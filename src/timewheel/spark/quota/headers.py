@@ -62,6 +62,15 @@ def _seconds(value: float) -> float | None:
     return value if math.isfinite(value) and value >= 0 else None
 
 
+def _number(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return _seconds(float(text.strip()))
+    except ValueError:
+        return None
+
+
 def parse_retry_after(text: str | None, now: float | None = None) -> float | None:
     """Seconds a ``Retry-After`` value asks for (a past date: 0.0); None if unreadable.
 
@@ -69,13 +78,11 @@ def parse_retry_after(text: str | None, now: float | None = None) -> float | Non
     """
     if text is None:
         return None
-    text = text.strip()
+    seconds = _number(text)
+    if seconds is not None:
+        return seconds
     try:
-        return _seconds(float(text))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(text)
+        when = email.utils.parsedate_to_datetime(text.strip())
     except (TypeError, ValueError, IndexError):
         return None
     if when.tzinfo is None:
@@ -89,24 +96,14 @@ def parse_duration(text: str | None) -> float | None:
     number of seconds; None if unreadable."""
     if text is None:
         return None
+    seconds = _number(text)
+    if seconds is not None:
+        return seconds
     text = text.strip()
-    try:
-        return _seconds(float(text))
-    except ValueError:
-        pass
     parts = _DURATION_PART.findall(text)
     if not parts or "".join(n + u for n, u in parts) != text:
         return None
     return _seconds(sum(float(n) * _DURATION_UNITS[u] for n, u in parts))
-
-
-def _number(text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        return _seconds(float(text.strip()))
-    except ValueError:
-        return None
 
 
 # -- IETF structured fields (RFC 9651), the subset these two fields use ----------------
