@@ -44,8 +44,11 @@ from typing import Any, Callable
 from ... import implementation
 from ..._loop import new_event_loop
 from ...timer import Timer
+from .command import bench_parser
 
 __all__ = ["add_parser", "run_aio_bench"]
+
+HELP = "timewheel.aio vs loop.call_later and asyncio.timeout"
 
 CHUNK = 1_000
 #: ``burst``: the timers are due from a lead of BURST_LEAD_S plus BURST_LEAD_PER_TIMER_S
@@ -393,7 +396,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 
 def add_parser(subparsers: Any) -> None:
     """Add ``timewheel bench aio`` to the CLI."""
-    p = subparsers.add_parser("aio", help="timewheel.aio vs loop.call_later and asyncio.timeout")
+    p = bench_parser(subparsers, "aio", HELP, _main)
     p.add_argument(
         "--sizes",
         default="10000,100000",
@@ -407,7 +410,6 @@ def add_parser(subparsers: Any) -> None:
         "--burst", type=int, default=100_000, help="timers made together, due within 1 s (0: skip)"
     )
     p.add_argument("--repeat", type=int, default=3, help="timings per case, best kept")
-    p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:

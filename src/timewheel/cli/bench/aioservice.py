@@ -31,7 +31,11 @@ import tempfile
 import time
 from typing import Any
 
+from .command import bench_parser
+
 __all__ = ["add_parser", "run_service_bench"]
+
+HELP = "HTTP service (uvicorn, aiohttp): plain loop vs the wheel loop"
 
 KEEP_ALIVE_S = 600  # longer than any run: the idle connections' timers stay pending
 WRK_SCRIPT = """
@@ -339,15 +343,12 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 
 def add_parser(subparsers: Any) -> None:
     """Add ``timewheel bench aioservice`` to the CLI."""
-    p = subparsers.add_parser(
-        "aioservice", help="HTTP service (uvicorn, aiohttp): plain loop vs the wheel loop"
-    )
+    p = bench_parser(subparsers, "aioservice", HELP, _main)
     p.add_argument("--servers", default="uvicorn,aiohttp", help="uvicorn, aiohttp or both")
     p.add_argument("--base", choices=["asyncio", "uvloop"], default="asyncio")
     p.add_argument("--idle", type=int, default=10_000, help="idle keep-alive connections")
     p.add_argument("--concurrency", type=int, default=200, help="wrk's connections")
     p.add_argument("--duration", type=float, default=20.0, help="seconds of load per run")
-    p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -18,8 +18,11 @@ import time
 from typing import Any, Callable
 
 from ... import aio
+from .command import bench_parser
 
 __all__ = ["add_parser", "run_tcp_bench"]
+
+HELP = "loopback echo server: idle-timeout resets per message"
 
 IDLE = 30.0  # the idle timeout: longer than the run, so it is only ever reset
 
@@ -129,14 +132,11 @@ def run_tcp_bench(
 
 def add_parser(subparsers: Any) -> None:
     """Add ``timewheel bench aiotcp`` to the CLI."""
-    p = subparsers.add_parser(
-        "aiotcp", help="loopback echo server: idle-timeout resets per message"
-    )
+    p = bench_parser(subparsers, "aiotcp", HELP, _main)
     p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     p.add_argument("--connections", type=int, default=10_000, help="client connections")
     p.add_argument("--messages", type=int, default=20, help="round trips per connection")
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds per variant")
-    p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -31,11 +31,14 @@ import numpy as np
 from timewheel import implementation
 
 from .baselines import LazyHeap
+from .command import bench_parser
 
 PyTimingWheel = implementation("python").TimingWheel
 CTimingWheel = None if implementation().name != "cython" else implementation("cython").TimingWheel
 
 __all__ = ["add_parser", "build_cases", "format_table", "run_core_bench"]
+
+HELP = "timing-wheel core vs asyncio, heapq and dict"
 
 STEP = 1_000  # ticks per advance in the expire workload
 EXT = "timewheel (Cython)"
@@ -235,10 +238,9 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def add_parser(subparsers: Any) -> None:
     """Add ``timewheel bench core`` to the CLI."""
-    p = subparsers.add_parser("core", help="timing-wheel core vs asyncio, heapq and dict")
+    p = bench_parser(subparsers, "core", HELP, _main)
     p.add_argument("-n", type=int, default=200_000, help="timers (default 200000)")
     p.add_argument("--repeat", type=int, default=5, help="timings per case, best kept")
-    p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -44,6 +44,9 @@ from timewheel.execution import (
 )
 
 from ..argtypes import positive
+from .command import bench_parser
+
+HELP = "compare ProduceConsume, ProduceExecuteConsume and ExecuteProduceConsume"
 
 STRATEGIES = ("ProduceConsume", "ProduceExecuteConsume", "ExecuteProduceConsume")
 
@@ -275,12 +278,7 @@ def format_table(results: Sequence[Result], rate: float, args: argparse.Namespac
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``execution`` benchmark to ``timewheel bench``."""
-    p = subparsers.add_parser(
-        "execution",
-        help="compare ProduceConsume, ProduceExecuteConsume and ExecuteProduceConsume",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = bench_parser(subparsers, "execution", HELP, main, __doc__)
     p.add_argument("--producers", type=positive(int), default=4, help="connections (default 4)")
     p.add_argument(
         "--requests",
@@ -318,7 +316,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--check", action="store_true", help="exit 1 if a target of the issue is missed")
-    p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -37,7 +37,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
+from .command import bench_parser
+
 __all__ = ["TlsFiles", "add_parser", "make_tls_files", "nginx", "run_http_bench"]
+
+HELP = "the HTTP target alone vs raw libcurl, aiohttp, pyreqwest (requests/s, CPU)"
 
 _BODY = b'{"id": 1, "amount": 12.5, "note": "benchmark row"}'
 
@@ -242,10 +246,7 @@ def _raw_multi(url: str, in_flight: int, ca_file: str | None = None) -> Callable
     idle = _curl_easy(url, in_flight, ca_file)
 
     def run(n: int) -> int:
-        started = ok = 0
-        while idle and started < n:
-            multi.add_handle(idle.pop())
-            started += 1
+        started, ok = _start_idle(multi, idle, n), 0
         while ok < n:
             multi.perform()
             started, ok = _reuse_finished(multi, idle, started, ok, n)
@@ -254,6 +255,15 @@ def _raw_multi(url: str, in_flight: int, ca_file: str | None = None) -> Callable
         return ok
 
     return run
+
+
+def _start_idle(multi: Any, idle: list[Any], n: int) -> int:
+    """Start a transfer on each idle handle, ``n`` at the most; return how many started."""
+    started = 0
+    while idle and started < n:
+        multi.add_handle(idle.pop())
+        started += 1
+    return started
 
 
 def _reuse_finished(multi: Any, idle: list[Any], started: int, ok: int, n: int) -> tuple[int, int]:
@@ -306,10 +316,7 @@ def _raw_socket_action(url: str, in_flight: int) -> Callable[[int], int]:
     multi.setopt(pycurl.M_TIMERFUNCTION, on_timer)
 
     def run(n: int) -> int:
-        started = ok = 0
-        while idle and started < n:
-            multi.add_handle(idle.pop())
-            started += 1
+        started, ok = _start_idle(multi, idle, n), 0
         while ok < n:
             due = timer[0]
             wait = None if due is None else max(0.0, due - time.monotonic())
@@ -486,12 +493,7 @@ def run_http_bench(
 
 def add_parser(subparsers: Any) -> None:
     """Add ``timewheel bench http`` to the CLI."""
-    p = subparsers.add_parser(
-        "http",
-        help="the HTTP target alone vs raw libcurl, aiohttp, pyreqwest (requests/s, CPU)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = bench_parser(subparsers, "http", HELP, _main, __doc__)
     p.add_argument("--url", default=None, help="the URL to POST to (default: start nginx)")
     p.add_argument("--requests", type=int, default=20_000, help="requests per contender")
     p.add_argument("--in-flight", type=int, default=256, help="requests outstanding")
@@ -518,7 +520,6 @@ def add_parser(subparsers: Any) -> None:
         help="only start nginx, print its URLs and keep it up until interrupted (to run "
         "'timewheel bench pipeline --target URL' against it)",
     )
-    p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:

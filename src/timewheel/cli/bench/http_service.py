@@ -118,8 +118,18 @@ class ChildService:
     """A loopback service in a child process (``self.proc``, serving on ``self.port``):
     its ``/stats``, and a context manager that stops it."""
 
-    proc: subprocess.Popen[str]
-    port: int
+    def __init__(self, what: str, module: str, *args: str) -> None:
+        """Run ``python -m module *args`` and read the ``port N`` line it prints once it
+        serves; ``what`` names it if it does not."""
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args], stdout=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("port "):
+            self.close()
+            raise RuntimeError(f"{what} did not start (said {line!r})")
+        self.port = int(line.split()[1])
 
     def stats(self) -> dict[str, Any]:
         """What the service counted so far (its ``/stats`` answer)."""
@@ -159,22 +169,13 @@ class ServiceProcess(ChildService):
     ) -> None:
         self.pct50_ms, self.pct75_ms = pct50_ms, pct75_ms
         self.errors, self.stalls = errors, stalls
-        self.proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "timewheel.cli.bench.http_service"),
-                *("--pct50", str(pct50_ms), "--pct75", str(pct75_ms)),
-                *("--errors", str(errors), "--stalls", str(stalls)),
-                *("--lifetime-s", str(lifetime_s)),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
+        super().__init__(
+            "the HTTP service",
+            "timewheel.cli.bench.http_service",
+            *("--pct50", str(pct50_ms), "--pct75", str(pct75_ms)),
+            *("--errors", str(errors), "--stalls", str(stalls)),
+            *("--lifetime-s", str(lifetime_s)),
         )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line.startswith("port "):
-            self.close()
-            raise RuntimeError(f"the HTTP service did not start (said {line!r})")
-        self.port = int(line.split()[1])
         self.url = f"http://127.0.0.1:{self.port}/ingest"
 
     def __repr__(self) -> str:

@@ -32,6 +32,9 @@ from ...timer import ManualClock, Timer
 from ..argtypes import positive
 from . import core
 from . import purgatory as purgatory_bench
+from .command import bench_parser
+
+HELP = "cost of a scraped metrics collector and of lateness recording"
 
 MODES = ("without", "with")
 
@@ -173,16 +176,13 @@ def format_rows(title: str, rows: list[dict[str, Any]], unit: str) -> str:
 
 def add_parser(subparsers: Any) -> None:
     """Add ``timewheel bench metrics`` to the CLI."""
-    p = subparsers.add_parser(
-        "metrics", help="cost of a scraped metrics collector and of lateness recording"
-    )
+    p = bench_parser(subparsers, "metrics", HELP, main)
     p.add_argument("-n", type=positive(int), default=200_000, help="timers per core case")
     p.add_argument("--num", type=positive(int), default=100_000, help="purgatory requests")
     p.add_argument("--rate", type=positive(float), default=20_000, help="purgatory req/s")
     p.add_argument("--rounds", type=positive(int), default=3, help="best of (default 3)")
     p.add_argument("--scrape-ms", type=positive(float), default=100, help="(default 100)")
     p.add_argument("--seed", type=int, default=1)
-    p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -28,7 +28,6 @@ import asyncio
 import hashlib
 import json
 import math
-import subprocess
 import sys
 import time
 from collections import deque
@@ -294,21 +293,12 @@ class StubProcess(ChildService):
         latency_ms: float = 0.0,
         completion_tokens: int = 8,
     ) -> None:
-        self.proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "timewheel.cli.bench.openai_stub"),
-                *("--rpm", str(rpm), "--tpm", str(tpm), "--window-s", str(window_s)),
-                *("--latency-ms", str(latency_ms), "--completion-tokens", str(completion_tokens)),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
+        super().__init__(
+            "the OpenAI stub",
+            "timewheel.cli.bench.openai_stub",
+            *("--rpm", str(rpm), "--tpm", str(tpm), "--window-s", str(window_s)),
+            *("--latency-ms", str(latency_ms), "--completion-tokens", str(completion_tokens)),
         )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line.startswith("port "):
-            self.close()
-            raise RuntimeError(f"the OpenAI stub did not start (said {line!r})")
-        self.port = int(line.split()[1])
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
 
 

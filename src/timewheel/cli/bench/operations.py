@@ -21,6 +21,9 @@ from ... import implementation
 from ...purgatory import DelayedOperation, Purgatory
 from ...timer import ManualClock, Timer
 from .baselines import ClassicPurgatory
+from .command import bench_parser
+
+HELP = "operations per second through a purgatory vs the classic one"
 
 IMPLS = ("wheel", "wheel[python]", "classic")
 
@@ -134,9 +137,7 @@ def run_one(
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``operations`` to ``timewheel bench``."""
-    parser = subparsers.add_parser(
-        "operations", help="operations per second through a purgatory vs the classic one"
-    )
+    parser = bench_parser(subparsers, "operations", HELP, main)
     parser.add_argument("--impl", choices=(*IMPLS, "all"), default="all")
     parser.add_argument("--ops", type=int, default=200_000, help="operations to push through")
     parser.add_argument("--keys", type=int, default=100, help="distinct keys")
@@ -144,7 +145,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser.add_argument("--max-delay", type=int, default=400, help="largest delay, ms")
     parser.add_argument("--pending", type=int, default=0, help="long-lived pending operations")
     parser.add_argument("--complete", choices=("force", "check"), default="force")
-    parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -37,10 +37,13 @@ from ...spark.outcome import OK, STATUSES, Outcome
 from ...spark.session import spark_session
 from ...spark.targets import HttpDownstream, SimulatedDownstream, target_from_url
 from ..pipeline.options import add_dispatch_options, http_options
+from .command import bench_parser
 from .engines import engine_names, get_engine
 from .http_service import ServiceProcess
 
 __all__ = ["add_parser", "little_bound_rows_per_s", "main", "mean_slot_ms"]
+
+HELP = "dispatch engines compared on one Spark session (rows/s, CPU per row, accounting)"
 
 _COUNTS = ("rows_in", "rows_out", "distinct_out", "missing", "extra", *STATUSES, "attempts")
 _STATS_SCHEMA = ", ".join(
@@ -56,12 +59,7 @@ _STATS_SCHEMA = ", ".join(
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``pipeline`` benchmark."""
-    parser = subparsers.add_parser(
-        "pipeline",
-        help="dispatch engines compared on one Spark session (rows/s, CPU per row, accounting)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = bench_parser(subparsers, "pipeline", HELP, main, __doc__)
     parser.add_argument(
         "--rows",
         type=int,
@@ -144,7 +142,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.set_defaults(
         timeout_ms=None, max_in_flight=None, target="sim://?pct50=20&pct75=60&failures=0.01&seed=1"
     )
-    parser.set_defaults(func=main)
 
 
 def mean_slot_ms(sim: Any, config: DispatchConfig) -> float:

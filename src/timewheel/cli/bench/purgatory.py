@@ -37,6 +37,9 @@ from ...metrics import Histogram
 from ...purgatory import DelayedOperation, Purgatory
 from ..argtypes import positive
 from .baselines import AsyncioPurgatory, ClassicPurgatory
+from .command import bench_parser
+
+HELP = "the purgatory write-up's experiment: one implementation, one rate"
 
 IMPLS = ("wheel", "classic", "asyncio")
 #: The load threads act up to this early rather than sleep for less: a sleep costs
@@ -377,9 +380,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``purgatory`` to ``timewheel bench``."""
-    parser = subparsers.add_parser(
-        "purgatory", help="the purgatory write-up's experiment: one implementation, one rate"
-    )
+    parser = bench_parser(subparsers, "purgatory", HELP, main)
     parser.add_argument("--num", type=positive(int), default=1_000_000, help="requests")
     parser.add_argument("--rate", type=positive(float), default=10_000, help="target req/s")
     parser.add_argument("--pct75", type=positive(float), default=60, help="latency ms")
@@ -387,7 +388,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     add_arguments(parser)
     parser.add_argument("--impl", choices=IMPLS, default="wheel")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.set_defaults(func=main)
 
 
 def format_lateness(r: Result) -> str:

@@ -47,8 +47,11 @@ import time
 from typing import Any
 
 from ..argtypes import positive
+from .command import bench_parser
 
 __all__ = ["add_parser", "main"]
+
+HELP = "the share of a tokens-per-minute quota a job uses, and the refusals it gets"
 
 # (time, tokens, requests, refused): the stub's totals at one moment.
 Samples = list[tuple[float, int, int, int]]
@@ -56,12 +59,7 @@ Samples = list[tuple[float, int, int, int]]
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``bench quota``."""
-    parser = subparsers.add_parser(
-        "quota",
-        help="the share of a tokens-per-minute quota a job uses, and the refusals it gets",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = bench_parser(subparsers, "quota", HELP, main, __doc__)
     parser.add_argument("--rows", type=positive(int), default=4000, help="(default: %(default)s)")
     parser.add_argument("--partitions", type=positive(int), default=8, help="(default: 8)")
     parser.add_argument("--master", default="local[4]", help="(default: %(default)s)")
@@ -111,7 +109,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=30.0,
         help="batches: how long each run sends, about (default: %(default)s)",
     )
-    parser.set_defaults(func=main)
 
 
 def _lease(spark: Any, args: argparse.Namespace) -> dict[str, Any]:

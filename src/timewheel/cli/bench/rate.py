@@ -33,8 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from ..argtypes import positive
+from .command import bench_parser
 
 __all__ = ["add_parser", "main", "most_in_a_window"]
+
+HELP = "dispatch's rate against a loopback service counting requests per second"
 
 
 def most_in_a_window(stamps: list[float], window_s: float = 1.0) -> int:
@@ -83,12 +86,7 @@ async def _serve() -> None:
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``bench rate``."""
-    parser = subparsers.add_parser(
-        "rate",
-        help="dispatch's rate against a loopback service counting requests per second",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = bench_parser(subparsers, "rate", HELP, main, __doc__)
     parser.add_argument(
         "--rates",
         default="100,1000,10000",
@@ -115,7 +113,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=256,
         help="calls outstanding per partition (default: %(default)s)",
     )
-    parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -25,6 +25,9 @@ from typing import Any, Callable
 
 from ...resources import ResourceManager
 from .baselines import LockedResourceManager
+from .command import bench_parser
+
+HELP = "multi-key checkouts per second vs the one-lock manager"
 
 MIN_KEYS, MAX_KEYS = 1, 4
 
@@ -152,9 +155,7 @@ def compare(args: argparse.Namespace, scenario: str) -> dict[str, Any]:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``resources`` to ``timewheel bench``."""
-    parser = subparsers.add_parser(
-        "resources", help="multi-key checkouts per second vs the one-lock manager"
-    )
+    parser = bench_parser(subparsers, "resources", HELP, main)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--keys", type=int, default=1000, help="distinct keys")
     parser.add_argument("--missing", type=float, default=0.1, help="fraction not resident")
@@ -163,7 +164,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser.add_argument("--seconds", type=float, default=1.0, help="length of one round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per design (median)")
     parser.add_argument("--scenario", choices=("loading", "resident", "both"), default="both")
-    parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:

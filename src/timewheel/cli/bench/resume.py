@@ -20,25 +20,22 @@ import time
 from pathlib import Path
 
 from ..argtypes import positive
+from .command import bench_parser
 
 __all__ = ["add_parser", "main"]
+
+HELP = "the share of rows a pipeline killed half way sends again when resumed"
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``bench resume``."""
-    parser = subparsers.add_parser(
-        "resume",
-        help="the share of rows a pipeline killed half way sends again when resumed",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = bench_parser(subparsers, "resume", HELP, main, __doc__)
     parser.add_argument(
         "--rows", type=positive(int), default=500_000, help="rows (default: %(default)s)"
     )
     parser.add_argument(
         "--master", default="local[2]", help="Spark master URL (default: %(default)s)"
     )
-    parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -32,8 +32,11 @@ from typing import Any
 
 from ..argtypes import positive
 from ..pipeline.stream import quantiles
+from .command import bench_parser
 
 __all__ = ["add_parser", "main"]
+
+HELP = "a stream's record cost, its lag, and --stream --once against a batch run"
 
 SCENARIOS = ("journal", "lag", "once")
 SIM = "sim://?pct50=2&pct75=5&seed=1"
@@ -42,12 +45,7 @@ _QUERY_S = 1800  # the longest a query or a child run may take
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``bench stream``."""
-    parser = subparsers.add_parser(
-        "stream",
-        help="a stream's record cost, its lag, and --stream --once against a batch run",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = bench_parser(subparsers, "stream", HELP, main, __doc__)
     parser.add_argument(
         "--scenarios",
         default=",".join(SCENARIOS),
@@ -71,7 +69,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument(
         "--rows", type=positive(int), default=1_000_000, help="for once (default: %(default)s)"
     )
-    parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:

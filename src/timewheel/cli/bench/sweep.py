@@ -23,7 +23,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .command import bench_parser
 from .purgatory import IMPLS, add_arguments, check_arguments
+
+HELP = "bench purgatory over a range of rates: CSV, plots, saturation table"
 
 SCENARIOS: dict[str, tuple[float, float]] = {"low": (60.0, 20.0), "high": (400.0, 200.0)}
 # Finer where the baselines saturate (100k-300k here), so that no ratio rests on a gap
@@ -168,9 +171,7 @@ def plot(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``sweep`` to ``timewheel bench``."""
-    parser = subparsers.add_parser(
-        "sweep", help="bench purgatory over a range of rates: CSV, plots, saturation table"
-    )
+    parser = bench_parser(subparsers, "sweep", HELP, main)
     parser.add_argument(
         "--num", type=int, default=250_000, help="requests per run (default 250000)"
     )
@@ -185,7 +186,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="output directory")
     parser.add_argument("--no-plots", action="store_true", help="CSV and table only")
     add_arguments(parser)
-    parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
