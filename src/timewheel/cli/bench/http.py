@@ -554,13 +554,13 @@ def _main(args: argparse.Namespace) -> int:
             return 2
     if args.serve:
         # SIGTERM too ends the wait below (its default would leave nginx running).
+        # The signal may come while the URLs are still being flushed: the suppress holds them.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
-        with nginx() as url:
+        with nginx() as url, contextlib.suppress(KeyboardInterrupt):
             base = url.rsplit("/", 1)[0]
             print(f"nginx on {url} and {base}/reply1k (a 1 KB answer); Ctrl-C stops it")
             print(f"reply schema of /reply1k: {REPLY_1K_DDL}", flush=True)
-            with contextlib.suppress(KeyboardInterrupt):
-                threading.Event().wait()
+            threading.Event().wait()
         return 0
     with contextlib.ExitStack() as stack:
         ca_file = None
