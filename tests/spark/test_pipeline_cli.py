@@ -427,7 +427,7 @@ def test_a_dry_run_says_what_would_be_sent_and_sends_nothing(
     [
         (["--cost-col", "amount"], "--cost-col and --reply-cost need a quota"),
         (["--cost-rate", "lots"], "quota: --cost-rate must be a number per second"),
-        (["--budget", "nan"], "quota: budget must be a finite number > 0"),
+        (["--budget", "nan"], "quota: budget must be a number > 0 and <= 1e+15, got nan"),
         (["--budget", "10", "--cost-col", "nope"], "cost column 'nope' is not a column"),
         (["--rate", "5", "--quota-store", "redis://:pw@127.0.0.1/0"], "must not hold a password"),
         (["--rate", "5", "--quota-store", "redis://127.0.0.1/0"], "a store needs a name"),

@@ -19,8 +19,10 @@ The rules:
 * the wing: it has no command line (no ``argparse`` under ``spark/``: ``timewheel
   pipeline`` is the tooling's, ``cli/pipeline/``), and no module of it is over
   ``WING_MAX_LINES`` lines;
-* argument checks: in the library (not the wing, not the tooling), number checks (NaN,
-  infinity, a bool passed for a number) live in ``_validate``;
+* argument checks: in the library and the wing (not the tooling), number checks (NaN,
+  infinity, a bool passed for a number) live in ``_validate``. In the library any such
+  check counts; in the wing one that refuses (in the test of an ``if`` that raises),
+  since the wing may test in place a number it reads (a service's header, a total);
 * layers: no module of the core (``_impl/``, the wheel pair ``_core*``, ``_handles``,
   ``_sync``, ``_validate``, ``_atfork``, ``execution``, ``metrics``) imports a layer above
   it (``timer``, ``purgatory``, ``aio``, ``_loop``, ``resources``, ``sources``, the twin
@@ -195,9 +197,20 @@ def _attr(node: ast.AST) -> str | None:
     return None
 
 
+def _refusing_tests(tree: ast.Module) -> set[int]:
+    """The ids of the nodes in the test of an ``if`` whose body raises: argument checks."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and any(isinstance(s, ast.Raise) for s in node.body):
+            found.update(id(n) for n in ast.walk(node.test))
+    return found
+
+
 def _check_python(tree: ast.Module, module: str) -> list[str]:
     out = []
     library = not (_is_wing(module) or _is_tooling(module))
+    # The wing's argument checks are held to the number-check rule too.
+    refusing = _refusing_tests(tree) if _is_wing(module) else set()
     for node in ast.walk(tree):
         line = getattr(node, "lineno", 0)
         if (
@@ -210,7 +223,8 @@ def _check_python(tree: ast.Module, module: str) -> list[str]:
         ):
             out.append(f"{module}:{line}: imports os.register_at_fork (use _atfork)")
         if not isinstance(node, ast.Call):
-            if library and module != "timewheel._validate" and isinstance(node, ast.BoolOp):
+            checked = library or id(node) in refusing
+            if checked and module != "timewheel._validate" and isinstance(node, ast.BoolOp):
                 for value in node.values:
                     if _is_bool_isinstance(value):
                         out.append(f"{module}:{line}: a bool-for-number check (use _validate)")
@@ -234,7 +248,11 @@ def _check_python(tree: ast.Module, module: str) -> list[str]:
             and node.func.value.id == "logging"
         ):
             out.append(f"{module}:{line}: logs on the root logger (logging.{name})")
-        elif library and name in NUMBER_CHECKS and module != "timewheel._validate":
+        elif (
+            (library or id(node) in refusing)
+            and name in NUMBER_CHECKS
+            and module != "timewheel._validate"
+        ):
             out.append(f"{module}:{line}: a number check (math.{name}; use _validate)")
     return out
 
@@ -479,6 +497,14 @@ BROKEN = {
         {"timer.py": "import math\nok = math.isfinite(x)\n"},
         "timewheel.timer:2: a number check (math.isfinite",
     ),
+    "the wing refuses a number by hand": (
+        {"spark/quota/spec.py": "import math\nif not math.isfinite(x):\n    raise ValueError(x)\n"},
+        "timewheel.spark.quota.spec:2: a number check (math.isfinite",
+    ),
+    "the wing refuses a bool for a number by hand": (
+        {"spark/simulator.py": "if isinstance(s, bool) or not isinstance(s, int):\n    raise E\n"},
+        "timewheel.spark.simulator:1: a bool-for-number check",
+    ),
     "bool-for-number check outside _validate": (
         {"sources.py": "bad = isinstance(n, bool) or not isinstance(n, int)\n"},
         "timewheel.sources:1: a bool-for-number check",
@@ -560,6 +586,8 @@ def test_what_the_rules_allow(tmp_path: Path) -> None:
             "spark/simulator.py": "from ._dispatch import _prepare\n",  # its privates are its own
             "spark/targets.py": "import math, logging\nlog = logging.getLogger(__name__)\n"
             "ok = math.isfinite(x) and not isinstance(x, bool)\n",
+            # the wing tests in place a number it reads (not an argument: nothing raised)
+            "spark/quota/headers.py": "import math\nif not math.isfinite(x):\n    x = None\n",
             "purgatory.py": "flag = isinstance(reaper, bool)\n",
             # the core imports the core, Cython cimports included; a package its modules
             "_impl/__init__.py": "from .. import _core\nfrom . import _tasks_c\n",

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy
 
-from .._validate import check_columns
+from .._validate import check_columns, check_int, check_number
 from .batch.replies import ReplySplit
 from .batch.spec import BatchPart
 from .contract import OnDone, Reply, deliver, row_keys
@@ -41,14 +41,6 @@ _Z75 = 0.6744897501960817
 
 def _normal_cdf(x: float) -> float:
     return 0.5 * (1 + math.erf(x / math.sqrt(2)))
-
-
-def _check_number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)
 
 
 class _Delivery:
@@ -233,17 +225,17 @@ class SimulatedDownstream:
         seed: int | None = None,
         exclusive_cols: Sequence[str] = (),
     ) -> None:
-        p50 = _check_number("pct50_ms", pct50_ms)
-        p75 = _check_number("pct75_ms", pct75_ms)
-        rate = _check_number("failure_rate", failure_rate)
+        p50 = check_number("pct50_ms", pct50_ms)
+        p75 = check_number("pct75_ms", pct75_ms)
+        rate = check_number("failure_rate", failure_rate)
         if p50 <= 0:
             raise ValueError(f"pct50_ms must be > 0, got {pct50_ms!r}")
         if p75 < p50:
             raise ValueError(f"pct75_ms must be >= pct50_ms ({pct50_ms!r}), got {pct75_ms!r}")
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"failure_rate must be between 0 and 1, got {failure_rate!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise TypeError(f"seed must be an int or None, got {seed!r}")
+        if seed is not None:
+            seed = check_int("seed", seed)
         self.pct50_ms = p50
         self.pct75_ms = p75
         self.failure_rate = rate

@@ -47,7 +47,7 @@ class Clock:
 @pytest.mark.parametrize(
     ("kwargs", "error", "shown"),
     [
-        ({"rate": 0}, ValueError, "rate must be a finite number > 0"),
+        ({"rate": 0}, ValueError, "rate must be a number > 0 and <= 1e+15, got 0"),
         ({"rate": -1.0}, ValueError, "-1.0"),
         ({"rate": math.nan}, ValueError, "nan"),
         ({"rate": math.inf}, ValueError, "inf"),
@@ -57,12 +57,12 @@ class Clock:
         ({"cost_rate": "0/min"}, ValueError, "cost_rate"),
         ({"cost_rate": "-5/min"}, ValueError, "'-5/min'"),
         ({"cost_rate": [1]}, TypeError, "[1]"),
-        ({"concurrency": 2.5}, TypeError, "concurrency must be an integer, got 2.5"),
+        ({"concurrency": 2.5}, TypeError, "concurrency must be an int, got 2.5"),
         ({"concurrency": 0}, ValueError, "concurrency"),
         ({"budget": math.nan}, ValueError, "budget"),
         ({"budget": False}, TypeError, "budget must be a number, got False"),
         ({"max_requests": -3}, ValueError, "max_requests"),
-        ({"max_requests": 10**400}, ValueError, "max_requests must be a finite number"),
+        ({"max_requests": 10**400}, ValueError, "max_requests must be between 1 and "),
         ({"budget": 2**64}, ValueError, "18446744073709551616"),
         ({"rate": "1e400/min"}, ValueError, "'1e400/min'"),
         ({"rate": 1, "ttl_s": 0}, ValueError, "ttl_s"),

@@ -3,7 +3,6 @@ by cost, by linger or by its earliest row's deadline, on an injectable clock."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -84,10 +83,7 @@ class Accumulator(Generic[T]):
         """
         cost = check_number("cost", cost, 0)
         if deadline is not None:
-            if isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
-                raise TypeError(f"deadline must be a clock time or None, got {deadline!r}")
-            if not math.isfinite(deadline):
-                raise ValueError(f"deadline must be a finite clock time, got {deadline!r}")
+            deadline = check_number("deadline", deadline)
         try:
             hash(line)
         except TypeError:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..._validate import check_int
 from ..outcome import FAILED, RESULT_COLUMNS, Outcome
 from ..runtime import PerProcess
 from .journal import read_batches
@@ -87,11 +88,7 @@ def retain_batches(spark: Any, retain: Any) -> int:
     if retain is None:
         conf = spark.conf.get("spark.sql.streaming.minBatchesToRetain", None)
         return CHECKPOINT_RETAINS if conf is None else max(1, int(conf))
-    if isinstance(retain, bool) or not isinstance(retain, int):
-        raise TypeError(f"journal_retain_batches must be an int, got {retain!r}")
-    if not 1 <= retain <= 10**9:
-        raise ValueError(f"journal_retain_batches must be from 1 to 10**9, got {retain!r}")
-    return retain
+    return check_int("journal_retain_batches", retain, 1, 10**9)
 
 
 def task_batch() -> int | None:

@@ -20,10 +20,11 @@ Every engine asks an :class:`Admission` before it starts a call:
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from typing import Any
+
+from ..._validate import check_number
 
 __all__ = ["BURST_S", "Admission", "check_rate"]
 
@@ -34,12 +35,8 @@ MAX_RATE = 1e9
 
 
 def check_rate(rate: Any) -> float:
-    """``rate`` as a float: a finite number of requests per second, > 0 (bools refused)."""
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)):
-        raise TypeError(f"rate must be a number of requests per second, got {rate!r}")
-    if not (math.isfinite(rate) and 0 < rate <= MAX_RATE):
-        raise ValueError(f"rate must be a finite number > 0 and <= {MAX_RATE:g}, got {rate!r}")
-    return float(rate)
+    """``rate`` as a float: requests per second, > 0 and at most :data:`MAX_RATE`."""
+    return check_number("rate", rate, 0, MAX_RATE, strict_lo=True)
 
 
 class Admission:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import math
 import re
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -52,14 +51,6 @@ class HttpRequest:
 
     def __reduce__(self) -> Any:
         raise TypeError("an HttpRequest is not pickled: its headers may hold a secret's value")
-
-
-def _finite(name: str, value: Any, minimum: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
-    if not math.isfinite(value) or value < minimum:
-        raise ValueError(f"{name} must be a finite number >= {minimum:g}, got {value!r}")
-    return float(value)
 
 
 def verdict(

@@ -12,6 +12,8 @@ import urllib.parse
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
+from ..._validate import check_int, check_number
+
 __all__ = [
     "BURST_S",
     "DEFAULT_TTL_S",
@@ -43,25 +45,16 @@ DEFAULT_TTL_S = 30.0
 LEFT_SHARE = 8
 #: The largest rate, budget or cap: far from float rounding.
 MAX_AMOUNT = 1e15
+MAX_COUNT = int(MAX_AMOUNT)
 _EPS = 1e-9
 
 _UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "min": 60.0, "minute": 60.0, "h": 3600.0}
 _RATE_TEXT = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*/\s*([a-z]+)\s*$")
 
 
-def _positive(name: str, value: Any, integer: bool = False) -> float:
-    """``value`` as a finite number > 0 (an int if ``integer``); bools refused."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or (integer and not isinstance(value, int))
-    ):
-        what = "an integer" if integer else "a number"
-        raise TypeError(f"{name} must be {what}, got {value!r}")
-    # (An int is compared as it is: one beyond a float's range must not overflow.)
-    if not ((isinstance(value, int) or math.isfinite(value)) and 0 < value <= MAX_AMOUNT):
-        raise ValueError(f"{name} must be a finite number > 0 and <= {MAX_AMOUNT:g}, got {value!r}")
-    return float(value)
+def _amount(name: str, value: Any) -> float:
+    """``value`` as a number > 0 and at most :data:`MAX_AMOUNT`, or raise naming ``name``."""
+    return check_number(name, value, 0, MAX_AMOUNT, strict_lo=True)
 
 
 def parse_rate(name: str, value: Any) -> float:
@@ -77,13 +70,13 @@ def parse_rate(name: str, value: Any) -> float:
                 f"{name} must be a number per second or 'N/s', 'N/min' or 'N/h', got {value!r}"
             )
         per_second = float(match.group(1).replace("_", "")) / _UNITS[match.group(2)]
-        if not (math.isfinite(per_second) and 0 < per_second <= MAX_AMOUNT):
+        if not 0 < per_second <= MAX_AMOUNT:  # (an infinity too: the text held no NaN)
             raise ValueError(
                 f"{name} must be a finite number > 0 and <= {MAX_AMOUNT:g} per second, "
                 f"got {value!r}"
             )
         return per_second
-    return _positive(name, value)
+    return _amount(name, value)
 
 
 @dataclass(frozen=True, init=False)
@@ -130,13 +123,13 @@ class Quota:
         set_(self, "rate", None if rate is None else parse_rate("rate", rate))
         set_(self, "cost_rate", None if cost_rate is None else parse_rate("cost_rate", cost_rate))
         if concurrency is not None:
-            concurrency = int(_positive("concurrency", concurrency, True))
+            concurrency = check_int("concurrency", concurrency, 1, MAX_COUNT)
         set_(self, "concurrency", concurrency)
-        set_(self, "budget", None if budget is None else _positive("budget", budget))
+        set_(self, "budget", None if budget is None else _amount("budget", budget))
         if max_requests is not None:
-            max_requests = int(_positive("max_requests", max_requests, True))
+            max_requests = check_int("max_requests", max_requests, 1, MAX_COUNT)
         set_(self, "max_requests", max_requests)
-        set_(self, "ttl_s", _positive("ttl_s", ttl_s))
+        set_(self, "ttl_s", _amount("ttl_s", ttl_s))
         _check_store(store, name, store_password)
         set_(self, "store", store)
         set_(self, "name", name)
@@ -152,10 +145,7 @@ class Quota:
         """One process's static share: this quota's rates and concurrency times
         ``fraction`` (concurrency rounded down, at least 1), and that share of the budget
         and requests left (all of them unless given); None when that leaves nothing."""
-        if isinstance(fraction, bool) or not (
-            isinstance(fraction, (int, float)) and 0 < fraction <= 1
-        ):
-            raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
+        fraction = check_number("fraction", fraction, 0, 1, strict_lo=True)
         budget = self.budget if budget_left is None or self.budget is None else budget_left
         cap = self.max_requests
         if requests_left is not None and cap is not None:

@@ -52,6 +52,7 @@ import time
 from typing import Callable
 
 from ... import _atfork
+from ..._validate import check_number
 from .bucket import Bucket, Failover, LocalStore
 from .headers import RateLimitInfo
 from .spec import (
@@ -139,10 +140,7 @@ class TaskQuota:
         to wait before asking again. Raises :class:`BudgetSpent` once the budget or the
         request cap is spent."""
         if type(cost) is not float or not 0.0 <= cost < math.inf:  # (the common case: one test)
-            if isinstance(cost, bool) or not isinstance(cost, (int, float)):
-                raise TypeError(f"cost must be a number, got {cost!r}")
-            if not (math.isfinite(cost) and cost >= 0):
-                raise ValueError(f"cost must be a finite number >= 0, got {cost!r}")
+            cost = check_number("cost", cost, 0)
         with self.lock:
             if self.spent:
                 raise BudgetSpent("budget spent")
@@ -204,10 +202,7 @@ class TaskQuota:
     def pause(self, seconds: float) -> None:
         """The service refused a call and asked for ``seconds``: pause the whole job's
         quota, and give back this task's unused lease (it waits too)."""
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-            raise TypeError(f"seconds must be a number, got {seconds!r}")
-        if not (math.isfinite(seconds) and seconds >= 0):
-            raise ValueError(f"seconds must be a finite number >= 0, got {seconds!r}")
+        seconds = check_number("seconds", seconds, 0)
         with self.lock:
             self.store.pause(seconds)
             self._give_back_stock()
