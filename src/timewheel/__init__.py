@@ -38,7 +38,11 @@ TypeError naming the argument. Quick start::
 import logging
 
 from ._impl import IMPLEMENTATION, TimingWheel
-from ._implementation import Implementation, implementation
+
+# Either core whole, for tests and benchmarks (docs/architecture.md): importable, not in
+# __all__, which lists what an application uses.
+from ._implementation import Implementation as Implementation
+from ._implementation import implementation as implementation
 from ._version import __version__
 from .execution import (
     ExecuteProduceConsume,
@@ -79,7 +83,6 @@ __all__ = [
     "ExecutionStrategy",
     "Executor",
     "Fair",
-    "Implementation",
     "ManualClock",
     "PoolShutDown",
     "PreferThenFair",
@@ -101,5 +104,4 @@ __all__ = [
     "TimerTask",
     "TimingWheel",
     "__version__",
-    "implementation",
 ]
