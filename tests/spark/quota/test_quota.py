@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from timewheel.spark.quota.headers import RateLimitInfo
+from timewheel.spark.quota.spec import Ask
 from timewheel.spark.quota.task import (
     BURST_S,
     LEASE_S,
@@ -95,7 +96,7 @@ def test_requests_over_a_window_stay_within_burst_plus_rate() -> None:
     cap = 200 * BURST_S
     taken = 0
     for _ in range(10_000):  # 10 s in 1 ms steps, a lease of 3 asked each time
-        grant = bucket.take("a", 3)
+        grant = bucket.take("a", Ask(3))
         taken += grant.requests
         clock.now += 0.001
     # Everything the bucket held at the start plus 10 s of refill, and no more; asked
@@ -106,29 +107,29 @@ def test_requests_over_a_window_stay_within_burst_plus_rate() -> None:
 def test_an_empty_bucket_says_how_long_to_wait() -> None:
     clock = Clock()
     bucket = Bucket(Quota(rate=10), clock)
-    assert bucket.take("a", 5) == Grant(requests=1)  # the bucket holds one request (burst)
-    grant = bucket.take("a", 1)
+    assert bucket.take("a", Ask(5)) == Grant(requests=1)  # the bucket holds one request (burst)
+    grant = bucket.take("a", Ask(1))
     assert not grant.granted and grant.wait_s == pytest.approx(0.1)
     clock.now += 0.1
-    assert bucket.take("a", 1).requests == 1
+    assert bucket.take("a", Ask(1)).requests == 1
 
 
 def test_a_call_larger_than_the_cost_bucket_goes_once_it_is_full_and_leaves_a_debt() -> None:
     clock = Clock()
     bucket = Bucket(Quota(cost_rate=1000), clock)  # holds 100
-    grant = bucket.take("a", 1, cost=250, need_cost=250)
+    grant = bucket.take("a", Ask(1, cost=250, need_cost=250))
     assert grant.granted and grant.cost == 250
     assert bucket.c_tokens == pytest.approx(-150)
-    grant = bucket.take("a", 1, cost=10, need_cost=10)
+    grant = bucket.take("a", Ask(1, cost=10, need_cost=10))
     assert grant.wait_s == pytest.approx(0.16)  # repay 150, then 10
     clock.now += 0.16
-    assert bucket.take("a", 1, cost=10, need_cost=10).cost == pytest.approx(10)
+    assert bucket.take("a", Ask(1, cost=10, need_cost=10)).cost == pytest.approx(10)
 
 
 def test_settle_pays_back_or_takes_the_difference() -> None:
     clock = Clock()
     bucket = Bucket(Quota(cost_rate=1000, budget=1000), clock)
-    bucket.take("a", 1, cost=60, need_cost=60)
+    bucket.take("a", Ask(1, cost=60, need_cost=60))
     assert bucket.c_tokens == pytest.approx(40)
     bucket.settle("a", -30)  # the call cost 30, not 60
     assert bucket.c_tokens == pytest.approx(70)
@@ -258,7 +259,7 @@ def test_a_longer_pause_stands() -> None:
     bucket = Bucket(Quota(rate=10), clock)
     bucket.pause(5)
     bucket.pause(1)
-    assert bucket.take("a", 1).wait_s == pytest.approx(5)
+    assert bucket.take("a", Ask(1)).wait_s == pytest.approx(5)
 
 
 def test_follow_pauses_for_a_used_up_window_and_clamps_tokens() -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from redis_fixtures import RedisServer, needs_redis
 from timewheel.spark.quota.redis_store import RedisStore
+from timewheel.spark.quota.spec import Ask
 from timewheel.spark.quota.task import (
     BudgetSpent,
     Failover,
@@ -56,29 +57,29 @@ def _rounded(value: Any) -> Any:
 
 # (seconds to advance, operation, arguments): every kind of step the accounting has.
 SCENARIO: list[tuple[float, str, tuple[Any, ...]]] = [
-    (0, "take", ("a", 5, 300.0, 100.0, 2, 1, 0.0)),
-    (0, "take", ("b", 5, 300.0, 100.0, 2, 1, 0.0)),
-    (0.01, "take", ("b", 5, 300.0, 100.0, 2, 1, 0.0)),
-    (0.2, "take", ("b", 5, 300.0, 100.0, 2, 1, 0.0)),
+    (0, "take", ("a", Ask(5, 300.0, 100.0, 2, 1, 0.0))),
+    (0, "take", ("b", Ask(5, 300.0, 100.0, 2, 1, 0.0))),
+    (0.01, "take", ("b", Ask(5, 300.0, 100.0, 2, 1, 0.0))),
+    (0.2, "take", ("b", Ask(5, 300.0, 100.0, 2, 1, 0.0))),
     (0, "settle", ("a", -40.0)),
     (0, "settle", ("b", 75.5)),
     (0, "give_back", ("a", 2, 50.0, 1, 0.0)),
     (0, "give_back", ("a", 99, 9999.0, 9, 0.0)),  # more than it holds: what it holds
-    (0.05, "take", ("c", 3, 10.0, 10.0, 1, 1, 1.5)),
+    (0.05, "take", ("c", Ask(3, 10.0, 10.0, 1, 1, 1.5))),
     (0, "pause", (2.0,)),
-    (1.0, "take", ("c", 3, 10.0, 10.0, 1, 1, 0.0)),
-    (1.5, "take", ("c", 3, 10.0, 10.0, 1, 1, 0.0)),
+    (1.0, "take", ("c", Ask(3, 10.0, 10.0, 1, 1, 0.0))),
+    (1.5, "take", ("c", Ask(3, 10.0, 10.0, 1, 1, 0.0))),
     (0, "clamp", (1.0, 20.0)),
-    (0, "take", ("c", 3, 10.0, 10.0, 0, 0, 0.0)),
+    (0, "take", ("c", Ask(3, 10.0, 10.0, 0, 0, 0.0))),
     (29.0, "state", ()),  # a and b expire (ttl 30 s): their slots come back
     (2.0, "state", ()),
-    (0, "take", ("d", 50, 5000.0, 900.0, 4, 1, 0.0)),
-    (5, "take", ("d", 50, 5000.0, 900.0, 4, 1, 0.0)),
-    (5, "take", ("d", 50, 5000.0, 900.0, 4, 1, 0.0)),
+    (0, "take", ("d", Ask(50, 5000.0, 900.0, 4, 1, 0.0))),
+    (5, "take", ("d", Ask(50, 5000.0, 900.0, 4, 1, 0.0))),
+    (5, "take", ("d", Ask(50, 5000.0, 900.0, 4, 1, 0.0))),
     (0, "leave", ("d", 0.0)),
     (0, "state", ()),
-    (5, "take", ("e", 50, 5000.0, 5000.0, 0, 0, 0.0)),  # more than the budget left
-    (5, "take", ("e", 1, 1.0, 1.0, 0, 0, 0.0)),  # stopped for good
+    (5, "take", ("e", Ask(50, 5000.0, 5000.0, 0, 0, 0.0))),  # more than the budget left
+    (5, "take", ("e", Ask(1, 1.0, 1.0, 0, 0, 0.0))),  # stopped for good
     (0, "state", ()),
 ]
 
@@ -251,7 +252,7 @@ def test_bad_urls_and_names_are_refused_and_passwords_never_shown() -> None:
     store = RedisStore("redis://user:hunter2@127.0.0.1:1/0", "n", quota, timeout_s=1)
     assert "hunter2" not in repr(store)
     with pytest.raises(QuotaStoreError) as raised:
-        store.take("a", 1)
+        store.take("a", Ask(1))
     assert "hunter2" not in str(raised.value)
     with pytest.raises(TypeError, match="not pickled"):
         pickle.dumps(store)

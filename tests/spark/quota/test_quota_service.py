@@ -16,6 +16,7 @@ import threading
 import pytest
 
 from timewheel.spark.quota.service_store import QuotaService, ServiceStore
+from timewheel.spark.quota.spec import Ask
 from timewheel.spark.quota.task import BudgetSpent, Quota, QuotaStoreError, TaskQuota
 
 
@@ -65,25 +66,25 @@ def test_a_wrong_secret_is_refused_and_changes_nothing() -> None:
     with QuotaService(Quota(rate=100)) as service:
         intruder = ServiceStore(service.address, b"x" * 32, service.quota, timeout_s=5)
         with pytest.raises(QuotaStoreError, match="closed the connection"):
-            intruder.take("me", 5)
+            intruder.take("me", Ask(5))
         with pytest.raises(QuotaStoreError):
             intruder.state()
         assert service.store.state().requests_taken == 0
         good = service.client()
-        assert good.take("me", 1).requests == 1
+        assert good.take("me", Ask(1)).requests == 1
         assert good.state().requests_taken == 1
 
 
 def test_a_replayed_request_is_refused() -> None:
     with QuotaService(Quota(max_requests=100)) as service:
         client = service.client()
-        client.take("a", 1)
+        client.take("a", Ask(1))
         sock = client._sock
         assert sock is not None
         # The first request again, byte for byte, on the same connection: sequence 0 again.
         from timewheel.spark.quota import service_store as qs
 
-        body = b'{"op": "take", "args": ["a", 1, 0.0, 0.0, 0, 0, 0.0]}'
+        body = b'{"op": "take", "args": ["a", [1, 0.0, 0.0, 0, 0, 0.0]]}'
         sock.sendall(qs._frame(client._secret, client._challenge, 0, b"q", body))
         assert sock.recv(100) == b""  # closed, no answer
         assert service.store.state().requests_taken == 1
@@ -152,7 +153,7 @@ def test_a_client_killed_holding_a_lease_loses_it_when_it_expires() -> None:
 def test_the_service_thread_stops_when_closed_or_collected() -> None:
     service = QuotaService(Quota(rate=10))
     thread, address = service._thread, service.address
-    service.client().take("a", 1)
+    service.client().take("a", Ask(1))
     service.close()
     thread.join(10)
     assert not thread.is_alive() and service.closed
@@ -162,13 +163,13 @@ def test_the_service_thread_stops_when_closed_or_collected() -> None:
     service = QuotaService(Quota(rate=10))
     thread = service._thread
     client = service.client()
-    client.take("a", 1)
+    client.take("a", Ask(1))
     del service
     gc.collect()
     thread.join(10)
     assert not thread.is_alive()
     with pytest.raises(QuotaStoreError):
-        client.take("a", 1)
+        client.take("a", Ask(1))
 
 
 def test_an_unreachable_service_raises_quota_store_error() -> None:
@@ -177,7 +178,7 @@ def test_an_unreachable_service_raises_quota_store_error() -> None:
         port = probe.getsockname()[1]
     client = ServiceStore(("127.0.0.1", port), b"s" * 32, Quota(rate=1), timeout_s=2)
     with pytest.raises(QuotaStoreError, match=f"127.0.0.1:{port}"):
-        client.take("a", 1)
+        client.take("a", Ask(1))
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -185,23 +186,23 @@ def test_fork_the_child_reconnects_and_its_copy_of_the_service_is_closed() -> No
     script = textwrap.dedent(
         """
         import os
-        from timewheel.spark.quota.task import Quota
+        from timewheel.spark.quota.spec import Ask, Quota
         from timewheel.spark.quota.service_store import QuotaService
 
         service = QuotaService(Quota(max_requests=100))
         client = service.client()
-        client.take("parent", 1)
+        client.take("parent", Ask(1))
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
-                got = client.take("child", 2).requests  # its own connection
+                got = client.take("child", Ask(2)).requests  # its own connection
                 code = 0 if (got == 2 and service.closed) else 3
             finally:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0, status
-        assert client.take("parent", 1).requests == 1  # the parent's connection still works
+        assert client.take("parent", Ask(1)).requests == 1  # the parent's connection still works
         assert service._thread.is_alive()
         print(client.state().requests_taken)
         service.close()
@@ -233,7 +234,7 @@ def test_a_request_whose_answer_is_lost_is_retried_only_if_safe_twice() -> None:
     try:
         client = ServiceStore(listener.getsockname(), b"s" * 32, Quota(rate=1), timeout_s=5)
         with pytest.raises(QuotaStoreError):
-            client.take("a", 1)  # taken twice at worst: fewer calls, never more
+            client.take("a", Ask(1))  # taken twice at worst: fewer calls, never more
         assert len(seen) == 2
         with pytest.raises(QuotaStoreError):
             client.give_back("a", 1)  # returned twice would send above the quota

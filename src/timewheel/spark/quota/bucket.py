@@ -20,6 +20,7 @@ from .spec import (
     BURST_S,
     LEASE_S,
     LEFT_SHARE,
+    Ask,
     Grant,
     Quota,
     QuotaState,
@@ -105,18 +106,9 @@ class Bucket:
         return now, self._touch(holder, now)
 
     # -- the store's operations ---------------------------------------------------------
-    def take(
-        self,
-        holder: str,
-        requests: int,
-        cost: float = 0.0,
-        need_cost: float = 0.0,
-        slots: int = 0,
-        need_slots: int = 0,
-        owed: float = 0.0,
-    ) -> Grant:
-        """Take up to ``requests`` requests, ``cost`` cost and ``slots`` slots, and at least
-        one request, ``need_cost`` and ``need_slots``, or nothing."""
+    def take(self, holder: str, ask: Ask) -> Grant:
+        """Take what ``ask`` asks for (see :class:`Ask`), or nothing."""
+        requests, cost, need_cost, slots, need_slots, owed = ask
         now, held = self._begin(holder, owed)
         q = self.quota
         cost = max(cost, need_cost)
@@ -249,18 +241,9 @@ class LocalStore:
     def __repr__(self) -> str:
         return f"LocalStore({self.quota!r})"
 
-    def take(
-        self,
-        holder: str,
-        requests: int,
-        cost: float = 0.0,
-        need_cost: float = 0.0,
-        slots: int = 0,
-        need_slots: int = 0,
-        owed: float = 0.0,
-    ) -> Grant:
+    def take(self, holder: str, ask: Ask) -> Grant:
         with self.lock:
-            return self.bucket.take(holder, requests, cost, need_cost, slots, need_slots, owed)
+            return self.bucket.take(holder, ask)
 
     def give_back(
         self, holder: str, requests: int = 0, cost: float = 0.0, slots: int = 0, owed: float = 0.0
@@ -354,19 +337,8 @@ class Failover:
                     logger.debug("closing the failed quota store", exc_info=True)
             return self.fallback
 
-    def take(
-        self,
-        holder: str,
-        requests: int,
-        cost: float = 0.0,
-        need_cost: float = 0.0,
-        slots: int = 0,
-        need_slots: int = 0,
-        owed: float = 0.0,
-    ) -> Grant:
-        grant = self._run(
-            lambda s: s.take(holder, requests, cost, need_cost, slots, need_slots, owed)
-        )
+    def take(self, holder: str, ask: Ask) -> Grant:
+        grant = self._run(lambda s: s.take(holder, ask))
         if self.fallback is None:
             if math.isfinite(grant.budget_left):
                 self.budget_left = grant.budget_left

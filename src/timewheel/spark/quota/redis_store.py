@@ -30,6 +30,7 @@ import urllib.parse
 from typing import Any, Callable
 
 from ..secrets import redact_url
+from .spec import Ask
 from .task import BURST_S, LEASE_S, Grant, Quota, QuotaState, QuotaStoreError
 
 __all__ = ["SCRIPT", "RedisStore"]
@@ -282,16 +283,8 @@ class RedisStore:
     def _f(x: Any) -> float:
         return float(x.decode() if isinstance(x, bytes) else x)
 
-    def take(
-        self,
-        holder: str,
-        requests: int,
-        cost: float = 0.0,
-        need_cost: float = 0.0,
-        slots: int = 0,
-        need_slots: int = 0,
-        owed: float = 0.0,
-    ) -> Grant:
+    def take(self, holder: str, ask: Ask) -> Grant:
+        requests, cost, need_cost, slots, need_slots, owed = ask
         got = self._run(
             "take",
             holder,

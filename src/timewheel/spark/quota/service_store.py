@@ -47,6 +47,7 @@ import weakref
 from typing import Any, Callable
 
 from ... import _atfork
+from .spec import Ask
 from .task import Grant, LocalStore, Quota, QuotaState, QuotaStoreError
 
 __all__ = ["QuotaService", "ServiceStore"]
@@ -94,6 +95,9 @@ def _answer(store: LocalStore, request: dict[str, Any]) -> Any:
     op, args = request.get("op"), request.get("args", [])
     if op not in _OPS or not isinstance(args, list):
         raise ValueError(f"no such operation {op!r}")
+    if op == "take":  # [holder, [the Ask's fields, in order]]
+        holder, ask = args
+        args = [holder, Ask(*ask)]
     result = getattr(store, op)(*args)
     return dataclasses.asdict(result) if isinstance(result, (Grant, QuotaState)) else result
 
@@ -363,18 +367,8 @@ class ServiceStore:
         raise AssertionError("unreachable")  # pragma: no cover
 
     # -- the store -----------------------------------------------------------------------
-    def take(
-        self,
-        holder: str,
-        requests: int,
-        cost: float = 0.0,
-        need_cost: float = 0.0,
-        slots: int = 0,
-        need_slots: int = 0,
-        owed: float = 0.0,
-    ) -> Grant:
-        got = self._call("take", holder, requests, cost, need_cost, slots, need_slots, owed)
-        return Grant(**got)
+    def take(self, holder: str, ask: Ask) -> Grant:
+        return Grant(**self._call("take", holder, ask))
 
     def give_back(
         self, holder: str, requests: int = 0, cost: float = 0.0, slots: int = 0, owed: float = 0.0

@@ -10,7 +10,7 @@ import math
 import re
 import urllib.parse
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from ..._validate import check_int, check_number
 
@@ -21,6 +21,7 @@ __all__ = [
     "LEFT_SHARE",
     "MAX_AMOUNT",
     "RESTART_JITTER_S",
+    "Ask",
     "BudgetSpent",
     "Grant",
     "Quota",
@@ -211,6 +212,19 @@ class QuotaStoreError(Exception):
     """A remote store could not be reached (or answered nonsense)."""
 
 
+class Ask(NamedTuple):
+    """What one take asks of a store: up to ``requests`` requests, ``cost`` cost and
+    ``slots`` slots, and at least one request, ``need_cost`` and ``need_slots``, or
+    nothing; ``owed`` settles a cost difference in the same call."""
+
+    requests: int
+    cost: float = 0.0
+    need_cost: float = 0.0
+    slots: int = 0
+    need_slots: int = 0
+    owed: float = 0.0
+
+
 @dataclass(frozen=True)
 class Grant:
     """What one take got: requests, cost and slots, or why not.
@@ -252,16 +266,7 @@ class QuotaStore(Protocol):
 
     quota: Quota
 
-    def take(
-        self,
-        holder: str,
-        requests: int,
-        cost: float = 0.0,
-        need_cost: float = 0.0,
-        slots: int = 0,
-        need_slots: int = 0,
-        owed: float = 0.0,
-    ) -> Grant: ...
+    def take(self, holder: str, ask: Ask) -> Grant: ...
 
     def give_back(
         self, holder: str, requests: int = 0, cost: float = 0.0, slots: int = 0, owed: float = 0.0

@@ -61,6 +61,7 @@ from .spec import (
     LEASE_S,
     MAX_AMOUNT,
     RESTART_JITTER_S,
+    Ask,
     BudgetSpent,
     Grant,
     Quota,
@@ -76,6 +77,7 @@ __all__ = [
     "LEASE_S",
     "MAX_AMOUNT",
     "RESTART_JITTER_S",
+    "Ask",
     "Bucket",
     "BudgetSpent",
     "Failover",
@@ -149,15 +151,16 @@ class TaskQuota:
                 # A lease tops what is in hand up to a lease's worth, never beyond: a
                 # task holds at most one lease of the budget that it has not spent.
                 need_cost = max(0.0, cost - self.cost)
-                grant = self.store.take(
-                    self.holder,
-                    max(1, self.lease_requests - max(0, self.requests)),
-                    max(need_cost, max(self.lease_cost, cost * self.lease_requests) - self.cost),
+                lease_cost = max(self.lease_cost, cost * self.lease_requests)
+                ask = Ask(
+                    requests=max(1, self.lease_requests - max(0, self.requests)),
+                    cost=max(need_cost, lease_cost - self.cost),
                     need_cost=need_cost,
                     slots=self.lease_slots if need_slot else 0,
                     need_slots=1 if need_slot else 0,
                     owed=self.owed,
                 )
+                grant = self.store.take(self.holder, ask)
                 self.owed = 0.0
                 self.last_contact = self.clock()
                 if grant.spent:
