@@ -31,7 +31,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Union
 
-from ..._validate import check_columns, check_int
+from ..._validate import check_columns, check_int, check_number
 from ..batch.replies import ReplySplit
 from ..batch.spec import BatchBody, BatchPart, BodySpec
 from ..contract import DownstreamError, Failure, OnDone, Reply
@@ -44,7 +44,6 @@ from .request import (
     _check_header_names,
     _check_url,
     _column_map,
-    _finite,
     _has_break,
     _segment,
     _template,
@@ -244,8 +243,8 @@ class HttpDownstream:
         self.read_rate_limit_headers = read_rate_limit_headers
         # Set by for_quota (if read_rate_limit_headers): replies carry them.
         self.rate_limit_headers = False
-        self.timeout_s = None if timeout_s is None else _finite("timeout_s", timeout_s, 0.001)
-        self.max_retry_after_s = _finite("max_retry_after_s", max_retry_after_s, 0.0)
+        self.timeout_s = None if timeout_s is None else check_number("timeout_s", timeout_s, 0.001)
+        self.max_retry_after_s = check_number("max_retry_after_s", max_retry_after_s, 0.0)
         self.max_reply_bytes = check_int("max_reply_bytes", max_reply_bytes, 1)
         self.batch_body = BatchBody(batch_body)
         #: How a batch's answer is split back per row (read by the dispatch engine).
