@@ -29,10 +29,19 @@ The rules:
   device ``_twin`` / ``_implementation``, the wing, the tooling), imports inside functions
   and Cython's included; an ``import_module`` or ``__import__`` whose module is not a
   constant string is a violation anywhere, since no rule could see what it imports;
-* cycles: no import cycle among the modules of ``src/timewheel`` (imports inside functions
-  included; importing ``a.b.c`` runs the packages ``a.b`` on the way, unless the importer
-  is inside them). The wing and the tooling are left out of this rule for now, while
-  their own circles are being removed (issue 31, items 2 and 3).
+* cycles: no import cycle among the modules of ``src/timewheel``, the wing's and the
+  tooling's included (imports inside functions included; importing ``a.b.c`` runs the
+  packages ``a.b`` on the way, unless the importer is inside them);
+* the wing's rooms (issue 41): no module of the wing imports a private name (``_x``, not
+  a ``__dunder__``, not a module: ``from . import _curl`` is fine) from another module of
+  the wing, since what the files of a room share is public inside it; ``engine/`` is the
+  only subpackage of the wing that imports ``quota/`` and ``batch/`` (the root, which
+  plans a job, may too), and those two import neither ``engine/`` nor each other;
+* families: no folder holds three or more modules named ``prefix_*`` (Cython ones too; a
+  module's twins, ``_x_c`` / ``_x_py`` or ``_core`` / ``_core_py``, count once): a family
+  wants a folder of its own;
+* signatures: the public calls of the wing take at most ``SIGNATURE_LIMITS`` parameters
+  (``self`` not counted): more want an option object.
 """
 
 from __future__ import annotations
@@ -85,6 +94,14 @@ ABOVE_THE_CORE = (
 )
 #: Left out of the cycle rule (none: the wing lost its last circle in issue 31, item 2).
 CYCLE_RULE_SKIPS: tuple[str, ...] = ()
+#: The wing's room for the per-partition machinery, and the rooms only it may import.
+WING_ENGINE = f"{WING}.engine"
+ENGINE_ONLY = (f"{WING}.quota", f"{WING}.batch")
+#: The most parameters each public call of the wing takes (``self`` not counted), by its
+#: name in the module that defines it (issue 41: one option object per concern).
+SIGNATURE_LIMITS = {"dispatch": 14, "partition_dispatcher": 12, "HttpDownstream.__init__": 13}
+#: How many modules named ``prefix_*`` make a family that wants a folder.
+FAMILY_SIZE = 3
 NUMBER_CHECKS = frozenset({"isnan", "isinf", "isfinite"})
 ROOT_LOG_CALLS = frozenset({"debug", "info", "warning", "error", "exception", "critical", "log"})
 
@@ -108,20 +125,29 @@ def _is_wing(module: str) -> bool:
     return _within(module, WING)
 
 
+def _package(module: str, is_package: bool) -> str:
+    """The package a module's relative imports start from."""
+    return module if is_package else module.rpartition(".")[0]
+
+
+def _from_target(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from ... import`` statement imports from, made absolute."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")
+    base = base[: len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imported(tree: ast.Module, module: str, is_package: bool) -> list[tuple[int, str]]:
     """Every module an import statement in ``tree`` names, made absolute."""
-    package = module if is_package else module.rpartition(".")[0]
+    package = _package(module, is_package)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _from_target(node, package)
             found.append((node.lineno, target))
             # ``from . import spark`` names the module in the alias
             found += [(node.lineno, f"{target}.{alias.name}") for alias in node.names]
@@ -185,6 +211,143 @@ def _check_imports(tree: ast.Module, module: str, is_package: bool) -> list[str]
         if line not in reported:
             reported.add(line)
             out.append(f"{module}:{line}: imports {what} ({target})")
+    return out
+
+
+def _is_private(name: str) -> bool:
+    """``_x``, but not ``__x__`` (``__version__``, ``__all__``)."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _check_wing_privates(
+    tree: ast.Module, module: str, is_package: bool, modules: dict[str, bool]
+) -> list[str]:
+    """A private name taken from another module of the wing (``from .request import
+    _check_url``); a private module (``from . import _curl``) is a module, not a name."""
+    out = []
+    package = _package(module, is_package)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        target = _from_target(node, package)
+        if not _is_wing(target) or target == module:
+            continue
+        names = [a.name for a in node.names if _is_private(a.name)]
+        names = [name for name in names if f"{target}.{name}" not in modules]
+        if names:
+            out.append(
+                f"{module}:{node.lineno}: imports private names of {target} "
+                f"({', '.join(names)}): public inside the wing, or kept in one module"
+            )
+    return out
+
+
+def _wing_room(module: str, modules: dict[str, bool]) -> str | None:
+    """The subpackage of the wing ``module`` is or is in (``timewheel.spark.quota``); None
+    for the wing's root modules and for what is not the wing."""
+    if not _is_wing(module) or module == WING:
+        return None
+    parts = module[len(WING) + 1 :].split(".")
+    room = f"{WING}.{parts[0]}"
+    return room if len(parts) > 1 or modules.get(room) else None
+
+
+def _check_wing_rooms(
+    tree: ast.Module, module: str, is_package: bool, modules: dict[str, bool]
+) -> list[str]:
+    """``quota/`` and ``batch/`` imported by a subpackage other than ``engine/``, or
+    ``engine/`` imported by them."""
+    room = _wing_room(module, modules)
+    if room is None:
+        return []
+    out = []
+    reported = set()
+    for line, named in _imported(tree, module, is_package):
+        target = named
+        while target and target not in modules:  # a name in a module: the module
+            target = target.rpartition(".")[0]
+        theirs = _wing_room(target, modules)
+        if theirs is None or theirs == room or line in reported:
+            continue
+        if theirs in ENGINE_ONLY and room != WING_ENGINE:
+            what = "only engine/ imports quota/ and batch/"
+        elif room in ENGINE_ONLY and theirs == WING_ENGINE:
+            what = "quota/ and batch/ sit below engine/"
+        else:
+            continue
+        reported.add(line)
+        out.append(f"{module}:{line}: imports {theirs.rpartition('.')[2]}/ ({named}): {what}")
+    return out
+
+
+def _parameters(args: ast.arguments) -> int:
+    return (
+        len(args.posonlyargs)
+        + len(args.args)
+        + len(args.kwonlyargs)
+        + (args.vararg is not None)
+        + (args.kwarg is not None)
+    )
+
+
+def _signatures(tree: ast.Module) -> list[tuple[str, int, int]]:
+    """``(name, line, parameters)`` of each function and method a module defines at its
+    top level (``Class.method``; ``self`` or ``cls`` not counted)."""
+    found = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.append((node.name, node.lineno, _parameters(node.args)))
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    static = any(_attr(d) == "staticmethod" for d in item.decorator_list)
+                    n = _parameters(item.args) - (not static)
+                    found.append((f"{node.name}.{item.name}", item.lineno, n))
+    return found
+
+
+def _check_signatures(tree: ast.Module, module: str) -> list[str]:
+    out = []
+    for name, line, n in _signatures(tree):
+        limit = SIGNATURE_LIMITS.get(name)
+        if limit is not None and n > limit:
+            out.append(
+                f"{module}:{line}: {name} takes {n} parameters, over {limit}: "
+                "group them in option objects"
+            )
+    return out
+
+
+def _one_of_twins(stem: str, stems: set[str]) -> str:
+    """A module's twins count once: ``_tasks_c`` and ``_tasks_py`` are ``_tasks``, and so
+    are ``_core`` and ``_core_py``."""
+    base, _, suffix = stem.rpartition("_")
+    if (
+        suffix in ("c", "py")
+        and base.strip("_")
+        and {base, f"{base}_c", f"{base}_py"} & (stems - {stem})
+    ):
+        return base
+    return stem
+
+
+def prefix_families(root: Path) -> list[str]:
+    """The folders under ``root`` with ``FAMILY_SIZE`` or more modules named ``prefix_*``."""
+    out = []
+    paths = [*root.rglob("*.py"), *root.rglob("*.pyx"), *root.rglob("*.pxd")]
+    for folder in sorted({path.parent for path in paths}):
+        stems = {path.stem for path in paths if path.parent == folder}
+        families: dict[str, list[str]] = {}
+        for name in sorted({_one_of_twins(stem, stems) for stem in stems}):
+            bare = name.strip("_")
+            if "_" in bare:
+                families.setdefault(bare.split("_")[0], []).append(name)
+        for prefix, members in sorted(families.items()):
+            if len(members) >= FAMILY_SIZE:
+                out.append(
+                    f"{_module_name(root, folder / '__init__.py')}: {len(members)} modules "
+                    f"named {prefix}_* ({', '.join(members)}): make {prefix}/ a package"
+                )
     return out
 
 
@@ -400,17 +563,27 @@ def _a_cycle(start: str, members: set[str], graph: dict[str, list[str]]) -> list
 def violations(root: Path) -> list[str]:
     """Every break of the layout rules in the ``timewheel`` package at ``root``."""
     out = []
+    cython = sorted([*root.rglob("*.pyx"), *root.rglob("*.pxd")])
+    # every module of the tree, and whether it is a package
+    modules = {_module_name(root, p): p.name == "__init__.py" for p in root.rglob("*.py")}
+    modules.update((_module_name(root, p), False) for p in cython)
     for path in sorted(root.rglob("*.py")):
         module = _module_name(root, path)
+        is_package = path.name == "__init__.py"
         text = path.read_text()
         tree = ast.parse(text, str(path))
-        out += _check_imports(tree, module, path.name == "__init__.py")
+        out += _check_imports(tree, module, is_package)
         out += _check_python(tree, module)
         lines = text.count("\n")
         if _is_wing(module) and lines > WING_MAX_LINES:
             out.append(f"{module}: {lines} lines, over {WING_MAX_LINES}: more than one job")
-    for path in sorted([*root.rglob("*.pyx"), *root.rglob("*.pxd")]):
+        if _is_wing(module):
+            out += _check_wing_privates(tree, module, is_package, modules)
+            out += _check_wing_rooms(tree, module, is_package, modules)
+            out += _check_signatures(tree, module)
+    for path in cython:
         out += _check_cython(path, _module_name(root, path))
+    out += prefix_families(root)
     for cycle in import_cycles(import_graph(root), CYCLE_RULE_SKIPS):
         out.append(f"{cycle[0]}: an import cycle ({' -> '.join(cycle)})")
     return out
@@ -420,6 +593,16 @@ def test_the_source_tree_keeps_the_rules() -> None:
     assert violations(PACKAGE) == []
 
 
+def test_the_limited_signatures_are_in_the_wing() -> None:
+    # A rule on a call that was renamed or moved out of the wing would check nothing.
+    found = {
+        name
+        for path in (PACKAGE / "spark").rglob("*.py")
+        for name, _, _ in _signatures(ast.parse(path.read_text(), str(path)))
+    }
+    assert set(SIGNATURE_LIMITS) <= found, set(SIGNATURE_LIMITS) - found
+
+
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     root = tmp_path / "timewheel"
     for name, text in {"__init__.py": "", "spark/__init__.py": "", **files}.items():
@@ -427,6 +610,11 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))
     return root
+
+
+def _names(n: int) -> str:
+    """``n`` parameter names, for a signature in a synthetic tree."""
+    return ", ".join(f"o{i}" for i in range(n))
 
 
 # (files of a synthetic tree, the violation the checker must report)
@@ -561,6 +749,78 @@ BROKEN = {
         {"_impl/_aio_c.pyx": "from libc.math cimport isnan\nif isnan(x): pass\n"},
         "timewheel._impl._aio_c:2: a number check",
     ),
+    "an import cycle in the tooling": (
+        {
+            "cli/bench/http.py": "from .pipeline import ROWS\n",
+            "cli/bench/pipeline.py": "def f():\n    from .http import nginx\n",
+        },
+        "timewheel.cli.bench.http: an import cycle (timewheel.cli.bench.http -> "
+        "timewheel.cli.bench.pipeline -> timewheel.cli.bench.http)",
+    ),
+    "the wing imports a private name of a sibling module": (
+        {"spark/http/target.py": "from .request import HttpRequest, _check_url\n"},
+        "timewheel.spark.http.target:1: imports private names of timewheel.spark.http.request "
+        "(_check_url)",
+    ),
+    "the wing imports a private name from another room, inside a function": (
+        {"spark/engine/partition.py": "def f():\n    from ..quota.bucket import _EPS\n"},
+        "timewheel.spark.engine.partition:2: imports private names of "
+        "timewheel.spark.quota.bucket (_EPS)",
+    ),
+    "a family of modules that wants a folder": (
+        {"spark/quota_spec.py": "", "spark/quota_bucket.py": "", "spark/quota_gate.py": ""},
+        "timewheel.spark: 3 modules named quota_* (quota_bucket, quota_gate, quota_spec): "
+        "make quota/ a package",
+    ),
+    "a family of modules in Cython": (
+        {
+            "_impl/_heap_a.pyx": "",
+            "_impl/_heap_a.pxd": "",
+            "_impl/_heap_b.pyx": "",
+            "_impl/_heap_c.py": "",
+        },
+        "timewheel._impl: 3 modules named heap_* (_heap_a, _heap_b, _heap_c)",
+    ),
+    "a room of the wing other than engine/ imports batch/": (
+        {"spark/delivery/journal.py": "from ..batch.spec import key\n", "spark/batch/spec.py": ""},
+        "timewheel.spark.delivery.journal:1: imports batch/ (timewheel.spark.batch.spec): "
+        "only engine/ imports quota/ and batch/",
+    ),
+    "a room of the wing imports quota/ as a package": (
+        {"spark/quota/__init__.py": "", "spark/http/request.py": "from .. import quota\n"},
+        "timewheel.spark.http.request:1: imports quota/ (timewheel.spark.quota): only engine/",
+    ),
+    "quota/ imports batch/": (
+        {
+            "spark/quota/gate.py": "def f():\n    from ..batch import spec\n",
+            "spark/batch/spec.py": "",
+        },
+        "timewheel.spark.quota.gate:2: imports batch/ (timewheel.spark.batch",
+    ),
+    "batch/ imports the engine": (
+        {"spark/batch/run.py": "from ..engine.contract import f\n", "spark/engine/contract.py": ""},
+        "timewheel.spark.batch.run:1: imports engine/ (timewheel.spark.engine.contract): "
+        "quota/ and batch/ sit below engine/",
+    ),
+    "dispatch takes too many parameters": (
+        {"spark/_dispatch.py": f"def dispatch(df, target, *, {_names(13)}):\n    pass\n"},
+        "timewheel.spark._dispatch:1: dispatch takes 15 parameters, over 14",
+    ),
+    "partition_dispatcher takes too many parameters": (
+        {
+            "spark/_dispatch.py": "def partition_dispatcher(schema, target, *options, "
+            f"{_names(10)}, **more):\n    pass\n"
+        },
+        "timewheel.spark._dispatch:1: partition_dispatcher takes 14 parameters, over 12",
+    ),
+    "HttpDownstream takes too many parameters": (
+        {
+            "spark/http/target.py": "class HttpDownstream:\n"
+            f"    def __init__(self, url, *, {_names(13)}):\n"
+            "        pass\n"
+        },
+        "timewheel.spark.http.target:2: HttpDownstream.__init__ takes 14 parameters, over 13",
+    ),
 }
 
 
@@ -583,7 +843,30 @@ def test_what_the_rules_allow(tmp_path: Path) -> None:
             "cli/demo.py": "",
             "cli/bench/pipeline.py": "from ...spark import partition_dispatcher\n",
             "cli/pipeline/options.py": "import argparse\nfrom ..argtypes import positive\n",
-            "spark/simulator.py": "from ._dispatch import _prepare\n",  # its privates are its own
+            # the wing's private modules are its own; its private names are their module's
+            "spark/simulator.py": "from ._dispatch import plan\nfrom .http import _curl\n",
+            "spark/http/_curl.py": "",
+            "spark/http/target.py": "from .. import __version__\nfrom ._curl import CurlLoop\n"
+            "class HttpDownstream:\n"
+            f"    def __init__(self, url, *, {_names(12)}):\n"
+            "        pass\n",
+            # the root and engine/ import quota/ and batch/; a room imports its own and the root
+            "spark/_dispatch.py": "from .quota.placement import place_quota\n"
+            f"def dispatch(df, target, *, {_names(12)}):\n    pass\n",
+            "spark/engine/partition.py": "from ..quota.gate import QuotaGate\n"
+            "from ..batch import spec\n",
+            "spark/quota/gate.py": "from .bucket import Bucket\nfrom ..outcome import OK\n",
+            "spark/batch/run.py": "from ..outcome import OK\nfrom ..http.request import Request\n",
+            **dict.fromkeys(
+                [
+                    "spark/quota/placement.py",
+                    "spark/quota/bucket.py",
+                    "spark/batch/spec.py",
+                    "spark/http/request.py",
+                    "spark/outcome.py",
+                ],
+                "",
+            ),
             "spark/targets.py": "import math, logging\nlog = logging.getLogger(__name__)\n"
             "ok = math.isfinite(x) and not isinstance(x, bool)\n",
             # the wing tests in place a number it reads (not an argument: nothing raised)
@@ -594,6 +877,9 @@ def test_what_the_rules_allow(tmp_path: Path) -> None:
             "_impl/_tasks_c.pyx": "from timewheel._core cimport TimingWheel\n"
             "from timewheel._validate import check_int\n",
             "_impl/_tasks_py.py": "import importlib\nnp = importlib.import_module('numpy')\n",
+            # a module's twins count once in a family: two modules named tasks_*, not three
+            "_impl/_tasks_c.pxd": "",
+            "_impl/_tasks_shared.py": "",
             "_core.pyx": "from timewheel._handles import HANDLE_TAG_SHIFT\n",
             "_handles.py": "from . import _atfork\n",
             # the layers above import the core, and the twin device the layers

@@ -427,8 +427,15 @@ def test_pipeline_command_posts_to_the_service(
     )
     assert args.func(args) == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    # every row answered once
     assert summary["rows"] == 300 and summary["status"]["ok"] == 300
-    assert len(service.seen.requests) == summary["attempts"]["total"] == 300
+    # every row sent, each at least once and at most 1 + --retries (2) times: on a loaded
+    # machine a slow answer is retried (one run made 321 requests), so no exact total
+    per_row = service.seen.per_key
+    assert len(per_row) == 300 and max(per_row.values()) <= 3
+    assert sum(per_row.values()) == len(service.seen.requests)
+    attempts = summary["attempts"]
+    assert set(attempts["rows_by_attempts"]) <= {"1", "2", "3"}
+    assert 300 <= attempts["total"] <= 900
     assert {r["headers"]["X-Job"] for r in service.seen.requests} == {"nightly"}
     assert {tuple(r["body"]) for r in service.seen.requests} == {("id", "amount")}
-    assert len(service.seen.per_key) == 300
