@@ -433,7 +433,6 @@ def test_pipeline_command_posts_to_the_service(
     # machine a slow answer is retried (one run made 321 requests), so no exact total
     per_row = service.seen.per_key
     assert len(per_row) == 300 and max(per_row.values()) <= 3
-    assert sum(per_row.values()) == len(service.seen.requests)
     attempts = summary["attempts"]
     assert set(attempts["rows_by_attempts"]) <= {"1", "2", "3"}
     assert 300 <= attempts["total"] <= 900
