@@ -354,7 +354,7 @@ def _endless_run() -> tuple[Any, Any]:
     run = timewheel_engine(({"id": i} for i in itertools.count()), _Instant(), cfg)
     assert next(run).status == "ok"
     batcher = run.gi_frame.f_locals["self"].batcher  # type: ignore[union-attr]
-    assert batcher.linger is not None
+    assert batcher.linger_at is not None
     return run, batcher
 
 
@@ -398,7 +398,7 @@ def test_a_fork_while_a_batch_lingers_batches_in_the_child() -> None:
         assert queue.get(timeout=30) == ["ok"] * 25  # the child's own timer and loop
         child.join(30)
         assert child.exitcode == 0
-        assert batcher.linger is not None  # the parent's run is as it was
+        assert batcher.linger_at is not None  # the parent's run is as it was
     finally:
         run.close()
-    assert batcher.linger is None
+    assert batcher.linger_at is None

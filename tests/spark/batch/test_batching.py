@@ -23,7 +23,7 @@ from timewheel.spark.batch.isolation import (
     plan_for_status,
 )
 from timewheel.spark.batch.replies import ReplySplit, RowAnswer
-from timewheel.spark.batch.run import AFTER_BACKOFF, NOTHING, BatchRun, RowEnd
+from timewheel.spark.batch.run import AFTER_BACKOFF, NOTHING, NOW, BatchRun, RowEnd
 from timewheel.spark.batch.spec import (
     MAX_BATCH_LINGER_MS,
     MAX_BATCH_SIZE,
@@ -631,6 +631,23 @@ def test_fail_ends_every_row_of_the_part() -> None:
     assert iso.done and [f.status for f in iso.finals if f] == ["failed"] * 2 + ["ok"] * 2
 
 
+def test_skip_ends_a_part_not_sent_and_does_not_count_its_request() -> None:
+    iso = Isolation(3)
+    (part,) = iso.take()
+    left, right = iso.refused_as_bad_input(part, "HTTP 400")
+    iso.take()  # both halves out: three requests, each row in two
+    with pytest.raises(ValueError, match="status must be"):
+        iso.fail(right, "skipped", "budget spent: not sent")  # skip says it
+    iso.skip(right, "budget spent: not sent")
+    assert iso.requests == 2 and iso.attempts == [2, 2, 1]
+    iso.answered(left)
+    assert iso.done and iso.finals == [
+        Final("ok", None),
+        Final("ok", None),
+        Final("skipped", "budget spent: not sent"),
+    ]
+
+
 def test_a_status_other_than_failed_or_timeout_is_refused() -> None:
     iso = Isolation(2, retries=1)
     (part,) = iso.take()
@@ -711,7 +728,7 @@ def test_batch_run_every_row_ends_once_as_a_single_request_would(
     assert run.done
     assert sorted(e.at for e in ends) == list(range(n))  # each row once
     for e in ends:
-        assert e.attempts == run.iso.attempts[e.at] >= 1
+        assert e.attempts == run.attempts[e.at] >= 1
         if e.status == "ok":
             assert e.error is None and e.at not in bad
             assert e.reply == Reply(200, json.dumps([ids[e.at], ids[e.at] / 2]).replace(" ", ""))
@@ -742,6 +759,21 @@ def test_batch_run_timeouts_retried_whole_then_timeout() -> None:
         RowEnd(0, "timeout", "no reply within 1000 ms", None, 2),
         RowEnd(2, "timeout", "no reply within 1000 ms", None, 2),
     ]
+
+
+def test_batch_run_counts_its_requests_and_not_a_part_left_unsent() -> None:
+    run = BatchRun([1, 2, 3, 4], ReplySplit("[*]"))
+    (part,) = run.take()
+    ends, then = run.ended(part, False, "HTTP 400: bad", Reply(400, b"bad"))
+    assert (ends, then) == ([], NOW)
+    first, second = run.take()
+    assert run.skipped(second, "budget spent: not sent") == [
+        RowEnd(2, "skipped", "budget spent: not sent", None, 1),
+        RowEnd(3, "skipped", "budget spent: not sent", None, 1),
+    ]
+    assert run.answered_whole(first, Reply(200, b"[1,2]")) == ["1", "2"]
+    assert run.done and run.requests == 2 and run.alone == 0
+    assert run.attempts == [2, 2, 1, 1]
 
 
 def test_batch_run_answers_that_fail_only_some_rows() -> None:

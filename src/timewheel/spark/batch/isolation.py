@@ -76,7 +76,8 @@ class Isolation:
     holds one row, which then fails with the service's reason), :meth:`interrupted` for
     no answer, a 5xx, 408, 409 or 429 (the part is queued again whole, after the
     engine's backoff, while ``retries`` allow and less the rows whose deadline has
-    passed, which end ``timeout``), :meth:`fail` for an ending no retry can help.
+    passed, which end ``timeout``), :meth:`fail` for an ending no retry can help, and
+    :meth:`skip` for a part taken but never sent (the quota's budget is spent).
     :func:`plan_for_status` tells which. It is done when every row has its :class:`Final`.
 
     The cost, for k rows refused as bad input in a batch of N (and no other failure):
@@ -184,9 +185,20 @@ class Isolation:
         return again
 
     def fail(self, part: Part, status: str, reason: str) -> None:
-        """An ending no retry can help (a refused caller, a spent budget: ``skipped``):
-        every row of ``part`` ends with ``status`` and ``reason``."""
-        _check_status(status, SKIPPED)
+        """An ending no retry can help (a refused caller): every row of ``part`` ends
+        with ``status`` (failed or timeout) and ``reason``."""
+        _check_status(status)
         self._ended(part)
         for i in part.rows:
             self._final(i, status, reason)
+
+    def skip(self, part: Part, reason: str) -> None:
+        """``part`` was taken but not sent (the quota's budget is spent): its rows end
+        ``skipped`` with ``reason``, and neither :attr:`requests` nor their
+        :attr:`attempts` count the request that was not made."""
+        self._ended(part)
+        self.requests -= 1
+        attempts = self.attempts
+        for i in part.rows:
+            attempts[i] -= 1
+            self._final(i, SKIPPED, reason)

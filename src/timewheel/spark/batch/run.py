@@ -1,6 +1,6 @@
 """One batch driven to one ending per row: an answer's meaning, per row, for the engine.
 
-A :class:`BatchRun` joins the pieces of :mod:`.batching` and :mod:`.batch_replies` at
+A :class:`BatchRun` joins the pieces of :mod:`.isolation` and :mod:`.replies` at
 the one place an engine needs them: when a request of the batch ends. The engine takes
 the parts to send (:meth:`BatchRun.take`), sends each as one request, and hands each
 ending to :meth:`BatchRun.ended` exactly as a target reports it (``ok``, ``error``,
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any, Callable, NamedTuple
 
 from ..contract import Reply, retry_after_of
-from ..outcome import FAILED, OK, SKIPPED, TIMEOUT
+from ..outcome import FAILED, OK, TIMEOUT
 from .isolation import ANSWERED, REFUSED, RETRY, Isolation, Part, plan_for_status
 from .replies import ReplySplit
 
@@ -60,7 +60,9 @@ class BatchRun:
     ) -> None:
         if not isinstance(split, ReplySplit):
             raise TypeError(f"split must be a ReplySplit, got {split!r}")
-        self.iso = Isolation(len(ids), retries=retries, deadlines=deadlines)
+        self._iso = iso = Isolation(len(ids), retries=retries, deadlines=deadlines)
+        #: Requests each row has been in (the isolation's own list, read as it changes).
+        self.attempts = iso.attempts
         self.ids = list(ids)
         self.split = split
         self.clock = clock
@@ -68,11 +70,21 @@ class BatchRun:
     @property
     def done(self) -> bool:
         """Every row has ended."""
-        return self.iso.done
+        return self._iso.done
+
+    @property
+    def requests(self) -> int:
+        """Requests made for the batch (parts sent)."""
+        return self._iso.requests
+
+    @property
+    def alone(self) -> int:
+        """Rows that failed alone: refused as bad input in a part of their own."""
+        return self._iso.alone
 
     def take(self) -> list[Part]:
         """The parts to send now, each one request (see :meth:`Isolation.take`)."""
-        return self.iso.take()
+        return self._iso.take()
 
     def ended(
         self, part: Part, ok: bool, error: str | None, reply: Reply | None
@@ -89,7 +101,7 @@ class BatchRun:
         else:
             verdict = plan_for_status(status)
         reason = str(error or f"HTTP {status}")
-        iso = self.iso
+        iso = self._iso
         then = NOTHING
         if verdict == ANSWERED:  # every row ends now: its ending made here, in one pass
             body = None if reply is None else reply.body
@@ -117,34 +129,30 @@ class BatchRun:
     def answered_whole(self, part: Part, reply: Reply) -> list[str] | None:
         """The common ending, made cheaply: a request of ``part`` that ended ok with
         ``reply``, whose answer has an element for every row. Its rows end ok (each with
-        as many attempts as ``iso.attempts`` says), and each row's element as text is
+        as many attempts as :attr:`attempts` says), and each row's element as text is
         returned in the part's order. None, with nothing changed, for any other answer:
         :meth:`ended` then reads it."""
         texts = self.split.texts(reply.body, len(part.rows))
         if texts is not None:
-            self.iso.answered(part)
+            self._iso.answered(part)
         return texts
 
     def timed_out(self, part: Part, reason: str) -> tuple[list[RowEnd], str]:
         """The engine's timeout ended a request of ``part`` (no answer): retried whole
         within the retries and deadlines, else its rows end ``timeout``."""
-        again = self.iso.interrupted(part, TIMEOUT, reason, self.clock())
+        again = self._iso.interrupted(part, TIMEOUT, reason, self.clock())
         return self._ends(part, None), NOTHING if again is None else AFTER_BACKOFF
 
     def skipped(self, part: Part, reason: str) -> list[RowEnd]:
         """``part`` was not sent (the quota's budget is spent): its rows end ``skipped``,
         the request not counted."""
-        iso = self.iso
-        iso.fail(part, SKIPPED, reason)
-        iso.requests -= 1
-        for i in part.rows:
-            iso.attempts[i] -= 1
+        self._iso.skip(part, reason)
         return self._ends(part, None)
 
     def _ends(self, part: Part, reply: Reply | None) -> list[RowEnd]:
         """The rows of ``part`` that ended just now (a part's rows had not ended when it
         was sent), each with ``reply``: the request's answer (None when none came)."""
-        iso = self.iso
+        iso = self._iso
         ends = []
         for i in part.rows:
             final = iso.finals[i]

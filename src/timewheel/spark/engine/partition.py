@@ -18,7 +18,9 @@ Per partition (one :class:`_Partition`):
 * with a quota, every attempt first takes its request, cost and call slot from the
   job's quota (a :class:`~timewheel.spark.quota.gate.QuotaGate`), on the task's thread
   for a row's first attempt and on the timer's for a retry, and gives the slot back
-  when it ends; once the budget is spent, the rows not sent end ``skipped``.
+  when it ends; once the budget is spent, the rows not sent end ``skipped``;
+* with batches, each row goes to a :class:`~timewheel.spark.engine.batcher.Batcher`,
+  which the partition serves as its :class:`~timewheel.spark.engine.batcher.PartitionPort`.
 
 The timer, purgatory, pool and strategy live once per Python worker (a
 :class:`_WorkerKit` in :func:`~timewheel.spark.runtime.worker_runtime`), are made after the
@@ -34,7 +36,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -45,7 +47,7 @@ from ...timer import Timer, TimerTask
 from ..contract import Reply, is_overload, retry_after_of, row_keys
 from ..options import DispatchConfig
 from ..outcome import FAILED, OK, SKIPPED, TIMEOUT, Outcome, outcome
-from ..quota.gate import BUDGET_SPENT, BudgetSpent, QuotaGate
+from ..quota.gate import BUDGET_SPENT, SPENT, QuotaGate
 from ..runtime import worker_runtime
 from .admission import Admission
 from .attempt import Attempt
@@ -107,7 +109,6 @@ class _Row:
 
     __slots__ = (
         "attempts",
-        "backoff",
         "call",
         "checkout",
         "cost",
@@ -130,7 +131,6 @@ class _Row:
         self.call = 0
         self.start = 0.0
         self.checkout: Checkout | None = None
-        self.backoff: TimerTask | None = None
         # With batches: what the row gives its batch's request, and its deadline.
         self.part: Any = None
         self.deadline = 0.0
@@ -161,7 +161,8 @@ class _Call(Attempt):
 
 
 class _Partition:
-    """One task's dispatch: admits its rows and generates their outcomes."""
+    """One task's dispatch: admits its rows and generates their outcomes (with batches,
+    the :class:`~.batcher.PartitionPort` of its :class:`~.batcher.Batcher`)."""
 
     def __init__(
         self, rows: Iterable[dict[str, Any]], target: Any, config: DispatchConfig, kit: _WorkerKit
@@ -178,7 +179,8 @@ class _Partition:
         # Guards closing against a send or backoff that is starting on another thread.
         self.lock = threading.Lock()
         self.closed = False
-        self.backoffs: set[TimerTask] = set()
+        # What waits on the timer (see later): cancelled when the partition closes.
+        self.timers: set[TimerTask] = set()
         self.live: dict[int, _Row] = {}
         self.done: deque[Outcome] = deque()
         self.wake = threading.Event()
@@ -191,9 +193,8 @@ class _Partition:
             if config.quota is None
             else QuotaGate(config.quota.open(), config.cost, config.reply_cost)
         )
-        # With a quota: the row that waits for its share, and whether the budget is spent.
+        # With a quota: the row that waits for its share.
         self.pending: _Row | None = None
-        self.spent = False
         # Rows refused for overload whose backoff has ended, waiting for room.
         self.parked: deque[_Row] = deque()
         self.wake_after = max(1, config.max_in_flight // _WAKE_SHARE)
@@ -205,7 +206,9 @@ class _Partition:
         self.settling = threading.Lock()
         self.admitted = 0
         self.yielded = 0
-        self.batcher = None if config.batch is None else Batcher(self)
+        self.batcher: Batcher[_Row] | None = (
+            None if config.batch is None else Batcher(self, target, config.batch)
+        )
         self.task_thread = threading.get_ident()
 
     # -- admission (the task's thread) -------------------------------------------------
@@ -261,17 +264,13 @@ class _Partition:
         """Take the quota for ``row``'s next attempt: 0.0 when taken, else the seconds to
         wait; None when the budget is spent (the row is then finished ``skipped``)."""
         assert self.gate is not None
-        if not self.spent:
-            try:
-                wait = self.gate.acquire(row.cost)
-            except BudgetSpent:
-                self.spent = True
-            else:
-                row.held = wait == 0.0
-                return wait
-        self.pending = None if self.pending is row else self.pending
-        self.finish(row, SKIPPED, BUDGET_SPENT)
-        return None
+        wait = self.gate.take(row.cost)
+        if wait is SPENT:
+            self.pending = None if self.pending is row else self.pending
+            self.finish(row, SKIPPED, BUDGET_SPENT)
+            return None
+        row.held = wait == 0.0
+        return wait
 
     def unhold(self, row: _Row, ok: bool, reply: Reply | None, retry_after_s: float | None) -> None:
         """The attempt that held ``row``'s share of the quota ended: settle it (callers
@@ -387,21 +386,13 @@ class _Partition:
         if wait_s is None or row.attempts > self.config.retries:  # None: not worth a retry
             self.finish(row, status, error, reply)
             return
-        delay_ms = round(max(backoff_s(self.config), wait_s) * 1000)
         # A refusal for overload waits its turn in the window with the new rows.
         then = self.park if overloaded else self.retry
-        with self.lock:
-            if self.closed:
-                return
-            row.backoff = self.kit.timer.add(delay_ms, then, row)
-            self.backoffs.add(row.backoff)
+        self.later(max(backoff_s(self.config), wait_s), then, row)
 
     def park(self, row: _Row) -> None:
         """A backoff after an overload ended: the task's thread sends it when the window
         has room (it is not in a call meanwhile)."""
-        with self.lock:
-            self.backoffs.discard(row.backoff)
-            row.backoff = None
         self.parked.append(row)
         self.wake.set()
 
@@ -410,17 +401,50 @@ class _Partition:
         wait_s: float | None = self.admission.take_one()
         if not wait_s and self.gate is not None:
             wait_s = self.take_quota(row)  # None: the budget is spent, the row skipped
-        with self.lock:
-            self.backoffs.discard(row.backoff)
-            row.backoff = None
-            if wait_s is None:
-                return
-            if wait_s:  # no token yet: ask again when there is one
-                if not self.closed:
-                    row.backoff = self.kit.timer.add(max(1, round(wait_s * 1000)), self.retry, row)
-                    self.backoffs.add(row.backoff)
-                return
+        if wait_s is None:
+            return
+        if wait_s:  # no token yet: ask again when there is one
+            self.later(wait_s, self.retry, row)
+            return
         self.send(row)
+
+    # -- the timer, the purgatory and the completion thread (also the batcher's) -------
+    def later(self, delay_s: float, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on the timer's thread after ``delay_s`` (>= 0; rounded to
+        milliseconds, at least 1 unless 0), unless the partition closes first: a row's
+        retry or its wait for the rate or the quota, a batch's, a batch's linger."""
+
+        def run() -> None:
+            with self.lock:
+                self.timers.discard(task)
+            fn(*args)
+
+        delay_ms = round(delay_s * 1000)
+        if delay_ms < 1 and delay_s > 0:  # a wait asked for is never skipped
+            delay_ms = 1
+        with self.lock:
+            if self.closed:
+                return
+            task = self.kit.timer.add(delay_ms, run)
+            self.timers.add(task)
+
+    def watch(self, call: Attempt) -> bool:
+        """Time ``call`` in the worker's purgatory: True when it may be sent; False when
+        the partition has closed (the call is completed) or the worker's kit is shut down
+        (its answer says so). :meth:`send` does the same inline, once per row."""
+        try:
+            self.kit.purgatory.try_complete_else_watch(call, (self.token,))
+        except Exception as exc:
+            call.answer = (False, f"call not started: {type(exc).__name__}: {exc}", None)
+            return False
+        if self.closed:
+            call.force_complete()
+            return False
+        return True
+
+    def complete(self, task: Callable[[], None]) -> None:
+        """Run ``task`` on the worker's completion thread."""
+        self.kit.complete(task)
 
     def finish(self, row: _Row, status: str, error: str | None, reply: Reply | None = None) -> None:
         """Give the row's keys back and queue its outcome for the task's thread."""
@@ -435,7 +459,7 @@ class _Partition:
             self.wake.set()
 
     def finish_answered(
-        self, rows: list[_Row], texts: list[str], status: int | None, attempts: list[int]
+        self, rows: Sequence[_Row], texts: list[str], status: int | None, attempts: list[int]
     ) -> None:
         """Finish ``rows`` ok, each with its text of one answer (a batch's, with
         ``status``) and its ``attempts``: :meth:`finish` for a batch's rows, in one pass
@@ -484,31 +508,22 @@ class _Partition:
             wake.clear()
             if gate is not None:
                 gate.keepalive()
-            room, later = 0, None
+            room, wake_in = 0, None
             parked = self.parked
             if not exhausted or parked:
                 # Neither a parked row nor one waiting for the quota is in flight.
                 waiting = len(parked) + (self.pending is not None)
-                room, later = admission.room(self.outstanding() - waiting)
+                room, wake_in = admission.room(self.outstanding() - waiting)
                 room = min(room, per_round)
                 if room > size:  # whole batches: with no linger, a part would leave alone
                     room -= room % size
-            while room > 0 and parked:  # refused rows first: they have waited longest
-                if gate is not None:
-                    wait = self.take_quota(parked[0])
-                    if wait is None:
-                        parked.popleft()
-                        continue
-                    if wait > 0:
-                        room, later = 0, wait
-                        break
-                self.send(parked.popleft())
-                admission.took(1)
-                room -= 1
+            if room > 0 and parked:  # refused rows first: they have waited longest
+                room, wait = self.unpark(room)
+                wake_in = wake_in if wait is None else wait
             if room > 0 and not exhausted and gate is not None and self.batcher is None:
                 admitted, wait, exhausted = self.admit_within_quota(room)
                 admission.took(admitted)
-                later = wait if later is None else later
+                wake_in = wait if wake_in is None else wake_in
             elif room > 0 and not exhausted:
                 before = self.admitted
                 for data in itertools.islice(rows, room):
@@ -527,17 +542,35 @@ class _Partition:
             # Wake when a share of the window has ended (see finish), or when the rate
             # or a Retry-After lets the next call start.
             self.wake_after = max(1, int(admission.window) // _WAKE_SHARE)
-            if exhausted or self.outstanding() >= int(admission.window) or later is not None:
+            if exhausted or self.outstanding() >= int(admission.window) or wake_in is not None:
                 if gate is not None:  # renew the task's hold on the quota meanwhile
-                    later = _KEEPALIVE_S if later is None else min(later, _KEEPALIVE_S)
-                wake.wait(later)
+                    wake_in = _KEEPALIVE_S if wake_in is None else min(wake_in, _KEEPALIVE_S)
+                wake.wait(wake_in)
+
+    def unpark(self, room: int) -> tuple[int, float | None]:
+        """Send up to ``room`` parked rows (refused for overload, their backoff over), as
+        the quota allows: the room left, and the seconds until the quota may allow the
+        next (None: no wait)."""
+        parked, gate = self.parked, self.gate
+        while room > 0 and parked:
+            if gate is not None:
+                wait = self.take_quota(parked[0])
+                if wait is None:  # the budget is spent: the row ended skipped
+                    parked.popleft()
+                    continue
+                if wait > 0:
+                    return 0, wait
+            self.send(parked.popleft())
+            self.admission.took(1)
+            room -= 1
+        return room, None
 
     def close(self) -> None:
         """Abandon what is still in flight or waiting, leaving the worker's parts idle."""
         with self.lock:
             self.closed = True
-            backoffs, self.backoffs = self.backoffs, set()
-        for task in backoffs:
+            timers, self.timers = self.timers, set()
+        for task in timers:
             task.cancel()
         # Completing them here means a late reply finds them done; settle sees closed.
         for op in self.kit.purgatory.cancel_for_key(self.token):

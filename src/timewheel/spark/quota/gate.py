@@ -2,9 +2,11 @@
 
 A :class:`QuotaGate` is made per partition on the store its worker draws on
 (:meth:`~timewheel.spark.quota.placement.QuotaRef.open`). For each attempt the engine asks
-:meth:`QuotaGate.acquire` with the row's estimated cost (:meth:`QuotaGate.cost_of`: the
-``cost`` column's value or function's result), and tells :meth:`QuotaGate.ended` how
-the attempt ended:
+:meth:`QuotaGate.take` with the row's estimated cost (:meth:`QuotaGate.cost_of`: the
+``cost`` column's value or function's result): 0.0 when taken, else the seconds to
+wait, or :data:`SPENT` once the budget or the request cap is spent (the gate remembers
+it: every later take answers :data:`SPENT` at once). It tells :meth:`QuotaGate.ended`
+how the attempt ended:
 
 * an answer with the actual cost (``reply_cost``: a dotted path into the JSON answer
   such as ``"usage.total_tokens"``, or a function of the parsed answer) settles the
@@ -27,6 +29,7 @@ Every attempt takes one request, its estimated cost and one call slot (with a
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -37,10 +40,24 @@ from ..worker_metrics import partition_counts
 from .headers import parse_rate_limit_headers
 from .task import BudgetSpent, QuotaStore, TaskQuota
 
-__all__ = ["BUDGET_SPENT", "BudgetSpent", "CostSpec", "QuotaGate", "check_cost", "reply_path"]
+__all__ = ["BUDGET_SPENT", "SPENT", "CostSpec", "QuotaGate", "Spent", "check_cost", "reply_path"]
 
 #: The ``error`` of a row not sent because the budget or the request cap was spent.
 BUDGET_SPENT = "budget spent: not sent"
+
+
+class Spent(enum.Enum):
+    """:meth:`QuotaGate.take`'s answer once the budget or the request cap is spent (an
+    enum of one, so that ``wait is SPENT`` tells a type checker the rest is a float)."""
+
+    SPENT = "spent"
+
+    def __repr__(self) -> str:
+        return "SPENT"
+
+
+#: Nothing more may be sent: the rows not sent end ``skipped`` with :data:`BUDGET_SPENT`.
+SPENT = Spent.SPENT
 
 #: ``cost``: a column name, or a function of the row; ``reply_cost``: a dotted path into
 #: the JSON answer, or a function of the parsed answer.
@@ -91,9 +108,8 @@ class QuotaGate:
         self, store: QuotaStore, cost: CostSpec = None, reply_cost: CostSpec = None
     ) -> None:
         self.task = TaskQuota(store)
-        #: Take an attempt's request, cost and slot: 0.0, or the seconds to wait first;
-        #: :class:`BudgetSpent` when no more may be sent (the task's own method).
-        self.acquire = self.task.acquire
+        #: Set once a take found the budget or the request cap spent.
+        self.spent = False
         self.cost_col = cost if isinstance(cost, str) else None
         self.cost_fn = cost if callable(cost) else None
         self.reply_cost = reply_path(reply_cost) if isinstance(reply_cost, str) else reply_cost
@@ -103,6 +119,18 @@ class QuotaGate:
         self.refused = 0
         # The partition's counts (made on its task's thread), given these when it closes.
         self.counts = partition_counts()
+
+    def take(self, cost: float) -> float | Spent:
+        """Take one attempt's request, ``cost`` and slot: 0.0 when taken, else the
+        seconds to wait before asking again, or :data:`SPENT` (from then on, at once)
+        when no more may be sent."""
+        if self.spent:
+            return SPENT
+        try:
+            return self.task.acquire(cost)
+        except BudgetSpent:
+            self.spent = True
+            return SPENT
 
     def cost_of(self, row: Mapping[str, Any]) -> float | str:
         """The row's estimated cost, or why it has none (the row then fails unsent)."""
