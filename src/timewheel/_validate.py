@@ -34,6 +34,7 @@ __all__ = [
     "check_seconds",
     "check_shards",
     "check_timeout",
+    "is_bool",
 ]
 
 INT64_MAX = (1 << 63) - 1
@@ -44,18 +45,25 @@ MAX_WHEEL_SIZE = 1 << 16
 HANDLE_BOUND = 1 << 200
 
 
+def is_bool(value: Any) -> bool:
+    """Whether ``value`` is a bool, Python's or NumPy's. NumPy's is told by its type's name,
+    not by ``numbers.Real`` or ``operator.index``, whose answers vary with the NumPy
+    release (NumPy 2.0, the last for Python 3.9, only warns when one is used as an int)."""
+    if isinstance(value, bool):
+        return True
+    cls = type(value)
+    return cls.__name__ in ("bool", "bool_") and cls.__module__ == "numpy"
+
+
 def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
     """Return ``value`` as an int in ``[lo, hi]`` (a bound left None is open), or raise
     TypeError/ValueError naming ``name`` and the value. Bools are refused."""
     if type(value) is int:
         v: int = value
     else:
-        # operator.index accepts NumPy integers and refuses floats, and NumPy bools from
-        # NumPy 2.1 on (2.0, the last for Python 3.9, only warns: refused here by name).
+        # operator.index accepts NumPy integers and refuses floats (bools: is_bool)
         try:
-            if isinstance(value, bool) or (
-                type(value).__name__ in ("bool", "bool_") and type(value).__module__ == "numpy"
-            ):
+            if is_bool(value):
                 raise TypeError
             v = operator.index(value)
         except TypeError:
@@ -82,7 +90,7 @@ def check_number(
     """Return ``value`` as a finite float in ``[lo, hi]`` (``(lo, hi]`` when ``strict_lo``;
     a bound left None is open), or raise TypeError/ValueError naming ``name`` and the
     value. NaN, infinities, bools (NumPy's too) and ints too large for a float are refused."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if is_bool(value) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
     try:
         f = float(value)
@@ -129,8 +137,8 @@ def check_seconds(name: str, value: Any, *, negative: bool = False) -> float:
     """Return ``value`` (seconds: an int or a float) as a float, or raise TypeError/ValueError
     naming ``name``. NaN, infinities, bools and values beyond :data:`MAX_LOOP_TIME` are
     refused, and so are negative values unless ``negative`` is true (absolute times)."""
-    # numbers.Real takes NumPy's ints and floats and refuses NumPy's bool
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    # numbers.Real takes NumPy's ints and floats; bools, NumPy's too, are refused by is_bool
+    if is_bool(value) or not isinstance(value, numbers.Real):
         raise TypeError(
             f"{name} must be a number of seconds, got {value!r} ({type(value).__name__})"
         )
@@ -156,7 +164,7 @@ def check_loop_seconds(name: str, value: Any) -> float:
             return float(value)
         except OverflowError:  # an int beyond a float
             return float("inf") if value > 0 else float("-inf")
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if is_bool(value) or not isinstance(value, numbers.Real):
         raise TypeError(
             f"{name} must be a number of seconds, got {value!r} ({type(value).__name__})"
         )
