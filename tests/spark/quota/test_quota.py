@@ -281,6 +281,24 @@ def test_task_quota_refuses_bad_costs() -> None:
         task.pause(math.inf)
 
 
+def test_a_row_without_a_readable_cost_is_refused_saying_why() -> None:
+    from timewheel.spark.quota.gate import QuotaGate, RowRefused
+
+    by_column = QuotaGate(LocalStore(Quota(budget=100)), cost="tokens")
+    assert by_column.cost_of({"tokens": 3}) == 3.0
+    for bad in (None, -1, math.nan, True, "3"):
+        with pytest.raises(RowRefused, match=r"cost column 'tokens' gave .*>= 0: not sent"):
+            by_column.cost_of({"tokens": bad})
+
+    def boom(row: Any) -> float:
+        raise ZeroDivisionError("no")
+
+    by_function = QuotaGate(LocalStore(Quota(budget=100)), cost=boom)
+    with pytest.raises(RowRefused, match="the cost function raised ZeroDivisionError: no"):
+        by_function.cost_of({})
+    assert QuotaGate(LocalStore(Quota(rate=1))).cost_of({"tokens": "x"}) == 0.0  # no cost
+
+
 # -- the static split a failed store falls back to ----------------------------------------
 class Dies:
     """A store that works ``answers`` times, then cannot be reached."""

@@ -47,7 +47,7 @@ from ..batch.spec import BatchSettings, batch_key
 from ..contract import DownstreamError, Reply, retry_after_of
 from ..options import DispatchConfig
 from ..outcome import FAILED
-from ..quota.gate import BUDGET_SPENT, SPENT, QuotaGate
+from ..quota.gate import BUDGET_SPENT, SPENT, QuotaGate, RowRefused
 from ..worker_metrics import partition_counts
 from .attempt import Attempt
 from .contract import backoff_s
@@ -176,11 +176,11 @@ class Batcher(Generic[R]):
         port = self.port
         gate = self.gate
         if gate is not None:
-            cost = gate.cost_of(row.data)
-            if isinstance(cost, str):
-                port.finish(row, FAILED, cost)
+            try:
+                row.cost = gate.cost_of(row.data)
+            except RowRefused as exc:
+                port.finish(row, FAILED, str(exc))
                 return
-            row.cost = cost
         try:
             part = self.target.batch_part(row.data)
         except DownstreamError as exc:

@@ -47,7 +47,7 @@ from ...timer import Timer, TimerTask
 from ..contract import Reply, is_overload, retry_after_of, row_keys
 from ..options import DispatchConfig
 from ..outcome import FAILED, OK, SKIPPED, TIMEOUT, Outcome, outcome
-from ..quota.gate import BUDGET_SPENT, SPENT, QuotaGate
+from ..quota.gate import BUDGET_SPENT, SPENT, QuotaGate, RowRefused
 from ..runtime import worker_runtime
 from .admission import Admission
 from .attempt import Attempt
@@ -244,11 +244,11 @@ class _Partition:
                 if data is None:
                     return sent, None, True
                 row = self.new_row(data)
-                cost = gate.cost_of(data)
-                if isinstance(cost, str):
-                    self.finish(row, FAILED, cost)
+                try:
+                    row.cost = gate.cost_of(data)
+                except RowRefused as exc:
+                    self.finish(row, FAILED, str(exc))
                     continue
-                row.cost = cost
             wait = self.take_quota(row)
             if wait is None:
                 continue

@@ -40,10 +40,24 @@ from ..worker_metrics import partition_counts
 from .headers import parse_rate_limit_headers
 from .task import BudgetSpent, QuotaStore, TaskQuota
 
-__all__ = ["BUDGET_SPENT", "SPENT", "CostSpec", "QuotaGate", "Spent", "check_cost", "reply_path"]
+__all__ = [
+    "BUDGET_SPENT",
+    "SPENT",
+    "CostSpec",
+    "QuotaGate",
+    "RowRefused",
+    "Spent",
+    "check_cost",
+    "reply_path",
+]
 
 #: The ``error`` of a row not sent because the budget or the request cap was spent.
 BUDGET_SPENT = "budget spent: not sent"
+
+
+class RowRefused(Exception):
+    """A row that cannot be sent: its cost could not be read. The message says why (the
+    row's ``error``; it fails unsent)."""
 
 
 class Spent(enum.Enum):
@@ -132,8 +146,9 @@ class QuotaGate:
             self.spent = True
             return SPENT
 
-    def cost_of(self, row: Mapping[str, Any]) -> float | str:
-        """The row's estimated cost, or why it has none (the row then fails unsent)."""
+    def cost_of(self, row: Mapping[str, Any]) -> float:
+        """The row's estimated cost; :class:`RowRefused`, saying why, when it has none
+        (the row then fails unsent)."""
         if self.cost_col is not None:
             value, what = row.get(self.cost_col), f"cost column {self.cost_col!r}"
         elif self.cost_fn is not None:
@@ -141,12 +156,12 @@ class QuotaGate:
             try:
                 value = self.cost_fn(row)
             except Exception as exc:
-                return f"{what} raised {type(exc).__name__}: {exc}: not sent"
+                raise RowRefused(f"{what} raised {type(exc).__name__}: {exc}: not sent") from None
         else:
             return 0.0
         amount = _amount(value)
         if amount is None:
-            return f"{what} gave {value!r}, not a finite number >= 0: not sent"
+            raise RowRefused(f"{what} gave {value!r}, not a finite number >= 0: not sent")
         return amount
 
     def ended(
