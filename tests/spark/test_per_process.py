@@ -65,6 +65,16 @@ def test_a_factory_that_raises_makes_nothing_and_is_tried_again() -> None:
     assert holder.get() == 7 and len(attempts) == 2
 
 
+def test_reset_hands_back_the_instance_and_the_next_get_makes_another() -> None:
+    made: list[object] = []
+    holder = PerProcess(lambda: made.append(object()) or made[-1])
+    assert holder.reset() is None  # nothing made yet: nothing to close
+    first = holder.get()
+    assert holder.reset() is first and holder.reset() is None
+    second = holder.get()
+    assert second is not first and made == [first, second]
+
+
 def test_a_factory_must_be_callable() -> None:
     with pytest.raises(TypeError, match="factory must be callable, got 3"):
         PerProcess(3)  # type: ignore[arg-type]

@@ -73,6 +73,13 @@ class PerProcess(Generic[T]):
                     held = self._held = (self._factory(),)
         return held[0]
 
+    def reset(self) -> T | None:
+        """Drop this process's instance and return it (None when none was made), for the
+        caller to close: the next :meth:`get` makes another."""
+        with self._lock:
+            held, self._held = self._held, None
+        return None if held is None else held[0]
+
     def _forget(self) -> None:
         """Drop the instance and the lock (a thread lost in a fork may hold it): the next
         :meth:`get` makes another."""

@@ -26,7 +26,6 @@ import copy
 import hashlib
 import logging
 import os
-import threading
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Union
@@ -73,7 +72,6 @@ METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 DEFAULT_MAX_REPLY_BYTES = 1 << 20
 
 
-_LOOP_LOCK = threading.Lock()
 # A request without a body (GET and DELETE by default).
 _NO_BODY = object()
 
@@ -527,16 +525,12 @@ class HttpDownstream:
 
     def close(self) -> None:
         """Close this process's HTTP loop thread and its connections (remade on next use)."""
-        with _LOOP_LOCK:
-            held = _LOOP._held
-            _LOOP._forget()
-        if held is not None:
-            held[0].close()
-        with _LOOP_LOCK:
-            renewer = _RENEWER._held
-            _RENEWER._forget()
+        loop = _LOOP.reset()
+        if loop is not None:
+            loop.close()
+        renewer = _RENEWER.reset()
         if renewer is not None:
-            renewer[0].shutdown(wait=False)
+            renewer.shutdown(wait=False)
 
 
 def _readable(name: str, path: Any) -> str | None:
