@@ -329,7 +329,7 @@ def test_executors_that_cannot_import_timewheel_are_one_line_exit_1(tmp_path: Pa
         "Install timewheel-purgatory[spark] there, or set spark.pyspark.python to an "
         "interpreter that has it (on one machine: the driver's, sys.executable; on a cluster: "
         "a packed environment shipped with spark.archives); see 'Running on a cluster' in "
-        "docs/spark.md"
+        "docs/spark/operations.md"
     ], done.stderr
     assert list(tmp_path.iterdir()) == []
 

@@ -1,7 +1,7 @@
 """timewheel on a real Spark standalone cluster: a master and a worker on 127.0.0.1.
 
 The fixture starts both from the pyspark distribution (``bin/spark-class``), as the
-"Running on a cluster" section of docs/spark.md does by hand, and kills them after.
+"Running on a cluster" section of docs/spark/operations.md does by hand, and kills them after.
 The drivers run in child processes (one SparkContext per process; the test session
 has its own): the ``timewheel pipeline`` CLI and a script calling ``dispatch``.
 Every child and every wait is bounded in time. The default suite skips them (minutes

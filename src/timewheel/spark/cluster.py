@@ -77,6 +77,6 @@ def check_workers(spark: Any) -> None:
             f"Python is {python}. Install timewheel-purgatory[spark] there, or set "
             "spark.pyspark.python to an interpreter that has it (on one machine: the "
             "driver's, sys.executable; on a cluster: a packed environment shipped with "
-            "spark.archives); see 'Running on a cluster' in docs/spark.md"
+            "spark.archives); see 'Running on a cluster' in docs/spark/operations.md"
         ) from None
     _WORKERS_CHECKED.add(app)

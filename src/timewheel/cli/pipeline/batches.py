@@ -37,7 +37,7 @@ def add_batch_options(parser: argparse.ArgumentParser) -> None:
     the target's side is in the http(s) group (:func:`add_batch_target_options`)."""
     group = parser.add_argument_group(
         "batches",
-        "many rows per request, each row still answered on its own (see docs/spark.md, 'Batches')",
+        "many rows per request, each row still answered on its own (see docs/spark/batches.md)",
     )
     group.add_argument(
         "--batch-size",

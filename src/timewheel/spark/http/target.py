@@ -107,7 +107,7 @@ class HttpDownstream:
       None (the default) lets it follow the calls in flight, which ``dispatch`` bounds
       with ``max_in_flight``.
     * ``headers`` values may be :class:`~.secrets.Secret`: read where the request is sent
-      (on the executor), never pickled, shown by name only; see docs/spark.md, "Secrets".
+      (on the executor), never pickled, shown by name only; see docs/spark/operations.md#secrets.
       A secret's function, or file, is read again once when the service answers 401,
       and the row's request sent again once with the new value.
     * ``verify_tls``: HTTPS certificates are verified unless this is False.
@@ -127,7 +127,7 @@ class HttpDownstream:
       connection handle and after each refusal; a Python call per header line then).
       False: only a refusal's ``Retry-After`` reaches the quota.
     * ``batch_body``, ``batch_reply``, ``batch_id_field``: how the service takes many
-      rows per request (``dispatch(batch_size=N)``; see docs/spark.md, "Batches"). The
+      rows per request (``dispatch(batch_size=N)``; see docs/spark/batches.md). The
       body: None for a JSON array of the rows' bodies, a template placing that array
       where ``$rows`` stands (``'{"model": "m", "input": $rows}'``), or a function of
       the list of bodies. The answer: the path of its array (``"data[*].embedding"``,
