@@ -380,6 +380,41 @@ def test_a_raising_callback_goes_to_the_exception_handler_and_the_others_run(
     assert "boom" in errors[0]["message"] and errors[0]["handle"] is not None
 
 
+@pytest.mark.parametrize("debug", [False, True], ids=["", "debug"])
+def test_a_raising_callback_is_logged_as_asyncio_logs_it_with_its_arguments(
+    loop: asyncio.AbstractEventLoop, debug: bool
+) -> None:
+    """The message names the callback and its arguments as asyncio's own "Exception in
+    callback f(args) at file:line" (from Python 3.13 asyncio shows them in debug mode only)."""
+
+    def boom(*args: Any) -> None:
+        raise KeyError("boom")
+
+    def messages(lp: asyncio.AbstractEventLoop) -> list[str]:
+        logged: list[str] = []
+        lp.set_exception_handler(lambda _, ctx: logged.append(ctx["message"]))
+        lp.set_debug(debug)
+
+        async def main() -> None:
+            lp.call_later(0.001, boom, 1, "two", [3])
+            lp.call_later(0.002, functools.partial(boom, "p"), 4)
+            await asyncio.sleep(0.02)
+
+        run(lp, main())
+        return logged
+
+    plain = asyncio.new_event_loop()
+    try:
+        expected = messages(plain)
+    finally:
+        plain.close()
+    got = messages(loop)
+    assert got == expected and len(got) == 2
+    assert got[0].startswith("Exception in callback ") and "boom" in got[0]
+    if debug:
+        assert "(1, 'two', [3])" in got[0] and "('p')(4)" in got[1]
+
+
 # -- bad input and odd deadlines --------------------------------------------------------
 def test_an_infinite_delay_never_fires_and_costs_only_its_handle(
     loop: asyncio.AbstractEventLoop,

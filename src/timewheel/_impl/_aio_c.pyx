@@ -19,6 +19,7 @@ from timewheel._sync cimport TW_HAS_GIL
 from timewheel._core cimport TimingWheel
 
 import asyncio
+import inspect
 import sys
 import weakref
 from asyncio import CancelledError, current_task
@@ -57,6 +58,8 @@ cdef int64_t NEVER = 0x7FFFFFFFFFFFFFFF
 cdef double MAX_TIME = _MAX_LOOP_TIME
 cdef bint HAS_UNCANCEL = sys.version_info >= (3, 11)
 cdef object TimeoutError_ = asyncio.TimeoutError
+# asyncio's callback format: the arguments only in debug mode from 3.13 on (see the twin)
+cdef bint FORMAT_TAKES_DEBUG = "debug" in inspect.signature(_format_callback_source).parameters
 
 cdef enum:
     CREATED = 0
@@ -127,6 +130,14 @@ cdef inline double as_when(object when) except? -1.0:
     return check_seconds("when", when, negative=True)
 
 
+cdef str callback_text(object callback, tuple args, object loop):
+    """``callback(args) at file:line``, as asyncio's own "Exception in callback" message
+    names a callback on ``loop``; see the twin's."""
+    if FORMAT_TAKES_DEBUG:
+        return _format_callback_source(callback, args, debug=loop.get_debug())
+    return _format_callback_source(callback, args)
+
+
 cdef class _Entry:
     """What the wheel holds: a pending callback or timeout."""
 
@@ -184,7 +195,11 @@ cdef class TimerHandle(_Entry):
             raise
         except BaseException as exc:
             loop.call_exception_handler(
-                {"message": f"Exception in callback {callback!r}", "exception": exc, "handle": self}
+                {
+                    "message": f"Exception in callback {callback_text(callback, args, loop)}",
+                    "exception": exc,
+                    "handle": self,
+                }
             )
         return 0
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import math
 import sys
 import weakref
@@ -57,6 +58,9 @@ WHEEL_SIZE = 256
 CASCADE_LIMIT = 16_384
 _NEVER = 1 << 63  # after every deadline (they stay below 2**62 ns)
 _HAS_UNCANCEL = sys.version_info >= (3, 11)
+# asyncio's callback format shows the arguments only in debug mode from 3.13 on (they may
+# hold secrets); before, it takes no debug flag and always shows them
+_FORMAT_TAKES_DEBUG = "debug" in inspect.signature(_format_callback_source).parameters
 
 # Timeout states, with the names asyncio gives them
 CREATED, ENTERED, EXPIRING, EXPIRED, EXITED = range(5)
@@ -149,12 +153,24 @@ class TimerHandle:
             raise
         except BaseException as exc:
             loop.call_exception_handler(
-                {"message": f"Exception in callback {callback!r}", "exception": exc, "handle": self}
+                {
+                    "message": f"Exception in callback {callback_text(callback, args, loop)}",
+                    "exception": exc,
+                    "handle": self,
+                }
             )
 
     def _release(self) -> None:
         self._cancelled = True
         self._callback = self._args = self._context = None
+
+
+def callback_text(callback: Any, args: tuple[Any, ...], loop: asyncio.AbstractEventLoop) -> str:
+    """``callback(args) at file:line``, as asyncio's own "Exception in callback" message
+    names a callback on ``loop`` (the arguments only in debug mode from Python 3.13 on)."""
+    if _FORMAT_TAKES_DEBUG:
+        return _format_callback_source(callback, args, debug=loop.get_debug())  # type: ignore[call-arg]
+    return _format_callback_source(callback, args)
 
 
 def _handle_repr(cancelled: bool, when: float, callback: Any, args: tuple[Any, ...] | None) -> str:
