@@ -13,9 +13,14 @@ from typing import Any
 
 import pytest
 
+from timewheel.spark.contract import bind, named_columns, request_columns
+from timewheel.spark.delivery.dedupe import BatchWithoutColumns, WithoutColumns
 from timewheel.spark.targets import (
+    BatchTarget,
     HttpDownstream,
     SimulatedDownstream,
+    Target,
+    TargetPlan,
     target_from_url,
 )
 
@@ -223,3 +228,141 @@ def test_expected_attempt_matches_a_seeded_sample() -> None:
     late = sum(d > 200 for d in draws) / len(draws)
     assert redo == pytest.approx(late + (1 - late) * 0.01, rel=0.03)
     assert sim.expected_attempt(10**9)[0] == pytest.approx(20 * math.exp(sigma**2 / 2), rel=1e-6)
+
+
+# -- the contract: what dispatch asks of a target, and the one bind step -----------------------
+class Plain:
+    """A target with nothing but submit: every optional hook takes its default."""
+
+    def submit(self, row: Any, on_done: Any) -> None:
+        on_done(True, None)
+
+
+class Binding(Plain):
+    """A target that records each plan it is bound to, and names a column."""
+
+    def __init__(self) -> None:
+        self.plans: list[TargetPlan] = []
+
+    def bind(self, plan: TargetPlan) -> Binding:
+        self.plans.append(plan)
+        bound = Binding()
+        bound.plans = self.plans
+        return bound
+
+    def columns(self) -> list[str]:
+        return ["k"]
+
+
+def test_targets_are_told_by_their_shape() -> None:
+    http, sim = HttpDownstream("http://127.0.0.1:9/x"), SimulatedDownstream(1, 2)
+    assert all(isinstance(t, BatchTarget) for t in (http, sim))
+    assert isinstance(Plain(), Target) and not isinstance(Plain(), BatchTarget)
+    assert not isinstance(object(), Target)
+    # the optional hooks' defaults: no columns named, no request columns said
+    assert (named_columns(Plain()), request_columns(Plain(), ["a"])) == ((), None)
+    assert named_columns(Binding()) == ("k",)
+    templated = HttpDownstream("http://127.0.0.1:9/{a}", body=["b"])
+    assert named_columns(templated) == ("a", "b")
+    assert request_columns(templated, ["a", "b", "c"]) == ("a", "b")
+
+
+def test_bind_hands_the_plan_to_a_target_that_has_bind_and_keeps_one_that_has_not() -> None:
+    plain = Plain()
+    assert bind(plain, TargetPlan("id", rate_limit_headers=True, batching=True)) is plain
+    binding = Binding()
+    bound = bind(binding, TargetPlan("txn", batching=True))
+    assert isinstance(bound, Binding) and bound is not binding
+    assert binding.plans == [TargetPlan("txn", rate_limit_headers=False, batching=True)]
+
+
+def test_the_http_target_binds_to_the_job() -> None:
+    target = HttpDownstream("http://127.0.0.1:9/x")
+    bound = bind(target, TargetPlan("txn", rate_limit_headers=True))
+    assert isinstance(bound, HttpDownstream) and bound is not target
+    assert (bound.id_col, bound.rate_limit_headers) == ("txn", True)
+    assert (target.id_col, target.rate_limit_headers) == (None, False)  # left as it was
+    assert repr(bound) == repr(target)  # a stream's record digests it
+    # its own id_col and a refusal of the headers hold against the plan
+    own = HttpDownstream("http://127.0.0.1:9/x", id_col="key", read_rate_limit_headers=False)
+    assert bind(own, TargetPlan("txn", rate_limit_headers=True)) is own
+    with pytest.raises(ValueError, match="batches need requests with a body"):
+        bind(HttpDownstream("http://127.0.0.1:9/x", body="none"), TargetPlan("id", batching=True))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"id_col": ""}, "TargetPlan.id_col must be a column name (str), got ''"),
+        ({"id_col": 3}, "TargetPlan.id_col must be a column name (str), got 3"),
+        ({"id_col": "id", "batching": 1}, "TargetPlan.batching must be True or False, got 1"),
+        ({"id_col": "id", "rate_limit_headers": None}, "TargetPlan.rate_limit_headers must be"),
+    ],
+)
+def test_a_plan_refuses_bad_values(kwargs: dict[str, Any], words: str) -> None:
+    with pytest.raises(TypeError) as info:
+        TargetPlan(**kwargs)
+    assert words in str(info.value)
+
+
+def test_without_columns_forwards_bind_and_submit_and_batches_only_for_batch_targets() -> None:
+    seen: list[dict[str, Any]] = []
+
+    class Seeing(Plain):
+        def submit(self, row: Any, on_done: Any) -> None:
+            seen.append(row)
+            on_done(True, None)
+
+    hidden = WithoutColumns.hiding(Seeing(), ["secret"])
+    assert type(hidden) is WithoutColumns and not isinstance(hidden, BatchTarget)
+    hidden.submit({"id": 1, "secret": 2}, lambda ok, error: None)
+    assert seen == [{"id": 1}]
+    # one wrapper, however many hide columns; the batch face follows the target's
+    twice = WithoutColumns.hiding(WithoutColumns.hiding(SimulatedDownstream(1, 2), ["a"]), ["b"])
+    assert type(twice) is BatchWithoutColumns and isinstance(twice, BatchTarget)
+    assert twice.hidden == frozenset({"a", "b"}) and isinstance(twice.target, SimulatedDownstream)
+    part = twice.batch_part({"id": 1, "a": 2, "b": 3, "c": 4})
+    assert part.payload == {"id": 1, "c": 4}
+    # bind reaches the target, and the columns stay hidden
+    http = WithoutColumns.hiding(HttpDownstream("http://127.0.0.1:9/x"), ["secret"])
+    bound = bind(http, TargetPlan("txn"))
+    assert isinstance(bound, BatchWithoutColumns) and bound.hidden == frozenset({"secret"})
+    assert isinstance(bound.target, HttpDownstream) and bound.target.id_col == "txn"
+    assert repr(bound) == repr(http.target)
+
+
+def test_partition_dispatcher_binds_the_target_once_with_the_jobs_plan() -> None:
+    pytest.importorskip("pyspark")
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from timewheel.spark import Batching, partition_dispatcher
+
+    schema = StructType([StructField("k", LongType()), StructField("v", LongType())])
+    binding = Binding()
+    run = partition_dispatcher(schema, binding, id_col="k", batching=None)
+    assert binding.plans == [TargetPlan("k", rate_limit_headers=False, batching=False)]
+    assert isinstance(run.target, Binding) and run.target is not binding  # type: ignore[attr-defined]
+    plain = Plain()
+    assert partition_dispatcher(schema, plain, id_col="k").target is plain  # type: ignore[attr-defined]
+    # batches: the plan says so, and a target that cannot hold rows refuses them then
+    http = partition_dispatcher(
+        schema, HttpDownstream("http://127.0.0.1:9/x"), id_col="v", batching=Batching(4)
+    )
+    assert http.target.id_col == "v"  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="batches need requests with a body"):
+        partition_dispatcher(
+            schema,
+            HttpDownstream("http://127.0.0.1:9/x", method="GET"),
+            id_col="k",
+            batching=Batching(4),
+        )
+
+
+@pytest.mark.spark
+def test_dispatch_binds_the_target_for_its_quota(spark: Any) -> None:
+    from timewheel.spark import Quota, dispatch
+
+    binding = Binding()
+    df = spark.range(3).withColumnRenamed("id", "k")
+    dispatch(df, binding, id_col="k", quota=Quota(rate=1000, store="static"))  # no service
+    assert binding.plans == [TargetPlan("k", rate_limit_headers=True, batching=False)]

@@ -19,7 +19,12 @@ from timewheel.spark.options import DispatchConfig
 from timewheel.spark.outcome import Outcome
 from timewheel.spark.runtime import worker_runtime
 from timewheel.spark.secrets import Secret
-from timewheel.spark.targets import DownstreamError, DownstreamTimeout, HttpDownstream
+from timewheel.spark.targets import (
+    DownstreamError,
+    DownstreamTimeout,
+    HttpDownstream,
+    HttpLimits,
+)
 
 BASELINES = ("threads", "asyncio")
 
@@ -124,7 +129,7 @@ def test_an_answer_over_max_reply_bytes_fails_its_row_unread(name: str) -> None:
 
     service = ScriptedService()
     try:
-        target = HttpDownstream(service.url, max_reply_bytes=1)
+        target = HttpDownstream(service.url, limits=HttpLimits(max_reply_bytes=1))
         (o,) = get_engine(name)(iter([{"id": 1, "plan": ["400"]}]), target, DispatchConfig())
         assert (o.status, o.attempts) == ("failed", 1)
         assert o.error == "answer larger than 1 bytes (max_reply_bytes): not read"

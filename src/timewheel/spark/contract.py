@@ -12,7 +12,11 @@ may also be called with someone else's two-argument ``on_done`` reports through
 ``on_done(ok, error)`` works unchanged: its rows' ``http_status`` and ``response`` are
 null. An error that is a :class:`Failure` says whether a retry is worth making.
 
-:class:`Target` lists every hook ``dispatch`` looks for; all but ``submit`` are optional.
+:class:`Target` declares ``submit`` and lists every optional hook with its default;
+:class:`BatchTarget` adds what a target taking many rows per request has. ``dispatch``
+tells a target about the job once, before it runs, with :func:`bind` and a
+:class:`TargetPlan`; :func:`named_columns` and :func:`request_columns` read the two
+optional column hooks, or their defaults.
 Targets are pickled to Spark's Python workers, so every thread, lock and connection a
 target owns is created lazily in the process that uses it (after the worker forks).
 This module imports nothing of the wing: every other module of it may import it.
@@ -20,20 +24,28 @@ This module imports nothing of the wing: every other module of it may import it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Callable, NamedTuple, Optional, Protocol, TypeVar
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Optional, Protocol, TypeVar, runtime_checkable
 
 __all__ = [
     "OVERLOAD_STATUSES",
+    "BatchTarget",
     "DownstreamError",
     "DownstreamTimeout",
     "Failure",
+    "NamesColumns",
+    "NamesRequestColumns",
     "OnDone",
     "Reply",
     "Target",
+    "TargetPlan",
     "accepts_reply",
+    "bind",
     "deliver",
     "is_overload",
+    "named_columns",
+    "request_columns",
     "retry_after_of",
     "row_keys",
 ]
@@ -45,7 +57,7 @@ class Reply(NamedTuple):
     ``body`` is bytes (decoded as UTF-8 when the row's ``response`` is made) or str, or
     None when the answer had none. ``headers``: the answer's rate-limit headers
     (``Retry-After``, ``x-ratelimit-*``, ``RateLimit*``) when the target was asked for
-    them (``for_quota``), else None.
+    them (bound with ``TargetPlan.rate_limit_headers``), else None.
     """
 
     status: int | None
@@ -97,36 +109,26 @@ def retry_after_of(error: object) -> float | None:
     return getattr(error, "retry_after_s", 0.0)
 
 
+@runtime_checkable
 class Target(Protocol):
     """What ``dispatch`` needs from a downstream: start a call, report its end once.
 
-    Only :meth:`submit` is required. ``dispatch`` looks for the others with ``getattr``
-    and uses each one a target has (``HttpDownstream`` has them all):
+    Only :meth:`submit` is required. A target may also have any of these hooks; one it
+    lacks has the default said (``HttpDownstream`` has them all):
 
+    * ``bind(plan: TargetPlan) -> Target``: the target for one job, told once before it
+      runs (:func:`bind`): the HTTP target keys its requests on ``plan.id_col``, hands
+      its answers' rate-limit headers over (``Reply.headers``) under a quota, and refuses
+      batches (ValueError) when its requests have no body. Default: the target as it is.
     * ``columns() -> Sequence[str]``: the columns the target's requests name (a URL
-      template's ``{column}``, header columns), checked against the input before a job;
-    * ``request_columns(columns) -> Sequence[str]``: of the input's ``columns``, those
-      a request is made from, for ``dedupe_requests`` (two rows with equal values there
-      send the same request);
-    * ``for_id_col(id_col) -> Target``: a copy keyed on the id column (the HTTP target
-      derives its idempotency keys from it), called once before the job;
-    * ``for_quota() -> Target``: a copy whose replies carry the service's rate-limit
-      headers (``Reply.headers``), called once before a job with a quota;
-    * ``close()``: release what the target holds in a process (its connections).
-
-    A target that takes many rows per request (``dispatch(batch_size=N)``; see
-    :mod:`.batch_engine`) has four more, all required together (``HttpDownstream`` and
-    ``SimulatedDownstream`` have them):
-
-    * ``for_batches() -> Target``: itself or a copy, checked for batches (ValueError when
-      its requests cannot hold rows), called once before the job;
-    * ``batch_part(row) -> BatchPart``: what the row gives a batch: its request line,
-      body value, key text and id (DownstreamError when the row cannot make one);
-    * ``submit_batch(line, payloads, key, on_done)``: one request carrying the rows'
-      bodies, as ``submit`` (with ``on_done`` marked by :func:`accepts_reply`, the
-      batch's answer reaches it);
-    * ``batch_reply``: the :class:`~.batch_replies.ReplySplit` that splits the answer
-      per row.
+      template's ``{column}``, header columns), checked against the input before a job
+      (:func:`named_columns`). Default: none.
+    * ``request_columns(columns) -> Sequence[str] | None``: of the input's ``columns``,
+      those a request is made from, for ``dedupe_requests`` (two rows with equal values
+      there send the same request; :func:`request_columns`). Default: None, and
+      ``dedupe_requests`` is refused.
+    * ``close()``: release what the target holds in this process (its connections).
+      Default: nothing to release.
     """
 
     def submit(self, row: Mapping[str, Any], on_done: OnDone) -> Any:
@@ -135,6 +137,86 @@ class Target(Protocol):
         It may return a handle with ``cancel()``: ``dispatch`` calls it when the call
         times out, so that the target can drop the request at once.
         """
+
+
+@runtime_checkable
+class BatchTarget(Target, Protocol):
+    """A target that takes many rows per request (``dispatch`` with batches; see
+    :mod:`timewheel.spark.engine.batcher`): all three members are required together
+    (``HttpDownstream`` and ``SimulatedDownstream`` have them)."""
+
+    #: The :class:`~timewheel.spark.batch.replies.ReplySplit` that splits a batch's
+    #: answer per row.
+    batch_reply: Any
+
+    def batch_part(self, row: Mapping[str, Any]) -> Any:
+        """What ``row`` gives a batch: a :class:`~timewheel.spark.batch.spec.BatchPart`
+        (its request line, body value, key text and id); DownstreamError when the row
+        cannot make one."""
+
+    def submit_batch(
+        self, line: Hashable, payloads: list[Any], key: str | None, on_done: OnDone
+    ) -> Any:
+        """One request on ``line`` carrying the rows' bodies ``payloads`` with the batch's
+        idempotency ``key``, as :meth:`Target.submit` (with ``on_done`` marked by
+        :func:`accepts_reply`, the batch's answer reaches it)."""
+
+
+@runtime_checkable
+class NamesColumns(Protocol):
+    """A target with the optional ``columns()`` hook (see :class:`Target`)."""
+
+    def columns(self) -> Sequence[str]: ...
+
+
+@runtime_checkable
+class NamesRequestColumns(Protocol):
+    """A target with the optional ``request_columns(columns)`` hook (see :class:`Target`)."""
+
+    def request_columns(self, columns: Sequence[str]) -> Sequence[str] | None: ...
+
+
+@dataclass(frozen=True)
+class TargetPlan:
+    """What ``dispatch`` tells a target once, before the job (its ``bind`` hook).
+
+    ``id_col``: the column that identifies a row; ``rate_limit_headers``: a quota
+    follows the service's rate-limit headers, so replies should carry them;
+    ``batching``: rows go many per request.
+    """
+
+    id_col: str
+    rate_limit_headers: bool = False
+    batching: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id_col, str) or not self.id_col:
+            raise TypeError(f"TargetPlan.id_col must be a column name (str), got {self.id_col!r}")
+        for name in ("rate_limit_headers", "batching"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(
+                    f"TargetPlan.{name} must be True or False, got {getattr(self, name)!r}"
+                )
+
+
+def bind(target: Target, plan: TargetPlan) -> Target:
+    """``target.bind(plan)`` when the target has that hook; else the target as it is."""
+    hook = getattr(target, "bind", None)
+    return target if hook is None else hook(plan)
+
+
+def named_columns(target: object) -> tuple[str, ...]:
+    """The columns ``target``'s requests name (its ``columns()``; none without it)."""
+    return tuple(target.columns()) if isinstance(target, NamesColumns) else ()
+
+
+def request_columns(target: object, columns: Sequence[str]) -> tuple[str, ...] | None:
+    """Of ``columns``, those ``target``'s requests are made from (its
+    ``request_columns(columns)``); None when it does not say."""
+    if not isinstance(target, NamesRequestColumns):
+        return None
+    named = target.request_columns(columns)
+    return None if named is None else tuple(named)
 
 
 class DownstreamError(RuntimeError):

@@ -316,10 +316,6 @@ class SimulatedDownstream:
     #: Each row's answer: its element of the batch's answer, by position.
     batch_reply = ReplySplit("[*]")
 
-    def for_batches(self) -> SimulatedDownstream:
-        """Itself: it takes batches (``dispatch(batch_size=N)``)."""
-        return self
-
     def batch_part(self, row: Mapping[str, Any]) -> BatchPart:
         """A row's part of a batch: the row itself, on the one request line there is."""
         return BatchPart(None, row, None, None)

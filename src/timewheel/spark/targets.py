@@ -1,12 +1,14 @@
 """The targets :func:`timewheel.spark.dispatch` sends rows to, in one place to import from.
 
 Two targets ship: :class:`SimulatedDownstream` (:mod:`.simulator`), an in-process service
-with a log-normal latency, and :class:`HttpDownstream` (:mod:`.http_target`), which sends
-rows to a real endpoint; any picklable object with ``submit(row, on_done)`` is a target
-too (:mod:`.contract` says what ``dispatch`` asks of one). :func:`target_from_url` makes
-either from the command line's ``--target``. :meth:`HttpDownstream.request` gives the
-request a row makes (an :class:`HttpRequest`), for code that sends it with a client of its
-own.
+with a log-normal latency, and :class:`HttpDownstream` (:mod:`.http.target`), which sends
+rows to a real endpoint, with its options by concern: :class:`TLS`, :class:`HttpLimits`
+and :class:`BatchFormat`. Any picklable object with ``submit(row, on_done)`` is a target
+too (:class:`Target`; :class:`BatchTarget` for many rows per request, and an optional
+``bind(plan)`` given a :class:`TargetPlan`: :mod:`.contract` says what ``dispatch`` asks
+of one). :func:`target_from_url` makes either from the command line's ``--target``.
+:meth:`HttpDownstream.request` gives the request a row makes (an :class:`HttpRequest`),
+for code that sends it with a client of its own.
 """
 
 from __future__ import annotations
@@ -15,29 +17,37 @@ import urllib.parse
 from typing import Any
 
 from .contract import (
+    BatchTarget,
     DownstreamError,
     DownstreamTimeout,
     Failure,
     OnDone,
     Reply,
     Target,
+    TargetPlan,
     accepts_reply,
     deliver,
     row_keys,
 )
+from .http.options import TLS, BatchFormat, HttpLimits
 from .http.target import HttpDownstream, HttpRequest
 from .simulator import SimulatedDownstream, simulator_from_url
 
 __all__ = [
+    "TLS",
+    "BatchFormat",
+    "BatchTarget",
     "DownstreamError",
     "DownstreamTimeout",
     "Failure",
     "HttpDownstream",
+    "HttpLimits",
     "HttpRequest",
     "OnDone",
     "Reply",
     "SimulatedDownstream",
     "Target",
+    "TargetPlan",
     "accepts_reply",
     "deliver",
     "row_keys",

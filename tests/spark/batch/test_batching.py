@@ -122,12 +122,12 @@ def test_body_function() -> None:
         ('{"input": $rows,}', ValueError, "is not JSON"),
         ('{"input": "$rows"}', ValueError, "not inside a string"),
         ('{"input": "x $rows y"}', ValueError, "not inside a string"),
-        (5, TypeError, "batch_body"),
-        (["$rows"], TypeError, "batch_body"),
+        (5, TypeError, "BatchFormat.body"),
+        (["$rows"], TypeError, "BatchFormat.body"),
     ],
 )
 def test_body_refused_when_made(spec: object, error: type, says: str) -> None:
-    with pytest.raises(error, match="batch_body") as info:
+    with pytest.raises(error, match=r"BatchFormat\.body") as info:
         BatchBody(spec)  # type: ignore[arg-type]
     assert says in str(info.value) and repr(spec) in str(info.value)
 
@@ -412,14 +412,14 @@ def test_split_a_bad_element_fails_only_its_row() -> None:
     ["", "data[*].", "a[*][*]", "a[*]b", "a..b", ".a", "a[0]", "a[*].b c", "a]", "[*]["],
 )
 def test_split_path_refused_when_made(path: str) -> None:
-    with pytest.raises(ValueError, match="batch_reply") as info:
+    with pytest.raises(ValueError, match=r"BatchFormat\.reply") as info:
         ReplySplit(path)
     assert repr(path) in str(info.value) and "does not parse" in str(info.value)
 
 
 @pytest.mark.parametrize(("path", "id_field"), [(None, None), (3, None), ("data", 5), ("data", "")])
 def test_split_arguments_of_the_wrong_type(path: object, id_field: object) -> None:
-    with pytest.raises(TypeError, match=r"batch_reply|batch_id_field"):
+    with pytest.raises(TypeError, match=r"BatchFormat\.reply|BatchFormat\.id_field"):
         ReplySplit(path, id_field)  # type: ignore[arg-type]
 
 

@@ -26,7 +26,7 @@ pytest.importorskip("pycurl")
 from timewheel.spark.engine.partition import timewheel_engine
 from timewheel.spark.options import DispatchConfig
 from timewheel.spark.outcome import Outcome
-from timewheel.spark.targets import Failure, HttpDownstream
+from timewheel.spark.targets import Failure, HttpDownstream, HttpLimits
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -210,9 +210,9 @@ def test_every_fault_ends_each_row_once_in_bounded_time(server: _Server) -> None
     out = run([{"id": 0}], targets["cut"], retries=0)
     assert (out[0].error or "").startswith("ConnectionError: ")
     # a raised limit reads what the default refuses
-    bigger = HttpDownstream(f"{server.url}/ok", max_reply_bytes=11)
+    bigger = HttpDownstream(f"{server.url}/ok", limits=HttpLimits(max_reply_bytes=11))
     assert run([{"id": 0}], bigger)[0].status == "ok"
-    smaller = HttpDownstream(f"{server.url}/ok", max_reply_bytes=10)
+    smaller = HttpDownstream(f"{server.url}/ok", limits=HttpLimits(max_reply_bytes=10))
     assert run([{"id": 0}], smaller)[0].status == "failed"
     assert _threads() == ["timewheel-http"]
     assert _client_sockets(server.server_address[1]) > 0  # kept alive for reuse
@@ -222,7 +222,9 @@ def test_every_fault_ends_each_row_once_in_bounded_time(server: _Server) -> None
 
 
 def _retry_after(server: _Server, value: str) -> float | None:
-    target = HttpDownstream(f"{server.url}/throttle?ra={value}", max_retry_after_s=60)
+    target = HttpDownstream(
+        f"{server.url}/throttle?ra={value}", limits=HttpLimits(max_retry_after_s=60)
+    )
     got: list[tuple[bool, str | None]] = []
     done = threading.Event()
 

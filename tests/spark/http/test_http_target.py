@@ -21,13 +21,16 @@ import pytest
 pytest.importorskip("pycurl")  # the spark extra's HTTP client
 
 from http_fixtures import ScriptedService
+from timewheel.spark.contract import TargetPlan, bind
 from timewheel.spark.engine.partition import timewheel_engine
 from timewheel.spark.options import DispatchConfig
 from timewheel.spark.outcome import Outcome
 from timewheel.spark.targets import (
+    TLS,
     DownstreamError,
     Failure,
     HttpDownstream,
+    HttpLimits,
     target_from_url,
 )
 
@@ -159,7 +162,7 @@ def test_max_in_flight_bounds_the_requests_at_the_service(service: ScriptedServi
 
 def test_max_connections_caps_the_connections(service: ScriptedService) -> None:
     rows = [{"id": i, "plan": ["slow:40"]} for i in range(30)]
-    target = HttpDownstream(service.url, max_connections=3)
+    target = HttpDownstream(service.url, limits=HttpLimits(max_connections=3))
     out = run(rows, target, max_in_flight=30, timeout_ms=5000)
     assert {o.status for o in out.values()} == {"ok"}
     assert service.seen.max_in_flight == 3
@@ -193,7 +196,7 @@ def test_request_is_the_one_submit_sends(service: ScriptedService) -> None:
 
 
 def test_retry_after_is_capped(service: ScriptedService) -> None:
-    target = HttpDownstream(service.url, max_retry_after_s=1.5)
+    target = HttpDownstream(service.url, limits=HttpLimits(max_retry_after_s=1.5))
     replies = Replies()
     target.submit({"id": 1, "plan": ["429:3600"]}, replies.on_done)
     ((ok, error),) = replies.wait(1)
@@ -242,7 +245,7 @@ def test_https_is_verified_unless_opted_out(tmp_path: Path) -> None:
         ((ok, error),) = replies.wait(1)
         assert not ok and "certificate" in (error or "").lower()
         assert svc.seen.requests == []  # refused before anything was sent
-        insecure = HttpDownstream(svc.url, verify_tls=False)
+        insecure = HttpDownstream(svc.url, tls=TLS(verify=False))
         insecure.submit({"id": 3}, replies.on_done)
         assert replies.wait(2)[1] == (True, None)
         assert [r["body"]["id"] for r in svc.seen.requests] == [3]
@@ -273,12 +276,14 @@ def test_a_forked_child_makes_its_own_loop(service: ScriptedService) -> None:
 
 
 def test_pickles_closes_and_comes_back(service: ScriptedService) -> None:
-    target = HttpDownstream(service.url, headers={"A": "b"}, body=["id"], max_connections=4)
+    target = HttpDownstream(
+        service.url, headers={"A": "b"}, body=["id"], limits=HttpLimits(max_connections=4)
+    )
     copy = pickle.loads(pickle.dumps(target))
-    assert (copy.headers, copy.body, copy.max_connections) == (
+    assert (copy.headers, copy.body, copy.limits) == (
         target.headers,
         ("id",),
-        4,
+        HttpLimits(max_connections=4),
     )
     replies = Replies()
     copy.submit({"id": 1, "x": 2}, replies.on_done)
@@ -291,14 +296,16 @@ def test_pickles_closes_and_comes_back(service: ScriptedService) -> None:
 
 
 def test_target_from_url_passes_the_http_options() -> None:
-    target = target_from_url("https://127.0.0.1:9/x", verify_tls=False, id_col="txn")
+    target = target_from_url("https://127.0.0.1:9/x", tls=TLS(verify=False), id_col="txn")
     assert isinstance(target, HttpDownstream)
-    assert (target.verify_tls, target.id_col) == (False, "txn")
+    assert (target.tls.verify, target.id_col) == (False, "txn")
     # dispatch's id_col keys a target that names none, and no other
     default = HttpDownstream("http://127.0.0.1:9/x")
     assert default.idempotency_key({"id": 1}) is not None  # "id" outside dispatch
-    assert default.for_id_col("txn").id_col == "txn" and default.id_col is None
-    assert target.for_id_col("other") is target
+    bound = bind(default, TargetPlan("txn"))
+    assert isinstance(bound, HttpDownstream)
+    assert bound.id_col == "txn" and default.id_col is None
+    assert bind(target, TargetPlan("other")) is target
 
 
 @pytest.mark.parametrize(
@@ -310,10 +317,11 @@ def test_target_from_url_passes_the_http_options() -> None:
         (("http://h/",), {"headers": {"a": 1}}, TypeError, "headers must be a mapping of str"),
         (("http://h/",), {"body": "id"}, TypeError, "body"),
         (("http://h/",), {"idempotency_header": ""}, TypeError, "idempotency_header must be"),
-        (("http://h/",), {"max_connections": 0}, ValueError, "max_connections must be >= 1"),
-        (("http://h/",), {"verify_tls": "no"}, TypeError, "verify_tls must be a bool"),
-        (("http://h/",), {"timeout_s": float("nan")}, ValueError, "timeout_s must be a finite"),
-        (("http://h/",), {"max_retry_after_s": True}, TypeError, "max_retry_after_s must be a"),
+        (("http://h/",), {"limits": {"timeout_s": 1}}, TypeError, "limits must be an HttpLimits"),
+        (("http://h/",), {"tls": False}, TypeError, r"tls must be a TLS\(...\), got False"),
+        (("http://h/",), {"batch": "[*]"}, TypeError, "batch must be a BatchFormat"),
+        (("http://h/",), {"read_rate_limit_headers": 1}, TypeError, "read_rate_limit_headers"),
+        (("http://h/",), {"verify_tls": False}, TypeError, "unexpected keyword argument"),
     ],
 )
 def test_bad_arguments(
@@ -352,7 +360,8 @@ def test_dispatch_on_spark_accounts_for_every_row_and_request(
         assert (r["status"], r["attempts"]) == expected, r
     assert len(service.seen.requests) == sum(r["attempts"] for r in out)
     # one idempotency key per row, derived from txn, on every attempt
-    keyed = target.for_id_col("txn")
+    keyed = bind(target, TargetPlan("txn"))
+    assert isinstance(keyed, HttpDownstream)
     assert set(service.seen.per_key) == {keyed.idempotency_key({"txn": i}) for i in range(n)}
     assert service.seen.max_in_flight <= 2 * 16
 
@@ -389,12 +398,12 @@ def test_pipeline_options_make_the_http_target() -> None:
         ("txn", "amount"),
         None,
     )
-    assert (target.max_connections, target.verify_tls) == (7, False)
+    assert (target.limits.max_connections, target.tls.verify) == (7, False)
     defaults = target_from_url("http://127.0.0.1:9/x", **http_options(_pipeline_args([])))
-    assert (defaults.idempotency_header, defaults.verify_tls, defaults.max_connections) == (
+    assert (defaults.idempotency_header, defaults.tls, defaults.limits) == (
         "Idempotency-Key",
-        True,
-        None,
+        TLS(),
+        HttpLimits(),
     )
 
 
@@ -402,7 +411,7 @@ def test_pipeline_options_make_the_http_target() -> None:
     ("argv", "words"),
     [
         (["--http-header", "no-colon"], "--http-header must be NAME:VALUE, got 'no-colon'"),
-        (["--http-max-connections", "0"], "max_connections must be >= 1, got 0"),
+        (["--http-max-connections", "0"], "HttpLimits.max_connections must be >= 1, got 0"),
     ],
 )
 def test_pipeline_refuses_bad_http_options(

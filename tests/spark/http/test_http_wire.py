@@ -30,7 +30,7 @@ pytest.importorskip("pycurl")
 from timewheel.spark.engine.partition import timewheel_engine
 from timewheel.spark.options import DispatchConfig
 from timewheel.spark.outcome import Outcome
-from timewheel.spark.targets import HttpDownstream
+from timewheel.spark.targets import HttpDownstream, HttpLimits
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -164,7 +164,10 @@ def test_a_row_cannot_smuggle_a_request_and_every_row_gets_its_own_answer(
     # One connection, one call at a time: every row's request follows the one before it
     # on the same keep-alive connection, where a smuggled request would shift the answers.
     target = HttpDownstream(
-        server.url + "/rows", method="GET", header_cols={"X-Row": "row"}, max_connections=1
+        server.url + "/rows",
+        method="GET",
+        header_cols={"X-Row": "row"},
+        limits=HttpLimits(max_connections=1),
     )
     rows = [{"id": 0, "row": SMUGGLE}] + [{"id": i, "row": str(i)} for i in range(1, 8)]
     out = run(rows, target, max_in_flight=1, retries=0)
@@ -451,7 +454,7 @@ def test_a_multi_handle_made_with_no_low_number_free_polls(
     assert checked and max(checked) < 1024  # the select() side checked its socket
     # other settings: a multi handle of their own, made while no low number is free;
     # libcurl looks the name up (it knows "localhost" itself, not "localhost.")
-    named = HttpDownstream(f"http://localhost.:{port}/named", max_connections=7)
+    named = HttpDownstream(f"http://localhost.:{port}/named", limits=HttpLimits(max_connections=7))
     got: list[tuple[bool, Any]] = []
     ended = threading.Event()
 

@@ -18,6 +18,7 @@ import pycurl
 
 from timewheel.cli.pipeline.options import add_http_options, http_options
 from timewheel.spark.http.target import _LOOP, HttpDownstream
+from timewheel.spark.targets import TLS
 from tls_fixtures import AVAILABLE, TlsFiles, make_tls_files, nginx_tls
 
 needs_nginx = pytest.mark.skipif(not AVAILABLE, reason="nginx or openssl is not installed")
@@ -58,34 +59,42 @@ def closing() -> Iterator[list[HttpDownstream]]:
         target.close()
 
 
-def test_tls_files_are_checked_when_the_target_is_made(tmp_path: Path) -> None:
-    url = "https://127.0.0.1:9/x"
+def test_tls_files_are_checked_when_the_options_are_made(tmp_path: Path) -> None:
     missing = tmp_path / "missing.pem"
-    with pytest.raises(ValueError, match=re.escape(f"ca_file: {str(missing)!r} is not a file")):
-        HttpDownstream(url, ca_file=str(missing))
-    with pytest.raises(ValueError, match=r"client_cert: .* is not a file"):
-        HttpDownstream(url, client_cert=str(tmp_path))  # a directory
+    with pytest.raises(ValueError, match=re.escape(f"TLS.ca_file: {str(missing)!r} is not a file")):
+        TLS(ca_file=str(missing))
+    with pytest.raises(ValueError, match=r"TLS.client_cert: .* is not a file"):
+        TLS(client_cert=str(tmp_path))  # a directory
     (tmp_path / "c.pem").write_text("x")
-    with pytest.raises(ValueError, match="client_key needs client_cert"):
-        HttpDownstream(url, client_key=str(tmp_path / "c.pem"))
-    with pytest.raises(TypeError, match="ca_file must be a file path"):
-        HttpDownstream(url, ca_file=3)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="http2 must be a bool"):
-        HttpDownstream(url, http2="yes")  # type: ignore[arg-type]
-    made = HttpDownstream(url, ca_file=str(tmp_path / "c.pem"))
-    assert made.ca_file == str(tmp_path / "c.pem")
+    with pytest.raises(ValueError, match=r"TLS.client_key .* needs TLS.client_cert"):
+        TLS(client_key=str(tmp_path / "c.pem"))
+    with pytest.raises(TypeError, match=r"TLS.ca_file must be a file path .* got 3"):
+        TLS(ca_file=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"TLS.http2 must be True or False, got 'yes'"):
+        TLS(http2="yes")  # type: ignore[arg-type]
+    # A path-like is taken, kept absolute: the executors open the same path.
+    url = "https://127.0.0.1:9/x"
+    made = HttpDownstream(url, tls=TLS(ca_file=tmp_path / "c.pem"))  # type: ignore[arg-type]
+    assert made.tls.ca_file == str(tmp_path / "c.pem")
+    with pytest.raises(TypeError, match=r"tls must be a TLS\(...\), got \{'ca_file'"):
+        HttpDownstream(url, tls={"ca_file": "c.pem"})  # type: ignore[arg-type]
 
 
 def test_cli_flags_reach_the_target(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     add_http_options(parser)
+    ca, cert, key = (tmp_path / name for name in ("ca.pem", "c.pem", "k.pem"))
+    for path in (ca, cert, key):
+        path.write_text("x")
     args = parser.parse_args(
-        ["--ca-file", "ca.pem", "--client-cert", "c.pem", "--client-key", "k.pem", "--http1"]
+        ["--ca-file", str(ca), "--client-cert", str(cert), "--client-key", str(key), "--http1"]
     )
-    got = http_options(args)
-    assert (got["ca_file"], got["client_cert"], got["client_key"]) == ("ca.pem", "c.pem", "k.pem")
-    assert got["http2"] is False
-    assert http_options(parser.parse_args([]))["http2"] is True
+    got = http_options(args)["tls"]
+    assert got == TLS(ca_file=str(ca), client_cert=str(cert), client_key=str(key), http2=False)
+    assert http_options(parser.parse_args([]))["tls"] == TLS()
+    assert http_options(parser.parse_args(["--insecure"]))["tls"] == TLS(verify=False)
+    with pytest.raises(ValueError, match=r"TLS.ca_file: .* is not a file"):
+        http_options(parser.parse_args(["--ca-file", str(tmp_path / "gone.pem")]))
 
 
 def _last_http_version(target: HttpDownstream) -> int:
@@ -99,12 +108,12 @@ def test_a_servers_own_ca_verifies_and_http2_is_used(
     tls: TlsFiles, closing: list[HttpDownstream]
 ) -> None:
     with nginx_tls(tls) as url:
-        target = HttpDownstream(url, ca_file=str(tls.ca))
+        target = HttpDownstream(url, tls=TLS(ca_file=str(tls.ca)))
         closing.append(target)
         assert _send(target, 20) == [(True, None)] * 20
         if pycurl.version_info()[4] & pycurl.VERSION_HTTP2:
             assert _last_http_version(target) == pycurl.CURL_HTTP_VERSION_2_0
-        http1 = HttpDownstream(url, ca_file=str(tls.ca), http2=False)
+        http1 = HttpDownstream(url, tls=TLS(ca_file=str(tls.ca), http2=False))
         closing.append(http1)
         assert _send(http1, 5) == [(True, None)] * 5
         assert _last_http_version(http1) == pycurl.CURL_HTTP_VERSION_1_1
@@ -128,13 +137,11 @@ def test_mutual_tls_works_with_the_client_certificate_and_is_refused_without(
     tls: TlsFiles, closing: list[HttpDownstream]
 ) -> None:
     with nginx_tls(tls, client_certs=True) as url:
-        target = HttpDownstream(
-            url,
-            ca_file=str(tls.ca),
-            client_cert=str(tls.client_cert),
-            client_key=str(tls.client_key),
+        mutual = TLS(
+            ca_file=str(tls.ca), client_cert=str(tls.client_cert), client_key=str(tls.client_key)
         )
-        without = HttpDownstream(url, ca_file=str(tls.ca))
+        target = HttpDownstream(url, tls=mutual)
+        without = HttpDownstream(url, tls=TLS(ca_file=str(tls.ca)))
         closing += [target, without]
         assert _send(target, 10) == [(True, None)] * 10
         got = _send(without, 3)

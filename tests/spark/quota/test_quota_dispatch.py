@@ -420,6 +420,7 @@ def test_headers_that_leave_room_cost_no_store_call() -> None:
 def test_the_http_target_hands_over_the_stubs_headers_only_when_asked(tmp_path: Path) -> None:
     pytest.importorskip("pycurl")  # the spark extra's HTTP client
     from openai_stub_fixtures import OpenAIStub
+    from timewheel.spark.contract import TargetPlan, bind
     from timewheel.spark.targets import HttpDownstream
 
     stub = OpenAIStub(rpm=1000, tpm=100_000)
@@ -438,7 +439,8 @@ def test_the_http_target_hands_over_the_stubs_headers_only_when_asked(tmp_path: 
             replies.append(reply)
             done.set()
 
-        for target in (plain, plain.for_quota()):
+        quota_plan = TargetPlan("id", rate_limit_headers=True)
+        for target in (plain, bind(plain, quota_plan)):
             done.clear()
             target.submit({"id": 1, "text": "hello there"}, on_done)
             assert done.wait(10)
@@ -449,7 +451,7 @@ def test_the_http_target_hands_over_the_stubs_headers_only_when_asked(tmp_path: 
         assert int(headers["x-ratelimit-remaining-tokens"]) == 100_000 - 3 - 3
         # One answer in 8 per connection handle is read (a Python call per header line):
         # one request at a time reuses one handle (equal settings share handles).
-        reading = plain.for_quota()
+        reading = bind(plain, quota_plan)
         for _ in range(9):
             done.clear()
             reading.submit({"id": 1, "text": "hello there"}, on_done)

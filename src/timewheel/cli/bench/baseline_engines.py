@@ -68,7 +68,7 @@ def _too_large(limit: int) -> DownstreamError:
 
 def _answer(target: HttpDownstream, status: int, text: bytes, header: Any) -> Reply:
     """The answer's Reply, or DownstreamError carrying it unless the target's verdict is ok."""
-    ok, error, wait = verdict(status, text, header, target.max_retry_after_s)
+    ok, error, wait = verdict(status, text, header, target.limits.max_retry_after_s)
     reply = Reply(status, text or None)
     if not ok:
         raise DownstreamError(error or "failed", retry_after_s=wait, reply=reply)
@@ -111,8 +111,8 @@ def _http_blocking(
     import requests
 
     request = target.request(row)
-    limit = target.max_reply_bytes
-    cert = target.client_cert
+    limit, tls = target.limits.max_reply_bytes, target.tls
+    cert = tls.client_cert
     try:
         with session.request(
             request.method,
@@ -120,8 +120,8 @@ def _http_blocking(
             data=request.body,
             headers=request.headers,
             timeout=timeout_s,
-            verify=target.ca_file or target.verify_tls,
-            cert=cert if target.client_key is None else (cert, target.client_key),
+            verify=tls.ca_file or tls.verify,
+            cert=cert if tls.client_key is None else (cert, tls.client_key),
             allow_redirects=False,
             stream=True,
         ) as response:
@@ -174,24 +174,18 @@ class _AsyncWorker:
         """The session for ``target``'s settings; called on the loop."""
         import aiohttp
 
-        settings = (
-            target.verify_tls,
-            target.ca_file,
-            target.client_cert,
-            target.client_key,
-            target.max_connections,
-            target.timeout_s,
-        )
+        given, limits = target.tls, target.limits
+        settings = (given, limits.max_connections, limits.timeout_s)
         session = self._sessions.get(settings)
         if session is None:
-            tls: bool | ssl.SSLContext = target.verify_tls
-            if target.verify_tls and (target.ca_file or target.client_cert):
-                tls = ssl.create_default_context(cafile=target.ca_file)
-                if target.client_cert:
-                    tls.load_cert_chain(target.client_cert, target.client_key)
+            tls: bool | ssl.SSLContext = given.verify
+            if given.verify and (given.ca_file or given.client_cert):
+                tls = ssl.create_default_context(cafile=given.ca_file)
+                if given.client_cert:
+                    tls.load_cert_chain(given.client_cert, given.client_key)
             session = self._sessions[settings] = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=target.max_connections or 0, ssl=tls),
-                timeout=aiohttp.ClientTimeout(total=target.timeout_s),
+                connector=aiohttp.TCPConnector(limit=limits.max_connections or 0, ssl=tls),
+                timeout=aiohttp.ClientTimeout(total=limits.timeout_s),
             )
         return session
 
@@ -211,7 +205,7 @@ async def _http_async(
 
     request = target.request(row)
     session = worker.session(target)
-    limit = target.max_reply_bytes
+    limit = target.limits.max_reply_bytes
     try:
         async with session.request(
             request.method,
@@ -229,7 +223,7 @@ async def _http_async(
                     raise _too_large(limit)
             return _answer(target, response.status, text, response.headers.get)
     except asyncio.TimeoutError as exc:
-        raise DownstreamTimeout(f"no reply within {target.timeout_s} s") from exc
+        raise DownstreamTimeout(f"no reply within {target.limits.timeout_s} s") from exc
     except (aiohttp.ClientError, OSError) as exc:
         raise DownstreamError(f"{type(exc).__name__}: {exc}") from exc
 

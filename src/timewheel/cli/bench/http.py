@@ -343,9 +343,9 @@ def _target(
     Like the engine, the submitting thread is woken once per burst of replies (when a
     quarter of the slots are free), not once per reply.
     """
-    from ...spark.targets import HttpDownstream, accepts_reply
+    from ...spark.targets import TLS, HttpDownstream, accepts_reply
 
-    target = HttpDownstream(url, ca_file=ca_file, http2=http2)
+    target = HttpDownstream(url, tls=TLS(ca_file=ca_file, http2=http2))
 
     def run(n: int) -> int:
         lock = threading.Lock()

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
+from ...spark.http.options import BatchFormat
 from ..argtypes import positive
 
 __all__ = [
@@ -96,11 +97,9 @@ def add_batch_target_options(group: Any) -> None:
 
 
 def batch_target_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The HTTP target's batch options, and ``--body-col``'s body."""
+    """The HTTP target's batch options (its ``batch``), and ``--body-col``'s body."""
     options: dict[str, Any] = {
-        "batch_body": args.batch_body,
-        "batch_reply": args.batch_reply,
-        "batch_id_field": args.batch_id_field,
+        "batch": BatchFormat(args.batch_body, args.batch_reply, args.batch_id_field),
     }
     if args.body_col is not None:
         if args.body_cols:

@@ -7,7 +7,8 @@ import os
 from typing import Any
 
 from ...spark.engine.admission import check_rate
-from ...spark.http.target import DEFAULT_MAX_REPLY_BYTES, METHODS, Body
+from ...spark.http.options import DEFAULT_MAX_REPLY_BYTES, TLS, HttpLimits
+from ...spark.http.target import METHODS, Body
 from ...spark.secrets import Secret, parse_secret
 from ...spark.session import DEFAULT_MASTER
 from ...spark.simulator import SimulatedDownstream
@@ -441,7 +442,8 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
 def http_options(args: argparse.Namespace) -> dict[str, Any]:
     """:class:`HttpDownstream`'s keyword arguments from the options of :func:`add_http_options`.
 
-    A malformed header or pair raises ValueError naming it.
+    A malformed header or pair raises ValueError naming it; a bad TLS file or limit, the
+    error of :class:`TLS` or :class:`HttpLimits` naming its field.
     """
     headers: dict[str, str | Secret] = {}
     for header in args.http_header:
@@ -466,12 +468,15 @@ def http_options(args: argparse.Namespace) -> dict[str, Any]:
         "params": _pairs("--param", args.param),
         "header_cols": _pairs("--header-col", args.header_col),
         "idempotency_header": key_header,
-        "max_connections": args.http_max_connections,
-        "verify_tls": not args.insecure,
-        "ca_file": args.ca_file,
-        "client_cert": args.client_cert,
-        "client_key": args.client_key,
-        "http2": not args.http1,
-        "max_reply_bytes": args.max_reply_bytes,
+        "tls": TLS(
+            verify=not args.insecure,
+            ca_file=args.ca_file,
+            client_cert=args.client_cert,
+            client_key=args.client_key,
+            http2=not args.http1,
+        ),
+        "limits": HttpLimits(
+            max_connections=args.http_max_connections, max_reply_bytes=args.max_reply_bytes
+        ),
         **batch_target_options(args),
     }

@@ -55,25 +55,28 @@ class RowAnswer(NamedTuple):
 def _parse(path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(to the array, in each element)`` of a reply path; ValueError if it does not parse."""
     if not isinstance(path, str):
-        raise TypeError(f"batch_reply must be a path (str), got {path!r} ({type(path).__name__})")
+        raise TypeError(
+            f"BatchFormat.reply must be a path (str), got {path!r} ({type(path).__name__})"
+        )
     head, star, tail = path.partition("[*]")
     if star and "[*]" in tail:
-        raise ValueError(f"batch_reply {path!r} does not parse: more than one [*]")
+        raise ValueError(f"BatchFormat.reply {path!r} does not parse: more than one [*]")
     if star and tail and not tail.startswith("."):
-        raise ValueError(f"batch_reply {path!r} does not parse: a '.' must follow [*]")
+        raise ValueError(f"BatchFormat.reply {path!r} does not parse: a '.' must follow [*]")
     if not star and not head:
-        raise ValueError(f"batch_reply {path!r} does not parse: it is empty")
+        raise ValueError(f"BatchFormat.reply {path!r} does not parse: it is empty")
     parts = []
     for text, what in ((head, "before [*]"), (tail[1:], "after [*]")):
         names = tuple(text.split(".")) if text else ()
         for name in names:
             if not _NAME.fullmatch(name):
                 raise ValueError(
-                    f"batch_reply {path!r} does not parse: {name!r} {what} is not a field name"
+                    f"BatchFormat.reply {path!r} does not parse: {name!r} {what} is not a "
+                    "field name"
                 )
         parts.append(names)
     if star and tail and not parts[1]:
-        raise ValueError(f"batch_reply {path!r} does not parse: nothing after '.'")
+        raise ValueError(f"BatchFormat.reply {path!r} does not parse: nothing after '.'")
     return parts[0], parts[1]
 
 
@@ -110,7 +113,9 @@ class ReplySplit:
     def __init__(self, path: str, id_field: str | None = None) -> None:
         self._to_array, self._each = _parse(path)
         if id_field is not None and (not isinstance(id_field, str) or not id_field):
-            raise TypeError(f"batch_id_field must be a field name (str) or None, got {id_field!r}")
+            raise TypeError(
+                f"BatchFormat.id_field must be a field name (str) or None, got {id_field!r}"
+            )
         self.path = path
         self.id_field = id_field
 

@@ -9,60 +9,64 @@ without that column, which is dispatch's business, not the service's.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..contract import BatchTarget, Target, TargetPlan, bind, request_columns
 from ..outcome import Outcome
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["REQUEST_KEY", "WithoutColumns", "by_request", "request_key", "sent_once"]
+__all__ = [
+    "REQUEST_KEY",
+    "BatchWithoutColumns",
+    "WithoutColumns",
+    "by_request",
+    "request_key",
+    "sent_once",
+]
 
 
 class WithoutColumns:
     """``target`` given each row without ``hidden`` columns (``dedupe_requests``'s key,
-    which is dispatch's business, not the service's)."""
+    which is dispatch's business, not the service's). It forwards ``bind`` and
+    ``submit`` only; :meth:`hiding` makes a :class:`BatchWithoutColumns` of a
+    :class:`~timewheel.spark.contract.BatchTarget`."""
 
-    def __init__(self, target: Any, hidden: frozenset[str]) -> None:
+    def __init__(self, target: Target, hidden: frozenset[str]) -> None:
         self.target = target
         self.hidden = hidden
 
-    @classmethod
-    def hiding(cls, target: Any, columns: Iterable[str]) -> WithoutColumns:
+    @staticmethod
+    def hiding(target: Target, columns: Iterable[str]) -> WithoutColumns:
         """``target`` without ``columns``: one wrapper, however many hide some (each row
         is copied once, not once per wrapper)."""
-        if isinstance(target, cls):
-            return cls(target.target, target.hidden | frozenset(columns))
-        return cls(target, frozenset(columns))
+        hidden = frozenset(columns)
+        if isinstance(target, WithoutColumns):
+            hidden |= target.hidden
+            target = target.target
+        if isinstance(target, BatchTarget):
+            return BatchWithoutColumns(target, hidden)
+        return WithoutColumns(target, hidden)
 
     def submit(self, row: dict[str, Any], on_done: Any) -> Any:
         hidden = self.hidden
         return self.target.submit({k: v for k, v in row.items() if k not in hidden}, on_done)
 
-    def columns(self) -> tuple[str, ...]:
-        """The columns the target's requests name (checked against the input before a job)."""
-        named = getattr(self.target, "columns", None)
-        return tuple(named()) if callable(named) else ()
+    def bind(self, plan: TargetPlan) -> WithoutColumns:
+        """The target bound to ``plan`` (:func:`~timewheel.spark.contract.bind`), still
+        without the hidden columns."""
+        return WithoutColumns.hiding(bind(self.target, plan), self.hidden)
 
-    def request_columns(self, columns: Sequence[str]) -> tuple[str, ...] | None:
-        """The target's request columns among ``columns`` less the hidden ones (None when
-        the target does not name them)."""
-        named = getattr(self.target, "request_columns", None)
-        if not callable(named):
-            return None
-        return tuple(named([c for c in columns if c not in self.hidden]))
+    def __repr__(self) -> str:
+        return repr(self.target)
 
-    def for_id_col(self, id_col: str) -> WithoutColumns:
-        derive = getattr(self.target, "for_id_col", None)
-        return self if derive is None else WithoutColumns(derive(id_col), self.hidden)
 
-    def for_quota(self) -> WithoutColumns:
-        derive = getattr(self.target, "for_quota", None)
-        return self if derive is None else WithoutColumns(derive(), self.hidden)
+class BatchWithoutColumns(WithoutColumns):
+    """:class:`WithoutColumns` of a target that takes many rows per request."""
 
-    def for_batches(self) -> WithoutColumns:
-        return WithoutColumns(self.target.for_batches(), self.hidden)
+    target: BatchTarget
 
     @property
     def batch_reply(self) -> Any:
@@ -72,11 +76,10 @@ class WithoutColumns:
         hidden = self.hidden
         return self.target.batch_part({k: v for k, v in row.items() if k not in hidden})
 
-    def submit_batch(self, *args: Any) -> Any:
-        return self.target.submit_batch(*args)
-
-    def __repr__(self) -> str:
-        return repr(self.target)
+    def submit_batch(
+        self, line: Hashable, payloads: list[Any], key: str | None, on_done: Any
+    ) -> Any:
+        return self.target.submit_batch(line, payloads, key, on_done)
 
 
 def sent_once(
@@ -132,8 +135,7 @@ def request_key(df: DataFrame, target: Any) -> Any:
     or TypeError when ``target`` does not name the columns its requests are made from."""
     from pyspark.sql import functions as F
 
-    named = getattr(target, "request_columns", None)
-    columns = named(df.columns) if callable(named) else None
+    columns = request_columns(target, df.columns)
     if columns is None:
         raise TypeError(
             f"dedupe_requests needs a target that names the columns its requests are made "

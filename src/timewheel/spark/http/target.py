@@ -3,7 +3,8 @@
 :meth:`HttpDownstream.submit` hands the request to this process's :class:`~._curl.CurlLoop`
 (libcurl's multi interface on a thread made after a fork, never inherited); as many
 requests are in flight as the caller starts (``dispatch`` allows ``max_in_flight`` per
-partition), and the connection pool grows with them unless ``max_connections`` caps it.
+partition), and the connection pool grows with them unless ``HttpLimits.max_connections``
+caps it.
 ``submit`` returns a handle whose ``cancel()`` drops the request at once: a timed-out
 call is taken out of libcurl's multi handle, its connection closed, and holds no thread.
 
@@ -11,13 +12,13 @@ Every request carries an idempotency key derived from the row's id (the same acr
 retries, Spark task retries and recomputations), so the service can drop repeats:
 delivery is at least once, and the key makes it effectively once.
 
-The answer's verdict (:func:`~.http_request.verdict`): 2xx is success; 5xx, 429 (after
+The answer's verdict (:func:`~.request.verdict`): 2xx is success; 5xx, 429 (after
 its ``Retry-After``, capped), timeouts and connection errors are worth a retry; any other
 status is a final failure, not retried. Redirects are not followed: a 3xx is a final
 failure naming its ``Location`` (so a request is never re-sent elsewhere, nor a POST
 turned into a GET, and a redirect loop cannot happen). An answer longer than
-``max_reply_bytes`` fails the attempt, unread. :meth:`HttpDownstream.request` gives the
-request a row makes, for code that sends it with a client of its own.
+``HttpLimits.max_reply_bytes`` fails the attempt, unread. :meth:`HttpDownstream.request`
+gives the request a row makes, for code that sends it with a client of its own.
 """
 
 from __future__ import annotations
@@ -25,17 +26,16 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
-import os
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Union
 
-from ..._validate import check_columns, check_int, check_number
-from ..batch.replies import ReplySplit
-from ..batch.spec import BatchBody, BatchPart, BodySpec
-from ..contract import DownstreamError, Failure, OnDone, Reply
+from ..._validate import check_columns
+from ..batch.spec import BatchPart
+from ..contract import DownstreamError, Failure, OnDone, Reply, TargetPlan
 from ..runtime import PerProcess
 from ..secrets import Secret, SecretError, redact_url
+from .options import TLS, BatchFormat, HttpLimits
 from .request import (
     _ENCODE,
     _ENCODE_KEY,
@@ -51,7 +51,6 @@ from .request import (
 )
 
 __all__ = [
-    "DEFAULT_MAX_REPLY_BYTES",
     "METHODS",
     "Body",
     "HttpDownstream",
@@ -68,10 +67,6 @@ Body = Union[None, str, Sequence[str], Callable[[Mapping[str, Any]], Any]]
 #: The methods a target may use.
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
-#: The default limit on an answer's size (bytes).
-DEFAULT_MAX_REPLY_BYTES = 1 << 20
-
-
 # A request without a body (GET and DELETE by default).
 _NO_BODY = object()
 
@@ -81,6 +76,10 @@ def _new_loop() -> Any:
 
     return CurlLoop()
 
+
+# The defaults: frozen, so one each serves every target.
+_TLS = TLS()
+_LIMITS = HttpLimits()
 
 # This process's libcurl loop thread (made on first use, again in a forked child).
 _LOOP: PerProcess[Any] = PerProcess(_new_loop)
@@ -103,36 +102,20 @@ class HttpDownstream:
       without a request (nothing would let the service drop its repeats).
     * ``headers``: sent with every request (``Content-Type: application/json`` unless
       given). ``body``: see :data:`Body` (it must pickle for Spark).
-    * ``max_connections``: the most connections this process opens to the service;
-      None (the default) lets it follow the calls in flight, which ``dispatch`` bounds
-      with ``max_in_flight``.
     * ``headers`` values may be :class:`~.secrets.Secret`: read where the request is sent
       (on the executor), never pickled, shown by name only; see docs/spark/operations.md#secrets.
       A secret's function, or file, is read again once when the service answers 401,
       and the row's request sent again once with the new value.
-    * ``verify_tls``: HTTPS certificates are verified unless this is False.
-    * ``ca_file``: the CA bundle (PEM) to verify servers with, in place of the system's;
-      ``client_cert`` and ``client_key``: a client certificate (PEM) and its key, for
-      mutual TLS (the key may be in the certificate's file). Each must be a readable
-      file when the target is made, at the same path on the executors.
-    * ``http2``: HTTP/2 where an https:// server offers it (many requests share one
-      connection); False: HTTP/1.1.
-    * ``timeout_s``: a backstop for ``submit`` used outside ``dispatch`` (which times
-      each call out itself and cancels it); None: none.
-    * ``max_retry_after_s``: the longest a 429's ``Retry-After`` may delay the retry.
-    * ``max_reply_bytes``: the longest answer read (1 MiB by default); a longer one
-      fails the attempt (final: a retry would get the same).
-    * ``read_rate_limit_headers``: under a quota (``dispatch`` calls :meth:`for_quota`),
-      hand the answers' rate-limit headers to it (read on one answer in 8 per
-      connection handle and after each refusal; a Python call per header line then).
+    * ``tls``: a :class:`~.options.TLS` (verification, CA file, client certificate,
+      HTTP/2); ``limits``: an :class:`~.options.HttpLimits` (connections, the
+      ``submit`` backstop timeout, the longest ``Retry-After``, the longest answer).
+    * ``read_rate_limit_headers``: under a quota (``dispatch`` binds the target with
+      :meth:`bind`), hand the answers' rate-limit headers to it (read on one answer in 8
+      per connection handle and after each refusal; a Python call per header line then).
       False: only a refusal's ``Retry-After`` reaches the quota.
-    * ``batch_body``, ``batch_reply``, ``batch_id_field``: how the service takes many
-      rows per request (``dispatch(batch_size=N)``; see docs/spark/batches.md). The
-      body: None for a JSON array of the rows' bodies, a template placing that array
-      where ``$rows`` stands (``'{"model": "m", "input": $rows}'``), or a function of
-      the list of bodies. The answer: the path of its array (``"data[*].embedding"``,
-      ``"[*]"`` by default: the answer is the array), each element going to the row at
-      its position, or to the row whose id its ``batch_id_field`` holds.
+    * ``batch``: a :class:`~.options.BatchFormat`, how the service takes many rows per
+      request (``dispatch`` with batches; see docs/spark/batches.md); None: the
+      default, a JSON array of the rows' bodies answered by an array, by position.
     """
 
     def __init__(
@@ -146,19 +129,10 @@ class HttpDownstream:
         params: Mapping[str, str] | None = None,
         header_cols: Mapping[str, str] | None = None,
         idempotency_header: str | None = "Idempotency-Key",
-        max_connections: int | None = None,
-        verify_tls: bool = True,
-        ca_file: str | None = None,
-        client_cert: str | None = None,
-        client_key: str | None = None,
-        http2: bool = True,
-        timeout_s: float | None = None,
-        max_retry_after_s: float = 30.0,
-        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+        tls: TLS = _TLS,
+        limits: HttpLimits = _LIMITS,
         read_rate_limit_headers: bool = True,
-        batch_body: BodySpec = None,
-        batch_reply: str = "[*]",
-        batch_id_field: str | None = None,
+        batch: BatchFormat | None = None,
     ) -> None:
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, got {url!r}")
@@ -201,18 +175,21 @@ class HttpDownstream:
             )
         if idempotency_header is not None:
             _check_header_names("idempotency_header", [idempotency_header])
-        if max_connections is not None:
-            max_connections = check_int("max_connections", max_connections, 1)
-        if not isinstance(verify_tls, bool):
-            raise TypeError(f"verify_tls must be a bool, got {verify_tls!r}")
+        if not isinstance(tls, TLS):
+            raise TypeError(f"tls must be a TLS(...), got {tls!r} ({type(tls).__name__})")
+        if not isinstance(limits, HttpLimits):
+            raise TypeError(
+                f"limits must be an HttpLimits(...), got {limits!r} ({type(limits).__name__})"
+            )
+        batch = BatchFormat() if batch is None else batch
+        if not isinstance(batch, BatchFormat):
+            raise TypeError(
+                f"batch must be a BatchFormat(...) or None, got {batch!r} ({type(batch).__name__})"
+            )
         if not isinstance(read_rate_limit_headers, bool):
             raise TypeError(
-                f"read_rate_limit_headers must be a bool, got {read_rate_limit_headers!r}"
+                f"read_rate_limit_headers must be True or False, got {read_rate_limit_headers!r}"
             )
-        if not isinstance(http2, bool):
-            raise TypeError(f"http2 must be a bool, got {http2!r}")
-        if client_key is not None and client_cert is None:
-            raise ValueError("client_key needs client_cert (the certificate it is the key of)")
         self.url = url
         self.method = method.upper()
         self.id_col = id_col
@@ -232,21 +209,14 @@ class HttpDownstream:
         self.header_cols = _column_map("header_cols", header_cols)
         _check_header_names("header_cols", [name for name, _ in self.header_cols])
         self.idempotency_header = idempotency_header
-        self.max_connections = max_connections
-        self.verify_tls = verify_tls
-        self.ca_file = _readable("ca_file", ca_file)
-        self.client_cert = _readable("client_cert", client_cert)
-        self.client_key = _readable("client_key", client_key)
-        self.http2 = http2
+        self.tls = tls
+        self.limits = limits
         self.read_rate_limit_headers = read_rate_limit_headers
-        # Set by for_quota (if read_rate_limit_headers): replies carry them.
+        # Set by bind under a quota (if read_rate_limit_headers): replies carry them.
         self.rate_limit_headers = False
-        self.timeout_s = None if timeout_s is None else check_number("timeout_s", timeout_s, 0.001)
-        self.max_retry_after_s = check_number("max_retry_after_s", max_retry_after_s, 0.0)
-        self.max_reply_bytes = check_int("max_reply_bytes", max_reply_bytes, 1)
-        self.batch_body = BatchBody(batch_body)
+        self.batch = batch
         #: How a batch's answer is split back per row (read by the dispatch engine).
-        self.batch_reply = ReplySplit(batch_reply, batch_id_field)
+        self.batch_reply = batch.split
         self._pieces = pieces if any(c for _, c in pieces) else None
         self._one_line: tuple[str, tuple[tuple[str, str], ...]] = (url, ())
         self._lines = [f"{k}: {v}" for k, v in self.headers.items()] + ["Expect:"]
@@ -255,34 +225,26 @@ class HttpDownstream:
     def __repr__(self) -> str:
         return f"HttpDownstream({self.method} {redact_url(self.url)!r})"
 
-    def for_id_col(self, id_col: str) -> HttpDownstream:
-        """This target keyed on ``id_col`` unless it names its own (``dispatch`` calls it)."""
-        if self.id_col is not None:
+    def bind(self, plan: TargetPlan) -> HttpDownstream:
+        """This target for one job (``dispatch`` calls it once, before the job): keyed on
+        ``plan.id_col`` unless it names its own ``id_col``; with its answers' rate-limit
+        headers in each ``Reply`` when ``plan.rate_limit_headers`` (a quota follows them)
+        and ``read_rate_limit_headers``. With ``plan.batching``, ValueError when its
+        requests have no body to hold the rows'. Itself when nothing changes."""
+        if plan.batching and self._shape == "none":
+            raise ValueError(
+                f"batches need requests with a body to hold the rows' bodies; "
+                f"{self!r} sends none (method {self.method}, body {self.body!r})"
+            )
+        id_col = self.id_col if self.id_col is not None else plan.id_col
+        headers = plan.rate_limit_headers and self.read_rate_limit_headers
+        if id_col == self.id_col and headers == self.rate_limit_headers:
             return self
         bound = copy.copy(self)
         bound.id_col = id_col
-        return bound
-
-    def for_quota(self) -> HttpDownstream:
-        """This target with its answers' rate-limit headers in each ``Reply`` (``dispatch``
-        calls it for a job with a quota, which follows them); itself without
-        ``read_rate_limit_headers``."""
-        if not self.read_rate_limit_headers:
-            return self
-        bound = copy.copy(self)
-        bound.rate_limit_headers = True
+        bound.rate_limit_headers = headers
         bound._curl_settings = None
         return bound
-
-    def for_batches(self) -> HttpDownstream:
-        """This target, checked for batches (``dispatch(batch_size=N)`` calls it):
-        ValueError when its requests have no body to hold the rows'."""
-        if self._shape == "none":
-            raise ValueError(
-                f"batch_size > 1 needs requests with a body to hold the rows' bodies; "
-                f"{self!r} sends none (method {self.method}, body {self.body!r})"
-            )
-        return self
 
     def columns(self) -> tuple[str, ...]:
         """The columns the requests are made from: the URL's fields, params and header_cols."""
@@ -388,16 +350,18 @@ class HttpDownstream:
         """What the connections depend on: copies with equal settings share them."""
         from ._curl import Settings
 
-        timeout_ms = None if self.timeout_s is None else max(1, round(self.timeout_s * 1000))
+        tls, limits = self.tls, self.limits
+        timeout_s = limits.timeout_s
+        timeout_ms = None if timeout_s is None else max(1, round(timeout_s * 1000))
         return Settings(
-            self.verify_tls,
-            self.max_connections,
+            tls.verify,
+            limits.max_connections,
             timeout_ms,
-            self.max_reply_bytes,
-            self.ca_file,
-            self.client_cert,
-            self.client_key,
-            self.http2 and self.url.startswith("https:"),
+            limits.max_reply_bytes,
+            tls.ca_file,
+            tls.client_cert,
+            tls.client_key,
+            tls.http2 and self.url.startswith("https:"),
             self.rate_limit_headers,
         )
 
@@ -470,11 +434,11 @@ class HttpDownstream:
         on_done: OnDone,
     ) -> Any:
         """Send one request holding ``payloads`` (the rows' bodies, made by
-        ``batch_body``) on ``line``, with the batch's idempotency ``key``; as :meth:`submit`."""
+        ``batch.body``) on ``line``, with the batch's idempotency ``key``; as :meth:`submit`."""
         try:
-            body = self.batch_body.encode(payloads)
+            body = self.batch.encoder.encode(payloads)
         except Exception as exc:  # the user's function, or a value JSON cannot hold
-            on_done(False, Failure(f"batch_body: {type(exc).__name__}: {exc}", None))
+            on_done(False, Failure(f"BatchFormat.body: {type(exc).__name__}: {exc}", None))
             return None
         url, own = line
         extra = dict(own)
@@ -496,7 +460,7 @@ class HttpDownstream:
         if errno == 0 and 200 <= status < 300:  # the common case, first
             ok, failure, reply = True, None, Reply(status, text or None, given)
         elif errno == 0:
-            _, error, wait = verdict(status, text, headers.get, self.max_retry_after_s)
+            _, error, wait = verdict(status, text, headers.get, self.limits.max_retry_after_s)
             ok, failure = False, Failure(error or "failed", wait)
             reply = Reply(status, text or None, given)
         else:
@@ -510,9 +474,9 @@ class HttpDownstream:
             elif errno == LOOP_FAILED:
                 failure = Failure(msg, 0.0)
             elif errno == pycurl.E_FILESIZE_EXCEEDED:
-                failure = _too_large(self.max_reply_bytes)
+                failure = _too_large(self.limits.max_reply_bytes)
             elif errno == pycurl.E_OPERATION_TIMEDOUT:
-                failure = Failure(f"no reply within {self.timeout_s} s", 0.0)
+                failure = Failure(f"no reply within {self.limits.timeout_s} s", 0.0)
             else:
                 failure = Failure(f"{curl_error_kind(errno)}: {msg}", 0.0)
         try:
@@ -531,23 +495,6 @@ class HttpDownstream:
         renewer = _RENEWER.reset()
         if renewer is not None:
             renewer.shutdown(wait=False)
-
-
-def _readable(name: str, path: Any) -> str | None:
-    """``path`` made absolute, or ValueError naming ``name`` unless it is a readable file."""
-    if path is None:
-        return None
-    if not isinstance(path, (str, os.PathLike)) or not str(path):
-        raise TypeError(f"{name} must be a file path (str) or None, got {path!r}")
-    full: str = os.path.abspath(os.fspath(path))
-    if not os.path.isfile(full):
-        raise ValueError(f"{name}: {full!r} is not a file")
-    try:
-        with open(full, "rb"):
-            pass
-    except OSError as exc:
-        raise ValueError(f"{name}: {full!r} cannot be read: {exc.strerror}") from None
-    return full
 
 
 def _renewer() -> Any:

@@ -16,7 +16,7 @@ how the attempt ended:
   and its ``Retry-After`` pauses the whole job's quota (each task restarts after the
   pause plus a random jitter, see :mod:`timewheel.spark.quota.task`);
 * an answer with the service's rate-limit headers (``Reply.headers``, which
-  ``HttpDownstream`` gives once ``dispatch`` has called its ``for_quota``) is followed:
+  ``HttpDownstream`` gives once ``dispatch`` has bound it for a quota) is followed:
   ``Retry-After`` or a used-up window pauses the job, and the quota holds no more than
   the service says is left (:meth:`~timewheel.spark.quota.task.TaskQuota.follow`);
 * anything else (a timeout, a 5xx, a refused connection) may have cost what it was
