@@ -16,7 +16,6 @@ from typing import Callable
 
 from ... import _atfork
 from .spec import (
-    _EPS,
     BURST_S,
     LEASE_S,
     LEFT_SHARE,
@@ -32,6 +31,9 @@ from .spec import (
 __all__ = ["Bucket", "Failover", "LocalStore"]
 
 logger = logging.getLogger(__name__)
+
+# The slack for float rounding in the buckets' comparisons.
+_EPS = 1e-9
 
 
 @dataclass

@@ -47,7 +47,6 @@ LEFT_SHARE = 8
 #: The largest rate, budget or cap: far from float rounding.
 MAX_AMOUNT = 1e15
 MAX_COUNT = int(MAX_AMOUNT)
-_EPS = 1e-9
 
 _UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "min": 60.0, "minute": 60.0, "h": 3600.0}
 _RATE_TEXT = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*/\s*([a-z]+)\s*$")
