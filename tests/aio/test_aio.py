@@ -125,6 +125,43 @@ def test_callbacks_run_in_deadline_then_fifo_order_never_early(
         assert at - when < 0.03, f"{name} ran {at - when} s late"
 
 
+@pytest.mark.parametrize("back_s", [0.5, 900.0])
+def test_a_clock_set_back_after_the_timer_is_made_never_fires_early(
+    A: ModuleType, vloop: VirtualLoop, back_s: float
+) -> None:
+    """The loop's clock goes back after the loop's wheel was made (a test's clock patched
+    in, a loop.time replaced): a timer or timeout due at loop time ``when`` still runs only
+    once loop.time() has passed it, as on asyncio's heap."""
+    ran: list[tuple[str, float, float]] = []
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        later = A.call_later(3600, lambda: None)  # the wheel, made at loop time 1000, in use
+        A.call_later(0.001, lambda: None)
+        await asyncio.sleep(0.01)  # the wheel's time is now 1000.001
+        vloop.now -= back_s
+        now = loop.time()
+        for name, delay in [("a", 0.2), ("b", 0.4), ("c", 0.3)]:
+            h = A.call_later(delay, lambda n=name, w=now + delay: ran.append((n, w, loop.time())))
+            assert h.when() == now + delay
+        A.call_at(now - 0.1, lambda w=now - 0.1: ran.append(("past", w, loop.time())))
+        outcome = []
+        try:
+            async with A.timeout(0.35):
+                await asyncio.sleep(0.25)
+                outcome.append(f"slept {loop.time() - now:.2f}")
+        except asyncio.TimeoutError:
+            outcome.append(f"timed out at {loop.time() - now:.2f}")
+        await asyncio.sleep(0.5)
+        later.cancel()
+        return outcome
+
+    assert run(vloop, main()) == ["slept 0.25"]
+    assert [r[0] for r in ran] == ["past", "a", "c", "b"]
+    for name, when, at in ran:
+        assert at >= when, f"{name} ran {when - at} s early"
+
+
 def test_a_burst_of_timers_cascades_over_several_loop_iterations(
     A: ModuleType, vloop: VirtualLoop, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Coroutine, Iterator
@@ -219,6 +220,50 @@ def test_timers_fire_in_deadline_order_on_the_loop_clock(loop: asyncio.AbstractE
     assert [r[0] for r in ran] == ["a", "b", "c"]
     for _, when, at in ran:
         assert at >= when
+
+
+@pytest.mark.parametrize("patched", ["loop.time", "time.monotonic"])
+@pytest.mark.parametrize("shift_s", [-3600.0, 3600.0], ids=["back", "ahead"])
+def test_a_clock_patched_after_the_loop_is_made_never_fires_a_timer_early(
+    base: str,
+    loop: asyncio.AbstractEventLoop,
+    monkeypatch: pytest.MonkeyPatch,
+    patched: str,
+    shift_s: float,
+) -> None:
+    """The wheel's time is taken from loop.time() when the loop is made; a clock patched in
+    afterwards (a test's, or time.monotonic, which asyncio's loop reads) that is behind it
+    must not make timers, sleeps or timeouts fire before loop.time() reaches them."""
+    real = time.monotonic
+    if patched == "loop.time":
+        monkeypatch.setattr(loop, "time", lambda: real() + shift_s)
+    elif base == "uvloop":
+        pytest.skip("uvloop's clock is libuv's, not time.monotonic")
+    else:
+        monkeypatch.setattr(time, "monotonic", lambda: real() + shift_s)
+
+    async def main() -> list[tuple[str, float, float]]:
+        ran: list[tuple[str, float, float]] = []
+        start = loop.time()
+        for name, delay in [("c", 0.06), ("a", 0.02), ("b", 0.04)]:
+            h = loop.call_later(delay, lambda n=name: ran.append((n, whens[n], loop.time())))
+            whens[name] = h.when()
+        loop.call_at(start + 0.05, lambda: ran.append(("at", start + 0.05, loop.time())))
+        await asyncio.sleep(0.03)
+        ran.append(("sleep", start + 0.03, loop.time()))
+        try:
+            await asyncio.wait_for(asyncio.sleep(0.05), 0.1)
+            ran.append(("wait_for", start + 0.08, loop.time()))
+        except asyncio.TimeoutError:
+            ran.append(("wait_for timed out", start + 0.13, loop.time()))
+        return ran
+
+    whens: dict[str, float] = {}
+    ran = run(loop, main())
+    assert [r[0] for r in ran if r[0] in ("a", "b", "at", "c")] == ["a", "b", "at", "c"]
+    assert {r[0] for r in ran} == {"a", "b", "at", "c", "sleep", "wait_for"}
+    for name, when, at in ran:
+        assert at >= when, f"{name} ran {when - at:.3f} s early"
 
 
 # -- asyncio's semantics, compared with the plain base loop --------------------------------

@@ -65,6 +65,8 @@ cdef class LoopTimer:
     cdef int _arm(self, int64_t t) except -1
     cdef int _fire(self) except -1
     cdef int _rearm(self) except -1
+    cdef int _follow_clock(self) except -1
+    cdef int _rebase(self, int64_t now) except -1
     cdef int _alarm_lost(self) except -1
     cdef int _release(self) except -1
 

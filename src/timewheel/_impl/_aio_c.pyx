@@ -80,6 +80,12 @@ cdef inline int64_t deadline_ns(double when) noexcept:
     return <int64_t>ceil(when * 1e9) + 1
 
 
+cdef inline int64_t key_at(double when, int64_t now) noexcept:
+    """The wheel key of loop time ``when`` on a wheel at ``now`` (ns); see the twin's key_at."""
+    cdef int64_t d = <int64_t>ceil((when if when > -MAX_TIME else -MAX_TIME) * 1e9)
+    return d if d <= now else d + 1
+
+
 cdef inline int64_t tick_end(int64_t d) noexcept:
     """``d`` rounded up to a tick (C division truncates toward zero)."""
     cdef int64_t q = d // TICK
@@ -326,6 +332,8 @@ cdef class LoopTimer:
         if self._closed:
             raise RuntimeError("Event loop is closed")
         d = deadline_ns(when)
+        if d <= self._wheel._now:  # passed by the wheel: due, unless the loop's clock went back
+            self._follow_clock()
         h = self._wheel._schedule_item(d, entry, False)
         if d < self._armed_ns and not self._firing:
             t = tick_end(d)
@@ -390,6 +398,8 @@ cdef class LoopTimer:
         now = <int64_t>floor(loop.time() * 1e9)
         if 0 < armed - now <= 1:  # the loop's float clock rounded below the armed moment
             now = armed
+        if now + 1 < self._wheel._now:  # the loop's clock went back
+            self._rebase(now)
         due = self._wheel.advance(now, CASCADE_LIMIT)  # the rest: _rearm arms at once
         n = len(due)
         for i in range(n):
@@ -424,6 +434,35 @@ cdef class LoopTimer:
             # Due already (cut short by CASCADE_LIMIT, or due when scheduled): at once.
             t = d
             self._arm(t if t <= self._wheel._now or t <= self._due_ns else tick_end(t))
+        return 0
+
+    cdef int _follow_clock(self) except -1:
+        """Rebase the wheel if the loop's clock is behind it, and arm for the new wheel."""
+        cdef int64_t now
+        loop = <object>PyWeakref_GetObject(self._loopref)
+        if loop is None:
+            return 0
+        now = <int64_t>floor(loop.time() * 1e9)
+        if now + 1 < self._wheel._now:  # beyond _fire's one-nanosecond rounding
+            self._rebase(now)
+            if not self._firing:  # else _fire arms when its callbacks are done
+                alarm = self._alarm() if self._alarm is not None else None
+                if alarm is not None:
+                    (<_Alarm>alarm).cancel()
+                self._alarm = None
+                self._armed_ns = NEVER
+                self._rearm()
+        return 0
+
+    cdef int _rebase(self, int64_t now) except -1:
+        """The loop's clock went back to ``now``, behind the wheel's: see the twin's."""
+        cdef _Entry entry
+        cdef TimingWheel wheel = TimingWheel(TICK, WHEEL_SIZE, now)
+        for item in self._wheel.advance(NEVER - 1):
+            entry = <_Entry>item
+            entry._id = wheel._schedule_item(key_at(entry._when, now), entry, False)
+        self._wheel = wheel
+        self._due_ns = -NEVER
         return 0
 
     cdef int _defer(self, object loop, _Entry entry) except -1:

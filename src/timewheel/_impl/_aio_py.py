@@ -6,7 +6,9 @@ wide) and keeps at most one ``loop.call_at`` armed: at the end of the millisecon
 holds the wheel's earliest deadline. It is re-armed only when that moment moves earlier.
 When it fires, the wheel advances to ``loop.time()`` and what is due runs on the loop,
 in deadline-then-FIFO order. A deadline is rounded up to the next nanosecond, so nothing
-runs before ``loop.time()`` has passed it.
+runs before ``loop.time()`` has passed it. The wheel's time never goes back; when the loop's
+clock does (``loop.time`` or ``time.monotonic`` patched after the loop was made), a new wheel
+at the loop's time takes every pending entry (:meth:`LoopTimer._rebase`).
 
 The armed ``call_at`` doubles as the loop's close detector: the loop drops it without
 running it only when the loop is closed, and then every pending timer is released
@@ -75,6 +77,14 @@ _NO_LOOP = (
 def deadline_ns(when: float) -> int:
     """The wheel deadline of loop time ``when``: due only once ``loop.time() > when``."""
     return math.ceil(when * 1e9) + 1
+
+
+def key_at(when: float, now: int) -> int:
+    """The wheel key of loop time ``when`` on a wheel whose time is ``now`` (ns): its
+    :func:`deadline_ns` if it is still to come, else its deadline to the nanosecond, due at
+    the next firing (as :func:`due_ns`)."""
+    d = math.ceil(max(when, -MAX_LOOP_TIME) * 1e9)
+    return d if d <= now else d + 1
 
 
 def _tick_end(d: int) -> int:
@@ -337,6 +347,8 @@ class LoopTimer:
         if self._closed:
             raise RuntimeError("Event loop is closed")
         d = deadline_ns(when)
+        if d <= self._wheel.now:  # passed by the wheel: due, unless the loop's clock went back
+            self._follow_clock()
         h = self._wheel.schedule(d, entry)
         if d < self._armed_ns and not self._firing:
             t = _tick_end(d)
@@ -394,6 +406,8 @@ class LoopTimer:
         now = math.floor(loop.time() * 1e9)
         if 0 < armed - now <= 1:  # the loop's float clock rounded below the armed moment
             now = armed
+        if now + 1 < self._wheel.now:  # the loop's clock went back
+            self._rebase(now)
         due = self._wheel.advance(now, CASCADE_LIMIT)  # the rest: _rearm arms at once
         for entry in due:
             entry._id = 0  # left the wheel; a reschedule while we run gives it a new id
@@ -421,6 +435,33 @@ class LoopTimer:
             # Due already (a firing cut short by CASCADE_LIMIT, or a timer due when it was
             # scheduled while the firing ran, whose key is at most _due_ns): go on at once.
             self._arm(d if d <= self._wheel.now or d <= self._due_ns else _tick_end(d))
+
+    def _follow_clock(self) -> None:
+        """Rebase the wheel if the loop's clock is behind it, and arm for the new wheel."""
+        loop = self._loopref()
+        if loop is None:
+            return
+        now = math.floor(loop.time() * 1e9)
+        if now + 1 < self._wheel.now:  # beyond _fire's one-nanosecond rounding
+            self._rebase(now)
+            if not self._firing:  # else _fire arms when its callbacks are done
+                alarm = self._alarm() if self._alarm is not None else None
+                if alarm is not None:
+                    alarm.cancel()
+                self._alarm = None
+                self._armed_ns = _NEVER
+                self._rearm()
+
+    def _rebase(self, now: int) -> None:
+        """The loop's clock went back to ``now`` (ns), behind the wheel's time, which never
+        decreases: a deadline the wheel has passed would run at once, before the loop's clock
+        reaches it. A new wheel at ``now`` takes every pending entry, in the order they had,
+        at its own deadline (:func:`key_at`): due by the loop's clock, or still to come."""
+        wheel = TimingWheel(TICK_NS, WHEEL_SIZE, now)
+        for entry in self._wheel.advance(_NEVER - 1):
+            entry._id = wheel.schedule(key_at(entry._when, now), entry)
+        self._wheel = wheel
+        self._due_ns = -_NEVER
 
     def _defer(self, loop: asyncio.AbstractEventLoop, entry: Any) -> None:
         """Debug mode: run the due ``entry`` as a callback of its own on the loop (its
