@@ -7,8 +7,9 @@ order's customer to the service with :func:`timewheel.spark.dispatch`:
 * ``GET /customers/{customer_id}``: a URL template filled from each row;
 * ``reply_schema=``: the service's JSON answer parsed into a struct column ``reply``, so
   the customer's name and tier become columns of the order;
-* ``rate=RATE``: the whole job stays under RATE requests a second, however many tasks;
-* ``dedupe_col="customer_id"``: orders of the same customer share one request;
+* ``quota=Quota(rate=RATE)``: the whole job stays under RATE requests a second, however
+  many tasks;
+* ``dedupe=Dedupe("customer_id")``: orders of the same customer share one request;
 * every order comes back once with how its lookup ended (``status``, ``http_status``,
   ``attempts``, ``latency_ms``, ``error``); unknown customers are ``failed`` with the
   service's 404.
@@ -26,7 +27,7 @@ from typing import Any
 from aiohttp import web
 from pyspark.sql import functions as F
 
-from timewheel.spark import dispatch
+from timewheel.spark import Calls, Dedupe, Quota, dispatch
 from timewheel.spark.session import spark_session
 from timewheel.spark.targets import HttpDownstream
 
@@ -93,11 +94,11 @@ def main() -> int:
             orders,
             target,
             id_col="order_id",
-            dedupe_col="customer_id",
-            rate=RATE,
+            dedupe=Dedupe("customer_id"),
+            quota=Quota(rate=RATE),
             reply_schema="id long, name string, tier string",
             timeout_ms=5000,
-            retries=2,
+            calls=Calls(retries=2),
         ).cache()
         counts = {r["status"]: r["count"] for r in enriched.groupBy("status").count().collect()}
         elapsed = time.monotonic() - start

@@ -5,14 +5,15 @@ OpenAI-compatible stub on 127.0.0.1 (``POST /v1/embeddings``; it refuses with 42
 goes over its tokens-per-minute limit, and says in ``usage`` what each call cost) and a
 local Spark, then asks for each text's embedding with :func:`timewheel.spark.dispatch`:
 
-* ``batch_size=16``: up to 16 texts per request, as embedding APIs take them
-  (``batch_body`` puts the texts in the request's ``input``; ``batch_reply="data[*]"``
-  gives each row its own element of the answer's ``data``, by position);
+* ``batching=Batching(16)``: up to 16 texts per request, as embedding APIs take them
+  (the target's ``batch=BatchFormat(...)`` puts the texts in the request's ``input``,
+  and its ``reply="data[*]"`` gives each row its own element of the answer's ``data``,
+  by position);
 * ``quota=Quota(cost_rate="60000/min")``: one quota for the whole job, counted in tokens
   as the service counts them, drawn on by every task as it goes: each request takes
   the sum of its texts' estimates;
-* ``cost="est_tokens"``: each row's estimate (its bytes / 4), taken before the call;
-  ``reply_cost="usage.total_tokens"``: what the request really cost, settled after it;
+* ``cost=Cost("est_tokens", actual="usage.total_tokens")``: each row's estimate (its
+  bytes / 4), taken before the call, and what the request really cost, settled after it;
 * the API key is read on the executors from ``OPENAI_API_KEY`` (never in the plan);
 * ``reply_schema=``: each row's element (its index and embedding) as columns.
 
@@ -29,10 +30,10 @@ import time
 from pyspark.sql import functions as F
 
 from timewheel.cli.bench.openai_stub import StubProcess
-from timewheel.spark import Quota, dispatch
+from timewheel.spark import Batching, Cost, Quota, dispatch
 from timewheel.spark.secrets import parse_secret
 from timewheel.spark.session import spark_session
-from timewheel.spark.targets import HttpDownstream
+from timewheel.spark.targets import BatchFormat, HttpDownstream
 
 TEXTS = 80
 TOKENS_PER_MINUTE = 60_000  # the stub's limit, and the job's quota
@@ -51,8 +52,9 @@ def main() -> int:
         target = HttpDownstream(
             f"{stub.base_url}/embeddings",
             body=lambda row: row["text"],  # each row's part of the request: its text
-            batch_body='{"model": "text-embedding-3-small", "input": $rows}',
-            batch_reply="data[*]",
+            batch=BatchFormat(
+                '{"model": "text-embedding-3-small", "input": $rows}', reply="data[*]"
+            ),
             headers={"Authorization": parse_secret("Bearer {env:OPENAI_API_KEY}")},
         )
         start = time.monotonic()
@@ -61,11 +63,9 @@ def main() -> int:
             target,
             id_col="id",
             quota=Quota(cost_rate=f"{TOKENS_PER_MINUTE}/min"),
-            cost="est_tokens",
-            reply_cost="usage.total_tokens",
+            cost=Cost("est_tokens", actual="usage.total_tokens"),
             reply_schema="index int, embedding array<double>",
-            batch_size=BATCH,
-            batch_linger_ms=200,
+            batching=Batching(BATCH, linger_ms=200),
             timeout_ms=30_000,
         ).cache()
         counts = {r["status"]: r["count"] for r in out.groupBy("status").count().collect()}

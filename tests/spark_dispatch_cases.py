@@ -18,8 +18,8 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql import functions as F
 
-from timewheel.spark import dispatch, output_schema, partition_dispatcher
-from timewheel.spark.targets import HttpDownstream, SimulatedDownstream
+from timewheel.spark import Calls, dispatch, output_schema, partition_dispatcher
+from timewheel.spark.targets import HttpDownstream, HttpLimits, SimulatedDownstream
 
 #: The cases, for ``from spark_dispatch_cases import *`` in a module that defines ``engine``.
 __all__ = [
@@ -35,7 +35,7 @@ def counts(df: Any, col: str = "status") -> dict:
 
 
 #: Short calls against a simulated downstream whose slow tenth times out, one retry each.
-SHORT = {"timeout_ms": 10, "max_in_flight": 64, "retries": 1, "backoff_ms": 1}
+SHORT = {"timeout_ms": 10, "calls": Calls(max_in_flight=64, retries=1, backoff_ms=1)}
 
 
 def rows_with_payload(spark: Any, n: int) -> Any:
@@ -76,9 +76,7 @@ def test_key_exclusivity_and_co_partitioning(spark: Any, engine: Any) -> None:
         df,
         sim,
         id_col="id",
-        key_cols=("src", "dst"),
-        retries=0,
-        max_in_flight=32,
+        calls=Calls(key_cols=("src", "dst"), max_in_flight=32, retries=0),
         engine=engine,
     )
     out = out.withColumn("part", F.spark_partition_id()).cache()
@@ -95,15 +93,15 @@ def test_key_exclusivity_and_co_partitioning(spark: Any, engine: Any) -> None:
 
 def test_http_target_served_on_loopback(spark: Any, recorder: Any, engine: Any) -> None:
     df = spark.range(140, numPartitions=2).withColumn("note", F.lit("hello"))
-    target = HttpDownstream(f"http://127.0.0.1:{recorder.server_port}/ingest", max_connections=8)
+    target = HttpDownstream(
+        f"http://127.0.0.1:{recorder.server_port}/ingest", limits=HttpLimits(max_connections=8)
+    )
     out = dispatch(
         df,
         target,
         id_col="id",
         timeout_ms=5000,
-        retries=1,
-        backoff_ms=1,
-        max_in_flight=8,
+        calls=Calls(max_in_flight=8, retries=1, backoff_ms=1),
         engine=engine,
     )
     rows = {r["id"]: r for r in out.collect()}

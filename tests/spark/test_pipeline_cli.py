@@ -246,7 +246,7 @@ def test_bad_paths_formats_and_masters_are_one_line_errors(tmp_path: Path) -> No
 def test_progress_counts_rows_to_the_total(
     spark: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from timewheel.spark import dispatch
+    from timewheel.spark import Journal, dispatch
     from timewheel.spark.targets import SimulatedDownstream
 
     class Terminal(io.StringIO):
@@ -258,7 +258,12 @@ def test_progress_counts_rows_to_the_total(
     # The bar counts the rows the tasks committed to the run's journal.
     rows = JournalCount(tmp_path / "journal")
     df = spark.range(2000, numPartitions=4)
-    result = dispatch(df, SimulatedDownstream(1, 2), id_col="id", journal=str(rows.directory))
+    result = dispatch(
+        df,
+        SimulatedDownstream(1, 2),
+        id_col="id",
+        journal=Journal(str(rows.directory)),
+    )
     with Progress(rows, 2000, quiet=False):
         assert result.count() == 2000
     assert rows.value == 2000

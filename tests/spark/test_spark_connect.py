@@ -25,7 +25,7 @@ pytest.importorskip("grpc")
 
 import timewheel  # noqa: E402
 from test_spark_cluster import SPARK_HOME, free_port, stop  # noqa: E402
-from timewheel.spark import dispatch, output_schema  # noqa: E402
+from timewheel.spark import Calls, Dedupe, Journal, Quota, dispatch, output_schema  # noqa: E402
 from timewheel.spark.targets import SimulatedDownstream  # noqa: E402
 
 pytestmark = [
@@ -106,14 +106,17 @@ def test_dispatch_on_connect_returns_every_row_once(session: Any) -> None:
 
     df = session.range(3000).select("id", (F.col("id") % 50).alias("acct"))
     target = SimulatedDownstream(1, 3, failure_rate=0.0, seed=1)
-    out = dispatch(df, target, id_col="id", key_cols=["acct"], max_in_flight=32).collect()
+    calls = Calls(key_cols=["acct"], max_in_flight=32)
+    out = dispatch(df, target, id_col="id", calls=calls).collect()
     assert sorted(r["id"] for r in out) == list(range(3000))
     assert {r["status"] for r in out} == {"ok"}
     # The same on Connect as on a classic session: dedupe, a rate, a resumed result.
-    shared = dispatch(df, target, id_col="id", dedupe_col="acct", max_in_flight=32).collect()
+    calls = Calls(max_in_flight=32)
+    shared = dispatch(df, target, id_col="id", dedupe=Dedupe("acct"), calls=calls).collect()
     assert sorted(r["id"] for r in shared) == list(range(3000))
     assert {r["status"] for r in shared} == {"ok"}
-    limited = dispatch(df.limit(200), target, id_col="id", rate=400.0).collect()
+    static = Quota(rate=400.0, store="static")
+    limited = dispatch(df.limit(200), target, id_col="id", quota=static).collect()
     assert sorted(r["id"] for r in limited) == list(range(200))
     previous = session.createDataFrame(out, schema=output_schema(df.schema))
     again = dispatch(df, target, id_col="id", resume_from=previous).collect()
@@ -245,9 +248,9 @@ def test_a_stream_on_connect_calls_each_row_once_across_a_rerun(
     pytest.importorskip("pycurl")
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from test_stream_dispatch import forget_last_commit
 
     from http_fixtures import ScriptedService
-    from test_stream_dispatch import forget_last_commit
     from timewheel.spark.targets import HttpDownstream
 
     inp, sink, ck = tmp_path / "in", tmp_path / "sink", tmp_path / "ck"
@@ -262,7 +265,10 @@ def test_a_stream_on_connect_calls_each_row_once_across_a_rerun(
             stream = session.readStream.schema("id long, text string")
             stream = stream.option("maxFilesPerTrigger", 1).parquet(str(inp))
             out = dispatch(
-                stream, HttpDownstream(service.url), id_col="id", journal=str(tmp_path / "record")
+                stream,
+                HttpDownstream(service.url),
+                id_col="id",
+                journal=Journal(str(tmp_path / "record")),
             )
             # foreachBatch (run on the server): a micro-batch that runs again is computed
             # again, where a file sink would skip it as written.

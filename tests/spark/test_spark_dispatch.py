@@ -14,7 +14,16 @@ pytest.importorskip("pyspark")
 from pyspark.sql import functions as F
 
 from spark_dispatch_cases import *  # noqa: F403  (the cases, run here against the engine below)
-from timewheel.spark import dispatch, output_schema, partition_dispatcher
+from timewheel.spark import (
+    Calls,
+    Cost,
+    Dedupe,
+    Journal,
+    Quota,
+    dispatch,
+    output_schema,
+    partition_dispatcher,
+)
 from timewheel.spark.engine.partition import timewheel_engine
 from timewheel.spark.runtime import worker_runtime
 from timewheel.spark.targets import HttpDownstream, SimulatedDownstream
@@ -38,12 +47,12 @@ class _Unpicklable:
 BAD = [
     ({"id_col": "nope"}, ValueError, "id_col 'nope' is not a column of df"),
     ({"id_col": 3}, TypeError, "id_col must be a column name (str), got 3"),
-    ({"key_cols": ["acct", "missing"]}, ValueError, "key column 'missing' is not a column of df"),
     (
-        {"key_cols": "acct"},
-        TypeError,
-        "key_cols must be a list or tuple of column names, got 'acct'",
+        {"calls": Calls(key_cols=["acct", "missing"])},
+        ValueError,
+        "calls.key_cols 'missing' is not a column of df",
     ),
+    ({"calls": {"retries": 1}}, TypeError, "calls must be a timewheel.spark.Calls"),
     ({"timeout_ms": 0}, ValueError, "timeout_ms must be between 1 and 2147483647, got 0"),
     ({"timeout_ms": -5}, ValueError, "timeout_ms must be between 1 and 2147483647, got -5"),
     (
@@ -56,35 +65,47 @@ BAD = [
     ({"timeout_ms": float("nan")}, TypeError, "timeout_ms must be an int, got nan"),
     ({"timeout_ms": True}, TypeError, "timeout_ms must be an int, got True"),
     ({"timeout_ms": "100"}, TypeError, "timeout_ms must be an int, got '100'"),
-    ({"max_in_flight": 0}, ValueError, "max_in_flight must be between 1 and 1000000, got 0"),
-    ({"max_in_flight": 2**64}, ValueError, "max_in_flight must be between 1 and 1000000"),
-    ({"max_in_flight": True}, TypeError, "max_in_flight must be an int, got True"),
-    ({"retries": -1}, ValueError, "retries must be between 0 and 1000, got -1"),
-    ({"retries": 10**6}, ValueError, "retries must be between 0 and 1000, got 1000000"),
-    ({"retries": False}, TypeError, "retries must be an int, got False"),
-    ({"backoff_ms": -1}, ValueError, "backoff_ms must be between 0 and 2147483647, got -1"),
-    ({"backoff_ms": 2**63}, ValueError, "backoff_ms must be between 0 and 2147483647"),
-    ({"backoff_ms": float("inf")}, TypeError, "backoff_ms must be an int, got inf"),
     ({"target": _Unpicklable()}, TypeError, "cannot be pickled for Spark's workers"),
     ({"target": object()}, TypeError, "target must have a submit(row, on_done) method"),
     ({"target": HttpDownstream}, TypeError, "target must be an instance, got the class"),
     ({"target": SimulatedDownstream}, TypeError, "target must be an instance, got the class"),
     ({"engine": "fibers"}, TypeError, "engine must be an Engine (a function of rows"),
-    ({"rate": 0}, ValueError, "rate must be a finite number > 0 and <= 1e+09, got 0"),
-    ({"rate": -3.0}, ValueError, "rate must be a finite number > 0 and <= 1e+09, got -3.0"),
-    ({"rate": float("nan")}, ValueError, "rate must be a finite number > 0 and <= 1e+09, got nan"),
-    ({"rate": float("inf")}, ValueError, "rate must be a finite number > 0 and <= 1e+09, got inf"),
-    ({"rate": True}, TypeError, "rate must be a number of requests per second, got True"),
-    ({"rate": "10"}, TypeError, "rate must be a number of requests per second, got '10'"),
-    ({"dedupe_col": "nope"}, ValueError, "dedupe_col 'nope' is not a column of df"),
-    ({"dedupe_col": ["acct"]}, TypeError, "dedupe_col must be a column name (str) or None"),
+    ({"dedupe": Dedupe("nope")}, ValueError, "dedupe.col 'nope' is not a column of df"),
+    ({"dedupe": "acct"}, TypeError, "dedupe must be a timewheel.spark.Dedupe"),
     (
-        {"dedupe_col": "acct", "key_cols": ["acct"]},
+        {"dedupe": Dedupe("acct"), "calls": Calls(key_cols=["acct"])},
         ValueError,
-        "dedupe_col and key_cols cannot be combined",
+        "dedupe and calls.key_cols cannot be combined",
     ),
+    ({"journal": "state/record"}, TypeError, "journal must be a timewheel.spark.Journal"),
     ({"resume_from": [1]}, TypeError, "resume_from must be a DataFrame (a previous result)"),
 ]
+
+
+BAD_OPTIONS = [
+    (lambda: Calls(key_cols="acct"), TypeError, "Calls.key_cols must be a list or tuple"),
+    (lambda: Calls(max_in_flight=0), ValueError, "Calls.max_in_flight must be between 1 and"),
+    (lambda: Calls(max_in_flight=2**64), ValueError, "Calls.max_in_flight must be between"),
+    (lambda: Calls(max_in_flight=True), TypeError, "Calls.max_in_flight must be an int, got True"),
+    (lambda: Calls(retries=-1), ValueError, "Calls.retries must be between 0 and 1000, got -1"),
+    (lambda: Calls(retries=10**6), ValueError, "Calls.retries must be between 0 and 1000"),
+    (lambda: Calls(retries=False), TypeError, "Calls.retries must be an int, got False"),
+    (lambda: Calls(backoff_ms=-1), ValueError, "Calls.backoff_ms must be between 0 and 2147483647"),
+    (lambda: Calls(backoff_ms=float("inf")), TypeError, "Calls.backoff_ms must be an int, got inf"),
+    (lambda: Dedupe(["acct"]), TypeError, "Dedupe.col must be a column name (str)"),
+    (lambda: Dedupe(), ValueError, "Dedupe takes a column"),
+    (lambda: Dedupe("acct", requests=True), ValueError, "Dedupe takes a column"),
+    (lambda: Journal(""), TypeError, "Journal.path must be a directory"),
+    (lambda: Journal("d", retain_batches=0), ValueError, "Journal.retain_batches must be between"),
+    (lambda: Cost(3), TypeError, "Cost.estimate must be a column name (str) or a function"),
+]
+
+
+@pytest.mark.parametrize(("make", "exc", "words"), BAD_OPTIONS)
+def test_bad_options_are_refused_when_made(make: Any, exc: type, words: str) -> None:
+    with pytest.raises(exc) as info:
+        make()
+    assert words in str(info.value)
 
 
 def refused_before_any_job(
@@ -149,11 +170,11 @@ def test_nested_key_columns_are_refused_from_the_schema(spark: Any, ddl: str, sh
     # time fails its row once: tests/spark/engine/test_engines.py checks that for every engine.)
     df = spark.createDataFrame([], f"id long, {ddl}")
     with pytest.raises(ValueError) as info:
-        dispatch(df, SimulatedDownstream(1, 2), id_col="id", key_cols=["acct"])
+        dispatch(df, SimulatedDownstream(1, 2), id_col="id", calls=Calls(key_cols=["acct"]))
     assert f"key column 'acct' has type {shown}" in str(info.value)
     # The same columns are fine as payload, and binary keys are hashable.
     binary = spark.createDataFrame([(1, bytearray(b"k"))], "id long, acct binary")
-    out = dispatch(binary, SimulatedDownstream(1, 2), id_col="id", key_cols=["acct"])
+    out = dispatch(binary, SimulatedDownstream(1, 2), id_col="id", calls=Calls(key_cols=["acct"]))
     assert [r["status"] for r in out.collect()] == ["ok"]
 
 
@@ -162,7 +183,7 @@ def test_duplicate_and_null_ids_each_come_back_once(spark: Any) -> None:
     # row (whatever its id) is one call and one output row.
     data = [(1, "a"), (1, "b"), (None, "c"), (None, "d"), (2, "e")]
     df = spark.createDataFrame(data, "id long, payload string")
-    out = dispatch(df, SimulatedDownstream(1, 2), id_col="id", retries=0).collect()
+    out = dispatch(df, SimulatedDownstream(1, 2), id_col="id", calls=Calls(retries=0)).collect()
     assert sorted((r["id"] or 0, r["payload"], r["status"]) for r in out) == [
         (0, "c", "ok"),
         (0, "d", "ok"),
@@ -190,7 +211,12 @@ def test_identical_requests_are_sent_once_and_every_row_gets_the_outcome(
         body=lambda row: {"id": 1000 + row["id"] if row["acct"] is None else row["acct"]},
     )
     out = dispatch(
-        df, target, id_col="id", dedupe_col="acct", retries=0, max_in_flight=8, timeout_ms=30_000
+        df,
+        target,
+        id_col="id",
+        dedupe=Dedupe("acct"),
+        calls=Calls(max_in_flight=8, retries=0),
+        timeout_ms=30_000,
     )
     rows = out.collect()
     assert sorted(r["id"] for r in rows) == list(range(420))
@@ -211,7 +237,7 @@ def test_identical_requests_without_a_dedupe_col_are_sent_once(spark: Any, recor
     url = f"http://127.0.0.1:{recorder.server_port}/ingest"
     target = HttpDownstream(url, body=["id"], header_cols={"X-Tenant": "t"})
     args = {"id_col": "row", "retries": 0, "max_in_flight": 8, "timeout_ms": 30_000}
-    rows = dispatch(df, target, dedupe_requests=True, **args).collect()
+    rows = dispatch(df, target, dedupe=Dedupe.by_request(), **args).collect()
     assert sorted(r["row"] for r in rows) == list(range(210))
     assert "__timewheel_request" not in rows[0].asDict()
     assert recorder.seen == {i: 2 for i in range(7)}  # one request per id and tenant
@@ -219,20 +245,21 @@ def test_identical_requests_without_a_dedupe_col_are_sent_once(spark: Any, recor
         assert (r["status"], r["http_status"]) == (("failed", 503) if r["id"] == 0 else ("ok", 200))
     # A whole-row body: every row's request differs (its "row"), so each is sent.
     recorder.seen.clear()
-    whole = dispatch(df, HttpDownstream(url), dedupe_requests=True, **args).collect()
+    whole = dispatch(df, HttpDownstream(url), dedupe=Dedupe.by_request(), **args).collect()
     assert len(whole) == 210 and sum(recorder.seen.values()) == 210
-    with pytest.raises(TypeError, match="dedupe_requests needs a target that names"):
-        dispatch(df, SimulatedDownstream(1, 2), id_col="row", dedupe_requests=True)
-    with pytest.raises(ValueError, match="dedupe_requests and dedupe_col cannot be combined"):
-        dispatch(df, target, id_col="row", dedupe_requests=True, dedupe_col="id")
-    with pytest.raises(TypeError, match="dedupe_requests must be True or False, got 1"):
-        dispatch(df, target, id_col="row", dedupe_requests=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"Dedupe\.by_request\(\) needs a target that names"):
+        dispatch(df, SimulatedDownstream(1, 2), id_col="row", dedupe=Dedupe.by_request())
+    with pytest.raises(TypeError, match=r"Dedupe\.requests must be True or False, got 1"):
+        Dedupe(requests=1)  # type: ignore[arg-type]
 
 
 def test_resume_from_sends_only_the_rows_not_ok_before(spark: Any, tmp_path: Any) -> None:
     df = spark.range(600, numPartitions=2).withColumn("acct", F.col("id") % 13)
     first = dispatch(
-        df, SimulatedDownstream(1, 2, failure_rate=0.3, seed=4), id_col="id", retries=0
+        df,
+        SimulatedDownstream(1, 2, failure_rate=0.3, seed=4),
+        id_col="id",
+        calls=Calls(retries=0),
     )
     first.write.parquet(str(tmp_path / "first"))
     previous = spark.read.parquet(str(tmp_path / "first"))
@@ -244,7 +271,7 @@ def test_resume_from_sends_only_the_rows_not_ok_before(spark: Any, tmp_path: Any
         df,
         SimulatedDownstream(1, 2, failure_rate=1.0),
         id_col="id",
-        retries=0,
+        calls=Calls(retries=0),
         resume_from=previous,
     ).collect()
     assert sorted(r["id"] for r in again) == list(range(600))
@@ -260,7 +287,12 @@ def test_a_rate_is_shared_by_the_tasks_and_holds_for_the_job(spark: Any) -> None
 
     df = spark.range(600, numPartitions=5)
     start = time.monotonic()
-    out = dispatch(df, SimulatedDownstream(1, 2), id_col="id", rate=300).collect()
+    out = dispatch(
+        df,
+        SimulatedDownstream(1, 2),
+        id_col="id",
+        quota=Quota(rate=300, store="static"),
+    ).collect()
     elapsed = time.monotonic() - start
     assert sorted(r["id"] for r in out) == list(range(600))
     # 600 requests at 300/s take two seconds at least (less the tasks' bursts), however
@@ -281,7 +313,10 @@ def test_partition_dispatcher_keeps_keys_apart_within_each_partition(spark: Any)
     df = spark.createDataFrame(data, "id long, src long, dst long").repartition(2)
     sim = SimulatedDownstream(pct50_ms=1, pct75_ms=3, seed=2, exclusive_cols=("src", "dst"))
     run = partition_dispatcher(
-        df.schema, sim, id_col="id", key_cols=("src", "dst"), retries=0, max_in_flight=32
+        df.schema,
+        sim,
+        id_col="id",
+        calls=Calls(key_cols=("src", "dst"), max_in_flight=32, retries=0),
     )
     # An overlap would fail its row with "key overlap on ..." (retries=0 keeps it visible).
     out = df.mapInArrow(run, output_schema(df.schema)).groupBy("status").count().collect()

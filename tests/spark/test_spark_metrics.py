@@ -128,7 +128,7 @@ def test_a_workers_counters_are_live_while_its_partition_runs(
 def test_the_driver_exports_each_workers_counters_as_the_rows_came_back(
     spark: Any, registry: CollectorRegistry
 ) -> None:
-    from timewheel.spark import dispatch
+    from timewheel.spark import Calls, dispatch
 
     df = spark.range(2000, numPartitions=4)
     # About a fifth of the attempts fail and a third outlast the timeout; one retry each.
@@ -140,9 +140,7 @@ def test_the_driver_exports_each_workers_counters_as_the_rows_came_back(
             sim,
             id_col="id",
             timeout_ms=10,
-            max_in_flight=64,
-            retries=1,
-            backoff_ms=1,
+            calls=Calls(max_in_flight=64, retries=1, backoff_ms=1),
             worker_reports=reports.accumulator,
         )
         rows = out.select("status", "attempts").collect()

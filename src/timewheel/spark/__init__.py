@@ -7,15 +7,17 @@
   a ``mapInArrow`` of your own, with :func:`output_schema` the schema that returns.
 * Targets (:mod:`timewheel.spark.targets`): :class:`SimulatedDownstream`,
   :class:`HttpDownstream`, or any picklable object with ``submit(row, on_done)``.
-* :class:`Quota`: one quota for a whole job (requests, cost, calls in flight, budget),
-  ``dispatch(..., quota=...)``; :mod:`timewheel.spark.quota.task` and
-  :mod:`timewheel.spark.quota.placement` say how it is kept.
+* One object per concern, each checked when made: :class:`Calls` (in flight, key
+  columns, retries), :class:`Quota` (one quota for a whole job: requests, cost, calls in
+  flight, budget; :mod:`timewheel.spark.quota`), :class:`Cost` (a row's estimated and
+  actual cost), :class:`Batching` (many rows per request), :class:`Dedupe` (rows sent
+  once) and :class:`Journal` (answers kept as they arrive).
 * Engines (:mod:`timewheel.spark.engine.contract` for the contract): the per-partition work;
   the one the wing ships, the default, runs on the package's own timer, purgatory and
   resource manager (:mod:`timewheel.spark.engine.partition`).
 * Helpers a job of its own around ``dispatch`` uses (``timewheel pipeline`` does):
   :func:`task_slots` (the tasks Spark runs at once), :func:`is_connect` (a Spark Connect
-  session?), :func:`request_key` (the column ``dedupe_requests`` groups rows by);
+  session?), :func:`request_key` (the column ``Dedupe.by_request()`` groups rows by);
   :func:`~timewheel.spark.session.spark_session`; the journal
   (:mod:`timewheel.spark.delivery.journal`).
 
@@ -30,6 +32,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .batch.spec import Batching
+from .options import Calls, Cost, Dedupe, Journal
 from .outcome import RESULT_COLUMNS, STATUSES
 from .quota.spec import Quota
 
@@ -42,6 +46,11 @@ if TYPE_CHECKING:
 __all__ = [
     "RESULT_COLUMNS",
     "STATUSES",
+    "Batching",
+    "Calls",
+    "Cost",
+    "Dedupe",
+    "Journal",
     "Quota",
     "dispatch",
     "is_connect",

@@ -124,9 +124,9 @@ class Target(Protocol):
       template's ``{column}``, header columns), checked against the input before a job
       (:func:`named_columns`). Default: none.
     * ``request_columns(columns) -> Sequence[str] | None``: of the input's ``columns``,
-      those a request is made from, for ``dedupe_requests`` (two rows with equal values
+      those a request is made from, for ``Dedupe.by_request()`` (two rows with equal values
       there send the same request; :func:`request_columns`). Default: None, and
-      ``dedupe_requests`` is refused.
+      ``Dedupe.by_request()`` is refused.
     * ``close()``: release what the target holds in this process (its connections).
       Default: nothing to release.
     """

@@ -1,31 +1,186 @@
-"""The settings of one ``dispatch``, each checked when made."""
+"""The settings of one ``dispatch``: one object per concern, each checked when made.
+
+A user gives ``dispatch`` the data, the target, the row's identity (``id_col``) and
+deadline (``timeout_ms``), and one keyword per concern:
+
+* ``calls=Calls(...)``: how each task makes its calls (in flight, exclusive keys,
+  retries);
+* ``cost=Cost(...)``: what a row costs against the quota, estimated and actual;
+* ``dedupe=Dedupe(...)``: rows sent once per value, or per identical request;
+* ``journal=Journal(...)``: where answers are kept as they arrive;
+* ``batching=``:class:`~timewheel.spark.batch.spec.Batching` and ``quota=``
+  :class:`~timewheel.spark.quota.spec.Quota` live with their rooms.
+
+A bad value raises TypeError or ValueError naming the object's field when the object
+is made, so a job never starts with it. What depends on the data (a column that must
+exist) is checked by ``dispatch`` against the DataFrame's schema, before any Spark job.
+:class:`DispatchConfig` is what an engine receives: the settings above, resolved.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import (
-    Any,
-)
+from typing import Any, Callable, Union
 
-__all__ = ["DispatchConfig"]
+from .._validate import check_columns, check_int
+
+__all__ = [
+    "MAX_DELAY_MS",
+    "MAX_IN_FLIGHT",
+    "MAX_RETAINED_BATCHES",
+    "MAX_RETRIES",
+    "Calls",
+    "Cost",
+    "Dedupe",
+    "DispatchConfig",
+    "Journal",
+]
+
+#: The largest ``timeout_ms`` and ``backoff_ms``: 2**31 - 1 ms, about 24.8 days. The
+#: Timer takes int64 milliseconds; a call that may take longer than this is a mistake.
+MAX_DELAY_MS = 2**31 - 1
+#: The largest ``max_in_flight`` (calls outstanding per partition).
+MAX_IN_FLIGHT = 1_000_000
+#: The largest ``retries``.
+MAX_RETRIES = 1000
+#: The most micro-batches a stream's record may keep.
+MAX_RETAINED_BATCHES = 10**9
+
+#: A row's estimated cost: a numeric column's name, or a function of the row.
+Estimate = Union[str, Callable[[Mapping[str, Any]], float]]
+#: A call's actual cost: a dotted path into the JSON answer, or a function of it.
+Actual = Union[str, Callable[[Any], float]]
+
+
+@dataclass(frozen=True)
+class Calls:
+    """How each task makes its calls.
+
+    ``max_in_flight``: the most calls a partition keeps outstanding (requests, with
+    batches), 1 to :data:`MAX_IN_FLIGHT`. ``key_cols``: columns whose values a row holds
+    while its call is in flight, all or nothing: two rows sharing a value are never in
+    flight together within a partition, and ``dispatch`` partitions the rows by the first
+    of them, so for that column the guarantee holds across the whole job. ``retries``:
+    how many times a failed or timed-out call is tried again (0 to :data:`MAX_RETRIES`),
+    after about ``backoff_ms`` (with +-50% jitter; 0 to :data:`MAX_DELAY_MS`).
+    """
+
+    max_in_flight: int = 256
+    key_cols: Sequence[str] = ()
+    retries: int = 2
+    backoff_ms: int = 100
+
+    def __post_init__(self) -> None:
+        setattr_ = object.__setattr__
+        setattr_(self, "max_in_flight", check_int(
+            "Calls.max_in_flight", self.max_in_flight, 1, MAX_IN_FLIGHT))
+        setattr_(self, "key_cols", check_columns("Calls.key_cols", self.key_cols))
+        setattr_(self, "retries", check_int("Calls.retries", self.retries, 0, MAX_RETRIES))
+        setattr_(self, "backoff_ms", check_int(
+            "Calls.backoff_ms", self.backoff_ms, 0, MAX_DELAY_MS))
+
+
+def _column_or_function(name: str, value: Any, what: str) -> None:
+    if value is None or callable(value):
+        return
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be {what} or a function, got {value!r}")
+    if not value.strip():
+        raise ValueError(f"{name} must not be empty")
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a row costs against the job's quota (its ``cost_rate`` and ``budget``).
+
+    ``estimate``: the cost before the call, a numeric column's name or a function of
+    the row (a row whose estimate is null, negative or NaN fails unsent). ``actual``:
+    the cost the answer reports, a dotted path into the JSON answer
+    (``"usage.total_tokens"``) or a function of the parsed answer; the difference from
+    the estimate is settled with the quota. At least one must be given.
+    """
+
+    estimate: Estimate | None = None
+    actual: Actual | None = None
+
+    def __post_init__(self) -> None:
+        _column_or_function("Cost.estimate", self.estimate, "a column name (str)")
+        _column_or_function("Cost.actual", self.actual, 'a dotted path (str, "usage.total")')
+        if self.estimate is None and self.actual is None:
+            raise ValueError("Cost needs an estimate, an actual, or both")
+
+
+@dataclass(frozen=True)
+class Dedupe:
+    """Rows sent once: all the rows with the same (non-null) value of ``col``, or with
+    identical requests (:meth:`by_request`: same method, URL, headers and body, as the
+    target makes them), are sent by one row, and each gets that request's outcome in its
+    own output row. The request carries the idempotency key of the row that sends it.
+    Not combined with ``Calls.key_cols``: rows are partitioned by one column.
+    """
+
+    col: str | None = None
+    requests: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.requests, bool):
+            raise TypeError(f"Dedupe.requests must be True or False, got {self.requests!r}")
+        if self.col is not None and (not isinstance(self.col, str) or not self.col):
+            raise TypeError(f"Dedupe.col must be a column name (str), got {self.col!r}")
+        if (self.col is None) == (not self.requests):
+            raise ValueError(
+                "Dedupe takes a column (Dedupe('email')) or requests (Dedupe.by_request()), "
+                "one of the two"
+            )
+
+    @classmethod
+    def by_request(cls) -> Dedupe:
+        """Rows whose requests are identical are sent once."""
+        return cls(requests=True)
+
+
+@dataclass(frozen=True)
+class Journal:
+    """A directory the executors can write, where each task commits its finished rows
+    as they are answered (see :mod:`timewheel.spark.delivery.journal`): a run that is
+    stopped keeps what was answered. On a stream it is also the record each task looks
+    a row up in before sending it (see :mod:`timewheel.spark.delivery.stream_record`);
+    ``retain_batches`` is how many micro-batches that record keeps (default: as many as
+    the checkpoint keeps, ``spark.sql.streaming.minBatchesToRetain``).
+    """
+
+    path: str
+    retain_batches: int | None = None
+
+    def __post_init__(self) -> None:
+        path = getattr(self.path, "__fspath__", None)
+        value = path() if callable(path) else self.path
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"Journal.path must be a directory (str or path), got {self.path!r}")
+        object.__setattr__(self, "path", value)
+        if self.retain_batches is not None:
+            object.__setattr__(self, "retain_batches", check_int(
+                "Journal.retain_batches", self.retain_batches, 1, MAX_RETAINED_BATCHES))
 
 
 @dataclass(frozen=True)
 class DispatchConfig:
-    """The per-call settings of ``dispatch``, already validated."""
+    """What an engine receives: the per-call settings of ``dispatch``, already checked."""
 
     timeout_ms: int = 1000
     max_in_flight: int = 256
     retries: int = 2
     backoff_ms: int = 100
     key_cols: tuple[str, ...] = ()
-    #: This task's share of ``dispatch``'s ``rate`` (requests/s); None: no limit.
+    #: A static requests/s limit for this task (the benchmark's baselines use it); None:
+    #: no limit.
     rate_per_task: float | None = None
-    #: The job's quota (a :class:`~timewheel.spark.quota.placement.QuotaRef`), and how a row's
-    #: estimated and actual cost are read (see :mod:`timewheel.spark.quota.gate`).
+    #: The job's quota (a :class:`~timewheel.spark.quota.placement.QuotaRef`), and how a
+    #: row's estimated and actual cost are read (see :mod:`timewheel.spark.quota.gate`).
     quota: Any = None
     cost: Any = None
     reply_cost: Any = None
-    #: Many rows per request (a :class:`~timewheel.spark.batch.spec.BatchSettings`), or
-    #: None for one request per row.
+    #: Many rows per request (a :class:`~timewheel.spark.batch.spec.Batching`), or None
+    #: for one request per row.
     batch: Any = None

@@ -1,4 +1,4 @@
-"""dispatch(batch_size=N) on a real local Spark session against a service on 127.0.0.1."""
+"""dispatch(batching=Batching(N)) on a local Spark session against a service on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ pytest.importorskip("pycurl")
 from pyspark.sql import functions as F
 
 from http_fixtures import ScriptedService
-from timewheel.spark import dispatch
-from timewheel.spark.targets import HttpDownstream
+from timewheel.spark import Batching, Dedupe, dispatch
+from timewheel.spark.targets import BatchFormat, HttpDownstream
 
 pytestmark = pytest.mark.spark
 
@@ -30,13 +30,12 @@ def test_every_row_comes_back_once_with_its_own_reply(spark: Any, service: Scrip
     df = spark.range(300, numPartitions=3).select(
         "id", F.concat(F.lit("t"), F.col("id")).alias("text"), (F.col("id") % 97 == 5).alias("bad")
     )
-    target = HttpDownstream(service.batch_url, batch_reply="data[*].echo")
+    target = HttpDownstream(service.batch_url, batch=BatchFormat(reply="data[*].echo"))
     out = dispatch(
         df,
         target,
         id_col="id",
-        batch_size=50,
-        batch_linger_ms=5000,  # each partition's 100 rows fill two batches
+        batching=Batching(50, linger_ms=5000),
         reply_schema="id long, text string",
         timeout_ms=30_000,
     ).collect()
@@ -58,9 +57,16 @@ def test_a_de_duplicated_request_joins_a_batch_once(spark: Any, service: Scripte
     df = spark.range(210, numPartitions=3).select(
         F.col("id").alias("row"), (F.col("id") % 7).alias("id")
     )
-    target = HttpDownstream(service.batch_url, body=["id"], batch_reply="data[*].echo")
+    target = HttpDownstream(
+        service.batch_url, body=["id"], batch=BatchFormat(reply="data[*].echo")
+    )
     rows = dispatch(
-        df, target, id_col="row", dedupe_requests=True, batch_size=100, timeout_ms=30_000
+        df,
+        target,
+        id_col="row",
+        dedupe=Dedupe.by_request(),
+        batching=Batching(100),
+        timeout_ms=30_000,
     ).collect()
     assert len(rows) == 210 and {r["status"] for r in rows} == {"ok"}
     sent = [e["id"] for request in service.seen.requests for e in request["body"]]
@@ -72,11 +78,9 @@ def test_a_de_duplicated_request_joins_a_batch_once(spark: Any, service: Scripte
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"batch_size": 0}, ValueError, "batch_size"),
-        ({"batch_size": True}, TypeError, "batch_size"),
-        ({"batch_size": 10, "batch_linger_ms": -1}, ValueError, "batch_linger_ms"),
-        ({"batch_size": 10, "rate": 5.0}, ValueError, r"quota=Quota\(rate=...\)"),
-        ({"batch_size": 10, "engine": lambda rows, target, config: iter(())}, ValueError, "engine"),
+        ({"batching": 10}, TypeError, r"batching must be a timewheel\.spark\.Batching"),
+        ({"batching": Batching(10, max_cost=5)}, ValueError, r"give cost=Cost\(estimate="),
+        ({"batching": Batching(10), "engine": lambda rows, t, c: iter(())}, ValueError, "engine"),
     ],
 )
 def test_bad_batch_arguments_are_refused_before_any_job(
@@ -86,3 +90,17 @@ def test_bad_batch_arguments_are_refused_before_any_job(
     target = HttpDownstream("http://127.0.0.1:9/batch")
     with pytest.raises(error, match=match):
         dispatch(df, target, id_col="id", **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda: Batching(0), ValueError, r"Batching\.size"),
+        (lambda: Batching(True), TypeError, r"Batching\.size"),
+        (lambda: Batching(10, linger_ms=-1), ValueError, r"Batching\.linger_ms"),
+        (lambda: Batching(10, max_cost=float("nan")), ValueError, r"Batching\.max_cost"),
+    ],
+)
+def test_bad_batching_is_refused_when_made(make: Any, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        make()

@@ -18,11 +18,12 @@ import pytest
 pytest.importorskip("pycurl")  # the spark extra's HTTP client
 
 from http_fixtures import ScriptedService
-from timewheel.spark.batch.spec import BatchSettings, batch_key, batch_settings
+from timewheel.spark.batch.spec import Batching, batch_key, batch_settings
+from timewheel.spark.contract import TargetPlan, bind
 from timewheel.spark.engine.partition import timewheel_engine
-from timewheel.spark.options import DispatchConfig
+from timewheel.spark.options import Cost, DispatchConfig
 from timewheel.spark.outcome import Outcome
-from timewheel.spark.targets import HttpDownstream
+from timewheel.spark.targets import BatchFormat, HttpDownstream
 
 
 @pytest.fixture
@@ -41,15 +42,16 @@ def run(
 ) -> dict[Any, Outcome]:
     settings = dict(timeout_ms=3000, max_in_flight=4, retries=2, backoff_ms=10)
     settings.update(config)
-    cfg = DispatchConfig(batch=BatchSettings(size, linger_ms), **settings)  # type: ignore[arg-type]
-    outcomes = list(timewheel_engine(iter(rows), target.for_id_col("id"), cfg))
+    cfg = DispatchConfig(batch=Batching(size, linger_ms), **settings)  # type: ignore[arg-type]
+    bound = bind(target, TargetPlan("id", batching=True))
+    outcomes = list(timewheel_engine(iter(rows), bound, cfg))
     by_id = {o.row["id"]: o for o in outcomes}
     assert len(outcomes) == len(rows) == len(by_id)  # each row exactly once
     return by_id
 
 
-def echo_target(service: ScriptedService, **options: Any) -> HttpDownstream:
-    return HttpDownstream(service.batch_url, batch_reply="data[*].echo.text", **options)
+def echo_target(service: ScriptedService, body: Any = None) -> HttpDownstream:
+    return HttpDownstream(service.batch_url, batch=BatchFormat(body, reply="data[*].echo.text"))
 
 
 def test_each_row_gets_its_own_element_of_the_answer(service: ScriptedService) -> None:
@@ -117,7 +119,9 @@ def test_an_answer_longer_than_the_batch_fails_every_row_once(service: ScriptedS
 def test_an_answer_split_by_id_field_reaches_the_right_rows(service: ScriptedService) -> None:
     rows = [{"id": i, "text": f"t{i}"} for i in range(6)]
     rows[0]["plan"] = ["reversed"]
-    target = HttpDownstream(service.batch_url, batch_reply="data[*].echo", batch_id_field="id")
+    target = HttpDownstream(
+        service.batch_url, batch=BatchFormat(reply="data[*].echo", id_field="id")
+    )
     out = run(rows, target, size=6)
     for i, o in out.items():
         assert o.status == "ok"
@@ -165,9 +169,9 @@ def test_linger_ends_early_at_a_rows_deadline(service: ScriptedService) -> None:
             time.sleep(0.01)
         yield {"id": 1, "text": "y"}
 
-    cfg = DispatchConfig(timeout_ms=500, retries=2, batch=BatchSettings(100, 60_000))
+    cfg = DispatchConfig(timeout_ms=500, retries=2, batch=Batching(100, 60_000))
     started = time.monotonic()
-    target = echo_target(service).for_id_col("id")
+    target = bind(echo_target(service), TargetPlan("id", batching=True))
     out = list(timewheel_engine(slow_rows(), target, cfg))
     assert {o.status for o in out} == {"ok"}
     first = service.seen.requests[0]
@@ -179,7 +183,9 @@ def test_rows_with_different_request_lines_go_in_different_requests(
     service: ScriptedService,
 ) -> None:
     rows = [{"id": i, "text": "x", "shard": i % 3} for i in range(12)]
-    target = HttpDownstream(service.batch_url + "?shard={shard}", batch_reply="data[*].echo.text")
+    target = HttpDownstream(
+        service.batch_url + "?shard={shard}", batch=BatchFormat(reply="data[*].echo.text")
+    )
     out = run(rows, target, size=100)
     assert {o.status for o in out.values()} == {"ok"}
     assert len(service.seen.requests) == 3
@@ -189,7 +195,7 @@ def test_rows_with_different_request_lines_go_in_different_requests(
 
 def test_a_template_places_the_rows_and_the_rows_hold_their_keys(service: ScriptedService) -> None:
     rows = [{"id": i, "text": f"t{i}"} for i in range(4)]
-    target = echo_target(service, batch_body='{"model": "m", "input": $rows}')
+    target = echo_target(service, body='{"model": "m", "input": $rows}')
     out = run(rows, target, size=4, key_cols=("text",))
     assert {o.status for o in out.values()} == {"ok"}
     body = service.seen.requests[0]["body"]
@@ -226,8 +232,8 @@ def test_a_row_that_cannot_make_its_part_fails_alone_unsent(service: ScriptedSer
     ],
 )
 def test_a_bad_batch_size_is_refused_by_name(size: Any, error: type[Exception]) -> None:
-    with pytest.raises(error, match="batch_size"):
-        batch_settings(HttpDownstream("http://127.0.0.1:9/x"), size, 0, None, None)
+    with pytest.raises(error, match=r"Batching\.size"):
+        Batching(size)
 
 
 def test_batches_need_a_target_that_takes_them() -> None:
@@ -236,31 +242,40 @@ def test_batches_need_a_target_that_takes_them() -> None:
             on_done(True, None)
 
     with pytest.raises(TypeError, match="many rows per request"):
-        batch_settings(OneByOne(), 10, 0, None, None)
-    with pytest.raises(ValueError, match="sends none"):
-        batch_settings(HttpDownstream("http://127.0.0.1:9/x", method="GET"), 10, 0, None, None)
-    with pytest.raises(ValueError, match="give cost="):
-        batch_settings(HttpDownstream("http://127.0.0.1:9/x"), 10, 0, 100, None)
-    # batch_size 1 is a request per row, for any target.
-    assert batch_settings(OneByOne(), 1, 0, None, None)[1] is None
+        batch_settings(OneByOne(), Batching(10), None)
+    # A target that cannot hold rows in its requests says so when bound for batches.
+    get = HttpDownstream("http://127.0.0.1:9/x", method="GET")
+    assert batch_settings(get, Batching(10), None) == (get, Batching(10))
+    with pytest.raises(ValueError, match=r"sends none \(method GET, body None\)"):
+        bind(get, TargetPlan("id", batching=True))
+    assert bind(get, TargetPlan("id")).id_col == "id"  # a request per row: no body needed
+    with pytest.raises(ValueError, match=r"give cost=Cost\(estimate="):
+        batch_settings(HttpDownstream("http://127.0.0.1:9/x"), Batching(10, max_cost=100), None)
+    with pytest.raises(ValueError, match=r"give cost=Cost\(estimate="):
+        batch_settings(OneByOne(), Batching(10, max_cost=100), Cost(actual="usage.total"))
+    with pytest.raises(TypeError, match=r"batching must be a timewheel\.spark\.Batching"):
+        batch_settings(OneByOne(), 10, None)
+    # Batching(1) is a request per row, for any target, and so is no batching at all.
+    assert batch_settings(OneByOne(), Batching(1), None)[1] is None
+    assert batch_settings(OneByOne(), None, None)[1] is None
 
 
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ({"batch_body": '{"input": []}'}, r"\$rows exactly once"),
-        ({"batch_body": '{"input": "$rows"}'}, "not inside a string"),
-        ({"batch_body": 7}, "batch_body must be"),
-        ({"batch_reply": "data[*].x[*]"}, "does not parse"),
-        ({"batch_reply": ""}, "does not parse"),
-        ({"batch_id_field": 3}, "batch_id_field"),
+        ({"body": '{"input": []}'}, r"\$rows exactly once"),
+        ({"body": '{"input": "$rows"}'}, "not inside a string"),
+        ({"body": 7}, "BatchFormat.body must be"),
+        ({"reply": "data[*].x[*]"}, "does not parse"),
+        ({"reply": ""}, "does not parse"),
+        ({"id_field": 3}, "BatchFormat.id_field"),
     ],
 )
-def test_a_bad_body_or_reply_path_is_refused_when_the_target_is_made(
+def test_a_bad_body_or_reply_path_is_refused_when_the_format_is_made(
     options: dict[str, Any], match: str
 ) -> None:
     with pytest.raises((TypeError, ValueError), match=match):
-        HttpDownstream("http://127.0.0.1:9/x", **options)
+        BatchFormat(**options)
 
 
 def test_a_batch_takes_one_request_and_its_rows_cost_from_the_quota(
@@ -311,8 +326,8 @@ def test_the_simulated_downstream_takes_batches(keyed: bool) -> None:
     sim = SimulatedDownstream(2, 4, failure_rate=0.2, seed=7, exclusive_cols=keys)
     rows = [{"id": i, "acct": i % 13} for i in range(2000)]
     cfg = DispatchConfig(timeout_ms=2000, retries=5, backoff_ms=1, key_cols=keys)
-    cfg = DispatchConfig(**{**cfg.__dict__, "batch": BatchSettings(50, 5)})
-    out = list(timewheel_engine(iter(rows), sim.for_batches(), cfg))
+    cfg = DispatchConfig(**{**cfg.__dict__, "batch": Batching(50, 5)})
+    out = list(timewheel_engine(iter(rows), sim, cfg))
     assert sorted(o.row["id"] for o in out) == list(range(2000))
     ok = [o for o in out if o.status == "ok"]
     assert len(ok) > 1900 and {o.response for o in ok} == {'{"accepted":true}'}
@@ -331,9 +346,6 @@ class _Instant:
 
     batch_reply = ReplySplit("[*]")
 
-    def for_batches(self) -> _Instant:
-        return self
-
     def batch_part(self, row: dict[str, Any]) -> Any:
         from timewheel.spark.batch.spec import BatchPart
 
@@ -350,7 +362,7 @@ def _endless_run() -> tuple[Any, Any]:
     minute of linger of the batch opened first still pending on the worker's timer."""
     import itertools
 
-    cfg = DispatchConfig(timeout_ms=5000, max_in_flight=2, batch=BatchSettings(1000, 60_000))
+    cfg = DispatchConfig(timeout_ms=5000, max_in_flight=2, batch=Batching(1000, 60_000))
     run = timewheel_engine(({"id": i} for i in itertools.count()), _Instant(), cfg)
     assert next(run).status == "ok"
     batcher = run.gi_frame.f_locals["self"].batcher  # type: ignore[union-attr]
@@ -361,8 +373,8 @@ def _endless_run() -> tuple[Any, Any]:
 def _batches_in_child(queue: Any) -> None:
     from timewheel.spark.targets import SimulatedDownstream
 
-    sim = SimulatedDownstream(1, 2, seed=2).for_batches()
-    cfg = DispatchConfig(timeout_ms=5000, batch=BatchSettings(10, 5))
+    sim = SimulatedDownstream(1, 2, seed=2)
+    cfg = DispatchConfig(timeout_ms=5000, batch=Batching(10, 5))
     queue.put(
         sorted(o.status for o in timewheel_engine(iter([{"id": i} for i in range(25)]), sim, cfg))
     )

@@ -28,7 +28,7 @@ from timewheel.spark.batch.spec import (
     MAX_BATCH_LINGER_MS,
     MAX_BATCH_SIZE,
     BatchBody,
-    BatchSettings,
+    Batching,
     batch_deadline,
     batch_key,
 )
@@ -47,49 +47,49 @@ class Clock:
 
 # -- settings -------------------------------------------------------------------------------
 def test_settings_taken() -> None:
-    s = BatchSettings(np.int64(100), 5, 10)
-    assert (s.batch_size, s.batch_linger_ms, s.batch_max_cost) == (100, 5, 10.0)
-    assert type(s.batch_size) is int
-    assert BatchSettings(1).batch_linger_ms == 0 and BatchSettings(1).batch_max_cost is None
-    assert BatchSettings(MAX_BATCH_SIZE, MAX_BATCH_LINGER_MS).batch_size == MAX_BATCH_SIZE
+    s = Batching(np.int64(100), 5, 10)
+    assert (s.size, s.linger_ms, s.max_cost) == (100, 5, 10.0)
+    assert type(s.size) is int
+    assert Batching(1).linger_ms == 0 and Batching(1).max_cost is None
+    assert Batching(MAX_BATCH_SIZE, MAX_BATCH_LINGER_MS).size == MAX_BATCH_SIZE
 
 
 @pytest.mark.parametrize(
     ("kwargs", "error", "named"),
     [
-        ({"batch_size": 0}, ValueError, "batch_size"),
-        ({"batch_size": -3}, ValueError, "batch_size"),
-        ({"batch_size": True}, TypeError, "batch_size"),
-        ({"batch_size": math.nan}, TypeError, "batch_size"),
-        ({"batch_size": 2.0}, TypeError, "batch_size"),
-        ({"batch_size": "10"}, TypeError, "batch_size"),
-        ({"batch_size": MAX_BATCH_SIZE + 1}, ValueError, "batch_size"),
-        ({"batch_size": 10**30}, ValueError, "batch_size"),
-        ({"batch_size": 8, "batch_linger_ms": -1}, ValueError, "batch_linger_ms"),
-        ({"batch_size": 8, "batch_linger_ms": False}, TypeError, "batch_linger_ms"),
-        ({"batch_size": 8, "batch_linger_ms": 2.5}, TypeError, "batch_linger_ms"),
-        ({"batch_size": 8, "batch_linger_ms": 10**12}, ValueError, "batch_linger_ms"),
-        ({"batch_size": 8, "batch_max_cost": 0}, ValueError, "batch_max_cost"),
-        ({"batch_size": 8, "batch_max_cost": -1.0}, ValueError, "batch_max_cost"),
-        ({"batch_size": 8, "batch_max_cost": math.nan}, ValueError, "batch_max_cost"),
-        ({"batch_size": 8, "batch_max_cost": math.inf}, ValueError, "batch_max_cost"),
-        ({"batch_size": 8, "batch_max_cost": True}, TypeError, "batch_max_cost"),
-        ({"batch_size": 8, "batch_max_cost": "5"}, TypeError, "batch_max_cost"),
+        ({"size": 0}, ValueError, "size"),
+        ({"size": -3}, ValueError, "size"),
+        ({"size": True}, TypeError, "size"),
+        ({"size": math.nan}, TypeError, "size"),
+        ({"size": 2.0}, TypeError, "size"),
+        ({"size": "10"}, TypeError, "size"),
+        ({"size": MAX_BATCH_SIZE + 1}, ValueError, "size"),
+        ({"size": 10**30}, ValueError, "size"),
+        ({"size": 8, "linger_ms": -1}, ValueError, "linger_ms"),
+        ({"size": 8, "linger_ms": False}, TypeError, "linger_ms"),
+        ({"size": 8, "linger_ms": 2.5}, TypeError, "linger_ms"),
+        ({"size": 8, "linger_ms": 10**12}, ValueError, "linger_ms"),
+        ({"size": 8, "max_cost": 0}, ValueError, "max_cost"),
+        ({"size": 8, "max_cost": -1.0}, ValueError, "max_cost"),
+        ({"size": 8, "max_cost": math.nan}, ValueError, "max_cost"),
+        ({"size": 8, "max_cost": math.inf}, ValueError, "max_cost"),
+        ({"size": 8, "max_cost": True}, TypeError, "max_cost"),
+        ({"size": 8, "max_cost": "5"}, TypeError, "max_cost"),
     ],
 )
 def test_settings_refused(kwargs: dict, error: type, named: str) -> None:
     with pytest.raises(error) as info:
-        BatchSettings(**kwargs)
+        Batching(**kwargs)
     message = str(info.value)
     assert named in message and repr(kwargs[named])[:12] in message
     assert "\n" not in message
 
 
 def test_settings_frozen() -> None:
-    s = BatchSettings(4)
+    s = Batching(4)
     with pytest.raises(AttributeError):
-        s.batch_size = 0  # type: ignore[misc]
-    assert s.batch_size == 4
+        s.size = 0  # type: ignore[misc]
+    assert s.size == 4
 
 
 # -- the body -------------------------------------------------------------------------------
@@ -175,7 +175,7 @@ def test_batch_deadline_is_the_earliest_rows() -> None:
 
 # -- the accumulator --------------------------------------------------------------------------
 def test_goes_by_size_in_order() -> None:
-    acc: Accumulator[int] = Accumulator(BatchSettings(3, 1000), Clock())
+    acc: Accumulator[int] = Accumulator(Batching(3, 1000), Clock())
     assert acc.add(1) == [] and acc.add(2) == []
     (batch,) = acc.add(3)
     assert (batch.rows, batch.why, batch.line) == ([1, 2, 3], "size", None)
@@ -183,7 +183,7 @@ def test_goes_by_size_in_order() -> None:
 
 
 def test_goes_by_cost() -> None:
-    acc: Accumulator[str] = Accumulator(BatchSettings(100, 1000, batch_max_cost=10), Clock())
+    acc: Accumulator[str] = Accumulator(Batching(100, 1000, max_cost=10), Clock())
     assert acc.add("a", cost=4) == [] and acc.add("b", cost=4) == []
     (full,) = acc.add("c", cost=4)  # 12 > 10: the open batch goes without c
     assert (full.rows, full.cost, full.why) == (["a", "b"], 8.0, "cost")
@@ -198,7 +198,7 @@ def test_goes_by_cost() -> None:
 
 def test_goes_by_linger() -> None:
     clock = Clock()
-    acc: Accumulator[int] = Accumulator(BatchSettings(10, 50), clock)
+    acc: Accumulator[int] = Accumulator(Batching(10, 50), clock)
     clock.now = 1.0
     acc.add(1)
     clock.now = 1.03
@@ -214,7 +214,7 @@ def test_goes_by_linger() -> None:
 
 def test_linger_ends_early_at_a_rows_deadline() -> None:
     clock = Clock()
-    acc: Accumulator[str] = Accumulator(BatchSettings(10, 1000), clock)
+    acc: Accumulator[str] = Accumulator(Batching(10, 1000), clock)
     acc.add("late", deadline=5.0)
     assert acc.due() == 1.0  # the linger comes first
     acc.add("soon", deadline=0.25)
@@ -227,7 +227,7 @@ def test_linger_ends_early_at_a_rows_deadline() -> None:
 
 def test_one_open_batch_per_request_line() -> None:
     clock = Clock()
-    acc: Accumulator[int] = Accumulator(BatchSettings(2, 100), clock)
+    acc: Accumulator[int] = Accumulator(Batching(2, 100), clock)
     assert acc.add(1, line=("POST", "/a")) == []
     assert acc.add(2, line=("POST", "/b")) == []
     (a,) = acc.add(3, line=("POST", "/a"))
@@ -256,7 +256,7 @@ def test_one_open_batch_per_request_line() -> None:
     ],
 )
 def test_add_refused_state_unchanged(kwargs: dict, error: type, named: str) -> None:
-    acc: Accumulator[int] = Accumulator(BatchSettings(2, 10, batch_max_cost=5), Clock())
+    acc: Accumulator[int] = Accumulator(Batching(2, 10, max_cost=5), Clock())
     acc.add(0, line=None)
     with pytest.raises(error, match=named):
         acc.add(1, **kwargs)
@@ -290,7 +290,7 @@ def test_accumulator_every_row_once_and_never_late(
     past its linger or its earliest row's deadline by a take at that time."""
     clock = Clock()
     acc: Accumulator[tuple[str, int, float, float | None]] = Accumulator(
-        BatchSettings(size, linger_ms, max_cost), clock
+        Batching(size, linger_ms, max_cost), clock
     )
     out = []
     added: list[tuple[str, int, float, float | None]] = []
@@ -825,7 +825,7 @@ def test_batch_run_refuses_a_bad_split() -> None:
 
 def test_take_returns_due_batches_earliest_first() -> None:
     clock = Clock()
-    acc: Accumulator[int] = Accumulator(BatchSettings(10, 100), clock)
+    acc: Accumulator[int] = Accumulator(Batching(10, 100), clock)
     acc.add(1, line="late")
     clock.now = 0.01
     acc.add(2, line="soon", deadline=0.05)

@@ -15,7 +15,7 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pycurl")
 
 from http_fixtures import ScriptedService
-from timewheel.spark import dispatch
+from timewheel.spark import Calls, Journal, dispatch
 from timewheel.spark.delivery.stream_record import RECORD_FILE, claim_record
 from timewheel.spark.targets import HttpDownstream
 
@@ -62,7 +62,13 @@ def run_to_sink(out: Any, sink: Path, ck: Path) -> Any:
 
 def run_query(spark: Any, inp: Path, sink: Path, ck: Path, target: Any, journal: str | None) -> Any:
     """The files of ``inp`` through dispatch to ``sink`` (see run_to_sink)."""
-    out = dispatch(stream_of(spark, inp), target, id_col="id", journal=journal, timeout_ms=30_000)
+    out = dispatch(
+        stream_of(spark, inp),
+        target,
+        id_col="id",
+        journal=Journal(journal),
+        timeout_ms=30_000,
+    )
     return run_to_sink(out, sink, ck)
 
 
@@ -294,7 +300,11 @@ def test_a_429_pause_carries_over_to_the_next_micro_batch(
     land_rows(spark, inp, files, PLANNED)
     stream = stream_of(spark, inp, PLANNED)
     out = dispatch(
-        stream, HttpDownstream(service.url), id_col="id", retries=0, quota=Quota(rate=1000)
+        stream,
+        HttpDownstream(service.url),
+        id_col="id",
+        calls=Calls(retries=0),
+        quota=Quota(rate=1000),
     )
     assert run_to_sink(out, sink, ck) is None
     by_id = {r["body"]["id"]: r["at"] for r in service.seen.requests}
@@ -317,9 +327,8 @@ def test_a_service_down_mid_stream_fails_those_rows_and_the_query_goes_on(
         stream_of(spark, inp, PLANNED),
         target,
         id_col="id",
-        retries=1,
-        backoff_ms=10,
-        journal=journal,
+        calls=Calls(retries=1, backoff_ms=10),
+        journal=Journal(journal),
     )
     assert run_to_sink(out, sink, ck) is None
     got = {
@@ -339,7 +348,7 @@ def test_the_rate_source_streams_each_row_once(
     stream = spark.readStream.format("rate").option("rowsPerSecond", 50).load()
     stream = stream.withColumnRenamed("value", "id")
     journal = str(tmp_path / "record")
-    out = dispatch(stream, HttpDownstream(service.url), id_col="id", journal=journal)
+    out = dispatch(stream, HttpDownstream(service.url), id_col="id", journal=Journal(journal))
     sink = tmp_path / "sink"
 
     def write(batch: Any, batch_id: int) -> None:

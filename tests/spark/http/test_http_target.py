@@ -337,7 +337,7 @@ def test_dispatch_on_spark_accounts_for_every_row_and_request(
 ) -> None:
     from pyspark.sql import functions as F
 
-    from timewheel.spark import dispatch
+    from timewheel.spark import Calls, dispatch
 
     n = 400
     txn = F.col("txn")
@@ -351,7 +351,11 @@ def test_dispatch_on_spark_accounts_for_every_row_and_request(
     df = spark.range(n, numPartitions=2).withColumnRenamed("id", "txn").withColumn("plan", plan)
     target = HttpDownstream(service.url)  # keyed on dispatch's id_col
     out = dispatch(
-        df, target, id_col="txn", timeout_ms=2000, max_in_flight=16, retries=2, backoff_ms=5
+        df,
+        target,
+        id_col="txn",
+        timeout_ms=2000,
+        calls=Calls(max_in_flight=16, retries=2, backoff_ms=5),
     ).collect()
     assert sorted(r["txn"] for r in out) == list(range(n))
     for r in out:

@@ -240,7 +240,7 @@ def test_the_ref_travels_without_its_secret(spark: Any) -> None:
 def test_dispatch_keeps_one_job_within_its_quota_from_the_driver(spark: Any) -> None:
     from pyspark.sql import functions as F
 
-    from timewheel.spark import dispatch
+    from timewheel.spark import Cost, dispatch
     from timewheel.spark.simulator import SimulatedDownstream
 
     # Uneven partitions: the first holds most rows.
@@ -249,7 +249,7 @@ def test_dispatch_keeps_one_job_within_its_quota_from_the_driver(spark: Any) -> 
     )
     df = df.repartitionByRange(4, F.when(F.col("id") < 800, 0).otherwise(F.col("id")))
     quota = Quota(rate=2000, budget=1_000_000)
-    out = dispatch(df, SimulatedDownstream(1, 2, seed=3), id_col="id", quota=quota, cost="c")
+    out = dispatch(df, SimulatedDownstream(1, 2, seed=3), id_col="id", quota=quota, cost=Cost("c"))
     rows = out.collect()
     assert sorted(r.id for r in rows) == list(range(1200))
     assert {r.status for r in rows} == {"ok"}
@@ -263,12 +263,12 @@ def test_dispatch_keeps_one_job_within_its_quota_from_the_driver(spark: Any) -> 
 def test_a_budget_stop_comes_back_skipped_once_each(spark: Any) -> None:
     from pyspark.sql import functions as F
 
-    from timewheel.spark import dispatch
+    from timewheel.spark import Cost, dispatch
     from timewheel.spark.simulator import SimulatedDownstream
 
     df = spark.range(0, 600, numPartitions=3).withColumn("c", F.lit(5))
     quota = Quota(budget=1000)
-    out = dispatch(df, SimulatedDownstream(1, 2, seed=3), id_col="id", quota=quota, cost="c")
+    out = dispatch(df, SimulatedDownstream(1, 2, seed=3), id_col="id", quota=quota, cost=Cost("c"))
     rows = out.collect()
     assert sorted(r.id for r in rows) == list(range(600))
     counts = Counter(r.status for r in rows)
@@ -326,7 +326,7 @@ def test_a_store_that_cannot_be_reached_falls_back_to_the_static_split(spark: An
 
 @pytest.mark.spark
 def test_bad_quota_arguments_are_refused_before_any_job(spark: Any) -> None:
-    from timewheel.spark import dispatch
+    from timewheel.spark import Cost, dispatch
     from timewheel.spark.simulator import SimulatedDownstream
 
     df = spark.createDataFrame([(1, "a", 2.0)], "id long, text string, tokens double")
@@ -338,14 +338,17 @@ def test_bad_quota_arguments_are_refused_before_any_job(spark: Any) -> None:
             dispatch(df, target, id_col="id", **kwargs)
         return str(info.value)
 
-    assert "cost column 'text' has type string" in refused(quota=q, cost="text")
-    assert "cost column 'nope' is not a column" in refused(quota=q, cost="nope")
-    assert "cost is given without a quota" in refused(cost="tokens")
-    assert "reply_cost is given without a quota" in refused(reply_cost="usage.total_tokens")
-    assert "give rate or quota, not both" in refused(quota=q, rate=5)
+    assert "cost column 'text' has type string" in refused(quota=q, cost=Cost("text"))
+    assert "cost column 'nope' is not a column" in refused(quota=q, cost=Cost("nope"))
+    assert "cost is given without a quota" in refused(cost=Cost("tokens"))
+    assert "reply_cost is given without a quota" in refused(cost=Cost(actual="usage.total"))
+    assert "cost must be a timewheel.spark.Cost" in refused(quota=q, cost="tokens")
     assert "quota must be a timewheel.spark.Quota" in refused(quota={"rate": 5})
-    assert "the quota counts no cost" in refused(quota=Quota(rate=5), cost="tokens")
-    assert "reply_cost must not be empty" in refused(quota=q, reply_cost=" ")
+    assert "the quota counts no cost" in refused(quota=Quota(rate=5), cost=Cost("tokens"))
+    with pytest.raises(ValueError, match=r"Cost\.actual must not be empty"):
+        Cost(actual=" ")
+    with pytest.raises(ValueError, match="Cost needs an estimate"):
+        Cost()
     assert "timewheel engine only" in refused(quota=q, engine=lambda rows, t, c: iter(()))
     for bad in (0, -1, math.nan, math.inf, True, 10**400):
         with pytest.raises((TypeError, ValueError), match="budget"):

@@ -296,21 +296,22 @@ def run_engine(
     With a ``service``, the requests it received are counted too, and must equal the
     rows' attempts. ``batch``: ``(batch_size, batch_linger_ms)``.
     """
-    from ...spark import partition_dispatcher  # imports pyspark: not when the parser is built
+    from ...spark import Batching, Calls, Journal, partition_dispatcher
 
     dispatch = partition_dispatcher(
         df.schema,
         target,
         id_col=id_col,
         timeout_ms=config.timeout_ms,
-        max_in_flight=config.max_in_flight,
-        retries=config.retries,
-        backoff_ms=config.backoff_ms,
+        calls=Calls(
+            max_in_flight=config.max_in_flight,
+            retries=config.retries,
+            backoff_ms=config.backoff_ms,
+        ),
         reply_schema=reply_schema,
         engine=_no_calls if engine == FLOOR else get_engine(engine),
-        journal=journal,
-        batch_size=batch[0],
-        batch_linger_ms=batch[1],
+        journal=None if journal is None else Journal(journal),
+        batching=Batching(batch[0], linger_ms=batch[1]),
     )
     received0 = service.stats()["requests"] if service is not None else 0
     jvm0, drv0, start = _jvm_cpu_s(spark), _driver_cpu_s(), time.monotonic()

@@ -113,8 +113,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def _lease(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Rows/s against nginx with and without a quota that never binds."""
-    from ...spark import Quota, dispatch
-    from ...spark.http.target import HttpDownstream
+    from ...spark import Calls, Quota, dispatch
+    from ...spark.targets import HttpDownstream, HttpLimits
     from .http import nginx, nginx_exe
 
     if nginx_exe() is None:
@@ -122,8 +122,9 @@ def _lease(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     quota = Quota(rate=1e9)
     rates: dict[str, list[float]] = {"none": [], "quota": [], "quota+headers": []}
     with nginx() as url:
-        reading = HttpDownstream(url, max_connections=64)
-        plain = HttpDownstream(url, max_connections=64, read_rate_limit_headers=False)
+        limits = HttpLimits(max_connections=64)
+        reading = HttpDownstream(url, limits=limits)
+        plain = HttpDownstream(url, limits=limits, read_rate_limit_headers=False)
         df = spark.range(args.lease_rows, numPartitions=spark.sparkContext.defaultParallelism)
         warm = dispatch(df.limit(5000), plain, id_col="id", quota=quota)
         warm.write.format("noop").mode("overwrite").save()
@@ -131,7 +132,7 @@ def _lease(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
             for kind, rows_s in rates.items():
                 target = reading if kind == "quota+headers" else plain
                 given = None if kind == "none" else quota
-                out = dispatch(df, target, id_col="id", max_in_flight=64, quota=given)
+                out = dispatch(df, target, id_col="id", calls=Calls(max_in_flight=64), quota=given)
                 start = time.monotonic()
                 out.write.format("noop").mode("overwrite").save()
                 rows_s.append(args.lease_rows / (time.monotonic() - start))
@@ -148,8 +149,8 @@ def _batches(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Steady rows/s under a request quota, one row per request and then batches."""
     from pyspark.sql import functions as F
 
-    from ...spark import Quota, dispatch
-    from ...spark.http.target import HttpDownstream
+    from ...spark import Batching, Calls, Quota, dispatch
+    from ...spark.targets import BatchFormat, HttpDownstream, HttpLimits
     from .openai_stub import StubProcess
 
     rate = args.quota_share * args.batch_rpm / args.window_s  # requests per second
@@ -167,10 +168,9 @@ def _batches(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
                 body=(lambda row: row["text"])
                 if size > 1
                 else (lambda row: {"model": "bench", "input": row["text"]}),
-                batch_body='{"model": "bench", "input": $rows}',
-                batch_reply="data[*].index",
+                batch=BatchFormat('{"model": "bench", "input": $rows}', reply="data[*].index"),
                 headers={"Authorization": "Bearer sk-bench"},  # the stub's: no secret
-                max_retry_after_s=args.window_s,
+                limits=HttpLimits(max_retry_after_s=args.window_s),
             )
             out = dispatch(
                 df,
@@ -178,10 +178,8 @@ def _batches(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
                 id_col="id",
                 quota=Quota(rate=rate),
                 timeout_ms=30_000,
-                retries=10,
-                max_in_flight=64,
-                batch_size=size,
-                batch_linger_ms=0 if size == 1 else 200,
+                calls=Calls(max_in_flight=64, retries=10),
+                batching=Batching(size, linger_ms=0 if size == 1 else 200),
             )
             with _Sampler(stub) as sampler:
                 statuses = [r["status"] for r in out.select("status").collect()]
@@ -300,8 +298,8 @@ def _redis() -> tuple[subprocess.Popen[bytes], str] | None:
 
 
 def _run(spark: Any, args: argparse.Namespace, scenario: str) -> dict[str, Any]:
-    from ...spark import Quota, dispatch
-    from ...spark.http.target import HttpDownstream
+    from ...spark import Calls, Cost, Quota, dispatch
+    from ...spark.targets import HttpDownstream, HttpLimits
     from .openai_stub import StubProcess
 
     share = args.quota_share
@@ -315,7 +313,7 @@ def _run(spark: Any, args: argparse.Namespace, scenario: str) -> dict[str, Any]:
             f"{stub.base_url}/embeddings",
             body=lambda row: {"model": "bench", "input": row["text"]},
             headers={"Authorization": "Bearer sk-bench"},  # the stub's: no secret
-            max_retry_after_s=args.window_s,
+            limits=HttpLimits(max_retry_after_s=args.window_s),
         )
         if scenario == "shared":
             quota = Quota(rate=rate, cost_rate=cost_rate)
@@ -335,11 +333,9 @@ def _run(spark: Any, args: argparse.Namespace, scenario: str) -> dict[str, Any]:
                     target,
                     id_col="id",
                     quota=quota,
-                    cost="tokens",
-                    reply_cost="usage.total_tokens",
+                    cost=Cost("tokens", actual="usage.total_tokens"),
                     timeout_ms=30_000,
-                    retries=10,
-                    max_in_flight=64,
+                    calls=Calls(max_in_flight=64, retries=10),
                 )
                 statuses.extend(r["status"] for r in out.select("status").collect())
             except BaseException as exc:  # reported below, after the other job

@@ -1,4 +1,5 @@
-"""``timewheel bench rate``: does ``dispatch(rate=R)`` keep every one-second window within R?
+"""``timewheel bench rate``: does a static quota (``Quota(rate=R, store="static")``) keep
+every one-second window within R?
 
 A loopback service answers every ``POST /ingest`` at once and notes when each request
 arrived: nginx (``--service nginx``, the default when it is installed), which logs each
@@ -37,7 +38,7 @@ from .command import bench_parser
 
 __all__ = ["add_parser", "main", "most_in_a_window"]
 
-HELP = "dispatch's rate against a loopback service counting requests per second"
+HELP = "a static quota's rate against a loopback service counting requests per second"
 
 
 def most_in_a_window(stamps: list[float], window_s: float = 1.0) -> int:
@@ -169,7 +170,7 @@ def _stats(stamps: list[float]) -> dict[str, Any]:
 def _measure(
     url: str, stats: Callable[[], dict[str, Any]], args: argparse.Namespace, rates: list[float]
 ) -> None:
-    from ...spark import dispatch
+    from ...spark import Calls, Quota, dispatch
     from ...spark.session import spark_session
     from ...spark.targets import HttpDownstream
 
@@ -185,8 +186,8 @@ def _measure(
                 df,
                 target,
                 id_col="id",
-                rate=rate,
-                max_in_flight=args.max_in_flight,
+                quota=Quota(rate=rate, store="static"),
+                calls=Calls(max_in_flight=args.max_in_flight),
                 timeout_ms=10_000,
             )
             result.write.format("noop").mode("overwrite").save()

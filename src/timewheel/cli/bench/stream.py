@@ -101,7 +101,7 @@ def write_files(folder: Path, rows: int, files: int, first: int = 0) -> None:
 
 
 def _journal(args: argparse.Namespace, tmp: Path) -> bool:
-    from ...spark import dispatch
+    from ...spark import Calls, Journal, dispatch
     from ...spark.session import spark_session
     from ...spark.targets import target_from_url
 
@@ -115,7 +115,13 @@ def _journal(args: argparse.Namespace, tmp: Path) -> bool:
         run = tmp / f"run{n + 1}"
         stream = spark.readStream.schema("id long, text string").parquet(str(inp))
         journal = str(run / "record") if journalled else None
-        out = dispatch(stream, target, id_col="id", journal=journal, max_in_flight=256)
+        out = dispatch(
+            stream,
+            target,
+            id_col="id",
+            journal=None if journal is None else Journal(journal),
+            calls=Calls(max_in_flight=256),
+        )
 
         def write(batch: Any, batch_id: int, sink: Path = run / "rows") -> None:
             batch.write.parquet(str(sink / f"batch={batch_id}"))

@@ -99,31 +99,32 @@ class _Job:
                 self.spark.sparkContext.cancelAllJobs()
 
     def dispatch(self, df: Any, reports: Any = None, journal: Path | None = None) -> Any:
-        from ...spark import dispatch
+        from ...spark import Batching, Calls, Cost, Dedupe, Journal, dispatch
 
         args = self.args
         try:
+            cost = None
+            if args.cost_col is not None or args.reply_cost is not None:
+                cost = Cost(args.cost_col, args.reply_cost)
+            dedupe = None
+            if args.dedupe_requests:
+                dedupe = Dedupe(args.dedupe_col, requests=True)
+            elif args.dedupe_col is not None:
+                dedupe = Dedupe(args.dedupe_col)
             return dispatch(
                 df,
                 self.target,
                 id_col=args.id_col,
-                key_cols=self.key_cols,
                 timeout_ms=args.timeout_ms,
-                max_in_flight=self.max_in_flight,
-                retries=args.retries,
-                backoff_ms=args.backoff_ms,
-                dedupe_col=args.dedupe_col,
-                dedupe_requests=args.dedupe_requests,
+                calls=Calls(self.max_in_flight, self.key_cols, args.retries, args.backoff_ms),
                 reply_schema=args.reply_schema,
                 quota=self.quota,
-                cost=args.cost_col,
-                reply_cost=args.reply_cost,
-                batch_size=args.batch_size,
-                batch_linger_ms=args.batch_linger_ms,
-                batch_max_cost=args.batch_max_cost,
+                cost=cost,
+                batching=Batching(args.batch_size, args.batch_linger_ms, args.batch_max_cost),
+                dedupe=dedupe,
+                journal=None if journal is None else Journal(str(journal)),
                 engine=None if args.engine is None else get_engine(args.engine),
                 worker_reports=reports,
-                journal=None if journal is None else str(journal),
             )
         except (TypeError, ValueError) as exc:
             raise UsageError(str(exc)) from exc

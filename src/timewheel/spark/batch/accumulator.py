@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Generic, TypeVar
 
 from ..._validate import check_number
-from .spec import BatchSettings
+from .spec import Batching
 
 __all__ = ["Accumulator", "Batch"]
 
@@ -47,8 +47,8 @@ class Accumulator(Generic[T]):
     Rows whose requests differ in method, URL or per-row headers (a ``{column}`` URL
     template) cannot share a request, so each distinct ``line`` (any hashable, such as
     ``(method, url, headers)``) has its own open batch. A batch goes out when it holds
-    ``batch_size`` rows, when the next row would take it past ``batch_max_cost``, when
-    it has waited ``batch_linger_ms`` since its first row came, or at its earliest row's
+    ``size`` rows, when the next row would take it past ``max_cost``, when
+    it has waited ``linger_ms`` since its first row came, or at its earliest row's
     ``deadline``, whichever comes first: linger ends early so that no row waits past its
     own deadline. ``clock()`` is in seconds (``time.monotonic`` unless given), and so
     are deadlines.
@@ -59,13 +59,13 @@ class Accumulator(Generic[T]):
     """
 
     def __init__(
-        self, settings: BatchSettings, clock: Callable[[], float] = time.monotonic
+        self, settings: Batching, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        if not isinstance(settings, BatchSettings):
-            raise TypeError(f"settings must be a BatchSettings, got {settings!r}")
+        if not isinstance(settings, Batching):
+            raise TypeError(f"settings must be a Batching, got {settings!r}")
         self.settings = settings
         self.clock = clock
-        self._linger_s = settings.batch_linger_ms / 1000.0
+        self._linger_s = settings.linger_ms / 1000.0
         self._open: dict[Hashable, _Open[T]] = {}
 
     def __len__(self) -> int:
@@ -77,7 +77,7 @@ class Accumulator(Generic[T]):
     ) -> list[Batch[T]]:
         """Put ``row`` in ``line``'s open batch; return the batches this made full.
 
-        ``cost`` (a finite number >= 0) counts against ``batch_max_cost``; ``deadline``
+        ``cost`` (a finite number >= 0) counts against ``max_cost``; ``deadline``
         (clock seconds, or None) is the latest the row may leave. Refused with
         TypeError/ValueError before anything changes.
         """
@@ -94,7 +94,7 @@ class Accumulator(Generic[T]):
         """:meth:`add` without its checks, for values already known good (the engine's:
         once per row, so the checks would cost as much as the rest)."""
         out: list[Batch[T]] = []
-        limit = self.settings.batch_max_cost
+        limit = self.settings.max_cost
         batch = self._open.get(line)
         if batch is not None and limit is not None and batch.cost + cost > limit:
             out.append(self._close(line, "cost"))
@@ -105,7 +105,7 @@ class Accumulator(Generic[T]):
         batch.cost += cost
         if deadline is not None and (batch.deadline is None or deadline < batch.deadline):
             batch.deadline = deadline
-        if len(batch.rows) >= self.settings.batch_size:
+        if len(batch.rows) >= self.settings.size:
             out.append(self._close(line, "size"))
         elif limit is not None and batch.cost >= limit:
             out.append(self._close(line, "cost"))

@@ -1,10 +1,9 @@
 """Many rows per request: what a batch is made of, each piece testable without Spark.
 
-``dispatch(batch_size=N)`` gathers rows with the pieces of this folder (the engine's
+``dispatch(batching=Batching(N))`` gathers rows with the pieces of this folder (the engine's
 side is :mod:`timewheel.spark.engine.batcher`; see docs/spark/batches.md). Here:
 
-* :class:`BatchSettings`: ``batch_size``, ``batch_linger_ms`` and ``batch_max_cost``,
-  checked when made;
+* :class:`Batching`: ``size``, ``linger_ms`` and ``max_cost``, checked when made;
 * :class:`BatchBody`: the body of a batch request from its rows' bodies (a JSON array,
   a template placing that array in a field, or a function);
 * :func:`batch_key` and :func:`batch_deadline`: a batch's idempotency key and deadline
@@ -25,6 +24,7 @@ from typing import Any, Callable, NamedTuple, Union
 
 from ..._validate import check_int, check_number
 from .._json import encoder
+from ..contract import BatchTarget
 
 __all__ = [
     "MAX_BATCH_LINGER_MS",
@@ -32,7 +32,7 @@ __all__ = [
     "PLACEHOLDER",
     "BatchBody",
     "BatchPart",
-    "BatchSettings",
+    "Batching",
     "batch_deadline",
     "batch_key",
     "batch_settings",
@@ -60,53 +60,57 @@ class BatchPart(NamedTuple):
 
 # -- settings ---------------------------------------------------------------------------
 @dataclass(frozen=True)
-class BatchSettings:
-    """How rows are gathered into requests, checked when made.
+class Batching:
+    """Many rows per request (``dispatch(batching=Batching(100))``), checked when made.
 
-    ``batch_size``: the most rows per request, 1 to :data:`MAX_BATCH_SIZE` (1: a request
-    per row, as without batches). ``batch_linger_ms``: the longest a partly filled batch
-    waits for more rows, 0 to :data:`MAX_BATCH_LINGER_MS` (0: it goes as soon as the rows
-    at hand are gathered). ``batch_max_cost``: the most cost units per request (a finite
-    number > 0), or None for no limit on cost; a row that costs more on its own goes alone.
+    ``size``: the most rows per request, 1 to :data:`MAX_BATCH_SIZE` (1: a request per
+    row, as without batches). ``linger_ms``: the longest a partly filled batch waits for
+    more rows, 0 to :data:`MAX_BATCH_LINGER_MS` (0: it goes as soon as the rows at hand
+    are gathered). ``max_cost``: the most estimated cost per request (a finite number
+    > 0; it counts ``Cost.estimate``, so needs one), or None for no limit on cost; a row
+    that costs more on its own goes alone. The target must take many rows per request
+    (``HttpDownstream(batch=BatchFormat(...))`` says how). Each row still gets its own
+    outcome: a batch refused as bad input is halved until the rows at fault stand alone;
+    one that times out or gets a 5xx is retried whole. ``Calls.max_in_flight`` then
+    counts requests, and a quota is taken per request (the sum of its rows' costs).
     """
 
-    batch_size: int
-    batch_linger_ms: int = 0
-    batch_max_cost: float | None = None
+    size: int
+    linger_ms: int = 0
+    max_cost: float | None = None
 
     def __post_init__(self) -> None:
-        check_int("batch_size", self.batch_size, 1, MAX_BATCH_SIZE)
-        check_int("batch_linger_ms", self.batch_linger_ms, 0, MAX_BATCH_LINGER_MS)
-        if self.batch_max_cost is not None:
-            cost = check_number("batch_max_cost", self.batch_max_cost, 0, strict_lo=True)
-            object.__setattr__(self, "batch_max_cost", cost)
         # NumPy integers are taken, stored as ints.
-        object.__setattr__(self, "batch_size", int(self.batch_size))
-        object.__setattr__(self, "batch_linger_ms", int(self.batch_linger_ms))
+        setattr_ = object.__setattr__
+        setattr_(self, "size", check_int("Batching.size", self.size, 1, MAX_BATCH_SIZE))
+        setattr_(self, "linger_ms", check_int(
+            "Batching.linger_ms", self.linger_ms, 0, MAX_BATCH_LINGER_MS))
+        if self.max_cost is not None:
+            setattr_(self, "max_cost", check_number(
+                "Batching.max_cost", self.max_cost, 0, strict_lo=True))
 
 
-def batch_settings(
-    target: Any, batch_size: Any, batch_linger_ms: Any, batch_max_cost: Any, cost: Any
-) -> tuple[Any, BatchSettings | None]:
-    """``dispatch``'s batch arguments checked: the target to use and the settings (None
-    for a request per row, ``batch_size`` 1). ``cost``: dispatch's (``batch_max_cost``
-    counts it, so needs it)."""
-    settings = BatchSettings(batch_size, batch_linger_ms, batch_max_cost)
-    if settings.batch_max_cost is not None and cost is None:
-        raise ValueError(
-            f"batch_max_cost={batch_max_cost!r} counts the rows' cost: give cost= "
-            "(with a quota) too"
-        )
-    if settings.batch_size == 1:
+def batch_settings(target: Any, batching: Any, cost: Any) -> tuple[Any, Batching | None]:
+    """``dispatch``'s ``batching`` checked against its target and ``cost``: the target to
+    use and the settings (None for a request per row)."""
+    if batching is None:
         return target, None
-    derive = getattr(target, "for_batches", None)
-    if not callable(derive) or not callable(getattr(target, "submit_batch", None)):
-        raise TypeError(
-            f"batch_size={settings.batch_size} needs a target that sends many rows per "
-            f"request (for_batches and submit_batch, as HttpDownstream has); {target!r} "
-            "has none"
+    if not isinstance(batching, Batching):
+        raise TypeError(f"batching must be a timewheel.spark.Batching, got {batching!r}")
+    if batching.max_cost is not None and (cost is None or cost.estimate is None):
+        raise ValueError(
+            f"Batching.max_cost={batching.max_cost!r} counts the rows' estimated cost: "
+            "give cost=Cost(estimate=...) (with a quota) too"
         )
-    return derive(), settings
+    if batching.size == 1:
+        return target, None
+    if not isinstance(target, BatchTarget):
+        raise TypeError(
+            f"Batching.size={batching.size} needs a target that sends many rows per "
+            f"request (batch_part, submit_batch and batch_reply, as HttpDownstream has); "
+            f"{target!r} has none"
+        )
+    return target, batching
 
 
 # -- the body -----------------------------------------------------------------------------
@@ -155,7 +159,7 @@ class BatchBody:
             self._function = spec
         else:
             raise TypeError(
-                f"batch_body must be None, a template (str) or a function, got {spec!r} "
+                f"BatchFormat.body must be None, a template (str) or a function, got {spec!r} "
                 f"({type(spec).__name__})"
             )
 
@@ -164,7 +168,7 @@ class BatchBody:
         count = template.count(PLACEHOLDER)
         if count != 1:
             raise ValueError(
-                f"batch_body template must hold {PLACEHOLDER} exactly once, "
+                f"BatchFormat.body template must hold {PLACEHOLDER} exactly once, "
                 f"found {count} in {template!r}"
             )
         prefix, suffix = template.split(PLACEHOLDER)
@@ -172,11 +176,12 @@ class BatchBody:
             filled = json.loads(prefix + _ENCODE([_PROBE]) + suffix)
         except ValueError as exc:
             raise ValueError(
-                f"batch_body template {template!r} is not JSON once {PLACEHOLDER} is filled: {exc}"
+                f"BatchFormat.body template {template!r} is not JSON once {PLACEHOLDER} is "
+                f"filled: {exc}"
             ) from None
         if _probe_count(filled) != 1:
             raise ValueError(
-                f"batch_body template {template!r} must hold {PLACEHOLDER} as a JSON "
+                f"BatchFormat.body template {template!r} must hold {PLACEHOLDER} as a JSON "
                 "value, not inside a string"
             )
         return prefix, suffix

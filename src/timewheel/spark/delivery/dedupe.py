@@ -1,7 +1,7 @@
-"""Rows sent once per value: ``dispatch``'s ``dedupe_col`` and ``dedupe_requests``.
+"""Rows sent once per value: ``dispatch(dedupe=Dedupe(col))`` and ``Dedupe.by_request()``.
 
 :func:`sent_once` runs the first row of each value of a column and copies its outcome
-to the others; :func:`request_key` is the column ``dedupe_requests`` groups rows by (a
+to the others; :func:`request_key` is the column ``Dedupe.by_request()`` groups rows by (a
 digest of each row's request); :class:`WithoutColumns` gives the target each row
 without that column, which is dispatch's business, not the service's.
 """
@@ -9,7 +9,7 @@ without that column, which is dispatch's business, not the service's.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..contract import BatchTarget, Target, TargetPlan, bind, request_columns
@@ -29,7 +29,7 @@ __all__ = [
 
 
 class WithoutColumns:
-    """``target`` given each row without ``hidden`` columns (``dedupe_requests``'s key,
+    """``target`` given each row without ``hidden`` columns (``Dedupe.by_request()``'s key,
     which is dispatch's business, not the service's). It forwards ``bind`` and
     ``submit`` only; :meth:`hiding` makes a :class:`BatchWithoutColumns` of a
     :class:`~timewheel.spark.contract.BatchTarget`."""
@@ -126,7 +126,7 @@ def sent_once(
         yield ready.popleft()
 
 
-#: The hidden column ``dedupe_requests`` groups rows by: a digest of a row's request.
+#: The hidden column ``Dedupe.by_request()`` groups rows by: a digest of a row's request.
 REQUEST_KEY = "__timewheel_request"
 
 
@@ -138,19 +138,14 @@ def request_key(df: DataFrame, target: Any) -> Any:
     columns = request_columns(target, df.columns)
     if columns is None:
         raise TypeError(
-            f"dedupe_requests needs a target that names the columns its requests are made "
+            f"Dedupe.by_request() needs a target that names the columns its requests are made "
             f"from (a request_columns(columns) method, as HttpDownstream has); {target!r} "
-            f"has none: give dedupe_col instead"
+            f"has none: give Dedupe(col) instead"
         )
     return F.sha2(F.to_json(F.struct(*[F.col(c) for c in columns])), 256)
 
 
-def by_request(
-    df: DataFrame, target: Any, dedupe_col: str | None, key_cols: Sequence[str]
-) -> tuple[DataFrame, Any, str]:
+def by_request(df: DataFrame, target: Any) -> tuple[DataFrame, Any, str]:
     """``df`` with the request digest column, the target that does not see it, its name."""
-    if dedupe_col is not None or key_cols:
-        what = "dedupe_col" if dedupe_col is not None else "key_cols"
-        raise ValueError(f"dedupe_requests and {what} cannot be combined: give one")
     df = df.withColumn(REQUEST_KEY, request_key(df, target))
     return df, WithoutColumns.hiding(target, [REQUEST_KEY]), REQUEST_KEY

@@ -43,7 +43,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from ..batch.accumulator import Accumulator, Batch
 from ..batch.isolation import Part
 from ..batch.run import AFTER_BACKOFF, NOW, BatchRun, RowEnd
-from ..batch.spec import BatchSettings, batch_key
+from ..batch.spec import Batching, batch_key
 from ..contract import DownstreamError, Reply, retry_after_of
 from ..options import DispatchConfig
 from ..outcome import FAILED
@@ -148,7 +148,7 @@ class Batcher(Generic[R]):
     """Gathers one partition's rows into batch requests to ``target`` (which takes many
     rows per request) as ``settings`` say, and finishes each row once, through ``port``."""
 
-    def __init__(self, port: PartitionPort[R], target: Any, settings: BatchSettings) -> None:
+    def __init__(self, port: PartitionPort[R], target: Any, settings: Batching) -> None:
         self.port = port
         config = port.config
         self.gate = port.gate
@@ -162,7 +162,7 @@ class Batcher(Generic[R]):
         self.flushing = False
         # With a linger, a batch may wait for rows: the timer is set as each opens. With
         # none, batches leave when the task's thread has read the rows at hand (poll).
-        self.lingers = settings.batch_linger_ms > 0
+        self.lingers = settings.linger_ms > 0
         # When the timer set last is due (None: none is set).
         self.linger_at: float | None = None
         # Counts for the partition's metrics (added when it closes; its task's thread).

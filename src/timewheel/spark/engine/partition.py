@@ -186,7 +186,7 @@ class _Partition:
         self.wake = threading.Event()
         # With batches, max_in_flight counts requests: the rows out are up to that many
         # full batches.
-        size = 1 if config.batch is None else config.batch.batch_size
+        size = 1 if config.batch is None else config.batch.size
         self.admission = Admission(config.max_in_flight * size, config.rate_per_task)
         self.gate = (
             None
@@ -501,7 +501,7 @@ class _Partition:
         done, wake, rows, admission = self.done, self.wake, self.rows, self.admission
         gate = self.gate
         # With batches, a round reads whole batches' worth of rows (at least one batch).
-        size = 1 if self.config.batch is None else self.config.batch.batch_size
+        size = 1 if self.config.batch is None else self.config.batch.size
         per_round = max(_BATCH - _BATCH % size, size)
         exhausted = False
         while True:
