@@ -236,7 +236,7 @@ def test_identical_requests_without_a_dedupe_col_are_sent_once(spark: Any, recor
     )
     url = f"http://127.0.0.1:{recorder.server_port}/ingest"
     target = HttpDownstream(url, body=["id"], header_cols={"X-Tenant": "t"})
-    args = {"id_col": "row", "retries": 0, "max_in_flight": 8, "timeout_ms": 30_000}
+    args = {"id_col": "row", "calls": Calls(max_in_flight=8, retries=0), "timeout_ms": 30_000}
     rows = dispatch(df, target, dedupe=Dedupe.by_request(), **args).collect()
     assert sorted(r["row"] for r in rows) == list(range(210))
     assert "__timewheel_request" not in rows[0].asDict()

@@ -34,9 +34,10 @@ The rules:
   packages ``a.b`` on the way, unless the importer is inside them);
 * the wing's rooms (issue 41): no module of the wing imports a private name (``_x``, not
   a ``__dunder__``, not a module: ``from . import _curl`` is fine) from another module of
-  the wing, since what the files of a room share is public inside it; ``engine/`` is the
-  only subpackage of the wing that imports ``quota/`` and ``batch/`` (the root, which
-  plans a job, may too), and those two import neither ``engine/`` nor each other;
+  the wing, since what the files of a room share is public inside it; a room (subpackage)
+  of the wing imports only rooms on a lower floor (:data:`ROOM_FLOORS`: ``quota/`` and
+  ``batch/``, then ``http/`` and ``delivery/``, then ``engine/``; the root, which plans a
+  job, may import any);
 * families: no folder holds three or more modules named ``prefix_*`` (Cython ones too; a
   module's twins, ``_x_c`` / ``_x_py`` or ``_core`` / ``_core_py``, count once): a family
   wants a folder of its own;
@@ -95,8 +96,16 @@ ABOVE_THE_CORE = (
 #: Left out of the cycle rule (none: the wing lost its last circle in issue 31, item 2).
 CYCLE_RULE_SKIPS: tuple[str, ...] = ()
 #: The wing's room for the per-partition machinery, and the rooms only it may import.
-WING_ENGINE = f"{WING}.engine"
-ENGINE_ONLY = (f"{WING}.quota", f"{WING}.batch")
+#: The wing's rooms (subpackages) by floor: a room imports only rooms on a lower floor.
+#: quota/ and batch/ are pure pieces; http/ builds batch bodies and reads the service's
+#: rate-limit headers; engine/ runs a partition with all of them.
+ROOM_FLOORS = {
+    f"{WING}.quota": 0,
+    f"{WING}.batch": 0,
+    f"{WING}.http": 1,
+    f"{WING}.delivery": 1,
+    f"{WING}.engine": 2,
+}
 #: The most parameters each public call of the wing takes (``self`` not counted), by its
 #: name in the module that defines it (issue 41: one option object per concern).
 SIGNATURE_LIMITS = {"dispatch": 14, "partition_dispatcher": 12, "HttpDownstream.__init__": 13}
@@ -255,8 +264,8 @@ def _wing_room(module: str, modules: dict[str, bool]) -> str | None:
 def _check_wing_rooms(
     tree: ast.Module, module: str, is_package: bool, modules: dict[str, bool]
 ) -> list[str]:
-    """``quota/`` and ``batch/`` imported by a subpackage other than ``engine/``, or
-    ``engine/`` imported by them."""
+    """A room of the wing importing a room on its own floor or above (see
+    :data:`ROOM_FLOORS`)."""
     room = _wing_room(module, modules)
     if room is None:
         return []
@@ -269,12 +278,9 @@ def _check_wing_rooms(
         theirs = _wing_room(target, modules)
         if theirs is None or theirs == room or line in reported:
             continue
-        if theirs in ENGINE_ONLY and room != WING_ENGINE:
-            what = "only engine/ imports quota/ and batch/"
-        elif room in ENGINE_ONLY and theirs == WING_ENGINE:
-            what = "quota/ and batch/ sit below engine/"
-        else:
+        if ROOM_FLOORS.get(theirs, -1) < ROOM_FLOORS.get(room, 0):
             continue
+        what = "a room imports only rooms below it (quota/, batch/ < http/, delivery/ < engine/)"
         reported.add(line)
         out.append(f"{module}:{line}: imports {theirs.rpartition('.')[2]}/ ({named}): {what}")
     return out
@@ -781,14 +787,24 @@ BROKEN = {
         },
         "timewheel._impl: 3 modules named heap_* (_heap_a, _heap_b, _heap_c)",
     ),
-    "a room of the wing other than engine/ imports batch/": (
-        {"spark/delivery/journal.py": "from ..batch.spec import key\n", "spark/batch/spec.py": ""},
-        "timewheel.spark.delivery.journal:1: imports batch/ (timewheel.spark.batch.spec): "
-        "only engine/ imports quota/ and batch/",
+    "batch/ imports a room above it": (
+        {
+            "spark/batch/spec.py": "from ..delivery.journal import key\n",
+            "spark/delivery/journal.py": "",
+        },
+        "timewheel.spark.batch.spec:1: imports delivery/ (timewheel.spark.delivery.journal): "
+        "a room imports only rooms below it",
     ),
-    "a room of the wing imports quota/ as a package": (
-        {"spark/quota/__init__.py": "", "spark/http/request.py": "from .. import quota\n"},
-        "timewheel.spark.http.request:1: imports quota/ (timewheel.spark.quota): only engine/",
+    "quota/ imports a room above it as a package": (
+        {"spark/http/__init__.py": "", "spark/quota/gate.py": "from .. import http\n"},
+        "timewheel.spark.quota.gate:1: imports http/ (timewheel.spark.http): a room imports",
+    ),
+    "http/ imports the engine": (
+        {
+            "spark/http/target.py": "from ..engine import partition\n",
+            "spark/engine/partition.py": "",
+        },
+        "timewheel.spark.http.target:1: imports engine/ (timewheel.spark.engine.partition)",
     ),
     "quota/ imports batch/": (
         {
@@ -800,7 +816,7 @@ BROKEN = {
     "batch/ imports the engine": (
         {"spark/batch/run.py": "from ..engine.contract import f\n", "spark/engine/contract.py": ""},
         "timewheel.spark.batch.run:1: imports engine/ (timewheel.spark.engine.contract): "
-        "quota/ and batch/ sit below engine/",
+        "a room imports only rooms below it",
     ),
     "dispatch takes too many parameters": (
         {"spark/_dispatch.py": f"def dispatch(df, target, *, {_names(13)}):\n    pass\n"},
@@ -856,7 +872,8 @@ def test_what_the_rules_allow(tmp_path: Path) -> None:
             "spark/engine/partition.py": "from ..quota.gate import QuotaGate\n"
             "from ..batch import spec\n",
             "spark/quota/gate.py": "from .bucket import Bucket\nfrom ..outcome import OK\n",
-            "spark/batch/run.py": "from ..outcome import OK\nfrom ..http.request import Request\n",
+            "spark/batch/run.py": "from ..outcome import OK\n",
+            "spark/http/options.py": "from ..batch.spec import Part\nfrom ..quota import headers\n",
             **dict.fromkeys(
                 [
                     "spark/quota/placement.py",

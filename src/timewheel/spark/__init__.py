@@ -60,36 +60,26 @@ __all__ = [
     "task_slots",
 ]
 
-_LAZY = (
-    "dispatch",
-    "is_connect",
-    "output_schema",
-    "partition_dispatcher",
-    "request_key",
-    "task_slots",
-)
-
-
 def __getattr__(name: str) -> Any:
     """Import ``dispatch`` (and with it pyspark) when it is first asked for."""
-    if name == "request_key":
-        from .delivery.dedupe import request_key
-
-        return request_key
     if name in ("dispatch", "partition_dispatcher"):
         from . import _dispatch
 
         return getattr(_dispatch, name)
+    if name in ("is_connect", "task_slots"):
+        from . import cluster
+
+        return getattr(cluster, name)
     if name == "output_schema":
         from .columns import output_schema
 
         return output_schema
-    if name in _LAZY:
-        from . import cluster
+    if name == "request_key":
+        from .delivery.dedupe import request_key
 
-        return getattr(cluster, name)
+        return request_key
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+    return sorted({*globals(), *__all__})

@@ -61,7 +61,6 @@ class Plan(NamedTuple):
 def _plan(
     schema: StructType,
     target: Any,
-    *,
     id_col: Any,
     timeout_ms: Any,
     calls: Any,
@@ -223,18 +222,10 @@ def dispatch(
     """
     if not isinstance(df, DataFrame):
         raise TypeError(f"df must be a pyspark.sql.DataFrame, got {type(df).__name__}")
+    # (with a quota, the target's answers carry the rate-limit headers it follows)
     target, config, reply, engine = _plan(
-        df.schema,
-        target,
-        id_col=id_col,
-        timeout_ms=timeout_ms,
-        calls=calls,
-        reply_schema=reply_schema,
-        engine=engine,
-        batching=batching,
-        cost=cost,
-        dedupe=dedupe,
-        rate_limit_headers=quota is not None,  # the quota follows the answers' headers
+        df.schema, target, id_col, timeout_ms, calls, reply_schema, engine, batching, cost,
+        dedupe, quota is not None,
     )
     estimate, actual = (None, None) if cost is None else (cost.estimate, cost.actual)
     check_quota(df.schema, quota, estimate, actual, None)
@@ -324,14 +315,7 @@ def partition_dispatcher(
     if journal is not None and not isinstance(journal, Journal):
         raise TypeError(f"journal must be a timewheel.spark.Journal, got {journal!r}")
     target, config, reply, engine = _plan(
-        schema,
-        target,
-        id_col=id_col,
-        timeout_ms=timeout_ms,
-        calls=calls,
-        reply_schema=reply_schema,
-        engine=engine,
-        batching=batching,
+        schema, target, id_col, timeout_ms, calls, reply_schema, engine, batching
     )
     path = None if journal is None else journal.path
     return PartitionDispatch(engine, target, config, reply=reply, journal=path)

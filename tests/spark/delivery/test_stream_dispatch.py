@@ -66,7 +66,7 @@ def run_query(spark: Any, inp: Path, sink: Path, ck: Path, target: Any, journal:
         stream_of(spark, inp),
         target,
         id_col="id",
-        journal=Journal(journal),
+        journal=None if journal is None else Journal(journal),
         timeout_ms=30_000,
     )
     return run_to_sink(out, sink, ck)

@@ -22,8 +22,8 @@ from ..secrets import redact_url
 _DETAIL = 200
 
 
-_ENCODE = encoder(default=str)
-_ENCODE_KEY = json.JSONEncoder(default=str, sort_keys=True, separators=(",", ":")).encode
+encode_json = encoder(default=str)
+encode_key = json.JSONEncoder(default=str, sort_keys=True, separators=(",", ":")).encode
 
 
 class HttpRequest:
@@ -78,11 +78,11 @@ def verdict(
     return False, error, None
 
 
-def _too_large(limit: int) -> Failure:
+def too_large(limit: int) -> Failure:
     return Failure(f"answer larger than {limit} bytes (max_reply_bytes): not read", None)
 
 
-def _template(url: str) -> tuple[tuple[str, str | None], ...]:
+def url_template(url: str) -> tuple[tuple[str, str | None], ...]:
     """``url`` cut into (text, column) pieces at its ``{column}`` fields; ValueError if bad."""
     import string
 
@@ -105,7 +105,7 @@ def _template(url: str) -> tuple[tuple[str, str | None], ...]:
 _HOST = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?")
 
 
-def _check_url(url: str, pieces: tuple[tuple[str, str | None], ...]) -> None:
+def check_url(url: str, pieces: tuple[tuple[str, str | None], ...]) -> None:
     """ValueError naming ``url`` unless it is an http(s) URL libcurl will take as it reads.
 
     Checked once, when the target is made, with every ``{column}`` standing for a value:
@@ -138,13 +138,13 @@ def _check_url(url: str, pieces: tuple[tuple[str, str | None], ...]) -> None:
         raise ValueError(f"url {url!r}: {host!r} is not a host name or IP address")
 
 
-def _segment(value: str) -> str:
+def url_segment(value: str) -> str:
     """``value`` percent-encoded as one path segment: ``/?#%`` and a bare ``.``/``..`` too."""
     quoted = urllib.parse.quote(value, safe="")
     return quoted.replace(".", "%2E") if quoted.strip(".") == "" else quoted
 
 
-def _column_map(name: str, value: Any) -> tuple[tuple[str, str], ...]:
+def column_map(name: str, value: Any) -> tuple[tuple[str, str], ...]:
     """``value`` (a mapping of names to column names) as pairs, or TypeError naming ``name``."""
     given = {} if value is None else value
     if not isinstance(given, Mapping) or not all(
@@ -160,12 +160,12 @@ _BREAKS = re.compile("[\r\n\0]")
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
-def _has_break(value: str) -> bool:
+def has_break(value: str) -> bool:
     """Whether ``value`` holds a CR, LF or NUL (which would end a header line on the wire)."""
     return _BREAKS.search(value) is not None
 
 
-def _check_header_names(name: str, names: Sequence[str]) -> None:
+def check_header_names(name: str, names: Sequence[str]) -> None:
     """ValueError naming ``name`` unless every one of ``names`` is a header name (a token)."""
     for header in names:
         if not _TOKEN.fullmatch(header):

@@ -37,16 +37,16 @@ from ..runtime import PerProcess
 from ..secrets import Secret, SecretError, redact_url
 from .options import TLS, BatchFormat, HttpLimits
 from .request import (
-    _ENCODE,
-    _ENCODE_KEY,
     HttpRequest,
-    _check_header_names,
-    _check_url,
-    _column_map,
-    _has_break,
-    _segment,
-    _template,
-    _too_large,
+    check_header_names,
+    check_url,
+    column_map,
+    encode_json,
+    encode_key,
+    has_break,
+    too_large,
+    url_segment,
+    url_template,
     verdict,
 )
 
@@ -136,8 +136,8 @@ class HttpDownstream:
     ) -> None:
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, got {url!r}")
-        pieces = _template(url)
-        _check_url(url, pieces)
+        pieces = url_template(url)
+        check_url(url, pieces)
         if not isinstance(method, str) or method.upper() not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
         if id_col is not None and (not isinstance(id_col, str) or not id_col):
@@ -153,11 +153,11 @@ class HttpDownstream:
                 else type(headers).__name__
             )
             raise TypeError(f"headers must be a mapping of str to str or Secret, got {shown!r}")
-        _check_header_names("headers", list(given))
+        check_header_names("headers", list(given))
         secrets = tuple((k, v) for k, v in given.items() if isinstance(v, Secret))
         plain = {k: v for k, v in given.items() if isinstance(v, str)}
         for name, value in plain.items():
-            if _has_break(value):
+            if has_break(value):
                 raise ValueError(f"headers: the value of {name!r} holds a CR, LF or NUL")
         if isinstance(body, str):
             if body not in ("row", "none"):
@@ -174,7 +174,7 @@ class HttpDownstream:
                 f"idempotency_header must be a header name or None, got {idempotency_header!r}"
             )
         if idempotency_header is not None:
-            _check_header_names("idempotency_header", [idempotency_header])
+            check_header_names("idempotency_header", [idempotency_header])
         if not isinstance(tls, TLS):
             raise TypeError(f"tls must be a TLS(...), got {tls!r} ({type(tls).__name__})")
         if not isinstance(limits, HttpLimits):
@@ -202,12 +202,12 @@ class HttpDownstream:
         self._shape: str | Sequence[str] | Callable[[Mapping[str, Any]], Any] = (
             ("none" if self.method in ("GET", "DELETE") else "row") if body is None else body
         )
-        self.params = _column_map("params", params)
+        self.params = column_map("params", params)
         for name, _ in self.params:
-            if _has_break(name):
+            if has_break(name):
                 raise ValueError(f"params: the name {name!r} holds a CR, LF or NUL")
-        self.header_cols = _column_map("header_cols", header_cols)
-        _check_header_names("header_cols", [name for name, _ in self.header_cols])
+        self.header_cols = column_map("header_cols", header_cols)
+        check_header_names("header_cols", [name for name, _ in self.header_cols])
         self.idempotency_header = idempotency_header
         self.tls = tls
         self.limits = limits
@@ -271,14 +271,14 @@ class HttpDownstream:
             return None
         # The JSON form, so that 7 and "7" differ and equal ids of a column always agree
         # (an int's is its str: the common case, without the encoder).
-        text = str(value) if type(value) is int else _ENCODE_KEY(value)
+        text = str(value) if type(value) is int else encode_key(value)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def _value(self, row: Mapping[str, Any], col: str, what: str) -> str:
         value = row.get(col)
         if value is None:
             raise DownstreamError(f"{what} column {col!r} is null: not sent", retry_after_s=None)
-        return value if isinstance(value, str) else _ENCODE(value)
+        return value if isinstance(value, str) else encode_json(value)
 
     def _parts(self, row: Mapping[str, Any]) -> tuple[str, dict[str, str], Any]:
         """The URL, extra headers and body value (``_NO_BODY`` for none) of ``row``'s
@@ -295,7 +295,7 @@ class HttpDownstream:
         url = self.url
         if self._pieces is not None:
             url = "".join(
-                text + (_segment(self._value(row, col, "url")) if col else "")
+                text + (url_segment(self._value(row, col, "url")) if col else "")
                 for text, col in self._pieces
             )
         if self.params:
@@ -305,7 +305,7 @@ class HttpDownstream:
             url += ("&" if "?" in url else "?") + query
         for name, col in self.header_cols:
             value = self._value(row, col, "header")
-            if _has_break(value):
+            if has_break(value):
                 raise DownstreamError(
                     f"header column {col!r} holds a CR, LF or NUL: not sent", retry_after_s=None
                 )
@@ -326,7 +326,7 @@ class HttpDownstream:
     def _request(self, row: Mapping[str, Any]) -> tuple[str, dict[str, str], bytes | None]:
         """The URL, extra headers and body of ``row``'s request (see :meth:`_parts`)."""
         url, extra, payload = self._parts(row)
-        return url, extra, None if payload is _NO_BODY else _ENCODE(payload).encode()
+        return url, extra, None if payload is _NO_BODY else encode_json(payload).encode()
 
     def request(self, row: Mapping[str, Any]) -> HttpRequest:
         """The request ``row`` makes, for a client of one's own: its method, URL,
@@ -418,7 +418,7 @@ class HttpDownstream:
                     f"the row's id ({self.id_col or 'id'!r}) is null or missing: not sent",
                     retry_after_s=None,
                 )
-            key = str(row_id) if type(row_id) is int else _ENCODE_KEY(row_id)
+            key = str(row_id) if type(row_id) is int else encode_key(row_id)
         if self._pieces is None and not self.params and not self.header_cols:
             # The common case: every row on the target's own URL and headers.
             return BatchPart(self._one_line, self._payload(row), key, row_id)
@@ -474,7 +474,7 @@ class HttpDownstream:
             elif errno == LOOP_FAILED:
                 failure = Failure(msg, 0.0)
             elif errno == pycurl.E_FILESIZE_EXCEEDED:
-                failure = _too_large(self.limits.max_reply_bytes)
+                failure = too_large(self.limits.max_reply_bytes)
             elif errno == pycurl.E_OPERATION_TIMEDOUT:
                 failure = Failure(f"no reply within {self.limits.timeout_s} s", 0.0)
             else:
