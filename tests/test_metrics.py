@@ -138,7 +138,7 @@ def workload() -> Iterator[Workload]:
     # statuses and attempts of the rows each has finished
     ended.finish(("ok", "ok", "failed", "timeout", "failed"), (1, 2, 3, 2, 0))
     running.finish(("ok", "skipped"), (1, 0))
-    ended.quota_refused, ended.cost_unknown = 2, 1
+    ended.quota_refused, ended.cost_unknown, ended.quota_long_pauses = 2, 1, 1
     ended.batch_requests, ended.rows_failed_alone = 3, 1
     ended.rows_from_record = 2
     worker.end(ended)
@@ -195,6 +195,7 @@ def workload() -> Iterator[Workload]:
         ("spark_engine", "retries"): (w, 4),
         ("spark_engine", "quota_refused"): (w, 2),
         ("spark_engine", "cost_unknown"): (w, 1),
+        ("spark_engine", "quota_long_pauses"): (w, 1),
         ("spark_engine", "batch_requests"): (w, 3),
         ("spark_engine", "rows_failed_alone"): (w, 1),
         ("spark_engine", "rows_from_record"): (w, 2),

@@ -263,7 +263,10 @@ def dispatch(
     if quota is not None:
         # Tasks share the quota as they go: the input's partitions stay as they are.
         ref = place_quota(quota, spark, task_slots(spark), connect)
-        config = replace(config, quota=ref, cost=estimate, reply_cost=actual)
+        ceiling = None if cost is None else cost.max_per_call
+        config = replace(
+            config, quota=ref, cost=estimate, reply_cost=actual, max_cost_per_call=ceiling
+        )
     if by:
         same = connect or df.isStreaming  # (a stream has no rdd)
         slots = task_slots(spark) if same else df.rdd.getNumPartitions()

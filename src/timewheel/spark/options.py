@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
-from .._validate import check_columns, check_int
+from .._validate import check_columns, check_int, check_number
 
 __all__ = [
     "MAX_DELAY_MS",
@@ -99,16 +99,31 @@ class Cost:
     the cost the answer reports, a dotted path into the JSON answer
     (``"usage.total_tokens"``) or a function of the parsed answer; the difference from
     the estimate is settled with the quota. At least one must be given.
+
+    ``max_per_call``: with ``actual`` and no estimate, the most one call (one request)
+    can cost. Each call in flight holds that much of the budget until its answer says
+    what it cost, so a job spends past its budget only what answers say beyond it.
+    Without it, a call holds the largest cost an answer has said so far (see
+    :mod:`timewheel.spark.quota.gate`).
     """
 
     estimate: Estimate | None = None
     actual: Actual | None = None
+    max_per_call: float | None = None
 
     def __post_init__(self) -> None:
         _column_or_function("Cost.estimate", self.estimate, "a column name (str)")
         _column_or_function("Cost.actual", self.actual, 'a dotted path (str, "usage.total")')
         if self.estimate is None and self.actual is None:
             raise ValueError("Cost needs an estimate, an actual, or both")
+        if self.max_per_call is not None:
+            object.__setattr__(self, "max_per_call", check_number(
+                "Cost.max_per_call", self.max_per_call, 0, 1e15, strict_lo=True))
+            if self.estimate is not None or self.actual is None:
+                raise ValueError(
+                    "Cost.max_per_call is the hold of a cost known only from the answer: "
+                    "give it with actual and no estimate"
+                )
 
 
 @dataclass(frozen=True)
@@ -181,6 +196,8 @@ class DispatchConfig:
     quota: Any = None
     cost: Any = None
     reply_cost: Any = None
+    #: ``Cost.max_per_call``: what a call whose cost only its answer says holds.
+    max_cost_per_call: float | None = None
     #: Many rows per request (a :class:`~timewheel.spark.batch.spec.Batching`), or None
     #: for one request per row.
     batch: Any = None

@@ -40,7 +40,7 @@ __all__ = [
 KIND = "spark_engine"
 # The counters, in the order of the table; rows_in_flight is computed from them.
 _FINISHED = tuple(f"rows_{status}" for status in STATUSES)
-_QUOTA = ("quota_refused", "cost_unknown")
+_QUOTA = ("quota_refused", "cost_unknown", "quota_long_pauses")
 _BATCHES = ("batch_requests", "rows_failed_alone")
 _COUNTERS = (
     "partitions",
@@ -117,6 +117,15 @@ metrics.define(
         ),
         metrics.Metric(
             KIND,
+            "quota_long_pauses",
+            "counter",
+            "pauses",
+            "Pauses of the quota longer than 5 s a service's answer asked for (each capped "
+            "at Quota.max_pause_s and logged).",
+            "quota_long_pauses",
+        ),
+        metrics.Metric(
+            KIND,
             "batch_requests",
             "counter",
             "requests",
@@ -161,6 +170,7 @@ class PartitionCounts:
         "batch_requests",
         "cost_unknown",
         "finished",
+        "quota_long_pauses",
         "quota_refused",
         "retries",
         "rows_failed_alone",
@@ -174,6 +184,7 @@ class PartitionCounts:
         # Set by the partition's quota gate when it closes (see quota_gate).
         self.quota_refused = 0
         self.cost_unknown = 0
+        self.quota_long_pauses = 0
         # Set by the partition's batcher when it closes (see batch_engine).
         self.batch_requests = 0
         self.rows_failed_alone = 0
@@ -197,6 +208,7 @@ class PartitionCounts:
             "retries": self.retries,
             "quota_refused": self.quota_refused,
             "cost_unknown": self.cost_unknown,
+            "quota_long_pauses": self.quota_long_pauses,
             "batch_requests": self.batch_requests,
             "rows_failed_alone": self.rows_failed_alone,
             "rows_from_record": self.rows_from_record,

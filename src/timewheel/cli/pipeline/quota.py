@@ -100,7 +100,7 @@ def quota_from_args(args: argparse.Namespace) -> Quota | None:
         return None
     try:
         cost_rate = None if args.cost_rate is None else parse_rate("--cost-rate", args.cost_rate)
-        return Quota(
+        quota = Quota(
             rate=args.rate,
             cost_rate=cost_rate,
             concurrency=args.concurrency,
@@ -112,6 +112,12 @@ def quota_from_args(args: argparse.Namespace) -> Quota | None:
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"quota: {exc}") from None
+    if args.budget is not None and args.cost_col is None and args.reply_cost is None:
+        raise UsageError(
+            "--budget needs a cost to count it by: --cost-col (each row's estimate) "
+            "or --reply-cost (what each answer says it cost), or both"
+        )
+    return quota
 
 
 def quota_text(quota: Quota) -> dict[str, Any]:

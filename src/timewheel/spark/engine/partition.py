@@ -191,7 +191,9 @@ class _Partition:
         self.gate = (
             None
             if config.quota is None
-            else QuotaGate(config.quota.open(), config.cost, config.reply_cost)
+            else QuotaGate(
+                config.quota.open(), config.cost, config.reply_cost, config.max_cost_per_call
+            )
         )
         # With a quota: the row that waits for its share.
         self.pending: _Row | None = None

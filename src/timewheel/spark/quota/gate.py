@@ -24,6 +24,22 @@ how the attempt ended:
 
 Every attempt takes one request, its estimated cost and one call slot (with a
 ``concurrency``); the slot comes back when the attempt ends.
+
+**A cost known only from the answer** (``reply_cost`` without an estimate) is held while
+the call is in flight, so a budget caps it too: each call takes a *hold*, the ceiling the
+user gives (``Cost(actual=..., max_per_call=C)``), or else the largest cost an answer of
+this task has said so far; before any answer has said one, the task sends one call at a
+time (a probe, holding nothing). When the answer comes, the hold is settled to what it
+says (an answer that does not say keeps its hold: a timeout or an error may have cost
+it). The budget refuses a call whose hold it cannot cover, so what a job spends past its
+budget is at most:
+
+* with ``max_per_call``: what the answers said beyond it (nothing, if each call costs at
+  most its ceiling);
+* without: for each task, its probe (one call's cost) plus, for each call in flight when
+  an answer raised the largest cost, the difference: at most, each task's calls in flight
+  (``max_in_flight``) times the largest cost of one call. Calls that all cost about the
+  same (say, 200 tokens each) spend at most one call's cost per task past the budget.
 """
 
 from __future__ import annotations
@@ -32,6 +48,8 @@ import dataclasses
 import enum
 import json
 import math
+import threading
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Union
 
@@ -53,6 +71,9 @@ __all__ = [
 
 #: The ``error`` of a row not sent because the budget or the request cap was spent.
 BUDGET_SPENT = "budget spent: not sent"
+#: How often a task waiting for its probe's answer (a cost known only from the answer,
+#: none seen yet) asks again.
+PROBE_WAIT_S = 0.01
 
 
 class RowRefused(Exception):
@@ -119,7 +140,11 @@ class QuotaGate:
     """One partition's side of its job's quota (see the module docstring)."""
 
     def __init__(
-        self, store: QuotaStore, cost: CostSpec = None, reply_cost: CostSpec = None
+        self,
+        store: QuotaStore,
+        cost: CostSpec = None,
+        reply_cost: CostSpec = None,
+        max_per_call: float | None = None,
     ) -> None:
         self.task = TaskQuota(store)
         #: Set once a take found the budget or the request cap spent.
@@ -131,6 +156,15 @@ class QuotaGate:
         self.cost_unknown = 0
         #: Attempts refused for overload (HTTP 429 or 503).
         self.refused = 0
+        # A cost known only from the answer: each call in flight holds a cost (see the
+        # module docstring); the holds of the calls out, in the order taken (an ending
+        # call settles the oldest: their sum is what the calls out hold, exactly).
+        self.holding = cost is None and reply_cost is not None
+        self.ceiling = max_per_call
+        #: The largest cost an answer has said (None: none yet).
+        self.largest: float | None = None
+        self.holds: deque[float] = deque()
+        self.hold_lock = threading.Lock()
         # The partition's counts (made on its task's thread), given these when it closes.
         self.counts = partition_counts()
 
@@ -141,7 +175,18 @@ class QuotaGate:
         if self.spent:
             return SPENT
         try:
-            return self.task.acquire(cost)
+            if not self.holding:
+                return self.task.acquire(cost)
+            with self.hold_lock:
+                hold = self.ceiling if self.ceiling is not None else self.largest
+                if hold is None:  # no answer has said a cost yet: one call at a time
+                    if self.holds:
+                        return PROBE_WAIT_S
+                    hold = 0.0
+                wait = self.task.acquire(cost + hold)
+                if wait == 0.0:
+                    self.holds.append(hold)
+                return wait
         except BudgetSpent:
             self.spent = True
             return SPENT
@@ -170,6 +215,9 @@ class QuotaGate:
         """An attempt that took ``cost`` ended: give its slot back and settle its cost."""
         task = self.task
         task.done()
+        if self.holding:
+            with self.hold_lock:
+                cost += self.holds.popleft()
         if reply is None:
             return
         status, headers = reply.status, reply.headers
@@ -178,7 +226,7 @@ class QuotaGate:
             if retry_after_s is not None and info.retry_after_s is not None:
                 # The target's cap on Retry-After (max_retry_after_s) holds here too.
                 info = dataclasses.replace(info, retry_after_s=retry_after_s)
-            task.follow(info)
+            task.follow(info)  # (every pause capped at Quota.max_pause_s)
         if status in OVERLOAD_STATUSES:
             self.refused += 1
             if cost:
@@ -196,8 +244,11 @@ class QuotaGate:
             actual = None
         if actual is None:
             self.cost_unknown += 1
-        else:
-            task.settle(cost, actual)
+            return
+        if self.holding and self.ceiling is None:
+            with self.hold_lock:
+                self.largest = max(actual, self.largest or 0.0)
+        task.settle(cost, actual)
 
     def keepalive(self) -> None:
         """Renew the task's hold on the quota (called from the task's loop)."""
@@ -209,3 +260,4 @@ class QuotaGate:
         if self.counts is not None:
             self.counts.quota_refused += self.refused
             self.counts.cost_unknown += self.cost_unknown
+            self.counts.quota_long_pauses += self.task.long_pauses

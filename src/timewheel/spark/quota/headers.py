@@ -24,7 +24,7 @@ import math
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Union
 
 __all__ = ["RateLimitInfo", "parse_duration", "parse_rate_limit_headers", "parse_retry_after"]
@@ -37,27 +37,51 @@ _DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µ
 
 @dataclass(frozen=True)
 class RateLimitInfo:
-    """What the service said: each field None when it did not say."""
+    """What the service said: each field None when it did not say.
+
+    ``requests_header`` and ``cost_header`` name the header a window's reset was read
+    from (for the log line of a long pause); they take no part in comparisons.
+    """
 
     retry_after_s: float | None = None
     remaining_requests: float | None = None
     reset_requests_s: float | None = None
     remaining_cost: float | None = None
     reset_cost_s: float | None = None
+    requests_header: str | None = field(default=None, compare=False)
+    cost_header: str | None = field(default=None, compare=False)
 
     def pause_s(self) -> float:
-        """How long the whole job should wait: ``Retry-After``, else the reset of a
-        quota the service says is used up (0.0: no need to wait)."""
-        if self.retry_after_s is not None:
-            return self.retry_after_s
-        waits = [0.0]
-        if self.remaining_requests is not None and self.remaining_requests < 1:
-            waits.append(self.reset_requests_s or 0.0)
-        if self.remaining_cost is not None and self.remaining_cost <= 0:
-            waits.append(self.reset_cost_s or 0.0)
-        return max(waits)
+        """How long the whole job should wait (0.0: no need to wait); see :meth:`pause`."""
+        return self.pause()[0]
 
+    def pause(self) -> tuple[float, str]:
+        """``(seconds, header)``: how long the whole job should wait and the header that
+        said so (0.0: no need to wait).
 
+        The reset of a window the service says is used up (the longest, if both are);
+        ``Retry-After`` instead when it asks for more than that reset rounded up to the
+        next whole second (``Retry-After`` is whole seconds: ``Retry-After: 1`` with
+        ``x-ratelimit-reset-tokens: 0.05s`` is the same moment, said less finely, and the
+        job waits 0.05 s). With ``Retry-After`` alone, it counts; so does a reset given
+        beside it without a remaining count (on a refusal, that window is the one spent).
+        """
+        # A window is spent if said used up (or, on a refusal, said nothing of what is left).
+        refused = self.retry_after_s is not None
+        requests, cost = self.remaining_requests, self.remaining_cost
+        waits = [(0.0, "")]
+        for spent, reset_s, header in (
+            (refused if requests is None else requests < 1, self.reset_requests_s,
+             self.requests_header),
+            (refused if cost is None else cost <= 0, self.reset_cost_s, self.cost_header),
+        ):  # fmt: skip
+            if spent and reset_s is not None:
+                waits.append((reset_s, header or "reset"))
+        reset = max(waits)
+        after = self.retry_after_s
+        if after is not None and not (reset[1] and reset[0] <= after < reset[0] + 1.0):
+            return after, "retry-after"
+        return reset
 def _seconds(value: float) -> float | None:
     return value if math.isfinite(value) and value >= 0 else None
 
@@ -180,15 +204,18 @@ def parse_rate_limit_headers(headers: Headers, now: float | None = None) -> Rate
         _number(get("x-ratelimit-remaining-tokens")),
         parse_duration(get("x-ratelimit-reset-tokens")),
     )
+    names = ["x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"]
     ietf_requests, ietf_cost = _ietf(get("ratelimit-policy"), get("ratelimit"))
     if requests[0] is None and ietf_requests is not None:
-        requests = ietf_requests
+        requests, names[0] = ietf_requests, "ratelimit"
     if cost[0] is None and ietf_cost is not None:
-        cost = ietf_cost
+        cost, names[1] = ietf_cost, "ratelimit"
     return RateLimitInfo(
         retry_after_s=parse_retry_after(get("retry-after"), now),
         remaining_requests=requests[0],
         reset_requests_s=requests[1],
         remaining_cost=cost[0],
         reset_cost_s=cost[1],
+        requests_header=names[0],
+        cost_header=names[1],
     )

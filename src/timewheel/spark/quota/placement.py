@@ -155,6 +155,11 @@ def check_quota(schema: Any, quota: Any, cost: Any, reply_cost: Any, rate: float
             raise ValueError(f"{name} is given without a quota to count it against")
     if quota is not None and cost is not None and quota.cost_rate is None and quota.budget is None:
         raise ValueError("cost is given, but the quota counts no cost (cost_rate or budget)")
+    if quota is not None and quota.budget is not None and cost is None and reply_cost is None:
+        raise ValueError(
+            f"the quota's budget ({quota.budget:g}) has no cost to count it by: give "
+            "cost=Cost(estimate=..., actual=...) (or leave the budget out)"
+        )
     if isinstance(cost, str):
         field = next((f for f in schema.fields if f.name == cost), None)
         if field is None:

@@ -19,7 +19,9 @@ __all__ = [
     "DEFAULT_TTL_S",
     "LEASE_S",
     "LEFT_SHARE",
+    "LONG_PAUSE_S",
     "MAX_AMOUNT",
+    "MAX_PAUSE_S",
     "RESTART_JITTER_S",
     "Ask",
     "BudgetSpent",
@@ -44,6 +46,11 @@ RESTART_JITTER_S = 0.25
 DEFAULT_TTL_S = 30.0
 #: Near a cap or a budget, a lease is at most this fraction's inverse of what is left.
 LEFT_SHARE = 8
+#: The longest pause a service may ask of a quota (``Quota.max_pause_s``'s default: the
+#: HTTP target's ``max_retry_after_s``'s too).
+MAX_PAUSE_S = 30.0
+#: A pause longer than this is said: one log line, and the ``quota_long_pauses`` metric.
+LONG_PAUSE_S = 5.0
 #: The largest rate, budget or cap: far from float rounding.
 MAX_AMOUNT = 1e15
 MAX_COUNT = int(MAX_AMOUNT)
@@ -87,6 +94,13 @@ class Quota:
     ``"5000/min"`` is read by :func:`parse_rate`); ``ttl_s`` is how long a holder that
     is not heard from keeps its slots. A quota holds no secret and pickles as it is.
 
+    ``max_pause_s`` (default :data:`MAX_PAUSE_S`, 30 s) caps every pause the quota takes
+    from a service's answer: ``Retry-After`` (seconds or an HTTP date), a used-up
+    window's ``x-ratelimit-reset-*`` or ``RateLimit`` reset. One header cannot stall a
+    job for longer; if the service still says no, the next answer pauses it again. A
+    pause longer than :data:`LONG_PAUSE_S` is said in one WARNING line (the header, what
+    it asked, what was taken) and counted (the ``quota_long_pauses`` metric).
+
     Where it lives: by default a service in the driver, for one job (or one
     streaming query: the same ``Quota`` object keeps one service for as long as it
     lives). ``store="redis://HOST:PORT/DB"`` and a ``name`` keep it in Redis instead,
@@ -106,6 +120,7 @@ class Quota:
     store: str | None
     name: str | None
     store_password: str | None
+    max_pause_s: float
 
     def __init__(
         self,
@@ -118,6 +133,7 @@ class Quota:
         store: str | None = None,
         name: str | None = None,
         store_password: str | None = None,
+        max_pause_s: float = MAX_PAUSE_S,
     ) -> None:
         set_ = object.__setattr__
         set_(self, "rate", None if rate is None else parse_rate("rate", rate))
@@ -134,6 +150,7 @@ class Quota:
         set_(self, "store", store)
         set_(self, "name", name)
         set_(self, "store_password", store_password)
+        set_(self, "max_pause_s", check_number("max_pause_s", max_pause_s, 0, MAX_AMOUNT))
         if (rate, cost_rate, concurrency, budget, max_requests) == (None,) * 5:
             raise ValueError(
                 "a Quota needs at least one of rate, cost_rate, concurrency, budget, max_requests"

@@ -29,7 +29,9 @@ given back (the buckets refill by themselves), and its unspent budget counts as 
 
 A refusal (HTTP 429/503 with ``Retry-After``) pauses the whole job: :meth:`Bucket.pause`
 refuses every take until then, and each :class:`TaskQuota` waits the pause plus a random
-jitter of up to :data:`RESTART_JITTER_S`, so the tasks do not all restart together.
+jitter of up to :data:`RESTART_JITTER_S`, so the tasks do not all restart together. Every
+pause a service asks for is capped at ``Quota.max_pause_s`` (:data:`MAX_PAUSE_S`), and
+one longer than :data:`LONG_PAUSE_S` is said in one WARNING line of this module.
 
 Where the bucket lives is a *store* (:class:`QuotaStore`: take, give back, settle,
 pause, clamp, state): :class:`LocalStore` in this process,
@@ -59,7 +61,9 @@ from .spec import (
     BURST_S,
     DEFAULT_TTL_S,
     LEASE_S,
+    LONG_PAUSE_S,
     MAX_AMOUNT,
+    MAX_PAUSE_S,
     RESTART_JITTER_S,
     Ask,
     BudgetSpent,
@@ -75,7 +79,9 @@ __all__ = [
     "BURST_S",
     "DEFAULT_TTL_S",
     "LEASE_S",
+    "LONG_PAUSE_S",
     "MAX_AMOUNT",
+    "MAX_PAUSE_S",
     "RESTART_JITTER_S",
     "Ask",
     "Bucket",
@@ -133,6 +139,10 @@ class TaskQuota:
         self.owed = 0.0
         self.spent = False
         self.closed = False
+        #: Pauses longer than LONG_PAUSE_S this task took (and said), and when the last
+        #: one it said ends (by ``clock``): the same pause asked again is said once.
+        self.long_pauses = 0
+        self.said_until = -math.inf
         self.last_contact = clock()
         self.lock = threading.Lock()
         _atfork.reset(self)
@@ -202,21 +212,38 @@ class TaskQuota:
                 self.owed = 0.0
                 self.last_contact = self.clock()
 
-    def pause(self, seconds: float) -> None:
-        """The service refused a call and asked for ``seconds``: pause the whole job's
-        quota, and give back this task's unused lease (it waits too)."""
+    def pause(self, seconds: float, header: str = "retry-after") -> None:
+        """The service asked (in ``header``) for a pause of ``seconds``: pause the whole
+        job's quota for that, at most ``Quota.max_pause_s``, and give back this task's
+        unused lease (it waits too). A pause longer than :data:`LONG_PAUSE_S` is said in
+        one WARNING line and counted (:attr:`long_pauses`), unless this task already
+        said one that lasts as long."""
         seconds = check_number("seconds", seconds, 0)
+        taken = min(seconds, self.quota.max_pause_s)
         with self.lock:
-            self.store.pause(seconds)
+            self.store.pause(taken)
             self._give_back_stock()
+            until = self.clock() + taken
+            if taken <= LONG_PAUSE_S or until <= self.said_until:
+                return
+            self.said_until = until
+            self.long_pauses += 1
+        logger.warning(
+            "quota: the service's %s asked for a pause of %.6gs; the whole job pauses "
+            "%.6gs (Quota.max_pause_s=%gs)",
+            header,
+            seconds,
+            taken,
+            self.quota.max_pause_s,
+        )
 
     def follow(self, info: RateLimitInfo) -> None:
         """Follow what the service's headers said (:mod:`.ratelimit_headers`): pause
         the job for a ``Retry-After`` or a used-up window, and hold no more tokens than
         the service says are left."""
-        wait = info.pause_s()
+        wait, header = info.pause()
         if wait > 0:
-            self.pause(wait)
+            self.pause(wait, header)
         # Only what is below what the buckets can hold changes them: no store call else.
         q = self.quota
         requests, cost = info.remaining_requests, info.remaining_cost
