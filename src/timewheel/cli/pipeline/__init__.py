@@ -32,6 +32,7 @@ from .output import (
     run_identity,
     unlock_output,
 )
+from .precheck import check_before_spark
 from .sessions import check_remote, connect_session
 from .stream import check_checkpoint, check_stream_args, run_stream
 
@@ -109,6 +110,7 @@ def _run(args: argparse.Namespace, *, report_workers: bool) -> int:
     if args.format == "json" and not args.stream:
         raise UsageError("--format json (JSON lines) is read by --stream only")
     fmt = None if args.stream or not args.input else input_format(args.input, args.format)
+    check_before_spark(args, target, max_in_flight, key_cols, fmt)
     out_dir = Path(args.output)
     lock = lock_output(out_dir)  # held to the end: one run at a time on an output
     try:
