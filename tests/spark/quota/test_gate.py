@@ -3,8 +3,17 @@
 
 from __future__ import annotations
 
-from timewheel.spark.quota.gate import SPENT, QuotaGate
-from timewheel.spark.quota.task import LocalStore, Quota
+import email.utils
+import json
+import logging
+import time
+
+import pytest
+
+from timewheel.spark.contract import Reply
+from timewheel.spark.quota.gate import PROBE_WAIT_S, SPENT, QuotaGate
+from timewheel.spark.quota.task import MAX_PAUSE_S, LocalStore, Quota
+from timewheel.spark.worker_metrics import WorkerMetrics
 
 
 class Clock:
@@ -45,3 +54,91 @@ def test_a_cost_past_the_budget_is_spent_and_nothing_is_taken() -> None:
     assert gate.take(1.0) is SPENT  # it would fit, but the job has stopped
     gate.close()
     assert store.state().cost_spent == 6.0
+
+
+# -- a cost known only from the answer: held while the call is in flight ----------------
+def usage(tokens: float | None) -> Reply:
+    return Reply(200, json.dumps({"usage": {"total_tokens": tokens}}).encode())
+
+
+def test_without_an_estimate_one_call_goes_until_an_answer_says_what_calls_cost() -> None:
+    store = LocalStore(Quota(budget=1000), Clock())
+    gate = QuotaGate(store, reply_cost="usage.total_tokens")
+    assert gate.take(0.0) == 0.0  # the probe: nothing known, next to nothing held
+    assert gate.take(0.0) == PROBE_WAIT_S  # a second waits for its answer
+    gate.ended(0.0, True, usage(200), None)
+    assert store.state().cost_spent == pytest.approx(200.0)  # (and the probes' next to nothing)
+    # From now on each call holds the largest cost seen: 200.
+    for _ in range(4):
+        assert gate.take(0.0) == 0.0
+    assert store.state().cost_spent == pytest.approx(1000.0)
+    assert gate.take(0.0) is SPENT  # nothing left to hold the next call with
+    for tokens in (150, 200, 200, 200):  # the answers settle their holds
+        gate.ended(0.0, True, usage(tokens), None)
+    gate.close()
+    assert store.state().cost_spent == pytest.approx(950.0)  # each call held its cost
+
+
+def test_an_answer_that_does_not_say_its_cost_leaves_one_call_at_a_time() -> None:
+    gate = QuotaGate(LocalStore(Quota(budget=1000), Clock()), reply_cost="usage.total_tokens")
+    for answer in (None, Reply(200, b"not json"), Reply(500, b"{}"), usage(None)):
+        assert gate.take(0.0) == 0.0
+        assert gate.take(0.0) == PROBE_WAIT_S
+        gate.ended(0.0, answer is not None and answer.status == 200, answer, None)
+    assert gate.cost_unknown == 2  # (the two ok answers that said nothing)
+    gate.close()
+
+
+def test_a_larger_answer_raises_the_hold_of_the_next_calls() -> None:
+    store = LocalStore(Quota(budget=1000), Clock())
+    gate = QuotaGate(store, reply_cost="usage.total_tokens")
+    assert gate.take(0.0) == 0.0
+    gate.ended(0.0, True, usage(100), None)
+    assert gate.take(0.0) == 0.0  # holds 100
+    gate.ended(0.0, True, usage(300), None)  # 200 more than it held: taken now
+    # 400 spent, 600 left: two calls held at 300 each, and no third.
+    assert [gate.take(0.0) for _ in range(3)] == [0.0, 0.0, SPENT]
+    gate.ended(0.0, False, Reply(503, b"busy"), None)  # refused: its hold comes back
+    gate.ended(0.0, False, None, None)  # a timeout: it may have cost its hold
+    gate.close()
+    assert store.state().cost_spent == pytest.approx(700.0)
+
+
+def test_a_ceiling_per_call_is_held_from_the_first_call() -> None:
+    store = LocalStore(Quota(budget=1000), Clock())
+    gate = QuotaGate(store, reply_cost="usage.total_tokens", max_per_call=250)
+    for _ in range(4):  # no probe: every call holds its ceiling at once
+        assert gate.take(0.0) == 0.0
+    assert gate.take(0.0) is SPENT
+    for _ in range(4):
+        gate.ended(0.0, True, usage(200), None)
+    gate.close()
+    assert store.state().cost_spent == 800.0
+
+
+# -- every pause a service asks is capped, said and counted ---------------------------
+def test_a_long_pause_from_an_answer_is_capped_and_counted_in_the_metrics(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    store = LocalStore(Quota(rate=100), clock)
+    worker = WorkerMetrics("test-gate-worker")
+    counts = worker.start()
+    gate = QuotaGate(store, clock=clock)
+    stalled = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1000h"}
+    in_a_day = email.utils.formatdate(time.time() + 86_400, usegmt=True)
+    with caplog.at_level(logging.WARNING, "timewheel.spark.quota.task"):
+        assert gate.take(0.0) == 0.0
+        gate.ended(0.0, True, Reply(200, b"{}", stalled), None)
+        assert store.state().paused_for_s == pytest.approx(MAX_PAUSE_S)
+        clock.now += MAX_PAUSE_S
+        gate.ended(0.0, False, Reply(429, b"no", {"Retry-After": in_a_day}), None)
+        assert store.state().paused_for_s == pytest.approx(MAX_PAUSE_S)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2, said
+    assert "x-ratelimit-reset-requests asked for a pause of 3.6e+06s" in said[0]
+    assert "retry-after asked for a pause of 86" in said[1]  # (a day less a moment)
+    assert all(f"pauses {MAX_PAUSE_S:g}s" in line for line in said)
+    gate.close()
+    assert worker.end(counts)["quota_long_pauses"] == 2
+    assert worker.metrics()["quota_long_pauses"] == 2

@@ -67,6 +67,8 @@ class Clock:
         ({"budget": 2**64}, ValueError, "18446744073709551616"),
         ({"rate": "1e400/min"}, ValueError, "'1e400/min'"),
         ({"rate": 1, "ttl_s": 0}, ValueError, "ttl_s"),
+        ({"rate": 1, "max_pause_s": -1}, ValueError, "max_pause_s"),
+        ({"rate": 1, "max_pause_s": math.inf}, ValueError, "max_pause_s"),
         ({}, ValueError, "at least one of"),
     ],
 )
@@ -270,6 +272,41 @@ def test_follow_pauses_for_a_used_up_window_and_clamps_tokens() -> None:
     assert store.bucket.r_tokens == 3 and store.bucket.c_tokens == 500
     task.follow(RateLimitInfo(remaining_cost=0, reset_cost_s=6.0))
     assert store.state().paused_for_s == pytest.approx(6.0)
+
+
+def test_every_pause_a_service_asks_is_capped_and_a_long_one_is_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    store = LocalStore(Quota(rate=1000), clock)
+    task = TaskQuota(store, clock=clock, rng=random.Random(0))
+    # One answer: no request left for 1000 hours. The job pauses 30 s (the cap), not 1000 h.
+    info = RateLimitInfo(remaining_requests=0, reset_requests_s=3_600_000.0,
+                         requests_header="x-ratelimit-reset-requests")  # fmt: skip
+    with caplog.at_level(logging.WARNING, "timewheel.spark.quota.task"):
+        task.follow(info)
+        assert store.state().paused_for_s == pytest.approx(30.0)
+        assert task.acquire() == pytest.approx(30.0, abs=RESTART_JITTER_S)
+        task.follow(info)  # the same pause asked again by the next answer: said once
+        clock.now += 31.0
+        assert task.acquire() == 0.0  # the job goes on after the cap
+        task.pause(7200.0)  # a Retry-After (say, an HTTP date two hours ahead)
+        assert store.state().paused_for_s == pytest.approx(30.0)
+        task.pause(4.0)  # a short one is taken as asked, and not said
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "quota: the service's x-ratelimit-reset-requests asked for a pause of 3.6e+06s; "
+        "the whole job pauses 30s (Quota.max_pause_s=30s)",
+        "quota: the service's retry-after asked for a pause of 7200s; the whole job pauses "
+        "30s (Quota.max_pause_s=30s)",
+    ]
+    assert task.long_pauses == 2
+    # A cap of the quota's own.
+    clock.now += 31.0
+    short = TaskQuota(LocalStore(Quota(rate=1000, max_pause_s=2.5), clock), clock=clock)
+    short.pause(3600.0)
+    assert short.store.state().paused_for_s == pytest.approx(2.5)
+    assert short.long_pauses == 0  # 2.5 s is not long
 
 
 def test_task_quota_refuses_bad_costs() -> None:

@@ -349,7 +349,11 @@ def test_bad_quota_arguments_are_refused_before_any_job(spark: Any) -> None:
         Cost(actual=" ")
     with pytest.raises(ValueError, match="Cost needs an estimate"):
         Cost()
-    assert "timewheel engine only" in refused(quota=q, engine=lambda rows, t, c: iter(()))
+    assert "timewheel engine only" in refused(
+        quota=q, cost=Cost("tokens"), engine=lambda rows, t, c: iter(())
+    )
+    # A budget with nothing to count it by would send every row: refused.
+    assert "budget (10) has no cost to count it by" in refused(quota=q)
     for bad in (0, -1, math.nan, math.inf, True, 10**400):
         with pytest.raises((TypeError, ValueError), match="budget"):
             Quota(budget=bad)
@@ -481,3 +485,114 @@ def test_close_quota_stops_the_drivers_service_and_its_thread(spark: Any) -> Non
     assert not thread.is_alive() and service.closed
     assert driver_store(quota) is None
     close_quota(quota)  # a second close is a no-op
+
+
+# -- a budget is a cap in every configuration (issue 42) ---------------------------------
+def test_a_budget_needs_a_cost_to_count_it_by() -> None:
+    from pyspark.sql.types import StructType
+
+    from timewheel.spark import Cost
+    from timewheel.spark.quota.placement import check_quota
+
+    with pytest.raises(ValueError, match=r"budget \(10\) has no cost to count it by"):
+        check_quota(StructType([]), Quota(budget=10), None, None, None)
+    check_quota(StructType([]), Quota(budget=10), None, "usage.total_tokens", None)
+    assert Cost(actual="usage.total_tokens", max_per_call=500).max_per_call == 500.0
+    for bad, error in [(0, ValueError), (-1, ValueError), (math.nan, ValueError),
+                       (True, TypeError), ("5", TypeError)]:  # fmt: skip
+        with pytest.raises(error, match=r"Cost\.max_per_call"):
+            Cost(actual="usage.total_tokens", max_per_call=bad)
+    with pytest.raises(ValueError, match="give it with actual and no estimate"):
+        Cost("tokens", "usage.total_tokens", max_per_call=5)
+
+
+def test_the_pipelines_budget_needs_a_cost_to_count_it_by() -> None:
+    import argparse
+
+    from timewheel.cli.pipeline.errors import UsageError
+    from timewheel.cli.pipeline.quota import add_quota_options, quota_from_args
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rate", type=float, default=None)
+    add_quota_options(parser)
+    with pytest.raises(UsageError, match="--budget needs a cost to count it by"):
+        quota_from_args(parser.parse_args(["--budget", "10"]))
+    for cost in (["--cost-col", "tokens"], ["--reply-cost", "usage.total_tokens"]):
+        quota = quota_from_args(parser.parse_args(["--budget", "10", *cost]))
+        assert quota is not None and quota.budget == 10
+
+
+@pytest.mark.parametrize(
+    ("ceiling", "tasks"),
+    [(None, 1), (None, 2), (250.0, 1)],
+    ids=["largest-seen", "largest-seen-two-tasks", "max-per-call"],
+)
+def test_a_cost_known_only_from_the_answer_stays_within_the_budget(
+    ceiling: float | None, tasks: int
+) -> None:
+    # 16 calls in flight per task against a real HTTP service whose every call costs
+    # 200 tokens (said in usage.total_tokens), a budget of 1,000, no estimate. Before,
+    # every call in flight went before any answer counted (3,200 tokens a task).
+    pytest.importorskip("pycurl")  # the spark extra's HTTP client
+    from openai_stub_fixtures import OpenAIStub
+    from timewheel.spark.contract import TargetPlan, bind
+    from timewheel.spark.targets import HttpDownstream
+
+    stub = OpenAIStub(rpm=1_000_000, tpm=1_000_000_000, latency_ms=50)
+    try:
+        target = bind(
+            HttpDownstream(
+                f"{stub.base_url}/embeddings",
+                body=lambda row: {"input": "x" * 800},  # 200 tokens, as the stub counts
+                headers={"Authorization": "Bearer sk-test"},
+            ),
+            TargetPlan("id", rate_limit_headers=True),
+        )
+        ref = static_ref(Quota(budget=1000))
+        config = DispatchConfig(
+            max_in_flight=16,
+            timeout_ms=10_000,
+            quota=ref,
+            reply_cost="usage.total_tokens",
+            max_cost_per_call=ceiling,
+        )
+        parts = [[{"id": p * 100 + i} for i in range(100)] for p in range(tasks)]
+        out = [o for p in run_partitions(parts, target, config) for o in p]
+        stats = stub.stats()
+    finally:
+        stub.close()
+    counts = Counter(o.status for o in out)
+    assert set(counts) == {"ok", "skipped"} and sum(counts.values()) == 100 * tasks
+    assert stats["tokens"] == 200 * counts["ok"]
+    assert ref.open().state().cost_spent == pytest.approx(stats["tokens"])
+    # The documented bound (timewheel.spark.quota.gate): a call holds its ceiling (250:
+    # 4 calls, then 200 left), or the largest cost seen (200); with calls that all cost
+    # the same, one task never spends past the budget, and tasks that start together at
+    # most one call each (their probes).
+    if ceiling is not None:
+        assert counts["ok"] == 4
+    elif tasks == 1:
+        assert counts["ok"] == 5
+    assert stats["tokens"] <= 1000 + (0 if tasks == 1 else 200 * tasks)
+
+
+def test_one_answer_cannot_stall_the_job_its_pause_is_capped() -> None:
+    # Each answer says no request is left for 1000 hours: the job pauses max_pause_s
+    # after each, and ends.
+    target = SaysRemaining("0", "1000h")
+    target.headers = {
+        "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-reset-requests": "1000h",
+    }
+    ref = static_ref(Quota(rate=1000, max_pause_s=0.2))
+    start = time.monotonic()
+    out = list(
+        timewheel_engine(
+            iter([{"id": i} for i in range(3)]), target, DispatchConfig(quota=ref, max_in_flight=1)
+        )
+    )
+    assert [o.status for o in out] == ["ok"] * 3
+    gaps = [b - a for a, b in zip(target.sent, target.sent[1:])]
+    assert all(gap >= 0.2 for gap in gaps), gaps
+    assert time.monotonic() - start < 10
+    assert ref.open().state().pauses == 3

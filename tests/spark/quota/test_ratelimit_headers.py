@@ -125,3 +125,47 @@ def test_openai_headers_win_over_the_ietf_ones_and_junk_is_ignored() -> None:
         }
     )
     assert info == RateLimitInfo(remaining_requests=10)
+
+
+def test_a_finer_reset_beats_a_whole_second_retry_after() -> None:
+    # A refusal says "Retry-After: 1" (whole seconds) and the window's own reset: the
+    # same moment, said finely. The job waits what the window needs.
+    info = parse_rate_limit_headers({"Retry-After": "1", "x-ratelimit-reset-tokens": "0.05s"})
+    assert info.pause() == (pytest.approx(0.05), "x-ratelimit-reset-tokens")
+    # With a used-up window too, its reset (the longest of two).
+    info = parse_rate_limit_headers(
+        {
+            "Retry-After": "2",
+            "x-ratelimit-remaining-requests": "0",
+            "x-ratelimit-reset-requests": "1.2s",
+            "x-ratelimit-remaining-tokens": "0",
+            "x-ratelimit-reset-tokens": "1.5s",
+        }
+    )
+    assert info.pause() == (1.5, "x-ratelimit-reset-tokens")
+    # Resets that disagree with Retry-After (here, later than it): Retry-After counts.
+    info = parse_rate_limit_headers(
+        {
+            "Retry-After": "2",
+            "x-ratelimit-remaining-requests": "0",
+            "x-ratelimit-reset-requests": "1m30s",
+        }
+    )
+    assert info.pause() == (2.0, "retry-after")
+    # A window that still has room is not why the call was refused: Retry-After counts.
+    info = parse_rate_limit_headers(
+        {
+            "Retry-After": "1",
+            "x-ratelimit-remaining-tokens": "5000",
+            "x-ratelimit-reset-tokens": "0.05s",
+        }
+    )
+    assert info.pause() == (1.0, "retry-after")
+    # A Retry-After much longer than the reset is a pause of its own (say, a day's cap).
+    info = parse_rate_limit_headers({"Retry-After": "60", "x-ratelimit-reset-tokens": "20ms"})
+    assert info.pause() == (60.0, "retry-after")
+    # IETF fields name their header too.
+    info = parse_rate_limit_headers({"RateLimit": '"default";r=0;t=3'})
+    assert info.pause() == (3.0, "ratelimit")
+    # An answer with no Retry-After and a reset, but nothing used up: no pause.
+    assert parse_rate_limit_headers({"x-ratelimit-reset-tokens": "2s"}).pause() == (0.0, "")

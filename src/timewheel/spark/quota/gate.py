@@ -29,7 +29,8 @@ Every attempt takes one request, its estimated cost and one call slot (with a
 the call is in flight, so a budget caps it too: each call takes a *hold*, the ceiling the
 user gives (``Cost(actual=..., max_per_call=C)``), or else the largest cost an answer of
 this task has said so far; before any answer has said one, the task sends one call at a
-time (a probe, holding nothing). When the answer comes, the hold is settled to what it
+time (a probe, holding next to nothing: it goes while the budget has anything left). When
+the answer comes, the hold is settled to what it
 says (an answer that does not say keeps its hold: a timeout or an error may have cost
 it). The budget refuses a call whose hold it cannot cover, so what a job spends past its
 budget is at most:
@@ -38,8 +39,9 @@ budget is at most:
   most its ceiling);
 * without: for each task, its probe (one call's cost) plus, for each call in flight when
   an answer raised the largest cost, the difference: at most, each task's calls in flight
-  (``max_in_flight``) times the largest cost of one call. Calls that all cost about the
-  same (say, 200 tokens each) spend at most one call's cost per task past the budget.
+  (``max_in_flight``) times the largest cost of one call. Calls that all cost the same
+  (say, 200 tokens each) spend at most one call's cost per task past the budget (the
+  probes of tasks that start together), none with one task.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import enum
 import json
 import math
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Union
@@ -74,6 +77,8 @@ BUDGET_SPENT = "budget spent: not sent"
 #: How often a task waiting for its probe's answer (a cost known only from the answer,
 #: none seen yet) asks again.
 PROBE_WAIT_S = 0.01
+#: What a probe holds: next to nothing, so that a budget all spent or held refuses it.
+PROBE_HOLD = 1e-9
 
 
 class RowRefused(Exception):
@@ -145,8 +150,10 @@ class QuotaGate:
         cost: CostSpec = None,
         reply_cost: CostSpec = None,
         max_per_call: float | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.task = TaskQuota(store)
+        self.task = TaskQuota(store, clock=clock)
         #: Set once a take found the budget or the request cap spent.
         self.spent = False
         self.cost_col = cost if isinstance(cost, str) else None
@@ -182,7 +189,7 @@ class QuotaGate:
                 if hold is None:  # no answer has said a cost yet: one call at a time
                     if self.holds:
                         return PROBE_WAIT_S
-                    hold = 0.0
+                    hold = PROBE_HOLD
                 wait = self.task.acquire(cost + hold)
                 if wait == 0.0:
                     self.holds.append(hold)

@@ -82,6 +82,8 @@ class RateLimitInfo:
         if after is not None and not (reset[1] and reset[0] <= after < reset[0] + 1.0):
             return after, "retry-after"
         return reset
+
+
 def _seconds(value: float) -> float | None:
     return value if math.isfinite(value) and value >= 0 else None
 

@@ -216,15 +216,16 @@ class TaskQuota:
         """The service asked (in ``header``) for a pause of ``seconds``: pause the whole
         job's quota for that, at most ``Quota.max_pause_s``, and give back this task's
         unused lease (it waits too). A pause longer than :data:`LONG_PAUSE_S` is said in
-        one WARNING line and counted (:attr:`long_pauses`), unless this task already
-        said one that lasts as long."""
+        one WARNING line and counted (:attr:`long_pauses`), unless it ends within
+        :data:`LONG_PAUSE_S` of the last one this task said (the same pause, asked again
+        by the answers of the calls that were in flight)."""
         seconds = check_number("seconds", seconds, 0)
         taken = min(seconds, self.quota.max_pause_s)
         with self.lock:
             self.store.pause(taken)
             self._give_back_stock()
             until = self.clock() + taken
-            if taken <= LONG_PAUSE_S or until <= self.said_until:
+            if taken <= LONG_PAUSE_S or until <= self.said_until + LONG_PAUSE_S:
                 return
             self.said_until = until
             self.long_pauses += 1
