@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-__all__ = ["non_negative", "positive"]
+__all__ = ["non_negative", "option_group", "positive"]
 
 
 def positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -29,3 +29,14 @@ def _bounded(kind: Callable[[str], Any], lo: float, *, inclusive: bool) -> Calla
 
     parse.__name__ = getattr(kind, "__name__", "value")  # argparse names it in errors
     return parse
+
+
+def option_group(
+    parser: argparse.ArgumentParser, title: str, description: str | None = None
+) -> Any:
+    """The argument group of ``parser`` titled ``title``, made (with ``description``) if
+    it has none yet: options added by several functions land in one group of ``--help``."""
+    for group in parser._action_groups:
+        if group.title == title:
+            return group
+    return parser.add_argument_group(title, description)

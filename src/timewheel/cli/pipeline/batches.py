@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...spark.http.options import BatchFormat
-from ..argtypes import positive
+from ..argtypes import option_group, positive
 
 __all__ = [
     "ColumnValue",
@@ -36,9 +36,10 @@ class ColumnValue:
 def add_batch_options(parser: argparse.ArgumentParser) -> None:
     """Many rows per request (an http(s):// --target, or sim://): how rows are gathered;
     the target's side is in the http(s) group (:func:`add_batch_target_options`)."""
-    group = parser.add_argument_group(
+    group = option_group(
+        parser,
         "batches",
-        "many rows per request, each row still answered on its own (see docs/spark/batches.md)",
+        "many rows per request, each row still answered on its own\n(see docs/spark/batches.md)",
     )
     group.add_argument(
         "--batch-size",
@@ -65,8 +66,10 @@ def add_batch_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_batch_target_options(group: Any) -> None:
-    """How an http(s):// target takes many rows per request (in its group of options)."""
+def add_batch_target_options(parser: argparse.ArgumentParser) -> None:
+    """How an http(s):// target takes many rows per request (in the batches group), and
+    ``--body-col`` (a request's shape)."""
+    group = option_group(parser, "batches")
     group.add_argument(
         "--batch-body",
         default=None,
@@ -88,7 +91,7 @@ def add_batch_target_options(group: Any) -> None:
         help="match each element of the answer to the row whose --id-col its NAME field "
         "holds (default: by position)",
     )
-    group.add_argument(
+    option_group(parser, "request shape").add_argument(
         "--body-col",
         default=None,
         metavar="COLUMN",

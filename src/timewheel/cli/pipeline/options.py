@@ -9,10 +9,11 @@ from typing import Any
 from ...spark.engine.admission import check_rate
 from ...spark.http.options import DEFAULT_MAX_REPLY_BYTES, TLS, HttpLimits
 from ...spark.http.target import METHODS, Body
+from ...spark.quota.spec import parse_rate
 from ...spark.secrets import Secret, parse_secret
 from ...spark.session import DEFAULT_MASTER
 from ...spark.simulator import SimulatedDownstream
-from ..argtypes import non_negative, positive
+from ..argtypes import non_negative, option_group, positive
 from .batches import add_batch_options, add_batch_target_options, batch_target_options
 from .quota import add_quota_options
 
@@ -43,6 +44,23 @@ _ROWS_PER_PARTITION = 250_000
 #: --max-failed unless given: the share of rows that may end failed or timed out.
 DEFAULT_MAX_FAILED = "1%"
 
+#: --stop-after-failures unless given.
+DEFAULT_STOP_AFTER_FAILURES = 50
+
+#: The groups of ``--help``, in order: each option is in one, by task.
+GROUPS = {
+    "input": "the rows to send: a file, files as they land (--stream), or generated rows",
+    "target": "where the rows go, and how each call is made",
+    "request shape": "what each request holds and how its answer is read; an http(s)://\n"
+    "--target may name columns as {column} (http://api/customers/{customer_id}): each is\n"
+    "filled from the row, percent-encoded",
+    "batches": "many rows per request, each row still answered on its own\n"
+    "(see docs/spark/batches.md)",
+    "quota": "one quota for the whole job, shared by its tasks as they go",
+    "output": "what the run writes and says, and when it has failed",
+    "cluster": "where and how Spark runs",
+}
+
 _EPILOG = """\
 exit status:
   0  every row came back; at most --max-failed of them failed or timed out
@@ -64,26 +82,27 @@ sends only the rows not yet ok there. An existing --output is refused unless
 
 def add_dispatch_options(parser: argparse.ArgumentParser) -> None:
     """The options that map onto ``dispatch``'s arguments (shared with the benchmark)."""
-    parser.add_argument(
+    cluster = option_group(parser, "cluster")
+    cluster.add_argument(
         "--master",
         default=DEFAULT_MASTER,
         help="Spark master URL (default: %(default)s: every core, and a task may fail 3 "
         "times and run again, as on a cluster)",
     )
-    parser.add_argument(
+    target = option_group(parser, "target")
+    target.add_argument(
         "--target",
         default=DEFAULT_TARGET,
         help="sim://?pct50=..&pct75=..&failures=..&seed=.. or an http(s):// URL "
         "(default: %(default)s)",
     )
-    add_http_options(parser)
-    parser.add_argument(
+    target.add_argument(
         "--timeout-ms",
         type=positive(int),
         default=1000,
         help="per-call timeout (default: %(default)s)",
     )
-    parser.add_argument(
+    target.add_argument(
         "--max-in-flight",
         type=positive(int),
         default=None,
@@ -91,50 +110,53 @@ def add_dispatch_options(parser: argparse.ArgumentParser) -> None:
         f"target, which has no capacity to protect; {REAL_MAX_IN_FLIGHT} for a real endpoint, "
         "which every partition calls at once)",
     )
-    parser.add_argument(
+    target.add_argument(
         "--retries",
         type=non_negative(int),
         default=2,
         help="retries after a failure or timeout (default: %(default)s)",
     )
-    parser.add_argument(
+    target.add_argument(
         "--backoff-ms",
         type=non_negative(int),
         default=100,
         help="wait before a retry, with jitter (default: %(default)s)",
     )
+    add_http_options(parser)
 
 
 def add_job_options(parser: argparse.ArgumentParser) -> None:
     """The options of a whole job: its rate, de-duplication, resuming and session."""
-    parser.add_argument(
+    option_group(parser, "quota").add_argument(
         "--rate",
         type=rate_arg,
         default=None,
-        metavar="N",
-        help="requests per second for the whole job, however many tasks run, shared by "
+        metavar="N|N/min",
+        help="requests per second (or N/s, N/min, N/hour) for the whole job, however many "
+        "tasks run, shared by "
         "them as they go (default: no limit; 429/503 answers slow it down either way)",
     )
-    parser.add_argument(
+    request = option_group(parser, "request shape")
+    request.add_argument(
         "--dedupe-col",
         default=None,
         metavar="COLUMN",
         help="rows with the same value in COLUMN are sent once; each gets that request's "
         "outcome and its own output row",
     )
-    parser.add_argument(
+    request.add_argument(
         "--dedupe-requests",
         action="store_true",
         help="send identical requests (same method, URL, headers and body) once; every "
         "row that makes one gets its outcome (an http(s) --target only)",
     )
-    parser.add_argument(
+    option_group(parser, "output").add_argument(
         "--resume",
         action="store_true",
         help="finish the run that left --output unfinished: send only its rows not yet ok "
         "(refused if it was made from another input or with other request options)",
     )
-    parser.add_argument(
+    option_group(parser, "cluster").add_argument(
         "--remote",
         default=None,
         metavar="sc://HOST:PORT",
@@ -154,7 +176,10 @@ def add_options(
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    source = parser.add_mutually_exclusive_group()
+    for title, description in GROUPS.items():  # --help shows them in this order
+        parser.add_argument_group(title, description)
+    inputs = option_group(parser, "input")
+    source = inputs.add_mutually_exclusive_group()
     source.add_argument(
         "--input", help="Parquet file/directory, or CSV (name ends in .csv; header row)"
     )
@@ -164,7 +189,7 @@ def add_options(
         metavar="N",
         help=f"generate N rows (default: {DEMO_ROWS:,} when there is no --input)",
     )
-    parser.add_argument(
+    inputs.add_argument(
         "--format",
         choices=("parquet", "csv", "json"),
         default=None,
@@ -172,7 +197,7 @@ def add_options(
         "or a directory; with --stream, what the files' names say; json: JSON lines, "
         "--stream only)",
     )
-    parser.add_argument(
+    inputs.add_argument(
         "--stream",
         action="store_true",
         help="read the files landing in the directory --input as they come, until stopped "
@@ -180,42 +205,69 @@ def add_options(
         "and the record of answered rows in --output, so a run again goes on where it was "
         "and calls no row twice",
     )
-    parser.add_argument(
+    inputs.add_argument(
         "--once",
         action="store_true",
         help="with --stream: send what has landed, then stop (Spark's availableNow)",
     )
-    parser.add_argument(
+    inputs.add_argument(
         "--trigger-ms",
         type=positive(int),
         default=1000,
         metavar="T",
         help="with --stream: start a micro-batch every T ms (default: %(default)s)",
     )
-    parser.add_argument(
+    inputs.add_argument(
+        "--id-col", default="id", help="column that identifies a row (default: %(default)s)"
+    )
+    add_dispatch_options(parser)
+    option_group(parser, "target").add_argument(
+        "--key-cols",
+        default="",
+        help="comma-separated key columns; rows sharing a value are never in flight together",
+    )
+    output = option_group(parser, "output")
+    output.add_argument(
         "--output",
         default="timewheel-pipeline-output",
         help="directory for rows/, summary.json and latency.png, written in full or not at all "
         "(default: %(default)s)",
     )
-    parser.add_argument(
+    output.add_argument(
         "--overwrite",
         action="store_true",
         help="replace an existing --output (it is refused otherwise)",
     )
-    parser.add_argument(
-        "--id-col", default="id", help="column that identifies a row (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--key-cols",
-        default="",
-        help="comma-separated key columns; rows sharing a value are never in flight together",
-    )
-    add_dispatch_options(parser)
     add_job_options(parser)
     add_quota_options(parser)
     add_batch_options(parser)
-    parser.add_argument(
+    output.add_argument(
+        "--max-failed",
+        type=max_failed,
+        default=DEFAULT_MAX_FAILED,
+        metavar="N|P%",
+        help="rows that may end failed or timed out before the exit status is 1: a count "
+        "(0: none) or a percentage of the rows (default: %(default)s)",
+    )
+    output.add_argument(
+        "--stop-after-failures",
+        type=non_negative(int),
+        default=DEFAULT_STOP_AFTER_FAILURES,
+        metavar="N",
+        help="stop the run, exit 1, when its first N rows answered all failed the same way "
+        "with an error no retry fixes (HTTP 400, 401, 403, 404, ...) and none was ok: a "
+        "missing key or a wrong body is not paid for on every row (0: never stop; "
+        "default: %(default)s)",
+    )
+    output.add_argument("--quiet", action="store_true", help="no progress bar or notes")
+    output.add_argument(
+        "--debug",
+        action="store_true",
+        default=os.environ.get("TIMEWHEEL_DEBUG") == "1",
+        help="show the traceback of an error (also TIMEWHEEL_DEBUG=1)",
+    )
+    cluster = option_group(parser, "cluster")
+    cluster.add_argument(
         "--partitions",
         type=positive(int),
         default=None,
@@ -224,15 +276,7 @@ def add_options(
         "steps the progress bar moves in (default: the input's own; generated rows: one "
         f"per {_ROWS_PER_PARTITION:,} rows, at least one per core)",
     )
-    parser.add_argument(
-        "--max-failed",
-        type=max_failed,
-        default=DEFAULT_MAX_FAILED,
-        metavar="N|P%",
-        help="rows that may end failed or timed out before the exit status is 1: a count "
-        "(0: none) or a percentage of the rows (default: %(default)s)",
-    )
-    parser.add_argument(
+    cluster.add_argument(
         "--conf",
         action="append",
         default=[],
@@ -240,14 +284,14 @@ def add_options(
         metavar="KEY=VALUE",
         help="a Spark setting, as spark-submit's --conf (repeatable)",
     )
-    parser.add_argument(
+    cluster.add_argument(
         "--python",
         default=None,
         metavar="PATH",
         help="the Python the executors run; it must have timewheel installed (default: "
         "spark.pyspark.python if given with --conf, else $PYSPARK_PYTHON, else this one)",
     )
-    parser.add_argument(
+    cluster.add_argument(
         "--metrics-port",
         type=metrics_port,
         default=None,
@@ -255,13 +299,6 @@ def add_options(
         help="serve the driver's Prometheus metrics on http://127.0.0.1:PORT/metrics while the "
         "command runs, with every worker's spark_engine counters (0: any free port, shown in "
         "a note); needs prometheus_client",
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar or notes")
-    parser.add_argument(
-        "--debug",
-        action="store_true",
-        default=os.environ.get("TIMEWHEEL_DEBUG") == "1",
-        help="show the traceback of an error (also TIMEWHEEL_DEBUG=1)",
     )
     parser.add_argument("--engine", default=None, help=argparse.SUPPRESS)
     return parser
@@ -286,11 +323,16 @@ def max_failed(text: str) -> float | int:
 
 
 def rate_arg(text: str) -> float:
-    """``--rate``: requests per second, a finite number > 0."""
+    """``--rate``: requests per second, a finite number > 0, or per a unit of time as
+    ``--cost-rate`` takes it (``100/s``, ``6000/min``, ``30000/hour``)."""
     try:
+        if "/" in text:
+            return check_rate(parse_rate("--rate", text))
         return check_rate(float(text))
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("rate ")) from None
+        raise argparse.ArgumentTypeError(
+            str(exc).removeprefix("rate ").removeprefix("--rate ")
+        ) from None
 
 
 def conf_pair(text: str) -> tuple[str, str]:
@@ -331,20 +373,17 @@ def _pairs(flag: str, given: list[str]) -> dict[str, str]:
 
 
 def add_http_options(parser: argparse.ArgumentParser) -> None:
-    """The command line's options for an http(s):// ``--target`` (see :class:`HttpDownstream`)."""
-    group = parser.add_argument_group(
-        "http(s):// target",
-        "--target may name columns as {column} (http://api/customers/{customer_id}): "
-        "each is filled from the row, percent-encoded",
-    )
-    group.add_argument(
+    """The command line's options for an http(s):// ``--target`` (see :class:`HttpDownstream`):
+    what a request holds in the "request shape" group, how it is sent in "target"."""
+    request = option_group(parser, "request shape")
+    request.add_argument(
         "--method",
         default="POST",
         type=str.upper,
         choices=METHODS,
         help="the request's method (default: %(default)s; GET and DELETE send no body)",
     )
-    group.add_argument(
+    request.add_argument(
         "--http-header",
         action="append",
         default=[],
@@ -352,7 +391,7 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
         help="a header sent with every request (repeatable); never a token: see "
         "--http-header-secret",
     )
-    group.add_argument(
+    request.add_argument(
         "--http-header-secret",
         action="append",
         default=[],
@@ -361,82 +400,84 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
         "is env:VAR, file:PATH, or a prefix and one of them in braces, as in "
         "'Authorization=Bearer {env:API_TOKEN}' (repeatable)",
     )
-    group.add_argument(
+    request.add_argument(
         "--header-col",
         action="append",
         default=[],
         metavar="NAME=COLUMN",
         help="a header whose value is the row's COLUMN (repeatable)",
     )
-    group.add_argument(
+    request.add_argument(
         "--param",
         action="append",
         default=[],
         metavar="NAME=COLUMN",
         help="a query parameter whose value is the row's COLUMN (repeatable)",
     )
-    group.add_argument(
+    request.add_argument(
         "--body-cols",
         default="",
         help="comma-separated columns to send as the JSON body (default: the whole row "
-        "for POST, PUT and PATCH; none for GET and DELETE); 'none' sends no body",
+        "for POST, PUT and PATCH; none for GET and DELETE); 'none' sends no body; with "
+        "--batch-size, each row's element of the batch's array holds these columns",
     )
-    group.add_argument(
+    request.add_argument(
         "--idempotency-header",
         default="Idempotency-Key",
         help="header carrying the key derived from --id-col; 'none' to send none "
         "(default: %(default)s)",
     )
-    group.add_argument(
-        "--http-max-connections",
-        type=int,
-        default=None,
-        metavar="N",
-        help="connections per Python worker (default: as many as calls in flight)",
-    )
-    group.add_argument(
-        "--max-reply-bytes",
-        type=int,
-        default=DEFAULT_MAX_REPLY_BYTES,
-        metavar="N",
-        help="the longest answer read; a longer one fails the attempt (default: %(default)s)",
-    )
-    group.add_argument(
+    request.add_argument(
         "--reply-schema",
         default=None,
         metavar="DDL",
         help="parse ok answers as JSON into a struct column 'reply' of this Spark DDL "
         "('lat double, lon double'); an answer that does not fit fails its row",
     )
-    group.add_argument(
+    request.add_argument(
+        "--max-reply-bytes",
+        type=int,
+        default=DEFAULT_MAX_REPLY_BYTES,
+        metavar="N",
+        help="the longest answer read; a longer one fails the attempt (default: %(default)s)",
+    )
+    target = option_group(parser, "target")
+    target.add_argument(
+        "--http-max-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help="connections per Python worker (default: as many as calls in flight)",
+    )
+    target.add_argument(
         "--ca-file",
         default=None,
         metavar="PEM",
         help="verify HTTPS servers with this CA bundle (a corporate CA) instead of the system's",
     )
-    group.add_argument(
+    target.add_argument(
         "--client-cert",
         default=None,
         metavar="PEM",
         help="a client certificate for mutual TLS (its key too, unless --client-key)",
     )
-    group.add_argument(
+    target.add_argument(
         "--client-key",
         default=None,
         metavar="PEM",
         help="the key of --client-cert",
     )
-    group.add_argument(
+    target.add_argument(
         "--http1",
         action="store_true",
         help="HTTP/1.1 only (default: HTTP/2 where an https:// server offers it)",
     )
-    group.add_argument(
+    target.add_argument(
         "--insecure",
         action="store_true",
         help="do not verify HTTPS certificates",
     )
-    add_batch_target_options(group)
+    add_batch_target_options(parser)
 
 
 def http_options(args: argparse.Namespace) -> dict[str, Any]:

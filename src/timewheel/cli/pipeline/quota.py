@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from ...spark.quota.spec import Quota, parse_rate
-from ..argtypes import positive
+from ..argtypes import option_group, positive
 from .errors import UsageError
 
 __all__ = ["QuotaWatch", "add_quota_options", "dry_run", "quota_from_args"]
@@ -18,7 +18,8 @@ __all__ = ["QuotaWatch", "add_quota_options", "dry_run", "quota_from_args"]
 
 def add_quota_options(parser: argparse.ArgumentParser) -> None:
     """The quota's options (``--rate`` is the job's, see ``add_job_options``)."""
-    group = parser.add_argument_group(
+    group = option_group(
+        parser,
         "quota",
         "one quota for the whole job, shared by its tasks as they go (--rate is part of it)",
     )
@@ -31,8 +32,8 @@ def add_quota_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--cost-rate",
         default=None,
-        metavar="N/s|N/min",
-        help="cost per second or per minute for the whole job ('2000000/min')",
+        metavar="N/s|N/min|N/hour",
+        help="cost per second, minute or hour for the whole job ('2000000/min')",
     )
     group.add_argument(
         "--reply-cost",

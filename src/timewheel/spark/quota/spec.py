@@ -55,7 +55,8 @@ LONG_PAUSE_S = 5.0
 MAX_AMOUNT = 1e15
 MAX_COUNT = int(MAX_AMOUNT)
 
-_UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "min": 60.0, "minute": 60.0, "h": 3600.0}
+_UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "min": 60.0, "minute": 60.0}
+_UNITS.update(h=3600.0, hour=3600.0)
 _RATE_TEXT = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*/\s*([a-z]+)\s*$")
 
 
