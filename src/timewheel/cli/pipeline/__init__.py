@@ -240,9 +240,10 @@ def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) ->
         )
     skipped = summary["status"][SKIPPED]
     if skipped:
+        to_send = summary.get("rows_to_send", summary["rows"])
         _note(
-            f"the quota's budget was spent: {skipped:,} of {summary['rows']:,} rows were not "
-            f"sent (status skipped); --resume sends them"
+            f"the quota was spent: {skipped:,} of the {to_send:,} rows to send were not sent "
+            f"(status skipped; rows_sent {to_send - skipped:,}); --resume sends them"
         )
         return 3
     return 0

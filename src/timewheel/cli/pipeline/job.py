@@ -25,7 +25,7 @@ from .options import DEMO_ROWS
 from .output import check_resumable, publish, run_identity
 from .progress import JournalCount, Progress
 from .quota import QuotaWatch, dry_run, quota_from_args
-from .summary import failure_budget, latency_histogram, summarize
+from .summary import failure_budget, latency_histogram, sent_counts, summarize
 
 
 class _Job:
@@ -285,7 +285,7 @@ class _Job:
             max_failed=_limit_text(args.max_failed),
             max_failed_rows=failure_budget(args.max_failed, summary["rows"]),
             # This run's share: a resumed run sends only what was not ok yet.
-            rows_sent=sent,
+            **sent_counts(sent, summary["status"]),
             runs=manifest.runs,
             journal_damaged=self.journal_damaged,
             journal_outside_input=self.journal_outside,

@@ -141,7 +141,9 @@ def dry_run(
 ) -> dict[str, Any]:
     """What a run would send: rows, requests after de-duplication (``request_col``, a
     Column of the request's key, or None), their estimated cost and the time the quota
-    implies for them."""
+    implies for them. A row whose ``cost_col`` is null, NaN, infinite or negative fails
+    unsent in a real run: counted as ``rows_failing_unsent``, neither a request nor a
+    cost, so the report is JSON (no NaN) and ``stops_at`` is where the real run stops."""
     from pyspark.sql import functions as F
 
     sent = df
@@ -149,11 +151,26 @@ def dry_run(
         keyed = df.withColumn("__key", request_col)
         firsts = keyed.filter(F.col("__key").isNotNull()).dropDuplicates(["__key"])
         sent = firsts.drop("__key").unionByName(keyed.filter(F.col("__key").isNull()).drop("__key"))
-    requests, cost = sent.agg(
-        F.count(F.lit(1)), F.sum(F.col(cost_col)) if cost_col else F.lit(None)
-    ).first()
-    report: dict[str, Any] = {"dry_run": True, "rows": rows, "requests": int(requests)}
-    report["estimated_cost"] = None if cost is None else float(cost)
+    if cost_col:
+        # A row whose estimate is null, NaN, infinite or negative fails unsent (see
+        # quota.gate): not a request, and not in the estimated cost.
+        est = F.col(cost_col).cast("double")
+        unreadable = est.isNull() | F.isnan(est) | (est < 0) | (est == float("inf"))
+        made, unsent, cost = sent.agg(
+            F.count(F.lit(1)),
+            F.sum(unreadable.cast("long")),
+            F.sum(F.when(~unreadable, est)),
+        ).first()
+    else:
+        made, unsent, cost = sent.agg(F.count(F.lit(1))).first()[0], 0, None
+    requests = int(made) - int(unsent or 0)
+    report: dict[str, Any] = {"dry_run": True, "rows": rows, "requests": requests}
+    if cost_col:
+        report["estimated_cost"] = float(cost or 0.0)
+        # What a real run does with them: they end failed, with no call made.
+        report["rows_failing_unsent"] = int(unsent or 0)
+    else:
+        report["estimated_cost"] = None
     if quota is not None:
         report["quota"] = quota_text(quota)
         times = [0.0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,13 @@ _PERCENTILES = (50, 90, 99, 99.9)
 def failure_budget(limit: float | int, rows: int) -> int:
     """The most rows that may end failed or timed out under ``--max-failed`` ``limit``."""
     return math.floor(limit * rows) if isinstance(limit, float) else limit
+
+
+def sent_counts(to_send: int, status: Mapping[str, int]) -> dict[str, int]:
+    """The summary's ``rows_to_send`` (the rows this run had to send: the input less
+    those ok before) and ``rows_sent`` (those it did send: all but the ones a spent
+    budget or request cap left unsent, status ``skipped``)."""
+    return {"rows_to_send": to_send, "rows_sent": to_send - status.get(SKIPPED, 0)}
 
 
 def summarize(result: Any, elapsed_s: float) -> dict[str, Any]:
