@@ -89,6 +89,13 @@ def test_an_answer_that_does_not_say_its_cost_leaves_one_call_at_a_time() -> Non
     gate.close()
 
 
+def test_a_quota_that_counts_no_cost_holds_none() -> None:
+    # A rate alone: what a call costs matters to nothing, so calls go together.
+    gate = QuotaGate(LocalStore(Quota(rate=100), Clock()), reply_cost="usage.total_tokens")
+    assert [gate.take(0.0) for _ in range(3)] == [0.0, 0.0, 0.0]
+    gate.close()
+
+
 def test_a_larger_answer_raises_the_hold_of_the_next_calls() -> None:
     store = LocalStore(Quota(budget=1000), Clock())
     gate = QuotaGate(store, reply_cost="usage.total_tokens")

@@ -163,10 +163,12 @@ class QuotaGate:
         self.cost_unknown = 0
         #: Attempts refused for overload (HTTP 429 or 503).
         self.refused = 0
-        # A cost known only from the answer: each call in flight holds a cost (see the
-        # module docstring); the holds of the calls out, in the order taken (an ending
-        # call settles the oldest: their sum is what the calls out hold, exactly).
-        self.holding = cost is None and reply_cost is not None
+        # A cost known only from the answer, counted by a budget or a cost rate: each
+        # call in flight holds a cost (see the module docstring); the holds of the calls
+        # out, in the order taken (an ending call settles the oldest: their sum is what
+        # the calls out hold, exactly).
+        counted = store.quota.budget is not None or store.quota.cost_rate is not None
+        self.holding = cost is None and reply_cost is not None and counted
         self.ceiling = max_per_call
         #: The largest cost an answer has said (None: none yet).
         self.largest: float | None = None
