@@ -42,6 +42,9 @@ budget is at most:
   (``max_in_flight``) times the largest cost of one call. Calls that all cost the same
   (say, 200 tokens each) spend at most one call's cost per task past the budget (the
   probes of tasks that start together), none with one task.
+
+(Add, as with estimates, what a task owes and has not settled yet: less than a
+thousandth of the budget, or a lease's cost with a ``cost_rate``, per task.)
 """
 
 from __future__ import annotations
