@@ -1,4 +1,4 @@
-"""The ``timewheel`` command line: ``demo``, ``pipeline`` and ``bench <name>``.
+"""The ``timewheel`` command line: ``demo``, ``pipeline``, ``quota`` and ``bench <name>``.
 
 The tooling lives here, apart from the library: :mod:`.demo`, and :mod:`.bench`, one
 module per ``timewheel bench`` subcommand (its workloads and baselines), and
@@ -17,9 +17,9 @@ def _commands() -> tuple[ModuleType, ...]:
     """The modules that add a subcommand through ``add_parser(subparsers)``; imported when the
     parser is built, not with this module, and each keeps its heavy imports (pyspark,
     matplotlib) inside its ``main()``."""
-    from . import demo, pipeline
+    from . import demo, pipeline, quota
 
-    return demo, pipeline
+    return demo, pipeline, quota
 
 
 def _benchmarks() -> tuple[ModuleType, ...]:

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 
 from redis_fixtures import RedisServer, needs_redis
-from timewheel.spark.quota.redis_store import RedisStore
+from timewheel.cli import main as timewheel_main
+from timewheel.spark.quota.placement import job_of, place_quota, redis_store_of
+from timewheel.spark.quota.redis_store import KEEP_JOB_S, RedisStore, reset_quota
 from timewheel.spark.quota.spec import Ask
 from timewheel.spark.quota.task import (
     BudgetSpent,
@@ -107,8 +109,8 @@ import json, sys, time
 from timewheel.spark.quota.task import BudgetSpent, Quota, TaskQuota
 from timewheel.spark.quota.redis_store import RedisStore
 url, mode = sys.argv[1], sys.argv[2]
-if mode == "cap":
-    store = RedisStore(url, "shared-cap", Quota(rate=1000, max_requests=1000))
+if mode == "cap":  # one budget, counted for one job both processes name
+    store = RedisStore(url, "shared-cap", Quota(rate=1000, max_requests=1000), job="both")
     task, sent = TaskQuota(store), 0
     store.state()  # connected
     print("ready", flush=True)
@@ -256,3 +258,116 @@ def test_bad_urls_and_names_are_refused_and_passwords_never_shown() -> None:
     assert "hunter2" not in str(raised.value)
     with pytest.raises(TypeError, match="not pickled"):
         pickle.dumps(store)
+
+
+# -- the state belongs to a job and a period, not to the name forever ---------------------
+def _spend_all(store: RedisStore, cost: float = 4.0) -> int:
+    """Send calls of ``cost`` until the store refuses: how many were sent."""
+    task, sent = TaskQuota(store, clock=store.clock or Clock()), 0
+    with pytest.raises(BudgetSpent):
+        for _ in range(10_000):
+            if task.acquire(cost) == 0.0:
+                sent += 1
+    task.close()
+    return sent
+
+
+@needs_redis
+def test_a_later_job_is_not_refused_by_an_earlier_jobs_spent_budget(
+    redis_server: RedisServer,
+) -> None:
+    url, clock = redis_server.url, Clock()
+    first = RedisStore(url, "api-key", Quota(rate=1000, budget=40), clock=clock)
+    assert _spend_all(first) == 10 and first.state().exhausted
+    # The next run (--resume --budget 100000, or a job with a rate and no budget at
+    # all): a new job, its own count from zero, the rate still shared.
+    for quota in (Quota(rate=1000, budget=100_000), Quota(rate=1000)):
+        later = RedisStore(url, "api-key", quota, clock=clock)
+        task = TaskQuota(later, clock=clock)
+        assert task.acquire(4.0) == 0.0
+        assert not later.state().exhausted and later.state().cost_spent <= 4.0 * 50
+        task.close()
+        later.close()
+    # The same job given a larger budget: its own budget is read before the mark the
+    # smaller one left, and it goes on from what was spent.
+    larger = RedisStore(url, "api-key", Quota(rate=1000, budget=80), clock=clock, job=first.job)
+    assert not larger.state().exhausted
+    assert _spend_all(larger) == 10 and larger.state().cost_spent == pytest.approx(80)
+    # ... and one no larger is still refused at once.
+    again = RedisStore(url, "api-key", Quota(rate=1000, budget=40), clock=clock, job=first.job)
+    assert again.state().exhausted
+    with pytest.raises(BudgetSpent):
+        TaskQuota(again, clock=clock).acquire(0.0)
+    for store in (first, larger, again):
+        store.close()
+
+
+@needs_redis
+def test_every_key_expires_and_a_job_counts_for_a_day(redis_server: RedisServer) -> None:
+    import redis
+
+    store = RedisStore(
+        redis_server.url, "expires", Quota(rate=10, concurrency=4, budget=5, ttl_s=30)
+    )
+    task = TaskQuota(store)
+    assert task.acquire(1.0) == 0.0
+    task.pause(20.0)
+    client = redis.Redis.from_url(redis_server.url)
+    ttls = {k.decode(): client.ttl(k) for k in client.keys("{timewheel-quota:expires}*")}
+    job_key = "{timewheel-quota:expires}:job:" + store.job
+    assert set(ttls) == {
+        "{timewheel-quota:expires}",
+        "{timewheel-quota:expires}:holders",
+        "{timewheel-quota:expires}:expiry",
+        job_key,
+    }
+    # The shared state outlives its holders (30 s), the pause (20 s) and a minute.
+    assert all(30 + 20 + 60 - 5 <= t <= 30 + 20 + 60 + 1 for k, t in ttls.items() if k != job_key)
+    assert KEEP_JOB_S - 5 <= ttls[job_key] <= KEEP_JOB_S
+    client.close()
+    store.close()
+
+
+@needs_redis
+def test_reset_quota_forgets_every_job_of_the_name_and_the_cli_says_so(
+    redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import redis
+
+    url, clock = redis_server.url, Clock()
+    stores = [RedisStore(url, "to-reset", Quota(max_requests=3), clock=clock, job=j) for j in "ab"]
+    for store in stores:
+        assert _spend_all(store) == 3
+    other = RedisStore(url, "to-reset-not", Quota(max_requests=3), clock=clock)
+    assert _spend_all(other) == 3
+    assert reset_quota(url, "to-reset") == 3  # the shared hash and the 2 jobs' counts
+    assert [s.state().exhausted for s in stores] == [False, False]
+    assert _spend_all(stores[0]) == 3
+    assert other.state().exhausted  # another name's keys stay
+    assert timewheel_main(["quota", "reset", "to-reset", "--store", url]) == 0
+    assert capsys.readouterr().out == "quota 'to-reset': 3 key(s) deleted\n"
+    client = redis.Redis.from_url(url)
+    assert client.keys("{timewheel-quota:to-reset}*") == []
+    client.close()
+    assert timewheel_main(["quota", "reset", "to reset", "--store", url]) == 2
+    assert "name must be" in capsys.readouterr().err
+    redis_server.stop()
+    assert timewheel_main(["quota", "reset", "to-reset", "--store", url]) == 2
+    assert "Redis at redis://" in capsys.readouterr().err
+    for store in (*stores, other):
+        store.close()
+
+
+def test_a_job_is_one_quota_object_in_the_driver() -> None:
+    """Each Quota object is a job of its own (a new run: a new object, a new count);
+    the tasks and the driver's reading of its use name the same one."""
+    one = Quota(rate=10, budget=5, store="redis://127.0.0.1:1/0", name="n")
+    two = Quota(rate=10, budget=5, store="redis://127.0.0.1:1/0", name="n")
+    assert job_of(one) == job_of(one) != job_of(two)
+    ref = place_quota(one, None, 4, False)
+    assert (ref.kind, ref.job, ref.key) == ("redis", job_of(one), f"redis:n:{job_of(one)}")
+    store = redis_store_of(one)
+    assert isinstance(store, RedisStore) and store.job == job_of(one)
+    assert pickle.loads(pickle.dumps(ref)) == ref
+    with pytest.raises(ValueError, match="job must be"):
+        RedisStore("redis://127.0.0.1:1/0", "n", one, job="a b")

@@ -14,8 +14,10 @@
   tasks: a local property of the thread that runs the job (``sc.setLocalProperty``), which
   Spark sends with each task and leaves out of the plan; its key holds ``secret``, so
   Spark's ``spark.redaction.regex`` hides its value in the event log and the UI.
-* **Redis** (``Quota(store="redis://...", name=...)``): the URL (never with a password)
-  and name; the password, if any, is a secret reference read where it is used.
+* **Redis** (``Quota(store="redis://...", name=...)``): the URL (never with a password),
+  the name, and the job its budget and request cap are counted for (:func:`job_of`: one
+  per Quota object in this driver, as the driver's service); the password, if any, is a
+  secret reference read where it is used.
 * **the static split**, where neither can serve (Spark Connect without a ``store``: its
   client is not the driver and sets no local property), or when asked
   (``store="static"``). Each task then holds its
@@ -44,6 +46,7 @@ __all__ = [
     "check_quota",
     "close_quota",
     "driver_store",
+    "job_of",
     "place_quota",
     "redis_store_of",
 ]
@@ -57,6 +60,8 @@ SECRET_PROPERTY = "timewheel.quota.secret."
 # id(Quota) -> the Quota (kept, so its id stays its own), its service in this driver, the
 # key its secret's property is named by, and the address the executors reach it at.
 _SERVICES: dict[int, tuple[Quota, Any, str, tuple[str, int]]] = {}
+# id(Quota) -> the Quota (kept, so its id stays its own) and its job in a Redis store.
+_JOBS: dict[int, tuple[Quota, str]] = {}
 _LOCK = threading.Lock()
 
 
@@ -72,6 +77,8 @@ class QuotaRef:
     #: The driver's service: its address and the id its secret's property is named by.
     address: tuple[str, int] | None = None
     key: str = ""
+    #: Redis: the job the budget and request cap are counted for.
+    job: str = ""
 
     def open(self) -> QuotaStore:
         """The store a task of this worker draws on (one per worker and quota)."""
@@ -83,7 +90,7 @@ class QuotaRef:
             return LocalStore(share if share is not None else self.quota, exhausted=share is None)
         if self.kind == "redis":
             try:
-                primary: QuotaStore = redis_store_of(self.quota)
+                primary: QuotaStore = redis_store_of(self.quota, self.job or None)
             except Exception as exc:  # no redis client: say so, then the static split
                 primary = _Unreachable(self.quota, f"{type(exc).__name__}: {exc}")
             return Failover(primary, self.fraction)
@@ -104,9 +111,21 @@ class QuotaRef:
         return Failover(primary, self.fraction)
 
 
-def redis_store_of(quota: Quota) -> QuotaStore:
-    """The :class:`~timewheel.spark.quota.redis_store.RedisStore` that ``quota`` names, its
-    password (if any) read here, where it is used."""
+def job_of(quota: Quota) -> str:
+    """The job ``quota``'s budget and request cap are counted for in Redis: one random
+    id per Quota object in this driver, kept for as long as the driver (or until
+    :func:`close_quota`), so every job given the object counts against one budget."""
+    with _LOCK:
+        held = _JOBS.get(id(quota))
+        if held is None:
+            held = _JOBS[id(quota)] = (quota, secrets.token_hex(8))
+    return held[1]
+
+
+def redis_store_of(quota: Quota, job: str | None = None) -> QuotaStore:
+    """The :class:`~timewheel.spark.quota.redis_store.RedisStore` that ``quota`` names,
+    counting for ``job`` (default: :func:`job_of` ``quota``), its password (if any) read
+    here, where it is used."""
     from .redis_store import RedisStore
 
     password = None
@@ -115,7 +134,8 @@ def redis_store_of(quota: Quota) -> QuotaStore:
 
         password = Secret(quota.store_password).resolve()[0]
     assert quota.store is not None and quota.name is not None
-    return RedisStore(quota.store, quota.name, quota, password=password)
+    job = job_of(quota) if job is None else job
+    return RedisStore(quota.store, quota.name, quota, password=password, job=job)
 
 
 class _Unreachable:
@@ -190,7 +210,8 @@ def place_quota(quota: Quota, spark: Any, slots: int, connect: bool) -> QuotaRef
     if quota.store == "static":
         return QuotaRef(quota, "static", fraction, key=f"static:{id(quota)}")
     if quota.store is not None:
-        return QuotaRef(quota, "redis", fraction, key=f"redis:{quota.name}")
+        job = job_of(quota)
+        return QuotaRef(quota, "redis", fraction, key=f"redis:{quota.name}:{job}", job=job)
     if connect:
         logger.warning(
             "Spark Connect: the quota has no store its executors can reach "
@@ -222,8 +243,10 @@ def driver_store(quota: Quota) -> QuotaStore | None:
 
 def close_quota(quota: Quota) -> None:
     """Stop ``quota``'s service in this driver, if it has one (its jobs must be over:
-    a task that asks it later falls back to the static split)."""
+    a task that asks it later falls back), and forget its job in Redis (a later job
+    given the object counts its budget from zero)."""
     with _LOCK:
         held = _SERVICES.pop(id(quota), None)
+        _JOBS.pop(id(quota), None)
     if held is not None:
         held[1].close()

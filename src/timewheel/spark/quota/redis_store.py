@@ -5,19 +5,38 @@
 script (:data:`SCRIPT`), which Redis runs atomically: the weighted take, the refund and
 the settle, the pause, the expiry of dead holders and the budget are the same
 accounting as :class:`~timewheel.spark.quota.task.Bucket`'s, step for step (the tests run
-one scenario through both). The state lives under three keys in one hash slot
-(``{timewheel-quota:NAME}``, ``...:holders``, ``...:expiry``), so it works on a Redis
-Cluster too, and persists until :meth:`RedisStore.reset` (a budget holds across runs).
+one scenario through both).
+
+What is shared, and for how long. Every job naming the quota shares its *rates*,
+*concurrency* and *pauses*: the buckets, the slots held and the pause live under
+``{timewheel-quota:NAME}`` (with ``...:holders`` and ``...:expiry``), and expire once no
+one has used them for ``ttl_s`` plus any pause left plus a minute (by then they are
+what a fresh quota would be: every holder gone, the buckets full). The *budget* and
+the *request cap* are counted per **job**: what a job took and spent, the pauses it
+took and the budget or cap it was refused at live under
+``{timewheel-quota:NAME}:job:JOB``, which expires :data:`KEEP_JOB_S` (a day) after the
+job last used it. ``job`` is this store's own random id unless given; ``dispatch``
+gives one per :class:`~timewheel.spark.quota.task.Quota` object in the driver (so a
+``timewheel pipeline`` run, ``--resume`` included, counts its budget from zero, as the
+driver's own service does), and processes that mean to share one budget give the same
+``job``. A take reads the caller's own ``budget`` and ``max_requests`` first: a store
+refused at a budget refuses again only callers whose budget is no larger (a caller
+with a larger budget, or none, goes on from what was spent). All the keys sit in one
+hash slot, so it works on a Redis Cluster too.
+
+To forget a quota before its keys expire: :meth:`RedisStore.reset` (this job's count and
+the shared state) or :func:`reset_quota` (everything kept under the name, every job's
+count included), also ``timewheel quota reset NAME --store redis://...``.
 
 Time is the Redis server's (``TIME``), the one clock every process sharing the quota
 agrees on; a test may pass ``clock=`` to drive it. The quota's numbers travel with each
-call: jobs sharing a ``name`` should give the same :class:`~timewheel.spark.quota.task.Quota`.
+call: jobs sharing a ``name`` should give the same rates and concurrency.
 
 A Redis that refuses the connection, times out (``timeout_s``) or dies raises
 :class:`~timewheel.spark.quota.task.QuotaStoreError`; a job's tasks draw on it through a
-:class:`~timewheel.spark.quota.task.Failover` (:mod:`timewheel.spark.quota.placement`), which says
-so in one line and falls back to this process's static share. A URL's password is
-never shown (``repr`` and errors print the URL through
+:class:`~timewheel.spark.quota.task.Failover` (:mod:`timewheel.spark.quota.bucket`), which says
+so in one line and falls back to the share this process was granted while the store was
+up. A URL's password is never shown (``repr`` and errors print the URL through
 :func:`~timewheel.spark.secrets.redact_url`), and a store is
 not pickled (it holds connections): an executor makes its own from the URL (without the
 password) and the password given apart from the plan.
@@ -26,6 +45,7 @@ password) and the password given apart from the plan.
 from __future__ import annotations
 
 import re
+import secrets
 import urllib.parse
 from typing import Any, Callable
 
@@ -33,13 +53,17 @@ from ..secrets import redact_url
 from .spec import Ask
 from .task import BURST_S, LEASE_S, Grant, Quota, QuotaState, QuotaStoreError
 
-__all__ = ["SCRIPT", "RedisStore"]
+__all__ = ["KEEP_JOB_S", "SCRIPT", "RedisStore", "reset_quota"]
 
-#: The one script every operation runs. ARGV: op, now ("" = the server's TIME), the
-#: quota (rate, cost_rate, concurrency, budget, max_requests: 0 = none; ttl_s; the two
-#: bucket sizes), then the operation's own arguments.
+#: A job's count (taken, spent) expires this long after the job last used it.
+KEEP_JOB_S = 86400.0
+
+#: The one script every operation runs. KEYS: the shared state, its holders, their
+#: expiry, the job's count. ARGV: op, now ("" = the server's TIME), the quota (rate,
+#: cost_rate, concurrency, budget, max_requests: 0 = none; ttl_s; the two bucket sizes;
+#: the lease; KEEP_JOB_S), then the operation's own arguments.
 SCRIPT = r"""
-local S, H, E = KEYS[1], KEYS[2], KEYS[3]
+local S, H, E, B = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local op = ARGV[1]
 local now = tonumber(ARGV[2])
 if now == nil then
@@ -49,23 +73,37 @@ end
 local rate, crate, conc = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local budget, cap, ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local rcap, ccap = tonumber(ARGV[9]), tonumber(ARGV[10])
-local EPS, LEASE = 1e-9, tonumber(ARGV[11])
+local EPS, LEASE, KEEP_JOB = 1e-9, tonumber(ARGV[11]), tonumber(ARGV[12])
 local LEFT_SHARE = 8
 local a = {}
-for i = 12, #ARGV do a[i - 11] = ARGV[i] end
+for i = 13, #ARGV do a[i - 12] = ARGV[i] end
 
 local function f(x) return string.format('%.17g', x) end
-local v = redis.call('HMGET', S, 'r', 'c', 'stamp', 'paused', 'taken', 'spent', 'slots',
-                     'exhausted', 'pauses')
+-- S: what jobs sharing the name share (the buckets, the pause, the slots); B: this
+-- job's own count (taken, spent, pauses) and the budget and cap it was refused at.
+local v = redis.call('HMGET', S, 'r', 'c', 'stamp', 'paused', 'slots')
+local w = redis.call('HMGET', B, 'taken', 'spent', 'xb', 'xc', 'pauses')
 local st = {r = tonumber(v[1]) or rcap, c = tonumber(v[2]) or ccap,
             stamp = tonumber(v[3]) or now, paused = tonumber(v[4]) or 0,
-            taken = tonumber(v[5]) or 0, spent = tonumber(v[6]) or 0,
-            slots = tonumber(v[7]) or 0, exhausted = tonumber(v[8]) or 0,
-            pauses = tonumber(v[9]) or 0}
+            slots = tonumber(v[5]) or 0,
+            taken = tonumber(w[1]) or 0, spent = tonumber(w[2]) or 0,
+            xb = tonumber(w[3]) or 0, xc = tonumber(w[4]) or 0, pauses = tonumber(w[5]) or 0}
 local function save()
   redis.call('HSET', S, 'r', f(st.r), 'c', f(st.c), 'stamp', f(st.stamp),
-             'paused', f(st.paused), 'taken', f(st.taken), 'spent', f(st.spent),
-             'slots', f(st.slots), 'exhausted', st.exhausted, 'pauses', st.pauses)
+             'paused', f(st.paused), 'slots', f(st.slots))
+  redis.call('HSET', B, 'taken', f(st.taken), 'spent', f(st.spent), 'xb', f(st.xb),
+             'xc', f(st.xc), 'pauses', st.pauses)
+  -- Idle this long, the shared state is what a fresh one would be (every holder gone,
+  -- no pause, full buckets): it expires. The job's count expires KEEP_JOB after its
+  -- last use.
+  local keep = math.ceil(ttl + math.max(0, st.paused - now)) + 60
+  for _, k in ipairs({S, H, E}) do redis.call('EXPIRE', k, keep) end
+  redis.call('EXPIRE', B, math.ceil(KEEP_JOB))
+end
+-- Refused before at this budget or cap (or a larger one): this caller's own budget
+-- and cap are read, so one that gives more (or none) is not refused by the mark.
+local function refused_before()
+  return (budget > 0 and st.xb > 0 and budget <= st.xb) or (cap > 0 and st.xc > 0 and cap <= st.xc)
 end
 local function held(h, k) return tonumber(redis.call('HGET', H, h .. '|' .. k)) or 0 end
 local function forget(h)
@@ -106,8 +144,9 @@ if op == 'take' then
     save()
     return {kind, tostring(n), f(c), tostring(s), f(wait), f(budget_left), f(cap_left)}
   end
-  if st.exhausted == 1 or cap_left < 1 or budget_left < need_cost then
-    st.exhausted = 1
+  if refused_before() or cap_left < 1 or budget_left < need_cost then
+    if cap_left < 1 then st.xc = math.max(st.xc, cap) end
+    if budget_left < need_cost then st.xb = math.max(st.xb, budget) end
     return reply('spent', 0, 0, 0, 0)
   end
   if now < st.paused then return reply('pause', 0, 0, 0, st.paused - now) end
@@ -181,16 +220,69 @@ elseif op == 'clamp' then
 elseif op == 'state' then
   reap()
   save()
+  local refused = 0
+  if refused_before() then refused = 1 end
   return {tostring(st.taken), f(st.spent), tostring(st.slots), tostring(redis.call('ZCARD', E)),
-          f(math.max(0, st.paused - now)), tostring(st.exhausted), tostring(st.pauses)}
+          f(math.max(0, st.paused - now)), tostring(refused), tostring(st.pauses)}
 elseif op == 'reset' then
-  redis.call('DEL', S, H, E)
+  redis.call('DEL', S, H, E, B)
   return 'ok'
 end
 return redis.error_reply('no such operation ' .. tostring(op))
 """
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,200}$")
+
+
+def _base(name: str) -> str:
+    """The key every key of the quota ``name`` starts with (its hash tag: one slot)."""
+    return "{timewheel-quota:" + name + "}"
+
+
+def _check_url(url: Any) -> None:
+    if not isinstance(url, str) or urllib.parse.urlsplit(url).scheme not in (
+        "redis",
+        "rediss",
+        "unix",
+    ):
+        shown = redact_url(url) if isinstance(url, str) else url
+        raise ValueError(f"store must be a redis://HOST:PORT/DB URL, got {shown!r}")
+
+
+def _client(url: str, timeout_s: float, password: str | None) -> Any:
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    extra: dict[str, Any] = {} if password is None else {"password": password}
+    # No retry inside the client: a script sent twice could return tokens twice.
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_timeout=False,
+        **extra,
+    )
+
+
+def reset_quota(url: str, name: str, *, password: str | None = None, timeout_s: float = 5.0) -> int:
+    """Forget everything the Redis at ``url`` keeps for the quota ``name``: the state
+    the jobs share and every job's count (so a budget refused is gone too). Returns
+    the number of keys deleted. Jobs drawing on the quota meanwhile start it afresh."""
+    import redis
+
+    _check_url(url)
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"name must be 1 to 200 letters, digits or _.:@/+-, got {name!r}")
+    client = _client(url, timeout_s, password)
+    try:
+        keys = list(client.scan_iter(match=_base(name) + "*", count=1000))
+        return int(client.delete(*keys)) if keys else 0
+    except redis.RedisError as exc:
+        raise QuotaStoreError(f"Redis at {redact_url(url)}: {type(exc).__name__}: {exc}") from None
+    finally:
+        client.close()
 
 
 def _opt(value: float | None) -> str:
@@ -210,39 +302,26 @@ class RedisStore:
         clock: Callable[[], float] | None = None,
         timeout_s: float = 5.0,
         password: str | None = None,
+        job: str | None = None,
     ) -> None:
-        if not isinstance(url, str) or urllib.parse.urlsplit(url).scheme not in (
-            "redis",
-            "rediss",
-            "unix",
-        ):
-            shown = redact_url(url) if isinstance(url, str) else url
-            raise ValueError(f"store must be a redis://HOST:PORT/DB URL, got {shown!r}")
+        _check_url(url)
         if not isinstance(name, str) or not _NAME.match(name):
             raise ValueError(f"name must be 1 to 200 letters, digits or _.:@/+-, got {name!r}")
         if not isinstance(quota, Quota):
             raise TypeError(f"quota must be a Quota, got {quota!r}")
-        import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
+        if job is None:
+            job = secrets.token_hex(8)
+        elif not isinstance(job, str) or not _NAME.match(job):
+            raise ValueError(f"job must be 1 to 200 letters, digits or _.:@/+-, got {job!r}")
         self.url = url
         self.name = name
         self.quota = quota
+        self.job = job
         self.clock = clock
-        extra: dict[str, Any] = {} if password is None else {"password": password}
-        # No retry inside the client: a script sent twice could return tokens twice.
-        self._redis = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-            **extra,
-        )
+        self._redis = _client(url, timeout_s, password)
         self._script = self._redis.register_script(SCRIPT)
-        base = "{timewheel-quota:" + name + "}"
-        self._keys = [base, base + ":holders", base + ":expiry"]
+        base = _base(name)
+        self._keys = [base, base + ":holders", base + ":expiry", base + ":job:" + job]
         q = quota
         r_cap = max(1.0, q.rate * BURST_S) if q.rate else 0.0
         c_cap = q.cost_rate * BURST_S if q.cost_rate else 0.0
@@ -256,10 +335,11 @@ class RedisStore:
             repr(r_cap),
             repr(c_cap),
             repr(LEASE_S),
+            repr(KEEP_JOB_S),
         ]
 
     def __repr__(self) -> str:
-        return f"RedisStore({redact_url(self.url)!r}, {self.name!r})"
+        return f"RedisStore({redact_url(self.url)!r}, {self.name!r}, job={self.job!r})"
 
     def __reduce__(self) -> Any:
         raise TypeError(
@@ -345,7 +425,9 @@ class RedisStore:
         )
 
     def reset(self) -> None:
-        """Forget this quota's state in Redis (what was spent, held and paused)."""
+        """Forget this job's count (what it took and spent) and the state the jobs
+        naming the quota share (what is held and paused); other jobs' counts stay
+        (:func:`reset_quota` forgets them too)."""
         self._run("reset")
 
     def close(self) -> None:
