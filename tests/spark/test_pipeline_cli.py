@@ -109,7 +109,7 @@ def test_csv_input_with_key_columns(spark: Any, tmp_path: Path) -> None:
     [
         (["--target", "sim://?pct50=oops"], "sim:// parameter pct50 must be a number, got 'oops'"),
         (["--target", "gopher://x"], "target must be sim://"),
-        (["--generate", "10", "--id-col", "nope"], "id_col 'nope' is not a column of df"),
+        (["--generate", "10", "--id-col", "nope"], "--id-col 'nope': column 'nope' is not in"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(
@@ -150,12 +150,16 @@ def test_rows_failing_past_max_failed_exit_1_with_the_output_written(
     argv = sim_run(out, "--target", "sim://?pct50=1&pct75=2&failures=1", "--quiet")
     assert pipeline_cli(argv) == 1
     err = capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == {"ok": 0, "failed": 400, "timeout": 0, "skipped": 0}
+    # Stderr ends with why, most common reason first, counted.
+    (why,) = summary["failures"]
+    assert why["rows"] == 400 and why["reason"]
     assert err == (
         "timewheel pipeline: 400 of 400 rows failed or timed out, more than "
         "--max-failed 1% allows (4)\n"
+        f"timewheel pipeline: why: 400 rows: {why['reason']}\n"
     )
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == {"ok": 0, "failed": 400, "timeout": 0, "skipped": 0}
     # A count works too, and 0 allows none.
     assert pipeline_cli([*argv, "--overwrite", "--max-failed", "400"]) == 0
     ok_run = sim_run(out, "--overwrite", "--max-failed", "0", "--quiet")
@@ -180,7 +184,7 @@ def test_an_existing_output_is_refused_then_replaced_whole_with_overwrite(
         "rows",
         "summary.json",
     ]
-    # A re-run refused after Spark started (a bad id column) leaves the output as it was.
+    # A re-run refused (a bad id column) leaves the output as it was.
     before = (out / "summary.json").read_text()
     assert pipeline_cli(sim_run(out, "--overwrite", "--id-col", "nope")) == 2
     assert (out / "summary.json").read_text() == before
@@ -396,7 +400,11 @@ def test_a_spent_budget_exits_3_and_resume_finishes_with_a_new_one(
     summary = json.loads((out / "summary.json").read_text())
     skipped = summary["status"]["skipped"]
     assert 0 < skipped < 400 and summary["status"]["ok"] == 400 - skipped
-    assert f"{skipped:,} of 400 rows were not sent (status skipped); --resume sends them" in err
+    assert (
+        f"{skipped:,} of the 400 rows to send were not sent (status skipped; "
+        f"rows_sent {400 - skipped:,}); --resume sends them"
+    ) in err
+    assert (summary["rows_to_send"], summary["rows_sent"]) == (400, 400 - skipped)
     use = summary["quota_use"]
     assert use["quota"]["budget"] == 20000 and 0 < use["cost_spent"] <= 20000
     rows = spark.read.parquet(str(out / "rows"))
@@ -405,7 +413,8 @@ def test_a_spent_budget_exits_3_and_resume_finishes_with_a_new_one(
     # Tomorrow's budget: only the skipped rows are sent, and every row is there once.
     assert pipeline_cli([*base, "--budget", "1e9", "--resume"]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["rows_sent"] == skipped and summary["status"]["ok"] == 400
+    assert summary["rows_sent"] == summary["rows_to_send"] == skipped
+    assert summary["status"]["ok"] == 400
     rows = spark.read.parquet(str(out / "rows"))
     assert rows.count() == rows.select("id").distinct().count() == 400
 
@@ -433,7 +442,7 @@ def test_a_dry_run_says_what_would_be_sent_and_sends_nothing(
         (["--cost-col", "amount"], "--cost-col and --reply-cost need a quota"),
         (["--cost-rate", "lots"], "quota: --cost-rate must be a number per second"),
         (["--budget", "nan"], "quota: budget must be a number > 0 and <= 1e+15, got nan"),
-        (["--budget", "10", "--cost-col", "nope"], "cost column 'nope' is not a column"),
+        (["--budget", "10", "--cost-col", "nope"], "--cost-col 'nope': column 'nope' is not in"),
         (["--rate", "5", "--quota-store", "redis://:pw@127.0.0.1/0"], "must not hold a password"),
         (["--rate", "5", "--quota-store", "redis://127.0.0.1/0"], "a store needs a name"),
     ],
@@ -556,3 +565,182 @@ def test_batch_options_that_cannot_work_exit_2_before_anything_is_sent(
         assert pipeline_cli([*base, *extra]) == 2, extra
         assert words in capsys.readouterr().err
         assert not out.exists()
+
+
+# -- refused before Spark starts -------------------------------------------------------
+
+_NO_JVM = """
+import argparse, json, sys, time
+import pyspark
+from timewheel.cli.pipeline import add_parser
+
+parser = argparse.ArgumentParser(prog="timewheel")
+add_parser(parser.add_subparsers(dest="command"))
+results = []
+for argv in json.loads(sys.argv[1]):
+    start = time.monotonic()
+    args = parser.parse_args(["pipeline", *argv])
+    code = args.func(args)
+    results.append([code, time.monotonic() - start])
+gateway = pyspark.SparkContext._gateway
+print(json.dumps({"results": results, "gateway": gateway is not None}))
+"""
+
+
+def test_bad_flags_and_columns_are_refused_with_no_jvm_started(tmp_path: Path) -> None:
+    # Each case is a flag Spark used to refuse only once it had started (half a minute):
+    # now exit 2 with one line naming the flag and its value, and no JVM. JAVA_HOME
+    # points nowhere, so a JVM start would fail (exit 1, another message); pyspark's
+    # gateway is never made.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "in.csv").write_text("id,text,tokens,note\n1,a,3,x\n2,b,4,y\n")
+    pq.write_table(pa.table({"key": [1, 2], "text": ["a", "b"]}), tmp_path / "in.parquet")
+    csv = ["--input", "in.csv", "--target", "http://127.0.0.1:9/x"]
+    cases = [
+        (["--reply-schema", "lat dbl"], "--reply-schema 'lat dbl' is not Spark DDL"),
+        (["--reply-schema", "a array<int"], "--reply-schema 'a array<int' is not Spark DDL"),
+        (["--cost-rate", "5/fortnight", "--cost-col", "amount"], "quota: --cost-rate must be"),
+        ([*csv, "--rate", "5", "--cost-col", "nope"], "--cost-col 'nope': column 'nope' is not"),
+        ([*csv, "--rate", "5", "--cost-col", "note"], "--cost-col 'note': the column holds"),
+        ([*csv, "--id-col", "uid"], "--id-col 'uid': column 'uid' is not in 'in.csv'"),
+        ([*csv, "--key-cols", "text,zz"], "--key-cols 'text,zz': column 'zz' is not in"),
+        ([*csv, "--body-cols", "text,body"], "--body-cols 'text,body': column 'body' is not"),
+        ([*csv, "--header-col", "X-Who=who"], "--header-col 'X-Who=who': column 'who' is not"),
+        (["--input", "in.csv", "--target", "http://h/{who}"], "--target 'http://h/{who}'"),
+        (["--input", "in.parquet"], "--id-col 'id': column 'id' is not in 'in.parquet'"),
+        # A rate per hour is a rate: what stops this one is its id column.
+        ([*csv, "--cost-rate", "30000/hour", "--rate", "30000/hour", "--cost-col", "tokens",
+          "--id-col", "uid"], "--id-col 'uid'"),
+        ([*csv, "--batch-size", "5", "--batch-max-cost", "10"], "give cost="),
+    ]  # fmt: skip
+    argvs = [[*argv, "--output", "out"] for argv, _ in cases]
+    env = {**os.environ, "JAVA_HOME": str(tmp_path / "no-java"), "PYSPARK_SUBMIT_ARGS": "x"}
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_JVM, json.dumps(argvs)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["gateway"] is False
+    lines = done.stderr.splitlines()
+    assert len(lines) == len(cases), done.stderr
+    for (argv, words), (code, seconds), line in zip(cases, report["results"], lines):
+        assert code == 2, (argv, line)
+        assert line.startswith("timewheel pipeline: error: ") and words in line, (argv, line)
+        assert seconds < 5, (argv, seconds)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv", "in.parquet"]
+
+
+def test_the_ddl_check_agrees_with_spark(spark: Any) -> None:
+    from pyspark.sql.types import DataType, StructType
+
+    from timewheel.cli.pipeline.ddl import check_ddl
+
+    good = [
+        "lat double, lon double",
+        "a: int",
+        "tags array<string>, m map<string, array<bigint>>",
+        "s struct<a:int, `b c`: string>, e struct<>",
+        "d decimal(10,2), e DECIMAL, f dec(5), v varchar(10), c char(2)",
+        "x string NOT NULL COMMENT 'a note', `odd``name` timestamp_ntz",
+        "data array<struct<embedding:array<float>,index:int>>, usage struct<total_tokens:long>",
+    ]
+    bad = ["", "int", "lat dbl", "a int,", "a array<int", "a map<int>", "a int b int", "a int;"]
+    for text in good:
+        check_ddl(text)
+        assert isinstance(DataType.fromDDL(text), StructType), text
+    for text in bad:
+        with pytest.raises(ValueError):
+            check_ddl(text)
+        with pytest.raises(Exception):  # noqa: B017 - Spark's own parse error
+            parsed = DataType.fromDDL(text)
+            if not isinstance(parsed, StructType):
+                raise ValueError(text)
+
+
+def test_help_groups_the_flags_by_task_and_body_cols_shape_each_batch_element() -> None:
+    from timewheel.cli.pipeline import add_parser
+    from timewheel.cli.pipeline.options import http_options
+    from timewheel.spark.targets import target_from_url
+
+    parser = argparse.ArgumentParser(prog="timewheel")
+    add_parser(parser.add_subparsers(dest="command"))
+    pipeline = parser._subparsers._group_actions[0].choices["pipeline"]  # type: ignore[union-attr]
+    groups = {
+        g.title: [a.option_strings[0] for a in g._group_actions] for g in pipeline._action_groups
+    }
+    assert list(groups)[2:] == [
+        "input", "target", "request shape", "batches", "quota", "output", "cluster",
+    ]  # fmt: skip
+    assert "--body-cols" in groups["request shape"] and "--rate" in groups["quota"]
+    assert "--batch-size" in groups["batches"] and "--master" in groups["cluster"]
+    assert groups["options"] == ["-h", "--engine"]  # every other flag has its task
+    # --body-cols with batches: each row's element of the array holds those columns.
+    args = parser.parse_args(
+        ["pipeline", "--target", "http://127.0.0.1:9/b", "--body-cols", "text", "--batch-size", "2"]
+    )
+    target = target_from_url(args.target, **http_options(args))
+    assert target.batch_part({"id": 1, "text": "hi", "other": 5}).payload == {"text": "hi"}
+    # Rates per hour, as per minute.
+    for flag in ("--rate", "--cost-rate"):
+        ok = parser.parse_args(["pipeline", flag, "30000/hour"])
+        assert getattr(ok, flag[2:].replace("-", "_")) in (30000 / 3600, "30000/hour")
+
+
+def test_a_dry_run_with_a_nan_or_negative_cost_is_json_and_stops_where_the_run_does(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    csv = tmp_path / "in.csv"
+    rows = "".join(f"{i},{i % 3}\n" for i in range(300))  # 300 tokens in all
+    csv.write_text(f"id,tokens\n{rows}300,NaN\n301,-1000\n")
+    out = tmp_path / "out"
+    argv = ["--input", str(csv), "--output", str(out), "--target", "sim://?pct50=1&pct75=2"]
+    argv += ["--cost-col", "tokens", "--budget", "250", "--quiet"]
+    assert pipeline_cli([*argv, "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "NaN" not in printed
+    report = json.loads(printed)
+    assert report["estimated_cost"] == 300.0 and report["rows_failing_unsent"] == 2
+    assert report["requests"] == 300
+    assert report["stops_at"] == ["--budget 250 of 300 estimated"]
+    # The run does stop at the budget, and the two rows fail unsent.
+    assert pipeline_cli(argv) == 3
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"]["failed"] == 2 and summary["status"]["skipped"] > 0
+    failed = spark.read.parquet(str(out / "rows")).filter("status = 'failed'")
+    assert sorted(r["id"] for r in failed.select("id").collect()) == [300, 301]
+
+
+def test_a_run_answered_401_on_every_row_stops_early_and_says_why(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from http_fixtures import ScriptedService
+
+    service = ScriptedService(plan_of=lambda body: ["401"])
+    rows = 10_000
+    try:
+        out = tmp_path / "out"
+        argv = ["--generate", str(rows), "--output", str(out), "--target", service.url]
+        # At 500 requests/s, sending every row would take 20 s.
+        argv += ["--rate", "500", "--partitions", "2", "--quiet"]
+        argv += ["--http-header", "X-Api-Key: s3cr3t-value"]
+        assert pipeline_cli(argv) == 1
+        sent = len(service.seen.requests)
+        assert 50 <= sent < rows // 2, sent
+        err = capsys.readouterr().err
+        lines = err.splitlines()
+        assert lines[0].startswith("timewheel pipeline: stopped early: the first ")
+        assert "(HTTP 401: no), which no retry fixes" in lines[0]
+        assert lines[-1].startswith("timewheel pipeline: why: ")
+        assert lines[-1].endswith(" rows: HTTP 401: no")
+        assert "s3cr3t" not in err
+        # The rows answered are kept: --resume sends the others (and those again).
+        assert not (out / "summary.json").exists() and (out / "journal").is_dir()
+    finally:
+        service.close()

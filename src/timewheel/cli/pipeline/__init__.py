@@ -20,6 +20,7 @@ from ...spark.outcome import FAILED, SKIPPED, TIMEOUT
 from ...spark.session import check_master, spark_session
 from ...spark.targets import target_from_url
 from .errors import Stopped, UsageError, _limit_text, _note, one_line
+from .failures import StoppedEarly, header_values, reason
 from .inputs import input_format
 from .job import _Job
 from .metrics_endpoint import MetricsEndpoint
@@ -60,6 +61,11 @@ def main(args: argparse.Namespace) -> int:
             raise
         _note(f"error: {exc}")
         return 2
+    except StoppedEarly as exc:
+        _note(str(exc))
+        _note(f"--output {args.output!r} keeps the rows answered so far")
+        _note(f"why: {exc.rows:,} rows: {exc.why}")
+        return 1
     except (KeyboardInterrupt, Stopped) as exc:
         code = 143 if isinstance(exc, Stopped) else 130
         then = "run it again to go on" if args.stream else "finish it with --resume"
@@ -157,6 +163,9 @@ def _run_locked(
                 summary = job.run(fmt, previous, reports)
             except BaseException:
                 job.raise_if_signalled()
+                watch = getattr(job, "fail_fast", None)
+                if watch is not None and watch.stopped is not None:
+                    raise watch.stopped from None
                 raise
     finally:
         job.stop(owned)
@@ -216,6 +225,13 @@ def _run_stream(
     return 3 if summary["status"][SKIPPED] else 0
 
 
+def _say_why(args: argparse.Namespace, summary: dict[str, Any]) -> None:
+    """The most common reasons rows failed, with their counts (said even with --quiet)."""
+    hide = header_values(args.http_header)
+    for item in summary.get("failures") or ():
+        _note(f"why: {item['rows']:,} rows: {reason(item['reason'], hide=hide)}")
+
+
 def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) -> int:
     """Print the summary; the exit status its rows call for."""
     print(json.dumps(summary, indent=2))
@@ -232,12 +248,14 @@ def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) ->
             f"{bad:,} of {summary['rows']:,} rows failed or timed out, more than "
             f"--max-failed {_limit_text(args.max_failed)} allows ({budget:,})"
         )
+        _say_why(args, summary)
         return 1
     if bad:
         _note(
             f"{bad:,} of {summary['rows']:,} rows failed or timed out "
             f"(within --max-failed {_limit_text(args.max_failed)})"
         )
+        _say_why(args, summary)
     skipped = summary["status"][SKIPPED]
     if skipped:
         to_send = summary.get("rows_to_send", summary["rows"])

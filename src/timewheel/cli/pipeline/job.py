@@ -20,6 +20,7 @@ from ...spark.outcome import OK, SKIPPED
 from ..bench.engines import DEFAULT_ENGINE, get_engine
 from .batches import batch_summary
 from .errors import Stopped, UsageError, _limit_text, _note
+from .failures import fail_fast
 from .inputs import generated_rows, read_input
 from .options import DEMO_ROWS
 from .output import check_resumable, publish, run_identity
@@ -184,6 +185,7 @@ class _Job:
                     stack.callback(store.close)  # this run's own Redis client
                 self.watch = stack.enter_context(QuotaWatch(self.quota, store, reports))
             stack.enter_context(Progress(JournalCount(journal), sending, args.quiet, self.watch))
+            self.fail_fast = stack.enter_context(fail_fast(args, journal, self.cancel))
             if done is None:
                 result.write.parquet(str(staging / "rows"))
             else:  # written once (a second computation would send the rows again)

@@ -9,8 +9,11 @@ from typing import Any
 
 from ...spark import STATUSES
 from ...spark.outcome import FAILED, OK, SKIPPED, TIMEOUT
+from .failures import top_reasons
 
 _PERCENTILES = (50, 90, 99, 99.9)
+# The distinct (status, error) pairs read to find the most common reasons.
+_REASONS_READ = 1000
 
 
 def failure_budget(limit: float | int, rows: int) -> int:
@@ -41,6 +44,17 @@ def summarize(result: Any, elapsed_s: float) -> dict[str, Any]:
     ).first()
     latency = {f"p{p:g}": round(q, 3) for p, q in zip(_PERCENTILES, stats["q"] or [])}
     latency.update(mean=round(stats["mean"] or 0.0, 3), max=round(stats["max"] or 0.0, 3))
+    failures = []
+    if statuses.get(FAILED) or statuses.get(TIMEOUT):  # why, most common first
+        counts = (
+            result.filter(F.col("status").isin(FAILED, TIMEOUT))
+            .groupBy("status", "error")
+            .count()
+            .orderBy(F.desc("count"))
+            .limit(_REASONS_READ)
+            .collect()
+        )
+        failures = top_reasons((r["status"], r["error"], r["count"]) for r in counts)
     return {
         "rows": rows,
         "status": {s: statuses.get(s, 0) for s in STATUSES},
@@ -53,6 +67,8 @@ def summarize(result: Any, elapsed_s: float) -> dict[str, Any]:
             for r in sorted(answers, key=lambda r: r["http_status"] or 0)
         },
         "latency_ms": latency,
+        # The most common reasons rows failed or timed out (see failures.reason).
+        "failures": failures,
         "elapsed_s": round(elapsed_s, 3),
         "rows_per_s": round(rows / elapsed_s, 1) if elapsed_s > 0 else None,
     }

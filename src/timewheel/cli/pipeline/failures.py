@@ -1,0 +1,225 @@
+"""Why rows failed, said short: the reasons a summary counts, and a run stopped early
+when its first rows all fail in a way no retry fixes.
+
+A reason is the row's ``error`` in one line: for an HTTP answer, its status and the
+service's own message (``error.message`` of a JSON answer, else its text), cut short,
+with whatever may be secret in it replaced by ``***`` (URLs as
+:func:`~timewheel.spark.secrets.redact_url` writes them, bearer tokens, API keys, and
+the values of the headers the command was given). Header values never appear.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from ...spark.delivery.journal import read_batches
+from ...spark.outcome import FAILED, SKIPPED, TIMEOUT
+from ...spark.secrets import redact_url
+
+__all__ = [
+    "FailFast",
+    "StoppedEarly",
+    "fail_fast",
+    "final_status",
+    "header_values",
+    "reason",
+    "top_reasons",
+]
+
+#: The longest reason shown.
+REASON_CHARS = 160
+#: How many reasons a summary keeps, most common first.
+TOP_REASONS = 5
+
+_HTTP = re.compile(r"HTTP (\d{3}): (.*)", re.S)
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
+_SECRETS = [
+    (re.compile(r"\b(Bearer|Basic|Token)\s+[^\s'\",]+", re.I), r"\1 ***"),
+    (re.compile(r"\b(sk|pk|rk)-[A-Za-z0-9_-]{6,}"), r"\1-***"),
+    (
+        re.compile(
+            r"\b(api[_-]?key|access[_-]?token|token|secret|password)(\W{1,3})[^\s'\",}]+", re.I
+        ),
+        r"\1\2***",
+    ),
+]
+
+
+def reason(error: str | None, status: str | None = None, hide: Iterable[str] = ()) -> str:
+    """A row's ``error`` as a short, redacted line; ``hide``: values never to show."""
+    if not error:
+        return "timed out" if status == TIMEOUT else f"{status or 'failed'} (no error text)"
+    text = error
+    answer = _HTTP.fullmatch(text.strip())
+    if answer is not None:
+        text = f"HTTP {answer[1]}: {_message(answer[2])}"
+    text = " ".join(text.split())
+    for value in hide:
+        if len(value) >= 4:
+            text = text.replace(value, "***")
+    text = _URL.sub(lambda m: redact_url(m[0]), text)
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 3] + "..."
+
+
+def _message(body: str) -> str:
+    """The service's own message in an answer's body: a JSON answer's ``error.message``,
+    ``message``, ``error`` or ``detail``; else the body as it is."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return body
+    for _ in range(3):
+        if not isinstance(value, dict):
+            break
+        for key in ("error", "message", "detail", "error_description", "title"):
+            if value.get(key):
+                value = value[key]
+                break
+        else:
+            break
+    return value if isinstance(value, str) else body
+
+
+def top_reasons(
+    counts: Iterable[tuple[str | None, str | None, int]], hide: Iterable[str] = ()
+) -> list[dict[str, Any]]:
+    """The most common reasons among ``(status, error, rows)`` counts, most first."""
+    hide = list(hide)
+    merged: Counter[str] = Counter()
+    for status, error, rows in counts:
+        merged[reason(error, status, hide)] += rows
+    return [{"reason": r, "rows": n} for r, n in merged.most_common(TOP_REASONS)]
+
+
+def fail_fast(args: Any, journal: Path, stop: Callable[[], None]) -> FailFast:
+    """The run's :class:`FailFast` on its ``journal``, as ``--stop-after-failures`` asks."""
+    threshold = getattr(args, "stop_after_failures", 0) or 0
+    return FailFast(journal, threshold, stop, header_values(args.http_header))
+
+
+def header_values(given: Iterable[str]) -> list[str]:
+    """The values of ``--http-header NAME:VALUE`` options: never shown in a reason."""
+    return [text.partition(":")[2].strip() for text in given]
+
+
+def final_status(http_status: int | None) -> bool:
+    """Whether an answer of ``http_status`` fails every retry: a 4xx that says the
+    request itself is wrong (not 408 timeout, 409 conflict, 425 too early, 429 slow
+    down)."""
+    return (
+        http_status is not None
+        and 400 <= http_status < 500
+        and http_status
+        not in (
+            408,
+            409,
+            425,
+            429,
+        )
+    )
+
+
+class StoppedEarly(Exception):
+    """The run stopped because its first rows all failed the same final way."""
+
+    def __init__(self, rows: int, why: str) -> None:
+        super().__init__(
+            f"stopped early: the first {rows:,} rows answered all failed ({why}), which no "
+            "retry fixes; fix that and run again with --resume (or --stop-after-failures 0 "
+            "to send every row anyway)"
+        )
+        self.rows = rows
+        self.why = why
+
+
+class FailFast:
+    """Watches a run's journal while it sends: once its first ``threshold`` rows are
+    all ``failed`` with one final HTTP status (401, 403, 404, 400, ...; see
+    :func:`final_status`) and none is ``ok``, calls ``stop`` (which cancels the run's
+    Spark jobs) and keeps why in :attr:`stopped`. The first ok row, or another way of
+    failing, ends the watch for the rest of the run. ``threshold`` 0: never stops."""
+
+    POLL_S = 0.25
+
+    def __init__(
+        self,
+        journal: Path,
+        threshold: int,
+        stop: Callable[[], None],
+        hide: Iterable[str] = (),
+    ) -> None:
+        self.journal = journal
+        self.threshold = threshold
+        self.stop = stop
+        self.hide = list(hide)
+        self.stopped: StoppedEarly | None = None
+        self._read: dict[Path, int] = {}  # batches read of each file
+        self._rows = 0
+        self._status: int | None = None
+        self._reasons: Counter[str] = Counter()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="timewheel-failfast", daemon=True)
+
+    def __enter__(self) -> FailFast:
+        if self.threshold > 0:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._done.wait(self.POLL_S):
+            try:
+                verdict = self.check()
+            except Exception:  # a file going away mid-read: read again next time
+                continue
+            if verdict is not None:
+                if verdict:
+                    self.stop()
+                return
+
+    def check(self) -> bool | None:
+        """Read the journal's new rows: True (stop: :attr:`stopped` says why), False
+        (the watch is over: a row did not fail that way), None (not known yet)."""
+        if not self.journal.is_dir():
+            return None
+        for path in sorted(self.journal.glob("*.arrow")):
+            seen = self._read.get(path, 0)
+            for n, batch in enumerate(read_batches(path)):
+                if n < seen:
+                    continue
+                self._read[path] = n + 1
+                if not self._take(batch.select(["status", "http_status", "error"]).to_pylist()):
+                    return False
+        if self._rows >= self.threshold:
+            why, _ = self._reasons.most_common(1)[0]
+            self.stopped = StoppedEarly(self._rows, why)
+            return True
+        return None
+
+    def _take(self, rows: list[dict[str, Any]]) -> bool:
+        """Count ``rows``; False when one is not a failure of the one final status."""
+        for row in rows:
+            if row["status"] == SKIPPED:
+                continue
+            code = row["http_status"]
+            if row["status"] != FAILED or not final_status(code):
+                return False
+            if self._status is None:
+                self._status = code
+            elif code != self._status:
+                return False
+            self._rows += 1
+            self._reasons[reason(row["error"], FAILED, self.hide)] += 1
+        return True
