@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import pickle
+import random
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import pytest
 
 from redis_fixtures import RedisServer, needs_redis
 from timewheel.cli import main as timewheel_main
+from timewheel.spark.quota.bucket import RETRY_S
 from timewheel.spark.quota.placement import job_of, place_quota, redis_store_of
 from timewheel.spark.quota.redis_store import KEEP_JOB_S, RedisStore, reset_quota
 from timewheel.spark.quota.spec import Ask
@@ -185,7 +187,7 @@ def test_two_processes_stay_within_the_rate_together(redis_server: RedisServer) 
 
 
 @needs_redis
-def test_redis_killed_mid_run_falls_back_to_the_static_split_and_says_so(
+def test_redis_killed_mid_run_falls_back_to_the_share_it_had_and_says_so(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = Clock()
@@ -194,7 +196,7 @@ def test_redis_killed_mid_run_falls_back_to_the_static_split_and_says_so(
         RedisStore(redis_server.url, "dies", quota, clock=clock, timeout_s=2), 0.25, clock
     )
     task = TaskQuota(store, clock=clock)
-    with caplog.at_level(logging.WARNING, "timewheel.spark.quota.task"):
+    with caplog.at_level(logging.WARNING, "timewheel.spark.quota"):
         assert task.acquire(4.0) == 0.0
         assert store.fallback is None
         redis_server.kill()
@@ -205,26 +207,106 @@ def test_redis_killed_mid_run_falls_back_to_the_static_split_and_says_so(
             for _ in range(10_000):
                 if task.acquire(4.0) == 0.0:
                     sent += 1
-                clock.now += 0.01
+                clock.now += 0.1
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1, lines
-    assert "falling back to a static split: 0.25" in lines[0] and "Redis at redis://" in lines[0]
-    assert store.fallback is not None and store.fallback.quota.rate == 25
-    # A quarter of the 1000 - 5 * 4 left at Redis's last answer: 245, 61 calls of 4.
+    assert "falls back to the share it was granted: rate=2.381, budget=245" in lines[0]
+    assert "Redis at redis://" in lines[0]
+    # The rate it was granted over the window (5 requests in 2 s plus a burst of 0.1 s);
+    # a quarter of the 1000 - 5 * 4 left at Redis's last answer: 245, 61 calls of 4.
+    assert store.fallback is not None and store.fallback.quota.rate == pytest.approx(5 / 2.1)
     assert sent == 61
 
 
 @needs_redis
-def test_a_redis_refusing_connections_falls_back_at_once(
+def test_a_redis_refusing_connections_waits_and_draws_on_it_once_it_answers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import redis_fixtures
+
+    down = RedisServer(tmp_path)
+    url, port = down.url, down.port
+    down.stop()
+    clock = Clock()
+    store = Failover(
+        RedisStore(url, "refused", Quota(rate=50), clock=clock, timeout_s=2), 1.0, clock
+    )
+    task = TaskQuota(store, clock=clock, rng=random.Random(0))
+    with caplog.at_level(logging.WARNING, "timewheel.spark.quota"):
+        # Granted nothing before it failed: it has no share to go on, so it waits
+        # (never longer than until the store is tried again).
+        wait = task.acquire()
+        assert 0 < wait <= RETRY_S + 0.25
+        clock.now += RETRY_S / 2
+        assert 0 < task.acquire() <= RETRY_S / 2 + 0.25
+        monkeypatch.setattr(redis_fixtures, "free_port", lambda: port)
+        up = RedisServer(tmp_path)  # the same address, answering again
+        try:
+            clock.now += RETRY_S / 2
+            assert task.acquire() == 0.0
+            assert store.fallback is None and store.primary.state().requests_taken >= 1
+            task.close()
+        finally:
+            up.stop()
+    lines = [r.getMessage() for r in caplog.records]
+    assert "ConnectionError" in lines[0] and "it waits, and tries the store again" in lines[0]
+    assert lines[1:] == [f"quota store {store.primary!r} answers again; this process draws on it"]
+
+
+class Greedy:
+    """A job of one task that sends whenever its quota lets it, on the test's clock."""
+
+    def __init__(self, url: str, clock: Clock, seed: int) -> None:
+        quota = Quota(rate=40)
+        # One task slot: the old fallback, a static split of the whole quota among the
+        # job's own tasks, gave it all of it.
+        self.store = Failover(RedisStore(url, "shared-40", quota, clock=clock), 1.0, clock)
+        self.task = TaskQuota(self.store, clock=clock, rng=random.Random(seed))
+        self.clock = clock
+        self.next_at = clock.now
+        self.sent: list[float] = []
+
+    def step(self) -> None:
+        if self.clock.now >= self.next_at:
+            wait = self.task.acquire()
+            if wait == 0.0:
+                self.sent.append(self.clock.now)
+            self.next_at = self.clock.now + wait
+
+
+@needs_redis
+def test_two_jobs_sharing_a_quota_stay_within_it_together_when_redis_dies(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    url = redis_server.url
-    redis_server.stop()
-    store = Failover(RedisStore(url, "refused", Quota(rate=50), timeout_s=2), 0.5)
-    with caplog.at_level(logging.WARNING, "timewheel.spark.quota.task"):
-        assert TaskQuota(store).acquire() == 0.0
-    assert store.fallback is not None and store.fallback.quota.rate == 25
-    assert "ConnectionError" in caplog.records[0].getMessage()
+    clock = Clock()
+    jobs = [Greedy(redis_server.url, clock, seed) for seed in (1, 2)]
+    order = random.Random(0)
+
+    def run(seconds: float) -> None:
+        for _ in range(round(seconds / 0.001)):  # each millisecond, in either order
+            for job in order.sample(jobs, 2):
+                job.step()
+            clock.now += 0.001
+
+    run(3.0)
+    up_since = clock.now - 2.0
+    up = sum(1 for job in jobs for t in job.sent if t >= up_since)
+    assert 2.0 * 40 - 5 <= up <= 2.0 * 40 + 5, up  # one quota, shared, while Redis is up
+    killed_at = clock.now
+    with caplog.at_level(logging.WARNING, "timewheel.spark.quota"):
+        redis_server.kill()
+        run(10.0)
+    assert all(job.store.fallback is not None for job in jobs)
+    assert (
+        sum("falls back to the share it was granted" in r.getMessage() for r in caplog.records) == 2
+    )
+    after = [sum(1 for t in job.sent if t >= killed_at) for job in jobs]
+    # Within the quota together: 40/s over the 10 s, plus what each job held when Redis
+    # died (a lease: 2 requests) and its fallback bucket's first burst (1 request each).
+    assert sum(after) <= 10 * 40 + 2 * 2 + 2 * 1, after
+    # ... and not stopped: each falls back to what it was granted (2 s out of 2.1).
+    assert sum(after) >= 10 * 40 * 2.0 / 2.1 - 10, after
+    assert min(after) > 0, after
 
 
 @needs_redis

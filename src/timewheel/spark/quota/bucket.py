@@ -1,7 +1,8 @@
 """The accounting of a quota (:class:`Bucket`) and the stores that hold it in this process.
 
 :class:`LocalStore` is a :class:`Bucket` behind a lock; :class:`Failover` wraps a remote
-store and falls back to a :class:`LocalStore` holding this process's static share. See
+store and falls back to a :class:`LocalStore` holding the share this process was granted
+while the store answered. See
 :mod:`timewheel.spark.quota.task` for the whole picture.
 """
 
@@ -11,7 +12,8 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ... import _atfork
@@ -28,9 +30,14 @@ from .spec import (
     T,
 )
 
-__all__ = ["Bucket", "Failover", "LocalStore"]
+__all__ = ["RETRY_S", "SHARE_WINDOW_S", "Bucket", "Failover", "LocalStore"]
 
 logger = logging.getLogger(__name__)
+
+#: A :class:`Failover` falls back to what its store granted it over this many seconds.
+SHARE_WINDOW_S = 2.0
+#: A :class:`Failover` that fell back with no share tries its store again this often.
+RETRY_S = 5.0
 
 # The slack for float rounding in the buckets' comparisons.
 _EPS = 1e-9
@@ -280,14 +287,33 @@ class LocalStore:
         self.lock = threading.Lock()
 
 
-class Failover:
-    """A remote store that falls back to this process's static share when it fails.
+def _shown(quota: Quota) -> str:
+    """``quota``'s numbers in one line, for the log."""
+    parts = [
+        f"{name}={value:.4g}"
+        for name in ("rate", "cost_rate", "concurrency", "budget", "max_requests")
+        if (value := getattr(quota, name)) is not None
+    ]
+    return ", ".join(parts)
 
-    The first :class:`QuotaStoreError` is logged in one line; from then on every call
-    goes to a :class:`LocalStore` of ``quota.share(fraction, ...)`` of what the remote
-    store had left at its last answer (so the processes' shares together stay within
-    the quota, to within one lease each). With nothing left, that store refuses every
-    take.
+
+class Failover:
+    """A remote store that falls back to the share this process had when it fails.
+
+    While the store answers, the failover counts what it granted this process's holders
+    over the last :data:`SHARE_WINDOW_S` seconds (requests and cost, net of what they
+    gave back) and the slots they hold. The first :class:`QuotaStoreError` is logged in
+    one line; from then on every call goes to a :class:`LocalStore` of that share: the
+    rates granted over the window, divided by the window plus the bucket's burst
+    (:data:`BURST_S`), the slots held, and ``fraction`` of the budget and requests the
+    store had left at its last answer (they are the job's own). Whatever the number of
+    jobs sharing the store, what it granted them all over one window is at most the
+    quota's rates times the window plus one burst: their shares together stay within
+    the quota. The cost: a process falls back to what it was sending, not to what it
+    could send (about 5% under it); one that sent nothing in the window (idle, or
+    started after the store failed) sends nothing, and tries the store again every
+    :data:`RETRY_S` seconds, drawing on it again once it answers. With nothing left of
+    the budget, the fallback refuses every take.
     """
 
     def __init__(
@@ -301,15 +327,23 @@ class Failover:
         self.fallback: LocalStore | None = None
         self.budget_left: float | None = None
         self.requests_left: int | None = None
+        # (when, requests, cost) granted (given back: negative) within the window, and
+        # the slots each holder holds, while the store answers.
+        self.granted: deque[tuple[float, int, float]] = deque()
+        self.slots_held: dict[str, int] = {}
+        # When a fallback that had no share tries the store again.
+        self.retry_at = math.inf
         self.lock = threading.Lock()
         _atfork.reset(self)
 
     def __repr__(self) -> str:
-        where = "static split" if self.fallback is not None else "remote"
+        where = "fallen back" if self.fallback is not None else "remote"
         return f"Failover({self.primary!r}, {self.fraction:g}, {where})"
 
     def _run(self, call: Callable[[QuotaStore], T]) -> T:
         fallback = self.fallback
+        if fallback is not None and self.clock() >= self.retry_at:
+            fallback = self._try_again()
         if fallback is None:
             try:
                 return call(self.primary)
@@ -317,27 +351,80 @@ class Failover:
                 fallback = self._fall_back(exc)
         return call(fallback)
 
-    def _fall_back(self, exc: QuotaStoreError) -> LocalStore:
+    def _record(self, requests: int, cost: float) -> None:
+        now = self.clock()
         with self.lock:
-            if self.fallback is None:
-                share = self.quota.share(self.fraction, self.budget_left, self.requests_left)
-                logger.warning(
-                    "quota store %r failed (%s); falling back to a static split: %.3g of "
-                    "the quota in this process",
-                    self.primary,
-                    exc,
-                    self.fraction,
+            if requests or cost:
+                self.granted.append((now, requests, cost))
+            while self.granted and self.granted[0][0] <= now - SHARE_WINDOW_S:
+                self.granted.popleft()
+
+    def _share(self) -> Quota | None:
+        """The rates and slots this process had (see the class); None: none at all."""
+        self._record(0, 0.0)  # (drops what is older than the window)
+        q = self.quota
+        span = SHARE_WINDOW_S + BURST_S
+        requests = sum(r for _, r, _ in self.granted) / span
+        cost = sum(c for _, _, c in self.granted) / span
+        slots = sum(self.slots_held.values())
+        if (
+            (q.rate is not None and requests <= 0)
+            or (q.cost_rate is not None and cost <= 0)
+            or (q.concurrency is not None and slots <= 0)
+        ):
+            return None
+        return replace(
+            q,
+            rate=None if q.rate is None else min(q.rate, requests),
+            cost_rate=None if q.cost_rate is None else min(q.cost_rate, cost),
+            concurrency=None if q.concurrency is None else min(q.concurrency, slots),
+        )
+
+    def _fall_back(self, exc: QuotaStoreError) -> LocalStore:
+        share = self._share()
+        with self.lock:
+            if self.fallback is not None:
+                return self.fallback
+            left = self.quota.share(self.fraction, self.budget_left, self.requests_left)
+            if left is None:
+                self.fallback = LocalStore(self.quota, self.clock, exhausted=True)
+                said = "nothing: the budget or the requests it had are spent"
+            elif share is None:
+                # Nothing to go on: every take waits; the store is tried again.
+                self.fallback = LocalStore(self.quota, self.clock)
+                self.fallback.bucket.paused_until = math.inf
+                self.retry_at = self.clock() + RETRY_S
+                said = (
+                    f"nothing (it was granted nothing in the last {SHARE_WINDOW_S:g}s): "
+                    f"it waits, and tries the store again every {RETRY_S:g}s"
                 )
-                self.fallback = (
-                    LocalStore(self.quota, self.clock, exhausted=True)
-                    if share is None
-                    else LocalStore(share, self.clock)
-                )
-                try:
-                    self.primary.close()
-                except Exception:  # pragma: no cover - closing a dead connection
-                    logger.debug("closing the failed quota store", exc_info=True)
+            else:
+                share = replace(share, budget=left.budget, max_requests=left.max_requests)
+                self.fallback = LocalStore(share, self.clock)
+                said = "the share it was granted: " + _shown(share)
+            logger.warning(
+                "quota store %r failed (%s); this process falls back to %s", self.primary, exc, said
+            )
+            try:
+                self.primary.close()
+            except Exception:  # pragma: no cover - closing a dead connection
+                logger.debug("closing the failed quota store", exc_info=True)
             return self.fallback
+
+    def _try_again(self) -> LocalStore | None:
+        """A fallback that had no share (and so sent nothing) asks the store again:
+        None, and the store is drawn on again, once it answers."""
+        try:
+            self.primary.state()
+        except QuotaStoreError:
+            with self.lock:
+                self.retry_at = self.clock() + RETRY_S
+                return self.fallback
+        with self.lock:
+            self.fallback, self.retry_at = None, math.inf
+            self.granted.clear()
+        logger.warning("quota store %r answers again; this process draws on it", self.primary)
+        return None
 
     def take(self, holder: str, ask: Ask) -> Grant:
         grant = self._run(lambda s: s.take(holder, ask))
@@ -346,15 +433,29 @@ class Failover:
                 self.budget_left = grant.budget_left
             if math.isfinite(grant.requests_left):
                 self.requests_left = int(grant.requests_left)
+            if grant.granted:
+                self._record(grant.requests, grant.cost)
+                if grant.slots:
+                    with self.lock:
+                        self.slots_held[holder] = self.slots_held.get(holder, 0) + grant.slots
+        elif grant.paused and not grant.spent:  # waiting for the store: until it is tried
+            grant = replace(grant, wait_s=min(grant.wait_s, max(0.0, self.retry_at - self.clock())))
         return grant
 
     def give_back(
         self, holder: str, requests: int = 0, cost: float = 0.0, slots: int = 0, owed: float = 0.0
     ) -> None:
         self._run(lambda s: s.give_back(holder, requests, cost, slots, owed))
+        if self.fallback is None:
+            self._record(-requests, -cost)
+            if slots:
+                with self.lock:
+                    self.slots_held[holder] = max(0, self.slots_held.get(holder, 0) - slots)
 
     def leave(self, holder: str, owed: float = 0.0) -> None:
         self._run(lambda s: s.leave(holder, owed))
+        with self.lock:
+            self.slots_held.pop(holder, None)
 
     def settle(self, holder: str, owed: float) -> None:
         self._run(lambda s: s.settle(holder, owed))

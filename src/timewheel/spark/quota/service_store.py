@@ -22,7 +22,7 @@ is tried once more on a new connection; one whose answer was lost is tried again
 if applying it twice cannot send above the quota (a take, a pause, a clamp, a state, a
 settle that takes). Otherwise, and when the service cannot be reached at all, the call
 raises :class:`~timewheel.spark.quota.task.QuotaStoreError` (a
-:class:`~timewheel.spark.quota.task.Failover` then falls back to the static split).
+:class:`~timewheel.spark.quota.task.Failover` then falls back to the share it had).
 
 The service's thread stops when :meth:`QuotaService.close` is called or the service is
 collected; in a forked child the inherited service is closed (its thread is the

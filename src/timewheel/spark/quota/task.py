@@ -38,7 +38,8 @@ pause, clamp, state): :class:`LocalStore` in this process,
 :class:`~timewheel.spark.quota.service_store.ServiceStore` in a service in the driver, and
 :class:`~timewheel.spark.quota.redis_store.RedisStore` in Redis. :class:`Failover` wraps a
 remote store: if it cannot be reached, it says so in one log line and goes on with a
-:class:`LocalStore` holding this process's static share of the quota, never more.
+:class:`LocalStore` holding the share the store granted this process over its last
+seconds, so the processes of every job sharing it stay within the quota together.
 
 Time comes from ``clock`` (seconds, monotonic), so tests drive it exactly.
 """
