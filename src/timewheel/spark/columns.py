@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -29,7 +28,7 @@ from pyspark.sql.types import (
 )
 
 from .delivery.dedupe import sent_once
-from .delivery.journal import FLUSH_ROWS, FLUSH_S, JournalWriter
+from .delivery.journal import Committer, JournalWriter
 from .delivery.stream_record import (
     Recording,
     answered_once,
@@ -39,7 +38,7 @@ from .delivery.stream_record import (
 )
 from .engine.contract import Engine
 from .options import DispatchConfig
-from .outcome import FAILED, OK, RESULT_COLUMNS, Outcome
+from .outcome import FAILED, OK, RESULT_COLUMNS, SKIPPED, Outcome
 from .runtime import heap_frozen
 from .worker_metrics import PartitionCounts, worker_metrics
 
@@ -153,40 +152,40 @@ class PartitionDispatch:
         else:
             outcomes = sent(rows())
         out: list[Outcome] = []
-        journal = None if self.journal is None else JournalWriter(self.journal, prefix)
-        # With a journal, smaller batches (by rows and by age), each committed before
-        # Spark gets it; without one, only the clock-free row count.
-        cap = _OUT_BATCH_ROWS if journal is None else FLUSH_ROWS
-        first = 0.0  # when the batch's first row finished (with a journal)
+        # With a journal, each answer is committed as it arrives, by a thread of its own
+        # (see Committer): not held until a batch for Spark is full.
+        committer = None
+        if self.journal is not None:
+            journal = JournalWriter(self.journal, prefix)
 
-        def emit() -> pa.RecordBatch:
-            batch = self._batch(out, schemas[0], counts, parser)
-            if journal is not None:
-                fresh = batch
-                if recorded:  # the record has those already: not written to it again
-                    fresh = batch.filter([id(o) not in recorded for o in out])
-                    recorded.difference_update(id(o) for o in out)
-                if fresh.num_rows:
-                    journal.write(fresh)
-            return batch
+            def commit(done: list[Outcome]) -> None:
+                journal.write(self._batch(done, schemas[0], None, parser))
 
+            committer = Committer(commit)
+        # A stream's record is what is looked up before sending: a row the budget
+        # skipped is no answer, and must be sent when the stream runs again.
+        stream = self.recording is not None
         try:
             for outcome in outcomes:
                 out.append(outcome)
-                aged = False
-                if journal is not None:
-                    now = time.monotonic()
-                    if len(out) == 1:
-                        first = now
-                    aged = now - first >= FLUSH_S
-                if len(out) == cap or aged:
-                    yield emit()
+                if committer is not None:
+                    if recorded and id(outcome) in recorded:
+                        recorded.discard(id(outcome))  # the record has it already
+                    elif not (stream and outcome.status == SKIPPED):
+                        committer.add(outcome)
+                if len(out) == _OUT_BATCH_ROWS:
+                    yield self._batch(out, schemas[0], counts, parser)
                     out = []
             if out:
-                yield emit()
+                yield self._batch(out, schemas[0], counts, parser)
+            if committer is not None:
+                committer.close()  # every answer committed before the task ends
         finally:
-            if journal is not None:
-                journal.close()
+            if committer is not None:
+                try:
+                    committer.close()  # (ended early: what was answered, committed)
+                finally:
+                    journal.close()
             report = worker.end(counts)
             if self.reports is not None:
                 self.reports.add({worker.name: report})
@@ -195,17 +194,18 @@ class PartitionDispatch:
         self,
         outcomes: list[Outcome],
         schema: pa.Schema,
-        counts: PartitionCounts,
+        counts: PartitionCounts | None,
         parser: ReplyParser | None,
     ) -> pa.RecordBatch:
         """The output batch of ``outcomes`` (not empty), built column by column; the
-        columns also give the batch's counts."""
+        columns also give the batch's counts (to ``counts``, when given)."""
         replies = []
         if parser is not None:
             outcomes, parsed = parser.parse(outcomes)
             replies.append(parsed)
         rows, *results = zip(*outcomes)
-        counts.finish(results[0], results[1])  # the status and attempts columns
+        if counts is not None:
+            counts.finish(results[0], results[1])  # the status and attempts columns
         inputs = schema.names[: len(schema) - len(_ARROW_RESULT_FIELDS) - len(replies)]
         columns = [
             pa.array([row[name] for row in rows], schema.field(name).type) for name in inputs

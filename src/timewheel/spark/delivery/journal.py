@@ -1,10 +1,12 @@
 """``timewheel pipeline``'s output as it is made: a journal of answered rows, and a manifest.
 
-A run is one Spark job. Each of its tasks appends every batch of finished rows (their
-input columns, its id among them, and its outcome) to a file of its own in
-``--output/journal/run-NNNN/``, written straight to the file descriptor, so a row is
-committed as soon as its batch is: at most :data:`FLUSH_ROWS` rows or :data:`FLUSH_S`
-seconds after its answer. A file is a sequence of frames, each one Arrow IPC message
+A run is one Spark job. Each of its tasks appends its finished rows (their input
+columns, its id among them, and its outcome) to a file of its own in
+``--output/journal/run-NNNN/`` as they are answered: a :class:`Committer` thread writes
+each answer, or the answers that arrived together while it wrote the last ones, straight
+to the file descriptor (no buffer in the process, no fsync: a killed process loses
+nothing it wrote, and what a kill repeats is the calls in flight, whose answers had not
+arrived). A file is a sequence of frames, each one Arrow IPC message
 (the schema first, then one record batch a frame) behind a header with its length and
 its CRC-32, because Arrow IPC itself has no checksum: a batch whose bytes were damaged
 is set aside and counted, never trusted, and its rows are sent again (their idempotency
@@ -26,11 +28,13 @@ import json
 import os
 import shutil
 import struct
+import threading
 import uuid
 import zlib
-from collections.abc import Iterator, Mapping
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..outcome import OK
 
@@ -38,10 +42,9 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = [
-    "FLUSH_ROWS",
-    "FLUSH_S",
     "JOURNAL",
     "MANIFEST",
+    "Committer",
     "JournalWriter",
     "Manifest",
     "compact",
@@ -55,11 +58,6 @@ __all__ = [
 MANIFEST = "manifest.json"
 #: The journal's directory inside ``--output``.
 JOURNAL = "journal"
-#: A task commits its finished rows in batches of at most this many rows ...
-FLUSH_ROWS = 1000
-#: ... and at most this many seconds after the first of them finished (checked as rows
-#: finish, so a task with nothing finishing has nothing to commit).
-FLUSH_S = 0.5
 _FORMAT = 2
 
 # A frame's header: magic, kind (schema or batch), three zero bytes, the payload's length,
@@ -114,6 +112,62 @@ class JournalWriter:
             os.close(fd)
 
     __del__ = close  # dropped unclosed (a task that failed): no descriptor left open
+
+
+T = TypeVar("T")
+
+
+class Committer(Generic[T]):
+    """Hands what is :meth:`add`-ed to ``write`` from a thread of its own, as it comes:
+    each item alone when they come one at a time, and the items that came meanwhile
+    together when they come faster than ``write`` takes them (so the cost of a write is
+    shared by the rows of a burst, and nothing waits for a batch to fill).
+
+    An error of ``write`` (a full disk) is raised by the next :meth:`add` or by
+    :meth:`close`, which first hands over whatever is left.
+    """
+
+    def __init__(self, write: Callable[[list[T]], None]) -> None:
+        self._write = write
+        self._pending: deque[T] = deque()  # appended here, taken by the thread
+        self._ready = threading.Event()
+        self._closing = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="timewheel-journal", daemon=True)
+        self._thread.start()
+
+    def add(self, item: T) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        self._pending.append(item)
+        self._ready.set()
+
+    def _run(self) -> None:
+        pending, ready = self._pending, self._ready
+        while True:
+            ready.wait()
+            ready.clear()  # before taking: an item added after this sets it again
+            closing = self._closing
+            items = [pending.popleft() for _ in range(len(pending))]
+            if items:
+                try:
+                    self._write(items)
+                except BaseException as exc:  # raised in the task's thread instead
+                    self._error = exc
+                    return
+            if closing:
+                return
+
+    def close(self) -> None:
+        """Hand over what is left, stop the thread; raise its error, if any."""
+        if not self._closing:
+            self._closing = True
+            self._ready.set()
+            self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def _write_frame(fd: int, kind: int, payload: Any) -> None:

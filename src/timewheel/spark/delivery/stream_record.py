@@ -5,11 +5,11 @@ Structured Streaming makes its own state and sinks exactly-once through its chec
 but not the calls a query makes: a micro-batch that runs again (after a driver crash, a
 task retry, a restart from the checkpoint) would call the service again for every row in
 it. With a journal, every task of the query commits its answered rows to a file of its
-own in ``PATH`` as it goes (:class:`~.journal.JournalWriter`: at most
-:data:`~.journal.FLUSH_ROWS` rows or :data:`~.journal.FLUSH_S` seconds after each
-answer), and before it sends a row it looks the row's id up in the record of every
-task's files: a row found there is not sent again; its recorded outcome comes back
-instead.
+own in ``PATH`` as each answer arrives (:class:`~.journal.Committer`), and before it
+sends a row it looks the row's id up in the record of every task's files: a row found
+there is not sent again; its recorded outcome comes back instead. A row the quota's
+budget skipped is not recorded (it was not answered): it is sent when its micro-batch
+runs again.
 
 Each Python worker keeps one :class:`Record` per path, read as files appear and grow
 (:meth:`Record.refresh`, once per task): a file seen whole is not read again.
