@@ -17,7 +17,13 @@ import pytest
 
 from timewheel.spark.quota.service_store import QuotaService, ServiceStore
 from timewheel.spark.quota.spec import Ask
-from timewheel.spark.quota.task import BudgetSpent, Quota, QuotaStoreError, TaskQuota
+from timewheel.spark.quota.task import (
+    BudgetSpent,
+    Failover,
+    Quota,
+    QuotaStoreError,
+    TaskQuota,
+)
 
 
 class Clock:
@@ -179,6 +185,24 @@ def test_an_unreachable_service_raises_quota_store_error() -> None:
     client = ServiceStore(("127.0.0.1", port), b"s" * 32, Quota(rate=1), timeout_s=2)
     with pytest.raises(QuotaStoreError, match=f"127.0.0.1:{port}"):
         client.take("a", Ask(1))
+
+
+def test_a_service_gone_before_a_worker_was_granted_anything_gives_its_static_share() -> None:
+    """Only the job's own tasks draw on the driver's service: a worker that never
+    reached it takes its static share at once (a Redis shared by other jobs: it waits)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    clock, quota = Clock(), Quota(rate=100, budget=50)
+    shares = []
+    for alone in (True, False):
+        client = ServiceStore(("127.0.0.1", port), b"s" * 32, quota, timeout_s=2)
+        store = Failover(client, 0.25, clock, alone=alone)
+        waited = TaskQuota(store, clock=clock).acquire(1.0)
+        assert store.fallback is not None
+        shares.append((waited, store.fallback.quota.rate, store.fallback.quota.budget))
+    assert shares[0] == (0.0, 25, 12.5)
+    assert shares[1][0] > 0  # waits for the store, tried again every RETRY_S
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

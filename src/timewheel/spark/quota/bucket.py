@@ -314,16 +314,26 @@ class Failover:
     started after the store failed) sends nothing, and tries the store again every
     :data:`RETRY_S` seconds, drawing on it again once it answers. With nothing left of
     the budget, the fallback refuses every take.
+
+    ``alone``: only this job's tasks draw on the store (the driver's service), so one
+    granted nothing falls back to ``fraction`` of the quota instead of waiting: the
+    job's ``1 / fraction`` task slots together stay within it.
     """
 
     def __init__(
-        self, primary: QuotaStore, fraction: float, clock: Callable[[], float] = time.monotonic
+        self,
+        primary: QuotaStore,
+        fraction: float,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        alone: bool = False,
     ) -> None:
         self.quota = primary.quota
         self.quota.share(fraction)  # checks the fraction now
         self.primary = primary
         self.fraction = fraction
         self.clock = clock
+        self.alone = alone
         self.fallback: LocalStore | None = None
         self.budget_left: float | None = None
         self.requests_left: int | None = None
@@ -389,6 +399,9 @@ class Failover:
             if left is None:
                 self.fallback = LocalStore(self.quota, self.clock, exhausted=True)
                 said = "nothing: the budget or the requests it had are spent"
+            elif share is None and self.alone:
+                self.fallback = LocalStore(left, self.clock)
+                said = f"a static split: {self.fraction:.3g} of the quota (" + _shown(left) + ")"
             elif share is None:
                 # Nothing to go on: every take waits; the store is tried again.
                 self.fallback = LocalStore(self.quota, self.clock)

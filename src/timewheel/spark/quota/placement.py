@@ -24,9 +24,13 @@
   ``fraction`` of the quota, as ``rate`` did before quotas; one log line says so.
 
 On the executor, :meth:`QuotaRef.open` gives the store a task draws on: one per Python
-worker and quota, wrapped in a :class:`~timewheel.spark.quota.task.Failover` that falls back to
-the static split, saying so once, if the store cannot be reached. A worker falls back once,
-to ``fraction`` of what the store had left, so the workers together stay within the quota.
+worker and quota, wrapped in a :class:`~timewheel.spark.quota.task.Failover`: if the store
+cannot be reached, it says so once and falls back to the rates it was granted while the
+store was up (see :class:`~timewheel.spark.quota.bucket.Failover`), so the workers of every
+job sharing the quota together stay within it, and to ``fraction`` of the budget and
+requests the store had left (they are the job's own). A worker granted nothing before
+the store failed waits for Redis (every job naming the quota may be sending); for the
+driver's service, which only this job draws on, it takes ``fraction`` of the quota.
 """
 
 from __future__ import annotations
@@ -72,7 +76,8 @@ class QuotaRef:
     quota: Quota
     #: ``"service"``, ``"redis"`` or ``"static"``.
     kind: str
-    #: This process's static share if the store cannot be reached (1 / task slots).
+    #: This process's share (1 / task slots) of the budget and requests left if the
+    #: store cannot be reached (for the driver's service, of the whole quota too).
     fraction: float
     #: The driver's service: its address and the id its secret's property is named by.
     address: tuple[str, int] | None = None
@@ -91,7 +96,7 @@ class QuotaRef:
         if self.kind == "redis":
             try:
                 primary: QuotaStore = redis_store_of(self.quota, self.job or None)
-            except Exception as exc:  # no redis client: say so, then the static split
+            except Exception as exc:  # no redis client: say so, then the fallback
                 primary = _Unreachable(self.quota, f"{type(exc).__name__}: {exc}")
             return Failover(primary, self.fraction)
         from pyspark import TaskContext
@@ -108,7 +113,8 @@ class QuotaRef:
             )
         else:
             primary = ServiceStore(self.address, bytes.fromhex(secret), self.quota)
-        return Failover(primary, self.fraction)
+        # Only this driver's tasks draw on its service: the static split is safe.
+        return Failover(primary, self.fraction, alone=True)
 
 
 def job_of(quota: Quota) -> str:
