@@ -41,6 +41,8 @@ from typing import Any, Callable, NamedTuple
 
 import pycurl
 
+from .request import declared_length, rate_limit_lines
+
 __all__ = [
     "HAS_HTTP2",
     "LOOP_FAILED",
@@ -49,6 +51,7 @@ __all__ = [
     "Request",
     "Settings",
     "curl_error_kind",
+    "rate_limit_lines",
 ]
 
 logger = logging.getLogger(__name__)
@@ -57,8 +60,8 @@ logger = logging.getLogger(__name__)
 #: what the request was made with (the caller's callback, say); status 0 when no answer
 #: came (curl_errno says why); ``body`` is the answer's bytes (decoded: gzip, deflate,
 #: ...); ``headers`` holds the ``Retry-After`` (seconds, as libcurl reads it: a number or
-#: an HTTP date) of a 429 or a 503 and the ``Location`` of a 3xx, and nothing else: no
-#: Python runs per header line.
+#: an HTTP date) of a 429 or a 503, the ``Location`` of a 3xx, the ``Content-Length`` of
+#: a batch's answer over its limit: nothing else, no Python runs per header line.
 OnEnd = Callable[[Any, int, bytes, "dict[str, str]", int, str], None]
 
 # libcurl errors that say the connection failed or broke (worth a retry).
@@ -75,6 +78,7 @@ _CONNECTION = {
 _STALE = {pycurl.E_SEND_ERROR, pycurl.E_RECV_ERROR, pycurl.E_GOT_NOTHING}
 # What a request whose socket on_new_socket refused ends with (nothing else here aborts).
 _REFUSED_SOCKET = pycurl.E_ABORTED_BY_CALLBACK
+_TOO_LARGE = pycurl.E_FILESIZE_EXCEEDED  # an answer over its limit (MAXFILESIZE_LARGE)
 _SOCKOPT_OK: int = pycurl.SOCKOPT_OK
 _SOCKOPT_ERROR: int = pycurl.SOCKOPT_ERROR
 _TLS = {
@@ -125,29 +129,19 @@ _CSELECT = tuple(
 )
 
 
-_RATE_LIMIT_NAMES = (b"x-ratelimit-", b"ratelimit", b"retry-after")
 #: With ``Settings.rate_limit_headers``, a handle reads an answer's header lines once in
 #: this many answers (and the one after a 429/503): ``Retry-After`` of a refusal is read
 #: from libcurl in any case.
 HEADER_EVERY = 8
 
 
-def rate_limit_lines(lines: list[bytes]) -> dict[str, str]:
-    """The rate-limit headers among an answer's header lines (the last answer's, after
-    any 1xx), by lower-case name."""
-    found: dict[str, str] = {}
-    seen = b"".join(lines).lower()  # most answers have none: one search in C says so
-    if b"ratelimit" not in seen and b"retry-after" not in seen:
-        return found
-    for line in lines:
-        if line.startswith(b"HTTP/"):  # a new answer (after a 100 Continue): start again
-            found.clear()
-            continue
-        name, sep, value = line.partition(b":")
-        name = name.strip().lower()
-        if sep and name.startswith(_RATE_LIMIT_NAMES):
-            found[name.decode("latin-1")] = value.strip().decode("latin-1")
-    return found
+def _read_lines(easy: Any, reading: bool) -> None:
+    """Have libcurl hand ``easy``'s header lines over (one Python call each), or stop."""
+    if reading:
+        easy.setopt(pycurl.HEADERFUNCTION, easy.lines.append)
+    else:
+        easy.unsetopt(pycurl.HEADERFUNCTION)
+    easy.reading = reading
 
 
 class Settings(NamedTuple):
@@ -179,6 +173,7 @@ class Request:
         "fresh",
         "headers",
         "loop",
+        "max_bytes",
         "method",
         "multi",
         "on_end",
@@ -196,9 +191,11 @@ class Request:
         body: bytes | None,
         on_end: OnEnd,
         context: Any,
+        max_bytes: int | None = None,
     ) -> None:
         self.loop = loop
         self.context = context
+        self.max_bytes = max_bytes  # its own limit on the answer (None: the settings')
         self.settings = settings
         self.method = method
         self.url = url
@@ -241,6 +238,8 @@ class _Multi:
         self.multi.setopt(pycurl.M_PIPELINING, pycurl.PIPE_MULTIPLEX)
         self.idle: list[Any] = []
         self.running: dict[Any, Request] = {}
+        # Handles set to a request's own limit: here, as a pycurl attribute read costs ~1 us.
+        self.own_limits: dict[Any, int] = {}
 
     def _easy(self) -> Any:
         if self.idle:
@@ -311,6 +310,7 @@ class _Multi:
         try:
             self._prepare(easy, request)
         except BaseException:
+            self.own_limits.pop(easy, None)
             easy.reset()  # back to libcurl's defaults: made again from scratch
             easy.close()
             raise
@@ -327,7 +327,10 @@ class _Multi:
             easy.setopt(pycurl.URL, request.url)
             easy.url = request.url
         easy.setopt(pycurl.HTTPHEADER, request.headers)
-        if self.settings.rate_limit_headers:
+        limit = request.max_bytes
+        if (limit is not None or self.own_limits) and self._own_limit(easy, limit):
+            pass
+        elif self.settings.rate_limit_headers:
             # libcurl hands header lines over one Python call each (~1 us): they are
             # read on one answer in HEADER_EVERY per handle, and after a refusal.
             easy.unread += 1
@@ -335,11 +338,7 @@ class _Multi:
             if reading:
                 easy.unread = 0
             if reading != easy.reading:
-                if reading:
-                    easy.setopt(pycurl.HEADERFUNCTION, easy.lines.append)
-                else:
-                    easy.unsetopt(pycurl.HEADERFUNCTION)
-                easy.reading = reading
+                _read_lines(easy, reading)
         method = request.method
         if request.body is None:
             easy.setopt(pycurl.HTTPGET, 1)
@@ -350,6 +349,24 @@ class _Multi:
         if custom != easy.custom:
             easy.setopt(pycurl.CUSTOMREQUEST, custom)
             easy.custom = custom
+
+    def _own_limit(self, easy: Any, limit: int | None) -> bool:
+        """``easy`` set for a request's own ``limit`` (a batch's), its header lines read (an
+        answer over it says its ``Content-Length`` so); None: back to the settings' if it
+        had one. False: nothing to do (no limit, none before)."""
+        own = self.own_limits
+        if limit == own.get(easy):
+            if limit is None:
+                return False
+        else:
+            easy.setopt(pycurl.MAXFILESIZE_LARGE, limit or self.settings.max_reply_bytes)
+            if limit is None:
+                del own[easy]
+            else:
+                own[easy] = limit
+        if (limit is not None) != easy.reading:
+            _read_lines(easy, limit is not None)
+        return True
 
     def remove(self, request: Request) -> None:
         easy = request.easy
@@ -390,7 +407,9 @@ class _Multi:
             return
         status = easy.getinfo(pycurl.RESPONSE_CODE) if errno == 0 else 0
         headers = _NO_HEADERS
-        if status == 429 or status == 503:
+        if errno == _TOO_LARGE and easy.lines:  # a batch's: its lines read (_own_limit)
+            headers = {"Content-Length": str(declared_length(easy.lines))}
+        elif status == 429 or status == 503:
             headers = {"Retry-After": str(easy.getinfo(pycurl.RETRY_AFTER))}
             easy.unread = HEADER_EVERY  # the next answer on this handle is read whole
         elif 300 <= status < 400:
@@ -429,6 +448,7 @@ class _Multi:
         for easy in self.idle:
             easy.close()
         self.idle.clear()
+        self.own_limits.clear()
         self.multi.close()
 
 
@@ -468,9 +488,11 @@ class CurlLoop:
         body: bytes | None,
         on_end: OnEnd,
         context: Any = None,
+        max_bytes: int | None = None,
     ) -> Request:
-        """Queue a request; ``on_end`` runs on the loop thread unless it is cancelled first."""
-        request = Request(self, settings, method, url, headers, body, on_end, context)
+        """Queue a request; ``on_end`` runs on the loop thread unless it is cancelled first.
+        ``max_bytes``: its own limit on the answer (None: ``settings.max_reply_bytes``)."""
+        request = Request(self, settings, method, url, headers, body, on_end, context, max_bytes)
         self._queue(request, cancel=False)
         return request
 

@@ -20,7 +20,7 @@ from ..batch.spec import BatchBody, BodySpec
 
 __all__ = ["DEFAULT_MAX_REPLY_BYTES", "MAX_TIMEOUT_S", "TLS", "BatchFormat", "HttpLimits"]
 
-#: The default limit on an answer's size (bytes): 1 MiB.
+#: The default limit on an answer's size (bytes) per row: 1 MiB.
 DEFAULT_MAX_REPLY_BYTES = 1 << 20
 #: The longest ``HttpLimits.timeout_s``: 2**31 - 1 ms, what libcurl takes everywhere.
 MAX_TIMEOUT_S = (2**31 - 1) / 1000
@@ -94,8 +94,12 @@ class HttpLimits:
       each call out itself and cancels it), 0.001 to :data:`MAX_TIMEOUT_S`; None: none.
     * ``max_retry_after_s``: the longest a 429's ``Retry-After`` may delay the retry
       (a finite number >= 0).
-    * ``max_reply_bytes``: the longest answer read (1 MiB by default); a longer one fails
-      the attempt (final: a retry would get the same).
+    * ``max_reply_bytes``: the longest answer read per row (1 MiB by default): a row's
+      own request reads up to this, a batch's request of n rows up to n times this
+      (:meth:`reply_limit`), so that a limit right for one row's answer holds at any batch
+      size. A longer answer fails the attempt unread (final: a retry would get the same),
+      with an error naming this setting and, when the answer said its length, the value
+      that would have read it.
     """
 
     max_connections: int | None = None
@@ -114,6 +118,11 @@ class HttpLimits:
         object.__setattr__(self, "max_retry_after_s", wait)
         size = check_int("HttpLimits.max_reply_bytes", self.max_reply_bytes, 1, INT64_MAX)
         object.__setattr__(self, "max_reply_bytes", size)
+
+    def reply_limit(self, rows: int) -> int:
+        """The longest answer read for a request of ``rows`` rows (one batch's): ``rows``
+        times ``max_reply_bytes``, at most :data:`INT64_MAX` (libcurl's largest)."""
+        return min(rows * self.max_reply_bytes, INT64_MAX)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """How a row becomes an HTTP request for :class:`~timewheel.spark.http.target.HttpDownstream`,
 and an answer a verdict: the URL template and its checks (a ``{column}`` value stays one
-path segment), header checks (no CR, LF or NUL reaches the wire), the JSON encoders, and
-what a status and ``Retry-After`` mean for a retry.
+path segment), header checks (no CR, LF or NUL reaches the wire), the JSON encoders,
+what a status and ``Retry-After`` mean for a retry, the headers read from an answer's
+lines, and the error of an answer over ``HttpLimits.max_reply_bytes``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from .._json import encoder
 from ..contract import Failure
 from ..quota.headers import parse_retry_after
 from ..secrets import redact_url
+from .options import HttpLimits
 
 # Bytes of the answer quoted in an error.
 _DETAIL = 200
@@ -78,8 +80,67 @@ def verdict(
     return False, error, None
 
 
-def too_large(limit: int) -> Failure:
-    return Failure(f"answer larger than {limit} bytes (max_reply_bytes): not read", None)
+def too_large(limits: HttpLimits, rows: int = 0, length: str | None = None) -> Failure:
+    """The final failure of an answer over the limit of ``limits``: ``rows`` is the rows
+    of a batch's request (0: a row's own request), ``length`` the answer's
+    ``Content-Length`` (None: not given).
+
+    A batch's error names the setting to raise and, when the answer said its length
+    (and it was over: a compressed answer's is not its decoded size), the least value
+    that would have read it.
+    """
+    limit = limits.max_reply_bytes
+    if not rows:
+        return Failure(f"answer larger than {limit} bytes (max_reply_bytes): not read", None)
+    total = limits.reply_limit(rows)
+    size = int(length) if length is not None and length.isdigit() else -1
+    of = f"{rows} row" if rows == 1 else f"{rows} rows"
+    head = f"({size} bytes for {of})" if size > total else f"for {of}"
+    text = (
+        f"the batch's answer {head} is larger than {total} bytes ({rows} x "
+        f"HttpLimits.max_reply_bytes {limit}, per row): not read; raise "
+        "HttpLimits.max_reply_bytes (--max-reply-bytes) "
+    )
+    if size > total:
+        text += f"to at least {-(-size // rows)} (per row)"
+    else:
+        text += f"above {limit} (per row; the answer did not say its length)"
+    return Failure(text, None)
+
+
+# The headers a quota reads.
+_RATE_LIMIT_NAMES = (b"x-ratelimit-", b"ratelimit", b"retry-after")
+
+
+def rate_limit_lines(lines: list[bytes]) -> dict[str, str]:
+    """The rate-limit headers among an answer's header lines (the last answer's, after
+    any 1xx), by lower-case name."""
+    found: dict[str, str] = {}
+    seen = b"".join(lines).lower()  # most answers have none: one search in C says so
+    if b"ratelimit" not in seen and b"retry-after" not in seen:
+        return found
+    for line in lines:
+        if line.startswith(b"HTTP/"):  # a new answer (after a 100 Continue): start again
+            found.clear()
+            continue
+        name, sep, value = line.partition(b":")
+        name = name.strip().lower()
+        if sep and name.startswith(_RATE_LIMIT_NAMES):
+            found[name.decode("latin-1")] = value.strip().decode("latin-1")
+    return found
+
+
+def declared_length(lines: list[bytes]) -> int:
+    """The ``Content-Length`` among an answer's header lines (the last answer's, after
+    any 1xx); -1 when there is none."""
+    length = -1
+    for line in lines:
+        if line.startswith(b"HTTP/"):
+            length = -1
+        name, sep, value = line.partition(b":")
+        if sep and name.strip().lower() == b"content-length" and value.strip().isdigit():
+            length = int(value.strip())
+    return length
 
 
 def url_template(url: str) -> tuple[tuple[str, str | None], ...]:

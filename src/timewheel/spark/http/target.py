@@ -17,7 +17,8 @@ its ``Retry-After``, capped), timeouts and connection errors are worth a retry; 
 status is a final failure, not retried. Redirects are not followed: a 3xx is a final
 failure naming its ``Location`` (so a request is never re-sent elsewhere, nor a POST
 turned into a GET, and a redirect loop cannot happen). An answer longer than
-``HttpLimits.max_reply_bytes`` fails the attempt, unread. :meth:`HttpDownstream.request`
+``HttpLimits.max_reply_bytes`` (per row: a batch's request of n rows reads n times it)
+fails the attempt, unread. :meth:`HttpDownstream.request`
 gives the request a row makes, for code that sends it with a client of its own.
 """
 
@@ -385,14 +386,23 @@ class HttpDownstream:
             return None
         return self._send(url, extra, body, on_done)
 
-    def _send(self, url: str, extra: dict[str, str], body: bytes | None, on_done: OnDone) -> Any:
-        """Hand one request to this process's loop; the handle whose ``cancel()`` drops it."""
+    def _send(
+        self, url: str, extra: dict[str, str], body: bytes | None, on_done: OnDone, rows: int = 0
+    ) -> Any:
+        """Hand one request to this process's loop; the handle whose ``cancel()`` drops it.
+        ``rows``: a batch's (its answer may be ``rows`` times ``max_reply_bytes``); 0: a row's."""
         lines = self._lines + [f"{k}: {v}" for k, v in extra.items()] if extra else self._lines
         settings = self._curl_settings
         if settings is None:
             settings = self._curl_settings = self._settings()
         if self.header_secrets:
-            return _WithSecrets(self, settings, url, lines, body, on_done).start()
+            return _WithSecrets(self, settings, url, lines, body, on_done, rows).start()
+        if rows:
+            limit = self.limits.reply_limit(rows)
+            sent = (on_done, rows)
+            return _LOOP.get().request(
+                settings, self.method, url, lines, body, self._batch_ended, sent, limit
+            )
         return _LOOP.get().request(
             settings,
             self.method,
@@ -444,7 +454,19 @@ class HttpDownstream:
         extra = dict(own)
         if key is not None and self.idempotency_header is not None:
             extra[self.idempotency_header] = key
-        return self._send(url, extra, body, on_done)
+        return self._send(url, extra, body, on_done, len(payloads))
+
+    def _batch_ended(
+        self,
+        sent: tuple[OnDone, int],
+        status: int,
+        text: bytes,
+        headers: dict[str, str],
+        errno: int,
+        msg: str,
+    ) -> None:
+        """The loop's report of a batch's request: ``sent`` is its ``(on_done, rows)``."""
+        self._ended(sent[0], status, text, headers, errno, msg, sent[1])
 
     def _ended(
         self,
@@ -454,6 +476,7 @@ class HttpDownstream:
         headers: dict[str, str],
         errno: int,
         msg: str,
+        rows: int = 0,
     ) -> None:
         """The loop's report of one request: its verdict and answer, to ``on_done``."""
         given = headers if self.rate_limit_headers else None
@@ -474,7 +497,7 @@ class HttpDownstream:
             elif errno == LOOP_FAILED:
                 failure = Failure(msg, 0.0)
             elif errno == pycurl.E_FILESIZE_EXCEEDED:
-                failure = too_large(self.limits.max_reply_bytes)
+                failure = too_large(self.limits, rows, headers.get("Content-Length"))
             elif errno == pycurl.E_OPERATION_TIMEDOUT:
                 failure = Failure(f"no reply within {self.limits.timeout_s} s", 0.0)
             else:
@@ -520,6 +543,7 @@ class _WithSecrets:
         "on_done",
         "renewed",
         "request",
+        "rows",
         "settings",
         "target",
         "url",
@@ -533,8 +557,10 @@ class _WithSecrets:
         lines: list[str],
         body: bytes | None,
         on_done: OnDone,
+        rows: int = 0,
     ) -> None:
         self.target = target
+        self.rows = rows
         self.settings = settings
         self.url = url
         self.lines = lines
@@ -558,8 +584,9 @@ class _WithSecrets:
             return False
         self.numbers = numbers
         t = self.target
+        limit = t.limits.reply_limit(self.rows) if self.rows else None
         self.request = _LOOP.get().request(
-            self.settings, t.method, self.url, lines, self.body, _WithSecrets._ended, self
+            self.settings, t.method, self.url, lines, self.body, _WithSecrets._ended, self, limit
         )
         return True
 
@@ -573,7 +600,7 @@ class _WithSecrets:
             self.renewed = True
             _RENEWER.get().submit(self._renew)
             return
-        self.target._ended(self.on_done, status, text, headers, errno, msg)
+        self.target._ended(self.on_done, status, text, headers, errno, msg, self.rows)
 
     def _renew(self) -> None:
         if self.cancelled:
