@@ -58,8 +58,16 @@ def test_generated_rows_end_to_end(
     assert json.loads(printed.out) == summary
     bad = summary["status"]["failed"] + summary["status"]["timeout"]
     assert summary["max_failed"] == "20%" and summary["max_failed_rows"] == 600
-    assert printed.err.splitlines()[-1] == (
+    lines = printed.err.splitlines()
+    said = lines.index(
         f"timewheel pipeline: {bad:,} of 3,000 rows failed or timed out (within --max-failed 20%)"
+    )
+    # Then why, most common first: the simulated failures and the timeouts, counted.
+    reasons = {item["reason"]: item["rows"] for item in summary["failures"]}
+    assert reasons["simulated failure"] == summary["status"]["failed"]
+    assert sum(reasons.values()) == bad and len(reasons) == 2
+    assert sorted(lines[said + 1 :]) == sorted(
+        f"timewheel pipeline: why: {n:,} rows: {r}" for r, n in reasons.items()
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging left
     assert summary["rows"] == 3000 and sum(summary["status"].values()) == 3000
@@ -558,8 +566,8 @@ def test_batch_options_that_cannot_work_exit_2_before_anything_is_sent(
         ([*http, "--batch-body", '{"input": []}'], "$rows exactly once"),
         ([*http, "--batch-reply", "a[*].b[*]"], "does not parse"),
         ([*http, "--method", "GET"], "sends none"),
-        ([*http, "--batch-linger-ms", "-5"], "batch_linger_ms"),
-        ([*http, "--batch-max-cost", "10"], "give cost="),
+        ([*http, "--batch-linger-ms", "-5"], "--batch-linger-ms must be between 0 and"),
+        ([*http, "--batch-max-cost", "10"], "--batch-max-cost 10 counts the rows' --cost-col"),
     ]
     for extra, words in cases:
         assert pipeline_cli([*base, *extra]) == 2, extra
@@ -613,7 +621,7 @@ def test_bad_flags_and_columns_are_refused_with_no_jvm_started(tmp_path: Path) -
         # A rate per hour is a rate: what stops this one is its id column.
         ([*csv, "--cost-rate", "30000/hour", "--rate", "30000/hour", "--cost-col", "tokens",
           "--id-col", "uid"], "--id-col 'uid'"),
-        ([*csv, "--batch-size", "5", "--batch-max-cost", "10"], "give cost="),
+        ([*csv, "--batch-size", "5", "--batch-max-cost", "10"], "give --cost-col"),
     ]  # fmt: skip
     argvs = [[*argv, "--output", "out"] for argv, _ in cases]
     env = {**os.environ, "JAVA_HOME": str(tmp_path / "no-java"), "PYSPARK_SUBMIT_ARGS": "x"}

@@ -49,9 +49,14 @@ def check_before_spark(
         elif args.dedupe_col is not None:
             Dedupe(args.dedupe_col)
         batching = Batching(args.batch_size, args.batch_linger_ms, args.batch_max_cost)
+        if args.batch_max_cost is not None and args.cost_col is None:
+            raise ValueError(
+                f"--batch-max-cost {args.batch_max_cost:g} counts the rows' --cost-col: give "
+                "--cost-col (and a quota: --cost-rate or --budget)"
+            )
         batch_settings(target, batching, cost)
     except (TypeError, ValueError) as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(_flags(str(exc))) from None
     if args.dedupe_col is not None and key_cols:
         raise UsageError(
             f"--dedupe-col {args.dedupe_col!r} and --key-cols {args.key_cols!r} cannot be "
@@ -78,6 +83,28 @@ def check_before_spark(
         check_quota(schema, quota, args.cost_col, args.reply_cost, None)
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+
+
+#: The fields of dispatch's option objects, as the command line's flags.
+_FLAGS = {
+    "Batching.size": "--batch-size",
+    "Batching.linger_ms": "--batch-linger-ms",
+    "Batching.max_cost": "--batch-max-cost",
+    "Calls.max_in_flight": "--max-in-flight",
+    "Calls.key_cols": "--key-cols",
+    "Calls.retries": "--retries",
+    "Calls.backoff_ms": "--backoff-ms",
+    "Cost.estimate": "--cost-col",
+    "Cost.actual": "--reply-cost",
+    "Dedupe.col": "--dedupe-col",
+}
+
+
+def _flags(message: str) -> str:
+    """``message`` with the option objects' field names as the flags that set them."""
+    for field, flag in _FLAGS.items():
+        message = message.replace(field, flag)
+    return message
 
 
 def input_schema(args: argparse.Namespace, fmt: str | None) -> Any:
@@ -128,8 +155,9 @@ def _csv_schema(path: Path) -> Any:
         path = files[0]
     with pcsv.open_csv(str(path)) as reader:
         schema = reader.schema
-    return pa.schema([pa.field(f.name, pa.string() if pa.types.is_null(f.type) else f.type)
-                      for f in schema])
+    return pa.schema(
+        [pa.field(f.name, pa.string() if pa.types.is_null(f.type) else f.type) for f in schema]
+    )
 
 
 def _spark_type(arrow: Any) -> Any:
@@ -150,8 +178,10 @@ def _spark_type(arrow: Any) -> Any:
         return DoubleType()
     if pa.types.is_map(arrow):
         return MapType(StringType(), StringType())
-    if pa.types.is_list(arrow) or pa.types.is_large_list(arrow) or pa.types.is_fixed_size_list(
-        arrow
+    if (
+        pa.types.is_list(arrow)
+        or pa.types.is_large_list(arrow)
+        or pa.types.is_fixed_size_list(arrow)
     ):
         return ArrayType(StringType())
     if pa.types.is_struct(arrow):
@@ -161,9 +191,7 @@ def _spark_type(arrow: Any) -> Any:
     return StringType()
 
 
-def _check_columns(
-    args: argparse.Namespace, schema: Any, target: Any, key_cols: list[str]
-) -> None:
+def _check_columns(args: argparse.Namespace, schema: Any, target: Any, key_cols: list[str]) -> None:
     """UsageError for a column an option names that the input does not have."""
     from pyspark.sql.types import NumericType
 
