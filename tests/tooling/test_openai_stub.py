@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
 
 from openai_stub_fixtures import OpenAIStub
 from timewheel.cli.bench.openai_stub import (
+    DEFAULT_DIMENSIONS,
+    MAX_DIMENSIONS,
     Limits,
     StubProcess,
     WindowLimiter,
     count_tokens,
+    embedding_json,
     go_duration,
+    main,
+    parser,
 )
 from timewheel.spark.quota.headers import parse_duration, parse_rate_limit_headers
 
@@ -89,13 +95,37 @@ def test_embeddings_answer_with_usage_and_headers(openai_stub: OpenAIStub) -> No
     )
     assert status == 200
     assert [d["index"] for d in body["data"]] == [0, 1]
-    assert len(body["data"][0]["embedding"]) == 8
+    assert len(body["data"][0]["embedding"]) == DEFAULT_DIMENSIONS == 1536
     assert body["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
     info = parse_rate_limit_headers(headers)
     assert (info.remaining_requests, info.remaining_cost) == (4, 97)
     assert headers["x-ratelimit-limit-requests"] == "5"
     assert headers["x-ratelimit-limit-tokens"] == "100"
     assert 59 < (info.reset_requests_s or 0) <= 60
+
+
+def test_embeddings_come_at_real_size_and_as_many_numbers_as_asked() -> None:
+    stub = OpenAIStub()  # limits far above what this sends
+    try:
+        texts = [f"text number {i}" for i in range(100)]
+        status, _, body = stub.post("/embeddings", {"model": "m", "input": texts})
+        assert status == 200
+        vectors = [d["embedding"] for d in body["data"]]
+        assert {len(v) for v in vectors} == {1536}
+        assert all(type(x) is float and -1 < x < 1 for v in vectors for x in v)
+        # Written as OpenAI writes them (a float32 in full, ~20 characters): about 3 MB
+        # for 100, what a batch of real embeddings weighs.
+        assert 2_500_000 < len(json.dumps(body)) < 4_000_000
+        assert len({tuple(v) for v in vectors}) == 100  # each text its own
+        again = stub.post("/embeddings", {"input": texts[:1]})[2]["data"][0]["embedding"]
+        assert again == vectors[0]  # the same text, the same embedding
+        # The API's "dimensions" parameter: as many numbers as asked.
+        for asked in (8, 3072):
+            status, _, body = stub.post("/embeddings", {"input": "abcd", "dimensions": asked})
+            assert (status, len(body["data"][0]["embedding"])) == (200, asked)
+        assert json.loads(embedding_json("abcd", 8)) == body["data"][0]["embedding"][:8]
+    finally:
+        stub.close()
 
 
 def test_chat_answers_count_completion_tokens(openai_stub: OpenAIStub) -> None:
@@ -130,12 +160,54 @@ def test_bad_requests_and_missing_keys_are_refused_uncounted(openai_stub: OpenAI
     assert openai_stub.post("/embeddings", b"{not json")[0] == 400
     assert openai_stub.post("/embeddings", {"input": []})[0] == 400
     assert openai_stub.post("/chat/completions", {"messages": [{"content": 3}]})[0] == 400
+    for bad in (0, -1, MAX_DIMENSIONS + 1, 8.0, "8", True):
+        status, _, body = openai_stub.post("/embeddings", {"input": "a", "dimensions": bad})
+        assert status == 400 and "dimensions must be" in body["error"]["message"], bad
     stats = openai_stub.stats()
-    assert (stats["requests"], stats["refused"], stats["bad"]) == (0, 0, 3)
+    assert (stats["requests"], stats["refused"], stats["bad"]) == (0, 0, 9)
+
+
+def test_the_help_describes_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    flags = [a for a in parser()._actions if a.dest != "help"]
+    assert {a.option_strings[0] for a in flags} == {
+        "--port",
+        "--rpm",
+        "--tpm",
+        "--window-s",
+        "--latency-ms",
+        "--completion-tokens",
+        "--dimensions",
+        "--lifetime-s",
+    }
+    with pytest.raises(SystemExit) as exit:
+        main(["--help"])
+    assert exit.value.code == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    for action in flags:
+        assert action.help and f"{action.option_strings[0]} {action.metavar} " in shown
+        assert " ".join(action.help.split()) in shown
+    assert "(default: 1536, text-embedding-3-small's; 3072 is -large's" in shown
+
+
+@pytest.mark.parametrize("value", ["0", "8193"])
+def test_dimensions_out_of_range_exit_2(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit:
+        main(["--dimensions", value])
+    assert exit.value.code == 2
+    assert f"--dimensions must be between 1 and 8192, got {value}" in capsys.readouterr().err
+
+
+def test_the_dimensions_flag_sets_the_default() -> None:
+    stub = OpenAIStub(dimensions=16)
+    try:
+        status, _, body = stub.post("/embeddings", {"input": ["a", "b"]})
+        assert status == 200 and [len(d["embedding"]) for d in body["data"]] == [16, 16]
+    finally:
+        stub.close()
 
 
 def test_stub_process_starts_and_reports() -> None:
-    with StubProcess(rpm=10, tpm=50, latency_ms=5) as stub:
+    with StubProcess(rpm=10, tpm=50, latency_ms=5, dimensions=3072) as stub:
         assert stub.stats()["limits"] == {"rpm": 10, "tpm": 50, "window_s": 60.0}
         assert stub.base_url.startswith("http://127.0.0.1:")
     assert stub.proc.poll() is not None

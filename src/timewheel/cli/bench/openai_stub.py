@@ -1,7 +1,11 @@
 """An OpenAI-compatible stub that meters its callers as those APIs do, for quota tests and benches.
 
 ``POST /v1/embeddings`` and ``POST /v1/chat/completions`` answer in OpenAI's shapes
-after ``--latency-ms``, each with ``usage``. Tokens are counted as a stated function of
+after ``--latency-ms``, each with ``usage``. Embeddings come at real sizes: ``--dimensions``
+numbers each (1536 by default, text-embedding-3-small's; 3072 is -large's), or as many as
+a request's ``dimensions`` asks (as OpenAI's parameter does), each written as OpenAI
+writes them (a float32 in full, about 20 characters): 100 of 1536 numbers are about 3 MB.
+Tokens are counted as a stated function of
 the text: **one token per 4 bytes of UTF-8, rounded up, per input or message** (OpenAI's
 own rule of thumb); a chat answer adds ``--completion-tokens`` (``total_tokens`` is
 the sum). Each API key (``Authorization: Bearer KEY``; none: 401) has a sliding window
@@ -28,6 +32,8 @@ import asyncio
 import hashlib
 import json
 import math
+import random
+import struct
 import sys
 import time
 from collections import deque
@@ -36,7 +42,23 @@ from typing import Any, Callable
 
 from .http_service import ChildService, serve_app
 
-__all__ = ["Limits", "StubProcess", "WindowLimiter", "count_tokens", "go_duration", "main"]
+__all__ = [
+    "DEFAULT_DIMENSIONS",
+    "MAX_DIMENSIONS",
+    "Limits",
+    "StubProcess",
+    "WindowLimiter",
+    "count_tokens",
+    "embedding_json",
+    "go_duration",
+    "main",
+]
+
+#: Numbers per embedding unless ``--dimensions`` or a request says otherwise
+#: (text-embedding-3-small's; text-embedding-3-large's is 3072).
+DEFAULT_DIMENSIONS = 1536
+#: The most numbers per embedding the stub gives.
+MAX_DIMENSIONS = 8192
 
 
 def count_tokens(text: str) -> int:
@@ -132,9 +154,36 @@ class WindowLimiter:
         return max(1, math.ceil(wait))
 
 
-def _embedding(text: str, dims: int) -> list[float]:
+def _float32(value: float) -> float:
+    return float(struct.unpack("f", struct.pack("f", value))[0])
+
+
+# MAX_DIMENSIONS numbers as OpenAI writes them (float32 values in full: -0.0069292835...),
+# twice over, so that an embedding is one slice of it: cheap to answer at any size.
+_rng = random.Random(1536)
+_NUMBERS = [repr(_float32(_rng.gauss(0.0, 0.03))) for _ in range(MAX_DIMENSIONS)] * 2
+del _rng
+
+
+def embedding_json(text: str, dimensions: int) -> str:
+    """The embedding of ``text`` as a JSON array of ``dimensions`` numbers: the same for
+    the same text, different for another (a slice of a fixed list, where its digest says)."""
     digest = hashlib.sha256(text.encode("utf-8")).digest()
-    return [round(digest[i % len(digest)] / 255.0, 6) for i in range(dims)]
+    start = int.from_bytes(digest[:4], "big") % MAX_DIMENSIONS
+    return "[" + ",".join(_NUMBERS[start : start + dimensions]) + "]"
+
+
+def _dimensions(body: dict[str, Any], default: int) -> int:
+    """The request's ``dimensions`` (the stub's ``default`` when not given); TypeError or
+    ValueError when it is not an int in 1..MAX_DIMENSIONS."""
+    given = body.get("dimensions")
+    if given is None:
+        return default
+    if type(given) is not int:
+        raise TypeError(f"dimensions must be an integer, got {given!r}")
+    if not 1 <= given <= MAX_DIMENSIONS:
+        raise ValueError(f"dimensions must be between 1 and {MAX_DIMENSIONS}, got {given}")
+    return given
 
 
 class _Stub:
@@ -142,7 +191,7 @@ class _Stub:
         self.limiter = WindowLimiter(Limits(args.rpm, args.tpm, args.window_s))
         self.latency_s = args.latency_ms / 1000.0
         self.completion_tokens = args.completion_tokens
-        self.dims = args.dims
+        self.dimensions = args.dimensions
         self.started = time.monotonic()
         self.minutes: dict[int, dict[str, int]] = {}
         self.totals = {"requests": 0, "tokens": 0, "refused": 0, "bad": 0}
@@ -166,6 +215,7 @@ class _Stub:
         try:
             body = json.loads(await request.read())
             texts = self._texts(body, kind)
+            dimensions = _dimensions(body, self.dimensions) if kind == "embeddings" else 0
         except (ValueError, TypeError, KeyError) as exc:
             self.totals["bad"] += 1
             return self._error(400, f"bad request: {exc}")
@@ -185,33 +235,33 @@ class _Stub:
             await asyncio.sleep(self.latency_s)
         model = str(body.get("model", "stub"))
         if kind == "embeddings":
-            answer: dict[str, Any] = {
-                "object": "list",
-                "model": model,
-                "data": [
-                    {"object": "embedding", "index": i, "embedding": _embedding(t, self.dims)}
-                    for i, t in enumerate(texts)
-                ],
-                "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
-            }
-        else:
-            answer = {
-                "id": "chatcmpl-stub",
-                "object": "chat.completion",
-                "model": model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": "ok " * completion},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": prompt,
-                    "completion_tokens": completion,
-                    "total_tokens": prompt + completion,
-                },
-            }
+            # Written as text: the numbers are OpenAI's length, and cheap at any size.
+            data = ",".join(
+                f'{{"object":"embedding","index":{i},"embedding":{embedding_json(t, dimensions)}}}'
+                for i, t in enumerate(texts)
+            )
+            usage = json.dumps({"prompt_tokens": prompt, "total_tokens": prompt})
+            text = (
+                f'{{"object":"list","model":{json.dumps(model)},"data":[{data}],"usage":{usage}}}'
+            )
+            return web.Response(text=text, content_type="application/json", headers=verdict.headers)
+        answer = {
+            "id": "chatcmpl-stub",
+            "object": "chat.completion",
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "ok " * completion},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            },
+        }
         return web.json_response(answer, headers=verdict.headers)
 
     @staticmethod
@@ -262,22 +312,86 @@ async def _serve(args: argparse.Namespace) -> None:
     await serve_app(app, args.port, args.lifetime_s)
 
 
+def parser() -> argparse.ArgumentParser:
+    """The stub's command line (every flag described in ``--help``)."""
+    out = argparse.ArgumentParser(
+        prog="python -m timewheel.cli.bench.openai_stub",
+        description="An OpenAI-compatible stub on 127.0.0.1 (POST /v1/embeddings, "
+        "POST /v1/chat/completions, GET /stats) that meters each API key over a sliding "
+        "window, as OpenAI does. It prints 'port N' once it listens.",
+    )
+    add = out.add_argument
+    add(
+        "--port",
+        metavar="N",
+        type=int,
+        default=0,
+        help="the port to listen on (default: 0, any free one)",
+    )
+    add(
+        "--rpm",
+        metavar="N",
+        type=int,
+        default=5000,
+        help="requests per window per key (default: 5000)",
+    )
+    add(
+        "--tpm",
+        metavar="N",
+        type=int,
+        default=2_000_000,
+        help="tokens per window per key (default: 2000000)",
+    )
+    add(
+        "--window-s",
+        metavar="S",
+        type=float,
+        default=60.0,
+        help="the sliding window's length in seconds (default: 60, a minute)",
+    )
+    add(
+        "--latency-ms",
+        metavar="MS",
+        type=float,
+        default=0.0,
+        help="how long each admitted request waits before its answer (default: 0)",
+    )
+    add(
+        "--completion-tokens",
+        metavar="N",
+        type=int,
+        default=8,
+        help="tokens a chat answer adds to its prompt's (default: 8)",
+    )
+    add(
+        "--dimensions",
+        metavar="N",
+        type=int,
+        default=DEFAULT_DIMENSIONS,
+        help=f"numbers per embedding when a request gives no 'dimensions' (default: "
+        f"{DEFAULT_DIMENSIONS}, text-embedding-3-small's; 3072 is -large's; at most "
+        f"{MAX_DIMENSIONS})",
+    )
+    add(
+        "--lifetime-s",
+        metavar="S",
+        type=float,
+        default=3600.0,
+        help="exit after this many seconds, or when the parent process goes away (default: 3600)",
+    )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the stub until its lifetime ends or its parent exits."""
-    parser = argparse.ArgumentParser(prog="python -m timewheel.cli.bench.openai_stub")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--rpm", type=int, default=5000, help="requests per window per key")
-    parser.add_argument("--tpm", type=int, default=2_000_000, help="tokens per window per key")
-    parser.add_argument("--window-s", type=float, default=60.0)
-    parser.add_argument("--latency-ms", type=float, default=0.0)
-    parser.add_argument("--completion-tokens", type=int, default=8)
-    parser.add_argument("--dims", type=int, default=8, help="numbers per embedding")
-    parser.add_argument("--lifetime-s", type=float, default=3600.0)
-    args = parser.parse_args(argv)
-    if min(args.rpm, args.tpm, args.dims) < 1 or not args.window_s > 0:
-        parser.error("--rpm, --tpm and --dims must be >= 1 and --window-s > 0")
+    command = parser()
+    args = command.parse_args(argv)
+    if min(args.rpm, args.tpm) < 1 or not args.window_s > 0:
+        command.error("--rpm and --tpm must be >= 1 and --window-s > 0")
+    if not 1 <= args.dimensions <= MAX_DIMENSIONS:
+        command.error(f"--dimensions must be between 1 and {MAX_DIMENSIONS}, got {args.dimensions}")
     if args.latency_ms < 0 or args.completion_tokens < 0:
-        parser.error("--latency-ms and --completion-tokens must be >= 0")
+        command.error("--latency-ms and --completion-tokens must be >= 0")
     asyncio.run(_serve(args))
     return 0
 
@@ -292,12 +406,14 @@ class StubProcess(ChildService):
         window_s: float = 60.0,
         latency_ms: float = 0.0,
         completion_tokens: int = 8,
+        dimensions: int = DEFAULT_DIMENSIONS,
     ) -> None:
         super().__init__(
             "the OpenAI stub",
             "timewheel.cli.bench.openai_stub",
             *("--rpm", str(rpm), "--tpm", str(tpm), "--window-s", str(window_s)),
             *("--latency-ms", str(latency_ms), "--completion-tokens", str(completion_tokens)),
+            *("--dimensions", str(dimensions)),
         )
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
 
