@@ -136,6 +136,34 @@ def test_batch_format_makes_its_body_and_its_split() -> None:
     assert pickle.loads(pickle.dumps(given)).encoder.encode([2]) == given.encoder.encode([2])
 
 
+def test_max_reply_bytes_is_per_row_and_a_batch_reads_as_many_times_it() -> None:
+    from timewheel.spark.http.request import too_large
+
+    limits = HttpLimits(max_reply_bytes=1 << 20)
+    assert [limits.reply_limit(rows) for rows in (1, 50, 100)] == [1 << 20, 50 << 20, 100 << 20]
+    assert HttpLimits(max_reply_bytes=(1 << 63) - 1).reply_limit(100) == (1 << 63) - 1
+    # A row's own request: the words it always had.
+    assert too_large(limits) == "answer larger than 1048576 bytes (max_reply_bytes): not read"
+    # A batch's: the setting to raise, and to what, when the answer said its length.
+    small = HttpLimits(max_reply_bytes=20_000)
+    error = too_large(small, 100, "3256794")
+    assert error == (
+        "the batch's answer (3256794 bytes for 100 rows) is larger than 2000000 bytes "
+        "(100 x HttpLimits.max_reply_bytes 20000, per row): not read; raise "
+        "HttpLimits.max_reply_bytes (--max-reply-bytes) to at least 32568 (per row)"
+    )
+    assert error.retry_after_s is None  # final: a retry would get the same answer
+    # No length (chunked), or one the limit does not bound (a compressed answer's): what
+    # is known is that it is more than the limit.
+    for length in (None, "-1", "1200"):
+        assert too_large(small, 1, length) == (
+            "the batch's answer for 1 row is larger than 20000 bytes (1 x "
+            "HttpLimits.max_reply_bytes 20000, per row): not read; raise "
+            "HttpLimits.max_reply_bytes (--max-reply-bytes) above 20000 (per row; the answer "
+            "did not say its length)"
+        )
+
+
 def test_the_target_takes_the_objects_whole(tmp_path: Path) -> None:
     (tmp_path / "ca.pem").write_text("x")
     tls = TLS(ca_file=str(tmp_path / "ca.pem"), http2=False)

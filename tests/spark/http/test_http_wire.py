@@ -3,13 +3,16 @@
 The server reads requests one after another on each keep-alive connection and answers by
 path, so that the test sees exactly what the client sent (a smuggled second request, a
 path a row changed) and can do what legal servers do that frameworks hide (close after
-every answer, gzip, 503 with Retry-After).
+every answer, gzip, 503 with Retry-After). Batches' answers at real size come from the
+OpenAI stub (``timewheel.cli.bench.openai_stub``: 1,536 numbers per embedding, as OpenAI
+writes them).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gzip
+import json
 import os
 import re
 import resource
@@ -27,10 +30,14 @@ import pytest
 
 pytest.importorskip("pycurl")
 
+from openai_stub_fixtures import OpenAIStub
+from timewheel.spark.batch.spec import Batching
+from timewheel.spark.contract import TargetPlan, bind
 from timewheel.spark.engine.partition import timewheel_engine
 from timewheel.spark.options import DispatchConfig
 from timewheel.spark.outcome import Outcome
-from timewheel.spark.targets import HttpDownstream, HttpLimits
+from timewheel.spark.secrets import parse_secret
+from timewheel.spark.targets import BatchFormat, HttpDownstream, HttpLimits
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -114,6 +121,12 @@ class _WireServer(socketserver.ThreadingTCPServer):
         elif kind == "bomb":
             body = gzip.compress(b"\0" * (20 << 20))
             extra = b"Content-Encoding: gzip\r\n"
+        elif kind == "chunked":  # 2.5 MiB with no Content-Length: its size known once read
+            conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for _ in range(40):
+                conn.sendall(b"10000\r\n" + b"x" * 0x10000 + b"\r\n")
+            conn.sendall(b"0\r\n\r\n")
+            return keep
         elif kind == "busy":
             with self.lock:
                 nth = self.hits[path]
@@ -317,6 +330,130 @@ def test_a_decoded_answer_is_bounded_by_max_reply_bytes(server: _WireServer) -> 
     out = run([{"id": 1}], HttpDownstream(server.url + "/bomb"), retries=2)
     assert (out[1].status, out[1].attempts) == ("failed", 1)
     assert out[1].error == "answer larger than 1048576 bytes (max_reply_bytes): not read"
+
+
+# -- item: a batch's answer is bounded per row ---------------------------------------------
+
+# OpenAI's embeddings API: the rows' texts in one request, an embedding per row back.
+EMBEDDINGS = BatchFormat(
+    lambda bodies: {"model": "m", "input": [b["input"] for b in bodies]},
+    reply="data[*].embedding",
+)
+
+
+@pytest.fixture(scope="module")
+def openai() -> Iterator[OpenAIStub]:
+    stub = OpenAIStub()  # 1536 numbers per embedding unless a request asks otherwise
+    try:
+        yield stub
+    finally:
+        stub.close()
+
+
+def embedder(stub: OpenAIStub, max_reply_bytes: int = 1 << 20, **kwargs: Any) -> HttpDownstream:
+    kwargs.setdefault("headers", {"Authorization": "Bearer sk-test"})
+    return HttpDownstream(
+        stub.base_url + "/embeddings",
+        body=["input", "dimensions"],  # a row's own request: OpenAI's shape too
+        batch=kwargs.pop("batch", EMBEDDINGS),
+        limits=HttpLimits(max_reply_bytes=max_reply_bytes),
+        **kwargs,
+    )
+
+
+def texts(n: int, dimensions: int | None = None) -> list[dict[str, Any]]:
+    return [{"id": i, "input": f"text number {i}", "dimensions": dimensions} for i in range(n)]
+
+
+def run_batches(rows: list[dict[str, Any]], target: HttpDownstream) -> dict[Any, Outcome]:
+    config = DispatchConfig(batch=Batching(100, 0), timeout_ms=60_000, retries=2, backoff_ms=10)
+    outcomes = timewheel_engine(iter(rows), bind(target, TargetPlan("id", batching=True)), config)
+    by_id = {o.row["id"]: o for o in outcomes}
+    assert sorted(by_id) == sorted(r["id"] for r in rows)
+    return by_id
+
+
+@pytest.mark.parametrize("dimensions", [1536, 3072])
+def test_batches_of_real_embeddings_are_read_whole_at_the_default_limit(
+    openai: OpenAIStub, dimensions: int
+) -> None:
+    # text-embedding-3-small's 1536 numbers (the stub's default) and -large's 3072 (the
+    # API's "dimensions" parameter), 100 per request: 3 and 6.5 MB answers.
+    asked = None if dimensions == 1536 else dimensions
+    batch = BatchFormat(
+        lambda bodies: {"model": "m", "input": [b["input"] for b in bodies], "dimensions": asked},
+        reply="data[*].embedding",
+    )
+    sent = openai.stats()["requests"]
+    out = run_batches(texts(300), embedder(openai, batch=batch))
+    assert {(o.status, o.attempts) for o in out.values()} == {("ok", 1)}, out[0].error
+    assert openai.stats()["requests"] - sent == 3  # one request per 100 rows, none again
+    for o in out.values():
+        numbers = json.loads(o.response or "")
+        assert len(numbers) == dimensions and all(type(x) is float for x in numbers)
+    # Each answer was far above the 1 MiB that used to bound a whole batch's answer.
+    assert 100 * min(len(o.response or "") for o in out.values()) > 2 << 20
+
+
+@pytest.mark.parametrize("secret", [False, True])
+def test_a_batch_over_the_limit_says_which_setting_to_raise_and_to_what(
+    openai: OpenAIStub, secret: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kwargs: dict[str, Any] = {}
+    if secret:  # headers read per request, on their own path to the loop
+        monkeypatch.setenv("TW_TEST_OPENAI_KEY", "sk-test")
+        kwargs["headers"] = {"Authorization": parse_secret("Bearer {env:TW_TEST_OPENAI_KEY}")}
+    rows = texts(200)
+    sent = openai.stats()["requests"]
+    out = run_batches(rows, embedder(openai, max_reply_bytes=20_000, **kwargs))
+    assert {(o.status, o.attempts) for o in out.values()} == {("failed", 1)}
+    assert openai.stats()["requests"] - sent == 2  # final: no retry pays for it again
+    pattern = re.compile(
+        r"the batch's answer \((\d+) bytes for 100 rows\) is larger than 2000000 bytes "
+        r"\(100 x HttpLimits\.max_reply_bytes 20000, per row\): not read; raise "
+        r"HttpLimits\.max_reply_bytes \(--max-reply-bytes\) to at least (\d+) \(per row\)"
+    )
+    asked = set()
+    for o in out.values():
+        match = pattern.fullmatch(o.error or "")
+        assert match is not None, o.error
+        size, least = int(match.group(1)), int(match.group(2))
+        assert size > 3_000_000 and least == -(-size // 100)
+        asked.add(least)
+    # What it says is enough: the same rows at that limit are all read.
+    out = run_batches(rows, embedder(openai, max_reply_bytes=max(asked), **kwargs))
+    assert {(o.status, o.attempts) for o in out.values()} == {("ok", 1)}
+
+
+@pytest.mark.parametrize("kind", ["chunked", "bomb"])
+def test_a_batch_over_the_limit_of_unknown_length_says_so(server: _WireServer, kind: str) -> None:
+    # No Content-Length, or a compressed one (20 MiB of gzip'd zeros): 2 rows read 2 MiB.
+    target = HttpDownstream(f"{server.url}/{kind}")
+    out = run_batches([{"id": 0}, {"id": 1}], target)
+    assert {(o.status, o.attempts) for o in out.values()} == {("failed", 1)}
+    assert out[0].error == (
+        "the batch's answer for 2 rows is larger than 2097152 bytes (2 x "
+        "HttpLimits.max_reply_bytes 1048576, per row): not read; raise "
+        "HttpLimits.max_reply_bytes (--max-reply-bytes) above 1048576 (per row; the answer "
+        "did not say its length)"
+    )
+
+
+def test_a_rows_own_request_reads_max_reply_bytes_after_a_batch_on_its_connection(
+    openai: OpenAIStub,
+) -> None:
+    target = embedder(openai, max_reply_bytes=40_000)
+    out = run_batches(texts(100), target)  # 3.3 MB: read, under 100 x 40 kB
+    assert {o.status for o in out.values()} == {"ok"}
+    # The same target, one row per request, on the handle the batch used: its own limit.
+    many = [f"text number {i}" for i in range(100)]
+    rows = [{"id": 0, "input": many, "dimensions": None}, *texts(3)[1:]]
+    out = run(rows, target, max_in_flight=1)
+    assert (out[0].status, out[0].error) == (
+        "failed",
+        "answer larger than 40000 bytes (max_reply_bytes): not read",
+    )
+    assert [out[i].status for i in (1, 2)] == ["ok", "ok"]  # 33 kB each
 
 
 def test_a_503_with_retry_after_is_retried_after_it(server: _WireServer) -> None:
