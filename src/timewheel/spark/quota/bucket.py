@@ -374,9 +374,10 @@ class Failover:
         self._record(0, 0.0)  # (drops what is older than the window)
         q = self.quota
         span = SHARE_WINDOW_S + BURST_S
-        requests = sum(r for _, r, _ in self.granted) / span
-        cost = sum(c for _, _, c in self.granted) / span
-        slots = sum(self.slots_held.values())
+        with self.lock:  # (other tasks' threads record as it is read)
+            requests = sum(r for _, r, _ in self.granted) / span
+            cost = sum(c for _, _, c in self.granted) / span
+            slots = sum(self.slots_held.values())
         if (
             (q.rate is not None and requests <= 0)
             or (q.cost_rate is not None and cost <= 0)
