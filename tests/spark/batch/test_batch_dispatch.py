@@ -57,9 +57,7 @@ def test_a_de_duplicated_request_joins_a_batch_once(spark: Any, service: Scripte
     df = spark.range(210, numPartitions=3).select(
         F.col("id").alias("row"), (F.col("id") % 7).alias("id")
     )
-    target = HttpDownstream(
-        service.batch_url, body=["id"], batch=BatchFormat(reply="data[*].echo")
-    )
+    target = HttpDownstream(service.batch_url, body=["id"], batch=BatchFormat(reply="data[*].echo"))
     rows = dispatch(
         df,
         target,
@@ -73,6 +71,37 @@ def test_a_de_duplicated_request_joins_a_batch_once(spark: Any, service: Scripte
     assert sorted(sent) == list(range(7))  # each distinct request in one batch, once
     for r in rows:
         assert r["response"] == f'{{"id":{r["id"]}}}'
+
+
+def test_real_embeddings_in_batches_of_100_come_back_whole(spark: Any) -> None:
+    from openai_stub_fixtures import OpenAIStub
+
+    # The documented setup: 1,536 numbers per embedding, 100 texts per request (~3 MB
+    # answers, which the default max_reply_bytes, per row, reads).
+    stub = OpenAIStub()
+    try:
+        df = spark.range(400, numPartitions=2).select(
+            "id", F.concat(F.lit("text "), F.col("id")).alias("text")
+        )
+        target = HttpDownstream(
+            f"{stub.base_url}/embeddings",
+            body=lambda row: row["text"],
+            headers={"Authorization": "Bearer sk-test"},
+            batch=BatchFormat('{"model": "m", "input": $rows}', reply="data[*]"),
+        )
+        out = dispatch(
+            df,
+            target,
+            id_col="id",
+            batching=Batching(100, linger_ms=5000),
+            reply_schema="index int, embedding array<double>",
+            timeout_ms=60_000,
+        )
+        rows = out.select("status", "attempts", F.size("reply.embedding").alias("n")).collect()
+        assert {(r["status"], r["attempts"], r["n"]) for r in rows} == {("ok", 1, 1536)}
+        assert len(rows) == 400 and stub.stats()["requests"] == 4
+    finally:
+        stub.close()
 
 
 @pytest.mark.parametrize(
