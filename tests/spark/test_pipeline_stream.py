@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -163,6 +164,63 @@ def test_a_running_stream_stops_on_sigterm_and_goes_on_where_it_was(
     assert done.returncode == 0, done.stderr
     assert json.loads((out / "summary.json").read_text())["rows"] == 150
     assert len(service.seen.requests) == 150 and set(service.seen.per_key.values()) == {1}
+
+
+def test_a_stream_the_budget_stopped_sends_the_rows_it_skipped_when_run_again(
+    spark: Any, service: ScriptedService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--max-requests 30 of 50 rows: the stream stops (exit 3, a line saying why even
+    with --quiet), its micro-batch left for the next run; run again with a larger cap,
+    it sends the 20 rows not sent, each once, and exits 0."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    land(inp, 0, 0)
+    argv = ["--stream", "--once", "--input", str(inp), "--output", str(out), "--quiet"]
+    argv += ["--target", service.url, "--master", "local[2]", "--max-in-flight", "4"]
+    assert pipeline_cli([*argv, "--max-requests", "30"]) == 3
+    err = capsys.readouterr().err
+    assert "the quota was spent" in err and "runs again" in err, err
+    assert len(service.seen.requests) == 30
+    assert pipeline_cli([*argv, "--max-requests", "1000"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rows"] == 50 and summary["status"]["ok"] == 50
+    assert summary["budget_spent"] is None
+    assert summary["micro_batches"][0]["from_record"] == 30
+    ids = sorted(r["id"] for r in spark.read.parquet(str(out / "rows")).collect())
+    assert ids == list(range(50))
+    assert len(service.seen.requests) == 50 and set(service.seen.per_key.values()) == {1}
+    assert pipeline_cli([*argv, "--max-requests", "1000"]) == 0  # nothing new: 0 again
+
+
+@kill_lane
+def test_sigterm_to_the_process_group_stops_a_stream_with_143(
+    service: ScriptedService, tmp_path: Path
+) -> None:
+    """systemd stops a service with SIGTERM to its whole process group: Spark's JVM gets
+    it too, and the stop is still a stop (143, one line), not an error."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    land(inp, 0, 0)
+    argv = ["--stream", "--input", str(inp), "--output", str(out), "--trigger-ms", "200"]
+    argv += ["--target", service.url, "--master", "local[2]", "--quiet"]
+    command = [sys.executable, "-m", "timewheel", "pipeline", *argv]
+    with subprocess.Popen(
+        command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+    ) as p:
+        try:
+            deadline = time.monotonic() + 240
+            while not (out / "rows" / "batch=0").is_dir():
+                assert p.poll() is None, p.communicate()
+                assert time.monotonic() < deadline, "no micro-batch in time"
+                time.sleep(0.1)  # polling the disk for the query's output
+            os.killpg(p.pid, signal.SIGTERM)
+            _, err = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 143, err
+    assert err.strip().splitlines()[-1].startswith("timewheel pipeline: stopped by SIGTERM")
+    assert "Traceback" not in err and "error" not in err, err
 
 
 @pytest.mark.parametrize(

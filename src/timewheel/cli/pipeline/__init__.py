@@ -35,7 +35,7 @@ from .output import (
 )
 from .precheck import check_before_spark
 from .sessions import check_remote, connect_session
-from .stream import check_checkpoint, check_stream_args, run_stream
+from .stream import check_checkpoint, check_stream_args, run_stream, stream_exit
 
 __all__ = ["add_parser", "main"]
 
@@ -215,14 +215,7 @@ def _run_stream(
         if reports is not None:
             reports.close()
     print(json.dumps(summary, indent=2))
-    bad = summary["status"][FAILED] + summary["status"][TIMEOUT]
-    if bad > summary["max_failed_rows"]:
-        _note(
-            f"{bad:,} of {summary['rows']:,} rows failed or timed out, more than "
-            f"--max-failed {_limit_text(args.max_failed)} allows"
-        )
-        return 1
-    return 3 if summary["status"][SKIPPED] else 0
+    return stream_exit(args, summary)
 
 
 def _say_why(args: argparse.Namespace, summary: dict[str, Any]) -> None:

@@ -75,6 +75,7 @@ class _Job:
             if self.signalled is not None:
                 raise KeyboardInterrupt
             self.signalled = signum
+            self.quiet_accumulators()
             threading.Thread(target=self.cancel, name="timewheel-cancel", daemon=True).start()
 
         old = {signum: signal.signal(signum, on_signal) for signum in _STOP_SIGNALS}
@@ -83,6 +84,15 @@ class _Job:
         finally:
             for signum, handler in old.items():
                 signal.signal(signum, handler)
+
+    def quiet_accumulators(self) -> None:
+        """Stopping: a JVM that goes too (a SIGTERM to the process group, as systemd
+        stops a service) makes PySpark's accumulator server print a traceback per
+        connection it had; the stop is said in one line instead."""
+        if not self.connect:
+            with contextlib.suppress(Exception):
+                server = self.spark.sparkContext._accumulatorServer
+                server.handle_error = lambda request, address: None
 
     def raise_if_signalled(self) -> None:
         """End the run as the signal that arrived asks (KeyboardInterrupt or Stopped)."""

@@ -10,6 +10,11 @@ checkpoint. ``--once`` reads what is there and stops (``availableNow``); without
 query runs until SIGINT or SIGTERM (the micro-batch in progress is left for the next
 run: its rows already answered are not sent again). A line per micro-batch says what
 it did; the summary at the end counts every row in ``--output/rows``.
+
+When the quota's budget (or request cap) is spent, the stream stops (exit 3) and the
+micro-batch it was in is not written: its rows the budget skipped were not sent, and
+the record does not hold them, so the next run (say with a larger budget) runs that
+micro-batch again and sends exactly those (the rows answered come from the record).
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ... import metrics
-from ...spark.outcome import STATUSES
-from .errors import UsageError, _note, one_line
+from ...spark.outcome import FAILED, SKIPPED, STATUSES, TIMEOUT
+from .errors import UsageError, _limit_text, _note, one_line
 from .summary import failure_budget
 
 __all__ = [
@@ -35,6 +40,7 @@ __all__ = [
     "landed",
     "quantiles",
     "run_stream",
+    "stream_exit",
     "stream_format",
 ]
 
@@ -171,6 +177,11 @@ class _Numbers:
         metrics.register(STREAM_KIND, self, "pipeline")
 
 
+class BudgetSpent(Exception):
+    """Raised in ``foreachBatch`` to stop the query, its micro-batch not committed, when
+    the quota's budget skipped rows of it."""
+
+
 class _Batches:
     """The query's ``foreachBatch``: each micro-batch written whole (aside, then moved in
     place of what a run before wrote of it), counted, and its lag measured."""
@@ -183,6 +194,8 @@ class _Batches:
         self.quiet = quiet
         self.seen: list[dict[str, Any]] = []
         self.lags: list[float] = []  # every landed file's lag, this run
+        # The micro-batch the budget stopped (left for the next run), when it did.
+        self.spent: dict[str, int] | None = None
         # Dropped when the run ends (Spark may hold this object longer).
         self.numbers: _Numbers | None = _Numbers()
 
@@ -209,14 +222,19 @@ class _Batches:
         aside = self.rows / f"_writing-batch={batch_id}"
         shutil.rmtree(aside, ignore_errors=True)
         batch.write.parquet(str(aside))
+        # Read back (its status column, in this process: no Spark job), as counting the
+        # batch itself would compute it, and call, again.
+        counts = {status: 0 for status in STATUSES}
+        counts.update(Counter(pq.read_table(aside, columns=["status"])["status"].to_pylist()))
+        if counts[SKIPPED]:  # not committed: run again, it sends the rows not sent
+            shutil.rmtree(aside, ignore_errors=True)
+            rows = sum(counts.values())
+            self.spent = {"micro_batch": batch_id, "rows": rows, "rows_not_sent": counts[SKIPPED]}
+            raise BudgetSpent(f"the quota was spent in micro-batch {batch_id}")
         shutil.rmtree(path, ignore_errors=True)
         aside.rename(path)
         now = time.time()
         lags = [now - t for t in landed(self.sources, batch_id)]
-        # Read back (its status column, in this process: no Spark job), as counting the
-        # batch itself would compute it, and call, again.
-        counts = {status: 0 for status in STATUSES}
-        counts.update(Counter(pq.read_table(path, columns=["status"])["status"].to_pylist()))
         done: dict[str, Any] = {"batch": batch_id, "rows": sum(counts.values()), "status": counts}
         if self.reports is not None:
             after = self._engine()
@@ -275,31 +293,66 @@ def run_stream(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) 
     else:
         writer = writer.trigger(processingTime=f"{args.trigger_ms} milliseconds")
     start = time.monotonic()
-    failure = None
     with job.signals():
-        query = writer.start()
         try:
-            while query.isActive and job.signalled is None:
-                query.awaitTermination(0.5)
-        except Exception as exc:  # the query failed, or a signal cancelled its batch
-            failure = exc
-        finally:
-            if query.isActive:
-                query.stop()
-            batches.numbers = None  # off the exporters
-        # A signal's cancelling ends the micro-batch in progress: it is left for the
-        # next run (its rows already answered are in the record), not a failure.
-        if failure is not None and job.signalled is None:
-            raise RuntimeError(f"the stream failed: {one_line(failure)}") from failure
-        try:
-            summary = _summary(spark, out_dir, batches, time.monotonic() - start, args)
-            (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            summary = _query(spark, writer, job, out_dir, batches, start, args)
         except Exception:
+            # Stopped: the signal's cancelling ends the micro-batch in progress, left for
+            # the next run (its rows already answered are in the record). The summary's
+            # own job may be cancelled too (none written), and a SIGTERM to the process
+            # group (systemd's stop) ends Spark's JVM as well: whatever fails then is
+            # the stop, not an error.
             if job.signalled is None:
                 raise
-            # Stopped: the summary's own job may have been cancelled too; none written.
         job.raise_if_signalled()
     return summary
+
+
+def _query(
+    spark: Any, writer: Any, job: Any, out_dir: Path, batches: _Batches, start: float, args: Any
+) -> dict[str, Any]:
+    """Run the query until it ends or a signal stops it; its summary, written."""
+    failure = None
+    query = writer.start()
+    try:
+        while query.isActive and job.signalled is None:
+            query.awaitTermination(0.5)
+    except Exception as exc:  # the query failed, or a signal cancelled its batch
+        failure = exc
+    finally:
+        batches.numbers = None  # off the exporters
+        if query.isActive:
+            query.stop()
+    if failure is not None and job.signalled is None and batches.spent is None:
+        raise RuntimeError(f"the stream failed: {one_line(failure)}") from failure
+    summary = _summary(spark, out_dir, batches, time.monotonic() - start, args)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def stream_exit(args: argparse.Namespace, summary: dict[str, Any]) -> int:
+    """The exit status a stream's summary calls for, said in one line (even with
+    ``--quiet``) when it is not 0."""
+    bad = summary["status"][FAILED] + summary["status"][TIMEOUT]
+    if bad > summary["max_failed_rows"]:
+        _note(
+            f"{bad:,} of {summary['rows']:,} rows failed or timed out, more than "
+            f"--max-failed {_limit_text(args.max_failed)} allows"
+        )
+        return 1
+    spent = summary.get("budget_spent")
+    if spent is not None:
+        _note(
+            f"the quota was spent: the stream stopped in micro-batch {spent['micro_batch']}, "
+            f"whose {spent['rows_not_sent']:,} rows not sent (of {spent['rows']:,}) are "
+            "sent when the stream runs again (with a budget left)"
+        )
+        return 3
+    skipped = summary["status"][SKIPPED]
+    if skipped:  # written by an earlier version, which committed skipped rows
+        _note(f"{skipped:,} rows in --output are 'skipped': the quota was spent")
+        return 3
+    return 0
 
 
 def check_checkpoint(out_dir: Path) -> None:
@@ -337,7 +390,7 @@ def _summary(
 ) -> dict[str, Any]:
     counts = {status: 0 for status in STATUSES}
     rows_dir = out_dir / "rows"
-    if rows_dir.is_dir():
+    if rows_dir.is_dir() and any(rows_dir.glob("batch=*")):
         found = spark.read.parquet(str(rows_dir)).groupBy("status").count().collect()
         counts.update({r["status"]: r["count"] for r in found})
     rows = sum(counts.values())
@@ -347,6 +400,8 @@ def _summary(
         "rows": rows,
         "status": counts,
         "micro_batches": batches.seen,
+        # The micro-batch the quota's budget stopped, left for the next run (or None).
+        "budget_spent": batches.spent,
         "lag_s": quantiles(batches.lags),
         "elapsed_s": round(elapsed, 3),
         "max_failed_rows": failure_budget(args.max_failed, rows),
