@@ -43,7 +43,7 @@ from .engine.contract import Engine
 from .engine.partition import timewheel_engine
 from .options import MAX_DELAY_MS, Calls, Cost, Dedupe, DispatchConfig, Journal
 from .outcome import OK, RESULT_COLUMNS
-from .quota.placement import check_quota, place_quota
+from .quota.placement import check_quota, check_store, place_quota
 from .quota.spec import Quota
 
 __all__ = ["dispatch", "partition_dispatcher"]
@@ -228,7 +228,9 @@ def dispatch(
         dedupe, quota is not None,
     )
     estimate, actual = (None, None) if cost is None else (cost.estimate, cost.actual)
-    check_quota(df.schema, quota, estimate, actual, None)
+    check_quota(df.schema, quota, estimate, actual)
+    if quota is not None:
+        check_store(quota)  # a store that cannot be reached stops the job here
     if quota is not None and engine is not timewheel_engine:
         raise ValueError(f"a quota is kept by the timewheel engine only, not by {engine!r}")
     if journal is not None and not isinstance(journal, Journal):

@@ -309,21 +309,31 @@ def test_a_quota_kept_in_redis_is_shared_and_counted_there(spark: Any, tmp_path:
 
 
 @pytest.mark.spark
-def test_a_store_that_cannot_be_reached_falls_back_to_the_static_split(spark: Any) -> None:
+def test_a_store_that_cannot_be_reached_stops_the_job_before_it_starts(
+    spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from redis_fixtures import free_port
     from timewheel.spark import dispatch
+    from timewheel.spark.quota.spec import QuotaStoreError
     from timewheel.spark.simulator import SimulatedDownstream
 
     pytest.importorskip("redis")
-    nobody = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    quota = Quota(max_requests=100, store=nobody, name="gone")
+    # Nothing listens there; the password is read where it is used, and never shown.
+    nobody = f"redis://127.0.0.1:{free_port()}/0"
+    monkeypatch.setenv("TW_TEST_REDIS_PASSWORD", "hunter2")
+    password = "env:TW_TEST_REDIS_PASSWORD"
+    quota = Quota(max_requests=100, store=nobody, name="gone", store_password=password)
     df = spark.range(0, 300, numPartitions=3)
-    rows = dispatch(df, SimulatedDownstream(1, 2, seed=5), id_col="id", quota=quota).collect()
-    counts = Counter(r.status for r in rows)
-    assert sorted(r.id for r in rows) == list(range(300))
-    # Each worker falls back to its half of the cap: together, never above it.
-    assert 0 < counts["ok"] <= 100
-    assert counts["ok"] + counts["skipped"] == 300
+    sc = spark.sparkContext
+    sc.setJobGroup("unreachable", "must stay empty")
+    try:
+        # Its tasks would otherwise wait for a store that is not there (a mistyped URL).
+        with pytest.raises(QuotaStoreError, match="cannot be reached") as info:
+            dispatch(df, SimulatedDownstream(1, 2, seed=5), id_col="id", quota=quota)
+        assert "hunter2" not in str(info.value)
+        assert list(sc.statusTracker().getJobIdsForGroup("unreachable")) == []
+    finally:
+        sc.setJobGroup("tests", "")
 
 
 @pytest.mark.spark
@@ -497,8 +507,8 @@ def test_a_budget_needs_a_cost_to_count_it_by() -> None:
     from timewheel.spark.quota.placement import check_quota
 
     with pytest.raises(ValueError, match=r"budget \(10\) has no cost to count it by"):
-        check_quota(StructType([]), Quota(budget=10), None, None, None)
-    check_quota(StructType([]), Quota(budget=10), None, "usage.total_tokens", None)
+        check_quota(StructType([]), Quota(budget=10), None, None)
+    check_quota(StructType([]), Quota(budget=10), None, "usage.total_tokens")
     assert Cost(actual="usage.total_tokens", max_per_call=500).max_per_call == 500.0
     for bad, error in [(0, ValueError), (-1, ValueError), (math.nan, ValueError),
                        (True, TypeError), ("5", TypeError)]:  # fmt: skip

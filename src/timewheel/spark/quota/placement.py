@@ -134,14 +134,29 @@ def redis_store_of(quota: Quota, job: str | None = None) -> QuotaStore:
     here, where it is used."""
     from .redis_store import RedisStore
 
-    password = None
-    if quota.store_password is not None:
-        from ..secrets import Secret
-
-        password = Secret(quota.store_password).resolve()[0]
     assert quota.store is not None and quota.name is not None
     job = job_of(quota) if job is None else job
-    return RedisStore(quota.store, quota.name, quota, password=password, job=job)
+    return RedisStore(quota.store, quota.name, quota, password=_password(quota), job=job)
+
+
+def _password(quota: Quota) -> str | None:
+    """Redis's password for ``quota``, read here, where it is used (None: none)."""
+    if quota.store_password is None:
+        return None
+    from ..secrets import Secret
+
+    return Secret(quota.store_password).resolve()[0]
+
+
+def check_store(quota: Quota) -> None:
+    """QuotaStoreError unless the Redis ``quota`` names (if any) answers: asked from the
+    driver before a job, since its tasks would otherwise wait for a store that is not
+    there (a mistyped URL)."""
+    if quota.store in (None, "static"):
+        return
+    from .redis_store import check_reachable
+
+    check_reachable(quota.store, password=_password(quota))
 
 
 class _Unreachable:
@@ -165,17 +180,13 @@ class _Unreachable:
         pass
 
 
-def check_quota(schema: Any, quota: Any, cost: Any, reply_cost: Any, rate: float | None) -> None:
+def check_quota(schema: Any, quota: Any, cost: Any, reply_cost: Any) -> None:
     """ValueError/TypeError for a quota, cost or reply_cost that cannot be used on
     ``schema``, before any job."""
     from pyspark.sql.types import NumericType
 
     if quota is not None and not isinstance(quota, Quota):
         raise TypeError(f"quota must be a timewheel.spark.Quota, got {quota!r}")
-    if quota is not None and rate is not None:
-        raise ValueError(
-            "give rate or quota, not both (rate=R splits R statically; Quota(rate=R) shares it)"
-        )
     for name, spec in (("cost", cost), ("reply_cost", reply_cost)):
         if check_cost(name, spec) is not None and quota is None:
             raise ValueError(f"{name} is given without a quota to count it against")

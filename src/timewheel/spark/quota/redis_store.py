@@ -266,6 +266,24 @@ def _client(url: str, timeout_s: float, password: str | None) -> Any:
     )
 
 
+def check_reachable(url: str, *, password: str | None = None, timeout_s: float = 5.0) -> None:
+    """QuotaStoreError unless the Redis at ``url`` answers a PING within ``timeout_s``:
+    the driver asks before a job starts, so a store that is mistyped or down stops the
+    job with that reason instead of leaving its tasks waiting for it."""
+    import redis
+
+    _check_url(url)
+    client = _client(url, timeout_s, password)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise QuotaStoreError(
+            f"the quota store {redact_url(url)} cannot be reached: {type(exc).__name__}: {exc}"
+        ) from None
+    finally:
+        client.close()
+
+
 def reset_quota(url: str, name: str, *, password: str | None = None, timeout_s: float = 5.0) -> int:
     """Forget everything the Redis at ``url`` keeps for the quota ``name``: the state
     the jobs share and every job's count (so a budget refused is gone too). Returns
