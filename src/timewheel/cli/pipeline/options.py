@@ -439,7 +439,8 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_MAX_REPLY_BYTES,
         metavar="N",
-        help="the longest answer read; a longer one fails the attempt (default: %(default)s)",
+        help="the longest answer read, per row (a batch of 100 rows reads up to 100 times "
+        "it); a longer one fails the attempt (default: %(default)s)",
     )
     target = option_group(parser, "target")
     target.add_argument(
