@@ -80,7 +80,7 @@ def check_before_spark(
             calls=calls,
             batching=Batching(args.batch_size, args.batch_linger_ms),
         )
-        check_quota(schema, quota, args.cost_col, args.reply_cost, None)
+        check_quota(schema, quota, args.cost_col, args.reply_cost)
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
 
