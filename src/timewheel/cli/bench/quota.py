@@ -109,6 +109,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=30.0,
         help="batches: how long each run sends, about (default: %(default)s)",
     )
+    parser.add_argument(
+        "--dimensions",
+        type=positive(int),
+        default=8,
+        help="numbers per embedding the stub answers (default: %(default)s, so the run measures "
+        "the quota, not the answers' size; 1536 for a real model's)",
+    )
 
 
 def _lease(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -161,7 +168,9 @@ def _batches(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
         df = spark.range(rows, numPartitions=args.partitions).select(
             "id", F.lit("sixteen bytes ok").alias("text")
         )
-        with StubProcess(args.batch_rpm, 10**12, args.window_s, args.latency_ms) as stub:
+        with StubProcess(
+            args.batch_rpm, 10**12, args.window_s, args.latency_ms, dimensions=args.dimensions
+        ) as stub:
             # One row per request: its text in the request; in batches: the texts in it.
             target = HttpDownstream(
                 f"{stub.base_url}/embeddings",
@@ -308,7 +317,9 @@ def _run(spark: Any, args: argparse.Namespace, scenario: str) -> dict[str, Any]:
     if scenario == "redis" and redis is None:
         return {"scenario": scenario, "skipped": "redis-server is not on PATH"}
     jobs = 2 if scenario == "redis" else 1
-    with StubProcess(args.rpm, args.tpm, args.window_s, args.latency_ms) as stub:
+    with StubProcess(
+        args.rpm, args.tpm, args.window_s, args.latency_ms, dimensions=args.dimensions
+    ) as stub:
         target = HttpDownstream(
             f"{stub.base_url}/embeddings",
             body=lambda row: {"model": "bench", "input": row["text"]},
