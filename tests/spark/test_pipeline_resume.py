@@ -12,10 +12,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from spark_fixtures import kill_lane
+from spark_fixtures import kill_lane, pipeline_cli
 from timewheel.cli.pipeline import add_parser
 from timewheel.cli.pipeline.output import run_identity
 from timewheel.spark.delivery.journal import JOURNAL, MANIFEST, journal_rows, read_batches, run_dir
@@ -223,8 +224,11 @@ def test_resume_and_output_refusals_are_one_line_before_spark(tmp_path: Path) ->
         assert done.stderr.splitlines()[-1].startswith("timewheel pipeline: error: argument --rate")
     complete = {**manifest, "complete": True}
     (out / MANIFEST).write_text(json.dumps(complete))
+    every_row_ok = {"status": {"ok": 10, "failed": 0, "timeout": 0, "skipped": 0}}
+    (out / "summary.json").write_text(json.dumps(every_row_ok))
     done = subprocess.run(command("--output", str(out), "--resume"), capture_output=True, text=True)
-    assert done.returncode == 2 and "is complete; nothing to resume" in done.stderr
+    assert done.returncode == 2 and "is complete, every row ok; nothing to resume" in done.stderr
+    (out / "summary.json").unlink()
     assert sorted(os.listdir(tmp_path)) == ["afile", "out"]
 
 
@@ -470,3 +474,35 @@ def test_a_full_disk_is_one_line_naming_the_file_and_the_errno(tmp_path: Path) -
         ), done.stderr
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_finished_run_resumes_to_send_its_rows_not_ok_and_only_those(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run that ended with rows failed (exit 1: more than --max-failed) is complete, and
+    ``--resume`` sends its rows not ok again, none of the ok ones (which keep their
+    answers), until every row is ok; then ``--resume`` has nothing left to do."""
+    out, rows = tmp_path / "out", 300
+    argv = ["--generate", str(rows), "--partitions", "2", "--master", "local[2]"]
+    argv += ["--target", "sim://?pct50=2&pct75=4&failures=0.1", "--retries", "0"]
+    argv += ["--output", str(out), "--quiet"]
+    assert pipeline_cli(argv) == 1
+    assert "--resume sends them again" in capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    first_ok = pq.read_table(out / "rows").to_pylist()
+    first_ok = {r["id"]: r for r in first_ok if r["status"] == "ok"}
+    for _ in range(8):
+        not_ok = rows - summary["status"]["ok"]
+        if not not_ok:
+            break
+        assert pipeline_cli([*argv, "--resume"]) in (0, 1)
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["rows_sent"] == not_ok and summary["rows"] == rows
+        table = pq.read_table(out / "rows")
+        assert sorted(table.column("id").to_pylist()) == list(range(rows))
+        for row in table.to_pylist():  # an ok row of the first run: as it was there
+            if row["id"] in first_ok:
+                assert row == first_ok[row["id"]]
+    assert summary["status"]["ok"] == rows, summary["status"]
+    assert pipeline_cli([*argv, "--resume"]) == 2
+    assert "every row ok; nothing to resume" in capsys.readouterr().err

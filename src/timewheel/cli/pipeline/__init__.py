@@ -29,6 +29,7 @@ from .output import (
     check_output,
     check_resumable,
     lock_output,
+    not_ok,
     recover_publish,
     run_identity,
     unlock_output,
@@ -142,7 +143,7 @@ def _run_locked(
     if recovered is not None:
         line, complete = recovered
         _note(line)
-        if complete and args.resume:  # the run it would resume had finished
+        if complete and args.resume and not_ok(out_dir) == 0:  # nothing left to send
             _note(f"--output {str(out_dir)!r} is complete: nothing left to resume")
             summary = json.loads((out_dir / "summary.json").read_text())
             return _report(args, out_dir, summary)
@@ -239,7 +240,8 @@ def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) ->
     if bad > budget:
         _note(
             f"{bad:,} of {summary['rows']:,} rows failed or timed out, more than "
-            f"--max-failed {_limit_text(args.max_failed)} allows ({budget:,})"
+            f"--max-failed {_limit_text(args.max_failed)} allows ({budget:,}); --resume "
+            "sends them again"
         )
         _say_why(args, summary)
         return 1

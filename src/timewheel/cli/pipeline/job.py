@@ -164,7 +164,10 @@ class _Job:
             self.out_dir.mkdir(parents=True)
             manifest = Manifest(self.out_dir, identity)
         else:
+            # A complete output resumed to send its rows not ok again: unfinished until
+            # this run publishes (a run stopped meanwhile is resumed as any other).
             manifest = previous
+            manifest.complete = False
         done = self.done_before(base)
         manifest.runs += 1
         manifest.write()

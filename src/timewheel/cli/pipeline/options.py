@@ -75,7 +75,8 @@ exit status:
 (journal/, manifest.json); when the run ends it is replaced whole by its final form
 (rows/, summary.json, latency.png, manifest.json). A run that stopped before that
 (killed, interrupted, failed) is finished by the same command with --resume, which
-sends only the rows not yet ok there. An existing --output is refused unless
+sends only the rows not yet ok there; so is a finished run's rows failed, timeout or
+skipped. An existing --output is refused unless
 --overwrite (replace it) or --resume (finish it) is given.
 """
 
@@ -153,7 +154,8 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     option_group(parser, "output").add_argument(
         "--resume",
         action="store_true",
-        help="finish the run that left --output unfinished: send only its rows not yet ok "
+        help="finish the run that left --output unfinished, or send again the rows a "
+        "finished run left failed, timeout or skipped: only the rows not yet ok are sent "
         "(refused if it was made from another input or with other request options)",
     )
     option_group(parser, "cluster").add_argument(

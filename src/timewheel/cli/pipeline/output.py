@@ -23,8 +23,9 @@ def check_output(out_dir: Path, overwrite: bool, resume: bool) -> Manifest | Non
     """Refuse an ``--output`` that cannot be used; return the manifest ``--resume`` continues.
 
     A file, an existing output without ``--overwrite`` or ``--resume``, ``--resume``
-    of an output that has no unfinished run, and a place where nothing can be created
-    are refused here, before Spark starts.
+    of an output with no run or whose every row is ``ok``, and a place where nothing
+    can be created are refused here, before Spark starts. ``--resume`` of a complete
+    output with rows ``failed``, ``timeout`` or ``skipped`` sends those rows again.
     """
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--output {str(out_dir)!r} is a file, not a directory")
@@ -32,12 +33,17 @@ def check_output(out_dir: Path, overwrite: bool, resume: bool) -> Manifest | Non
     if resume:
         if previous is None:
             raise UsageError(f"--resume: --output {str(out_dir)!r} holds no run to resume")
-        if previous.complete:
-            raise UsageError(f"--resume: --output {str(out_dir)!r} is complete; nothing to resume")
+        if previous.complete and not_ok(out_dir) == 0:
+            raise UsageError(
+                f"--resume: --output {str(out_dir)!r} is complete, every row ok; nothing to resume"
+            )
     elif out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
         unfinished = previous is not None and not previous.complete
+        retry = previous is not None and previous.complete and not_ok(out_dir) != 0
         hint = "--resume to finish it or " if unfinished else ""
         what = " (a run that did not finish)" if unfinished else ""
+        if retry:
+            hint = "--resume to send its rows not ok again or "
         raise UsageError(
             f"--output {str(out_dir)!r} exists{what}; give {hint}--overwrite to replace it"
         )
@@ -48,6 +54,16 @@ def check_output(out_dir: Path, overwrite: bool, resume: bool) -> Manifest | Non
     except OSError as exc:
         raise UsageError(f"cannot create --output {str(out_dir)!r}: {exc.strerror or exc}") from exc
     return previous if resume else None
+
+
+def not_ok(out_dir: Path) -> int | None:
+    """How many rows of the finished output in ``out_dir`` are not ``ok`` (failed,
+    timeout, skipped), from its ``summary.json``; None when that cannot be read."""
+    try:
+        status = json.loads((out_dir / "summary.json").read_text())["status"]
+        return sum(int(n) for word, n in status.items() if word != "ok")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def lock_output(out_dir: Path) -> int:
