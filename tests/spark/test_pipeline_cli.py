@@ -752,3 +752,44 @@ def test_a_run_answered_401_on_every_row_stops_early_and_says_why(
         assert not (out / "summary.json").exists() and (out / "journal").is_dir()
     finally:
         service.close()
+
+
+def test_fail_fast_stops_only_on_a_first_run_of_one_final_failure(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    from timewheel.cli.pipeline.failures import FailFast
+    from timewheel.spark.delivery.journal import JournalWriter
+
+    def journal(name: str, *rows: tuple[str, int | None, str | None]) -> Path:
+        directory = tmp_path / name
+        writer = JournalWriter(str(directory))
+        status, code, error = zip(*rows)
+        table = {"id": list(range(len(rows))), "status": status, "http_status": code}
+        writer.write(pa.record_batch({**table, "error": error}))
+        writer.close()
+        return directory
+
+    def verdict(directory: Path, threshold: int = 50) -> tuple[bool | None, list[str]]:
+        watch = FailFast(directory, threshold, lambda: None, ["s3cr3t"])
+        return watch.check(), [] if watch.stopped is None else [str(watch.stopped)]
+
+    key = ("failed", 401, 'HTTP 401: {"error": {"message": "bad key s3cr3t"}}')
+    stopped, said = verdict(journal("all-401", *[key] * 60))
+    assert (
+        stopped is True
+        and "the first 60 rows answered all failed (HTTP 401: bad key ***)" in said[0]
+    )
+    # Fewer rows than the threshold: not known yet.
+    assert verdict(journal("few", *[key] * 10)) == (None, [])
+    # One ok row, a retryable status, or two ways of failing: the watch is over.
+    ok = ("ok", 200, None)
+    for name, rows in [
+        ("one-ok", [*[key] * 59, ok]),
+        ("429", [("failed", 429, "HTTP 429: slow down")] * 60),
+        ("timeouts", [("timeout", None, None)] * 60),
+        ("two-ways", [*[key] * 30, *[("failed", 403, "HTTP 403: no")] * 30]),
+    ]:
+        assert verdict(journal(name, *rows)) == (False, []), name
+    # Rows the budget skipped are no answer at all.
+    skipped = ("skipped", None, "budget spent: not sent")
+    assert verdict(journal("skipped", *[skipped] * 10, *[key] * 50))[0] is True
