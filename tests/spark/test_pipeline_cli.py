@@ -165,7 +165,7 @@ def test_rows_failing_past_max_failed_exit_1_with_the_output_written(
     assert why["rows"] == 400 and why["reason"]
     assert err == (
         "timewheel pipeline: 400 of 400 rows failed or timed out, more than "
-        "--max-failed 1% allows (4)\n"
+        "--max-failed 1% allows (4); --resume sends them again\n"
         f"timewheel pipeline: why: 400 rows: {why['reason']}\n"
     )
     # A count works too, and 0 allows none.
