@@ -141,7 +141,8 @@ class Committer(Generic[T]):
             error, self._error = self._error, None
             raise error
         self._pending.append(item)
-        self._ready.set()
+        if not self._ready.is_set():  # (the thread clears it before it takes the items)
+            self._ready.set()
 
     def _run(self) -> None:
         pending, ready = self._pending, self._ready
