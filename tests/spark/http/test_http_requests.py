@@ -332,8 +332,8 @@ def test_pipeline_command_shapes_requests_and_counts_answers(
     assert {r["reply"]["n"] for r in rows} == {7}
     # refused with exit 2 and one line before any row is sent
     for bad, words in [
-        (["--reply-schema", "n innt"], "reply_schema 'n innt' does not parse"),
-        (["--target", echo.url + "/{nope}"], "['nope'] that df does not have"),
+        (["--reply-schema", "n innt"], "--reply-schema 'n innt' is not Spark DDL"),
+        (["--target", echo.url + "/{nope}"], "column 'nope' is not in the generated rows"),
         (["--param", "novalue"], "--param must be NAME=COLUMN, got 'novalue'"),
     ]:
         capsys.readouterr()
