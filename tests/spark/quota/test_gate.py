@@ -11,8 +11,9 @@ import time
 import pytest
 
 from timewheel.spark.contract import Reply
+from timewheel.spark.quota.bucket import LocalStore
 from timewheel.spark.quota.gate import PROBE_WAIT_S, SPENT, QuotaGate
-from timewheel.spark.quota.task import MAX_PAUSE_S, LocalStore, Quota
+from timewheel.spark.quota.spec import MAX_PAUSE_S, Quota
 from timewheel.spark.worker_metrics import WorkerMetrics
 
 

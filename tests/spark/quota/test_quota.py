@@ -15,23 +15,21 @@ from typing import Any
 
 import pytest
 
+from timewheel.spark.quota.bucket import Bucket, Failover, LocalStore
 from timewheel.spark.quota.headers import RateLimitInfo
-from timewheel.spark.quota.spec import Ask
-from timewheel.spark.quota.task import (
+from timewheel.spark.quota.spec import (
     BURST_S,
     LEASE_S,
     RESTART_JITTER_S,
-    Bucket,
+    Ask,
     BudgetSpent,
-    Failover,
     Grant,
-    LocalStore,
     Quota,
     QuotaState,
     QuotaStoreError,
-    TaskQuota,
     parse_rate,
 )
+from timewheel.spark.quota.task import TaskQuota
 
 
 class Clock:

@@ -19,18 +19,11 @@ import pytest
 
 from redis_fixtures import RedisServer, needs_redis
 from timewheel.cli import main as timewheel_main
-from timewheel.spark.quota.bucket import RETRY_S
+from timewheel.spark.quota.bucket import RETRY_S, Failover, LocalStore
 from timewheel.spark.quota.placement import job_of, place_quota, redis_store_of
 from timewheel.spark.quota.redis_store import KEEP_JOB_S, RedisStore, reset_quota
-from timewheel.spark.quota.spec import Ask
-from timewheel.spark.quota.task import (
-    BudgetSpent,
-    Failover,
-    LocalStore,
-    Quota,
-    QuotaStoreError,
-    TaskQuota,
-)
+from timewheel.spark.quota.spec import Ask, BudgetSpent, Quota, QuotaStoreError
+from timewheel.spark.quota.task import TaskQuota
 
 
 @pytest.fixture
@@ -108,7 +101,8 @@ def test_redis_does_the_same_accounting_as_the_bucket(redis_server: RedisServer)
 
 _SHARER = """
 import json, sys, time
-from timewheel.spark.quota.task import BudgetSpent, Quota, TaskQuota
+from timewheel.spark.quota.spec import BudgetSpent, Quota
+from timewheel.spark.quota.task import TaskQuota
 from timewheel.spark.quota.redis_store import RedisStore
 url, mode = sys.argv[1], sys.argv[2]
 if mode == "cap":  # one budget, counted for one job both processes name

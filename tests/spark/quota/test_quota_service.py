@@ -15,15 +15,10 @@ import threading
 
 import pytest
 
+from timewheel.spark.quota.bucket import Failover
 from timewheel.spark.quota.service_store import QuotaService, ServiceStore
-from timewheel.spark.quota.spec import Ask
-from timewheel.spark.quota.task import (
-    BudgetSpent,
-    Failover,
-    Quota,
-    QuotaStoreError,
-    TaskQuota,
-)
+from timewheel.spark.quota.spec import Ask, BudgetSpent, Quota, QuotaStoreError
+from timewheel.spark.quota.task import TaskQuota
 
 
 class Clock:
@@ -111,7 +106,8 @@ def test_the_secret_is_never_shown_nor_pickled() -> None:
 
 _KILLED_CLIENT = """
 import sys, time
-from timewheel.spark.quota.task import Quota, TaskQuota
+from timewheel.spark.quota.spec import Quota
+from timewheel.spark.quota.task import TaskQuota
 from timewheel.spark.quota.service_store import ServiceStore
 host, port, secret = sys.stdin.readline().split()
 store = ServiceStore((host, int(port)), bytes.fromhex(secret), Quota(concurrency=3, ttl_s=20))

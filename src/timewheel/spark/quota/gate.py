@@ -62,7 +62,8 @@ from typing import Any, Union
 from ..contract import OVERLOAD_STATUSES, Reply
 from ..worker_metrics import partition_counts
 from .headers import parse_rate_limit_headers
-from .task import BudgetSpent, QuotaStore, TaskQuota
+from .spec import BudgetSpent, QuotaStore
+from .task import TaskQuota
 
 __all__ = [
     "BUDGET_SPENT",

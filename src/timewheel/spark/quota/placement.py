@@ -5,7 +5,7 @@
 
 * **the driver's service** (the default): a
   :class:`~timewheel.spark.quota.service_store.QuotaService` in this process, one per
-  :class:`~timewheel.spark.quota.task.Quota` object (so a quota given to several jobs, or to
+  :class:`~timewheel.spark.quota.spec.Quota` object (so a quota given to several jobs, or to
   a streaming query, is one quota for all of them). It serves until :func:`close_quota`
   or the driver's exit: a ``dispatch`` result is lazy, and its tasks may run long after
   the caller let go of the Quota object (one idle thread each meanwhile). Its address
@@ -24,7 +24,7 @@
   ``fraction`` of the quota, as ``rate`` did before quotas; one log line says so.
 
 On the executor, :meth:`QuotaRef.open` gives the store a task draws on: one per Python
-worker and quota, wrapped in a :class:`~timewheel.spark.quota.task.Failover`: if the store
+worker and quota, wrapped in a :class:`~timewheel.spark.quota.bucket.Failover`: if the store
 cannot be reached, it says so once and falls back to the rates it was granted while the
 store was up (see :class:`~timewheel.spark.quota.bucket.Failover`), so the workers of every
 job sharing the quota together stay within it, and to ``fraction`` of the budget and
@@ -42,8 +42,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..runtime import worker_runtime
+from .bucket import Failover, LocalStore
 from .gate import check_cost
-from .task import Failover, LocalStore, Quota, QuotaStore
+from .spec import Quota, QuotaStore
 
 __all__ = [
     "QuotaRef",
@@ -170,7 +171,7 @@ class _Unreachable:
         return "the job's quota store"
 
     def _fail(self, *args: Any, **kwargs: Any) -> Any:
-        from .task import QuotaStoreError
+        from .spec import QuotaStoreError
 
         raise QuotaStoreError(self.why)
 

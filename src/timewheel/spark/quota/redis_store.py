@@ -1,10 +1,10 @@
 """A job's quota kept in Redis, so several jobs or processes with one API key share it.
 
 ``RedisStore("redis://HOST:PORT/DB", "my-api-key-quota", quota)`` is a
-:class:`~timewheel.spark.quota.task.QuotaStore` whose every operation is one call of one Lua
+:class:`~timewheel.spark.quota.spec.QuotaStore` whose every operation is one call of one Lua
 script (:data:`SCRIPT`), which Redis runs atomically: the weighted take, the refund and
 the settle, the pause, the expiry of dead holders and the budget are the same
-accounting as :class:`~timewheel.spark.quota.task.Bucket`'s, step for step (the tests run
+accounting as :class:`~timewheel.spark.quota.bucket.Bucket`'s, step for step (the tests run
 one scenario through both).
 
 What is shared, and for how long. Every job naming the quota shares its *rates*,
@@ -16,7 +16,7 @@ the *request cap* are counted per **job**: what a job took and spent, the pauses
 took and the budget or cap it was refused at live under
 ``{timewheel-quota:NAME}:job:JOB``, which expires :data:`KEEP_JOB_S` (a day) after the
 job last used it. ``job`` is this store's own random id unless given; ``dispatch``
-gives one per :class:`~timewheel.spark.quota.task.Quota` object in the driver (so a
+gives one per :class:`~timewheel.spark.quota.spec.Quota` object in the driver (so a
 ``timewheel pipeline`` run, ``--resume`` included, counts its budget from zero, as the
 driver's own service does), and processes that mean to share one budget give the same
 ``job``. A take reads the caller's own ``budget`` and ``max_requests`` first: a store
@@ -33,8 +33,8 @@ agrees on; a test may pass ``clock=`` to drive it. The quota's numbers travel wi
 call: jobs sharing a ``name`` should give the same rates and concurrency.
 
 A Redis that refuses the connection, times out (``timeout_s``) or dies raises
-:class:`~timewheel.spark.quota.task.QuotaStoreError`; a job's tasks draw on it through a
-:class:`~timewheel.spark.quota.task.Failover` (:mod:`timewheel.spark.quota.bucket`), which says
+:class:`~timewheel.spark.quota.spec.QuotaStoreError`; a job's tasks draw on it through a
+:class:`~timewheel.spark.quota.bucket.Failover` (:mod:`timewheel.spark.quota.bucket`), which says
 so in one line and falls back to the share this process was granted while the store was
 up. A URL's password is never shown (``repr`` and errors print the URL through
 :func:`~timewheel.spark.secrets.redact_url`), and a store is
@@ -50,8 +50,7 @@ import urllib.parse
 from typing import Any, Callable
 
 from ..secrets import redact_url
-from .spec import Ask
-from .task import BURST_S, LEASE_S, Grant, Quota, QuotaState, QuotaStoreError
+from .spec import BURST_S, LEASE_S, Ask, Grant, Quota, QuotaState, QuotaStoreError
 
 __all__ = ["KEEP_JOB_S", "SCRIPT", "RedisStore", "reset_quota"]
 

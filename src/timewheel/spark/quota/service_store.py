@@ -1,9 +1,9 @@
 """A job's quota served from the driver: a small TCP service and the executors' client.
 
-:class:`QuotaService` keeps a :class:`~timewheel.spark.quota.task.LocalStore` in the driver
+:class:`QuotaService` keeps a :class:`~timewheel.spark.quota.bucket.LocalStore` in the driver
 process and serves it on ``host:port`` (the driver's address the executors reach,
 ``spark.driver.host``; loopback on ``local[...]``) from one thread. :class:`ServiceStore`
-is the client a task uses: a :class:`~timewheel.spark.quota.task.QuotaStore` whose every call
+is the client a task uses: a :class:`~timewheel.spark.quota.spec.QuotaStore` whose every call
 is one request and one answer.
 
 Every request is authenticated with the job's secret (32 random bytes,
@@ -21,8 +21,8 @@ reconnects on the next call after a failure. A request that failed before it was
 is tried once more on a new connection; one whose answer was lost is tried again only
 if applying it twice cannot send above the quota (a take, a pause, a clamp, a state, a
 settle that takes). Otherwise, and when the service cannot be reached at all, the call
-raises :class:`~timewheel.spark.quota.task.QuotaStoreError` (a
-:class:`~timewheel.spark.quota.task.Failover` then falls back to the share it had).
+raises :class:`~timewheel.spark.quota.spec.QuotaStoreError` (a
+:class:`~timewheel.spark.quota.bucket.Failover` then falls back to the share it had).
 
 The service's thread stops when :meth:`QuotaService.close` is called or the service is
 collected; in a forked child the inherited service is closed (its thread is the
@@ -47,8 +47,8 @@ import weakref
 from typing import Any, Callable
 
 from ... import _atfork
-from .spec import Ask
-from .task import Grant, LocalStore, Quota, QuotaState, QuotaStoreError
+from .bucket import LocalStore
+from .spec import Ask, Grant, Quota, QuotaState, QuotaStoreError
 
 __all__ = ["QuotaService", "ServiceStore"]
 
@@ -272,7 +272,7 @@ def _safe_twice(op: str, args: list[Any]) -> bool:
 
 
 class ServiceStore:
-    """The client of a :class:`QuotaService`: a :class:`~timewheel.spark.quota.task.QuotaStore`.
+    """The client of a :class:`QuotaService`: a :class:`~timewheel.spark.quota.spec.QuotaStore`.
 
     Thread-safe (one request at a time on one connection); no thread of its own.
     """

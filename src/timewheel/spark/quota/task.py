@@ -56,47 +56,18 @@ from typing import Callable
 
 from ... import _atfork
 from ..._validate import check_number
-from .bucket import Bucket, Failover, LocalStore
 from .headers import RateLimitInfo
 from .spec import (
     BURST_S,
-    DEFAULT_TTL_S,
     LEASE_S,
     LONG_PAUSE_S,
-    MAX_AMOUNT,
-    MAX_PAUSE_S,
     RESTART_JITTER_S,
     Ask,
     BudgetSpent,
-    Grant,
-    Quota,
-    QuotaState,
     QuotaStore,
-    QuotaStoreError,
-    parse_rate,
 )
 
-__all__ = [
-    "BURST_S",
-    "DEFAULT_TTL_S",
-    "LEASE_S",
-    "LONG_PAUSE_S",
-    "MAX_AMOUNT",
-    "MAX_PAUSE_S",
-    "RESTART_JITTER_S",
-    "Ask",
-    "Bucket",
-    "BudgetSpent",
-    "Failover",
-    "Grant",
-    "LocalStore",
-    "Quota",
-    "QuotaState",
-    "QuotaStore",
-    "QuotaStoreError",
-    "TaskQuota",
-    "parse_rate",
-]
+__all__ = ["TaskQuota"]
 
 logger = logging.getLogger(__name__)
 
