@@ -65,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
     except StoppedEarly as exc:
         _note(str(exc))
         _note(f"--output {args.output!r} keeps the rows answered so far")
-        _note(f"why: {exc.rows:,} rows: {exc.why}")
+        _note(f"why: {exc.rows:,} row{'' if exc.rows == 1 else 's'}: {exc.why}")
         return 1
     except (KeyboardInterrupt, Stopped) as exc:
         code = 143 if isinstance(exc, Stopped) else 130
@@ -223,7 +223,8 @@ def _say_why(args: argparse.Namespace, summary: dict[str, Any]) -> None:
     """The most common reasons rows failed, with their counts (said even with --quiet)."""
     hide = header_values(args.http_header)
     for item in summary.get("failures") or ():
-        _note(f"why: {item['rows']:,} rows: {reason(item['reason'], hide=hide)}")
+        n = item["rows"]
+        _note(f"why: {n:,} row{'' if n == 1 else 's'}: {reason(item['reason'], hide=hide)}")
 
 
 def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) -> int:
