@@ -248,8 +248,8 @@ def test_a_stream_on_connect_calls_each_row_once_across_a_rerun(
     pytest.importorskip("pycurl")
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from test_stream_dispatch import forget_last_commit
 
+    from delivery.test_stream_dispatch import forget_last_commit  # (tests/spark/delivery/)
     from http_fixtures import ScriptedService
     from timewheel.spark.targets import HttpDownstream
 
