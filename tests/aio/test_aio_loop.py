@@ -217,7 +217,9 @@ def test_timers_fire_in_deadline_order_on_the_loop_clock(loop: asyncio.AbstractE
 
     whens: dict[str, float] = {}
     ran = run(loop, main())
-    assert [r[0] for r in ran] == ["a", "b", "c"]
+    # In deadline order: a, b, c, unless a loaded machine took over 10 ms between
+    # scheduling c and b (then b's deadline is the later one). Equal deadlines: FIFO.
+    assert [r[0] for r in ran] == sorted(whens, key=whens.__getitem__)
     for _, when, at in ran:
         assert at >= when
 
