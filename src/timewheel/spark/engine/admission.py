@@ -2,11 +2,11 @@
 
 Every engine asks an :class:`Admission` before it starts a call:
 
-* **Rate.** ``dispatch(rate=R)`` gives each of the job's ``n`` partitions a token bucket
-  of ``R / n`` tokens a second whose burst is at most :data:`BURST_S` of a second's
-  share (so a task never sends more than ``1.02`` times its share in any one-second
-  window, plus one call). ``dispatch`` makes ``n`` the task slots Spark runs at once,
-  so the tasks together stay within the job's rate. Retries take tokens too.
+* **Rate.** ``DispatchConfig.rate_per_task`` (set by the benchmark's baselines; a job's
+  own limit is its :class:`~timewheel.spark.quota.spec.Quota`) gives the task a token
+  bucket of that many tokens a second whose burst is at most :data:`BURST_S` of a
+  second's share (so a task never sends more than ``1.02`` times its share in any
+  one-second window, plus one call). Retries take tokens too.
 * **Slow start.** With a ``rate``, the window starts at a few calls and grows by one
   with each answer until it reaches ``max_in_flight`` or the first refusal, and only
   while it is what holds calls back (not the tokens): so few calls are ever queued in a

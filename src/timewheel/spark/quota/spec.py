@@ -66,7 +66,7 @@ def _amount(name: str, value: Any) -> float:
 
 
 def parse_rate(name: str, value: Any) -> float:
-    """A rate as a float per second: a number (per second) or ``"N/s"``, ``"N/min"``, ``"N/h"``.
+    """A rate as a float per second: a number (per second) or ``"N/s"``, ``"N/min"``, ``"N/hour"``.
 
     >>> parse_rate("cost_rate", "2000000/min")
     33333.333333333336
@@ -75,7 +75,7 @@ def parse_rate(name: str, value: Any) -> float:
         match = _RATE_TEXT.match(value.lower())
         if match is None or match.group(2) not in _UNITS:
             raise ValueError(
-                f"{name} must be a number per second or 'N/s', 'N/min' or 'N/h', got {value!r}"
+                f"{name} must be a number per second or 'N/s', 'N/min' or 'N/hour', got {value!r}"
             )
         per_second = float(match.group(1).replace("_", "")) / _UNITS[match.group(2)]
         if not 0 < per_second <= MAX_AMOUNT:  # (an infinity too: the text held no NaN)
