@@ -501,6 +501,7 @@ def test_close_quota_stops_the_drivers_service_and_its_thread(spark: Any) -> Non
 
 # -- a budget is a cap in every configuration (issue 42) ---------------------------------
 def test_a_budget_needs_a_cost_to_count_it_by() -> None:
+    pytest.importorskip("pyspark")  # the schema types; the wheel lane runs without the spark extra
     from pyspark.sql.types import StructType
 
     from timewheel.spark import Cost
