@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any, Callable
@@ -84,9 +85,16 @@ def test_the_plain_asyncio_loop_runs_lagging_timers_in_deadline_order() -> None:
     assert ran == sorted(ran)
 
 
-def test_timers_run_in_deadline_order_when_the_loop_lags(loop: asyncio.AbstractEventLoop) -> None:
+@pytest.mark.parametrize("debug", [False, True], ids=["", "debug"])
+def test_timers_run_in_deadline_order_when_the_loop_lags(
+    loop: asyncio.AbstractEventLoop, debug: bool
+) -> None:
     # Before: a timer due when made went to the base loop's own call_at and ran after the
-    # wheel's timers due later than it (the alarm advanced the wheel to the loop's time).
+    # wheel's timers due later than it (the alarm advanced the wheel to the loop's time);
+    # in debug mode it still did, as a timer due when made, to keep asyncio's "created at"
+    # traceback of its handle, and the timers the wheel's alarm found due ran one iteration
+    # after them (deferred by call_soon): "at+20" ran before "wheel+5".
+    loop.set_debug(debug)
     ran = lagging_timers(loop)
     assert [name for _, _, name in ran] == [name for _, _, name in sorted(ran)]
     assert len(ran) == 11
@@ -177,6 +185,39 @@ def test_debug_mode_keeps_deadline_order_and_the_exception_report(
     loop.run_until_complete(main())
     assert ran == [1, 2, 3]
     assert len(reports) == 1 and isinstance(reports[0]["exception"], ValueError)
+
+
+def test_debug_mode_handles_keep_where_they_were_made_and_report_it(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    # Before, a timer due when made kept its traceback by going to the base loop's own
+    # call_at, out of the wheel's deadline order (see the lagging test above).
+    loop.set_debug(True)
+    reports: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda lp, ctx: reports.append(ctx))
+
+    def boom() -> None:
+        raise ValueError("boom")
+
+    async def main() -> tuple[list[Any], int]:
+        lp = asyncio.get_running_loop()
+        first = sys._getframe().f_lineno + 2
+        made = [
+            lp.call_at(lp.time() - 1, boom),  # due when made
+            lp.call_later(0, boom),  # due when made
+            lp.call_later(0.001, boom),  # on the wheel
+        ]
+        await asyncio.sleep(0.02)
+        return made, first
+
+    made, first = loop.run_until_complete(main())
+    for line, handle in enumerate(made, first):  # each made on a line of its own
+        frame = handle._source_traceback[-1]
+        assert (frame.filename, frame.lineno, frame.name) == (__file__, line, "main")
+        assert repr(handle).endswith(f" created at {__file__}:{line}>")
+    assert [r["handle"] for r in reports] == made
+    assert all(isinstance(r["exception"], ValueError) for r in reports)
+    assert [r["source_traceback"] for r in reports] == [h._source_traceback for h in made]
 
 
 # -- aio.run's end, on every Python --------------------------------------------------------

@@ -28,7 +28,7 @@ import inspect
 import math
 import sys
 import weakref
-from asyncio.format_helpers import _format_callback_source
+from asyncio.format_helpers import _format_callback_source, extract_stack
 from contextvars import Context, copy_context
 from typing import Any, Callable
 
@@ -111,6 +111,7 @@ class TimerHandle:
         "_cancelled",
         "_context",
         "_id",
+        "_source_traceback",
         "_timer",
         "_when",
     )
@@ -125,6 +126,8 @@ class TimerHandle:
         self._timer: LoopTimer | None = None
         self._id = 0
         self._cancelled = False
+        # debug mode on a wheel loop: where the timer was made (WheelLoopMethods), as asyncio
+        self._source_traceback: Any = None
 
     def when(self) -> float:
         """The loop time at which the callback is due."""
@@ -151,7 +154,9 @@ class TimerHandle:
         self._callback = self._args = self._context = None
 
     def __repr__(self) -> str:
-        return _handle_repr(self._cancelled, self._when, self._callback, self._args)
+        return _handle_repr(
+            self._cancelled, self._when, self._callback, self._args, self._source_traceback
+        )
 
     def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
         callback, args, context = self._callback, self._args, self._context
@@ -162,13 +167,14 @@ class TimerHandle:
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
-            loop.call_exception_handler(
-                {
-                    "message": f"Exception in callback {callback_text(callback, args, loop)}",
-                    "exception": exc,
-                    "handle": self,
-                }
-            )
+            report = {
+                "message": f"Exception in callback {callback_text(callback, args, loop)}",
+                "exception": exc,
+                "handle": self,
+            }
+            if self._source_traceback:
+                report["source_traceback"] = self._source_traceback
+            loop.call_exception_handler(report)
 
     def _release(self) -> None:
         self._cancelled = True
@@ -183,14 +189,23 @@ def callback_text(callback: Any, args: tuple[Any, ...], loop: asyncio.AbstractEv
     return _format_callback_source(callback, args)
 
 
-def _handle_repr(cancelled: bool, when: float, callback: Any, args: tuple[Any, ...] | None) -> str:
-    """What ``asyncio.TimerHandle`` prints (without the debug mode's source traceback)."""
+def _handle_repr(
+    cancelled: bool,
+    when: float,
+    callback: Any,
+    args: tuple[Any, ...] | None,
+    source_traceback: Any,
+) -> str:
+    """What ``asyncio.TimerHandle`` prints (in debug mode, where it was made)."""
     info = ["TimerHandle"]
     if cancelled:
         info.append("cancelled")
     info.append(f"when={when}")
     if callback is not None:
         info.append(_format_callback_source(callback, args or ()))
+    if source_traceback:
+        frame = source_traceback[-1]
+        info.append(f"created at {frame[0]}:{frame[1]}")
     return f"<{' '.join(info)}>"
 
 
@@ -468,17 +483,19 @@ class LoopTimer:
         next iteration, in the order of the wheel), so that the loop times it alone and
         its slow-callback warning names the callback, not the alarm."""
         handle: Any
+        source_traceback = None
         if isinstance(entry, TimerHandle):
             assert entry._args is not None
             handle = loop.call_soon(
                 _Deferred(self, entry, entry._callback), *entry._args, context=Context()
             )
+            source_traceback = entry._source_traceback
         else:
             handle = loop.call_soon(_Deferred(self, entry, None), context=Context())
-        # the handle was made here, not where the timer was: no "created at" this line
-        # (asyncio's handles let it go; uvloop's keep it)
+        # the handle was made here, not where the timer was: "created at" where the timer
+        # was (asyncio's handles take it; uvloop's keep this line's)
         with contextlib.suppress(AttributeError):
-            handle._source_traceback = None
+            handle._source_traceback = source_traceback
 
     def _run_deferred(self, entry: Any) -> None:
         loop = self._loopref()
@@ -715,19 +732,19 @@ def _loop_call(
     args: tuple[Any, ...],
     context: Context | None,
 ) -> Any:
+    """The wheel loop's timer (called by its ``call_later``/``call_at``, whose caller made
+    it); ``due``: already due at loop time ``now``."""
     timer: LoopTimer = loop._timewheel
-    if due:  # due at once: run at the loop's next iteration, as asyncio does
-        if timer._debug:  # the base loop's handle, which carries the caller's traceback
-            return loop._timewheel_base_call_at(loop, when, callback, *args, context=context)
-        if loop.is_closed():
-            raise RuntimeError("Event loop is closed")
-        # in the wheel's deadline order: before a wheel timer due later, however late
-        # the loop is
-        handle = timer._handle(when, callback, args, context)
+    never = when > MAX_LOOP_TIME  # asyncio.sleep(math.inf): a handle, nothing else
+    if (due or never) and loop.is_closed():
+        raise RuntimeError("Event loop is closed")
+    handle = timer._handle(when, callback, args, context)
+    if timer._debug:  # where the timer was made, as asyncio's handles keep it
+        handle._source_traceback = extract_stack(sys._getframe(2))
+    if due:
+        # run at the loop's next iteration, as asyncio does, and in the wheel's deadline
+        # order (in debug mode too): before a wheel timer due later, however late the loop is
         timer._add_due(handle, when, now)
-        return handle
-    if when > MAX_LOOP_TIME:  # never due (asyncio.sleep(math.inf)): a handle, nothing else
-        if loop.is_closed():
-            raise RuntimeError("Event loop is closed")
-        return timer._handle(when, callback, args, context)
-    return timer._call(when, callback, args, context)
+    elif not never:
+        timer._add(handle, when)
+    return handle
