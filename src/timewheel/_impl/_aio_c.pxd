@@ -32,6 +32,7 @@ cdef class TimerHandle(_Entry):
     cdef tuple _args
     cdef object _context
     cdef bint _cancelled
+    cdef public object _source_traceback  # debug mode on a wheel loop: where it was made
     cdef object __weakref__
 
 

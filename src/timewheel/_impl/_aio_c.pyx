@@ -23,7 +23,7 @@ import inspect
 import sys
 import weakref
 from asyncio import CancelledError, current_task
-from asyncio.format_helpers import _format_callback_source
+from asyncio.format_helpers import _format_callback_source, extract_stack
 from asyncio.events import _get_running_loop
 from contextvars import Context, copy_context
 
@@ -180,14 +180,18 @@ cdef class TimerHandle(_Entry):
         self._args = None
         self._context = None
 
+    @cython.wraparound(True)  # [-1] below
     def __repr__(self):
-        # what asyncio.TimerHandle prints (without the debug mode's source traceback)
+        # what asyncio.TimerHandle prints (in debug mode, where it was made)
         info = ["TimerHandle"]
         if self._cancelled:
             info.append("cancelled")
         info.append(f"when={self._when}")
         if self._callback is not None:
             info.append(_format_callback_source(self._callback, self._args or ()))
+        if self._source_traceback:
+            frame = self._source_traceback[-1]
+            info.append(f"created at {frame[0]}:{frame[1]}")
         return f"<{' '.join(info)}>"
 
     cdef int _expire(self, object loop) except -1:
@@ -200,13 +204,14 @@ cdef class TimerHandle(_Entry):
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
-            loop.call_exception_handler(
-                {
-                    "message": f"Exception in callback {callback_text(callback, args, loop)}",
-                    "exception": exc,
-                    "handle": self,
-                }
-            )
+            report = {
+                "message": f"Exception in callback {callback_text(callback, args, loop)}",
+                "exception": exc,
+                "handle": self,
+            }
+            if self._source_traceback:
+                report["source_traceback"] = self._source_traceback
+            loop.call_exception_handler(report)
         return 0
 
     cdef void _release(self) noexcept:
@@ -468,15 +473,17 @@ cdef class LoopTimer:
     cdef int _defer(self, object loop, _Entry entry) except -1:
         """Debug mode: run the due ``entry`` as a callback of its own; see the twin's."""
         cdef TimerHandle handle
+        source_traceback = None
         if isinstance(entry, TimerHandle):
             handle = <TimerHandle>entry
             soon = loop.call_soon(
                 _Deferred(self, entry, handle._callback), *handle._args, context=Context()
             )
+            source_traceback = handle._source_traceback
         else:
             soon = loop.call_soon(_Deferred(self, entry, None), context=Context())
-        try:  # made here, not where the timer was (asyncio's handles let it go, uvloop's not)
-            soon._source_traceback = None
+        try:  # made here: "created at" where the timer was (asyncio's take it, uvloop's not)
+            soon._source_traceback = source_traceback
         except AttributeError:
             pass
         return 0
@@ -713,7 +720,7 @@ cdef class WheelLoopMethods:
         if timer._debug:
             check_loop_callback(loop, callback, "call_later")
         d = loop_seconds("delay", delay)
-        if 0.0 < d <= MAX_TIME:
+        if 0.0 < d <= MAX_TIME and not timer._debug:
             return timer._call(loop.time() + d, callback, args, context)
         cdef double now = loop.time()
         return loop_call(loop, now + d, now, d <= 0.0, callback, args, context)
@@ -729,19 +736,18 @@ cdef class WheelLoopMethods:
 
 
 cdef object loop_call(loop, double when, double now, bint due, callback, tuple args, context):
+    """The wheel loop's timer (called by its call_later/call_at); see the twin's _loop_call."""
     cdef LoopTimer timer = <LoopTimer?>loop._timewheel
-    cdef TimerHandle handle
-    if due:  # due at once: run at the loop's next iteration, as asyncio does
-        if timer._debug:  # the base loop's handle, which carries the caller's traceback
-            return loop._timewheel_base_call_at(loop, when, callback, *args, context=context)
-        if loop.is_closed():
-            raise RuntimeError("Event loop is closed")
-        # in the wheel's deadline order: before a wheel timer due later, however late
-        handle = timer._handle(when, callback, args, context)
+    cdef bint never = when > MAX_TIME  # asyncio.sleep(math.inf): a handle, nothing else
+    if (due or never) and loop.is_closed():
+        raise RuntimeError("Event loop is closed")
+    cdef TimerHandle handle = timer._handle(when, callback, args, context)
+    if timer._debug:  # where the timer was made: this makes no Python frame, the caller's last
+        handle._source_traceback = extract_stack()
+    if due:
+        # run at the loop's next iteration, as asyncio does, and in the wheel's deadline
+        # order (in debug mode too): before a wheel timer due later, however late the loop is
         timer._add_due(handle, when, now)
-        return handle
-    if when > MAX_TIME:  # never due (asyncio.sleep(math.inf)): a handle, nothing else
-        if loop.is_closed():
-            raise RuntimeError("Event loop is closed")
-        return timer._handle(when, callback, args, context)
-    return timer._call(when, callback, args, context)
+    elif not never:
+        timer._add(handle, when)
+    return handle
