@@ -31,6 +31,7 @@ def _benchmarks() -> tuple[ModuleType, ...]:
         core,
         execution,
         http,
+        job,
         metrics,
         operations,
         pipeline,
@@ -58,6 +59,7 @@ def _benchmarks() -> tuple[ModuleType, ...]:
         http,
         rate,
         resume,
+        job,
         quota,
         stream,
     )
