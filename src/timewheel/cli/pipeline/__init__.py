@@ -34,6 +34,7 @@ from .output import (
     run_identity,
     unlock_output,
 )
+from .phases import Phases
 from .precheck import check_before_spark
 from .sessions import check_remote, connect_session
 from .stream import check_checkpoint, check_stream_args, run_stream, stream_exit
@@ -150,8 +151,10 @@ def _run_locked(
     previous = check_output(out_dir, args.overwrite, args.resume)
     if previous is not None:  # before Spark starts
         check_resumable(out_dir, previous, run_identity(args, key_cols, fmt))
-    spark, owned = _session(args, "timewheel pipeline")
-    job = _Job(args, spark, target, max_in_flight, key_cols, out_dir)
+    phases = Phases(args.quiet)
+    with phases.phase(f"started Spark on {args.remote or args.master}"):
+        spark, owned = _session(args, "timewheel pipeline")
+    job = _Job(args, spark, target, max_in_flight, key_cols, out_dir, phases)
     reports: WorkerReports | None = None
     try:
         # For the endpoint, and for the quota's refusals and the batches' requests in the

@@ -11,6 +11,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,19 @@ from .failures import fail_fast
 from .inputs import generated_rows, read_input
 from .options import DEMO_ROWS
 from .output import check_resumable, publish, run_identity
+from .phases import Phases
 from .progress import JournalCount, Progress
 from .quota import QuotaWatch, dry_run, quota_from_args
-from .summary import failure_budget, latency_histogram, sent_counts, summarize
+from .summary import (
+    failure_budget,
+    id_hash_sum,
+    latency_groups,
+    latency_histogram,
+    observe,
+    observed,
+    sent_counts,
+    summarize,
+)
 
 
 class _Job:
@@ -40,8 +51,12 @@ class _Job:
         max_in_flight: int,
         key_cols: list[str],
         out_dir: Path,
+        phases: Phases | None = None,
     ) -> None:
         self.args = args
+        # One line per phase of the run, with its time (the caller may have said Spark's start).
+        self.phases = Phases(args.quiet) if phases is None else phases
+        self.published = False
         self.spark = spark
         self.target = target
         self.max_in_flight = max_in_flight
@@ -141,7 +156,15 @@ class _Job:
             raise UsageError(str(exc)) from exc
 
     def run(self, fmt: str | None, previous: Manifest | None, reports: Any) -> dict[str, Any]:
-        """Send the rows (or, with --dry-run, say what would be sent) and publish."""
+        """Send the rows (or, with --dry-run, say what would be sent) and publish.
+
+        The Spark jobs of a run (docs/spark/pipeline.md, "The Spark jobs of a run"): the
+        executors' import check (once per application), the id check, the write that
+        sends the rows (observed: the output's figures come with it), one read of the
+        written rows for the histogram, attempts and HTTP statuses; and only when there
+        is a reason: the reasons rows failed, the dedupe count, a resume's journal and
+        its second write.
+        """
         from pyspark.sql import functions as F
 
         args, spark = self.args, self.spark
@@ -154,8 +177,12 @@ class _Job:
         identity = run_identity(args, self.key_cols, fmt)
         if previous is not None:
             check_resumable(self.out_dir, previous, identity)
-        self.dispatch(base)  # every argument checked, and the executors, before --output changes
-        self.input_rows = check_ids(base, args.id_col)
+        with self.phases.phase("checked the input") as phase:
+            self.dispatch(
+                base
+            )  # every argument checked, and the executors, before --output changes
+            self.input_rows, self.input_hash = check_ids(base, args.id_col)
+            phase.said = f"checked the input: {self.input_rows:,} rows, unique ids"
         if args.dry_run:
             return self.dry_run(base)
         if previous is None:
@@ -168,12 +195,19 @@ class _Job:
             # this run publishes (a run stopped meanwhile is resumed as any other).
             manifest = previous
             manifest.complete = False
-        done = self.done_before(base)
+        with self.phases.phase("read the journal") as phase:
+            done = self.done_before(base)
+            phase.said = (
+                None
+                if done is None
+                else (f"read the journal: {self.done_count:,} rows answered ok before")
+            )
         manifest.runs += 1
         manifest.write()
         id_col = args.id_col
         todo = base if done is None else base.join(done.select(id_col), id_col, "left_anti")
-        sending = todo.count()
+        # The input's ids are unique and those done are some of them: no count needed.
+        sending = self.input_rows - self.done_count
         if args.partitions and args.input:  # generated rows are made so
             todo = todo.repartition(args.partitions)
         if not args.quiet:
@@ -191,7 +225,9 @@ class _Job:
         self.staging.append(staging)
         start = time.monotonic()
         self.watch = None
+        observation = None
         with contextlib.ExitStack() as stack:
+            stack.enter_context(self.phases.phase(f"sent {sending:,} rows and wrote them"))
             if self.quota is not None:
                 store = self.quota_store()
                 if self.quota.store is not None and store is not None:
@@ -199,19 +235,32 @@ class _Job:
                 self.watch = stack.enter_context(QuotaWatch(self.quota, store, reports))
             stack.enter_context(Progress(JournalCount(journal), sending, args.quiet, self.watch))
             self.fail_fast = stack.enter_context(fail_fast(args, journal, self.cancel))
-            if done is None:
-                result.write.parquet(str(staging / "rows"))
+            if done is None:  # the figures come with the write (see finish)
+                observed_result, observation = observe(result, id_col)
+                observed_result.write.parquet(str(staging / "rows"))
             else:  # written once (a second computation would send the rows again)
                 result.write.parquet(str(staging / "sent"))
         elapsed = time.monotonic() - start
         self.raise_if_signalled()
-        if done is not None:
-            sent = spark.read.parquet(str(staging / "sent"))
-            kept = done.select([F.col(f.name).cast(f.dataType) for f in sent.schema])
-            sent.unionByName(kept).write.parquet(str(staging / "rows"))
-            shutil.rmtree(staging / "sent")
-        check_rows(spark.read.parquet(str(staging / "rows")), base, id_col, self.input_rows)
-        return self.finish(manifest, staging, elapsed, sending)
+        with self.phases.phase("wrote the output: every row once, summary.json, latency.png"):
+            if done is not None:
+                sent = spark.read.parquet(str(staging / "sent"))
+                kept = done.select([F.col(f.name).cast(f.dataType) for f in sent.schema])
+                union, observation = observe(sent.unionByName(kept), id_col)
+                union.write.parquet(str(staging / "rows"))
+                shutil.rmtree(staging / "sent")
+            written = spark.read.parquet(str(staging / "rows"))
+            figures = observed(observation, written, id_col)
+            check_rows(figures, self.input_rows, self.input_hash)
+            summary = self.finish(manifest, staging, written, figures, elapsed, sending)
+        with self.phases.phase(f"published --output {str(self.out_dir)!r}"):
+            # A run stopped by its budget is published, and left for --resume to finish.
+            manifest.complete = summary["status"][SKIPPED] == 0
+            manifest.write(staging / MANIFEST)
+            publish(staging, self.out_dir)
+            self.staging.remove(staging)
+            self.published = True
+        return summary
 
     def dry_run(self, base: Any) -> dict[str, Any]:
         """What the run would send, sending nothing and leaving --output as it was."""
@@ -265,8 +314,13 @@ class _Job:
             raise UsageError(f"--resume: the journal has no column {id_col!r} (--id-col)")
         found = found.dropDuplicates([id_col])
         done = found.join(base.select(id_col), id_col, "left_semi")
-        self.done_count = done.count()
-        self.journal_outside = found.count() - self.done_count
+        # Both counts in one job: the journal's ids (unique now), and those in the input.
+        flag = "__timewheel_in_input"
+        inside = base.select(F.col(id_col), F.lit(True).alias(flag))
+        total, self.done_count = (
+            found.select(id_col).join(inside, id_col, "left").agg(F.count(F.lit(1)), F.count(flag))
+        ).first()
+        self.journal_outside = total - self.done_count
         if self.journal_outside and not self.args.quiet:
             _note(
                 f"{self.journal_outside:,} rows of the journal have an {id_col!r} not in the "
@@ -275,16 +329,22 @@ class _Job:
         return done
 
     def finish(
-        self, manifest: Manifest, staging: Path, elapsed: float, sent: int
+        self,
+        manifest: Manifest,
+        staging: Path,
+        written: Any,
+        figures: dict[str, Any],
+        elapsed: float,
+        sent: int,
     ) -> dict[str, Any]:
-        """Summarize the final output made in ``staging``, then put it in place of
-        ``--output``, whole (the journal goes with the old one)."""
+        """Write ``summary.json`` and ``latency.png`` of the final output in ``staging``:
+        from the ``figures`` observed as it was written and one read of its rows, never
+        by computing the result again (that would call the target again)."""
         from pyspark.sql import functions as F
 
         args = self.args
-        # Read the written rows back: recomputing the result would call the target again.
-        written = self.spark.read.parquet(str(staging / "rows"))
-        summary = summarize(written, elapsed)
+        groups = latency_groups(written)
+        summary = summarize(figures, groups, written, elapsed)
         summary.update(
             target=repr(self.target),
             master=args.remote or args.master,
@@ -315,15 +375,10 @@ class _Job:
                 made = {*RESULT_COLUMNS, REPLY_COLUMN}
                 inputs = written.select([c for c in written.columns if c not in made])
                 key = request_key(inputs, self.target)
-            shared = written.select(key.alias("key")).filter(F.col("key").isNotNull())
-            summary["requests_saved"] = shared.count() - shared.distinct().count()
+            shared, distinct = written.agg(F.count(key), F.countDistinct(key)).first()
+            summary["requests_saved"] = shared - distinct
         (staging / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        latency_histogram(written, staging / "latency.png")
-        # A run stopped by its budget is published, and left for --resume to finish.
-        manifest.complete = summary["status"][SKIPPED] == 0
-        manifest.write(staging / MANIFEST)
-        publish(staging, self.out_dir)
-        self.staging.remove(staging)
+        latency_histogram(groups, staging / "latency.png")
         return summary
 
     def stop(self, owned: bool) -> None:
@@ -335,20 +390,25 @@ class _Job:
         if self.staging:  # ended early: no task may go on writing into them
             self.cancel()
         if owned:
-            with contextlib.suppress(Exception):
+            said = "stopped Spark" if self.published else None
+            with self.phases.phase(said), contextlib.suppress(Exception):
                 self.spark.stop()
         for path in self.staging:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def check_ids(df: Any, id_col: str) -> int:
-    """The input's row count, once ``id_col`` is known to name each row once (unique,
-    never null): one aggregate pass, before any row is sent. A UsageError otherwise."""
+def check_ids(df: Any, id_col: str) -> tuple[int, Decimal]:
+    """The input's row count and the sum of its ids' hashes (for :func:`check_rows`),
+    once ``id_col`` is known to name each row once (unique, never null): one aggregate
+    pass, before any row is sent. A UsageError otherwise."""
     from pyspark.sql import functions as F
 
     col = F.col(id_col)
-    rows, distinct, nulls = df.agg(
-        F.count(F.lit(1)), F.countDistinct(col), F.sum(col.isNull().cast("long"))
+    rows, distinct, nulls, hashed = df.agg(
+        F.count(F.lit(1)),
+        F.countDistinct(col),
+        F.sum(col.isNull().cast("long")),
+        id_hash_sum(id_col),
     ).first()
     nulls = nulls or 0
     if distinct != rows or nulls:
@@ -356,26 +416,30 @@ def check_ids(df: Any, id_col: str) -> int:
             f"--id-col {id_col!r} must name each row once (unique, never null): the input "
             f"has {rows:,} rows, {distinct:,} distinct ids and {nulls:,} nulls"
         )
-    return int(rows)
+    return int(rows), Decimal(hashed or 0)
 
 
 class OutputMismatch(Exception):
     """The final output does not hold every input row exactly once: never published."""
 
 
-def check_rows(written: Any, base: Any, id_col: str, input_rows: int) -> None:
-    """Refuse a final output that is not every input id exactly once (the same count,
-    no id twice, none outside the input), before it is published."""
-    from pyspark.sql import functions as F
+def check_rows(written: dict[str, Any], input_rows: int, input_hash: Decimal) -> None:
+    """Refuse a final output that is not every input id exactly once, before it is
+    published, from the figures observed as it was written (:func:`summary.observed`).
 
-    col = F.col(id_col)
-    rows, distinct = written.agg(F.count(F.lit(1)), F.countDistinct(col)).first()
-    outside = written.select(id_col).join(base.select(id_col), id_col, "left_anti").count()
-    if rows != input_rows or distinct != input_rows or outside:
+    The input's ids are unique (:func:`check_ids`); the output has as many rows, each
+    with an id, and the same sum of 64-bit id hashes. An output that differs (an id
+    missing and another twice, or one outside the input) has the same sum only if the
+    hashes of the ids it differs by happen to sum alike modulo nothing (the sum is
+    exact): a chance about 2**-64 for each such pair, not a case a run meets.
+    """
+    rows, ids, hashed = written["rows"], written["ids"], Decimal(written["id_hash"] or 0)
+    if rows != input_rows or ids != input_rows or hashed != input_hash:
+        same = "the input's ids" if hashed == input_hash else "not the input's ids"
         raise OutputMismatch(
             f"the final output is not every input row once ({input_rows:,} input rows; "
-            f"{rows:,} output rows, {distinct:,} distinct ids, {outside:,} ids not in the "
-            "input): not published; --output is left to --resume"
+            f"{rows:,} output rows, {rows - ids:,} without an id, {same}): not "
+            "published; --output is left to --resume"
         )
 
 

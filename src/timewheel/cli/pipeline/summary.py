@@ -14,6 +14,8 @@ from .failures import top_reasons
 _PERCENTILES = (50, 90, 99, 99.9)
 # The distinct (status, error) pairs read to find the most common reasons.
 _REASONS_READ = 1000
+# The latency histogram's bins: 20 a decade, on a log scale.
+_BINS_PER_DECADE = 20
 
 
 def failure_budget(limit: float | int, rows: int) -> int:
@@ -28,24 +30,105 @@ def sent_counts(to_send: int, status: Mapping[str, int]) -> dict[str, int]:
     return {"rows_to_send": to_send, "rows_sent": to_send - status.get(SKIPPED, 0)}
 
 
-def summarize(result: Any, elapsed_s: float) -> dict[str, Any]:
-    """Rows per status, attempts, latency percentiles and throughput of a dispatch result."""
+#: percentile_approx's accuracy for the latency percentiles: a figure's rank is off by at
+#: most 1/ACCURACY of the rows (10 rows in a million).
+ACCURACY = 100_000
+
+
+def id_hash_sum(id_col: str) -> Any:
+    """The sum of the ids' 64-bit hashes (nulls left out), as a decimal that cannot
+    overflow: two sets of unique ids with the same count and the same sum are the same
+    set but for a collision of hash sums (see :func:`figure_columns`)."""
     from pyspark.sql import functions as F
 
-    rows = result.count()
-    statuses = {r["status"]: r["count"] for r in result.groupBy("status").count().collect()}
-    attempts = {r["attempts"]: r["count"] for r in result.groupBy("attempts").count().collect()}
-    answers = result.groupBy("http_status").count().collect()
-    quantiles = ", ".join(str(p / 100) for p in _PERCENTILES)
-    stats = result.select(
-        F.expr(f"percentile(latency_ms, array({quantiles}))").alias("q"),
-        F.mean("latency_ms").alias("mean"),
-        F.max("latency_ms").alias("max"),
-    ).first()
-    latency = {f"p{p:g}": round(q, 3) for p, q in zip(_PERCENTILES, stats["q"] or [])}
-    latency.update(mean=round(stats["mean"] or 0.0, 3), max=round(stats["max"] or 0.0, 3))
+    col = F.col(id_col)
+    return F.sum(F.when(col.isNotNull(), F.xxhash64(col)).cast("decimal(38,0)"))
+
+
+def figure_columns(id_col: str) -> list[Any]:
+    """The aggregates a run observes on the rows it writes (one pass, no read back):
+    their count, the ids (non-null count and :func:`id_hash_sum`, for the check that the
+    output is every input row once), rows per status, attempts, and latency figures."""
+    from pyspark.sql import functions as F
+
+    latency, status = F.col("latency_ms"), F.col("status")
+    quantiles = [p / 100 for p in _PERCENTILES]
+    return [
+        F.count(F.lit(1)).alias("rows"),
+        F.count(F.col(id_col)).alias("ids"),
+        id_hash_sum(id_col).alias("id_hash"),
+        *(F.count(F.when(status == s, 1)).alias(f"status_{s}") for s in STATUSES),
+        F.sum("attempts").alias("attempts"),
+        F.percentile_approx(latency, quantiles, ACCURACY).alias("latency_q"),
+        F.mean(latency).alias("latency_mean"),
+        F.max(latency).alias("latency_max"),
+    ]
+
+
+def observe(df: Any, id_col: str) -> tuple[Any, Any]:
+    """``df`` observed with :func:`figure_columns`, and its Observation: its figures are
+    there once an action on ``df`` (the write) has ended well."""
+    from pyspark.sql import Observation
+
+    observation = Observation()
+    return df.observe(observation, *figure_columns(id_col)), observation
+
+
+def observed(observation: Any, written: Any, id_col: str) -> dict[str, Any]:
+    """The figures of ``observation`` after its action ended well; if it has none, read
+    back from ``written`` (one job)."""
+    try:
+        figures = dict(observation.get) if observation is not None else {}
+    except Exception:  # an Observation this Spark cannot give: read them back
+        figures = {}
+    if "id_hash" not in figures:
+        figures = written.agg(*figure_columns(id_col)).first().asDict()
+    return figures
+
+
+def latency_groups(result: Any) -> list[tuple[str, int | None, int | None, int, int]]:
+    """The rows counted by ``(status, attempts, http_status, latency bin)``: one job,
+    whose few rows give the summary's attempts and HTTP statuses and the histogram."""
+    from pyspark.sql import functions as F
+
+    attempts = F.col("attempts") if "attempts" in result.columns else F.lit(None)
+    latency = F.greatest(F.col("latency_ms"), F.lit(0.01))
+    groups = result.groupBy(
+        F.col("status").alias("status"),
+        attempts.cast("int").alias("attempts"),
+        F.col("http_status").alias("http_status"),
+        F.floor(F.log10(latency) * _BINS_PER_DECADE).cast("int").alias("bin"),
+    ).count()
+    return [
+        (r["status"], r["attempts"], r["http_status"], r["bin"], r["count"])
+        for r in groups.collect()
+    ]
+
+
+def summarize(
+    figures: dict[str, Any],
+    groups: list[tuple[str, int | None, int | None, int, int]],
+    result: Any,
+    elapsed_s: float,
+) -> dict[str, Any]:
+    """Rows per status, attempts, latency percentiles and throughput of a dispatch result,
+    from its observed ``figures`` and its :func:`latency_groups`; ``result`` is read
+    again only for why rows failed, when some did."""
+    from pyspark.sql import functions as F
+
+    rows = figures["rows"]
+    statuses = {s: figures[f"status_{s}"] or 0 for s in STATUSES}
+    attempts: dict[int, int] = {}
+    answers: dict[int | None, int] = {}
+    for _, tries, http, _, n in groups:
+        attempts[tries or 0] = attempts.get(tries or 0, 0) + n
+        answers[http] = answers.get(http, 0) + n
+    latency = {f"p{p:g}": round(q, 3) for p, q in zip(_PERCENTILES, figures["latency_q"] or [])}
+    latency.update(
+        mean=round(figures["latency_mean"] or 0.0, 3), max=round(figures["latency_max"] or 0.0, 3)
+    )
     failures = []
-    if statuses.get(FAILED) or statuses.get(TIMEOUT):  # why, most common first
+    if statuses[FAILED] or statuses[TIMEOUT]:  # why, most common first
         counts = (
             result.filter(F.col("status").isin(FAILED, TIMEOUT))
             .groupBy("status", "error")
@@ -57,14 +140,13 @@ def summarize(result: Any, elapsed_s: float) -> dict[str, Any]:
         failures = top_reasons((r["status"], r["error"], r["count"]) for r in counts)
     return {
         "rows": rows,
-        "status": {s: statuses.get(s, 0) for s in STATUSES},
+        "status": statuses,
         "attempts": {
             "total": sum(k * v for k, v in attempts.items()),
             "rows_by_attempts": {str(k): attempts[k] for k in sorted(attempts)},
         },
         "http_status": {
-            str(r["http_status"] or "none"): r["count"]
-            for r in sorted(answers, key=lambda r: r["http_status"] or 0)
+            str(code or "none"): answers[code] for code in sorted(answers, key=lambda c: c or 0)
         },
         "latency_ms": latency,
         # The most common reasons rows failed or timed out (see failures.reason).
@@ -78,33 +160,31 @@ def latency_histogram(result: Any, path: Path) -> Any:
     """Write the ``latency_ms`` histogram as a PNG: one panel per status, log-scale axes.
 
     Each status has its own panel and the counts are on a log scale, so a handful of
-    failed or timed-out rows stay visible next to a million ok ones. Binned in Spark;
-    returns the (closed) figure.
+    failed or timed-out rows stay visible next to a million ok ones. ``result``: the
+    rows (binned in Spark) or their :func:`latency_groups`. Returns the (closed) figure.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from pyspark.sql import functions as F
 
-    bins_per_decade = 20
-    binned = result.select(
-        "status",
-        F.floor(F.log10(F.greatest(F.col("latency_ms"), F.lit(0.01))) * bins_per_decade).alias(
-            "bin"
-        ),
-    )
+    groups = result if isinstance(result, list) else latency_groups(result)
+    bins_per_decade = _BINS_PER_DECADE
     counts: dict[str, dict[int, int]] = {}
-    for r in binned.groupBy("status", "bin").count().collect():
-        counts.setdefault(r["status"], {})[int(r["bin"])] = r["count"]
+    by_code: dict[str, dict[int | None, int]] = {}
+    for status, _, http, b, n in groups:
+        panel = counts.setdefault(status, {})
+        panel[b] = panel.get(b, 0) + n
+        codes = by_code.setdefault(status, {})
+        codes[http] = codes.get(http, 0) + n
     # Each panel's title counts its rows' answers by HTTP status too.
-    answers: dict[str, list[str]] = {}
-    for r in sorted(
-        result.groupBy("status", "http_status").count().collect(),
-        key=lambda r: r["http_status"] or 0,
-    ):
-        code = "no answer" if r["http_status"] is None else f"HTTP {r['http_status']}"
-        answers.setdefault(r["status"], []).append(f"{code}: {r['count']:,}")
+    answers = {
+        status: [
+            f"{'no answer' if code is None else f'HTTP {code}'}: {n:,}"
+            for code, n in sorted(codes.items(), key=lambda item: item[0] or 0)
+        ]
+        for status, codes in by_code.items()
+    }
     # Rows a spent budget left unsent have no latency: their panel only when there are some.
     shown = [s for s in STATUSES if s != SKIPPED or s in counts]
     fig, axes = plt.subplots(len(shown), 1, figsize=(8, 7), sharex=True)
