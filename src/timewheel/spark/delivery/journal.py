@@ -25,17 +25,20 @@ finishes, ``--output`` is replaced whole by its final form and the journal goes 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import struct
 import threading
 import uuid
+import weakref
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from ... import _atfork
 from ..outcome import OK
 
 if TYPE_CHECKING:
@@ -68,6 +71,8 @@ _HEAD = struct.Struct("<4sB3sQI")
 _MAGIC = b"TWJ1"
 _SCHEMA, _BATCH = 0, 1
 
+log = logging.getLogger(__name__)
+
 
 def run_dir(out_dir: Path, run: int) -> Path:
     """Where run number ``run`` of ``out_dir`` journals its rows."""
@@ -76,13 +81,19 @@ def run_dir(out_dir: Path, run: int) -> Path:
 
 class JournalWriter:
     """One task's journal file: every batch written whole to the file descriptor as it
-    comes (no buffer in this process, so a killed worker loses no written batch)."""
+    comes (no buffer in this process, so a killed worker loses no written batch).
+
+    In a child forked after its file was opened, the file stays the parent's: the
+    child's copy of the descriptor is closed, and a write in the child starts a file of
+    its own (a frame from each process in one file could interleave).
+    """
 
     def __init__(self, directory: str, prefix: str = "") -> None:
         self.directory = directory
         self.prefix = prefix  # the start of the file's name
         self._fd = -1
         self._path = ""
+        _atfork.reset(self)
 
     def write(self, batch: pa.RecordBatch) -> None:
         if self._fd < 0:
@@ -112,6 +123,7 @@ class JournalWriter:
             os.close(fd)
 
     __del__ = close  # dropped unclosed (a task that failed): no descriptor left open
+    _fork_reset = close  # in a forked child (see timewheel._atfork): the parent's file
 
 
 T = TypeVar("T")
@@ -124,51 +136,129 @@ class Committer(Generic[T]):
     shared by the rows of a burst, and nothing waits for a batch to fill).
 
     An error of ``write`` (a full disk) is raised by the next :meth:`add` or by
-    :meth:`close`, which first hands over whatever is left.
+    :meth:`close`, which first hands over whatever is left; after it, or after
+    :meth:`close`, :meth:`add` raises. One thread adds and closes.
+
+    Its lifetime (the project's rule for what owns a thread):
+
+    * Dropped without :meth:`close` (a task's generator abandoned), it is collected like
+      any object (its thread holds no reference to it), and then its thread hands
+      everything it was given to ``write``, ends, and is waited for: nothing added is
+      lost. An error of ``write`` then has no caller to reach: it is logged, naming
+      the items left uncommitted.
+    * In a child forked while it runs, it is closed: the items waiting at the fork are
+      the parent's, whose thread commits them (to the parent's file); the child's
+      :meth:`close` returns at once, writing nothing, and its :meth:`add` raises. A
+      child that journals makes a Committer of its own (a :class:`JournalWriter`
+      inherited through the fork starts a file of its own on its next write).
     """
 
     def __init__(self, write: Callable[[list[T]], None]) -> None:
-        self._write = write
+        if not callable(write):
+            raise TypeError(f"write must be callable, got {write!r}")
         self._pending: deque[T] = deque()  # appended here, taken by the thread
         self._ready = threading.Event()
-        self._closing = False
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="timewheel-journal", daemon=True)
+        self._state = _CommitState()
+        self._thread = threading.Thread(
+            target=_commit,
+            args=(write, self._pending, self._ready, self._state),
+            name="timewheel-journal",
+            daemon=True,
+        )
         self._thread.start()
+        self._finalizer = weakref.finalize(
+            self, _dropped, self._pending, self._ready, self._state, self._thread
+        )
+        _atfork.reset(self)
 
     def add(self, item: T) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+        if self._state.stopping:
+            self._refuse()
         self._pending.append(item)
         if not self._ready.is_set():  # (the thread clears it before it takes the items)
             self._ready.set()
 
-    def _run(self) -> None:
-        pending, ready = self._pending, self._ready
-        while True:
-            ready.wait()
-            ready.clear()  # before taking: an item added after this sets it again
-            closing = self._closing
-            items = [pending.popleft() for _ in range(len(pending))]
-            if items:
-                try:
-                    self._write(items)
-                except BaseException as exc:  # raised in the task's thread instead
-                    self._error = exc
-                    return
-            if closing:
-                return
+    def _refuse(self) -> None:
+        state = self._state
+        if state.error is not None:
+            error, state.error = state.error, None
+            raise error
+        raise RuntimeError(f"Committer.add: the committer is closed{state.why}")
 
     def close(self) -> None:
         """Hand over what is left, stop the thread; raise its error, if any."""
-        if not self._closing:
-            self._closing = True
-            self._ready.set()
-            self._thread.join()
-        if self._error is not None:
-            error, self._error = self._error, None
+        if self._finalizer.detach() is not None:
+            _stop(self._ready, self._state, self._thread)
+        error, self._state.error = self._state.error, None
+        if error is not None:
             raise error
+
+    def _fork_reset(self) -> None:
+        # In a forked child (see timewheel._atfork): the thread and the items waiting
+        # for it are the parent's; the event's lock may have been held by that thread.
+        self._finalizer.detach()
+        self._pending.clear()
+        self._ready = threading.Event()
+        self._state = _CommitState()
+        self._state.stopping = True
+        self._state.why = f" (it is process {os.getppid()}'s, inherited through fork)"
+
+
+class _CommitState:
+    """What a :class:`Committer` and its thread share (the thread holds no Committer)."""
+
+    __slots__ = ("error", "stopping", "why")
+
+    def __init__(self) -> None:
+        self.stopping = False  # hand over what is left and end; add refuses
+        self.error: BaseException | None = None  # write's, for the task's thread
+        self.why = ""
+
+
+def _commit(
+    write: Callable[[list[T]], None],
+    pending: deque[T],
+    ready: threading.Event,
+    state: _CommitState,
+) -> None:
+    """A Committer's thread: each wake-up takes every item waiting and writes them."""
+    while True:
+        ready.wait()
+        ready.clear()  # before taking: an item added after this sets it again
+        stopping = state.stopping
+        items = [pending.popleft() for _ in range(len(pending))]
+        if items:
+            try:
+                write(items)
+            except BaseException as exc:  # raised in the task's thread instead
+                state.error = exc
+                state.stopping = True
+                pending.extendleft(reversed(items))  # left uncommitted, still counted
+                return
+        if stopping:
+            return
+
+
+def _stop(ready: threading.Event, state: _CommitState, thread: threading.Thread) -> None:
+    state.stopping = True
+    ready.set()
+    if thread is not threading.current_thread():  # (collected by its own thread's gc)
+        thread.join()
+
+
+def _dropped(
+    pending: deque[Any], ready: threading.Event, state: _CommitState, thread: threading.Thread
+) -> None:
+    """A Committer collected unclosed: its thread commits what is left and ends."""
+    _stop(ready, state, thread)
+    if state.error is not None:
+        log.error(
+            "a journal's committer was dropped unclosed and its last write failed: "
+            "%d items not committed (%s: %s)",
+            len(pending),
+            type(state.error).__name__,
+            state.error,
+        )
 
 
 def _write_frame(fd: int, kind: int, payload: Any) -> None:
