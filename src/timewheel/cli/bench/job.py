@@ -320,6 +320,7 @@ def _measure(
         raise
     wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(f"{name}: {wall:.1f} s, exit {proc.returncode}", file=sys.stderr, flush=True)
     if proc.returncode != 0:
         what = "timed out" if proc.returncode == _TIMED_OUT else f"exit {proc.returncode}"
         tail = "\n".join(stderr.strip().splitlines()[-8:])
