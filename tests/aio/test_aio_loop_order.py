@@ -100,6 +100,35 @@ def test_timers_run_in_deadline_order_when_the_loop_lags(
     assert len(ran) == 11
 
 
+@pytest.mark.parametrize("debug", [False, True], ids=["", "debug"])
+def test_a_timer_due_when_made_runs_after_those_made_before_with_its_deadline(
+    loop: asyncio.AbstractEventLoop, debug: bool
+) -> None:
+    # Before: the timer due when made had a key one nanosecond before the wheel's timers of
+    # the same deadline and ran first. Under load, a deadline crossed between two call_at
+    # of the same deadline did that (asyncio runs them first made first).
+    loop.set_debug(debug)
+
+    async def main() -> list[str]:
+        lp = asyncio.get_running_loop()
+        out: list[str] = []
+        done = lp.create_future()
+
+        def block() -> None:
+            when = lp.time() + 0.002
+            lp.call_at(when, out.append, "on the wheel")
+            while lp.time() < when + 0.001:  # the loop lags: the deadline is 1 ms past
+                pass
+            lp.call_at(when, out.append, "due when made")
+            lp.call_at(when, done.set_result, None)
+
+        lp.call_soon(block)
+        await asyncio.wait_for(done, 10)
+        return out
+
+    assert loop.run_until_complete(main()) == ["on the wheel", "due when made"]
+
+
 def test_timers_due_at_once_still_run_at_the_next_iteration(
     loop: asyncio.AbstractEventLoop,
 ) -> None:

@@ -97,7 +97,7 @@ cdef inline int64_t tick_end(int64_t d) noexcept:
 cdef inline int64_t due_ns(double when, double now) noexcept:
     """The wheel key of a timer already due (``when <= now``); see the twin's due_ns."""
     cdef int64_t n = <int64_t>floor(now * 1e9)
-    cdef int64_t d = <int64_t>ceil((when if when > -MAX_TIME else -MAX_TIME) * 1e9)
+    cdef int64_t d = <int64_t>ceil((when if when > -MAX_TIME else -MAX_TIME) * 1e9) + 1
     return d if d < n else n
 
 

@@ -82,7 +82,7 @@ def deadline_ns(when: float) -> int:
 def key_at(when: float, now: int) -> int:
     """The wheel key of loop time ``when`` on a wheel whose time is ``now`` (ns): its
     :func:`deadline_ns` if it is still to come, else its deadline to the nanosecond, due at
-    the next firing (as :func:`due_ns`)."""
+    the next firing (before the timers of its deadline made after it: :func:`due_ns`)."""
     d = math.ceil(max(when, -MAX_LOOP_TIME) * 1e9)
     return d if d <= now else d + 1
 
@@ -92,12 +92,12 @@ def _tick_end(d: int) -> int:
 
 
 def due_ns(when: float, now: float) -> int:
-    """The wheel key of a timer already due (``when <= now``, both loop times): its
-    deadline to the nanosecond, at most ``now``'s, so that the next firing runs it and
-    runs it in deadline order among the wheel's timers (whose keys are one nanosecond
-    later than their deadline: :func:`deadline_ns`)."""
+    """The wheel key of a timer already due (``when <= now``, both loop times): the key
+    a wheel timer of its deadline has (:func:`deadline_ns`), so that it runs in deadline
+    order among them and after those of its deadline made before it, but at most ``now``'s
+    nanosecond, so that the next firing runs it."""
     n = math.floor(now * 1e9)
-    d = math.ceil(max(when, -MAX_LOOP_TIME) * 1e9)
+    d = math.ceil(max(when, -MAX_LOOP_TIME) * 1e9) + 1
     return d if d < n else n
 
 
