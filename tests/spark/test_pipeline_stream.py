@@ -121,7 +121,7 @@ def test_each_micro_batch_reaches_the_metrics_with_its_lag(spark: Any, tmp_path:
     done = batches.seen[0]
     assert done["rows"] == 10 and done["status"]["failed"] == 2
     assert 20 <= done["lag_s"]["max"] < 60
-    assert sorted(p.name for p in (out / "rows").iterdir()) == ["batch=3"]  # none left aside
+    assert sorted(p.name for p in (out / "rows").iterdir()) == ["micro_batch=3"]  # none left aside
 
     def sample(name: str) -> Any:
         return registry.get_sample_value(f"timewheel_spark_stream_{name}", {"name": "pipeline"})
@@ -144,10 +144,10 @@ def test_a_running_stream_stops_on_sigterm_and_goes_on_where_it_was(
         try:
             deadline = time.monotonic() + 240
             land_next = True
-            while not (out / "rows" / "batch=1").is_dir():
+            while not (out / "rows" / "micro_batch=1").is_dir():
                 assert p.poll() is None, p.communicate()
                 assert time.monotonic() < deadline, "no micro-batches in time"
-                if land_next and (out / "rows" / "batch=0").is_dir():
+                if land_next and (out / "rows" / "micro_batch=0").is_dir():
                     land(inp, 1, 50)  # lands while the query runs
                     land_next = False
                 time.sleep(0.1)  # polling the disk for the query's output
@@ -209,7 +209,7 @@ def test_sigterm_to_the_process_group_stops_a_stream_with_143(
     ) as p:
         try:
             deadline = time.monotonic() + 240
-            while not (out / "rows" / "batch=0").is_dir():
+            while not (out / "rows" / "micro_batch=0").is_dir():
                 assert p.poll() is None, p.communicate()
                 assert time.monotonic() < deadline, "no micro-batch in time"
                 time.sleep(0.1)  # polling the disk for the query's output
@@ -243,3 +243,164 @@ def test_stream_options_that_cannot_work_exit_2(
     argv = [a.replace("IN", str(inp)) for a in extra]
     assert pipeline_cli([*argv, "--output", str(tmp_path / "out"), "--quiet"]) == 2
     assert words in capsys.readouterr().err
+
+
+def stream_argv(inp: Path, out: Path, service: ScriptedService, *more: str) -> list[str]:
+    """``--stream --once`` of ``inp`` into ``out`` against ``service``."""
+    argv = ["--stream", "--once", "--input", str(inp), "--output", str(out)]
+    return [*argv, "--target", service.url, "--master", "local[2]", *more]
+
+
+def test_a_column_named_batch_comes_back_as_it_landed(
+    spark: Any, service: ScriptedService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Read back, --output/rows has the input's column 'batch' as it landed (the folders
+    are micro_batch=N), an output of the version that wrote batch=N folders is renamed
+    and reads back right, and an input column 'micro_batch' is refused (exit 2)."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    (inp / "part-0.csv").write_text("id,batch,text\n" + "".join(f"{i},b{i},t\n" for i in range(5)))
+    argv = stream_argv(inp, out, service, "--quiet")
+    assert pipeline_cli(argv) == 0
+    back = spark.read.parquet(str(out / "rows")).collect()
+    assert sorted((r["id"], r["batch"], r["micro_batch"]) for r in back) == [
+        (i, f"b{i}", 0) for i in range(5)
+    ]
+    # An output as the version before wrote it: its folder batch=0 is renamed.
+    (out / "rows" / "micro_batch=0").rename(out / "rows" / "batch=0")
+    (inp / "part-1.csv").write_text("id,batch,text\n5,b5,t\n")
+    assert pipeline_cli(argv) == 0
+    assert sorted(p.name for p in (out / "rows").iterdir()) == ["micro_batch=0", "micro_batch=1"]
+    back = spark.read.parquet(str(out / "rows")).collect()
+    assert sorted((r["id"], r["batch"]) for r in back) == [(i, f"b{i}") for i in range(6)]
+    assert len(service.seen.requests) == 6
+    clash = tmp_path / "clash"
+    clash.mkdir()
+    (clash / "part-0.csv").write_text("id,micro_batch\n1,2\n")
+    capsys.readouterr()
+    assert pipeline_cli(stream_argv(clash, tmp_path / "out2", service, "--quiet")) == 2
+    err = capsys.readouterr().err
+    assert "--input has a column 'micro_batch'" in err and "rename the column" in err, err
+    assert len(service.seen.requests) == 6
+
+
+def test_overwrite_starts_a_stream_afresh_and_each_phase_says_so(
+    service: ScriptedService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--overwrite on a stream's output removes its rows, checkpoint and record: every
+    landed row is sent again (not silently ignored). Without --quiet, a line says when
+    Spark has started, what the stream reads, each micro-batch and the end, with times."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    land(inp, 0, 0)
+    assert pipeline_cli(stream_argv(inp, out, service, "--quiet")) == 0
+    assert len(service.seen.requests) == 50
+    capsys.readouterr()
+    assert pipeline_cli(stream_argv(inp, out, service, "--overwrite")) == 0
+    err = capsys.readouterr().err
+    assert len(service.seen.requests) == 100 and set(service.seen.per_key.values()) == {2}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rows"] == 50 and [b["rows"] for b in summary["micro_batches"]] == [50]
+    lines = [line.removeprefix("timewheel pipeline: ") for line in err.splitlines()]
+    assert any(line.startswith("--overwrite: --output") for line in lines), err
+    spark_line = next(i for i, line in enumerate(lines) if line.startswith("started Spark on"))
+    reading = next(i for i, line in enumerate(lines) if line.startswith("reading the csv files"))
+    batch = next(i for i, line in enumerate(lines) if line.startswith("micro-batch 0: 50 rows"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("stream ended: 1 micro"))
+    assert spark_line < reading < batch < end, err
+    assert str(inp) in lines[reading] and "with Spark's start and stop" in lines[end]
+
+
+def test_a_landed_file_without_the_streams_columns_stops_it_naming_the_file(
+    service: ScriptedService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file whose header is not the stream's stops the stream before its micro-batch
+    sends a row (exit 1, one line naming the file and the columns, no traceback); the
+    file replaced with the stream's columns, the same command goes on."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    land(inp, 0, 0)
+    argv = stream_argv(inp, out, service, "--quiet")
+    assert pipeline_cli(argv) == 0
+    (inp / "part-1.csv").write_text("id,body,extra\n50,a,b\n")
+    capsys.readouterr()
+    assert pipeline_cli(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    [line] = [line for line in err.splitlines() if "part-1.csv" in line]
+    assert "stream stopped" in line and "micro-batch 1" in line, line
+    assert "no column text" in line and "a column body, extra the stream does not have" in line
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["schema_changed"]["file"] == str(inp / "part-1.csv")
+    assert len(service.seen.requests) == 50  # nothing of micro-batch 1 was sent
+    land(inp, 1, 50, rows=1)  # the same name, the stream's columns
+    assert pipeline_cli(argv) == 0
+    assert json.loads((out / "summary.json").read_text())["rows"] == 51
+    assert len(service.seen.requests) == 51
+
+
+def test_a_parquet_file_of_other_types_is_told_by_its_columns(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from timewheel.cli.pipeline.stream_files import column_difference
+
+    schema = StructType([StructField("id", LongType()), StructField("text", StringType())])
+    pq.write_table(pa.table({"id": pa.array([1], pa.int32()), "text": ["a"]}), tmp_path / "a")
+    pq.write_table(pa.table({"id": ["1"], "text": ["a"]}), tmp_path / "b")
+    pq.write_table(pa.table({"ID": [1], "note": ["a"]}), tmp_path / "c")
+    assert column_difference(str(tmp_path / "a"), "parquet", schema) is None  # int read as long
+    assert column_difference(str(tmp_path / "b"), "parquet", schema) == "id is string, not bigint"
+    assert column_difference(str(tmp_path / "c"), "parquet", schema) == (
+        "no column text; a column note the stream does not have"
+    )
+
+
+def test_a_file_written_to_after_its_micro_batch_read_it_is_named_and_exits_1(
+    service: ScriptedService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rows appended to a file after the stream read it are never read: the file is
+    named in one line (even with --quiet), counted in the summary, and the exit is 1."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    land(inp, 0, 0)
+    appended = []
+
+    def append_once(body: Any) -> list[str]:  # the writer still writing as rows are sent
+        if not appended:
+            appended.append(body)
+            with open(inp / "part-0.csv", "a") as f:
+                f.write("50,t50\n")
+        return ["200"]
+
+    service.plan_of = append_once
+    assert pipeline_cli(stream_argv(inp, out, service, "--quiet")) == 1
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if "changed after micro-batch 0 read it" in line]
+    assert str(inp / "part-0.csv") in line and "files must land whole" in line, line
+    assert "1 file(s) of --input changed after their micro-batch read them" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["files_changed"] == 1 and summary["rows"] == 50
+    assert summary["changed_files"][0]["file"] == str(inp / "part-0.csv")
+    assert len(service.seen.requests) == 50  # the row appended was not read
+
+
+def test_a_streams_summary_says_why_rows_failed_and_its_quota_use(
+    service: ScriptedService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As a batch run's: the most common reasons rows failed (summary.json's failures
+    and the why: lines) and the quota's use (quota_use)."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    land(inp, 0, 0)
+    service.plan_of = lambda body: ["400"] if body["id"] % 10 == 0 else ["200"]
+    argv = stream_argv(inp, out, service, "--quiet", "--max-failed", "5", "--rate", "1000")
+    assert pipeline_cli(argv) == 0
+    err = capsys.readouterr().err
+    assert "why: 5 rows: HTTP 400: no" in err, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failures"] == [{"reason": "HTTP 400: no", "rows": 5}]
+    use = summary["quota_use"]
+    assert use["quota"]["rate_per_s"] == 1000 and use["refused"] == 0
+    assert use["requests"] == 50

@@ -175,7 +175,7 @@ class Stream:
 
     # -- the query's state on the disk ----------------------------------------------------
     def in_sink(self, batch: int) -> bool:
-        return (self.out / "rows" / f"batch={batch}" / "_SUCCESS").exists()
+        return (self.out / "rows" / f"micro_batch={batch}" / "_SUCCESS").exists()
 
     def committed(self, batch: int) -> bool:
         return (self.out / "checkpoint" / "commits" / str(batch)).exists()

@@ -170,7 +170,7 @@ def _lag(args: argparse.Namespace, tmp: Path) -> bool:
     def look() -> None:  # the micro-batches written since the last look
         import pyarrow.parquet as pq
 
-        for batch in sorted((out / "rows").glob("batch=*")):
+        for batch in sorted((out / "rows").glob("micro_batch=*")):
             if batch in read:
                 continue
             read.add(batch)

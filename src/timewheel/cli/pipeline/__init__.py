@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ from .output import (
 from .phases import Phases
 from .precheck import check_before_spark
 from .sessions import check_remote, connect_session
-from .stream import check_checkpoint, check_stream_args, run_stream, stream_exit
+from .stream import check_stream_args, run_command
 
 __all__ = ["add_parser", "main"]
 
@@ -196,30 +195,7 @@ def _run_stream(
     key_cols: list[str],
 ) -> int:
     """``--stream``: the query on its own session; the exit status its rows call for."""
-    from ...spark.worker_metrics import WorkerReports
-
-    ours = (out_dir / "checkpoint").is_dir() or (out_dir / "record").is_dir()
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not ours:
-        if not args.overwrite:
-            raise UsageError(
-                f"--output {str(out_dir)!r} exists and is not a stream's output; give "
-                "another, or --overwrite to replace it"
-            )
-        shutil.rmtree(out_dir)
-    check_checkpoint(out_dir)
-    spark, owned = _session(args, "timewheel pipeline --stream")
-    job = _Job(args, spark, target, max_in_flight, key_cols, out_dir)
-    reports = None
-    try:
-        if not job.connect:  # the calls of each micro-batch (Connect has no accumulators)
-            reports = WorkerReports(spark.sparkContext)
-        summary = run_stream(args, job, out_dir, reports)
-    finally:
-        job.stop(owned)
-        if reports is not None:
-            reports.close()
-    print(json.dumps(summary, indent=2))
-    return stream_exit(args, summary)
+    return run_command(args, out_dir, target, max_in_flight, key_cols, _session)
 
 
 def _say_why(args: argparse.Namespace, summary: dict[str, Any]) -> None:

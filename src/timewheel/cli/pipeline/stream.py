@@ -3,13 +3,19 @@
 The query reads new files from ``--input`` (Parquet, CSV with a header, or JSON lines;
 the schema is read from the files already there), sends their rows with ``dispatch``
 (its record of answered rows in ``--output/record``, so a micro-batch that runs again
-calls no row twice) and writes each micro-batch's rows to ``--output/rows/batch=N``
-(written again whole if the batch runs again), with the query's checkpoint in
-``--output/checkpoint``. Run again on the same ``--output``, it goes on from the
-checkpoint. ``--once`` reads what is there and stops (``availableNow``); without it the
-query runs until SIGINT or SIGTERM (the micro-batch in progress is left for the next
-run: its rows already answered are not sent again). A line per micro-batch says what
-it did; the summary at the end counts every row in ``--output/rows``.
+calls no row twice) and writes each micro-batch's rows to
+``--output/rows/micro_batch=N`` (written again whole if the batch runs again), with the
+query's checkpoint in ``--output/checkpoint``. Run again on the same ``--output``, it
+goes on from the checkpoint; ``--overwrite`` starts it afresh (every row sent again).
+``--once`` reads what is there and stops (``availableNow``); without it the query runs
+until SIGINT or SIGTERM (the micro-batch in progress is left for the next run: its rows
+already answered are not sent again). A line per phase and per micro-batch says what it
+did; the summary at the end counts every row in ``--output/rows``.
+
+Files must land whole: a file's columns are checked before its micro-batch sends
+anything (a file without the stream's columns stops the stream, exit 1), and a file
+written to after its micro-batch read it is said and counted (exit 1): see
+:mod:`.stream_files`.
 
 When the quota's budget (or request cap) is spent, the stream stops (exit 3) and the
 micro-batch it was in is not written: its rows the budget skipped were not sent, and
@@ -20,25 +26,34 @@ micro-batch again and sends exactly those (the rows answered come from the recor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import re
 import shutil
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ... import metrics
 from ...spark.outcome import FAILED, SKIPPED, STATUSES, TIMEOUT
 from .errors import UsageError, _limit_text, _note, one_line
+from .failures import header_values, top_reasons
+from .phases import Phases, duration
+from .quota import QuotaWatch
+from .stream_files import FileWatch, SchemaChanged, batch_files, column_difference, file_stats
 from .summary import failure_budget
 
 __all__ = [
+    "PARTITION",
     "STREAM_FORMATS",
     "STREAM_KIND",
     "check_checkpoint",
     "check_stream_args",
-    "landed",
+    "prepare_output",
     "quantiles",
+    "run_command",
     "run_stream",
     "stream_exit",
     "stream_format",
@@ -46,6 +61,17 @@ __all__ = [
 
 #: The formats a stream reads, by the files' names.
 STREAM_FORMATS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json"}
+
+#: The folders of ``--output/rows`` are ``micro_batch=N``: read back, ``micro_batch`` is
+#: a column (an input column of that name is refused). Before, they were ``batch=N``,
+#: whose number replaced an input column named ``batch``; such folders are renamed.
+PARTITION = "micro_batch"
+_OLD_FOLDER = re.compile(r"batch=(\d+)")
+
+# The distinct (status, error) pairs read to find the most common reasons.
+_REASONS_READ = 1000
+# How often the driver looks at the files read for changes while the stream runs.
+_WATCH_EVERY_S = 2.0
 
 
 def check_stream_args(args: argparse.Namespace) -> None:
@@ -137,26 +163,6 @@ metrics.define(
 )
 
 
-def landed(sources: Path, batch_id: int) -> list[float]:
-    """When the files of micro-batch ``batch_id`` landed (their modification times, in
-    seconds), from the file source's log in the checkpoint; [] when it does not say."""
-    times: list[float] = []
-    for name in (f"{batch_id}", f"{batch_id}.compact"):
-        try:
-            lines = (sources / name).read_text().splitlines()[1:]  # after the version
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                entry = json.loads(line)
-                if entry["batchId"] == batch_id:
-                    times.append(entry["timestamp"] / 1000)
-            except (ValueError, KeyError, TypeError):
-                continue
-        return times
-    return times
-
-
 def quantiles(values: list[float]) -> dict[str, float] | None:
     """p50, p99 and max of ``values`` (rounded to the millisecond), None when empty."""
     if not values:
@@ -183,19 +189,33 @@ class BudgetSpent(Exception):
 
 
 class _Batches:
-    """The query's ``foreachBatch``: each micro-batch written whole (aside, then moved in
-    place of what a run before wrote of it), counted, and its lag measured."""
+    """The query's ``foreachBatch``: each micro-batch's files checked (the stream's
+    columns, when ``schema`` is given), its rows written whole (aside, then moved in
+    place of what a run before wrote of it), counted, its lag measured and its files
+    watched for changes."""
 
-    def __init__(self, out_dir: Path, reports: Any, quiet: bool) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        reports: Any,
+        quiet: bool,
+        fmt: str | None = None,
+        schema: Any = None,
+    ) -> None:
         self.rows = out_dir / "rows"
         self.record = out_dir / "record"
         self.sources = out_dir / "checkpoint" / "sources" / "0"
         self.reports = reports  # WorkerReports, for the calls (None on Connect)
         self.quiet = quiet
+        self.fmt = fmt
+        self.schema = schema
         self.seen: list[dict[str, Any]] = []
         self.lags: list[float] = []  # every landed file's lag, this run
         # The micro-batch the budget stopped (left for the next run), when it did.
         self.spent: dict[str, int] | None = None
+        # The file whose columns stopped the stream, when one did.
+        self.changed_schema: SchemaChanged | None = None
+        self.watch = FileWatch(_note)  # said even with --quiet: rows were not read
         # Dropped when the run ends (Spark may hold this object longer).
         self.numbers: _Numbers | None = _Numbers()
 
@@ -207,20 +227,38 @@ class _Batches:
                     totals[key] = totals.get(key, 0) + counts[key]
         return totals
 
+    def _check_columns(self, paths: list[str], batch_id: int) -> None:
+        """Raise SchemaChanged for the first file without the stream's columns."""
+        if self.schema is None or self.fmt is None:
+            return
+        for path in paths:
+            try:
+                difference = column_difference(path, self.fmt, self.schema)
+            except OSError:  # gone, or unreadable: Spark's read says so
+                continue
+            except Exception as exc:  # not a file of its format: Spark's read says so
+                difference = f"it cannot be read as {self.fmt}: {one_line(exc)}"
+            if difference is not None:
+                self.changed_schema = SchemaChanged(path, batch_id, difference)
+                raise self.changed_schema
+
     def __call__(self, batch: Any, batch_id: int) -> None:
         import pyarrow.parquet as pq
 
         from ...spark.delivery.stream_record import mark
 
         start = time.monotonic()
+        files = batch_files(self.sources, batch_id)
+        self._check_columns([path for path, _ in files], batch_id)
         # Marked from here too: a micro-batch whose tasks sent nothing is marked all the
         # same, so a checkpoint replaced later is told by check_checkpoint.
         mark(str(self.record), batch_id)
         before = self._engine()
-        path = self.rows / f"batch={batch_id}"
+        path = self.rows / f"{PARTITION}={batch_id}"
         # Written aside first: a micro-batch that fails leaves what a run before wrote.
-        aside = self.rows / f"_writing-batch={batch_id}"
+        aside = self.rows / f"_writing-{PARTITION}={batch_id}"
         shutil.rmtree(aside, ignore_errors=True)
+        stats = file_stats(path for path, _ in files)  # as its files were before the read
         batch.write.parquet(str(aside))
         # Read back (its status column, in this process: no Spark job), as counting the
         # batch itself would compute it, and call, again.
@@ -233,8 +271,10 @@ class _Batches:
             raise BudgetSpent(f"the quota was spent in micro-batch {batch_id}")
         shutil.rmtree(path, ignore_errors=True)
         aside.rename(path)
+        self.watch.read(stats, batch_id)
+        self.watch.check()  # a file written to while it was read
         now = time.time()
-        lags = [now - t for t in landed(self.sources, batch_id)]
+        lags = [now - landed for _, landed in files]
         done: dict[str, Any] = {"batch": batch_id, "rows": sum(counts.values()), "status": counts}
         if self.reports is not None:
             after = self._engine()
@@ -271,9 +311,106 @@ def _line(done: dict[str, Any]) -> str:
     )
 
 
-def run_stream(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) -> dict[str, Any]:
+def _say(args: argparse.Namespace, text: str) -> None:
+    """A phase line (none with --quiet)."""
+    if not args.quiet:
+        _note(text)
+
+
+def prepare_output(args: argparse.Namespace, out_dir: Path) -> bool:
+    """Before Spark starts: whether the stream starts afresh on ``out_dir`` (nothing
+    there, or ``--overwrite`` of what is: it is removed when the query is about to
+    start). An output that is not a stream's is refused without ``--overwrite``; a
+    stream's goes on from its checkpoint (checked against its record), its folders of
+    an earlier version (``batch=N``) renamed ``micro_batch=N``."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--output {str(out_dir)!r} is a file, not a directory")
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return True
+    if args.overwrite:
+        return True
+    if not ((out_dir / "checkpoint").is_dir() or (out_dir / "record").is_dir()):
+        raise UsageError(
+            f"--output {str(out_dir)!r} exists and is not a stream's output; give "
+            "another, or --overwrite to replace it"
+        )
+    check_checkpoint(out_dir)
+    _rename_old_folders(args, out_dir / "rows")
+    return False
+
+
+def _rename_old_folders(args: argparse.Namespace, rows: Path) -> None:
+    """An output of an earlier version: its ``rows/batch=N`` made ``rows/micro_batch=N``
+    (read back, a column ``batch`` of the input is the input's again)."""
+    renamed = 0
+    for folder in sorted(rows.iterdir()) if rows.is_dir() else ():
+        match = _OLD_FOLDER.fullmatch(folder.name)
+        if match is None or not folder.is_dir():
+            continue
+        new = rows / f"{PARTITION}={match[1]}"
+        if new.exists():  # written again by this version: the old one is stale
+            shutil.rmtree(folder)
+        else:
+            folder.rename(new)
+        renamed += 1
+    if renamed:
+        _say(
+            args,
+            f"--output {str(rows)!r}: {renamed:,} folder(s) batch=N renamed {PARTITION}=N "
+            f"(read back, the micro-batch's number is the column {PARTITION!r})",
+        )
+
+
+def run_command(
+    args: argparse.Namespace,
+    out_dir: Path,
+    target: Any,
+    max_in_flight: int,
+    key_cols: list[str],
+    session: Callable[[argparse.Namespace, str], tuple[Any, bool]],
+) -> int:
+    """``--stream``: the query on its own session (``session(args, name)`` makes it);
+    the summary printed and the exit status its rows call for."""
+    from ...spark.worker_metrics import WorkerReports
+    from .job import _Job
+
+    fresh = prepare_output(args, out_dir)
+    began = time.monotonic()
+    phases = Phases(args.quiet)
+    with phases.phase(f"started Spark on {args.master}"):
+        spark, owned = session(args, "timewheel pipeline --stream")
+    job = _Job(args, spark, target, max_in_flight, key_cols, out_dir, phases)
+    reports = None
+    try:
+        if not job.connect:  # the calls of each micro-batch (Connect has no accumulators)
+            reports = WorkerReports(spark.sparkContext)
+        summary = run_stream(args, job, out_dir, reports, fresh=fresh)
+    finally:
+        job.stop(owned)
+        if reports is not None:
+            reports.close()
+    print(json.dumps(summary, indent=2))
+    _say(args, _final_line(summary, time.monotonic() - began))
+    return stream_exit(args, summary)
+
+
+def _final_line(summary: dict[str, Any], total_s: float) -> str:
+    """The stream's last phase line: what this run did, and its times."""
+    batches = summary["micro_batches"]
+    rows = sum(b["rows"] for b in batches)
+    return (
+        f"stream ended: {len(batches):,} micro-batch(es), {rows:,} rows this run, "
+        f"{summary['rows']:,} in --output (the query and its summary "
+        f"{duration(summary['elapsed_s'])}; {duration(total_s)} with Spark's start and stop)"
+    )
+
+
+def run_stream(
+    args: argparse.Namespace, job: Any, out_dir: Path, reports: Any, fresh: bool = False
+) -> dict[str, Any]:
     """Run the query on ``job``'s session until it is drained (``--once``) or stopped;
-    return the summary (written to ``--output/summary.json`` too)."""
+    return the summary (written to ``--output/summary.json`` too). ``fresh``: the
+    output is started afresh (whatever is there removed first)."""
     spark = job.spark
     fmt = stream_format(args.input, args.format)
     try:
@@ -281,10 +418,24 @@ def run_stream(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) 
         schema = _reader(spark.read.option("inferSchema", True), fmt)(args.input).schema
     except Exception as exc:
         raise UsageError(f"cannot read {args.input!r} as {fmt}: {one_line(exc)}") from exc
+    clash = [name for name in schema.fieldNames() if name.lower() == PARTITION]
+    if clash:
+        raise UsageError(
+            f"--stream: --input has a column {clash[0]!r}: --output/rows keeps each "
+            f"micro-batch in a folder {PARTITION}=N, whose number would replace that "
+            "column's values when the rows are read back; rename the column"
+        )
+    if fresh and out_dir.exists():
+        _say(
+            args,
+            f"--overwrite: --output {str(out_dir)!r} removed, its checkpoint and record "
+            "with it: every file in --input is read again and its rows sent again",
+        )
+        shutil.rmtree(out_dir)
     stream = _reader(spark.readStream.schema(schema), fmt)(args.input)
     out_dir.mkdir(parents=True, exist_ok=True)
     out = job.dispatch(stream, None if reports is None else reports.accumulator, out_dir / "record")
-    batches = _Batches(out_dir, reports, args.quiet)
+    batches = _Batches(out_dir, reports, args.quiet, fmt, schema)
     writer = out.writeStream.foreachBatch(batches).option(
         "checkpointLocation", str(out_dir / "checkpoint")
     )
@@ -293,9 +444,14 @@ def run_stream(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) 
     else:
         writer = writer.trigger(processingTime=f"{args.trigger_ms} milliseconds")
     start = time.monotonic()
+    summary: dict[str, Any] = {}
     with job.signals():
         try:
-            summary = _query(spark, writer, job, out_dir, batches, start, args)
+            with contextlib.ExitStack() as stack:
+                watch = _quota_watch(job, reports, stack)
+                _query(writer, job, batches, args, fmt)
+            summary = _summary(spark, out_dir, batches, time.monotonic() - start, args, watch)
+            (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         except Exception:
             # Stopped: the signal's cancelling ends the micro-batch in progress, left for
             # the next run (its rows already answered are in the record). The summary's
@@ -308,38 +464,77 @@ def run_stream(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) 
     return summary
 
 
-def _query(
-    spark: Any, writer: Any, job: Any, out_dir: Path, batches: _Batches, start: float, args: Any
-) -> dict[str, Any]:
-    """Run the query until it ends or a signal stops it; its summary, written."""
+def _quota_watch(job: Any, reports: Any, stack: contextlib.ExitStack) -> QuotaWatch | None:
+    """The quota's use while the query runs, as a batch run reads it (None: no quota)."""
+    if job.quota is None:
+        return None
+    store = job.quota_store()
+    if job.quota.store is not None and store is not None:
+        stack.callback(store.close)  # this run's own Redis client
+    return stack.enter_context(QuotaWatch(job.quota, store, reports))
+
+
+def _query(writer: Any, job: Any, batches: _Batches, args: Any, fmt: str) -> None:
+    """Run the query until it ends or a signal stops it; an error when it failed (not
+    when the budget stopped it, or a landed file's columns did: the summary says)."""
     failure = None
     query = writer.start()
+    where = f"{fmt} files landing in {args.input}"
+    if args.once:
+        _say(args, f"reading the {where} (--once: what is there, then the stream ends)")
+    else:
+        _say(args, f"listening for {where}, a micro-batch every {args.trigger_ms:,} ms")
+    looked = time.monotonic()
     try:
         while query.isActive and job.signalled is None:
             query.awaitTermination(0.5)
+            if time.monotonic() - looked >= _WATCH_EVERY_S:
+                batches.watch.check()
+                looked = time.monotonic()
     except Exception as exc:  # the query failed, or a signal cancelled its batch
         failure = exc
     finally:
         batches.numbers = None  # off the exporters
         if query.isActive:
             query.stop()
-    if failure is not None and job.signalled is None and batches.spent is None:
+        batches.watch.check(final=True)
+    stopped = batches.spent is not None or batches.changed_schema is not None
+    if failure is not None and job.signalled is None and not stopped:
         raise RuntimeError(f"the stream failed: {one_line(failure)}") from failure
-    summary = _summary(spark, out_dir, batches, time.monotonic() - start, args)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
 
 
 def stream_exit(args: argparse.Namespace, summary: dict[str, Any]) -> int:
-    """The exit status a stream's summary calls for, said in one line (even with
-    ``--quiet``) when it is not 0."""
+    """The exit status a stream's summary calls for, said in lines (even with
+    ``--quiet``) when it is not 0: 1 when a landed file's columns stopped the stream,
+    when more rows failed than ``--max-failed`` allows or when files changed after they
+    were read; else 3 when the quota was spent."""
+    code = 0
+    changed = summary.get("schema_changed")
+    if changed is not None:
+        _note(f"the stream stopped: {changed['why']}")
+        code = 1
     bad = summary["status"][FAILED] + summary["status"][TIMEOUT]
     if bad > summary["max_failed_rows"]:
         _note(
             f"{bad:,} of {summary['rows']:,} rows failed or timed out, more than "
             f"--max-failed {_limit_text(args.max_failed)} allows"
         )
-        return 1
+        code = 1
+    elif bad:
+        _note(
+            f"{bad:,} of {summary['rows']:,} rows failed or timed out "
+            f"(within --max-failed {_limit_text(args.max_failed)})"
+        )
+    for item in summary.get("failures") or ():
+        n = item["rows"]
+        _note(f"why: {n:,} row{'' if n == 1 else 's'}: {item['reason']}")
+    files = summary.get("files_changed", 0)
+    if files:
+        _note(
+            f"{files:,} file(s) of --input changed after their micro-batch read them (named "
+            "above and in summary.json): the rows written to them since were not sent"
+        )
+        code = 1
     spent = summary.get("budget_spent")
     if spent is not None:
         _note(
@@ -347,12 +542,12 @@ def stream_exit(args: argparse.Namespace, summary: dict[str, Any]) -> int:
             f"whose {spent['rows_not_sent']:,} rows not sent (of {spent['rows']:,}) are "
             "sent when the stream runs again (with a budget left)"
         )
-        return 3
+        code = code or 3
     skipped = summary["status"][SKIPPED]
-    if skipped:  # written by an earlier version, which committed skipped rows
+    if skipped and spent is None:  # written by an earlier version, which committed them
         _note(f"{skipped:,} rows in --output are 'skipped': the quota was spent")
-        return 3
-    return 0
+        code = code or 3
+    return code
 
 
 def check_checkpoint(out_dir: Path) -> None:
@@ -386,22 +581,55 @@ def check_checkpoint(out_dir: Path) -> None:
 
 
 def _summary(
-    spark: Any, out_dir: Path, batches: _Batches, elapsed: float, args: Any
+    spark: Any,
+    out_dir: Path,
+    batches: _Batches,
+    elapsed: float,
+    args: Any,
+    watch: QuotaWatch | None,
 ) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
     counts = {status: 0 for status in STATUSES}
+    failures: list[dict[str, Any]] = []
     rows_dir = out_dir / "rows"
-    if rows_dir.is_dir() and any(rows_dir.glob("batch=*")):
-        found = spark.read.parquet(str(rows_dir)).groupBy("status").count().collect()
+    if rows_dir.is_dir() and any(rows_dir.glob(f"{PARTITION}=*")):
+        written = spark.read.parquet(str(rows_dir))
+        found = written.groupBy("status").count().collect()
         counts.update({r["status"]: r["count"] for r in found})
+        if counts[FAILED] or counts[TIMEOUT]:  # why, most common first
+            reasons = (
+                written.filter(F.col("status").isin(FAILED, TIMEOUT))
+                .groupBy("status", "error")
+                .count()
+                .orderBy(F.desc("count"))
+                .limit(_REASONS_READ)
+                .collect()
+            )
+            failures = top_reasons(
+                ((r["status"], r["error"], r["count"]) for r in reasons),
+                hide=header_values(args.http_header),
+            )
     rows = sum(counts.values())
+    changed = batches.changed_schema
     return {
         "stream": True,
         "input": args.input,
         "rows": rows,
         "status": counts,
+        # The most common reasons rows failed or timed out (see failures.reason).
+        "failures": failures,
         "micro_batches": batches.seen,
         # The micro-batch the quota's budget stopped, left for the next run (or None).
         "budget_spent": batches.spent,
+        # The landed file whose columns stopped the stream (or None).
+        "schema_changed": None
+        if changed is None
+        else {"file": changed.path, "micro_batch": changed.batch_id, "why": str(changed)},
+        # Files written to after their micro-batch read them: their new rows not sent.
+        "files_changed": batches.watch.count,
+        "changed_files": batches.watch.named,
+        "quota_use": None if watch is None else watch.summary(),
         "lag_s": quantiles(batches.lags),
         "elapsed_s": round(elapsed, 3),
         "max_failed_rows": failure_budget(args.max_failed, rows),
