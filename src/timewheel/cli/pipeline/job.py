@@ -236,20 +236,21 @@ class _Job:
             stack.enter_context(Progress(JournalCount(journal), sending, args.quiet, self.watch))
             self.fail_fast = stack.enter_context(fail_fast(args, journal, self.cancel))
             if done is None:  # the figures come with the write (see finish)
-                observed_result, observation = observe(result, id_col)
-                observed_result.write.parquet(str(staging / "rows"))
+                final, observation = observe(result, id_col)
+                final.write.parquet(str(staging / "rows"))
             else:  # written once (a second computation would send the rows again)
                 result.write.parquet(str(staging / "sent"))
         elapsed = time.monotonic() - start
         self.raise_if_signalled()
         with self.phases.phase("wrote the output: every row once, summary.json, latency.png"):
             if done is not None:
-                sent = spark.read.parquet(str(staging / "sent"))
+                sent = spark.read.schema(result.schema).parquet(str(staging / "sent"))
                 kept = done.select([F.col(f.name).cast(f.dataType) for f in sent.schema])
-                union, observation = observe(sent.unionByName(kept), id_col)
-                union.write.parquet(str(staging / "rows"))
+                final, observation = observe(sent.unionByName(kept), id_col)
+                final.write.parquet(str(staging / "rows"))
                 shutil.rmtree(staging / "sent")
-            written = spark.read.parquet(str(staging / "rows"))
+            # Read with the schema it was written with: Spark need not start a job for it.
+            written = spark.read.schema(final.schema).parquet(str(staging / "rows"))
             figures = observed(observation, written, id_col)
             check_rows(figures, self.input_rows, self.input_hash)
             summary = self.finish(manifest, staging, written, figures, elapsed, sending)
