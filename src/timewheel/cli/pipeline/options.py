@@ -205,7 +205,9 @@ def add_options(
         help="read the files landing in the directory --input as they come, until stopped "
         "(SIGINT/SIGTERM): each micro-batch's rows to --output/rows, the query's checkpoint "
         "and the record of answered rows in --output, so a run again goes on where it was "
-        "and calls no row twice",
+        "and calls no row twice. Files must land whole, with the stream's columns: write "
+        "each elsewhere, then rename it into --input (a file written to after it was read "
+        "loses its new rows: it is named, exit 1)",
     )
     inputs.add_argument(
         "--once",
@@ -238,7 +240,8 @@ def add_options(
     output.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace an existing --output (it is refused otherwise)",
+        help="replace an existing --output (it is refused otherwise); with --stream, start "
+        "afresh: checkpoint and record removed, every landed row sent again",
     )
     add_job_options(parser)
     add_quota_options(parser)
