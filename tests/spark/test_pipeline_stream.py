@@ -404,3 +404,13 @@ def test_a_streams_summary_says_why_rows_failed_and_its_quota_use(
     use = summary["quota_use"]
     assert use["quota"]["rate_per_s"] == 1000 and use["refused"] == 0
     assert use["requests"] == 50
+
+
+def test_help_says_a_streams_files_land_whole_and_what_overwrite_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        pipeline_cli(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Files must land whole, with the stream's columns: write each elsewhere, then " in text
+    assert "with --stream, start afresh: checkpoint and record removed" in text

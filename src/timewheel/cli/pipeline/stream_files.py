@@ -187,19 +187,16 @@ class FileWatch:
     def check(self, final: bool = False) -> None:
         """Look at the files watched: say and count each that changed; stop watching
         those read more than :data:`WATCH_S` ago (``final``: every file, for the last time)."""
-        with self._lock:
-            watched = dict(self._files)
-        now = time.monotonic()
-        stats = file_stats(watched)
-        for path, (size, mtime, batch_id, at) in watched.items():
-            done = final or now - at > WATCH_S
-            if path in stats and stats[path] != (size, mtime):
-                done = True
-                self._changed(path, batch_id, size, stats[path][0])
-            if done:
-                with self._lock:
-                    if self._files.get(path, (0, 0, 0, 0.0))[3] == at:
-                        del self._files[path]
+        with self._lock:  # one look at a time (the query's thread and the driver's loop)
+            now = time.monotonic()
+            stats = file_stats(self._files)
+            for path, (size, mtime, batch_id, at) in list(self._files.items()):
+                done = final or now - at > WATCH_S
+                if path in stats and stats[path] != (size, mtime):
+                    done = True
+                    self._changed(path, batch_id, size, stats[path][0])
+                if done:
+                    del self._files[path]
 
     def _changed(self, path: str, batch_id: int, size: int, now: int) -> None:
         self.count += 1
