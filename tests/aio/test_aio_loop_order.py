@@ -59,14 +59,17 @@ def lagging_timers(lp: asyncio.AbstractEventLoop) -> list[tuple[float, int, str]
             made.append((handle.when(), len(made), name))
 
         def block() -> None:
+            # uvloop's clock counts whole milliseconds: the wheel's deadlines end in .5 ms
+            # and the last one in .75 ms, so that a lag of any length makes no two deadlines
+            # equal (whose order the float noise below a nanosecond would decide)
             t0 = lp.time()
-            for ms in (5, 10, 25, 45, 60):  # in the future: on the wheel
+            for ms in (5.5, 10.5, 25.5, 45.5, 60.5):  # in the future: on the wheel
                 add(lp.call_at, t0 + ms / 1000, f"wheel+{ms}")
             busy_wait(0.030)  # every deadline above 30 ms is now past (uvloop: its clock)
             for ms in (-2, 1, 20, 28):  # due when made, on the loops whose clock moved
                 add(lp.call_at, t0 + ms / 1000, f"at{ms:+}")
             add(lp.call_later, 0, "later0")
-            add(lp.call_later, -0.001, "later-1ms")
+            add(lp.call_later, -0.00025, "later-0.25ms")
 
         lp.call_soon(block)
         await asyncio.wait_for(done, 10)
@@ -93,7 +96,7 @@ def test_timers_run_in_deadline_order_when_the_loop_lags(
     # wheel's timers due later than it (the alarm advanced the wheel to the loop's time);
     # in debug mode it still did, as a timer due when made, to keep asyncio's "created at"
     # traceback of its handle, and the timers the wheel's alarm found due ran one iteration
-    # after them (deferred by call_soon): "at+20" ran before "wheel+5".
+    # after them (deferred by call_soon): "at+20" ran before "wheel+5.5".
     loop.set_debug(debug)
     ran = lagging_timers(loop)
     assert [name for _, _, name in ran] == [name for _, _, name in sorted(ran)]
