@@ -12,7 +12,7 @@ In one invocation, alternating (``--repeat`` times: floor, pipeline, floor, pipe
 * with ``--peers asyncio``, also a plain asyncio script (aiohttp, a semaphore) sending
   the same rows in the same batches to the same stub.
 
-The rows (``--rows``: ``id``, a ``text`` of about 90 bytes and its ``tokens``) are
+The rows (``--rows``: ``id``, a ``text`` of about 80 bytes and its ``tokens``) are
 written once, before anything is timed, as two Parquet files that every contender
 reads. Each contender runs under a small reaper (a child subreaper on Linux), so that
 ``resource.getrusage(RUSAGE_CHILDREN)`` around it counts its whole process tree: the
