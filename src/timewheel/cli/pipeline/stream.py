@@ -41,8 +41,16 @@ from ...spark.outcome import FAILED, SKIPPED, STATUSES, TIMEOUT
 from .errors import UsageError, _limit_text, _note, one_line
 from .failures import header_values, top_reasons
 from .phases import Phases, duration
+from .progress import Progress
 from .quota import QuotaWatch
-from .stream_files import FileWatch, SchemaChanged, batch_files, column_difference, file_stats
+from .stream_files import (
+    FileWatch,
+    SchemaChanged,
+    batch_files,
+    column_difference,
+    file_rows,
+    file_stats,
+)
 from .summary import failure_budget
 
 __all__ = [
@@ -216,6 +224,7 @@ class _Batches:
         # The file whose columns stopped the stream, when one did.
         self.changed_schema: SchemaChanged | None = None
         self.watch = FileWatch(_note)  # said even with --quiet: rows were not read
+        self.quota: QuotaWatch | None = None  # the cost spent, on the progress lines
         # Dropped when the run ends (Spark may hold this object longer).
         self.numbers: _Numbers | None = _Numbers()
 
@@ -259,7 +268,10 @@ class _Batches:
         aside = self.rows / f"_writing-{PARTITION}={batch_id}"
         shutil.rmtree(aside, ignore_errors=True)
         stats = file_stats(path for path, _ in files)  # as its files were before the read
-        batch.write.parquet(str(aside))
+        # A bar on a terminal, else a line every few seconds (none with --quiet).
+        total = 0 if self.quiet else file_rows(stats, self.fmt)
+        with Progress(_BatchCount(self.record, batch_id), total, self.quiet, self.quota):
+            batch.write.parquet(str(aside))
         # Read back (its status column, in this process: no Spark job), as counting the
         # batch itself would compute it, and call, again.
         counts = {status: 0 for status in STATUSES}
@@ -293,6 +305,35 @@ class _Batches:
             values["lag_seconds"] = max(lags, default=0.0)
         if not self.quiet:
             _note(_line(done))
+
+
+class _BatchCount:
+    """The rows micro-batch ``batch_id`` has committed to the stream's record so far (the
+    progress's count; rows answered from the record before are not in it)."""
+
+    def __init__(self, record: Path, batch_id: int) -> None:
+        from ...spark.delivery.stream_record import batch_prefix
+
+        self.record = record
+        self.pattern = f"{batch_prefix(batch_id)}*.arrow"
+        self._counted: dict[Path, tuple[int, int]] = {}  # file: (size, rows)
+
+    @property
+    def value(self) -> int:
+        from ...spark.delivery.journal import read_batches
+
+        total = 0
+        for path in self.record.glob(self.pattern):
+            try:
+                size = path.stat().st_size
+            except OSError:  # removed meanwhile
+                continue
+            counted = self._counted.get(path)
+            if counted is None or counted[0] != size:  # a file still being written
+                counted = (size, sum(b.num_rows for b in read_batches(path)))
+                self._counted[path] = counted
+            total += counted[1]
+        return total
 
 
 def _line(done: dict[str, Any]) -> str:
@@ -448,7 +489,7 @@ def run_stream(
     with job.signals():
         try:
             with contextlib.ExitStack() as stack:
-                watch = _quota_watch(job, reports, stack)
+                watch = batches.quota = _quota_watch(job, reports, stack)
                 _query(writer, job, batches, args, fmt)
             summary = _summary(spark, out_dir, batches, time.monotonic() - start, args, watch)
             (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-__all__ = ["FileWatch", "SchemaChanged", "batch_files", "column_difference", "file_stats"]
+__all__ = [
+    "FileWatch",
+    "SchemaChanged",
+    "batch_files",
+    "column_difference",
+    "file_rows",
+    "file_stats",
+]
 
 #: How long after its micro-batch read it a file is watched for changes (seconds); the
 #: files still watched are looked at once more when the stream ends.
@@ -159,6 +166,28 @@ def file_stats(paths: Iterable[str]) -> dict[str, tuple[int, int]]:
             continue
         stats[path] = (st.st_size, st.st_mtime_ns)
     return stats
+
+
+def file_rows(paths: Iterable[str], fmt: str | None) -> int:
+    """About how many rows the files at ``paths`` hold (the progress's total): a Parquet
+    file's row count, a CSV file's lines but its header, a JSON lines file's lines."""
+    total = 0
+    for path in paths:
+        try:
+            if fmt == "parquet":
+                import pyarrow.parquet as pq
+
+                total += pq.read_metadata(path).num_rows
+            elif fmt in ("csv", "json"):
+                with open(path, "rb") as f:
+                    lines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+                    if f.tell():  # a last line without its newline counts too
+                        f.seek(-1, os.SEEK_END)
+                        lines += f.read(1) != b"\n"
+                total += max(0, lines - (fmt == "csv"))
+        except Exception:  # gone, or not of its format: Spark's read says
+            continue
+    return total
 
 
 class FileWatch:
