@@ -466,7 +466,7 @@ def run_stream(
             f"micro-batch in a folder {PARTITION}=N, whose number would replace that "
             "column's values when the rows are read back; rename the column"
         )
-    if fresh and out_dir.exists():
+    if fresh and out_dir.is_dir() and any(out_dir.iterdir()):  # --overwrite
         _say(
             args,
             f"--overwrite: --output {str(out_dir)!r} removed, its checkpoint and record "
