@@ -188,7 +188,9 @@ def test_debug_mode_names_a_slow_timer_callback_and_not_the_fast_ones(
 
     with caplog.at_level(logging.WARNING, logger="asyncio"):
         loop.run_until_complete(main())
+    # (the task's own step is left out: on a loaded machine it may be held 50 ms too)
     slow = [r.getMessage() for r in caplog.records if "Executing" in r.getMessage()]
+    slow = [m for m in slow if not m.startswith("Executing <Task")]
     assert len(slow) == 1, slow
     assert "slow_timer_callback" in slow[0]
     assert "fast_timer_callback" not in slow[0] and "Alarm" not in slow[0]
