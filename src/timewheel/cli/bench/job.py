@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import json
 import os
-import resource
 import signal
 import statistics
 import subprocess
@@ -301,6 +300,8 @@ def _measure(
 ) -> dict[str, Any]:
     """Run ``argv`` (the run ``name``) under the reaper: its wall time, the CPU of its
     whole process tree and its stdout. RunFailed if it fails or outlasts ``args.timeout_s``."""
+    import resource  # POSIX only: imported when a run measures, not with the CLI
+
     reaper = [sys.executable, "-m", "timewheel.cli.bench.job", "--reap", str(args.timeout_s)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
