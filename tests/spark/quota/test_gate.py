@@ -13,7 +13,7 @@ import pytest
 from timewheel.spark.contract import Reply
 from timewheel.spark.quota.bucket import LocalStore
 from timewheel.spark.quota.gate import PROBE_WAIT_S, SPENT, QuotaGate
-from timewheel.spark.quota.spec import MAX_PAUSE_S, Quota
+from timewheel.spark.quota.spec import MAX_PAUSE_S, PACE_CUT, Quota
 from timewheel.spark.worker_metrics import WorkerMetrics
 
 
@@ -150,3 +150,48 @@ def test_a_long_pause_from_an_answer_is_capped_and_counted_in_the_metrics(
     gate.close()
     assert worker.end(counts)["quota_long_pauses"] == 2
     assert worker.metrics()["quota_long_pauses"] == 2
+
+
+# -- a quota at the service's own limit (issue 42, item 0) ---------------------------------
+def test_estimates_that_run_low_are_corrected_by_what_the_answers_say() -> None:
+    clock = Clock()
+    store = LocalStore(Quota(cost_rate=1e6), clock)
+    gate = QuotaGate(store, "tokens", "usage.total_tokens", clock=clock)
+    row = {"tokens": 90.0}  # estimates 10% under what each call costs
+    assert gate.cost_of(row) == 90.0
+    answer = Reply(200, json.dumps({"usage": {"total_tokens": 100}}).encode())
+    for _ in range(100):
+        cost = gate.cost_of(row)
+        assert gate.take(cost) == 0.0
+        gate.ended(cost, True, answer, None)
+    assert gate.cost_of(row) == pytest.approx(100.0, rel=0.01)
+    assert gate.cost_of({"tokens": 9.0}) == pytest.approx(10.0, rel=0.01)
+    gate.close()
+
+
+def test_a_refusal_at_the_quotas_pace_pauses_a_few_calls_and_more_when_repeated() -> None:
+    clock = Clock()
+    store = LocalStore(Quota(rate=100, cost_rate=10_000), clock)
+    gate = QuotaGate(store, "tokens", "usage.total_tokens", clock=clock)
+    refused = Reply(429, b"slow down", {"retry-after": "1", "x-ratelimit-remaining-tokens": "0"})
+    ok = Reply(200, b'{"usage": {"total_tokens": 100}}', {})
+    # "Retry-After: 1", whole seconds: two calls of 100 at 10,000/s is 20 ms
+    assert gate.take(100.0) == 0.0
+    assert gate.ended(100.0, False, refused, 1.0) == pytest.approx(0.02)
+    assert store.state().paused_for_s == pytest.approx(0.02)
+    clock.now += 0.02
+    # the buckets were emptied and did not refill while paused, and the pace was cut
+    assert gate.take(100.0) == pytest.approx(100 / (10_000 * (1 - PACE_CUT)))
+    # a second refusal with no answer between doubles it, an answer starts again
+    assert gate.ended(100.0, False, refused, 1.0) == pytest.approx(0.04)
+    assert gate.ended(100.0, True, ok, None) is None
+    assert gate.ended(100.0, False, refused, 1.0) == pytest.approx(0.02)
+    # a finer reset than the pace's is the service's own word
+    finer = Reply(429, b"", {"retry-after": "1", "x-ratelimit-reset-tokens": "5ms"})
+    assert gate.ended(100.0, True, ok, None) is None
+    assert gate.ended(100.0, False, finer, 1.0) == pytest.approx(0.005)
+    # more than a window's rounding: the service means it
+    assert gate.ended(100.0, False, Reply(429, b"", {"retry-after": "5"}), 5.0) == 5.0
+    assert store.state().paused_for_s == pytest.approx(5.0)
+    assert gate.refused == 5
+    gate.close()

@@ -20,6 +20,9 @@ from timewheel.spark.quota.headers import RateLimitInfo
 from timewheel.spark.quota.spec import (
     BURST_S,
     LEASE_S,
+    PACE_CUT,
+    PACE_FLOOR,
+    PACE_RECOVERY,
     RESTART_JITTER_S,
     Ask,
     BudgetSpent,
@@ -260,6 +263,27 @@ def test_a_longer_pause_stands() -> None:
     bucket.pause(5)
     bucket.pause(1)
     assert bucket.take("a", Ask(1)).wait_s == pytest.approx(5)
+
+
+def test_a_pause_refills_nothing_and_slows_the_pace_for_a_while() -> None:
+    clock = Clock()
+    bucket = Bucket(Quota(rate=100), clock)
+    assert bucket.take("a", Ask(10)).requests == 10  # the bucket (0.1 s of the rate) emptied
+    bucket.pause(1.0)
+    bucket.pause(0.5)  # within PACE_CUT_EVERY_S of the last cut: the same overload
+    clock.now += 1.0  # nothing refilled while paused; the pace was cut once
+    assert bucket.take("a", Ask(1)).wait_s == pytest.approx(1 / (100 * (1 - PACE_CUT)))
+    assert bucket.pace == pytest.approx(1 - PACE_CUT)
+    clock.now += 0.5  # it comes back a little each second
+    assert bucket.take("a", Ask(1)).requests == 1
+    assert bucket.pace == pytest.approx(1 - PACE_CUT + 0.5 * PACE_RECOVERY)
+    for _ in range(100):  # never below PACE_FLOOR of the rate
+        clock.now += 1.0
+        bucket.pause(0.0)
+    assert bucket.pace == pytest.approx(PACE_FLOOR)
+    clock.now += (1 - PACE_FLOOR) / PACE_RECOVERY  # and back to the whole rate in time
+    bucket.take("a", Ask(1))
+    assert bucket.pace == 1.0
 
 
 def test_follow_pauses_for_a_used_up_window_and_clamps_tokens() -> None:

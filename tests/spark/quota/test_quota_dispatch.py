@@ -206,7 +206,8 @@ class RefusesFirst:
 
 
 def test_a_refusal_pauses_every_task_of_the_job() -> None:
-    target = RefusesFirst(pause_s=0.6)
+    # A Retry-After longer than a window's rounding (SHORT_ASK_S): the service means it.
+    target = RefusesFirst(pause_s=1.5)
     ref = static_ref(Quota(rate=200))
     parts = [[{"id": p * 1000 + i} for i in range(60)] for p in range(2)]
     out = run_partitions(parts, target, DispatchConfig(quota=ref, backoff_ms=1))
@@ -215,9 +216,24 @@ def test_a_refusal_pauses_every_task_of_the_job() -> None:
     # Each task spends at most the lease in hand (50 ms of the rate: 10 calls) before
     # it hears of the pause; then neither sends until the pause is over.
     soon = [t for t, _ in target.sent[1:] if t < refused_at + 0.15]
-    during = [t for t, _ in target.sent[1:] if refused_at + 0.15 <= t < refused_at + 0.6]
+    during = [t for t, _ in target.sent[1:] if refused_at + 0.15 <= t < refused_at + 1.5]
     assert len(soon) <= 2 * 10 + 1
     assert during == []
+    assert ref.open().state().pauses == 1
+
+
+def test_a_whole_second_retry_after_at_the_quotas_pace_pauses_two_calls() -> None:
+    # At the quota's own pace, "Retry-After: 1" is a window's rounding: the job pauses
+    # while the quota earns REFUSAL_CALLS calls (10 ms at 200/s), and the refused row
+    # goes again after that, not a second later (issue 42, item 0).
+    target = RefusesFirst(pause_s=1.0)
+    ref = static_ref(Quota(rate=200))
+    parts = [[{"id": p * 1000 + i} for i in range(60)] for p in range(2)]
+    out = run_partitions(parts, target, DispatchConfig(quota=ref, backoff_ms=1))
+    assert Counter(o.status for p in out for o in p) == {"ok": 120}
+    (refused_at, first), *rest = target.sent
+    again = next(t for t, row in rest if row == first)
+    assert again - refused_at < 0.5
     assert ref.open().state().pauses == 1
 
 

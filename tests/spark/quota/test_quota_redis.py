@@ -64,9 +64,12 @@ SCENARIO: list[tuple[float, str, tuple[Any, ...]]] = [
     (0, "give_back", ("a", 99, 9999.0, 9, 0.0)),  # more than it holds: what it holds
     (0.05, "take", ("c", Ask(3, 10.0, 10.0, 1, 1, 1.5))),
     (0, "pause", (2.0,)),
+    (0.5, "pause", (0.5,)),  # (within a second of the last: the pace is cut once)
     (1.0, "take", ("c", Ask(3, 10.0, 10.0, 1, 1, 0.0))),
     (1.5, "take", ("c", Ask(3, 10.0, 10.0, 1, 1, 0.0))),
     (0, "clamp", (1.0, 20.0)),
+    (0.5, "pause", (0.01,)),  # the pace cut again, and what a take waits for with it
+    (0.01, "take", ("c", Ask(3, 10.0, 10.0, 0, 0, 0.0))),
     (0, "take", ("c", Ask(3, 10.0, 10.0, 0, 0, 0.0))),
     (29.0, "state", ()),  # a and b expire (ttl 30 s): their slots come back
     (2.0, "state", ()),

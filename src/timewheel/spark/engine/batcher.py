@@ -297,7 +297,9 @@ class Batcher(Generic[R]):
         wait_s = None if answer is None or answer[0] else retry_after_of(answer[1])
         if call.held and self.gate is not None:
             reply = None if answer is None else answer[2]
-            self.gate.ended(call.cost, answer is not None and answer[0], reply, wait_s)
+            paused = self.gate.ended(call.cost, answer is not None and answer[0], reply, wait_s)
+            if paused is not None:  # a refusal: the quota's pause, not the service's
+                wait_s = paused
         job: _Job[R] = call.job
         if answer is not None and answer[0] and answer[2] is not None:
             part, status = call.part, answer[2].status

@@ -274,12 +274,16 @@ class _Partition:
         row.held = wait == 0.0
         return wait
 
-    def unhold(self, row: _Row, ok: bool, reply: Reply | None, retry_after_s: float | None) -> None:
+    def unhold(
+        self, row: _Row, ok: bool, reply: Reply | None, retry_after_s: float | None
+    ) -> float | None:
         """The attempt that held ``row``'s share of the quota ended: settle it (callers
-        test ``row.held`` first: without a quota this costs no call per row)."""
+        test ``row.held`` first: without a quota this costs no call per row). A refusal
+        answers the seconds the quota paused the job for it."""
         if row.held and self.gate is not None:
             row.held = False
-            self.gate.ended(row.cost, ok, reply, retry_after_s)
+            return self.gate.ended(row.cost, ok, reply, retry_after_s)
+        return None
 
     def start(self, row: _Row) -> None:
         """Take the row's keys (all or nothing), then send its first attempt."""
@@ -380,11 +384,12 @@ class _Partition:
         else:
             status, error, wait_s = FAILED, str(answer[1] or "failed"), retry_after_of(answer[1])
             reply = answer[2]
-            if row.held:
-                self.unhold(row, False, reply, wait_s)
+            paused = self.unhold(row, False, reply, wait_s) if row.held else None
             overloaded = is_overload(answer[1], reply)
             if overloaded:
-                self.admission.overloaded(row.call, wait_s)
+                if paused is not None:  # the quota paces the job: its pause, not the service's
+                    wait_s = paused
+                self.admission.overloaded(row.call, None if self.gate is not None else wait_s)
         if wait_s is None or row.attempts > self.config.retries:  # None: not worth a retry
             self.finish(row, status, error, reply)
             return

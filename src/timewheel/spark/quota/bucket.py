@@ -21,6 +21,10 @@ from .spec import (
     BURST_S,
     LEASE_S,
     LEFT_SHARE,
+    PACE_CUT,
+    PACE_CUT_EVERY_S,
+    PACE_FLOOR,
+    PACE_RECOVERY,
     Ask,
     Grant,
     Quota,
@@ -77,17 +81,21 @@ class Bucket:
         self.slots_used = 0
         self.exhausted = exhausted
         self.pauses = 0
+        # The share of the rates the buckets refill at (see PACE_CUT), and its last cut.
+        self.pace = 1.0
+        self.paced_at = -math.inf
         self.holders: dict[str, _Holder] = {}
 
     # -- the bucket ---------------------------------------------------------------------
     def _refill(self, now: float) -> None:
         elapsed = max(0.0, now - self.stamp)
         self.stamp = max(self.stamp, now)
-        q = self.quota
+        q, pace = self.quota, self.pace
         if q.rate:
-            self.r_tokens = min(self.r_cap, self.r_tokens + elapsed * q.rate)
+            self.r_tokens = min(self.r_cap, self.r_tokens + elapsed * q.rate * pace)
         if q.cost_rate:
-            self.c_tokens = min(self.c_cap, self.c_tokens + elapsed * q.cost_rate)
+            self.c_tokens = min(self.c_cap, self.c_tokens + elapsed * q.cost_rate * pace)
+        self.pace = min(1.0, pace + elapsed * PACE_RECOVERY)
 
     def _reap(self, now: float) -> None:
         for name in [n for n, h in self.holders.items() if h.expires <= now]:
@@ -141,9 +149,9 @@ class Bucket:
         c_need = min(need_cost, self.c_cap)
         # (A refill that falls short of what is needed by float rounding alone is enough.)
         if q.rate and self.r_tokens < 1.0 - _EPS:
-            wait = (1.0 - self.r_tokens) / q.rate
+            wait = (1.0 - self.r_tokens) / (q.rate * self.pace)
         if q.cost_rate and self.c_tokens < c_need * (1 - _EPS):
-            wait = max(wait, (c_need - self.c_tokens) / q.cost_rate)
+            wait = max(wait, (c_need - self.c_tokens) / (q.cost_rate * self.pace))
         if wait > 0.0:
             return wait_for(wait)
         # Near a cap or a budget, a lease is at most a share of what is left: what the
@@ -207,9 +215,17 @@ class Bucket:
         self._begin(holder, owed)
 
     def pause(self, seconds: float) -> None:
-        """Refuse every take for ``seconds`` from now (a pause already longer stands)."""
+        """Refuse every take for ``seconds`` from now (a pause already longer stands).
+        The buckets do not refill while paused: a pause is time the job does not send,
+        not a burst saved up for its end; and the job's pace is cut (see
+        :data:`~timewheel.spark.quota.spec.PACE_CUT`)."""
         now = self.clock()
+        self._refill(now)
+        if now - self.paced_at >= PACE_CUT_EVERY_S:
+            self.pace = max(PACE_FLOOR, self.pace * (1.0 - PACE_CUT))
+            self.paced_at = now
         self.paused_until = max(self.paused_until, now + seconds)
+        self.stamp = max(self.stamp, self.paused_until)
         self.pauses += 1
 
     def clamp(self, requests: float | None = None, cost: float | None = None) -> None:

@@ -83,6 +83,17 @@ BUDGET_SPENT = "budget spent: not sent"
 PROBE_WAIT_S = 0.01
 #: What a probe holds: next to nothing, so that a budget all spent or held refuses it.
 PROBE_HOLD = 1e-9
+#: How fast the estimates' bias is learned: each answer moves it this share of the way
+#: (in logarithms) toward what that answer said; and the most it may correct, either way.
+BIAS_STEP = 0.05
+BIAS_LIMIT = 100.0
+#: A refusal at the quota's own pace pauses the job while the quota earns this many
+#: calls like the refused one; each refusal in a row (no answer between) doubles it, up
+#: to what the service asked for.
+REFUSAL_CALLS = 2.0
+#: A service that asks for more than this (after a refusal) means it: the job waits as
+#: asked (capped at ``Quota.max_pause_s``). At most this, it is a window's rounding.
+SHORT_ASK_S = 1.0
 
 
 class RowRefused(Exception):
@@ -167,6 +178,11 @@ class QuotaGate:
         self.cost_unknown = 0
         #: Attempts refused for overload (HTTP 429 or 503).
         self.refused = 0
+        #: Refusals since the last answer: each doubles the next refusal's pause.
+        self.refusals_in_a_row = 0
+        #: What the answers' costs say of the estimates: the estimates are multiplied by
+        #: it (learned from each answer that says its cost; 1.0 until one does).
+        self.bias = 1.0
         # A cost known only from the answer, counted by a budget or a cost rate: each
         # call in flight holds a cost (see the module docstring); the holds of the calls
         # out, in the order taken (an ending call settles the oldest: their sum is what
@@ -220,35 +236,40 @@ class QuotaGate:
         amount = _amount(value)
         if amount is None:
             raise RowRefused(f"{what} gave {value!r}, not a finite number >= 0: not sent")
-        return amount
+        return amount * self.bias
 
     def ended(
         self, cost: float, ok: bool, reply: Reply | None, retry_after_s: float | None
-    ) -> None:
-        """An attempt that took ``cost`` ended: give its slot back and settle its cost."""
+    ) -> float | None:
+        """An attempt that took ``cost`` ended: give its slot back and settle its cost.
+        A refusal (HTTP 429 or 503) answers the seconds the job paused for it (the
+        refused call's retry waits as long); anything else None."""
         task = self.task
         task.done()
+        hold = 0.0
         if self.holding:
             with self.hold_lock:
-                cost += self.holds.popleft()
+                hold = self.holds.popleft()
         if reply is None:
-            return
+            return None
         status, headers = reply.status, reply.headers
-        if headers:  # the service's own view of the quota (Retry-After included)
-            info = parse_rate_limit_headers(headers)
-            if retry_after_s is not None and info.retry_after_s is not None:
-                # The target's cap on Retry-After (max_retry_after_s) holds here too.
-                info = dataclasses.replace(info, retry_after_s=retry_after_s)
-            task.follow(info)  # (every pause capped at Quota.max_pause_s)
+        info = parse_rate_limit_headers(headers) if headers else None
+        if info is not None and retry_after_s is not None and info.retry_after_s is not None:
+            # The target's cap on Retry-After (max_retry_after_s) holds here too.
+            info = dataclasses.replace(info, retry_after_s=retry_after_s)
         if status in OVERLOAD_STATUSES:
             self.refused += 1
-            if cost:
-                task.settle(cost, 0.0)
-            if retry_after_s and not headers:
-                task.pause(retry_after_s)
-            return
+            if cost + hold:
+                task.settle(cost + hold, 0.0)
+            asked, header = (
+                (retry_after_s or 0.0, "retry-after") if info is None else info.soonest()
+            )
+            return task.refused(self.refusal_pause(asked, cost), header)
+        self.refusals_in_a_row = 0
+        if info is not None:  # the service's own view of the quota
+            task.follow(info)  # (every pause capped at Quota.max_pause_s)
         if not ok or self.reply_cost is None:
-            return
+            return None
         actual = None
         try:
             body = reply.body
@@ -257,11 +278,42 @@ class QuotaGate:
             actual = None
         if actual is None:
             self.cost_unknown += 1
-            return
+            return None
         if self.holding and self.ceiling is None:
             with self.hold_lock:
                 self.largest = max(actual, self.largest or 0.0)
-        task.settle(cost, actual)
+        if cost > 0.0 and actual > 0.0:  # an estimate and what it cost: learn the bias
+            step = (actual / cost) ** BIAS_STEP
+            self.bias = min(BIAS_LIMIT, max(1.0 / BIAS_LIMIT, self.bias * step))
+        task.settle(cost + hold, actual)
+        return None
+
+    def refusal_pause(self, asked: float, cost: float) -> float:
+        """How long the job pauses for a refusal of a call that took ``cost``, when the
+        service asked for ``asked`` seconds.
+
+        ``asked`` is the finest the service said (:meth:`RateLimitInfo.soonest`). More
+        than :data:`SHORT_ASK_S` (a maintenance window, a spent daily quota), the job
+        waits as asked. Up to it, the refusal is one at the quota's own pace (estimates
+        that ran a little ahead of the service's count), which needs no more than the
+        time the quota takes to earn the refused call again (:data:`REFUSAL_CALLS` of
+        them: the buckets do not refill while the job pauses, so the job sends that much
+        less): far less than a whole-second ``Retry-After``. Refusals in a row (no
+        answer between) double it each time, up to what the service asked: a quota set
+        above the service's limit soon waits as long as the service says."""
+        if asked > SHORT_ASK_S:
+            return asked
+        q = self.task.quota
+        earn = 0.0
+        if q.rate:
+            earn = 1.0 / q.rate
+        if q.cost_rate and cost > 0.0:
+            earn = max(earn, cost / q.cost_rate)
+        if not earn:  # neither rate paces the job: the service's own word stands
+            return asked
+        self.refusals_in_a_row += 1
+        doubling = 2.0 ** min(self.refusals_in_a_row - 1, 30)
+        return min(asked, REFUSAL_CALLS * earn * doubling)
 
     def keepalive(self) -> None:
         """Renew the task's hold on the quota (called from the task's loop)."""

@@ -55,6 +55,28 @@ class RateLimitInfo:
         """How long the whole job should wait (0.0: no need to wait); see :meth:`pause`."""
         return self.pause()[0]
 
+    def soonest(self) -> tuple[float, str]:
+        """``(seconds, header)``: the soonest a refused call may be sent again, by the
+        finest thing the service said: its ``Retry-After``, or the reset of a window it
+        says is spent if that is sooner (``Retry-After: 1`` beside
+        ``x-ratelimit-reset-tokens: 0.05s``: 0.05 s); ``(0.0, "")`` if it said neither."""
+        waits = [(w, h) for w, h in self._spent_resets() if w is not None]
+        if self.retry_after_s is not None:
+            waits.append((self.retry_after_s, "retry-after"))
+        return min(waits) if waits else (0.0, "")
+
+    def _spent_resets(self) -> list[tuple[float | None, str]]:
+        """The reset of each window said used up (on a refusal: or said nothing of what
+        is left), with the header it came from."""
+        refused = self.retry_after_s is not None
+        requests, cost = self.remaining_requests, self.remaining_cost
+        out: list[tuple[float | None, str]] = []
+        if refused if requests is None else requests < 1:
+            out.append((self.reset_requests_s, self.requests_header or "reset"))
+        if refused if cost is None else cost <= 0:
+            out.append((self.reset_cost_s, self.cost_header or "reset"))
+        return out
+
     def pause(self) -> tuple[float, str]:
         """``(seconds, header)``: how long the whole job should wait and the header that
         said so (0.0: no need to wait).
@@ -66,17 +88,7 @@ class RateLimitInfo:
         job waits 0.05 s). With ``Retry-After`` alone, it counts; so does a reset given
         beside it without a remaining count (on a refusal, that window is the one spent).
         """
-        # A window is spent if said used up (or, on a refusal, said nothing of what is left).
-        refused = self.retry_after_s is not None
-        requests, cost = self.remaining_requests, self.remaining_cost
-        waits = [(0.0, "")]
-        for spent, reset_s, header in (
-            (refused if requests is None else requests < 1, self.reset_requests_s,
-             self.requests_header),
-            (refused if cost is None else cost <= 0, self.reset_cost_s, self.cost_header),
-        ):  # fmt: skip
-            if spent and reset_s is not None:
-                waits.append((reset_s, header or "reset"))
+        waits = [(0.0, "")] + [(w, h) for w, h in self._spent_resets() if w is not None]
         reset = max(waits)
         after = self.retry_after_s
         if after is not None and not (reset[1] and reset[0] <= after < reset[0] + 1.0):

@@ -50,7 +50,19 @@ import urllib.parse
 from typing import Any, Callable
 
 from ..secrets import redact_url
-from .spec import BURST_S, LEASE_S, Ask, Grant, Quota, QuotaState, QuotaStoreError
+from .spec import (
+    BURST_S,
+    LEASE_S,
+    PACE_CUT,
+    PACE_CUT_EVERY_S,
+    PACE_FLOOR,
+    PACE_RECOVERY,
+    Ask,
+    Grant,
+    Quota,
+    QuotaState,
+    QuotaStoreError,
+)
 
 __all__ = ["KEEP_JOB_S", "SCRIPT", "RedisStore", "reset_quota"]
 
@@ -74,22 +86,25 @@ local budget, cap, ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local rcap, ccap = tonumber(ARGV[9]), tonumber(ARGV[10])
 local EPS, LEASE, KEEP_JOB = 1e-9, tonumber(ARGV[11]), tonumber(ARGV[12])
 local LEFT_SHARE = 8
+local PACE_CUT, PACE_CUT_EVERY, PACE_FLOOR, PACE_RECOVERY = @PACE@
 local a = {}
 for i = 13, #ARGV do a[i - 12] = ARGV[i] end
 
 local function f(x) return string.format('%.17g', x) end
 -- S: what jobs sharing the name share (the buckets, the pause, the slots); B: this
 -- job's own count (taken, spent, pauses) and the budget and cap it was refused at.
-local v = redis.call('HMGET', S, 'r', 'c', 'stamp', 'paused', 'slots')
+local v = redis.call('HMGET', S, 'r', 'c', 'stamp', 'paused', 'slots', 'pace', 'paced')
 local w = redis.call('HMGET', B, 'taken', 'spent', 'xb', 'xc', 'pauses')
 local st = {r = tonumber(v[1]) or rcap, c = tonumber(v[2]) or ccap,
             stamp = tonumber(v[3]) or now, paused = tonumber(v[4]) or 0,
-            slots = tonumber(v[5]) or 0,
+            slots = tonumber(v[5]) or 0, pace = tonumber(v[6]) or 1,
+            paced = tonumber(v[7]) or -math.huge,
             taken = tonumber(w[1]) or 0, spent = tonumber(w[2]) or 0,
             xb = tonumber(w[3]) or 0, xc = tonumber(w[4]) or 0, pauses = tonumber(w[5]) or 0}
 local function save()
   redis.call('HSET', S, 'r', f(st.r), 'c', f(st.c), 'stamp', f(st.stamp),
-             'paused', f(st.paused), 'slots', f(st.slots))
+             'paused', f(st.paused), 'slots', f(st.slots), 'pace', f(st.pace),
+             'paced', f(st.paced))
   redis.call('HSET', B, 'taken', f(st.taken), 'spent', f(st.spent), 'xb', f(st.xb),
              'xc', f(st.xc), 'pauses', st.pauses)
   -- Idle this long, the shared state is what a fresh one would be (every holder gone,
@@ -116,8 +131,9 @@ end
 local function refill()
   local elapsed = math.max(0, now - st.stamp)
   st.stamp = math.max(st.stamp, now)
-  if rate > 0 then st.r = math.min(rcap, st.r + elapsed * rate) end
-  if crate > 0 then st.c = math.min(ccap, st.c + elapsed * crate) end
+  if rate > 0 then st.r = math.min(rcap, st.r + elapsed * rate * st.pace) end
+  if crate > 0 then st.c = math.min(ccap, st.c + elapsed * crate * st.pace) end
+  st.pace = math.min(1, st.pace + elapsed * PACE_RECOVERY)
 end
 local function settle(owed)
   if owed ~= 0 then
@@ -156,9 +172,9 @@ if op == 'take' then
   end
   local wait = 0
   local c_need = math.min(need_cost, ccap)
-  if rate > 0 and st.r < 1 - EPS then wait = (1 - st.r) / rate end
+  if rate > 0 and st.r < 1 - EPS then wait = (1 - st.r) / (rate * st.pace) end
   if crate > 0 and st.c < c_need * (1 - EPS) then
-    wait = math.max(wait, (c_need - st.c) / crate)
+    wait = math.max(wait, (c_need - st.c) / (crate * st.pace))
   end
   if wait > 0 then return reply('wait', 0, 0, 0, wait) end
   -- Near a cap or a budget, a lease is at most an eighth of what is left: what tasks
@@ -205,7 +221,13 @@ elseif op == 'settle' then
   save()
   return 'ok'
 elseif op == 'pause' then
+  refill()  -- then none while paused, and the pace cut (as Bucket.pause)
+  if now - st.paced >= PACE_CUT_EVERY then
+    st.pace = math.max(PACE_FLOOR, st.pace * (1 - PACE_CUT))
+    st.paced = now
+  end
   st.paused = math.max(st.paused, now + tonumber(a[1]))
+  st.stamp = math.max(st.stamp, st.paused)
   st.pauses = st.pauses + 1
   save()
   return 'ok'
@@ -229,6 +251,10 @@ elseif op == 'reset' then
 end
 return redis.error_reply('no such operation ' .. tostring(op))
 """
+# The pace's constants, as Bucket has them (see spec.PACE_CUT).
+SCRIPT = SCRIPT.replace(
+    "@PACE@", ", ".join(map(repr, (PACE_CUT, PACE_CUT_EVERY_S, PACE_FLOOR, PACE_RECOVERY)))
+)
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,200}$")
 

@@ -22,6 +22,10 @@ __all__ = [
     "LONG_PAUSE_S",
     "MAX_AMOUNT",
     "MAX_PAUSE_S",
+    "PACE_CUT",
+    "PACE_CUT_EVERY_S",
+    "PACE_FLOOR",
+    "PACE_RECOVERY",
     "RESTART_JITTER_S",
     "Ask",
     "BudgetSpent",
@@ -42,6 +46,15 @@ BURST_S = 0.1
 LEASE_S = 0.05
 #: The longest random wait added to a pause, per task, so they do not restart together.
 RESTART_JITTER_S = 0.25
+#: The pace: a pause (a refusal, a window the service says is spent) slows the job's
+#: rates by PACE_CUT (at most once per PACE_CUT_EVERY_S, never below PACE_FLOOR of
+#: them); they come back by PACE_RECOVERY of the rate each second. A quota set at the
+#: service's own limit then runs just under it, refused rarely, instead of meeting the
+#: limit again each time a pause slides out of the service's window.
+PACE_CUT = 0.02
+PACE_CUT_EVERY_S = 1.0
+PACE_FLOOR = 0.8
+PACE_RECOVERY = 0.002
 #: A holder not heard from for this long is dropped (its slots come back).
 DEFAULT_TTL_S = 30.0
 #: Near a cap or a budget, a lease is at most this fraction's inverse of what is left.

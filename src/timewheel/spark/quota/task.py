@@ -27,9 +27,12 @@ recorded under its id, and a holder that has not been heard from for ``ttl_s`` s
 given back (the buckets refill by themselves), and its unspent budget counts as spent
 (its calls may have been sent): a dead task costs the budget at most one lease.
 
-A refusal (HTTP 429/503 with ``Retry-After``) pauses the whole job: :meth:`Bucket.pause`
-refuses every take until then, and each :class:`TaskQuota` waits the pause plus a random
-jitter of up to :data:`RESTART_JITTER_S`, so the tasks do not all restart together. Every
+A refusal (HTTP 429/503) empties the buckets and pauses the whole job (see
+:meth:`~timewheel.spark.quota.gate.QuotaGate.refusal_pause` for how long):
+:meth:`Bucket.pause` refuses every take until then (the buckets do not refill
+meanwhile), and each :class:`TaskQuota` waits the pause plus a random jitter of up to
+:data:`RESTART_JITTER_S` (and no more than the pause), so the tasks do not all restart
+together. Every
 pause a service asks for is capped at ``Quota.max_pause_s`` (:data:`MAX_PAUSE_S`), and
 one longer than :data:`LONG_PAUSE_S` is said in one WARNING line of this module.
 
@@ -149,7 +152,9 @@ class TaskQuota:
                     self.spent = True
                     raise BudgetSpent("budget spent")
                 if not grant.granted:
-                    jitter = self.rng.uniform(0.0, RESTART_JITTER_S) if grant.paused else 0.0
+                    # (no more than the pause itself: the buckets pace a restart)
+                    spread = min(RESTART_JITTER_S, grant.wait_s)
+                    jitter = self.rng.uniform(0.0, spread) if grant.paused else 0.0
                     return grant.wait_s + jitter
                 self.requests += grant.requests
                 self.cost += grant.cost
@@ -209,6 +214,19 @@ class TaskQuota:
             taken,
             self.quota.max_pause_s,
         )
+
+    def refused(self, seconds: float, header: str = "retry-after") -> float:
+        """A call was refused (HTTP 429 or 503): the service's window is full, so this
+        task's lease goes back and the job's buckets are emptied (what they held would
+        go at once, into the same full window), and the job pauses ``seconds`` (see
+        :meth:`pause`). Answers the pause
+        taken (at most ``Quota.max_pause_s``)."""
+        with self.lock:
+            self._give_back_stock()  # (first: what it gives back is emptied too)
+            self.store.clamp(0.0, 0.0)
+        if seconds > 0:
+            self.pause(seconds, header)
+        return min(seconds, self.quota.max_pause_s)
 
     def follow(self, info: RateLimitInfo) -> None:
         """Follow what the service's headers said (:mod:`.ratelimit_headers`): pause
