@@ -214,7 +214,8 @@ def test_a_file_spark_cannot_read_is_one_line_exit_2(
     bogus = tmp_path / "rows.parquet"
     bogus.write_text("id\n1\n")
     assert pipeline_cli(["--input", str(bogus), "--output", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
+    started, err = capsys.readouterr().err.split("\n", 1)  # the phase it reached, the error
+    assert started.startswith("timewheel pipeline: started Spark on ")
     assert err.startswith(f"timewheel pipeline: error: cannot read {str(bogus)!r} as parquet")
     assert err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.parquet"]
@@ -338,9 +339,10 @@ def test_executors_that_cannot_import_timewheel_are_one_line_exit_1(tmp_path: Pa
         "--master", "local[1]", "--python", "/usr/bin/python3", "--generate", "10", cwd=tmp_path
     )
     assert done.returncode == 1, done.stderr
-    # The JVM's own start-up notice aside, stderr is the one line.
+    # The JVM's own start-up notice aside, stderr is the phase it reached and the one line.
     lines = [x for x in done.stderr.splitlines() if not x.startswith("WARNING: Using incubator")]
-    assert lines == [
+    assert lines[0].startswith("timewheel pipeline: started Spark on local[1] (")
+    assert lines[1:] == [
         "timewheel pipeline: error: Spark's executors cannot import timewheel "
         "(ModuleNotFoundError: No module named 'timewheel'); their Python is '/usr/bin/python3'. "
         "Install timewheel-purgatory[spark] there, or set spark.pyspark.python to an "
@@ -781,11 +783,16 @@ def test_fail_fast_stops_only_on_a_first_run_of_one_final_failure(tmp_path: Path
     )
     # Fewer rows than the threshold: not known yet.
     assert verdict(journal("few", *[key] * 10)) == (None, [])
+    # A service that refuses every call (each row failed after all its retries): a
+    # run is not kept going forever (issue 42, item 8).
+    slow = ("failed", 429, "HTTP 429: slow down")
+    stopped, said = verdict(journal("429", *[slow] * 60))
+    assert stopped is True and "(HTTP 429: slow down), each refused on every retry" in said[0]
     # One ok row, a retryable status, or two ways of failing: the watch is over.
     ok = ("ok", 200, None)
     for name, rows in [
         ("one-ok", [*[key] * 59, ok]),
-        ("429", [("failed", 429, "HTTP 429: slow down")] * 60),
+        ("429-then-ok", [*[slow] * 59, ok]),
         ("timeouts", [("timeout", None, None)] * 60),
         ("two-ways", [*[key] * 30, *[("failed", 403, "HTTP 403: no")] * 30]),
     ]:

@@ -127,15 +127,28 @@ def final_status(http_status: int | None) -> bool:
     )
 
 
+#: Statuses of a service refusing calls (overload): a row that ended failed with one
+#: was refused on every attempt its retries allowed.
+REFUSED_STATUSES = (429, 503)
+
+
 class StoppedEarly(Exception):
     """The run stopped because its first rows all failed the same final way."""
 
-    def __init__(self, rows: int, why: str) -> None:
-        super().__init__(
-            f"stopped early: the first {rows:,} rows answered all failed ({why}), which no "
-            "retry fixes; fix that and run again with --resume (or --stop-after-failures 0 "
-            "to send every row anyway)"
-        )
+    def __init__(self, rows: int, why: str, refused: bool = False) -> None:
+        if refused:  # a service that refuses every call, forever: not waited for forever
+            text = (
+                f"stopped early: the first {rows:,} rows answered all failed ({why}), each "
+                "refused on every retry: the service is not taking calls; run again later "
+                "with --resume (or --stop-after-failures 0 to keep trying every row)"
+            )
+        else:
+            text = (
+                f"stopped early: the first {rows:,} rows answered all failed ({why}), which "
+                "no retry fixes; fix that and run again with --resume (or "
+                "--stop-after-failures 0 to send every row anyway)"
+            )
+        super().__init__(text)
         self.rows = rows
         self.why = why
 
@@ -143,8 +156,10 @@ class StoppedEarly(Exception):
 class FailFast:
     """Watches a run's journal while it sends: once its first ``threshold`` rows are
     all ``failed`` with one final HTTP status (401, 403, 404, 400, ...; see
-    :func:`final_status`) and none is ``ok``, calls ``stop`` (which cancels the run's
-    Spark jobs) and keeps why in :attr:`stopped`. The first ok row, or another way of
+    :func:`final_status`), or all refused on every retry (429 or 503: a service that
+    refuses every call forever bounds the run's time that way), and none is ``ok``,
+    calls ``stop`` (which cancels the run's Spark jobs) and keeps why in
+    :attr:`stopped`. The first ok row, or another way of
     failing, ends the watch for the rest of the run. ``threshold`` 0: never stops."""
 
     POLL_S = 0.25
@@ -204,7 +219,7 @@ class FailFast:
                     return False
         if self._rows >= self.threshold:
             why, _ = self._reasons.most_common(1)[0]
-            self.stopped = StoppedEarly(self._rows, why)
+            self.stopped = StoppedEarly(self._rows, why, self._status in REFUSED_STATUSES)
             return True
         return None
 
@@ -214,7 +229,7 @@ class FailFast:
             if row["status"] == SKIPPED:
                 continue
             code = row["http_status"]
-            if row["status"] != FAILED or not final_status(code):
+            if row["status"] != FAILED or not (final_status(code) or code in REFUSED_STATUSES):
                 return False
             if self._status is None:
                 self._status = code

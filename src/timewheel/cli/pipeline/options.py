@@ -260,9 +260,10 @@ def add_options(
         default=DEFAULT_STOP_AFTER_FAILURES,
         metavar="N",
         help="stop the run, exit 1, when its first N rows answered all failed the same way "
-        "with an error no retry fixes (HTTP 400, 401, 403, 404, ...) and none was ok: a "
-        "missing key or a wrong body is not paid for on every row (0: never stop; "
-        "default: %(default)s)",
+        "with an error no retry fixes (HTTP 400, 401, 403, 404, ...), or all refused (429, "
+        "503) on every retry, and none was ok: a missing key or a wrong body is not paid "
+        "for on every row, a service refusing every call not waited for forever (0: never "
+        "stop; default: %(default)s)",
     )
     output.add_argument("--quiet", action="store_true", help="no progress bar or notes")
     output.add_argument(
