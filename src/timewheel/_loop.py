@@ -4,7 +4,7 @@
 the loop's :class:`~timewheel.aio.LoopTimer` (O(1) to schedule and to cancel), so
 ``asyncio.sleep``, ``asyncio.timeout``, ``asyncio.wait_for``, transports and every
 library's timers use the wheel with no change to their code. A deadline already reached
-goes to the base loop's own ``call_at`` (due at its next iteration, as asyncio), and one
+joins the wheel too, due at the loop's next iteration (as asyncio), and one
 beyond :data:`~timewheel._validate.MAX_LOOP_TIME` (``asyncio.sleep(math.inf)``) gets a
 handle that nothing schedules. ``loop.time()`` and every other method are the base
 loop's. Two bases: asyncio's selector loop (:class:`EventLoop`) and uvloop
@@ -70,7 +70,7 @@ class WheelLoopLayer:
 class EventLoop(WheelLoopMethods, WheelLoopLayer, asyncio.SelectorEventLoop):  # type: ignore[misc]
     """asyncio.SelectorEventLoop with its timers on a timing wheel (the default loop on Unix)."""
 
-    # the wheel's alarm and the timers already due take the base loop's own
+    # the wheel's alarm takes the base loop's own
     _timewheel_base_call_at = staticmethod(asyncio.SelectorEventLoop.call_at)
 
 
