@@ -66,12 +66,20 @@ def figure_columns(id_col: str) -> list[Any]:
 
 
 def observe(df: Any, id_col: str) -> tuple[Any, Any]:
-    """``df`` observed with :func:`figure_columns`, and its Observation: its figures are
-    there once an action on ``df`` (the write) has ended well."""
-    from pyspark.sql import Observation
+    """``df`` observed with :func:`figure_columns`, and its Observation (classic Spark's
+    or Spark Connect's): its figures are there once an action on ``df`` (the write) has
+    ended well. None where this Spark cannot observe (:func:`observed` reads back)."""
+    from ...spark import is_connect
 
-    observation = Observation()
-    return df.observe(observation, *figure_columns(id_col)), observation
+    try:
+        if is_connect(df.sparkSession):
+            from pyspark.sql.connect.observation import Observation
+        else:
+            from pyspark.sql import Observation  # type: ignore[assignment]
+        observation = Observation()
+        return df.observe(observation, *figure_columns(id_col)), observation
+    except (ImportError, TypeError, AttributeError):  # a Spark without: read them back
+        return df, None
 
 
 def observed(observation: Any, written: Any, id_col: str) -> dict[str, Any]:
