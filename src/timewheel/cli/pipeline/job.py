@@ -35,6 +35,7 @@ from .summary import (
     latency_histogram,
     observe,
     observed,
+    preload_plotting,
     sent_counts,
     summarize,
 )
@@ -215,6 +216,7 @@ class _Job:
             before = f" ({self.done_count:,} answered ok before)" if done is not None else ""
             _note(f"dispatching {sending:,} rows to {self.target!r} on {where}{before}")
         journal = run_dir(self.out_dir, manifest.runs)
+        preload_plotting()
         result = self.dispatch(todo, None if reports is None else reports.accumulator, journal)
         self.reports = reports
         staging = Path(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -162,6 +164,20 @@ def summarize(
         "elapsed_s": round(elapsed_s, 3),
         "rows_per_s": round(rows / elapsed_s, 1) if elapsed_s > 0 else None,
     }
+
+
+def preload_plotting() -> None:
+    """Import matplotlib (about a second) in a thread, while the rows are sent: the
+    histogram, drawn after, then finds it imported."""
+
+    def load() -> None:
+        with contextlib.suppress(Exception):  # the histogram's own import says what failed
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot
+
+    threading.Thread(target=load, name="timewheel-preload", daemon=True).start()
 
 
 def latency_histogram(result: Any, path: Path) -> Any:
