@@ -300,6 +300,19 @@ def test_a_batch_takes_one_request_and_its_rows_cost_from_the_quota(
     assert state.cost_spent == 20  # 20 rows answered at 1 each, not 5
 
 
+def test_time_in_line_for_the_quota_is_not_time_out(service: ScriptedService) -> None:
+    from timewheel.spark import Quota
+    from timewheel.spark.quota.placement import QuotaRef
+
+    # Four batches at two requests a second: the last waits about 1.5 s for the quota,
+    # past its rows' deadline counted from when they joined ((1 + 1) x 300 ms); each
+    # batch is answered 503 once. Only time in flight counts: every row ends ok.
+    ref = QuotaRef(Quota(rate=2), "static", 1.0, key="batch-test-in-line")
+    rows = [{"id": i, "text": "x", "plan": ["503", "200"]} for i in range(40)]
+    out = run(rows, echo_target(service), size=10, quota=ref, timeout_ms=300, retries=1)
+    assert {(o.status, o.attempts) for o in out.values()} == {("ok", 2)}
+
+
 def test_the_counts_of_requests_and_rows_failed_alone_reach_the_metrics(
     service: ScriptedService,
 ) -> None:

@@ -184,6 +184,14 @@ class Isolation:
         self._queued.append(again)
         return again
 
+    def postpone(self, part: Part, seconds: float) -> None:
+        """``part`` waits ``seconds`` before it is sent (for the quota): its rows'
+        deadlines move as far, so that time in line is not time out."""
+        for i in part.rows:
+            deadline = self.deadlines[i]
+            if deadline is not None:
+                self.deadlines[i] = deadline + seconds
+
     def fail(self, part: Part, status: str, reason: str) -> None:
         """An ending no retry can help (a refused caller): every row of ``part`` ends
         with ``status`` (failed or timeout) and ``reason``."""

@@ -86,6 +86,10 @@ class BatchRun:
         """The parts to send now, each one request (see :meth:`Isolation.take`)."""
         return self._iso.take()
 
+    def postpone(self, part: Part, seconds: float) -> None:
+        """``part`` waits ``seconds`` for the quota (see :meth:`Isolation.postpone`)."""
+        self._iso.postpone(part, seconds)
+
     def ended(
         self, part: Part, ok: bool, error: str | None, reply: Reply | None
     ) -> tuple[list[RowEnd], str]:

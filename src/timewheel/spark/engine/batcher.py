@@ -16,9 +16,10 @@ With ``dispatch(batching=Batching(N))``, the timewheel engine hands each row it 
   5xx, and finishes each row of the batch through the partition, once, with its own part
   of the answer.
 
-A row's deadline is ``(retries + 1) * timeout_ms`` after it joins a batch: a batch
-leaves at the latest one ``timeout_ms`` before its earliest row's deadline, and a retry
-of a batch carries only the rows whose deadline has not passed. With a quota, each
+A row's deadline is ``(retries + 1) * timeout_ms`` after it joins a batch, moved on by
+the time its request waits for the quota: a batch leaves at the latest one
+``timeout_ms`` before its earliest row's deadline, and a retry of a batch carries only
+the rows whose deadline has not passed. With a quota, each
 request of a batch takes one request, the sum of its rows' estimated costs and one call
 slot; once the budget is spent, rows not sent end ``skipped``.
 
@@ -270,6 +271,8 @@ class Batcher(Generic[R]):
                 self.finish(job, ends, done)
                 return
             if wait > 0:
+                with job.lock:  # time in line for the quota is not time out
+                    job.run.postpone(part, wait)
                 port.later(wait, self.send, job, part)
                 return
             held = True
