@@ -423,3 +423,24 @@ def test_help_says_a_streams_files_land_whole_and_what_overwrite_does(
     text = " ".join(capsys.readouterr().out.split())
     assert "Files must land whole, with the stream's columns: write each elsewhere, then " in text
     assert "with --stream, start afresh: checkpoint and record removed" in text
+
+
+def test_a_service_refusing_every_call_stops_the_stream_saying_why(
+    service: ScriptedService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """429 on every call: once this run's first --stop-after-failures rows were all
+    refused on every retry, the stream stops (exit 1) with a line saying why, instead of
+    going on through every row landed (issue 42, item 8)."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    land(inp, 0, 0)
+    service.plan_of = lambda body: ["429:1"]  # a second's pause asked for each refusal
+    more = ["--quiet", "--retries", "1", "--max-in-flight", "1", "--stop-after-failures", "3"]
+    assert pipeline_cli(stream_argv(inp, out, service, *more)) == 1
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if "stopped early" in line]
+    assert "rows this run answered all failed (HTTP 429: slow down)" in line, err
+    assert "Traceback" not in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_early"]["rows"] >= 3
+    assert len(service.seen.requests) < 2 * 50  # not every row's two attempts

@@ -170,8 +170,11 @@ class FailFast:
         threshold: int,
         stop: Callable[[], None],
         hide: Iterable[str] = (),
+        skip: Iterable[Path] = (),
     ) -> None:
         self.journal = journal
+        # Files of the journal that are not this run's (a stream's record keeps earlier runs').
+        self.skip = set(skip)
         self.threshold = threshold
         self.stop = stop
         self.hide = list(hide)
@@ -210,6 +213,8 @@ class FailFast:
         if not self.journal.is_dir():
             return None
         for path in sorted(self.journal.glob("*.arrow")):
+            if path in self.skip:
+                continue
             seen = self._read.get(path, 0)
             for n, batch in enumerate(read_batches(path)):
                 if n < seen:

@@ -39,7 +39,7 @@ from typing import Any
 from ... import metrics
 from ...spark.outcome import FAILED, SKIPPED, STATUSES, TIMEOUT
 from .errors import UsageError, _limit_text, _note, one_line
-from .failures import header_values, top_reasons
+from .failures import FailFast, header_values, top_reasons
 from .phases import Phases, duration
 from .progress import Progress
 from .quota import QuotaWatch
@@ -225,6 +225,8 @@ class _Batches:
         self.changed_schema: SchemaChanged | None = None
         self.watch = FileWatch(_note)  # said even with --quiet: rows were not read
         self.quota: QuotaWatch | None = None  # the cost spent, on the progress lines
+        # Stops the stream when this run's first rows all fail one way no retry fixes.
+        self.fail_fast: FailFast | None = None
         # Dropped when the run ends (Spark may hold this object longer).
         self.numbers: _Numbers | None = _Numbers()
 
@@ -490,6 +492,16 @@ def run_stream(
         try:
             with contextlib.ExitStack() as stack:
                 watch = batches.quota = _quota_watch(job, reports, stack)
+                record = out_dir / "record"
+                batches.fail_fast = stack.enter_context(
+                    FailFast(
+                        record,
+                        args.stop_after_failures or 0,
+                        job.cancel,
+                        header_values(args.http_header),
+                        skip=set(record.glob("*.arrow")),  # earlier runs' rows
+                    )
+                )
                 _query(writer, job, batches, args, fmt)
             summary = _summary(spark, out_dir, batches, time.monotonic() - start, args, watch)
             (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -539,7 +551,8 @@ def _query(writer: Any, job: Any, batches: _Batches, args: Any, fmt: str) -> Non
         if query.isActive:
             query.stop()
         batches.watch.check(final=True)
-    stopped = batches.spent is not None or batches.changed_schema is not None
+    early = batches.fail_fast is not None and batches.fail_fast.stopped is not None
+    stopped = early or batches.spent is not None or batches.changed_schema is not None
     if failure is not None and job.signalled is None and not stopped:
         raise RuntimeError(f"the stream failed: {one_line(failure)}") from failure
 
@@ -550,6 +563,15 @@ def stream_exit(args: argparse.Namespace, summary: dict[str, Any]) -> int:
     when more rows failed than ``--max-failed`` allows or when files changed after they
     were read; else 3 when the quota was spent."""
     code = 0
+    early = summary.get("stopped_early")
+    if early is not None:
+        _note(
+            f"the stream stopped early: the first {early['rows']:,} rows this run answered all "
+            f"failed ({early['why']}), which retries did not fix; the rows answered are in the "
+            "record as failed, not sent again: fix the cause and run again (or give "
+            "--stop-after-failures 0 to send every row anyway)"
+        )
+        code = 1
     changed = summary.get("schema_changed")
     if changed is not None:
         _note(f"the stream stopped: {changed['why']}")
@@ -653,6 +675,7 @@ def _summary(
             )
     rows = sum(counts.values())
     changed = batches.changed_schema
+    early = None if batches.fail_fast is None else batches.fail_fast.stopped
     return {
         "stream": True,
         "input": args.input,
@@ -663,6 +686,8 @@ def _summary(
         "micro_batches": batches.seen,
         # The micro-batch the quota's budget stopped, left for the next run (or None).
         "budget_spent": batches.spent,
+        # This run's first rows all failed one way no retry fixed: the stream stopped.
+        "stopped_early": None if early is None else {"rows": early.rows, "why": early.why},
         # The landed file whose columns stopped the stream (or None).
         "schema_changed": None
         if changed is None
