@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ...spark.outcome import FAILED, SKIPPED, TIMEOUT
-from ...spark.session import check_master, spark_session
+from ...spark.session import check_master, end_jvm, spark_session
 from ...spark.targets import target_from_url
 from .errors import Stopped, UsageError, _limit_text, _note, one_line
 from .failures import StoppedEarly, header_values, reason
@@ -69,6 +69,7 @@ def main(args: argparse.Namespace) -> int:
         return 1
     except (KeyboardInterrupt, Stopped) as exc:
         code = 143 if isinstance(exc, Stopped) else 130
+        end_jvm()  # its last words before the stop line, not after
         then = "run it again to go on" if args.stream else "finish it with --resume"
         _note(
             f"{'stopped by SIGTERM' if code == 143 else 'interrupted'}; --output "
