@@ -39,7 +39,7 @@ from typing import Any
 from ... import metrics
 from ...spark.outcome import FAILED, SKIPPED, STATUSES, TIMEOUT
 from .errors import UsageError, _limit_text, _note, one_line
-from .failures import FailFast, header_values, top_reasons
+from .failures import FailFast, header_values
 from .phases import Phases, duration
 from .progress import Progress
 from .quota import QuotaWatch
@@ -51,7 +51,7 @@ from .stream_files import (
     file_rows,
     file_stats,
 )
-from .summary import failure_budget
+from .summary import failure_budget, failure_reasons
 
 __all__ = [
     "PARTITION",
@@ -76,8 +76,6 @@ STREAM_FORMATS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl
 PARTITION = "micro_batch"
 _OLD_FOLDER = re.compile(r"batch=(\d+)")
 
-# The distinct (status, error) pairs read to find the most common reasons.
-_REASONS_READ = 1000
 # How often the driver looks at the files read for changes while the stream runs.
 _WATCH_EVERY_S = 2.0
 
@@ -651,8 +649,6 @@ def _summary(
     args: Any,
     watch: QuotaWatch | None,
 ) -> dict[str, Any]:
-    from pyspark.sql import functions as F
-
     counts = {status: 0 for status in STATUSES}
     failures: list[dict[str, Any]] = []
     rows_dir = out_dir / "rows"
@@ -661,18 +657,7 @@ def _summary(
         found = written.groupBy("status").count().collect()
         counts.update({r["status"]: r["count"] for r in found})
         if counts[FAILED] or counts[TIMEOUT]:  # why, most common first
-            reasons = (
-                written.filter(F.col("status").isin(FAILED, TIMEOUT))
-                .groupBy("status", "error")
-                .count()
-                .orderBy(F.desc("count"))
-                .limit(_REASONS_READ)
-                .collect()
-            )
-            failures = top_reasons(
-                ((r["status"], r["error"], r["count"]) for r in reasons),
-                hide=header_values(args.http_header),
-            )
+            failures = failure_reasons(written, header_values(args.http_header))
     rows = sum(counts.values())
     changed = batches.changed_schema
     early = None if batches.fail_fast is None else batches.fail_fast.stopped

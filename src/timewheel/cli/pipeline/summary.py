@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -124,8 +124,6 @@ def summarize(
     """Rows per status, attempts, latency percentiles and throughput of a dispatch result,
     from its observed ``figures`` and its :func:`latency_groups`; ``result`` is read
     again only for why rows failed, when some did."""
-    from pyspark.sql import functions as F
-
     rows = figures["rows"]
     statuses = {s: figures[f"status_{s}"] or 0 for s in STATUSES}
     attempts: dict[int, int] = {}
@@ -137,17 +135,7 @@ def summarize(
     latency.update(
         mean=round(figures["latency_mean"] or 0.0, 3), max=round(figures["latency_max"] or 0.0, 3)
     )
-    failures = []
-    if statuses[FAILED] or statuses[TIMEOUT]:  # why, most common first
-        counts = (
-            result.filter(F.col("status").isin(FAILED, TIMEOUT))
-            .groupBy("status", "error")
-            .count()
-            .orderBy(F.desc("count"))
-            .limit(_REASONS_READ)
-            .collect()
-        )
-        failures = top_reasons((r["status"], r["error"], r["count"]) for r in counts)
+    failures = failure_reasons(result) if statuses[FAILED] or statuses[TIMEOUT] else []
     return {
         "rows": rows,
         "status": statuses,
@@ -164,6 +152,22 @@ def summarize(
         "elapsed_s": round(elapsed_s, 3),
         "rows_per_s": round(rows / elapsed_s, 1) if elapsed_s > 0 else None,
     }
+
+
+def failure_reasons(result: Any, hide: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """The most common reasons the rows of ``result`` failed or timed out (see
+    :func:`~.failures.top_reasons`; ``hide``: values never to show): one read."""
+    from pyspark.sql import functions as F
+
+    counts = (
+        result.filter(F.col("status").isin(FAILED, TIMEOUT))
+        .groupBy("status", "error")
+        .count()
+        .orderBy(F.desc("count"))
+        .limit(_REASONS_READ)
+        .collect()
+    )
+    return top_reasons(((r["status"], r["error"], r["count"]) for r in counts), hide=hide)
 
 
 def preload_plotting() -> None:
