@@ -598,6 +598,18 @@ print(json.dumps({"results": results, "gateway": gateway is not None}))
 """
 
 
+def test_a_bad_progress_interval_is_refused_before_spark(tmp_path: Path) -> None:
+    env = {**os.environ, "JAVA_HOME": str(tmp_path / "no-java"), "TIMEWHEEL_PROGRESS_S": "soon"}
+    argv = [sys.executable, "-m", "timewheel", "pipeline", "--generate", "10", "--output", "out"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "timewheel pipeline: error: $TIMEWHEEL_PROGRESS_S must be a number of seconds above 0, "
+        "got 'soon'"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_bad_flags_and_columns_are_refused_with_no_jvm_started(tmp_path: Path) -> None:
     # Each case is a flag Spark used to refuse only once it had started (half a minute):
     # now exit 2 with one line naming the flag and its value, and no JVM. JAVA_HOME

@@ -18,6 +18,7 @@ from typing import Any
 from .ddl import check_ddl
 from .errors import UsageError
 from .options import _pairs
+from .progress import progress_interval
 from .quota import quota_from_args
 
 __all__ = ["check_before_spark", "input_schema"]
@@ -30,6 +31,10 @@ def check_before_spark(
     from ...spark import Batching, Calls, Cost, Dedupe
     from ...spark.batch.spec import batch_settings
 
+    try:
+        progress_interval()  # read again when the run sends: wrong, it is said now
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if args.reply_schema is not None:
         try:
             check_ddl(args.reply_schema)
