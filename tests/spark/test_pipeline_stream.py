@@ -228,7 +228,7 @@ def test_sigterm_to_the_process_group_stops_a_stream_with_143(
     [
         (["--once"], "--once goes with --stream"),
         (["--stream"], "--stream reads the files landing in --input"),
-        (["--stream", "--input", "IN", "--resume"], "--stream cannot take --resume"),
+        (["--stream", "--input", "IN", "--dry-run"], "--stream cannot take --dry-run"),
         (["--stream", "--input", "IN/part-0.csv"], "is not a directory"),
         (["--input", "IN/part-0.csv", "--format", "json"], "read by --stream only"),
         (["--stream", "--input", "IN", "--remote", "sc://127.0.0.1:9"], "classic Spark"),

@@ -44,6 +44,7 @@ from .phases import Phases, duration
 from .progress import Progress
 from .quota import QuotaWatch
 from .stream_files import (
+    PARTITION,
     FileWatch,
     SchemaChanged,
     batch_files,
@@ -51,6 +52,7 @@ from .stream_files import (
     file_rows,
     file_stats,
 )
+from .stream_resend import check_resumable, recover_output, resend
 from .summary import failure_budget, failure_reasons
 
 __all__ = [
@@ -70,10 +72,6 @@ __all__ = [
 #: The formats a stream reads, by the files' names.
 STREAM_FORMATS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json"}
 
-#: The folders of ``--output/rows`` are ``micro_batch=N``: read back, ``micro_batch`` is
-#: a column (an input column of that name is refused). Before, they were ``batch=N``,
-#: whose number replaced an input column named ``batch``; such folders are renamed.
-PARTITION = "micro_batch"
 _OLD_FOLDER = re.compile(r"batch=(\d+)")
 
 # How often the driver looks at the files read for changes while the stream runs.
@@ -92,7 +90,6 @@ def check_stream_args(args: argparse.Namespace) -> None:
         flag
         for flag, on in (
             ("--generate", args.generate),
-            ("--resume", args.resume),
             ("--dry-run", args.dry_run),
             ("--dedupe-col", args.dedupe_col),
             ("--dedupe-requests", args.dedupe_requests),
@@ -366,6 +363,8 @@ def prepare_output(args: argparse.Namespace, out_dir: Path) -> bool:
     an earlier version (``batch=N``) renamed ``micro_batch=N``."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--output {str(out_dir)!r} is a file, not a directory")
+    if args.resume:
+        check_resumable(out_dir)
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return True
     if args.overwrite:
@@ -377,6 +376,7 @@ def prepare_output(args: argparse.Namespace, out_dir: Path) -> bool:
         )
     check_checkpoint(out_dir)
     _rename_old_folders(args, out_dir / "rows")
+    recover_output(args, out_dir)  # a resend (--resume) cut short, finished
     return False
 
 
@@ -488,6 +488,7 @@ def run_stream(
     summary: dict[str, Any] = {}
     with job.signals():
         try:
+            resent = resend(args, job, out_dir, reports) if args.resume else None
             with contextlib.ExitStack() as stack:
                 watch = batches.quota = _quota_watch(job, reports, stack)
                 record = out_dir / "record"
@@ -500,8 +501,10 @@ def run_stream(
                         skip=set(record.glob("*.arrow")),  # earlier runs' rows
                     )
                 )
-                _query(writer, job, batches, args, fmt)
+                if resent is None or not resent["stopped"]:  # else the resend's stop
+                    _query(writer, job, batches, args, fmt)
             summary = _summary(spark, out_dir, batches, time.monotonic() - start, args, watch)
+            summary["resent"] = resent  # what --resume sent again first (or None)
             (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         except Exception:
             # Stopped: the signal's cancelling ends the micro-batch in progress, left for
@@ -561,12 +564,13 @@ def stream_exit(args: argparse.Namespace, summary: dict[str, Any]) -> int:
     when more rows failed than ``--max-failed`` allows or when files changed after they
     were read; else 3 when the quota was spent."""
     code = 0
-    early = summary.get("stopped_early")
+    resent = summary.get("resent") or {}
+    early = summary.get("stopped_early") or resent.get("stopped_early")
     if early is not None:
         _note(
             f"the stream stopped early: the first {early['rows']:,} rows this run answered all "
-            f"failed ({early['why']}), which retries did not fix; the rows answered are in the "
-            "record as failed, not sent again: fix the cause and run again (or give "
+            f"failed ({early['why']}), which retries did not fix; they are in --output as "
+            "failed: fix the cause, then --resume sends them again (or give "
             "--stop-after-failures 0 to send every row anyway)"
         )
         code = 1
@@ -574,7 +578,8 @@ def stream_exit(args: argparse.Namespace, summary: dict[str, Any]) -> int:
     if changed is not None:
         _note(f"the stream stopped: {changed['why']}")
         code = 1
-    bad = summary["status"][FAILED] + summary["status"][TIMEOUT]
+    # Rows not ok that --resume did not send again (the quota spent) are said below.
+    bad = summary["status"][FAILED] + summary["status"][TIMEOUT] - resent.get("rows_not_sent", 0)
     if bad > summary["max_failed_rows"]:
         _note(
             f"{bad:,} of {summary['rows']:,} rows failed or timed out, more than "
@@ -602,6 +607,12 @@ def stream_exit(args: argparse.Namespace, summary: dict[str, Any]) -> int:
             f"the quota was spent: the stream stopped in micro-batch {spent['micro_batch']}, "
             f"whose {spent['rows_not_sent']:,} rows not sent (of {spent['rows']:,}) are "
             "sent when the stream runs again (with a budget left)"
+        )
+        code = code or 3
+    if resent.get("rows_not_sent") and early is None:
+        _note(
+            f"the quota was spent: {resent['rows_not_sent']:,} of the {resent['rows']:,} rows "
+            "not ok were not sent again (as they were in --output; --resume sends them)"
         )
         code = code or 3
     skipped = summary["status"][SKIPPED]

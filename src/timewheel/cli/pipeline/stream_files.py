@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 __all__ = [
+    "PARTITION",
     "FileWatch",
     "SchemaChanged",
     "batch_files",
@@ -28,6 +29,11 @@ __all__ = [
     "file_rows",
     "file_stats",
 ]
+
+#: The folders of ``--output/rows`` are ``micro_batch=N``: read back, ``micro_batch`` is
+#: a column (an input column of that name is refused). Before, they were ``batch=N``,
+#: whose number replaced an input column named ``batch``; such folders are renamed.
+PARTITION = "micro_batch"
 
 #: How long after its micro-batch read it a file is watched for changes (seconds); the
 #: files still watched are looked at once more when the stream ends.
