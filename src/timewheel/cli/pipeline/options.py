@@ -156,7 +156,8 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="finish the run that left --output unfinished, or send again the rows a "
         "finished run left failed, timeout or skipped: only the rows not yet ok are sent "
-        "(refused if it was made from another input or with other request options)",
+        "(refused if it was made from another input or with other request options); with "
+        "--stream, send again the stream's rows failed or timeout, then go on",
     )
     option_group(parser, "cluster").add_argument(
         "--remote",

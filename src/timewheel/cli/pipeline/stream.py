@@ -6,7 +6,8 @@ the schema is read from the files already there), sends their rows with ``dispat
 calls no row twice) and writes each micro-batch's rows to
 ``--output/rows/micro_batch=N`` (written again whole if the batch runs again), with the
 query's checkpoint in ``--output/checkpoint``. Run again on the same ``--output``, it
-goes on from the checkpoint; ``--overwrite`` starts it afresh (every row sent again).
+goes on from the checkpoint; ``--overwrite`` starts it afresh (every row sent again);
+``--resume`` first sends again its rows failed or timed out (:mod:`.stream_resend`).
 ``--once`` reads what is there and stops (``availableNow``); without it the query runs
 until SIGINT or SIGTERM (the micro-batch in progress is left for the next run: its rows
 already answered are not sent again). A line per phase and per micro-batch says what it
@@ -578,8 +579,8 @@ def stream_exit(args: argparse.Namespace, summary: dict[str, Any]) -> int:
     if changed is not None:
         _note(f"the stream stopped: {changed['why']}")
         code = 1
-    # Rows not ok that --resume did not send again (the quota spent) are said below.
-    bad = summary["status"][FAILED] + summary["status"][TIMEOUT] - resent.get("rows_not_sent", 0)
+    unsent = 0 if early else resent.get("rows_not_sent", 0)  # --resume's, said below
+    bad = summary["status"][FAILED] + summary["status"][TIMEOUT] - unsent
     if bad > summary["max_failed_rows"]:
         _note(
             f"{bad:,} of {summary['rows']:,} rows failed or timed out, more than "
@@ -609,9 +610,9 @@ def stream_exit(args: argparse.Namespace, summary: dict[str, Any]) -> int:
             "sent when the stream runs again (with a budget left)"
         )
         code = code or 3
-    if resent.get("rows_not_sent") and early is None:
+    if unsent:
         _note(
-            f"the quota was spent: {resent['rows_not_sent']:,} of the {resent['rows']:,} rows "
+            f"the quota was spent: {unsent:,} of the {resent['rows']:,} rows "
             "not ok were not sent again (as they were in --output; --resume sends them)"
         )
         code = code or 3
