@@ -254,7 +254,7 @@ def resend(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) -> d
     """Send again the rows of ``out_dir/rows`` not ok, with ``job``'s options, and put
     their answers in place: what the summary says of it (``stopped`` when the stream is
     not to go on: the budget spent, the run stopped early or by a signal)."""
-    from pyspark.sql.types import StructType
+    from pyspark.sql import functions as F
 
     from ...spark.columns import REPLY_COLUMN
 
@@ -273,13 +273,14 @@ def resend(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) -> d
         f"resending {todo_rows:,} rows not ok from {len(bad):,} micro-batch(es)"
         + (kept if left else ""),
     )
-    spark = job.spark
-    found = spark.read.parquet(*(str(rows / f"{PARTITION}={n}") for n in bad))
+    # The rows _to_send counted: not ok, with an id that has no ok row in those folders.
+    found = job.spark.read.parquet(*(str(rows / f"{PARTITION}={n}") for n in bad))
+    status, row_id = F.col("status"), F.col(args.id_col)
     made = {*RESULT_COLUMNS, REPLY_COLUMN, PARTITION}
-    wanted = spark.createDataFrame([(i,) for i in ids], StructType([found.schema[args.id_col]]))
     todo = (
-        found.select([c for c in found.columns if c not in made])
-        .join(wanted, args.id_col, "left_semi")
+        found.filter((status != OK) & row_id.isNotNull())
+        .join(found.filter(status == OK).select(args.id_col), args.id_col, "left_anti")
+        .select([c for c in found.columns if c not in made])
         .dropDuplicates([args.id_col])
     )
     journal = out_dir / RESEND
@@ -299,11 +300,10 @@ def resend(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) -> d
         statuses = apply_answers(out_dir, args.id_col)
     early = None if watch is None else watch.stopped
     done["status"] = dict(statuses)
-    done["rows_not_sent"] = todo_rows - sum(statuses.values())
-    done["stopped"] = bool(done["rows_not_sent"]) or job.signalled is not None
+    not_sent = done["rows_not_sent"] = todo_rows - sum(statuses.values())
+    done["stopped"] = bool(not_sent) or early is not None or job.signalled is not None
     if early is not None:
         done["stopped_early"] = {"rows": early.rows, "why": early.why}
-    not_sent = done["rows_not_sent"]
     _say(
         args,
         f"resent: {statuses[OK]:,} of the {todo_rows:,} rows ok now ({_counts(statuses)})"
