@@ -444,3 +444,66 @@ def test_a_service_refusing_every_call_stops_the_stream_saying_why(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped_early"]["rows"] >= 3
     assert len(service.seen.requests) < 2 * 50  # not every row's two attempts
+
+
+@kill_lane
+def test_a_resend_killed_mid_way_repeats_only_the_calls_in_flight(
+    spark: Any, service: ScriptedService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGKILL to the whole group of a --stream --resume while it sends: the next
+    --resume puts in place what the killed one had answered (a line says so) and sends
+    the rest; every row once and ok, and a row sent a third time was in flight at the
+    kill. (The other --stream --resume tests: test_pipeline_stream_resume.py.)"""
+    from timewheel.spark.delivery.journal import read_batches
+    from timewheel.spark.http.target import HttpDownstream
+
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    land(inp, 0, 0, rows=40)
+    service.plan_of = lambda body: ["500"] if body["id"] % 2 == 0 else ["200"]
+    argv = ["--stream", "--once", "--input", str(inp), "--output", str(out), "--retries", "0"]
+    argv += ["--target", service.url, "--master", "local[2]", "--max-in-flight", "2"]
+    argv += ["--timeout-ms", "10000"]
+    assert pipeline_cli([*argv, "--quiet"]) == 1
+    service.plan_of = lambda body: ["slow:300"]
+    before = dict(service.seen.per_key)
+    command = [sys.executable, "-m", "timewheel", "pipeline", *argv, "--resume", "--quiet"]
+
+    def answered() -> set[int]:
+        found = [b for p in (out / "resend").glob("*.arrow") for b in read_batches(p)]
+        return {i for b in found for i in b.column("id").to_pylist()}
+
+    with subprocess.Popen(command, stderr=subprocess.PIPE, start_new_session=True) as child:
+        try:
+            deadline = time.monotonic() + 240
+            while len(answered()) < 4:
+                assert child.poll() is None, child.communicate()
+                assert time.monotonic() < deadline, "no rows answered in time"
+                time.sleep(0.01)  # polling the resend's journal
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(timeout=60)
+        finally:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+    while service.seen.in_flight:  # the dead client's calls dropped
+        assert time.monotonic() < deadline, "the service kept a dead client's calls open"
+        time.sleep(0.01)
+    key = HttpDownstream(service.url).idempotency_key
+    received = {k for k, n in service.seen.per_key.items() if n > before.get(k, 0)}
+    done = answered()
+    in_flight = received - {key({"id": i}) for i in done}
+    assert 4 <= len(done) < 20
+    service.plan_of = lambda body: ["200"]
+    capsys.readouterr()
+    assert pipeline_cli([*argv, "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert f"a resend cut short had answered {len(done)} rows ({len(done)} ok)" in err, err
+    assert f"resending {20 - len(done)} rows not ok from 1 micro-batch(es)" in err, err
+    rows = spark.read.parquet(str(out / "rows")).collect()
+    assert sorted(r["id"] for r in rows) == list(range(40))
+    assert {r["status"] for r in rows} == {"ok"}
+    counts = {i: service.seen.per_key[key({"id": i})] for i in range(40)}
+    assert all(counts[i] == 1 for i in range(1, 40, 2))
+    assert all(counts[i] == 2 for i in done)
+    thrice = {key({"id": i}) for i in range(0, 40, 2) if counts[i] == 3}
+    assert thrice <= in_flight, (thrice, in_flight)
