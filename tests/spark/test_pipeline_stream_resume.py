@@ -239,6 +239,7 @@ def test_recover_finishes_or_undoes_each_swap_state(tmp_path: Path) -> None:
     _folder(rows, 4, ["ok"]).rename(rows / ".resend-micro_batch=4")  # not yet swapped
     _folder(rows, 4, ["failed"])
     _folder(rows, 5, ["ok"]).rename(rows / ".writing-micro_batch=5")
+    _folder(rows, 6, ["ok"]).rename(rows / "_writing-micro_batch=6")  # a stream's, killed
     assert recover(rows) == 2
     assert sorted(p.name for p in rows.iterdir()) == [f"micro_batch={n}" for n in (1, 2, 3, 4)]
     statuses = {n: _rows(rows / f"micro_batch={n}")[0][1] for n in (1, 2, 3, 4)}

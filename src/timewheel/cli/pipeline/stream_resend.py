@@ -100,7 +100,8 @@ def not_ok_counts(rows: Path) -> dict[int, int]:
 
 def recover(rows: Path) -> int:
     """Finish or undo what a kill left of a folder's swap in ``rows``, and remove what
-    was left aside: the number of folders put back in place."""
+    was left aside: the number of folders put back in place. (Spark reads a folder
+    ``_name=N`` left in ``rows`` as a partition: none may stay there.)"""
     if not rows.is_dir():
         return 0
     fixed = 0
@@ -110,7 +111,8 @@ def recover(rows: Path) -> int:
         if not live.exists():  # cut between the two renames: the new one, else the old
             os.rename(ready if ready.is_dir() else old, live)
             fixed += 1
-    for prefix in (_OLD, _READY, _WRITING):
+    # (and a micro-batch's rows a killed stream was writing aside: see stream._Batches)
+    for prefix in (_OLD, _READY, _WRITING, "_writing-"):
         for left in rows.glob(f"{prefix}{PARTITION}=*"):
             shutil.rmtree(left, ignore_errors=True)
     return fixed
