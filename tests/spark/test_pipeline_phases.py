@@ -2,28 +2,42 @@
 
 from __future__ import annotations
 
+import json
 import re
 import threading
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from spark_fixtures import pipeline_cli
+from timewheel.cli.pipeline.errors import UsageError
+from timewheel.cli.pipeline.inputs import arrow_unique_rows
 from timewheel.cli.pipeline.job import OutputMismatch, check_ids, check_rows
 from timewheel.cli.pipeline.phases import duration
 from timewheel.cli.pipeline.progress import Progress, progress_interval
-from timewheel.cli.pipeline.summary import figure_columns
+from timewheel.cli.pipeline.summary import (
+    figure_columns,
+    input_columns,
+    latency_groups,
+    read_groups,
+    reason_counts,
+)
 
 pytestmark = pytest.mark.spark
 
-#: The Spark jobs of a first run whose rows all end ok (docs/spark/pipeline.md, "The
-#: Spark jobs of a run"): the id check (2: its distinct count's shuffle is a job of its
-#: own), the write that sends the rows, observed (1), the grouped read of the written
-#: rows (2). A run with failed rows reads their reasons (2 more).
-JOBS_ALL_OK = 5
-JOBS_WITH_FAILURES = 7
+#: The Spark jobs of a first run of generated rows (docs/spark/pipeline.md, "The Spark
+#: jobs of a run"): the write that sends the rows, observed (its input and its output).
+#: Their ids are made unique, and the written rows' groups and the reasons rows failed
+#: are read by pyarrow, in the driver.
+JOBS_ALL_OK = 1
+JOBS_WITH_FAILURES = 1
+#: A local Parquet input: Spark's read of its schema (1; any Spark read of Parquet
+#: pays it), then the write. Its ids are checked by pyarrow.
+JOBS_PARQUET = 2
+#: A CSV input: Spark's read of its header and its columns' types (2), the id check (3,
+#: the distinct count's shuffle with adaptive execution), then the write.
+JOBS_CSV = 6
 
 
 def _jobs_of(spark: Any, group: str, argv: list[str]) -> tuple[int, int]:
@@ -55,6 +69,40 @@ def test_a_run_starts_no_more_spark_jobs_than_it_needs(spark: Any, tmp_path: Pat
     assert code == 0 and jobs == JOBS_WITH_FAILURES
     summary = (tmp_path / "bad" / "summary.json").read_text()
     assert '"simulated failure"' in summary
+    # What pyarrow read of the written rows is what Spark reads of them.
+    rows = tmp_path / "bad" / "rows"
+    written = spark.read.parquet(str(rows))
+    groups, reasons = read_groups(rows)  # type: ignore[misc]
+    assert sorted(groups, key=repr) == sorted(latency_groups(written), key=repr)
+    assert sorted(reasons, key=repr) == sorted(reason_counts(written), key=repr)
+    assert sum(n for *_, n in reasons) == json.loads(summary)["status"]["failed"] > 0
+    # A Parquet input's ids checked by pyarrow; a CSV input's by Spark.
+    spark.range(3000).write.parquet(str(tmp_path / "in.parquet"))
+    argv = ["--retries", "0", "--quiet", "--target", "sim://?pct50=1&pct75=2"]
+    for name, jobs_expected in [("in.parquet", JOBS_PARQUET), ("in.csv", JOBS_CSV)]:
+        if name == "in.csv":
+            lines = "".join(f"{i}\n" for i in range(3000))
+            (tmp_path / name).write_text("id\n" + lines)
+        where = ["--input", str(tmp_path / name), "--output", str(tmp_path / f"out-{name}")]
+        code, jobs = _jobs_of(spark, name, [*argv, *where])
+        assert (code, jobs) == (0, jobs_expected), name
+
+
+def test_ids_that_do_not_name_each_row_once_are_refused_before_spark_reads_them(
+    tmp_path: Path,
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    pq.write_table(pa.table({"id": [1, 2, 3], "x": ["a", "b", "c"]}), folder / "a.parquet")
+    assert arrow_unique_rows(str(folder), "parquet", "id") == 3
+    assert arrow_unique_rows(str(folder), "parquet", "no_such") is None  # Spark says
+    assert arrow_unique_rows(str(folder), "csv", "id") is None
+    pq.write_table(pa.table({"id": [3, None], "x": ["d", "e"]}), folder / "b.parquet")
+    with pytest.raises(UsageError, match="the input has 5 rows, 3 distinct ids and 1 nulls"):
+        arrow_unique_rows(str(folder), "parquet", "id")
 
 
 _TIME = r"\((\d+\.\d+ s|\d+ s|\d+ min \d\d s)\)"
@@ -162,8 +210,11 @@ def test_an_output_that_is_not_every_input_row_once_is_refused(spark: Any) -> No
     from pyspark.sql import functions as F
 
     ids = spark.range(1000).select(F.col("id").cast("int").alias("id"))
-    rows, hashed = check_ids(ids, "id")
-    assert rows == 1000 and isinstance(hashed, Decimal)
+    rows = check_ids(ids, "id")
+    read = ids.agg(*input_columns("id")).first().asDict()
+    assert rows == read["rows"] == 1000
+    with pytest.raises(UsageError, match="1,001 rows, 1,000 distinct ids and 0 nulls"):
+        check_ids(ids.union(ids.limit(1)), "id")
 
     def figures(df: Any) -> dict[str, Any]:
         made = df.select(
@@ -174,7 +225,9 @@ def test_an_output_that_is_not_every_input_row_once_is_refused(spark: Any) -> No
         )
         return made.agg(*figure_columns("id")).first().asDict()
 
-    check_rows(figures(ids), rows, hashed)  # the same rows: published
+    check_rows(figures(ids), rows, read)  # the same rows: published
+    with pytest.raises(OutputMismatch, match="the input changed while the run read it"):
+        check_rows(figures(ids), rows - 1, read)  # checked 999 before sending, read 1,000
     one_twice = ids.filter("id != 7").union(ids.filter("id = 8"))
     outside = ids.filter("id != 7").union(spark.range(5000, 5001).selectExpr("int(id) AS id"))
     a_null = ids.filter("id != 7").union(spark.range(1).selectExpr("CAST(NULL AS int) AS id"))
@@ -185,4 +238,4 @@ def test_an_output_that_is_not_every_input_row_once_is_refused(spark: Any) -> No
         (ids.filter("id != 7"), "999 output rows, 0 without an id, not the input's ids"),
     ]:
         with pytest.raises(OutputMismatch, match=re.escape(words)):
-            check_rows(figures(wrong), rows, hashed)
+            check_rows(figures(wrong), rows, read)

@@ -56,3 +56,41 @@ def read_input(spark: Any, path: str, fmt: str) -> Any:
         return spark.read.parquet(path)
     except Exception as exc:  # Spark's AnalysisException and friends: a bad file
         raise UsageError(f"cannot read {path!r} as {fmt}: {one_line(exc)}") from exc
+
+
+#: The most rows whose ids the driver checks itself (their ids in memory: 8 bytes each
+#: and a hash table's); above it, Spark checks them (two jobs).
+ARROW_ID_CHECK_ROWS = 20_000_000
+
+
+def arrow_unique_rows(path: str, fmt: str, id_col: str) -> int | None:
+    """The row count of a local Parquet ``--input`` whose ``id_col`` names each row once,
+    read in this process with pyarrow (no Spark job: each costs its tasks' start); a
+    UsageError when it does not; None when pyarrow cannot tell (another format, not a
+    local path, no such column, more than ``ARROW_ID_CHECK_ROWS`` rows): Spark checks."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    if fmt != "parquet" or ("://" in path and not path.startswith("file://")):
+        return None
+    try:
+        data = ds.dataset(path.removeprefix("file://"), format="parquet", partitioning="hive")
+        if id_col not in data.schema.names or data.count_rows() > ARROW_ID_CHECK_ROWS:
+            return None
+        ids = data.to_table(columns=[id_col]).column(id_col)
+    except (OSError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    rows, nulls = len(ids), ids.null_count
+    distinct = pc.count_distinct(ids, mode="only_valid").as_py()
+    if distinct != rows or nulls:
+        raise UsageError(id_error(id_col, rows, distinct, nulls))
+    return rows
+
+
+def id_error(id_col: str, rows: int, distinct: int, nulls: int) -> str:
+    """What an ``--id-col`` that does not name each row once is told."""
+    return (
+        f"--id-col {id_col!r} must name each row once (unique, never null): the input "
+        f"has {rows:,} rows, {distinct:,} distinct ids and {nulls:,} nulls"
+    )

@@ -17,12 +17,12 @@ from typing import Any
 
 from ...spark import RESULT_COLUMNS
 from ...spark.delivery.journal import MANIFEST, Manifest, compact, run_dir
-from ...spark.outcome import OK, SKIPPED
+from ...spark.outcome import FAILED, OK, SKIPPED, TIMEOUT
 from ..bench.engines import DEFAULT_ENGINE, get_engine
 from .batches import batch_summary
 from .errors import Stopped, UsageError, _limit_text, _note
 from .failures import fail_fast
-from .inputs import generated_rows, read_input
+from .inputs import arrow_unique_rows, generated_rows, id_error, read_input
 from .options import DEMO_ROWS
 from .output import check_resumable, publish, run_identity
 from .phases import Phases
@@ -30,12 +30,15 @@ from .progress import JournalCount, Progress
 from .quota import QuotaWatch, dry_run, quota_from_args
 from .summary import (
     failure_budget,
-    id_hash_sum,
+    figure_columns,
+    input_columns,
     latency_groups,
     latency_histogram,
     observe,
     observed,
     preload_plotting,
+    read_groups,
+    reason_counts,
     sent_counts,
     summarize,
 )
@@ -179,10 +182,9 @@ class _Job:
         if previous is not None:
             check_resumable(self.out_dir, previous, identity)
         with self.phases.phase("checked the input") as phase:
-            self.dispatch(
-                base
-            )  # every argument checked, and the executors, before --output changes
-            self.input_rows, self.input_hash = check_ids(base, args.id_col)
+            # Every argument checked, and the executors, before --output changes.
+            self.dispatch(base)
+            self.input_rows = unique_rows(args, fmt, base)
             phase.said = f"checked the input: {self.input_rows:,} rows, unique ids"
         if args.dry_run:
             return self.dry_run(base)
@@ -206,6 +208,8 @@ class _Job:
         manifest.runs += 1
         manifest.write()
         id_col = args.id_col
+        # The input, observed as the write reads it (no job of its own; read by no other).
+        base, seen = observe(base, input_columns(id_col))
         todo = base if done is None else base.join(done.select(id_col), id_col, "left_anti")
         # The input's ids are unique and those done are some of them: no count needed.
         sending = self.input_rows - self.done_count
@@ -238,7 +242,7 @@ class _Job:
             stack.enter_context(Progress(JournalCount(journal), sending, args.quiet, self.watch))
             self.fail_fast = stack.enter_context(fail_fast(args, journal, self.cancel))
             if done is None:  # the figures come with the write (see finish)
-                final, observation = observe(result, id_col)
+                final, observation = observe(result, figure_columns(id_col))
                 final.write.parquet(str(staging / "rows"))
             else:  # written once (a second computation would send the rows again)
                 result.write.parquet(str(staging / "sent"))
@@ -248,13 +252,14 @@ class _Job:
             if done is not None:
                 sent = spark.read.schema(result.schema).parquet(str(staging / "sent"))
                 kept = done.select([F.col(f.name).cast(f.dataType) for f in sent.schema])
-                final, observation = observe(sent.unionByName(kept), id_col)
+                final, observation = observe(sent.unionByName(kept), figure_columns(id_col))
                 final.write.parquet(str(staging / "rows"))
                 shutil.rmtree(staging / "sent")
             # Read with the schema it was written with: Spark need not start a job for it.
             written = spark.read.schema(final.schema).parquet(str(staging / "rows"))
-            figures = observed(observation, written, id_col)
-            check_rows(figures, self.input_rows, self.input_hash)
+            figures = observed(observation, written, figure_columns(id_col))
+            read = observed(seen, base, input_columns(id_col))
+            check_rows(figures, self.input_rows, read)
             summary = self.finish(manifest, staging, written, figures, elapsed, sending)
         with self.phases.phase(f"published --output {str(self.out_dir)!r}"):
             # A run stopped by its budget is published, and left for --resume to finish.
@@ -346,8 +351,13 @@ class _Job:
         from pyspark.sql import functions as F
 
         args = self.args
-        groups = latency_groups(written)
-        summary = summarize(figures, groups, written, elapsed)
+        # Read in this process where it can (no Spark job), else by Spark.
+        read = read_groups(staging / "rows")
+        if read is None:
+            bad = figures[f"status_{FAILED}"] or figures[f"status_{TIMEOUT}"]
+            read = latency_groups(written), reason_counts(written) if bad else []
+        groups, reasons = read
+        summary = summarize(figures, groups, reasons, elapsed)
         summary.update(
             target=repr(self.target),
             master=args.remote or args.master,
@@ -400,43 +410,57 @@ class _Job:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def check_ids(df: Any, id_col: str) -> tuple[int, Decimal]:
-    """The input's row count and the sum of its ids' hashes (for :func:`check_rows`),
-    once ``id_col`` is known to name each row once (unique, never null): one aggregate
-    pass, before any row is sent. A UsageError otherwise."""
+def unique_rows(args: Any, fmt: str | None, base: Any) -> int:
+    """The input's row count, once its ``--id-col`` is known to name each row once,
+    before any row is sent: generated rows are so made; a local Parquet input's ids are
+    read by pyarrow; any other, Spark counts (:func:`check_ids`). A UsageError when the
+    ids are not unique or are null."""
+    if not args.input:
+        return int(args.generate or DEMO_ROWS)  # ids 0..n-1
+    rows = arrow_unique_rows(args.input, fmt or "", args.id_col)
+    return check_ids(base, args.id_col) if rows is None else rows
+
+
+def check_ids(df: Any, id_col: str) -> int:
+    """The row count of ``df``, once ``id_col`` is known to name each row once (unique,
+    never null): one aggregate pass (two Spark jobs: the distinct count's shuffle is its
+    own). A UsageError otherwise."""
     from pyspark.sql import functions as F
 
     col = F.col(id_col)
-    rows, distinct, nulls, hashed = df.agg(
-        F.count(F.lit(1)),
-        F.countDistinct(col),
-        F.sum(col.isNull().cast("long")),
-        id_hash_sum(id_col),
+    rows, distinct, nulls = df.agg(
+        F.count(F.lit(1)), F.countDistinct(col), F.sum(col.isNull().cast("long"))
     ).first()
     nulls = nulls or 0
     if distinct != rows or nulls:
-        raise UsageError(
-            f"--id-col {id_col!r} must name each row once (unique, never null): the input "
-            f"has {rows:,} rows, {distinct:,} distinct ids and {nulls:,} nulls"
-        )
-    return int(rows), Decimal(hashed or 0)
+        raise UsageError(id_error(id_col, rows, distinct, nulls))
+    return int(rows)
 
 
 class OutputMismatch(Exception):
     """The final output does not hold every input row exactly once: never published."""
 
 
-def check_rows(written: dict[str, Any], input_rows: int, input_hash: Decimal) -> None:
+def check_rows(written: dict[str, Any], input_rows: int, read: dict[str, Any]) -> None:
     """Refuse a final output that is not every input id exactly once, before it is
-    published, from the figures observed as it was written (:func:`summary.observed`).
+    published, from the figures observed as it was written (:func:`summary.observed`)
+    and as its input was read (``read``: its rows and ``id_hash``).
 
-    The input's ids are unique (:func:`check_ids`); the output has as many rows, each
-    with an id, and the same sum of 64-bit id hashes. An output that differs (an id
-    missing and another twice, or one outside the input) has the same sum only if the
-    hashes of the ids it differs by happen to sum alike modulo nothing (the sum is
-    exact): a chance about 2**-64 for each such pair, not a case a run meets.
+    The input's ids are unique (:func:`unique_rows`, ``input_rows`` of them, as many as
+    the write read); the output has as many rows, each with an id, and the same sum of
+    64-bit id hashes. An output that differs (an id missing and another twice, or one
+    outside the input) has the same sum only if the hashes of the ids it differs by
+    happen to sum alike modulo nothing (the sum is exact): a chance about 2**-64 for
+    each such pair, not a case a run meets.
     """
     rows, ids, hashed = written["rows"], written["ids"], Decimal(written["id_hash"] or 0)
+    input_hash = Decimal(read["id_hash"] or 0)
+    if read["rows"] != input_rows:
+        raise OutputMismatch(
+            f"the input changed while the run read it ({input_rows:,} rows checked before "
+            f"sending, {read['rows']:,} read as they were sent): not published; --output "
+            "is left to --resume"
+        )
     if rows != input_rows or ids != input_rows or hashed != input_hash:
         same = "the input's ids" if hashed == input_hash else "not the input's ids"
         raise OutputMismatch(

@@ -67,10 +67,19 @@ def figure_columns(id_col: str) -> list[Any]:
     ]
 
 
-def observe(df: Any, id_col: str) -> tuple[Any, Any]:
-    """``df`` observed with :func:`figure_columns`, and its Observation (classic Spark's
-    or Spark Connect's): its figures are there once an action on ``df`` (the write) has
-    ended well. None where this Spark cannot observe (:func:`observed` reads back)."""
+def input_columns(id_col: str) -> list[Any]:
+    """The aggregates a run observes on its input as the write reads it: the rows and
+    :func:`id_hash_sum` (for the check that the output is every input row once)."""
+    from pyspark.sql import functions as F
+
+    return [F.count(F.lit(1)).alias("rows"), id_hash_sum(id_col).alias("id_hash")]
+
+
+def observe(df: Any, columns: list[Any]) -> tuple[Any, Any]:
+    """``df`` observed with ``columns`` (:func:`figure_columns`, :func:`input_columns`),
+    and its Observation (classic Spark's or Spark Connect's): its figures are there once
+    an action on ``df`` (the write) has ended well. None where this Spark cannot observe
+    (:func:`observed` reads back)."""
     from ...spark import is_connect
 
     try:
@@ -79,12 +88,12 @@ def observe(df: Any, id_col: str) -> tuple[Any, Any]:
         else:
             from pyspark.sql import Observation  # type: ignore[assignment]
         observation = Observation()
-        return df.observe(observation, *figure_columns(id_col)), observation
+        return df.observe(observation, *columns), observation
     except (ImportError, TypeError, AttributeError):  # a Spark without: read them back
         return df, None
 
 
-def observed(observation: Any, written: Any, id_col: str) -> dict[str, Any]:
+def observed(observation: Any, written: Any, columns: list[Any]) -> dict[str, Any]:
     """The figures of ``observation`` after its action ended well; if it has none, read
     back from ``written`` (one job)."""
     try:
@@ -92,11 +101,15 @@ def observed(observation: Any, written: Any, id_col: str) -> dict[str, Any]:
     except Exception:  # an Observation this Spark cannot give: read them back
         figures = {}
     if "id_hash" not in figures:
-        figures = written.agg(*figure_columns(id_col)).first().asDict()
+        figures = written.agg(*columns).first().asDict()
     return figures
 
 
-def latency_groups(result: Any) -> list[tuple[str, int | None, int | None, int, int]]:
+#: A count of rows by (status, attempts, http_status, latency bin): (..., rows).
+Group = tuple[str, int | None, int | None, int, int]
+
+
+def latency_groups(result: Any) -> list[Group]:
     """The rows counted by ``(status, attempts, http_status, latency bin)``: one job,
     whose few rows give the summary's attempts and HTTP statuses and the histogram."""
     from pyspark.sql import functions as F
@@ -115,15 +128,69 @@ def latency_groups(result: Any) -> list[tuple[str, int | None, int | None, int, 
     ]
 
 
+def read_groups(rows: Path) -> tuple[list[Group], list[tuple[str, str | None, int]]] | None:
+    """:func:`latency_groups` and the ``(status, error, rows)`` counts of the rows failed
+    or timed out, from the Parquet files of ``rows`` read in this process: no Spark job
+    (each job costs its tasks' start), and a few columns at a time, in batches, so the
+    memory is that of the groups. None when this process cannot read them (an output
+    on another machine's disk): Spark reads them then."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    keys = ["status", "attempts", "http_status", "bin"]
+    try:
+        data = ds.dataset(str(rows), format="parquet")
+        names = set(data.schema.names)
+        columns = [
+            c for c in ("status", "attempts", "http_status", "latency_ms", "error") if c in names
+        ]
+        groups: dict[tuple[Any, ...], int] = {}
+        reasons: dict[tuple[Any, Any], int] = {}
+        for batch in data.to_batches(columns=columns, batch_size=1 << 18):
+            n = batch.num_rows
+            lat = pc.max_element_wise(batch.column("latency_ms"), pa.scalar(0.01))
+            keyed = pa.table(
+                {
+                    "status": batch.column("status"),
+                    "attempts": (
+                        pc.cast(batch.column("attempts"), pa.int32())
+                        if "attempts" in names
+                        else pa.nulls(n, pa.int32())
+                    ),
+                    "http_status": batch.column("http_status"),
+                    "bin": pc.cast(
+                        pc.floor(pc.multiply(pc.log10(lat), _BINS_PER_DECADE)), pa.int32()
+                    ),
+                }
+            )
+            for row in keyed.group_by(keys).aggregate([([], "count_all")]).to_pylist():
+                key = tuple(row[k] for k in keys)
+                groups[key] = groups.get(key, 0) + row["count_all"]
+            bad = pc.is_in(batch.column("status"), pa.array([FAILED, TIMEOUT]))
+            if "error" in names and pc.any(bad).as_py():
+                failed = pa.table(
+                    {"status": batch.column("status"), "error": batch.column("error")}
+                ).filter(bad)
+                for row in (
+                    failed.group_by(["status", "error"]).aggregate([([], "count_all")]).to_pylist()
+                ):
+                    key = (row["status"], row["error"])
+                    reasons[key] = reasons.get(key, 0) + row["count_all"]
+    except (OSError, pa.ArrowInvalid, KeyError):
+        return None
+    return [(*k, n) for k, n in groups.items()], [(*k, n) for k, n in reasons.items()]
+
+
 def summarize(
     figures: dict[str, Any],
-    groups: list[tuple[str, int | None, int | None, int, int]],
-    result: Any,
+    groups: list[Group],
+    reasons: list[tuple[str, str | None, int]],
     elapsed_s: float,
 ) -> dict[str, Any]:
     """Rows per status, attempts, latency percentiles and throughput of a dispatch result,
-    from its observed ``figures`` and its :func:`latency_groups`; ``result`` is read
-    again only for why rows failed, when some did."""
+    from its observed ``figures``, its :func:`latency_groups` and the ``(status, error,
+    rows)`` counts of the rows failed or timed out."""
     rows = figures["rows"]
     statuses = {s: figures[f"status_{s}"] or 0 for s in STATUSES}
     attempts: dict[int, int] = {}
@@ -135,7 +202,7 @@ def summarize(
     latency.update(
         mean=round(figures["latency_mean"] or 0.0, 3), max=round(figures["latency_max"] or 0.0, 3)
     )
-    failures = failure_reasons(result) if statuses[FAILED] or statuses[TIMEOUT] else []
+    failures = top_reasons(reasons) if statuses[FAILED] or statuses[TIMEOUT] else []
     return {
         "rows": rows,
         "status": statuses,
@@ -154,9 +221,9 @@ def summarize(
     }
 
 
-def failure_reasons(result: Any, hide: Iterable[str] = ()) -> list[dict[str, Any]]:
-    """The most common reasons the rows of ``result`` failed or timed out (see
-    :func:`~.failures.top_reasons`; ``hide``: values never to show): one read."""
+def reason_counts(result: Any) -> list[tuple[str, str | None, int]]:
+    """The ``(status, error, rows)`` counts of the rows of ``result`` that failed or
+    timed out, the most common ``_REASONS_READ``: one read (two Spark jobs)."""
     from pyspark.sql import functions as F
 
     counts = (
@@ -167,7 +234,13 @@ def failure_reasons(result: Any, hide: Iterable[str] = ()) -> list[dict[str, Any
         .limit(_REASONS_READ)
         .collect()
     )
-    return top_reasons(((r["status"], r["error"], r["count"]) for r in counts), hide=hide)
+    return [(r["status"], r["error"], r["count"]) for r in counts]
+
+
+def failure_reasons(result: Any, hide: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """The most common reasons the rows of ``result`` failed or timed out (see
+    :func:`~.failures.top_reasons`; ``hide``: values never to show): one read."""
+    return top_reasons(reason_counts(result), hide=hide)
 
 
 def preload_plotting() -> None:
@@ -195,6 +268,7 @@ def latency_histogram(result: Any, path: Path) -> Any:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
     groups = result if isinstance(result, list) else latency_groups(result)
     bins_per_decade = _BINS_PER_DECADE
@@ -230,6 +304,7 @@ def latency_histogram(result: Any, path: Path) -> Any:
         )
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.yaxis.set_minor_locator(NullLocator())  # the rows' decades are enough
         ax.set_ylim(bottom=0.7)
         ax.set_ylabel("rows")
         by_answer = f" ({', '.join(answers[status])})" if status in answers else ""
@@ -238,7 +313,8 @@ def latency_histogram(result: Any, path: Path) -> Any:
         )
     axes[-1].set_xlabel("latency from first call to outcome (ms)")
     fig.suptitle("timewheel pipeline: row latency by outcome")
-    fig.tight_layout()
+    # Fixed margins: tight_layout measured every tick label, half the drawing's 3 s.
+    fig.subplots_adjust(left=0.09, right=0.97, top=0.9, bottom=0.08, hspace=0.45)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return fig
