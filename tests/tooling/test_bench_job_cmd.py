@@ -47,6 +47,14 @@ def test_the_ratios_are_the_pipelines_figures_over_the_floors() -> None:
         {"repeat": 2, "outside_x_floor_wall": 1.0, "cpu_x_floor_cpu": 1.0},
     ]
     assert got["median"] == {"outside_x_floor_wall": 1.125, "cpu_x_floor_cpu": 1.25}
+    # With the floor run again as timewheel's own sessions run their JVM (C1 only).
+    runs += [
+        {"repeat": 1, "run": "floor-c1", "wall_s": 18.0, "cpu_s": 20.0},
+        {"repeat": 2, "run": "floor-c1", "wall_s": 20.0, "cpu_s": 25.0},
+    ]
+    got = bench.ratios(runs)
+    assert [p["cpu_x_floor_c1_cpu"] for p in got["ratios"]] == [2.25, 1.6]
+    assert got["median"]["cpu_x_floor_c1_cpu"] == 1.925
 
 
 @pytest.mark.spark

@@ -28,6 +28,13 @@ _MASTER = re.compile(
 
 _LOOPBACK = ("127.0.0.1", "localhost")
 
+#: A local master's JVM compiles with C1 only. Its work in a job that calls services is
+#: glue (files in and out, Arrow to and from the Python workers), and C2's compiling of
+#: that glue cost more CPU than it saved: a million rows through `timewheel pipeline` on
+#: local[2] took 31-33 JVM CPU-seconds instead of 42-50, at the same rows/s
+#: (docs/performance.md, "A job's whole cost").
+LOCAL_JIT = "-XX:TieredStopAtLevel=1"
+
 
 def check_master(master: str) -> None:
     """Refuse a master URL Spark would not understand (with the forms it does)."""
@@ -60,7 +67,8 @@ def spark_session(
     An active session (in a notebook, or a test) is reused as it is. The executors run
     ``python``, else ``spark.pyspark.python`` from ``conf``, else ``$PYSPARK_PYTHON``,
     else this interpreter. A master on this machine (local, or ``spark://`` on
-    loopback) keeps the driver on 127.0.0.1; ``conf`` comes last, so it wins.
+    loopback) keeps the driver on 127.0.0.1; a local master's JVM compiles with C1 only
+    (:data:`LOCAL_JIT`); ``conf`` comes last, so it wins.
     """
     check_master(master)
     settings = dict(conf)
@@ -81,11 +89,14 @@ def spark_session(
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
             "spark.driver.host", "127.0.0.1"
         )
+    java = []
     if not os.environ.get("SPARK_CONF_DIR"):  # the user's own logging config wins
         log4j2 = Path(__file__).with_name("log4j2.properties")
-        builder = builder.config(
-            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j2.as_uri()}"
-        )
+        java.append(f"-Dlog4j2.configurationFile={log4j2.as_uri()}")
+    if master.startswith("local"):
+        java.append(LOCAL_JIT)
+    if java:  # (spark.driver.extraJavaOptions in conf replaces these)
+        builder = builder.config("spark.driver.extraJavaOptions", " ".join(java))
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()

@@ -10,7 +10,9 @@ In one invocation, alternating (``--repeat`` times: floor, pipeline, floor, pipe
   latency, one number per embedding: a fast local service), ``--output`` in a
   temporary directory;
 * with ``--peers asyncio``, also a plain asyncio script (aiohttp, a semaphore) sending
-  the same rows in the same batches to the same stub.
+  the same rows in the same batches to the same stub; with ``--peers floor-c1``, the
+  floor again with the JVM option timewheel's own local sessions use (C1 only: see
+  ``timewheel.spark.session.LOCAL_JIT``), to tell that saving from the rest.
 
 The rows (``--rows``: ``id``, a ``text`` of about 80 bytes and its ``tokens``) are
 written once, before anything is timed, as two Parquet files that every contender
@@ -54,18 +56,22 @@ _FILES = 2
 #: Rows are sent to the stub's embeddings, each row's text one input.
 _BATCH_BODY = '{"model": "bench", "input": $rows}'
 
+_PEERS = ("asyncio", "floor-c1")
+
 # The floor: Spark's own start, a write and a read of the same rows, and its stop. It
 # prints its driver's own CPU (the JVM's and the workers' are counted by the reaper).
 _FLOOR = """\
 import json, resource, sys
 from pyspark.sql import SparkSession
-master, source, sink = sys.argv[1:4]
-spark = (
+master, source, sink, java = sys.argv[1:5]
+builder = (
     SparkSession.builder.master(master).appName("timewheel bench job: floor")
     .config("spark.ui.showConsoleProgress", "false")
     .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-    .getOrCreate()
 )
+if java:
+    builder = builder.config("spark.driver.extraJavaOptions", java)
+spark = builder.getOrCreate()
 spark.sparkContext.setLogLevel("ERROR")
 spark.read.parquet(source).write.parquet(sink)
 rows = spark.read.parquet(sink).count()
@@ -129,8 +135,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--peers",
         default="",
         metavar="NAMES",
-        help="comma-separated peers run beside them: 'asyncio' (aiohttp and a semaphore) "
-        "(default: none)",
+        help="comma-separated peers run beside them: 'asyncio' (aiohttp and a semaphore), "
+        "'floor-c1' (the floor with the JVM options timewheel's local sessions use: C1 "
+        "only) (default: none)",
     )
     parser.add_argument(
         "--peer-concurrency",
@@ -155,13 +162,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def main(args: argparse.Namespace) -> int:
     """Run the rounds, print the table (and the JSON); 1 if a run failed."""
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
-    unknown = [p for p in peers if p != "asyncio"]
+    unknown = [p for p in peers if p not in _PEERS]
     if unknown:
-        print(f"timewheel bench job: error: --peers: unknown {unknown} (known: asyncio)")
+        print(f"timewheel bench job: error: --peers: unknown {unknown} (known: {_PEERS})")
         return 2
-    if peers and not _has("aiohttp"):
+    if "asyncio" in peers and not _has("aiohttp"):
         print("timewheel bench job: the asyncio peer needs aiohttp, not installed: skipped")
-        peers = []
+        peers.remove("asyncio")
     from .openai_stub import StubProcess
 
     with tempfile.TemporaryDirectory(prefix="timewheel-bench-job-") as tmp:
@@ -224,16 +231,7 @@ def _rounds(
     url = f"{base_url}/embeddings"
     runs: list[dict[str, Any]] = []
     for repeat in range(1, args.repeat + 1):
-        sink = tmp / f"floor-{repeat}"
-        floor = _measure(
-            "floor", [py, "-c", _FLOOR, args.master, str(source), str(sink)], env, args
-        )
-        said = json.loads(floor.pop("stdout").splitlines()[-1])
-        if said["rows"] != args.rows:
-            raise RunFailed(f"floor: read back {said['rows']} rows of {args.rows}")
-        runs.append(
-            {"repeat": repeat, "run": "floor", **floor, "driver_cpu_s": said["driver_cpu_s"]}
-        )
+        runs.append(_floor("floor", "", repeat, args, source, tmp, env))
 
         out = tmp / f"pipeline-{repeat}"
         argv = [py, "-m", "timewheel", "pipeline", "--input", str(source), "--master"]
@@ -256,7 +254,12 @@ def _rounds(
                 "outside_s": round(piped["wall_s"] - elapsed, 3),
             }
         )
-        for peer in peers:  # only asyncio, so far
+        for peer in peers:
+            if peer == "floor-c1":
+                from ...spark.session import LOCAL_JIT
+
+                runs.append(_floor(peer, LOCAL_JIT, repeat, args, source, tmp, env))
+                continue
             concurrency = str(args.peer_concurrency)
             done = _measure(
                 peer,
@@ -271,23 +274,52 @@ def _rounds(
     return runs
 
 
+def _floor(
+    name: str,
+    java: str,
+    repeat: int,
+    args: argparse.Namespace,
+    source: Path,
+    tmp: Path,
+    env: dict[str, str],
+) -> dict[str, Any]:
+    """One floor run (``java``: its JVM's options, or none): its row of the table."""
+    sink = tmp / f"{name}-{repeat}"
+    argv = [sys.executable, "-c", _FLOOR, args.master, str(source), str(sink), java]
+    floor = _measure(name, argv, env, args)
+    said = json.loads(floor.pop("stdout").splitlines()[-1])
+    if said["rows"] != args.rows:
+        raise RunFailed(f"{name}: read back {said['rows']} rows of {args.rows}")
+    return {"repeat": repeat, "run": name, **floor, "driver_cpu_s": said["driver_cpu_s"]}
+
+
 def ratios(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per repeat, the pipeline's time outside its sending over the floor's wall, and its
-    CPU over the floor's; and the median of each over the repeats."""
+    CPU over the floor's (and over the C1 floor's, when it ran); and the median of each
+    over the repeats."""
     floors = {r["repeat"]: r for r in runs if r["run"] == "floor"}
-    per = [
-        {
+    c1 = {r["repeat"]: r for r in runs if r["run"] == "floor-c1"}
+    per = []
+    for r in runs:
+        if r["run"] != "pipeline":
+            continue
+        floor = floors[r["repeat"]]
+        ratio = {
             "repeat": r["repeat"],
-            "outside_x_floor_wall": round(r["outside_s"] / floors[r["repeat"]]["wall_s"], 3),
-            "cpu_x_floor_cpu": round(r["cpu_s"] / floors[r["repeat"]]["cpu_s"], 3),
+            "outside_x_floor_wall": round(r["outside_s"] / floor["wall_s"], 3),
+            "cpu_x_floor_cpu": round(r["cpu_s"] / floor["cpu_s"], 3),
         }
-        for r in runs
-        if r["run"] == "pipeline"
-    ]
+        if r["repeat"] in c1:
+            ratio["cpu_x_floor_c1_cpu"] = round(r["cpu_s"] / c1[r["repeat"]]["cpu_s"], 3)
+        per.append(ratio)
     median = {
         key: round(statistics.median(p[key] for p in per), 3) if per else None
         for key in ("outside_x_floor_wall", "cpu_x_floor_cpu")
     }
+    if per and all("cpu_x_floor_c1_cpu" in p for p in per):
+        median["cpu_x_floor_c1_cpu"] = round(
+            statistics.median(p["cpu_x_floor_c1_cpu"] for p in per), 3
+        )
     return {
         "ratios": per,
         "median": median,
@@ -393,12 +425,22 @@ def _print_table(report: dict[str, Any]) -> None:
         print(
             f"round {p['repeat']}: outside the sending / floor wall {p['outside_x_floor_wall']:.2f}"
             f" (goal <= 1.0); CPU / floor CPU {p['cpu_x_floor_cpu']:.2f} (goal <= 1.25)"
+            + (
+                f"; CPU / C1 floor CPU {p['cpu_x_floor_c1_cpu']:.2f}"
+                if "cpu_x_floor_c1_cpu" in p
+                else ""
+            )
         )
     m = report["median"]
     if len(report["ratios"]) > 1:
         print(
             f"median: outside / floor wall {m['outside_x_floor_wall']:.2f}; "
             f"CPU / floor CPU {m['cpu_x_floor_cpu']:.2f}"
+            + (
+                f"; CPU / C1 floor CPU {m['cpu_x_floor_c1_cpu']:.2f}"
+                if "cpu_x_floor_c1_cpu" in m
+                else ""
+            )
         )
 
 
