@@ -41,6 +41,8 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     pytest.importorskip("pyspark")
     from pyspark.sql import SparkSession
 
+    from timewheel.spark.session import LOCAL_JIT  # as the command's sessions run
+
     conf_dir = tmp_path_factory.mktemp("spark-conf")
     log4j2 = conf_dir / "log4j2.properties"
     log4j2.write_text(_LOG4J2)
@@ -57,7 +59,10 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j2}")
+        .config(
+            "spark.driver.extraJavaOptions",
+            f"-Dlog4j2.configurationFile=file:{log4j2} {LOCAL_JIT}",
+        )
         .config("spark.executorEnv.PYTHONPATH", worker_path)
         .getOrCreate()
     )
