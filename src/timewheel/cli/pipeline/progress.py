@@ -106,6 +106,8 @@ class Progress:
         share = f" ({done / self.total:.0%})" if self.total else ""
         rate = (done - before) / (now - then) if now > then else 0.0
         words = [f"sending: {done:,} of {self.total:,} rows{share}", f"{rate:,.0f} rows/s"]
+        if not done:  # (the tasks starting, or the first answers on their way: not a stall)
+            words = [f"sending: {self.total:,} rows, none answered yet"]
         cost = self._cost()
         return ", ".join(words if cost is None else [*words, cost])
 
