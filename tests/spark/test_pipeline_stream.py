@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +20,6 @@ from http_fixtures import ScriptedService
 from spark_fixtures import kill_lane, pipeline_cli
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture
-def service() -> Iterator[ScriptedService]:
-    svc = ScriptedService()
-    yield svc
-    svc.close()
 
 
 def land(folder: Path, n: int, first: int, rows: int = 50) -> None:

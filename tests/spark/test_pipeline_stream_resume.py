@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +16,6 @@ from http_fixtures import ScriptedService
 from spark_fixtures import pipeline_cli
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture
-def service() -> Iterator[ScriptedService]:
-    svc = ScriptedService()
-    yield svc
-    svc.close()
 
 
 def land(folder: Path, n: int, ids: list[int]) -> None:

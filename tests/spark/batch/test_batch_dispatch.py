@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,13 +16,6 @@ from timewheel.spark import Batching, Dedupe, dispatch
 from timewheel.spark.targets import BatchFormat, HttpDownstream
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture
-def service() -> Iterator[ScriptedService]:
-    svc = ScriptedService()
-    yield svc
-    svc.close()
 
 
 def test_every_row_comes_back_once_with_its_own_reply(spark: Any, service: ScriptedService) -> None:

@@ -26,13 +26,6 @@ from timewheel.spark.outcome import Outcome
 from timewheel.spark.targets import BatchFormat, HttpDownstream
 
 
-@pytest.fixture
-def service() -> Iterator[ScriptedService]:
-    svc = ScriptedService()
-    yield svc
-    svc.close()
-
-
 def run(
     rows: list[dict[str, Any]],
     target: HttpDownstream,

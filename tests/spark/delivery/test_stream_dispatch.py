@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +23,6 @@ pytestmark = pytest.mark.spark
 FILES, PER_FILE = 3, 100
 # Rows whose ``plan`` scripts the service's answers to them (see http_fixtures).
 PLANNED = "id long, plan array<string>"
-
-
-@pytest.fixture
-def service() -> Iterator[ScriptedService]:
-    svc = ScriptedService()
-    yield svc
-    svc.close()
 
 
 def stream_of(spark: Any, inp: Path, schema: str = "id long, text string") -> Any:

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,13 +182,6 @@ class Stream:
 
     def planned(self, batch: int) -> bool:
         return (self.out / "checkpoint" / "offsets" / str(batch)).exists()
-
-
-@pytest.fixture
-def service() -> Iterator[ScriptedService]:
-    svc = ScriptedService()
-    yield svc
-    svc.close()
 
 
 def slow(body: Any) -> list[str]:

@@ -12,7 +12,6 @@ import ssl
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +32,6 @@ from timewheel.spark.targets import (
     HttpLimits,
     target_from_url,
 )
-
-
-@pytest.fixture
-def service() -> Iterator[ScriptedService]:
-    svc = ScriptedService()
-    try:
-        yield svc
-    finally:
-        svc.close()
 
 
 class Replies:
