@@ -55,6 +55,14 @@ def test_the_ratios_are_the_pipelines_figures_over_the_floors() -> None:
     got = bench.ratios(runs)
     assert [p["cpu_x_floor_c1_cpu"] for p in got["ratios"]] == [2.25, 1.6]
     assert got["median"]["cpu_x_floor_c1_cpu"] == 1.925
+    # With the asyncio script: the pipeline's wall over the script's plus the floor's.
+    runs += [
+        {"repeat": 1, "run": "asyncio", "wall_s": 60.0, "cpu_s": 10.0},
+        {"repeat": 2, "run": "asyncio", "wall_s": 55.0, "cpu_s": 10.0},
+    ]
+    got = bench.ratios(runs)
+    assert [p["wall_x_asyncio_plus_floor"] for p in got["ratios"]] == [0.5, 0.625]
+    assert got["median"]["wall_x_asyncio_plus_floor"] == 0.562
 
 
 @pytest.mark.spark

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import statistics
@@ -39,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -86,24 +88,44 @@ _ASYNCIO = """\
 import asyncio, json, sys
 import aiohttp
 import pyarrow.parquet as pq
-source, url, key, batch, limit = sys.argv[1:6]
-texts = pq.read_table(source, columns=["text"]).column("text").to_pylist()
-batch, limit = int(batch), int(limit)
+source, url, key, batch, limit, rate, cost_rate = sys.argv[1:8]
+table = pq.read_table(source, columns=["text", "tokens"])
+texts, tokens = table.column("text").to_pylist(), table.column("tokens").to_pylist()
+batch, limit, rate, cost_rate = int(batch), int(limit), float(rate), float(cost_rate)
+class Pace:  # a leaky bucket, as aiolimiter paces: amount / rate seconds apart
+    def __init__(self, rate):
+        self.rate, self.next = rate, 0.0
+    def delay(self, amount, now):
+        start = max(now, self.next)
+        self.next = start + amount / self.rate
+        return start - now
 async def main():
+    loop = asyncio.get_running_loop()
     gate = asyncio.Semaphore(limit)
-    done = {"requests": 0, "failed": 0}
+    paces = [(Pace(rate), lambda n: 1)] if rate else []
+    paces += [(Pace(cost_rate), lambda n: n)] if cost_rate else []
+    done = {"requests": 0, "failed": 0, "refused": 0}
     headers = {"Authorization": f"Bearer {key}"}
     async with aiohttp.ClientSession(headers=headers) as session:
-        async def send(chunk):
+        async def send(chunk, cost):
             async with gate:
                 body = {"model": "bench", "input": chunk}
-                async with session.post(url, json=body) as answer:
-                    data = await answer.json()
-                    done["requests"] += 1
-                    if answer.status != 200 or len(data["data"]) != len(chunk):
-                        done["failed"] += len(chunk)
-        chunks = [texts[i : i + batch] for i in range(0, len(texts), batch)]
-        await asyncio.gather(*(send(c) for c in chunks))
+                while True:
+                    now = loop.time()
+                    await asyncio.sleep(max([p.delay(f(cost), now) for p, f in paces] or [0]))
+                    async with session.post(url, json=body) as answer:
+                        data = await answer.json()
+                        done["requests"] += 1
+                        if answer.status == 429:  # wait as the service asks, then again
+                            done["refused"] += 1
+                            await asyncio.sleep(float(answer.headers.get("Retry-After", 1)))
+                            continue
+                        if answer.status != 200 or len(data["data"]) != len(chunk):
+                            done["failed"] += len(chunk)
+                        return
+        starts = range(0, len(texts), batch)
+        chunks = [(texts[i : i + batch], sum(tokens[i : i + batch])) for i in starts]
+        await asyncio.gather(*(send(chunk, cost) for chunk, cost in chunks))
     return done
 done = asyncio.run(main())
 print(json.dumps({"rows": len(texts), **done}))
@@ -147,6 +169,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="requests in flight for a peer (default: %(default)s)",
     )
     parser.add_argument(
+        "--quota-s",
+        type=positive(float),
+        default=None,
+        metavar="S",
+        help="meter the stub: a request and a token quota over a 10 s window, set so that "
+        "sending every row at 0.98 of them takes S seconds; the pipeline and the peers are "
+        "told 0.98 of them, and each run's 429s are counted (default: no quota, a fast "
+        "service)",
+    )
+    parser.add_argument(
         "--timeout-s",
         type=positive(float),
         default=900.0,
@@ -173,11 +205,12 @@ def main(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory(prefix="timewheel-bench-job-") as tmp:
         source = Path(tmp) / "rows"
-        write_rows(source, args.rows)
-        # No quota to speak of, no latency, one number per embedding: a fast service.
-        with StubProcess(rpm=10**9, tpm=10**12, dimensions=1) as stub:
+        tokens = write_rows(source, args.rows)
+        quota = Quota(args.rows, tokens, args.batch_size, args.quota_s)
+        # No latency, one number per embedding; without --quota-s, no quota to speak of.
+        with StubProcess(quota.rpm, quota.tpm, quota.WINDOW_S, dimensions=1) as stub:
             try:
-                runs = _rounds(args, peers, source, Path(tmp), stub.base_url)
+                runs = _rounds(args, peers, source, Path(tmp), stub, quota)
             except RunFailed as exc:
                 print(f"timewheel bench job: {exc}", file=sys.stderr)
                 return 1
@@ -185,6 +218,11 @@ def main(args: argparse.Namespace) -> int:
         "rows": args.rows,
         "master": args.master,
         "batch_size": args.batch_size,
+        "quota": (
+            {"window_s": quota.WINDOW_S, "requests": quota.rpm, "tokens": quota.tpm}
+            if quota.on
+            else None
+        ),
         "runs": runs,
         **ratios(runs),
     }
@@ -198,38 +236,70 @@ class RunFailed(RuntimeError):
     """A measured run did not finish as it should (its exit status, or its rows)."""
 
 
-def write_rows(directory: Path, rows: int) -> None:
+def write_rows(directory: Path, rows: int) -> int:
     """``rows`` rows (``id``, ``text``, ``tokens``: the stub's count of the text) as
-    :data:`_FILES` Parquet files in ``directory``, with pyarrow (no Spark)."""
+    :data:`_FILES` Parquet files in ``directory``, with pyarrow (no Spark); their tokens."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from .openai_stub import count_tokens
 
     directory.mkdir()
+    total = 0
     words = "the quick brown fox jumps over the lazy dog and runs on into the woods"
     step = -(-rows // _FILES)
     for part, start in enumerate(range(0, rows, step)):
         ids = range(start, min(rows, start + step))
         texts = [f"text {i}: {words}" for i in ids]
+        tokens = [count_tokens(t) for t in texts]
+        total += sum(tokens)
         table = pa.table(
-            {
-                "id": pa.array(ids, pa.int64()),
-                "text": texts,
-                "tokens": pa.array([count_tokens(t) for t in texts], pa.int64()),
-            }
+            {"id": pa.array(ids, pa.int64()), "text": texts, "tokens": pa.array(tokens, pa.int64())}
         )
         pq.write_table(table, directory / f"part-{part}.parquet")
+    return total
+
+
+class Quota:
+    """The stub's quota in the ``--quota-s`` scenario (none: a fast service): requests and
+    tokens over a 10 s window, set so that sending every row at 0.98 of them takes
+    ``quota_s``; every contender is told 0.98 of them."""
+
+    WINDOW_S = 10.0
+    SHARE = 0.98
+
+    def __init__(self, rows: int, tokens: int, batch_size: int, quota_s: float | None) -> None:
+        self.on = quota_s is not None
+        requests = -(-rows // batch_size)
+        per_window = self.WINDOW_S / (quota_s or 1.0) / self.SHARE
+        self.rpm = math.ceil(requests * per_window) if self.on else 10**9
+        self.tpm = math.ceil(tokens * per_window) if self.on else 10**12
+        self.rate = self.SHARE * self.rpm / self.WINDOW_S if self.on else 0.0
+        self.cost_rate = self.SHARE * self.tpm / self.WINDOW_S if self.on else 0.0
 
 
 def _rounds(
-    args: argparse.Namespace, peers: list[str], source: Path, tmp: Path, base_url: str
+    args: argparse.Namespace,
+    peers: list[str],
+    source: Path,
+    tmp: Path,
+    stub: Any,
+    quota: Quota,
 ) -> list[dict[str, Any]]:
     """Floor, pipeline and the peers, ``args.repeat`` times over; a row per run."""
     py = sys.executable
-    env = {**os.environ, "PYSPARK_PYTHON": py, "SPARK_LOCAL_IP": "127.0.0.1", _KEY_VAR: "bench"}
-    url = f"{base_url}/embeddings"
+    env = {**os.environ, "PYSPARK_PYTHON": py, "SPARK_LOCAL_IP": "127.0.0.1"}
+    url = f"{stub.base_url}/embeddings"
     runs: list[dict[str, Any]] = []
+
+    def metered(name: str, argv: list[str], repeat: int) -> dict[str, Any]:
+        # Each run its own API key: the stub's window for it starts empty.
+        before = _refused(stub.base_url)
+        run = _measure(name, argv, {**env, _KEY_VAR: f"bench-{name}-{repeat}"}, args)
+        if quota.on:
+            run["refused"] = _refused(stub.base_url) - before
+        return run
+
     for repeat in range(1, args.repeat + 1):
         runs.append(_floor("floor", "", repeat, args, source, tmp, env))
 
@@ -239,7 +309,10 @@ def _rounds(
         argv += ["--http-header-secret", f"Authorization=Bearer {{env:{_KEY_VAR}}}"]
         argv += ["--body-col", "text", "--batch-size", str(args.batch_size)]
         argv += ["--batch-body", _BATCH_BODY, "--batch-reply", "data[*].index"]
-        piped = _measure("pipeline", argv, env, args)
+        if quota.on:
+            argv += ["--rate", f"{quota.rate:.3f}/s", "--cost-col", "tokens"]
+            argv += ["--cost-rate", f"{quota.cost_rate:.1f}/s"]
+        piped = metered("pipeline", argv, repeat)
         piped.pop("stdout")
         summary = json.loads((out / "summary.json").read_text())
         if summary["rows"] != args.rows or summary["status"]["ok"] != args.rows:
@@ -260,18 +333,22 @@ def _rounds(
 
                 runs.append(_floor(peer, LOCAL_JIT, repeat, args, source, tmp, env))
                 continue
-            concurrency = str(args.peer_concurrency)
-            done = _measure(
-                peer,
-                [py, "-c", _ASYNCIO, str(source), url, "bench", str(args.batch_size), concurrency],
-                env,
-                args,
-            )
+            argv = [py, "-c", _ASYNCIO, str(source), url, f"bench-{peer}-{repeat}"]
+            argv += [str(args.batch_size), str(args.peer_concurrency)]
+            argv += [str(quota.rate), str(quota.cost_rate)]
+            done = metered(peer, argv, repeat)
             said = json.loads(done.pop("stdout").splitlines()[-1])
             if said["rows"] != args.rows or said["failed"]:
                 raise RunFailed(f"peer {peer}: {said}")
             runs.append({"repeat": repeat, "run": peer, **done})
     return runs
+
+
+def _refused(base_url: str) -> int:
+    """The calls the stub has refused (429) so far."""
+    root = base_url.removesuffix("/v1")
+    with urllib.request.urlopen(f"{root}/stats", timeout=30) as answer:
+        return int(json.loads(answer.read())["refused"])
 
 
 def _floor(
@@ -299,6 +376,7 @@ def ratios(runs: list[dict[str, Any]]) -> dict[str, Any]:
     over the repeats."""
     floors = {r["repeat"]: r for r in runs if r["run"] == "floor"}
     c1 = {r["repeat"]: r for r in runs if r["run"] == "floor-c1"}
+    peer = {r["repeat"]: r for r in runs if r["run"] == "asyncio"}
     per = []
     for r in runs:
         if r["run"] != "pipeline":
@@ -311,15 +389,18 @@ def ratios(runs: list[dict[str, Any]]) -> dict[str, Any]:
         }
         if r["repeat"] in c1:
             ratio["cpu_x_floor_c1_cpu"] = round(r["cpu_s"] / c1[r["repeat"]]["cpu_s"], 3)
+        if r["repeat"] in peer:  # the asyncio script plus Spark's own start
+            ratio["wall_x_asyncio_plus_floor"] = round(
+                r["wall_s"] / (peer[r["repeat"]]["wall_s"] + floor["wall_s"]), 3
+            )
         per.append(ratio)
     median = {
         key: round(statistics.median(p[key] for p in per), 3) if per else None
         for key in ("outside_x_floor_wall", "cpu_x_floor_cpu")
     }
-    if per and all("cpu_x_floor_c1_cpu" in p for p in per):
-        median["cpu_x_floor_c1_cpu"] = round(
-            statistics.median(p["cpu_x_floor_c1_cpu"] for p in per), 3
-        )
+    for key in ("cpu_x_floor_c1_cpu", "wall_x_asyncio_plus_floor"):
+        if per and all(key in p for p in per):
+            median[key] = round(statistics.median(p[key] for p in per), 3)
     return {
         "ratios": per,
         "median": median,
@@ -405,43 +486,54 @@ def _has(module: str) -> bool:
 
 
 def _print_table(report: dict[str, Any]) -> None:
+    quota = report["quota"]
+    metered = (
+        f"{quota['requests']:,} requests and {quota['tokens']:,} tokens per "
+        f"{quota['window_s']:g} s, each told 0.98 of them"
+        if quota
+        else "no quota"
+    )
     print(
         f"{report['rows']:,} rows, {report['master']}, batches of {report['batch_size']}, "
-        "the OpenAI stub on 127.0.0.1 (no quota, no latency); CPU: the whole process tree"
+        f"the OpenAI stub on 127.0.0.1 ({metered}, no latency); CPU: the whole process tree"
     )
     print(
         f"{'#':<3}{'run':<10}{'wall s':>9}{'CPU s':>9}{'driver CPU s':>14}"
-        f"{'sending s':>11}{'outside s':>11}"
+        f"{'sending s':>11}{'outside s':>11}{'429s':>7}"
     )
     for r in report["runs"]:
         driver = f"{r['driver_cpu_s']:.1f}" if "driver_cpu_s" in r else ""
         sending = f"{r['sending_s']:.1f}" if "sending_s" in r else ""
         outside = f"{r['outside_s']:.1f}" if "outside_s" in r else ""
+        refused = f"{r['refused']:,}" if "refused" in r else ""
         print(
             f"{r['repeat']:<3}{r['run']:<10}{r['wall_s']:>9.1f}{r['cpu_s']:>9.1f}"
-            f"{driver:>14}{sending:>11}{outside:>11}"
+            f"{driver:>14}{sending:>11}{outside:>11}{refused:>7}"
         )
     for p in report["ratios"]:
         print(
             f"round {p['repeat']}: outside the sending / floor wall {p['outside_x_floor_wall']:.2f}"
-            f" (goal <= 1.0); CPU / floor CPU {p['cpu_x_floor_cpu']:.2f} (goal <= 1.25)"
-            + (
-                f"; CPU / C1 floor CPU {p['cpu_x_floor_c1_cpu']:.2f}"
-                if "cpu_x_floor_c1_cpu" in p
-                else ""
-            )
+            f" (goal <= 1.0); CPU / floor CPU {p['cpu_x_floor_cpu']:.2f} (goal <= 1.25)" + _extra(p)
         )
     m = report["median"]
     if len(report["ratios"]) > 1:
         print(
             f"median: outside / floor wall {m['outside_x_floor_wall']:.2f}; "
-            f"CPU / floor CPU {m['cpu_x_floor_cpu']:.2f}"
-            + (
-                f"; CPU / C1 floor CPU {m['cpu_x_floor_c1_cpu']:.2f}"
-                if "cpu_x_floor_c1_cpu" in m
-                else ""
-            )
+            f"CPU / floor CPU {m['cpu_x_floor_cpu']:.2f}" + _extra(m)
         )
+
+
+def _extra(ratio: dict[str, Any]) -> str:
+    """The ratios against the C1 floor and the asyncio peer, when they ran."""
+    words = ""
+    if "cpu_x_floor_c1_cpu" in ratio:
+        words += f"; CPU / C1 floor CPU {ratio['cpu_x_floor_c1_cpu']:.2f}"
+    if "wall_x_asyncio_plus_floor" in ratio:
+        words += (
+            f"; wall / (asyncio + floor) wall {ratio['wall_x_asyncio_plus_floor']:.2f} "
+            "(goal <= 1.0)"
+        )
+    return words
 
 
 if __name__ == "__main__":
