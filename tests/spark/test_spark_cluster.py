@@ -289,12 +289,16 @@ class StopLookKill(threading.Thread):
 
     def _stop_look_kill(self) -> None:
         from timewheel.spark.delivery.stream_record import Record
+        from timewheel.spark.http.target import HttpDownstream
 
+        key = HttpDownstream(self.service.url).idempotency_key
         seen = self.service.seen
         end = time.monotonic() + WAIT_S
+        looked = ""
         while True:
             while len(seen.requests) < self.kill_after:
                 if self.over.is_set() or time.monotonic() > end:
+                    self.error = f"no worker to kill: {looked or 'none looked at'}"
                     return
                 time.sleep(0.002)
             with self.service.lock:
@@ -304,11 +308,18 @@ class StopLookKill(threading.Thread):
             except AssertionError:  # that connection closed meanwhile: look again
                 continue
             with self.service.lock:
-                theirs = sum(r["port"] in ports for r in seen.requests)
-            # A task that started late on a loaded machine may have only its first calls
-            # out, none answered yet: a worker well into its rows is what the test needs.
-            if theirs >= MIN_SENT:
+                theirs = {r["key"] for r in seen.requests if r["port"] in ports}
+            record = Record(str(self.record), "id")
+            record.refresh()
+            recorded = {key({"id": i}) for i in record.outcomes}
+            # A worker well into its rows, some of them recorded: what the test needs (on
+            # a loaded machine a task may start late, or its record lag its calls).
+            if len(theirs) >= MIN_SENT and theirs & recorded:
                 break
+            looked = (
+                f"the last sender had {len(theirs)} calls on its open connections, "
+                f"{len(theirs & recorded)} of them in the record ({len(recorded)} rows)"
+            )
             self.kill_after = len(seen.requests) + 100
         os.kill(pid, signal.SIGSTOP)  # it sends no more, opens and records nothing
         try:
