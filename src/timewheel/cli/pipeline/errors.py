@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 
@@ -71,6 +72,12 @@ def _cut(text: str, limit: int) -> str:
 
 def _note(text: str) -> None:
     print(f"timewheel pipeline: {text}", file=sys.stderr, flush=True)
+
+
+def say(args: argparse.Namespace, text: str) -> None:
+    """A phase line: :func:`_note` unless ``--quiet``."""
+    if not args.quiet:
+        _note(text)
 
 
 def _limit_text(limit: float | int) -> str:

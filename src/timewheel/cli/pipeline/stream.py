@@ -39,7 +39,7 @@ from typing import Any
 
 from ... import metrics
 from ...spark.outcome import FAILED, SKIPPED, STATUSES, TIMEOUT
-from .errors import UsageError, _limit_text, _note, one_line
+from .errors import UsageError, _limit_text, _note, one_line, say
 from .failures import FailFast, header_values
 from .phases import Phases, duration
 from .progress import Progress
@@ -52,6 +52,7 @@ from .stream_files import (
     column_difference,
     file_rows,
     file_stats,
+    is_stream_output,
 )
 from .stream_resend import check_resumable, recover_output, resend
 from .summary import failure_budget, failure_reasons
@@ -350,12 +351,6 @@ def _line(done: dict[str, Any]) -> str:
     )
 
 
-def _say(args: argparse.Namespace, text: str) -> None:
-    """A phase line (none with --quiet)."""
-    if not args.quiet:
-        _note(text)
-
-
 def prepare_output(args: argparse.Namespace, out_dir: Path) -> bool:
     """Before Spark starts: whether the stream starts afresh on ``out_dir`` (nothing
     there, or ``--overwrite`` of what is: it is removed when the query is about to
@@ -370,7 +365,7 @@ def prepare_output(args: argparse.Namespace, out_dir: Path) -> bool:
         return True
     if args.overwrite:
         return True
-    if not ((out_dir / "checkpoint").is_dir() or (out_dir / "record").is_dir()):
+    if not is_stream_output(out_dir):
         raise UsageError(
             f"--output {str(out_dir)!r} exists and is not a stream's output; give "
             "another, or --overwrite to replace it"
@@ -396,7 +391,7 @@ def _rename_old_folders(args: argparse.Namespace, rows: Path) -> None:
             folder.rename(new)
         renamed += 1
     if renamed:
-        _say(
+        say(
             args,
             f"--output {str(rows)!r}: {renamed:,} folder(s) batch=N renamed {PARTITION}=N "
             f"(read back, the micro-batch's number is the column {PARTITION!r})",
@@ -432,7 +427,7 @@ def run_command(
         if reports is not None:
             reports.close()
     print(json.dumps(summary, indent=2))
-    _say(args, _final_line(summary, time.monotonic() - began))
+    say(args, _final_line(summary, time.monotonic() - began))
     return stream_exit(args, summary)
 
 
@@ -468,7 +463,7 @@ def run_stream(
             "column's values when the rows are read back; rename the column"
         )
     if fresh and out_dir.is_dir() and any(out_dir.iterdir()):  # --overwrite
-        _say(
+        say(
             args,
             f"--overwrite: --output {str(out_dir)!r} removed, its checkpoint and record "
             "with it: every file in --input is read again and its rows sent again",
@@ -536,9 +531,9 @@ def _query(writer: Any, job: Any, batches: _Batches, args: Any, fmt: str) -> Non
     query = writer.start()
     where = f"{fmt} files landing in {args.input}"
     if args.once:
-        _say(args, f"reading the {where} (--once: what is there, then the stream ends)")
+        say(args, f"reading the {where} (--once: what is there, then the stream ends)")
     else:
-        _say(args, f"listening for {where}, a micro-batch every {args.trigger_ms:,} ms")
+        say(args, f"listening for {where}, a micro-batch every {args.trigger_ms:,} ms")
     looked = time.monotonic()
     try:
         while query.isActive and job.signalled is None:

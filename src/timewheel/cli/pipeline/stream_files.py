@@ -243,3 +243,8 @@ class FileWatch:
             "since are not read (files must land whole: write elsewhere, then rename into "
             "--input)"
         )
+
+
+def is_stream_output(out_dir: Path) -> bool:
+    """Whether ``out_dir`` holds a stream's run (its checkpoint or its record)."""
+    return (out_dir / "checkpoint").is_dir() or (out_dir / "record").is_dir()

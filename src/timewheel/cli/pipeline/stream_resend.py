@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from ...spark.outcome import OK, RESULT_COLUMNS, SKIPPED
-from .errors import UsageError, _note
+from .errors import UsageError, say
 from .failures import fail_fast
 from .progress import JournalCount, Progress
-from .stream_files import PARTITION
+from .stream_files import PARTITION, is_stream_output
 
 __all__ = [
     "RESEND",
@@ -59,14 +59,9 @@ RESEND = "resend"
 _OLD, _READY, _WRITING = ".old-", ".resend-", ".writing-"
 
 
-def _say(args: argparse.Namespace, text: str) -> None:
-    if not args.quiet:
-        _note(text)
-
-
 def check_resumable(out_dir: Path) -> None:
     """UsageError, before Spark starts, unless ``out_dir`` holds a stream's output."""
-    if not ((out_dir / "checkpoint").is_dir() or (out_dir / "record").is_dir()):
+    if not is_stream_output(out_dir):
         raise UsageError(
             f"--resume: --output {str(out_dir)!r} holds no stream run, so no rows to send "
             "again: leave out --resume to start the stream there"
@@ -123,10 +118,10 @@ def recover_output(args: argparse.Namespace, out_dir: Path) -> None:
     resend cut short applied (each said in a line)."""
     fixed = recover(out_dir / "rows")
     if fixed:
-        _say(args, f"--output: {fixed:,} folder(s) a resend cut short put back in place")
+        say(args, f"--output: {fixed:,} folder(s) a resend cut short put back in place")
     if (out_dir / RESEND).is_dir():
         changed = apply_answers(out_dir, args.id_col)
-        _say(
+        say(
             args,
             f"--output: a resend cut short had answered {sum(changed.values()):,} rows "
             f"({_counts(changed)}): written to --output/rows and the record",
@@ -268,9 +263,9 @@ def resend(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) -> d
     left = sum(bad.values()) - todo_rows
     kept = f" ({left:,} rows not ok with no id or an id answered ok, kept as they are)"
     if not ids:
-        _say(args, f"--resume: no row of --output/rows to send again{kept if left else ''}")
+        say(args, f"--resume: no row of --output/rows to send again{kept if left else ''}")
         return done
-    _say(
+    say(
         args,
         f"resending {todo_rows:,} rows not ok from {len(bad):,} micro-batch(es)"
         + (kept if left else ""),
@@ -306,7 +301,7 @@ def resend(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) -> d
     done["stopped"] = bool(not_sent) or early is not None or job.signalled is not None
     if early is not None:
         done["stopped_early"] = {"rows": early.rows, "why": early.why}
-    _say(
+    say(
         args,
         f"resent: {statuses[OK]:,} of the {todo_rows:,} rows ok now ({_counts(statuses)})"
         + (f"; {not_sent:,} not sent, as they were" if not_sent else ""),
