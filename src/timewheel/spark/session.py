@@ -30,9 +30,9 @@ _LOOPBACK = ("127.0.0.1", "localhost")
 
 #: A local master's JVM compiles with C1 only. Its work in a job that calls services is
 #: glue (files in and out, Arrow to and from the Python workers), and C2's compiling of
-#: that glue cost more CPU than it saved: a million rows through `timewheel pipeline` on
-#: local[2] took 31-33 JVM CPU-seconds instead of 42-50, at the same rows/s
-#: (docs/performance.md, "A job's whole cost").
+#: that glue cost more CPU than it saved: a bare Spark job's process tree took 0.59-0.61
+#: of its CPU with C2 (`timewheel bench job --peers floor-c1`), and the pipeline kept its
+#: rows/s (docs/performance.md, "A job's whole cost").
 LOCAL_JIT = "-XX:TieredStopAtLevel=1"
 
 
