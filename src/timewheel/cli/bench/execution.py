@@ -44,6 +44,7 @@ from timewheel.execution import (
 )
 
 from ..argtypes import positive
+from ..flags import Flag, add_flags
 from .command import bench_parser
 
 HELP = "compare ProduceConsume, ProduceExecuteConsume and ExecuteProduceConsume"
@@ -279,40 +280,17 @@ def format_table(results: Sequence[Result], rate: float, args: argparse.Namespac
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``execution`` benchmark to ``timewheel bench``."""
     p = bench_parser(subparsers, "execution", HELP, main, __doc__)
-    p.add_argument("--producers", type=positive(int), default=4, help="connections (default 4)")
-    p.add_argument(
-        "--requests",
-        type=positive(int),
-        default=4000,
-        help="per connection, saturated (default 4000)",
-    )
-    p.add_argument("--threads", type=positive(int), default=8, help="pool threads (default 8)")
-    p.add_argument(
-        "--blocking-every",
-        type=positive(int),
-        default=100,
-        help="1 request in N blocks (default 100)",
-    )
-    p.add_argument(
-        "--block-ms", type=positive(float), default=5.0, help="how long it blocks (default 5)"
-    )
-    p.add_argument(
-        "--load",
-        type=positive(float),
-        default=0.5,
-        help="paced rate / saturated PC rate (default 0.5)",
-    )
-    p.add_argument(
-        "--paced-seconds",
-        type=positive(float),
-        default=0.5,
-        help="length of a paced run (default 0.5)",
-    )
-    p.add_argument(
-        "--repeat", type=positive(int), default=3, help="runs per cell, median kept (default 3)"
-    )
-    p.add_argument(
-        "--timeout", type=positive(float), default=120.0, help="give up on a run after this (s)"
+    add_flags(
+        p,
+        Flag("--producers", positive(int), 4, "connections (default 4)"),
+        Flag("--requests", positive(int), 4000, "per connection, saturated (default 4000)"),
+        Flag("--threads", positive(int), 8, "pool threads (default 8)"),
+        Flag("--blocking-every", positive(int), 100, "1 request in N blocks (default 100)"),
+        Flag("--block-ms", positive(float), 5.0, "how long it blocks (default 5)"),
+        Flag("--load", positive(float), 0.5, "paced rate / saturated PC rate (default 0.5)"),
+        Flag("--paced-seconds", positive(float), 0.5, "length of a paced run (default 0.5)"),
+        Flag("--repeat", positive(int), 3, "runs per cell, median kept (default 3)"),
+        Flag("--timeout", positive(float), 120.0, "give up on a run after this (s)"),
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--check", action="store_true", help="exit 1 if a target of the issue is missed")

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ..argtypes import positive
+from ..flags import Flag, add_flags
 from .command import bench_parser
 
 __all__ = ["add_parser", "main", "ratios", "write_rows"]
@@ -135,59 +136,57 @@ print(json.dumps({"rows": len(texts), **done}))
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``bench job``."""
     parser = bench_parser(subparsers, "job", HELP, main, __doc__)
-    parser.add_argument(
-        "--rows", type=positive(int), default=50_000, help="rows (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--repeat",
-        type=positive(int),
-        default=2,
-        help="rounds of floor then pipeline (then peers), alternating (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--master", default="local[2]", help="Spark master URL, for both (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=positive(int),
-        default=100,
-        help="rows per request, for the pipeline and the peers (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--peers",
-        default="",
-        metavar="NAMES",
-        help="comma-separated peers run beside them: 'asyncio' (aiohttp and a semaphore), "
-        "'floor-c1' (the floor with the JVM options timewheel's local sessions use: C1 "
-        "only) (default: none)",
-    )
-    parser.add_argument(
-        "--peer-concurrency",
-        type=positive(int),
-        default=64,
-        metavar="N",
-        help="requests in flight for a peer (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--quota-s",
-        type=positive(float),
-        default=None,
-        metavar="S",
-        help="meter the stub: a request and a token quota over a 10 s window, set so that "
-        "sending every row at 0.98 of them takes S seconds; the pipeline and the peers are "
-        "told 0.98 of them, and each run's 429s are counted (default: no quota, a fast "
-        "service)",
-    )
-    parser.add_argument(
-        "--timeout-s",
-        type=positive(float),
-        default=900.0,
-        metavar="S",
-        help="the longest one run may take; then its process tree is killed and the bench "
-        "fails (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--json", default=None, metavar="PATH", help="also write the results as JSON"
+    add_flags(
+        parser,
+        Flag("--rows", positive(int), 50_000, "rows (default: %(default)s)"),
+        Flag(
+            "--repeat",
+            positive(int),
+            2,
+            "rounds of floor then pipeline (then peers), alternating (default: %(default)s)",
+        ),
+        Flag("--master", None, "local[2]", "Spark master URL, for both (default: %(default)s)"),
+        Flag(
+            "--batch-size",
+            positive(int),
+            100,
+            "rows per request, for the pipeline and the peers (default: %(default)s)",
+        ),
+        Flag(
+            "--peers",
+            None,
+            "",
+            "comma-separated peers run beside them: 'asyncio' (aiohttp and a semaphore), "
+            "'floor-c1' (the floor with the JVM options timewheel's local sessions use: C1 "
+            "only) (default: none)",
+            "NAMES",
+        ),
+        Flag(
+            "--peer-concurrency",
+            positive(int),
+            64,
+            "requests in flight for a peer (default: %(default)s)",
+            "N",
+        ),
+        Flag(
+            "--quota-s",
+            positive(float),
+            None,
+            "meter the stub: a request and a token quota over a 10 s window, set so that "
+            "sending every row at 0.98 of them takes S seconds; the pipeline and the peers "
+            "are told 0.98 of them, and each run's 429s are counted (default: no quota, a "
+            "fast service)",
+            "S",
+        ),
+        Flag(
+            "--timeout-s",
+            positive(float),
+            900.0,
+            "the longest one run may take; then its process tree is killed and the bench "
+            "fails (default: %(default)s)",
+            "S",
+        ),
+        Flag("--json", None, None, "also write the results as JSON", "PATH"),
     )
 
 

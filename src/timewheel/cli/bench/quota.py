@@ -48,6 +48,7 @@ import time
 from typing import Any
 
 from ..argtypes import positive
+from ..flags import Flag, add_flags
 from .command import bench_parser
 
 __all__ = ["add_parser", "main"]
@@ -61,68 +62,62 @@ Samples = list[tuple[float, int, int, int]]
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``bench quota``."""
     parser = bench_parser(subparsers, "quota", HELP, main, __doc__)
-    parser.add_argument("--rows", type=positive(int), default=4000, help="(default: %(default)s)")
-    parser.add_argument("--partitions", type=positive(int), default=8, help="(default: 8)")
-    parser.add_argument("--master", default="local[4]", help="(default: %(default)s)")
-    parser.add_argument(
-        "--tpm", type=positive(int), default=120_000, help="tokens per window (default: 120000)"
-    )
-    parser.add_argument(
-        "--rpm", type=positive(int), default=100_000, help="requests per window (default: 100000)"
-    )
-    parser.add_argument(
-        "--window-s",
-        type=positive(float),
-        default=10.0,
-        help="the stub's window; the quota is --tpm per window (default: %(default)s s, so "
-        "that a run shows several windows in a minute)",
-    )
-    parser.add_argument(
-        "--latency-ms", type=positive(float), default=20.0, help="(default: %(default)s)"
-    )
-    parser.add_argument(
-        "--quota-share",
-        type=positive(float),
-        default=1.0,
-        help="the job's quota as a share of the stub's limits (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--scenarios",
-        default="shared,static,redis,lease",
-        help="which to run, comma-separated (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--lease-rows", type=positive(int), default=200_000, help="(default: 200000)"
-    )
-    parser.add_argument("--rounds", type=positive(int), default=3, help="(default: 3)")
-    parser.add_argument(
-        "--batch-size", type=positive(int), default=50, help="batches: rows per request (50)"
-    )
-    parser.add_argument(
-        "--batch-rpm",
-        type=positive(int),
-        default=300,
-        help="batches: the stub's requests per window (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--batch-seconds",
-        type=positive(float),
-        default=30.0,
-        help="batches: how long each run sends, about (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--estimate-share",
-        type=positive(float),
-        default=1.0,
-        help="each row's estimated cost as a share of what the stub counts (default: "
-        "%(default)s; 0.9: estimates 10%% low, as prompt estimates are)",
-    )
-    parser.add_argument(
-        "--dimensions",
-        type=positive(int),
-        default=8,
-        help="numbers per embedding the stub answers (default: %(default)s, so the run measures "
-        "the quota, not the answers' size; 1536 for a real model's)",
+    add_flags(
+        parser,
+        Flag("--rows", positive(int), 4000, "(default: %(default)s)"),
+        Flag("--partitions", positive(int), 8, "(default: 8)"),
+        Flag("--master", None, "local[4]", "(default: %(default)s)"),
+        Flag("--tpm", positive(int), 120_000, "tokens per window (default: 120000)"),
+        Flag("--rpm", positive(int), 100_000, "requests per window (default: 100000)"),
+        Flag(
+            "--window-s",
+            positive(float),
+            10.0,
+            "the stub's window; the quota is --tpm per window (default: %(default)s s, so "
+            "that a run shows several windows in a minute)",
+        ),
+        Flag("--latency-ms", positive(float), 20.0, "(default: %(default)s)"),
+        Flag(
+            "--quota-share",
+            positive(float),
+            1.0,
+            "the job's quota as a share of the stub's limits (default: %(default)s)",
+        ),
+        Flag(
+            "--scenarios",
+            None,
+            "shared,static,redis,lease",
+            "which to run, comma-separated (default: %(default)s)",
+        ),
+        Flag("--lease-rows", positive(int), 200_000, "(default: 200000)"),
+        Flag("--rounds", positive(int), 3, "(default: 3)"),
+        Flag("--batch-size", positive(int), 50, "batches: rows per request (50)"),
+        Flag(
+            "--batch-rpm",
+            positive(int),
+            300,
+            "batches: the stub's requests per window (default: %(default)s)",
+        ),
+        Flag(
+            "--batch-seconds",
+            positive(float),
+            30.0,
+            "batches: how long each run sends, about (default: %(default)s)",
+        ),
+        Flag(
+            "--estimate-share",
+            positive(float),
+            1.0,
+            "each row's estimated cost as a share of what the stub counts (default: "
+            "%(default)s; 0.9: estimates 10%% low, as prompt estimates are)",
+        ),
+        Flag(
+            "--dimensions",
+            positive(int),
+            8,
+            "numbers per embedding the stub answers (default: %(default)s, so the run "
+            "measures the quota, not the answers' size; 1536 for a real model's)",
+        ),
     )
 
 

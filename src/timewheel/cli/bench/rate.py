@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..argtypes import positive
+from ..flags import Flag, add_flags
 from .command import bench_parser
 
 __all__ = ["add_parser", "main", "most_in_a_window"]
@@ -88,31 +89,33 @@ async def _serve() -> None:
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``bench rate``."""
     parser = bench_parser(subparsers, "rate", HELP, main, __doc__)
-    parser.add_argument(
-        "--rates",
-        default="100,1000,10000",
-        help="requests per second to try, comma-separated (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--seconds",
-        type=positive(float),
-        default=5.0,
-        help="how long each rate runs: R x seconds rows (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--master", default="local[2]", help="Spark master URL (default: %(default)s)"
+    add_flags(
+        parser,
+        Flag(
+            "--rates",
+            None,
+            "100,1000,10000",
+            "requests per second to try, comma-separated (default: %(default)s)",
+        ),
+        Flag(
+            "--seconds",
+            positive(float),
+            5.0,
+            "how long each rate runs: R x seconds rows (default: %(default)s)",
+        ),
+        Flag("--master", None, "local[2]", "Spark master URL (default: %(default)s)"),
+        Flag(
+            "--max-in-flight",
+            positive(int),
+            256,
+            "calls outstanding per partition (default: %(default)s)",
+        ),
     )
     parser.add_argument(
         "--service",
         choices=("nginx", "aiohttp"),
         default=None,
         help="the counting service (default: nginx if installed, else aiohttp)",
-    )
-    parser.add_argument(
-        "--max-in-flight",
-        type=positive(int),
-        default=256,
-        help="calls outstanding per partition (default: %(default)s)",
     )
 
 
