@@ -130,21 +130,15 @@ def _type(tokens: _Tokens, after: str) -> None:
         while tokens.word(*_UNITS, "to"):
             pass
         return
-    if name == "array":
-        tokens.expect("<", "array")
-        _type(tokens, "array<")
-        tokens.expect(">", "array<...")
-        return
-    if name == "map":
-        tokens.expect("<", "map")
-        _type(tokens, "map<")
-        tokens.expect(",", "map's key type")
-        _type(tokens, "map<...,")
-        tokens.expect(">", "map<...")
-        return
-    if name == "struct":
-        tokens.expect("<", "struct")
-        _fields(tokens, top=False)
-        tokens.expect(">", "struct<...")
+    if name in ("array", "map", "struct"):  # name<...>
+        tokens.expect("<", name)
+        if name == "struct":
+            _fields(tokens, top=False)
+        else:
+            _type(tokens, f"{name}<")
+        if name == "map":
+            tokens.expect(",", "map's key type")
+            _type(tokens, "map<...,")
+        tokens.expect(">", f"{name}<...")
         return
     raise ValueError(f"{item[1]!r} is not a Spark type ({after})")
