@@ -106,14 +106,13 @@ def _purgatory(purgatory: Any) -> dict[str, Any]:
     return counters
 
 
-def _pool(pool: Any) -> dict[str, Any]:
-    return {
-        "threads": pool.threads,
-        "idle": pool.idle,
-        "queued": pool.queued,
-        "max_threads": pool.max_threads,
-        "errors": pool.errors,
-    }
+def _attributes(kind: str) -> Callable[[Any], dict[str, Any]]:
+    """The snapshot of an object whose ``kind`` rows' keys are its attributes."""
+
+    def snapshot(obj: Any) -> dict[str, Any]:
+        return {row.key: getattr(obj, row.key) for row in METRICS if row.kind == kind}
+
+    return snapshot
 
 
 #: How to take one object's snapshot, by kind: a dict of the values its rows name.
@@ -121,7 +120,7 @@ SNAPSHOTS: dict[str, Callable[[Any], Mapping[str, Any]]] = {
     "timer": _timer,
     "purgatory": _purgatory,
     "strategy": lambda strategy: asdict(strategy.stats()),
-    "pool": _pool,
+    "pool": _attributes("pool"),
     "resource_manager": lambda manager: manager.metrics(),
     "queueing_source": lambda source: source.metrics(),
 }
