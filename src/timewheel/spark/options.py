@@ -184,9 +184,9 @@ class DispatchConfig:
     """What an engine receives: the per-call settings of ``dispatch``, already checked."""
 
     timeout_ms: int = 1000
-    max_in_flight: int = 256
-    retries: int = 2
-    backoff_ms: int = 100
+    max_in_flight: int = Calls.max_in_flight
+    retries: int = Calls.retries
+    backoff_ms: int = Calls.backoff_ms
     key_cols: tuple[str, ...] = ()
     #: A static requests/s limit for this task (the benchmark's baselines use it); None:
     #: no limit.
