@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
+from ...spark.batch.spec import Batching
 from ...spark.http.options import BatchFormat
 from ..argtypes import option_group, positive
 
@@ -52,7 +53,7 @@ def add_batch_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--batch-linger-ms",
         type=int,
-        default=0,
+        default=Batching.linger_ms,
         metavar="T",
         help="the longest a partly filled batch waits for more rows (default: %(default)s: "
         "it goes with the rows at hand)",
@@ -60,7 +61,6 @@ def add_batch_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--batch-max-cost",
         type=float,
-        default=None,
         metavar="C",
         help="the most --cost-col units per request",
     )
@@ -72,28 +72,25 @@ def add_batch_target_options(parser: argparse.ArgumentParser) -> None:
     group = option_group(parser, "batches")
     group.add_argument(
         "--batch-body",
-        default=None,
         metavar="TEMPLATE",
         help="the request's JSON with $rows where the array of the rows' bodies goes "
         '(\'{"model": "m", "input": $rows}\'; default: the array alone)',
     )
     group.add_argument(
         "--batch-reply",
-        default="[*]",
+        default=BatchFormat.reply,
         metavar="PATH",
         help="where the answer's array is, and what of each element is a row's answer "
         "('data[*].embedding'; default: %(default)s, the answer is the array)",
     )
     group.add_argument(
         "--batch-id-field",
-        default=None,
         metavar="NAME",
         help="match each element of the answer to the row whose --id-col its NAME field "
         "holds (default: by position)",
     )
     option_group(parser, "request shape").add_argument(
         "--body-col",
-        default=None,
         metavar="COLUMN",
         help="each row's body is this column's value itself (a text), not an object",
     )

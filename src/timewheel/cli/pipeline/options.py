@@ -9,6 +9,7 @@ from typing import Any
 from ...spark.engine.admission import check_rate
 from ...spark.http.options import DEFAULT_MAX_REPLY_BYTES, TLS, HttpLimits
 from ...spark.http.target import METHODS, Body
+from ...spark.options import Calls
 from ...spark.quota.spec import parse_rate
 from ...spark.secrets import Secret, parse_secret
 from ...spark.session import DEFAULT_MASTER
@@ -35,7 +36,7 @@ DEFAULT_TARGET = "sim://?pct50=20&pct75=60&failures=0.01&seed=1"
 #: benchmark's 2000; a real endpoint gets dispatch's own default.
 SIM_MAX_IN_FLIGHT = 2000
 
-REAL_MAX_IN_FLIGHT = 256
+REAL_MAX_IN_FLIGHT = Calls.max_in_flight
 
 # Generated data gets at least one partition per this many rows, so progress moves. Not
 # fewer rows: every task ends with a tail of retries in which its slots sit idle.
@@ -106,7 +107,6 @@ def add_dispatch_options(parser: argparse.ArgumentParser) -> None:
     target.add_argument(
         "--max-in-flight",
         type=positive(int),
-        default=None,
         help=f"calls outstanding per partition (default: {SIM_MAX_IN_FLIGHT} for a sim:// "
         f"target, which has no capacity to protect; {REAL_MAX_IN_FLIGHT} for a real endpoint, "
         "which every partition calls at once)",
@@ -114,13 +114,13 @@ def add_dispatch_options(parser: argparse.ArgumentParser) -> None:
     target.add_argument(
         "--retries",
         type=non_negative(int),
-        default=2,
+        default=Calls.retries,
         help="retries after a failure or timeout (default: %(default)s)",
     )
     target.add_argument(
         "--backoff-ms",
         type=non_negative(int),
-        default=100,
+        default=Calls.backoff_ms,
         help="wait before a retry, with jitter (default: %(default)s)",
     )
     add_http_options(parser)
@@ -131,7 +131,6 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     option_group(parser, "quota").add_argument(
         "--rate",
         type=rate_arg,
-        default=None,
         metavar="N|N/min",
         help="requests per second (or N/s, N/min, N/hour) for the whole job, however many "
         "tasks run, shared by "
@@ -140,7 +139,6 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     request = option_group(parser, "request shape")
     request.add_argument(
         "--dedupe-col",
-        default=None,
         metavar="COLUMN",
         help="rows with the same value in COLUMN are sent once; each gets that request's "
         "outcome and its own output row",
@@ -161,7 +159,6 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     )
     option_group(parser, "cluster").add_argument(
         "--remote",
-        default=None,
         metavar="sc://HOST:PORT",
         help="run on a Spark Connect server instead of --master (the server must see "
         "--output's directory: same machine or shared storage)",
@@ -195,7 +192,6 @@ def add_options(
     inputs.add_argument(
         "--format",
         choices=("parquet", "csv", "json"),
-        default=None,
         help="format of --input (default: csv for a name ending in .csv, parquet for .parquet "
         "or a directory; with --stream, what the files' names say; json: JSON lines, "
         "--stream only)",
@@ -277,7 +273,6 @@ def add_options(
     cluster.add_argument(
         "--partitions",
         type=positive(int),
-        default=None,
         metavar="N",
         help="split the rows into N partitions, the units Spark runs in parallel and the "
         "steps the progress bar moves in (default: the input's own; generated rows: one "
@@ -293,7 +288,6 @@ def add_options(
     )
     cluster.add_argument(
         "--python",
-        default=None,
         metavar="PATH",
         help="the Python the executors run; it must have timewheel installed (default: "
         "spark.pyspark.python if given with --conf, else $PYSPARK_PYTHON, else this one)",
@@ -301,13 +295,12 @@ def add_options(
     cluster.add_argument(
         "--metrics-port",
         type=metrics_port,
-        default=None,
         metavar="PORT",
         help="serve the driver's Prometheus metrics on http://127.0.0.1:PORT/metrics while the "
         "command runs, with every worker's spark_engine counters (0: any free port, shown in "
         "a note); needs prometheus_client",
     )
-    parser.add_argument("--engine", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--engine", help=argparse.SUPPRESS)
     return parser
 
 
@@ -436,7 +429,6 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
     )
     request.add_argument(
         "--reply-schema",
-        default=None,
         metavar="DDL",
         help="parse ok answers as JSON into a struct column 'reply' of this Spark DDL "
         "('lat double, lon double'); an answer that does not fit fails its row",
@@ -453,25 +445,21 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
     target.add_argument(
         "--http-max-connections",
         type=int,
-        default=None,
         metavar="N",
         help="connections per Python worker (default: as many as calls in flight)",
     )
     target.add_argument(
         "--ca-file",
-        default=None,
         metavar="PEM",
         help="verify HTTPS servers with this CA bundle (a corporate CA) instead of the system's",
     )
     target.add_argument(
         "--client-cert",
-        default=None,
         metavar="PEM",
         help="a client certificate for mutual TLS (its key too, unless --client-key)",
     )
     target.add_argument(
         "--client-key",
-        default=None,
         metavar="PEM",
         help="the key of --client-cert",
     )

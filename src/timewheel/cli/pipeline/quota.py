@@ -25,19 +25,16 @@ def add_quota_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--cost-col",
-        default=None,
         metavar="COLUMN",
         help="a numeric column holding each row's estimated cost (tokens, credits, cents)",
     )
     group.add_argument(
         "--cost-rate",
-        default=None,
         metavar="N/s|N/min|N/hour",
         help="cost per second, minute or hour for the whole job ('2000000/min')",
     )
     group.add_argument(
         "--reply-cost",
-        default=None,
         metavar="PATH",
         help="where the JSON answer says what the call cost ('usage.total_tokens'); the "
         "difference from the estimate is settled with the quota",
@@ -45,39 +42,33 @@ def add_quota_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--concurrency",
         type=positive(int),
-        default=None,
         metavar="N",
         help="calls in flight across the whole job",
     )
     group.add_argument(
         "--budget",
         type=float,
-        default=None,
         metavar="N",
         help="the total cost the run may spend; then it stops (exit 3, --resume finishes it)",
     )
     group.add_argument(
         "--max-requests",
         type=positive(int),
-        default=None,
         metavar="N",
         help="the most requests the run may send, retries included; then it stops (exit 3)",
     )
     group.add_argument(
         "--quota-store",
-        default=None,
         metavar="redis://HOST:PORT/DB",
         help="keep the quota in Redis, shared by every job naming it (default: in the driver)",
     )
     group.add_argument(
         "--quota-name",
-        default=None,
         metavar="NAME",
         help="the quota's name in --quota-store (say, the API key's name, never the key)",
     )
     group.add_argument(
         "--quota-store-password",
-        default=None,
         metavar="env:VAR|file:PATH",
         help="where Redis's password is read (never the password itself)",
     )
@@ -89,10 +80,14 @@ def add_quota_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: The options that ask for a quota: each is named as the Quota's field it sets.
+_LIMITS = ("rate", "cost_rate", "concurrency", "budget", "max_requests")
+
+
 def quota_from_args(args: argparse.Namespace) -> Quota | None:
     """The run's quota, or None when no option asks for one; UsageError if one is bad."""
-    given = (args.rate, args.cost_rate, args.concurrency, args.budget, args.max_requests)
-    if all(value is None for value in given):
+    limits = {name: getattr(args, name) for name in _LIMITS}
+    if all(value is None for value in limits.values()):
         if args.quota_store or args.quota_name or args.cost_col or args.reply_cost:
             raise UsageError(
                 "--quota-store, --quota-name, --cost-col and --reply-cost need a quota: "
@@ -100,13 +95,10 @@ def quota_from_args(args: argparse.Namespace) -> Quota | None:
             )
         return None
     try:
-        cost_rate = None if args.cost_rate is None else parse_rate("--cost-rate", args.cost_rate)
+        if args.cost_rate is not None:
+            limits["cost_rate"] = parse_rate("--cost-rate", args.cost_rate)
         quota = Quota(
-            rate=args.rate,
-            cost_rate=cost_rate,
-            concurrency=args.concurrency,
-            budget=args.budget,
-            max_requests=args.max_requests,
+            **limits,
             store=args.quota_store,
             name=args.quota_name,
             store_password=args.quota_store_password,
