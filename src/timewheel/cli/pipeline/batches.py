@@ -3,45 +3,19 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
 from typing import Any
 
 from ...spark.batch.spec import Batching
 from ...spark.http.options import BatchFormat
 from ..argtypes import option_group, positive
 
-__all__ = [
-    "ColumnValue",
-    "add_batch_options",
-    "add_batch_target_options",
-    "batch_summary",
-    "batch_target_options",
-]
-
-
-class ColumnValue:
-    """A row's body that is one column's value itself (a text for an embeddings API),
-    not an object of columns: ``--body-col``. Named by its column (a resumed run's
-    identity reads its repr)."""
-
-    def __init__(self, column: str) -> None:
-        self.column = column
-
-    def __call__(self, row: Mapping[str, Any]) -> Any:
-        return row.get(self.column)
-
-    def __repr__(self) -> str:
-        return f"ColumnValue({self.column!r})"
+__all__ = ["add_batch_options", "add_batch_target_options", "batch_summary"]
 
 
 def add_batch_options(parser: argparse.ArgumentParser) -> None:
     """Many rows per request (an http(s):// --target, or sim://): how rows are gathered;
     the target's side is in the http(s) group (:func:`add_batch_target_options`)."""
-    group = option_group(
-        parser,
-        "batches",
-        "many rows per request, each row still answered on its own\n(see docs/spark/batches.md)",
-    )
+    group = option_group(parser, "batches")
     group.add_argument(
         "--batch-size",
         type=positive(int),
@@ -67,8 +41,7 @@ def add_batch_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_batch_target_options(parser: argparse.ArgumentParser) -> None:
-    """How an http(s):// target takes many rows per request (in the batches group), and
-    ``--body-col`` (a request's shape)."""
+    """How an http(s):// target takes many rows per request (in the batches group)."""
     group = option_group(parser, "batches")
     group.add_argument(
         "--batch-body",
@@ -89,23 +62,6 @@ def add_batch_target_options(parser: argparse.ArgumentParser) -> None:
         help="match each element of the answer to the row whose --id-col its NAME field "
         "holds (default: by position)",
     )
-    option_group(parser, "request shape").add_argument(
-        "--body-col",
-        metavar="COLUMN",
-        help="each row's body is this column's value itself (a text), not an object",
-    )
-
-
-def batch_target_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The HTTP target's batch options (its ``batch``), and ``--body-col``'s body."""
-    options: dict[str, Any] = {
-        "batch": BatchFormat(args.batch_body, args.batch_reply, args.batch_id_field),
-    }
-    if args.body_col is not None:
-        if args.body_cols:
-            raise ValueError("--body-col and --body-cols: give one")
-        options["body"] = ColumnValue(args.body_col)
-    return options
 
 
 def batch_summary(args: argparse.Namespace, sent: int, reports: Any) -> dict[str, Any] | None:

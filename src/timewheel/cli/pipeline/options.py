@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from ...spark.engine.admission import check_rate
-from ...spark.http.options import DEFAULT_MAX_REPLY_BYTES, TLS, HttpLimits
+from ...spark.http.options import DEFAULT_MAX_REPLY_BYTES, TLS, BatchFormat, HttpLimits
 from ...spark.http.target import METHODS, Body
 from ...spark.options import Calls
 from ...spark.quota.spec import parse_rate
@@ -15,7 +16,7 @@ from ...spark.secrets import Secret, parse_secret
 from ...spark.session import DEFAULT_MASTER
 from ...spark.simulator import SimulatedDownstream
 from ..argtypes import non_negative, option_group, positive
-from .batches import add_batch_options, add_batch_target_options, batch_target_options
+from .batches import add_batch_options, add_batch_target_options
 from .quota import add_quota_options
 
 _DESCRIPTION = """\
@@ -354,6 +355,21 @@ def metrics_port(text: str) -> int:
     return port
 
 
+class ColumnValue:
+    """A row's body that is one column's value itself (a text for an embeddings API),
+    not an object of columns: ``--body-col``. Named by its column (a resumed run's
+    identity reads its repr)."""
+
+    def __init__(self, column: str) -> None:
+        self.column = column
+
+    def __call__(self, row: Mapping[str, Any]) -> Any:
+        return row.get(self.column)
+
+    def __repr__(self) -> str:
+        return f"ColumnValue({self.column!r})"
+
+
 def resolve_max_in_flight(given: int | None, target: Any) -> int:
     """``--max-in-flight`` as given, else the default for ``target`` (see SIM_MAX_IN_FLIGHT)."""
     if given is not None:
@@ -420,6 +436,11 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
         help="comma-separated columns to send as the JSON body (default: the whole row "
         "for POST, PUT and PATCH; none for GET and DELETE); 'none' sends no body; with "
         "--batch-size, each row's element of the batch's array holds these columns",
+    )
+    request.add_argument(
+        "--body-col",
+        metavar="COLUMN",
+        help="each row's body is this column's value itself (a text), not an object",
     )
     request.add_argument(
         "--idempotency-header",
@@ -497,7 +518,7 @@ def http_options(args: argparse.Namespace) -> dict[str, Any]:
     if body == ["none"]:
         body = "none"
     key_header = None if args.idempotency_header.lower() == "none" else args.idempotency_header
-    return {
+    options: dict[str, Any] = {
         "method": args.method,
         "id_col": getattr(args, "id_col", None),
         "headers": headers,
@@ -515,5 +536,10 @@ def http_options(args: argparse.Namespace) -> dict[str, Any]:
         "limits": HttpLimits(
             max_connections=args.http_max_connections, max_reply_bytes=args.max_reply_bytes
         ),
-        **batch_target_options(args),
+        "batch": BatchFormat(args.batch_body, args.batch_reply, args.batch_id_field),
     }
+    if args.body_col is not None:
+        if args.body_cols:
+            raise ValueError("--body-col and --body-cols: give one")
+        options["body"] = ColumnValue(args.body_col)
+    return options

@@ -18,11 +18,7 @@ __all__ = ["QuotaWatch", "add_quota_options", "dry_run", "quota_from_args"]
 
 def add_quota_options(parser: argparse.ArgumentParser) -> None:
     """The quota's options (``--rate`` is the job's, see ``add_job_options``)."""
-    group = option_group(
-        parser,
-        "quota",
-        "one quota for the whole job, shared by its tasks as they go (--rate is part of it)",
-    )
+    group = option_group(parser, "quota")
     group.add_argument(
         "--cost-col",
         metavar="COLUMN",
