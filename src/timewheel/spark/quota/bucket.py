@@ -32,6 +32,7 @@ from .spec import (
     QuotaStore,
     QuotaStoreError,
     T,
+    bucket_caps,
 )
 
 __all__ = ["RETRY_S", "SHARE_WINDOW_S", "Bucket", "Failover", "LocalStore"]
@@ -70,8 +71,7 @@ class Bucket:
             raise TypeError(f"quota must be a Quota, got {quota!r}")
         self.quota = quota
         self.clock = clock
-        self.r_cap = max(1.0, quota.rate * BURST_S) if quota.rate else 0.0
-        self.c_cap = quota.cost_rate * BURST_S if quota.cost_rate else 0.0
+        self.r_cap, self.c_cap = bucket_caps(quota)
         self.r_tokens = self.r_cap
         self.c_tokens = self.c_cap
         self.stamp = clock()

@@ -51,7 +51,6 @@ from typing import Any, Callable
 
 from ..secrets import redact_url
 from .spec import (
-    BURST_S,
     LEASE_S,
     PACE_CUT,
     PACE_CUT_EVERY_S,
@@ -62,6 +61,7 @@ from .spec import (
     Quota,
     QuotaState,
     QuotaStoreError,
+    bucket_caps,
 )
 
 __all__ = ["KEEP_JOB_S", "SCRIPT", "RedisStore", "reset_quota"]
@@ -366,8 +366,7 @@ class RedisStore:
         base = _base(name)
         self._keys = [base, base + ":holders", base + ":expiry", base + ":job:" + job]
         q = quota
-        r_cap = max(1.0, q.rate * BURST_S) if q.rate else 0.0
-        c_cap = q.cost_rate * BURST_S if q.cost_rate else 0.0
+        r_cap, c_cap = bucket_caps(q)
         self._quota_args = [
             repr(float(q.rate or 0)),
             repr(float(q.cost_rate or 0)),

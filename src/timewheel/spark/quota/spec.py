@@ -34,6 +34,7 @@ __all__ = [
     "QuotaState",
     "QuotaStore",
     "QuotaStoreError",
+    "bucket_caps",
     "parse_rate",
 ]
 
@@ -199,6 +200,14 @@ class Quota:
 
 _STORE_SCHEMES = ("redis", "rediss", "unix")
 _NAME = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,200}$")
+
+
+def bucket_caps(quota: Quota) -> tuple[float, float]:
+    """The most requests and cost the buckets of ``quota`` hold: :data:`BURST_S` seconds of
+    each rate, a whole request at least (0.0 for a rate it does not have)."""
+    requests = max(1.0, quota.rate * BURST_S) if quota.rate else 0.0
+    cost = quota.cost_rate * BURST_S if quota.cost_rate else 0.0
+    return requests, cost
 
 
 def _check_store(store: Any, name: Any, password: Any) -> None:
