@@ -30,7 +30,7 @@ class Clock:
 def test_take_answers_taken_then_a_wait_then_spent_for_good() -> None:
     clock = Clock()
     store = LocalStore(Quota(rate="1/s", max_requests=3), clock)
-    gate = QuotaGate(store)
+    gate = QuotaGate(store, clock=clock)
     assert gate.take(1.0) == 0.0  # taken
     assert gate.take(1.0) == 1.0  # the rate's next request comes in a second
     for _ in range(2):
@@ -49,7 +49,7 @@ def test_take_answers_taken_then_a_wait_then_spent_for_good() -> None:
 def test_a_cost_past_the_budget_is_spent_and_nothing_is_taken() -> None:
     clock = Clock()
     store = LocalStore(Quota(budget=10), clock)
-    gate = QuotaGate(store)
+    gate = QuotaGate(store, clock=clock)
     assert gate.take(6.0) == 0.0
     assert gate.take(6.0) is SPENT  # 4 left, 6 needed: the job stops here
     assert gate.take(1.0) is SPENT  # it would fit, but the job has stopped

@@ -193,6 +193,38 @@ def test_a_lease_not_used_goes_back_to_the_bucket() -> None:
     assert state.holders == 0
 
 
+class CountingStore(LocalStore):
+    """A LocalStore that counts the takes it is asked."""
+
+    takes = 0
+
+    def take(self, holder: str, ask: Ask) -> Grant:
+        self.takes += 1
+        return super().take(holder, ask)
+
+
+def test_the_calls_waiting_in_a_task_ask_the_store_once_per_refusal() -> None:
+    clock = Clock()
+    store = CountingStore(Quota(rate=10, cost_rate=100), clock)
+    task = TaskQuota(store, clock=clock)
+    while task.acquire(50.0) == 0.0:  # spend what the buckets hold
+        pass
+    asked = store.takes
+    wait = task.acquire(50.0)
+    # Twenty more calls of the same cost, in the same instant, wait as long, unasked.
+    assert [task.acquire(50.0) for _ in range(20)] == [wait] * 20
+    assert [task.acquire(80.0) for _ in range(5)] == [wait] * 5  # a larger one too
+    assert store.takes == asked
+    clock.now += wait / 2
+    assert task.acquire(50.0) == pytest.approx(wait / 2)  # still unasked
+    assert store.takes == asked
+    task.acquire(1.0)  # a smaller call may be granted sooner: it asks
+    assert store.takes == asked + 1
+    clock.now += wait  # the wait is up: the next call asks, and is granted
+    takes = store.takes
+    assert task.acquire(50.0) == 0.0 and store.takes == takes + 1
+
+
 def test_slots_of_a_task_that_died_expire() -> None:
     clock = Clock()
     store = LocalStore(Quota(concurrency=2, ttl_s=10), clock)

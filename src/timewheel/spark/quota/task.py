@@ -83,7 +83,9 @@ class TaskQuota:
     ``Retry-After`` calls :meth:`pause`. The task renews its hold with
     :meth:`keepalive` (at least every ``ttl_s / 3``) and gives back what it did not use
     with :meth:`close`. Thread-safe; a store call is made only when the lease in hand
-    does not cover a call, to flush a large cost difference, or to renew.
+    does not cover a call, to flush a large cost difference, or to renew. After the
+    store refuses a call, calls as large wait out its wait without asking again: a task
+    with many calls waiting asks once per refusal, not once per call.
     """
 
     def __init__(
@@ -118,6 +120,12 @@ class TaskQuota:
         #: one it said ends (by ``clock``): the same pause asked again is said once.
         self.long_pauses = 0
         self.said_until = -math.inf
+        # The store's last refusal of requests or cost: until ``wait_until`` (by
+        # ``clock``) an ask needing at least ``wait_need`` cost cannot be granted either,
+        # so it waits without asking: the calls waiting in a task ask once, not each.
+        # (Slots are not kept so: they come back when calls end, not with time.)
+        self.wait_until = -math.inf
+        self.wait_need = math.inf
         self.last_contact = clock()
         self.lock = threading.Lock()
         _atfork.reset(self)
@@ -136,6 +144,9 @@ class TaskQuota:
                 # A lease tops what is in hand up to a lease's worth, never beyond: a
                 # task holds at most one lease of the budget that it has not spent.
                 need_cost = max(0.0, cost - self.cost)
+                now = self.clock()
+                if now < self.wait_until and need_cost >= self.wait_need:
+                    return self.wait_until - now
                 lease_cost = max(self.lease_cost, cost * self.lease_requests)
                 ask = Ask(
                     requests=max(1, self.lease_requests - max(0, self.requests)),
@@ -155,7 +166,11 @@ class TaskQuota:
                     # (no more than the pause itself: the buckets pace a restart)
                     spread = min(RESTART_JITTER_S, grant.wait_s)
                     jitter = self.rng.uniform(0.0, spread) if grant.paused else 0.0
+                    if not need_slot:
+                        self.wait_until = self.last_contact + grant.wait_s
+                        self.wait_need = need_cost
                     return grant.wait_s + jitter
+                self.wait_until = -math.inf
                 self.requests += grant.requests
                 self.cost += grant.cost
                 self.slots += grant.slots
