@@ -12,7 +12,7 @@ import pytest
 
 from spark_fixtures import pipeline_cli
 from timewheel.cli.pipeline.errors import UsageError
-from timewheel.cli.pipeline.inputs import arrow_unique_rows
+from timewheel.cli.pipeline.inputs import arrow_unique_rows, parquet_schema
 from timewheel.cli.pipeline.job import OutputMismatch, check_ids, check_rows
 from timewheel.cli.pipeline.phases import duration
 from timewheel.cli.pipeline.progress import Progress, progress_interval
@@ -32,9 +32,9 @@ pytestmark = pytest.mark.spark
 #: are read by pyarrow, in the driver.
 JOBS_ALL_OK = 1
 JOBS_WITH_FAILURES = 1
-#: A local Parquet input: Spark's read of its schema (1; any Spark read of Parquet
-#: pays it), then the write. Its ids are checked by pyarrow.
-JOBS_PARQUET = 2
+#: A local Parquet input: the write alone. Its schema is read and its ids are checked
+#: by pyarrow (Spark's own read of the schema would be a job).
+JOBS_PARQUET = 1
 #: A CSV input: Spark's read of its header and its columns' types (2), the id check (3,
 #: the distinct count's shuffle with adaptive execution), then the write.
 JOBS_CSV = 6
@@ -86,6 +86,56 @@ def test_a_run_starts_no_more_spark_jobs_than_it_needs(spark: Any, tmp_path: Pat
         where = ["--input", str(tmp_path / name), "--output", str(tmp_path / f"out-{name}")]
         code, jobs = _jobs_of(spark, name, [*argv, *where])
         assert (code, jobs) == (0, jobs_expected), name
+
+
+def test_a_local_master_checks_its_executors_python_without_a_spark_job(spark: Any) -> None:
+    from timewheel.spark import cluster
+
+    sc = spark.sparkContext
+    cluster._WORKERS_CHECKED.discard(sc.applicationId)
+    sc.setJobGroup("probe", "probe")
+    try:
+        cluster.check_workers(spark)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    assert sc.applicationId in cluster._WORKERS_CHECKED
+    assert sc.statusTracker().getJobIdsForGroup("probe") == []
+
+
+def test_a_parquet_inputs_schema_read_by_pyarrow_is_the_one_spark_infers(
+    spark: Any, tmp_path: Path
+) -> None:
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = {
+        "i8": pa.array([1], pa.int8()),
+        "i16": pa.array([1], pa.int16()),
+        "i32": pa.array([1], pa.int32()),
+        "i64": pa.array([1], pa.int64()),
+        "f32": pa.array([1.5], pa.float32()),
+        "f64": pa.array([1.5], pa.float64()),
+        "ok": pa.array([True]),
+        "s": pa.array(["a"]),
+        "b": pa.array([b"a"]),
+        "day": pa.array([datetime.date(2026, 1, 1)]),
+        "with.dot": pa.array([None], pa.string()),
+    }
+    pq.write_table(pa.table(columns), tmp_path / "a.parquet")
+    spark.range(3).write.parquet(str(tmp_path / "by_spark"))  # a column never null
+    for path in (tmp_path / "a.parquet", tmp_path / "by_spark"):
+        inferred = spark.read.parquet(str(path)).schema
+        assert parquet_schema(str(path)) == inferred, path
+        assert spark.read.schema(inferred).parquet(str(path)).collect()
+    # Types Spark maps its own way, and columns from key=value folders: Spark infers.
+    stamped = pa.table({"t": pa.array([datetime.datetime(2026, 1, 1)], pa.timestamp("us"))})
+    pq.write_table(stamped, tmp_path / "t.parquet")
+    (tmp_path / "parts" / "day=1").mkdir(parents=True)
+    pq.write_table(pa.table({"id": [1]}), tmp_path / "parts" / "day=1" / "a.parquet")
+    for path in (tmp_path / "t.parquet", tmp_path / "parts", tmp_path / "missing"):
+        assert parquet_schema(str(path)) is None, path
 
 
 def test_ids_that_do_not_name_each_row_once_are_refused_before_spark_reads_them(

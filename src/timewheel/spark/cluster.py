@@ -3,6 +3,8 @@ session is Spark Connect, and whether every executor can import timewheel."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -49,7 +51,8 @@ _WORKERS_CHECKED: set[str] = set()
 
 
 def check_workers(spark: Any) -> None:
-    """Make sure Spark's executors can import timewheel: once per application, one tiny task.
+    """Make sure Spark's executors can import timewheel: once per application, one tiny
+    task (on a local master, a process started as its executors' Python, no Spark job).
 
     Without it, a missing package shows up only after every task has failed its
     attempts, as a Py4J wall of text. Raises RuntimeError saying how to fix it.
@@ -57,6 +60,9 @@ def check_workers(spark: Any) -> None:
     connect = is_connect(spark)
     app = f"connect:{spark.session_id}" if connect else spark.sparkContext.applicationId
     if app in _WORKERS_CHECKED:
+        return
+    if not connect and _local_python_imports_it(spark):
+        _WORKERS_CHECKED.add(app)
         return
     try:
         if connect:
@@ -80,3 +86,31 @@ def check_workers(spark: Any) -> None:
             "spark.archives); see 'Running on a cluster' in docs/spark/operations.md"
         ) from None
     _WORKERS_CHECKED.add(app)
+
+
+def _local_python_imports_it(spark: Any) -> bool:
+    """On a local master, whether the executors' Python imports timewheel, asked of it
+    directly: it is started on this machine with this process's environment (and the
+    ``spark.executorEnv`` settings), so a process started so answers for it in a fifth
+    of a second, where the probe job costs one to two seconds. False (the probe job
+    decides, and says why) when it does not, or on any other master."""
+    sc = spark.sparkContext
+    if not str(sc.master).startswith("local"):
+        return False
+    env = dict(os.environ)
+    prefix = "spark.executorEnv."
+    for key, value in sc.getConf().getAll():
+        if key.startswith(prefix):
+            env[key[len(prefix) :]] = value
+    try:
+        done = subprocess.run(
+            [sc.pythonExec, "-c", "import timewheel"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0

@@ -53,9 +53,54 @@ def read_input(spark: Any, path: str, fmt: str) -> Any:
     try:
         if fmt == "csv":
             return spark.read.option("header", True).option("inferSchema", True).csv(path)
-        return spark.read.parquet(path)
+        schema = parquet_schema(path)
+        reader = spark.read if schema is None else spark.read.schema(schema)
+        return reader.parquet(path)
     except Exception as exc:  # Spark's AnalysisException and friends: a bad file
         raise UsageError(f"cannot read {path!r} as {fmt}: {one_line(exc)}") from exc
+
+
+def parquet_schema(path: str) -> Any:
+    """The StructType Spark would infer for a local Parquet ``path``, read here with
+    pyarrow: Spark's own read of it is a job (a second or so of a run's start). None
+    (Spark infers it) unless every column has a type that maps one to one (numbers,
+    strings, bytes, booleans, dates) and no column comes from the path (``key=value``
+    folders): there Spark's inference is the reference."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    from pyspark.sql import types as T
+
+    if "://" in path and not path.startswith("file://"):
+        return None
+    exact = {
+        pa.int8(): T.ByteType(),
+        pa.int16(): T.ShortType(),
+        pa.int32(): T.IntegerType(),
+        pa.int64(): T.LongType(),
+        pa.float32(): T.FloatType(),
+        pa.float64(): T.DoubleType(),
+        pa.bool_(): T.BooleanType(),
+        pa.string(): T.StringType(),
+        pa.large_string(): T.StringType(),
+        pa.binary(): T.BinaryType(),
+        pa.large_binary(): T.BinaryType(),
+        pa.date32(): T.DateType(),
+    }
+    try:
+        data = ds.dataset(path.removeprefix("file://"), format="parquet", partitioning="hive")
+        first = next(iter(data.get_fragments()), None)
+        if first is None or first.physical_schema.names != data.schema.names:
+            return None
+        schema = data.schema
+    except (OSError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    fields = []
+    for field in schema:
+        kind = exact.get(field.type)
+        if kind is None:
+            return None
+        fields.append(T.StructField(field.name, kind, True))
+    return T.StructType(fields)
 
 
 #: The most rows whose ids the driver checks itself (their ids in memory: 8 bytes each
