@@ -119,7 +119,6 @@ def test_a_parquet_inputs_schema_read_by_pyarrow_is_the_one_spark_infers(
         "f64": pa.array([1.5], pa.float64()),
         "ok": pa.array([True]),
         "s": pa.array(["a"]),
-        "b": pa.array([b"a"]),
         "day": pa.array([datetime.date(2026, 1, 1)]),
         "with.dot": pa.array([None], pa.string()),
     }
@@ -129,12 +128,15 @@ def test_a_parquet_inputs_schema_read_by_pyarrow_is_the_one_spark_infers(
         inferred = spark.read.parquet(str(path)).schema
         assert parquet_schema(str(path)) == inferred, path
         assert spark.read.schema(inferred).parquet(str(path)).collect()
-    # Types Spark maps its own way, and columns from key=value folders: Spark infers.
+    # Types Spark maps its own way (or as a setting says), and columns from key=value
+    # folders: Spark infers.
     stamped = pa.table({"t": pa.array([datetime.datetime(2026, 1, 1)], pa.timestamp("us"))})
     pq.write_table(stamped, tmp_path / "t.parquet")
+    pq.write_table(pa.table({"b": pa.array([b"a"])}), tmp_path / "b.parquet")
     (tmp_path / "parts" / "day=1").mkdir(parents=True)
     pq.write_table(pa.table({"id": [1]}), tmp_path / "parts" / "day=1" / "a.parquet")
-    for path in (tmp_path / "t.parquet", tmp_path / "parts", tmp_path / "missing"):
+    for name in ("t.parquet", "b.parquet", "parts", "missing"):
+        path = tmp_path / name
         assert parquet_schema(str(path)) is None, path
 
 

@@ -63,9 +63,10 @@ def read_input(spark: Any, path: str, fmt: str) -> Any:
 def parquet_schema(path: str) -> Any:
     """The StructType Spark would infer for a local Parquet ``path``, read here with
     pyarrow: Spark's own read of it is a job (a second or so of a run's start). None
-    (Spark infers it) unless every column has a type that maps one to one (numbers,
-    strings, bytes, booleans, dates) and no column comes from the path (``key=value``
-    folders): there Spark's inference is the reference."""
+    (Spark infers it) unless every column has a type that maps one to one whatever the
+    session's settings (numbers, strings, booleans, dates: not bytes, which
+    ``spark.sql.parquet.binaryAsString`` reads as strings) and no column comes from the
+    path (``key=value`` folders): there Spark's inference is the reference."""
     import pyarrow as pa
     import pyarrow.dataset as ds
     from pyspark.sql import types as T
@@ -82,8 +83,6 @@ def parquet_schema(path: str) -> Any:
         pa.bool_(): T.BooleanType(),
         pa.string(): T.StringType(),
         pa.large_string(): T.StringType(),
-        pa.binary(): T.BinaryType(),
-        pa.large_binary(): T.BinaryType(),
         pa.date32(): T.DateType(),
     }
     try:
