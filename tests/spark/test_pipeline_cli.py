@@ -812,3 +812,45 @@ def test_fail_fast_stops_only_on_a_first_run_of_one_final_failure(tmp_path: Path
     # Rows the budget skipped are no answer at all.
     skipped = ("skipped", None, "budget spent: not sent")
     assert verdict(journal("skipped", *[skipped] * 10, *[key] * 50))[0] is True
+
+
+def test_a_stop_silences_py4j_losing_the_jvm_and_nothing_else(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A SIGTERM to the process group ends the JVM too: Py4J then logs a traceback for
+    a call in flight (``logging.exception`` on the root logger). After the stop began,
+    that is the stop, said in one line; every other log record still shows."""
+    import logging
+    from types import SimpleNamespace
+
+    from timewheel.cli.pipeline import job
+
+    root, py4j = logging.getLogger(), logging.getLogger("py4j")
+    level = py4j.level
+
+    def record(pathname: str, name: str = "root") -> logging.LogRecord:
+        return logging.makeLogRecord(
+            {
+                "name": name,
+                "pathname": pathname,
+                "levelno": logging.ERROR,
+                "levelname": "ERROR",
+                "msg": "Exception while sending command.",
+            }
+        )
+
+    lost = "/venv/site-packages/py4j/java_gateway.py"
+    try:
+        with caplog.at_level(logging.ERROR):
+            root.handle(record(lost))  # before the stop: shown
+            job._Job.quiet_the_jvm(SimpleNamespace(connect=True))  # type: ignore[arg-type]
+            root.handle(record(lost))  # after: dropped
+            root.handle(record("/app/mine.py"))  # anything else: shown
+            py4j_logger = logging.getLogger("py4j.clientserver")
+            if py4j_logger.isEnabledFor(logging.ERROR):
+                py4j_logger.handle(record(lost, "py4j.clientserver"))
+        assert [r.pathname for r in caplog.records] == [lost, "/app/mine.py"]
+        assert not logging.getLogger("py4j.java_gateway").isEnabledFor(logging.CRITICAL)
+    finally:
+        root.removeFilter(job._not_py4j)
+        py4j.setLevel(level)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import shutil
 import signal
 import tempfile
@@ -94,7 +95,7 @@ class _Job:
             if self.signalled is not None:
                 raise KeyboardInterrupt
             self.signalled = signum
-            self.quiet_accumulators()
+            self.quiet_the_jvm()
             threading.Thread(target=self.cancel, name="timewheel-cancel", daemon=True).start()
 
         old = {signum: signal.signal(signum, on_signal) for signum in _STOP_SIGNALS}
@@ -104,10 +105,13 @@ class _Job:
             for signum, handler in old.items():
                 signal.signal(signum, handler)
 
-    def quiet_accumulators(self) -> None:
+    def quiet_the_jvm(self) -> None:
         """Stopping: a JVM that goes too (a SIGTERM to the process group, as systemd
         stops a service) makes PySpark's accumulator server print a traceback per
-        connection it had; the stop is said in one line instead."""
+        connection it had, and Py4J log one for a call in flight (on the root logger,
+        as ``logging.exception``); the stop is said in one line instead."""
+        logging.getLogger().addFilter(_not_py4j)
+        logging.getLogger("py4j").setLevel(logging.CRITICAL + 1)
         if not self.connect:
             with contextlib.suppress(Exception):
                 server = self.spark.sparkContext._accumulatorServer
@@ -471,3 +475,8 @@ def check_rows(written: dict[str, Any], input_rows: int, read: dict[str, Any]) -
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _not_py4j(record: logging.LogRecord) -> bool:
+    """False for what Py4J logs on the root logger when a call loses the JVM."""
+    return not record.pathname.replace("\\", "/").endswith("/py4j/java_gateway.py")
