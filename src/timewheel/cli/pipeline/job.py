@@ -110,8 +110,7 @@ class _Job:
         stops a service) makes PySpark's accumulator server print a traceback per
         connection it had, and Py4J log one for a call in flight (on the root logger,
         as ``logging.exception``); the stop is said in one line instead."""
-        logging.getLogger().addFilter(_not_py4j)
-        logging.getLogger("py4j").setLevel(logging.CRITICAL + 1)
+        logging.root.addFilter(_not_py4j)
         if not self.connect:
             with contextlib.suppress(Exception):
                 server = self.spark.sparkContext._accumulatorServer
