@@ -60,6 +60,20 @@ def read_input(spark: Any, path: str, fmt: str) -> Any:
         raise UsageError(f"cannot read {path!r} as {fmt}: {one_line(exc)}") from exc
 
 
+def local_parquet(path: str) -> Any:
+    """A pyarrow dataset of a local Parquet ``path`` (``key=value`` folders as columns);
+    None for a remote path or one pyarrow cannot open (Spark reads it then)."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    if "://" in path and not path.startswith("file://"):
+        return None
+    try:
+        return ds.dataset(path.removeprefix("file://"), format="parquet", partitioning="hive")
+    except (OSError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+
+
 def parquet_schema(path: str) -> Any:
     """The StructType Spark would infer for a local Parquet ``path``, read here with
     pyarrow: Spark's own read of it is a job (a second or so of a run's start). None
@@ -68,10 +82,10 @@ def parquet_schema(path: str) -> Any:
     ``spark.sql.parquet.binaryAsString`` reads as strings) and no column comes from the
     path (``key=value`` folders): there Spark's inference is the reference."""
     import pyarrow as pa
-    import pyarrow.dataset as ds
     from pyspark.sql import types as T
 
-    if "://" in path and not path.startswith("file://"):
+    data = local_parquet(path)
+    if data is None:
         return None
     exact = {
         pa.int8(): T.ByteType(),
@@ -86,7 +100,6 @@ def parquet_schema(path: str) -> Any:
         pa.date32(): T.DateType(),
     }
     try:
-        data = ds.dataset(path.removeprefix("file://"), format="parquet", partitioning="hive")
         first = next(iter(data.get_fragments()), None)
         if first is None or first.physical_schema.names != data.schema.names:
             return None
@@ -114,12 +127,11 @@ def arrow_unique_rows(path: str, fmt: str, id_col: str) -> int | None:
     local path, no such column, more than ``ARROW_ID_CHECK_ROWS`` rows): Spark checks."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.dataset as ds
 
-    if fmt != "parquet" or ("://" in path and not path.startswith("file://")):
+    data = local_parquet(path) if fmt == "parquet" else None
+    if data is None:
         return None
     try:
-        data = ds.dataset(path.removeprefix("file://"), format="parquet", partitioning="hive")
         if id_col not in data.schema.names or data.count_rows() > ARROW_ID_CHECK_ROWS:
             return None
         ids = data.to_table(columns=[id_col]).column(id_col)

@@ -17,6 +17,7 @@ from typing import Any
 
 from .ddl import check_ddl
 from .errors import UsageError
+from .inputs import local_parquet
 from .options import _pairs
 from .progress import progress_interval
 from .quota import quota_from_args
@@ -137,9 +138,10 @@ def input_schema(args: argparse.Namespace, fmt: str | None) -> Any:
         if fmt == "csv":
             arrow = _csv_schema(local)
         elif fmt == "parquet":
-            import pyarrow.dataset as ds
-
-            arrow = ds.dataset(str(local), format="parquet", partitioning="hive").schema
+            data = local_parquet(str(local))
+            if data is None:
+                return None
+            arrow = data.schema
         else:
             return None
     except Exception:
