@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from timewheel.spark.engine.admission import BURST_S
-from timewheel.spark.options import DispatchConfig
+from engine_config import engine_config
+from timewheel.spark.engine.contract import DispatchConfig
 from timewheel.spark.outcome import Outcome
 from timewheel.spark.runtime import worker_runtime
 from timewheel.spark.targets import OnDone, SimulatedDownstream
@@ -27,7 +26,6 @@ from timewheel.spark.targets import OnDone, SimulatedDownstream
 #: The cases, for ``from engine_contract import *`` in a module that defines ``engine``.
 __all__ = [
     "test_a_partition_stopped_early_leaves_nothing_for_the_next",
-    "test_a_rate_holds_in_every_one_second_window_bursts_included",
     "test_a_row_whose_keys_cannot_be_taken_fails_once_and_the_rest_go_on",
     "test_a_stalled_target_times_out_every_attempt",
     "test_an_input_error_propagates",
@@ -43,7 +41,7 @@ __all__ = [
 
 
 def run(engine: Any, rows: list[dict[str, Any]], target: Any, **config: Any) -> list[Outcome]:
-    return list(engine(iter(rows), target, DispatchConfig(**config)))
+    return list(engine(iter(rows), target, engine_config(**config)))
 
 
 def by_id(outcomes: list[Outcome]) -> dict[Any, Outcome]:
@@ -183,7 +181,7 @@ def test_a_row_whose_keys_cannot_be_taken_fails_once_and_the_rest_go_on(engine: 
     # A list is unhashable: such a key cannot be held. Its row must fail, once, not loop.
     sim = SimulatedDownstream(pct50_ms=1, pct75_ms=2, seed=5)
     rows = [{"id": i, "acct": [i] if i % 10 == 3 else i % 7} for i in range(100)]
-    config = DispatchConfig(key_cols=("acct",), retries=0, max_in_flight=8)
+    config = engine_config(key_cols=("acct",), retries=0, max_in_flight=8)
     result: list[Outcome] = []
     runner = threading.Thread(
         target=lambda: result.extend(engine(iter(rows), sim, config)), daemon=True
@@ -216,7 +214,7 @@ def test_an_input_error_propagates(engine: Any) -> None:
 def test_a_partition_stopped_early_leaves_nothing_for_the_next(engine: Any) -> None:
     sim = SimulatedDownstream(pct50_ms=5, pct75_ms=20, seed=9)
     first = engine(
-        iter([{"id": i, "task": 1} for i in range(200)]), sim, DispatchConfig(max_in_flight=32)
+        iter([{"id": i, "task": 1} for i in range(200)]), sim, engine_config(max_in_flight=32)
     )
     taken = [next(first) for _ in range(5)]
     first.close()
@@ -237,44 +235,6 @@ def test_engines_reuse_the_worker_runtime_across_tasks(engine: Any) -> None:
     assert kept
     run(engine, [{"id": 2}], sim, max_in_flight=4)
     assert worker_runtime().objects() == kept
-
-
-class Stamped:
-    """Answers every call at once (ok) and notes when each was sent."""
-
-    def __init__(self) -> None:
-        self.sent: list[float] = []
-        self.lock = threading.Lock()
-
-    def submit(self, row: dict[str, Any], on_done: OnDone) -> None:
-        with self.lock:
-            self.sent.append(time.monotonic())
-        on_done(True, None)
-
-
-def most_in_any_window(stamps: list[float], window_s: float = 1.0) -> int:
-    stamps = sorted(stamps)
-    most, lo = 0, 0
-    for hi, t in enumerate(stamps):
-        while t - stamps[lo] >= window_s:
-            lo += 1
-        most = max(most, hi - lo + 1)
-    return most
-
-
-def test_a_rate_holds_in_every_one_second_window_bursts_included(engine: Any) -> None:
-    target = Stamped()
-    config = DispatchConfig(max_in_flight=64, rate_per_task=300.0)
-    start = time.monotonic()
-    outcomes = list(engine(iter([{"id": i} for i in range(750)]), target, config))
-    elapsed = time.monotonic() - start
-    assert sorted(o.row["id"] for o in outcomes) == list(range(750))
-    assert {o.status for o in outcomes} == {"ok"}
-    # At most the rate plus the bucket's burst in any one-second window (the issue's 5%
-    # leaves room for a thread descheduled between taking its tokens and sending) ...
-    assert most_in_any_window(target.sent) <= 300 * 1.05
-    # ... and not far below it either: 750 rows at 300/s take about 2.5 s.
-    assert elapsed >= (750 - 300 * BURST_S) / 300
 
 
 def test_targets_without_replies_keep_working(engine: Any) -> None:

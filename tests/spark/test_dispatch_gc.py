@@ -22,7 +22,7 @@ def test_a_partition_does_not_freeze_the_workers_garbage_collector() -> None:
         import gc
         import pyarrow as pa
         from timewheel.spark.columns import PartitionDispatch
-        from timewheel.spark.options import DispatchConfig
+        from timewheel.spark.engine.contract import DispatchConfig
         from timewheel.spark.targets import SimulatedDownstream
         from timewheel.spark.engine.partition import timewheel_engine
 
@@ -47,8 +47,8 @@ def _partition(rows: int = 50) -> Iterator[object]:
     import pyarrow as pa
 
     from timewheel.spark.columns import PartitionDispatch
+    from timewheel.spark.engine.contract import DispatchConfig
     from timewheel.spark.engine.partition import timewheel_engine
-    from timewheel.spark.options import DispatchConfig
     from timewheel.spark.targets import SimulatedDownstream
 
     run = PartitionDispatch(timewheel_engine, SimulatedDownstream(1.0, 2.0), DispatchConfig())

@@ -449,10 +449,10 @@ def test_a_dry_run_says_what_would_be_sent_and_sends_nothing(
 @pytest.mark.parametrize(
     ("extra", "words"),
     [
-        (["--cost-col", "amount"], "--cost-col and --reply-cost need a quota"),
+        (["--cost-col", "amount"], "--cost-col 'amount' is given without a quota"),
         (["--cost-rate", "lots"], "quota: --cost-rate must be a number per second"),
         (["--budget", "nan"], "quota: budget must be a number > 0 and <= 1e+15, got nan"),
-        (["--budget", "10", "--cost-col", "nope"], "--cost-col 'nope': column 'nope' is not in"),
+        (["--budget", "10", "--cost-col", "nope"], "--cost-col 'nope' is not a column of the"),
         (["--rate", "5", "--quota-store", "redis://:pw@127.0.0.1/0"], "must not hold a password"),
         (["--rate", "5", "--quota-store", "redis://127.0.0.1/0"], "a store needs a name"),
     ],
@@ -625,14 +625,15 @@ def test_bad_flags_and_columns_are_refused_with_no_jvm_started(tmp_path: Path) -
         (["--reply-schema", "lat dbl"], "--reply-schema 'lat dbl' is not Spark DDL"),
         (["--reply-schema", "a array<int"], "--reply-schema 'a array<int' is not Spark DDL"),
         (["--cost-rate", "5/fortnight", "--cost-col", "amount"], "quota: --cost-rate must be"),
-        ([*csv, "--rate", "5", "--cost-col", "nope"], "--cost-col 'nope': column 'nope' is not"),
-        ([*csv, "--rate", "5", "--cost-col", "note"], "--cost-col 'note': the column holds"),
-        ([*csv, "--id-col", "uid"], "--id-col 'uid': column 'uid' is not in 'in.csv'"),
-        ([*csv, "--key-cols", "text,zz"], "--key-cols 'text,zz': column 'zz' is not in"),
-        ([*csv, "--body-cols", "text,body"], "--body-cols 'text,body': column 'body' is not"),
-        ([*csv, "--header-col", "X-Who=who"], "--header-col 'X-Who=who': column 'who' is not"),
-        (["--input", "in.csv", "--target", "http://h/{who}"], "--target 'http://h/{who}'"),
-        (["--input", "in.parquet"], "--id-col 'id': column 'id' is not in 'in.parquet'"),
+        ([*csv, "--cost-rate", "5", "--cost-col", "nope"], "--cost-col 'nope' is not a column"),
+        ([*csv, "--cost-rate", "5", "--cost-col", "note"], "--cost-col 'note' has type string"),
+        ([*csv, "--rate", "5", "--cost-col", "tokens"], "the quota counts no cost: give --cost"),
+        ([*csv, "--id-col", "uid"], "--id-col 'uid' is not a column of the input; its columns"),
+        ([*csv, "--key-cols", "text,zz"], "--key-cols 'zz' is not a column of the input"),
+        ([*csv, "--body-cols", "text,body"], "--body-cols 'text,body' names column(s) ['body']"),
+        ([*csv, "--header-col", "X-Who=who"], "--header-col 'X-Who=who' names column(s) ['who']"),
+        (["--input", "in.csv", "--target", "http://h/{who}"], "--target 'http://h/{who}' names"),
+        (["--input", "in.parquet"], "--id-col 'id' is not a column of the input; its columns: key"),
         # A rate per hour is a rate: what stops this one is its id column.
         ([*csv, "--cost-rate", "30000/hour", "--rate", "30000/hour", "--cost-col", "tokens",
           "--id-col", "uid"], "--id-col 'uid'"),
@@ -663,8 +664,8 @@ def test_bad_flags_and_columns_are_refused_with_no_jvm_started(tmp_path: Path) -
 def test_the_ddl_check_agrees_with_spark(spark: Any) -> None:
     from pyspark.sql.types import DataType, StructType
 
-    from timewheel.cli.pipeline.ddl import check_ddl
     from timewheel.spark.columns import reply_struct
+    from timewheel.spark.ddl import check_ddl
 
     good = [
         "lat double, lon double",

@@ -45,12 +45,12 @@ class _Unpicklable:
 
 
 BAD = [
-    ({"id_col": "nope"}, ValueError, "id_col 'nope' is not a column of df"),
+    ({"id_col": "nope"}, ValueError, "id_col 'nope' is not a column of the input"),
     ({"id_col": 3}, TypeError, "id_col must be a column name (str), got 3"),
     (
         {"calls": Calls(key_cols=["acct", "missing"])},
         ValueError,
-        "calls.key_cols 'missing' is not a column of df",
+        "Calls.key_cols 'missing' is not a column of the input",
     ),
     ({"calls": {"retries": 1}}, TypeError, "calls must be a timewheel.spark.Calls"),
     ({"timeout_ms": 0}, ValueError, "timeout_ms must be between 1 and 2147483647, got 0"),
@@ -70,12 +70,12 @@ BAD = [
     ({"target": HttpDownstream}, TypeError, "target must be an instance, got the class"),
     ({"target": SimulatedDownstream}, TypeError, "target must be an instance, got the class"),
     ({"engine": "fibers"}, TypeError, "engine must be an Engine (a function of rows"),
-    ({"dedupe": Dedupe("nope")}, ValueError, "dedupe.col 'nope' is not a column of df"),
+    ({"dedupe": Dedupe("nope")}, ValueError, "Dedupe.col 'nope' is not a column of the input"),
     ({"dedupe": "acct"}, TypeError, "dedupe must be a timewheel.spark.Dedupe"),
     (
         {"dedupe": Dedupe("acct"), "calls": Calls(key_cols=["acct"])},
         ValueError,
-        "dedupe and calls.key_cols cannot be combined",
+        "Dedupe.col 'acct' cannot be combined with Calls.key_cols",
     ),
     ({"journal": "state/record"}, TypeError, "journal must be a timewheel.spark.Journal"),
     ({"resume_from": [1]}, TypeError, "resume_from must be a DataFrame (a previous result)"),
@@ -171,7 +171,7 @@ def test_nested_key_columns_are_refused_from_the_schema(spark: Any, ddl: str, sh
     df = spark.createDataFrame([], f"id long, {ddl}")
     with pytest.raises(ValueError) as info:
         dispatch(df, SimulatedDownstream(1, 2), id_col="id", calls=Calls(key_cols=["acct"]))
-    assert f"key column 'acct' has type {shown}" in str(info.value)
+    assert f"Calls.key_cols 'acct' has type {shown}" in str(info.value)
     # The same columns are fine as payload, and binary keys are hashable.
     binary = spark.createDataFrame([(1, bytearray(b"k"))], "id long, acct binary")
     out = dispatch(binary, SimulatedDownstream(1, 2), id_col="id", calls=Calls(key_cols=["acct"]))
@@ -247,7 +247,7 @@ def test_identical_requests_without_a_dedupe_col_are_sent_once(spark: Any, recor
     recorder.seen.clear()
     whole = dispatch(df, HttpDownstream(url), dedupe=Dedupe.by_request(), **args).collect()
     assert len(whole) == 210 and sum(recorder.seen.values()) == 210
-    with pytest.raises(TypeError, match=r"Dedupe\.by_request\(\) needs a target that names"):
+    with pytest.raises(TypeError, match=r"\(Dedupe\.by_request\(\)\) needs a target that names"):
         dispatch(df, SimulatedDownstream(1, 2), id_col="row", dedupe=Dedupe.by_request())
     with pytest.raises(TypeError, match=r"Dedupe\.requests must be True or False, got 1"):
         Dedupe(requests=1)  # type: ignore[arg-type]

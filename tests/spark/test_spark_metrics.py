@@ -29,12 +29,12 @@ pa = pytest.importorskip("pyarrow")  # the spark extra's
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from engine_config import engine_config  # noqa: E402
 from timewheel.cli.pipeline.metrics_endpoint import MetricsEndpoint  # noqa: E402
 from timewheel.cli.pipeline.options import metrics_port  # noqa: E402
 from timewheel.metrics.prometheus import register_collector  # noqa: E402
 from timewheel.spark.columns import PartitionDispatch  # noqa: E402
 from timewheel.spark.engine.partition import timewheel_engine  # noqa: E402
-from timewheel.spark.options import DispatchConfig  # noqa: E402
 from timewheel.spark.outcome import STATUSES  # noqa: E402
 from timewheel.spark.targets import OnDone, SimulatedDownstream  # noqa: E402
 from timewheel.spark.worker_metrics import WorkerReports, worker_metrics  # noqa: E402
@@ -94,7 +94,7 @@ def test_a_workers_counters_are_live_while_its_partition_runs(
     name = worker_metrics().name
     before = scrape(registry)[name]
     target = Held()
-    config = DispatchConfig(timeout_ms=10_000, max_in_flight=8, retries=0)
+    config = engine_config(timeout_ms=10_000, max_in_flight=8, retries=0)
     partition = PartitionDispatch(timewheel_engine, target, config)
     batch = pa.RecordBatch.from_pydict({"id": list(range(6))})
     out: list[Any] = []

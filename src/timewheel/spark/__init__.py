@@ -15,6 +15,10 @@
 * Engines (:mod:`timewheel.spark.engine.contract` for the contract): the per-partition work;
   the one the wing ships, the default, runs on the package's own timer, purgatory and
   resource manager (:mod:`timewheel.spark.engine.partition`).
+* :func:`plan`: every rule between the options and the input's schema, checked once
+  before any job (``dispatch`` and ``partition_dispatcher`` call it; so does
+  ``timewheel pipeline`` before Spark starts); a refusal is a :class:`PlanError` (a
+  ValueError) naming the option as it was written (``"Calls.key_cols"``).
 * Helpers a job of its own around ``dispatch`` uses (``timewheel pipeline`` does):
   :func:`task_slots` (the tasks Spark runs at once), :func:`is_connect` (a Spark Connect
   session?), :func:`request_key` (the column ``Dedupe.by_request()`` groups rows by);
@@ -33,7 +37,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .batch.spec import Batching
-from .options import Calls, Cost, Dedupe, Journal
+from .options import Calls, Cost, Dedupe, Journal, PlanError
 from .outcome import RESULT_COLUMNS, STATUSES
 from .quota.spec import Quota
 
@@ -42,6 +46,7 @@ if TYPE_CHECKING:
     from .cluster import is_connect, task_slots
     from .columns import output_schema
     from .delivery.dedupe import request_key
+    from .planning import plan
 
 __all__ = [
     "RESULT_COLUMNS",
@@ -51,11 +56,13 @@ __all__ = [
     "Cost",
     "Dedupe",
     "Journal",
+    "PlanError",
     "Quota",
     "dispatch",
     "is_connect",
     "output_schema",
     "partition_dispatcher",
+    "plan",
     "request_key",
     "task_slots",
 ]
@@ -74,6 +81,10 @@ def __getattr__(name: str) -> Any:
         from .columns import output_schema
 
         return output_schema
+    if name == "plan":
+        from .planning import plan
+
+        return plan
     if name == "request_key":
         from .delivery.dedupe import request_key
 

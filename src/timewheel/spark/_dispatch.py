@@ -16,142 +16,34 @@ partitions may share a value of the second column).
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any
 
 import pyarrow as pa
-from pyspark import Accumulator, cloudpickle
+from pyspark import Accumulator
 from pyspark.sql import DataFrame
-from pyspark.sql.types import (
-    StructType,
-)
+from pyspark.sql.types import StructType
 
-from .._validate import check_int
-from .batch.spec import Batching, batch_settings
+from .batch.spec import Batching
 from .cluster import check_workers, is_connect, task_slots
-from .columns import NESTED_TYPES, REPLY_COLUMN, PartitionDispatch, output_schema, reply_struct
-from .contract import Target, TargetPlan, bind, named_columns
+from .columns import PartitionDispatch, output_schema
+from .contract import Target
 from .delivery.dedupe import by_request
-from .delivery.stream_record import (
-    Recording,
-    claim_record,
-    retain_batches,
-)
+from .delivery.stream_record import start_record
 from .engine.contract import Engine
-from .engine.partition import timewheel_engine
-from .options import MAX_DELAY_MS, Calls, Cost, Dedupe, DispatchConfig, Journal
-from .outcome import OK, RESULT_COLUMNS
-from .quota.placement import check_quota, check_store, place_quota
+from .options import Calls, Cost, Dedupe, Journal
+from .outcome import OK
+from .planning import plan
+from .quota.placement import check_store, place_quota
 from .quota.spec import Quota
 
 __all__ = ["dispatch", "partition_dispatcher"]
 
 
-class Plan(NamedTuple):
-    """What every partition needs, from arguments checked before any job."""
-
-    target: Any
-    config: DispatchConfig
-    reply: StructType | None
-    engine: Engine
-
-
-def _plan(
-    schema: StructType,
-    target: Any,
-    id_col: Any,
-    timeout_ms: Any,
-    calls: Any,
-    reply_schema: Any,
-    engine: Any,
-    batching: Any,
-    cost: Any = None,
-    dedupe: Any = None,
-    rate_limit_headers: bool = False,
-) -> Plan:
-    """Every argument checked against an input of ``schema``, before any job; then what
-    each partition needs: the target (keyed on ``id_col`` when it derives its keys from
-    it), the settings, the reply struct and the engine. Shared by :func:`dispatch` and
-    :func:`partition_dispatcher`."""
-    engine = timewheel_engine if engine is None else engine
-    if not callable(engine):
-        raise TypeError(
-            f"engine must be an Engine (a function of rows, target and config), got {engine!r}"
-        )
-    calls = Calls() if calls is None else calls
-    for name, value, kind in (
-        ("calls", calls, Calls),
-        ("cost", cost, Cost),
-        ("dedupe", dedupe, Dedupe),
-    ):
-        if value is not None and not isinstance(value, kind):
-            raise TypeError(f"{name} must be a timewheel.spark.{kind.__name__}, got {value!r}")
-    if isinstance(target, type):
-        raise TypeError(f"target must be an instance, got the class {target.__name__}")
-    columns = schema.fieldNames()
-    if not isinstance(id_col, str):
-        raise TypeError(f"id_col must be a column name (str), got {id_col!r}")
-    dedupe_col = None if dedupe is None else dedupe.col
-    for what, col in [("id_col", id_col), ("dedupe.col", dedupe_col)] + [
-        ("calls.key_cols", c) for c in calls.key_cols
-    ]:
-        if col is not None and col not in columns:
-            raise ValueError(f"{what} {col!r} is not a column of df; columns: {columns}")
-    if dedupe is not None and calls.key_cols:
-        raise ValueError(
-            "dedupe and calls.key_cols cannot be combined: rows are partitioned by one "
-            "column, and each needs its own"
-        )
-    for field in schema.fields:
-        if field.name in (*calls.key_cols, dedupe_col) and isinstance(
-            field.dataType, NESTED_TYPES
-        ):
-            what = "dedupe.col" if field.name == dedupe_col else "key column"
-            raise ValueError(
-                f"{what} {field.name!r} has type {field.dataType.simpleString()}: its values "
-                "must be hashable scalars (numbers, strings, dates, binary), not arrays, maps "
-                "or structs"
-            )
-    clash = [col for col in RESULT_COLUMNS if col in columns]
-    if clash:
-        raise ValueError(f"df already has result column(s) {clash}; rename them before dispatch")
-    config = DispatchConfig(
-        timeout_ms=check_int("timeout_ms", timeout_ms, 1, MAX_DELAY_MS),
-        max_in_flight=calls.max_in_flight,
-        retries=calls.retries,
-        backoff_ms=calls.backoff_ms,
-        key_cols=tuple(calls.key_cols),
-    )
-    if not isinstance(target, Target) or not callable(target.submit):
-        raise TypeError(f"target must have a submit(row, on_done) method, got {target!r}")
-    try:
-        cloudpickle.dumps(target)  # type: ignore[no-untyped-call]
-    except (pickle.PicklingError, TypeError, AttributeError) as exc:
-        raise TypeError(f"target {target!r} cannot be pickled for Spark's workers: {exc}") from exc
-    reply = None if reply_schema is None else reply_struct(reply_schema)
-    if reply is not None and REPLY_COLUMN in columns:
-        raise ValueError(f"df already has a {REPLY_COLUMN!r} column; rename it before dispatch")
-    missing = [c for c in named_columns(target) if c not in columns]
-    if missing:
-        raise ValueError(
-            f"the target's requests name column(s) {missing} that df does not have; "
-            f"columns: {columns}"
-        )
-    target, batch = batch_settings(target, batching, cost)
-    if batch is not None:
-        if engine is not timewheel_engine:
-            raise ValueError(f"batches are made by the timewheel engine only, not by {engine!r}")
-        config = replace(config, batch=batch)
-    # Told once what the job is (the HTTP target keys its requests on id_col).
-    target = bind(target, TargetPlan(id_col, rate_limit_headers, batch is not None))
-    return Plan(target, config, reply, engine)
-
-
 def dispatch(
     df: DataFrame,
-    target: Any,
+    target: Target,
     *,
     id_col: str,
     timeout_ms: int = 1000,
@@ -211,8 +103,11 @@ def dispatch(
       (:class:`~timewheel.spark.engine.contract.Engine`; default the timewheel engine,
       :func:`~timewheel.spark.engine.partition.timewheel_engine`).
 
-    Every argument is checked before any Spark job runs; a bad one raises ValueError or
-    TypeError naming it. Then, once per Spark application, one tiny task checks that the
+    Every argument is checked before any Spark job runs, by
+    :func:`~timewheel.spark.planning.plan`; a bad one raises
+    :class:`~timewheel.spark.options.PlanError` (a ValueError; ``PlanTypeError``, a
+    TypeError too, for a value of the wrong kind) naming it as written
+    (``Calls.key_cols``). Then, once per Spark application, one tiny task checks that the
     executors can import timewheel (RuntimeError if not). ``id_col`` is carried through,
     not checked for uniqueness: duplicate or null ids are allowed, and each such row
     comes back once with its own outcome.
@@ -222,73 +117,54 @@ def dispatch(
     """
     if not isinstance(df, DataFrame):
         raise TypeError(f"df must be a pyspark.sql.DataFrame, got {type(df).__name__}")
-    # (with a quota, the target's answers carry the rate-limit headers it follows)
-    target, config, reply, engine = _plan(
-        df.schema, target, id_col, timeout_ms, calls, reply_schema, engine, batching, cost,
-        dedupe, quota is not None,
-    )
-    estimate, actual = (None, None) if cost is None else (cost.estimate, cost.actual)
-    check_quota(df.schema, quota, estimate, actual)
+    streaming = df.isStreaming
+    job = plan(
+        df.schema, target, id_col=id_col, timeout_ms=timeout_ms, calls=calls,
+        reply_schema=reply_schema, quota=quota, cost=cost, batching=batching, dedupe=dedupe,
+        journal=journal, engine=engine, streaming=streaming,
+    )  # fmt: skip
+    reply = job.reply()
     if quota is not None:
         check_store(quota)  # a store that cannot be reached stops the job here
-    if quota is not None and engine is not timewheel_engine:
-        raise ValueError(f"a quota is kept by the timewheel engine only, not by {engine!r}")
-    if journal is not None and not isinstance(journal, Journal):
-        raise TypeError(f"journal must be a timewheel.spark.Journal, got {journal!r}")
-    kept = recording = None
-    path = None if journal is None else journal.path
-    if df.isStreaming and journal is not None:
-        # A record of the rows answered, looked up before each is sent: a micro-batch
-        # that runs again calls none of them twice (see stream_record).
-        retain = retain_batches(df.sparkSession, journal.retain_batches)
-        claim_record(journal.path, id_col, target, df.columns)
-        recording = Recording(id_col, retain)
-    elif journal is not None and journal.retain_batches is not None:
-        raise ValueError("Journal.retain_batches is for a stream's journal")
-    if resume_from is not None:
-        if df.isStreaming:
-            raise ValueError("resume_from is for batch jobs: a stream resumes from its journal")
-        kept = _kept(df, resume_from, id_col, reply)
+    target, config, recording = job.target, job.config, None
+    if streaming and journal is not None:  # rows answered, looked up before each is sent
+        recording = start_record(
+            df.sparkSession, journal.path, journal.retain_batches, id_col, target, df.columns
+        )
+    kept = None if resume_from is None else _kept(df, resume_from, id_col, reply)
+    if kept is not None:
         df = df.join(kept.select(id_col), id_col, "left_anti")
-    dedupe_col = hide = None
+    dedupe_col = None if dedupe is None else dedupe.col
     if dedupe is not None and dedupe.requests:
         df, target, dedupe_col = by_request(df, target)
-        hide = dedupe_col
-    elif dedupe is not None:
-        dedupe_col = dedupe.col
     spark = df.sparkSession
     check_workers(spark)
     connect = is_connect(spark)
     if connect and worker_reports is not None:
         raise ValueError("Spark Connect has no accumulators: worker_reports must be None")
-    by = config.key_cols[:1] or ((dedupe_col,) if dedupe_col else ())
-    if quota is not None:
-        # Tasks share the quota as they go: the input's partitions stay as they are.
-        ref = place_quota(quota, spark, task_slots(spark), connect)
-        ceiling = None if cost is None else cost.max_per_call
-        config = replace(
-            config, quota=ref, cost=estimate, reply_cost=actual, max_cost_per_call=ceiling
-        )
+    if quota is not None:  # tasks share the quota as they go: partitions stay as they are
+        config = replace(config, quota=place_quota(quota, spark, task_slots(spark), connect))
+    by = config.calls.key_cols[:1] or ((dedupe_col,) if dedupe_col else ())
     if by:
-        same = connect or df.isStreaming  # (a stream has no rdd)
-        slots = task_slots(spark) if same else df.rdd.getNumPartitions()
-        df = df.repartition(slots, *by)
+        same = connect or streaming  # (a stream has no rdd)
+        df = df.repartition(task_slots(spark) if same else df.rdd.getNumPartitions(), *by)
     if dedupe_col:
         df = df.sortWithinPartitions(dedupe_col)
+    path = None if journal is None else journal.path
     result = df.mapInArrow(
         PartitionDispatch(
-            engine, target, config, worker_reports, reply, dedupe_col, path, recording
+            job.engine, target, config, worker_reports, reply, dedupe_col, path, recording
         ),
         output_schema(df.schema, reply),
     )
-    if hide is not None:
-        result = result.drop(hide)
+    if dedupe is not None and dedupe.requests and dedupe_col:
+        result = result.drop(dedupe_col)
     return result if kept is None else kept.unionByName(result)
 
 
 def partition_dispatcher(
     schema: StructType,
-    target: Any,
+    target: Target,
     *,
     id_col: str,
     timeout_ms: int = 1000,
@@ -313,23 +189,20 @@ def partition_dispatcher(
     within a partition only), a quota, ``dedupe``, ``resume_from``, a stream's record,
     and the check that the executors can import timewheel.
     """
-    if not isinstance(schema, StructType):
-        raise TypeError(
-            f"schema must be a pyspark.sql.types.StructType (df.schema), got {schema!r}"
-        )
-    if journal is not None and not isinstance(journal, Journal):
-        raise TypeError(f"journal must be a timewheel.spark.Journal, got {journal!r}")
-    target, config, reply, engine = _plan(
-        schema, target, id_col, timeout_ms, calls, reply_schema, engine, batching
-    )
+    job = plan(
+        schema, target, id_col=id_col, timeout_ms=timeout_ms, calls=calls,
+        reply_schema=reply_schema, batching=batching, journal=journal, engine=engine,
+    )  # fmt: skip
     path = None if journal is None else journal.path
-    return PartitionDispatch(engine, target, config, reply=reply, journal=path)
+    return PartitionDispatch(job.engine, job.target, job.config, reply=job.reply(), journal=path)
 
 
 def _kept(df: DataFrame, previous: Any, id_col: str, reply: StructType | None) -> DataFrame:
     """The rows of ``previous`` that are done (ok, with an id); ``df`` is left with the rest."""
     from pyspark.sql import functions as F
 
+    if df.isStreaming:
+        raise ValueError("resume_from is for batch jobs: a stream resumes from its journal")
     if not isinstance(previous, DataFrame):
         raise TypeError(
             f"resume_from must be a DataFrame (a previous result), got {type(previous).__name__}"

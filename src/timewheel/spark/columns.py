@@ -18,15 +18,14 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 from pyspark import Accumulator
 from pyspark.sql.types import (
-    ArrayType,
     DoubleType,
     IntegerType,
-    MapType,
     StringType,
     StructField,
     StructType,
 )
 
+from .contract import Target
 from .delivery.dedupe import sent_once
 from .delivery.journal import Committer, JournalWriter
 from .delivery.stream_record import (
@@ -36,15 +35,12 @@ from .delivery.stream_record import (
     record_of,
     task_batch,
 )
-from .engine.contract import Engine
-from .options import DispatchConfig
-from .outcome import FAILED, OK, RESULT_COLUMNS, SKIPPED, Outcome
+from .engine.contract import DispatchConfig, Engine
+from .outcome import FAILED, OK, REPLY_COLUMN, RESULT_COLUMNS, SKIPPED, Outcome
 from .runtime import heap_frozen
 from .worker_metrics import PartitionCounts, worker_metrics
 
 __all__ = [
-    "NESTED_TYPES",
-    "REPLY_COLUMN",
     "PartitionDispatch",
     "ReplyParser",
     "output_schema",
@@ -73,11 +69,6 @@ _ARROW_RESULT_FIELDS = [
 ]
 
 
-# Key column types refused before the job: their values reach Python as lists and dicts,
-# which cannot be hashed (a key that is a struct's fields is better named column by column).
-NESTED_TYPES = (ArrayType, MapType, StructType)
-
-
 # Rows per Arrow batch handed back to Spark (Spark's own default batch size).
 _OUT_BATCH_ROWS = 10_000
 
@@ -96,7 +87,7 @@ class PartitionDispatch:
     def __init__(
         self,
         engine: Engine,
-        target: Any,
+        target: Target,
         config: DispatchConfig,
         reports: Accumulator[Any] | None = None,
         reply: StructType | None = None,
@@ -216,9 +207,6 @@ class PartitionDispatch:
         columns += replies
         return pa.RecordBatch.from_arrays(columns, schema=schema)
 
-
-#: The name of the parsed answer's column.
-REPLY_COLUMN = "reply"
 
 _ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)
 

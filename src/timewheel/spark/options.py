@@ -11,17 +11,18 @@ deadline (``timeout_ms``), and one keyword per concern:
 * ``batching=``:class:`~timewheel.spark.batch.spec.Batching` and ``quota=``
   :class:`~timewheel.spark.quota.spec.Quota` live with their rooms.
 
-A bad value raises TypeError or ValueError naming the object's field when the object
-is made, so a job never starts with it. What depends on the data (a column that must
-exist) is checked by ``dispatch`` against the DataFrame's schema, before any Spark job.
-:class:`DispatchConfig` is what an engine receives: the settings above, resolved.
+A bad value raises :class:`PlanError` (a ValueError; :class:`PlanTypeError`, also a
+TypeError, for a value of the wrong kind) naming the object's field when the object is
+made, so a job never starts with it. What depends on other options or on the data (a
+column that must exist) is checked by :func:`timewheel.spark.planning.plan`, once, before
+any Spark job.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any, Callable, TypeVar, Union
 
 from .._validate import check_columns, check_int, check_number
 
@@ -33,8 +34,10 @@ __all__ = [
     "Calls",
     "Cost",
     "Dedupe",
-    "DispatchConfig",
     "Journal",
+    "PlanError",
+    "PlanTypeError",
+    "read_path",
 ]
 
 #: The largest ``timeout_ms`` and ``backoff_ms``: 2**31 - 1 ms, about 24.8 days. The
@@ -51,6 +54,53 @@ MAX_RETAINED_BATCHES = 10**9
 Estimate = Union[str, Callable[[Mapping[str, Any]], float]]
 #: A call's actual cost: a dotted path into the JSON answer, or a function of it.
 Actual = Union[str, Callable[[Any], float]]
+
+
+class PlanError(ValueError):
+    """An option of ``dispatch`` refused before any Spark job.
+
+    ``field`` names it as the user wrote it (``"Calls.key_cols"``, ``"Cost.estimate"``,
+    ``"id_col"``), ``value`` is what was given, and the message is the field's name
+    followed by ``why``. Other fields ``why`` speaks of are written ``{Field.name}`` in it
+    and listed in ``also``: :meth:`describe` names every field its own way, so that a
+    command line says its flags (``--key-cols``) with no rewriting of the text.
+    """
+
+    def __init__(self, field: str, value: object, why: str, also: tuple[str, ...] = ()) -> None:
+        self.field = field
+        self.value = value
+        self.why = why
+        self.also = also
+        super().__init__(self.describe())
+
+    def describe(self, name: Callable[[str], str] = str) -> str:
+        """The message, each field called ``name(field)``."""
+        why = self.why
+        for other in self.also:
+            why = why.replace("{" + other + "}", name(other))
+        return f"{name(self.field)} {why}"
+
+    def __reduce__(self) -> Any:
+        return type(self), (self.field, self.value, self.why, self.also)
+
+
+class PlanTypeError(PlanError, TypeError):
+    """A :class:`PlanError` for a value of the wrong kind (a TypeError too)."""
+
+
+T = TypeVar("T")
+
+
+def checked(field: str, check: Callable[..., T], value: Any, *args: Any, **kwargs: Any) -> T:
+    """``check(field, value, ...)`` (one of :mod:`timewheel._validate`'s, which word every
+    refusal ``"{field} {why}"``), its refusal raised as a :class:`PlanError` of ``field``."""
+    try:
+        return check(field, value, *args, **kwargs)
+    except (TypeError, ValueError) as exc:
+        text = str(exc)
+        why = text[len(field) + 1 :] if text.startswith(field + " ") else text
+        kind = PlanTypeError if isinstance(exc, TypeError) else PlanError
+        raise kind(field, value, why) from None
 
 
 @dataclass(frozen=True)
@@ -73,21 +123,22 @@ class Calls:
 
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__
-        setattr_(self, "max_in_flight", check_int(
-            "Calls.max_in_flight", self.max_in_flight, 1, MAX_IN_FLIGHT))
-        setattr_(self, "key_cols", check_columns("Calls.key_cols", self.key_cols))
-        setattr_(self, "retries", check_int("Calls.retries", self.retries, 0, MAX_RETRIES))
-        setattr_(self, "backoff_ms", check_int(
-            "Calls.backoff_ms", self.backoff_ms, 0, MAX_DELAY_MS))
+        setattr_(self, "max_in_flight", checked(
+            "Calls.max_in_flight", check_int, self.max_in_flight, 1, MAX_IN_FLIGHT))
+        setattr_(self, "key_cols", checked("Calls.key_cols", check_columns, self.key_cols))
+        setattr_(self, "retries", checked(
+            "Calls.retries", check_int, self.retries, 0, MAX_RETRIES))
+        setattr_(self, "backoff_ms", checked(
+            "Calls.backoff_ms", check_int, self.backoff_ms, 0, MAX_DELAY_MS))
 
 
 def _column_or_function(name: str, value: Any, what: str) -> None:
     if value is None or callable(value):
         return
     if not isinstance(value, str):
-        raise TypeError(f"{name} must be {what} or a function, got {value!r}")
+        raise PlanTypeError(name, value, f"must be {what} or a function, got {value!r}")
     if not value.strip():
-        raise ValueError(f"{name} must not be empty")
+        raise PlanError(name, value, "must not be empty")
 
 
 @dataclass(frozen=True)
@@ -115,15 +166,23 @@ class Cost:
         _column_or_function("Cost.estimate", self.estimate, "a column name (str)")
         _column_or_function("Cost.actual", self.actual, 'a dotted path (str, "usage.total")')
         if self.estimate is None and self.actual is None:
-            raise ValueError("Cost needs an estimate, an actual, or both")
+            raise PlanError("Cost", self, "needs an estimate, an actual, or both")
         if self.max_per_call is not None:
-            object.__setattr__(self, "max_per_call", check_number(
-                "Cost.max_per_call", self.max_per_call, 0, 1e15, strict_lo=True))
+            object.__setattr__(self, "max_per_call", checked(
+                "Cost.max_per_call", check_number, self.max_per_call, 0, 1e15, strict_lo=True))
             if self.estimate is not None or self.actual is None:
-                raise ValueError(
-                    "Cost.max_per_call is the hold of a cost known only from the answer: "
-                    "give it with actual and no estimate"
+                raise PlanError(
+                    "Cost.max_per_call",
+                    self.max_per_call,
+                    "is the hold of a cost known only from the answer: give it with "
+                    "{Cost.actual} and no {Cost.estimate}",
+                    ("Cost.actual", "Cost.estimate"),
                 )
+
+    def actual_of(self) -> Callable[[Any], Any] | None:
+        """A function of the parsed answer that reads the cost it says (None: no
+        ``actual``)."""
+        return read_path(self.actual) if isinstance(self.actual, str) else self.actual
 
 
 @dataclass(frozen=True)
@@ -140,13 +199,19 @@ class Dedupe:
 
     def __post_init__(self) -> None:
         if not isinstance(self.requests, bool):
-            raise TypeError(f"Dedupe.requests must be True or False, got {self.requests!r}")
+            raise PlanTypeError(
+                "Dedupe.requests", self.requests, f"must be True or False, got {self.requests!r}"
+            )
         if self.col is not None and (not isinstance(self.col, str) or not self.col):
-            raise TypeError(f"Dedupe.col must be a column name (str), got {self.col!r}")
+            raise PlanTypeError(
+                "Dedupe.col", self.col, f"must be a column name (str), got {self.col!r}"
+            )
         if (self.col is None) == (not self.requests):
-            raise ValueError(
-                "Dedupe takes a column (Dedupe('email')) or requests (Dedupe.by_request()), "
-                "one of the two"
+            raise PlanError(
+                "Dedupe",
+                self,
+                "takes a column (Dedupe('email')) or requests (Dedupe.by_request()), one of "
+                "the two",
             )
 
     @classmethod
@@ -172,32 +237,29 @@ class Journal:
         path = getattr(self.path, "__fspath__", None)
         value = path() if callable(path) else self.path
         if not isinstance(value, str) or not value:
-            raise TypeError(f"Journal.path must be a directory (str or path), got {self.path!r}")
+            raise PlanTypeError(
+                "Journal.path", self.path, f"must be a directory (str or path), got {self.path!r}"
+            )
         object.__setattr__(self, "path", value)
         if self.retain_batches is not None:
-            object.__setattr__(self, "retain_batches", check_int(
-                "Journal.retain_batches", self.retain_batches, 1, MAX_RETAINED_BATCHES))
+            object.__setattr__(self, "retain_batches", checked(
+                "Journal.retain_batches", check_int, self.retain_batches, 1,
+                MAX_RETAINED_BATCHES))
 
 
-@dataclass(frozen=True)
-class DispatchConfig:
-    """What an engine receives: the per-call settings of ``dispatch``, already checked."""
+def read_path(path: str) -> Callable[[Any], Any]:
+    """A function reading ``path`` (``"usage.total_tokens"``, ``"data.0.n"``) from parsed
+    JSON: None where a step is missing (how :class:`Cost` reads a string ``actual``)."""
+    steps = path.split(".")
 
-    timeout_ms: int = 1000
-    max_in_flight: int = Calls.max_in_flight
-    retries: int = Calls.retries
-    backoff_ms: int = Calls.backoff_ms
-    key_cols: tuple[str, ...] = ()
-    #: A static requests/s limit for this task (the benchmark's baselines use it); None:
-    #: no limit.
-    rate_per_task: float | None = None
-    #: The job's quota (a :class:`~timewheel.spark.quota.placement.QuotaRef`), and how a
-    #: row's estimated and actual cost are read (see :mod:`timewheel.spark.quota.gate`).
-    quota: Any = None
-    cost: Any = None
-    reply_cost: Any = None
-    #: ``Cost.max_per_call``: what a call whose cost only its answer says holds.
-    max_cost_per_call: float | None = None
-    #: Many rows per request (a :class:`~timewheel.spark.batch.spec.Batching`), or None
-    #: for one request per row.
-    batch: Any = None
+    def read(value: Any) -> Any:
+        for step in steps:
+            if isinstance(value, Mapping):
+                value = value.get(step)
+            elif isinstance(value, list) and step.isdigit() and int(step) < len(value):
+                value = value[int(step)]
+            else:
+                return None
+        return value
+
+    return read

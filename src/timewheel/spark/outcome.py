@@ -10,7 +10,17 @@ from typing import (
 
 from .contract import Reply
 
-__all__ = ["FAILED", "OK", "RESULT_COLUMNS", "SKIPPED", "STATUSES", "TIMEOUT", "Outcome", "outcome"]
+__all__ = [
+    "FAILED",
+    "OK",
+    "REPLY_COLUMN",
+    "RESULT_COLUMNS",
+    "SKIPPED",
+    "STATUSES",
+    "TIMEOUT",
+    "Outcome",
+    "outcome",
+]
 
 
 #: The values of the ``status`` column: how a row's last attempt ended (``skipped``: not
@@ -67,3 +77,5 @@ def outcome(
 
 #: The columns ``dispatch`` adds to its input's: the fields of an Outcome after the row.
 RESULT_COLUMNS: tuple[str, ...] = Outcome._fields[1:]
+#: The column a ``reply_schema`` adds: the ``ok`` answers parsed.
+REPLY_COLUMN = "reply"

@@ -17,12 +17,15 @@ import pytest
 
 pytest.importorskip("pycurl")  # the spark extra's HTTP client
 
+from engine_config import engine_config
 from http_fixtures import ScriptedService
-from timewheel.spark.batch.spec import Batching, batch_key, batch_settings
+from timewheel.spark.batch.spec import Batching, batch_key
 from timewheel.spark.contract import TargetPlan, bind
 from timewheel.spark.engine.partition import timewheel_engine
-from timewheel.spark.options import Cost, DispatchConfig
+from timewheel.spark.options import Cost, PlanError
 from timewheel.spark.outcome import Outcome
+from timewheel.spark.planning import plan
+from timewheel.spark.quota.spec import Quota
 from timewheel.spark.targets import BatchFormat, HttpDownstream
 
 
@@ -35,7 +38,7 @@ def run(
 ) -> dict[Any, Outcome]:
     settings = dict(timeout_ms=3000, max_in_flight=4, retries=2, backoff_ms=10)
     settings.update(config)
-    cfg = DispatchConfig(batch=Batching(size, linger_ms), **settings)  # type: ignore[arg-type]
+    cfg = engine_config(batch=Batching(size, linger_ms), **settings)  # type: ignore[arg-type]
     bound = bind(target, TargetPlan("id", batching=True))
     outcomes = list(timewheel_engine(iter(rows), bound, cfg))
     by_id = {o.row["id"]: o for o in outcomes}
@@ -162,7 +165,7 @@ def test_linger_ends_early_at_a_rows_deadline(service: ScriptedService) -> None:
             time.sleep(0.01)
         yield {"id": 1, "text": "y"}
 
-    cfg = DispatchConfig(timeout_ms=500, retries=2, batch=Batching(100, 60_000))
+    cfg = engine_config(timeout_ms=500, retries=2, batch=Batching(100, 60_000))
     started = time.monotonic()
     target = bind(echo_target(service), TargetPlan("id", batching=True))
     out = list(timewheel_engine(slow_rows(), target, cfg))
@@ -234,23 +237,31 @@ def test_batches_need_a_target_that_takes_them() -> None:
         def submit(self, row: Any, on_done: Any) -> None:
             on_done(True, None)
 
-    with pytest.raises(TypeError, match="many rows per request"):
-        batch_settings(OneByOne(), Batching(10), None)
+    def batching(target: Any, batching: Any, cost: Any = None) -> Any:
+        quota = None if cost is None else Quota(budget=100)
+        return plan(None, target, id_col="id", batching=batching, cost=cost, quota=quota)
+
+    with pytest.raises(TypeError, match="many rows per request") as info:
+        batching(OneByOne(), Batching(10))
+    assert (info.value.field, info.value.value) == ("Batching.size", 10)  # type: ignore[attr-defined]
     # A target that cannot hold rows in its requests says so when bound for batches.
     get = HttpDownstream("http://127.0.0.1:9/x", method="GET")
-    assert batch_settings(get, Batching(10), None) == (get, Batching(10))
     with pytest.raises(ValueError, match=r"sends none \(method GET, body None\)"):
         bind(get, TargetPlan("id", batching=True))
+    with pytest.raises(PlanError, match=r"sends none \(method GET, body None\)"):
+        batching(get, Batching(10))
+    post = HttpDownstream("http://127.0.0.1:9/x")
+    assert batching(post, Batching(10)).config.batching == Batching(10)
     assert bind(get, TargetPlan("id")).id_col == "id"  # a request per row: no body needed
-    with pytest.raises(ValueError, match=r"give cost=Cost\(estimate="):
-        batch_settings(HttpDownstream("http://127.0.0.1:9/x"), Batching(10, max_cost=100), None)
-    with pytest.raises(ValueError, match=r"give cost=Cost\(estimate="):
-        batch_settings(OneByOne(), Batching(10, max_cost=100), Cost(actual="usage.total"))
+    with pytest.raises(ValueError, match=r"give Cost\.estimate \(and a quota\) too"):
+        batching(post, Batching(10, max_cost=100))
+    with pytest.raises(ValueError, match=r"give Cost\.estimate \(and a quota\) too"):
+        batching(OneByOne(), Batching(10, max_cost=100), Cost(actual="usage.total"))
     with pytest.raises(TypeError, match=r"batching must be a timewheel\.spark\.Batching"):
-        batch_settings(OneByOne(), 10, None)
+        batching(OneByOne(), 10)
     # Batching(1) is a request per row, for any target, and so is no batching at all.
-    assert batch_settings(OneByOne(), Batching(1), None)[1] is None
-    assert batch_settings(OneByOne(), None, None)[1] is None
+    assert batching(OneByOne(), Batching(1)).config.batching is None
+    assert batching(OneByOne(), None).config.batching is None
 
 
 @pytest.mark.parametrize(
@@ -331,8 +342,9 @@ def test_the_simulated_downstream_takes_batches(keyed: bool) -> None:
     # The simulator fails a call whose rows hold an account another row out holds.
     sim = SimulatedDownstream(2, 4, failure_rate=0.2, seed=7, exclusive_cols=keys)
     rows = [{"id": i, "acct": i % 13} for i in range(2000)]
-    cfg = DispatchConfig(timeout_ms=2000, retries=5, backoff_ms=1, key_cols=keys)
-    cfg = DispatchConfig(**{**cfg.__dict__, "batch": Batching(50, 5)})
+    cfg = engine_config(
+        timeout_ms=2000, retries=5, backoff_ms=1, key_cols=keys, batch=Batching(50, 5)
+    )
     out = list(timewheel_engine(iter(rows), sim, cfg))
     assert sorted(o.row["id"] for o in out) == list(range(2000))
     ok = [o for o in out if o.status == "ok"]
@@ -368,7 +380,7 @@ def _endless_run() -> tuple[Any, Any]:
     minute of linger of the batch opened first still pending on the worker's timer."""
     import itertools
 
-    cfg = DispatchConfig(timeout_ms=5000, max_in_flight=2, batch=Batching(1000, 60_000))
+    cfg = engine_config(timeout_ms=5000, max_in_flight=2, batch=Batching(1000, 60_000))
     run = timewheel_engine(({"id": i} for i in itertools.count()), _Instant(), cfg)
     assert next(run).status == "ok"
     batcher = run.gi_frame.f_locals["self"].batcher  # type: ignore[union-attr]
@@ -380,7 +392,7 @@ def _batches_in_child(queue: Any) -> None:
     from timewheel.spark.targets import SimulatedDownstream
 
     sim = SimulatedDownstream(1, 2, seed=2)
-    cfg = DispatchConfig(timeout_ms=5000, batch=Batching(10, 5))
+    cfg = engine_config(timeout_ms=5000, batch=Batching(10, 5))
     queue.put(
         sorted(o.status for o in timewheel_engine(iter([{"id": i} for i in range(25)]), sim, cfg))
     )

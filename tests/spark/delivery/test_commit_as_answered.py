@@ -19,7 +19,7 @@ pytest.importorskip("pyspark")
 from timewheel.spark.columns import PartitionDispatch  # noqa: E402
 from timewheel.spark.delivery.journal import Committer, journal_rows, read_batches  # noqa: E402
 from timewheel.spark.delivery.stream_record import Record, Recording  # noqa: E402
-from timewheel.spark.options import DispatchConfig  # noqa: E402
+from timewheel.spark.engine.contract import DispatchConfig  # noqa: E402
 from timewheel.spark.outcome import OK, SKIPPED, Outcome  # noqa: E402
 
 ROWS = 40

@@ -1,18 +1,15 @@
-"""The engines' admission: a task's share of ``rate`` and the window that backs off on 429/503."""
+"""The engine's admission: the window of calls in flight that backs off on 429/503."""
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from typing import Any
 
-import pytest
-
+from engine_config import engine_config
 from timewheel.spark.contract import is_overload
-from timewheel.spark.engine.admission import BURST_S, Admission, check_rate
+from timewheel.spark.engine.admission import Admission
 from timewheel.spark.engine.partition import timewheel_engine
-from timewheel.spark.options import DispatchConfig
 from timewheel.spark.targets import Failure, OnDone, Reply
 
 
@@ -56,7 +53,7 @@ class Crowded:
 
 def test_503s_shrink_the_window_so_a_job_settles_at_what_the_service_takes() -> None:
     service = Crowded(capacity=4, hold_s=0.01)
-    config = DispatchConfig(max_in_flight=64, retries=1000, backoff_ms=1)
+    config = engine_config(max_in_flight=64, retries=1000, backoff_ms=1)
     outcomes = list(timewheel_engine(iter([{"id": i} for i in range(600)]), service, config))
     assert sorted(o.row["id"] for o in outcomes) == list(range(600))
     assert {o.status for o in outcomes} == {"ok"}
@@ -79,7 +76,7 @@ def test_a_429s_retry_after_holds_new_calls() -> None:
             on_done(True, None)
 
     service.submit = submit  # type: ignore[method-assign]
-    config = DispatchConfig(max_in_flight=1, retries=3, backoff_ms=1)
+    config = engine_config(max_in_flight=1, retries=3, backoff_ms=1)
     outcomes = list(timewheel_engine(iter([{"id": i} for i in range(5)]), service, config))
     assert {o.status for o in outcomes} == {"ok"}
     # ... and nothing else is sent until its Retry-After has passed.
@@ -88,7 +85,7 @@ def test_a_429s_retry_after_holds_new_calls() -> None:
 
 
 def test_the_window_halves_once_per_round_and_climbs_back() -> None:
-    admission = Admission(64, None)
+    admission = Admission(64)
     admission.took(64)
     for _ in range(10):  # ten refusals of calls started in the same round: one cut
         admission.overloaded(3, None)
@@ -101,33 +98,6 @@ def test_the_window_halves_once_per_round_and_climbs_back() -> None:
     assert admission.window == 64
 
 
-def test_a_bucket_never_lets_more_than_its_burst_through_at_once() -> None:
-    admission = Admission(10_000, 1000.0)
-    room, _ = admission.room(0)
-    assert room == math.floor(1000 * BURST_S)
-    admission.took(room)
-    room, later = admission.room(0)
-    assert room == 0 and later is not None and 0 < later <= 0.001 + 1e-9
-
-
-@pytest.mark.parametrize(
-    ("rate", "error"),
-    [
-        (0, ValueError),
-        (-1, ValueError),
-        (float("nan"), ValueError),
-        (float("inf"), ValueError),
-        (1e10, ValueError),
-        (True, TypeError),
-        ("10", TypeError),
-        (None, TypeError),
-    ],
-)
-def test_bad_rates_are_refused_by_name(rate: Any, error: type[Exception]) -> None:
-    with pytest.raises(error, match="rate must be"):
-        check_rate(rate)
-
-
 def test_overload_is_429_or_503_only() -> None:
     assert is_overload(Failure("HTTP 429: x", 1.0)) and is_overload("HTTP 503: busy")
     assert not is_overload("HTTP 500: boom") and not is_overload(None)
@@ -135,15 +105,3 @@ def test_overload_is_429_or_503_only() -> None:
     assert is_overload("too many requests", Reply(429, b"")) and is_overload(None, Reply(503, None))
     assert not is_overload("HTTP 429: x", Reply(500, b""))
     assert not is_overload("x", Reply(None, None))  # no status: the words decide
-
-
-def test_with_a_rate_the_window_starts_small_and_grows_only_while_it_holds_calls_back() -> None:
-    admission = Admission(256, 100.0)  # a burst of 2 tokens: a window of 4 calls
-    assert admission.window == 4
-    assert admission.room(0) == (2, None)  # the tokens hold the calls back ...
-    admission.succeeded()
-    assert admission.window == 4  # ... so answers do not widen the window
-    assert admission.room(4)[0] == 0  # the window holds them back ...
-    admission.succeeded()
-    assert admission.window == 5  # ... so each answer widens it by one (slow start)
-    assert Admission(256, None).window == 256  # without a rate: all of max_in_flight

@@ -9,8 +9,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from engine_config import engine_config
 from timewheel.spark.engine.partition import _kit, _Partition, _WorkerKit, timewheel_engine
-from timewheel.spark.options import DispatchConfig
 from timewheel.spark.runtime import worker_runtime
 from timewheel.spark.targets import OnDone
 
@@ -45,7 +45,7 @@ def settle_kit() -> None:
 def test_the_kit_is_made_once_per_worker_and_left_idle_between_tasks() -> None:
     kit = _kit()
     expired, tasks_run = kit.purgatory.metrics()["expired"], kit.strategy.stats().tasks_run
-    config = DispatchConfig(timeout_ms=50, max_in_flight=8, retries=0)
+    config = engine_config(timeout_ms=50, max_in_flight=8, retries=0)
     outcomes = list(timewheel_engine(iter([{"id": i} for i in range(8)]), Held(), config))
     assert {(o.status, o.attempts) for o in outcomes} == {("timeout", 1)}
     assert worker_runtime().objects()["timewheel-engine"] is kit
@@ -57,7 +57,7 @@ def test_the_kit_is_made_once_per_worker_and_left_idle_between_tasks() -> None:
 
 def test_a_late_reply_from_an_earlier_task_changes_nothing_in_the_next() -> None:
     target = Held()
-    config = DispatchConfig(timeout_ms=30, max_in_flight=4, retries=0)
+    config = engine_config(timeout_ms=30, max_in_flight=4, retries=0)
     timed_out = list(
         timewheel_engine(iter([{"id": i, "task": 1} for i in range(4)]), target, config)
     )
@@ -65,7 +65,7 @@ def test_a_late_reply_from_an_earlier_task_changes_nothing_in_the_next() -> None
     late = target.wait_for_calls(4)
 
     # The next task's calls stay in flight until answered below.
-    config2 = DispatchConfig(timeout_ms=10_000, max_in_flight=4, retries=0)
+    config2 = engine_config(timeout_ms=10_000, max_in_flight=4, retries=0)
     second = timewheel_engine(iter([{"id": i, "task": 2} for i in range(4)]), target, config2)
     results: list[Any] = []
     runner = threading.Thread(target=lambda: results.extend(second))
@@ -86,7 +86,7 @@ def test_a_late_reply_from_an_earlier_task_changes_nothing_in_the_next() -> None
 
 def test_a_timed_out_attempts_late_reply_does_not_end_the_retry() -> None:
     target = Held()
-    config = DispatchConfig(timeout_ms=30, max_in_flight=1, retries=1, backoff_ms=0)
+    config = engine_config(timeout_ms=30, max_in_flight=1, retries=1, backoff_ms=0)
     results: list[Any] = []
     runner = threading.Thread(
         target=lambda: results.extend(timewheel_engine(iter([{"id": 7}]), target, config))
@@ -104,7 +104,7 @@ def test_a_timed_out_attempts_late_reply_does_not_end_the_retry() -> None:
 
 def test_stopping_a_task_early_abandons_its_calls_and_leaves_nothing_pending() -> None:
     target = Held()
-    config = DispatchConfig(timeout_ms=60_000, max_in_flight=4, retries=2, backoff_ms=60_000)
+    config = engine_config(timeout_ms=60_000, max_in_flight=4, retries=2, backoff_ms=60_000)
     outcomes = timewheel_engine(iter([{"id": i} for i in range(10)]), target, config)
     results: list[Any] = []
     runner = threading.Thread(target=lambda: results.append(next(outcomes)))
@@ -128,7 +128,7 @@ def test_rows_fail_once_each_when_calls_cannot_be_timed() -> None:
     kit.close()  # its purgatory refuses new operations
     target = Held()
     rows = iter([{"id": i} for i in range(5)])
-    outcomes = list(_Partition(rows, target, DispatchConfig(max_in_flight=2), kit).outcomes())
+    outcomes = list(_Partition(rows, target, engine_config(max_in_flight=2), kit).outcomes())
     assert sorted(o.row["id"] for o in outcomes) == list(range(5))
     assert {(o.status, o.attempts) for o in outcomes} == {("failed", 1)}
     assert all("call not started" in (o.error or "") for o in outcomes)

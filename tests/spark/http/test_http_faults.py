@@ -23,8 +23,8 @@ import pytest
 
 pytest.importorskip("pycurl")
 
+from engine_config import engine_config
 from timewheel.spark.engine.partition import timewheel_engine
-from timewheel.spark.options import DispatchConfig
 from timewheel.spark.outcome import Outcome
 from timewheel.spark.targets import Failure, HttpDownstream, HttpLimits
 
@@ -171,7 +171,7 @@ def _client_sockets(port: int) -> int:
 
 
 def run(rows: list[dict[str, Any]], target: Any, **config: Any) -> dict[Any, Outcome]:
-    outcomes = list(timewheel_engine(iter(rows), target, DispatchConfig(**config)))
+    outcomes = list(timewheel_engine(iter(rows), target, engine_config(**config)))
     assert sorted(o.row["id"] for o in outcomes) == sorted(r["id"] for r in rows)
     return {o.row["id"]: o for o in outcomes}
 

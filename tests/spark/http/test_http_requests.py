@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("pycurl")
 
+from engine_config import engine_config
 from timewheel.spark.engine.partition import timewheel_engine
-from timewheel.spark.options import DispatchConfig
 from timewheel.spark.outcome import Outcome
 from timewheel.spark.targets import HttpDownstream
 
@@ -93,7 +93,7 @@ def echo() -> Iterator[_EchoServer]:
 
 def run(rows: list[dict[str, Any]], target: Any, **config: Any) -> dict[Any, Outcome]:
     config.setdefault("timeout_ms", 20_000)  # a busy machine's slow answer is not the point
-    outcomes = list(timewheel_engine(iter(rows), target, DispatchConfig(**config)))
+    outcomes = list(timewheel_engine(iter(rows), target, engine_config(**config)))
     assert sorted(o.row["id"] for o in outcomes) == sorted(r["id"] for r in rows)
     return {o.row["id"]: o for o in outcomes}
 
@@ -302,9 +302,9 @@ def test_dispatch_parses_replies_and_refuses_bad_shapes(spark: Any, echo: _EchoS
     assert out[2]["error"].startswith("the answer does not fit struct<got:string,n:int>")
     assert (out[3]["status"], out[3]["http_status"], out[3]["reply"]) == ("failed", 404, None)
     assert len(echo.seen) == sum(r["attempts"] for r in out.values()) == 8
-    with pytest.raises(ValueError, match=r"reply_schema 'lat doubel' does not parse"):
+    with pytest.raises(ValueError, match=r"reply_schema 'lat doubel' is not Spark DDL"):
         dispatch(df, target, id_col="id", reply_schema="lat doubel")
-    with pytest.raises(ValueError, match=r"name column\(s\) \['customer'\] that df does not have"):
+    with pytest.raises(ValueError, match=r"names column\(s\) \['customer'\] that the input"):
         dispatch(df, HttpDownstream(echo.url + "/{customer}"), id_col="id")
     assert len(echo.seen) == 8  # refused before any job
 
@@ -333,7 +333,7 @@ def test_pipeline_command_shapes_requests_and_counts_answers(
     # refused with exit 2 and one line before any row is sent
     for bad, words in [
         (["--reply-schema", "n innt"], "--reply-schema 'n innt' is not Spark DDL"),
-        (["--target", echo.url + "/{nope}"], "column 'nope' is not in the generated rows"),
+        (["--target", echo.url + "/{nope}"], "/{nope}' names column(s) ['nope'] that the input"),
         (["--param", "novalue"], "--param must be NAME=COLUMN, got 'novalue'"),
     ]:
         capsys.readouterr()

@@ -19,10 +19,10 @@ import pytest
 
 pytest.importorskip("pycurl")  # the spark extra's HTTP client
 
+from engine_config import engine_config
 from http_fixtures import ScriptedService
 from timewheel.spark.contract import TargetPlan, bind
 from timewheel.spark.engine.partition import timewheel_engine
-from timewheel.spark.options import DispatchConfig
 from timewheel.spark.outcome import Outcome
 from timewheel.spark.targets import (
     TLS,
@@ -53,7 +53,7 @@ class Replies:
 
 
 def run(rows: list[dict[str, Any]], target: Any, **config: Any) -> dict[Any, Outcome]:
-    outcomes = list(timewheel_engine(iter(rows), target, DispatchConfig(**config)))
+    outcomes = list(timewheel_engine(iter(rows), target, engine_config(**config)))
     ids = [repr(o.row["id"]) for o in outcomes]
     assert sorted(ids) == sorted(repr(r["id"]) for r in rows), "a row was lost or repeated"
     return {o.row["id"]: o for o in outcomes}

@@ -30,11 +30,11 @@ import pytest
 
 pytest.importorskip("pycurl")
 
+from engine_config import engine_config
 from openai_stub_fixtures import OpenAIStub
 from timewheel.spark.batch.spec import Batching
 from timewheel.spark.contract import TargetPlan, bind
 from timewheel.spark.engine.partition import timewheel_engine
-from timewheel.spark.options import DispatchConfig
 from timewheel.spark.outcome import Outcome
 from timewheel.spark.secrets import parse_secret
 from timewheel.spark.targets import BatchFormat, HttpDownstream, HttpLimits
@@ -161,7 +161,7 @@ def server() -> Iterator[_WireServer]:
 
 def run(rows: list[dict[str, Any]], target: Any, **config: Any) -> dict[Any, Outcome]:
     config.setdefault("timeout_ms", 10_000)
-    outcomes = list(timewheel_engine(iter(rows), target, DispatchConfig(**config)))
+    outcomes = list(timewheel_engine(iter(rows), target, engine_config(**config)))
     assert sorted(o.row["id"] for o in outcomes) == sorted(r["id"] for r in rows)
     return {o.row["id"]: o for o in outcomes}
 
@@ -366,7 +366,7 @@ def texts(n: int, dimensions: int | None = None) -> list[dict[str, Any]]:
 
 
 def run_batches(rows: list[dict[str, Any]], target: HttpDownstream) -> dict[Any, Outcome]:
-    config = DispatchConfig(batch=Batching(100, 0), timeout_ms=60_000, retries=2, backoff_ms=10)
+    config = engine_config(batch=Batching(100, 0), timeout_ms=60_000, retries=2, backoff_ms=10)
     outcomes = timewheel_engine(iter(rows), bind(target, TargetPlan("id", batching=True)), config)
     by_id = {o.row["id"]: o for o in outcomes}
     assert sorted(by_id) == sorted(r["id"] for r in rows)

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from timewheel.spark.contract import Reply
+from timewheel.spark.options import Cost
 from timewheel.spark.quota.bucket import LocalStore
 from timewheel.spark.quota.gate import PROBE_WAIT_S, SPENT, QuotaGate
 from timewheel.spark.quota.spec import MAX_PAUSE_S, PACE_CUT, Quota
@@ -64,7 +65,7 @@ def usage(tokens: float | None) -> Reply:
 
 def test_without_an_estimate_one_call_goes_until_an_answer_says_what_calls_cost() -> None:
     store = LocalStore(Quota(budget=1000), Clock())
-    gate = QuotaGate(store, reply_cost="usage.total_tokens")
+    gate = QuotaGate(store, Cost(actual="usage.total_tokens"))
     assert gate.take(0.0) == 0.0  # the probe: nothing known, next to nothing held
     assert gate.take(0.0) == PROBE_WAIT_S  # a second waits for its answer
     gate.ended(0.0, True, usage(200), None)
@@ -81,7 +82,7 @@ def test_without_an_estimate_one_call_goes_until_an_answer_says_what_calls_cost(
 
 
 def test_an_answer_that_does_not_say_its_cost_leaves_one_call_at_a_time() -> None:
-    gate = QuotaGate(LocalStore(Quota(budget=1000), Clock()), reply_cost="usage.total_tokens")
+    gate = QuotaGate(LocalStore(Quota(budget=1000), Clock()), Cost(actual="usage.total_tokens"))
     for answer in (None, Reply(200, b"not json"), Reply(500, b"{}"), usage(None)):
         assert gate.take(0.0) == 0.0
         assert gate.take(0.0) == PROBE_WAIT_S
@@ -92,14 +93,14 @@ def test_an_answer_that_does_not_say_its_cost_leaves_one_call_at_a_time() -> Non
 
 def test_a_quota_that_counts_no_cost_holds_none() -> None:
     # A rate alone: what a call costs matters to nothing, so calls go together.
-    gate = QuotaGate(LocalStore(Quota(rate=100), Clock()), reply_cost="usage.total_tokens")
+    gate = QuotaGate(LocalStore(Quota(rate=100), Clock()), Cost(actual="usage.total_tokens"))
     assert [gate.take(0.0) for _ in range(3)] == [0.0, 0.0, 0.0]
     gate.close()
 
 
 def test_a_larger_answer_raises_the_hold_of_the_next_calls() -> None:
     store = LocalStore(Quota(budget=1000), Clock())
-    gate = QuotaGate(store, reply_cost="usage.total_tokens")
+    gate = QuotaGate(store, Cost(actual="usage.total_tokens"))
     assert gate.take(0.0) == 0.0
     gate.ended(0.0, True, usage(100), None)
     assert gate.take(0.0) == 0.0  # holds 100
@@ -114,7 +115,7 @@ def test_a_larger_answer_raises_the_hold_of_the_next_calls() -> None:
 
 def test_a_ceiling_per_call_is_held_from_the_first_call() -> None:
     store = LocalStore(Quota(budget=1000), Clock())
-    gate = QuotaGate(store, reply_cost="usage.total_tokens", max_per_call=250)
+    gate = QuotaGate(store, Cost(actual="usage.total_tokens", max_per_call=250))
     for _ in range(4):  # no probe: every call holds its ceiling at once
         assert gate.take(0.0) == 0.0
     assert gate.take(0.0) is SPENT
@@ -156,7 +157,7 @@ def test_a_long_pause_from_an_answer_is_capped_and_counted_in_the_metrics(
 def test_estimates_that_run_low_are_corrected_by_what_the_answers_say() -> None:
     clock = Clock()
     store = LocalStore(Quota(cost_rate=1e6), clock)
-    gate = QuotaGate(store, "tokens", "usage.total_tokens", clock=clock)
+    gate = QuotaGate(store, Cost("tokens", "usage.total_tokens"), clock=clock)
     row = {"tokens": 90.0}  # estimates 10% under what each call costs
     assert gate.cost_of(row) == 90.0
     answer = Reply(200, json.dumps({"usage": {"total_tokens": 100}}).encode())
@@ -172,7 +173,7 @@ def test_estimates_that_run_low_are_corrected_by_what_the_answers_say() -> None:
 def test_a_refusal_at_the_quotas_pace_pauses_a_few_calls_and_more_when_repeated() -> None:
     clock = Clock()
     store = LocalStore(Quota(rate=100, cost_rate=10_000), clock)
-    gate = QuotaGate(store, "tokens", "usage.total_tokens", clock=clock)
+    gate = QuotaGate(store, Cost("tokens", "usage.total_tokens"), clock=clock)
     refused = Reply(429, b"slow down", {"retry-after": "1", "x-ratelimit-remaining-tokens": "0"})
     ok = Reply(200, b'{"usage": {"total_tokens": 100}}', {})
     # "Retry-After: 1", whole seconds: two calls of 100 at 10,000/s is 20 ms

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from timewheel.spark.quota.bucket import Bucket, Failover, LocalStore
-from timewheel.spark.quota.headers import RateLimitInfo
 from timewheel.spark.quota.spec import (
     BURST_S,
     LEASE_S,
@@ -33,6 +32,7 @@ from timewheel.spark.quota.spec import (
     parse_rate,
 )
 from timewheel.spark.quota.task import TaskQuota
+from timewheel.spark.ratelimit import RateLimitInfo
 
 
 class Clock:
@@ -373,9 +373,10 @@ def test_task_quota_refuses_bad_costs() -> None:
 
 
 def test_a_row_without_a_readable_cost_is_refused_saying_why() -> None:
+    from timewheel.spark import Cost
     from timewheel.spark.quota.gate import QuotaGate, RowRefused
 
-    by_column = QuotaGate(LocalStore(Quota(budget=100)), cost="tokens")
+    by_column = QuotaGate(LocalStore(Quota(budget=100)), Cost("tokens"))
     assert by_column.cost_of({"tokens": 3}) == 3.0
     for bad in (None, -1, math.nan, True, "3"):
         with pytest.raises(RowRefused, match=r"cost column 'tokens' gave .*>= 0: not sent"):
@@ -384,7 +385,7 @@ def test_a_row_without_a_readable_cost_is_refused_saying_why() -> None:
     def boom(row: Any) -> float:
         raise ZeroDivisionError("no")
 
-    by_function = QuotaGate(LocalStore(Quota(budget=100)), cost=boom)
+    by_function = QuotaGate(LocalStore(Quota(budget=100)), Cost(boom))
     with pytest.raises(RowRefused, match="the cost function raised ZeroDivisionError: no"):
         by_function.cost_of({})
     assert QuotaGate(LocalStore(Quota(rate=1))).cost_of({"tokens": "x"}) == 0.0  # no cost

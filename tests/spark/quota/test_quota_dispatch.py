@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
+from engine_config import engine_config
 from redis_fixtures import RedisServer, needs_redis
 from timewheel.spark import Quota
+from timewheel.spark.engine.contract import DispatchConfig
 from timewheel.spark.engine.partition import timewheel_engine
-from timewheel.spark.options import DispatchConfig
 from timewheel.spark.outcome import Outcome
 from timewheel.spark.quota.placement import _SERVICES, SECRET_PROPERTY, QuotaRef, driver_store
 from timewheel.spark.quota.spec import BURST_S
@@ -101,7 +102,7 @@ def test_uneven_tasks_share_one_rate_and_the_long_one_gets_all_of_it() -> None:
     target = Service()
     start = time.monotonic()
     out = run_partitions(
-        parts, target, DispatchConfig(max_in_flight=64, quota=static_ref(Quota(rate=rate)))
+        parts, target, engine_config(max_in_flight=64, quota=static_ref(Quota(rate=rate)))
     )
     elapsed = time.monotonic() - start
     assert sorted(o.row["id"] for p in out for o in p) == sorted(r["id"] for p in parts for r in p)
@@ -120,7 +121,7 @@ def test_uneven_tasks_share_one_rate_and_the_long_one_gets_all_of_it() -> None:
 def test_concurrency_caps_the_calls_open_across_tasks() -> None:
     target = Service(hold_s=0.02)
     parts = [[{"id": p * 100 + i} for i in range(60)] for p in range(3)]
-    config = DispatchConfig(max_in_flight=64, quota=static_ref(Quota(concurrency=5)))
+    config = engine_config(max_in_flight=64, quota=static_ref(Quota(concurrency=5)))
     out = run_partitions(parts, target, config)
     assert Counter(o.status for p in out for o in p) == {"ok": 180}
     assert target.most_open <= 5
@@ -130,7 +131,7 @@ def test_a_spent_budget_sends_nothing_more_and_skips_each_row_once() -> None:
     ref = static_ref(Quota(budget=100))
     target = Service()
     rows = [{"id": i, "c": 3} for i in range(100)]
-    out = list(timewheel_engine(iter(rows), target, DispatchConfig(quota=ref, cost="c")))
+    out = list(timewheel_engine(iter(rows), target, engine_config(quota=ref, cost="c")))
     assert sorted(o.row["id"] for o in out) == list(range(100))
     sent = {i for _, i in target.sent}
     assert 3 * len(sent) <= 100  # never above the budget ...
@@ -145,7 +146,7 @@ def test_a_request_cap_holds_across_tasks() -> None:
     ref = static_ref(Quota(max_requests=150))
     target = Service(hold_s=0.001)
     parts = [[{"id": p * 1000 + i} for i in range(100)] for p in range(3)]
-    out = run_partitions(parts, target, DispatchConfig(quota=ref))
+    out = run_partitions(parts, target, engine_config(quota=ref))
     statuses = Counter(o.status for p in out for o in p)
     # Never above the cap; below it by at most a call held by each other task when it
     # ran out (leases near a cap are an eighth of what is left).
@@ -164,7 +165,7 @@ def test_a_row_without_a_usable_cost_fails_unsent(value: Any, why: str) -> None:
     rows = [{"id": 0, "c": value}, {"id": 1, "c": 2.0}]
     out = {
         o.row["id"]: o
-        for o in timewheel_engine(iter(rows), target, DispatchConfig(quota=ref, cost="c"))
+        for o in timewheel_engine(iter(rows), target, engine_config(quota=ref, cost="c"))
     }
     assert out[1].status == "ok"
     assert out[0].status == "failed" and out[0].attempts == 0
@@ -175,13 +176,13 @@ def test_a_row_without_a_usable_cost_fails_unsent(value: Any, why: str) -> None:
 def test_the_actual_cost_in_the_reply_is_settled_with_the_quota() -> None:
     body = json.dumps({"usage": {"total_tokens": 10}}).encode()
     ref = static_ref(Quota(budget=10_000))
-    config = DispatchConfig(quota=ref, cost=lambda row: 1.0, reply_cost="usage.total_tokens")
+    config = engine_config(quota=ref, cost=lambda row: 1.0, reply_cost="usage.total_tokens")
     out = list(timewheel_engine(iter([{"id": i} for i in range(40)]), Service(body=body), config))
     assert {o.status for o in out} == {"ok"}
     assert ref.open().state().cost_spent == pytest.approx(400.0)
     # An answer that does not say leaves the estimate standing.
     ref2 = static_ref(Quota(budget=10_000))
-    config = DispatchConfig(quota=ref2, cost=lambda row: 1.0, reply_cost="usage.total_tokens")
+    config = engine_config(quota=ref2, cost=lambda row: 1.0, reply_cost="usage.total_tokens")
     list(timewheel_engine(iter([{"id": i} for i in range(40)]), Service(body=b"{}"), config))
     assert ref2.open().state().cost_spent == pytest.approx(40.0)
 
@@ -210,7 +211,7 @@ def test_a_refusal_pauses_every_task_of_the_job() -> None:
     target = RefusesFirst(pause_s=1.5)
     ref = static_ref(Quota(rate=200))
     parts = [[{"id": p * 1000 + i} for i in range(60)] for p in range(2)]
-    out = run_partitions(parts, target, DispatchConfig(quota=ref, backoff_ms=1))
+    out = run_partitions(parts, target, engine_config(quota=ref, backoff_ms=1))
     assert Counter(o.status for p in out for o in p) == {"ok": 120}
     refused_at = target.sent[0][0]
     # Each task spends at most the lease in hand (50 ms of the rate: 10 calls) before
@@ -229,7 +230,7 @@ def test_a_whole_second_retry_after_at_the_quotas_pace_pauses_two_calls() -> Non
     target = RefusesFirst(pause_s=1.0)
     ref = static_ref(Quota(rate=200))
     parts = [[{"id": p * 1000 + i} for i in range(60)] for p in range(2)]
-    out = run_partitions(parts, target, DispatchConfig(quota=ref, backoff_ms=1))
+    out = run_partitions(parts, target, engine_config(quota=ref, backoff_ms=1))
     assert Counter(o.status for p in out for o in p) == {"ok": 120}
     (refused_at, first), *rest = target.sent
     again = next(t for t, row in rest if row == first)
@@ -245,7 +246,7 @@ def test_the_ref_travels_without_its_secret(spark: Any) -> None:
     ref = place_quota(quota, spark, 2, False)
     _, service, key, _ = _SERVICES[id(quota)]
     secret = service.secret.hex()
-    plan = pickle.dumps(DispatchConfig(quota=ref))
+    plan = pickle.dumps(engine_config(quota=ref))
     assert secret.encode() not in plan and service.secret not in plan
     assert secret not in repr(ref)
     assert spark.sparkContext.getLocalProperty(SECRET_PROPERTY + key) == secret
@@ -366,10 +367,12 @@ def test_bad_quota_arguments_are_refused_before_any_job(spark: Any) -> None:
             dispatch(df, target, id_col="id", **kwargs)
         return str(info.value)
 
-    assert "cost column 'text' has type string" in refused(quota=q, cost=Cost("text"))
-    assert "cost column 'nope' is not a column" in refused(quota=q, cost=Cost("nope"))
-    assert "cost is given without a quota" in refused(cost=Cost("tokens"))
-    assert "reply_cost is given without a quota" in refused(cost=Cost(actual="usage.total"))
+    assert "Cost.estimate 'text' has type string" in refused(quota=q, cost=Cost("text"))
+    assert "Cost.estimate 'nope' is not a column" in refused(quota=q, cost=Cost("nope"))
+    assert "Cost.estimate 'tokens' is given without a quota" in refused(cost=Cost("tokens"))
+    assert "Cost.actual 'usage.total' is given without a quota" in refused(
+        cost=Cost(actual="usage.total")
+    )
     assert "cost must be a timewheel.spark.Cost" in refused(quota=q, cost="tokens")
     assert "quota must be a timewheel.spark.Quota" in refused(quota={"rate": 5})
     assert "the quota counts no cost" in refused(quota=Quota(rate=5), cost=Cost("tokens"))
@@ -433,7 +436,7 @@ def test_the_services_headers_pause_the_job_when_its_window_is_used_up() -> None
         timewheel_engine(
             iter([{"id": i} for i in range(3)]),
             target,
-            DispatchConfig(quota=ref, cost=lambda r: 1.0, max_in_flight=1),
+            engine_config(quota=ref, cost=lambda r: 1.0, max_in_flight=1),
         )
     )
     assert [o.status for o in out] == ["ok"] * 3
@@ -446,7 +449,7 @@ def test_the_services_headers_pause_the_job_when_its_window_is_used_up() -> None
 def test_headers_that_leave_room_cost_no_store_call() -> None:
     target = SaysRemaining("900000", "1s")
     ref = static_ref(Quota(cost_rate=1000))
-    config = DispatchConfig(quota=ref, cost=lambda r: 1.0)
+    config = engine_config(quota=ref, cost=lambda r: 1.0)
     out = list(timewheel_engine(iter([{"id": i} for i in range(50)]), target, config))
     assert {o.status for o in out} == {"ok"}
     assert ref.open().state().pauses == 0
@@ -520,35 +523,36 @@ def test_a_budget_needs_a_cost_to_count_it_by() -> None:
     pytest.importorskip("pyspark")  # the schema types; the wheel lane runs without the spark extra
     from pyspark.sql.types import StructType
 
-    from timewheel.spark import Cost
-    from timewheel.spark.quota.placement import check_quota
+    from timewheel.spark import Cost, PlanError, plan
+    from timewheel.spark.simulator import SimulatedDownstream
 
-    with pytest.raises(ValueError, match=r"budget \(10\) has no cost to count it by"):
-        check_quota(StructType([]), Quota(budget=10), None, None)
-    check_quota(StructType([]), Quota(budget=10), None, "usage.total_tokens")
+    sim = SimulatedDownstream(1, 2)
+    with pytest.raises(PlanError, match=r"budget \(10\) has no cost to count it by") as info:
+        plan(StructType([]), sim, id_col="id", quota=Quota(budget=10))
+    assert (info.value.field, info.value.value) == ("Quota.budget", 10.0)
+    plan(None, sim, id_col="id", quota=Quota(budget=10), cost=Cost(actual="usage.total_tokens"))
     assert Cost(actual="usage.total_tokens", max_per_call=500).max_per_call == 500.0
     for bad, error in [(0, ValueError), (-1, ValueError), (math.nan, ValueError),
                        (True, TypeError), ("5", TypeError)]:  # fmt: skip
         with pytest.raises(error, match=r"Cost\.max_per_call"):
             Cost(actual="usage.total_tokens", max_per_call=bad)
-    with pytest.raises(ValueError, match="give it with actual and no estimate"):
+    with pytest.raises(ValueError, match=r"give it with Cost\.actual and no Cost\.estimate"):
         Cost("tokens", "usage.total_tokens", max_per_call=5)
 
 
-def test_the_pipelines_budget_needs_a_cost_to_count_it_by() -> None:
-    import argparse
+def test_the_pipelines_budget_needs_a_cost_to_count_it_by(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("pyspark")  # the plan's rules; the wheel lane runs without it
+    from spark_fixtures import pipeline_cli
 
-    from timewheel.cli.pipeline.errors import UsageError
-    from timewheel.cli.pipeline.quota import add_quota_options, quota_from_args
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rate", type=float, default=None)
-    add_quota_options(parser)
-    with pytest.raises(UsageError, match="--budget needs a cost to count it by"):
-        quota_from_args(parser.parse_args(["--budget", "10"]))
-    for cost in (["--cost-col", "tokens"], ["--reply-cost", "usage.total_tokens"]):
-        quota = quota_from_args(parser.parse_args(["--budget", "10", *cost]))
-        assert quota is not None and quota.budget == 10
+    out = tmp_path / "out"
+    # Refused before Spark starts (exit 2, one line naming the flag), nothing written.
+    assert pipeline_cli(["--budget", "10", "--output", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("timewheel pipeline: error: --budget (10) has no cost to count it")
+    assert "give --cost-col (each row's estimate) or --reply-cost" in err
+    assert len(err.splitlines()) == 1 and not out.exists()
 
 
 @pytest.mark.parametrize(
@@ -578,12 +582,12 @@ def test_a_cost_known_only_from_the_answer_stays_within_the_budget(
             TargetPlan("id", rate_limit_headers=True),
         )
         ref = static_ref(Quota(budget=1000))
-        config = DispatchConfig(
+        config = engine_config(
             max_in_flight=16,
             timeout_ms=10_000,
             quota=ref,
             reply_cost="usage.total_tokens",
-            max_cost_per_call=ceiling,
+            max_per_call=ceiling,
         )
         parts = [[{"id": p * 100 + i} for i in range(100)] for p in range(tasks)]
         out = [o for p in run_partitions(parts, target, config) for o in p]
@@ -617,7 +621,7 @@ def test_one_answer_cannot_stall_the_job_its_pause_is_capped() -> None:
     start = time.monotonic()
     out = list(
         timewheel_engine(
-            iter([{"id": i} for i in range(3)]), target, DispatchConfig(quota=ref, max_in_flight=1)
+            iter([{"id": i} for i in range(3)]), target, engine_config(quota=ref, max_in_flight=1)
         )
     )
     assert [o.status for o in out] == ["ok"] * 3

@@ -1,4 +1,4 @@
-"""Reading services' rate-limit headers (timewheel.spark.quota.headers)."""
+"""Reading services' rate-limit headers (timewheel.spark.ratelimit)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import email.utils
 
 import pytest
 
-from timewheel.spark.quota.headers import (
+from timewheel.spark.ratelimit import (
     RateLimitInfo,
     parse_duration,
     parse_rate_limit_headers,

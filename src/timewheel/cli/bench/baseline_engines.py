@@ -41,15 +41,33 @@ from ...spark.contract import (
     retry_after_of,
     row_keys,
 )
-from ...spark.engine.admission import Admission
-from ...spark.engine.contract import classify, key_error, retry_wait_s
+from ...spark.engine.contract import DispatchConfig, backoff_s, key_error, timeout_message
 from ...spark.http.request import verdict
 from ...spark.http.target import HttpDownstream
-from ...spark.options import DispatchConfig
-from ...spark.outcome import FAILED, OK, Outcome, outcome
+from ...spark.outcome import FAILED, OK, TIMEOUT, Outcome, outcome
 from ...spark.runtime import worker_runtime
 
 __all__ = ["async_call", "asyncio_engine", "blocking_call", "threads_engine"]
+
+
+def classify(exc: BaseException, config: DispatchConfig) -> tuple[str, str]:
+    """Status and error message for an attempt that raised ``exc``, worded as the
+    timewheel engine words them."""
+    if isinstance(exc, (DownstreamTimeout, TimeoutError)):
+        return TIMEOUT, timeout_message(config)
+    if isinstance(exc, DownstreamError):
+        return FAILED, str(exc)
+    return FAILED, f"{type(exc).__name__}: {exc}"
+
+
+def retry_wait_s(exc: BaseException, config: DispatchConfig) -> float | None:
+    """Seconds to wait before retrying after ``exc``, or None when a retry cannot help.
+
+    The backoff, or longer when the target asked for a wait (an HTTP 429's
+    ``Retry-After``); None when it refused for good (an HTTP 4xx).
+    """
+    wait = exc.retry_after_s if isinstance(exc, DownstreamError) else 0.0
+    return None if wait is None else max(backoff_s(config), wait)
 
 
 def _failed(exc: Exception, config: DispatchConfig) -> tuple[str, str, float | None, Any]:
@@ -298,23 +316,15 @@ class _AsyncKeyLatch:
 def _keys(row: dict[str, Any], config: DispatchConfig) -> tuple[Any, ...] | Outcome:
     """The row's key values, or its failed Outcome when they cannot be taken."""
     try:
-        return row_keys(row, config.key_cols)
+        return row_keys(row, config.calls.key_cols)
     except Exception as exc:
         return Outcome(row, FAILED, 0, 0.0, key_error(exc, config))
-
-
-def _bucket(config: DispatchConfig) -> Admission | None:
-    """The partition's share of ``rate`` (None: no limit); every attempt takes a token."""
-    if config.rate_per_task is None:
-        return None
-    return Admission(config.max_in_flight, config.rate_per_task)
 
 
 def _attempts_blocking(
     row: dict[str, Any],
     target: Any,
     config: DispatchConfig,
-    bucket: Admission | None,
     worker: _ThreadsWorker,
 ) -> Outcome:
     timeout_s = config.timeout_ms / 1000.0
@@ -323,8 +333,6 @@ def _attempts_blocking(
     reply: Reply | None
     while True:
         attempt += 1
-        while bucket is not None and (wait_s := bucket.take_one()):
-            time.sleep(wait_s)
         try:
             if isinstance(target, HttpDownstream):
                 reply = _http_blocking(target, row, timeout_s, worker.session())
@@ -334,7 +342,7 @@ def _attempts_blocking(
             status, error, wait, reply = _failed(exc, config)
         else:
             return outcome(row, OK, attempt, (time.monotonic() - start) * 1000.0, None, reply)
-        if wait is None or attempt > config.retries:
+        if wait is None or attempt > config.calls.retries:
             latency_ms = (time.monotonic() - start) * 1000.0
             return outcome(row, status, attempt, latency_ms, error, reply)
         time.sleep(wait)
@@ -344,30 +352,28 @@ def threads_engine(
     rows: Iterable[dict[str, Any]], target: Any, config: DispatchConfig
 ) -> Iterator[Outcome]:
     """Dispatch ``rows`` from a pool of ``max_in_flight`` threads; yield outcomes as they end."""
-    worker = worker_runtime().shared(
-        "threads-engine-pool", config.max_in_flight, lambda: _ThreadsWorker(config.max_in_flight)
-    )
+    size = config.calls.max_in_flight
+    worker = worker_runtime().shared("threads-engine-pool", size, lambda: _ThreadsWorker(size))
     pool = worker.pool
-    latch = _KeyLatch() if config.key_cols else None
-    bucket = _bucket(config)
+    latch = _KeyLatch() if config.calls.key_cols else None
     done: queue.SimpleQueue[Future[Outcome]] = queue.SimpleQueue()
 
     def one_row(row: dict[str, Any]) -> Outcome:
         if latch is None:
-            return _attempts_blocking(row, target, config, bucket, worker)
+            return _attempts_blocking(row, target, config, worker)
         keys = _keys(row, config)
         if isinstance(keys, Outcome):
             return keys
         latch.acquire(keys)
         try:
-            return _attempts_blocking(row, target, config, bucket, worker)
+            return _attempts_blocking(row, target, config, worker)
         finally:
             latch.release(keys)
 
     in_flight = 0
     try:
         for row in rows:
-            if in_flight == config.max_in_flight:
+            if in_flight == config.calls.max_in_flight:
                 outcome = done.get().result()
                 in_flight -= 1
                 yield outcome
@@ -398,15 +404,12 @@ def asyncio_engine(
     prims: dict[str, Any] = {}
     tasks: set[asyncio.Task[None]] = set()
     outstanding = 0
-    bucket = _bucket(config)
 
     async def attempts(row: dict[str, Any]) -> Outcome:
         start = time.monotonic()
         attempt = 0
         while True:
             attempt += 1
-            while bucket is not None and (wait_s := bucket.take_one()):
-                await asyncio.sleep(wait_s)
             try:
                 call = (
                     _http_async(target, row, worker)
@@ -418,7 +421,7 @@ def asyncio_engine(
                 status, error, wait, reply = _failed(exc, config)
             else:
                 return outcome(row, OK, attempt, (time.monotonic() - start) * 1000.0, None, reply)
-            if wait is None or attempt > config.retries:
+            if wait is None or attempt > config.calls.retries:
                 latency_ms = (time.monotonic() - start) * 1000.0
                 return outcome(row, status, attempt, latency_ms, error, reply)
             await asyncio.sleep(wait)
@@ -461,9 +464,9 @@ def asyncio_engine(
         prims["ready"].clear()
 
     async def start() -> asyncio.Task[None]:
-        prims["slots"] = asyncio.Semaphore(config.max_in_flight)
+        prims["slots"] = asyncio.Semaphore(config.calls.max_in_flight)
         prims["ready"] = asyncio.Event()
-        prims["latch"] = _AsyncKeyLatch() if config.key_cols else None
+        prims["latch"] = _AsyncKeyLatch() if config.calls.key_cols else None
         return loop.create_task(feed())
 
     feeder = loop.run_until_complete(start())

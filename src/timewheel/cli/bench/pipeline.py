@@ -32,7 +32,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ...spark.options import DispatchConfig
+from ...spark.engine.contract import DispatchConfig
+from ...spark.options import Calls
 from ...spark.outcome import OK, STATUSES, Outcome
 from ...spark.session import spark_session
 from ...spark.targets import HttpDownstream, SimulatedDownstream, target_from_url
@@ -151,8 +152,8 @@ def mean_slot_ms(sim: Any, config: DispatchConfig) -> float:
     its total is E[attempts] * E[one attempt], plus the backoffs, which hold the slot too.
     """
     mean_attempt, redo = sim.expected_attempt(config.timeout_ms)
-    attempts = sum(redo**k for k in range(config.retries + 1))
-    return float(attempts * mean_attempt + (attempts - 1) * config.backoff_ms)
+    attempts = sum(redo**k for k in range(config.calls.retries + 1))
+    return float(attempts * mean_attempt + (attempts - 1) * config.calls.backoff_ms)
 
 
 def http_mean_slot_ms(service: ServiceProcess, config: DispatchConfig) -> float:
@@ -164,8 +165,8 @@ def http_mean_slot_ms(service: ServiceProcess, config: DispatchConfig) -> float:
     mean, redo = model.expected_attempt(config.timeout_ms)
     mean = (1 - service.stalls) * mean + service.stalls * config.timeout_ms
     redo = (1 - service.stalls) * redo + service.stalls
-    attempts = sum(redo**k for k in range(config.retries + 1))
-    return float(attempts * mean + (attempts - 1) * config.backoff_ms)
+    attempts = sum(redo**k for k in range(config.calls.retries + 1))
+    return float(attempts * mean + (attempts - 1) * config.calls.backoff_ms)
 
 
 def little_bound_rows_per_s(sim: Any, config: DispatchConfig, concurrent_tasks: int) -> float:
@@ -175,7 +176,7 @@ def little_bound_rows_per_s(sim: Any, config: DispatchConfig, concurrent_tasks: 
         if isinstance(sim, ServiceProcess)
         else mean_slot_ms(sim, config)
     )
-    return concurrent_tasks * config.max_in_flight / (slot_ms / 1000.0)
+    return float(concurrent_tasks * config.calls.max_in_flight / (slot_ms / 1000.0))
 
 
 class _BenchPartition:
@@ -296,18 +297,14 @@ def run_engine(
     With a ``service``, the requests it received are counted too, and must equal the
     rows' attempts. ``batch``: ``(batch_size, batch_linger_ms)``.
     """
-    from ...spark import Batching, Calls, Journal, partition_dispatcher
+    from ...spark import Batching, Journal, partition_dispatcher
 
     dispatch = partition_dispatcher(
         df.schema,
         target,
         id_col=id_col,
         timeout_ms=config.timeout_ms,
-        calls=Calls(
-            max_in_flight=config.max_in_flight,
-            retries=config.retries,
-            backoff_ms=config.backoff_ms,
-        ),
+        calls=config.calls,
         reply_schema=reply_schema,
         engine=_no_calls if engine == FLOOR else get_engine(engine),
         journal=None if journal is None else Journal(journal),
@@ -382,7 +379,8 @@ def main(args: argparse.Namespace) -> int:
             return 2
     timeout_ms = args.timeout_ms or (1000 if http else 200)
     max_in_flight = args.max_in_flight or (512 if http else 2000)
-    config = DispatchConfig(timeout_ms, max_in_flight, args.retries, args.backoff_ms)
+    calls = Calls(max_in_flight, retries=args.retries, backoff_ms=args.backoff_ms)
+    config = DispatchConfig(timeout_ms, calls)
     service = ServiceProcess() if http else None
     try:
         target = (
@@ -474,9 +472,9 @@ def _run(
         "cores": cores,
         "target": repr(model),
         "timeout_ms": config.timeout_ms,
-        "max_in_flight": config.max_in_flight,
-        "retries": config.retries,
-        "backoff_ms": config.backoff_ms,
+        "max_in_flight": config.calls.max_in_flight,
+        "retries": config.calls.retries,
+        "backoff_ms": config.calls.backoff_ms,
         "bound_rows_per_s": bound,
         "results": results,
     }

@@ -1,7 +1,9 @@
-"""The rows a run sends: generated, or read from ``--input``."""
+"""The rows a run sends: generated, or read from ``--input``; and their columns, read
+without Spark where they can be (:func:`input_schema`)."""
 
 from __future__ import annotations
 
+import argparse
 import math
 from pathlib import Path
 from typing import Any
@@ -150,3 +152,88 @@ def id_error(id_col: str, rows: int, distinct: int, nulls: int) -> str:
         f"--id-col {id_col!r} must name each row once (unique, never null): the input "
         f"has {rows:,} rows, {distinct:,} distinct ids and {nulls:,} nulls"
     )
+
+
+def input_schema(args: argparse.Namespace, fmt: str | None) -> Any:
+    """The input's columns as a StructType, read without Spark; None when they cannot
+    be (a remote path, a file pyarrow cannot read: Spark then says what it finds).
+
+    The types are what the checks need (a number, a nested value, anything else), not
+    necessarily the ones Spark will infer.
+    """
+    from pyspark.sql.types import DoubleType, LongType, StructField, StructType
+
+    if not args.input:  # generated rows (see inputs.generated_rows)
+        return StructType(
+            [
+                StructField("id", LongType(), False),
+                StructField("account", LongType(), False),
+                StructField("amount", DoubleType(), False),
+            ]
+        )
+    path = args.input
+    if "://" in path and not path.startswith("file://"):
+        return None
+    local = Path(path.removeprefix("file://"))
+    try:
+        if fmt == "csv":
+            arrow = _csv_schema(local)
+        elif fmt == "parquet":
+            data = local_parquet(str(local))
+            if data is None:
+                return None
+            arrow = data.schema
+        else:
+            return None
+    except Exception:
+        return None
+    return StructType([StructField(f.name, _spark_type(f.type), True) for f in arrow])
+
+
+def _csv_schema(path: Path) -> Any:
+    """The schema pyarrow infers from a CSV file's first block (a directory: its first
+    CSV file), null columns as strings (as Spark infers them)."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.name[0] not in "._")
+        if not files:
+            raise FileNotFoundError(path)
+        path = files[0]
+    with pcsv.open_csv(str(path)) as reader:
+        schema = reader.schema
+    return pa.schema(
+        [pa.field(f.name, pa.string() if pa.types.is_null(f.type) else f.type) for f in schema]
+    )
+
+
+def _spark_type(arrow: Any) -> Any:
+    """A Spark type standing for ``arrow``: numbers, nested values, the rest as strings."""
+    import pyarrow as pa
+    from pyspark.sql.types import (
+        ArrayType,
+        DoubleType,
+        LongType,
+        MapType,
+        StringType,
+        StructType,
+    )
+
+    if pa.types.is_integer(arrow):
+        return LongType()
+    if pa.types.is_floating(arrow) or pa.types.is_decimal(arrow):
+        return DoubleType()
+    if pa.types.is_map(arrow):
+        return MapType(StringType(), StringType())
+    if (
+        pa.types.is_list(arrow)
+        or pa.types.is_large_list(arrow)
+        or pa.types.is_fixed_size_list(arrow)
+    ):
+        return ArrayType(StringType())
+    if pa.types.is_struct(arrow):
+        return StructType([])
+    if pa.types.is_dictionary(arrow):
+        return _spark_type(arrow.value_type)
+    return StringType()

@@ -19,7 +19,7 @@ from typing import Any
 from ...spark import RESULT_COLUMNS
 from ...spark.delivery.journal import MANIFEST, Manifest, compact, run_dir
 from ...spark.outcome import FAILED, OK, SKIPPED, TIMEOUT
-from ..bench.engines import DEFAULT_ENGINE, get_engine
+from ..bench.engines import DEFAULT_ENGINE
 from .batches import batch_summary
 from .errors import Stopped, UsageError, _limit_text, _note
 from .failures import fail_fast
@@ -27,6 +27,7 @@ from .inputs import arrow_unique_rows, generated_rows, id_error, read_input
 from .options import DEMO_ROWS
 from .output import check_resumable, publish, run_identity
 from .phases import Phases
+from .precheck import dispatch_options, refusal
 from .progress import JournalCount, Progress
 from .quota import QuotaWatch, dry_run, quota_from_args
 from .summary import (
@@ -132,33 +133,23 @@ class _Job:
                 self.spark.sparkContext.cancelAllJobs()
 
     def dispatch(self, df: Any, reports: Any = None, journal: Path | None = None) -> Any:
-        from ...spark import Batching, Calls, Cost, Dedupe, Journal, dispatch
+        from ...spark import Journal, PlanError, dispatch
 
         args = self.args
         try:
-            cost = None
-            if args.cost_col is not None or args.reply_cost is not None:
-                cost = Cost(args.cost_col, args.reply_cost)
-            dedupe = None
-            if args.dedupe_requests:
-                dedupe = Dedupe(args.dedupe_col, requests=True)
-            elif args.dedupe_col is not None:
-                dedupe = Dedupe(args.dedupe_col)
             return dispatch(
                 df,
                 self.target,
                 id_col=args.id_col,
                 timeout_ms=args.timeout_ms,
-                calls=Calls(self.max_in_flight, self.key_cols, args.retries, args.backoff_ms),
                 reply_schema=args.reply_schema,
                 quota=self.quota,
-                cost=cost,
-                batching=Batching(args.batch_size, args.batch_linger_ms, args.batch_max_cost),
-                dedupe=dedupe,
                 journal=None if journal is None else Journal(str(journal)),
-                engine=None if args.engine is None else get_engine(args.engine),
                 worker_reports=reports,
+                **dispatch_options(args, self.max_in_flight, self.key_cols),
             )
+        except PlanError as exc:
+            raise refusal(args, exc) from exc
         except (TypeError, ValueError) as exc:
             raise UsageError(str(exc)) from exc
 
@@ -386,7 +377,7 @@ class _Job:
                 key = F.col(args.dedupe_col)
             else:  # the digest of the input columns, as dispatch made it
                 from ...spark import request_key
-                from ...spark.columns import REPLY_COLUMN
+                from ...spark.outcome import REPLY_COLUMN
 
                 made = {*RESULT_COLUMNS, REPLY_COLUMN}
                 inputs = written.select([c for c in written.columns if c not in made])

@@ -7,7 +7,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ...spark.engine.admission import check_rate
 from ...spark.http.options import DEFAULT_MAX_REPLY_BYTES, TLS, BatchFormat, HttpLimits
 from ...spark.http.target import METHODS, Body
 from ...spark.options import Calls
@@ -327,9 +326,7 @@ def rate_arg(text: str) -> float:
     """``--rate``: requests per second, a finite number > 0, or per a unit of time as
     ``--cost-rate`` takes it (``100/s``, ``6000/min``, ``30000/hour``)."""
     try:
-        if "/" in text:
-            return check_rate(parse_rate("--rate", text))
-        return check_rate(float(text))
+        return parse_rate("--rate", text if "/" in text else float(text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(
             str(exc).removeprefix("rate ").removeprefix("--rate ")
@@ -377,7 +374,7 @@ def resolve_max_in_flight(given: int | None, target: Any) -> int:
     return SIM_MAX_IN_FLIGHT if isinstance(target, SimulatedDownstream) else REAL_MAX_IN_FLIGHT
 
 
-def _pairs(flag: str, given: list[str]) -> dict[str, str]:
+def pairs(flag: str, given: list[str]) -> dict[str, str]:
     """``NAME=COLUMN`` options as a dict; ValueError naming ``flag`` for a malformed one."""
     pairs = {}
     for text in given:
@@ -523,8 +520,8 @@ def http_options(args: argparse.Namespace) -> dict[str, Any]:
         "id_col": getattr(args, "id_col", None),
         "headers": headers,
         "body": body,
-        "params": _pairs("--param", args.param),
-        "header_cols": _pairs("--header-col", args.header_col),
+        "params": pairs("--param", args.param),
+        "header_cols": pairs("--header-col", args.header_col),
         "idempotency_header": key_header,
         "tls": TLS(
             verify=not args.insecure,

@@ -84,10 +84,10 @@ def quota_from_args(args: argparse.Namespace) -> Quota | None:
     """The run's quota, or None when no option asks for one; UsageError if one is bad."""
     limits = {name: getattr(args, name) for name in _LIMITS}
     if all(value is None for value in limits.values()):
-        if args.quota_store or args.quota_name or args.cost_col or args.reply_cost:
+        if args.quota_store or args.quota_name:
             raise UsageError(
-                "--quota-store, --quota-name, --cost-col and --reply-cost need a quota: "
-                "--rate, --cost-rate, --concurrency, --budget or --max-requests"
+                "--quota-store and --quota-name say where a quota is kept: give the quota "
+                "(--rate, --cost-rate, --concurrency, --budget or --max-requests)"
             )
         return None
     try:
@@ -101,11 +101,6 @@ def quota_from_args(args: argparse.Namespace) -> Quota | None:
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"quota: {exc}") from None
-    if args.budget is not None and args.cost_col is None and args.reply_cost is None:
-        raise UsageError(
-            "--budget needs a cost to count it by: --cost-col (each row's estimate) "
-            "or --reply-cost (what each answer says it cost), or both"
-        )
     return quota
 
 

@@ -178,9 +178,9 @@ def _apply(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ...spark.columns import REPLY_COLUMN
     from ...spark.delivery.journal import JournalWriter
     from ...spark.delivery.stream_record import batch_prefix
+    from ...spark.outcome import REPLY_COLUMN
 
     live = rows / f"{PARTITION}={number}"
     table = pq.read_table(live)
@@ -253,7 +253,7 @@ def resend(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) -> d
     not to go on: the budget spent, the run stopped early or by a signal)."""
     from pyspark.sql import functions as F
 
-    from ...spark.columns import REPLY_COLUMN
+    from ...spark.outcome import REPLY_COLUMN
 
     rows = out_dir / "rows"
     bad = not_ok_counts(rows)

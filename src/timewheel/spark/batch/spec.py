@@ -24,7 +24,7 @@ from typing import Any, Callable, NamedTuple, Union
 
 from ..._validate import check_int, check_number
 from .._json import encoder
-from ..contract import BatchTarget
+from ..options import checked
 
 __all__ = [
     "MAX_BATCH_LINGER_MS",
@@ -35,7 +35,6 @@ __all__ = [
     "Batching",
     "batch_deadline",
     "batch_key",
-    "batch_settings",
 ]
 
 #: The most rows one request may carry.
@@ -82,35 +81,12 @@ class Batching:
     def __post_init__(self) -> None:
         # NumPy integers are taken, stored as ints.
         setattr_ = object.__setattr__
-        setattr_(self, "size", check_int("Batching.size", self.size, 1, MAX_BATCH_SIZE))
-        setattr_(self, "linger_ms", check_int(
-            "Batching.linger_ms", self.linger_ms, 0, MAX_BATCH_LINGER_MS))
+        setattr_(self, "size", checked("Batching.size", check_int, self.size, 1, MAX_BATCH_SIZE))
+        setattr_(self, "linger_ms", checked(
+            "Batching.linger_ms", check_int, self.linger_ms, 0, MAX_BATCH_LINGER_MS))
         if self.max_cost is not None:
-            setattr_(self, "max_cost", check_number(
-                "Batching.max_cost", self.max_cost, 0, strict_lo=True))
-
-
-def batch_settings(target: Any, batching: Any, cost: Any) -> tuple[Any, Batching | None]:
-    """``dispatch``'s ``batching`` checked against its target and ``cost``: the target to
-    use and the settings (None for a request per row)."""
-    if batching is None:
-        return target, None
-    if not isinstance(batching, Batching):
-        raise TypeError(f"batching must be a timewheel.spark.Batching, got {batching!r}")
-    if batching.max_cost is not None and (cost is None or cost.estimate is None):
-        raise ValueError(
-            f"Batching.max_cost={batching.max_cost!r} counts the rows' estimated cost: "
-            "give cost=Cost(estimate=...) (with a quota) too"
-        )
-    if batching.size == 1:
-        return target, None
-    if not isinstance(target, BatchTarget):
-        raise TypeError(
-            f"Batching.size={batching.size} needs a target that sends many rows per "
-            f"request (batch_part, submit_batch and batch_reply, as HttpDownstream has); "
-            f"{target!r} has none"
-        )
-    return target, batching
+            setattr_(self, "max_cost", checked(
+                "Batching.max_cost", check_number, self.max_cost, 0, strict_lo=True))
 
 
 # -- the body -----------------------------------------------------------------------------

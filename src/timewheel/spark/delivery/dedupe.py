@@ -9,7 +9,7 @@ without that column, which is dispatch's business, not the service's.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..contract import BatchTarget, Target, TargetPlan, bind, request_columns
@@ -50,7 +50,7 @@ class WithoutColumns:
             return BatchWithoutColumns(target, hidden)
         return WithoutColumns(target, hidden)
 
-    def submit(self, row: dict[str, Any], on_done: Any) -> Any:
+    def submit(self, row: Mapping[str, Any], on_done: Any) -> Any:
         hidden = self.hidden
         return self.target.submit({k: v for k, v in row.items() if k not in hidden}, on_done)
 
@@ -72,7 +72,7 @@ class BatchWithoutColumns(WithoutColumns):
     def batch_reply(self) -> Any:
         return self.target.batch_reply
 
-    def batch_part(self, row: dict[str, Any]) -> Any:
+    def batch_part(self, row: Mapping[str, Any]) -> Any:
         hidden = self.hidden
         return self.target.batch_part({k: v for k, v in row.items() if k not in hidden})
 
@@ -130,7 +130,7 @@ def sent_once(
 REQUEST_KEY = "__timewheel_request"
 
 
-def request_key(df: DataFrame, target: Any) -> Any:
+def request_key(df: DataFrame, target: Target) -> Any:
     """The Column of each row's request digest (SHA-256 of its request columns as JSON),
     or TypeError when ``target`` does not name the columns its requests are made from."""
     from pyspark.sql import functions as F
@@ -145,7 +145,7 @@ def request_key(df: DataFrame, target: Any) -> Any:
     return F.sha2(F.to_json(F.struct(*[F.col(c) for c in columns])), 256)
 
 
-def by_request(df: DataFrame, target: Any) -> tuple[DataFrame, Any, str]:
+def by_request(df: DataFrame, target: Target) -> tuple[DataFrame, Target, str]:
     """``df`` with the request digest column, the target that does not see it, its name."""
     df = df.withColumn(REQUEST_KEY, request_key(df, target))
     return df, WithoutColumns.hiding(target, [REQUEST_KEY]), REQUEST_KEY

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._validate import check_int
+from ..contract import Target
 from ..outcome import FAILED, RESULT_COLUMNS, Outcome
 from ..runtime import PerProcess
 from .journal import read_batches
@@ -61,6 +62,7 @@ __all__ = [
     "mark",
     "record_of",
     "retain_batches",
+    "start_record",
     "task_batch",
 ]
 
@@ -91,6 +93,16 @@ def retain_batches(spark: Any, retain: Any) -> int:
     return check_int("journal_retain_batches", retain, 1, 10**9)
 
 
+def start_record(
+    spark: Any, path: str, retain: int | None, id_col: str, target: Target, columns: list[str]
+) -> Recording:
+    """Claim ``path`` as the record of a query (:func:`claim_record`) and say how its tasks
+    keep it: by ``id_col``, for ``retain`` micro-batches (:func:`retain_batches`)."""
+    kept = retain_batches(spark, retain)
+    claim_record(path, id_col, target, columns)
+    return Recording(id_col, kept)
+
+
 def task_batch() -> int | None:
     """The micro-batch this task runs in (None outside a stream's task)."""
     from pyspark import TaskContext
@@ -117,7 +129,7 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def claim_record(path: str, id_col: str, target: Any, columns: list[str]) -> None:
+def claim_record(path: str, id_col: str, target: Target, columns: list[str]) -> None:
     """Make ``path`` the record of a query with ``id_col``, ``target`` and input
     ``columns``, or check that it is one (ValueError naming what differs, or why the
     directory cannot be written), before the query starts."""

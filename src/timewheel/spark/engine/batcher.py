@@ -45,13 +45,12 @@ from ..batch.accumulator import Accumulator, Batch
 from ..batch.isolation import Part
 from ..batch.run import AFTER_BACKOFF, NOW, BatchRun, RowEnd
 from ..batch.spec import Batching, batch_key
-from ..contract import DownstreamError, Reply, retry_after_of
-from ..options import DispatchConfig
+from ..contract import BatchTarget, DownstreamError, Reply, retry_after_of
 from ..outcome import FAILED
 from ..quota.gate import BUDGET_SPENT, SPENT, QuotaGate, RowRefused
 from ..worker_metrics import partition_counts
 from .attempt import Attempt
-from .contract import backoff_s
+from .contract import DispatchConfig, backoff_s
 
 __all__ = ["BatchRow", "Batcher", "PartitionPort"]
 
@@ -149,7 +148,7 @@ class Batcher(Generic[R]):
     """Gathers one partition's rows into batch requests to ``target`` (which takes many
     rows per request) as ``settings`` say, and finishes each row once, through ``port``."""
 
-    def __init__(self, port: PartitionPort[R], target: Any, settings: Batching) -> None:
+    def __init__(self, port: PartitionPort[R], target: BatchTarget, settings: Batching) -> None:
         self.port = port
         config = port.config
         self.gate = port.gate
@@ -158,7 +157,7 @@ class Batcher(Generic[R]):
         self.acc: Accumulator[R] = Accumulator(settings)
         self.lock = threading.Lock()
         self.timeout_s = config.timeout_ms / 1000.0
-        self.budget_s = (config.retries + 1) * self.timeout_s
+        self.budget_s = (config.calls.retries + 1) * self.timeout_s
         # Set once the input has ended: every batch then leaves as soon as it is made.
         self.flushing = False
         # With a linger, a batch may wait for rows: the timer is set as each opens. With
@@ -239,7 +238,7 @@ class Batcher(Generic[R]):
         run = BatchRun(
             [r.part.id for r in rows],
             self.split,
-            retries=self.port.config.retries,
+            retries=self.port.config.calls.retries,
             deadlines=[r.deadline for r in rows],
         )
         now = time.monotonic()

@@ -7,7 +7,8 @@ timers) in the :func:`worker_runtime` of its Python worker, and leaves those obj
 idle when the partition ends, however it ends.
 
 The status words and the result columns are in :mod:`timewheel.spark.outcome`, the
-settings in :mod:`timewheel.spark.options`. The wing ships one engine,
+option objects in :mod:`timewheel.spark.options` (checked together by
+:mod:`timewheel.spark.planning`). The wing ships one engine,
 :mod:`timewheel.spark.engine.partition`; ``dispatch(engine=...)`` takes any other (the
 benchmark's baselines and the names ``timewheel pipeline --engine`` takes are tooling:
 :mod:`timewheel.cli.bench.engines`).
@@ -18,33 +19,61 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Iterable, Iterator
-from typing import (
-    Any,
-    Protocol,
-)
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..contract import DownstreamError, DownstreamTimeout
-from ..options import DispatchConfig
-from ..outcome import FAILED, TIMEOUT, Outcome
+from ..batch.spec import Batching
+from ..contract import Target
+from ..options import Calls, Cost
+from ..outcome import Outcome
+
+if TYPE_CHECKING:
+    from ..quota.placement import QuotaRef
 
 __all__ = [
+    "DispatchConfig",
     "Engine",
     "backoff_s",
-    "classify",
     "key_error",
-    "retry_wait_s",
     "timeout_message",
 ]
 
 log = logging.getLogger(__name__)
 
 
+_CALLS = Calls()  # the defaults: frozen, so one serves every config
+
+
+@dataclass(frozen=True)
+class DispatchConfig:
+    """What an engine receives: ``dispatch``'s options whole, already checked together
+    by :func:`timewheel.spark.planning.plan`.
+
+    ``timeout_ms``: each call's deadline; ``calls``: in flight, key columns, retries and
+    backoff; ``quota``: where the job's quota lives (a
+    :class:`~timewheel.spark.quota.placement.QuotaRef`, placed by ``dispatch``; None: no
+    quota), with ``cost`` (how a row's cost is estimated and read back); ``batching``:
+    many rows per request (None: one request per row).
+    """
+
+    timeout_ms: int = 1000
+    calls: Calls = _CALLS
+    quota: QuotaRef | None = None
+    cost: Cost | None = None
+    batching: Batching | None = None
+
+    def __post_init__(self) -> None:
+        for name, kind in (("calls", Calls), ("cost", Cost), ("batching", Batching)):
+            value = getattr(self, name)
+            if not isinstance(value, kind) and not (value is None and name != "calls"):
+                raise TypeError(f"DispatchConfig.{name} must be a {kind.__name__}, got {value!r}")
+
 
 class Engine(Protocol):
     """Runs one partition's rows against the target; yields one Outcome per row."""
 
     def __call__(
-        self, rows: Iterable[dict[str, Any]], target: Any, config: DispatchConfig
+        self, rows: Iterable[dict[str, Any]], target: Target, config: DispatchConfig
     ) -> Iterator[Outcome]:
         """Yield an Outcome for every row of ``rows``, exactly once."""
 
@@ -54,35 +83,15 @@ def timeout_message(config: DispatchConfig) -> str:
     return f"no reply within {config.timeout_ms} ms"
 
 
-def classify(exc: BaseException, config: DispatchConfig) -> tuple[str, str]:
-    """Status and error message for an attempt that raised ``exc``, worded alike by every engine."""
-    if isinstance(exc, (DownstreamTimeout, TimeoutError)):
-        return TIMEOUT, timeout_message(config)
-    if isinstance(exc, DownstreamError):
-        return FAILED, str(exc)
-    return FAILED, f"{type(exc).__name__}: {exc}"
-
-
 def key_error(exc: BaseException, config: DispatchConfig) -> str:
     """The error of a row whose key values cannot be taken (a key column missing, a list).
 
     Such a row fails once, with no attempt made, and the partition goes on.
     """
-    return f"cannot take the keys {list(config.key_cols)} of the row: {type(exc).__name__}: {exc}"
+    keys = list(config.calls.key_cols)
+    return f"cannot take the keys {keys} of the row: {type(exc).__name__}: {exc}"
 
 
 def backoff_s(config: DispatchConfig) -> float:
     """Seconds to wait before a retry: ``backoff_ms`` with +-50% jitter, so retries spread out."""
-    return config.backoff_ms * random.uniform(0.5, 1.5) / 1000.0
-
-
-def retry_wait_s(exc: BaseException, config: DispatchConfig) -> float | None:
-    """Seconds to wait before retrying after ``exc``, or None when a retry cannot help.
-
-    The backoff, or longer when the target asked for a wait (an HTTP 429's
-    ``Retry-After``); None when it refused for good (an HTTP 4xx).
-    """
-    wait = exc.retry_after_s if isinstance(exc, DownstreamError) else 0.0
-    return None if wait is None else max(backoff_s(config), wait)
-
-
+    return config.calls.backoff_ms * random.uniform(0.5, 1.5) / 1000.0

@@ -38,21 +38,20 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from ...execution import ExecuteProduceConsume, ProduceConsume, TaskQueue, ThreadPool
 from ...purgatory import Purgatory
 from ...resources import Checkout, ResourceManager
 from ...timer import Timer, TimerTask
-from ..contract import Reply, is_overload, retry_after_of, row_keys
-from ..options import DispatchConfig
+from ..contract import BatchTarget, Reply, Target, is_overload, retry_after_of, row_keys
 from ..outcome import FAILED, OK, SKIPPED, TIMEOUT, Outcome, outcome
-from ..quota.gate import BUDGET_SPENT, SPENT, QuotaGate, RowRefused
+from ..quota.gate import BUDGET_SPENT, SPENT, QuotaGate, RowRefused, Spent
 from ..runtime import worker_runtime
 from .admission import Admission
 from .attempt import Attempt
 from .batcher import Batcher
-from .contract import backoff_s, key_error, timeout_message
+from .contract import DispatchConfig, backoff_s, key_error, timeout_message
 
 __all__ = ["timewheel_engine"]
 
@@ -165,13 +164,17 @@ class _Partition:
     the :class:`~.batcher.PartitionPort` of its :class:`~.batcher.Batcher`)."""
 
     def __init__(
-        self, rows: Iterable[dict[str, Any]], target: Any, config: DispatchConfig, kit: _WorkerKit
+        self,
+        rows: Iterable[dict[str, Any]],
+        target: Target,
+        config: DispatchConfig,
+        kit: _WorkerKit,
     ) -> None:
         self.target = target
         self.config = config
         self.kit = kit
         self.rows = iter(rows)
-        self.keys = ResourceManager(purgatory=kit.purgatory) if config.key_cols else None
+        self.keys = ResourceManager(purgatory=kit.purgatory) if config.calls.key_cols else None
         # Every call of this partition is watched on this key: the end of the task finds
         # the ones still in flight there.
         self.token = object()
@@ -186,20 +189,14 @@ class _Partition:
         self.wake = threading.Event()
         # With batches, max_in_flight counts requests: the rows out are up to that many
         # full batches.
-        size = 1 if config.batch is None else config.batch.size
-        self.admission = Admission(config.max_in_flight * size, config.rate_per_task)
-        self.gate = (
-            None
-            if config.quota is None
-            else QuotaGate(
-                config.quota.open(), config.cost, config.reply_cost, config.max_cost_per_call
-            )
-        )
+        size = 1 if config.batching is None else config.batching.size
+        self.admission = Admission(config.calls.max_in_flight * size)
+        self.gate = None if config.quota is None else QuotaGate(config.quota.open(), config.cost)
         # With a quota: the row that waits for its share.
         self.pending: _Row | None = None
         # Rows refused for overload whose backoff has ended, waiting for room.
         self.parked: deque[_Row] = deque()
-        self.wake_after = max(1, config.max_in_flight // _WAKE_SHARE)
+        self.wake_after = max(1, config.calls.max_in_flight // _WAKE_SHARE)
         self.ended_attempts: deque[tuple[_Row, tuple[bool, str | None, Reply | None] | None]] = (
             deque()
         )
@@ -208,9 +205,9 @@ class _Partition:
         self.settling = threading.Lock()
         self.admitted = 0
         self.yielded = 0
-        self.batcher: Batcher[_Row] | None = (
-            None if config.batch is None else Batcher(self, target, config.batch)
-        )
+        self.batcher: Batcher[_Row] | None = None
+        if config.batching is not None:  # (plan() made sure the target takes batches)
+            self.batcher = Batcher(self, cast(BatchTarget, target), config.batching)
         self.task_thread = threading.get_ident()
 
     # -- admission (the task's thread) -------------------------------------------------
@@ -252,7 +249,7 @@ class _Partition:
                     self.finish(row, FAILED, str(exc))
                     continue
             wait = self.take_quota(row)
-            if wait is None:
+            if wait is SPENT:
                 continue
             if wait > 0:
                 self.pending = row
@@ -262,15 +259,16 @@ class _Partition:
             sent += 1
         return sent, None, False
 
-    def take_quota(self, row: _Row) -> float | None:
+    def take_quota(self, row: _Row) -> float | Spent:
         """Take the quota for ``row``'s next attempt: 0.0 when taken, else the seconds to
-        wait; None when the budget is spent (the row is then finished ``skipped``)."""
+        wait; :data:`SPENT` when the budget is spent (the row is then finished
+        ``skipped``)."""
         assert self.gate is not None
         wait = self.gate.take(row.cost)
         if wait is SPENT:
             self.pending = None if self.pending is row else self.pending
             self.finish(row, SKIPPED, BUDGET_SPENT)
-            return None
+            return SPENT
         row.held = wait == 0.0
         return wait
 
@@ -292,7 +290,7 @@ class _Partition:
             self.send(row)
             return
         try:
-            keys = row_keys(data, self.config.key_cols)
+            keys = row_keys(data, self.config.calls.key_cols)
         except Exception as exc:  # a key column missing, or a list: the row fails, once
             self.finish(row, FAILED, key_error(exc, self.config))
             return
@@ -390,7 +388,7 @@ class _Partition:
                 if paused is not None:  # the quota paces the job: its pause, not the service's
                     wait_s = paused
                 self.admission.overloaded(row.call, None if self.gate is not None else wait_s)
-        if wait_s is None or row.attempts > self.config.retries:  # None: not worth a retry
+        if wait_s is None or row.attempts > self.config.calls.retries:  # None: not worth a retry
             self.finish(row, status, error, reply)
             return
         # A refusal for overload waits its turn in the window with the new rows.
@@ -404,15 +402,15 @@ class _Partition:
         self.wake.set()
 
     def retry(self, row: _Row) -> None:
-        """A backoff ended (on the timer's thread): send the next attempt once the rate allows."""
-        wait_s: float | None = self.admission.take_one()
-        if not wait_s and self.gate is not None:
-            wait_s = self.take_quota(row)  # None: the budget is spent, the row skipped
-        if wait_s is None:
-            return
-        if wait_s:  # no token yet: ask again when there is one
-            self.later(wait_s, self.retry, row)
-            return
+        """A backoff ended (on the timer's thread): send the next attempt once the quota
+        allows."""
+        if self.gate is not None:
+            wait_s = self.take_quota(row)
+            if wait_s is SPENT:  # the row ended skipped
+                return
+            if wait_s:  # not yet: ask again when the quota may allow it
+                self.later(wait_s, self.retry, row)
+                return
         self.send(row)
 
     # -- the timer, the purgatory and the completion thread (also the batcher's) -------
@@ -508,7 +506,7 @@ class _Partition:
         done, wake, rows, admission = self.done, self.wake, self.rows, self.admission
         gate = self.gate
         # With batches, a round reads whole batches' worth of rows (at least one batch).
-        size = 1 if self.config.batch is None else self.config.batch.size
+        size = 1 if self.config.batching is None else self.config.batching.size
         per_round = max(_BATCH - _BATCH % size, size)
         exhausted = False
         while True:
@@ -562,7 +560,7 @@ class _Partition:
         while room > 0 and parked:
             if gate is not None:
                 wait = self.take_quota(parked[0])
-                if wait is None:  # the budget is spent: the row ended skipped
+                if wait is SPENT:  # the row ended skipped
                     parked.popleft()
                     continue
                 if wait > 0:
@@ -591,7 +589,7 @@ class _Partition:
 
 
 def timewheel_engine(
-    rows: Iterable[dict[str, Any]], target: Any, config: DispatchConfig
+    rows: Iterable[dict[str, Any]], target: Target, config: DispatchConfig
 ) -> Iterator[Outcome]:
     """Dispatch ``rows`` on the worker's timer and purgatory; yield each row's outcome once."""
     return _Partition(rows, target, config, _kit()).outcomes()

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from .._json import encoder
 from ..contract import Failure
-from ..quota.headers import parse_retry_after
+from ..ratelimit import parse_retry_after
 from ..secrets import redact_url
 from .options import HttpLimits
 

@@ -8,7 +8,7 @@ wait, or :data:`SPENT` once the budget or the request cap is spent (the gate rem
 it: every later take answers :data:`SPENT` at once). It tells :meth:`QuotaGate.ended`
 how the attempt ended:
 
-* an answer with the actual cost (``reply_cost``: a dotted path into the JSON answer
+* an answer with the actual cost (``Cost.actual``: a dotted path into the JSON answer
   such as ``"usage.total_tokens"``, or a function of the parsed answer) settles the
   difference with the quota; an answer without it leaves the estimate standing and is
   counted (:attr:`QuotaGate.cost_unknown`);
@@ -25,7 +25,7 @@ how the attempt ended:
 Every attempt takes one request, its estimated cost and one call slot (with a
 ``concurrency``); the slot comes back when the attempt ends.
 
-**A cost known only from the answer** (``reply_cost`` without an estimate) is held while
+**A cost known only from the answer** (``Cost.actual`` without an estimate) is held while
 the call is in flight, so a budget caps it too: each call takes a *hold*, the ceiling the
 user gives (``Cost(actual=..., max_per_call=C)``), or else the largest cost an answer of
 this task has said so far; before any answer has said one, the task sends one call at a
@@ -57,23 +57,21 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any, Union
+from typing import Any
 
 from ..contract import OVERLOAD_STATUSES, Reply
+from ..options import Cost
+from ..ratelimit import parse_rate_limit_headers
 from ..worker_metrics import partition_counts
-from .headers import parse_rate_limit_headers
 from .spec import BudgetSpent, QuotaStore
 from .task import TaskQuota
 
 __all__ = [
     "BUDGET_SPENT",
     "SPENT",
-    "CostSpec",
     "QuotaGate",
     "RowRefused",
     "Spent",
-    "check_cost",
-    "reply_path",
 ]
 
 #: The ``error`` of a row not sent because the budget or the request cap was spent.
@@ -114,40 +112,6 @@ class Spent(enum.Enum):
 #: Nothing more may be sent: the rows not sent end ``skipped`` with :data:`BUDGET_SPENT`.
 SPENT = Spent.SPENT
 
-#: ``cost``: a column name, or a function of the row; ``reply_cost``: a dotted path into
-#: the JSON answer, or a function of the parsed answer.
-CostSpec = Union[str, Callable[[Any], Any], None]
-
-
-def check_cost(name: str, spec: Any) -> CostSpec:
-    """``spec`` if it is None, a non-empty str or a callable; TypeError/ValueError otherwise."""
-    if spec is None or callable(spec):
-        return spec  # type: ignore[no-any-return]
-    if not isinstance(spec, str):
-        raise TypeError(f"{name} must be a column name, a path or a function, got {spec!r}")
-    if not spec.strip():
-        raise ValueError(f"{name} must not be empty, got {spec!r}")
-    return spec
-
-
-def reply_path(path: str) -> Callable[[Any], Any]:
-    """A function reading ``path`` (``"usage.total_tokens"``, ``"data.0.n"``) from parsed
-    JSON: None where a step is missing."""
-    steps = path.split(".")
-
-    def read(value: Any) -> Any:
-        for step in steps:
-            if isinstance(value, Mapping):
-                value = value.get(step)
-            elif isinstance(value, list) and step.isdigit() and int(step) < len(value):
-                value = value[int(step)]
-            else:
-                return None
-        return value
-
-    return read
-
-
 def _amount(value: Any) -> float | None:
     """``value`` as a cost (a finite number >= 0), else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -162,18 +126,17 @@ class QuotaGate:
     def __init__(
         self,
         store: QuotaStore,
-        cost: CostSpec = None,
-        reply_cost: CostSpec = None,
-        max_per_call: float | None = None,
+        cost: Cost | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.task = TaskQuota(store, clock=clock)
         #: Set once a take found the budget or the request cap spent.
         self.spent = False
-        self.cost_col = cost if isinstance(cost, str) else None
-        self.cost_fn = cost if callable(cost) else None
-        self.reply_cost = reply_path(reply_cost) if isinstance(reply_cost, str) else reply_cost
+        estimate = None if cost is None else cost.estimate
+        self.cost_col = estimate if isinstance(estimate, str) else None
+        self.cost_fn = None if isinstance(estimate, str) else estimate
+        self.reply_cost = None if cost is None else cost.actual_of()
         #: Answers that did not say what they cost (their estimate stood).
         self.cost_unknown = 0
         #: Attempts refused for overload (HTTP 429 or 503).
@@ -188,8 +151,8 @@ class QuotaGate:
         # out, in the order taken (an ending call settles the oldest: their sum is what
         # the calls out hold, exactly).
         counted = store.quota.budget is not None or store.quota.cost_rate is not None
-        self.holding = cost is None and reply_cost is not None and counted
-        self.ceiling = max_per_call
+        self.holding = estimate is None and self.reply_cost is not None and counted
+        self.ceiling = None if cost is None else cost.max_per_call
         #: The largest cost an answer has said (None: none yet).
         self.largest: float | None = None
         self.holds: deque[float] = deque()

@@ -43,12 +43,10 @@ from typing import Any
 
 from ..runtime import worker_runtime
 from .bucket import Failover, LocalStore
-from .gate import check_cost
 from .spec import Quota, QuotaStore
 
 __all__ = [
     "QuotaRef",
-    "check_quota",
     "close_quota",
     "driver_store",
     "job_of",
@@ -179,33 +177,6 @@ class _Unreachable:
 
     def close(self) -> None:
         pass
-
-
-def check_quota(schema: Any, quota: Any, cost: Any, reply_cost: Any) -> None:
-    """ValueError/TypeError for a quota, cost or reply_cost that cannot be used on
-    ``schema``, before any job."""
-    from pyspark.sql.types import NumericType
-
-    if quota is not None and not isinstance(quota, Quota):
-        raise TypeError(f"quota must be a timewheel.spark.Quota, got {quota!r}")
-    for name, spec in (("cost", cost), ("reply_cost", reply_cost)):
-        if check_cost(name, spec) is not None and quota is None:
-            raise ValueError(f"{name} is given without a quota to count it against")
-    if quota is not None and cost is not None and quota.cost_rate is None and quota.budget is None:
-        raise ValueError("cost is given, but the quota counts no cost (cost_rate or budget)")
-    if quota is not None and quota.budget is not None and cost is None and reply_cost is None:
-        raise ValueError(
-            f"the quota's budget ({quota.budget:g}) has no cost to count it by: give "
-            "cost=Cost(estimate=..., actual=...) (or leave the budget out)"
-        )
-    if isinstance(cost, str):
-        field = next((f for f in schema.fields if f.name == cost), None)
-        if field is None:
-            raise ValueError(f"cost column {cost!r} is not a column of df; columns: {schema.names}")
-        if not isinstance(field.dataType, NumericType):
-            raise ValueError(
-                f"cost column {cost!r} has type {field.dataType.simpleString()}: it must be numeric"
-            )
 
 
 def _driver_host(spark: Any) -> tuple[str, str]:

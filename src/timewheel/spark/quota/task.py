@@ -59,7 +59,7 @@ from typing import Callable
 
 from ... import _atfork
 from ..._validate import check_number
-from .headers import RateLimitInfo
+from ..ratelimit import RateLimitInfo
 from .spec import (
     BURST_S,
     LEASE_S,
@@ -244,7 +244,7 @@ class TaskQuota:
         return min(seconds, self.quota.max_pause_s)
 
     def follow(self, info: RateLimitInfo) -> None:
-        """Follow what the service's headers said (:mod:`.ratelimit_headers`): pause
+        """Follow what the service's headers said (:mod:`timewheel.spark.ratelimit`): pause
         the job for a ``Retry-After`` or a used-up window, and hold no more tokens than
         the service says are left."""
         wait, header = info.pause()

@@ -1,4 +1,5 @@
-"""``--reply-schema`` checked without a JVM: a parser for the Spark DDL a struct's fields
+"""A reply schema checked without a JVM (``dispatch(reply_schema=...)``, ``timewheel
+pipeline --reply-schema``): a parser for the Spark DDL a struct's fields
 are written in (``"lat double, tags array<string>, meta struct<k: string>"``).
 
 Spark parses the string again when the job runs (``DataType.fromDDL``); this parser

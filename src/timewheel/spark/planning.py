@@ -1,0 +1,350 @@
+"""Every rule between ``dispatch``'s options, and between them and the input, in one place.
+
+Each option object checks its own fields when it is made (:mod:`timewheel.spark.options`,
+:class:`~timewheel.spark.batch.spec.Batching`, :class:`~timewheel.spark.quota.spec.Quota`).
+What no object can check alone is checked here, once, before any Spark job: a cost with
+no quota to count it, a budget with no cost, a batch with a target that takes one row, a
+key column the input lacks. :func:`plan` returns a :class:`DispatchPlan`: the target
+bound for the job and the engine's :class:`~timewheel.spark.engine.contract.DispatchConfig`,
+which carries the option objects whole. Its callers: :func:`~timewheel.spark.dispatch`
+(with ``df.schema``), :func:`~timewheel.spark.partition_dispatcher`, and ``timewheel
+pipeline``'s check before Spark starts (with the input's schema where it can be read
+without Spark, else None: the rules against the input wait for ``dispatch``).
+
+A refusal is a :class:`~timewheel.spark.options.PlanError` (a ValueError;
+:class:`~timewheel.spark.options.PlanTypeError` is a TypeError too) whose ``field`` is the
+option as the user wrote it (``"Calls.key_cols"``, ``"Cost.estimate"``, ``"id_col"``) and
+whose ``value`` is what was given: the command line names its own flag from ``field``.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .._validate import check_int
+from .batch.spec import Batching
+from .contract import (
+    BatchTarget,
+    NamesRequestColumns,
+    Target,
+    TargetPlan,
+    bind,
+    named_columns,
+)
+from .ddl import check_ddl
+from .engine.contract import DispatchConfig, Engine
+from .engine.partition import timewheel_engine
+from .options import (
+    MAX_DELAY_MS,
+    Calls,
+    Cost,
+    Dedupe,
+    Journal,
+    PlanError,
+    PlanTypeError,
+    checked,
+)
+from .outcome import REPLY_COLUMN, RESULT_COLUMNS
+from .quota.spec import Quota
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+__all__ = ["DispatchPlan", "PlanError", "PlanTypeError", "plan"]
+
+@dataclass(frozen=True)
+class DispatchPlan:
+    """What :func:`plan` made of ``dispatch``'s arguments: everything checked together.
+
+    ``target``: bound for the job (:func:`~timewheel.spark.contract.bind`); ``config``:
+    what each partition's engine receives (its ``quota`` is placed by ``dispatch``, which
+    has the Spark session); ``reply_schema``: the DDL of the ``reply`` column (its
+    StructType, made with Spark, from :meth:`reply`); the options the engine does not see
+    (``quota``, ``dedupe``, ``journal``) as given.
+    """
+
+    target: Target
+    id_col: str
+    config: DispatchConfig
+    engine: Engine
+    reply_schema: str | None = None
+    quota: Quota | None = None
+    dedupe: Dedupe | None = None
+    journal: Journal | None = None
+    streaming: bool = False
+
+    def reply(self) -> StructType | None:
+        """The ``reply`` column's StructType (parsed by Spark: needs an active session)."""
+        if self.reply_schema is None:
+            return None
+        from .columns import reply_struct
+
+        try:
+            return reply_struct(self.reply_schema)  # type: ignore[no-any-return]
+        except ValueError as exc:
+            raise PlanError("reply_schema", self.reply_schema, f"is not Spark DDL: {exc}") from None
+
+
+def plan(
+    schema: StructType | None,
+    target: Target,
+    *,
+    id_col: str,
+    timeout_ms: int = 1000,
+    calls: Calls | None = None,
+    reply_schema: str | None = None,
+    quota: Quota | None = None,
+    cost: Cost | None = None,
+    batching: Batching | None = None,
+    dedupe: Dedupe | None = None,
+    journal: Journal | None = None,
+    engine: Engine | None = None,
+    streaming: bool = False,
+) -> DispatchPlan:
+    """Every rule between ``dispatch``'s options and the input's ``schema``, once, before
+    any job; :class:`PlanError` naming the first option refused.
+
+    ``schema`` None: the input's columns are not known yet (a remote file, a stream not
+    started); the rules against them are left for ``dispatch``. ``streaming``: the input
+    is a stream. The other arguments are ``dispatch``'s.
+    """
+    from pyspark.sql.types import StructType
+
+    if schema is not None and not isinstance(schema, StructType):
+        raise PlanTypeError(
+            "schema", schema, f"must be a pyspark.sql.types.StructType (df.schema), got {schema!r}"
+        )
+    engine = timewheel_engine if engine is None else engine
+    if not callable(engine):
+        raise PlanTypeError(
+            "engine", engine, f"must be an Engine (a function of rows, target and config), "
+            f"got {engine!r}"
+        )
+    calls = Calls() if calls is None else calls
+    for name, value, kind in (
+        ("calls", calls, Calls),
+        ("quota", quota, Quota),
+        ("cost", cost, Cost),
+        ("batching", batching, Batching),
+        ("dedupe", dedupe, Dedupe),
+        ("journal", journal, Journal),
+    ):
+        if value is not None and not isinstance(value, kind):
+            raise PlanTypeError(
+                name, value, f"must be a timewheel.spark.{kind.__name__}, got {value!r}"
+            )
+    timeout_ms = checked("timeout_ms", check_int, timeout_ms, 1, MAX_DELAY_MS)
+    if not isinstance(id_col, str):
+        raise PlanTypeError("id_col", id_col, f"must be a column name (str), got {id_col!r}")
+    _check_target(target)
+    _check_reply_schema(reply_schema)
+    _check_quota(quota, cost, engine)
+    batching = _batching(batching, cost, target, engine)
+    _check_dedupe(dedupe, calls, target)
+    if journal is not None and journal.retain_batches is not None and not streaming:
+        raise PlanError(
+            "Journal.retain_batches", journal.retain_batches, "is for a stream's journal"
+        )
+    if schema is not None:
+        _check_columns(schema, target, id_col, calls, reply_schema, cost, dedupe)
+    rate_limit_headers = quota is not None  # a quota follows the answers' headers
+    try:  # told once what the job is (the HTTP target keys its requests on id_col)
+        target = bind(target, TargetPlan(id_col, rate_limit_headers, batching is not None))
+    except (TypeError, ValueError) as exc:
+        raise PlanError("target", target, f"refuses the job: {exc}") from None
+    config = DispatchConfig(timeout_ms, calls, None, cost, batching)
+    return DispatchPlan(
+        target, id_col, config, engine, reply_schema, quota, dedupe, journal, streaming
+    )
+
+
+def _check_target(target: Any) -> None:
+    """A target instance with ``submit``, which pickles for Spark's workers."""
+    if isinstance(target, type):
+        raise PlanTypeError(
+            "target", target, f"must be an instance, got the class {target.__name__}"
+        )
+    if not isinstance(target, Target) or not callable(target.submit):
+        raise PlanTypeError(
+            "target", target, f"must have a submit(row, on_done) method, got {target!r}"
+        )
+    from pyspark import cloudpickle
+
+    try:
+        cloudpickle.dumps(target)  # type: ignore[no-untyped-call]
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        raise PlanTypeError(
+            "target", target, f"{target!r} cannot be pickled for Spark's workers: {exc}"
+        ) from exc
+
+
+def _check_reply_schema(reply_schema: Any) -> None:
+    """A struct's fields in Spark DDL (read without a JVM: Spark reads it again)."""
+    if reply_schema is None:
+        return
+    if not isinstance(reply_schema, str) or not reply_schema.strip():
+        raise PlanTypeError(
+            "reply_schema", reply_schema, f"must be a Spark DDL string, got {reply_schema!r}"
+        )
+    try:
+        check_ddl(reply_schema)
+    except ValueError as exc:
+        raise PlanError(
+            "reply_schema",
+            reply_schema,
+            f"{reply_schema!r} is not Spark DDL ('name type, ...', as 'lat double, tags "
+            f"array<string>'): {exc}",
+        ) from None
+
+
+def _check_quota(quota: Quota | None, cost: Cost | None, engine: Engine) -> None:
+    """A cost needs a quota that counts cost; a budget needs a cost; the timewheel
+    engine keeps a quota."""
+    if cost is not None and quota is None:
+        field = "Cost.estimate" if cost.estimate is not None else "Cost.actual"
+        given = cost.estimate if cost.estimate is not None else cost.actual
+        raise PlanError(
+            field, given, f"{given!r} is given without a " + "{quota} to count it against",
+            ("quota",),
+        )
+    if quota is None:
+        return
+    if engine is not timewheel_engine:
+        raise PlanError(
+            "engine", engine, "cannot keep a quota: a quota is kept by the timewheel engine "
+            f"only, not by {engine!r}"
+        )
+    counts_cost = quota.cost_rate is not None or quota.budget is not None
+    if cost is not None and cost.estimate is not None and not counts_cost:
+        raise PlanError(
+            "Cost.estimate",
+            cost.estimate,
+            f"{cost.estimate!r} is given, but the quota counts no cost: give "
+            "{Quota.cost_rate} or {Quota.budget} (or leave the cost out)",
+            ("Quota.cost_rate", "Quota.budget"),
+        )
+    if quota.budget is not None and cost is None:
+        raise PlanError(
+            "Quota.budget",
+            quota.budget,
+            f"({quota.budget:g}) has no cost to count it by: give {{Cost.estimate}} (each "
+            "row's estimate) or {Cost.actual} (what each answer says it cost), or both",
+            ("Cost.estimate", "Cost.actual"),
+        )
+
+
+def _batching(
+    batching: Batching | None, cost: Cost | None, target: Target, engine: Engine
+) -> Batching | None:
+    """The batching the job uses (None: a request per row), checked against the target,
+    the cost and the engine."""
+    if batching is None:
+        return None
+    if batching.max_cost is not None and (cost is None or cost.estimate is None):
+        raise PlanError(
+            "Batching.max_cost",
+            batching.max_cost,
+            f"{batching.max_cost:g} counts the rows' estimated cost: give "
+            "{Cost.estimate} (and a {quota}) too",
+            ("Cost.estimate", "quota"),
+        )
+    if batching.size == 1:
+        return None
+    if not isinstance(target, BatchTarget):
+        raise PlanTypeError(
+            "Batching.size",
+            batching.size,
+            "needs a target that sends many rows per request (batch_part, submit_batch "
+            f"and batch_reply, as HttpDownstream has); {target!r} has none",
+        )
+    if engine is not timewheel_engine:
+        raise PlanError(
+            "engine", engine, f"cannot make batches: the timewheel engine does, not {engine!r}"
+        )
+    return batching
+
+
+def _check_dedupe(dedupe: Dedupe | None, calls: Calls, target: Target) -> None:
+    """Dedupe partitions rows by its column, key columns by theirs: not both; by request,
+    the target must say what its requests are made of."""
+    if dedupe is None:
+        return
+    field, value = ("Dedupe.col", dedupe.col) if dedupe.col else ("Dedupe.requests", True)
+    if calls.key_cols:
+        given = f"{dedupe.col!r} " if dedupe.col else ""
+        raise PlanError(
+            field,
+            value,
+            given + "cannot be combined with {Calls.key_cols}: rows are partitioned by one "
+            "column, and each needs its own",
+            ("Calls.key_cols",),
+        )
+    if dedupe.requests and not isinstance(target, NamesRequestColumns):
+        raise PlanTypeError(
+            field,
+            value,
+            "(Dedupe.by_request()) needs a target that names the columns its requests are "
+            f"made from (a request_columns(columns) method, as HttpDownstream has); "
+            f"{target!r} has none: give Dedupe(col) instead",
+        )
+
+
+def _check_columns(
+    schema: StructType,
+    target: Target,
+    id_col: str,
+    calls: Calls,
+    reply_schema: str | None,
+    cost: Cost | None,
+    dedupe: Dedupe | None,
+) -> None:
+    """Every column an option names is in the input, of a type it can be used as."""
+    from pyspark.sql.types import ArrayType, MapType, NumericType, StructType
+
+    columns = schema.fieldNames()
+    listed = ", ".join(columns)
+    named = [("id_col", id_col)] + [("Calls.key_cols", c) for c in calls.key_cols]
+    if dedupe is not None and dedupe.col is not None:
+        named.append(("Dedupe.col", dedupe.col))
+    if cost is not None and isinstance(cost.estimate, str):
+        named.append(("Cost.estimate", cost.estimate))
+    for field, col in named:
+        if col not in columns:
+            raise PlanError(
+                field, col, f"{col!r} is not a column of the input; its columns: {listed}"
+            )
+        kind = schema[col].dataType
+        if field == "Cost.estimate" and not isinstance(kind, NumericType):
+            raise PlanError(
+                field, col, f"{col!r} has type {kind.simpleString()}: it must be numeric"
+            )
+        if field in ("Calls.key_cols", "Dedupe.col") and isinstance(
+            kind, (ArrayType, MapType, StructType)
+        ):
+            raise PlanError(
+                field,
+                col,
+                f"{col!r} has type {kind.simpleString()}: its values must be hashable "
+                "scalars (numbers, strings, dates, binary), not arrays, maps or structs",
+            )
+    clash = [col for col in RESULT_COLUMNS if col in columns]
+    if clash:
+        raise PlanError(
+            "df", clash, f"already has result column(s) {clash}; rename them before dispatch"
+        )
+    if reply_schema is not None and REPLY_COLUMN in columns:
+        raise PlanError(
+            "reply_schema",
+            reply_schema,
+            f"adds a {REPLY_COLUMN!r} column, which the input has already; rename it first",
+        )
+    missing = tuple(c for c in named_columns(target) if c not in columns)
+    if missing:
+        raise PlanError(
+            "target",
+            missing,
+            f"names column(s) {list(missing)} that the input does not have; its columns: "
+            f"{listed}",
+        )
