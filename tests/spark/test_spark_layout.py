@@ -7,6 +7,7 @@ anything already.
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,29 @@ def test_dispatch_is_the_function_however_the_wing_was_imported() -> None:
     assert out.split() == ["True", "True", "timewheel.spark._dispatch"]
     with pytest.raises(AttributeError, match="has no attribute 'dispatcher'"):
         timewheel.spark.dispatcher  # noqa: B018
+
+
+def test_every_name_the_wing_exports_resolves_and_nothing_else_is_public() -> None:
+    # The face is lazy (dispatch and its pyspark are imported when first asked for), so a
+    # name listed in __all__ that __getattr__ no longer serves would fail only for the
+    # user who asks: every name is asked for here, in a fresh interpreter, and every
+    # public name the module holds (not a submodule) must be listed, as httpx guards its
+    # exported members.
+    pytest.importorskip("pyspark")
+    out = _run(
+        "import json, types, typing, timewheel.spark as wing\n"
+        "missing = [n for n in wing.__all__ if getattr(wing, n, None) is None]\n"
+        "held = sorted(n for n, v in vars(wing).items() if not n.startswith('_')\n"
+        "              and not isinstance(v, types.ModuleType) and n != 'annotations'\n"
+        "              and getattr(typing, n, None) is not v)  # (its own typing names)\n"
+        "print(json.dumps([missing, [n for n in held if n not in wing.__all__],\n"
+        "                  sorted(set(wing.__all__) - set(dir(wing)))]))"
+    )
+    missing, unlisted, undiscoverable = json.loads(out)
+    assert missing == [], f"__all__ names nothing at: {missing}"
+    assert unlisted == [], f"public but not in __all__: {unlisted}"
+    assert undiscoverable == [], f"in __all__ but not in dir(): {undiscoverable}"
+    assert {"plan", "PlanError", "dispatch"} <= set(timewheel.spark.__all__)
 
 
 def test_the_wing_sends_with_libcurl_only() -> None:

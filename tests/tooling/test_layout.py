@@ -42,7 +42,16 @@ The rules:
   module's twins, ``_x_c`` / ``_x_py`` or ``_core`` / ``_core_py``, count once): a family
   wants a folder of its own;
 * signatures: the public calls of the wing take at most ``SIGNATURE_LIMITS`` parameters
-  (``self`` not counted): more want an option object.
+  (``self`` not counted): more want an option object;
+* one home for the rules between options (issue 47): outside ``spark/planning.py``, no
+  function of the wing or the tooling takes two or more of ``dispatch``'s option keywords
+  (:data:`OPTION_KEYWORDS`), or a ``schema`` and one of them, but the surface that forwards
+  them to ``plan`` (:data:`FORWARDERS`); and a :class:`PlanError` is raised only there, in
+  ``spark/options.py`` and in an option object's own ``__post_init__``;
+* the engine's config: ``DispatchConfig`` (``spark/engine/contract.py``) has no field typed
+  ``Any``: the engine receives the option objects whole and typed;
+* the tooling's files: no module of ``cli/`` imports a private name from another module of
+  ``cli/`` (the wing's rule, one folder over).
 """
 
 from __future__ import annotations
@@ -108,7 +117,24 @@ ROOM_FLOORS = {
 }
 #: The most parameters each public call of the wing takes (``self`` not counted), by its
 #: name in the module that defines it (issue 41: one option object per concern).
-SIGNATURE_LIMITS = {"dispatch": 14, "partition_dispatcher": 12, "HttpDownstream.__init__": 13}
+SIGNATURE_LIMITS = {
+    "dispatch": 14,
+    "partition_dispatcher": 12,
+    "plan": 13,
+    "HttpDownstream.__init__": 13,
+}
+#: ``dispatch``'s option keywords: a function taking two of them (or a ``schema`` and one)
+#: decides something between options, which is ``spark/planning.py``'s job alone.
+OPTION_KEYWORDS = frozenset({"calls", "quota", "cost", "batching", "dedupe", "journal"})
+#: Where the rules between options live, and the surface that only forwards the options to it.
+PLANNING = f"{WING}.planning"
+FORWARDERS = {f"{WING}._dispatch": {"dispatch", "partition_dispatcher"}}
+#: The refusal of an option, and the modules that raise it besides PLANNING (an option
+#: object checking itself raises it too, from its ``__post_init__``).
+PLAN_ERRORS = frozenset({"PlanError", "PlanTypeError"})
+OPTIONS = f"{WING}.options"
+#: The engine's config: its module and class, whose fields may not be typed ``Any``.
+ENGINE_CONFIG = (f"{WING}.engine.contract", "DispatchConfig")
 #: How many modules named ``prefix_*`` make a family that wants a folder.
 FAMILY_SIZE = 3
 NUMBER_CHECKS = frozenset({"isnan", "isinf", "isfinite"})
@@ -232,21 +258,24 @@ def _check_wing_privates(
     tree: ast.Module, module: str, is_package: bool, modules: dict[str, bool]
 ) -> list[str]:
     """A private name taken from another module of the wing (``from .request import
-    _check_url``); a private module (``from . import _curl``) is a module, not a name."""
+    _check_url``), or of the tooling by the tooling; a private module (``from . import
+    _curl``) is a module, not a name."""
     out = []
     package = _package(module, is_package)
+    within = _is_wing if _is_wing(module) else _is_tooling
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom):
             continue
         target = _from_target(node, package)
-        if not _is_wing(target) or target == module:
+        if not within(target) or target == module:
             continue
         names = [a.name for a in node.names if _is_private(a.name)]
         names = [name for name in names if f"{target}.{name}" not in modules]
         if names:
+            where = "the wing" if _is_wing(module) else "the tooling"
             out.append(
                 f"{module}:{node.lineno}: imports private names of {target} "
-                f"({', '.join(names)}): public inside the wing, or kept in one module"
+                f"({', '.join(names)}): public inside {where}, or kept in one module"
             )
     return out
 
@@ -321,6 +350,67 @@ def _check_signatures(tree: ast.Module, module: str) -> list[str]:
                 f"{module}:{line}: {name} takes {n} parameters, over {limit}: "
                 "group them in option objects"
             )
+    return out
+
+
+def _functions(tree: ast.Module) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def _parameter_names(args: ast.arguments) -> set[str]:
+    every = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+    return {a.arg for a in every if a is not None}
+
+
+def _check_option_rules(tree: ast.Module, module: str) -> list[str]:
+    """Outside ``PLANNING``: a function that takes two of ``dispatch``'s option keywords
+    (or a schema and one), but the forwarders; a PlanError raised outside an option
+    object's own ``__post_init__`` (and ``spark/options.py``)."""
+    if module == PLANNING:
+        return []
+    out = []
+    forwarders = FORWARDERS.get(module, set())
+    for node in _functions(tree):
+        names = _parameter_names(node.args)
+        options = names & OPTION_KEYWORDS
+        if node.name in forwarders:
+            continue
+        if len(options) >= 2 or (options and "schema" in names):
+            out.append(
+                f"{module}:{node.lineno}: {node.name} takes {', '.join(sorted(options))}"
+                f"{' and schema' if 'schema' in names else ''}: a rule between options "
+                "belongs in spark/planning.py"
+            )
+    if module == OPTIONS:
+        return out
+    own = {id(n) for f in _functions(tree) if f.name == "__post_init__" for n in ast.walk(f)}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Raise)
+            and isinstance(node.exc, ast.Call)
+            and _attr(node.exc.func) in PLAN_ERRORS
+            and id(node) not in own
+        ):
+            out.append(
+                f"{module}:{node.lineno}: raises {_attr(node.exc.func)} outside an option "
+                "object: a rule between options belongs in spark/planning.py"
+            )
+    return out
+
+
+def _check_engine_config(tree: ast.Module, module: str) -> list[str]:
+    """A field of the engine's config typed ``Any`` (or with ``Any`` inside)."""
+    if module != ENGINE_CONFIG[0]:
+        return []
+    out = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == ENGINE_CONFIG[1]:
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and "Any" in ast.unparse(item.annotation):
+                    out.append(
+                        f"{module}:{item.lineno}: {node.name}.{ast.unparse(item.target)} is "
+                        "typed Any: the engine receives the option objects whole and typed"
+                    )
     return out
 
 
@@ -583,10 +673,13 @@ def violations(root: Path) -> list[str]:
         lines = text.count("\n")
         if _is_wing(module) and lines > WING_MAX_LINES:
             out.append(f"{module}: {lines} lines, over {WING_MAX_LINES}: more than one job")
-        if _is_wing(module):
+        if _is_wing(module) or _is_tooling(module):
             out += _check_wing_privates(tree, module, is_package, modules)
+            out += _check_option_rules(tree, module)
+        if _is_wing(module):
             out += _check_wing_rooms(tree, module, is_package, modules)
             out += _check_signatures(tree, module)
+            out += _check_engine_config(tree, module)
     for path in cython:
         out += _check_cython(path, _module_name(root, path))
     out += prefix_families(root)
@@ -829,6 +922,38 @@ BROKEN = {
         },
         "timewheel.spark._dispatch:1: partition_dispatcher takes 14 parameters, over 12",
     ),
+    "plan takes too many parameters": (
+        {"spark/planning.py": f"def plan(schema, target, *, {_names(12)}):\n    pass\n"},
+        "timewheel.spark.planning:1: plan takes 14 parameters, over 13",
+    ),
+    "a rule between options outside planning": (
+        {"spark/quota/placement.py": "def check_quota(schema, quota, cost):\n    pass\n"},
+        "timewheel.spark.quota.placement:1: check_quota takes cost, quota and schema: a rule "
+        "between options belongs in spark/planning.py",
+    ),
+    "a rule between an option and the schema outside planning": (
+        {"spark/batch/spec.py": "class B:\n    def settings(self, schema, *, batching):\n"
+         "        pass\n"},
+        "timewheel.spark.batch.spec:2: settings takes batching and schema",
+    ),
+    "the tooling decides between options": (
+        {"cli/pipeline/precheck.py": "def check(args, cost, quota):\n    pass\n"},
+        "timewheel.cli.pipeline.precheck:1: check takes cost, quota: a rule between options",
+    ),
+    "an option refused outside an option object": (
+        {"spark/batch/spec.py": "def f(size):\n    raise PlanError('Batching.size', 1, 'x')\n"},
+        "timewheel.spark.batch.spec:2: raises PlanError outside an option object",
+    ),
+    "the engine's config typed Any": (
+        {"spark/engine/contract.py": "from typing import Any\nclass DispatchConfig:\n"
+         "    timeout_ms: int = 1\n    cost: Any = None\n"},
+        "timewheel.spark.engine.contract:4: DispatchConfig.cost is typed Any",
+    ),
+    "the tooling imports a private name of a sibling module": (
+        {"cli/pipeline/job.py": "from .errors import UsageError, _note\n"},
+        "timewheel.cli.pipeline.job:1: imports private names of timewheel.cli.pipeline.errors "
+        "(_note): public inside the tooling",
+    ),
     "HttpDownstream takes too many parameters": (
         {
             "spark/http/target.py": "class HttpDownstream:\n"
@@ -868,12 +993,21 @@ def test_what_the_rules_allow(tmp_path: Path) -> None:
             "        pass\n",
             # the root and engine/ import quota/ and batch/; a room imports its own and the root
             "spark/_dispatch.py": "from .quota.placement import place_quota\n"
-            f"def dispatch(df, target, *, {_names(12)}):\n    pass\n",
+            f"def dispatch(df, target, *, quota, cost, {_names(10)}):\n    pass\n",
             "spark/engine/partition.py": "from ..quota.gate import QuotaGate\n"
             "from ..batch import spec\n",
             "spark/quota/gate.py": "from .bucket import Bucket\nfrom ..outcome import OK\n",
             "spark/batch/run.py": "from ..outcome import OK\n",
-            "spark/http/options.py": "from ..batch.spec import Part\nfrom ..quota import headers\n",
+            "spark/http/options.py": "from ..batch.spec import Part\nfrom .. import ratelimit\n",
+            # the rules between options in planning; the forwarders; an object checks itself
+            "spark/planning.py": "def plan(schema, target, *, quota=None, cost=None):\n"
+            "    raise PlanError('Cost.estimate', cost, 'x')\n",
+            "spark/options.py": "def checked(field, check, value):\n"
+            "    raise PlanTypeError(field, value, 'x')\n",
+            "spark/quota/spec.py": "class Q:\n    def __post_init__(self):\n"
+            "        raise PlanError('Quota.rate', 0, 'x')\n",
+            "cli/pipeline/errors.py": "def note(text):\n    pass\n",
+            "cli/pipeline/job.py": "from .errors import note\nfrom ... import _atfork\n",
             **dict.fromkeys(
                 [
                     "spark/quota/placement.py",
@@ -887,7 +1021,7 @@ def test_what_the_rules_allow(tmp_path: Path) -> None:
             "spark/targets.py": "import math, logging\nlog = logging.getLogger(__name__)\n"
             "ok = math.isfinite(x) and not isinstance(x, bool)\n",
             # the wing tests in place a number it reads (not an argument: nothing raised)
-            "spark/quota/headers.py": "import math\nif not math.isfinite(x):\n    x = None\n",
+            "spark/ratelimit.py": "import math\nif not math.isfinite(x):\n    x = None\n",
             "purgatory.py": "flag = isinstance(reaper, bool)\n",
             # the core imports the core, Cython cimports included; a package its modules
             "_impl/__init__.py": "from .. import _core\nfrom . import _tasks_c\n",
