@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
+from engine_config import engine_config
 from engine_contract import *  # noqa: F403  (the cases, run here against the engines below)
 from timewheel.cli.bench.baseline_engines import async_call, blocking_call
 from timewheel.cli.bench.engines import DEFAULT_ENGINE, engine_names, get_engine
+from timewheel.spark.engine.contract import DispatchConfig
 from timewheel.spark.engine.partition import timewheel_engine
-from timewheel.spark.options import DispatchConfig
 from timewheel.spark.outcome import Outcome
 from timewheel.spark.runtime import worker_runtime
 from timewheel.spark.secrets import Secret
@@ -53,7 +54,7 @@ def _on_a_fresh_service(
     service = ScriptedService()
     try:
         target = HttpDownstream(service.url)
-        outcomes = list(engine(iter(rows), target, DispatchConfig(**config)))
+        outcomes = list(engine(iter(rows), target, engine_config(**config)))
         return {o.row["id"]: o for o in outcomes}, list(service.seen.requests), target
     finally:
         service.close()

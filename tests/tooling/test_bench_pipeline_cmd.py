@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from engine_config import engine_config
 from timewheel.cli.bench import pipeline as bench
 from timewheel.cli.bench.engines import engine_names
-from timewheel.spark.options import DispatchConfig
 from timewheel.spark.targets import SimulatedDownstream
 
 pytestmark = pytest.mark.spark
@@ -58,7 +58,7 @@ def test_bench_reports_every_engine_with_all_rows_accounted(
 
 def test_little_bound_is_slots_over_mean_slot_time() -> None:
     sim = SimulatedDownstream(pct50_ms=50, pct75_ms=50)  # every attempt takes 50 ms
-    config = DispatchConfig(timeout_ms=200, max_in_flight=100, retries=2, backoff_ms=10)
+    config = engine_config(timeout_ms=200, max_in_flight=100, retries=2, backoff_ms=10)
     assert bench.mean_slot_ms(sim, config) == pytest.approx(50)
     assert bench.little_bound_rows_per_s(sim, config, concurrent_tasks=2) == pytest.approx(4000)
     flaky = SimulatedDownstream(pct50_ms=50, pct75_ms=50, failure_rate=0.5)

@@ -20,7 +20,7 @@ from timewheel.cli.bench.openai_stub import (
     main,
     parser,
 )
-from timewheel.spark.quota.headers import parse_duration, parse_rate_limit_headers
+from timewheel.spark.ratelimit import parse_duration, parse_rate_limit_headers
 
 
 @pytest.fixture
