@@ -117,7 +117,7 @@ def test_csv_input_with_key_columns(spark: Any, tmp_path: Path) -> None:
     [
         (["--target", "sim://?pct50=oops"], "sim:// parameter pct50 must be a number, got 'oops'"),
         (["--target", "gopher://x"], "target must be sim://"),
-        (["--generate", "10", "--id-col", "nope"], "--id-col 'nope': column 'nope' is not in"),
+        (["--generate", "10", "--id-col", "nope"], "--id-col 'nope' is not a column of the input"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(
@@ -570,7 +570,7 @@ def test_batch_options_that_cannot_work_exit_2_before_anything_is_sent(
         ([*http, "--batch-reply", "a[*].b[*]"], "does not parse"),
         ([*http, "--method", "GET"], "sends none"),
         ([*http, "--batch-linger-ms", "-5"], "--batch-linger-ms must be between 0 and"),
-        ([*http, "--batch-max-cost", "10"], "--batch-max-cost 10 counts the rows' --cost-col"),
+        ([*http, "--batch-max-cost", "10"], "--batch-max-cost 10 counts the rows' estimated cost: give --cost-col"),
     ]
     for extra, words in cases:
         assert pipeline_cli([*base, *extra]) == 2, extra

@@ -87,6 +87,11 @@ def test_rates_are_spelled_per_second_or_per_minute_or_hour() -> None:
     assert parse_rate("rate", "5 / s") == 5.0
     assert parse_rate("rate", "3600/h") == 1.0
     assert parse_rate("rate", "1_500/MIN") == 25.0
+    # A number written as text is per second, as the message says (--cost-rate 1.5).
+    assert (parse_rate("cost_rate", "1.5"), parse_rate("rate", " 5 ")) == (1.5, 5.0)
+    for bad in ("nan", "-1", "0", "1e400", "5/fortnight", ""):
+        with pytest.raises(ValueError, match="rate must be"):
+            parse_rate("rate", bad)
     q = Quota(rate="6000/min", cost_rate=500, concurrency=4, budget=10, max_requests=7)
     assert (q.rate, q.cost_rate, q.concurrency, q.budget, q.max_requests) == (100, 500, 4, 10, 7)
     assert pickle.loads(pickle.dumps(q)) == q

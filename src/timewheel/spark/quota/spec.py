@@ -71,6 +71,7 @@ MAX_COUNT = int(MAX_AMOUNT)
 
 _UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "min": 60.0, "minute": 60.0}
 _UNITS.update(h=3600.0, hour=3600.0)
+_NUMBER_TEXT = re.compile(r"^\s*[0-9][0-9_]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?\s*$")
 _RATE_TEXT = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*/\s*([a-z]+)\s*$")
 
 
@@ -85,6 +86,8 @@ def parse_rate(name: str, value: Any) -> float:
     >>> parse_rate("cost_rate", "2000000/min")
     33333.333333333336
     """
+    if isinstance(value, str) and _NUMBER_TEXT.match(value):  # a number per second, as text
+        return _amount(name, float(value))
     if isinstance(value, str):
         match = _RATE_TEXT.match(value.lower())
         if match is None or match.group(2) not in _UNITS:
