@@ -92,9 +92,14 @@ def test_an_answer_that_does_not_say_its_cost_leaves_one_call_at_a_time() -> Non
 
 
 def test_a_quota_that_counts_no_cost_holds_none() -> None:
-    # A rate alone: what a call costs matters to nothing, so calls go together.
-    gate = QuotaGate(LocalStore(Quota(rate=100), Clock()), Cost(actual="usage.total_tokens"))
-    assert [gate.take(0.0) for _ in range(3)] == [0.0, 0.0, 0.0]
+    # A rate alone: what a call costs matters to nothing, so no call waits for another's
+    # answer (no probe): they go at the rate's pace, one every 10 ms.
+    clock = Clock()
+    store = LocalStore(Quota(rate=100), clock)
+    gate = QuotaGate(store, Cost(actual="usage.total_tokens"), clock=clock)
+    for _ in range(3):
+        assert gate.take(0.0) == 0.0
+        clock.now += 0.01
     gate.close()
 
 
@@ -163,7 +168,9 @@ def test_estimates_that_run_low_are_corrected_by_what_the_answers_say() -> None:
     answer = Reply(200, json.dumps({"usage": {"total_tokens": 100}}).encode())
     for _ in range(100):
         cost = gate.cost_of(row)
-        assert gate.take(cost) == 0.0
+        while (wait := gate.take(cost)) != 0.0:  # (the calls go at the cost rate's pace)
+            assert wait is not SPENT and 0.0 < wait < 0.001
+            clock.now += wait
         gate.ended(cost, True, answer, None)
     assert gate.cost_of(row) == pytest.approx(100.0, rel=0.01)
     assert gate.cost_of({"tokens": 9.0}) == pytest.approx(10.0, rel=0.01)
@@ -172,7 +179,7 @@ def test_estimates_that_run_low_are_corrected_by_what_the_answers_say() -> None:
 
 def test_a_refusal_at_the_quotas_pace_pauses_a_few_calls_and_more_when_repeated() -> None:
     clock = Clock()
-    store = LocalStore(Quota(rate=100, cost_rate=10_000), clock)
+    store = LocalStore(Quota(rate=1000, cost_rate=10_000), clock)
     gate = QuotaGate(store, Cost("tokens", "usage.total_tokens"), clock=clock)
     refused = Reply(429, b"slow down", {"retry-after": "1", "x-ratelimit-remaining-tokens": "0"})
     ok = Reply(200, b'{"usage": {"total_tokens": 100}}', {})
@@ -181,7 +188,9 @@ def test_a_refusal_at_the_quotas_pace_pauses_a_few_calls_and_more_when_repeated(
     assert gate.ended(100.0, False, refused, 1.0) == pytest.approx(0.02)
     assert store.state().paused_for_s == pytest.approx(0.02)
     clock.now += 0.02
-    # the buckets were emptied and did not refill while paused, and the pace was cut
+    # the job goes again when the pause ends, with no burst (the service's window is
+    # full), and at the pace the refusal cut
+    assert gate.take(100.0) == 0.0
     assert gate.take(100.0) == pytest.approx(100 / (10_000 * (1 - PACE_CUT)))
     # a second refusal with no answer between doubles it, an answer starts again
     assert gate.ended(100.0, False, refused, 1.0) == pytest.approx(0.04)

@@ -15,14 +15,15 @@ from typing import Any
 
 import pytest
 
-from timewheel.spark.quota.bucket import Bucket, Failover, LocalStore
+from timewheel.spark.quota.bucket import SHARE_WINDOW_S, Bucket, Failover, LocalStore
 from timewheel.spark.quota.spec import (
     BURST_S,
-    LEASE_S,
+    MAX_ASKS_PER_S,
     PACE_CUT,
     PACE_FLOOR,
     PACE_RECOVERY,
     RESTART_JITTER_S,
+    TERM_S,
     Ask,
     BudgetSpent,
     Grant,
@@ -97,56 +98,98 @@ def test_rates_are_spelled_per_second_or_per_minute_or_hour() -> None:
     assert pickle.loads(pickle.dumps(q)) == q
 
 
-# -- the bucket --------------------------------------------------------------------------
-def test_requests_over_a_window_stay_within_burst_plus_rate() -> None:
+# -- the timelines ---------------------------------------------------------------------
+def sends(grants: list[tuple[float, Grant]]) -> list[float]:
+    """When a holder sends each request of its grants: evenly over each grant's slot."""
+    out = []
+    for asked_at, grant in grants:
+        start = asked_at + grant.start_s
+        out += [start + i * grant.span_s / grant.requests for i in range(grant.requests)]
+    return sorted(out)
+
+
+def most_in_window(stamps: list[float], window_s: float) -> int:
+    most, lo = 0, 0
+    for hi, at in enumerate(stamps):
+        while at - stamps[lo] >= window_s - 1e-12:
+            lo += 1
+        most = max(most, hi - lo + 1)
+    return most
+
+
+def test_holders_asking_at_random_stay_within_the_rate_and_its_burst() -> None:
     clock = Clock()
     bucket = Bucket(Quota(rate=200), clock)
-    cap = 200 * BURST_S
-    taken = 0
-    for _ in range(10_000):  # 10 s in 1 ms steps, a lease of 3 asked each time
-        grant = bucket.take("a", Ask(3))
-        taken += grant.requests
-        clock.now += 0.001
-    # Everything the bucket held at the start plus 10 s of refill, and no more; asked
-    # every millisecond, it hands out all of it but what refilled in the last step.
-    assert 200 * 10 + cap - 1 <= taken <= 200 * 10 + cap
+    rng = random.Random(7)
+    grants = []
+    for _ in range(2000):  # ten holders asking at random moments over about 10 s
+        grants.append((clock.now, bucket.take(f"h{rng.randrange(10)}", Ask(rng.randint(1, 50)))))
+        clock.now += rng.expovariate(200.0)
+    stamps = sends(grants)
+    # However the asks fall, the slots never overlap by more than the burst: at most the
+    # rate and BURST_S of it in any second, 1.5 times it in any 100 ms.
+    assert most_in_window(stamps, 1.0) <= 200 * (1 + BURST_S) + 1
+    assert most_in_window(stamps, 0.1) <= 200 * 0.1 * 1.5 + 1
+    assert all(grant.granted and grant.start_s >= 0 for _, grant in grants)
 
 
-def test_an_empty_bucket_says_how_long_to_wait() -> None:
+def test_a_grant_ahead_is_a_slot_to_wait_for_not_a_refusal() -> None:
     clock = Clock()
     bucket = Bucket(Quota(rate=10), clock)
-    assert bucket.take("a", Ask(5)) == Grant(requests=1)  # the bucket holds one request (burst)
-    grant = bucket.take("a", Ask(1))
-    assert not grant.granted and grant.wait_s == pytest.approx(0.1)
-    clock.now += 0.1
-    assert bucket.take("a", Ask(1)).requests == 1
+    first = bucket.take("a", Ask(50))
+    # One holder: a term of the rate (10 requests a second over TERM_S), from now.
+    n = math.floor(10 * TERM_S)
+    assert (first.requests, first.start_s, first.span_s) == (n, 0.0, pytest.approx(n / 10))
+    second = bucket.take("b", Ask(1))
+    # The next slot follows it (less the burst): granted now, to send then.
+    assert second.granted and second.requests == 1
+    assert second.start_s == pytest.approx(n / 10 - BURST_S)
+    assert second.span_s == pytest.approx(0.1)
+    clock.now += 5.0  # an idle spell saves nothing up but the burst
+    assert bucket.take("a", Ask(1)).start_s == 0.0
+    assert bucket.tat_r == pytest.approx(clock.now + 0.1)
 
 
-def test_a_call_larger_than_the_cost_bucket_goes_once_it_is_full_and_leaves_a_debt() -> None:
+def test_grants_are_a_term_divided_among_the_holders() -> None:
     clock = Clock()
-    bucket = Bucket(Quota(cost_rate=1000), clock)  # holds 100
+    bucket = Bucket(Quota(rate=1000, cost_rate=10_000), clock)
+    for n in range(8):
+        bucket.take(f"h{n}", Ask(1000, cost=10_000))
+    grant = bucket.take("h0", Ask(1000, cost=10_000))
+    # Eight holders: each grant is an eighth of a term, so each asks about once a term.
+    assert grant.requests == 1000 * TERM_S // 8
+    assert grant.cost == pytest.approx(10_000 * TERM_S / 8)
+    many = Bucket(Quota(rate=1000), clock)
+    for n in range(2000):
+        many.take(f"h{n}", Ask(1000))
+    # With more holders than the store should hear a term, the term grows with them.
+    assert many.take("h0", Ask(1000)).requests == max(1, math.floor(1000 / MAX_ASKS_PER_S))
+
+
+def test_a_call_larger_than_its_share_of_the_cost_rate_takes_its_slot() -> None:
+    clock = Clock()
+    bucket = Bucket(Quota(cost_rate=1000), clock)
     grant = bucket.take("a", Ask(1, cost=250, need_cost=250))
-    assert grant.granted and grant.cost == 250
-    assert bucket.c_tokens == pytest.approx(-150)
+    assert grant.granted and grant.cost == 250 and grant.span_s == pytest.approx(0.25)
     grant = bucket.take("a", Ask(1, cost=10, need_cost=10))
-    assert grant.wait_s == pytest.approx(0.16)  # repay 150, then 10
-    clock.now += 0.16
-    assert bucket.take("a", Ask(1, cost=10, need_cost=10)).cost == pytest.approx(10)
+    assert grant.start_s == pytest.approx(0.25 - BURST_S)  # after the large one
+    assert grant.span_s == pytest.approx(0.01)
 
 
 def test_settle_pays_back_or_takes_the_difference() -> None:
     clock = Clock()
     bucket = Bucket(Quota(cost_rate=1000, budget=1000), clock)
+    start = clock.now
     bucket.take("a", Ask(1, cost=60, need_cost=60))
-    assert bucket.c_tokens == pytest.approx(40)
-    bucket.settle("a", -30)  # the call cost 30, not 60
-    assert bucket.c_tokens == pytest.approx(70)
+    assert bucket.tat_c == pytest.approx(start + 0.06)
+    bucket.settle("a", -30)  # the call cost 30, not 60: its slot shrinks
+    assert bucket.tat_c == pytest.approx(start + 0.03)
     assert bucket.cost_spent == pytest.approx(30)
-    bucket.settle("a", 100)  # the next cost 100 more than estimated
-    assert bucket.c_tokens == pytest.approx(-30)
+    bucket.settle("a", 100)  # the next cost 100 more than estimated: the debt waits
+    assert bucket.tat_c == pytest.approx(start + 0.13)
     assert bucket.cost_spent == pytest.approx(130)
-    bucket.settle("a", -500)  # a refund never fills the bucket past what it holds
-    assert bucket.c_tokens == pytest.approx(100)
+    bucket.settle("a", -500)  # a refund never takes the timeline before now
+    assert bucket.tat_c == pytest.approx(start)
 
 
 def test_a_budget_stops_exactly_and_stays_stopped() -> None:
@@ -185,17 +228,30 @@ def test_a_request_cap_stops_exactly() -> None:
     assert store.state().requests_taken == 5
 
 
-def test_a_lease_not_used_goes_back_to_the_bucket() -> None:
+def test_a_grant_not_used_goes_back_to_the_budget_and_the_cap() -> None:
     clock = Clock()
-    store = LocalStore(Quota(rate=100, budget=1e6), clock)
+    store = LocalStore(Quota(rate=100, budget=1e6, max_requests=10_000), clock)
     task = TaskQuota(store, clock=clock)
     assert task.acquire(2.0) == 0.0
-    lease = math.ceil(100 * LEASE_S)
-    assert store.state().requests_taken == lease
+    assert store.state().requests_taken == 100 * TERM_S  # a term of the rate: the grant
     task.close()
     state = store.state()
     assert state.requests_taken == 1 and state.cost_spent == pytest.approx(2.0)
     assert state.holders == 0
+    # The grant was the timeline's last: its unsent part is the next holder's, now.
+    assert store.take("b", Ask(1)).start_s == 0.0
+
+
+def test_what_a_grant_did_not_send_in_its_slot_is_gone() -> None:
+    clock = Clock()
+    store = LocalStore(Quota(rate=100, max_requests=1000), clock)
+    slow = TaskQuota(store, clock=clock)
+    assert slow.acquire() == 0.0  # a grant of a term of the rate; one sent
+    clock.now += 5.0  # a slow service held the task: its slot is long over
+    assert slow.acquire() == 0.0  # a new grant, now; what the old one left went back
+    assert store.state().requests_taken == 1 + 100 * TERM_S
+    # However long it was held, what it sends now is paced at the rate, not saved up.
+    assert slow.acquire() == pytest.approx(0.01)
 
 
 class CountingStore(LocalStore):
@@ -208,26 +264,27 @@ class CountingStore(LocalStore):
         return super().take(holder, ask)
 
 
-def test_the_calls_waiting_in_a_task_ask_the_store_once_per_refusal() -> None:
+def test_a_busy_task_asks_the_store_once_a_term_and_a_waiting_one_not_at_all() -> None:
     clock = Clock()
-    store = CountingStore(Quota(rate=10, cost_rate=100), clock)
+    store = CountingStore(Quota(rate=100, cost_rate=1000), clock)
     task = TaskQuota(store, clock=clock)
-    while task.acquire(50.0) == 0.0:  # spend what the buckets hold
-        pass
-    asked = store.takes
-    wait = task.acquire(50.0)
-    # Twenty more calls of the same cost, in the same instant, wait as long, unasked.
-    assert [task.acquire(50.0) for _ in range(20)] == [wait] * 20
-    assert [task.acquire(80.0) for _ in range(5)] == [wait] * 5  # a larger one too
-    assert store.takes == asked
-    clock.now += wait / 2
-    assert task.acquire(50.0) == pytest.approx(wait / 2)  # still unasked
-    assert store.takes == asked
-    task.acquire(1.0)  # a smaller call may be granted sooner: it asks
-    assert store.takes == asked + 1
-    clock.now += wait  # the wait is up: the next call asks, and is granted
+    sent = 0
+    while clock.now < 1000.0 + 10.0:  # ten seconds of calls of 50, as fast as allowed
+        wait = task.acquire(50.0)
+        if wait == 0.0:
+            sent += 1
+        else:
+            clock.now += wait
+    # The cost rate binds (20 calls a second): about 200 calls, in a grant a term.
+    assert 195 <= sent <= 201
+    assert store.takes <= 10 * 1 / TERM_S + 2
+    other = TaskQuota(store, clock=clock)
     takes = store.takes
-    assert task.acquire(50.0) == 0.0 and store.takes == takes + 1
+    wait = other.acquire(50.0)  # granted a slot after the busy task's: it waits for it
+    assert wait == 0.0 or takes + 1 == store.takes
+    if wait:
+        assert [other.acquire(50.0) for _ in range(20)] == [pytest.approx(wait)] * 20
+        assert store.takes == takes + 1  # waiting asks nothing
 
 
 def test_slots_of_a_task_that_died_expire() -> None:
@@ -275,23 +332,30 @@ def test_concurrency_counts_calls_in_flight_across_tasks() -> None:
     assert tasks[1].acquire() == 0.0
 
 
-def test_a_pause_stops_every_task_and_restarts_them_with_jitter() -> None:
+def test_a_pause_moves_every_grant_past_it_one_after_another() -> None:
     clock = Clock()
     store = LocalStore(Quota(rate=1000), clock)
+    a, b = TaskQuota(store, clock=clock), TaskQuota(store, clock=clock)
+    assert a.acquire() == 0.0  # a holds the next second of the rate
+    a.pause(2.0)  # a 429 with Retry-After: 2: its grant goes back, and every grant
+    wait_a, wait_b = a.acquire(), b.acquire()  # from now on starts after the pause,
+    assert 2.0 <= wait_a < wait_b  # one after the other: no crowd when it ends
+    assert wait_b == pytest.approx(2.0 + TERM_S)  # (a asked alone: a whole term is its)
+    assert store.state().pauses == 1
+
+
+def test_a_pause_without_a_rate_restarts_the_tasks_with_jitter() -> None:
+    clock = Clock()
+    store = LocalStore(Quota(concurrency=4), clock)
     a = TaskQuota(store, clock=clock, rng=random.Random(1))
     b = TaskQuota(store, clock=clock, rng=random.Random(2))
-    assert a.acquire() == 0.0 and b.acquire() == 0.0
-    a.pause(2.0)  # a 429 with Retry-After: 2 on one task
-    waits = [b.acquire(), a.acquire()]  # b's lease is used up only after its stock
-    while waits[0] == 0.0:
-        waits[0] = b.acquire()
+    a.pause(2.0)
     jitter_b = random.Random(2).uniform(0.0, RESTART_JITTER_S)
     jitter_a = random.Random(1).uniform(0.0, RESTART_JITTER_S)
+    waits = [b.acquire(), a.acquire()]
     assert waits == [pytest.approx(2.0 + jitter_b), pytest.approx(2.0 + jitter_a)]
-    assert jitter_a != jitter_b
     clock.now += 2.0
     assert a.acquire() == 0.0
-    assert store.state().pauses == 1
 
 
 def test_a_longer_pause_stands() -> None:
@@ -299,20 +363,21 @@ def test_a_longer_pause_stands() -> None:
     bucket = Bucket(Quota(rate=10), clock)
     bucket.pause(5)
     bucket.pause(1)
-    assert bucket.take("a", Ask(1)).wait_s == pytest.approx(5)
+    assert bucket.take("a", Ask(1)).start_s == pytest.approx(5)
 
 
-def test_a_pause_refills_nothing_and_slows_the_pace_for_a_while() -> None:
+def test_a_pause_saves_nothing_up_and_slows_the_pace_for_a_while() -> None:
     clock = Clock()
     bucket = Bucket(Quota(rate=100), clock)
-    assert bucket.take("a", Ask(10)).requests == 10  # the bucket (0.1 s of the rate) emptied
+    assert bucket.take("a", Ask(10)).requests == 10
     bucket.pause(1.0)
     bucket.pause(0.5)  # within PACE_CUT_EVERY_S of the last cut: the same overload
-    clock.now += 1.0  # nothing refilled while paused; the pace was cut once
-    assert bucket.take("a", Ask(1)).wait_s == pytest.approx(1 / (100 * (1 - PACE_CUT)))
+    clock.now += 1.0  # the pause is over; the pace was cut once
+    grant = bucket.take("a", Ask(1))
+    assert grant.start_s == 0.0 and grant.span_s == pytest.approx(1 / (100 * (1 - PACE_CUT)))
     assert bucket.pace == pytest.approx(1 - PACE_CUT)
     clock.now += 0.5  # it comes back a little each second
-    assert bucket.take("a", Ask(1)).requests == 1
+    bucket.take("a", Ask(1))
     assert bucket.pace == pytest.approx(1 - PACE_CUT + 0.5 * PACE_RECOVERY)
     for _ in range(100):  # never below PACE_FLOOR of the rate
         clock.now += 1.0
@@ -327,8 +392,10 @@ def test_follow_pauses_for_a_used_up_window_and_clamps_tokens() -> None:
     clock = Clock()
     store = LocalStore(Quota(rate=1000, cost_rate=10_000), clock)
     task = TaskQuota(store, clock=clock, rng=random.Random(0))
-    task.follow(RateLimitInfo(remaining_requests=3, remaining_cost=500))
-    assert store.bucket.r_tokens == 3 and store.bucket.c_tokens == 500
+    task.follow(RateLimitInfo(remaining_requests=3, remaining_cost=300))
+    # No more may go at once than the service says is left (the burst is cut to it).
+    assert store.bucket.tat_r == pytest.approx(clock.now + BURST_S - 3 / 1000)
+    assert store.bucket.tat_c == pytest.approx(clock.now + BURST_S - 300 / 10_000)
     task.follow(RateLimitInfo(remaining_cost=0, reset_cost_s=6.0))
     assert store.state().paused_for_s == pytest.approx(6.0)
 
@@ -446,15 +513,18 @@ def test_a_store_that_dies_falls_back_to_the_share_it_was_granted_and_says_so(
                     sent += 1
                 clock.now += 0.1
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 1 and "falls back to the share it was granted: rate=0.4762" in lines[0]
+    share = 1 / (SHARE_WINDOW_S + BURST_S)
+    assert len(lines) == 1
+    assert f"falls back to the share it was granted: rate={share:.4g}" in lines[0]
+    assert "asks the store again in" in lines[0]
     assert store.fallback is not None
-    # The rate granted over the window (a lease of 5, 4 given back: 1 request in 2 s
-    # plus a burst of 0.1 s).
-    assert store.fallback.quota.rate == pytest.approx(1 / 2.1)
-    # Half of what was left at the store's last answer (1000 - 10 * 5 reserved): 475,
-    # of which 47 calls of 10 are sent, and no more.
-    assert store.fallback.quota.budget == pytest.approx(475)
-    assert sent == 47
+    # The rate granted over the window (a grant of 100, 99 given back: 1 request in 2 s
+    # plus a burst).
+    assert store.fallback.quota.rate == pytest.approx(1 / (SHARE_WINDOW_S + BURST_S))
+    # Half of what was left at the store's last answer (1000 - 125 reserved, an eighth of
+    # the budget): 437.5, of which 43 calls of 10 are sent, and no more.
+    assert store.fallback.quota.budget == pytest.approx(437.5)
+    assert sent == 43
 
 
 def test_a_dead_store_with_nothing_left_refuses_everything() -> None:
@@ -474,7 +544,9 @@ def test_state_reports_a_snapshot() -> None:
     clock = Clock()
     store = LocalStore(Quota(rate=10, concurrency=3), clock)
     TaskQuota(store, clock=clock).acquire()
-    assert store.state() == QuotaState(requests_taken=1, slots_used=1, holders=1)
+    # The task took a grant (a term of the rate) and one slot of a lease.
+    grant = math.floor(10 * TERM_S)
+    assert store.state() == QuotaState(requests_taken=grant, slots_used=1, holders=1)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

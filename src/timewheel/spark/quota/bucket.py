@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 import threading
 import time
 from collections import deque
@@ -25,6 +26,7 @@ from .spec import (
     PACE_CUT_EVERY_S,
     PACE_FLOOR,
     PACE_RECOVERY,
+    TERM_S,
     Ask,
     Grant,
     Quota,
@@ -32,17 +34,20 @@ from .spec import (
     QuotaStore,
     QuotaStoreError,
     T,
-    bucket_caps,
+    grant_size,
 )
 
-__all__ = ["RETRY_S", "SHARE_WINDOW_S", "Bucket", "Failover", "LocalStore"]
+__all__ = ["MAX_RETRY_S", "RETRY_S", "SHARE_WINDOW_S", "Bucket", "Failover", "LocalStore"]
 
 logger = logging.getLogger(__name__)
 
 #: A :class:`Failover` falls back to what its store granted it over this many seconds.
 SHARE_WINDOW_S = 2.0
-#: A :class:`Failover` that fell back with no share tries its store again this often.
-RETRY_S = 5.0
+#: A :class:`Failover` that fell back asks its store again after a term, then twice as
+#: long after each ask that fails (a store that times out costs the asking task its
+#: timeout each time), up to MAX_RETRY_S.
+RETRY_S = TERM_S
+MAX_RETRY_S = 8.0
 
 # The slack for float rounding in the buckets' comparisons.
 _EPS = 1e-9
@@ -59,6 +64,16 @@ class _Holder:
 class Bucket:
     """The accounting of one quota, in one place, with no lock (a store adds one).
 
+    A rate is a *timeline* (a generic cell rate algorithm): ``tat_r`` is the time by
+    which every request granted so far may have gone at ``rate``, and a grant of ``k``
+    requests is the next ``k / rate`` seconds of it, from ``tat_r`` (or now, if that has
+    passed: nothing accumulates while no one asks, but :data:`BURST_S` of it). A grant in
+    the future is a grant all the same: the holder sleeps until its slot, and asks no
+    more meanwhile, so the store is asked once per grant whatever the rate. The cost
+    rate is a second timeline, ``tat_c``, and a grant takes its slot on both. Grants are
+    sized so that a busy holder asks about once a term (:func:`grant_size`): the store's
+    traffic grows with the holders, never with the rate.
+
     ``holder`` names the task asking; every call from it keeps its record alive for
     ``quota.ttl_s``. ``owed`` on :meth:`take` and :meth:`give_back` settles a cost
     difference in the same call (see :meth:`settle`).
@@ -71,31 +86,31 @@ class Bucket:
             raise TypeError(f"quota must be a Quota, got {quota!r}")
         self.quota = quota
         self.clock = clock
-        self.r_cap, self.c_cap = bucket_caps(quota)
-        self.r_tokens = self.r_cap
-        self.c_tokens = self.c_cap
-        self.stamp = clock()
+        now = clock()
+        self.tat_r = self.tat_c = now - BURST_S
+        self.stamp = now
         self.paused_until = -math.inf
         self.requests_taken = 0
         self.cost_spent = 0.0
         self.slots_used = 0
         self.exhausted = exhausted
         self.pauses = 0
-        # The share of the rates the buckets refill at (see PACE_CUT), and its last cut.
+        # The share of the rates the timelines run at (see PACE_CUT), and its last cut.
         self.pace = 1.0
         self.paced_at = -math.inf
         self.holders: dict[str, _Holder] = {}
+        # The holder of the last grant: only its unused part may be handed back.
+        self.tail = ""
+        # Which count this is: a holder that saw another (a store restarted, its count
+        # lost) gives what it saw (see Ask), and the count is never less than that.
+        self.gen = secrets.token_hex(8)
+        self.seen_spent = 0.0
+        self.seen_taken = 0
 
-    # -- the bucket ---------------------------------------------------------------------
-    def _refill(self, now: float) -> None:
-        elapsed = max(0.0, now - self.stamp)
+    # -- the timelines ------------------------------------------------------------------
+    def _recover(self, now: float) -> None:
+        self.pace = min(1.0, self.pace + max(0.0, now - self.stamp) * PACE_RECOVERY)
         self.stamp = max(self.stamp, now)
-        q, pace = self.quota, self.pace
-        if q.rate:
-            self.r_tokens = min(self.r_cap, self.r_tokens + elapsed * q.rate * pace)
-        if q.cost_rate:
-            self.c_tokens = min(self.c_cap, self.c_tokens + elapsed * q.cost_rate * pace)
-        self.pace = min(1.0, pace + elapsed * PACE_RECOVERY)
 
     def _reap(self, now: float) -> None:
         for name in [n for n, h in self.holders.items() if h.expires <= now]:
@@ -109,66 +124,92 @@ class Bucket:
         held.expires = now + self.quota.ttl_s
         return held
 
-    def _settle(self, owed: float) -> None:
+    def _floor(self, now: float) -> float:
+        """The earliest a timeline may be pulled back to: now, or the end of a pause
+        (nothing is saved up for later, nothing granted before a pause ends)."""
+        return max(now, self.paused_until + BURST_S)
+
+    def _settle(self, owed: float, now: float) -> None:
         if owed:
             self.cost_spent += owed
             if self.quota.cost_rate:
-                self.c_tokens = min(self.c_cap, self.c_tokens - owed)
+                # A debt pushes the cost timeline on; a credit pulls it back, but never
+                # before now (or a pause's end).
+                moved = self.tat_c + owed / (self.quota.cost_rate * self.pace)
+                self.tat_c = max(moved, min(self.tat_c, self._floor(now)))
 
     def _begin(self, holder: str, owed: float) -> tuple[float, _Holder]:
         now = self.clock()
         self._reap(now)
-        self._refill(now)
-        self._settle(owed)
+        self._recover(now)
+        self._settle(owed, now)
         return now, self._touch(holder, now)
+
+    def _learn(self, spent: float, taken: int) -> None:
+        """A holder saw the job at ``spent`` and ``taken`` in a count this one replaced:
+        this count starts from the most any holder saw (its own changes on top)."""
+        if spent > self.seen_spent:
+            self.cost_spent += spent - self.seen_spent
+            self.seen_spent = spent
+        if taken > self.seen_taken:
+            self.requests_taken += taken - self.seen_taken
+            self.seen_taken = taken
 
     # -- the store's operations ---------------------------------------------------------
     def take(self, holder: str, ask: Ask) -> Grant:
-        """Take what ``ask`` asks for (see :class:`Ask`), or nothing."""
-        requests, cost, need_cost, slots, need_slots, owed = ask
+        """Grant what ``ask`` asks for (see :class:`Ask`), trimmed to a grant's size, at
+        its slot of the timelines; or nothing (the budget or cap is spent, or no
+        concurrency slot is free)."""
+        requests, cost, need_cost, slots, need_slots, owed, unused = ask[:7]
+        if ask.gen and ask.gen != self.gen:  # a holder that saw a count lost since
+            self._learn(ask.seen_spent, ask.seen_taken)
         now, held = self._begin(holder, owed)
         q = self.quota
+        if unused:  # requests a grant's term ended with: they were never sent
+            back = max(0, min(unused, held.requests))
+            self.requests_taken -= back
+            held.requests -= back
         cost = max(cost, need_cost)
         budget_left = math.inf if q.budget is None else q.budget - self.cost_spent
         cap_left = math.inf if q.max_requests is None else q.max_requests - self.requests_taken
         if self.exhausted or cap_left < 1 or budget_left < need_cost:
             self.exhausted = True
-            return Grant(spent=True, budget_left=budget_left, requests_left=cap_left)
-
-        def wait_for(seconds: float, paused: bool = False) -> Grant:
-            return Grant(
-                wait_s=seconds, paused=paused, budget_left=budget_left, requests_left=cap_left
-            )
-
-        if now < self.paused_until:
-            return wait_for(self.paused_until - now, paused=True)
+            return Grant(spent=True, budget_left=budget_left, requests_left=cap_left, gen=self.gen)
+        rate = (q.rate or 0.0) * self.pace
+        crate = (q.cost_rate or 0.0) * self.pace
+        if now < self.paused_until and not (rate or crate):  # no timeline to start after it
+            wait = self.paused_until - now
+            return Grant(wait_s=wait, paused=True, budget_left=budget_left, requests_left=cap_left)
         free = math.inf if q.concurrency is None else q.concurrency - self.slots_used
         if q.concurrency is not None and free < need_slots:
-            return wait_for(LEASE_S)
-        wait = 0.0
-        c_need = min(need_cost, self.c_cap)
-        # (A refill that falls short of what is needed by float rounding alone is enough.)
-        if q.rate and self.r_tokens < 1.0 - _EPS:
-            wait = (1.0 - self.r_tokens) / (q.rate * self.pace)
-        if q.cost_rate and self.c_tokens < c_need * (1 - _EPS):
-            wait = max(wait, (c_need - self.c_tokens) / (q.cost_rate * self.pace))
-        if wait > 0.0:
-            return wait_for(wait)
-        # Near a cap or a budget, a lease is at most a share of what is left: what the
-        # tasks hold unspent when it runs out is then a few calls, not a lease each.
+            return Grant(wait_s=LEASE_S, budget_left=budget_left, requests_left=cap_left)
+        holders = len(self.holders)
+        # Near a cap or a budget, a grant is at most a share of what is left: what the
+        # tasks hold unspent when it runs out is then a few calls, not a grant each.
         got_r = float(requests)
         if math.isfinite(cap_left):
             got_r = min(got_r, max(1.0, math.ceil(cap_left / LEFT_SHARE)))
-        if q.rate:
-            got_r = min(got_r, math.floor(self.r_tokens + _EPS))
-        got_c = min(cost, max(need_cost, budget_left / LEFT_SHARE))
-        if q.cost_rate:
-            got_c = min(got_c, max(self.c_tokens, need_cost))
-            self.c_tokens -= got_c
-        got_s = 0 if q.concurrency is None else int(min(slots, free))
+        if rate:
+            got_r = min(got_r, max(1.0, math.floor(grant_size(q, rate, holders))))
         n = int(max(got_r, 1))
-        if q.rate:
-            self.r_tokens -= n
+        got_c = min(cost, max(need_cost, budget_left / LEFT_SHARE))
+        if crate:
+            got_c = min(got_c, max(need_cost, grant_size(q, crate, holders)))
+        # The grant's slot: from the later of the two timelines (less the burst), or now.
+        start = now
+        span_r = n / rate if rate else 0.0
+        span_c = got_c / crate if crate else 0.0
+        if rate:
+            start = max(start, self.tat_r - BURST_S)
+        if crate:
+            start = max(start, self.tat_c - BURST_S)
+        if rate:
+            self.tat_r = max(self.tat_r, start) + span_r
+        if crate:
+            self.tat_c = max(self.tat_c, start) + span_c
+        if rate or crate:
+            self.tail = holder
+        got_s = 0 if q.concurrency is None else int(min(slots, free))
         self.requests_taken += n
         self.cost_spent += got_c
         self.slots_used += got_s
@@ -181,21 +222,30 @@ class Bucket:
             slots=got_s,
             budget_left=budget_left - got_c,
             requests_left=cap_left - n,
+            start_s=start - now,
+            span_s=max(span_r, span_c),
+            gen=self.gen,
         )
 
     def give_back(
         self, holder: str, requests: int = 0, cost: float = 0.0, slots: int = 0, owed: float = 0.0
     ) -> None:
-        """Return what ``holder`` took and did not use (at most what it holds)."""
-        _, held = self._begin(holder, owed)
+        """Return what ``holder`` took and did not use (at most what it holds): it counts
+        against the budget and the request cap no more; of the timelines, only the last
+        grant's unsent part comes back (any other's slot has passed, or others follow it)."""
+        now, held = self._begin(holder, owed)
         requests = max(0, min(requests, held.requests))
         cost = max(0.0, min(cost, held.cost))
         slots = max(0, min(slots, held.slots))
         q = self.quota
-        if q.rate:
-            self.r_tokens = min(self.r_cap, self.r_tokens + requests)
-        if q.cost_rate:
-            self.c_tokens = min(self.c_cap, self.c_tokens + cost)
+        if holder == self.tail:
+            floor = self._floor(now)
+            if q.rate and requests:
+                back = self.tat_r - requests / (q.rate * self.pace)
+                self.tat_r = max(back, min(self.tat_r, floor))
+            if q.cost_rate and cost:
+                back = self.tat_c - cost / (q.cost_rate * self.pace)
+                self.tat_c = max(back, min(self.tat_c, floor))
         self.requests_taken -= requests
         self.cost_spent -= cost
         self.slots_used -= slots
@@ -211,31 +261,36 @@ class Bucket:
 
     def settle(self, holder: str, owed: float) -> None:
         """A call cost ``owed`` more than estimated (or less, when negative): take the
-        difference from the cost bucket and the budget, or pay it back."""
+        difference from the budget and the cost timeline, or pay it back."""
         self._begin(holder, owed)
 
     def pause(self, seconds: float) -> None:
-        """Refuse every take for ``seconds`` from now (a pause already longer stands).
-        The buckets do not refill while paused: a pause is time the job does not send,
-        not a burst saved up for its end; and the job's pace is cut (see
+        """Grant nothing before ``seconds`` from now (a pause already longer stands): the
+        timelines start again after it, so what is granted meanwhile goes after it, and
+        nothing is saved up for its end; and the job's pace is cut (see
         :data:`~timewheel.spark.quota.spec.PACE_CUT`)."""
         now = self.clock()
-        self._refill(now)
+        self._recover(now)
         if now - self.paced_at >= PACE_CUT_EVERY_S:
             self.pace = max(PACE_FLOOR, self.pace * (1.0 - PACE_CUT))
             self.paced_at = now
         self.paused_until = max(self.paused_until, now + seconds)
+        self.tat_r = max(self.tat_r, self.paused_until + BURST_S)
+        self.tat_c = max(self.tat_c, self.paused_until + BURST_S)
         self.stamp = max(self.stamp, self.paused_until)
         self.pauses += 1
 
     def clamp(self, requests: float | None = None, cost: float | None = None) -> None:
         """The service says only this many requests / this much cost are left in its
-        window: hold no more tokens than that (never raised)."""
-        self._refill(self.clock())
-        if requests is not None and self.quota.rate:
-            self.r_tokens = min(self.r_tokens, requests)
-        if cost is not None and self.quota.cost_rate:
-            self.c_tokens = min(self.c_tokens, cost)
+        window: grant no more than that at once (what the burst would allow beyond it
+        waits on the timeline)."""
+        now = self.clock()
+        self._recover(now)
+        q = self.quota
+        if requests is not None and q.rate:
+            self.tat_r = max(self.tat_r, now + BURST_S - requests / (q.rate * self.pace))
+        if cost is not None and q.cost_rate:
+            self.tat_c = max(self.tat_c, now + BURST_S - cost / (q.cost_rate * self.pace))
 
     def state(self) -> QuotaState:
         now = self.clock()
@@ -327,9 +382,12 @@ class Failover:
     quota's rates times the window plus one burst: their shares together stay within
     the quota. The cost: a process falls back to what it was sending, not to what it
     could send (about 5% under it); one that sent nothing in the window (idle, or
-    started after the store failed) sends nothing, and tries the store again every
-    :data:`RETRY_S` seconds, drawing on it again once it answers. With nothing left of
-    the budget, the fallback refuses every take.
+    started after the store failed) sends nothing. With nothing left of the budget, the
+    fallback refuses every take. Whatever it fell back to, it asks the store again after
+    :data:`RETRY_S` seconds (a term), twice as long after each ask that fails (up to
+    :data:`MAX_RETRY_S`), and draws on it again once it answers, with what it spent
+    meanwhile settled there: the store's rates, and its count of the budget, are the
+    truth again.
 
     ``alone``: only this job's tasks draw on the store (the driver's service), so one
     granted nothing falls back to ``fraction`` of the quota instead of waiting: the
@@ -357,8 +415,12 @@ class Failover:
         # the slots each holder holds, while the store answers.
         self.granted: deque[tuple[float, int, float]] = deque()
         self.slots_held: dict[str, int] = {}
-        # When a fallback that had no share tries the store again.
+        # When a fallback asks the store again; whether it has nothing to go on meanwhile;
+        # the holder its spending meanwhile is settled as.
         self.retry_at = math.inf
+        self.retry_s = RETRY_S
+        self.waiting = False
+        self.name = f"failover-{secrets.token_hex(8)}"
         self.lock = threading.Lock()
         _atfork.reset(self)
 
@@ -413,6 +475,10 @@ class Failover:
             if self.fallback is not None:
                 return self.fallback
             left = self.quota.share(self.fraction, self.budget_left, self.requests_left)
+            # Whatever it falls back to, the store is asked again from a term on, and
+            # drawn on again as soon as it answers.
+            self.retry_s = RETRY_S
+            self.retry_at = self.clock() + RETRY_S
             if left is None:
                 self.fallback = LocalStore(self.quota, self.clock, exhausted=True)
                 said = "nothing: the budget or the requests it had are spent"
@@ -422,54 +488,71 @@ class Failover:
             elif share is None:
                 # Nothing to go on: every take waits; the store is tried again.
                 self.fallback = LocalStore(self.quota, self.clock)
-                self.fallback.bucket.paused_until = math.inf
-                self.retry_at = self.clock() + RETRY_S
-                said = (
-                    f"nothing (it was granted nothing in the last {SHARE_WINDOW_S:g}s): "
-                    f"it waits, and tries the store again every {RETRY_S:g}s"
-                )
+                self.waiting = True
+                said = f"nothing (it was granted nothing in the last {SHARE_WINDOW_S:g}s): it waits"
             else:
                 share = replace(share, budget=left.budget, max_requests=left.max_requests)
                 self.fallback = LocalStore(share, self.clock)
                 said = "the share it was granted: " + _shown(share)
             logger.warning(
-                "quota store %r failed (%s); this process falls back to %s", self.primary, exc, said
+                "quota store %r failed (%s); this process falls back to %s, and asks the store "
+                "again in %gs (then less often while it fails, every %gs at most)",
+                self.primary,
+                exc,
+                said,
+                RETRY_S,
+                MAX_RETRY_S,
             )
-            try:
-                self.primary.close()
-            except Exception:  # pragma: no cover - closing a dead connection
-                logger.debug("closing the failed quota store", exc_info=True)
+            # (The store stays open: other tasks of this process may be in a call to it,
+            # and it is asked again in a while.)
             return self.fallback
 
     def _try_again(self) -> LocalStore | None:
-        """A fallback that had no share (and so sent nothing) asks the store again:
-        None, and the store is drawn on again, once it answers."""
+        """A fallback asks the store again: None, and the store is drawn on again (its
+        rates, budget and counts the truth again), once it answers."""
+        fallback = self.fallback
         try:
-            self.primary.state()
+            # What this process spent meanwhile, the store learns now: it counts for the
+            # job's budget as much as what the store granted itself.
+            spent = 0.0 if fallback is None else fallback.state().cost_spent
+            if spent:
+                self.primary.settle(self.name, spent)
+                self.primary.leave(self.name)
+            else:
+                self.primary.state()
         except QuotaStoreError:
             with self.lock:
-                self.retry_at = self.clock() + RETRY_S
+                self.retry_s = min(2 * self.retry_s, MAX_RETRY_S)
+                self.retry_at = self.clock() + self.retry_s
                 return self.fallback
         with self.lock:
-            self.fallback, self.retry_at = None, math.inf
+            self.fallback, self.retry_at, self.waiting = None, math.inf, False
             self.granted.clear()
         logger.warning("quota store %r answers again; this process draws on it", self.primary)
         return None
 
     def take(self, holder: str, ask: Ask) -> Grant:
-        grant = self._run(lambda s: s.take(holder, ask))
-        if self.fallback is None:
-            if math.isfinite(grant.budget_left):
-                self.budget_left = grant.budget_left
-            if math.isfinite(grant.requests_left):
-                self.requests_left = int(grant.requests_left)
-            if grant.granted:
-                self._record(grant.requests, grant.cost)
-                if grant.slots:
-                    with self.lock:
-                        self.slots_held[holder] = self.slots_held.get(holder, 0) + grant.slots
-        elif grant.paused and not grant.spent:  # waiting for the store: until it is tried
-            grant = replace(grant, wait_s=min(grant.wait_s, max(0.0, self.retry_at - self.clock())))
+        if self.fallback is not None and self.clock() >= self.retry_at:
+            self._try_again()
+        if self.fallback is not None and self.waiting:  # until the store is asked again
+            return Grant(wait_s=max(0.0, self.retry_at - self.clock()), paused=True)
+        # (A fallback's count is this process's share's own: what the job's count was is
+        # not for it to learn.)
+        plain = ask._replace(gen="")
+        grant = self._run(lambda s: s.take(holder, ask if s is self.primary else plain))
+        if self.fallback is not None and self.waiting:  # (it fell back just now)
+            return Grant(wait_s=max(0.0, self.retry_at - self.clock()), paused=True)
+        if self.fallback is not None:  # what is left of the job's budget is not known here
+            return replace(grant, budget_left=math.inf, requests_left=math.inf, gen="")
+        if math.isfinite(grant.budget_left):
+            self.budget_left = grant.budget_left
+        if math.isfinite(grant.requests_left):
+            self.requests_left = int(grant.requests_left)
+        if grant.granted:
+            self._record(grant.requests, grant.cost)
+            if grant.slots:
+                with self.lock:
+                    self.slots_held[holder] = self.slots_held.get(holder, 0) + grant.slots
         return grant
 
     def give_back(

@@ -216,7 +216,7 @@ def place_quota(quota: Quota, spark: Any, slots: int, connect: bool) -> QuotaRef
         _, service, key, address = _SERVICES.get(id(quota), (quota, None, "", ("", 0)))
         if service is None or service.closed:
             bind, host = _driver_host(spark)
-            service, key = QuotaService(quota, bind), secrets.token_hex(8)
+            service, key = QuotaService(quota, bind, tasks=slots), secrets.token_hex(8)
             address = (host, service.address[1])
             _SERVICES[id(quota)] = (quota, service, key, address)
     sc.setLocalProperty(SECRET_PROPERTY + key, service.secret.hex())

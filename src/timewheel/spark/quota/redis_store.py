@@ -10,8 +10,10 @@ one scenario through both).
 What is shared, and for how long. Every job naming the quota shares its *rates*,
 *concurrency* and *pauses*: the buckets, the slots held and the pause live under
 ``{timewheel-quota:NAME}`` (with ``...:holders`` and ``...:expiry``), and expire once no
-one has used them for ``ttl_s`` plus any pause left plus a minute (by then they are
-what a fresh quota would be: every holder gone, the buckets full). The *budget* and
+one has used them for ``ttl_s`` plus any pause or granted slot left plus a minute (by
+then they are what a fresh quota would be: every holder gone, the timelines past).
+Jobs on one name divide its rates by what each asks, on one timeline: a grant is a slot
+of it, sized by the holders asking and the job's ``Quota.weight``. The *budget* and
 the *request cap* are counted per **job**: what a job took and spent, the pauses it
 took and the budget or cap it was refused at live under
 ``{timewheel-quota:NAME}:job:JOB``, which expires :data:`KEEP_JOB_S` (a day) after the
@@ -51,28 +53,32 @@ from typing import Any, Callable
 
 from ..secrets import redact_url
 from .spec import (
+    BURST_S,
     LEASE_S,
+    MAX_ASKS_PER_S,
     PACE_CUT,
     PACE_CUT_EVERY_S,
     PACE_FLOOR,
     PACE_RECOVERY,
+    TERM_S,
     Ask,
     Grant,
     Quota,
     QuotaState,
     QuotaStoreError,
-    bucket_caps,
 )
 
 __all__ = ["KEEP_JOB_S", "SCRIPT", "RedisStore", "reset_quota"]
 
 #: A job's count (taken, spent) expires this long after the job last used it.
 KEEP_JOB_S = 86400.0
+#: The connections one process keeps to Redis, shared by its tasks.
+_CONNECTIONS = 8
 
 #: The one script every operation runs. KEYS: the shared state, its holders, their
 #: expiry, the job's count. ARGV: op, now ("" = the server's TIME), the quota (rate,
-#: cost_rate, concurrency, budget, max_requests: 0 = none; ttl_s; the two bucket sizes;
-#: the lease; KEEP_JOB_S), then the operation's own arguments.
+#: cost_rate, concurrency, budget, max_requests: 0 = none; ttl_s; the job's weight; the
+#: timelines' burst; a slot wait; KEEP_JOB_S), then the operation's own arguments.
 SCRIPT = r"""
 local S, H, E, B = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local op = ARGV[1]
@@ -83,34 +89,37 @@ if now == nil then
 end
 local rate, crate, conc = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local budget, cap, ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local rcap, ccap = tonumber(ARGV[9]), tonumber(ARGV[10])
-local EPS, LEASE, KEEP_JOB = 1e-9, tonumber(ARGV[11]), tonumber(ARGV[12])
+local weight, BURST = tonumber(ARGV[9]), tonumber(ARGV[10])
+local LEASE, KEEP_JOB = tonumber(ARGV[11]), tonumber(ARGV[12])
 local LEFT_SHARE = 8
+local TERM, MAX_ASKS = @TERM@
 local PACE_CUT, PACE_CUT_EVERY, PACE_FLOOR, PACE_RECOVERY = @PACE@
 local a = {}
 for i = 13, #ARGV do a[i - 12] = ARGV[i] end
 
 local function f(x) return string.format('%.17g', x) end
--- S: what jobs sharing the name share (the buckets, the pause, the slots); B: this
+-- S: what jobs sharing the name share (the timelines, the pause, the slots); B: this
 -- job's own count (taken, spent, pauses) and the budget and cap it was refused at.
-local v = redis.call('HMGET', S, 'r', 'c', 'stamp', 'paused', 'slots', 'pace', 'paced')
-local w = redis.call('HMGET', B, 'taken', 'spent', 'xb', 'xc', 'pauses')
-local st = {r = tonumber(v[1]) or rcap, c = tonumber(v[2]) or ccap,
+local v = redis.call('HMGET', S, 'tr', 'tc', 'stamp', 'paused', 'slots', 'pace', 'paced', 'tail')
+local w = redis.call('HMGET', B, 'taken', 'spent', 'xb', 'xc', 'pauses', 'gen', 'bs', 'bt')
+local st = {tr = tonumber(v[1]) or (now - BURST), tc = tonumber(v[2]) or (now - BURST),
             stamp = tonumber(v[3]) or now, paused = tonumber(v[4]) or 0,
             slots = tonumber(v[5]) or 0, pace = tonumber(v[6]) or 1,
-            paced = tonumber(v[7]) or -math.huge,
+            paced = tonumber(v[7]) or -math.huge, tail = v[8] or '',
             taken = tonumber(w[1]) or 0, spent = tonumber(w[2]) or 0,
-            xb = tonumber(w[3]) or 0, xc = tonumber(w[4]) or 0, pauses = tonumber(w[5]) or 0}
+            xb = tonumber(w[3]) or 0, xc = tonumber(w[4]) or 0, pauses = tonumber(w[5]) or 0,
+            -- which count this is: a new one (a restart lost the last) gets a name of its own
+            gen = w[6] or ('g' .. f(now)), bs = tonumber(w[7]) or 0, bt = tonumber(w[8]) or 0}
 local function save()
-  redis.call('HSET', S, 'r', f(st.r), 'c', f(st.c), 'stamp', f(st.stamp),
+  redis.call('HSET', S, 'tr', f(st.tr), 'tc', f(st.tc), 'stamp', f(st.stamp),
              'paused', f(st.paused), 'slots', f(st.slots), 'pace', f(st.pace),
-             'paced', f(st.paced))
+             'paced', f(st.paced), 'tail', st.tail)
   redis.call('HSET', B, 'taken', f(st.taken), 'spent', f(st.spent), 'xb', f(st.xb),
-             'xc', f(st.xc), 'pauses', st.pauses)
+             'xc', f(st.xc), 'pauses', st.pauses, 'gen', st.gen, 'bs', f(st.bs), 'bt', f(st.bt))
   -- Idle this long, the shared state is what a fresh one would be (every holder gone,
-  -- no pause, full buckets): it expires. The job's count expires KEEP_JOB after its
-  -- last use.
-  local keep = math.ceil(ttl + math.max(0, st.paused - now)) + 60
+  -- no pause, the timelines in the past): it expires. The job's count expires KEEP_JOB
+  -- after its last use.
+  local keep = math.ceil(ttl + math.max(0, st.paused - now, st.tr - now, st.tc - now)) + 60
   for _, k in ipairs({S, H, E}) do redis.call('EXPIRE', k, keep) end
   redis.call('EXPIRE', B, math.ceil(KEEP_JOB))
 end
@@ -128,83 +137,107 @@ end
 local function reap()
   for _, h in ipairs(redis.call('ZRANGEBYSCORE', E, '-inf', now)) do forget(h) end
 end
-local function refill()
-  local elapsed = math.max(0, now - st.stamp)
+local function recover()
+  st.pace = math.min(1, st.pace + math.max(0, now - st.stamp) * PACE_RECOVERY)
   st.stamp = math.max(st.stamp, now)
-  if rate > 0 then st.r = math.min(rcap, st.r + elapsed * rate * st.pace) end
-  if crate > 0 then st.c = math.min(ccap, st.c + elapsed * crate * st.pace) end
-  st.pace = math.min(1, st.pace + elapsed * PACE_RECOVERY)
 end
+-- The earliest a timeline may be pulled back to: now, or a pause's end (as Bucket._floor).
+local function floor() return math.max(now, st.paused + BURST) end
 local function settle(owed)
   if owed ~= 0 then
     st.spent = st.spent + owed
-    if crate > 0 then st.c = math.min(ccap, st.c - owed) end
+    if crate > 0 then
+      st.tc = math.max(st.tc + owed / (crate * st.pace), math.min(st.tc, floor()))
+    end
   end
 end
 local function begin(h, owed)
-  reap(); refill(); settle(owed)
+  reap(); recover(); settle(owed)
   redis.call('ZADD', E, now + ttl, h)
 end
 local function add(h, k, x) redis.call('HINCRBYFLOAT', H, h .. '|' .. k, f(x)) end
+-- A grant is a term of a rate divided among the holders (as spec.grant_size).
+local function size(r, holders)
+  return r * math.max(TERM, holders / MAX_ASKS) * weight / math.max(1, holders)
+end
 
 if op == 'take' then
   local h, requests, cost = a[1], tonumber(a[2]), tonumber(a[3])
   local need_cost, slots, need_slots = tonumber(a[4]), tonumber(a[5]), tonumber(a[6])
   begin(h, tonumber(a[7]))
+  if a[11] ~= '' and a[11] ~= st.gen then  -- it saw a count lost since (Bucket._learn)
+    local spent, taken = tonumber(a[9]), tonumber(a[10])
+    if spent > st.bs then st.spent = st.spent + spent - st.bs; st.bs = spent end
+    if taken > st.bt then st.taken = st.taken + taken - st.bt; st.bt = taken end
+  end
+  local unused = tonumber(a[8])
+  if unused > 0 then
+    local back = math.max(0, math.min(unused, held(h, 'r')))
+    st.taken = st.taken - back
+    add(h, 'r', -back)
+  end
   cost = math.max(cost, need_cost)
   local budget_left, cap_left = math.huge, math.huge
   if budget > 0 then budget_left = budget - st.spent end
   if cap > 0 then cap_left = cap - st.taken end
-  local function reply(kind, n, c, s, wait)
+  local function reply(kind, n, c, s, wait, start, span)
     save()
-    return {kind, tostring(n), f(c), tostring(s), f(wait), f(budget_left), f(cap_left)}
+    return {kind, tostring(n), f(c), tostring(s), f(wait), f(budget_left), f(cap_left),
+            f(start), f(span), st.gen}
   end
   if refused_before() or cap_left < 1 or budget_left < need_cost then
     if cap_left < 1 then st.xc = math.max(st.xc, cap) end
     if budget_left < need_cost then st.xb = math.max(st.xb, budget) end
-    return reply('spent', 0, 0, 0, 0)
+    return reply('spent', 0, 0, 0, 0, 0, 0)
   end
-  if now < st.paused then return reply('pause', 0, 0, 0, st.paused - now) end
+  local r, c = rate * st.pace, crate * st.pace
+  if now < st.paused and r == 0 and c == 0 then
+    return reply('pause', 0, 0, 0, st.paused - now, 0, 0)
+  end
   local free = math.huge
   if conc > 0 then
     free = conc - st.slots
-    if free < need_slots then return reply('wait', 0, 0, 0, LEASE) end
+    if free < need_slots then return reply('wait', 0, 0, 0, LEASE, 0, 0) end
   end
-  local wait = 0
-  local c_need = math.min(need_cost, ccap)
-  if rate > 0 and st.r < 1 - EPS then wait = (1 - st.r) / (rate * st.pace) end
-  if crate > 0 and st.c < c_need * (1 - EPS) then
-    wait = math.max(wait, (c_need - st.c) / (crate * st.pace))
-  end
-  if wait > 0 then return reply('wait', 0, 0, 0, wait) end
-  -- Near a cap or a budget, a lease is at most an eighth of what is left: what tasks
-  -- hold unspent when it runs out is then a few calls, not a lease each.
-  local got_r = math.min(requests, math.max(1, math.ceil(cap_left / LEFT_SHARE)))
-  if rate > 0 then got_r = math.min(got_r, math.floor(st.r + EPS)) end
+  local holders = redis.call('ZCARD', E)
+  -- Near a cap or a budget, a grant is at most an eighth of what is left: what tasks
+  -- hold unspent when it runs out is then a few calls, not a grant each.
+  local got_r = requests
+  if cap > 0 then got_r = math.min(got_r, math.max(1, math.ceil(cap_left / LEFT_SHARE))) end
+  if r > 0 then got_r = math.min(got_r, math.max(1, math.floor(size(r, holders)))) end
+  local n = math.max(got_r, 1)
   local got_c = math.min(cost, math.max(need_cost, budget_left / LEFT_SHARE))
-  if crate > 0 then
-    got_c = math.min(got_c, math.max(st.c, need_cost))
-    st.c = st.c - got_c
-  end
+  if c > 0 then got_c = math.min(got_c, math.max(need_cost, size(c, holders))) end
+  local start, span_r, span_c = now, 0, 0
+  if r > 0 then span_r = n / r; start = math.max(start, st.tr - BURST) end
+  if c > 0 then span_c = got_c / c; start = math.max(start, st.tc - BURST) end
+  if r > 0 then st.tr = math.max(st.tr, start) + span_r end
+  if c > 0 then st.tc = math.max(st.tc, start) + span_c end
+  if r > 0 or c > 0 then st.tail = h end
   local got_s = 0
   if conc > 0 then got_s = math.min(slots, free) end
-  local n = math.max(got_r, 1)
-  if rate > 0 then st.r = st.r - n end
   st.taken = st.taken + n
   st.spent = st.spent + got_c
   st.slots = st.slots + got_s
   add(h, 'r', n); add(h, 'c', got_c); add(h, 's', got_s)
   budget_left = budget_left - got_c
   cap_left = cap_left - n
-  return reply('ok', n, got_c, got_s, 0)
+  return reply('ok', n, got_c, got_s, 0, start - now, math.max(span_r, span_c))
 elseif op == 'give_back' then
   local h = a[1]
   begin(h, tonumber(a[5]))
   local requests = math.max(0, math.min(tonumber(a[2]), held(h, 'r')))
   local cost = math.max(0, math.min(tonumber(a[3]), held(h, 'c')))
   local slots = math.max(0, math.min(tonumber(a[4]), held(h, 's')))
-  if rate > 0 then st.r = math.min(rcap, st.r + requests) end
-  if crate > 0 then st.c = math.min(ccap, st.c + cost) end
+  if h == st.tail then
+    local low = floor()
+    if rate > 0 then
+      st.tr = math.max(st.tr - requests / (rate * st.pace), math.min(st.tr, low))
+    end
+    if crate > 0 then
+      st.tc = math.max(st.tc - cost / (crate * st.pace), math.min(st.tc, low))
+    end
+  end
   st.taken = st.taken - requests
   st.spent = st.spent - cost
   st.slots = st.slots - slots
@@ -221,21 +254,27 @@ elseif op == 'settle' then
   save()
   return 'ok'
 elseif op == 'pause' then
-  refill()  -- then none while paused, and the pace cut (as Bucket.pause)
+  recover()  -- then the timelines past the pause, and the pace cut (as Bucket.pause)
   if now - st.paced >= PACE_CUT_EVERY then
     st.pace = math.max(PACE_FLOOR, st.pace * (1 - PACE_CUT))
     st.paced = now
   end
   st.paused = math.max(st.paused, now + tonumber(a[1]))
+  st.tr = math.max(st.tr, st.paused + BURST)
+  st.tc = math.max(st.tc, st.paused + BURST)
   st.stamp = math.max(st.stamp, st.paused)
   st.pauses = st.pauses + 1
   save()
   return 'ok'
 elseif op == 'clamp' then
-  refill()
+  recover()
   local requests, cost = tonumber(a[1]), tonumber(a[2])
-  if requests ~= nil and rate > 0 then st.r = math.min(st.r, requests) end
-  if cost ~= nil and crate > 0 then st.c = math.min(st.c, cost) end
+  if requests ~= nil and rate > 0 then
+    st.tr = math.max(st.tr, now + BURST - requests / (rate * st.pace))
+  end
+  if cost ~= nil and crate > 0 then
+    st.tc = math.max(st.tc, now + BURST - cost / (crate * st.pace))
+  end
   save()
   return 'ok'
 elseif op == 'state' then
@@ -254,7 +293,7 @@ return redis.error_reply('no such operation ' .. tostring(op))
 # The pace's constants, as Bucket has them (see spec.PACE_CUT).
 SCRIPT = SCRIPT.replace(
     "@PACE@", ", ".join(map(repr, (PACE_CUT, PACE_CUT_EVERY_S, PACE_FLOOR, PACE_RECOVERY)))
-)
+).replace("@TERM@", ", ".join(map(repr, (TERM_S, MAX_ASKS_PER_S))))
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,200}$")
 
@@ -280,15 +319,20 @@ def _client(url: str, timeout_s: float, password: str | None) -> Any:
     from redis.retry import Retry
 
     extra: dict[str, Any] = {} if password is None else {"password": password}
-    # No retry inside the client: a script sent twice could return tokens twice.
-    return redis.Redis.from_url(
+    # No retry inside the client: a script sent twice could return tokens twice. A few
+    # connections, reused, for however many tasks a process runs: a task waits for one
+    # (as long as for an answer) rather than failing, or opening one of its own.
+    pool = redis.BlockingConnectionPool.from_url(
         url,
+        max_connections=_CONNECTIONS,
+        timeout=timeout_s,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         retry=Retry(NoBackoff(), 0),
         retry_on_timeout=False,
         **extra,
     )
+    return redis.Redis(connection_pool=pool)
 
 
 def check_reachable(url: str, *, password: str | None = None, timeout_s: float = 5.0) -> None:
@@ -366,7 +410,6 @@ class RedisStore:
         base = _base(name)
         self._keys = [base, base + ":holders", base + ":expiry", base + ":job:" + job]
         q = quota
-        r_cap, c_cap = bucket_caps(q)
         self._quota_args = [
             repr(float(q.rate or 0)),
             repr(float(q.cost_rate or 0)),
@@ -374,8 +417,8 @@ class RedisStore:
             repr(float(q.budget or 0)),
             str(q.max_requests or 0),
             repr(float(q.ttl_s)),
-            repr(r_cap),
-            repr(c_cap),
+            repr(float(q.weight)),
+            repr(BURST_S),
             repr(LEASE_S),
             repr(KEEP_JOB_S),
         ]
@@ -406,7 +449,7 @@ class RedisStore:
         return float(x.decode() if isinstance(x, bytes) else x)
 
     def take(self, holder: str, ask: Ask) -> Grant:
-        requests, cost, need_cost, slots, need_slots, owed = ask
+        requests, cost, need_cost, slots, need_slots, owed, unused = ask[:7]
         got = self._run(
             "take",
             holder,
@@ -416,11 +459,16 @@ class RedisStore:
             int(slots),
             int(need_slots),
             repr(float(owed)),
+            int(unused),
+            repr(float(ask.seen_spent)),
+            int(ask.seen_taken),
+            ask.gen,
         )
         kind = got[0].decode()
-        n, c, s, wait, budget_left, cap_left = (self._f(x) for x in got[1:])
+        n, c, s, wait, budget_left, cap_left, start, span = (self._f(x) for x in got[1:9])
+        count = got[9].decode()
         if kind == "spent":
-            return Grant(spent=True, budget_left=budget_left, requests_left=cap_left)
+            return Grant(spent=True, budget_left=budget_left, requests_left=cap_left, gen=count)
         if kind in ("wait", "pause"):
             return Grant(
                 wait_s=wait, paused=kind == "pause", budget_left=budget_left, requests_left=cap_left
@@ -431,6 +479,9 @@ class RedisStore:
             slots=int(s),
             budget_left=budget_left,
             requests_left=cap_left,
+            start_s=start,
+            span_s=span,
+            gen=count,
         )
 
     def give_back(

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import hmac
 import json
@@ -59,6 +60,13 @@ _MAC = hashlib.sha256().digest_size
 _HEADER = struct.Struct("!IQ")  # frame length (MAC + sequence + body), sequence number
 _MAX_FRAME = 1 << 16
 _POLL_S = 0.5
+#: Out of file descriptors, the service stops accepting for this long.
+_FULL_WAIT_S = 0.05
+#: The connections that may wait to be accepted (the kernel caps it at its somaxconn):
+#: every task of a large job connects at its start.
+_BACKLOG = 4096
+#: Descriptors the driver keeps beside one per task's connection.
+_SPARE_FDS = 256
 #: The operations a client may ask for; answered in order, one at a time.
 _OPS = frozenset({"take", "give_back", "leave", "settle", "pause", "clamp", "state"})
 
@@ -120,16 +128,36 @@ def _serve(
         connections.pop(conn.sock, None)
         conn.sock.close()
 
+    # Out of file descriptors, accept() fails at once and the listener stays readable:
+    # it is left unwatched a while (the connections wait in the backlog), not spun on.
+    resume_at = 0.0
+    said_full = False
     try:
         while not stop.is_set():
-            for key, _ in selector.select(_POLL_S):
+            if resume_at and time.monotonic() >= resume_at:
+                selector.register(listener, selectors.EVENT_READ, None)
+                resume_at = 0.0
+            timeout = _POLL_S if not resume_at else min(_POLL_S, _FULL_WAIT_S)
+            for key, _ in selector.select(timeout):
                 sock = key.fileobj
                 if sock is wake or stop.is_set():
                     continue
                 if sock is listener:
                     try:
                         client, _ = listener.accept()
-                    except OSError:
+                    except OSError as exc:
+                        if exc.errno in (errno.EMFILE, errno.ENFILE):
+                            selector.unregister(listener)
+                            resume_at = time.monotonic() + _FULL_WAIT_S
+                            if not said_full:
+                                said_full = True
+                                logger.warning(
+                                    "quota service: out of file descriptors with %d "
+                                    "connections (the open-file limit is %s): new ones wait "
+                                    "until some close",
+                                    len(connections),
+                                    _nofile(),
+                                )
                         continue
                     client.settimeout(5.0)
                     conn = _Connection(client)
@@ -197,6 +225,39 @@ def _shut(stop: threading.Event, wake: socket.socket, thread: threading.Thread) 
     wake.close()
 
 
+def _nofile() -> str:
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return "unknown"
+    return f"{soft} (hard {hard})"
+
+
+def _room_for(tasks: int) -> None:
+    """Raise this process's open-file limit to its hard limit, so the service can hold a
+    connection per task; say so in one line when even that is below ``tasks``."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    except (ImportError, OSError, ValueError):  # (no resource module, or not allowed)
+        return
+    if soft != resource.RLIM_INFINITY and soft < tasks + _SPARE_FDS:
+        logger.warning(
+            "quota service: this process may open %d files (its hard limit), fewer than the "
+            "job's %d tasks need (one connection each, and %d to spare): tasks beyond it wait "
+            "for a connection; raise the limit (ulimit -n) before starting the driver",
+            soft,
+            tasks,
+            _SPARE_FDS,
+        )
+
+
 class QuotaService:
     """A job's quota, served from this process on ``host`` (port 0: any free one).
 
@@ -212,11 +273,13 @@ class QuotaService:
         port: int = 0,
         *,
         clock: Callable[[], float] = time.monotonic,
+        tasks: int = 0,
     ) -> None:
         self.store = LocalStore(quota, clock)
         self.quota = quota
         self.secret = secrets.token_bytes(32)
-        listener = socket.create_server((host, port), backlog=128)
+        _room_for(tasks)
+        listener = socket.create_server((host, port), backlog=_BACKLOG)
         self.address: tuple[str, int] = (host, listener.getsockname()[1])
         wake_r, self._wake = socket.socketpair()
         self._stop = threading.Event()

@@ -16,17 +16,20 @@ from ..._validate import check_int, check_number
 
 __all__ = [
     "BURST_S",
+    "CATCH_UP_S",
     "DEFAULT_TTL_S",
     "LEASE_S",
     "LEFT_SHARE",
     "LONG_PAUSE_S",
     "MAX_AMOUNT",
+    "MAX_ASKS_PER_S",
     "MAX_PAUSE_S",
     "PACE_CUT",
     "PACE_CUT_EVERY_S",
     "PACE_FLOOR",
     "PACE_RECOVERY",
     "RESTART_JITTER_S",
+    "TERM_S",
     "Ask",
     "BudgetSpent",
     "Grant",
@@ -34,16 +37,25 @@ __all__ = [
     "QuotaState",
     "QuotaStore",
     "QuotaStoreError",
-    "bucket_caps",
+    "grant_size",
     "parse_rate",
 ]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: A bucket holds at most this many seconds of its rate.
-BURST_S = 0.1
-#: A task's lease is about this many seconds of the rate.
+#: The rate's timeline lets a holder start this many seconds early after an idle spell,
+#: and a holder catches up a lag of at most CATCH_UP_S behind its grant's schedule: the
+#: most a job sends beyond its rate, BURST_S + CATCH_UP_S of it (1.05x in any second,
+#: 1.5x in any 100 ms).
+BURST_S = 0.04
+CATCH_UP_S = 0.01
+#: A holder asks the store about once a term while it is busy: a grant is about a term
+#: of the rate divided among the holders (see ``Bucket.take``).
+TERM_S = 0.25
+#: The store is asked at most about this often: with more holders, the term grows.
+MAX_ASKS_PER_S = 500.0
+#: A task waiting for a concurrency slot asks again after this long.
 LEASE_S = 0.05
 #: The longest random wait added to a pause, per task, so they do not restart together.
 RESTART_JITTER_S = 0.25
@@ -68,6 +80,8 @@ LONG_PAUSE_S = 5.0
 #: The largest rate, budget or cap: far from float rounding.
 MAX_AMOUNT = 1e15
 MAX_COUNT = int(MAX_AMOUNT)
+#: The largest ``weight`` a job may give itself against others sharing a store.
+MAX_WEIGHT = 1e6
 
 _UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "min": 60.0, "minute": 60.0}
 _UNITS.update(h=3600.0, hour=3600.0)
@@ -127,6 +141,10 @@ class Quota:
     used), since a URL with a password would travel in the job's plan.
     ``store="static"``: no store; each of the job's concurrent tasks keeps an equal
     share of the quota (what a store that cannot be reached falls back to).
+
+    ``weight`` (default 1): this job's claim on the rates against the other jobs that
+    share a store's ``name`` (a job of weight 2 gets twice the share of one of weight 1
+    while both want more than they get).
     """
 
     rate: float | None
@@ -139,6 +157,7 @@ class Quota:
     name: str | None
     store_password: str | None
     max_pause_s: float
+    weight: float
 
     def __init__(
         self,
@@ -152,6 +171,7 @@ class Quota:
         name: str | None = None,
         store_password: str | None = None,
         max_pause_s: float = MAX_PAUSE_S,
+        weight: float = 1.0,
     ) -> None:
         set_ = object.__setattr__
         set_(self, "rate", None if rate is None else parse_rate("rate", rate))
@@ -169,6 +189,7 @@ class Quota:
         set_(self, "name", name)
         set_(self, "store_password", store_password)
         set_(self, "max_pause_s", check_number("max_pause_s", max_pause_s, 0, MAX_AMOUNT))
+        set_(self, "weight", check_number("weight", weight, 0, MAX_WEIGHT, strict_lo=True))
         if (rate, cost_rate, concurrency, budget, max_requests) == (None,) * 5:
             raise ValueError(
                 "a Quota needs at least one of rate, cost_rate, concurrency, budget, max_requests"
@@ -205,12 +226,13 @@ _STORE_SCHEMES = ("redis", "rediss", "unix")
 _NAME = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,200}$")
 
 
-def bucket_caps(quota: Quota) -> tuple[float, float]:
-    """The most requests and cost the buckets of ``quota`` hold: :data:`BURST_S` seconds of
-    each rate, a whole request at least (0.0 for a rate it does not have)."""
-    requests = max(1.0, quota.rate * BURST_S) if quota.rate else 0.0
-    cost = quota.cost_rate * BURST_S if quota.cost_rate else 0.0
-    return requests, cost
+def grant_size(quota: Quota, rate: float, holders: int) -> float:
+    """How much of ``rate`` (requests or cost per second, already paced) one grant holds:
+    a term of it divided among the ``holders`` (times the job's weight), so that busy
+    holders ask about once a term, and the store at most :data:`MAX_ASKS_PER_S` times a
+    second however many hold it."""
+    term = max(TERM_S, holders / MAX_ASKS_PER_S)
+    return rate * term * quota.weight / max(1, holders)
 
 
 def _check_store(store: Any, name: Any, password: Any) -> None:
@@ -257,7 +279,12 @@ class QuotaStoreError(Exception):
 class Ask(NamedTuple):
     """What one take asks of a store: up to ``requests`` requests, ``cost`` cost and
     ``slots`` slots, and at least one request, ``need_cost`` and ``need_slots``, or
-    nothing; ``owed`` settles a cost difference in the same call."""
+    nothing; ``owed`` settles a cost difference and ``unused`` gives back requests an
+    earlier grant's term ended with (they count against a request cap no more), in the
+    same call. ``seen_spent`` and ``seen_taken`` are the job's cost spent and requests
+    taken as the store last told this holder, and ``gen`` the store's count they came
+    from: a store whose count is another (a Redis restarted, its count lost) takes them
+    back from its holders, never counting less than one of them saw."""
 
     requests: int
     cost: float = 0.0
@@ -265,14 +292,22 @@ class Ask(NamedTuple):
     slots: int = 0
     need_slots: int = 0
     owed: float = 0.0
+    unused: int = 0
+    seen_spent: float = 0.0
+    seen_taken: int = 0
+    gen: str = ""
 
 
 @dataclass(frozen=True)
 class Grant:
     """What one take got: requests, cost and slots, or why not.
 
-    Nothing granted: ``wait_s`` is how long until asking again may succeed (``paused``
-    when a pause is why), or ``spent`` says the budget or the request cap is spent.
+    Granted: the requests and cost are the holder's to send from ``start_s`` seconds
+    after the store answered, spread over ``span_s`` seconds, its slot of the rate's
+    timeline (a quota without rates: 0 and 0, at once and for good). What the holder did
+    not send by the end of its span is gone: a rate does not keep. Nothing granted:
+    ``wait_s`` is how long until asking again may succeed (a concurrency slot), or
+    ``spent`` says the budget or the request cap is spent.
     """
 
     requests: int = 0
@@ -281,6 +316,10 @@ class Grant:
     wait_s: float = 0.0
     paused: bool = False
     spent: bool = False
+    start_s: float = 0.0
+    span_s: float = 0.0
+    #: Which count of the store this is (see :class:`Ask`); "" from a fallback.
+    gen: str = ""
     #: What the store had left after this take (inf: no budget, no cap).
     budget_left: float = math.inf
     requests_left: float = math.inf

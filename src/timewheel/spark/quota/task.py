@@ -10,39 +10,44 @@ at most 64 open at once, $200 a day". A :class:`Quota` says that much::
 * ``concurrency``: calls in flight across the whole job;
 * ``budget``: the total cost the job may spend; ``max_requests``: the total requests.
 
-The accounting (:class:`Bucket`) is a pair of token buckets, one in requests and one in
-cost, each holding at most :data:`BURST_S` seconds of its rate. A call takes one request
-and its *estimated* cost; when the answer says what the call really cost,
-:meth:`Bucket.settle` pays the difference back or takes it. A cost bucket may go into
-debt by one call's cost beyond what it holds (so a call larger than the bucket can still
-be sent, once the bucket is full), and the debt is repaid by the refill before the next
-take. A budget or a request cap refuses every take from the first one it cannot cover:
-the job stops there (the caller marks the rows it did not send ``skipped``).
+**Rates are timelines** (:class:`~timewheel.spark.quota.bucket.Bucket`): the store hands
+each holder (a task) a *grant*, its own slot of the rate's timeline, sized to about a term
+(:data:`TERM_S`) of the rate divided among the holders; the holder sends the grant's
+requests evenly over its slot, waiting for it if it lies ahead, and asks again when it is
+used up. A busy holder thus asks about once a term however high the rate, a waiting one
+not at all, and the slots of all the holders together never run faster than the rate
+(plus :data:`BURST_S` of it after an idle spell). A share is a rate: what a holder did
+not send in its slot is gone (it goes back to the budget and the request cap), so nothing
+unspent is saved up for a burst; and an idle holder asks for nothing, so the busy ones
+get all of the rate. A call takes one request and its *estimated* cost; when the answer
+says what the call really cost, :meth:`TaskQuota.settle` pays the difference back or
+takes it (the cost timeline moves on or back, never before now). A budget or a request
+cap refuses every take from the first one it cannot cover: the job stops there (the
+caller marks the rows it did not send ``skipped``).
 
-Tasks do not ask the store for every call: a :class:`TaskQuota` takes a *lease* of about
-:data:`LEASE_S` seconds' worth of requests and cost, spends it locally, and gives back
-what it did not use. Each task is a *holder*: its concurrency slots and its leases are
-recorded under its id, and a holder that has not been heard from for ``ttl_s`` seconds
-(a task that died) is dropped: its slots come back. Its unspent rate tokens are not
-given back (the buckets refill by themselves), and its unspent budget counts as spent
-(its calls may have been sent): a dead task costs the budget at most one lease.
+Each task is a *holder*: its concurrency slots and the counts it holds are recorded under
+its id, and a holder that has not been heard from for ``ttl_s`` seconds (a task that
+died) is dropped: its slots come back. Its unspent budget counts as spent (its calls may
+have been sent): a dead task costs the budget at most one grant.
 
-A refusal (HTTP 429/503) empties the buckets and pauses the whole job (see
+A refusal (HTTP 429/503) pauses the whole job (see
 :meth:`~timewheel.spark.quota.gate.QuotaGate.refusal_pause` for how long):
-:meth:`Bucket.pause` refuses every take until then (the buckets do not refill
-meanwhile), and each :class:`TaskQuota` waits the pause plus a random jitter of up to
-:data:`RESTART_JITTER_S` (and no more than the pause), so the tasks do not all restart
-together. Every
-pause a service asks for is capped at ``Quota.max_pause_s`` (:data:`MAX_PAUSE_S`), and
-one longer than :data:`LONG_PAUSE_S` is said in one WARNING line of this module.
+:meth:`~timewheel.spark.quota.bucket.Bucket.pause` moves both timelines past the pause,
+so every grant made meanwhile starts after it, one after the other (no task restarts in
+a crowd); a quota with no rate refuses every take until then, and each
+:class:`TaskQuota` waits the pause plus a random jitter of up to
+:data:`RESTART_JITTER_S`. Every pause a service asks for is capped at
+``Quota.max_pause_s`` (:data:`MAX_PAUSE_S`), and one longer than :data:`LONG_PAUSE_S` is
+said in one WARNING line of this module.
 
-Where the bucket lives is a *store* (:class:`QuotaStore`: take, give back, settle,
-pause, clamp, state): :class:`LocalStore` in this process,
+Where the timelines live is a *store* (:class:`QuotaStore`: take, give back, settle,
+pause, clamp, state): :class:`~timewheel.spark.quota.bucket.LocalStore` in this process,
 :class:`~timewheel.spark.quota.service_store.ServiceStore` in a service in the driver, and
-:class:`~timewheel.spark.quota.redis_store.RedisStore` in Redis. :class:`Failover` wraps a
-remote store: if it cannot be reached, it says so in one log line and goes on with a
-:class:`LocalStore` holding the share the store granted this process over its last
-seconds, so the processes of every job sharing it stay within the quota together.
+:class:`~timewheel.spark.quota.redis_store.RedisStore` in Redis.
+:class:`~timewheel.spark.quota.bucket.Failover` wraps a remote store: if it cannot be
+reached, it says so in one log line and goes on with a local store holding the share the
+store granted this process over its last seconds, tries the store again every term, and
+draws on it again once it answers.
 
 Time comes from ``clock`` (seconds, monotonic), so tests drive it exactly.
 """
@@ -62,9 +67,10 @@ from ..._validate import check_number
 from ..ratelimit import RateLimitInfo
 from .spec import (
     BURST_S,
-    LEASE_S,
+    CATCH_UP_S,
     LONG_PAUSE_S,
     RESTART_JITTER_S,
+    TERM_S,
     Ask,
     BudgetSpent,
     QuotaStore,
@@ -76,16 +82,21 @@ logger = logging.getLogger(__name__)
 
 
 class TaskQuota:
-    """One task's side of the quota: leases taken from ``store`` and spent call by call.
+    """One task's side of the quota: grants taken from ``store`` and spent call by call.
 
     The task's thread calls :meth:`acquire` before each call; the call's end calls
     :meth:`done` and, when its actual cost is known, :meth:`settle`; a 429/503 with
     ``Retry-After`` calls :meth:`pause`. The task renews its hold with
     :meth:`keepalive` (at least every ``ttl_s / 3``) and gives back what it did not use
-    with :meth:`close`. Thread-safe; a store call is made only when the lease in hand
-    does not cover a call, to flush a large cost difference, or to renew. After the
-    store refuses a call, calls as large wait out its wait without asking again: a task
-    with many calls waiting asks once per refusal, not once per call.
+    with :meth:`close`. Thread-safe.
+
+    A grant is the task's slot of the rate's timeline (see
+    :class:`~timewheel.spark.quota.bucket.Bucket`): its requests and cost go out evenly
+    over the slot, from its start (the task waits for it here, asking nothing), and what
+    is left when the slot ends goes back to the budget and the request cap with the next
+    ask (a rate does not keep). So the store is asked once per grant, about once a term
+    for a busy task, never per call, and the tasks together never send faster than the
+    rate, whatever their calls' latency did meanwhile.
     """
 
     def __init__(
@@ -101,16 +112,33 @@ class TaskQuota:
         self.clock = clock
         self.rng = rng if rng is not None else random.Random()
         self.holder = holder if holder is not None else secrets.token_hex(8)
-        self.lease_requests = max(1, math.ceil(q.rate * LEASE_S)) if q.rate else 64
-        self.lease_cost = q.cost_rate * LEASE_S if q.cost_rate else 0.0
+        # What an ask asks for: a term of the rates (the store trims it to a grant).
+        self.ask_requests = max(1, math.ceil(q.rate * TERM_S)) if q.rate else 64
+        self.ask_cost = q.cost_rate * TERM_S if q.cost_rate else 0.0
         self.lease_slots = 0 if q.concurrency is None else max(1, q.concurrency // 8)
+        self.timed = bool(q.rate or q.cost_rate)
         # A cost difference this large is settled at once; smaller ones ride along with
         # the next store call (a budget alone: a thousandth of it).
-        self.flush_at = self.lease_cost or (q.budget / 1000 if q.budget else math.inf)
-        # What this task holds and has not used: requests, cost, slots (in use or not).
+        self.flush_at = (
+            q.cost_rate * BURST_S if q.cost_rate else (q.budget / 1000 if q.budget else math.inf)
+        )
+        # The grant in hand: requests, cost, slots (in use or not); when its next call
+        # may go, how far apart its calls go (per request, per unit of cost) and when its
+        # slot ends (by ``clock``).
         self.requests = 0
         self.cost = 0.0
         self.slots = 0
+        self.ready = -math.inf
+        self.step = 0.0
+        self.cost_step = 0.0
+        self.ends = math.inf
+        # Requests of a grant whose slot ended unsent: given back with the next ask.
+        self.unused = 0
+        # The job's cost spent and requests taken as the store last said, and which count
+        # of the store said it (see Ask).
+        self.seen_spent = 0.0
+        self.seen_taken = 0
+        self.gen = ""
         # Calls out, counted only with a concurrency (the only thing that reads it).
         self.in_flight = 0
         self.owed = 0.0
@@ -120,69 +148,107 @@ class TaskQuota:
         #: one it said ends (by ``clock``): the same pause asked again is said once.
         self.long_pauses = 0
         self.said_until = -math.inf
-        # The store's last refusal of requests or cost: until ``wait_until`` (by
-        # ``clock``) an ask needing at least ``wait_need`` cost cannot be granted either,
-        # so it waits without asking: the calls waiting in a task ask once, not each.
-        # (Slots are not kept so: they come back when calls end, not with time.)
-        self.wait_until = -math.inf
-        self.wait_need = math.inf
         self.last_contact = clock()
         self.lock = threading.Lock()
         _atfork.reset(self)
 
     def acquire(self, cost: float = 0.0) -> float:
         """Take one call's request, ``cost`` and slot: 0.0 when taken, else the seconds
-        to wait before asking again. Raises :class:`BudgetSpent` once the budget or the
-        request cap is spent."""
+        to wait before asking again (for the grant's next turn, or a concurrency slot).
+        Raises :class:`BudgetSpent` once the budget or the request cap is spent."""
         if type(cost) is not float or not 0.0 <= cost < math.inf:  # (the common case: one test)
             cost = check_number("cost", cost, 0)
         with self.lock:
             if self.spent:
                 raise BudgetSpent("budget spent")
+            now = self.clock()
+            if now >= self.ends:  # the grant's slot is over: what it left is gone
+                self._drop_stock()
             need_slot = self.quota.concurrency is not None and self.in_flight >= self.slots
             if self.requests < 1 or self.cost < cost or need_slot:
-                # A lease tops what is in hand up to a lease's worth, never beyond: a
-                # task holds at most one lease of the budget that it has not spent.
-                need_cost = max(0.0, cost - self.cost)
+                wait = self._ask(cost, need_slot)
+                if wait:
+                    return wait
                 now = self.clock()
-                if now < self.wait_until and need_cost >= self.wait_need:
-                    return self.wait_until - now
-                lease_cost = max(self.lease_cost, cost * self.lease_requests)
-                ask = Ask(
-                    requests=max(1, self.lease_requests - max(0, self.requests)),
-                    cost=max(need_cost, lease_cost - self.cost),
-                    need_cost=need_cost,
-                    slots=self.lease_slots if need_slot else 0,
-                    need_slots=1 if need_slot else 0,
-                    owed=self.owed,
-                )
-                grant = self.store.take(self.holder, ask)
-                self.owed = 0.0
-                self.last_contact = self.clock()
-                if grant.spent:
-                    self.spent = True
-                    raise BudgetSpent("budget spent")
-                if not grant.granted:
-                    # (no more than the pause itself: the buckets pace a restart)
-                    spread = min(RESTART_JITTER_S, grant.wait_s)
-                    jitter = self.rng.uniform(0.0, spread) if grant.paused else 0.0
-                    if not need_slot:
-                        self.wait_until = self.last_contact + grant.wait_s
-                        self.wait_need = need_cost
-                    return grant.wait_s + jitter
-                self.wait_until = -math.inf
-                self.requests += grant.requests
-                self.cost += grant.cost
-                self.slots += grant.slots
+            if now < self.ready:
+                return self.ready - now
             self.requests -= 1
             self.cost -= cost
+            if self.timed:
+                # The grant's own schedule, not the last call's time: a thread woken late
+                # catches up (a lag of CATCH_UP_S at most; more is lost, never a burst).
+                base = max(self.ready, now - CATCH_UP_S)
+                self.ready = base + max(self.step, cost * self.cost_step)
             if self.lease_slots:
                 self.in_flight += 1
             return 0.0
 
+    def _ask(self, cost: float, need_slot: bool) -> float:
+        """Ask the store for a grant that covers a call of ``cost`` (the rest of the one in
+        hand goes back first: a grant's calls go in its own slot): 0.0 when granted, else
+        the seconds to wait."""
+        if self.timed and (self.requests or self.cost):
+            self._drop_stock()
+        ask = Ask(
+            requests=max(1, self.ask_requests - max(0, self.requests)),
+            cost=max(cost, self.ask_cost - self.cost, cost * self.ask_requests),
+            need_cost=max(0.0, cost - self.cost),
+            slots=self.lease_slots if need_slot else 0,
+            need_slots=1 if need_slot else 0,
+            owed=self.owed,
+            unused=self.unused,
+            seen_spent=self.seen_spent,
+            seen_taken=self.seen_taken,
+            gen=self.gen,
+        )
+        grant = self.store.take(self.holder, ask)
+        self.owed = 0.0
+        self.unused = 0
+        self.last_contact = received = self.clock()
+        q = self.quota
+        if grant.gen:  # the store's own count (not a fallback's): what it says is seen
+            self.gen = grant.gen
+            if q.budget is not None and math.isfinite(grant.budget_left):
+                self.seen_spent = q.budget - grant.budget_left
+            if q.max_requests is not None and math.isfinite(grant.requests_left):
+                self.seen_taken = int(q.max_requests - grant.requests_left)
+        if grant.spent:
+            self.spent = True
+            raise BudgetSpent("budget spent")
+        if not grant.granted:
+            # (no more than the pause itself: the buckets pace a restart)
+            spread = min(RESTART_JITTER_S, grant.wait_s)
+            jitter = self.rng.uniform(0.0, spread) if grant.paused else 0.0
+            return grant.wait_s + jitter
+        self.requests += grant.requests
+        self.cost += grant.cost
+        self.slots += grant.slots
+        if self.timed:
+            # The slot is the store's, from when it answered: a later start, never an
+            # earlier one, however long the answer took to come.
+            start = received + grant.start_s
+            self.ready = max(self.ready, start)
+            self.step = grant.span_s / grant.requests if q.rate else 0.0
+            self.cost_step = grant.span_s / grant.cost if q.cost_rate and grant.cost > 0 else 0.0
+            self.ends = start + grant.span_s + CATCH_UP_S  # (a lag caught up)
+        return 0.0
+
+    def _drop_stock(self) -> None:
+        """The grant in hand is over: its requests go back with the next ask, its cost
+        now settles as not spent."""
+        self.unused += self.requests
+        self.owed -= self.cost
+        self.requests, self.cost, self.ends = 0, 0.0, math.inf
+
     def done(self) -> None:
         """A call ended (answered, failed or timed out): its slot is free again; slots
-        this task holds beyond twice a lease's are given back."""
+        this task holds beyond twice a lease's are given back, and so is what a grant
+        whose slot is over left unsent (the request cap and the budget have it back at
+        once, not at this task's next ask: a task held up by its calls may ask late)."""
+        if self.clock() >= self.ends:
+            with self.lock:
+                if self.clock() >= self.ends:
+                    self._give_back_stock()
         if not self.lease_slots:  # no concurrency to keep: nothing to count
             return
         with self.lock:
@@ -207,7 +273,7 @@ class TaskQuota:
     def pause(self, seconds: float, header: str = "retry-after") -> None:
         """The service asked (in ``header``) for a pause of ``seconds``: pause the whole
         job's quota for that, at most ``Quota.max_pause_s``, and give back this task's
-        unused lease (it waits too). A pause longer than :data:`LONG_PAUSE_S` is said in
+        unused grant (it waits too). A pause longer than :data:`LONG_PAUSE_S` is said in
         one WARNING line and counted (:attr:`long_pauses`), unless it ends within
         :data:`LONG_PAUSE_S` of the last one this task said (the same pause, asked again
         by the answers of the calls that were in flight)."""
@@ -232,10 +298,9 @@ class TaskQuota:
 
     def refused(self, seconds: float, header: str = "retry-after") -> float:
         """A call was refused (HTTP 429 or 503): the service's window is full, so this
-        task's lease goes back and the job's buckets are emptied (what they held would
-        go at once, into the same full window), and the job pauses ``seconds`` (see
-        :meth:`pause`). Answers the pause
-        taken (at most ``Quota.max_pause_s``)."""
+        task's grant goes back and the job's timelines allow no burst now (it would go at
+        once, into the same full window), and the job pauses ``seconds`` (see
+        :meth:`pause`). Answers the pause taken (at most ``Quota.max_pause_s``)."""
         with self.lock:
             self._give_back_stock()  # (first: what it gives back is emptied too)
             self.store.clamp(0.0, 0.0)
@@ -250,7 +315,7 @@ class TaskQuota:
         wait, header = info.pause()
         if wait > 0:
             self.pause(wait, header)
-        # Only what is below what the buckets can hold changes them: no store call else.
+        # Only what is below a burst's worth changes the timelines: no store call else.
         q = self.quota
         requests, cost = info.remaining_requests, info.remaining_cost
         if requests is not None and not (q.rate and requests < q.rate * BURST_S):
@@ -263,15 +328,19 @@ class TaskQuota:
                 self.last_contact = self.clock()
 
     def keepalive(self) -> None:
-        """Renew this task's hold (and flush what it owes) if ``ttl_s / 3`` has passed."""
+        """Renew this task's hold (and flush what it owes) if ``ttl_s / 3`` has passed;
+        give back what a grant whose slot is over left unsent."""
         with self.lock:
+            if self.clock() >= self.ends:
+                self._give_back_stock()
             if self.clock() - self.last_contact >= self.quota.ttl_s / 3:
                 self.store.settle(self.holder, self.owed)
                 self.owed = 0.0
                 self.last_contact = self.clock()
 
     def _give_back_stock(self) -> None:
-        requests, cost, self.requests, self.cost = self.requests, self.cost, 0, 0.0
+        requests, cost = self.requests + self.unused, self.cost
+        self.requests, self.cost, self.unused, self.ends = 0, 0.0, 0, math.inf
         self.store.give_back(self.holder, requests, cost, 0, self.owed)
         self.owed = 0.0
         self.last_contact = self.clock()
