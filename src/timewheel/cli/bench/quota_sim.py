@@ -419,12 +419,15 @@ def _task(
         out["end"] = clock()
 
 
-def _watch_parent(parent: int) -> None:
-    """End this worker if its parent is gone (so none is left behind by a kill)."""
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != parent:
-            os._exit(3)
+def _watch_driver(alive: Any) -> None:
+    """End this worker once the driver is gone, a kill -9 included: ``alive`` is the read
+    end of a pipe whose only write end the driver holds. (Not its parent: a fork server
+    lives until its children end.)"""
+    with contextlib.suppress(OSError, EOFError):
+        while True:
+            alive.poll(None)
+            alive.recv_bytes()  # (nothing is ever sent: EOFError once the driver is gone)
+    os._exit(3)
 
 
 def _worker(
@@ -435,14 +438,15 @@ def _worker(
     stop: Any,
     collect: Any,
     out: Any,
+    alive: Any,
 ) -> None:
     """A worker process: one store client (or one per task), a thread per task."""
     import resource
 
     from ...spark.quota.bucket import Failover
 
-    # (its parent: the fork server, which ends with the driver; or the driver)
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver stops the workers, in order
+    threading.Thread(target=_watch_driver, args=(alive,), daemon=True).start()
     try:
         spec, log = w.spec, CallLog()
 
@@ -618,6 +622,8 @@ def simulate(spec: RunSpec) -> RunResult:
         go, stop, collect = ctx.Event(), ctx.Event(), ctx.Event()
         go_time = ctx.RawValue("d", 0.0)
         messages = ctx.Queue()
+        alive, alive_w = ctx.Pipe(duplex=False)  # the write end stays here, unused
+        stack.callback(alive_w.close)
         n = spec.workers
         shares = [tuple(range(i, spec.tasks, n)) for i in range(n)]
         run_id = secrets.token_hex(4)
@@ -641,6 +647,7 @@ def simulate(spec: RunSpec) -> RunResult:
                     stop,
                     collect,
                     messages,
+                    alive,
                 ),
                 name=f"timewheel-sim-worker-{i}",
                 daemon=True,
