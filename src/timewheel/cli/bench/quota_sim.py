@@ -299,6 +299,28 @@ class RunSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Where:
+    """Where the workers find the store: the driver's service or a Redis."""
+
+    address: tuple[str, int] | None = None
+    secret: bytes | None = None
+    redis_url: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shared:
+    """What the driver and every worker share (handed to each worker as it starts)."""
+
+    stub: Stub
+    go: Any  # set once the tasks may start
+    go_time: Any  # when they started (time.monotonic), set before ``go``
+    stop: Any  # set to stop them early (Ctrl-C, a failure)
+    collect: Any  # set once the driver has read its CPU: the workers send their record
+    messages: Any  # the workers' "ready", "done", "result" or "error"
+    alive: Any  # the read end of a pipe only the driver writes to: EOF once it is gone
+
+
+@dataclasses.dataclass(frozen=True)
 class _Worker:
     """What one worker process is given (pickled to it at its start)."""
 
@@ -306,9 +328,7 @@ class _Worker:
     tasks: tuple[int, ...]
     spec: RunSpec
     fraction: float
-    address: tuple[str, int] | None
-    secret: bytes | None
-    redis_url: str | None
+    where: _Where
     job: str
 
 
@@ -430,46 +450,44 @@ def _watch_driver(alive: Any) -> None:
     os._exit(3)
 
 
-def _worker(
-    w: _Worker,
-    stub: Stub,
-    go: Any,
-    go_time: Any,
-    stop: Any,
-    collect: Any,
-    out: Any,
-    alive: Any,
-) -> None:
+def _worker(w: _Worker, shared: _Shared) -> None:
     """A worker process: one store client (or one per task), a thread per task."""
     import resource
 
     from ...spark.quota.bucket import Failover
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver stops the workers, in order
-    threading.Thread(target=_watch_driver, args=(alive,), daemon=True).start()
+    threading.Thread(target=_watch_driver, args=(shared.alive,), daemon=True).start()
+    stub, go, go_time, stop, collect, out = (
+        shared.stub,
+        shared.go,
+        shared.go_time,
+        shared.stop,
+        shared.collect,
+        shared.messages,
+    )
     try:
-        spec, log = w.spec, CallLog()
+        spec, log, where = w.spec, CallLog(), w.where
 
         def client() -> tuple[Any, Counted]:
-            quota = _quota(spec, w.redis_url)
-            if spec.store == "redis":
+            quota = _quota(spec, where.redis_url)
+            if where.redis_url is not None:
                 from ...spark.quota.redis_store import RedisStore
 
-                assert w.redis_url is not None
-                primary: Any = RedisStore(w.redis_url, _REDIS_NAME, quota, job=w.job)
+                primary: Any = RedisStore(where.redis_url, _REDIS_NAME, quota, job=w.job)
             else:
                 from ...spark.quota.service_store import ServiceStore
 
-                assert w.address is not None and w.secret is not None
-                primary = ServiceStore(w.address, w.secret, quota)
+                assert where.address is not None and where.secret is not None
+                primary = ServiceStore(where.address, where.secret, quota)
             counted = Counted(primary, log)
             return Failover(counted, w.fraction), counted
 
-        shared = None if spec.client_per_task else client()
+        one = None if spec.client_per_task else client()  # the process's one client
         start, halt = threading.Event(), threading.Event()
         sends: list[tuple[float, bool, int, int, int]] = []
         records: list[dict[str, Any]] = [{} for _ in w.tasks]
-        stores = [shared if shared is not None else client() for _ in w.tasks]
+        stores = [one if one is not None else client() for _ in w.tasks]
         threads = [
             threading.Thread(
                 target=_task,
@@ -491,9 +509,9 @@ def _worker(
                 t.join(0.2)
                 if stop.is_set():
                     halt.set()
-        for s, _ in {id(s): (s, c) for s, c in stores}.values():
+        for store in {id(s): s for s, _ in stores}.values():
             with contextlib.suppress(Exception):
-                s.close()
+                store.close()
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
         cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
         out.put(("done", w.index, None))
@@ -532,7 +550,12 @@ def _redis_server() -> Iterator[tuple[str, Callable[[], float]]]:
         raise SimulationFailed(
             "--store redis needs redis-server on PATH (apt-get install redis-server)"
         )
-    import redis
+    try:
+        import redis
+    except ImportError:
+        raise SimulationFailed(
+            "--store redis needs the redis client: pip install 'timewheel-purgatory[quota]'"
+        ) from None
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -605,78 +628,85 @@ def simulate(spec: RunSpec) -> RunResult:
 
     ctx = _context()
     with contextlib.ExitStack() as stack:
-        address, secret, redis_url, redis_cpu = None, None, None, None
-        if spec.store == "redis":
-            redis_url, redis_cpu = stack.enter_context(_redis_server())
-        else:
-            from ...spark.quota.service_store import QuotaService
-
-            service = QuotaService(_quota(spec, None), "127.0.0.1")
-            stack.callback(service.close)
-            address, secret = service.address, service.secret
-        stub = Stub(
-            ctx,
-            0 if spec.tokens else round(spec.rate * WINDOW_S),
-            round(spec.rate * WINDOW_S) if spec.tokens else 0,
-        )
-        go, stop, collect = ctx.Event(), ctx.Event(), ctx.Event()
-        go_time = ctx.RawValue("d", 0.0)
-        messages = ctx.Queue()
+        where, redis_cpu = _store(spec, stack)
+        tokens = round(spec.rate * WINDOW_S)
         alive, alive_w = ctx.Pipe(duplex=False)  # the write end stays here, unused
         stack.callback(alive_w.close)
-        n = spec.workers
-        shares = [tuple(range(i, spec.tasks, n)) for i in range(n)]
-        run_id = secrets.token_hex(4)
-        procs = [
-            ctx.Process(
-                target=_worker,
-                args=(
-                    _Worker(
-                        i,
-                        shares[i],
-                        spec,
-                        1.0 / spec.tasks,
-                        address,
-                        secret,
-                        redis_url,
-                        f"sim-{run_id}-job-{i % spec.jobs}",
-                    ),
-                    stub,
-                    go,
-                    go_time,
-                    stop,
-                    collect,
-                    messages,
-                    alive,
-                ),
-                name=f"timewheel-sim-worker-{i}",
-                daemon=True,
-            )
-            for i in range(n)
-        ]
-        stack.callback(_stop_workers, procs, stop)
-        # The workers ignore SIGINT from birth (a Ctrl-C reaches the whole process
-        # group): the driver stops them, in order.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            for p in procs:
-                p.start()
-        finally:
-            signal.signal(signal.SIGINT, previous)
-        _gather(messages, procs, "ready", n, time.monotonic() + START_S)
+        shared = _Shared(
+            Stub(ctx, 0 if spec.tokens else tokens, tokens if spec.tokens else 0),
+            *(ctx.Event(), ctx.RawValue("d", 0.0), ctx.Event(), ctx.Event(), ctx.Queue()),
+            alive,
+        )
+        procs = _start_workers(ctx, spec, where, shared)
+        stack.callback(_stop_workers, procs, shared.stop)
+        n = len(procs)
+        _gather(shared.messages, procs, "ready", n, time.monotonic() + START_S)
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         redis0 = redis_cpu() if redis_cpu else 0.0
-        go_time.value = start = time.monotonic()
-        go.set()
-        # (go.set() after the value: a worker reads it once its threads start)
+        shared.go_time.value = start = time.monotonic()
+        shared.go.set()
         limit = start + 2 * spec.seconds + DRAIN_S + 30.0
-        _gather(messages, procs, "done", n, limit)
+        _gather(shared.messages, procs, "done", n, limit)
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-        redis1 = redis_cpu() if redis_cpu else 0.0
-        collect.set()
-        payloads = _gather(messages, procs, "result", n, time.monotonic() + 60.0)
+        redis = redis_cpu() - redis0 if redis_cpu else None
+        shared.collect.set()
+        payloads = _gather(shared.messages, procs, "result", n, time.monotonic() + 60.0)
         for p in procs:
             p.join(10)
+    driver = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    result = _merge(spec, payloads, start, driver, redis)
+    result.figures = figures(result)
+    return result
+
+
+def _store(spec: RunSpec, stack: contextlib.ExitStack) -> tuple[_Where, Callable[[], float] | None]:
+    """The quota's store, kept until ``stack`` closes: the driver's ``QuotaService`` or
+    a throw-away Redis (then also a reading of its CPU seconds)."""
+    if spec.store == "redis":
+        url, cpu = stack.enter_context(_redis_server())
+        return _Where(redis_url=url), cpu
+    from ...spark.quota.service_store import QuotaService
+
+    service = QuotaService(_quota(spec, None), "127.0.0.1")
+    stack.callback(service.close)
+    return _Where(address=service.address, secret=service.secret), None
+
+
+def _start_workers(ctx: Any, spec: RunSpec, where: _Where, shared: _Shared) -> list[Any]:
+    """Start the worker processes, the tasks dealt to them in turn, each process a job
+    of ``spec.jobs`` in turn."""
+    n = spec.workers
+    run_id = secrets.token_hex(4)
+    procs = []
+    for i in range(n):
+        w = _Worker(
+            i,
+            tuple(range(i, spec.tasks, n)),
+            spec,
+            1.0 / spec.tasks,  # a task slot's share, as dispatch gives a QuotaRef
+            where,
+            f"sim-{run_id}-job-{i % spec.jobs}",
+        )
+        procs.append(
+            ctx.Process(
+                target=_worker, args=(w, shared), name=f"timewheel-sim-worker-{i}", daemon=True
+            )
+        )
+    # The workers ignore SIGINT from birth (a Ctrl-C reaches the whole process group):
+    # the driver stops them, in order.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return procs
+
+
+def _merge(
+    spec: RunSpec, payloads: list[Any], start: float, driver: float, redis: float | None
+) -> RunResult:
+    """One record of the workers' records."""
     sends: list[tuple[float, bool, int, int, int]] = []
     tasks: list[dict[str, Any]] = []
     calls: dict[str, list[float]] = {}
@@ -691,9 +721,7 @@ def simulate(spec: RunSpec) -> RunResult:
         workers_cpu += w_cpu
     sends.sort()
     tasks.sort(key=lambda t: int(t["task"]))
-    end = max([t["end"] for t in tasks] + [start])
-    driver = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
-    result = RunResult(
+    return RunResult(
         spec=spec,
         sends=sends,
         tasks=tasks,
@@ -701,13 +729,11 @@ def simulate(spec: RunSpec) -> RunResult:
         store_errors=errors,
         store_first_error=first_error,
         start=start,
-        end=end,
+        end=max([t["end"] for t in tasks] + [start]),
         driver_cpu_s=driver,
         workers_cpu_s=workers_cpu,
-        redis_cpu_s=(redis1 - redis0) if redis_cpu else None,
+        redis_cpu_s=redis,
     )
-    result.figures = figures(result)
-    return result
 
 
 def _gather(messages: Any, procs: Sequence[Any], kind: str, n: int, until: float) -> list[Any]:
@@ -825,6 +851,10 @@ def figures(r: RunResult) -> dict[str, Any]:
         "first_error": next((t["error"] for t in r.tasks if t.get("error")), None),
         "store_calls": calls,
         "store_calls_by_method": {k: len(v) for k, v in sorted(r.calls.items())},
+        "store_ms_by_method": {
+            k: [rounded(_scale(_pct(v, 0.5)), 3), rounded(_scale(_pct(v, 0.99)), 3)]
+            for k, v in sorted(r.calls.items())
+        },
         "store_calls_per_s": round(calls / wall, 1),
         "store_calls_per_send": rounded(calls / len(r.sends), 2) if r.sends else None,
         "store_errors": r.store_errors,
