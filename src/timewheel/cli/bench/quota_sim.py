@@ -430,6 +430,7 @@ def _task(
             halt.wait(pause)
     except BaseException as exc:  # said by the run, after the others
         out["error"] = f"{type(exc).__name__}: {exc}"
+        out["unfinished"] = sent_row
     finally:
         out["rows"] = row
         try:
@@ -1080,6 +1081,8 @@ def run_simulation(args: argparse.Namespace) -> int:
 
 def _note(f: dict[str, Any]) -> str:
     notes = []
+    if f["task_errors"]:
+        notes.append(f"{f['task_errors']} tasks died: {f['first_error']}")
     if f["store_errors"]:
         notes.append(f"{f['store_errors']} store errors, the first: {f['store_first_error']}")
     if f["redis_cpu_cores"] is not None:
