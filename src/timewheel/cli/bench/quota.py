@@ -32,6 +32,10 @@ rows against nginx, without a quota and with a quota far above what the job can 
 rows/s with the quota over the rows/s without, with the target reading the answers'
 rate-limit headers (the default) and without (``read_rate_limit_headers=False``). The quota is
 the stub's limit itself unless ``--quota-share`` says otherwise.
+
+``--simulate`` runs none of these, and no Spark: the quota at scale (issue 48), N tasks
+in worker processes drawing on the real quota classes against a stub with a sliding
+1 s window; its runs, figures and costs are :mod:`.quota_sim`'s, below.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ from typing import Any
 from ..argtypes import positive
 from ..flags import Flag, add_flags
 from .command import bench_parser
+from .quota_sim import __doc__ as _SIMULATION
+from .quota_sim import add_simulation_flags, run_simulation
 
 __all__ = ["add_parser", "main"]
 
@@ -61,7 +67,8 @@ Samples = list[tuple[float, int, int, int]]
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``bench quota``."""
-    parser = bench_parser(subparsers, "quota", HELP, main, __doc__)
+    doc = f"{__doc__}\n{_SIMULATION}"
+    parser = bench_parser(subparsers, "quota", HELP, main, doc)
     add_flags(
         parser,
         Flag("--rows", positive(int), 4000, "(default: %(default)s)"),
@@ -76,7 +83,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
             "the stub's window; the quota is --tpm per window (default: %(default)s s, so "
             "that a run shows several windows in a minute)",
         ),
-        Flag("--latency-ms", positive(float), 20.0, "(default: %(default)s)"),
+        Flag(
+            "--latency-ms",
+            positive(float),
+            20.0,
+            "the stub's answer latency (--simulate's too; default: %(default)s)",
+        ),
         Flag(
             "--quota-share",
             positive(float),
@@ -119,6 +131,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
             "measures the quota, not the answers' size; 1536 for a real model's)",
         ),
     )
+    add_simulation_flags(parser)
 
 
 def _lease(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -393,6 +406,8 @@ def _scenario(spark: Any, args: argparse.Namespace, name: str) -> dict[str, Any]
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.simulate:  # no Spark at all
+        return run_simulation(args)
     from ...spark.session import spark_session
 
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]

@@ -1,0 +1,115 @@
+"""``timewheel bench quota --simulate`` with tiny numbers: the accounting a user reads.
+
+One run (4 tasks in 2 worker processes, 10 rows each, a quota of 20 calls/s: ~2 s of
+sending) goes through the command line, and its record is checked against its figures:
+every row sent exactly once, every send accepted or refused, the windows counted from
+the recorded times. Nothing here is about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from timewheel.cli.bench import quota as bench
+from timewheel.cli.bench import quota_sim as sim
+
+# The workers read their CPU time with `resource` (POSIX). A run is bounded by itself:
+# tasks stop starting rows at --seconds and are stopped at 2 x --seconds + 15 s.
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the simulation needs POSIX")
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers())
+    return parser.parse_args(["quota", "--simulate", *argv])
+
+
+def _most(times: list[float], window: float) -> int:
+    """The most of ``times`` in any window [t, t + window) starting at one of them."""
+    return max((sum(1 for u in times if t <= u < t + window) for t in times), default=0)
+
+
+def test_busiest_reads_sliding_windows_that_start_at_any_send() -> None:
+    times = [0.0, 0.05, 0.5, 0.95, 1.0, 1.2]
+    assert sim.busiest(times, [1.0] * 6, 1.0) == 4  # 0.05, 0.5, 0.95, 1.0
+    assert sim.busiest(times, [1.0] * 6, 0.1) == 2
+    assert sim.busiest(times, [10, 1, 1, 1, 1, 10], 1.0) == 13  # 0.5 .. 1.2, weighted
+    assert sim.busiest([], [], 1.0) == 0
+
+
+def test_a_tiny_simulation_sends_every_row_once_and_its_figures_add_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs: list[sim.RunResult] = []
+    real = sim.simulate
+
+    def kept(spec: sim.RunSpec) -> sim.RunResult:
+        runs.append(real(spec))
+        return runs[-1]
+
+    monkeypatch.setattr(sim, "simulate", kept)
+    path = tmp_path / "figures.json"
+    args = _parse(
+        *("--tasks", "4", "--rates", "20", "--runs", "rate", "--processes", "2"),
+        *("--seconds", "2", "--task-rows", "10", "--latency-ms", "5", "--json", str(path)),
+    )
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].split()[:3] == ["run", "tasks", "quota"]
+    assert out.splitlines()[2].split()[:3] == ["rate", "4", "20/s"]
+
+    (run,) = runs
+    f = run.figures
+    assert json.loads(path.read_text())["runs"] == [json.loads(json.dumps(f))]
+    # Every task's 10 rows were accepted exactly once, and nothing else was.
+    accepted: dict[tuple[int, int], int] = {}
+    for _, ok, _, task, row in run.sends:
+        if ok:
+            accepted[(task, row)] = accepted.get((task, row), 0) + 1
+    assert accepted == {(task, row): 1 for task in range(4) for row in range(10)}
+    assert [t["rows"] for t in run.tasks] == [10] * 4
+    assert (f["rows"], f["rows_twice"], f["unfinished"], f["task_errors"]) == (40, 0, 0, 0)
+    # Every send was accepted or refused, and counted once.
+    assert f["sends"] == len(run.sends) == f["accepted"] + f["refused"]
+    assert f["accepted"] == 40
+    assert f["refused_share"] == round(f["refused"] / f["sends"], 4)
+    # The stub held its limit: at most 20 accepted in any sliding second.
+    times = [s[0] for s in run.sends]
+    assert _most([s[0] for s in run.sends if s[1]], 1.0) <= 20
+    # The windows are counted from the recorded times.
+    assert f["max_1s_x"] == round(_most(times, 1.0) / 20, 3)
+    assert f["max_100ms_x"] == round(_most(times, 0.1) / 2, 3)
+    assert f["use"] == round(40 / (20 * (times[-1] - times[0])), 3)
+    # The store calls are the wrapper's count, whatever the methods were called.
+    calls = sum(len(v) for v in run.calls.values())
+    assert calls > 0 and f["store_calls"] == calls
+    assert f["store_calls_by_method"] == {k: len(v) for k, v in run.calls.items()}
+    assert f["store_calls_per_send"] == round(calls / f["sends"], 2)
+    assert f["store_errors"] == 0 and f["first_take_failed"] == 0
+    assert f["store_p50_ms"] is not None and f["store_p50_ms"] <= f["store_p99_ms"]
+    assert f["driver_cpu_cores"] >= 0 and f["cpu_ms_per_task_s"] is not None
+    assert (f["processes"], f["clients"]) == (2, 2)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--runs", "rate,fast"], "--runs"),
+        (["--jobs", "2"], "--jobs"),
+        (["--store", "memcached"], "--store"),
+        (["--rates", "5"], "at least 10"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _parse(*argv)
+    assert args.func(args) == 2
+    err: Any = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1
