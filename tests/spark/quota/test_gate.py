@@ -33,10 +33,13 @@ def test_take_answers_taken_then_a_wait_then_spent_for_good() -> None:
     store = LocalStore(Quota(rate="1/s", max_requests=3), clock)
     gate = QuotaGate(store, clock=clock)
     assert gate.take(1.0) == 0.0  # taken
-    assert gate.take(1.0) == 1.0  # the rate's next request comes in a second
-    for _ in range(2):
-        clock.now += 1.0
-        assert gate.take(1.0) == 0.0
+    for _ in range(2):  # the rate's next request comes in a second (told when to ask,
+        waited = 0.0  # then when its slot is)
+        while (wait := gate.take(1.0)) != 0.0:
+            assert wait is not SPENT and wait > 0
+            clock.now += wait
+            waited += wait
+        assert waited == pytest.approx(1.0)
     clock.now += 1.0
     assert gate.take(1.0) is SPENT  # the request cap is spent
     assert gate.spent
@@ -188,8 +191,10 @@ def test_a_refusal_at_the_quotas_pace_pauses_a_few_calls_and_more_when_repeated(
     assert gate.ended(100.0, False, refused, 1.0) == pytest.approx(0.02)
     assert store.state().paused_for_s == pytest.approx(0.02)
     clock.now += 0.02
-    # the job goes again when the pause ends, with no burst (the service's window is
-    # full), and at the pace the refusal cut
+    # the job goes again when the pause ends (a gap after what was booked before it:
+    # the refused call's slot of the rate, 1 ms), and at the pace the refusal cut
+    assert gate.take(100.0) == pytest.approx(0.001)
+    clock.now += 0.001
     assert gate.take(100.0) == 0.0
     assert gate.take(100.0) == pytest.approx(100 / (10_000 * (1 - PACE_CUT)))
     # a second refusal with no answer between doubles it, an answer starts again

@@ -18,6 +18,7 @@ import pytest
 from timewheel.spark.quota.bucket import SHARE_WINDOW_S, Bucket, Failover, LocalStore
 from timewheel.spark.quota.spec import (
     BURST_S,
+    HORIZON_S,
     MAX_ASKS_PER_S,
     PACE_CUT,
     PACE_FLOOR,
@@ -99,12 +100,15 @@ def test_rates_are_spelled_per_second_or_per_minute_or_hour() -> None:
 
 
 # -- the timelines ---------------------------------------------------------------------
-def sends(grants: list[tuple[float, Grant]]) -> list[float]:
-    """When a holder sends each request of its grants: evenly over each grant's slot."""
+def sends(grants: list[tuple[float, str, Grant]]) -> list[float]:
+    """When a holder sends each request of its grants: evenly over each grant's slot, as
+    a TaskQuota does, until the holder asks again (what it held then goes back)."""
     out = []
-    for asked_at, grant in grants:
+    for i, (asked_at, holder, grant) in enumerate(grants):
         start = asked_at + grant.start_s
-        out += [start + i * grant.span_s / grant.requests for i in range(grant.requests)]
+        until = next((at for at, h, _ in grants[i + 1 :] if h == holder), math.inf)
+        stamps = [start + k * grant.span_s / grant.requests for k in range(grant.requests)]
+        out += [at for at in stamps if at < until]
     return sorted(out)
 
 
@@ -123,14 +127,18 @@ def test_holders_asking_at_random_stay_within_the_rate_and_its_burst() -> None:
     rng = random.Random(7)
     grants = []
     for _ in range(2000):  # ten holders asking at random moments over about 10 s
-        grants.append((clock.now, bucket.take(f"h{rng.randrange(10)}", Ask(rng.randint(1, 50)))))
+        holder = f"h{rng.randrange(10)}"
+        grants.append((clock.now, holder, bucket.take(holder, Ask(rng.randint(1, 50)))))
         clock.now += rng.expovariate(200.0)
     stamps = sends(grants)
-    # However the asks fall, the slots never overlap by more than the burst: at most the
-    # rate and BURST_S of it in any second, 1.5 times it in any 100 ms.
+    # However the asks fall, the rate holds: at most the rate in any second (BURST_S is
+    # none), and 1.5 times it in any 100 ms (a share is spent over its span).
     assert most_in_window(stamps, 1.0) <= 200 * (1 + BURST_S) + 1
     assert most_in_window(stamps, 0.1) <= 200 * 0.1 * 1.5 + 1
-    assert all(grant.granted and grant.start_s >= 0 for _, grant in grants)
+    # A grant is never before now, and one booked beyond the horizon is a turn instead.
+    assert all(g.start_s >= 0 and g.start_s <= HORIZON_S for _, _, g in grants)
+    turns = [g for _, _, g in grants if not g.granted]
+    assert turns and all(g.wait_s > 0 and not g.paused for g in turns)
 
 
 def test_a_grant_ahead_is_a_slot_to_wait_for_not_a_refusal() -> None:
@@ -141,29 +149,51 @@ def test_a_grant_ahead_is_a_slot_to_wait_for_not_a_refusal() -> None:
     n = math.floor(10 * TERM_S)
     assert (first.requests, first.start_s, first.span_s) == (n, 0.0, pytest.approx(n / 10))
     second = bucket.take("b", Ask(1))
-    # The next slot follows it (less the burst): granted now, to send then.
+    # The next slot follows it (less the burst): granted now, to send then, at b's share
+    # of the rate (two holders asking: half of it).
     assert second.granted and second.requests == 1
     assert second.start_s == pytest.approx(n / 10 - BURST_S)
-    assert second.span_s == pytest.approx(0.1)
+    assert second.span_s == pytest.approx(2 * 0.1)
+    # Booked beyond the horizon: a turn to ask again when the slot is near, not a slot.
+    third = bucket.take("c", Ask(1))
+    assert not third.granted and third.wait_s == pytest.approx(n / 10 + 0.1 - HORIZON_S)
     clock.now += 5.0  # an idle spell saves nothing up but the burst
     assert bucket.take("a", Ask(1)).start_s == 0.0
     assert bucket.tat_r == pytest.approx(clock.now + 0.1)
 
 
-def test_grants_are_a_term_divided_among_the_holders() -> None:
+def busy_holders(bucket: Bucket, clock: Clock, holders: int, seconds: float) -> list[Grant]:
+    """``holders`` that each ask again as soon as their last grant is spent (or when told
+    to), for ``seconds``: the grants made in the second half (the steady state)."""
+    due = {f"h{n}": clock.now for n in range(holders)}
+    end, steady, out = clock.now + seconds, clock.now + seconds / 2, []
+    while True:
+        holder = min(due, key=due.__getitem__)
+        clock.now = due[holder]
+        if clock.now >= end:
+            return out
+        grant = bucket.take(holder, Ask(100_000, cost=1e9))
+        due[holder] = clock.now + (grant.start_s + grant.span_s if grant.granted else grant.wait_s)
+        if grant.granted and clock.now >= steady:
+            out.append(grant)
+
+
+def test_grants_are_a_term_divided_among_the_busy_holders() -> None:
     clock = Clock()
     bucket = Bucket(Quota(rate=1000, cost_rate=10_000), clock)
-    for n in range(8):
-        bucket.take(f"h{n}", Ask(1000, cost=10_000))
-    grant = bucket.take("h0", Ask(1000, cost=10_000))
-    # Eight holders: each grant is an eighth of a term, so each asks about once a term.
-    assert grant.requests == 1000 * TERM_S // 8
-    assert grant.cost == pytest.approx(10_000 * TERM_S / 8)
+    grants = busy_holders(bucket, clock, 8, 10.0)
+    # Eight busy holders: each grant is about an eighth of a term of both rates, so each
+    # holder asks about once a term, and all of them together get the whole rate.
+    assert {g.requests for g in grants} <= {1000 * TERM_S // 8, 1000 * TERM_S // 8 + 1}
+    assert all(g.cost == pytest.approx(10_000 * TERM_S / 8) for g in grants)
+    assert sum(g.requests for g in grants) == pytest.approx(1000 * 5.0, rel=0.02)
+    assert len(grants) == pytest.approx(8 * 5.0 / TERM_S, rel=0.05)
     many = Bucket(Quota(rate=1000), clock)
-    for n in range(2000):
-        many.take(f"h{n}", Ask(1000))
-    # With more holders than the store should hear a term, the term grows with them.
-    assert many.take("h0", Ask(1000)).requests == max(1, math.floor(1000 / MAX_ASKS_PER_S))
+    grants = busy_holders(many, clock, 2000, 40.0)
+    # With more holders than the store should hear a term, the term grows with them:
+    # the store is asked MAX_ASKS_PER_S times a second (and a turn in the queue each).
+    assert {g.requests for g in grants} == {math.floor(1000 / MAX_ASKS_PER_S)}
+    assert len(grants) == pytest.approx(MAX_ASKS_PER_S * 20.0, rel=0.05)
 
 
 def test_a_call_larger_than_its_share_of_the_cost_rate_takes_its_slot() -> None:
@@ -232,24 +262,34 @@ def test_a_grant_not_used_goes_back_to_the_budget_and_the_cap() -> None:
     clock = Clock()
     store = LocalStore(Quota(rate=100, budget=1e6, max_requests=10_000), clock)
     task = TaskQuota(store, clock=clock)
-    assert task.acquire(2.0) == 0.0
-    assert store.state().requests_taken == 100 * TERM_S  # a term of the rate: the grant
+    sent = 0
+    while sent < 10:  # a slow start: grants of 1, 2, 4, then 8 (3 of them sent)
+        wait = task.acquire(2.0)
+        sent += wait == 0.0
+        clock.now += wait or 0.01  # (and the grant's pace: one call each 10 ms)
+    assert store.state().requests_taken == 15
     task.close()
     state = store.state()
-    assert state.requests_taken == 1 and state.cost_spent == pytest.approx(2.0)
+    assert state.requests_taken == 10 and state.cost_spent == pytest.approx(20.0)
     assert state.holders == 0
     # The grant was the timeline's last: its unsent part is the next holder's, now.
-    assert store.take("b", Ask(1)).start_s == 0.0
+    assert store.take("b", Ask(1)).start_s == pytest.approx(0.0, abs=1e-9)
 
 
 def test_what_a_grant_did_not_send_in_its_slot_is_gone() -> None:
     clock = Clock()
     store = LocalStore(Quota(rate=100, max_requests=1000), clock)
     slow = TaskQuota(store, clock=clock)
-    assert slow.acquire() == 0.0  # a grant of a term of the rate; one sent
+    sent = 0
+    while sent < 8:  # grants of 1, 2, 4 and then 8, of which one is sent
+        wait = slow.acquire()
+        sent += wait == 0.0
+        clock.now += wait
+    assert store.state().requests_taken == 15
     clock.now += 5.0  # a slow service held the task: its slot is long over
-    assert slow.acquire() == 0.0  # a new grant, now; what the old one left went back
-    assert store.state().requests_taken == 1 + 100 * TERM_S
+    assert slow.acquire() == 0.0  # a new grant, now; what the old one left went back,
+    # and it asks for what it sent of it (one), not for more.
+    assert store.state().requests_taken == 8 + 1
     # However long it was held, what it sends now is paced at the rate, not saved up.
     assert slow.acquire() == pytest.approx(0.01)
 
@@ -336,11 +376,22 @@ def test_a_pause_moves_every_grant_past_it_one_after_another() -> None:
     clock = Clock()
     store = LocalStore(Quota(rate=1000), clock)
     a, b = TaskQuota(store, clock=clock), TaskQuota(store, clock=clock)
-    assert a.acquire() == 0.0  # a holds the next second of the rate
+    assert a.acquire() == 0.0
     a.pause(2.0)  # a 429 with Retry-After: 2: its grant goes back, and every grant
-    wait_a, wait_b = a.acquire(), b.acquire()  # from now on starts after the pause,
-    assert 2.0 <= wait_a < wait_b  # one after the other: no crowd when it ends
-    assert wait_b == pytest.approx(2.0 + TERM_S)  # (a asked alone: a whole term is its)
+    paused_at, first = clock.now, {}  # from now on starts after the pause,
+    while len(first) < 2:
+        due = {}
+        for name, task in (("a", a), ("b", b)):
+            if name not in first:
+                wait = task.acquire()
+                if wait == 0.0:
+                    first[name] = clock.now
+                else:
+                    due[name] = wait
+        clock.now += min(due.values(), default=0.0)
+    # one after the other: no crowd when it ends (a task told to wait asks nothing).
+    assert paused_at + 2.0 <= first["a"] < first["b"]
+    assert first["b"] - first["a"] >= 1 / 1000 - 1e-9
     assert store.state().pauses == 1
 
 
@@ -355,6 +406,8 @@ def test_a_pause_without_a_rate_restarts_the_tasks_with_jitter() -> None:
     waits = [b.acquire(), a.acquire()]
     assert waits == [pytest.approx(2.0 + jitter_b), pytest.approx(2.0 + jitter_a)]
     clock.now += 2.0
+    assert a.acquire() == pytest.approx(jitter_a)  # (told when: it asks nothing before)
+    clock.now += jitter_a
     assert a.acquire() == 0.0
 
 
@@ -363,7 +416,10 @@ def test_a_longer_pause_stands() -> None:
     bucket = Bucket(Quota(rate=10), clock)
     bucket.pause(5)
     bucket.pause(1)
-    assert bucket.take("a", Ask(1)).start_s == pytest.approx(5)
+    turn = bucket.take("a", Ask(1))  # a turn to ask again, within a horizon of its end
+    assert not turn.granted and turn.wait_s == pytest.approx(5 - HORIZON_S)
+    clock.now += turn.wait_s
+    assert bucket.take("a", Ask(1)).start_s == pytest.approx(HORIZON_S)
 
 
 def test_a_pause_saves_nothing_up_and_slows_the_pace_for_a_while() -> None:
@@ -371,6 +427,7 @@ def test_a_pause_saves_nothing_up_and_slows_the_pace_for_a_while() -> None:
     bucket = Bucket(Quota(rate=100), clock)
     assert bucket.take("a", Ask(10)).requests == 10
     bucket.pause(1.0)
+    bucket.give_back("a", 10)  # (as a task does when it pauses: its grant goes back)
     bucket.pause(0.5)  # within PACE_CUT_EVERY_S of the last cut: the same overload
     clock.now += 1.0  # the pause is over; the pace was cut once
     grant = bucket.take("a", Ask(1))
@@ -388,14 +445,13 @@ def test_a_pause_saves_nothing_up_and_slows_the_pace_for_a_while() -> None:
     assert bucket.pace == 1.0
 
 
-def test_follow_pauses_for_a_used_up_window_and_clamps_tokens() -> None:
+def test_follow_pauses_for_a_used_up_window_and_only_then() -> None:
     clock = Clock()
-    store = LocalStore(Quota(rate=1000, cost_rate=10_000), clock)
+    store = CountingStore(Quota(rate=1000, cost_rate=10_000), clock)
     task = TaskQuota(store, clock=clock, rng=random.Random(0))
+    # A window not used up: nothing to do (the timelines grant no burst beyond the rate).
     task.follow(RateLimitInfo(remaining_requests=3, remaining_cost=300))
-    # No more may go at once than the service says is left (the burst is cut to it).
-    assert store.bucket.tat_r == pytest.approx(clock.now + BURST_S - 3 / 1000)
-    assert store.bucket.tat_c == pytest.approx(clock.now + BURST_S - 300 / 10_000)
+    assert store.state().paused_for_s == 0.0 and store.takes == 0
     task.follow(RateLimitInfo(remaining_cost=0, reset_cost_s=6.0))
     assert store.state().paused_for_s == pytest.approx(6.0)
 
@@ -518,13 +574,12 @@ def test_a_store_that_dies_falls_back_to_the_share_it_was_granted_and_says_so(
     assert f"falls back to the share it was granted: rate={share:.4g}" in lines[0]
     assert "asks the store again in" in lines[0]
     assert store.fallback is not None
-    # The rate granted over the window (a grant of 100, 99 given back: 1 request in 2 s
-    # plus a burst).
+    # The rate granted over the window (a grant of 1 request in 2 s plus a burst).
     assert store.fallback.quota.rate == pytest.approx(1 / (SHARE_WINDOW_S + BURST_S))
-    # Half of what was left at the store's last answer (1000 - 125 reserved, an eighth of
-    # the budget): 437.5, of which 43 calls of 10 are sent, and no more.
-    assert store.fallback.quota.budget == pytest.approx(437.5)
-    assert sent == 43
+    # Half of what was left at the store's last answer (1000 - 10: the slow start's first
+    # grant is one call): 495, of which 49 calls of 10 are sent, and no more.
+    assert store.fallback.quota.budget == pytest.approx(495)
+    assert sent == 49
 
 
 def test_a_dead_store_with_nothing_left_refuses_everything() -> None:
@@ -544,9 +599,8 @@ def test_state_reports_a_snapshot() -> None:
     clock = Clock()
     store = LocalStore(Quota(rate=10, concurrency=3), clock)
     TaskQuota(store, clock=clock).acquire()
-    # The task took a grant (a term of the rate) and one slot of a lease.
-    grant = math.floor(10 * TERM_S)
-    assert store.state() == QuotaState(requests_taken=grant, slots_used=1, holders=1)
+    # The task took a grant (one call: a slow start) and one slot of a lease.
+    assert store.state() == QuotaState(requests_taken=1, slots_used=1, holders=1)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -68,7 +68,6 @@ SCENARIO: list[tuple[float, str, tuple[Any, ...]]] = [
     (0.5, "pause", (0.5,)),  # (within a second of the last: the pace is cut once)
     (1.0, "take", ("c", Ask(3, 10.0, 10.0, 1, 1, 0.0))),
     (1.5, "take", ("c", Ask(3, 10.0, 10.0, 1, 1, 0.0))),
-    (0, "clamp", (1.0, 20.0)),
     (0.5, "pause", (0.01,)),  # the pace cut again, and what a take waits for with it
     (0.01, "take", ("c", Ask(3, 10.0, 10.0, 0, 0, 0.0))),
     (0, "take", ("c", Ask(3, 10.0, 10.0, 0, 0, 0.0))),
@@ -194,8 +193,8 @@ def test_redis_killed_mid_run_falls_back_to_the_share_it_had_and_says_so(
         RedisStore(redis_server.url, "dies", quota, clock=clock, timeout_s=2), 0.25, clock
     )
     task = TaskQuota(store, clock=clock)
-    grant = math.floor(100 * TERM_S)  # requests: a term of the rate
-    held = min(4.0 * grant, 1000 / 8)  # its cost: 4 a call, at most an eighth of the budget
+    grant = 1  # requests: a slow start's first grant, one call
+    held = 4.0 * grant  # its cost: 4 a call
     with caplog.at_level(logging.WARNING, "timewheel.spark.quota"):
         assert task.acquire(4.0) == 0.0
         assert store.fallback is None
@@ -237,13 +236,13 @@ def test_a_redis_refusing_connections_waits_and_draws_on_it_once_it_answers(
         # the store is asked again (plus a jitter, which spreads the tasks' asks).
         wait = task.acquire()
         assert RETRY_S <= wait <= RETRY_S + RESTART_JITTER_S
-        clock.now += RETRY_S  # asked again, still refused: twice as long till the next
+        clock.now += wait  # asked again, still refused: twice as long till the next
         wait = task.acquire()
         assert 2 * RETRY_S <= wait <= 2 * RETRY_S + RESTART_JITTER_S
         monkeypatch.setattr(redis_fixtures, "free_port", lambda: port)
         up = RedisServer(tmp_path)  # the same address, answering again
         try:
-            clock.now += 2 * RETRY_S
+            clock.now += wait
             assert task.acquire() == 0.0
             assert store.fallback is None and store.primary.state().requests_taken >= 1
             task.close()
@@ -408,6 +407,7 @@ def test_every_key_expires_and_a_job_counts_for_a_day(redis_server: RedisServer)
         "{timewheel-quota:expires}",
         "{timewheel-quota:expires}:holders",
         "{timewheel-quota:expires}:expiry",
+        "{timewheel-quota:expires}:active",
         job_key,
     }
     # The shared state outlives its holders (30 s), the pause (20 s) and a minute.

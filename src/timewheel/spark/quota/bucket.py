@@ -20,6 +20,7 @@ from typing import Callable
 from ... import _atfork
 from .spec import (
     BURST_S,
+    HORIZON_S,
     LEASE_S,
     LEFT_SHARE,
     PACE_CUT,
@@ -35,6 +36,7 @@ from .spec import (
     QuotaStoreError,
     T,
     grant_size,
+    term_of,
 )
 
 __all__ = ["MAX_RETRY_S", "RETRY_S", "SHARE_WINDOW_S", "Bucket", "Failover", "LocalStore"]
@@ -101,6 +103,11 @@ class Bucket:
         self.holders: dict[str, _Holder] = {}
         # The holder of the last grant: only its unused part may be handed back.
         self.tail = ""
+        # The queue of the tasks told to ask again later (see take): the next turn.
+        self.turn = -math.inf
+        # When each holder asked last, within the last two terms, and in that order.
+        self.asked: dict[str, float] = {}
+        self.ask_log: deque[tuple[float, str]] = deque()
         # Which count this is: a holder that saw another (a store restarted, its count
         # lost) gives what it saw (see Ask), and the count is never less than that.
         self.gen = secrets.token_hex(8)
@@ -145,6 +152,18 @@ class Bucket:
         self._settle(owed, now)
         return now, self._touch(holder, now)
 
+    def _active(self, holder: str, now: float) -> int:
+        """``holder`` asks now: how many holders asked within the last two terms (the
+        busy ones, among which a booked timeline is shared)."""
+        window = 2 * term_of(len(self.asked))
+        self.asked[holder] = now
+        self.ask_log.append((now, holder))
+        while self.ask_log and self.ask_log[0][0] < now - window:
+            at, name = self.ask_log.popleft()
+            if self.asked.get(name) == at:
+                del self.asked[name]
+        return len(self.asked)
+
     def _learn(self, spent: float, taken: int) -> None:
         """A holder saw the job at ``spent`` and ``taken`` in a count this one replaced:
         this count starts from the most any holder saw (its own changes on top)."""
@@ -183,32 +202,53 @@ class Bucket:
         free = math.inf if q.concurrency is None else q.concurrency - self.slots_used
         if q.concurrency is not None and free < need_slots:
             return Grant(wait_s=LEASE_S, budget_left=budget_left, requests_left=cap_left)
-        holders = len(self.holders)
+        active = self._active(holder, now)
         # Near a cap or a budget, a grant is at most a share of what is left: what the
         # tasks hold unspent when it runs out is then a few calls, not a grant each.
         got_r = float(requests)
         if math.isfinite(cap_left):
             got_r = min(got_r, max(1.0, math.ceil(cap_left / LEFT_SHARE)))
+        # Shared among the holders asking, when others asked lately or the timeline is
+        # booked ahead; else this holder's alone.
+        booked = active > 1 or bool(rate and self.tat_r > now) or bool(crate and self.tat_c > now)
         if rate:
-            got_r = min(got_r, max(1.0, math.floor(grant_size(q, rate, holders))))
+            size = grant_size(q, rate, active, booked)
+            got_r = min(got_r, max(1.0, math.floor(size)))
         n = int(max(got_r, 1))
         got_c = min(cost, max(need_cost, budget_left / LEFT_SHARE))
         if crate:
-            got_c = min(got_c, max(need_cost, grant_size(q, crate, holders)))
-        # The grant's slot: from the later of the two timelines (less the burst), or now.
+            got_c = min(got_c, max(need_cost, grant_size(q, crate, active, booked)))
+        # The grant's place on the timelines: from the later of the two (less the burst),
+        # or now; it takes there what it holds at the whole rate, and is spent over a term
+        # (so one task's grant runs at its share of the rate, the grants of all of them
+        # together at the rate).
         start = now
-        span_r = n / rate if rate else 0.0
-        span_c = got_c / crate if crate else 0.0
+        width_r = n / rate if rate else 0.0
+        width_c = got_c / crate if crate else 0.0
         if rate:
             start = max(start, self.tat_r - BURST_S)
         if crate:
             start = max(start, self.tat_c - BURST_S)
+        if start - now > HORIZON_S:
+            # Booked too far ahead: a turn to ask again instead, one after another at the
+            # pace the grants go, so the tasks waiting never ask all at once.
+            turn = max(now, self.turn, start - HORIZON_S)
+            self.turn = turn + max(width_r, width_c)
+            return Grant(wait_s=turn - now, budget_left=budget_left, requests_left=cap_left)
         if rate:
-            self.tat_r = max(self.tat_r, start) + span_r
+            self.tat_r = max(self.tat_r, start) + width_r
         if crate:
-            self.tat_c = max(self.tat_c, start) + span_c
+            self.tat_c = max(self.tat_c, start) + width_c
+        span = 0.0
         if rate or crate:
             self.tail = holder
+            # Spent at the whole rate while the rates are free, at this holder's share of
+            # them (over a term at most) when others want them too: its place on the
+            # timelines is at the whole rate either way. (The holder has a term at least
+            # to send it: a task held up by its calls' latency keeps its grant that long.)
+            width = max(width_r, width_c)
+            spread = min(term_of(active), width * max(1, active) / q.weight) if booked else 0.0
+            span = max(width, spread)
         got_s = 0 if q.concurrency is None else int(min(slots, free))
         self.requests_taken += n
         self.cost_spent += got_c
@@ -223,7 +263,7 @@ class Bucket:
             budget_left=budget_left - got_c,
             requests_left=cap_left - n,
             start_s=start - now,
-            span_s=max(span_r, span_c),
+            span_s=span,
             gen=self.gen,
         )
 
@@ -253,11 +293,13 @@ class Bucket:
         held.cost -= cost
         held.slots -= slots
 
-    def leave(self, holder: str, owed: float = 0.0) -> None:
-        """``holder`` is done: settle ``owed``, free its slots, forget it."""
-        self._begin(holder, owed)
+    def leave(self, holder: str, owed: float = 0.0, requests: int = 0, cost: float = 0.0) -> None:
+        """``holder`` is done: settle ``owed``, give back the ``requests`` and ``cost`` it
+        did not use (as :meth:`give_back`), free its slots, forget it: one call."""
+        self.give_back(holder, requests, cost, 0, owed)
         held = self.holders.pop(holder)
         self.slots_used -= held.slots
+        self.asked.pop(holder, None)  # (the holders still busy share the timeline now)
 
     def settle(self, holder: str, owed: float) -> None:
         """A call cost ``owed`` more than estimated (or less, when negative): take the
@@ -266,31 +308,24 @@ class Bucket:
 
     def pause(self, seconds: float) -> None:
         """Grant nothing before ``seconds`` from now (a pause already longer stands): the
-        timelines start again after it, so what is granted meanwhile goes after it, and
-        nothing is saved up for its end; and the job's pace is cut (see
+        pause is a gap put in the timelines, so what is granted meanwhile goes after it,
+        and nothing is saved up for its end; and the job's pace is cut (see
         :data:`~timewheel.spark.quota.spec.PACE_CUT`)."""
         now = self.clock()
         self._recover(now)
         if now - self.paced_at >= PACE_CUT_EVERY_S:
             self.pace = max(PACE_FLOOR, self.pace * (1.0 - PACE_CUT))
             self.paced_at = now
-        self.paused_until = max(self.paused_until, now + seconds)
-        self.tat_r = max(self.tat_r, self.paused_until + BURST_S)
-        self.tat_c = max(self.tat_c, self.paused_until + BURST_S)
+        until = max(self.paused_until, now + seconds)
+        # The pause is a gap put in the timelines now: what is granted from now goes
+        # after it (what was booked before goes as booked: a horizon at most).
+        gap = until - max(self.paused_until, now)
+        self.paused_until = until
+        if gap > 0:
+            self.tat_r = max(self.tat_r, now) + gap
+            self.tat_c = max(self.tat_c, now) + gap
         self.stamp = max(self.stamp, self.paused_until)
         self.pauses += 1
-
-    def clamp(self, requests: float | None = None, cost: float | None = None) -> None:
-        """The service says only this many requests / this much cost are left in its
-        window: grant no more than that at once (what the burst would allow beyond it
-        waits on the timeline)."""
-        now = self.clock()
-        self._recover(now)
-        q = self.quota
-        if requests is not None and q.rate:
-            self.tat_r = max(self.tat_r, now + BURST_S - requests / (q.rate * self.pace))
-        if cost is not None and q.cost_rate:
-            self.tat_c = max(self.tat_c, now + BURST_S - cost / (q.cost_rate * self.pace))
 
     def state(self) -> QuotaState:
         now = self.clock()
@@ -331,9 +366,9 @@ class LocalStore:
         with self.lock:
             self.bucket.give_back(holder, requests, cost, slots, owed)
 
-    def leave(self, holder: str, owed: float = 0.0) -> None:
+    def leave(self, holder: str, owed: float = 0.0, requests: int = 0, cost: float = 0.0) -> None:
         with self.lock:
-            self.bucket.leave(holder, owed)
+            self.bucket.leave(holder, owed, requests, cost)
 
     def settle(self, holder: str, owed: float) -> None:
         with self.lock:
@@ -342,10 +377,6 @@ class LocalStore:
     def pause(self, seconds: float) -> None:
         with self.lock:
             self.bucket.pause(seconds)
-
-    def clamp(self, requests: float | None = None, cost: float | None = None) -> None:
-        with self.lock:
-            self.bucket.clamp(requests, cost)
 
     def state(self) -> QuotaState:
         with self.lock:
@@ -565,8 +596,8 @@ class Failover:
                 with self.lock:
                     self.slots_held[holder] = max(0, self.slots_held.get(holder, 0) - slots)
 
-    def leave(self, holder: str, owed: float = 0.0) -> None:
-        self._run(lambda s: s.leave(holder, owed))
+    def leave(self, holder: str, owed: float = 0.0, requests: int = 0, cost: float = 0.0) -> None:
+        self._run(lambda s: s.leave(holder, owed, requests, cost))
         with self.lock:
             self.slots_held.pop(holder, None)
 
@@ -575,9 +606,6 @@ class Failover:
 
     def pause(self, seconds: float) -> None:
         self._run(lambda s: s.pause(seconds))
-
-    def clamp(self, requests: float | None = None, cost: float | None = None) -> None:
-        self._run(lambda s: s.clamp(requests, cost))
 
     def state(self) -> QuotaState:
         return self._run(lambda s: s.state())

@@ -173,7 +173,7 @@ class _Unreachable:
 
         raise QuotaStoreError(self.why)
 
-    take = give_back = leave = settle = pause = clamp = state = _fail
+    take = give_back = leave = settle = pause = state = _fail
 
     def close(self) -> None:
         pass

@@ -54,6 +54,7 @@ from typing import Any, Callable
 from ..secrets import redact_url
 from .spec import (
     BURST_S,
+    HORIZON_S,
     LEASE_S,
     MAX_ASKS_PER_S,
     PACE_CUT,
@@ -76,11 +77,12 @@ KEEP_JOB_S = 86400.0
 _CONNECTIONS = 8
 
 #: The one script every operation runs. KEYS: the shared state, its holders, their
-#: expiry, the job's count. ARGV: op, now ("" = the server's TIME), the quota (rate,
-#: cost_rate, concurrency, budget, max_requests: 0 = none; ttl_s; the job's weight; the
-#: timelines' burst; a slot wait; KEEP_JOB_S), then the operation's own arguments.
+#: expiry, the job's count, the holders asking lately. ARGV: op, now ("" = the server's
+#: TIME), the quota (rate, cost_rate, concurrency, budget, max_requests: 0 = none; ttl_s;
+#: the job's weight; the timelines' burst; a slot wait; KEEP_JOB_S), then the
+#: operation's own arguments.
 SCRIPT = r"""
-local S, H, E, B = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local S, H, E, B, A = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local op = ARGV[1]
 local now = tonumber(ARGV[2])
 if now == nil then
@@ -92,7 +94,7 @@ local budget, cap, ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local weight, BURST = tonumber(ARGV[9]), tonumber(ARGV[10])
 local LEASE, KEEP_JOB = tonumber(ARGV[11]), tonumber(ARGV[12])
 local LEFT_SHARE = 8
-local TERM, MAX_ASKS = @TERM@
+local TERM, MAX_ASKS, HORIZON = @TERM@
 local PACE_CUT, PACE_CUT_EVERY, PACE_FLOOR, PACE_RECOVERY = @PACE@
 local a = {}
 for i = 13, #ARGV do a[i - 12] = ARGV[i] end
@@ -100,12 +102,14 @@ for i = 13, #ARGV do a[i - 12] = ARGV[i] end
 local function f(x) return string.format('%.17g', x) end
 -- S: what jobs sharing the name share (the timelines, the pause, the slots); B: this
 -- job's own count (taken, spent, pauses) and the budget and cap it was refused at.
-local v = redis.call('HMGET', S, 'tr', 'tc', 'stamp', 'paused', 'slots', 'pace', 'paced', 'tail')
+local v = redis.call('HMGET', S, 'tr', 'tc', 'stamp', 'paused', 'slots', 'pace', 'paced', 'tail',
+                    'turn')
 local w = redis.call('HMGET', B, 'taken', 'spent', 'xb', 'xc', 'pauses', 'gen', 'bs', 'bt')
 local st = {tr = tonumber(v[1]) or (now - BURST), tc = tonumber(v[2]) or (now - BURST),
             stamp = tonumber(v[3]) or now, paused = tonumber(v[4]) or 0,
             slots = tonumber(v[5]) or 0, pace = tonumber(v[6]) or 1,
             paced = tonumber(v[7]) or -math.huge, tail = v[8] or '',
+            turn = tonumber(v[9]) or -math.huge,
             taken = tonumber(w[1]) or 0, spent = tonumber(w[2]) or 0,
             xb = tonumber(w[3]) or 0, xc = tonumber(w[4]) or 0, pauses = tonumber(w[5]) or 0,
             -- which count this is: a new one (a restart lost the last) gets a name of its own
@@ -113,14 +117,14 @@ local st = {tr = tonumber(v[1]) or (now - BURST), tc = tonumber(v[2]) or (now - 
 local function save()
   redis.call('HSET', S, 'tr', f(st.tr), 'tc', f(st.tc), 'stamp', f(st.stamp),
              'paused', f(st.paused), 'slots', f(st.slots), 'pace', f(st.pace),
-             'paced', f(st.paced), 'tail', st.tail)
+             'paced', f(st.paced), 'tail', st.tail, 'turn', f(st.turn))
   redis.call('HSET', B, 'taken', f(st.taken), 'spent', f(st.spent), 'xb', f(st.xb),
              'xc', f(st.xc), 'pauses', st.pauses, 'gen', st.gen, 'bs', f(st.bs), 'bt', f(st.bt))
   -- Idle this long, the shared state is what a fresh one would be (every holder gone,
   -- no pause, the timelines in the past): it expires. The job's count expires KEEP_JOB
   -- after its last use.
   local keep = math.ceil(ttl + math.max(0, st.paused - now, st.tr - now, st.tc - now)) + 60
-  for _, k in ipairs({S, H, E}) do redis.call('EXPIRE', k, keep) end
+  for _, k in ipairs({S, H, E, A}) do redis.call('EXPIRE', k, keep) end
   redis.call('EXPIRE', B, math.ceil(KEEP_JOB))
 end
 -- Refused before at this budget or cap (or a larger one): this caller's own budget
@@ -133,6 +137,7 @@ local function forget(h)
   st.slots = st.slots - held(h, 's')
   redis.call('HDEL', H, h .. '|r', h .. '|c', h .. '|s')
   redis.call('ZREM', E, h)
+  redis.call('ZREM', A, h)
 end
 local function reap()
   for _, h in ipairs(redis.call('ZRANGEBYSCORE', E, '-inf', now)) do forget(h) end
@@ -156,9 +161,40 @@ local function begin(h, owed)
   redis.call('ZADD', E, now + ttl, h)
 end
 local function add(h, k, x) redis.call('HINCRBYFLOAT', H, h .. '|' .. k, f(x)) end
--- A grant is a term of a rate divided among the holders (as spec.grant_size).
-local function size(r, holders)
-  return r * math.max(TERM, holders / MAX_ASKS) * weight / math.max(1, holders)
+-- The term of some busy holders, and a grant: a term of a rate, or its share among them
+-- while the timeline is booked ahead (as spec.term_of and spec.grant_size).
+local function term(holders) return math.max(TERM, holders / MAX_ASKS) end
+local function size(r, holders, booked)
+  local whole = r * term(holders)
+  if booked then return whole * weight / math.max(1, holders) end
+  return whole
+end
+-- The holders that asked within the last two terms, this one now among them.
+local function active(h)
+  local window = 2 * term(redis.call('ZCARD', A))
+  redis.call('ZADD', A, now, h)
+  redis.call('ZREMRANGEBYSCORE', A, '-inf', '(' .. f(now - window))
+  return redis.call('ZCARD', A)
+end
+
+-- Return what holder h took and did not use, at most what it holds (as Bucket.give_back).
+local function give_back(h, requests, cost, slots)
+  requests = math.max(0, math.min(requests, held(h, 'r')))
+  cost = math.max(0, math.min(cost, held(h, 'c')))
+  slots = math.max(0, math.min(slots, held(h, 's')))
+  if h == st.tail then
+    local low = floor()
+    if rate > 0 then
+      st.tr = math.max(st.tr - requests / (rate * st.pace), math.min(st.tr, low))
+    end
+    if crate > 0 then
+      st.tc = math.max(st.tc - cost / (crate * st.pace), math.min(st.tc, low))
+    end
+  end
+  st.taken = st.taken - requests
+  st.spent = st.spent - cost
+  st.slots = st.slots - slots
+  add(h, 'r', -requests); add(h, 'c', -cost); add(h, 's', -slots)
 end
 
 if op == 'take' then
@@ -199,21 +235,39 @@ if op == 'take' then
     free = conc - st.slots
     if free < need_slots then return reply('wait', 0, 0, 0, LEASE, 0, 0) end
   end
-  local holders = redis.call('ZCARD', E)
+  local holders = active(h)
   -- Near a cap or a budget, a grant is at most an eighth of what is left: what tasks
   -- hold unspent when it runs out is then a few calls, not a grant each.
   local got_r = requests
   if cap > 0 then got_r = math.min(got_r, math.max(1, math.ceil(cap_left / LEFT_SHARE))) end
-  if r > 0 then got_r = math.min(got_r, math.max(1, math.floor(size(r, holders)))) end
+  -- Shared among the holders asking, when others asked lately or it is booked ahead.
+  local booked = holders > 1 or (r > 0 and st.tr > now) or (c > 0 and st.tc > now)
+  if r > 0 then
+    got_r = math.min(got_r, math.max(1, math.floor(size(r, holders, booked))))
+  end
   local n = math.max(got_r, 1)
   local got_c = math.min(cost, math.max(need_cost, budget_left / LEFT_SHARE))
-  if c > 0 then got_c = math.min(got_c, math.max(need_cost, size(c, holders))) end
-  local start, span_r, span_c = now, 0, 0
-  if r > 0 then span_r = n / r; start = math.max(start, st.tr - BURST) end
-  if c > 0 then span_c = got_c / c; start = math.max(start, st.tc - BURST) end
-  if r > 0 then st.tr = math.max(st.tr, start) + span_r end
-  if c > 0 then st.tc = math.max(st.tc, start) + span_c end
-  if r > 0 or c > 0 then st.tail = h end
+  if c > 0 then got_c = math.min(got_c, math.max(need_cost, size(c, holders, booked))) end
+  -- Its place on the timelines at the whole rate; spent over a term (Bucket.take).
+  local start, width_r, width_c, span = now, 0, 0, 0
+  if r > 0 then width_r = n / r; start = math.max(start, st.tr - BURST) end
+  if c > 0 then width_c = got_c / c; start = math.max(start, st.tc - BURST) end
+  if start - now > HORIZON then  -- too far ahead: a turn in the queue (Bucket.take)
+    local turn = math.max(now, st.turn, start - HORIZON)
+    st.turn = turn + math.max(width_r, width_c)
+    return reply('wait', 0, 0, 0, turn - now, 0, 0)
+  end
+  if r > 0 then st.tr = math.max(st.tr, start) + width_r end
+  if c > 0 then st.tc = math.max(st.tc, start) + width_c end
+  if r > 0 or c > 0 then
+    st.tail = h
+    -- Spent at the whole rate while free, at its share when booked (as Bucket.take).
+    local spread = 0
+    if booked then
+      spread = math.min(term(holders), math.max(width_r, width_c) * math.max(1, holders) / weight)
+    end
+    span = math.max(width_r, width_c, spread)
+  end
   local got_s = 0
   if conc > 0 then got_s = math.min(slots, free) end
   st.taken = st.taken + n
@@ -222,31 +276,18 @@ if op == 'take' then
   add(h, 'r', n); add(h, 'c', got_c); add(h, 's', got_s)
   budget_left = budget_left - got_c
   cap_left = cap_left - n
-  return reply('ok', n, got_c, got_s, 0, start - now, math.max(span_r, span_c))
+  return reply('ok', n, got_c, got_s, 0, start - now, span)
 elseif op == 'give_back' then
   local h = a[1]
   begin(h, tonumber(a[5]))
-  local requests = math.max(0, math.min(tonumber(a[2]), held(h, 'r')))
-  local cost = math.max(0, math.min(tonumber(a[3]), held(h, 'c')))
-  local slots = math.max(0, math.min(tonumber(a[4]), held(h, 's')))
-  if h == st.tail then
-    local low = floor()
-    if rate > 0 then
-      st.tr = math.max(st.tr - requests / (rate * st.pace), math.min(st.tr, low))
-    end
-    if crate > 0 then
-      st.tc = math.max(st.tc - cost / (crate * st.pace), math.min(st.tc, low))
-    end
-  end
-  st.taken = st.taken - requests
-  st.spent = st.spent - cost
-  st.slots = st.slots - slots
-  add(h, 'r', -requests); add(h, 'c', -cost); add(h, 's', -slots)
+  give_back(h, tonumber(a[2]), tonumber(a[3]), tonumber(a[4]))
   save()
   return 'ok'
-elseif op == 'leave' then
-  begin(a[1], tonumber(a[2]))
-  forget(a[1])
+elseif op == 'leave' then  -- give back what it did not use (as give_back), then forget it
+  local h = a[1]
+  begin(h, tonumber(a[2]))
+  give_back(h, tonumber(a[3]) or 0, tonumber(a[4]) or 0, 0)
+  forget(h)
   save()
   return 'ok'
 elseif op == 'settle' then
@@ -259,22 +300,16 @@ elseif op == 'pause' then
     st.pace = math.max(PACE_FLOOR, st.pace * (1 - PACE_CUT))
     st.paced = now
   end
-  st.paused = math.max(st.paused, now + tonumber(a[1]))
-  st.tr = math.max(st.tr, st.paused + BURST)
-  st.tc = math.max(st.tc, st.paused + BURST)
+  -- The pause is a gap put in the timelines now (as Bucket.pause).
+  local upto = math.max(st.paused, now + tonumber(a[1]))
+  local gap = upto - math.max(st.paused, now)
+  st.paused = upto
+  if gap > 0 then
+    st.tr = math.max(st.tr, now) + gap
+    st.tc = math.max(st.tc, now) + gap
+  end
   st.stamp = math.max(st.stamp, st.paused)
   st.pauses = st.pauses + 1
-  save()
-  return 'ok'
-elseif op == 'clamp' then
-  recover()
-  local requests, cost = tonumber(a[1]), tonumber(a[2])
-  if requests ~= nil and rate > 0 then
-    st.tr = math.max(st.tr, now + BURST - requests / (rate * st.pace))
-  end
-  if cost ~= nil and crate > 0 then
-    st.tc = math.max(st.tc, now + BURST - cost / (crate * st.pace))
-  end
   save()
   return 'ok'
 elseif op == 'state' then
@@ -285,7 +320,7 @@ elseif op == 'state' then
   return {tostring(st.taken), f(st.spent), tostring(st.slots), tostring(redis.call('ZCARD', E)),
           f(math.max(0, st.paused - now)), tostring(refused), tostring(st.pauses)}
 elseif op == 'reset' then
-  redis.call('DEL', S, H, E, B)
+  redis.call('DEL', S, H, E, B, A)
   return 'ok'
 end
 return redis.error_reply('no such operation ' .. tostring(op))
@@ -293,7 +328,7 @@ return redis.error_reply('no such operation ' .. tostring(op))
 # The pace's constants, as Bucket has them (see spec.PACE_CUT).
 SCRIPT = SCRIPT.replace(
     "@PACE@", ", ".join(map(repr, (PACE_CUT, PACE_CUT_EVERY_S, PACE_FLOOR, PACE_RECOVERY)))
-).replace("@TERM@", ", ".join(map(repr, (TERM_S, MAX_ASKS_PER_S))))
+).replace("@TERM@", ", ".join(map(repr, (TERM_S, MAX_ASKS_PER_S, HORIZON_S))))
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,200}$")
 
@@ -372,10 +407,6 @@ def reset_quota(url: str, name: str, *, password: str | None = None, timeout_s: 
         client.close()
 
 
-def _opt(value: float | None) -> str:
-    return "" if value is None else repr(float(value))
-
-
 class RedisStore:
     """A quota named ``name`` in the Redis at ``url`` (``redis://``, ``rediss://``,
     ``unix://``); the ``redis`` client is needed (the ``quota`` extra)."""
@@ -408,7 +439,13 @@ class RedisStore:
         self._redis = _client(url, timeout_s, password)
         self._script = self._redis.register_script(SCRIPT)
         base = _base(name)
-        self._keys = [base, base + ":holders", base + ":expiry", base + ":job:" + job]
+        self._keys = [
+            base,
+            base + ":holders",
+            base + ":expiry",
+            base + ":job:" + job,
+            base + ":active",
+        ]
         q = quota
         self._quota_args = [
             repr(float(q.rate or 0)),
@@ -491,17 +528,14 @@ class RedisStore:
             "give_back", holder, int(requests), repr(float(cost)), int(slots), repr(float(owed))
         )
 
-    def leave(self, holder: str, owed: float = 0.0) -> None:
-        self._run("leave", holder, repr(float(owed)))
+    def leave(self, holder: str, owed: float = 0.0, requests: int = 0, cost: float = 0.0) -> None:
+        self._run("leave", holder, repr(float(owed)), int(requests), repr(float(cost)))
 
     def settle(self, holder: str, owed: float) -> None:
         self._run("settle", holder, repr(float(owed)))
 
     def pause(self, seconds: float) -> None:
         self._run("pause", repr(float(seconds)))
-
-    def clamp(self, requests: float | None = None, cost: float | None = None) -> None:
-        self._run("clamp", _opt(requests), _opt(cost))
 
     def state(self) -> QuotaState:
         taken, spent, slots, holders, paused, exhausted, pauses = (

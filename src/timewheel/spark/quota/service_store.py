@@ -19,7 +19,7 @@ an executor is given the address and the secret separately).
 The client connects on first use, waits at most ``timeout_s`` for any answer, and
 reconnects on the next call after a failure. A request that failed before it was sent
 is tried once more on a new connection; one whose answer was lost is tried again only
-if applying it twice cannot send above the quota (a take, a pause, a clamp, a state, a
+if applying it twice cannot send above the quota (a take, a pause, a state, a
 settle that takes). Otherwise, and when the service cannot be reached at all, the call
 raises :class:`~timewheel.spark.quota.spec.QuotaStoreError` (a
 :class:`~timewheel.spark.quota.bucket.Failover` then falls back to the share it had).
@@ -68,7 +68,7 @@ _BACKLOG = 4096
 #: Descriptors the driver keeps beside one per task's connection.
 _SPARE_FDS = 256
 #: The operations a client may ask for; answered in order, one at a time.
-_OPS = frozenset({"take", "give_back", "leave", "settle", "pause", "clamp", "state"})
+_OPS = frozenset({"take", "give_back", "leave", "settle", "pause", "state"})
 
 
 def _mac(secret: bytes, challenge: bytes, seq: int, direction: bytes, body: bytes) -> bytes:
@@ -331,7 +331,7 @@ class QuotaService:
 def _safe_twice(op: str, args: list[Any]) -> bool:
     if op == "settle":
         return bool(args[1] >= 0)
-    return op in ("take", "pause", "clamp", "state")
+    return op in ("take", "pause", "state")
 
 
 class ServiceStore:
@@ -438,17 +438,14 @@ class ServiceStore:
     ) -> None:
         self._call("give_back", holder, requests, cost, slots, owed)
 
-    def leave(self, holder: str, owed: float = 0.0) -> None:
-        self._call("leave", holder, owed)
+    def leave(self, holder: str, owed: float = 0.0, requests: int = 0, cost: float = 0.0) -> None:
+        self._call("leave", holder, owed, requests, cost)
 
     def settle(self, holder: str, owed: float) -> None:
         self._call("settle", holder, owed)
 
     def pause(self, seconds: float) -> None:
         self._call("pause", seconds)
-
-    def clamp(self, requests: float | None = None, cost: float | None = None) -> None:
-        self._call("clamp", requests, cost)
 
     def state(self) -> QuotaState:
         return QuotaState(**self._call("state"))

@@ -18,6 +18,7 @@ __all__ = [
     "BURST_S",
     "CATCH_UP_S",
     "DEFAULT_TTL_S",
+    "HORIZON_S",
     "LEASE_S",
     "LEFT_SHARE",
     "LONG_PAUSE_S",
@@ -39,22 +40,28 @@ __all__ = [
     "QuotaStoreError",
     "grant_size",
     "parse_rate",
+    "term_of",
 ]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: The rate's timeline lets a holder start this many seconds early after an idle spell,
-#: and a holder catches up a lag of at most CATCH_UP_S behind its grant's schedule: the
-#: most a job sends beyond its rate, BURST_S + CATCH_UP_S of it (1.05x in any second,
-#: 1.5x in any 100 ms).
-BURST_S = 0.04
+#: A grant may start this many seconds before the timeline's last (none: a call over the
+#: rate at the service's own limit is a refusal), and a holder catches up a lag of at
+#: most CATCH_UP_S behind its grant's schedule: the most a job sends beyond its rate is
+#: BURST_S + CATCH_UP_S of it (1.01x in any second, 1.1x in any 100 ms).
+BURST_S = 0.0
 CATCH_UP_S = 0.01
-#: A holder asks the store about once a term while it is busy: a grant is about a term
-#: of the rate divided among the holders (see ``Bucket.take``).
+#: A grant is spent over a term: a holder asks the store about once a term while it is
+#: busy (see ``Bucket.take``).
 TERM_S = 0.25
 #: The store is asked at most about this often: with more holders, the term grows.
-MAX_ASKS_PER_S = 500.0
+MAX_ASKS_PER_S = 250.0
+#: The timelines are booked at most this far ahead: a task that would be granted a slot
+#: beyond it is told when to ask again instead (its turn in a queue, so the tasks
+#: waiting ask one after another, at the pace grants free up, never all at once), and a
+#: pause or an answer's headers reach every task within this.
+HORIZON_S = TERM_S
 #: A task waiting for a concurrency slot asks again after this long.
 LEASE_S = 0.05
 #: The longest random wait added to a pause, per task, so they do not restart together.
@@ -226,13 +233,18 @@ _STORE_SCHEMES = ("redis", "rediss", "unix")
 _NAME = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,200}$")
 
 
-def grant_size(quota: Quota, rate: float, holders: int) -> float:
-    """How much of ``rate`` (requests or cost per second, already paced) one grant holds:
-    a term of it divided among the ``holders`` (times the job's weight), so that busy
-    holders ask about once a term, and the store at most :data:`MAX_ASKS_PER_S` times a
-    second however many hold it."""
-    term = max(TERM_S, holders / MAX_ASKS_PER_S)
-    return rate * term * quota.weight / max(1, holders)
+def term_of(holders: int) -> float:
+    """The term of ``holders`` busy holders: :data:`TERM_S`, longer with more of them, so
+    that the store is asked at most about :data:`MAX_ASKS_PER_S` times a second."""
+    return max(TERM_S, holders / MAX_ASKS_PER_S)
+
+
+def grant_size(quota: Quota, rate: float, holders: int, booked: bool) -> float:
+    """The most of ``rate`` (requests or cost per second, already paced) one grant holds:
+    a term of it; while the timeline is booked ahead (others want it too), a term of it
+    divided among the ``holders`` asking (times the job's weight)."""
+    whole = rate * term_of(holders)
+    return whole * quota.weight / max(1, holders) if booked else whole
 
 
 def _check_store(store: Any, name: Any, password: Any) -> None:
@@ -320,6 +332,7 @@ class Grant:
     span_s: float = 0.0
     #: Which count of the store this is (see :class:`Ask`); "" from a fallback.
     gen: str = ""
+
     #: What the store had left after this take (inf: no budget, no cap).
     budget_left: float = math.inf
     requests_left: float = math.inf
@@ -342,6 +355,7 @@ class QuotaState:
     pauses: int = 0
 
 
+
 class QuotaStore(Protocol):
     """Where a quota lives: every method may raise :class:`QuotaStoreError`."""
 
@@ -353,13 +367,13 @@ class QuotaStore(Protocol):
         self, holder: str, requests: int = 0, cost: float = 0.0, slots: int = 0, owed: float = 0.0
     ) -> None: ...
 
-    def leave(self, holder: str, owed: float = 0.0) -> None: ...
+    def leave(
+        self, holder: str, owed: float = 0.0, requests: int = 0, cost: float = 0.0
+    ) -> None: ...
 
     def settle(self, holder: str, owed: float) -> None: ...
 
     def pause(self, seconds: float) -> None: ...
-
-    def clamp(self, requests: float | None = None, cost: float | None = None) -> None: ...
 
     def state(self) -> QuotaState: ...
 

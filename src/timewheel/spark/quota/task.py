@@ -41,7 +41,7 @@ a crowd); a quota with no rate refuses every take until then, and each
 said in one WARNING line of this module.
 
 Where the timelines live is a *store* (:class:`QuotaStore`: take, give back, settle,
-pause, clamp, state): :class:`~timewheel.spark.quota.bucket.LocalStore` in this process,
+pause, state): :class:`~timewheel.spark.quota.bucket.LocalStore` in this process,
 :class:`~timewheel.spark.quota.service_store.ServiceStore` in a service in the driver, and
 :class:`~timewheel.spark.quota.redis_store.RedisStore` in Redis.
 :class:`~timewheel.spark.quota.bucket.Failover` wraps a remote store: if it cannot be
@@ -66,8 +66,8 @@ from ... import _atfork
 from ..._validate import check_number
 from ..ratelimit import RateLimitInfo
 from .spec import (
-    BURST_S,
     CATCH_UP_S,
+    LEASE_S,
     LONG_PAUSE_S,
     RESTART_JITTER_S,
     TERM_S,
@@ -112,15 +112,16 @@ class TaskQuota:
         self.clock = clock
         self.rng = rng if rng is not None else random.Random()
         self.holder = holder if holder is not None else secrets.token_hex(8)
-        # What an ask asks for: a term of the rates (the store trims it to a grant).
+        # The most an ask asks for: a term of the rates (the store trims it to a grant);
+        # without a rate, 64 calls' worth of a budget or a cap.
         self.ask_requests = max(1, math.ceil(q.rate * TERM_S)) if q.rate else 64
         self.ask_cost = q.cost_rate * TERM_S if q.cost_rate else 0.0
         self.lease_slots = 0 if q.concurrency is None else max(1, q.concurrency // 8)
         self.timed = bool(q.rate or q.cost_rate)
-        # A cost difference this large is settled at once; smaller ones ride along with
-        # the next store call (a budget alone: a thousandth of it).
+        # A cost difference this large (50 ms of the cost rate) is settled at once; smaller
+        # ones ride along with the next store call (a budget alone: a thousandth of it).
         self.flush_at = (
-            q.cost_rate * BURST_S if q.cost_rate else (q.budget / 1000 if q.budget else math.inf)
+            q.cost_rate * LEASE_S if q.cost_rate else (q.budget / 1000 if q.budget else math.inf)
         )
         # The grant in hand: requests, cost, slots (in use or not); when its next call
         # may go, how far apart its calls go (per request, per unit of cost) and when its
@@ -134,11 +135,19 @@ class TaskQuota:
         self.ends = math.inf
         # Requests of a grant whose slot ended unsent: given back with the next ask.
         self.unused = 0
+        # The last grant's requests, what it left unsent, and what the next ask asks for
+        # (a slow start: see _ask).
+        self.granted = 0
+        self.left = 0
+        self.want = 1
+
         # The job's cost spent and requests taken as the store last said, and which count
         # of the store said it (see Ask).
         self.seen_spent = 0.0
         self.seen_taken = 0
         self.gen = ""
+        # When the store said to ask again (a turn in its queue, a pause, a slot).
+        self.ask_at = -math.inf
         # Calls out, counted only with a concurrency (the only thing that reads it).
         self.in_flight = 0
         self.owed = 0.0
@@ -164,8 +173,11 @@ class TaskQuota:
             now = self.clock()
             if now >= self.ends:  # the grant's slot is over: what it left is gone
                 self._drop_stock()
+
             need_slot = self.quota.concurrency is not None and self.in_flight >= self.slots
             if self.requests < 1 or self.cost < cost or need_slot:
+                if now < self.ask_at:  # told when to ask again: not before
+                    return self.ask_at - now
                 wait = self._ask(cost, need_slot)
                 if wait:
                     return wait
@@ -187,11 +199,22 @@ class TaskQuota:
         """Ask the store for a grant that covers a call of ``cost`` (the rest of the one in
         hand goes back first: a grant's calls go in its own slot): 0.0 when granted, else
         the seconds to wait."""
-        if self.timed and (self.requests or self.cost):
-            self._drop_stock()
+        if self.timed:
+            # What it asks for is what it showed it can use (a slow start): twice its last
+            # grant when it sent all of it, else what it sent of it; so a task that has a
+            # few rows books a few calls of the timeline, not a term of it.
+            if self.requests or self.cost:
+                self._drop_stock()
+            left, self.left = self.left, 0
+            want = 2 * self.granted if left == 0 else self.granted - left
+            self.want = max(1, min(want, self.ask_requests))
+            requests, asked_cost = self.want, max(cost, cost * self.want)
+        else:
+            requests = max(1, self.ask_requests - max(0, self.requests))
+            asked_cost = max(cost, self.ask_cost - self.cost, cost * self.ask_requests)
         ask = Ask(
-            requests=max(1, self.ask_requests - max(0, self.requests)),
-            cost=max(cost, self.ask_cost - self.cost, cost * self.ask_requests),
+            requests=requests,
+            cost=asked_cost,
             need_cost=max(0.0, cost - self.cost),
             slots=self.lease_slots if need_slot else 0,
             need_slots=1 if need_slot else 0,
@@ -216,26 +239,35 @@ class TaskQuota:
             self.spent = True
             raise BudgetSpent("budget spent")
         if not grant.granted:
-            # (no more than the pause itself: the buckets pace a restart)
+            # (no more than the pause itself; a turn in the queue is its own already)
             spread = min(RESTART_JITTER_S, grant.wait_s)
             jitter = self.rng.uniform(0.0, spread) if grant.paused else 0.0
-            return grant.wait_s + jitter
+            # (a wait, never 0.0, which says taken)
+            wait = max(grant.wait_s + jitter, 1e-6)
+            if grant.paused or not need_slot:  # (a slot may come back from its own calls)
+                self.ask_at = received + wait
+            return wait
         self.requests += grant.requests
         self.cost += grant.cost
         self.slots += grant.slots
+        self.granted = grant.requests
         if self.timed:
             # The slot is the store's, from when it answered: a later start, never an
             # earlier one, however long the answer took to come.
             start = received + grant.start_s
-            self.ready = max(self.ready, start)
+            self.ready = start  # (the last grant's calls are all sent or given back)
             self.step = grant.span_s / grant.requests if q.rate else 0.0
             self.cost_step = grant.span_s / grant.cost if q.cost_rate and grant.cost > 0 else 0.0
-            self.ends = start + grant.span_s + CATCH_UP_S  # (a lag caught up)
+            # Its calls may go until a term after the slot's start at least (a task held
+            # up by its calls' latency sends what it was granted then), plus a lag.
+            self.ends = start + max(grant.span_s, TERM_S) + CATCH_UP_S
+
         return 0.0
 
     def _drop_stock(self) -> None:
         """The grant in hand is over: its requests go back with the next ask, its cost
         now settles as not spent."""
+        self.left += self.requests
         self.unused += self.requests
         self.owed -= self.cost
         self.requests, self.cost, self.ends = 0, 0.0, math.inf
@@ -298,34 +330,22 @@ class TaskQuota:
 
     def refused(self, seconds: float, header: str = "retry-after") -> float:
         """A call was refused (HTTP 429 or 503): the service's window is full, so this
-        task's grant goes back and the job's timelines allow no burst now (it would go at
-        once, into the same full window), and the job pauses ``seconds`` (see
-        :meth:`pause`). Answers the pause taken (at most ``Quota.max_pause_s``)."""
+        task's grant goes back, and the job pauses ``seconds`` (see :meth:`pause`).
+        Answers the pause taken (at most ``Quota.max_pause_s``)."""
         with self.lock:
-            self._give_back_stock()  # (first: what it gives back is emptied too)
-            self.store.clamp(0.0, 0.0)
+            self._give_back_stock()
         if seconds > 0:
             self.pause(seconds, header)
         return min(seconds, self.quota.max_pause_s)
 
     def follow(self, info: RateLimitInfo) -> None:
         """Follow what the service's headers said (:mod:`timewheel.spark.ratelimit`): pause
-        the job for a ``Retry-After`` or a used-up window, and hold no more tokens than
-        the service says are left."""
+        the job for a ``Retry-After`` or a used-up window. (What is left of a window that
+        is not used up changes nothing: the timelines grant nothing beyond the rate, no
+        burst to cut.)"""
         wait, header = info.pause()
         if wait > 0:
             self.pause(wait, header)
-        # Only what is below a burst's worth changes the timelines: no store call else.
-        q = self.quota
-        requests, cost = info.remaining_requests, info.remaining_cost
-        if requests is not None and not (q.rate and requests < q.rate * BURST_S):
-            requests = None
-        if cost is not None and not (q.cost_rate and cost < q.cost_rate * BURST_S):
-            cost = None
-        if requests is not None or cost is not None:
-            with self.lock:
-                self.store.clamp(requests, cost)
-                self.last_contact = self.clock()
 
     def keepalive(self) -> None:
         """Renew this task's hold (and flush what it owes) if ``ttl_s / 3`` has passed;
@@ -339,6 +359,7 @@ class TaskQuota:
                 self.last_contact = self.clock()
 
     def _give_back_stock(self) -> None:
+        self.left += self.requests
         requests, cost = self.requests + self.unused, self.cost
         self.requests, self.cost, self.unused, self.ends = 0, 0.0, 0, math.inf
         self.store.give_back(self.holder, requests, cost, 0, self.owed)
@@ -351,8 +372,10 @@ class TaskQuota:
             if self.closed:
                 return
             self.closed = True
-            self._give_back_stock()
-            self.store.leave(self.holder)
+            requests, cost = self.requests + self.unused, self.cost
+            self.requests, self.cost, self.unused = 0, 0.0, 0
+            self.store.leave(self.holder, self.owed, requests, cost)  # (all in one call)
+            self.owed = 0.0
             self.slots = 0
 
     def _fork_reset(self) -> None:
