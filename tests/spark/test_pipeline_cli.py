@@ -840,7 +840,7 @@ def test_a_stop_silences_py4j_losing_the_jvm_and_nothing_else(
     try:
         with caplog.at_level(logging.ERROR):
             logging.root.handle(record(lost))  # before the stop: shown
-            job._Job.quiet_the_jvm(SimpleNamespace(connect=True))  # type: ignore[arg-type]
+            job.Job.quiet_the_jvm(SimpleNamespace(connect=True))  # type: ignore[arg-type]
             logging.root.handle(record(lost))  # after: dropped
             logging.root.handle(record("/app/mine.py"))  # anything else: shown
         assert [r.pathname for r in caplog.records] == [lost, "/app/mine.py"]

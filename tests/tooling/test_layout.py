@@ -34,10 +34,11 @@ The rules:
   packages ``a.b`` on the way, unless the importer is inside them);
 * the wing's rooms (issue 41): no module of the wing imports a private name (``_x``, not
   a ``__dunder__``, not a module: ``from . import _curl`` is fine) from another module of
-  the wing, since what the files of a room share is public inside it; a room (subpackage)
-  of the wing imports only rooms on a lower floor (:data:`ROOM_FLOORS`: ``quota/`` and
-  ``batch/``, then ``http/`` and ``delivery/``, then ``engine/``; the root, which plans a
-  job, may import any);
+  the wing, since what the files of a room share is public inside it (nor does a module
+  of ``cli/pipeline/`` from another of ``cli/pipeline/``: :data:`PRIVATE_NAME_ROOMS`); a
+  room (subpackage) of the wing imports only rooms on a lower floor (:data:`ROOM_FLOORS`:
+  ``quota/`` and ``batch/``, then ``http/`` and ``delivery/``, then ``engine/``; the root,
+  which plans a job, may import any);
 * families: no folder holds three or more modules named ``prefix_*`` (Cython ones too; a
   module's twins, ``_x_c`` / ``_x_py`` or ``_core`` / ``_core_py``, count once): a family
   wants a folder of its own;
@@ -106,6 +107,9 @@ ROOM_FLOORS = {
     f"{WING}.delivery": 1,
     f"{WING}.engine": 2,
 }
+#: Packages whose modules share only public names: none imports a private name (``_x``)
+#: from another module of the same package (the wing, and ``timewheel pipeline``'s files).
+PRIVATE_NAME_ROOMS = (WING, "timewheel.cli.pipeline")
 #: The most parameters each public call of the wing takes (``self`` not counted), by its
 #: name in the module that defines it (issue 41: one option object per concern).
 SIGNATURE_LIMITS = {"dispatch": 14, "partition_dispatcher": 12, "HttpDownstream.__init__": 13}
@@ -228,25 +232,27 @@ def _is_private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
-def _check_wing_privates(
-    tree: ast.Module, module: str, is_package: bool, modules: dict[str, bool]
+def _check_room_privates(
+    tree: ast.Module, module: str, is_package: bool, modules: dict[str, bool], room: str
 ) -> list[str]:
-    """A private name taken from another module of the wing (``from .request import
-    _check_url``); a private module (``from . import _curl``) is a module, not a name."""
+    """A private name taken from another module of ``room`` (one of
+    :data:`PRIVATE_NAME_ROOMS`: ``from .request import _check_url`` in the wing); a private
+    module (``from . import _curl``) is a module, not a name."""
     out = []
     package = _package(module, is_package)
+    where = "the wing" if room == WING else room
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom):
             continue
         target = _from_target(node, package)
-        if not _is_wing(target) or target == module:
+        if not _within(target, room) or target == module:
             continue
         names = [a.name for a in node.names if _is_private(a.name)]
         names = [name for name in names if f"{target}.{name}" not in modules]
         if names:
             out.append(
                 f"{module}:{node.lineno}: imports private names of {target} "
-                f"({', '.join(names)}): public inside the wing, or kept in one module"
+                f"({', '.join(names)}): public inside {where}, or kept in one module"
             )
     return out
 
@@ -583,8 +589,10 @@ def violations(root: Path) -> list[str]:
         lines = text.count("\n")
         if _is_wing(module) and lines > WING_MAX_LINES:
             out.append(f"{module}: {lines} lines, over {WING_MAX_LINES}: more than one job")
+        for room in PRIVATE_NAME_ROOMS:
+            if _within(module, room):
+                out += _check_room_privates(tree, module, is_package, modules, room)
         if _is_wing(module):
-            out += _check_wing_privates(tree, module, is_package, modules)
             out += _check_wing_rooms(tree, module, is_package, modules)
             out += _check_signatures(tree, module)
     for path in cython:
@@ -768,6 +776,11 @@ BROKEN = {
         "timewheel.spark.http.target:1: imports private names of timewheel.spark.http.request "
         "(_check_url)",
     ),
+    "a module of cli/pipeline imports a private name of another": (
+        {"cli/pipeline/job.py": "from .errors import UsageError, _note\n"},
+        "timewheel.cli.pipeline.job:1: imports private names of "
+        "timewheel.cli.pipeline.errors (_note): public inside timewheel.cli.pipeline",
+    ),
     "the wing imports a private name from another room, inside a function": (
         {"spark/engine/partition.py": "def f():\n    from ..quota.bucket import _EPS\n"},
         "timewheel.spark.engine.partition:2: imports private names of "
@@ -859,6 +872,10 @@ def test_what_the_rules_allow(tmp_path: Path) -> None:
             "cli/demo.py": "",
             "cli/bench/pipeline.py": "from ...spark import partition_dispatcher\n",
             "cli/pipeline/options.py": "import argparse\nfrom ..argtypes import positive\n",
+            # a module of cli/pipeline imports another's public names, and its own private ones
+            "cli/pipeline/job.py": "from .errors import note\nfrom . import _x\n"
+            "from .job import _Run\n",
+            "cli/pipeline/_x.py": "",
             # the wing's private modules are its own; its private names are their module's
             "spark/simulator.py": "from ._dispatch import plan\nfrom .http import _curl\n",
             "spark/http/_curl.py": "",

@@ -18,10 +18,10 @@ from typing import Any
 from ...spark.outcome import FAILED, SKIPPED, TIMEOUT
 from ...spark.session import check_master, end_jvm, spark_session
 from ...spark.targets import target_from_url
-from .errors import Stopped, UsageError, _limit_text, _note, one_line
+from .errors import Stopped, UsageError, limit_text, note, one_line
 from .failures import StoppedEarly, header_values, reason
 from .inputs import input_format
-from .job import _Job
+from .job import Job
 from .metrics_endpoint import MetricsEndpoint
 from .options import add_options, http_options, resolve_max_in_flight
 from .output import (
@@ -60,18 +60,18 @@ def main(args: argparse.Namespace) -> int:
     except UsageError as exc:
         if args.debug:
             raise
-        _note(f"error: {exc}")
+        note(f"error: {exc}")
         return 2
     except StoppedEarly as exc:
-        _note(str(exc))
-        _note(f"--output {args.output!r} keeps the rows answered so far")
-        _note(f"why: {exc.rows:,} row{'' if exc.rows == 1 else 's'}: {exc.why}")
+        note(str(exc))
+        note(f"--output {args.output!r} keeps the rows answered so far")
+        note(f"why: {exc.rows:,} row{'' if exc.rows == 1 else 's'}: {exc.why}")
         return 1
     except (KeyboardInterrupt, Stopped) as exc:
         code = 143 if isinstance(exc, Stopped) else 130
         end_jvm()  # its last words before the stop line, not after
         then = "run it again to go on" if args.stream else "finish it with --resume"
-        _note(
+        note(
             f"{'stopped by SIGTERM' if code == 143 else 'interrupted'}; --output "
             f"{args.output!r} keeps the rows answered so far ({then})"
         )
@@ -79,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        _note(f"error: {one_line(exc)}")
+        note(f"error: {one_line(exc)}")
         return 1
 
 
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     endpoint = MetricsEndpoint(args.metrics_port)
     try:
         if not args.quiet:
-            _note(f"serving metrics on http://127.0.0.1:{endpoint.port}/metrics")
+            note(f"serving metrics on http://127.0.0.1:{endpoint.port}/metrics")
         return _run(args, report_workers=True)
     finally:
         endpoint.close()
@@ -143,9 +143,9 @@ def _run_locked(
     recovered = recover_publish(out_dir)
     if recovered is not None:
         line, complete = recovered
-        _note(line)
+        note(line)
         if complete and args.resume and not_ok(out_dir) == 0:  # nothing left to send
-            _note(f"--output {str(out_dir)!r} is complete: nothing left to resume")
+            note(f"--output {str(out_dir)!r} is complete: nothing left to resume")
             summary = json.loads((out_dir / "summary.json").read_text())
             return _report(args, out_dir, summary)
     previous = check_output(out_dir, args.overwrite, args.resume)
@@ -154,7 +154,7 @@ def _run_locked(
     phases = Phases(args.quiet)
     with phases.phase(f"started Spark on {args.remote or args.master}"):
         spark, owned = _session(args, "timewheel pipeline")
-    job = _Job(args, spark, target, max_in_flight, key_cols, out_dir, phases)
+    job = Job(args, spark, target, max_in_flight, key_cols, out_dir, phases)
     reports: WorkerReports | None = None
     try:
         # For the endpoint, and for the quota's refusals and the batches' requests in the
@@ -204,7 +204,7 @@ def _say_why(args: argparse.Namespace, summary: dict[str, Any]) -> None:
     hide = header_values(args.http_header)
     for item in summary.get("failures") or ():
         n = item["rows"]
-        _note(f"why: {n:,} row{'' if n == 1 else 's'}: {reason(item['reason'], hide=hide)}")
+        note(f"why: {n:,} row{'' if n == 1 else 's'}: {reason(item['reason'], hide=hide)}")
 
 
 def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) -> int:
@@ -212,30 +212,30 @@ def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) ->
     print(json.dumps(summary, indent=2))
     if summary.get("dry_run"):
         if not args.quiet:
-            _note("dry run: nothing was sent and --output is as it was")
+            note("dry run: nothing was sent and --output is as it was")
         return 0
     budget = summary["max_failed_rows"]
     if not args.quiet:
-        _note(f"wrote {out_dir / 'rows'}, {out_dir / 'summary.json'}, {out_dir / 'latency.png'}")
+        note(f"wrote {out_dir / 'rows'}, {out_dir / 'summary.json'}, {out_dir / 'latency.png'}")
     bad = summary["status"][FAILED] + summary["status"][TIMEOUT]
     if bad > budget:
-        _note(
+        note(
             f"{bad:,} of {summary['rows']:,} rows failed or timed out, more than "
-            f"--max-failed {_limit_text(args.max_failed)} allows ({budget:,}); --resume "
+            f"--max-failed {limit_text(args.max_failed)} allows ({budget:,}); --resume "
             "sends them again"
         )
         _say_why(args, summary)
         return 1
     if bad:
-        _note(
+        note(
             f"{bad:,} of {summary['rows']:,} rows failed or timed out "
-            f"(within --max-failed {_limit_text(args.max_failed)})"
+            f"(within --max-failed {limit_text(args.max_failed)})"
         )
         _say_why(args, summary)
     skipped = summary["status"][SKIPPED]
     if skipped:
         to_send = summary.get("rows_to_send", summary["rows"])
-        _note(
+        note(
             f"the quota was spent: {skipped:,} of the {to_send:,} rows to send were not sent "
             f"(status skipped; rows_sent {to_send - skipped:,}); --resume sends them"
         )

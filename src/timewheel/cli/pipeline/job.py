@@ -21,7 +21,7 @@ from ...spark.delivery.journal import MANIFEST, Manifest, compact, run_dir
 from ...spark.outcome import FAILED, OK, SKIPPED, TIMEOUT
 from ..bench.engines import DEFAULT_ENGINE, get_engine
 from .batches import batch_summary
-from .errors import Stopped, UsageError, _limit_text, _note
+from .errors import Stopped, UsageError, limit_text, note
 from .failures import fail_fast
 from .inputs import arrow_unique_rows, generated_rows, id_error, read_input
 from .options import DEMO_ROWS
@@ -45,7 +45,7 @@ from .summary import (
 )
 
 
-class _Job:
+class Job:
     """One run of the pipeline on ``out_dir``: its journal, the final output."""
 
     def __init__(
@@ -221,7 +221,7 @@ class _Job:
         if not args.quiet:
             where = args.remote or args.master
             before = f" ({self.done_count:,} answered ok before)" if done is not None else ""
-            _note(f"dispatching {sending:,} rows to {self.target!r} on {where}{before}")
+            note(f"dispatching {sending:,} rows to {self.target!r} on {where}{before}")
         journal = run_dir(self.out_dir, manifest.runs)
         preload_plotting()
         result = self.dispatch(todo, None if reports is None else reports.accumulator, journal)
@@ -310,7 +310,7 @@ class _Job:
         files = compact(self.out_dir, damaged)
         self.journal_damaged = len(damaged)
         if damaged:  # said even with --quiet: those rows reach the target twice
-            _note(
+            note(
                 f"the journal had {len(damaged):,} damaged batch(es) or file(s), set aside "
                 f"(first: {damaged[0]}); their rows are sent again"
             )
@@ -333,7 +333,7 @@ class _Job:
         ).first()
         self.journal_outside = total - self.done_count
         if self.journal_outside and not self.args.quiet:
-            _note(
+            note(
                 f"{self.journal_outside:,} rows of the journal have an {id_col!r} not in the "
                 "input: left out"
             )
@@ -373,7 +373,7 @@ class _Job:
             rate=args.rate,
             quota_use=None if self.watch is None else self.watch.summary(),
             batches=batch_summary(args, sent, self.reports),
-            max_failed=_limit_text(args.max_failed),
+            max_failed=limit_text(args.max_failed),
             max_failed_rows=failure_budget(args.max_failed, summary["rows"]),
             # This run's share: a resumed run sends only what was not ok yet.
             **sent_counts(sent, summary["status"]),

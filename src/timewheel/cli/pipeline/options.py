@@ -39,9 +39,9 @@ SIM_MAX_IN_FLIGHT = 2000
 
 REAL_MAX_IN_FLIGHT = Calls.max_in_flight
 
-# Generated data gets at least one partition per this many rows, so progress moves. Not
-# fewer rows: every task ends with a tail of retries in which its slots sit idle.
-_ROWS_PER_PARTITION = 250_000
+#: Generated data gets at least one partition per this many rows, so progress moves. Not
+#: fewer rows: every task ends with a tail of retries in which its slots sit idle.
+ROWS_PER_PARTITION = 250_000
 
 #: --max-failed unless given: the share of rows that may end failed or timed out.
 DEFAULT_MAX_FAILED = "1%"
@@ -277,7 +277,7 @@ def add_options(
         metavar="N",
         help="split the rows into N partitions, the units Spark runs in parallel and the "
         "steps the progress bar moves in (default: the input's own; generated rows: one "
-        f"per {_ROWS_PER_PARTITION:,} rows, at least one per core)",
+        f"per {ROWS_PER_PARTITION:,} rows, at least one per core)",
     )
     cluster.add_argument(
         "--conf",
@@ -377,7 +377,7 @@ def resolve_max_in_flight(given: int | None, target: Any) -> int:
     return SIM_MAX_IN_FLIGHT if isinstance(target, SimulatedDownstream) else REAL_MAX_IN_FLIGHT
 
 
-def _pairs(flag: str, given: list[str]) -> dict[str, str]:
+def pairs(flag: str, given: list[str]) -> dict[str, str]:
     """``NAME=COLUMN`` options as a dict; ValueError naming ``flag`` for a malformed one."""
     pairs = {}
     for text in given:
@@ -523,8 +523,8 @@ def http_options(args: argparse.Namespace) -> dict[str, Any]:
         "id_col": getattr(args, "id_col", None),
         "headers": headers,
         "body": body,
-        "params": _pairs("--param", args.param),
-        "header_cols": _pairs("--header-col", args.header_col),
+        "params": pairs("--param", args.param),
+        "header_cols": pairs("--header-col", args.header_col),
         "idempotency_header": key_header,
         "tls": TLS(
             verify=not args.insecure,

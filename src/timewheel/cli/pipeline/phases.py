@@ -6,7 +6,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from .errors import _note
+from .errors import note
 
 
 class Phase:
@@ -42,7 +42,7 @@ class Phases:
             return
         self.done.append((phase.said, seconds))
         if not self.quiet:
-            _note(f"{phase.said} ({duration(seconds)})")
+            note(f"{phase.said} ({duration(seconds)})")
 
 
 def duration(seconds: float) -> str:

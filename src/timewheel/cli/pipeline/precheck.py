@@ -18,7 +18,7 @@ from typing import Any
 from .ddl import check_ddl
 from .errors import UsageError
 from .inputs import local_parquet
-from .options import _pairs
+from .options import pairs as _pairs
 from .progress import progress_interval
 from .quota import quota_from_args
 

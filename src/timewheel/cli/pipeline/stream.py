@@ -39,7 +39,7 @@ from typing import Any
 
 from ... import metrics
 from ...spark.outcome import FAILED, SKIPPED, STATUSES, TIMEOUT
-from .errors import UsageError, _limit_text, _note, one_line, say
+from .errors import UsageError, limit_text, note, one_line, say
 from .failures import FailFast, header_values
 from .phases import Phases, duration
 from .progress import Progress
@@ -220,7 +220,7 @@ class _Batches:
         self.spent: dict[str, int] | None = None
         # The file whose columns stopped the stream, when one did.
         self.changed_schema: SchemaChanged | None = None
-        self.watch = FileWatch(_note)  # said even with --quiet: rows were not read
+        self.watch = FileWatch(note)  # said even with --quiet: rows were not read
         self.quota: QuotaWatch | None = None  # the cost spent, on the progress lines
         # Stops the stream when this run's first rows all fail one way no retry fixes.
         self.fail_fast: FailFast | None = None
@@ -303,7 +303,7 @@ class _Batches:
             values["rows"] += done["rows"]
             values["lag_seconds"] = max(lags, default=0.0)
         if not self.quiet:
-            _note(_line(done))
+            note(_line(done))
 
 
 class _BatchCount:
@@ -409,14 +409,14 @@ def run_command(
     """``--stream``: the query on its own session (``session(args, name)`` makes it);
     the summary printed and the exit status its rows call for."""
     from ...spark.worker_metrics import WorkerReports
-    from .job import _Job
+    from .job import Job
 
     fresh = prepare_output(args, out_dir)
     began = time.monotonic()
     phases = Phases(args.quiet)
     with phases.phase(f"started Spark on {args.master}"):
         spark, owned = session(args, "timewheel pipeline --stream")
-    job = _Job(args, spark, target, max_in_flight, key_cols, out_dir, phases)
+    job = Job(args, spark, target, max_in_flight, key_cols, out_dir, phases)
     reports = None
     try:
         if not job.connect:  # the calls of each micro-batch (Connect has no accumulators)
@@ -563,7 +563,7 @@ def stream_exit(args: argparse.Namespace, summary: dict[str, Any]) -> int:
     resent = summary.get("resent") or {}
     early = summary.get("stopped_early") or resent.get("stopped_early")
     if early is not None:
-        _note(
+        note(
             f"the stream stopped early: the first {early['rows']:,} rows this run answered all "
             f"failed ({early['why']}), which retries did not fix; they are in --output as "
             "failed: fix the cause, then --resume sends them again (or give "
@@ -572,48 +572,48 @@ def stream_exit(args: argparse.Namespace, summary: dict[str, Any]) -> int:
         code = 1
     changed = summary.get("schema_changed")
     if changed is not None:
-        _note(f"the stream stopped: {changed['why']}")
+        note(f"the stream stopped: {changed['why']}")
         code = 1
     unsent = 0 if early else resent.get("rows_not_sent", 0)  # --resume's, said below
     bad = summary["status"][FAILED] + summary["status"][TIMEOUT] - unsent
     if bad > summary["max_failed_rows"]:
-        _note(
+        note(
             f"{bad:,} of {summary['rows']:,} rows failed or timed out, more than "
-            f"--max-failed {_limit_text(args.max_failed)} allows"
+            f"--max-failed {limit_text(args.max_failed)} allows"
         )
         code = 1
     elif bad:
-        _note(
+        note(
             f"{bad:,} of {summary['rows']:,} rows failed or timed out "
-            f"(within --max-failed {_limit_text(args.max_failed)})"
+            f"(within --max-failed {limit_text(args.max_failed)})"
         )
     for item in summary.get("failures") or ():
         n = item["rows"]
-        _note(f"why: {n:,} row{'' if n == 1 else 's'}: {item['reason']}")
+        note(f"why: {n:,} row{'' if n == 1 else 's'}: {item['reason']}")
     files = summary.get("files_changed", 0)
     if files:
-        _note(
+        note(
             f"{files:,} file(s) of --input changed after their micro-batch read them (named "
             "above and in summary.json): the rows written to them since were not sent"
         )
         code = 1
     spent = summary.get("budget_spent")
     if spent is not None:
-        _note(
+        note(
             f"the quota was spent: the stream stopped in micro-batch {spent['micro_batch']}, "
             f"whose {spent['rows_not_sent']:,} rows not sent (of {spent['rows']:,}) are "
             "sent when the stream runs again (with a budget left)"
         )
         code = code or 3
     if unsent:
-        _note(
+        note(
             f"the quota was spent: {unsent:,} of the {resent['rows']:,} rows "
             "not ok were not sent again (as they were in --output; --resume sends them)"
         )
         code = code or 3
     skipped = summary["status"][SKIPPED]
     if skipped and spent is None:  # written by an earlier version, which committed them
-        _note(f"{skipped:,} rows in --output are 'skipped': the quota was spent")
+        note(f"{skipped:,} rows in --output are 'skipped': the quota was spent")
         code = code or 3
     return code
 
