@@ -268,7 +268,8 @@ def add_options(
         "--debug",
         action="store_true",
         default=os.environ.get("TIMEWHEEL_DEBUG") == "1",
-        help="show the traceback of an error (also TIMEWHEEL_DEBUG=1)",
+        help="show the traceback of an error, and all that Spark's JVM, Py4J and the run "
+        "print while a signal stops it (also TIMEWHEEL_DEBUG=1)",
     )
     cluster = option_group(parser, "cluster")
     cluster.add_argument(
