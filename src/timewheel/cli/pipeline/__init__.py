@@ -68,10 +68,11 @@ def main(args: argparse.Namespace) -> int:
             code: int | None = _ended(args, stopping)
         except (KeyboardInterrupt, Stopped):
             code = None
-        except Exception:  # --debug's traceback, unless the run was stopping
+        except Exception:  # with --debug: the traceback, and with a stop too
             if stopping.signalled is None:
                 raise
-            traceback.print_exc()  # (to the null device, unless --debug)
+            if args.debug:
+                traceback.print_exc()
             code = None
         if code is not None and stopping.signalled is None:
             return code
