@@ -839,7 +839,7 @@ def test_a_stop_in_process_ends_the_run_and_gives_stderr_back(
     monkeypatch.setattr(job, "preload_plotting", signal_then_go_on)
     out = tmp_path / "out"
     argv = ["--generate", "200", "--partitions", "2", "--master", "local[2]"]
-    argv += ["--target", service.url, "--output", str(out)]
+    argv += ["--target", service.url, "--timeout-ms", "60000", "--output", str(out)]
     handler, stderr = signal.getsignal(signal.SIGTERM), sys.stderr
     assert pipeline_cli(argv) == 143
     err = capfd.readouterr().err

@@ -214,7 +214,8 @@ def test_a_stop_at_any_point_ends_the_run_there(service: Any, tmp_path: Path, po
     where, signum, code, sent, spark_started = STOP_POINTS[point]
     out, rows = tmp_path / "out", 400
     argv = ["--generate", str(rows), "--partitions", "2", "--master", "local[2]"]
-    argv += ["--target", service.url, "--output", str(out)]
+    # (a timeout far above the service's answers: a retry would send a row twice)
+    argv += ["--target", service.url, "--timeout-ms", "60000", "--output", str(out)]
     got, err = pipeline_signalled_at(where, signum, argv)
     said = "stopped by SIGTERM" if signum == signal.SIGTERM else "interrupted"
     assert got == code, err

@@ -35,7 +35,7 @@ STOPPED_PROCESS = textwrap.dedent(
     # Py4J losing the JVM as the process ends (a finalizer, an exit handler)
     atexit.register(lambda: print("py4j.protocol.Py4JNetworkError", file=sys.stderr))
     with Stopping(process_ends=True) as stopping:
-        with stopping.jvm_stderr():
+        with stopping.starting_spark():
             jvm = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdin=subprocess.PIPE)
         jvm.stdin.write(b"the jvm, before the stop\\n")
         jvm.stdin.flush()
@@ -96,6 +96,19 @@ def test_in_process_a_stop_gives_stderr_back(capfd: pytest.CaptureFixture[str]) 
     err = capfd.readouterr().err
     assert err == ("timewheel pipeline: stopped by SIGTERM\ndescriptor 2 again\nsys.stderr again\n")
     assert sys.stderr is stderr and signal.getsignal(signal.SIGTERM) is handler
+
+
+def test_the_handlers_are_the_stops_again_once_spark_started() -> None:
+    """PySpark's SparkContext installs a SIGINT handler of its own as it starts (it raises
+    KeyboardInterrupt into the Py4J call the main thread is in, whose traceback Py4J
+    logs, and stderr stays as it was): once Spark has started, SIGINT is the stop's."""
+    before = signal.getsignal(signal.SIGINT)
+    with Stopping() as stopping:
+        with stopping.starting_spark(relay=False):
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # as SparkContext does
+        signal.raise_signal(signal.SIGINT)  # noted: nothing raised
+        assert stopping.signalled == signal.SIGINT
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_a_second_signal_interrupts_at_once() -> None:

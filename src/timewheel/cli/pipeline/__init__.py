@@ -210,12 +210,12 @@ def _run_locked(
 
 def _session(args: argparse.Namespace, name: str, stopping: Stopping) -> tuple[Any, bool]:
     """The run's Spark session (Connect's with --remote), and whether the run owns it."""
-    if args.remote is not None:
-        return connect_session(args.remote, args.conf)
-    # A failed task's log is pages of traceback; the error that ends the run is printed in
-    # one line instead (all of it with --debug).
-    log_level = "WARN" if args.debug else "FATAL"
-    with stopping.jvm_stderr():  # a stop quiets the JVM's stderr too
+    with stopping.starting_spark(relay=args.remote is None):
+        if args.remote is not None:
+            return connect_session(args.remote, args.conf)
+        # A failed task's log is pages of traceback; the error that ends the run is
+        # printed in one line instead (all of it with --debug).
+        log_level = "WARN" if args.debug else "FATAL"
         return spark_session(args.master, name, args.conf, args.python, log_level)
 
 

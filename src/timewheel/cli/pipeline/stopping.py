@@ -15,7 +15,7 @@ makes the run *stopping* at once, whatever it is doing:
   Python's ``sys.stderr``) and ``sys.stderr`` itself go to the null device, and so
   does Spark's JVM: a child writes to its own descriptor 2, not to this process's, so
   the JVM is started with a pipe for stderr that a thread of this process relays
-  (:meth:`Stopping.jvm_stderr`), and the stop points the relay at the null device too.
+  (:meth:`Stopping.starting_spark`), and the stop points the relay at the null device.
   What a SIGTERM to the whole process group (how systemd stops a service) makes the
   JVM, Py4J and PySpark's accumulator server print as they lose each other is then
   said by one line: the stop line, written last (:meth:`Stopping.last_words`) to a copy
@@ -210,10 +210,27 @@ class Stopping:
             self._null_stream = None
 
     @contextlib.contextmanager
-    def jvm_stderr(self) -> Iterator[None]:
-        """While the block starts Spark's JVM: its stderr is a pipe that a thread of this
-        process relays to this process's stderr, so that a stop can quiet the JVM too.
-        (A JVM that runs already, a session reused, keeps its own.)"""
+    def starting_spark(self, relay: bool = True) -> Iterator[None]:
+        """While the block starts Spark. With ``relay`` (a JVM of this process's), the
+        JVM's stderr is a pipe that a thread of this process relays to this process's
+        stderr, so that a stop quiets the JVM too (a JVM that runs already, a session
+        reused, keeps its own). After the block, SIGINT and SIGTERM are this state's
+        again: PySpark's SparkContext installs a SIGINT handler of its own, which raises
+        KeyboardInterrupt into whatever the main thread is doing (a Py4J call cut short
+        logs a traceback) and leaves stderr as it is. (A SIGINT before then meets it.)"""
+        try:
+            if relay:
+                with self._jvm_stderr():
+                    yield
+            else:
+                yield
+        finally:
+            for signum in self._handlers:  # (none off the main thread)
+                if signal.getsignal(signum) != self._on_signal:
+                    signal.signal(signum, self._on_signal)
+
+    @contextlib.contextmanager
+    def _jvm_stderr(self) -> Iterator[None]:
         if self._original is None:
             yield
             return
