@@ -3,7 +3,9 @@
 Each request's JSON body may carry ``plan``: what to answer on the 1st, 2nd, ...
 request with the same idempotency key (the last entry repeats). An entry is ``"200"``,
 ``"500"``, ``"400"``, ``"429:<seconds>"`` (with that Retry-After), ``"slow:<ms>"`` (200
-after a delay) or ``"stall"`` (no answer until the client goes away, at most 30 s).
+after a delay), ``"stall"`` (no answer until the client goes away, at most 30 s) or
+``"hold"`` (200 once the test calls :meth:`ScriptedService.release`: a call kept in
+flight for as long as the test needs it).
 A body without ``plan`` gets ``plan_of(body)``: ``["200"]`` unless the service was
 given a function of its own (an attribute, so a test may change it while requests
 come). The service records every request, the concurrency it saw, and when clients
@@ -77,6 +79,7 @@ class ScriptedService:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
+        self.released = asyncio.Event()  # the held calls' answer (made on its loop: 3.9)
         app = web.Application()
         app.router.add_post("/ingest", self._handle)
         app.router.add_post("/batch", self._batch)
@@ -119,6 +122,9 @@ class ScriptedService:
                         seen.dropped_stalls.append(time.monotonic())
                     raise
                 return web.Response(status=504, text="stalled")
+            if action == "hold":
+                await self.released.wait()
+                return web.Response(text="{}")
             if action.startswith("slow:"):
                 await asyncio.sleep(int(action[5:]) / 1000)
                 return web.Response(text="{}")
@@ -160,7 +166,12 @@ class ScriptedService:
         usage = {"total_tokens": len(elements)}
         return web.Response(text=json.dumps({"data": data, "usage": usage}))
 
+    def release(self) -> None:
+        """Answer the calls held (``"hold"``), and any held from now on, with 200."""
+        self.loop.call_soon_threadsafe(self.released.set)
+
     def close(self) -> None:
+        self.release()  # nothing left waiting on the test
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(20)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)

@@ -84,6 +84,23 @@ def sender(client_port: int, service_port: int) -> tuple[int, set[int]]:
     raise AssertionError(f"no process owns the connection from port {client_port}")
 
 
+def senders(service_port: int) -> dict[int, set[int]]:
+    """The processes with connections open to ``service_port``: the local ports of each's."""
+    ports_of = {i: lp for lp, rp, i in _tcp() if rp == service_port}
+    found: dict[int, set[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            inodes = _socket_inodes(int(proc.name))
+        except OSError:
+            continue
+        ports = {ports_of[i] for i in inodes if i in ports_of}
+        if ports:
+            found[int(proc.name)] = ports
+    return found
+
+
 class Killer(threading.Thread):
     """Kills the sender of the ``kill_after``-th request; ``ports`` are its connections'."""
 

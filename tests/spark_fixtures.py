@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -137,3 +138,35 @@ def pipeline_cli(argv: list[str]) -> int:
     add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["pipeline", *argv])
     return int(args.func(args))
+
+
+# ``timewheel pipeline ARGV`` in a child process that sends itself ``signum`` when it
+# first calls ``module.name``: a stop at a point of the run made exact (issue 49, item 10).
+_SIGNALLED_AT = """
+import importlib, os, sys
+from timewheel.cli import main
+
+where, name, signum = sys.argv[1], sys.argv[2], int(sys.argv[3])
+module = importlib.import_module(where)
+original = getattr(module, name)
+
+def signal_then_go_on(*args, **kwargs):
+    setattr(module, name, original)  # once
+    os.kill(os.getpid(), signum)  # its handler runs before the next line
+    return original(*args, **kwargs)
+
+setattr(module, name, signal_then_go_on)
+sys.argv = ["timewheel", "pipeline", *sys.argv[4:]]
+sys.exit(main())
+"""
+
+
+def pipeline_signalled_at(
+    where: str, signum: int, argv: list[str], timeout_s: float = 300
+) -> tuple[int, str]:
+    """Run ``timewheel pipeline ARGV`` (as its own process, as a shell runs it) that gets
+    ``signum`` when it first calls ``where`` (``module.name``); its exit status and stderr."""
+    module, _, name = where.rpartition(".")
+    command = [sys.executable, "-c", _SIGNALLED_AT, module, name, str(int(signum)), *argv]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    return done.returncode, done.stderr

@@ -815,35 +815,43 @@ def test_fail_fast_stops_only_on_a_first_run_of_one_final_failure(tmp_path: Path
     assert verdict(journal("skipped", *[skipped] * 10, *[key] * 50))[0] is True
 
 
-def test_a_stop_silences_py4j_losing_the_jvm_and_nothing_else(
-    caplog: pytest.LogCaptureFixture,
+def test_a_stop_in_process_ends_the_run_and_gives_stderr_back(
+    spark: Any,
+    service: Any,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A SIGTERM to the process group ends the JVM too: Py4J then logs a traceback for
-    a call in flight (``logging.exception`` on the root logger). After the stop began,
-    that is the stop, said in one line; every other log record still shows."""
-    import logging
-    from types import SimpleNamespace
+    """SIGTERM right after the "dispatching" line, before the job that sends (issue 49,
+    item 10: it was noted, nothing was there to cancel, and every row was sent): the run
+    ends there, its line last, exit 143, nothing sent, no staging left. Called in this
+    process, the command gives stderr (descriptor 2 and sys.stderr) and the signal
+    handlers back, and leaves alone the JVM it did not start; --resume sends every row."""
+    import signal
 
     from timewheel.cli.pipeline import job
 
-    def record(pathname: str) -> logging.LogRecord:
-        return logging.makeLogRecord(
-            {
-                "name": "root",
-                "pathname": pathname,
-                "levelno": logging.ERROR,
-                "levelname": "ERROR",
-                "msg": "Exception while sending command.",
-            }
-        )
+    preload = job.preload_plotting
 
-    lost = "/venv/site-packages/py4j/java_gateway.py"
-    try:
-        with caplog.at_level(logging.ERROR):
-            logging.root.handle(record(lost))  # before the stop: shown
-            job._Job.quiet_the_jvm(SimpleNamespace(connect=True))  # type: ignore[arg-type]
-            logging.root.handle(record(lost))  # after: dropped
-            logging.root.handle(record("/app/mine.py"))  # anything else: shown
-        assert [r.pathname for r in caplog.records] == [lost, "/app/mine.py"]
-    finally:
-        logging.root.removeFilter(job._not_py4j)
+    def signal_then_go_on() -> None:
+        signal.raise_signal(signal.SIGTERM)
+        preload()
+
+    monkeypatch.setattr(job, "preload_plotting", signal_then_go_on)
+    out = tmp_path / "out"
+    argv = ["--generate", "200", "--partitions", "2", "--master", "local[2]"]
+    argv += ["--target", service.url, "--timeout-ms", "60000", "--output", str(out)]
+    handler, stderr = signal.getsignal(signal.SIGTERM), sys.stderr
+    assert pipeline_cli(argv) == 143
+    err = capfd.readouterr().err
+    assert "dispatching 200 rows" in err
+    assert err.splitlines()[-1].startswith("timewheel pipeline: stopped by SIGTERM; --output")
+    assert len(service.seen.requests) == 0
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")] == []
+    os.write(2, b"descriptor 2 as it was\n")
+    assert capfd.readouterr().err == "descriptor 2 as it was\n"
+    assert sys.stderr is stderr and signal.getsignal(signal.SIGTERM) is handler
+    assert spark.range(3).count() == 3  # the test session's JVM
+    monkeypatch.undo()
+    assert pipeline_cli([*argv, "--resume", "--quiet"]) == 0
+    assert sorted(service.seen.per_key.values()) == [1] * 200

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from spark_fixtures import kill_lane, pipeline_cli
+from spark_fixtures import kill_lane, pipeline_cli, pipeline_signalled_at
 from timewheel.cli.pipeline import add_parser
 from timewheel.cli.pipeline.output import run_identity
 from timewheel.spark.delivery.journal import JOURNAL, MANIFEST, journal_rows, read_batches, run_dir
@@ -182,6 +182,57 @@ def test_a_run_stopped_any_way_resumes_to_every_row_once(tmp_path: Path) -> None
     ]
     assert hidden(tmp_path) == []  # the journal went with the unfinished output
     assert json.loads((out / MANIFEST).read_text())["complete"] is True
+
+
+# Where a stop lands, and what the run has sent by then: (where the signal comes, signal,
+# exit status, rows the service has when the run ends, Spark started).
+STOP_POINTS = {
+    # Before Spark: SIGTERM killed the process (no handler yet), no line said.
+    "before Spark": ("timewheel.cli.pipeline.check_before_spark", signal.SIGTERM, 143, 0, False),
+    # After the "dispatching" line, before the job that sends: noted, then every row sent.
+    "before the write": (
+        "timewheel.cli.pipeline.job.preload_plotting",
+        signal.SIGTERM,
+        143,
+        0,
+        True,
+    ),
+    # Every row sent, the output being finished: noted, then the run published, exit 0.
+    "before the publish": ("timewheel.cli.pipeline.job.read_groups", signal.SIGINT, 130, 400, True),
+}
+
+
+@kill_lane
+@pytest.mark.parametrize("point", sorted(STOP_POINTS))
+def test_a_stop_at_any_point_ends_the_run_there(service: Any, tmp_path: Path, point: str) -> None:
+    """A signal that lands between two steps of the run (the process sends it to itself
+    there) ends it at that step: the stop line last, 143 or 130, nothing sent after it,
+    no staging left, and --resume finishes the output with every row sent once. (Issue 49,
+    item 10: a signal after the "dispatching" line was noted, no job was there to
+    cancel, and the run sent every row; one during the output's finishing was lost and
+    the run exited 0.)"""
+    where, signum, code, sent, spark_started = STOP_POINTS[point]
+    out, rows = tmp_path / "out", 400
+    argv = ["--generate", str(rows), "--partitions", "2", "--master", "local[2]"]
+    # (a timeout far above the service's answers: a retry would send a row twice)
+    argv += ["--target", service.url, "--timeout-ms", "60000", "--output", str(out)]
+    got, err = pipeline_signalled_at(where, signum, argv)
+    said = "stopped by SIGTERM" if signum == signal.SIGTERM else "interrupted"
+    assert got == code, err
+    assert err.splitlines()[-1].startswith(f"timewheel pipeline: {said}; --output"), err
+    assert "Traceback" not in err and "Exception" not in err, err
+    assert ("started Spark" in err) == spark_started, err
+    assert len(service.seen.requests) == sent
+    assert hidden(tmp_path) == []
+    if not spark_started:  # nothing made: the same command runs afresh
+        assert not out.exists()
+        return
+    assert json.loads((out / MANIFEST).read_text())["complete"] is False
+    done = subprocess.run(command(*argv, "--resume"), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["rows_sent"] == rows - sent
+    assert sorted(service.seen.per_key.values()) == [1] * rows
+    exactly_once(out, list(range(rows)))
 
 
 def test_resume_and_output_refusals_are_one_line_before_spark(tmp_path: Path) -> None:

@@ -80,18 +80,3 @@ def test_every_command_starts_without_the_posix_only_modules() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == f"started {1 + len(cli._benchmarks())}"
-
-
-def test_after_a_stop_line_what_the_process_end_prints_is_not_shown() -> None:
-    """A stopped command's last line stays last: a thread or finalizer that loses Spark's
-    JVM at the process's end (here, an exit handler) prints nowhere."""
-    script = (
-        "import atexit, sys\n"
-        "from timewheel.cli import last_line_said\n"
-        "atexit.register(lambda: print('py4j.protocol.Py4JNetworkError', file=sys.stderr))\n"
-        "print('timewheel pipeline: stopped by SIGTERM', file=sys.stderr)\n"
-        "last_line_said()\n"
-        "sys.exit(143)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert (done.returncode, done.stderr) == (143, "timewheel pipeline: stopped by SIGTERM\n")

@@ -88,31 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         args = parser.parse_args(["demo", *(argv or [])])
-    code = int(args.func(args))
-    if argv is None and code in _STOPPED:  # this process's own command, stopped
-        last_line_said()
-    return code
-
-
-#: The exit codes of a command stopped by SIGINT (130) or SIGTERM (143).
-_STOPPED = (130, 143)
-
-
-def last_line_said() -> None:
-    """A command stopped by a signal has said its last line (``stopped by SIGTERM; ...``)
-    and ended Spark's JVM; the process's own end may still print: a thread or a
-    finalizer that loses its connection to that JVM (a SIGTERM to the process group
-    ends it at any moment). Nothing it could say is the user's business, and the stop
-    line must stay the last: stderr goes to the null device from here on."""
-    import os
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(null, 2)
-    finally:
-        os.close(null)
+    # This process's own command (argv from sys.argv): the process ends when it returns,
+    # so a command may leave the process's stderr as its end wants it (a stopped
+    # pipeline's stays quiet after its last line; in-process, it is given back).
+    args.process_ends = argv is None
+    return int(args.func(args))
 
 
 if __name__ == "__main__":  # pragma: no cover

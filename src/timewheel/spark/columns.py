@@ -81,6 +81,16 @@ def output_schema(schema: StructType, reply: StructType | str | None = None) -> 
     return StructType([*schema.fields, *_RESULT_FIELDS, *extra])
 
 
+def _first_array_made() -> None:
+    """Pay now what pyarrow's first array from Python objects costs a process: it looks
+    for pandas, importing it when it is installed (a second, and several on a loaded
+    machine, in a fresh Python worker). Paid in the committer's first write instead, it
+    held back every answer of those seconds from the journal while the task went on
+    sending, and a kill then sent them again though they had been answered. Later calls
+    cost microseconds."""
+    pa.array([], pa.int64())
+
+
 class PartitionDispatch:
     """The function ``mapInArrow`` runs on every partition: Arrow batches in, batches out."""
 
@@ -147,6 +157,7 @@ class PartitionDispatch:
         # (see Committer): not held until a batch for Spark is full.
         committer = None
         if self.journal is not None:
+            _first_array_made()  # before the first call: see there
             journal = JournalWriter(self.journal, prefix)
 
             def commit(done: list[Outcome]) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_MASTER", "check_master", "end_jvm", "on_loopback", "spark_session"]
+__all__ = ["DEFAULT_MASTER", "check_master", "on_loopback", "spark_session"]
 
 #: The command's local master: every core, and up to 4 failures of a task (Spark's
 #: spark.task.maxFailures on a cluster). Plain local[*] allows none, so one Python worker
@@ -102,22 +102,3 @@ def spark_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(log_level)
     return session, True
-
-
-def end_jvm(timeout_s: float = 10.0) -> None:
-    """End this process's Spark JVM (if PySpark started one) and wait for it, at most
-    ``timeout_s``: for a command about to exit after a stop. A SIGTERM to the process
-    group (how systemd stops a service) reaches the JVM too, and what it prints as it
-    dies would otherwise land after the command's last line. The JVM ends when its
-    stdin closes (PySpark's gateway watches it for the driver's end)."""
-    pyspark = sys.modules.get("pyspark")
-    gateway = getattr(getattr(pyspark, "SparkContext", None), "_gateway", None)
-    proc = getattr(gateway, "proc", None)
-    if proc is None:
-        return
-    try:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        proc.wait(timeout_s)
-    except Exception:  # gone already, or slower than timeout_s: the command ends anyway
-        pass

@@ -5,6 +5,8 @@ again. (No Spark: the partition function runs in this process.)"""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -56,6 +58,51 @@ def test_each_answer_is_in_the_journal_while_the_next_call_is_still_out(tmp_path
     assert sum(b.num_rows for b in results) == 5
     assert seen_in_journal == [True] * 5
     assert journal_rows(tmp_path) == 5
+
+
+FRESH_WORKER = """
+import sys
+from timewheel.spark.columns import PartitionDispatch
+from timewheel.spark.options import DispatchConfig
+from timewheel.spark.outcome import OK, Outcome
+import pyarrow as pa
+
+# Spark hands a worker Arrow IPC (a first array from Python objects would import pandas).
+batches = list(pa.ipc.open_stream(pa.memory_map(sys.argv[2])))
+assert "pandas" not in sys.modules, "imported already: the test could not fail"
+at_first_row = []
+
+def engine(rows, target, config):
+    for row in rows:
+        if not at_first_row:  # the first call is about to be sent
+            at_first_row.append("pandas" in sys.modules)
+        yield Outcome(row, OK, 1, 1.0, None, 200, "{}")
+
+out = PartitionDispatch(engine, None, DispatchConfig(), journal=sys.argv[1])
+assert sum(b.num_rows for b in out(iter(batches))) == 3
+print(at_first_row[0])
+"""
+
+
+def test_a_fresh_worker_pays_pyarrows_first_array_before_its_first_call(tmp_path: Path) -> None:
+    """pyarrow's first array from Python objects imports pandas (seconds, in a fresh Python
+    worker on a loaded machine). Paid by the journal's first write, it kept every answer
+    of those seconds out of the journal while the task sent on: a worker killed then
+    had calls answered but not recorded, sent again (the cluster's stream kill test saw
+    a worker with 500 calls and none recorded). Paid before the first call, the journal
+    holds answers as they come from the start. In a fresh interpreter, as a worker is."""
+    pytest.importorskip("pandas")
+    script = tmp_path / "worker.py"
+    script.write_text(FRESH_WORKER)
+    journal, rows = tmp_path / "journal", tmp_path / "rows.arrow"
+    batch = pa.record_batch({"id": [1, 2, 3]})
+    with pa.OSFile(str(rows), "wb") as sink, pa.ipc.new_stream(sink, batch.schema) as ipc:
+        ipc.write_batch(batch)
+    argv = [sys.executable, str(script), str(journal), str(rows)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True"], "the first call went out before pyarrow's import"
+    assert journal_rows(journal) == 3
 
 
 def test_a_task_that_fails_mid_way_keeps_every_answer_it_had(tmp_path: Path) -> None:

@@ -302,7 +302,7 @@ def main(args: argparse.Namespace) -> int:
     checks = check_targets(results)
     if args.json:
         out = {
-            "config": {k: v for k, v in vars(args).items() if k != "func"},
+            "config": {k: v for k, v in vars(args).items() if k not in ("func", "process_ends")},
             "paced_rate": rate,
             "results": [asdict(r) for r in results],
             "targets": [

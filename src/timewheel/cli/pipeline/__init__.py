@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import traceback
 from pathlib import Path
 from typing import Any
 
 from ...spark.outcome import FAILED, SKIPPED, TIMEOUT
-from ...spark.session import check_master, end_jvm, spark_session
+from ...spark.session import check_master, spark_session
 from ...spark.targets import target_from_url
-from .errors import Stopped, UsageError, _limit_text, _note, one_line
+from .errors import Stopped, UsageError, limit_text, note, one_line
 from .failures import StoppedEarly, header_values, reason
 from .inputs import input_format
-from .job import _Job
+from .job import Job
 from .metrics_endpoint import MetricsEndpoint
 from .options import add_options, http_options, resolve_max_in_flight
 from .output import (
@@ -36,6 +37,7 @@ from .output import (
 from .phases import Phases
 from .precheck import check_before_spark
 from .sessions import check_remote, connect_session
+from .stopping import Stopping
 from .stream import check_stream_args, run_command
 
 __all__ = ["add_parser", "main"]
@@ -52,51 +54,77 @@ def main(args: argparse.Namespace) -> int:
     0: every row accounted for, no more failed or timed-out rows than ``--max-failed``;
     1: more than that, or the run failed; 2: an argument or input was refused before
     any row was sent; 3: the quota's budget or request cap was spent (rows
-    ``skipped``); 130 (Ctrl-C) and 143 (SIGTERM): stopped, the output left resumable.
-    Errors are one line on stderr (``--debug``: the traceback).
+    ``skipped``); 130 (Ctrl-C) and 143 (SIGTERM): stopped, the output left resumable
+    (one line, the process's last on stderr: see :mod:`.stopping`). Errors are one line
+    on stderr (``--debug``: the traceback).
+
+    ``args.process_ends`` (set by the ``timewheel`` command): the process ends when this
+    returns, so a stop leaves its stderr quiet; else (called in-process) stderr is given
+    back as it was.
     """
+    process_ends = bool(getattr(args, "process_ends", False))
+    with Stopping(args.debug, process_ends) as stopping:
+        try:
+            code: int | None = _ended(args, stopping)
+        except (KeyboardInterrupt, Stopped):
+            code = None
+        except Exception:  # with --debug: the traceback, and with a stop too
+            if stopping.signalled is None:
+                raise
+            if args.debug:
+                traceback.print_exc()
+            code = None
+        if code is not None and stopping.signalled is None:
+            return code
+        then = "run it again to go on" if args.stream else "finish it with --resume"
+        said = "stopped by SIGTERM" if stopping.exit_code == 143 else "interrupted"
+        stopping.last_words(
+            f"{said}; --output {args.output!r} keeps the rows answered so far ({then})"
+        )
+        return stopping.exit_code
+
+
+def _ended(args: argparse.Namespace, stopping: Stopping) -> int:
+    """``run``, its errors said in one line: the exit status (KeyboardInterrupt and
+    Stopped, the stop's, are main's; with ``--debug`` an error is raised)."""
     try:
-        return run(args)
+        return run(args, stopping)
     except UsageError as exc:
         if args.debug:
             raise
-        _note(f"error: {exc}")
+        note(f"error: {exc}")
         return 2
     except StoppedEarly as exc:
-        _note(str(exc))
-        _note(f"--output {args.output!r} keeps the rows answered so far")
-        _note(f"why: {exc.rows:,} row{'' if exc.rows == 1 else 's'}: {exc.why}")
+        note(str(exc))
+        note(f"--output {args.output!r} keeps the rows answered so far")
+        note(f"why: {exc.rows:,} row{'' if exc.rows == 1 else 's'}: {exc.why}")
         return 1
-    except (KeyboardInterrupt, Stopped) as exc:
-        code = 143 if isinstance(exc, Stopped) else 130
-        end_jvm()  # its last words before the stop line, not after
-        then = "run it again to go on" if args.stream else "finish it with --resume"
-        _note(
-            f"{'stopped by SIGTERM' if code == 143 else 'interrupted'}; --output "
-            f"{args.output!r} keeps the rows answered so far ({then})"
-        )
-        return code
     except Exception as exc:
         if args.debug:
             raise
-        _note(f"error: {one_line(exc)}")
+        note(f"error: {one_line(exc)}")
         return 1
 
 
-def run(args: argparse.Namespace) -> int:
-    """``main`` without the error handling: raises UsageError for refused input."""
+def run(args: argparse.Namespace, stopping: Stopping | None = None) -> int:
+    """``main`` without the error handling: raises UsageError for refused input.
+    ``stopping``: the command's (see :mod:`.stopping`), else one of its own (handlers
+    for the call)."""
+    if stopping is None:
+        with Stopping(args.debug) as own:
+            return run(args, own)
     if args.metrics_port is None:
-        return _run(args, report_workers=False)
+        return _run(args, stopping, report_workers=False)
     endpoint = MetricsEndpoint(args.metrics_port)
     try:
         if not args.quiet:
-            _note(f"serving metrics on http://127.0.0.1:{endpoint.port}/metrics")
-        return _run(args, report_workers=True)
+            note(f"serving metrics on http://127.0.0.1:{endpoint.port}/metrics")
+        return _run(args, stopping, report_workers=True)
     finally:
         endpoint.close()
 
 
-def _run(args: argparse.Namespace, *, report_workers: bool) -> int:
+def _run(args: argparse.Namespace, stopping: Stopping, *, report_workers: bool) -> int:
     try:
         target = target_from_url(args.target, **http_options(args))
         if args.remote is None:
@@ -122,13 +150,16 @@ def _run(args: argparse.Namespace, *, report_workers: bool) -> int:
     out_dir = Path(args.output)
     lock = lock_output(out_dir)  # held to the end: one run at a time on an output
     try:
-        return _run_locked(args, out_dir, target, max_in_flight, key_cols, fmt, report_workers)
+        return _run_locked(
+            args, stopping, out_dir, target, max_in_flight, key_cols, fmt, report_workers
+        )
     finally:
         unlock_output(out_dir, lock)
 
 
 def _run_locked(
     args: argparse.Namespace,
+    stopping: Stopping,
     out_dir: Path,
     target: Any,
     max_in_flight: int,
@@ -139,22 +170,22 @@ def _run_locked(
     from ...spark.worker_metrics import WorkerReports
 
     if args.stream:
-        return _run_stream(args, out_dir, target, max_in_flight, key_cols)
+        return run_command(args, stopping, out_dir, target, max_in_flight, key_cols, _session)
     recovered = recover_publish(out_dir)
     if recovered is not None:
         line, complete = recovered
-        _note(line)
+        note(line)
         if complete and args.resume and not_ok(out_dir) == 0:  # nothing left to send
-            _note(f"--output {str(out_dir)!r} is complete: nothing left to resume")
+            note(f"--output {str(out_dir)!r} is complete: nothing left to resume")
             summary = json.loads((out_dir / "summary.json").read_text())
             return _report(args, out_dir, summary)
     previous = check_output(out_dir, args.overwrite, args.resume)
     if previous is not None:  # before Spark starts
         check_resumable(out_dir, previous, run_identity(args, key_cols, fmt))
-    phases = Phases(args.quiet)
+    phases = Phases(args.quiet, stopping)
     with phases.phase(f"started Spark on {args.remote or args.master}"):
-        spark, owned = _session(args, "timewheel pipeline")
-    job = _Job(args, spark, target, max_in_flight, key_cols, out_dir, phases)
+        spark, owned = _session(args, "timewheel pipeline", stopping)
+    job = Job(args, spark, target, max_in_flight, key_cols, out_dir, phases, stopping)
     reports: WorkerReports | None = None
     try:
         # For the endpoint, and for the quota's refusals and the batches' requests in the
@@ -162,15 +193,14 @@ def _run_locked(
         # closed below.
         if report_workers or ((job.quota is not None or args.batch_size > 1) and not job.connect):
             reports = WorkerReports(spark.sparkContext)
-        with job.signals():
-            try:
-                summary = job.run(fmt, previous, reports)
-            except BaseException:
-                job.raise_if_signalled()
-                watch = getattr(job, "fail_fast", None)
-                if watch is not None and watch.stopped is not None:
-                    raise watch.stopped from None
-                raise
+        try:
+            summary = job.run(fmt, previous, reports)
+        except Exception:
+            stopping.check()  # a job the stop cancelled: the stop
+            watch = getattr(job, "fail_fast", None)
+            if watch is not None and watch.stopped is not None:
+                raise watch.stopped from None
+            raise
     finally:
         job.stop(owned)
         if reports is not None:
@@ -178,25 +208,15 @@ def _run_locked(
     return _report(args, out_dir, summary)
 
 
-def _session(args: argparse.Namespace, name: str) -> tuple[Any, bool]:
+def _session(args: argparse.Namespace, name: str, stopping: Stopping) -> tuple[Any, bool]:
     """The run's Spark session (Connect's with --remote), and whether the run owns it."""
-    if args.remote is not None:
-        return connect_session(args.remote, args.conf)
-    # A failed task's log is pages of traceback; the error that ends the run is printed in
-    # one line instead (all of it with --debug).
-    log_level = "WARN" if args.debug else "FATAL"
-    return spark_session(args.master, name, args.conf, args.python, log_level)
-
-
-def _run_stream(
-    args: argparse.Namespace,
-    out_dir: Path,
-    target: Any,
-    max_in_flight: int,
-    key_cols: list[str],
-) -> int:
-    """``--stream``: the query on its own session; the exit status its rows call for."""
-    return run_command(args, out_dir, target, max_in_flight, key_cols, _session)
+    with stopping.starting_spark(relay=args.remote is None):
+        if args.remote is not None:
+            return connect_session(args.remote, args.conf)
+        # A failed task's log is pages of traceback; the error that ends the run is
+        # printed in one line instead (all of it with --debug).
+        log_level = "WARN" if args.debug else "FATAL"
+        return spark_session(args.master, name, args.conf, args.python, log_level)
 
 
 def _say_why(args: argparse.Namespace, summary: dict[str, Any]) -> None:
@@ -204,7 +224,7 @@ def _say_why(args: argparse.Namespace, summary: dict[str, Any]) -> None:
     hide = header_values(args.http_header)
     for item in summary.get("failures") or ():
         n = item["rows"]
-        _note(f"why: {n:,} row{'' if n == 1 else 's'}: {reason(item['reason'], hide=hide)}")
+        note(f"why: {n:,} row{'' if n == 1 else 's'}: {reason(item['reason'], hide=hide)}")
 
 
 def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) -> int:
@@ -212,30 +232,30 @@ def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) ->
     print(json.dumps(summary, indent=2))
     if summary.get("dry_run"):
         if not args.quiet:
-            _note("dry run: nothing was sent and --output is as it was")
+            note("dry run: nothing was sent and --output is as it was")
         return 0
     budget = summary["max_failed_rows"]
     if not args.quiet:
-        _note(f"wrote {out_dir / 'rows'}, {out_dir / 'summary.json'}, {out_dir / 'latency.png'}")
+        note(f"wrote {out_dir / 'rows'}, {out_dir / 'summary.json'}, {out_dir / 'latency.png'}")
     bad = summary["status"][FAILED] + summary["status"][TIMEOUT]
     if bad > budget:
-        _note(
+        note(
             f"{bad:,} of {summary['rows']:,} rows failed or timed out, more than "
-            f"--max-failed {_limit_text(args.max_failed)} allows ({budget:,}); --resume "
+            f"--max-failed {limit_text(args.max_failed)} allows ({budget:,}); --resume "
             "sends them again"
         )
         _say_why(args, summary)
         return 1
     if bad:
-        _note(
+        note(
             f"{bad:,} of {summary['rows']:,} rows failed or timed out "
-            f"(within --max-failed {_limit_text(args.max_failed)})"
+            f"(within --max-failed {limit_text(args.max_failed)})"
         )
         _say_why(args, summary)
     skipped = summary["status"][SKIPPED]
     if skipped:
         to_send = summary.get("rows_to_send", summary["rows"])
-        _note(
+        note(
             f"the quota was spent: {skipped:,} of the {to_send:,} rows to send were not sent "
             f"(status skipped; rows_sent {to_send - skipped:,}); --resume sends them"
         )

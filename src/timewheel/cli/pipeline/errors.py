@@ -70,15 +70,17 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _note(text: str) -> None:
+def note(text: str) -> None:
+    """One line of the command on stderr: ``timewheel pipeline: TEXT``."""
     print(f"timewheel pipeline: {text}", file=sys.stderr, flush=True)
 
 
 def say(args: argparse.Namespace, text: str) -> None:
-    """A phase line: :func:`_note` unless ``--quiet``."""
+    """A phase line: :func:`note` unless ``--quiet``."""
     if not args.quiet:
-        _note(text)
+        note(text)
 
 
-def _limit_text(limit: float | int) -> str:
+def limit_text(limit: float | int) -> str:
+    """``--max-failed`` as given: a share (``1%``) or a number of rows."""
     return f"{limit * 100:g}%" if isinstance(limit, float) else str(limit)

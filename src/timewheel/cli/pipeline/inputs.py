@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError, one_line
-from .options import _ROWS_PER_PARTITION
+from .options import ROWS_PER_PARTITION
 
 
 def generated_rows(spark: Any, n: int, partitions: int | None = None) -> Any:
@@ -20,7 +20,7 @@ def generated_rows(spark: Any, n: int, partitions: int | None = None) -> Any:
     from ...spark import task_slots
 
     if partitions is None:
-        partitions = max(task_slots(spark), math.ceil(n / _ROWS_PER_PARTITION))
+        partitions = max(task_slots(spark), math.ceil(n / ROWS_PER_PARTITION))
     return spark.range(n, numPartitions=partitions).select(
         "id",
         (F.col("id") * 7919 % 100_003).alias("account"),

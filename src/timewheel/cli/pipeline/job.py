@@ -5,13 +5,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import shutil
-import signal
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -21,7 +17,7 @@ from ...spark.delivery.journal import MANIFEST, Manifest, compact, run_dir
 from ...spark.outcome import FAILED, OK, SKIPPED, TIMEOUT
 from ..bench.engines import DEFAULT_ENGINE
 from .batches import batch_summary
-from .errors import Stopped, UsageError, _limit_text, _note
+from .errors import UsageError, limit_text, note
 from .failures import fail_fast
 from .inputs import arrow_unique_rows, generated_rows, id_error, read_input
 from .options import DEMO_ROWS
@@ -30,6 +26,7 @@ from .phases import Phases
 from .precheck import dispatch_options, refusal
 from .progress import JournalCount, Progress
 from .quota import QuotaWatch, dry_run, quota_from_args
+from .stopping import Stopping
 from .summary import (
     failure_budget,
     figure_columns,
@@ -46,7 +43,7 @@ from .summary import (
 )
 
 
-class _Job:
+class Job:
     """One run of the pipeline on ``out_dir``: its journal, the final output."""
 
     def __init__(
@@ -57,11 +54,15 @@ class _Job:
         max_in_flight: int,
         key_cols: list[str],
         out_dir: Path,
-        phases: Phases | None = None,
+        phases: Phases,
+        stopping: Stopping,
     ) -> None:
         self.args = args
-        # One line per phase of the run, with its time (the caller may have said Spark's start).
-        self.phases = Phases(args.quiet) if phases is None else phases
+        # One line per phase of the run, with its time (the caller said Spark's start).
+        self.phases = phases
+        # The command's stopping state: a signal cancels this run's Spark jobs.
+        self.stopping = stopping
+        stopping.cancels(self.cancel)
         self.published = False
         self.spark = spark
         self.target = target
@@ -81,48 +82,6 @@ class _Job:
         self.watch: QuotaWatch | None = None
         # The workers' reports (None without them), for the summary's batch counts.
         self.reports: Any = None
-
-    @contextlib.contextmanager
-    def signals(self) -> Iterator[None]:
-        """While the run lasts, SIGINT and SIGTERM cancel Spark's jobs (from a thread: a
-        signal must not cut a Py4J call short) and the run ends at once, cleaning up;
-        a second signal interrupts at once."""
-        self.signalled: int | None = None
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def on_signal(signum: int, frame: Any) -> None:
-            if self.signalled is not None:
-                raise KeyboardInterrupt
-            self.signalled = signum
-            self.quiet_the_jvm()
-            threading.Thread(target=self.cancel, name="timewheel-cancel", daemon=True).start()
-
-        old = {signum: signal.signal(signum, on_signal) for signum in _STOP_SIGNALS}
-        try:
-            yield
-        finally:
-            for signum, handler in old.items():
-                signal.signal(signum, handler)
-
-    def quiet_the_jvm(self) -> None:
-        """Stopping: a JVM that goes too (a SIGTERM to the process group, as systemd
-        stops a service) makes PySpark's accumulator server print a traceback per
-        connection it had, and Py4J log one for a call in flight (on the root logger,
-        as ``logging.exception``); the stop is said in one line instead."""
-        logging.root.addFilter(_not_py4j)
-        if not self.connect:
-            with contextlib.suppress(Exception):
-                server = self.spark.sparkContext._accumulatorServer
-                server.handle_error = lambda request, address: None
-
-    def raise_if_signalled(self) -> None:
-        """End the run as the signal that arrived asks (KeyboardInterrupt or Stopped)."""
-        if self.signalled == signal.SIGINT:
-            raise KeyboardInterrupt from None
-        if self.signalled is not None:
-            raise Stopped from None
 
     def cancel(self) -> None:
         """Cancel every Spark job the run has started."""
@@ -212,7 +171,7 @@ class _Job:
         if not args.quiet:
             where = args.remote or args.master
             before = f" ({self.done_count:,} answered ok before)" if done is not None else ""
-            _note(f"dispatching {sending:,} rows to {self.target!r} on {where}{before}")
+            note(f"dispatching {sending:,} rows to {self.target!r} on {where}{before}")
         journal = run_dir(self.out_dir, manifest.runs)
         preload_plotting()
         result = self.dispatch(todo, None if reports is None else reports.accumulator, journal)
@@ -241,7 +200,6 @@ class _Job:
             else:  # written once (a second computation would send the rows again)
                 result.write.parquet(str(staging / "sent"))
         elapsed = time.monotonic() - start
-        self.raise_if_signalled()
         with self.phases.phase("wrote the output: every row once, summary.json, latency.png"):
             if done is not None:
                 sent = spark.read.schema(result.schema).parquet(str(staging / "sent"))
@@ -301,7 +259,7 @@ class _Job:
         files = compact(self.out_dir, damaged)
         self.journal_damaged = len(damaged)
         if damaged:  # said even with --quiet: those rows reach the target twice
-            _note(
+            note(
                 f"the journal had {len(damaged):,} damaged batch(es) or file(s), set aside "
                 f"(first: {damaged[0]}); their rows are sent again"
             )
@@ -324,7 +282,7 @@ class _Job:
         ).first()
         self.journal_outside = total - self.done_count
         if self.journal_outside and not self.args.quiet:
-            _note(
+            note(
                 f"{self.journal_outside:,} rows of the journal have an {id_col!r} not in the "
                 "input: left out"
             )
@@ -364,7 +322,7 @@ class _Job:
             rate=args.rate,
             quota_use=None if self.watch is None else self.watch.summary(),
             batches=batch_summary(args, sent, self.reports),
-            max_failed=_limit_text(args.max_failed),
+            max_failed=limit_text(args.max_failed),
             max_failed_rows=failure_budget(args.max_failed, summary["rows"]),
             # This run's share: a resumed run sends only what was not ok yet.
             **sent_counts(sent, summary["status"]),
@@ -398,7 +356,7 @@ class _Job:
             self.cancel()
         if owned:
             said = "stopped Spark" if self.published else None
-            with self.phases.phase(said), contextlib.suppress(Exception):
+            with self.phases.phase(said, stoppable=False), contextlib.suppress(Exception):
                 self.spark.stop()
         for path in self.staging:
             shutil.rmtree(path, ignore_errors=True)
@@ -462,11 +420,3 @@ def check_rows(written: dict[str, Any], input_rows: int, read: dict[str, Any]) -
             f"{rows:,} output rows, {rows - ids:,} without an id, {same}): not "
             "published; --output is left to --resume"
         )
-
-
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def _not_py4j(record: logging.LogRecord) -> bool:
-    """False for what Py4J logs on the root logger when a call loses the JVM."""
-    return not record.pathname.replace("\\", "/").endswith("/py4j/java_gateway.py")

@@ -38,9 +38,9 @@ SIM_MAX_IN_FLIGHT = 2000
 
 REAL_MAX_IN_FLIGHT = Calls.max_in_flight
 
-# Generated data gets at least one partition per this many rows, so progress moves. Not
-# fewer rows: every task ends with a tail of retries in which its slots sit idle.
-_ROWS_PER_PARTITION = 250_000
+#: Generated data gets at least one partition per this many rows, so progress moves. Not
+#: fewer rows: every task ends with a tail of retries in which its slots sit idle.
+ROWS_PER_PARTITION = 250_000
 
 #: --max-failed unless given: the share of rows that may end failed or timed out.
 DEFAULT_MAX_FAILED = "1%"
@@ -267,7 +267,8 @@ def add_options(
         "--debug",
         action="store_true",
         default=os.environ.get("TIMEWHEEL_DEBUG") == "1",
-        help="show the traceback of an error (also TIMEWHEEL_DEBUG=1)",
+        help="show the traceback of an error, and all that Spark's JVM, Py4J and the run "
+        "print while a signal stops it (also TIMEWHEEL_DEBUG=1)",
     )
     cluster = option_group(parser, "cluster")
     cluster.add_argument(
@@ -276,7 +277,7 @@ def add_options(
         metavar="N",
         help="split the rows into N partitions, the units Spark runs in parallel and the "
         "steps the progress bar moves in (default: the input's own; generated rows: one "
-        f"per {_ROWS_PER_PARTITION:,} rows, at least one per core)",
+        f"per {ROWS_PER_PARTITION:,} rows, at least one per core)",
     )
     cluster.add_argument(
         "--conf",

@@ -1,4 +1,5 @@
-"""What a run is doing: one line per phase on stderr, with how long it took."""
+"""What a run is doing: one line per phase on stderr, with how long it took; and where a
+stop is heard (each phase starts by asking)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from .errors import _note
+from .errors import note
+from .stopping import Stopping
 
 
 class Phase:
@@ -24,17 +26,24 @@ class Phase:
 
 class Phases:
     """The run's phase lines (``timewheel pipeline: checked the input: 50,000 rows, unique
-    ids (1.2 s)``), each said when its phase ends well; none with ``quiet``."""
+    ids (1.2 s)``), each said when its phase ends well; none with ``quiet``. With
+    ``stopping``, a phase starts by checking for a stop (:meth:`.Stopping.check`): a
+    signal that came while the phase before ran, between two Spark jobs or before the
+    first, ends the run there."""
 
-    def __init__(self, quiet: bool) -> None:
+    def __init__(self, quiet: bool, stopping: Stopping | None = None) -> None:
         self.quiet = quiet
+        self.stopping = stopping
         #: Each phase that ended well: its words and seconds, in order (for the summary).
         self.done: list[tuple[str, float]] = []
 
     @contextlib.contextmanager
-    def phase(self, words: str | None) -> Iterator[Phase]:
+    def phase(self, words: str | None, stoppable: bool = True) -> Iterator[Phase]:
         """Time the block; when it ends without an error, say ``words`` (or what the block
-        set :attr:`Phase.said` to; None: nothing) with the time it took."""
+        set :attr:`Phase.said` to; None: nothing) with the time it took. First, unless
+        not ``stoppable`` (the run's own ending), end the run if a stop came."""
+        if stoppable and self.stopping is not None:
+            self.stopping.check()
         phase = Phase(words)
         yield phase
         seconds = phase.seconds
@@ -42,7 +51,7 @@ class Phases:
             return
         self.done.append((phase.said, seconds))
         if not self.quiet:
-            _note(f"{phase.said} ({duration(seconds)})")
+            note(f"{phase.said} ({duration(seconds)})")
 
 
 def duration(seconds: float) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ...spark.delivery.journal import read_batches
-from .errors import _note
+from .errors import note
 
 #: Seconds between two progress lines when stderr is not a terminal (a pipe, a log file),
 #: unless this environment variable says otherwise.
@@ -117,7 +117,7 @@ class Progress:
             if self.terminal:
                 self._advance()
             else:
-                _note(self.line())
+                note(self.line())
 
 
 class JournalCount:

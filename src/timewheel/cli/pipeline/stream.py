@@ -39,11 +39,12 @@ from typing import Any
 
 from ... import metrics
 from ...spark.outcome import FAILED, SKIPPED, STATUSES, TIMEOUT
-from .errors import UsageError, _limit_text, _note, one_line, say
+from .errors import UsageError, limit_text, note, one_line, say
 from .failures import FailFast, header_values
 from .phases import Phases, duration
 from .progress import Progress
 from .quota import QuotaWatch
+from .stopping import Stopping
 from .stream_files import (
     PARTITION,
     FileWatch,
@@ -220,7 +221,7 @@ class _Batches:
         self.spent: dict[str, int] | None = None
         # The file whose columns stopped the stream, when one did.
         self.changed_schema: SchemaChanged | None = None
-        self.watch = FileWatch(_note)  # said even with --quiet: rows were not read
+        self.watch = FileWatch(note)  # said even with --quiet: rows were not read
         self.quota: QuotaWatch | None = None  # the cost spent, on the progress lines
         # Stops the stream when this run's first rows all fail one way no retry fixes.
         self.fail_fast: FailFast | None = None
@@ -303,7 +304,7 @@ class _Batches:
             values["rows"] += done["rows"]
             values["lag_seconds"] = max(lags, default=0.0)
         if not self.quiet:
-            _note(_line(done))
+            note(_line(done))
 
 
 class _BatchCount:
@@ -400,23 +401,24 @@ def _rename_old_folders(args: argparse.Namespace, rows: Path) -> None:
 
 def run_command(
     args: argparse.Namespace,
+    stopping: Stopping,
     out_dir: Path,
     target: Any,
     max_in_flight: int,
     key_cols: list[str],
-    session: Callable[[argparse.Namespace, str], tuple[Any, bool]],
+    session: Callable[[argparse.Namespace, str, Stopping], tuple[Any, bool]],
 ) -> int:
-    """``--stream``: the query on its own session (``session(args, name)`` makes it);
-    the summary printed and the exit status its rows call for."""
+    """``--stream``: the query on its own session (``session(args, name, stopping)``
+    makes it); the summary printed and the exit status its rows call for."""
     from ...spark.worker_metrics import WorkerReports
-    from .job import _Job
+    from .job import Job
 
     fresh = prepare_output(args, out_dir)
     began = time.monotonic()
-    phases = Phases(args.quiet)
+    phases = Phases(args.quiet, stopping)
     with phases.phase(f"started Spark on {args.master}"):
-        spark, owned = session(args, "timewheel pipeline --stream")
-    job = _Job(args, spark, target, max_in_flight, key_cols, out_dir, phases)
+        spark, owned = session(args, "timewheel pipeline --stream", stopping)
+    job = Job(args, spark, target, max_in_flight, key_cols, out_dir, phases, stopping)
     reports = None
     try:
         if not job.connect:  # the calls of each micro-batch (Connect has no accumulators)
@@ -482,35 +484,36 @@ def run_stream(
         writer = writer.trigger(processingTime=f"{args.trigger_ms} milliseconds")
     start = time.monotonic()
     summary: dict[str, Any] = {}
-    with job.signals():
-        try:
-            resent = resend(args, job, out_dir, reports) if args.resume else None
-            with contextlib.ExitStack() as stack:
-                watch = batches.quota = _quota_watch(job, reports, stack)
-                record = out_dir / "record"
-                batches.fail_fast = stack.enter_context(
-                    FailFast(
-                        record,
-                        args.stop_after_failures or 0,
-                        job.cancel,
-                        header_values(args.http_header),
-                        skip=set(record.glob("*.arrow")),  # earlier runs' rows
-                    )
+    stopping = job.stopping
+    try:
+        stopping.check()  # nothing sent for a stop that came while the run got here
+        resent = resend(args, job, out_dir, reports) if args.resume else None
+        with contextlib.ExitStack() as stack:
+            watch = batches.quota = _quota_watch(job, reports, stack)
+            record = out_dir / "record"
+            batches.fail_fast = stack.enter_context(
+                FailFast(
+                    record,
+                    args.stop_after_failures or 0,
+                    job.cancel,
+                    header_values(args.http_header),
+                    skip=set(record.glob("*.arrow")),  # earlier runs' rows
                 )
-                if resent is None or not resent["stopped"]:  # else the resend's stop
-                    _query(writer, job, batches, args, fmt)
-            summary = _summary(spark, out_dir, batches, time.monotonic() - start, args, watch)
-            summary["resent"] = resent  # what --resume sent again first (or None)
-            (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        except Exception:
-            # Stopped: the signal's cancelling ends the micro-batch in progress, left for
-            # the next run (its rows already answered are in the record). The summary's
-            # own job may be cancelled too (none written), and a SIGTERM to the process
-            # group (systemd's stop) ends Spark's JVM as well: whatever fails then is
-            # the stop, not an error.
-            if job.signalled is None:
-                raise
-        job.raise_if_signalled()
+            )
+            if resent is None or not resent["stopped"]:  # else the resend's stop
+                _query(writer, job, batches, args, fmt)
+        summary = _summary(spark, out_dir, batches, time.monotonic() - start, args, watch)
+        summary["resent"] = resent  # what --resume sent again first (or None)
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    except Exception:
+        # Stopped: the stop's cancelling ends the micro-batch in progress, left for the
+        # next run (its rows already answered are in the record). The summary's own job
+        # may be cancelled too (none written), and a SIGTERM to the process group
+        # (systemd's stop) ends Spark's JVM as well: whatever fails then is the stop,
+        # not an error.
+        if not stopping.heard():
+            raise
+    stopping.check()
     return summary
 
 
@@ -528,6 +531,7 @@ def _query(writer: Any, job: Any, batches: _Batches, args: Any, fmt: str) -> Non
     """Run the query until it ends or a signal stops it; an error when it failed (not
     when the budget stopped it, or a landed file's columns did: the summary says)."""
     failure = None
+    job.stopping.check()  # not started for a stop that came meanwhile (the resend's)
     query = writer.start()
     where = f"{fmt} files landing in {args.input}"
     if args.once:
@@ -536,7 +540,7 @@ def _query(writer: Any, job: Any, batches: _Batches, args: Any, fmt: str) -> Non
         say(args, f"listening for {where}, a micro-batch every {args.trigger_ms:,} ms")
     looked = time.monotonic()
     try:
-        while query.isActive and job.signalled is None:
+        while query.isActive and not job.stopping.heard():
             query.awaitTermination(0.5)
             if time.monotonic() - looked >= _WATCH_EVERY_S:
                 batches.watch.check()
@@ -550,7 +554,7 @@ def _query(writer: Any, job: Any, batches: _Batches, args: Any, fmt: str) -> Non
         batches.watch.check(final=True)
     early = batches.fail_fast is not None and batches.fail_fast.stopped is not None
     stopped = early or batches.spent is not None or batches.changed_schema is not None
-    if failure is not None and job.signalled is None and not stopped:
+    if failure is not None and not job.stopping.heard() and not stopped:
         raise RuntimeError(f"the stream failed: {one_line(failure)}") from failure
 
 
@@ -563,7 +567,7 @@ def stream_exit(args: argparse.Namespace, summary: dict[str, Any]) -> int:
     resent = summary.get("resent") or {}
     early = summary.get("stopped_early") or resent.get("stopped_early")
     if early is not None:
-        _note(
+        note(
             f"the stream stopped early: the first {early['rows']:,} rows this run answered all "
             f"failed ({early['why']}), which retries did not fix; they are in --output as "
             "failed: fix the cause, then --resume sends them again (or give "
@@ -572,48 +576,48 @@ def stream_exit(args: argparse.Namespace, summary: dict[str, Any]) -> int:
         code = 1
     changed = summary.get("schema_changed")
     if changed is not None:
-        _note(f"the stream stopped: {changed['why']}")
+        note(f"the stream stopped: {changed['why']}")
         code = 1
     unsent = 0 if early else resent.get("rows_not_sent", 0)  # --resume's, said below
     bad = summary["status"][FAILED] + summary["status"][TIMEOUT] - unsent
     if bad > summary["max_failed_rows"]:
-        _note(
+        note(
             f"{bad:,} of {summary['rows']:,} rows failed or timed out, more than "
-            f"--max-failed {_limit_text(args.max_failed)} allows"
+            f"--max-failed {limit_text(args.max_failed)} allows"
         )
         code = 1
     elif bad:
-        _note(
+        note(
             f"{bad:,} of {summary['rows']:,} rows failed or timed out "
-            f"(within --max-failed {_limit_text(args.max_failed)})"
+            f"(within --max-failed {limit_text(args.max_failed)})"
         )
     for item in summary.get("failures") or ():
         n = item["rows"]
-        _note(f"why: {n:,} row{'' if n == 1 else 's'}: {item['reason']}")
+        note(f"why: {n:,} row{'' if n == 1 else 's'}: {item['reason']}")
     files = summary.get("files_changed", 0)
     if files:
-        _note(
+        note(
             f"{files:,} file(s) of --input changed after their micro-batch read them (named "
             "above and in summary.json): the rows written to them since were not sent"
         )
         code = 1
     spent = summary.get("budget_spent")
     if spent is not None:
-        _note(
+        note(
             f"the quota was spent: the stream stopped in micro-batch {spent['micro_batch']}, "
             f"whose {spent['rows_not_sent']:,} rows not sent (of {spent['rows']:,}) are "
             "sent when the stream runs again (with a budget left)"
         )
         code = code or 3
     if unsent:
-        _note(
+        note(
             f"the quota was spent: {unsent:,} of the {resent['rows']:,} rows "
             "not ok were not sent again (as they were in --output; --resume sends them)"
         )
         code = code or 3
     skipped = summary["status"][SKIPPED]
     if skipped and spent is None:  # written by an earlier version, which committed them
-        _note(f"{skipped:,} rows in --output are 'skipped': the quota was spent")
+        note(f"{skipped:,} rows in --output are 'skipped': the quota was spent")
         code = code or 3
     return code
 

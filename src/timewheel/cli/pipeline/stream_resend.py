@@ -291,14 +291,14 @@ def resend(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) -> d
     except Exception:
         # A signal, or the first rows all failing one way, cancels the job: what was
         # answered is put in place all the same.
-        if job.signalled is None and (watch is None or watch.stopped is None):
+        if not job.stopping.heard() and (watch is None or watch.stopped is None):
             raise
     finally:
         statuses = apply_answers(out_dir, args.id_col)
     early = None if watch is None else watch.stopped
     done["status"] = dict(statuses)
     not_sent = done["rows_not_sent"] = todo_rows - sum(statuses.values())
-    done["stopped"] = bool(not_sent) or early is not None or job.signalled is not None
+    done["stopped"] = bool(not_sent) or early is not None or job.stopping.heard()
     if early is not None:
         done["stopped_early"] = {"rows": early.rows, "why": early.why}
     say(

@@ -66,6 +66,10 @@ _WAKE_SHARE = 32
 # With a quota, the task's thread renews its hold at least this often (the quota drops a
 # holder not heard from for its ttl_s, 30 s by default).
 _KEEPALIVE_S = 5.0
+# The longest an outcome waits for the task's thread while fewer than its share of the
+# window have ended (the service slowed, or stalled): it is then on its way to the
+# journal, not held until the calls still out end.
+_YIELD_S = 0.05
 
 
 class _WorkerKit:
@@ -550,7 +554,7 @@ class _Partition:
             if exhausted or self.outstanding() >= int(admission.window) or wake_in is not None:
                 if gate is not None:  # renew the task's hold on the quota meanwhile
                     wake_in = _KEEPALIVE_S if wake_in is None else min(wake_in, _KEEPALIVE_S)
-                wake.wait(wake_in)
+                wake.wait(_YIELD_S if wake_in is None else min(wake_in, _YIELD_S))
 
     def unpark(self, room: int) -> tuple[int, float | None]:
         """Send up to ``room`` parked rows (refused for overload, their backoff over), as
