@@ -182,17 +182,24 @@ def test_grants_are_a_term_divided_among_the_busy_holders() -> None:
     clock = Clock()
     bucket = Bucket(Quota(rate=1000, cost_rate=10_000), clock)
     grants = busy_holders(bucket, clock, 8, 10.0)
-    # Eight busy holders: each grant is about an eighth of a term of both rates, so each
-    # holder asks about once a term, and all of them together get the whole rate.
-    assert {g.requests for g in grants} <= {1000 * TERM_S // 8, 1000 * TERM_S // 8 + 1}
-    assert all(g.cost == pytest.approx(10_000 * TERM_S / 8) for g in grants)
+    # Eight busy holders: a grant is an eighth of a term of both rates while the timeline
+    # is booked (a term of it, to one asking when it is free: it sends at the whole rate
+    # while the others wait their turns), so each holder asks about once a term, and all
+    # of them together get the whole rate, each about an eighth of it.
+    shares = [g for g in grants if g.requests < 1000 * TERM_S]
+    assert len(shares) >= 0.8 * len(grants)
+    assert {g.requests for g in shares} <= {1000 * TERM_S // 8, 1000 * TERM_S // 8 + 1}
+    assert all(g.cost == pytest.approx(10_000 * TERM_S / 8) for g in shares)
+    assert {g.requests for g in grants} - {g.requests for g in shares} <= {1000 * TERM_S}
     assert sum(g.requests for g in grants) == pytest.approx(1000 * 5.0, rel=0.02)
-    assert len(grants) == pytest.approx(8 * 5.0 / TERM_S, rel=0.05)
+    assert 8 * 5.0 / TERM_S / 2 <= len(grants) <= 8 * 5.0 / TERM_S
     many = Bucket(Quota(rate=1000), clock)
     grants = busy_holders(many, clock, 2000, 40.0)
     # With more holders than the store should hear a term, the term grows with them:
     # the store is asked MAX_ASKS_PER_S times a second (and a turn in the queue each).
-    assert {g.requests for g in grants} == {math.floor(1000 / MAX_ASKS_PER_S)}
+    share = math.floor(1000 / MAX_ASKS_PER_S)
+    assert {g.requests for g in grants} <= {share, 1000 * TERM_S}
+    assert sum(g.requests == share for g in grants) >= 0.99 * len(grants)
     assert len(grants) == pytest.approx(MAX_ASKS_PER_S * 20.0, rel=0.05)
 
 

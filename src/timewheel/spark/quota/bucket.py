@@ -69,7 +69,7 @@ class Bucket:
     A rate is a *timeline* (a generic cell rate algorithm): ``tat_r`` is the time by
     which every request granted so far may have gone at ``rate``, and a grant of ``k``
     requests is the next ``k / rate`` seconds of it, from ``tat_r`` (or now, if that has
-    passed: nothing accumulates while no one asks, but :data:`BURST_S` of it). A grant in
+    passed: nothing accumulates while no one asks, but :data:`BURST_S` of it, none). A grant in
     the future is a grant all the same: the holder sleeps until its slot, and asks no
     more meanwhile, so the store is asked once per grant whatever the rate. The cost
     rate is a second timeline, ``tat_c``, and a grant takes its slot on both. Grants are
@@ -208,9 +208,9 @@ class Bucket:
         got_r = float(requests)
         if math.isfinite(cap_left):
             got_r = min(got_r, max(1.0, math.ceil(cap_left / LEFT_SHARE)))
-        # Shared among the holders asking, when others asked lately or the timeline is
-        # booked ahead; else this holder's alone.
-        booked = active > 1 or bool(rate and self.tat_r > now) or bool(crate and self.tat_c > now)
+        # Shared among the holders asking while the timeline is booked ahead (others want
+        # it); else this holder's alone, a term of it at most.
+        booked = bool(rate and self.tat_r > now) or bool(crate and self.tat_c > now)
         if rate:
             size = grant_size(q, rate, active, booked)
             got_r = min(got_r, max(1.0, math.floor(size)))

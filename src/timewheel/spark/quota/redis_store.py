@@ -165,9 +165,8 @@ local function add(h, k, x) redis.call('HINCRBYFLOAT', H, h .. '|' .. k, f(x)) e
 -- while the timeline is booked ahead (as spec.term_of and spec.grant_size).
 local function term(holders) return math.max(TERM, holders / MAX_ASKS) end
 local function size(r, holders, booked)
-  local whole = r * term(holders)
-  if booked then return whole * weight / math.max(1, holders) end
-  return whole
+  if booked then return r * term(holders) * weight / math.max(1, holders) end
+  return r * TERM
 end
 -- The holders that asked within the last two terms, this one now among them.
 local function active(h)
@@ -240,8 +239,8 @@ if op == 'take' then
   -- hold unspent when it runs out is then a few calls, not a grant each.
   local got_r = requests
   if cap > 0 then got_r = math.min(got_r, math.max(1, math.ceil(cap_left / LEFT_SHARE))) end
-  -- Shared among the holders asking, when others asked lately or it is booked ahead.
-  local booked = holders > 1 or (r > 0 and st.tr > now) or (c > 0 and st.tc > now)
+  -- Shared among the holders asking while it is booked ahead (as Bucket.take).
+  local booked = (r > 0 and st.tr > now) or (c > 0 and st.tc > now)
   if r > 0 then
     got_r = math.min(got_r, math.max(1, math.floor(size(r, holders, booked))))
   end

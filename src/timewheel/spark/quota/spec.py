@@ -241,10 +241,12 @@ def term_of(holders: int) -> float:
 
 def grant_size(quota: Quota, rate: float, holders: int, booked: bool) -> float:
     """The most of ``rate`` (requests or cost per second, already paced) one grant holds:
-    a term of it; while the timeline is booked ahead (others want it too), a term of it
-    divided among the ``holders`` asking (times the job's weight)."""
-    whole = rate * term_of(holders)
-    return whole * quota.weight / max(1, holders) if booked else whole
+    :data:`TERM_S` of it; while the timeline is booked ahead (others want it too), a term
+    of it (:func:`term_of` the ``holders`` asking) divided among them, times the job's
+    weight."""
+    if not booked:
+        return rate * TERM_S
+    return rate * term_of(holders) * quota.weight / max(1, holders)
 
 
 def _check_store(store: Any, name: Any, password: Any) -> None:

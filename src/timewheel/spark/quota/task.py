@@ -16,7 +16,7 @@ each holder (a task) a *grant*, its own slot of the rate's timeline, sized to ab
 requests evenly over its slot, waiting for it if it lies ahead, and asks again when it is
 used up. A busy holder thus asks about once a term however high the rate, a waiting one
 not at all, and the slots of all the holders together never run faster than the rate
-(plus :data:`BURST_S` of it after an idle spell). A share is a rate: what a holder did
+(:data:`BURST_S` of it early after an idle spell: none). A share is a rate: what a holder did
 not send in its slot is gone (it goes back to the budget and the request cap), so nothing
 unspent is saved up for a burst; and an idle holder asks for nothing, so the busy ones
 get all of the rate. A call takes one request and its *estimated* cost; when the answer
