@@ -15,7 +15,14 @@ from typing import Any
 
 import pytest
 
-from timewheel.spark.quota.bucket import SHARE_WINDOW_S, Bucket, Failover, LocalStore
+from timewheel.spark.quota.bucket import (
+    GIVE_UP_S,
+    MAX_RETRY_S,
+    SHARE_WINDOW_S,
+    Bucket,
+    Failover,
+    LocalStore,
+)
 from timewheel.spark.quota.spec import (
     BURST_S,
     HORIZON_S,
@@ -546,6 +553,26 @@ class Dies:
             return getattr(self.inner, name)(*args)
 
         return call
+
+
+def test_a_store_never_reached_with_nothing_to_go_on_fails_the_task_in_time() -> None:
+    clock = Clock()
+    store = Failover(Dies(Quota(rate=100), clock, answers=0), 0.5, clock)
+    task = TaskQuota(store, clock=clock, rng=random.Random(0))
+    started, asks = clock.now, 0
+    with pytest.raises(QuotaStoreError) as raised:
+        while True:  # it waits (asking the store less and less often) ...
+            wait = task.acquire()
+            assert wait > 0  # (nothing is ever taken without the store)
+            clock.now += wait
+            asks += 1
+    # ... until GIVE_UP_S without an answer: then the task fails, naming the store and why,
+    # instead of waiting for ever.
+    assert GIVE_UP_S <= clock.now - started <= GIVE_UP_S + MAX_RETRY_S + RESTART_JITTER_S
+    assert asks <= GIVE_UP_S / MAX_RETRY_S + 10
+    message = str(raised.value)
+    assert "Dies()" in message and "connection refused" in message
+    assert f"has not answered for {GIVE_UP_S:g}s" in message
 
 
 def test_share_scales_the_quota_and_what_is_left() -> None:

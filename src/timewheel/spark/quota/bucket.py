@@ -39,7 +39,15 @@ from .spec import (
     term_of,
 )
 
-__all__ = ["MAX_RETRY_S", "RETRY_S", "SHARE_WINDOW_S", "Bucket", "Failover", "LocalStore"]
+__all__ = [
+    "GIVE_UP_S",
+    "MAX_RETRY_S",
+    "RETRY_S",
+    "SHARE_WINDOW_S",
+    "Bucket",
+    "Failover",
+    "LocalStore",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +58,10 @@ SHARE_WINDOW_S = 2.0
 #: timeout each time), up to MAX_RETRY_S.
 RETRY_S = TERM_S
 MAX_RETRY_S = 8.0
+#: A process that fell back to nothing (it had no share to go on) and whose store has
+#: not answered for this long stops waiting: its takes raise the store's error, so the
+#: task fails saying so instead of waiting for ever.
+GIVE_UP_S = 120.0
 
 # The slack for float rounding in the buckets' comparisons.
 _EPS = 1e-9
@@ -451,6 +463,8 @@ class Failover:
         self.retry_at = math.inf
         self.retry_s = RETRY_S
         self.waiting = False
+        # When the store first failed while this process had nothing to go on, and how.
+        self.failed: tuple[float, str] | None = None
         self.name = f"failover-{secrets.token_hex(8)}"
         self.lock = threading.Lock()
         _atfork.reset(self)
@@ -520,6 +534,7 @@ class Failover:
                 # Nothing to go on: every take waits; the store is tried again.
                 self.fallback = LocalStore(self.quota, self.clock)
                 self.waiting = True
+                self.failed = (self.clock(), str(exc))
                 said = f"nothing (it was granted nothing in the last {SHARE_WINDOW_S:g}s): it waits"
             else:
                 share = replace(share, budget=left.budget, max_requests=left.max_requests)
@@ -558,6 +573,7 @@ class Failover:
                 return self.fallback
         with self.lock:
             self.fallback, self.retry_at, self.waiting = None, math.inf, False
+            self.failed = None
             self.granted.clear()
         logger.warning("quota store %r answers again; this process draws on it", self.primary)
         return None
@@ -566,6 +582,11 @@ class Failover:
         if self.fallback is not None and self.clock() >= self.retry_at:
             self._try_again()
         if self.fallback is not None and self.waiting:  # until the store is asked again
+            if self.failed and self.clock() - self.failed[0] >= GIVE_UP_S:
+                raise QuotaStoreError(
+                    f"quota store {self.primary!r} has not answered for {GIVE_UP_S:g}s and "
+                    f"this process has no share of the quota to go on: {self.failed[1]}"
+                )
             return Grant(wait_s=max(0.0, self.retry_at - self.clock()), paused=True)
         # (A fallback's count is this process's share's own: what the job's count was is
         # not for it to learn.)
