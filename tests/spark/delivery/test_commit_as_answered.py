@@ -63,7 +63,7 @@ def test_each_answer_is_in_the_journal_while_the_next_call_is_still_out(tmp_path
 FRESH_WORKER = """
 import sys
 from timewheel.spark.columns import PartitionDispatch
-from timewheel.spark.options import DispatchConfig
+from timewheel.spark.engine.contract import DispatchConfig
 from timewheel.spark.outcome import OK, Outcome
 import pyarrow as pa
 

@@ -142,7 +142,7 @@ def test_answers_come_out_while_the_other_calls_stay_out() -> None:
     of 256) to end, and the two sat in the partition until the held calls ended: the
     cluster's stream kill test found 2 answers kept from the record that way."""
     target = Held()
-    config = DispatchConfig(timeout_ms=60_000, max_in_flight=256, retries=0)
+    config = engine_config(timeout_ms=60_000, max_in_flight=256, retries=0)
     outcomes = timewheel_engine(iter([{"id": i} for i in range(256)]), target, config)
     got: list[Any] = []
     two = threading.Event()
