@@ -37,6 +37,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("TIMEWHEEL_SLOW_TESTS") != "1":
+        # The slowest whole-command tests (10-50 s each): .ci/slow runs them, so that the
+        # default suite stays near 10 minutes.
+        slow = pytest.mark.skip(reason="10-50 s: run by .ci/slow (TIMEWHEEL_SLOW_TESTS=1)")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(slow)
     if not (config.getoption("--no-c-extensions") or implementation().name != "cython"):
         return
     skip = pytest.mark.skip(reason="C extension not in use")

@@ -340,6 +340,7 @@ def test_an_operation_collected_in_a_cycle_while_listed_queues_its_entry() -> No
 
 
 # -- the twin's whole suite ----------------------------------------------------------------
+@pytest.mark.slow
 @needs_c
 def test_the_pure_python_twin_passes_the_timer_and_purgatory_suites() -> None:
     """With the extension in use, the suites above test the C core; run them once more

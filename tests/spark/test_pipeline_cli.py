@@ -331,6 +331,7 @@ def test_option_parsers() -> None:
     assert not on_loopback("spark://10.0.0.5:7077") and not on_loopback("yarn")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="no /usr/bin/python3")
 def test_executors_that_cannot_import_timewheel_are_one_line_exit_1(tmp_path: Path) -> None:
     if subprocess.run(["/usr/bin/python3", "-c", "import timewheel"]).returncode == 0:

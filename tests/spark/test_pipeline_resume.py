@@ -374,6 +374,7 @@ def test_a_resume_with_other_split_points_sends_every_row_once(tmp_path: Path) -
     exactly_once(out, ids)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", ["duplicate", "null"])
 def test_an_id_col_that_does_not_name_each_row_once_is_refused(tmp_path: Path, bad: str) -> None:
     import pyarrow as pa

@@ -12,6 +12,7 @@ from timewheel.cli.bench import aio
 from timewheel.cli.bench.aio import format_rows, run_aio_bench
 
 
+@pytest.mark.slow
 def test_bench_aio_reports_every_case_with_its_baseline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(aio, "BURST_LEAD_S", 0.05)
     monkeypatch.setattr(aio, "BURST_LEAD_PER_TIMER_S", 1e-4)

@@ -65,6 +65,7 @@ def test_the_ratios_are_the_pipelines_figures_over_the_floors() -> None:
     assert got["median"]["wall_x_asyncio_plus_floor"] == 0.562
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_bench_job_measures_the_floor_and_the_pipeline_whole(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -21,6 +21,7 @@ def test_figures_read_the_steady_state_and_the_busiest_window() -> None:
     assert got["refused_share"] == round(1 / 11, 4)
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_bench_quota_accounts_for_every_token(
     spark: Any, capsys: pytest.CaptureFixture[str]
@@ -50,6 +51,7 @@ def test_bad_scenarios_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "'fast'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_bench_quota_batches_multiply_the_rows_a_request_quota_allows(
     spark: Any, capsys: pytest.CaptureFixture[str]

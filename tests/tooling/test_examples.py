@@ -127,6 +127,7 @@ def run_spark_example(name: str, *unset: str) -> subprocess.CompletedProcess[str
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_the_enrich_example_runs_under_its_rate_and_saves_repeated_lookups() -> None:
     result = run_spark_example("enrich.py")
@@ -138,6 +139,7 @@ def test_the_enrich_example_runs_under_its_rate_and_saves_repeated_lookups() -> 
     assert shown, result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_the_llm_enrich_example_keeps_to_its_tokens_per_minute() -> None:
     result = run_spark_example("llm_enrich.py", "OPENAI_API_KEY")
