@@ -571,7 +571,10 @@ def test_batch_options_that_cannot_work_exit_2_before_anything_is_sent(
         ([*http, "--batch-reply", "a[*].b[*]"], "does not parse"),
         ([*http, "--method", "GET"], "sends none"),
         ([*http, "--batch-linger-ms", "-5"], "--batch-linger-ms must be between 0 and"),
-        ([*http, "--batch-max-cost", "10"], "--batch-max-cost 10 counts the rows' estimated cost: give --cost-col"),
+        (
+            [*http, "--batch-max-cost", "10"],
+            "--batch-max-cost 10 counts the rows' estimated cost: give --cost-col",
+        ),
     ]
     for extra, words in cases:
         assert pipeline_cli([*base, *extra]) == 2, extra

@@ -932,8 +932,10 @@ BROKEN = {
         "between options belongs in spark/planning.py",
     ),
     "a rule between an option and the schema outside planning": (
-        {"spark/batch/spec.py": "class B:\n    def settings(self, schema, *, batching):\n"
-         "        pass\n"},
+        {
+            "spark/batch/spec.py": "class B:\n    def settings(self, schema, *, batching):\n"
+            "        pass\n"
+        },
         "timewheel.spark.batch.spec:2: settings takes batching and schema",
     ),
     "the tooling decides between options": (
@@ -945,8 +947,10 @@ BROKEN = {
         "timewheel.spark.batch.spec:2: raises PlanError outside an option object",
     ),
     "the engine's config typed Any": (
-        {"spark/engine/contract.py": "from typing import Any\nclass DispatchConfig:\n"
-         "    timeout_ms: int = 1\n    cost: Any = None\n"},
+        {
+            "spark/engine/contract.py": "from typing import Any\nclass DispatchConfig:\n"
+            "    timeout_ms: int = 1\n    cost: Any = None\n"
+        },
         "timewheel.spark.engine.contract:4: DispatchConfig.cost is typed Any",
     ),
     "the tooling imports a private name of a sibling module": (

@@ -67,6 +67,7 @@ __all__ = [
     "task_slots",
 ]
 
+
 def __getattr__(name: str) -> Any:
     """Import ``dispatch`` (and with it pyspark) when it is first asked for."""
     if name in ("dispatch", "partition_dispatcher"):

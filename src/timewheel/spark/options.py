@@ -123,13 +123,18 @@ class Calls:
 
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__
-        setattr_(self, "max_in_flight", checked(
-            "Calls.max_in_flight", check_int, self.max_in_flight, 1, MAX_IN_FLIGHT))
+        setattr_(
+            self,
+            "max_in_flight",
+            checked("Calls.max_in_flight", check_int, self.max_in_flight, 1, MAX_IN_FLIGHT),
+        )
         setattr_(self, "key_cols", checked("Calls.key_cols", check_columns, self.key_cols))
-        setattr_(self, "retries", checked(
-            "Calls.retries", check_int, self.retries, 0, MAX_RETRIES))
-        setattr_(self, "backoff_ms", checked(
-            "Calls.backoff_ms", check_int, self.backoff_ms, 0, MAX_DELAY_MS))
+        setattr_(self, "retries", checked("Calls.retries", check_int, self.retries, 0, MAX_RETRIES))
+        setattr_(
+            self,
+            "backoff_ms",
+            checked("Calls.backoff_ms", check_int, self.backoff_ms, 0, MAX_DELAY_MS),
+        )
 
 
 def _column_or_function(name: str, value: Any, what: str) -> None:
@@ -168,8 +173,13 @@ class Cost:
         if self.estimate is None and self.actual is None:
             raise PlanError("Cost", self, "needs an estimate, an actual, or both")
         if self.max_per_call is not None:
-            object.__setattr__(self, "max_per_call", checked(
-                "Cost.max_per_call", check_number, self.max_per_call, 0, 1e15, strict_lo=True))
+            object.__setattr__(
+                self,
+                "max_per_call",
+                checked(
+                    "Cost.max_per_call", check_number, self.max_per_call, 0, 1e15, strict_lo=True
+                ),
+            )
             if self.estimate is not None or self.actual is None:
                 raise PlanError(
                     "Cost.max_per_call",
@@ -242,9 +252,17 @@ class Journal:
             )
         object.__setattr__(self, "path", value)
         if self.retain_batches is not None:
-            object.__setattr__(self, "retain_batches", checked(
-                "Journal.retain_batches", check_int, self.retain_batches, 1,
-                MAX_RETAINED_BATCHES))
+            object.__setattr__(
+                self,
+                "retain_batches",
+                checked(
+                    "Journal.retain_batches",
+                    check_int,
+                    self.retain_batches,
+                    1,
+                    MAX_RETAINED_BATCHES,
+                ),
+            )
 
 
 def read_path(path: str) -> Callable[[Any], Any]:

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DispatchPlan", "PlanError", "PlanTypeError", "plan"]
 
+
 @dataclass(frozen=True)
 class DispatchPlan:
     """What :func:`plan` made of ``dispatch``'s arguments: everything checked together.
@@ -119,8 +120,9 @@ def plan(
     engine = timewheel_engine if engine is None else engine
     if not callable(engine):
         raise PlanTypeError(
-            "engine", engine, f"must be an Engine (a function of rows, target and config), "
-            f"got {engine!r}"
+            "engine",
+            engine,
+            f"must be an Engine (a function of rows, target and config), got {engine!r}",
         )
     calls = Calls() if calls is None else calls
     for name, value, kind in (
@@ -206,15 +208,18 @@ def _check_quota(quota: Quota | None, cost: Cost | None, engine: Engine) -> None
         field = "Cost.estimate" if cost.estimate is not None else "Cost.actual"
         given = cost.estimate if cost.estimate is not None else cost.actual
         raise PlanError(
-            field, given, f"{given!r} is given without a " + "{quota} to count it against",
+            field,
+            given,
+            f"{given!r} is given without a " + "{quota} to count it against",
             ("quota",),
         )
     if quota is None:
         return
     if engine is not timewheel_engine:
         raise PlanError(
-            "engine", engine, "cannot keep a quota: a quota is kept by the timewheel engine "
-            f"only, not by {engine!r}"
+            "engine",
+            engine,
+            f"cannot keep a quota: a quota is kept by the timewheel engine only, not by {engine!r}",
         )
     counts_cost = quota.cost_rate is not None or quota.budget is not None
     if cost is not None and cost.estimate is not None and not counts_cost:
@@ -345,6 +350,5 @@ def _check_columns(
         raise PlanError(
             "target",
             missing,
-            f"names column(s) {list(missing)} that the input does not have; its columns: "
-            f"{listed}",
+            f"names column(s) {list(missing)} that the input does not have; its columns: {listed}",
         )

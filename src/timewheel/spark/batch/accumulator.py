@@ -58,9 +58,7 @@ class Accumulator(Generic[T]):
     rest (at the end of the input). Not thread-safe: one task's thread drives it.
     """
 
-    def __init__(
-        self, settings: Batching, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, settings: Batching, clock: Callable[[], float] = time.monotonic) -> None:
         if not isinstance(settings, Batching):
             raise TypeError(f"settings must be a Batching, got {settings!r}")
         self.settings = settings

@@ -82,11 +82,17 @@ class Batching:
         # NumPy integers are taken, stored as ints.
         setattr_ = object.__setattr__
         setattr_(self, "size", checked("Batching.size", check_int, self.size, 1, MAX_BATCH_SIZE))
-        setattr_(self, "linger_ms", checked(
-            "Batching.linger_ms", check_int, self.linger_ms, 0, MAX_BATCH_LINGER_MS))
+        setattr_(
+            self,
+            "linger_ms",
+            checked("Batching.linger_ms", check_int, self.linger_ms, 0, MAX_BATCH_LINGER_MS),
+        )
         if self.max_cost is not None:
-            setattr_(self, "max_cost", checked(
-                "Batching.max_cost", check_number, self.max_cost, 0, strict_lo=True))
+            setattr_(
+                self,
+                "max_cost",
+                checked("Batching.max_cost", check_number, self.max_cost, 0, strict_lo=True),
+            )
 
 
 # -- the body -----------------------------------------------------------------------------
@@ -201,5 +207,3 @@ def batch_deadline(deadlines: Sequence[float | None]) -> float | None:
     """A batch's deadline: its earliest row's (None when no row has one)."""
     known = [d for d in deadlines if d is not None]
     return min(known) if known else None
-
-

@@ -128,7 +128,12 @@ class _BatchCall(Attempt):
     __slots__ = ("batcher", "cost", "held", "job", "part")
 
     def __init__(
-        self, delay_ms: int, batcher: Batcher[Any], job: _Job[Any], part: Part, cost: float,
+        self,
+        delay_ms: int,
+        batcher: Batcher[Any],
+        job: _Job[Any],
+        part: Part,
+        cost: float,
         held: bool,
     ) -> None:
         Attempt.__init__(self, delay_ms)

@@ -112,6 +112,7 @@ class Spent(enum.Enum):
 #: Nothing more may be sent: the rows not sent end ``skipped`` with :data:`BUDGET_SPENT`.
 SPENT = Spent.SPENT
 
+
 def _amount(value: Any) -> float | None:
     """``value`` as a cost (a finite number >= 0), else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -357,7 +357,6 @@ class QuotaState:
     pauses: int = 0
 
 
-
 class QuotaStore(Protocol):
     """Where a quota lives: every method may raise :class:`QuotaStoreError`."""
 
