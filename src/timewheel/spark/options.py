@@ -170,8 +170,6 @@ class Cost:
     def __post_init__(self) -> None:
         _column_or_function("Cost.estimate", self.estimate, "a column name (str)")
         _column_or_function("Cost.actual", self.actual, 'a dotted path (str, "usage.total")')
-        if self.estimate is None and self.actual is None:
-            raise PlanError("Cost", self, "needs an estimate, an actual, or both")
         if self.max_per_call is not None:
             object.__setattr__(
                 self,
@@ -184,10 +182,12 @@ class Cost:
                 raise PlanError(
                     "Cost.max_per_call",
                     self.max_per_call,
-                    "is the hold of a cost known only from the answer: give it with "
-                    "{Cost.actual} and no {Cost.estimate}",
+                    f"({self.max_per_call:g}) is the hold of a cost known only from the "
+                    "answer: give it with {Cost.actual} and no {Cost.estimate}",
                     ("Cost.actual", "Cost.estimate"),
                 )
+        if self.estimate is None and self.actual is None:
+            raise PlanError("Cost", self, "needs an estimate, an actual, or both")
 
     def actual_of(self) -> Callable[[Any], Any] | None:
         """A function of the parsed answer that reads the cost it says (None: no

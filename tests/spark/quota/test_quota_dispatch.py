@@ -544,6 +544,8 @@ def test_a_budget_needs_a_cost_to_count_it_by() -> None:
             Cost(actual="usage.total_tokens", max_per_call=bad)
     with pytest.raises(ValueError, match=r"give it with Cost\.actual and no Cost\.estimate"):
         Cost("tokens", "usage.total_tokens", max_per_call=5)
+    with pytest.raises(ValueError, match=r"Cost\.max_per_call \(5\) is the hold .* Cost\.actual"):
+        Cost(max_per_call=5)  # (the ceiling named, not "needs an estimate")
 
 
 def test_the_pipelines_budget_needs_a_cost_to_count_it_by(

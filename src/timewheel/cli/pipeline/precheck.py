@@ -56,8 +56,8 @@ def dispatch_options(
     from ..bench.engines import get_engine
 
     cost = dedupe = None
-    if args.cost_col is not None or args.reply_cost is not None:
-        cost = Cost(args.cost_col, args.reply_cost)
+    if any(v is not None for v in (args.cost_col, args.reply_cost, args.max_cost_per_call)):
+        cost = Cost(args.cost_col, args.reply_cost, args.max_cost_per_call)
     if args.dedupe_requests:
         dedupe = Dedupe(args.dedupe_col, requests=True)
     elif args.dedupe_col is not None:
@@ -89,6 +89,7 @@ FLAGS = {
     "Calls.backoff_ms": "--backoff-ms",
     "Cost.estimate": "--cost-col",
     "Cost.actual": "--reply-cost",
+    "Cost.max_per_call": "--max-cost-per-call",
     "Dedupe.col": "--dedupe-col",
     "Dedupe.requests": "--dedupe-requests",
     "Quota.budget": "--budget",

@@ -36,6 +36,14 @@ def add_quota_options(parser: argparse.ArgumentParser) -> None:
         "difference from the estimate is settled with the quota",
     )
     group.add_argument(
+        "--max-cost-per-call",
+        type=float,
+        metavar="N",
+        help="with --reply-cost and no --cost-col: the most one call can cost; each call in "
+        "flight holds that much of --budget until its answer says what it cost, so the run "
+        "spends past the budget only what answers say beyond it",
+    )
+    group.add_argument(
         "--concurrency",
         type=positive(int),
         metavar="N",
