@@ -425,6 +425,20 @@ def test_a_pause_without_a_rate_restarts_the_tasks_with_jitter() -> None:
     assert a.acquire() == 0.0
 
 
+def test_a_long_pause_is_told_with_what_the_service_asked_while_it_lasts() -> None:
+    clock = Clock()
+    store = LocalStore(Quota(rate=10, max_pause_s=30), clock)
+    task = TaskQuota(store, clock=clock, rng=random.Random(0))
+    task.pause(2.0)  # a short pause: nothing to tell
+    assert store.state().asked_by == "" and store.state().paused_for_s == pytest.approx(2.0)
+    task.pause(3_600_000.0, "x-ratelimit-reset-requests")  # 1000 h asked, 30 s taken
+    state = store.state()
+    assert (state.asked_pause_s, state.asked_by) == (3_600_000.0, "x-ratelimit-reset-requests")
+    assert state.paused_for_s == pytest.approx(30.0)
+    clock.now += 30.0  # over: the store no longer tells it
+    assert (store.state().asked_pause_s, store.state().asked_by) == (0.0, "")
+
+
 def test_a_longer_pause_stands() -> None:
     clock = Clock()
     bucket = Bucket(Quota(rate=10), clock)

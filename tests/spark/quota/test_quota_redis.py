@@ -78,6 +78,9 @@ SCENARIO: list[tuple[float, str, tuple[Any, ...]]] = [
     (5, "take", ("d", Ask(50, 5000.0, 900.0, 4, 1, 0.0))),
     (0, "leave", ("d", 0.0)),
     (0, "state", ()),
+    (0, "pause", (8.0, 3_600_000.0, "x-ratelimit-reset-requests")),  # a long pause, as asked
+    (4, "state", ()),
+    (5, "state", ()),  # (over: no longer said)
     (5, "take", ("e", Ask(50, 5000.0, 5000.0, 0, 0, 0.0))),  # more than the budget left
     (5, "take", ("e", Ask(1, 1.0, 1.0, 0, 0, 0.0))),  # stopped for good
     (0, "state", ()),

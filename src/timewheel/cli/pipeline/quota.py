@@ -11,7 +11,7 @@ from typing import Any
 
 from ...spark.quota.spec import Quota, parse_rate
 from ..argtypes import option_group, positive
-from .errors import UsageError
+from .errors import UsageError, note
 
 __all__ = ["QuotaWatch", "add_quota_options", "dry_run", "quota_from_args"]
 
@@ -190,6 +190,8 @@ class QuotaWatch:
         self.reports = reports  # the workers' counts: refusals, answers without a cost
         self.samples: list[tuple[float, int, float]] = []
         self.error: str | None = None
+        # Until when the long pause last said lasts (by time.monotonic): said once.
+        self.said_until = -math.inf
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="timewheel-quota", daemon=True)
 
@@ -211,8 +213,18 @@ class QuotaWatch:
         except Exception as exc:  # a store gone: said in the summary, not fatal
             self.error = f"{type(exc).__name__}: {exc}"
             return
-        self.samples.append((time.monotonic(), state.requests_taken, state.cost_spent))
+        now = time.monotonic()
+        self.samples.append((now, state.requests_taken, state.cost_spent))
         self.pauses = state.pauses
+        if state.asked_by and now >= self.said_until:
+            # A worker's log says it too, but no user reads that: the command's stderr.
+            self.said_until = now + state.paused_for_s
+            note(
+                f"quota: a service's {state.asked_by} asked for a pause of "
+                f"{state.asked_pause_s:.6g}s; the whole job pauses "
+                f"{min(state.asked_pause_s, self.quota.max_pause_s):.6g}s (the most it "
+                f"pauses for one answer: {self.quota.max_pause_s:g}s)"
+            )
 
     def _run(self) -> None:
         while not self._stop.wait(1.0):

@@ -23,6 +23,7 @@ from .spec import (
     HORIZON_S,
     LEASE_S,
     LEFT_SHARE,
+    LONG_PAUSE_S,
     PACE_CUT,
     PACE_CUT_EVERY_S,
     PACE_FLOOR,
@@ -104,6 +105,9 @@ class Bucket:
         self.tat_r = self.tat_c = now - BURST_S
         self.stamp = now
         self.paused_until = -math.inf
+        # The last long pause a service asked for: seconds asked, the header that asked,
+        # and when the pause it made ends.
+        self.long_pause: tuple[float, str, float] = (0.0, "", -math.inf)
         self.requests_taken = 0
         self.cost_spent = 0.0
         self.slots_used = 0
@@ -318,12 +322,16 @@ class Bucket:
         difference from the budget and the cost timeline, or pay it back."""
         self._begin(holder, owed)
 
-    def pause(self, seconds: float) -> None:
+    def pause(self, seconds: float, asked: float = 0.0, header: str = "") -> None:
         """Grant nothing before ``seconds`` from now (a pause already longer stands): the
         pause is a gap put in the timelines, so what is granted meanwhile goes after it,
         and nothing is saved up for its end; and the job's pace is cut (see
-        :data:`~timewheel.spark.quota.spec.PACE_CUT`)."""
+        :data:`~timewheel.spark.quota.spec.PACE_CUT`). A pause longer than
+        :data:`~timewheel.spark.quota.spec.LONG_PAUSE_S` is remembered with what the
+        service ``asked`` and in which ``header`` (the driver says it, see ``state``)."""
         now = self.clock()
+        if seconds > LONG_PAUSE_S:
+            self.long_pause = (max(asked, seconds), header, now + seconds)
         self._recover(now)
         if now - self.paced_at >= PACE_CUT_EVERY_S:
             self.pace = max(PACE_FLOOR, self.pace * (1.0 - PACE_CUT))
@@ -350,6 +358,8 @@ class Bucket:
             paused_for_s=max(0.0, self.paused_until - now),
             exhausted=self.exhausted,
             pauses=self.pauses,
+            asked_pause_s=self.long_pause[0] if now < self.long_pause[2] else 0.0,
+            asked_by=self.long_pause[1] if now < self.long_pause[2] else "",
         )
 
 
@@ -386,9 +396,9 @@ class LocalStore:
         with self.lock:
             self.bucket.settle(holder, owed)
 
-    def pause(self, seconds: float) -> None:
+    def pause(self, seconds: float, asked: float = 0.0, header: str = "") -> None:
         with self.lock:
-            self.bucket.pause(seconds)
+            self.bucket.pause(seconds, asked, header)
 
     def state(self) -> QuotaState:
         with self.lock:
@@ -625,8 +635,8 @@ class Failover:
     def settle(self, holder: str, owed: float) -> None:
         self._run(lambda s: s.settle(holder, owed))
 
-    def pause(self, seconds: float) -> None:
-        self._run(lambda s: s.pause(seconds))
+    def pause(self, seconds: float, asked: float = 0.0, header: str = "") -> None:
+        self._run(lambda s: s.pause(seconds, asked, header))
 
     def state(self) -> QuotaState:
         return self._run(lambda s: s.state())

@@ -56,6 +56,7 @@ from .spec import (
     BURST_S,
     HORIZON_S,
     LEASE_S,
+    LONG_PAUSE_S,
     MAX_ASKS_PER_S,
     PACE_CUT,
     PACE_CUT_EVERY_S,
@@ -94,7 +95,7 @@ local budget, cap, ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local weight, BURST = tonumber(ARGV[9]), tonumber(ARGV[10])
 local LEASE, KEEP_JOB = tonumber(ARGV[11]), tonumber(ARGV[12])
 local LEFT_SHARE = 8
-local TERM, MAX_ASKS, HORIZON = @TERM@
+local TERM, MAX_ASKS, HORIZON, LONG_PAUSE = @TERM@
 local PACE_CUT, PACE_CUT_EVERY, PACE_FLOOR, PACE_RECOVERY = @PACE@
 local a = {}
 for i = 13, #ARGV do a[i - 12] = ARGV[i] end
@@ -309,6 +310,10 @@ elseif op == 'pause' then
   end
   st.stamp = math.max(st.stamp, st.paused)
   st.pauses = st.pauses + 1
+  if tonumber(a[1]) > LONG_PAUSE then  -- remembered with what was asked (Bucket.pause)
+    redis.call('HSET', S, 'ask', f(math.max(tonumber(a[2]), tonumber(a[1]))), 'askh', a[3],
+               'asku', f(now + tonumber(a[1])))
+  end
   save()
   return 'ok'
 elseif op == 'state' then
@@ -316,8 +321,12 @@ elseif op == 'state' then
   save()
   local refused = 0
   if refused_before() then refused = 1 end
+  -- the long pause in effect, as asked (Bucket.state)
+  local asked = redis.call('HMGET', S, 'ask', 'askh', 'asku')
+  if (tonumber(asked[3]) or -math.huge) <= now then asked = {'0', ''} end
   return {tostring(st.taken), f(st.spent), tostring(st.slots), tostring(redis.call('ZCARD', E)),
-          f(math.max(0, st.paused - now)), tostring(refused), tostring(st.pauses)}
+          f(math.max(0, st.paused - now)), tostring(refused), tostring(st.pauses),
+          asked[1] or '0', asked[2] or ''}
 elseif op == 'reset' then
   redis.call('DEL', S, H, E, B, A)
   return 'ok'
@@ -327,7 +336,7 @@ return redis.error_reply('no such operation ' .. tostring(op))
 # The pace's constants, as Bucket has them (see spec.PACE_CUT).
 SCRIPT = SCRIPT.replace(
     "@PACE@", ", ".join(map(repr, (PACE_CUT, PACE_CUT_EVERY_S, PACE_FLOOR, PACE_RECOVERY)))
-).replace("@TERM@", ", ".join(map(repr, (TERM_S, MAX_ASKS_PER_S, HORIZON_S))))
+).replace("@TERM@", ", ".join(map(repr, (TERM_S, MAX_ASKS_PER_S, HORIZON_S, LONG_PAUSE_S))))
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,200}$")
 
@@ -533,13 +542,15 @@ class RedisStore:
     def settle(self, holder: str, owed: float) -> None:
         self._run("settle", holder, repr(float(owed)))
 
-    def pause(self, seconds: float) -> None:
-        self._run("pause", repr(float(seconds)))
+    def pause(self, seconds: float, asked: float = 0.0, header: str = "") -> None:
+        self._run("pause", repr(float(seconds)), repr(float(asked)), header)
 
     def state(self) -> QuotaState:
-        taken, spent, slots, holders, paused, exhausted, pauses = (
-            self._f(x) for x in self._run("state")
+        got = self._run("state")
+        taken, spent, slots, holders, paused, exhausted, pauses, asked = (
+            self._f(x) for x in got[:8]
         )
+        asked_by = got[8].decode() if isinstance(got[8], bytes) else str(got[8])
         return QuotaState(
             requests_taken=int(taken),
             cost_spent=spent,
@@ -548,6 +559,8 @@ class RedisStore:
             paused_for_s=paused,
             exhausted=bool(exhausted),
             pauses=int(pauses),
+            asked_pause_s=asked,
+            asked_by=asked_by,
         )
 
     def reset(self) -> None:

@@ -444,8 +444,8 @@ class ServiceStore:
     def settle(self, holder: str, owed: float) -> None:
         self._call("settle", holder, owed)
 
-    def pause(self, seconds: float) -> None:
-        self._call("pause", seconds)
+    def pause(self, seconds: float, asked: float = 0.0, header: str = "") -> None:
+        self._call("pause", seconds, asked, header)
 
     def state(self) -> QuotaState:
         return QuotaState(**self._call("state"))

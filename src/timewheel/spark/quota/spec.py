@@ -355,6 +355,10 @@ class QuotaState:
     paused_for_s: float = 0.0
     exhausted: bool = False
     pauses: int = 0
+    #: The pause longer than LONG_PAUSE_S in effect, as a service asked for it: how long
+    #: (before ``Quota.max_pause_s`` capped it), and the header that asked ("": none).
+    asked_pause_s: float = 0.0
+    asked_by: str = ""
 
 
 class QuotaStore(Protocol):
@@ -374,7 +378,7 @@ class QuotaStore(Protocol):
 
     def settle(self, holder: str, owed: float) -> None: ...
 
-    def pause(self, seconds: float) -> None: ...
+    def pause(self, seconds: float, asked: float = 0.0, header: str = "") -> None: ...
 
     def state(self) -> QuotaState: ...
 

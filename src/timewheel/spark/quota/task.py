@@ -312,7 +312,7 @@ class TaskQuota:
         seconds = check_number("seconds", seconds, 0)
         taken = min(seconds, self.quota.max_pause_s)
         with self.lock:
-            self.store.pause(taken)
+            self.store.pause(taken, seconds, header)
             self._give_back_stock()
             until = self.clock() + taken
             if taken <= LONG_PAUSE_S or until <= self.said_until + LONG_PAUSE_S:
