@@ -456,7 +456,6 @@ def test_a_dry_run_says_what_would_be_sent_and_sends_nothing(
             "--max-cost-per-call (5) is the hold of a cost known only from the answer: give "
             "it with --reply-cost and no --cost-col",
         ),
-        (["--budget", "10", "--reply-cost", "u", "--max-cost-per-call", "nan"], "nan"),
         (["--budget", "10", "--max-cost-per-call", "5"], "--max-cost-per-call (5) is the hold"),
         (["--cost-rate", "lots"], "quota: --cost-rate must be a number per second"),
         (["--budget", "nan"], "quota: budget must be a number > 0 and <= 1e+15, got nan"),

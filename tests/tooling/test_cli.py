@@ -42,6 +42,38 @@ def test_bench_without_a_name_is_a_usage_error(capsys: pytest.CaptureFixture[str
     assert "BENCHMARK" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["pipeline", "--max-in-flight", "abc"],
+            "timewheel pipeline: error: argument --max-in-flight: invalid int value: 'abc'",
+        ),
+        (  # past what Spark and libcurl take: refused here, not after Spark started
+            ["pipeline", "--partitions", "99999999999999999999"],
+            "argument --partitions: must be between 1 and 2147483647, got 99999999999999999999",
+        ),
+        (["pipeline", "--http-max-connections", "0"], "argument --http-max-connections: must be"),
+        (["pipeline", "--max-cost-per-call", "inf"], "--max-cost-per-call: must be"),
+        (
+            ["pipeline", "--budgt", "10"],
+            "timewheel pipeline: error: unrecognized arguments: --budgt 10; --budgt: did you "
+            "mean --budget?",
+        ),
+        (["bench", "quota", "--rowz", "5"], "did you mean --rows?"),
+        (["--nope"], "timewheel: error: unrecognized arguments: --nope (see timewheel --help)"),
+    ],
+)
+def test_a_bad_flag_is_one_line_naming_it_and_the_way_out(
+    capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err and err.rstrip().endswith("--help)")
+
+
 def test_building_the_parser_imports_no_heavy_library() -> None:
     # Every `timewheel bench x` builds the whole parser: an import of pyspark there costs
     # every benchmark ~35 MiB of peak RSS (40 -> 75 MiB here) and moves their figures.

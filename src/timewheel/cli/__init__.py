@@ -9,8 +9,11 @@ library or the Spark wing imports it.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
+from collections.abc import Sequence
 from types import ModuleType
+from typing import Any, NoReturn
 
 
 def _commands() -> tuple[ModuleType, ...]:
@@ -65,9 +68,54 @@ def _benchmarks() -> tuple[ModuleType, ...]:
     )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, with its errors in one line (its usage is 30 lines and more, and
+    buried the error under them) and a mistyped flag answered with the flags it is near.
+    Its subcommands' parsers are of this class too (argparse makes them of the parent's)."""
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> argparse.Namespace:
+        """As argparse's, but flags no one knows are told by the subcommand they were
+        given to (``timewheel pipeline: error: ...``), with its flags near them."""
+        parsed: argparse.Namespace
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            _chosen(self, parsed).error("unrecognized arguments: " + " ".join(extras))
+        return parsed
+
+    def error(self, message: str) -> NoReturn:
+        words = message.split()
+        if message.startswith("unrecognized arguments:"):
+            flags = sorted(_flags(self))
+            near = [
+                f"{word}: did you mean {' or '.join(close)}?"
+                for word in words[2:]
+                if word.startswith("--")
+                and (close := difflib.get_close_matches(word.split("=")[0], flags, 2, 0.75))
+            ]
+            message = "; ".join([message, *near])
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    """Every ``--flag`` of ``parser``."""
+    return {s for s in parser._option_string_actions if s.startswith("--")}
+
+
+def _chosen(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> Any:
+    """The (sub)command ``parsed`` ran: ``parser``, or the subparser it chose, and so on."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            sub = action.choices.get(getattr(parsed, action.dest, None) or "")
+            if sub is not None:
+                return _chosen(sub, parsed)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser with every available subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="timewheel",
         description="Hierarchical timing wheels and a request purgatory for Python.",
     )

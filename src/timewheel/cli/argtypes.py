@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any, Callable
 
-__all__ = ["non_negative", "option_group", "positive"]
+__all__ = ["MAX_INT", "non_negative", "option_group", "positive"]
 
 
 def positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -18,12 +19,24 @@ def non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     return _bounded(kind, 0, inclusive=True)
 
 
+#: The largest int a flag takes: what Spark (a Java int) and libcurl (a C int) can hold,
+#: so a value past it is refused here, naming its flag, not after Spark started.
+MAX_INT = 2**31 - 1
+
+
 def _bounded(kind: Callable[[str], Any], lo: float, *, inclusive: bool) -> Callable[[str], Any]:
     words = f">= {lo}" if inclusive else f"> {lo}"
+    if kind is int:
+        words = f"between {lo if inclusive else lo + 1} and {MAX_INT}"
 
     def parse(text: str) -> Any:
         value = kind(text)  # a ValueError here makes argparse say "invalid <kind> value"
-        if not (value >= lo if inclusive else value > lo):
+        ok = value >= lo if inclusive else value > lo
+        if kind is int:
+            ok = ok and value <= MAX_INT
+        elif isinstance(value, float):
+            ok = ok and math.isfinite(value)
+        if not ok:
             raise argparse.ArgumentTypeError(f"must be {words}, got {text}")
         return value
 

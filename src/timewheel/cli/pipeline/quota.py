@@ -37,7 +37,7 @@ def add_quota_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--max-cost-per-call",
-        type=float,
+        type=positive(float),
         metavar="N",
         help="with --reply-cost and no --cost-col: the most one call can cost; each call in "
         "flight holds that much of --budget until its answer says what it cost, so the run "

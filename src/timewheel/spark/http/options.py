@@ -18,12 +18,21 @@ from ..._validate import INT64_MAX, check_int, check_number
 from ..batch.replies import ReplySplit
 from ..batch.spec import BatchBody, BodySpec
 
-__all__ = ["DEFAULT_MAX_REPLY_BYTES", "MAX_TIMEOUT_S", "TLS", "BatchFormat", "HttpLimits"]
+__all__ = [
+    "DEFAULT_MAX_REPLY_BYTES",
+    "MAX_CONNECTIONS",
+    "MAX_TIMEOUT_S",
+    "TLS",
+    "BatchFormat",
+    "HttpLimits",
+]
 
 #: The default limit on an answer's size (bytes) per row: 1 MiB.
 DEFAULT_MAX_REPLY_BYTES = 1 << 20
 #: The longest ``HttpLimits.timeout_s``: 2**31 - 1 ms, what libcurl takes everywhere.
 MAX_TIMEOUT_S = (2**31 - 1) / 1000
+#: The most connections a worker's ``HttpLimits.max_connections`` may ask for.
+MAX_CONNECTIONS = 1_000_000
 
 
 def _check_bool(name: str, value: Any) -> None:
@@ -109,7 +118,10 @@ class HttpLimits:
 
     def __post_init__(self) -> None:
         if self.max_connections is not None:
-            connections = check_int("HttpLimits.max_connections", self.max_connections, 1)
+            # (libcurl counts connections in a C int; a million is far past any use)
+            connections = check_int(
+                "HttpLimits.max_connections", self.max_connections, 1, MAX_CONNECTIONS
+            )
             object.__setattr__(self, "max_connections", connections)
         if self.timeout_s is not None:
             timeout = check_number("HttpLimits.timeout_s", self.timeout_s, 0.001, MAX_TIMEOUT_S)
