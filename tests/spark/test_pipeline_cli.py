@@ -287,6 +287,23 @@ def test_progress_counts_rows_to_the_total(
     with Progress(rows, 2000, quiet=True):
         pass
     assert quiet.getvalue() == ""
+    # A quota whose request cap is spent: the rows it skipped are counted apart.
+    from timewheel.spark import Quota
+
+    skipping = JournalCount(tmp_path / "journal-capped")
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    capped = dispatch(
+        df,
+        SimulatedDownstream(1, 2),
+        id_col="id",
+        quota=Quota(max_requests=500),
+        journal=Journal(str(skipping.directory)),
+    )
+    with Progress(skipping, 2000, quiet=False):
+        assert capped.filter("status = 'skipped'").count() == 1500
+    assert skipping.value == 2000 and skipping.skipped == 1500
+    assert "1,500 skipped" in terminal.getvalue().split("\r")[-1]
 
 
 def test_the_histogram_gives_every_outcome_its_own_log_scale_panel(

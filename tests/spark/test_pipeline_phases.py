@@ -246,6 +246,14 @@ def test_progress_lines_every_interval_with_the_cost_spent(
 
     assert Progress(NoneYet(), 1000, quiet=False).line() == "sending: 1,000 rows, none answered yet"
 
+    class Skipping:  # a spent quota: the rows that end unsent are said apart
+        value, skipped = 2000, 1500
+
+    line = Progress(Skipping(), 2000, quiet=False).line()
+    assert line.startswith(
+        "sending: 2,000 of 2,000 rows (100%), 1,500 of them skipped (not sent: the quota is spent)"
+    )
+
 
 def test_the_progress_interval_is_read_from_the_environment(
     monkeypatch: pytest.MonkeyPatch,

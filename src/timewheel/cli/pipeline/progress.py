@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ...spark.delivery.journal import read_batches
+from ...spark.outcome import SKIPPED
 from .errors import note
 
 #: Seconds between two progress lines when stderr is not a terminal (a pipe, a log file),
@@ -93,10 +94,13 @@ class Progress:
         return None
 
     def _advance(self) -> None:
+        done = self.rows.value  # (first: it counts the skipped too)
         cost = self._cost()
-        if cost is not None:
-            self._bar.set_postfix_str(cost, refresh=False)
-        self._bar.update(self.rows.value - self._bar.n)
+        skipped = getattr(self.rows, "skipped", 0)
+        words = [w for w in (cost, f"{skipped:,} skipped" if skipped else None) if w]
+        if words:
+            self._bar.set_postfix_str(", ".join(words), refresh=False)
+        self._bar.update(done - self._bar.n)
 
     def line(self) -> str:
         """The progress line: rows done of the total, rows/s since the last line, cost."""
@@ -106,6 +110,9 @@ class Progress:
         share = f" ({done / self.total:.0%})" if self.total else ""
         rate = (done - before) / (now - then) if now > then else 0.0
         words = [f"sending: {done:,} of {self.total:,} rows{share}", f"{rate:,.0f} rows/s"]
+        skipped = getattr(self.rows, "skipped", 0)
+        if skipped:  # rows that ended unsent are not rows sent
+            words[0] += f", {skipped:,} of them skipped (not sent: the quota is spent)"
         if not done:  # (the tasks starting, or the first answers on their way: not a stall)
             words = [f"sending: {self.total:,} rows, none answered yet"]
         cost = self._cost()
@@ -121,7 +128,8 @@ class Progress:
 
 
 class JournalCount:
-    """The rows a run's tasks have committed to its journal (the progress's count).
+    """The rows a run's tasks have committed to its journal (the progress's count), and
+    how many of them ended ``skipped`` (:attr:`skipped`, as of the last :attr:`value`).
 
     A file whose size has not changed since it was last counted is not read again: a
     poll reads only the files tasks are still writing.
@@ -129,13 +137,14 @@ class JournalCount:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self._counted: dict[Path, tuple[int, int]] = {}  # file: (size, rows)
+        self._counted: dict[Path, tuple[int, int, int]] = {}  # file: (size, rows, skipped)
+        self.skipped = 0
 
     @property
     def value(self) -> int:
         if not self.directory.is_dir():
             return 0
-        total = 0
+        total = skipped = 0
         for path in self.directory.glob("*.arrow"):
             try:
                 size = path.stat().st_size
@@ -143,7 +152,21 @@ class JournalCount:
                 continue
             counted = self._counted.get(path)
             if counted is None or counted[0] != size:
-                counted = (size, sum(b.num_rows for b in read_batches(path)))
+                batches = list(read_batches(path))
+                counted = (size, sum(b.num_rows for b in batches), _skipped(batches))
                 self._counted[path] = counted
             total += counted[1]
+            skipped += counted[2]
+        self.skipped = skipped
         return total
+
+
+def _skipped(batches: list[Any]) -> int:
+    """The rows of ``batches`` whose status is ``skipped``."""
+    import pyarrow.compute as pc
+
+    return sum(
+        pc.sum(pc.equal(b.column("status"), SKIPPED)).as_py() or 0
+        for b in batches
+        if "status" in b.schema.names
+    )
