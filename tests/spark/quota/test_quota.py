@@ -14,6 +14,8 @@ import time
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from timewheel.spark.quota.bucket import (
     GIVE_UP_S,
@@ -690,3 +692,47 @@ def test_a_child_forked_while_a_thread_holds_the_locks_takes_its_own_share() -> 
     assert os.waitstatus_to_exitcode(done[1]) == 0
     assert task.acquire(1.0) == 0.0  # the parent's copies work on
     task.close()
+
+
+# -- invariants over random operations -----------------------------------------------------
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["take", "give_back", "settle", "leave", "pause", "tick"]),
+        st.integers(0, 5),  # which holder
+        st.integers(1, 40),  # requests
+        st.floats(0.0, 300.0),  # cost
+        st.floats(-50.0, 50.0),  # owed
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=_OPS)
+def test_the_cap_and_the_budget_hold_whatever_the_holders_do(ops: list[Any]) -> None:
+    """Holders asking, giving back, settling and leaving at random: the requests taken
+    never pass the cap, the cost spent never passes the budget but by what answers owed
+    beyond their estimates, and the counts are what the holders hold."""
+    clock = Clock()
+    q = Quota(rate=50, cost_rate=2000, budget=1000, max_requests=60)
+    bucket = Bucket(q, clock)
+    debts = 0.0
+    for op, h, n, cost, owed in ops:
+        holder = f"h{h}"
+        if op == "take":
+            bucket.take(holder, Ask(n, cost, min(cost, 10.0)))
+        elif op == "give_back" and holder in bucket.holders:
+            bucket.give_back(holder, n, cost)
+        elif op == "settle" and holder in bucket.holders:
+            bucket.settle(holder, owed)
+            debts += max(owed, 0.0)
+        elif op == "leave" and holder in bucket.holders:
+            bucket.leave(holder, 0.0, n, cost)
+        elif op == "pause":
+            bucket.pause(owed % 3)
+        elif op == "tick":
+            clock.now += cost / 100
+        assert 0 <= bucket.requests_taken <= q.max_requests
+        assert bucket.cost_spent <= q.budget + debts + 1e-6
+        held = sum(x.requests for x in bucket.holders.values())
+        assert held <= bucket.requests_taken  # (a holder dropped or gone keeps its count)
