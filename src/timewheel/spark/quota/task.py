@@ -135,12 +135,9 @@ class TaskQuota:
         self.ends = math.inf
         # Requests of a grant whose slot ended unsent: given back with the next ask.
         self.unused = 0
-        # The last grant's requests, what it left unsent, and what the next ask asks for
-        # (a slow start: see _ask).
+        # The last grant's requests, and what it left unsent (a slow start: see _ask).
         self.granted = 0
         self.left = 0
-        self.want = 1
-
         # The job's cost spent and requests taken as the store last said, and which count
         # of the store said it (see Ask).
         self.seen_spent = 0.0
@@ -173,7 +170,6 @@ class TaskQuota:
             now = self.clock()
             if now >= self.ends:  # the grant's slot is over: what it left is gone
                 self._drop_stock()
-
             need_slot = self.quota.concurrency is not None and self.in_flight >= self.slots
             if self.requests < 1 or self.cost < cost or need_slot:
                 if now < self.ask_at:  # told when to ask again: not before
@@ -207,8 +203,8 @@ class TaskQuota:
                 self._drop_stock()
             left, self.left = self.left, 0
             want = 2 * self.granted if left == 0 else self.granted - left
-            self.want = max(1, min(want, self.ask_requests))
-            requests, asked_cost = self.want, max(cost, cost * self.want)
+            requests = max(1, min(want, self.ask_requests))
+            asked_cost = max(cost, cost * requests)
         else:
             requests = max(1, self.ask_requests - max(0, self.requests))
             asked_cost = max(cost, self.ask_cost - self.cost, cost * self.ask_requests)
@@ -261,7 +257,6 @@ class TaskQuota:
             # Its calls may go until a term after the slot's start at least (a task held
             # up by its calls' latency sends what it was granted then), plus a lag.
             self.ends = start + max(grant.span_s, TERM_S) + CATCH_UP_S
-
         return 0.0
 
     def _drop_stock(self) -> None:
