@@ -53,7 +53,6 @@ def test_bench_without_a_name_is_a_usage_error(capsys: pytest.CaptureFixture[str
             ["pipeline", "--partitions", "99999999999999999999"],
             "argument --partitions: must be between 1 and 2147483647, got 99999999999999999999",
         ),
-        (["pipeline", "--http-max-connections", "0"], "argument --http-max-connections: must be"),
         (["pipeline", "--max-cost-per-call", "inf"], "--max-cost-per-call: must be"),
         (
             ["pipeline", "--budgt", "10"],

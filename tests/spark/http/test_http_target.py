@@ -405,7 +405,11 @@ def test_pipeline_options_make_the_http_target() -> None:
     ("argv", "words"),
     [
         (["--http-header", "no-colon"], "--http-header must be NAME:VALUE, got 'no-colon'"),
-        (["--http-max-connections", "0"], "HttpLimits.max_connections must be >= 1, got 0"),
+        (["--http-max-connections", "0"], "HttpLimits.max_connections must be between 1 and"),
+        (
+            ["--http-max-connections", "99999999999999999999"],
+            "HttpLimits.max_connections must be between 1 and 1000000, got 99999999999999999999",
+        ),
     ],
 )
 def test_pipeline_refuses_bad_http_options(

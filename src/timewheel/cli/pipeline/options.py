@@ -463,7 +463,7 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
     target = option_group(parser, "target")
     target.add_argument(
         "--http-max-connections",
-        type=positive(int),
+        type=int,  # (HttpLimits checks it, naming its field, before Spark starts)
         metavar="N",
         help="connections per Python worker (default: as many as calls in flight)",
     )
