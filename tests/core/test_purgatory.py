@@ -610,13 +610,17 @@ def test_shutdown_with_pending_operations_returns_them_uncompleted() -> None:
 
 
 # -- memory ------------------------------------------------------------------------------
-def test_a_million_completed_operations_leave_no_trace(impl: str) -> None:
+def test_a_million_completed_operations_leave_no_trace_in_c_a_quarter_in_python(impl: str) -> None:
     # The child must import the very package under test, wherever that lives.
     package_root = str(Path(timer_module.__file__).parents[1])
     path = os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, PYTHONPATH=path)
+    # A million through the C core; a quarter of that through the Python twin (21 s for a
+    # million, in every CI lane that runs the core's tests), where a leak of one entry an
+    # operation (well over 64 bytes) still passes the bound below.
+    operations = "1000000" if impl == "cython" else "250000"
     proc = subprocess.run(
-        [sys.executable, str(ISOLATED / "purgatory_memory.py"), impl, "1000000"],
+        [sys.executable, str(ISOLATED / "purgatory_memory.py"), impl, operations],
         capture_output=True,
         text=True,
         env=env,
