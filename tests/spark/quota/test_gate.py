@@ -73,13 +73,15 @@ def test_without_an_estimate_one_call_goes_until_an_answer_says_what_calls_cost(
     assert gate.take(0.0) == PROBE_WAIT_S  # a second waits for its answer
     gate.ended(0.0, True, usage(200), None)
     assert store.state().cost_spent == pytest.approx(200.0)  # (and the probes' next to nothing)
-    # From now on each call holds the largest cost seen: 200.
-    for _ in range(4):
-        assert gate.take(0.0) == 0.0
-    assert store.state().cost_spent == pytest.approx(1000.0)
+    # From now on each call holds the largest cost seen, 200, in a slow start: two calls
+    # out, then twice as many after each answer.
+    assert [gate.take(0.0) for _ in range(3)] == [0.0, 0.0, PROBE_WAIT_S]
+    gate.ended(0.0, True, usage(150), None)  # its hold settled: 550 spent or held
+    assert [gate.take(0.0) for _ in range(2)] == [0.0, 0.0]
+    assert store.state().cost_spent == pytest.approx(950.0)
     assert gate.take(0.0) is SPENT  # nothing left to hold the next call with
-    for tokens in (150, 200, 200, 200):  # the answers settle their holds
-        gate.ended(0.0, True, usage(tokens), None)
+    for _ in range(3):  # the answers settle their holds
+        gate.ended(0.0, True, usage(200), None)
     gate.close()
     assert store.state().cost_spent == pytest.approx(950.0)  # each call held its cost
 

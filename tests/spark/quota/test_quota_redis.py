@@ -64,6 +64,13 @@ SCENARIO: list[tuple[float, str, tuple[Any, ...]]] = [
     (0, "give_back", ("a", 2, 50.0, 1, 0.0)),
     (0, "give_back", ("a", 99, 9999.0, 9, 0.0)),  # more than it holds: what it holds
     (0.05, "take", ("c", Ask(3, 10.0, 10.0, 1, 1, 1.5))),
+    # The job's probe: c has it, b waits, c again keeps it; a ratio said ends it.
+    (0, "take", ("c", Ask(1, 10.0, 10.0, 0, 0, probe=True))),
+    (0, "take", ("b", Ask(1, 10.0, 10.0, 0, 0, probe=True))),
+    (0.3, "take", ("c", Ask(1, 10.0, 10.0, 0, 0, probe=True))),
+    (0, "settle", ("c", 2.0, 1.25)),
+    (0.3, "take", ("b", Ask(1, 10.0, 10.0, 0, 0, ratio=0.5, probe=True))),
+    (0.3, "take", ("a", Ask(1, 10.0, 10.0, 0, 0, ratio=3.0))),
     (0, "pause", (2.0,)),
     (0.5, "pause", (0.5,)),  # (within a second of the last: the pace is cut once)
     (1.0, "take", ("c", Ask(3, 10.0, 10.0, 1, 1, 0.0))),

@@ -28,6 +28,7 @@ from .spec import (
     PACE_CUT_EVERY_S,
     PACE_FLOOR,
     PACE_RECOVERY,
+    PROBE_WAIT_S,
     TERM_S,
     Ask,
     Grant,
@@ -129,6 +130,11 @@ class Bucket:
         self.gen = secrets.token_hex(8)
         self.seen_spent = 0.0
         self.seen_taken = 0
+        # The job's largest ratio of actual cost to estimate (0.0: none known), and its
+        # probe while none is: which holder has it, and until when (see Ask).
+        self.ratio = 0.0
+        self.prober = ""
+        self.probe_until = -math.inf
 
     # -- the timelines ------------------------------------------------------------------
     def _recover(self, now: float) -> None:
@@ -199,6 +205,7 @@ class Bucket:
         if ask.gen and ask.gen != self.gen:  # a holder that saw a count lost since
             self._learn(ask.seen_spent, ask.seen_taken)
         now, held = self._begin(holder, owed)
+        self._learn_ratio(ask.ratio)
         q = self.quota
         if unused:  # requests a grant's term ended with: they were never sent
             back = max(0, min(unused, held.requests))
@@ -214,10 +221,22 @@ class Bucket:
         crate = (q.cost_rate or 0.0) * self.pace
         if now < self.paused_until and not (rate or crate):  # no timeline to start after it
             wait = self.paused_until - now
-            return Grant(wait_s=wait, paused=True, budget_left=budget_left, requests_left=cap_left)
+            return Grant(
+                wait_s=wait,
+                paused=True,
+                budget_left=budget_left,
+                requests_left=cap_left,
+                ratio=self.ratio,
+            )
+        if ask.probe and not self.ratio:  # the job's probe: one holder's at a time
+            if self.prober not in ("", holder) and now < self.probe_until:
+                return Grant(wait_s=PROBE_WAIT_S, budget_left=budget_left, requests_left=cap_left)
+            self.prober, self.probe_until = holder, now + q.ttl_s
         free = math.inf if q.concurrency is None else q.concurrency - self.slots_used
         if q.concurrency is not None and free < need_slots:
-            return Grant(wait_s=LEASE_S, budget_left=budget_left, requests_left=cap_left)
+            return Grant(
+                wait_s=LEASE_S, budget_left=budget_left, requests_left=cap_left, ratio=self.ratio
+            )
         active = self._active(holder, now)
         # Near a cap or a budget, a grant is at most a share of what is left: what the
         # tasks hold unspent when it runs out is then a few calls, not a grant each.
@@ -250,7 +269,9 @@ class Bucket:
             # pace the grants go, so the tasks waiting never ask all at once.
             turn = max(now, self.turn, start - HORIZON_S)
             self.turn = turn + max(width_r, width_c)
-            return Grant(wait_s=turn - now, budget_left=budget_left, requests_left=cap_left)
+            return Grant(
+                wait_s=turn - now, budget_left=budget_left, requests_left=cap_left, ratio=self.ratio
+            )
         if rate:
             self.tat_r = max(self.tat_r, start) + width_r
         if crate:
@@ -281,6 +302,7 @@ class Bucket:
             start_s=start - now,
             span_s=span,
             gen=self.gen,
+            ratio=self.ratio,
         )
 
     def give_back(
@@ -317,10 +339,16 @@ class Bucket:
         self.slots_used -= held.slots
         self.asked.pop(holder, None)  # (the holders still busy share the timeline now)
 
-    def settle(self, holder: str, owed: float) -> None:
+    def settle(self, holder: str, owed: float, ratio: float = 0.0) -> None:
         """A call cost ``owed`` more than estimated (or less, when negative): take the
-        difference from the budget and the cost timeline, or pay it back."""
+        difference from the budget and the cost timeline, or pay it back; ``ratio``: as
+        :class:`Ask`'s."""
         self._begin(holder, owed)
+        self._learn_ratio(ratio)
+
+    def _learn_ratio(self, ratio: float) -> None:
+        if ratio > self.ratio:
+            self.ratio = ratio
 
     def pause(self, seconds: float, asked: float = 0.0, header: str = "") -> None:
         """Grant nothing before ``seconds`` from now (a pause already longer stands): the
@@ -392,9 +420,9 @@ class LocalStore:
         with self.lock:
             self.bucket.leave(holder, owed, requests, cost)
 
-    def settle(self, holder: str, owed: float) -> None:
+    def settle(self, holder: str, owed: float, ratio: float = 0.0) -> None:
         with self.lock:
-            self.bucket.settle(holder, owed)
+            self.bucket.settle(holder, owed, ratio)
 
     def pause(self, seconds: float, asked: float = 0.0, header: str = "") -> None:
         with self.lock:
@@ -632,8 +660,8 @@ class Failover:
         with self.lock:
             self.slots_held.pop(holder, None)
 
-    def settle(self, holder: str, owed: float) -> None:
-        self._run(lambda s: s.settle(holder, owed))
+    def settle(self, holder: str, owed: float, ratio: float = 0.0) -> None:
+        self._run(lambda s: s.settle(holder, owed, ratio))
 
     def pause(self, seconds: float, asked: float = 0.0, header: str = "") -> None:
         self._run(lambda s: s.pause(seconds, asked, header))

@@ -25,26 +25,19 @@ how the attempt ended:
 Every attempt takes one request, its estimated cost and one call slot (with a
 ``concurrency``); the slot comes back when the attempt ends.
 
-**A cost known only from the answer** (``Cost.actual`` without an estimate) is held while
-the call is in flight, so a budget caps it too: each call takes a *hold*, the ceiling the
-user gives (``Cost(actual=..., max_per_call=C)``), or else the largest cost an answer of
-this task has said so far; before any answer has said one, the task sends one call at a
-time (a probe, holding next to nothing: it goes while the budget has anything left). When
-the answer comes, the hold is settled to what it
-says (an answer that does not say keeps its hold: a timeout or an error may have cost
-it). The budget refuses a call whose hold it cannot cover, so what a job spends past its
-budget is at most:
-
-* with ``max_per_call``: what the answers said beyond it (nothing, if each call costs at
-  most its ceiling);
-* without: for each task, its probe (one call's cost) plus, for each call in flight when
-  an answer raised the largest cost, the difference: at most, each task's calls in flight
-  (``max_in_flight``) times the largest cost of one call. Calls that all cost the same
-  (say, 200 tokens each) spend at most one call's cost per task past the budget (the
-  probes of tasks that start together), none with one task.
-
-(Add, as with estimates, what a task owes and has not settled yet: less than a
-thousandth of the budget, or a lease's cost with a ``cost_rate``, per task.)
+**A budget is a cap whatever the costs.** When the answers say what calls cost
+(``Cost.actual``) and a budget counts it (or, with no estimate, a cost rate), each call in
+flight holds its worst case: ``Cost.max_per_call`` when given; else its estimate times the
+largest ratio of cost to estimate the job's answers have said (the store keeps the job's:
+:attr:`TaskQuota.ratio <timewheel.spark.quota.task.TaskQuota.ratio>`), or without an
+estimate the largest cost of one call. Before any answer of the job has said a cost, the
+job sends one call, its probe (granted by the store to one task at a time); then each task
+starts slowly, one call out, twice as many after each answer. The answer settles the hold
+to what it says (one that says nothing keeps its hold: a timeout or an error may have cost
+it), and a call that cost more than it held takes the difference from its task's grant
+first (:meth:`TaskQuota.settle <timewheel.spark.quota.task.TaskQuota.settle>`). So a job
+spends past its budget only what calls cost beyond the worst case the answers before them
+taught (docs/spark/quota.md, "A budget is a cap", gives the figures).
 """
 
 from __future__ import annotations
@@ -81,6 +74,11 @@ BUDGET_SPENT = "budget spent: not sent"
 PROBE_WAIT_S = 0.01
 #: What a probe holds: next to nothing, so that a budget all spent or held refuses it.
 PROBE_HOLD = 1e-9
+#: The most calls a slow start lets a task have out (the engine's own cap is lower).
+MAX_WINDOW = 1 << 20
+#: The least ratio of cost to estimate a job learns (an answer that cost nothing ends
+#: the probe all the same).
+MIN_RATIO = 1e-12
 #: How fast the estimates' bias is learned: each answer moves it this share of the way
 #: (in logarithms) toward what that answer said; and the most it may correct, either way.
 BIAS_STEP = 0.05
@@ -147,16 +145,21 @@ class QuotaGate:
         #: What the answers' costs say of the estimates: the estimates are multiplied by
         #: it (learned from each answer that says its cost; 1.0 until one does).
         self.bias = 1.0
-        # A cost known only from the answer, counted by a budget or a cost rate: each
-        # call in flight holds a cost (see the module docstring); the holds of the calls
-        # out, in the order taken (an ending call settles the oldest: their sum is what
-        # the calls out hold, exactly).
-        counted = store.quota.budget is not None or store.quota.cost_rate is not None
-        self.holding = estimate is None and self.reply_cost is not None and counted
+        # A cost the answer says, under a budget (or, with no estimate, a cost rate):
+        # each call in flight holds its worst case (see the module docstring); what each
+        # call out holds beyond its estimate, in the order taken (an ending call settles
+        # the oldest: their sum is what the calls out hold, exactly).
+        q = store.quota
+        self.holding = self.reply_cost is not None and (
+            q.budget is not None or (q.cost_rate is not None and estimate is None)
+        )
+        #: Whether a call's worst case scales with its estimate (else: per call).
+        self.per_row = estimate is not None
         self.ceiling = None if cost is None else cost.max_per_call
-        #: The largest cost an answer has said (None: none yet).
-        self.largest: float | None = None
         self.holds: deque[float] = deque()
+        #: Without a ceiling, the calls this task may have out (a slow start: one, then
+        #: twice as many after each answer that says its cost).
+        self.window = 1
         self.hold_lock = threading.Lock()
         # The partition's counts (made on its task's thread), given these when it closes.
         self.counts = partition_counts()
@@ -171,14 +174,24 @@ class QuotaGate:
             if not self.holding:
                 return self.task.acquire(cost)
             with self.hold_lock:
-                hold = self.ceiling if self.ceiling is not None else self.largest
-                if hold is None:  # no answer has said a cost yet: one call at a time
+                probe = False
+                ratio = self.task.ratio
+                if self.ceiling is not None:  # the user's worst case
+                    taken = max(cost, self.ceiling)
+                elif self.per_row and cost == 0.0:  # the row says it is free
+                    taken = 0.0
+                elif ratio:  # the worst the answers have said, times the estimate
+                    if len(self.holds) >= self.window:
+                        return PROBE_WAIT_S
+                    taken = (cost if self.per_row else 1.0) * ratio
+                else:  # nothing said yet: the job's probe, one call at a time
                     if self.holds:
                         return PROBE_WAIT_S
-                    hold = PROBE_HOLD
-                wait = self.task.acquire(cost + hold)
+                    taken = cost if self.per_row else PROBE_HOLD
+                    probe = True
+                wait = self.task.acquire(taken, probe)
                 if wait == 0.0:
-                    self.holds.append(hold)
+                    self.holds.append(taken - cost)
                 return wait
         except BudgetSpent:
             self.spent = True
@@ -200,7 +213,7 @@ class QuotaGate:
         amount = _amount(value)
         if amount is None:
             raise RowRefused(f"{what} gave {value!r}, not a finite number >= 0: not sent")
-        return amount * self.bias
+        return amount if self.holding else amount * self.bias
 
     def ended(
         self, cost: float, ok: bool, reply: Reply | None, retry_after_s: float | None
@@ -243,10 +256,13 @@ class QuotaGate:
         if actual is None:
             self.cost_unknown += 1
             return None
-        if self.holding and self.ceiling is None:
+        if self.holding:  # the worst a call costs, per unit of its estimate
+            base = cost if self.per_row else 1.0
+            if base > 0.0:
+                self.task.learn(max(actual / base, MIN_RATIO))
             with self.hold_lock:
-                self.largest = max(actual, self.largest or 0.0)
-        if cost > 0.0 and actual > 0.0:  # an estimate and what it cost: learn the bias
+                self.window = min(2 * self.window, MAX_WINDOW)
+        elif cost > 0.0 and actual > 0.0:  # an estimate and what it cost: learn the bias
             step = (actual / cost) ** BIAS_STEP
             self.bias = min(BIAS_LIMIT, max(1.0 / BIAS_LIMIT, self.bias * step))
         task.settle(cost + hold, actual)

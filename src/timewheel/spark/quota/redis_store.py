@@ -62,6 +62,7 @@ from .spec import (
     PACE_CUT_EVERY_S,
     PACE_FLOOR,
     PACE_RECOVERY,
+    PROBE_WAIT_S,
     TERM_S,
     Ask,
     Grant,
@@ -94,7 +95,7 @@ local rate, crate, conc = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]
 local budget, cap, ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local weight, BURST = tonumber(ARGV[9]), tonumber(ARGV[10])
 local LEASE, KEEP_JOB = tonumber(ARGV[11]), tonumber(ARGV[12])
-local LEFT_SHARE = 8
+local LEFT_SHARE, PROBE_WAIT = 8, @PROBE_WAIT@
 local TERM, MAX_ASKS, HORIZON, LONG_PAUSE = @TERM@
 local PACE_CUT, PACE_CUT_EVERY, PACE_FLOOR, PACE_RECOVERY = @PACE@
 local a = {}
@@ -105,7 +106,8 @@ local function f(x) return string.format('%.17g', x) end
 -- job's own count (taken, spent, pauses) and the budget and cap it was refused at.
 local v = redis.call('HMGET', S, 'tr', 'tc', 'stamp', 'paused', 'slots', 'pace', 'paced', 'tail',
                     'turn')
-local w = redis.call('HMGET', B, 'taken', 'spent', 'xb', 'xc', 'pauses', 'gen', 'bs', 'bt')
+local w = redis.call('HMGET', B, 'taken', 'spent', 'xb', 'xc', 'pauses', 'gen', 'bs', 'bt',
+                    'ratio', 'ph', 'pu')
 local st = {tr = tonumber(v[1]) or (now - BURST), tc = tonumber(v[2]) or (now - BURST),
             stamp = tonumber(v[3]) or now, paused = tonumber(v[4]) or 0,
             slots = tonumber(v[5]) or 0, pace = tonumber(v[6]) or 1,
@@ -114,13 +116,16 @@ local st = {tr = tonumber(v[1]) or (now - BURST), tc = tonumber(v[2]) or (now - 
             taken = tonumber(w[1]) or 0, spent = tonumber(w[2]) or 0,
             xb = tonumber(w[3]) or 0, xc = tonumber(w[4]) or 0, pauses = tonumber(w[5]) or 0,
             -- which count this is: a new one (a restart lost the last) gets a name of its own
-            gen = w[6] or ('g' .. f(now)), bs = tonumber(w[7]) or 0, bt = tonumber(w[8]) or 0}
+            gen = w[6] or ('g' .. f(now)), bs = tonumber(w[7]) or 0, bt = tonumber(w[8]) or 0,
+            -- the job's largest ratio of cost to estimate, its probe's holder and end (Bucket)
+            ratio = tonumber(w[9]) or 0, ph = w[10] or '', pu = tonumber(w[11]) or -math.huge}
 local function save()
   redis.call('HSET', S, 'tr', f(st.tr), 'tc', f(st.tc), 'stamp', f(st.stamp),
              'paused', f(st.paused), 'slots', f(st.slots), 'pace', f(st.pace),
              'paced', f(st.paced), 'tail', st.tail, 'turn', f(st.turn))
   redis.call('HSET', B, 'taken', f(st.taken), 'spent', f(st.spent), 'xb', f(st.xb),
-             'xc', f(st.xc), 'pauses', st.pauses, 'gen', st.gen, 'bs', f(st.bs), 'bt', f(st.bt))
+             'xc', f(st.xc), 'pauses', st.pauses, 'gen', st.gen, 'bs', f(st.bs), 'bt', f(st.bt),
+             'ratio', f(st.ratio), 'ph', st.ph, 'pu', f(st.pu))
   -- Idle this long, the shared state is what a fresh one would be (every holder gone,
   -- no pause, the timelines in the past): it expires. The job's count expires KEEP_JOB
   -- after its last use.
@@ -206,6 +211,7 @@ if op == 'take' then
     if spent > st.bs then st.spent = st.spent + spent - st.bs; st.bs = spent end
     if taken > st.bt then st.taken = st.taken + taken - st.bt; st.bt = taken end
   end
+  st.ratio = math.max(st.ratio, tonumber(a[12]) or 0)
   local unused = tonumber(a[8])
   if unused > 0 then
     local back = math.max(0, math.min(unused, held(h, 'r')))
@@ -219,7 +225,7 @@ if op == 'take' then
   local function reply(kind, n, c, s, wait, start, span)
     save()
     return {kind, tostring(n), f(c), tostring(s), f(wait), f(budget_left), f(cap_left),
-            f(start), f(span), st.gen}
+            f(start), f(span), st.gen, f(st.ratio)}
   end
   if refused_before() or cap_left < 1 or budget_left < need_cost then
     if cap_left < 1 then st.xc = math.max(st.xc, cap) end
@@ -229,6 +235,12 @@ if op == 'take' then
   local r, c = rate * st.pace, crate * st.pace
   if now < st.paused and r == 0 and c == 0 then
     return reply('pause', 0, 0, 0, st.paused - now, 0, 0)
+  end
+  if a[13] == '1' and st.ratio == 0 then  -- the job's probe: one holder's at a time (Bucket)
+    if st.ph ~= '' and st.ph ~= h and now < st.pu then
+      return reply('wait', 0, 0, 0, PROBE_WAIT, 0, 0)
+    end
+    st.ph = h; st.pu = now + ttl
   end
   local free = math.huge
   if conc > 0 then
@@ -292,6 +304,7 @@ elseif op == 'leave' then  -- give back what it did not use (as give_back), then
   return 'ok'
 elseif op == 'settle' then
   begin(a[1], tonumber(a[2]))
+  st.ratio = math.max(st.ratio, tonumber(a[3]) or 0)
   save()
   return 'ok'
 elseif op == 'pause' then
@@ -334,9 +347,13 @@ end
 return redis.error_reply('no such operation ' .. tostring(op))
 """
 # The pace's constants, as Bucket has them (see spec.PACE_CUT).
-SCRIPT = SCRIPT.replace(
-    "@PACE@", ", ".join(map(repr, (PACE_CUT, PACE_CUT_EVERY_S, PACE_FLOOR, PACE_RECOVERY)))
-).replace("@TERM@", ", ".join(map(repr, (TERM_S, MAX_ASKS_PER_S, HORIZON_S, LONG_PAUSE_S))))
+SCRIPT = (
+    SCRIPT.replace(
+        "@PACE@", ", ".join(map(repr, (PACE_CUT, PACE_CUT_EVERY_S, PACE_FLOOR, PACE_RECOVERY)))
+    )
+    .replace("@TERM@", ", ".join(map(repr, (TERM_S, MAX_ASKS_PER_S, HORIZON_S, LONG_PAUSE_S))))
+    .replace("@PROBE_WAIT@", repr(PROBE_WAIT_S))
+)
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,200}$")
 
@@ -508,15 +525,22 @@ class RedisStore:
             repr(float(ask.seen_spent)),
             int(ask.seen_taken),
             ask.gen,
+            repr(float(ask.ratio)),
+            "1" if ask.probe else "0",
         )
         kind = got[0].decode()
         n, c, s, wait, budget_left, cap_left, start, span = (self._f(x) for x in got[1:9])
         count = got[9].decode()
+        ratio = self._f(got[10])
         if kind == "spent":
             return Grant(spent=True, budget_left=budget_left, requests_left=cap_left, gen=count)
         if kind in ("wait", "pause"):
             return Grant(
-                wait_s=wait, paused=kind == "pause", budget_left=budget_left, requests_left=cap_left
+                wait_s=wait,
+                paused=kind == "pause",
+                budget_left=budget_left,
+                requests_left=cap_left,
+                ratio=ratio,
             )
         return Grant(
             requests=int(n),
@@ -527,6 +551,7 @@ class RedisStore:
             start_s=start,
             span_s=span,
             gen=count,
+            ratio=ratio,
         )
 
     def give_back(
@@ -539,8 +564,8 @@ class RedisStore:
     def leave(self, holder: str, owed: float = 0.0, requests: int = 0, cost: float = 0.0) -> None:
         self._run("leave", holder, repr(float(owed)), int(requests), repr(float(cost)))
 
-    def settle(self, holder: str, owed: float) -> None:
-        self._run("settle", holder, repr(float(owed)))
+    def settle(self, holder: str, owed: float, ratio: float = 0.0) -> None:
+        self._run("settle", holder, repr(float(owed)), repr(float(ratio)))
 
     def pause(self, seconds: float, asked: float = 0.0, header: str = "") -> None:
         self._run("pause", repr(float(seconds)), repr(float(asked)), header)

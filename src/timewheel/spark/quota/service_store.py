@@ -441,8 +441,8 @@ class ServiceStore:
     def leave(self, holder: str, owed: float = 0.0, requests: int = 0, cost: float = 0.0) -> None:
         self._call("leave", holder, owed, requests, cost)
 
-    def settle(self, holder: str, owed: float) -> None:
-        self._call("settle", holder, owed)
+    def settle(self, holder: str, owed: float, ratio: float = 0.0) -> None:
+        self._call("settle", holder, owed, ratio)
 
     def pause(self, seconds: float, asked: float = 0.0, header: str = "") -> None:
         self._call("pause", seconds, asked, header)

@@ -29,6 +29,7 @@ __all__ = [
     "PACE_CUT_EVERY_S",
     "PACE_FLOOR",
     "PACE_RECOVERY",
+    "PROBE_WAIT_S",
     "RESTART_JITTER_S",
     "TERM_S",
     "Ask",
@@ -75,6 +76,11 @@ PACE_CUT = 0.02
 PACE_CUT_EVERY_S = 1.0
 PACE_FLOOR = 0.8
 PACE_RECOVERY = 0.002
+#: While a job's probe is out (its first call whose cost only the answer says, see
+#: ``Ask.probe``), a holder that asks is told to ask again after this long, twice as long
+#: each time after (at most a second): the tasks of a thousand-task job ask a few hundred
+#: times a second, for as long as one call takes.
+PROBE_WAIT_S = 0.05
 #: A holder not heard from for this long is dropped (its slots come back).
 DEFAULT_TTL_S = 30.0
 #: Near a cap or a budget, a lease is at most this fraction's inverse of what is left.
@@ -298,7 +304,13 @@ class Ask(NamedTuple):
     same call. ``seen_spent`` and ``seen_taken`` are the job's cost spent and requests
     taken as the store last told this holder, and ``gen`` the store's count they came
     from: a store whose count is another (a Redis restarted, its count lost) takes them
-    back from its holders, never counting less than one of them saw."""
+    back from its holders, never counting less than one of them saw.
+
+    ``ratio`` is the largest ratio of a call's actual cost to its estimate this holder
+    has seen (0.0: none yet); the store keeps the job's largest (``Grant.ratio``).
+    ``probe``: the holder knows no ratio and asks for the job's *probe*, its one call
+    out while no answer has said what a call costs: granted to one holder at a time
+    (for ``Quota.ttl_s`` at most, or until a ratio is known), the others wait."""
 
     requests: int
     cost: float = 0.0
@@ -310,6 +322,8 @@ class Ask(NamedTuple):
     seen_spent: float = 0.0
     seen_taken: int = 0
     gen: str = ""
+    ratio: float = 0.0
+    probe: bool = False
 
 
 @dataclass(frozen=True)
@@ -338,6 +352,8 @@ class Grant:
     #: What the store had left after this take (inf: no budget, no cap).
     budget_left: float = math.inf
     requests_left: float = math.inf
+    #: The job's largest ratio of actual cost to estimate (0.0: none known; see Ask).
+    ratio: float = 0.0
 
     @property
     def granted(self) -> bool:
@@ -376,7 +392,7 @@ class QuotaStore(Protocol):
         self, holder: str, owed: float = 0.0, requests: int = 0, cost: float = 0.0
     ) -> None: ...
 
-    def settle(self, holder: str, owed: float) -> None: ...
+    def settle(self, holder: str, owed: float, ratio: float = 0.0) -> None: ...
 
     def pause(self, seconds: float, asked: float = 0.0, header: str = "") -> None: ...
 

@@ -69,6 +69,7 @@ from .spec import (
     CATCH_UP_S,
     LEASE_S,
     LONG_PAUSE_S,
+    PROBE_WAIT_S,
     RESTART_JITTER_S,
     TERM_S,
     Ask,
@@ -154,14 +155,27 @@ class TaskQuota:
         #: one it said ends (by ``clock``): the same pause asked again is said once.
         self.long_pauses = 0
         self.said_until = -math.inf
+        #: The largest ratio of a call's actual cost to its estimate known here, this
+        #: task's own or the job's as the store said (0.0: none yet; see Ask), and the
+        #: largest this task told the store; the asks for the job's probe it was told
+        #: to wait in a row (each waits twice as long).
+        self.ratio = 0.0
+        self.told_ratio = 0.0
+        self.probe_waits = 0
         self.last_contact = clock()
         self.lock = threading.Lock()
         _atfork.reset(self)
 
-    def acquire(self, cost: float = 0.0) -> float:
+    def acquire(self, cost: float = 0.0, probe: bool = False) -> float:
         """Take one call's request, ``cost`` and slot: 0.0 when taken, else the seconds
         to wait before asking again (for the grant's next turn, or a concurrency slot).
-        Raises :class:`BudgetSpent` once the budget or the request cap is spent."""
+        Raises :class:`BudgetSpent` once the budget or the request cap is spent.
+
+        ``probe``: the call's cost is known only from its answer and no ratio is known
+        here (:attr:`ratio`): it goes only as the job's probe (see
+        :class:`~timewheel.spark.quota.spec.Ask`), which the store grants to one task at
+        a time; a task that learns the job's ratio instead is told to wait a moment (its
+        caller then holds what the ratio says)."""
         if type(cost) is not float or not 0.0 <= cost < math.inf:  # (the common case: one test)
             cost = check_number("cost", cost, 0)
         with self.lock:
@@ -171,12 +185,15 @@ class TaskQuota:
             if now >= self.ends:  # the grant's slot is over: what it left is gone
                 self._drop_stock()
             need_slot = self.quota.concurrency is not None and self.in_flight >= self.slots
-            if self.requests < 1 or self.cost < cost or need_slot:
+            probing = probe and not self.ratio
+            if probing or self.requests < 1 or self.cost < cost or need_slot:
                 if now < self.ask_at:  # told when to ask again: not before
                     return self.ask_at - now
-                wait = self._ask(cost, need_slot)
+                wait = self._ask(cost, need_slot, probing)
                 if wait:
                     return wait
+                if probing and self.ratio:  # the job knows a ratio now: hold what it says
+                    return 1e-6
                 now = self.clock()
             if now < self.ready:
                 return self.ready - now
@@ -191,7 +208,7 @@ class TaskQuota:
                 self.in_flight += 1
             return 0.0
 
-    def _ask(self, cost: float, need_slot: bool) -> float:
+    def _ask(self, cost: float, need_slot: bool, probe: bool = False) -> float:
         """Ask the store for a grant that covers a call of ``cost`` (the rest of the one in
         hand goes back first: a grant's calls go in its own slot): 0.0 when granted, else
         the seconds to wait."""
@@ -219,11 +236,16 @@ class TaskQuota:
             seen_spent=self.seen_spent,
             seen_taken=self.seen_taken,
             gen=self.gen,
+            ratio=self.ratio,
+            probe=probe,
         )
         grant = self.store.take(self.holder, ask)
         self.owed = 0.0
         self.unused = 0
         self.last_contact = received = self.clock()
+        self.told_ratio = max(self.told_ratio, self.ratio)
+        if grant.ratio > self.ratio:
+            self.ratio = self.told_ratio = grant.ratio
         q = self.quota
         if grant.gen:  # the store's own count (not a fallback's): what it says is seen
             self.gen = grant.gen
@@ -240,9 +262,15 @@ class TaskQuota:
             jitter = self.rng.uniform(0.0, spread) if grant.paused else 0.0
             # (a wait, never 0.0, which says taken)
             wait = max(grant.wait_s + jitter, 1e-6)
+            if probe and not self.ratio:  # the probe is out: twice as long each time
+                self.probe_waits += 1
+                wait = min(1.0, PROBE_WAIT_S * 2.0 ** min(self.probe_waits - 1, 5), wait)
+                wait = max(wait, grant.wait_s)
+                self.ask_at = received + wait
             if grant.paused or not need_slot:  # (a slot may come back from its own calls)
                 self.ask_at = received + wait
             return wait
+        self.probe_waits = 0
         self.requests += grant.requests
         self.cost += grant.cost
         self.slots += grant.slots
@@ -289,12 +317,38 @@ class TaskQuota:
     def settle(self, estimated: float, actual: float) -> None:
         """The call estimated at ``estimated`` cost ``actual``: the difference is paid
         back to the quota (or taken from it) with the next store call, at once when it
-        is more than a lease's cost."""
+        is more than a lease's cost. With a budget, a call that cost more than it held
+        takes the difference from the grant in hand first: what the task holds unspent
+        shrinks by it, so a grant taken on estimates never sends more than its worth of
+        actual costs."""
         with self.lock:
-            self.owed += actual - estimated
-            if abs(self.owed) > self.flush_at:
+            over = actual - estimated
+            if over > 0.0 and self.quota.budget is not None and self.cost > 0.0:
+                covered = min(self.cost, over)
+                self.cost -= covered
+                over -= covered
+            self.owed += over
+            # (What a call cost beyond its hold that the grant could not cover is told at
+            # once under a budget: the store grants none of it to another call.)
+            if abs(self.owed) > self.flush_at or (over > 0.0 and self.quota.budget is not None):
                 self.store.settle(self.holder, self.owed)
                 self.owed = 0.0
+                self.last_contact = self.clock()
+
+    def learn(self, ratio: float) -> None:
+        """An answer said its call cost ``ratio`` times its estimate: the largest such
+        ratio is what calls hold from now on (see
+        :class:`~timewheel.spark.quota.gate.QuotaGate`), and one larger than the store
+        knows is told to it at once (it ends the job's probe, and the other tasks hold it
+        from their next ask)."""
+        with self.lock:
+            if ratio <= self.ratio:
+                return
+            self.ratio = ratio
+            if ratio > self.told_ratio:
+                self.store.settle(self.holder, self.owed, ratio)
+                self.owed = 0.0
+                self.told_ratio = ratio
                 self.last_contact = self.clock()
 
     def pause(self, seconds: float, header: str = "retry-after") -> None:
