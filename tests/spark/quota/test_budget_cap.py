@@ -202,14 +202,14 @@ def test_costs_that_jump_surprise_only_the_calls_in_flight_and_a_ceiling_caps_th
     capped = run_job(
         budget=5000.0, tasks=tasks, in_flight=in_flight, rows=rows, estimated=False, ceiling=500.0
     )
-    assert capped.spent <= 5000.0
+    assert 5000.0 - 500.0 <= capped.spent <= 5000.0  # (4,508 on 2026-11-29)
 
 
 def test_a_ceiling_per_call_is_a_cap_with_no_probe() -> None:
     rng = random.Random(3)
     rows = [(0.0, rng.uniform(1, 100)) for _ in range(2000)]
     done = run_job(budget=5000.0, tasks=16, in_flight=8, rows=rows, estimated=False, ceiling=100.0)
-    # (It stops at about half the budget: the tasks' grants hold the rest when the
-    # first task's need no longer fits, and a budget found spent stays spent. A known
-    # limit, in docs/spark/quota.md.)
-    assert 0 < done.spent <= 5000.0
+    # A need the budget left does not cover waits while other tasks' calls hold some of
+    # it, so the job goes on until about a ceiling's worth is left (4,657 on 2026-11-29;
+    # it stopped at about half before the wait).
+    assert 5000.0 * 0.9 <= done.spent <= 5000.0

@@ -418,7 +418,7 @@ def _task(
             sends.append((when, accepted, actual, task, row))
             sent_row = True
             halt.wait(_answer_in(spec, when - t0, accepted))  # the answer
-            tq.done()
+            tq.done(estimate)
             if accepted:
                 if spec.tokens:
                     tq.settle(estimate, float(actual))

@@ -20,6 +20,7 @@ from typing import Callable
 from ... import _atfork
 from .spec import (
     BURST_S,
+    HELD_FRESH_S,
     HORIZON_S,
     LEASE_S,
     LEFT_SHARE,
@@ -28,6 +29,7 @@ from .spec import (
     PACE_CUT_EVERY_S,
     PACE_FLOOR,
     PACE_RECOVERY,
+    PROBE_AGAIN_S,
     PROBE_WAIT_S,
     TERM_S,
     Ask,
@@ -75,6 +77,9 @@ class _Holder:
     cost: float = 0.0
     slots: int = 0
     expires: float = 0.0
+    #: What its calls out hold of the budget, as it last said (Ask.held), and when.
+    out: float = 0.0
+    said: float = -math.inf
 
 
 class Bucket:
@@ -214,7 +219,32 @@ class Bucket:
         cost = max(cost, need_cost)
         budget_left = math.inf if q.budget is None else q.budget - self.cost_spent
         cap_left = math.inf if q.max_requests is None else q.max_requests - self.requests_taken
-        if self.exhausted or cap_left < 1 or budget_left < need_cost:
+        held.out, held.said = ask.held, now
+        if ask.probe and self.ratio:  # the job knows a ratio: hold what it says instead
+            return Grant(
+                wait_s=PROBE_AGAIN_S,
+                budget_left=budget_left,
+                requests_left=cap_left,
+                ratio=self.ratio,
+            )
+        # A need the budget left does not cover: what the other holders hold may come back
+        # (a call's hold is its worst case), so until none holds anything it waits.
+        if (
+            not self.exhausted
+            and cap_left >= 1
+            and budget_left < need_cost
+            and any(
+                h.out > _EPS and now - h.said < HELD_FRESH_S
+                for name, h in self.holders.items()
+                if name != holder
+            )
+        ):
+            return Grant(
+                wait_s=TERM_S, budget_left=budget_left, requests_left=cap_left, ratio=self.ratio
+            )
+        # (Once the job is found spent, a holder that still holds what its call needs may
+        # take the requests to send it: its grant is the budget's already.)
+        if (self.exhausted and need_cost > 0) or cap_left < 1 or budget_left < need_cost:
             self.exhausted = True
             return Grant(spent=True, budget_left=budget_left, requests_left=cap_left, gen=self.gen)
         rate = (q.rate or 0.0) * self.pace

@@ -147,8 +147,10 @@ class QuotaGate:
         self.bias = 1.0
         # A cost the answer says, under a budget (or, with no estimate, a cost rate):
         # each call in flight holds its worst case (see the module docstring); what each
-        # call out holds beyond its estimate, in the order taken (an ending call settles
-        # the oldest: their sum is what the calls out hold, exactly).
+        # call out holds beyond its estimate, by estimate, in the order taken. An ending
+        # call says only its estimate, so it settles the oldest hold of calls with that
+        # estimate: the task's ratio only grows, so the calls still out are counted as
+        # holding what they hold or more, never less.
         q = store.quota
         self.holding = self.reply_cost is not None and (
             q.budget is not None or (q.cost_rate is not None and estimate is None)
@@ -156,7 +158,8 @@ class QuotaGate:
         #: Whether a call's worst case scales with its estimate (else: per call).
         self.per_row = estimate is not None
         self.ceiling = None if cost is None else cost.max_per_call
-        self.holds: deque[float] = deque()
+        self.holds: dict[float, deque[float]] = {}
+        self.calls_out = 0
         #: Without a ceiling, the calls this task may have out (a slow start: one, then
         #: twice as many after each answer that says its cost).
         self.window = 1
@@ -181,17 +184,18 @@ class QuotaGate:
                 elif self.per_row and cost == 0.0:  # the row says it is free
                     taken = 0.0
                 elif ratio:  # the worst the answers have said, times the estimate
-                    if len(self.holds) >= self.window:
+                    if self.calls_out >= self.window:
                         return PROBE_WAIT_S
                     taken = (cost if self.per_row else 1.0) * ratio
                 else:  # nothing said yet: the job's probe, one call at a time
-                    if self.holds:
+                    if self.calls_out:
                         return PROBE_WAIT_S
                     taken = cost if self.per_row else PROBE_HOLD
                     probe = True
                 wait = self.task.acquire(taken, probe)
                 if wait == 0.0:
-                    self.holds.append(taken - cost)
+                    self.holds.setdefault(cost, deque()).append(taken - cost)
+                    self.calls_out += 1
                 return wait
         except BudgetSpent:
             self.spent = True
@@ -222,11 +226,15 @@ class QuotaGate:
         A refusal (HTTP 429 or 503) answers the seconds the job paused for it (the
         refused call's retry waits as long); anything else None."""
         task = self.task
-        task.done()
         hold = 0.0
         if self.holding:
             with self.hold_lock:
-                hold = self.holds.popleft()
+                same = self.holds[cost]
+                hold = same.popleft()
+                if not same:
+                    del self.holds[cost]
+                self.calls_out -= 1
+        task.done(cost + hold)
         if reply is None:
             return None
         status, headers = reply.status, reply.headers

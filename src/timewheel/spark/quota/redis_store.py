@@ -62,6 +62,7 @@ from .spec import (
     PACE_CUT_EVERY_S,
     PACE_FLOOR,
     PACE_RECOVERY,
+    PROBE_AGAIN_S,
     PROBE_WAIT_S,
     TERM_S,
     Ask,
@@ -95,7 +96,7 @@ local rate, crate, conc = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]
 local budget, cap, ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local weight, BURST = tonumber(ARGV[9]), tonumber(ARGV[10])
 local LEASE, KEEP_JOB = tonumber(ARGV[11]), tonumber(ARGV[12])
-local LEFT_SHARE, PROBE_WAIT = 8, @PROBE_WAIT@
+local LEFT_SHARE, PROBE_WAIT, PROBE_AGAIN = 8, @PROBE_WAIT@, @PROBE_AGAIN@
 local TERM, MAX_ASKS, HORIZON, LONG_PAUSE = @TERM@
 local PACE_CUT, PACE_CUT_EVERY, PACE_FLOOR, PACE_RECOVERY = @PACE@
 local a = {}
@@ -227,7 +228,10 @@ if op == 'take' then
     return {kind, tostring(n), f(c), tostring(s), f(wait), f(budget_left), f(cap_left),
             f(start), f(span), st.gen, f(st.ratio)}
   end
-  if refused_before() or cap_left < 1 or budget_left < need_cost then
+  if a[13] == '1' and st.ratio > 0 then  -- the job knows a ratio: hold it instead (Bucket)
+    return reply('wait', 0, 0, 0, PROBE_AGAIN, 0, 0)
+  end
+  if (refused_before() and need_cost > 0) or cap_left < 1 or budget_left < need_cost then
     if cap_left < 1 then st.xc = math.max(st.xc, cap) end
     if budget_left < need_cost then st.xb = math.max(st.xb, budget) end
     return reply('spent', 0, 0, 0, 0, 0, 0)
@@ -353,6 +357,7 @@ SCRIPT = (
     )
     .replace("@TERM@", ", ".join(map(repr, (TERM_S, MAX_ASKS_PER_S, HORIZON_S, LONG_PAUSE_S))))
     .replace("@PROBE_WAIT@", repr(PROBE_WAIT_S))
+    .replace("@PROBE_AGAIN@", repr(PROBE_AGAIN_S))
 )
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,200}$")

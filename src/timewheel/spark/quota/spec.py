@@ -18,6 +18,7 @@ __all__ = [
     "BURST_S",
     "CATCH_UP_S",
     "DEFAULT_TTL_S",
+    "HELD_FRESH_S",
     "HORIZON_S",
     "LEASE_S",
     "LEFT_SHARE",
@@ -29,6 +30,7 @@ __all__ = [
     "PACE_CUT_EVERY_S",
     "PACE_FLOOR",
     "PACE_RECOVERY",
+    "PROBE_AGAIN_S",
     "PROBE_WAIT_S",
     "RESTART_JITTER_S",
     "TERM_S",
@@ -81,6 +83,13 @@ PACE_RECOVERY = 0.002
 #: each time after (at most a second): the tasks of a thousand-task job ask a few hundred
 #: times a second, for as long as one call takes.
 PROBE_WAIT_S = 0.05
+#: A holder that asks for the probe when the job knows a ratio already is told it, and to
+#: ask again after this long (at once: with the hold the ratio says).
+PROBE_AGAIN_S = 1e-6
+#: What a holder said it holds (``Ask.held``) keeps a need the budget left does not cover
+#: waiting for this long after it said it, at most: a holder that asks no more (its calls
+#: slow, or it has nothing left to send) no longer keeps the job from ending.
+HELD_FRESH_S = 2.0
 #: A holder not heard from for this long is dropped (its slots come back).
 DEFAULT_TTL_S = 30.0
 #: Near a cap or a budget, a lease is at most this fraction's inverse of what is left.
@@ -310,7 +319,12 @@ class Ask(NamedTuple):
     has seen (0.0: none yet); the store keeps the job's largest (``Grant.ratio``).
     ``probe``: the holder knows no ratio and asks for the job's *probe*, its one call
     out while no answer has said what a call costs: granted to one holder at a time
-    (for ``Quota.ttl_s`` at most, or until a ratio is known), the others wait."""
+    (for ``Quota.ttl_s`` at most, or until a ratio is known), the others wait.
+
+    ``held``: what the holder's calls out hold of the budget (each its worst case). A
+    need the budget left does not cover waits while another holder of the job said,
+    within :data:`HELD_FRESH_S`, that its calls hold something (it may come back), and
+    ends the job only once none does."""
 
     requests: int
     cost: float = 0.0
@@ -324,6 +338,7 @@ class Ask(NamedTuple):
     gen: str = ""
     ratio: float = 0.0
     probe: bool = False
+    held: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,7 @@ class TaskQuota:
         self.ask_cost = q.cost_rate * TERM_S if q.cost_rate else 0.0
         self.lease_slots = 0 if q.concurrency is None else max(1, q.concurrency // 8)
         self.timed = bool(q.rate or q.cost_rate)
+        self.budgeted = q.budget is not None
         # A cost difference this large (50 ms of the cost rate) is settled at once; smaller
         # ones ride along with the next store call (a budget alone: a thousandth of it).
         self.flush_at = (
@@ -146,8 +147,11 @@ class TaskQuota:
         self.gen = ""
         # When the store said to ask again (a turn in its queue, a pause, a slot).
         self.ask_at = -math.inf
-        # Calls out, counted only with a concurrency (the only thing that reads it).
+        # Calls out, counted only with a concurrency (the only thing that reads it); and
+        # the cost they took, with a budget (told the store as held: see Ask).
         self.in_flight = 0
+        self.out = 0.0
+        self.calls_out = 0
         self.owed = 0.0
         self.spent = False
         self.closed = False
@@ -199,6 +203,9 @@ class TaskQuota:
                 return self.ready - now
             self.requests -= 1
             self.cost -= cost
+            if self.budgeted:
+                self.out += cost
+                self.calls_out += 1
             if self.timed:
                 # The grant's own schedule, not the last call's time: a thread woken late
                 # catches up (a lag of CATCH_UP_S at most; more is lost, never a burst).
@@ -238,6 +245,7 @@ class TaskQuota:
             gen=self.gen,
             ratio=self.ratio,
             probe=probe,
+            held=max(0.0, self.out),
         )
         grant = self.store.take(self.holder, ask)
         self.owed = 0.0
@@ -295,11 +303,18 @@ class TaskQuota:
         self.owed -= self.cost
         self.requests, self.cost, self.ends = 0, 0.0, math.inf
 
-    def done(self) -> None:
-        """A call ended (answered, failed or timed out): its slot is free again; slots
-        this task holds beyond twice a lease's are given back, and so is what a grant
-        whose slot is over left unsent (the request cap and the budget have it back at
-        once, not at this task's next ask: a task held up by its calls may ask late)."""
+    def done(self, cost: float = 0.0) -> None:
+        """A call that took ``cost`` ended (answered, failed or timed out): its slot is
+        free again; slots this task holds beyond twice a lease's are given back, and so
+        is what a grant whose slot is over left unsent (the request cap and the budget
+        have it back at once, not at this task's next ask: a task held up by its calls
+        may ask late)."""
+        if self.budgeted:
+            with self.lock:
+                # (A caller may settle its calls' costs in another order than it took
+                # them, so ``out`` may dip below zero meanwhile; with no call out it is 0.)
+                self.calls_out = max(0, self.calls_out - 1)
+                self.out = self.out - cost if self.calls_out else 0.0
         if self.clock() >= self.ends:
             with self.lock:
                 if self.clock() >= self.ends:
