@@ -7,6 +7,9 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
+import subprocess
+import sys
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -199,3 +202,65 @@ def test_an_error_leaving_a_task_is_scrubbed(monkeypatch: pytest.MonkeyPatch) ->
         list(run(iter([batch])))
     assert str(info.value) == "ValueError: the service said ***"
     assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_the_commands_writers_scrub_what_they_quote_before_cutting_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A value cut in two is no longer known: each writer scrubs the whole text first.
+    from timewheel.cli.pipeline.errors import note, one_line
+    from timewheel.cli.pipeline.failures import reason
+    from timewheel.cli.pipeline.summary import summary_text
+    from timewheel.spark.http.request import verdict
+    from timewheel.spark.secrets import hide
+
+    for value in SECRETS:
+        hide(value)
+    lead = "y" * 140
+    texts = [
+        reason(f"HTTP 500: {lead}{ENV_TOKEN}", "failed"),
+        one_line(RuntimeError(lead * 3 + FILE_KEY)),
+        verdict(500, f"{lead}{ENV_TOKEN}".encode(), lambda _: None, 1.0)[1] or "",
+        summary_text({"failures": [{"reason": f"{QUERY_KEY} at {PATH_TOKEN}", "rows": 1}]}),
+    ]
+    note(f"why: {PASSWORD}")
+    print(summary_text({"target": f"user:{PASSWORD}"}))
+    printed = capsys.readouterr()
+    assert [leaks(t) for t in [*texts, printed.out, printed.err]] == [[]] * 6
+    # ... nor a start of one: the cut falls on the mask, or after it
+    assert texts[0].startswith(f"HTTP 500: {lead}") and ENV_TOKEN[:5] not in texts[0]
+    assert FILE_KEY[:8] not in texts[1] and ENV_TOKEN[:5] not in texts[2]
+
+
+@pytest.mark.slow
+def test_a_pipeline_run_against_an_echoing_service_writes_and_prints_no_secret(
+    echo: EchoServer, tmp_path: Path
+) -> None:
+    # The whole command in a child process, as a user runs it: its own JVM, whose
+    # stderr (the Python workers' among it) the command relays. The env: secret is the
+    # executors' alone (spark.executorEnv), so only the workers know its value.
+    key_file = tmp_path / "key"
+    key_file.write_text(FILE_KEY + "\n")
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "timewheel", "pipeline", "--generate", "40"]
+    argv += ["--target", echo.url(), "--output", str(out), "--master", "local[2]"]
+    argv += ["--http-header-secret", "Authorization=Bearer {env:TW_ECHO_TOKEN}"]
+    argv += ["--http-header-secret", f"X-Api-Key={{file:{key_file}}}"]
+    argv += ["--conf", f"spark.executorEnv.TW_ECHO_TOKEN={ENV_TOKEN}"]
+    argv += ["--retries", "0", "--timeout-ms", "10000", "--max-failed", "100%"]
+    argv += ["--stop-after-failures", "0"]
+    env = {k: v for k, v in os.environ.items() if k != "TW_ECHO_TOKEN"}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"]["ok"] == 20 and summary["status"]["failed"] == 20
+    assert summary["failures"][0]["rows"] == 20
+    written = files_as_text(out)
+    rows = "".join(t for p, t in written.items() if p.suffix == ".parquet")
+    # the answers are there, echoed: the secrets' places say *** (the 500s' errors, cut
+    # at 200 bytes, too)
+    assert "Authorization: ***" in rows and '"HTTP 500: xxxxxxxx' in rows
+    assert rows.count('"error": "HTTP 500: ' + "x" * 170 + "*** ***") == 20
+    assert {p: leaks(t) for p, t in written.items() if leaks(t)} == {}
+    assert leaks(done.stdout) == [] and leaks(done.stderr) == []
+    assert "why: 20 rows: HTTP 500: xxx" in done.stderr
