@@ -25,7 +25,8 @@ is not registered, and said once (a warning naming the secret, never the value).
 Each value's shapes are one regular expression, compiled once, when it is added (a few a
 job). A text is first searched, in C (``needle in text``), for each value's *needles*: the
 longest run of ASCII letters and digits of each shape, which no escaping changes; only a
-value whose needle is there is then looked for with its expression. A value with no run of
+value whose needle is there is then looked for with its expression, and only around where
+the needle is (as far as a spelling of the value can reach). A value with no run of
 :data:`MIN_CHARS` letters and digits in one of its shapes (``-0.01``, ``p.w.d!``) is looked
 for in every text, more slowly. With nothing registered :func:`scrub` returns at once.
 
@@ -138,15 +139,20 @@ class Scrubber:
         search = self._search
         if search is None or not text:
             return text
-        found = [needle for needle in search.needles if needle in text]  # C, per needle
-        patterns = [
-            v.pattern for v in search.values if v.always or any(n in found for n in v.needles)
-        ]
         changed = True
         while changed:  # what the masks join may spell a value again: until none is left
             changed = False
-            for pattern in patterns:  # longest values first: a value holding another
-                text, n = pattern.subn(MASK, text)
+            found = [needle for needle in search.needles if needle in text]  # C, each
+            if not found and not search.always:
+                break
+            for value in search.values:  # longest first: a value holding another
+                if value.always:
+                    text, n = value.pattern.subn(MASK, text)
+                else:
+                    hits = [needle for needle in found if needle in value.needles]
+                    if not hits:
+                        continue
+                    text, n = value.around(hits, text)
                 changed = changed or n > 0
         return text
 
@@ -261,6 +267,8 @@ class _Value(NamedTuple):
     pattern: re.Pattern[str]
     needles: frozenset[str]
     always: bool
+    #: How far from a needle a spelling holding it may reach, either way.
+    reach: int
 
     @classmethod
     def of(cls, value: str) -> _Value:
@@ -268,7 +276,32 @@ class _Value(NamedTuple):
         runs = [max(_RUNS.findall(form), key=len, default="") for form in forms]
         needles = frozenset(r for r in runs if len(r) >= MIN_CHARS)
         always = any(len(r) < MIN_CHARS for r in runs)
-        return cls(len(value), _pattern(forms, literal_first=always), needles, always)
+        reach = max(sum(1 if c.isascii() and c.isalnum() else _SPELLED for c in f) for f in forms)
+        return cls(len(value), _pattern(forms, literal_first=always), needles, always, reach)
+
+    def around(self, needles: Iterable[str], text: str) -> tuple[str, int]:
+        """``text`` with this value's shapes masked, searched for only around where
+        ``needles`` are (a shape holds its needle): ``(text, masks made)``."""
+        spans: list[tuple[int, int]] = []
+        for needle in needles:
+            at = text.find(needle)
+            while at >= 0:
+                spans.append((max(0, at - self.reach), at + len(needle) + self.reach))
+                at = text.find(needle, at + 1)
+        spans.sort()
+        pieces: list[str] = []
+        made = done = 0
+        for start, end in spans:
+            if end <= done:
+                continue
+            start = max(start, done)
+            pieces.append(text[done:start])
+            piece, n = self.pattern.subn(MASK, text[start:end])
+            pieces.append(piece)
+            made += n
+            done = end
+        pieces.append(text[done:])
+        return ("".join(pieces), made) if made else (text, 0)
 
 
 class _Search(NamedTuple):
@@ -278,6 +311,8 @@ class _Search(NamedTuple):
 
     values: tuple[_Value, ...]
     needles: tuple[str, ...]
+    #: Whether a value is searched for in every text.
+    always: bool
 
     @classmethod
     def of(cls, values: Iterable[_Value]) -> _Search:
@@ -290,7 +325,8 @@ class _Search(NamedTuple):
             for v in ordered
         )
         # The longest needles first: a search skips by the needle's length.
-        return cls(values, tuple(sorted(kept, key=lambda n: (-len(n), n))))
+        needles = tuple(sorted(kept, key=lambda n: (-len(n), n)))
+        return cls(values, needles, any(v.always for v in values))
 
 
 def _pattern(forms: Iterable[str], literal_first: bool = False) -> re.Pattern[str]:
@@ -332,6 +368,9 @@ def _forms(value: str) -> list[str]:
 
 
 _RUNS = re.compile("[A-Za-z0-9]+")
+# The longest spelling of one character the windows allow for: a surrogate pair's JSON
+# escapes, escaped again by a JSON string holding JSON, twice over.
+_SPELLED = 32
 
 
 def _bytes(text: str) -> bytes:
