@@ -50,6 +50,19 @@ def test_each_encoding_of_a_value_is_masked_where_it_stands() -> None:
         assert MASK in out and not [c for c in cores(value.encode()) if c in out]
 
 
+def test_two_shapes_of_a_value_are_masked_at_any_distance_apart() -> None:
+    # The scrubber looks around each needle (a shape's run of letters and digits) it
+    # finds: two shapes near each other share a window, whatever the distance.
+    s = Scrubber()
+    value = '"/+ /"%=' * 3 + "run0fletters"  # a long spelling before its needle
+    s.add(value)
+    double = json.dumps(json.dumps(value)[1:-1])[1:-1]  # escaped twice
+    for gap in range(0, 1200):
+        for first, second in ((value, double), (double, value)):
+            out = s.scrub(first + "." * gap + second)
+            assert out == f"***{'.' * gap}***", gap
+
+
 def test_text_without_a_value_is_left_as_it_is_and_nothing_costs_nothing() -> None:
     s = Scrubber()
     text = "HTTP 500: {'error': 'bad token'} tok-7f3a9c1e"
@@ -177,7 +190,12 @@ _CHARS = st.one_of(
     st.characters(min_codepoint=0x80, max_codepoint=0x10FFFF, blacklist_categories=("Cs",)),
 )
 _VALUES = st.lists(st.text(_CHARS, min_size=MIN_CHARS, max_size=24), min_size=1, max_size=3)
-_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+# Random text, or a run long enough to put two shapes at any distance (the scrubber looks
+# around each needle it finds, as far as a shape can reach).
+_TEXT = st.one_of(
+    st.text(st.characters(blacklist_categories=("Cs",)), max_size=40),
+    st.integers(0, 3000).map(lambda n: "." * n),
+)
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)

@@ -140,7 +140,7 @@ class Scrubber:
         if search is None or not text:
             return text
         changed = True
-        while changed:  # what the masks join may spell a value again: until none is left
+        while changed:
             changed = False
             found = [needle for needle in search.needles if needle in text]  # C, each
             if not found and not search.always:
@@ -153,7 +153,9 @@ class Scrubber:
                     if not hits:
                         continue
                     text, n = value.around(hits, text)
-                changed = changed or n > 0
+                # A mask next to what is left may spell a value holding '*' again: then
+                # until none is left (text without a mask's character is left as it was).
+                changed = changed or (n > 0 and search.starred)
         return text
 
     def clear(self) -> None:
@@ -269,6 +271,7 @@ class _Value(NamedTuple):
     always: bool
     #: How far from a needle a spelling holding it may reach, either way.
     reach: int
+    starred: bool
 
     @classmethod
     def of(cls, value: str) -> _Value:
@@ -277,7 +280,8 @@ class _Value(NamedTuple):
         needles = frozenset(r for r in runs if len(r) >= MIN_CHARS)
         always = any(len(r) < MIN_CHARS for r in runs)
         reach = max(sum(1 if c.isascii() and c.isalnum() else _SPELLED for c in f) for f in forms)
-        return cls(len(value), _pattern(forms, literal_first=always), needles, always, reach)
+        pattern = _pattern(forms, literal_first=always)
+        return cls(len(value), pattern, needles, always, reach, MASK[0] in value)
 
     def around(self, needles: Iterable[str], text: str) -> tuple[str, int]:
         """``text`` with this value's shapes masked, searched for only around where
@@ -289,12 +293,15 @@ class _Value(NamedTuple):
                 spans.append((max(0, at - self.reach), at + len(needle) + self.reach))
                 at = text.find(needle, at + 1)
         spans.sort()
+        windows: list[list[int]] = []
+        for start, end in spans:  # overlapping ones as one: a shape may hold two needles
+            if windows and start <= windows[-1][1]:
+                windows[-1][1] = max(windows[-1][1], end)
+            else:
+                windows.append([start, end])
         pieces: list[str] = []
         made = done = 0
-        for start, end in spans:
-            if end <= done:
-                continue
-            start = max(start, done)
+        for start, end in windows:
             pieces.append(text[done:start])
             piece, n = self.pattern.subn(MASK, text[start:end])
             pieces.append(piece)
@@ -313,6 +320,8 @@ class _Search(NamedTuple):
     needles: tuple[str, ...]
     #: Whether a value is searched for in every text.
     always: bool
+    #: Whether a value holds the mask's character.
+    starred: bool
 
     @classmethod
     def of(cls, values: Iterable[_Value]) -> _Search:
@@ -326,7 +335,8 @@ class _Search(NamedTuple):
         )
         # The longest needles first: a search skips by the needle's length.
         needles = tuple(sorted(kept, key=lambda n: (-len(n), n)))
-        return cls(values, needles, any(v.always for v in values))
+        starred = any(v.starred for v in values)
+        return cls(values, needles, any(v.always for v in values), starred)
 
 
 def _pattern(forms: Iterable[str], literal_first: bool = False) -> re.Pattern[str]:
