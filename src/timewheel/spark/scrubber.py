@@ -146,13 +146,13 @@ class Scrubber:
             if not found and not search.always:
                 break
             for value in search.values:  # longest first: a value holding another
-                if value.always:
-                    text, n = value.pattern.subn(MASK, text)
-                else:
-                    hits = [needle for needle in found if needle in value.needles]
-                    if not hits:
-                        continue
-                    text, n = value.around(hits, text)
+                n = 0
+                if value.bare is not None:
+                    text, n = value.bare.subn(MASK, text)
+                hits = [needle for needle in found if needle in value.needles]
+                if hits:
+                    text, more = value.around(hits, text)
+                    n += more
                 # A mask next to what is left may spell a value holding '*' again: then
                 # until none is left (text without a mask's character is left as it was).
                 changed = changed or (n > 0 and search.starred)
@@ -260,32 +260,37 @@ def _excepthook(kind: Any, value: Any, tb: Any) -> None:
 
 # -- the pattern ------------------------------------------------------------------------
 class _Value(NamedTuple):
-    """One value's search: its pattern (every form of it), and the needles (runs of ASCII
-    letters and digits, never escaped) a text holding any form holds; ``always``: some
-    form has no needle of :data:`MIN_CHARS` (a value of few letters and digits), so
-    every text is searched."""
+    """One value's search: the pattern of its shapes that hold a needle (a run of ASCII
+    letters and digits, never escaped, of :data:`MIN_CHARS` or more), looked for around
+    the needles found in a text, and ``bare``, the pattern of the others (a value of few
+    letters and digits: ``-0.01``), looked for in every text."""
 
     length: int
-    pattern: re.Pattern[str]
+    pattern: re.Pattern[str] | None
     needles: frozenset[str]
-    always: bool
+    bare: re.Pattern[str] | None
     #: How far from a needle a spelling holding it may reach, either way.
     reach: int
     starred: bool
 
     @classmethod
     def of(cls, value: str) -> _Value:
-        forms = dict.fromkeys(_forms(value))
-        runs = [max(_RUNS.findall(form), key=len, default="") for form in forms]
-        needles = frozenset(r for r in runs if len(r) >= MIN_CHARS)
-        always = any(len(r) < MIN_CHARS for r in runs)
-        reach = max(sum(1 if c.isascii() and c.isalnum() else _SPELLED for c in f) for f in forms)
-        pattern = _pattern(forms, literal_first=always)
-        return cls(len(value), pattern, needles, always, reach, MASK[0] in value)
+        runs = {f: max(_RUNS.findall(f), key=len, default="") for f in _forms(value)}
+        needled = [f for f, run in runs.items() if len(run) >= MIN_CHARS]
+        bare = [f for f, run in runs.items() if len(run) < MIN_CHARS]
+        return cls(
+            len(value),
+            _pattern(needled) if needled else None,
+            frozenset(runs[f] for f in needled),
+            _pattern(bare, literal_first=True) if bare else None,
+            max(sum(1 if c.isascii() and c.isalnum() else _SPELLED for c in f) for f in runs),
+            MASK[0] in value,
+        )
 
     def around(self, needles: Iterable[str], text: str) -> tuple[str, int]:
         """``text`` with this value's shapes masked, searched for only around where
         ``needles`` are (a shape holds its needle): ``(text, masks made)``."""
+        assert self.pattern is not None  # (a value with needles has shapes holding them)
         spans: list[tuple[int, int]] = []
         for needle in needles:
             at = text.find(needle)
@@ -336,7 +341,7 @@ class _Search(NamedTuple):
         # The longest needles first: a search skips by the needle's length.
         needles = tuple(sorted(kept, key=lambda n: (-len(n), n)))
         starred = any(v.starred for v in values)
-        return cls(values, needles, any(v.always for v in values), starred)
+        return cls(values, needles, any(v.bare is not None for v in values), starred)
 
 
 def _pattern(forms: Iterable[str], literal_first: bool = False) -> re.Pattern[str]:
