@@ -112,6 +112,10 @@ def test_a_secret_registers_its_value_and_the_header_it_sends(
     assert value == f"Basic {TOKEN}"
     sent = base64.b64encode(value.encode()).decode()
     assert scrub(f"a {TOKEN} b {sent}") == "a *** b ***"
+    # a Basic credential's value is base64: what it decodes to, and its password, too
+    monkeypatch.setenv("TW_SCRUB_BASIC", base64.b64encode(b"bob:basic-pass-123").decode())
+    Secret("env:TW_SCRUB_BASIC", prefix="Basic ").resolve()
+    assert scrub("user bob:basic-pass-123 password basic-pass-123") == "user *** password ***"
     # the driver's own: read here without being kept, a function's never called
     path = tmp_path / "key"
     path.write_text("file-key-0123456789\n")

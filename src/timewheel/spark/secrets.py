@@ -20,6 +20,7 @@ writes or prints (:func:`scrub`), in the shapes a service echoing them could giv
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import pickle
@@ -176,7 +177,14 @@ class Secret:
         if not self.prefix:
             return value
         sent = self.prefix + value
-        hide(sent)  # the header's whole value (what a Basic credential's base64 encodes)
+        hide(sent)  # the header's whole value, as a service may echo it
+        if self.prefix.strip().lower() == "basic":  # a service may echo what it decoded
+            try:
+                pair = base64.b64decode(value, validate=True).decode("utf-8")
+            except ValueError:  # (binascii.Error and UnicodeDecodeError are ValueErrors)
+                return sent
+            hide(pair)
+            hide(pair.partition(":")[2])
         return sent
 
     def _read(self) -> str:
