@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -50,6 +52,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "c_only" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _secrets_forgotten() -> Iterator[None]:
+    """A test's secrets are not the next one's: the values a test made this process's
+    scrubber take out of text (a Secret read, a target's URL) are forgotten after it."""
+    yield
+    scrubbing = sys.modules.get("timewheel.spark.scrubber")
+    if scrubbing is not None:
+        scrubbing.scrubber().clear()
 
 
 _IMPLS = ["cython", "python"]

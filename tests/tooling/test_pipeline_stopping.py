@@ -161,3 +161,21 @@ def test_without_a_signal_nothing_changes(capfd: pytest.CaptureFixture[str]) -> 
         os.write(2, b"as ever\n")
     assert stopping.signalled is None and not calls
     assert capfd.readouterr().err == "as ever\n"
+
+
+def test_a_childs_relayed_stderr_is_scrubbed_of_the_secrets(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """What Spark's JVM says (the Python workers' stderr among it) reaches the command's
+    stderr through the scrubber, a value written in two pieces too."""
+    from timewheel.spark.secrets import hide
+
+    hide("relayed-secret-0123456789")
+    child = "import os\nos.write(2, b'worker: relayed-sec')\nos.write(2, b'ret-0123456789!\\n')\n"
+    with Stopping() as stopping:
+        with stopping.starting_spark():
+            jvm = subprocess.Popen([sys.executable, "-c", child])
+        assert jvm.wait(60) == 0
+    for relay in [t for t in threading.enumerate() if t.name == "timewheel-jvm-stderr"]:
+        relay.join(60)
+    assert capfd.readouterr().err == "worker: ***!\n"

@@ -38,6 +38,7 @@ from .delivery.stream_record import (
 from .engine.contract import DispatchConfig, Engine
 from .outcome import FAILED, OK, REPLY_COLUMN, RESULT_COLUMNS, SKIPPED, Outcome
 from .runtime import heap_frozen
+from .scrubber import scrub, scrubber
 from .worker_metrics import PartitionCounts, worker_metrics
 
 __all__ = [
@@ -117,7 +118,14 @@ class PartitionDispatch:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         with heap_frozen():  # see _heap: the collector's full passes, cut to the rows
-            yield from self._dispatch(batches)
+            try:
+                yield from self._dispatch(batches)
+            except Exception as exc:  # its message goes to the driver, and is printed
+                text = f"{type(exc).__name__}: {exc}"
+                clean = scrub(text)
+                if clean != text:
+                    raise RuntimeError(clean) from None
+                raise
 
     def _dispatch(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         engine = self.engine
@@ -167,8 +175,13 @@ class PartitionDispatch:
         # A stream's record is what is looked up before sending: a row the budget
         # skipped is no answer, and must be sent when the stream runs again.
         stream = self.recording is not None
+        # Every answer's text leaves the worker through here (to the journal and to
+        # Spark): scrubbed of the secrets' values this process has read (see scrubber).
+        hidden = scrubber()
         try:
             for outcome in outcomes:
+                if hidden:
+                    outcome = _scrubbed(outcome)
                 out.append(outcome)
                 if committer is not None:
                     if recorded and id(outcome) in recorded:
@@ -217,6 +230,17 @@ class PartitionDispatch:
         ]
         columns += replies
         return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _scrubbed(done: Outcome) -> Outcome:
+    """``done`` with its ``error`` and ``response`` scrubbed (itself when they hold no
+    secret)."""
+    error, response = done.error, done.response
+    clean_error = error if error is None else scrub(error)
+    clean_response = response if response is None else scrub(response)
+    if clean_error is error and clean_response is response:
+        return done
+    return done._replace(error=clean_error, response=clean_response)
 
 
 _ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)

@@ -11,20 +11,28 @@ child); :meth:`Secret.renew` reads it again once after the service refused it (a
 secret in it: its userinfo, its query values, its fragment, and any path segment that
 looks like a token (see :func:`redact_url` for the rule). Every part of timewheel that
 shows a URL shows it through this one function.
+
+And by value: every secret's value, once read, and the parts :func:`redact_url` hides of
+a target's or a quota store's URL (:func:`hide_url`) are registered in this process's
+scrubber (:mod:`timewheel.spark.scrubber`), which takes them out of every text the job
+writes or prints (:func:`scrub`), in the shapes a service echoing them could give them.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import pickle
 import re
 import threading
+import urllib.parse
 from typing import Any, Callable, Union
 
 from .runtime import PerProcess
+from .scrubber import hide, scrub
 
-__all__ = ["Secret", "SecretError", "parse_secret", "redact_url"]
+__all__ = ["Secret", "SecretError", "hide", "hide_url", "parse_secret", "redact_url", "scrub"]
 
 #: Where a secret's value comes from: ``"env:NAME"``, ``"file:PATH"``, or a function.
 Source = Union[str, Callable[[], str]]
@@ -124,6 +132,7 @@ class Secret:
     def resolve(self) -> tuple[str, int]:
         """``(value, generation)``: this process's value (read now if not yet), prefixed.
 
+        The value (and the prefixed value) is registered in this process's scrubber.
         SecretError, naming the secret, when it cannot be read.
         """
         held = _VALUES.get()
@@ -133,7 +142,7 @@ class Secret:
                 got = held.values.get(self.key)
                 if got is None:
                     got = held.values[self.key] = (self._read(), 0)
-        return self.prefix + got[0], got[1]
+        return self._hidden(got[0]), got[1]
 
     def renew(self, generation: int) -> tuple[str, int]:
         """Read the value again unless it was read again since ``generation``: many
@@ -144,7 +153,39 @@ class Secret:
             if got is None or got[1] == generation:
                 number = 0 if got is None else got[1] + 1
                 got = held.values[self.key] = (self._read(), number)
-        return self.prefix + got[0], got[1]
+        return self._hidden(got[0]), got[1]
+
+    def hide(self) -> bool:
+        """Register the value in this process's scrubber if it can be read here without
+        calling anything (``env:`` and ``file:``; a function's secret is not called):
+        True when it was read. Nothing is kept: :meth:`resolve` reads it where it is
+        used. The command line does this on the driver, so that its own writers (the
+        summary, what it prints) know the value too."""
+        if callable(self.source):
+            return False
+        try:
+            value = self._read()
+        except SecretError:
+            return False
+        self._hidden(value)
+        return True
+
+    def _hidden(self, value: str) -> str:
+        """``value`` prefixed, both registered in the scrubber (at every use: a lookup
+        when they are already)."""
+        hide(value, f"secret {self.name!r}")
+        if not self.prefix:
+            return value
+        sent = self.prefix + value
+        hide(sent)  # the header's whole value, as a service may echo it
+        if self.prefix.strip().lower() == "basic":  # a service may echo what it decoded
+            try:
+                pair = base64.b64decode(value, validate=True).decode("utf-8")
+            except ValueError:  # (binascii.Error and UnicodeDecodeError are ValueErrors)
+                return sent
+            hide(pair)
+            hide(pair.partition(":")[2])
+        return sent
 
     def _read(self) -> str:
         source = self.source
@@ -277,3 +318,37 @@ def redact_url(url: str) -> str:
                 items.append(f"{name}={value if _FIELD.fullmatch(value) else '***'}")
         out += "?" + "&".join(items)
     return out + hash_ + ("***" if fragment else "")
+
+
+def hide_url(url: str) -> None:
+    """Register in this process's scrubber the parts of ``url`` that :func:`redact_url`
+    hides: the userinfo (whole, and its password), each query value, the fragment, and
+    each path segment that looks like a token; each as written and percent-decoded, and
+    without its ``{column}`` fields (what fills them is a row's, not a secret)."""
+    if not isinstance(url, str):
+        return
+    text, _, fragment = url.partition("#")
+    head, sep, query = text.partition("?")
+    parts = [fragment]
+    match = _AUTHORITY.match(head)
+    start = 0
+    if match is not None:
+        scheme, authority = match.groups()
+        at = authority.rfind("@")
+        if at >= 0:
+            userinfo = authority[:at]
+            user, colon, password = userinfo.partition(":")
+            parts += [userinfo, password] if colon else [userinfo]
+            if colon:  # what a client sends: base64 of user:password, decoded
+                parts.append(f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}")
+        start = len(scheme) + len(authority)
+    parts += [s for s in head[start:].split("/") if _is_token(s)]
+    if sep:
+        for item in query.split("&"):
+            _, eq, value = item.partition("=")
+            parts.append(value if eq else item)
+    for part in parts:
+        for piece in _FIELD.split(part):
+            if piece:
+                hide(piece)
+                hide(urllib.parse.unquote_plus(piece))

@@ -11,12 +11,15 @@ pyspark and matplotlib are imported when the command runs, not when the CLI star
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import traceback
 from pathlib import Path
 from typing import Any
 
 from ...spark.outcome import FAILED, SKIPPED, TIMEOUT
+from ...spark.scrubber import scrubbed_output
+from ...spark.secrets import Secret, hide_url
 from ...spark.session import check_master, spark_session
 from ...spark.targets import target_from_url
 from .errors import Stopped, UsageError, limit_text, note, one_line
@@ -39,6 +42,7 @@ from .precheck import check_before_spark
 from .sessions import check_remote, connect_session
 from .stopping import Stopping
 from .stream import check_stream_args, run_command
+from .summary import summary_text
 
 __all__ = ["add_parser", "main"]
 
@@ -63,7 +67,9 @@ def main(args: argparse.Namespace) -> int:
     back as it was.
     """
     process_ends = bool(getattr(args, "process_ends", False))
-    with Stopping(args.debug, process_ends) as stopping:
+    # What the command prints goes through the scrubber (the secrets' values it knows):
+    # its lines, the summary, warnings, a traceback with --debug.
+    with scrubbed_output(process_ends), Stopping(args.debug, process_ends) as stopping:
         try:
             code: int | None = _ended(args, stopping)
         except (KeyboardInterrupt, Stopped):
@@ -127,6 +133,7 @@ def run(args: argparse.Namespace, stopping: Stopping | None = None) -> int:
 def _run(args: argparse.Namespace, stopping: Stopping, *, report_workers: bool) -> int:
     try:
         target = target_from_url(args.target, **http_options(args))
+        _hide_known(args, target)
         if args.remote is None:
             check_master(args.master)
         else:
@@ -208,6 +215,20 @@ def _run_locked(
     return _report(args, out_dir, summary)
 
 
+def _hide_known(args: argparse.Namespace, target: Any) -> None:
+    """Register with the driver's scrubber the secrets' values it can read (``env:`` and
+    ``file:``; the executors register theirs where they read them), and the quota
+    store's URL's secret parts (the target registers its own URL's): the summary and
+    what the command prints are scrubbed of them too."""
+    for _, secret in getattr(target, "header_secrets", ()):
+        secret.hide()
+    hide_url(getattr(args, "quota_store", None))
+    password = getattr(args, "quota_store_password", None)
+    if password:
+        with contextlib.suppress(TypeError, ValueError):  # refused with its reason later
+            Secret(password).hide()
+
+
 def _session(args: argparse.Namespace, name: str, stopping: Stopping) -> tuple[Any, bool]:
     """The run's Spark session (Connect's with --remote), and whether the run owns it."""
     with stopping.starting_spark(relay=args.remote is None):
@@ -229,7 +250,7 @@ def _say_why(args: argparse.Namespace, summary: dict[str, Any]) -> None:
 
 def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) -> int:
     """Print the summary; the exit status its rows call for."""
-    print(json.dumps(summary, indent=2))
+    print(summary_text(summary))
     if summary.get("dry_run"):
         if not args.quiet:
             note("dry run: nothing was sent and --output is as it was")

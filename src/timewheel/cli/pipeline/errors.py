@@ -6,6 +6,8 @@ import argparse
 import re
 import sys
 
+from ...spark.secrets import scrub
+
 
 class UsageError(Exception):
     """An argument or input refused before any row is sent: exit status 2."""
@@ -32,7 +34,8 @@ def one_line(exc: BaseException) -> str:
             exc = RuntimeError(f"Spark Connect: {status}: {details()}")
             break
         cause = cause.__cause__ or cause.__context__
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    # Scrubbed before it is cut: a value cut in two is no longer known.
+    lines = [line.strip() for line in scrub(str(exc)).splitlines() if line.strip()]
     text = lines[0] if lines else type(exc).__name__
     root = _root(lines)
     if root and root not in text:
@@ -71,8 +74,8 @@ def _cut(text: str, limit: int) -> str:
 
 
 def note(text: str) -> None:
-    """One line of the command on stderr: ``timewheel pipeline: TEXT``."""
-    print(f"timewheel pipeline: {text}", file=sys.stderr, flush=True)
+    """One line of the command on stderr: ``timewheel pipeline: TEXT`` (scrubbed)."""
+    print(f"timewheel pipeline: {scrub(text)}", file=sys.stderr, flush=True)
 
 
 def say(args: argparse.Namespace, text: str) -> None:

@@ -3,7 +3,8 @@ when its first rows all fail in a way no retry fixes.
 
 A reason is the row's ``error`` in one line: for an HTTP answer, its status and the
 service's own message (``error.message`` of a JSON answer, else its text), cut short,
-with whatever may be secret in it replaced by ``***`` (URLs as
+with whatever may be secret in it replaced by ``***`` (the values registered with the
+scrubber, :func:`~timewheel.spark.secrets.scrub`; URLs as
 :func:`~timewheel.spark.secrets.redact_url` writes them, bearer tokens, API keys, and
 the values of the headers the command was given). Header values never appear.
 """
@@ -20,7 +21,7 @@ from typing import Any
 
 from ...spark.delivery.journal import read_batches
 from ...spark.outcome import FAILED, SKIPPED, TIMEOUT
-from ...spark.secrets import redact_url
+from ...spark.secrets import redact_url, scrub
 
 __all__ = [
     "FailFast",
@@ -55,7 +56,7 @@ def reason(error: str | None, status: str | None = None, hide: Iterable[str] = (
     """A row's ``error`` as a short, redacted line; ``hide``: values never to show."""
     if not error:
         return "timed out" if status == TIMEOUT else f"{status or 'failed'} (no error text)"
-    text = error
+    text = scrub(error)  # before it is cut: a value cut in two is no longer known
     answer = _HTTP.fullmatch(text.strip())
     if answer is not None:
         text = f"HTTP {answer[1]}: {_message(answer[2])}"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shutil
 import tempfile
 import time
@@ -40,6 +39,7 @@ from .summary import (
     reason_counts,
     sent_counts,
     summarize,
+    summary_text,
 )
 
 
@@ -342,7 +342,7 @@ class Job:
                 key = request_key(inputs, self.target)
             shared, distinct = written.agg(F.count(key), F.countDistinct(key)).first()
             summary["requests_saved"] = shared - distinct
-        (staging / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (staging / "summary.json").write_text(summary_text(summary) + "\n")
         latency_histogram(groups, staging / "latency.png")
         return summary
 

@@ -16,6 +16,8 @@ makes the run *stopping* at once, whatever it is doing:
   does Spark's JVM: a child writes to its own descriptor 2, not to this process's, so
   the JVM is started with a pipe for stderr that a thread of this process relays
   (:meth:`Stopping.starting_spark`), and the stop points the relay at the null device.
+  (The relay passes the JVM's lines, the Python workers' stderr among them, through the
+  secrets' scrubber: :mod:`timewheel.spark.scrubber`.)
   What a SIGTERM to the whole process group (how systemd stops a service) makes the
   JVM, Py4J and PySpark's accumulator server print as they lose each other is then
   said by one line: the stop line, written last (:meth:`Stopping.last_words`) to a copy
@@ -40,6 +42,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 from typing import Any, TextIO
 
+from ...spark.scrubber import scrub_bytes, scrubber
 from .errors import Stopped
 
 __all__ = ["CANCEL_EVERY_S", "STOP_SIGNALS", "Stopping"]
@@ -287,15 +290,32 @@ class _Relay:
         threading.Thread(target=self._run, name="timewheel-jvm-stderr", daemon=True).start()
 
     def _run(self) -> None:
+        held = b""  # a line not ended yet: a value in it may be cut in two
         try:
             while True:
                 data = os.read(self.read, 65536)
                 if not data:
+                    self._write(scrub_bytes(held))
                     return
-                with contextlib.suppress(OSError):
-                    _write_all(self.out, data)
+                held, whole = _lines(held + data)
+                self._write(scrub_bytes(whole))
         finally:
             with _RELAY_LOCK:
                 _RELAYS.remove(self)
                 for fd in (self.read, self.out, self.normal):
                     os.close(fd)
+
+    def _write(self, data: bytes) -> None:
+        if data:
+            with contextlib.suppress(OSError):
+                _write_all(self.out, data)
+
+
+def _lines(data: bytes) -> tuple[bytes, bytes]:
+    """``(held, written)``: ``data`` cut after its last line end, so that the scrubber
+    sees whole lines (a line of 64 KiB or more, or any while nothing is secret, goes as
+    it is)."""
+    if not scrubber() or len(data) >= 65536:
+        return b"", data
+    cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+    return data[cut:], data[:cut]

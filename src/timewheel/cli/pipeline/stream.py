@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import re
 import shutil
 import time
@@ -56,7 +55,7 @@ from .stream_files import (
     is_stream_output,
 )
 from .stream_resend import check_resumable, recover_output, resend
-from .summary import failure_budget, failure_reasons
+from .summary import failure_budget, failure_reasons, summary_text
 
 __all__ = [
     "PARTITION",
@@ -428,7 +427,7 @@ def run_command(
         job.stop(owned)
         if reports is not None:
             reports.close()
-    print(json.dumps(summary, indent=2))
+    print(summary_text(summary))
     say(args, _final_line(summary, time.monotonic() - began))
     return stream_exit(args, summary)
 
@@ -504,7 +503,7 @@ def run_stream(
                 _query(writer, job, batches, args, fmt)
         summary = _summary(spark, out_dir, batches, time.monotonic() - start, args, watch)
         summary["resent"] = resent  # what --resume sent again first (or None)
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (out_dir / "summary.json").write_text(summary_text(summary) + "\n")
     except Exception:
         # Stopped: the stop's cancelling ends the micro-batch in progress, left for the
         # next run (its rows already answered are in the record). The summary's own job

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import threading
 from collections.abc import Iterable, Mapping
@@ -11,6 +12,7 @@ from typing import Any
 
 from ...spark import STATUSES
 from ...spark.outcome import FAILED, OK, SKIPPED, TIMEOUT
+from ...spark.scrubber import scrub_value
 from .failures import top_reasons
 
 _PERCENTILES = (50, 90, 99, 99.9)
@@ -18,6 +20,12 @@ _PERCENTILES = (50, 90, 99, 99.9)
 _REASONS_READ = 1000
 # The latency histogram's bins: 20 a decade, on a log scale.
 _BINS_PER_DECADE = 20
+
+
+def summary_text(summary: Mapping[str, Any]) -> str:
+    """``summary`` as the JSON ``summary.json`` holds and the command prints, every str in
+    it scrubbed of the secrets' values (see :mod:`timewheel.spark.scrubber`)."""
+    return json.dumps(scrub_value(summary), indent=2)
 
 
 def failure_budget(limit: float | int, rows: int) -> int:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from .._json import encoder
 from ..contract import Failure
 from ..ratelimit import parse_retry_after
-from ..secrets import redact_url
+from ..secrets import redact_url, scrub
 from .options import HttpLimits
 
 # Bytes of the answer quoted in an error.
@@ -66,7 +66,7 @@ def verdict(
     """
     if 200 <= status < 300:
         return True, None, 0.0
-    error = f"HTTP {status}: {text[:_DETAIL].decode('utf-8', 'replace')}"
+    error = f"HTTP {status}: {_detail(text)}"
     if status == 429 or status == 503:
         # Unreadable, negative or past: no wait beyond the backoff.
         wait = parse_retry_after(header("Retry-After"))
@@ -78,6 +78,15 @@ def verdict(
         where = None if where is None else redact_url(where)
         return False, f"HTTP {status}: redirect to {where!r} not followed", None
     return False, error, None
+
+
+def _detail(text: bytes) -> str:
+    """The start of an answer, quoted in an error: the whole answer scrubbed of the
+    secrets' values before it is cut (a value cut in two would no longer be known)."""
+    if len(text) <= _DETAIL:
+        return scrub(text.decode("utf-8", "replace"))
+    whole = scrub(text.decode("utf-8", "replace"))
+    return whole.encode()[:_DETAIL].decode("utf-8", "ignore")
 
 
 def too_large(limits: HttpLimits, rows: int = 0, length: str | None = None) -> Failure:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import re
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Union
@@ -35,7 +36,7 @@ from ..._validate import check_columns
 from ..batch.spec import BatchPart
 from ..contract import DownstreamError, Failure, OnDone, Reply, TargetPlan
 from ..runtime import PerProcess
-from ..secrets import Secret, SecretError, redact_url
+from ..secrets import Secret, SecretError, hide, hide_url, redact_url
 from .options import TLS, BatchFormat, HttpLimits
 from .request import (
     HttpRequest,
@@ -77,6 +78,10 @@ def _new_loop() -> Any:
 
     return CurlLoop()
 
+
+# A header whose name says it carries a credential: its value is registered with the
+# scrubber (as a Secret's is), so an answer echoing it does not write it anywhere.
+_CREDENTIAL = re.compile(r"auth|token|secret|passw|key|credential|cookie|session|signature", re.I)
 
 # The defaults: frozen, so one each serves every target.
 _TLS = TLS()
@@ -222,6 +227,23 @@ class HttpDownstream:
         self._one_line: tuple[str, tuple[tuple[str, str], ...]] = (url, ())
         self._lines = [f"{k}: {v}" for k, v in self.headers.items()] + ["Expect:"]
         self._curl_settings: Any = None  # made on first submit
+        self._hide()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._hide()  # in the process it was sent to (an executor's Python worker)
+
+    def _hide(self) -> None:
+        """Register with this process's scrubber what may be secret in the requests: the
+        URL's parts that :func:`~.secrets.redact_url` hides, and the values of headers
+        whose name says they carry a credential (``Authorization``, ``X-Api-Key``...),
+        whole and their last word (``Bearer TOKEN``'s token). A :class:`~.secrets.Secret`
+        header registers its value where it is read."""
+        hide_url(self.url)
+        for name, value in self.headers.items():
+            if _CREDENTIAL.search(name):
+                hide(value)
+                hide(value.rsplit(None, 1)[-1] if value.strip() else value)
 
     def __repr__(self) -> str:
         return f"HttpDownstream({self.method} {redact_url(self.url)!r})"

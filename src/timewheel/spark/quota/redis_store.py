@@ -51,7 +51,7 @@ import secrets
 import urllib.parse
 from typing import Any, Callable
 
-from ..secrets import redact_url
+from ..secrets import hide_url, redact_url
 from .spec import (
     BURST_S,
     HORIZON_S,
@@ -383,6 +383,7 @@ def _client(url: str, timeout_s: float, password: str | None) -> Any:
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
+    hide_url(url)  # a password in its query (redis-py reads one there): never written
     extra: dict[str, Any] = {} if password is None else {"password": password}
     # No retry inside the client: a script sent twice could return tokens twice. A few
     # connections, reused, for however many tasks a process runs: a task waits for one
