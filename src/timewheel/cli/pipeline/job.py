@@ -95,6 +95,9 @@ class Job:
         from ...spark import Journal, PlanError, dispatch
 
         args = self.args
+        # A stream's micro-batch with rows the budget skipped is written aside and never
+        # committed (see stream._Batches): its rows come back skipped, to be counted.
+        kept = None if journal is None else Journal(str(journal), return_skipped=df.isStreaming)
         try:
             return dispatch(
                 df,
@@ -103,7 +106,7 @@ class Job:
                 timeout_ms=args.timeout_ms,
                 reply_schema=args.reply_schema,
                 quota=self.quota,
-                journal=None if journal is None else Journal(str(journal)),
+                journal=kept,
                 worker_reports=reports,
                 **dispatch_options(args, self.max_in_flight, self.key_cols),
             )
