@@ -54,6 +54,7 @@ from .stream_files import (
     file_rows,
     file_stats,
     is_stream_output,
+    record_landed,
 )
 from .stream_resend import check_resumable, recover_output, resend
 from .summary import failure_budget, failure_reasons
@@ -283,6 +284,7 @@ class _Batches:
             raise BudgetSpent(f"the quota was spent in micro-batch {batch_id}")
         shutil.rmtree(path, ignore_errors=True)
         aside.rename(path)
+        record_landed(self.rows.parent, batch_id, stats)  # looked at by the runs after
         self.watch.read(stats, batch_id)
         self.watch.check()  # a file written to while it was read
         now = time.time()
@@ -475,6 +477,7 @@ def run_stream(
     out_dir.mkdir(parents=True, exist_ok=True)
     out = job.dispatch(stream, None if reports is None else reports.accumulator, out_dir / "record")
     batches = _Batches(out_dir, reports, args.quiet, fmt, schema)
+    batches.watch.earlier(out_dir)  # files earlier runs read, written to since
     writer = out.writeStream.foreachBatch(batches).option(
         "checkpointLocation", str(out_dir / "checkpoint")
     )
