@@ -104,7 +104,8 @@ def quota_limit(quota: Any) -> str | None:
     (``Quota.budget 1,000``); None when it has neither a budget nor a request cap."""
     limits = []
     if quota.budget is not None:
-        limits.append(f"Quota.budget {quota.budget:,g}")
+        budget = quota.budget
+        limits.append(f"Quota.budget {int(budget) if budget == int(budget) else budget:,}")
     if quota.max_requests is not None:
         limits.append(f"Quota.max_requests {quota.max_requests:,}")
     return " or ".join(limits) or None

@@ -15,8 +15,8 @@ did; the summary at the end counts every row in ``--output/rows``.
 
 Files must land whole: a file's columns are checked before its micro-batch sends
 anything (a file without the stream's columns stops the stream, exit 1), and a file
-written to after its micro-batch read it is said and counted (exit 1): see
-:mod:`.stream_files`.
+written to after its micro-batch read it, in this run or an earlier one, is said and
+counted (exit 1): see :mod:`.stream_files`.
 
 When the quota's budget (or request cap) is spent, the stream stops (exit 3) and the
 micro-batch it was in is not written: its rows the budget skipped were not sent, and
