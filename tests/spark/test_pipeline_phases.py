@@ -12,8 +12,14 @@ import pytest
 
 from spark_fixtures import pipeline_cli
 from timewheel.cli.pipeline.errors import UsageError
-from timewheel.cli.pipeline.inputs import arrow_unique_rows, parquet_schema
-from timewheel.cli.pipeline.job import OutputMismatch, check_ids, check_rows
+from timewheel.cli.pipeline.inputs import CheckedIds, arrow_unique_rows, parquet_schema
+from timewheel.cli.pipeline.job import (
+    OutputMismatch,
+    changed_files,
+    check_ids,
+    check_input,
+    check_rows,
+)
 from timewheel.cli.pipeline.phases import duration
 from timewheel.cli.pipeline.progress import Progress, progress_interval
 from timewheel.cli.pipeline.summary import (
@@ -149,7 +155,7 @@ def test_ids_that_do_not_name_each_row_once_are_refused_before_spark_reads_them(
     folder = tmp_path / "in"
     folder.mkdir()
     pq.write_table(pa.table({"id": [1, 2, 3], "x": ["a", "b", "c"]}), folder / "a.parquet")
-    assert arrow_unique_rows(str(folder), "parquet", "id") == 3
+    assert arrow_unique_rows(str(folder), "parquet", "id").rows == 3  # type: ignore[union-attr]
     assert arrow_unique_rows(str(folder), "parquet", "no_such") is None  # Spark says
     assert arrow_unique_rows(str(folder), "csv", "id") is None
     pq.write_table(pa.table({"id": [3, None], "x": ["d", "e"]}), folder / "b.parquet")
@@ -274,13 +280,59 @@ def test_the_progress_interval_is_read_from_the_environment(
     ]
 
 
+def test_the_checks_id_hash_sum_is_the_one_spark_observes(spark: Any) -> None:
+    """Spark's ``xxhash64`` of ids, summed, computed by numpy in the driver (the id
+    check of a local Parquet input): the same for every id type it hashes, in any
+    chunks and slices; None for a type it does not."""
+    import random
+
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    from timewheel.cli.pipeline.id_hashes import id_hash_sum_of
+
+    rnd = random.Random(49)
+    text = "ab\u00e9\u20ac\U0001f600z"
+    cases = [
+        ("long", pa.int64(), [rnd.randint(-(2**63), 2**63 - 1) for _ in range(300)] + [0, -1]),
+        ("int", pa.int32(), [rnd.randint(-(2**31), 2**31 - 1) for _ in range(300)]),
+        ("short", pa.int16(), [rnd.randint(-(2**15), 2**15 - 1) for _ in range(100)]),
+        ("byte", pa.int8(), list(range(-128, 128))),
+        (
+            "string",
+            pa.string(),
+            ["".join(rnd.choice(text) for _ in range(rnd.randint(0, 80))) for _ in range(300)],
+        ),
+    ]
+    for kind, arrow, values in cases:
+        df = spark.createDataFrame([(v,) for v in values], f"id {kind}")
+        want = df.agg(F.sum(F.xxhash64("id").cast("decimal(38,0)"))).first()[0]
+        got = id_hash_sum_of(pa.array(values, arrow))
+        chunks = pa.chunked_array([pa.array(values[:7], arrow), pa.array(values[7:], arrow)])
+        assert got == id_hash_sum_of(chunks) == int(want), kind
+        assert id_hash_sum_of(pa.array([values[0], *values], arrow).slice(1)) == got, kind
+    assert id_hash_sum_of(pa.array([1.5])) is None
+
+
+def arrow_ids(df: Any, id_col: str) -> CheckedIds | None:
+    """:func:`arrow_unique_rows` of ``df`` written as a Parquet file."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        df.coalesce(1).write.parquet(f"{folder}/in.parquet")
+        return arrow_unique_rows(f"{folder}/in.parquet", "parquet", id_col)
+
+
 def test_an_output_that_is_not_every_input_row_once_is_refused(spark: Any) -> None:
     from pyspark.sql import functions as F
 
     ids = spark.range(1000).select(F.col("id").cast("int").alias("id"))
-    rows = check_ids(ids, "id")
+    checked = check_ids(ids, "id")
+    rows = checked.rows
     read = ids.agg(*input_columns("id")).first().asDict()
-    assert rows == read["rows"] == 1000
+    assert rows == read["rows"] == 1000 and checked.id_hash == read["id_hash"]
+    # The check's hash sum, taken by pyarrow in the driver, is the one Spark observes.
+    assert arrow_ids(ids, "id") == checked
     with pytest.raises(UsageError, match="1,001 rows, 1,000 distinct ids and 0 nulls"):
         check_ids(ids.union(ids.limit(1)), "id")
 
@@ -293,10 +345,25 @@ def test_an_output_that_is_not_every_input_row_once_is_refused(spark: Any) -> No
         )
         return made.agg(*figure_columns("id")).first().asDict()
 
-    check_rows(figures(ids), rows, read)  # the same rows: published
-    with pytest.raises(OutputMismatch, match="the input changed while the run read it"):
-        check_rows(figures(ids), rows - 1, read)  # checked 999 before sending, read 1,000
-    one_twice = ids.filter("id != 7").union(ids.filter("id = 8"))
+    check_input(checked, read, "in", [])  # the rows checked, read: published
+    check_rows(figures(ids), rows, read)
+    fewer = CheckedIds(rows - 1, None)  # checked 999 before sending, read 1,000
+    with pytest.raises(OutputMismatch, match="999 rows with 999 distinct ids checked before"):
+        check_input(fewer, read, "in", [])
+    twice = ids.filter("id != 7").union(ids.filter("id = 8"))  # as many rows, 8 twice
+    read_twice = twice.agg(*input_columns("id")).first().asDict()
+    with pytest.raises(OutputMismatch, match=re.escape("1,000 rows, not with those ids")):
+        check_input(checked, read_twice, "in", [])
+    # With no hash sum from the check, the input's files tell: changed, refused.
+    check_input(CheckedIds(rows, None), read_twice, "in", [])
+    with pytest.raises(OutputMismatch, match="its files changed since; changed: a, b, c and 1"):
+        check_input(CheckedIds(rows, None), read_twice, "in", ["a", "b", "c", "d"])
+    assert changed_files([["a", 1, 2], ["b", 1, 2]], [["a", 1, 3], ["c", 1, 2]]) == [
+        "a",
+        "b",
+        "c",
+    ]
+    one_twice = twice
     outside = ids.filter("id != 7").union(spark.range(5000, 5001).selectExpr("int(id) AS id"))
     a_null = ids.filter("id != 7").union(spark.range(1).selectExpr("CAST(NULL AS int) AS id"))
     for wrong, words in [
@@ -307,3 +374,49 @@ def test_an_output_that_is_not_every_input_row_once_is_refused(spark: Any) -> No
     ]:
         with pytest.raises(OutputMismatch, match=re.escape(words)):
             check_rows(figures(wrong), rows, read)
+
+
+@pytest.mark.parametrize("name", ["in.parquet", "in.csv"])
+def test_an_input_replaced_after_its_id_check_is_not_published(
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    name: str,
+) -> None:
+    """The input checked (100 rows, 100 distinct ids: pyarrow's check for Parquet,
+    Spark's for CSV), then replaced before the write reads it by one of as many rows
+    with an id twice: the figures the write observes are not the check's, so the run
+    refuses to publish (exit 1, one line naming the input and what changed), and leaves
+    no staging behind. Before, it was published with that id twice, exit 0."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    from timewheel.cli.pipeline import job
+
+    path, out = tmp_path / name, tmp_path / "out"
+
+    def write(ids: list[int]) -> None:
+        table = pa.table({"id": ids, "text": [f"t{i}" for i in ids]})
+        if name.endswith(".csv"):
+            pcsv.write_csv(table, path)
+        else:
+            pq.write_table(table, path)
+
+    write(list(range(100)))
+    checked = job.unique_rows
+
+    def then_replaced(*args: Any) -> Any:
+        found = checked(*args)
+        write([*range(99), 5])  # the same row count, the id 5 twice
+        return found
+
+    monkeypatch.setattr(job, "unique_rows", then_replaced)
+    argv = ["--input", str(path), "--output", str(out), "--quiet", "--master", "local[2]"]
+    assert pipeline_cli([*argv, "--target", "sim://?pct50=1&pct75=2"]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert str(path) in line and "changed between the id check and the write" in line, line
+    assert "100 rows with 100 distinct ids checked" in line and "not published" in line, line
+    assert not (out / "rows").exists() and not (out / "summary.json").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.")] == []  # staging

@@ -412,6 +412,79 @@ def test_a_file_written_to_after_its_micro_batch_read_it_is_named_and_exits_1(
     assert len(service.seen.requests) == 50  # the row appended was not read
 
 
+def test_a_landed_file_written_to_between_two_runs_is_named_at_each_run_until_put_right(
+    service: ScriptedService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rows appended to a file a run had read, between two runs: Spark's file source
+    never reads it again, so the next run names it in one line (even with --quiet),
+    counts it in the summary and exits 1, while it sends what is new as usual. Before,
+    the second run said nothing and exited 0. Named again at each run until the file is
+    as it was read or moved out of --input; then 0 again."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    land(inp, 0, 0)
+    argv = stream_argv(inp, out, service, "--quiet")
+    assert pipeline_cli(argv) == 0
+    capsys.readouterr()
+    with open(inp / "part-0.csv", "a") as f:  # a writer that did not land it whole
+        f.write("50,t50\n")
+    land(inp, 1, 100)  # and a file landing whole: it is sent
+    assert pipeline_cli(argv) == 1
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if "changed after micro-batch 0 read it" in line]
+    assert str(inp / "part-0.csv") in line and "an earlier run" in line, line
+    assert "1 file(s) of --input changed after their micro-batch read them" in err, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["files_changed"] == 1 and summary["rows"] == 100
+    assert summary["changed_files"][0]["file"] == str(inp / "part-0.csv")
+    assert len(service.seen.requests) == 100  # the row appended was not read
+    assert pipeline_cli(argv) == 1  # said again: its row is still not sent
+    assert "changed after micro-batch 0 read it" in capsys.readouterr().err
+    (inp / "part-0.csv").rename(tmp_path / "part-0.csv")  # its read rows are in --output
+    assert pipeline_cli(argv) == 0
+
+
+def test_landed_files_are_checked_against_their_read_or_the_checkpoints_log(
+    tmp_path: Path,
+) -> None:
+    """The files of committed micro-batches, as they were when read (this version's
+    --output/landed.jsonl), else as the checkpoint's file-source log saw them (their
+    modification time, for outputs of earlier versions); a micro-batch not committed
+    runs again and reads its files anew: not checked."""
+    from timewheel.cli.pipeline.stream_files import FileWatch, landed_before, record_landed
+
+    files = [tmp_path / f"f{i}.csv" for i in range(4)]
+    for f in files:
+        f.write_text("id\n1\n")
+    out = tmp_path / "out"
+    sources, commits = out / "checkpoint" / "sources" / "0", out / "checkpoint" / "commits"
+    sources.mkdir(parents=True)
+    commits.mkdir(parents=True)
+    stat = [os.stat(f) for f in files]
+    log = ["v1"] + [
+        json.dumps({"path": f.as_uri(), "timestamp": st.st_mtime_ns // 10**6, "batchId": i})
+        for i, (f, st) in enumerate(zip(files, stat))
+    ]
+    (sources / "0").write_text("\n".join(log[:3]) + "\n")  # f0 and f1
+    (sources / "2").write_text("\n".join(log[:1] + log[3:]) + "\n")  # f2 and f3
+    for batch in (0, 1, 2):  # 3 is not committed
+        (commits / str(batch)).write_text("v1\n{}\n")
+    record_landed(out, 1, {str(files[1]): (stat[1].st_size, stat[1].st_mtime_ns)})
+    assert sorted(landed_before(out)) == [str(f) for f in files[:3]]
+    said: list[str] = []
+    watch = FileWatch(said.append)
+    watch.earlier(out)
+    assert (watch.count, said) == (0, [])
+    for f in files:
+        with open(f, "a") as w:
+            w.write("2\n")
+        os.utime(f, ns=(stat[0].st_atime_ns, stat[0].st_mtime_ns + 5 * 10**9))
+    files[2].unlink()  # removed: not a change
+    watch.earlier(out)
+    assert watch.count == 2 and [n["file"] for n in watch.named] == [str(f) for f in files[:2]]
+    assert "(5 bytes when read, 7 now)" in said[1] and "micro-batch 1" in said[1]
+
+
 def test_a_streams_summary_says_why_rows_failed_and_its_quota_use(
     service: ScriptedService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -78,6 +78,11 @@ BAD = [
         "Dedupe.col 'acct' cannot be combined with Calls.key_cols",
     ),
     ({"journal": "state/record"}, TypeError, "journal must be a timewheel.spark.Journal"),
+    (
+        {"journal": Journal("d", return_skipped=True)},
+        ValueError,
+        "Journal.return_skipped is for a stream's journal",
+    ),
     ({"resume_from": [1]}, TypeError, "resume_from must be a DataFrame (a previous result)"),
 ]
 
@@ -97,6 +102,7 @@ BAD_OPTIONS = [
     (lambda: Dedupe("acct", requests=True), ValueError, "Dedupe takes a column"),
     (lambda: Journal(""), TypeError, "Journal.path must be a directory"),
     (lambda: Journal("d", retain_batches=0), ValueError, "Journal.retain_batches must be between"),
+    (lambda: Journal("d", return_skipped=1), TypeError, "Journal.return_skipped must be True or"),
     (lambda: Cost(3), TypeError, "Cost.estimate must be a column name (str) or a function"),
 ]
 

@@ -27,7 +27,7 @@ from pyspark.sql.types import StructType
 
 from .batch.spec import Batching
 from .cluster import check_workers, is_connect, task_slots
-from .columns import PartitionDispatch, output_schema
+from .columns import PartitionDispatch, output_schema, quota_limit
 from .contract import Target
 from .delivery.dedupe import by_request
 from .delivery.stream_record import start_record
@@ -151,12 +151,17 @@ def dispatch(
     if dedupe_col:
         df = df.sortWithinPartitions(dedupe_col)
     path = None if journal is None else journal.path
+    # On a stream, a row the budget skipped fails its micro-batch (unless the journal
+    # says to return it): committed, its rows would reach the sink skipped, never sent.
+    returned = journal is not None and journal.return_skipped
+    limit = quota_limit(quota) if streaming and quota is not None and not returned else None
     result = df.mapInArrow(
         PartitionDispatch(
-            job.engine, target, config, worker_reports, reply, dedupe_col, path, recording
+            job.engine, target, config, worker_reports, reply, dedupe_col, path, recording,
+            limit,
         ),
         output_schema(df.schema, reply),
-    )
+    )  # fmt: skip
     if dedupe is not None and dedupe.requests and dedupe_col:
         result = result.drop(dedupe_col)
     return result if kept is None else kept.unionByName(result)

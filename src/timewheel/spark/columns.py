@@ -44,7 +44,9 @@ from .worker_metrics import PartitionCounts, worker_metrics
 __all__ = [
     "PartitionDispatch",
     "ReplyParser",
+    "StreamBudgetSpent",
     "output_schema",
+    "quota_limit",
     "reply_struct",
 ]
 
@@ -92,8 +94,30 @@ def _first_array_made() -> None:
     pa.array([], pa.int64())
 
 
+class StreamBudgetSpent(RuntimeError):
+    """Raised by a stream's task whose rows the quota's budget (or request cap) skipped:
+    the task fails, and so does its micro-batch, which Spark does not commit to the
+    sink; run again with a budget left, it sends the rows not sent."""
+
+
+def quota_limit(quota: Any) -> str | None:
+    """The limits of ``quota`` that can skip rows, as a message names them
+    (``Quota.budget 1,000``); None when it has neither a budget nor a request cap."""
+    limits = []
+    if quota.budget is not None:
+        budget = quota.budget
+        limits.append(f"Quota.budget {int(budget) if budget == int(budget) else budget:,}")
+    if quota.max_requests is not None:
+        limits.append(f"Quota.max_requests {quota.max_requests:,}")
+    return " or ".join(limits) or None
+
+
 class PartitionDispatch:
-    """The function ``mapInArrow`` runs on every partition: Arrow batches in, batches out."""
+    """The function ``mapInArrow`` runs on every partition: Arrow batches in, batches out.
+
+    ``budget_fails`` (a stream's, the quota's limits in words): a row the budget skipped
+    fails the task with :class:`StreamBudgetSpent`, once its other rows have ended and
+    their answers are committed, instead of coming back ``skipped``."""
 
     def __init__(
         self,
@@ -105,6 +129,7 @@ class PartitionDispatch:
         dedupe_col: str | None = None,
         journal: str | None = None,
         recording: Recording | None = None,
+        budget_fails: str | None = None,
     ) -> None:
         self.engine = engine
         self.target = target
@@ -115,6 +140,7 @@ class PartitionDispatch:
         self.journal = journal
         # On a stream: how the journal is kept as the record looked up first.
         self.recording = recording
+        self.budget_fails = budget_fails
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         with heap_frozen():  # see _heap: the collector's full passes, cut to the rows
@@ -178,8 +204,12 @@ class PartitionDispatch:
         # Every answer's text leaves the worker through here (to the journal and to
         # Spark): scrubbed of the secrets' values this process has read (see scrubber).
         hidden = scrubber()
+        skipped = 0  # rows the budget skipped, when they fail the task (budget_fails)
         try:
             for outcome in outcomes:
+                if self.budget_fails is not None and outcome.status == SKIPPED:
+                    skipped += 1  # the others go on: their answers are committed
+                    continue
                 if hidden:
                     outcome = _scrubbed(outcome)
                 out.append(outcome)
@@ -191,6 +221,8 @@ class PartitionDispatch:
                 if len(out) == _OUT_BATCH_ROWS:
                     yield self._batch(out, schemas[0], counts, parser)
                     out = []
+            if skipped:
+                raise self._spent(skipped, counts.admitted)
             if out:
                 yield self._batch(out, schemas[0], counts, parser)
             if committer is not None:
@@ -204,6 +236,23 @@ class PartitionDispatch:
             report = worker.end(counts)
             if self.reports is not None:
                 self.reports.add({worker.name: report})
+
+    def _spent(self, skipped: int, rows: int) -> StreamBudgetSpent:
+        """The error failing a stream's task whose ``skipped`` of ``rows`` rows the
+        budget skipped (the answers of the others are committed as the task ends)."""
+        batch = task_batch()
+        where = "" if batch is None else f" of micro-batch {batch}"
+        again = (
+            "its rows answered are in the journal and are not sent again"
+            if self.journal is not None
+            else "without a journal=Journal(...), its rows answered are sent again too"
+        )
+        return StreamBudgetSpent(
+            f"the quota's {self.budget_fails} was spent: {skipped:,} of this task's "
+            f"{rows:,} rows{where} were not sent. The micro-batch fails so that Spark "
+            "does not commit them to the sink: start the query again from its checkpoint "
+            f"with a budget left and it runs that micro-batch again ({again})"
+        )
 
     def _batch(
         self,

@@ -238,10 +238,18 @@ class Journal:
     a row up in before sending it (see :mod:`timewheel.spark.delivery.stream_record`);
     ``retain_batches`` is how many micro-batches that record keeps (default: as many as
     the checkpoint keeps, ``spark.sql.streaming.minBatchesToRetain``).
+
+    On a stream, a row the quota's budget (or request cap) skipped fails its task, and so
+    its micro-batch, which Spark then does not commit: run again with a budget left, the
+    micro-batch sends those rows (its rows answered come from the record).
+    ``return_skipped=True`` returns them ``skipped`` instead, for a ``foreachBatch`` that
+    decides itself and never lets such a micro-batch commit (as ``timewheel pipeline
+    --stream`` does: it stops the query).
     """
 
     path: str
     retain_batches: int | None = None
+    return_skipped: bool = False
 
     def __post_init__(self) -> None:
         path = getattr(self.path, "__fspath__", None)
@@ -262,6 +270,12 @@ class Journal:
                     1,
                     MAX_RETAINED_BATCHES,
                 ),
+            )
+        if not isinstance(self.return_skipped, bool):
+            raise PlanTypeError(
+                "Journal.return_skipped",
+                self.return_skipped,
+                f"must be True or False, got {self.return_skipped!r}",
             )
 
 

@@ -149,6 +149,13 @@ def plan(
         raise PlanError(
             "Journal.retain_batches", journal.retain_batches, "is for a stream's journal"
         )
+    if journal is not None and journal.return_skipped and not streaming:
+        raise PlanError(
+            "Journal.return_skipped",
+            True,
+            "is for a stream's journal (a batch job returns "
+            "the rows the budget skipped as skipped)",
+        )
     if schema is not None:
         _check_columns(schema, target, id_col, calls, reply_schema, cost, dedupe)
     rate_limit_headers = quota is not None  # a quota follows the answers' headers

@@ -156,20 +156,36 @@ def test_a_record_belongs_to_one_query(tmp_path: Path) -> None:
         claim_record(str(blocker / "record"), "id", target, ["id"])
 
 
-def test_one_quota_holds_across_the_micro_batches(
+def test_one_quota_holds_across_the_micro_batches_and_its_end_fails_the_micro_batch(
     spark: Any, service: ScriptedService, tmp_path: Path
 ) -> None:
+    """A request cap of 150 over three micro-batches of 100 rows: one cap for the query's
+    life. Micro-batch 1's last 50 rows are not sent: the micro-batch fails, naming the cap
+    and the rows skipped, and the user's sink gets none of it (before, its rows reached
+    the sink ``skipped``, the micro-batch was committed and they were never sent). Run
+    again with a cap left, the query runs it again: its answered rows come from the
+    record, the 50 others are sent, and every row reaches the sink once, ok."""
     from timewheel.spark import Quota
 
     inp, sink, ck = tmp_path / "in", tmp_path / "sink", tmp_path / "ck"
     land_files(spark, inp)
+    target, journal = HttpDownstream(service.url), Journal(str(tmp_path / "record"))
     quota = Quota(max_requests=150)  # one cap for the query's life, not per micro-batch
-    out = dispatch(stream_of(spark, inp), HttpDownstream(service.url), id_col="id", quota=quota)
+    out = dispatch(stream_of(spark, inp), target, id_col="id", quota=quota, journal=journal)
+    failed = str(run_to_sink(out, sink, ck))
+    assert "Quota.max_requests 150 was spent" in failed, failed
+    assert "50 of this task's 100 rows of micro-batch 1 were not sent" in failed, failed
+    assert len(service.seen.requests) == 150
+    assert list(sink.glob("batch=1/*.parquet")) == []  # nothing of micro-batch 1 written
+    assert len(list(sink.glob("batch=0/*.parquet"))) == 1
+    out = dispatch(stream_of(spark, inp), target, id_col="id", quota=Quota(max_requests=1000),
+                   journal=journal)  # fmt: skip
     assert run_to_sink(out, sink, ck) is None
-    statuses = [r["status"] for r in spark.read.parquet(str(sink)).collect()]
-    assert len(statuses) == FILES * PER_FILE
-    assert len(service.seen.requests) == statuses.count("ok") == 150
-    assert statuses.count("skipped") == FILES * PER_FILE - 150
+    rows = spark.read.parquet(str(sink)).collect()
+    assert sorted(r["id"] for r in rows) == list(range(FILES * PER_FILE))
+    assert {r["status"] for r in rows} == {"ok"}
+    assert len(service.seen.requests) == FILES * PER_FILE
+    assert set(service.seen.per_key.values()) == {1}
 
 
 def _record_in_child(path: str, queue: Any) -> None:

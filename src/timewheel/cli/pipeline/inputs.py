@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import UsageError, one_line
 from .options import ROWS_PER_PARTITION
@@ -122,13 +122,25 @@ def parquet_schema(path: str) -> Any:
 ARROW_ID_CHECK_ROWS = 20_000_000
 
 
-def arrow_unique_rows(path: str, fmt: str, id_col: str) -> int | None:
-    """The row count of a local Parquet ``--input`` whose ``id_col`` names each row once,
-    read in this process with pyarrow (no Spark job: each costs its tasks' start); a
-    UsageError when it does not; None when pyarrow cannot tell (another format, not a
-    local path, no such column, more than ``ARROW_ID_CHECK_ROWS`` rows): Spark checks."""
+class CheckedIds(NamedTuple):
+    """What the id check found: the input's ``rows``, each with its own id, and the sum
+    of the ids' hashes as Spark's ``xxhash64`` gives them (None when not known), which the
+    write that sends the rows must read again."""
+
+    rows: int
+    id_hash: int | None = None
+
+
+def arrow_unique_rows(path: str, fmt: str, id_col: str) -> CheckedIds | None:
+    """The rows of a local Parquet ``--input`` whose ``id_col`` names each row once, and
+    their ids' hash sum, read in this process with pyarrow (no Spark job: each costs its
+    tasks' start); a UsageError when it does not; None when pyarrow cannot tell (another
+    format, not a local path, no such column, more than ``ARROW_ID_CHECK_ROWS`` rows):
+    Spark checks."""
     import pyarrow as pa
     import pyarrow.compute as pc
+
+    from .id_hashes import id_hash_sum_of
 
     data = local_parquet(path) if fmt == "parquet" else None
     if data is None:
@@ -143,7 +155,7 @@ def arrow_unique_rows(path: str, fmt: str, id_col: str) -> int | None:
     distinct = pc.count_distinct(ids, mode="only_valid").as_py()
     if distinct != rows or nulls:
         raise UsageError(id_error(id_col, rows, distinct, nulls))
-    return rows
+    return CheckedIds(rows, id_hash_sum_of(ids))
 
 
 def id_error(id_col: str, rows: int, distinct: int, nulls: int) -> str:

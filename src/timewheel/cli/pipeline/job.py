@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from ...spark import RESULT_COLUMNS
-from ...spark.delivery.journal import MANIFEST, Manifest, compact, run_dir
+from ...spark.delivery.journal import MANIFEST, Manifest, compact, input_fingerprint, run_dir
 from ...spark.outcome import FAILED, OK, SKIPPED, TIMEOUT
 from ..bench.engines import DEFAULT_ENGINE
 from .batches import batch_summary
 from .errors import UsageError, limit_text, note
 from .failures import fail_fast
-from .inputs import arrow_unique_rows, generated_rows, id_error, read_input
+from .inputs import CheckedIds, arrow_unique_rows, generated_rows, id_error, read_input
 from .options import DEMO_ROWS
 from .output import check_resumable, publish, run_identity
 from .phases import Phases
@@ -29,6 +29,7 @@ from .stopping import Stopping
 from .summary import (
     failure_budget,
     figure_columns,
+    id_hash_sum,
     input_columns,
     latency_groups,
     latency_histogram,
@@ -95,6 +96,9 @@ class Job:
         from ...spark import Journal, PlanError, dispatch
 
         args = self.args
+        # A stream's micro-batch with rows the budget skipped is written aside and never
+        # committed (see stream._Batches): its rows come back skipped, to be counted.
+        kept = None if journal is None else Journal(str(journal), return_skipped=df.isStreaming)
         try:
             return dispatch(
                 df,
@@ -103,7 +107,7 @@ class Job:
                 timeout_ms=args.timeout_ms,
                 reply_schema=args.reply_schema,
                 quota=self.quota,
-                journal=None if journal is None else Journal(str(journal)),
+                journal=kept,
                 worker_reports=reports,
                 **dispatch_options(args, self.max_in_flight, self.key_cols),
             )
@@ -137,7 +141,8 @@ class Job:
         with self.phases.phase("checked the input") as phase:
             # Every argument checked, and the executors, before --output changes.
             self.dispatch(base)
-            self.input_rows = unique_rows(args, fmt, base)
+            self.checked = unique_rows(args, fmt, base)
+            self.input_rows = self.checked.rows
             phase.said = f"checked the input: {self.input_rows:,} rows, unique ids"
         if args.dry_run:
             return self.dry_run(base)
@@ -211,6 +216,9 @@ class Job:
             written = spark.read.schema(final.schema).parquet(str(staging / "rows"))
             figures = observed(observation, written, figure_columns(id_col))
             read = observed(seen, base, input_columns(id_col))
+            now = input_fingerprint(args.input)
+            changed = changed_files(identity["input_files"], now)
+            check_input(self.checked, read, args.input or "", changed)
             check_rows(figures, self.input_rows, read)
             summary = self.finish(manifest, staging, written, figures, elapsed, sending)
         with self.phases.phase(f"published --output {str(self.out_dir)!r}"):
@@ -362,35 +370,75 @@ class Job:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def unique_rows(args: Any, fmt: str | None, base: Any) -> int:
-    """The input's row count, once its ``--id-col`` is known to name each row once,
-    before any row is sent: generated rows are so made; a local Parquet input's ids are
-    read by pyarrow; any other, Spark counts (:func:`check_ids`). A UsageError when the
-    ids are not unique or are null."""
+def unique_rows(args: Any, fmt: str | None, base: Any) -> CheckedIds:
+    """The input's row count (and its ids' hash sum, when known), once its ``--id-col``
+    is known to name each row once, before any row is sent: generated rows are so made;
+    a local Parquet input's ids are read by pyarrow; any other, Spark counts
+    (:func:`check_ids`). A UsageError when the ids are not unique or are null."""
     if not args.input:
-        return int(args.generate or DEMO_ROWS)  # ids 0..n-1
-    rows = arrow_unique_rows(args.input, fmt or "", args.id_col)
-    return check_ids(base, args.id_col) if rows is None else rows
+        return CheckedIds(int(args.generate or DEMO_ROWS))  # ids 0..n-1, made so
+    found = arrow_unique_rows(args.input, fmt or "", args.id_col)
+    return check_ids(base, args.id_col) if found is None else found
 
 
-def check_ids(df: Any, id_col: str) -> int:
-    """The row count of ``df``, once ``id_col`` is known to name each row once (unique,
-    never null): one aggregate pass (two Spark jobs: the distinct count's shuffle is its
-    own). A UsageError otherwise."""
+def check_ids(df: Any, id_col: str) -> CheckedIds:
+    """The row count of ``df`` and its ids' hash sum, once ``id_col`` is known to name
+    each row once (unique, never null): one aggregate pass (two Spark jobs: the distinct
+    count's shuffle is its own). A UsageError otherwise."""
     from pyspark.sql import functions as F
 
     col = F.col(id_col)
-    rows, distinct, nulls = df.agg(
-        F.count(F.lit(1)), F.countDistinct(col), F.sum(col.isNull().cast("long"))
+    rows, distinct, nulls, hashed = df.agg(
+        F.count(F.lit(1)),
+        F.countDistinct(col),
+        F.sum(col.isNull().cast("long")),
+        id_hash_sum(id_col),
     ).first()
     nulls = nulls or 0
     if distinct != rows or nulls:
         raise UsageError(id_error(id_col, rows, distinct, nulls))
-    return int(rows)
+    return CheckedIds(int(rows), int(hashed or 0))
 
 
 class OutputMismatch(Exception):
     """The final output does not hold every input row exactly once: never published."""
+
+
+def check_input(checked: CheckedIds, read: dict[str, Any], name: str, changed: list[str]) -> None:
+    """Refuse to publish when the input the write read (``read``: its rows and
+    ``id_hash``, observed as the rows were sent) is not the input the id check found
+    unique (``checked``): replaced or written to in between, it may hold an id twice in
+    as many rows. ``changed``: the input's files whose size or time differ from when
+    the run began (they name what changed; they decide only where the check has no hash
+    sum: an id type it does not hash as Spark does)."""
+    rows, hashed = read["rows"], Decimal(read["id_hash"] or 0)
+    if rows != checked.rows:
+        what = f"the write read {rows:,} rows"
+    elif checked.id_hash is not None and hashed != checked.id_hash:
+        what = f"the write read {rows:,} rows, not with those ids (an id twice, or others)"
+    elif checked.id_hash is None and changed:
+        what = "its files changed since"
+    else:
+        return
+    if changed:
+        shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3:,} more" if changed[3:] else "")
+        what += f"; changed: {shown}"
+    raise OutputMismatch(
+        f"--input {name!r} changed between the id check and the write: {checked.rows:,} rows "
+        f"with {checked.rows:,} distinct ids checked before sending, {what}: not published "
+        "(--output keeps the rows answered; --overwrite starts again from the input as it is "
+        "now, its ids checked again)"
+    )
+
+
+def changed_files(was: list[list[Any]], now: list[list[Any]]) -> list[str]:
+    """The names of the input's files added, removed or changed (size, time) from ``was``
+    to ``now`` (:func:`~timewheel.spark.delivery.journal.input_fingerprint`'s lists)."""
+    before = {name: (size, mtime) for name, size, mtime in was}
+    after = {name: (size, mtime) for name, size, mtime in now}
+    return sorted(
+        name for name in before.keys() | after.keys() if before.get(name) != after.get(name)
+    )
 
 
 def check_rows(written: dict[str, Any], input_rows: int, read: dict[str, Any]) -> None:
@@ -399,20 +447,14 @@ def check_rows(written: dict[str, Any], input_rows: int, read: dict[str, Any]) -
     and as its input was read (``read``: its rows and ``id_hash``).
 
     The input's ids are unique (:func:`unique_rows`, ``input_rows`` of them, as many as
-    the write read); the output has as many rows, each with an id, and the same sum of
-    64-bit id hashes. An output that differs (an id missing and another twice, or one
-    outside the input) has the same sum only if the hashes of the ids it differs by
-    happen to sum alike modulo nothing (the sum is exact): a chance about 2**-64 for
-    each such pair, not a case a run meets.
+    the write read: :func:`check_input`); the output has as many rows, each with an id,
+    and the same sum of 64-bit id hashes. An output that differs (an id missing and
+    another twice, or one outside the input) has the same sum only if the hashes of the
+    ids it differs by happen to sum alike modulo nothing (the sum is exact): a chance
+    about 2**-64 for each such pair, not a case a run meets.
     """
     rows, ids, hashed = written["rows"], written["ids"], Decimal(written["id_hash"] or 0)
     input_hash = Decimal(read["id_hash"] or 0)
-    if read["rows"] != input_rows:
-        raise OutputMismatch(
-            f"the input changed while the run read it ({input_rows:,} rows checked before "
-            f"sending, {read['rows']:,} read as they were sent): not published; --output "
-            "is left to --resume"
-        )
     if rows != input_rows or ids != input_rows or hashed != input_hash:
         same = "the input's ids" if hashed == input_hash else "not the input's ids"
         raise OutputMismatch(

@@ -203,8 +203,8 @@ def add_options(
         "(SIGINT/SIGTERM): each micro-batch's rows to --output/rows, the query's checkpoint "
         "and the record of answered rows in --output, so a run again goes on where it was "
         "and calls no row twice. Files must land whole, with the stream's columns: write "
-        "each elsewhere, then rename it into --input (a file written to after it was read "
-        "loses its new rows: it is named, exit 1)",
+        "each elsewhere, then rename it into --input (a file written to after it was read, "
+        "in this run or an earlier one, loses its new rows: it is named at each run, exit 1)",
     )
     inputs.add_argument(
         "--once",

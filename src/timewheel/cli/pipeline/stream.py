@@ -15,8 +15,8 @@ did; the summary at the end counts every row in ``--output/rows``.
 
 Files must land whole: a file's columns are checked before its micro-batch sends
 anything (a file without the stream's columns stops the stream, exit 1), and a file
-written to after its micro-batch read it is said and counted (exit 1): see
-:mod:`.stream_files`.
+written to after its micro-batch read it, in this run or an earlier one, is said and
+counted (exit 1): see :mod:`.stream_files`.
 
 When the quota's budget (or request cap) is spent, the stream stops (exit 3) and the
 micro-batch it was in is not written: its rows the budget skipped were not sent, and
@@ -53,6 +53,7 @@ from .stream_files import (
     file_rows,
     file_stats,
     is_stream_output,
+    record_landed,
 )
 from .stream_resend import check_resumable, recover_output, resend
 from .summary import failure_budget, failure_reasons, summary_text
@@ -282,6 +283,7 @@ class _Batches:
             raise BudgetSpent(f"the quota was spent in micro-batch {batch_id}")
         shutil.rmtree(path, ignore_errors=True)
         aside.rename(path)
+        record_landed(self.rows.parent, batch_id, stats)  # looked at by the runs after
         self.watch.read(stats, batch_id)
         self.watch.check()  # a file written to while it was read
         now = time.time()
@@ -474,6 +476,7 @@ def run_stream(
     out_dir.mkdir(parents=True, exist_ok=True)
     out = job.dispatch(stream, None if reports is None else reports.accumulator, out_dir / "record")
     batches = _Batches(out_dir, reports, args.quiet, fmt, schema)
+    batches.watch.earlier(out_dir)  # files earlier runs read, written to since
     writer = out.writeStream.foreachBatch(batches).option(
         "checkpointLocation", str(out_dir / "checkpoint")
     )

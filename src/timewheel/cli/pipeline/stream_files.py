@@ -5,7 +5,8 @@ one changed after its micro-batch read it.
 Spark's file source reads a file once, when a micro-batch takes it, and never again: rows
 appended to it later are never read. Files must land whole (written elsewhere, then
 renamed into ``--input``). :class:`FileWatch` notices a file that did not: its size or
-modification time differs from when its micro-batch read it.
+modification time differs from when its micro-batch read it, in this run or, from
+``--output/landed.jsonl`` (:func:`record_landed`), in an earlier one.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 __all__ = [
+    "LANDED",
     "PARTITION",
     "FileWatch",
     "SchemaChanged",
@@ -28,6 +30,8 @@ __all__ = [
     "column_difference",
     "file_rows",
     "file_stats",
+    "landed_before",
+    "record_landed",
 ]
 
 #: The folders of ``--output/rows`` are ``micro_batch=N``: read back, ``micro_batch`` is
@@ -40,6 +44,11 @@ PARTITION = "micro_batch"
 WATCH_S = 600.0
 #: How many changed files the summary names (all are counted).
 NAMED = 20
+#: ``--output/landed.jsonl``: a line per micro-batch written, its files as they were just
+#: before it read them (``{"micro_batch": N, "files": [[path, size, mtime_ns], ...]}``),
+#: appended before the micro-batch is committed; a run on the same output looks at them
+#: again (:meth:`FileWatch.earlier`).
+LANDED = "landed.jsonl"
 
 
 def batch_files(sources: Path, batch_id: int) -> list[tuple[str, float]]:
@@ -61,6 +70,75 @@ def batch_files(sources: Path, batch_id: int) -> list[tuple[str, float]]:
                 continue
         return files
     return files
+
+
+def record_landed(out_dir: Path, batch_id: int, stats: dict[str, tuple[int, int]]) -> None:
+    """Append micro-batch ``batch_id``'s files, as :func:`file_stats` took them just before
+    it read them, to ``out_dir``'s :data:`LANDED` (before the micro-batch is committed: a
+    micro-batch run again appends its line again, the last one counts)."""
+    files = [[path, size, mtime] for path, (size, mtime) in sorted(stats.items())]
+    line = json.dumps({"micro_batch": batch_id, "files": files}, separators=(",", ":"))
+    with open(out_dir / LANDED, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+
+
+def landed_before(out_dir: Path) -> dict[str, tuple[int, int | None, int, int]]:
+    """The files the committed micro-batches of ``out_dir``'s stream read, each as it was
+    when read: ``path -> (micro-batch, size, mtime, unit)``, from :data:`LANDED` (size and
+    time in ns, unit 1) or, for a micro-batch it has no line of (written by an earlier
+    version), from the checkpoint's file-source log (no size, the time in ms as Spark
+    listed it, unit 10**6). Micro-batches not committed run again and read their files
+    anew: left out."""
+    checkpoint = out_dir / "checkpoint"
+    commits = checkpoint / "commits"
+    found = commits.iterdir() if commits.is_dir() else ()
+    committed = {int(p.name) for p in found if p.name.isdigit()}
+    files: dict[str, tuple[int, int | None, int, int]] = {}
+    if not committed:
+        return files
+    for entry in _logged(checkpoint / "sources" / "0"):
+        try:
+            path, batch, at = _local(entry["path"]), int(entry["batchId"]), int(entry["timestamp"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if batch in committed:
+            files[path] = (batch, None, at, 10**6)
+    recorded: dict[int, dict[str, tuple[int, int | None, int, int]]] = {}
+    try:
+        lines = (out_dir / LANDED).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            batch = int(entry["micro_batch"])
+            made = {str(p): (batch, int(size), int(mtime), 1) for p, size, mtime in entry["files"]}
+        except (ValueError, KeyError, TypeError):
+            continue  # a line a kill cut short
+        if batch in committed:
+            recorded[batch] = made  # the last line of a micro-batch run again
+    for batch, made in recorded.items():
+        files = {p: v for p, v in files.items() if v[0] != batch}  # read as recorded
+        files.update(made)
+    return files
+
+
+def _logged(sources: Path) -> list[dict[str, Any]]:
+    """Every entry of the file source's log (its compact files and those after)."""
+    entries: list[dict[str, Any]] = []
+    for log in sorted(sources.iterdir()) if sources.is_dir() else ():
+        if not log.name.split(".")[0].isdigit():
+            continue  # .crc files, temporary ones
+        try:
+            lines = log.read_text().splitlines()[1:]  # after the version
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                entries.append(json.loads(line))
+            except ValueError:
+                continue
+    return entries
 
 
 def _local(uri: str) -> str:
@@ -233,15 +311,33 @@ class FileWatch:
                 if done:
                     del self._files[path]
 
-    def _changed(self, path: str, batch_id: int, size: int, now: int) -> None:
+    def earlier(self, out_dir: Path) -> None:
+        """Look at the files earlier runs on ``out_dir`` read (:func:`landed_before`): say
+        and count each that changed since. Spark reads none of them again, so one that
+        changed is said at each run, until it is as it was read or gone from --input."""
+        landed = landed_before(out_dir)
+        stats = file_stats(landed)
+        for path in sorted(stats):
+            batch_id, size, mtime, unit = landed[path]
+            now_size, now_mtime = stats[path]
+            if (size is not None and now_size != size) or now_mtime // unit != mtime:
+                self._changed(path, batch_id, size, now_size, earlier=True)
+
+    def _changed(
+        self, path: str, batch_id: int, size: int | None, now: int, earlier: bool = False
+    ) -> None:
         self.count += 1
         if len(self.named) < NAMED:
             self.named.append({"file": path, "micro_batch": batch_id, "bytes_read": size})
-        grew = f" ({size:,} bytes when read, {now:,} now)" if now != size else ""
+        grew = (
+            f" ({size:,} bytes when read, {now:,} now)" if size is not None and now != size else ""
+        )
+        when = " in an earlier run" if earlier else ""
         self.say(
-            f"{path} changed after micro-batch {batch_id} read it{grew}: rows written to it "
-            "since are not read (files must land whole: write elsewhere, then rename into "
-            "--input)"
+            f"{path} changed after micro-batch {batch_id} read it{when}{grew}: rows written to "
+            "it since are not read (files must land whole: write elsewhere, then rename into "
+            "--input; land those rows in a new file, and put this one back as it was read or "
+            "move it out of --input: until then it is named at each run, exit 1)"
         )
 
 
