@@ -220,13 +220,18 @@ class Bucket:
         budget_left = math.inf if q.budget is None else q.budget - self.cost_spent
         cap_left = math.inf if q.max_requests is None else q.max_requests - self.requests_taken
         held.out, held.said = ask.held, now
-        if ask.probe and self.ratio:  # the job knows a ratio: hold what it says instead
+
+        def wait(seconds: float, paused: bool = False) -> Grant:  # (nothing granted)
             return Grant(
-                wait_s=PROBE_AGAIN_S,
+                wait_s=seconds,
+                paused=paused,
                 budget_left=budget_left,
                 requests_left=cap_left,
                 ratio=self.ratio,
             )
+
+        if ask.probe and self.ratio:  # the job knows a ratio: hold what it says instead
+            return wait(PROBE_AGAIN_S)
         # A need the budget left does not cover: what the other holders hold may come back
         # (a call's hold is its worst case), so until none holds anything it waits.
         if (
@@ -239,9 +244,7 @@ class Bucket:
                 if name != holder
             )
         ):
-            return Grant(
-                wait_s=TERM_S, budget_left=budget_left, requests_left=cap_left, ratio=self.ratio
-            )
+            return wait(TERM_S)
         # (Once the job is found spent, a holder that still holds what its call needs may
         # take the requests to send it: its grant is the budget's already.)
         if (self.exhausted and need_cost > 0) or cap_left < 1 or budget_left < need_cost:
@@ -250,23 +253,14 @@ class Bucket:
         rate = (q.rate or 0.0) * self.pace
         crate = (q.cost_rate or 0.0) * self.pace
         if now < self.paused_until and not (rate or crate):  # no timeline to start after it
-            wait = self.paused_until - now
-            return Grant(
-                wait_s=wait,
-                paused=True,
-                budget_left=budget_left,
-                requests_left=cap_left,
-                ratio=self.ratio,
-            )
+            return wait(self.paused_until - now, paused=True)
         if ask.probe and not self.ratio:  # the job's probe: one holder's at a time
             if self.prober not in ("", holder) and now < self.probe_until:
-                return Grant(wait_s=PROBE_WAIT_S, budget_left=budget_left, requests_left=cap_left)
+                return wait(PROBE_WAIT_S)
             self.prober, self.probe_until = holder, now + q.ttl_s
         free = math.inf if q.concurrency is None else q.concurrency - self.slots_used
         if q.concurrency is not None and free < need_slots:
-            return Grant(
-                wait_s=LEASE_S, budget_left=budget_left, requests_left=cap_left, ratio=self.ratio
-            )
+            return wait(LEASE_S)
         active = self._active(holder, now)
         # Near a cap or a budget, a grant is at most a share of what is left: what the
         # tasks hold unspent when it runs out is then a few calls, not a grant each.
@@ -299,9 +293,7 @@ class Bucket:
             # pace the grants go, so the tasks waiting never ask all at once.
             turn = max(now, self.turn, start - HORIZON_S)
             self.turn = turn + max(width_r, width_c)
-            return Grant(
-                wait_s=turn - now, budget_left=budget_left, requests_left=cap_left, ratio=self.ratio
-            )
+            return wait(turn - now)
         if rate:
             self.tat_r = max(self.tat_r, start) + width_r
         if crate:
