@@ -30,7 +30,7 @@ import urllib.parse
 from typing import Any, Callable, Union
 
 from .runtime import PerProcess
-from .scrubber import hide, scrub
+from .scrubber import MASK, hide, scrub
 
 __all__ = ["Secret", "SecretError", "hide", "hide_url", "parse_secret", "redact_url", "scrub"]
 
@@ -292,63 +292,61 @@ def redact_url(url: str) -> str:
       A token of letters alone is not recognised: keep such a secret out of the path
       (in a header given as a :class:`Secret`).
     """
-    text = str(url)
-    text, hash_, fragment = text.partition("#")
+    return "".join(MASK if secret else piece for piece, secret in _url_pieces(str(url)))
+
+
+def _url_pieces(url: str) -> list[tuple[str, str]]:
+    """``url`` cut into pieces, in order: each with what it is if it may be secret
+    (``"userinfo"``, ``"secret"``), else ``""``. What :func:`redact_url` masks and
+    :func:`hide_url` registers, read by one rule."""
+    text, hash_, fragment = url.partition("#")
     head, sep, query = text.partition("?")
+    pieces: list[tuple[str, str]] = []
     match = _AUTHORITY.match(head)
-    start = 0
     if match is not None:
         scheme, authority = match.groups()
         at = authority.rfind("@")
+        pieces.append((scheme, ""))
         if at >= 0:
-            authority = "***" + authority[at:]
-        start = len(scheme) + len(authority)
-        head = scheme + authority + head[match.end() :]
-    path = "/".join("***" if _is_token(s) else s for s in head[start:].split("/"))
-    out = head[:start] + path
+            pieces.append((authority[:at], "userinfo"))
+        pieces.append((authority[at:] if at >= 0 else authority, ""))
+        head = head[match.end() :]
+    for n, segment in enumerate(head.split("/")):
+        pieces += [("/", "")] if n else []
+        pieces.append((segment, "secret" if _is_token(segment) else ""))
     if sep:
-        items: list[str] = []
-        for item in query.split("&"):
+        pieces.append(("?", ""))
+        for n, item in enumerate(query.split("&")):
+            pieces += [("&", "")] if n else []
             name, eq, value = item.partition("=")
-            if not item:
-                items.append(item)
-            elif not eq:
-                items.append("***")
+            if not eq:
+                pieces.append((item, "secret" if item else ""))
             else:
-                items.append(f"{name}={value if _FIELD.fullmatch(value) else '***'}")
-        out += "?" + "&".join(items)
-    return out + hash_ + ("***" if fragment else "")
+                pieces += [(name + eq, ""), (value, "" if _FIELD.fullmatch(value) else "secret")]
+    if hash_:
+        pieces += [(hash_, ""), (fragment, "secret" if fragment else "")]
+    return pieces
 
 
 def hide_url(url: str) -> None:
     """Register in this process's scrubber the parts of ``url`` that :func:`redact_url`
-    hides: the userinfo (whole, and its password), each query value, the fragment, and
-    each path segment that looks like a token; each as written and percent-decoded, and
-    without its ``{column}`` fields (what fills them is a row's, not a secret)."""
+    hides: the userinfo (whole, its password, and the ``user:password`` a client sends
+    decoded), each query value, the fragment, and each path segment that looks like a
+    token; each as written and percent-decoded, and without its ``{column}`` fields (what
+    fills them is a row's, not a secret)."""
     if not isinstance(url, str):
         return
-    text, _, fragment = url.partition("#")
-    head, sep, query = text.partition("?")
-    parts = [fragment]
-    match = _AUTHORITY.match(head)
-    start = 0
-    if match is not None:
-        scheme, authority = match.groups()
-        at = authority.rfind("@")
-        if at >= 0:
-            userinfo = authority[:at]
-            user, colon, password = userinfo.partition(":")
-            parts += [userinfo, password] if colon else [userinfo]
-            if colon:  # what a client sends: base64 of user:password, decoded
-                parts.append(f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}")
-        start = len(scheme) + len(authority)
-    parts += [s for s in head[start:].split("/") if _is_token(s)]
-    if sep:
-        for item in query.split("&"):
-            _, eq, value = item.partition("=")
-            parts.append(value if eq else item)
-    for part in parts:
-        for piece in _FIELD.split(part):
-            if piece:
-                hide(piece)
-                hide(urllib.parse.unquote_plus(piece))
+    for piece, kind in _url_pieces(url):
+        parts = [piece] if kind else []
+        if kind == "userinfo":
+            user, colon, password = piece.partition(":")
+            if colon:
+                parts += [
+                    password,
+                    f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}",
+                ]
+        for part in parts:
+            for bit in _FIELD.split(part):
+                if bit:
+                    hide(bit)
+                    hide(urllib.parse.unquote_plus(bit))
