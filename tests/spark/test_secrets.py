@@ -9,11 +9,13 @@ import os
 import pickle
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from loopback import Loopback
 
 pytest.importorskip("pycurl")
 
@@ -26,7 +28,7 @@ QUERY_KEY = "qk-55e2b1-never-on-disk"
 PASSWORD = "pw-0c9d4e-never-on-disk"
 
 
-class _AuthServer:
+class _AuthServer(Loopback):
     """A loopback HTTP service: 200 when ``Authorization`` is one of ``accepted``, else 401."""
 
     def __init__(self, accepted: set[str]) -> None:
@@ -57,16 +59,7 @@ class _AuthServer:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(10)
+        super().__init__(Handler)
 
 
 @pytest.fixture

@@ -10,14 +10,15 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import urllib.parse
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from loopback import Loopback
 
 pytest.importorskip("pycurl")
 pytest.importorskip("pyspark")
@@ -39,7 +40,7 @@ def leaks(text: str) -> list[str]:
     return [shape for shape in SHAPES if shape in text]
 
 
-class EchoServer:
+class EchoServer(Loopback):
     """A loopback HTTP service that answers with everything it received: the request
     line, each header, the body, as they came and JSON-escaped, URL-encoded, base64 (of
     each and of all at once), hex and HTML-escaped. A row whose ``id`` is even gets a 500
@@ -87,21 +88,12 @@ class EchoServer:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+        super().__init__(Handler)
 
     def url(self) -> str:
         userinfo = "user:" + urllib.parse.quote(PASSWORD, safe="")
         query = urllib.parse.quote(QUERY_KEY, safe="")
         return f"http://{userinfo}@127.0.0.1:{self.port}/hook/{PATH_TOKEN}/in?api_key={query}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(10)
 
 
 @pytest.fixture
