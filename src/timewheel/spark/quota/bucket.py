@@ -77,9 +77,6 @@ class _Holder:
     cost: float = 0.0
     slots: int = 0
     expires: float = 0.0
-    #: What its calls out hold of the budget, as it last said (Ask.held), and when.
-    out: float = 0.0
-    said: float = -math.inf
 
 
 class Bucket:
@@ -138,6 +135,9 @@ class Bucket:
         # The job's largest ratio of actual cost to estimate (0.0: none known), and its
         # probe while none is: which holder has it, and until when (see Ask).
         self.ratio = 0.0
+        # The holders whose calls out hold some of the budget (Ask.held), and when they
+        # said so (oldest first).
+        self.holding: dict[str, float] = {}
         self.prober = ""
         self.probe_until = -math.inf
 
@@ -150,6 +150,21 @@ class Bucket:
         for name in [n for n, h in self.holders.items() if h.expires <= now]:
             held = self.holders.pop(name)
             self.slots_used -= held.slots
+            self.holding.pop(name, None)
+
+    def _others_hold(self, holder: str, now: float) -> bool:
+        """Whether another holder said within HELD_FRESH_S that its calls hold budget."""
+        stale: list[str] = []
+        found = False
+        for name, said in self.holding.items():
+            if now - said >= HELD_FRESH_S:
+                stale.append(name)
+            elif name != holder:
+                found = True
+                break
+        for name in stale:
+            del self.holding[name]
+        return found
 
     def _touch(self, holder: str, now: float) -> _Holder:
         held = self.holders.get(holder)
@@ -210,7 +225,7 @@ class Bucket:
         if ask.gen and ask.gen != self.gen:  # a holder that saw a count lost since
             self._learn(ask.seen_spent, ask.seen_taken)
         now, held = self._begin(holder, owed)
-        self._learn_ratio(ask.ratio)
+        self.ratio = max(self.ratio, ask.ratio)
         q = self.quota
         if unused:  # requests a grant's term ended with: they were never sent
             back = max(0, min(unused, held.requests))
@@ -219,31 +234,21 @@ class Bucket:
         cost = max(cost, need_cost)
         budget_left = math.inf if q.budget is None else q.budget - self.cost_spent
         cap_left = math.inf if q.max_requests is None else q.max_requests - self.requests_taken
-        held.out, held.said = ask.held, now
+        if ask.held > _EPS and q.budget is not None:  # its calls out hold budget
+            self.holding[holder] = now
+        else:
+            self.holding.pop(holder, None)
 
         def wait(seconds: float, paused: bool = False) -> Grant:  # (nothing granted)
-            return Grant(
-                wait_s=seconds,
-                paused=paused,
-                budget_left=budget_left,
-                requests_left=cap_left,
-                ratio=self.ratio,
-            )
+            return Grant(wait_s=seconds, paused=paused, budget_left=budget_left,
+                         requests_left=cap_left, ratio=self.ratio)  # fmt: skip
 
         if ask.probe and self.ratio:  # the job knows a ratio: hold what it says instead
             return wait(PROBE_AGAIN_S)
-        # A need the budget left does not cover: what the other holders hold may come back
-        # (a call's hold is its worst case), so until none holds anything it waits.
-        if (
-            not self.exhausted
-            and cap_left >= 1
-            and budget_left < need_cost
-            and any(
-                h.out > _EPS and now - h.said < HELD_FRESH_S
-                for name, h in self.holders.items()
-                if name != holder
-            )
-        ):
+        # A need the budget left does not cover waits while others' calls hold budget
+        # (a call's hold is its worst case: some of it may come back).
+        short = budget_left < need_cost and cap_left >= 1 and not self.exhausted
+        if short and self._others_hold(holder, now):
             return wait(TERM_S)
         # (Once the job is found spent, a holder that still holds what its call needs may
         # take the requests to send it: its grant is the budget's already.)
@@ -359,6 +364,7 @@ class Bucket:
         self.give_back(holder, requests, cost, 0, owed)
         held = self.holders.pop(holder)
         self.slots_used -= held.slots
+        self.holding.pop(holder, None)
         self.asked.pop(holder, None)  # (the holders still busy share the timeline now)
 
     def settle(self, holder: str, owed: float, ratio: float = 0.0) -> None:
@@ -366,11 +372,7 @@ class Bucket:
         difference from the budget and the cost timeline, or pay it back; ``ratio``: as
         :class:`Ask`'s."""
         self._begin(holder, owed)
-        self._learn_ratio(ratio)
-
-    def _learn_ratio(self, ratio: float) -> None:
-        if ratio > self.ratio:
-            self.ratio = ratio
+        self.ratio = max(self.ratio, ratio)
 
     def pause(self, seconds: float, asked: float = 0.0, header: str = "") -> None:
         """Grant nothing before ``seconds`` from now (a pause already longer stands): the

@@ -69,6 +69,7 @@ from .spec import (
     CATCH_UP_S,
     LEASE_S,
     LONG_PAUSE_S,
+    PROBE_AGAIN_S,
     PROBE_WAIT_S,
     RESTART_JITTER_S,
     TERM_S,
@@ -147,11 +148,11 @@ class TaskQuota:
         self.gen = ""
         # When the store said to ask again (a turn in its queue, a pause, a slot).
         self.ask_at = -math.inf
-        # Calls out, counted only with a concurrency (the only thing that reads it); and
+        # Calls out, counted only with a concurrency or a budget (what reads it); and
         # the cost they took, with a budget (told the store as held: see Ask).
+        self.counted = bool(self.lease_slots) or self.budgeted
         self.in_flight = 0
         self.out = 0.0
-        self.calls_out = 0
         self.owed = 0.0
         self.spent = False
         self.closed = False
@@ -161,10 +162,8 @@ class TaskQuota:
         self.said_until = -math.inf
         #: The largest ratio of a call's actual cost to its estimate known here, this
         #: task's own or the job's as the store said (0.0: none yet; see Ask), and the
-        #: largest this task told the store; the asks for the job's probe it was told
-        #: to wait in a row (each waits twice as long).
+        #: asks for the job's probe it was told to wait in a row (each waits twice as long).
         self.ratio = 0.0
-        self.told_ratio = 0.0
         self.probe_waits = 0
         self.last_contact = clock()
         self.lock = threading.Lock()
@@ -197,22 +196,20 @@ class TaskQuota:
                 if wait:
                     return wait
                 if probing and self.ratio:  # the job knows a ratio now: hold what it says
-                    return 1e-6
+                    return PROBE_AGAIN_S
                 now = self.clock()
             if now < self.ready:
                 return self.ready - now
             self.requests -= 1
             self.cost -= cost
-            if self.budgeted:
-                self.out += cost
-                self.calls_out += 1
             if self.timed:
                 # The grant's own schedule, not the last call's time: a thread woken late
                 # catches up (a lag of CATCH_UP_S at most; more is lost, never a burst).
                 base = max(self.ready, now - CATCH_UP_S)
                 self.ready = base + max(self.step, cost * self.cost_step)
-            if self.lease_slots:
+            if self.counted:
                 self.in_flight += 1
+                self.out += cost
             return 0.0
 
     def _ask(self, cost: float, need_slot: bool, probe: bool = False) -> float:
@@ -251,9 +248,7 @@ class TaskQuota:
         self.owed = 0.0
         self.unused = 0
         self.last_contact = received = self.clock()
-        self.told_ratio = max(self.told_ratio, self.ratio)
-        if grant.ratio > self.ratio:
-            self.ratio = self.told_ratio = grant.ratio
+        self.ratio = max(self.ratio, grant.ratio)
         q = self.quota
         if grant.gen:  # the store's own count (not a fallback's): what it says is seen
             self.gen = grant.gen
@@ -309,20 +304,17 @@ class TaskQuota:
         is what a grant whose slot is over left unsent (the request cap and the budget
         have it back at once, not at this task's next ask: a task held up by its calls
         may ask late)."""
-        if self.budgeted:
-            with self.lock:
-                # (A caller may settle its calls' costs in another order than it took
-                # them, so ``out`` may dip below zero meanwhile; with no call out it is 0.)
-                self.calls_out = max(0, self.calls_out - 1)
-                self.out = self.out - cost if self.calls_out else 0.0
         if self.clock() >= self.ends:
             with self.lock:
                 if self.clock() >= self.ends:
                     self._give_back_stock()
-        if not self.lease_slots:  # no concurrency to keep: nothing to count
+        if not self.counted:  # no concurrency, no budget: nothing to count
             return
         with self.lock:
             self.in_flight -= 1
+            # (A caller may settle its calls' costs in another order than it took them,
+            # so ``out`` may dip below zero meanwhile; with no call out it is 0.)
+            self.out = self.out - cost if self.in_flight > 0 else 0.0
             if self.lease_slots and self.slots - self.in_flight >= 2 * self.lease_slots:
                 self.store.give_back(self.holder, slots=self.lease_slots, owed=self.owed)
                 self.owed = 0.0
@@ -359,12 +351,10 @@ class TaskQuota:
         with self.lock:
             if ratio <= self.ratio:
                 return
-            self.ratio = ratio
-            if ratio > self.told_ratio:
-                self.store.settle(self.holder, self.owed, ratio)
-                self.owed = 0.0
-                self.told_ratio = ratio
-                self.last_contact = self.clock()
+            self.ratio = ratio  # (more than the store said: it is told)
+            self.store.settle(self.holder, self.owed, ratio)
+            self.owed = 0.0
+            self.last_contact = self.clock()
 
     def pause(self, seconds: float, header: str = "retry-after") -> None:
         """The service asked (in ``header``) for a pause of ``seconds``: pause the whole
