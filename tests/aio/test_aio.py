@@ -107,22 +107,25 @@ def scheduled(loop: asyncio.AbstractEventLoop) -> int:
 def test_callbacks_run_in_deadline_then_fifo_order_never_early(
     A: ModuleType, loop: asyncio.AbstractEventLoop
 ) -> None:
+    """Due callbacks run in deadline order (FIFO among equal deadlines), never before
+    their deadline, and each before a later timer's wakeup (the sleep's, due after them
+    all): lateness itself is a speed figure (``timewheel bench``), not asserted here, since
+    a busy machine may delay the whole loop."""
     ran: list[tuple[str, float, float]] = []
 
-    async def main() -> None:
+    async def main() -> list[str]:
         now = loop.time()
         for name, delay in [("c", 0.03), ("a", 0.01), ("b", 0.02), ("a2", 0.01), ("z", 0.0)]:
             h = A.call_later(delay, lambda n=name: ran.append((n, h_when[n], loop.time())))
             h_when[name] = h.when()
             assert now + delay <= h.when() <= loop.time() + delay
         await asyncio.sleep(0.06)
+        return [r[0] for r in ran]
 
     h_when: dict[str, float] = {}
-    run(loop, main())
-    assert [r[0] for r in ran] == ["z", "a", "a2", "b", "c"]
+    assert run(loop, main()) == ["z", "a", "a2", "b", "c"]
     for name, when, at in ran:
         assert at >= when, f"{name} ran {when - at} s early"
-        assert at - when < 0.03, f"{name} ran {at - when} s late"
 
 
 @pytest.mark.parametrize("back_s", [0.5, 900.0])
