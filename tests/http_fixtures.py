@@ -154,6 +154,9 @@ class ScriptedService:
         action = plan[min(nth, len(plan)) - 1]
         if action == "stall":
             await asyncio.sleep(_STALL_LIMIT_S)
+        if action.startswith("slow:"):  # answered whole, after that many ms
+            await asyncio.sleep(int(action[5:]) / 1000)
+            action = "200"
         if action not in ("200", "short", "reversed", "extra"):
             return web.Response(status=int(action), text="no")
         data = [{"id": e.get("id"), "echo": e} for e in elements]

@@ -46,7 +46,7 @@ def dispatch(
     target: Target,
     *,
     id_col: str,
-    timeout_ms: int = 1000,
+    timeout_ms: int | None = None,
     calls: Calls | None = None,
     reply_schema: str | None = None,
     quota: Quota | None = None,
@@ -67,7 +67,8 @@ def dispatch(
     and body as text; None when no answer came, see :mod:`timewheel.spark.targets`), and
     with ``reply_schema`` (a Spark DDL string) ``reply``: ``ok`` answers parsed as JSON
     into that struct (see :mod:`timewheel.spark.columns`). ``id_col`` names the column
-    that identifies a row; each call times out after ``timeout_ms``.
+    that identifies a row; each call times out after ``timeout_ms`` (default 1,000; a
+    batch request's grows with its rows: :func:`~timewheel.spark.batch.spec.default_timeout_ms`).
 
     One keyword per concern, each an object that checks itself when made (see
     :mod:`timewheel.spark.options`):
@@ -172,7 +173,7 @@ def partition_dispatcher(
     target: Target,
     *,
     id_col: str,
-    timeout_ms: int = 1000,
+    timeout_ms: int | None = None,
     calls: Calls | None = None,
     reply_schema: str | None = None,
     batching: Batching | None = None,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._validate import check_int
-from .batch.spec import Batching
+from .batch.spec import Batching, default_timeout_ms
 from .contract import (
     BatchTarget,
     NamesRequestColumns,
@@ -93,7 +93,7 @@ def plan(
     target: Target,
     *,
     id_col: str,
-    timeout_ms: int = 1000,
+    timeout_ms: int | None = None,
     calls: Calls | None = None,
     reply_schema: str | None = None,
     quota: Quota | None = None,
@@ -137,13 +137,16 @@ def plan(
             raise PlanTypeError(
                 name, value, f"must be a timewheel.spark.{kind.__name__}, got {value!r}"
             )
-    timeout_ms = checked("timeout_ms", check_int, timeout_ms, 1, MAX_DELAY_MS)
+    if timeout_ms is not None:
+        timeout_ms = checked("timeout_ms", check_int, timeout_ms, 1, MAX_DELAY_MS)
     if not isinstance(id_col, str):
         raise PlanTypeError("id_col", id_col, f"must be a column name (str), got {id_col!r}")
     _check_target(target)
     _check_reply_schema(reply_schema)
     _check_quota(quota, cost, engine)
     batching = _batching(batching, cost, target, engine)
+    if timeout_ms is None:
+        timeout_ms = default_timeout_ms(batching)
     _check_dedupe(dedupe, calls, target)
     if journal is not None and journal.retain_batches is not None and not streaming:
         raise PlanError(

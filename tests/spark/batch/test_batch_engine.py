@@ -132,6 +132,25 @@ def test_a_batch_that_never_answers_times_out_within_its_retries(service: Script
     assert len(service.seen.requests) == 2
 
 
+def test_a_batch_has_by_default_a_timeout_grown_with_its_rows(service: ScriptedService) -> None:
+    """No ``timeout_ms``: a batch of 20 gets 1 s + 19 x 0.1 s, so a service that takes 1.5 s
+    over it answers once (at a row's 1 s it would be timed out, sent and paid for three
+    times, and end ``timeout``); a given ``timeout_ms`` still holds."""
+    target = echo_target(service)
+    job = plan(None, target, id_col="id", batching=Batching(20))
+    assert job.config.timeout_ms == 2900
+    assert plan(None, target, id_col="id").config.timeout_ms == 1000
+    assert plan(None, target, id_col="id", batching=Batching(5000)).config.timeout_ms == 60_000
+    given = plan(None, target, id_col="id", timeout_ms=700, batching=Batching(20))
+    assert given.config.timeout_ms == 700
+    rows = [{"id": i, "text": f"t{i}", "plan": ["slow:1500"]} for i in range(20)]
+    outcomes = list(timewheel_engine(iter(rows), job.target, job.config))
+    assert sorted((o.row["id"], o.status, o.attempts) for o in outcomes) == [
+        (i, "ok", 1) for i in range(20)
+    ]
+    assert [r["rows"] for r in service.seen.requests] == [20]
+
+
 def test_the_end_of_the_input_sends_a_lingering_batch_at_once(service: ScriptedService) -> None:
     rows = [{"id": i, "text": "x"} for i in range(3)]
     started = time.monotonic()

@@ -35,6 +35,7 @@ __all__ = [
     "Batching",
     "batch_deadline",
     "batch_key",
+    "default_timeout_ms",
 ]
 
 #: The most rows one request may carry.
@@ -43,6 +44,11 @@ MAX_BATCH_SIZE = 10_000
 MAX_BATCH_LINGER_MS = 600_000
 #: Where a body template takes the array of the rows' bodies.
 PLACEHOLDER = "$rows"
+#: ``timeout_ms`` when none is given: a call's of one row; a batch request's grows by
+#: ``BATCH_ROW_TIMEOUT_MS`` for each row after the first, up to ``MAX_DEFAULT_TIMEOUT_MS``.
+DEFAULT_TIMEOUT_MS = 1_000
+BATCH_ROW_TIMEOUT_MS = 100
+MAX_DEFAULT_TIMEOUT_MS = 60_000
 
 
 class BatchPart(NamedTuple):
@@ -93,6 +99,17 @@ class Batching:
                 "max_cost",
                 checked("Batching.max_cost", check_number, self.max_cost, 0, strict_lo=True),
             )
+
+
+def default_timeout_ms(batching: Batching | None) -> int:
+    """A call's timeout when the user gives none: 1 s for one row; a batch of ``size``
+    rows carries that many rows' work, so 1 s plus 0.1 s per row after the first (a batch
+    of 50: 5.9 s), at most 60 s (from 591 rows). Too short a timeout is paid twice: a
+    batch answered after it is sent, and paid for, again."""
+    if batching is None:
+        return DEFAULT_TIMEOUT_MS
+    grown = DEFAULT_TIMEOUT_MS + BATCH_ROW_TIMEOUT_MS * (batching.size - 1)
+    return min(grown, MAX_DEFAULT_TIMEOUT_MS)
 
 
 # -- the body -----------------------------------------------------------------------------
