@@ -241,7 +241,7 @@ def scrubbed_output(process_ends: bool = False) -> Iterator[None]:
     (``sys.excepthook``; left in place)."""
     given = sys.stdout, sys.stderr
     wrapped = tuple(None if s is None else ScrubbedStream(s) for s in given)
-    sys.stdout, sys.stderr = wrapped  # type: ignore[assignment]
+    sys.stdout, sys.stderr = wrapped
     if process_ends:
         sys.excepthook = _excepthook
     try:

@@ -328,12 +328,12 @@ def _url_pieces(url: str) -> list[tuple[str, str]]:
     return pieces
 
 
-def hide_url(url: str) -> None:
-    """Register in this process's scrubber the parts of ``url`` that :func:`redact_url`
-    hides: the userinfo (whole, its password, and the ``user:password`` a client sends
-    decoded), each query value, the fragment, and each path segment that looks like a
-    token; each as written and percent-decoded, and without its ``{column}`` fields (what
-    fills them is a row's, not a secret)."""
+def hide_url(url: str | None) -> None:
+    """Register in this process's scrubber the parts of ``url`` (None: none) that
+    :func:`redact_url` hides: the userinfo (whole, its password, and the ``user:password``
+    a client sends decoded), each query value, the fragment, and each path segment that
+    looks like a token; each as written and percent-decoded, and without its ``{column}``
+    fields (what fills them is a row's, not a secret)."""
     if not isinstance(url, str):
         return
     for piece, kind in _url_pieces(url):

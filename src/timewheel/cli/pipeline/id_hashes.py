@@ -44,6 +44,7 @@ def xxhash64(rows: np.ndarray, seed: int = SEED) -> np.ndarray:
     n, length = rows.shape
     with np.errstate(over="ignore"):
         s = np.uint64(seed % 2**64)
+        h: np.ndarray
         words = np.ascontiguousarray(rows[:, : length // 8 * 8]).view("<u8")
         done = 0  # words read
         if length >= 32:
@@ -58,8 +59,8 @@ def xxhash64(rows: np.ndarray, seed: int = SEED) -> np.ndarray:
                     v[lane] = _round(v[lane], words[:, done + lane])
                 done += 4
             h = _rotl(v[0], 1) + _rotl(v[1], 7) + _rotl(v[2], 12) + _rotl(v[3], 18)
-            for lane in v:
-                h = (h ^ _round(np.zeros(n, np.uint64), lane)) * _P1 + _P4
+            for acc in v:
+                h = (h ^ _round(np.zeros(n, np.uint64), acc)) * _P1 + _P4
         else:
             h = np.full(n, s + _P5, np.uint64)
         h = h + np.uint64(length)
@@ -82,7 +83,8 @@ def xxhash64(rows: np.ndarray, seed: int = SEED) -> np.ndarray:
         h ^= h >> np.uint64(29)
         h *= _P3
         h ^= h >> np.uint64(32)
-    return h.view(np.int64)
+    hashed: np.ndarray = h.view(np.int64)
+    return hashed
 
 
 def _exact_sum(hashes: np.ndarray) -> int:

@@ -108,6 +108,7 @@ def landed_before(out_dir: Path) -> dict[str, tuple[int, int | None, int, int]]:
         lines = (out_dir / LANDED).read_text(encoding="utf-8").splitlines()
     except OSError:
         lines = []
+    made: dict[str, tuple[int, int | None, int, int]]
     for line in lines:
         try:
             entry = json.loads(line)
