@@ -1,6 +1,7 @@
 """A row's columns in the request's JSON body are what Spark's own ``to_json`` writes for
 them (binary as base64, a map as an object, a decimal as a number, a timestamp in the
-session's time zone), through a loopback service that records the bodies it gets."""
+session's time zone), through a loopback service that records the bodies it gets; a
+type JSON cannot carry that way is refused before the job, naming its column."""
 
 from __future__ import annotations
 
@@ -141,13 +142,42 @@ def test_a_rows_body_is_what_spark_to_json_writes_for_it(
 
 
 @pytest.mark.spark
-def test_the_pipeline_sends_body_cols_as_to_json_writes_them(
-    spark: Any, recording: tuple[str, list[bytes]], tmp_path: Path
+def test_a_type_json_cannot_carry_is_refused_before_the_job_naming_its_column(
+    spark: Any, recording: tuple[str, list[bytes]]
+) -> None:
+    # A map whose keys are dates went as pairs; to_json writes such a key as a number of
+    # days, and an interval as SQL text: neither reads back. Refused, nothing sent.
+    from timewheel.spark import PlanError, dispatch
+
+    url, bodies = recording
+    df = spark.createDataFrame(
+        [(1, {datetime.date(2024, 1, 1): 1}, "a")], "id long, s struct<m: map<date,int>>, v string"
+    )
+    with pytest.raises(PlanError) as refused:
+        dispatch(df, HttpDownstream(url), id_col="id")
+    assert (refused.value.field, refused.value.value) == ("target", ("s",))
+    assert "column 's' as JSON, and s.m is a map whose keys are date" in str(refused.value)
+    interval = df.selectExpr("id", "INTERVAL '1' DAY AS wait")
+    with pytest.raises(PlanError, match=r"column 'wait' as JSON, and wait has type interval"):
+        dispatch(interval, HttpDownstream(url, body=["id", "wait"]), id_col="id")
+    # a body without the column is sent
+    out = dispatch(df, HttpDownstream(url, body=["id", "v"]), id_col="id").collect()
+    assert [r.status for r in out] == ["ok"]
+    assert [parsed(b) for b in bodies] == [{"id": 1, "v": "a"}]
+
+
+@pytest.mark.spark
+def test_the_pipeline_sends_body_cols_as_to_json_writes_them_or_exits_2(
+    spark: Any, recording: tuple[str, list[bytes]], tmp_path: Path, capsys: Any
 ) -> None:
     # The command reads its input with Spark and sends through the same target.
+    from pyspark.sql import functions as F
+
     url, bodies = recording
     source = tmp_path / "rows.parquet"
-    spark.createDataFrame(ROWS, DDL).coalesce(1).write.parquet(str(source))
+    dated = F.create_map(F.lit(datetime.date(2024, 1, 1)), F.col("id"))  # keys JSON cannot take
+    df = spark.createDataFrame(ROWS, DDL).withColumn("dated", dated)
+    df.coalesce(1).write.parquet(str(source))
     argv = ["--input", str(source), "--target", url, "--quiet"]
     cols = ["id", "b", "am", "s", "dec", "t"]
     out = ["--output", str(tmp_path / "out")]
@@ -155,6 +185,12 @@ def test_the_pipeline_sends_body_cols_as_to_json_writes_them(
     got = {body["id"]: body for body in map(parsed, bodies)}
     assert got == to_json(spark.read.parquet(str(source)), cols)
     assert got[1]["am"] == [{"k": "AP8="}, None, {}]
+    capsys.readouterr()
+    refused = ["--output", str(tmp_path / "refused"), "--body-cols", "id,dated"]
+    assert pipeline_cli([*argv, *refused]) == 2
+    error = capsys.readouterr().err
+    assert "--body-cols 'id,dated' sends column 'dated' as JSON, and dated is a map" in error
+    assert len(bodies) == len(ROWS)  # nothing more sent
 
 
 def test_a_batch_holds_each_rows_body_as_to_json_writes_it_and_matches_its_answer_by_id(
