@@ -9,10 +9,11 @@ writes each row back once, with the result columns of :data:`RESULT_COLUMNS` and
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.json as pa_json
@@ -168,7 +169,7 @@ class PartitionDispatch:
                 # Column by column, then zipped: cheaper than RecordBatch.to_pylist.
                 names = batch.schema.names
                 counts.admitted += batch.num_rows
-                for values in zip(*[column.to_pylist() for column in batch.columns]):
+                for values in zip(*[python_values(column) for column in batch.columns]):
                     yield dict(zip(names, values))
 
         def run(rows: Iterable[dict[str, Any]]) -> Iterator[Outcome]:
@@ -279,6 +280,50 @@ class PartitionDispatch:
         ]
         columns += replies
         return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def python_values(column: pa.Array) -> list[Any]:
+    """``column``'s values as Python values, each map's a dict (pyarrow's ``to_pylist``
+    gives a list of pairs): a JSON object, as Spark's ``to_json`` writes a map."""
+    values = column.to_pylist()
+    made = _maps_made_dicts(column.type)
+    return values if made is None else [made(value) for value in values]
+
+
+def _dict(pairs: list[tuple[Any, Any]] | None) -> dict[Any, Any] | None:
+    return None if pairs is None else dict(pairs)
+
+
+@functools.lru_cache(maxsize=256)
+def _maps_made_dicts(kind: pa.DataType) -> Callable[[Any], Any] | None:
+    """A function making each map in a value of Arrow type ``kind`` (from ``to_pylist``)
+    a dict; None when ``kind`` holds no map. A map whose keys are nested values (not
+    hashable as Python reads them) stays a list of pairs."""
+    if pa.types.is_map(kind):
+        item = _maps_made_dicts(kind.item_type)
+        if item is None:
+            return None if pa.types.is_nested(kind.key_type) else _dict
+        made_item = item
+        if pa.types.is_nested(kind.key_type):
+            return lambda v: v and [(k, made_item(x)) for k, x in v]
+        return lambda v: None if v is None else {k: made_item(x) for k, x in v}
+    if pa.types.is_struct(kind):
+        made = [(f.name, _maps_made_dicts(f.type)) for f in kind]
+        fields = [(name, each) for name, each in made if each is not None]
+        if not fields:
+            return None
+
+        def struct(value: Any) -> Any:
+            if value is not None:
+                for name, each in fields:
+                    value[name] = each(value[name])
+            return value
+
+        return struct
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        item = _maps_made_dicts(kind.value_type)
+        return None if item is None else lambda v: None if v is None else [item(x) for x in v]
+    return None
 
 
 def _scrubbed(done: Outcome) -> Outcome:

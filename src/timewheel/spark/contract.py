@@ -40,10 +40,12 @@ __all__ = [
     "Reply",
     "Target",
     "TargetPlan",
+    "WritesJson",
     "accepts_reply",
     "bind",
     "deliver",
     "is_overload",
+    "json_columns",
     "named_columns",
     "request_columns",
     "retry_after_of",
@@ -127,6 +129,9 @@ class Target(Protocol):
       those a request is made from, for ``Dedupe.by_request()`` (two rows with equal values
       there send the same request; :func:`request_columns`). Default: None, and
       ``Dedupe.by_request()`` is refused.
+    * ``json_columns(columns) -> Sequence[str]``: of the input's ``columns``, those whose
+      values the target writes as JSON, checked before a job (:func:`json_columns`): a
+      type JSON cannot carry as Spark's ``to_json`` writes it is refused. Default: none.
     * ``close()``: release what the target holds in this process (its connections).
       Default: nothing to release.
     """
@@ -176,6 +181,13 @@ class NamesRequestColumns(Protocol):
     def request_columns(self, columns: Sequence[str]) -> Sequence[str] | None: ...
 
 
+@runtime_checkable
+class WritesJson(Protocol):
+    """A target with the optional ``json_columns(columns)`` hook (see :class:`Target`)."""
+
+    def json_columns(self, columns: Sequence[str]) -> Sequence[str]: ...
+
+
 @dataclass(frozen=True)
 class TargetPlan:
     """What ``dispatch`` tells a target once, before the job (its ``bind`` hook).
@@ -208,6 +220,12 @@ def bind(target: Target, plan: TargetPlan) -> Target:
 def named_columns(target: object) -> tuple[str, ...]:
     """The columns ``target``'s requests name (its ``columns()``; none without it)."""
     return tuple(target.columns()) if isinstance(target, NamesColumns) else ()
+
+
+def json_columns(target: object, columns: Sequence[str]) -> tuple[str, ...]:
+    """Of ``columns``, those whose values ``target`` writes as JSON (its
+    ``json_columns(columns)``; none without it)."""
+    return tuple(target.json_columns(columns)) if isinstance(target, WritesJson) else ()
 
 
 def request_columns(target: object, columns: Sequence[str]) -> tuple[str, ...] | None:

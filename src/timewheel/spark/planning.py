@@ -31,6 +31,7 @@ from .contract import (
     Target,
     TargetPlan,
     bind,
+    json_columns,
     named_columns,
 )
 from .ddl import check_ddl
@@ -362,3 +363,57 @@ def _check_columns(
             missing,
             f"names column(s) {list(missing)} that the input does not have; its columns: {listed}",
         )
+    for col in json_columns(target, columns):
+        found = _not_json(schema[col].dataType, col) if col in columns else None
+        if found is not None:
+            where, why = found
+            raise PlanError(
+                "target",
+                (col,),
+                f"sends column {col!r} as JSON, and {where} {why}. Leave the column out of "
+                "the request (a body of the columns it needs, or a function of the row), or "
+                "cast it to a type JSON carries first",
+            )
+
+
+def _not_json(kind: Any, where: str) -> tuple[str, str] | None:
+    """``(where, why)`` of the first part of a value of Spark type ``kind`` (at ``where``)
+    that JSON cannot carry as Spark's ``to_json`` writes it; None when all of it can."""
+    from pyspark.sql import types as T
+
+    if isinstance(kind, T.ArrayType):
+        return _not_json(kind.elementType, f"{where}[]")
+    if isinstance(kind, T.StructType):
+        for field in kind.fields:
+            found = _not_json(field.dataType, f"{where}.{field.name}")
+            if found is not None:
+                return found
+        return None
+    if isinstance(kind, T.MapType):
+        if not isinstance(kind.keyType, _types(_KEYS)):
+            return where, (
+                f"is a map whose keys are {kind.keyType.simpleString()}: a JSON object's keys "
+                "are text, and only string, integer and boolean keys are written as text "
+                "that reads back as the key"
+            )
+        return _not_json(kind.valueType, f"{where}{{}}")
+    if isinstance(kind, T.UserDefinedType):
+        return _not_json(kind.sqlType(), where)
+    if isinstance(kind, _types(_SCALARS)):
+        return None
+    return where, f"has type {kind.simpleString()}, which JSON has no form for here"
+
+
+# The Spark types whose values are written as JSON (by name: not every pyspark has all).
+_SCALARS = (
+    "StringType", "CharType", "VarcharType", "BinaryType", "BooleanType", "NumericType",
+    "DateType", "TimestampType", "TimestampNTZType", "NullType",
+)  # fmt: skip
+# The Spark types of a map's keys written as a JSON object's keys.
+_KEYS = ("StringType", "CharType", "VarcharType", "IntegralType", "BooleanType")
+
+
+def _types(names: tuple[str, ...]) -> tuple[type, ...]:
+    from pyspark.sql import types as T
+
+    return tuple(getattr(T, name) for name in names if hasattr(T, name))

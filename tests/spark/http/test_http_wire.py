@@ -11,6 +11,7 @@ writes them).
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import json
 import os
@@ -688,4 +689,89 @@ def test_a_loop_that_keeps_failing_stops_and_says_why(
     monkeypatch.undo()
     target.close()  # the next use makes a new loop
     assert run([{"id": 3}], target)[3].status == "ok"
+    target.close()
+
+
+@contextlib.contextmanager
+def _no_descriptor_free() -> Iterator[None]:
+    """Every descriptor number this process may open taken (its soft RLIMIT_NOFILE lowered
+    to at most 4096 first, so that there are not too many to take)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    cap = 4096 if soft == resource.RLIM_INFINITY else min(soft, 4096)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (cap, hard))
+    fds: list[int] = []
+    try:
+        while True:
+            try:
+                fds.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError as exc:
+                if exc.errno != errno.EMFILE:
+                    raise
+                break
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+class _Answered:
+    """A target that answers every row at once, in submit."""
+
+    def submit(self, row: Any, on_done: Any) -> None:
+        on_done(True, None)
+
+
+def test_the_requests_a_failed_turn_took_end_at_once_with_its_reason(
+    server: _WireServer,
+) -> None:
+    # A turn fails after taking requests from the queue: with no descriptor free,
+    # libcurl cannot make the multi handle of their settings. They were in no multi
+    # handle yet, so only the turn knew of them: they waited out their timeout and ended
+    # "no reply within 20000 ms", not with the loop's reason.
+    run([{"id": -1}], _Answered())  # the engine's threads, made while descriptors are free
+    HttpDownstream(server.url).close()
+    _curl_loop()  # a loop of this test's own, made now: it has no multi handle yet
+    target = HttpDownstream(server.url + "/rows")
+    rows = [{"id": i} for i in range(5)]
+    try:
+        with _no_descriptor_free():
+            out = run(rows, target, timeout_ms=20_000, retries=0)
+    finally:
+        HttpDownstream(server.url).close()
+    for o in out.values():
+        assert o.status == "failed", (o.status, o.error)
+        assert o.error is not None
+        assert re.fullmatch(r"the HTTP loop failed: error: .*curl-multi.*", o.error), o.error
+        assert o.latency_ms < 20_000  # ended by the failure, not by its timeout
+    assert server.hits["/rows"] == 0
+    assert run([{"id": 9}], target)[9].status == "ok"  # a new loop, descriptors free again
+    target.close()
+
+
+def test_a_request_whose_ending_raised_ends_with_the_loops_reason_scrubbed(
+    server: _WireServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The turn fails while it ends a request: its answer's handling raised (a bug). Taken
+    # out of the multi handle already, the request was lost to the loop and timed out.
+    from timewheel.spark.scrubber import hide
+
+    HttpDownstream(server.url).close()  # a loop of this test's own
+    hide("s3cret-token-value")  # as a Secret header's value is, when read
+    original = HttpDownstream._ended
+    raised: list[int] = []
+
+    def ended(self: HttpDownstream, on_done: Any, status: int, *rest: Any) -> None:
+        if status == 200 and not raised:
+            raised.append(status)
+            raise RuntimeError("answer handling broke near s3cret-token-value")
+        original(self, on_done, status, *rest)
+
+    monkeypatch.setattr(HttpDownstream, "_ended", ended)
+    target = HttpDownstream(server.url + "/rows")
+    out = run([{"id": 0}], target, timeout_ms=20_000, retries=0)
+    assert raised
+    reason = "the HTTP loop failed: RuntimeError: answer handling broke near ***"
+    assert (out[0].status, out[0].error) == ("failed", reason)
+    assert out[0].latency_ms < 20_000
     target.close()

@@ -32,16 +32,25 @@ import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from .._json import encoder
+from .._json import encoder, row_encoder
 
 __all__ = ["ReplySplit", "RowAnswer"]
 
 _ENCODE = encoder(ascii=False, compact=True)
 # An id's form for matching (as the rows' idempotency keys read an id).
 _KEY = json.JSONEncoder(default=str, sort_keys=True, separators=(",", ":")).encode
+_ROW = row_encoder()  # a row's id as the batch's body wrote it
 _NAME = re.compile(r"[^.\[\]\s]+")
 # Elements of the answer described in a reason.
 _SHOWN = 60
+
+
+def _id_key(row_id: Any) -> str:
+    """A row's id in the form an element's id is matched in: as the body sent it (a
+    binary id as base64, a decimal as a number...), read back as the service reads it."""
+    if row_id is None or type(row_id) in (int, str, bool):
+        return _KEY(row_id)
+    return _KEY(json.loads(_ROW(row_id)))
 
 
 class RowAnswer(NamedTuple):
@@ -203,8 +212,9 @@ class ReplySplit:
         field = self.id_field
         assert field is not None
         rows: dict[str, list[int]] = {}
-        for i, row_id in enumerate(ids):
-            rows.setdefault(_KEY(row_id), []).append(i)
+        keys = [_id_key(row_id) for row_id in ids]
+        for i, key in enumerate(keys):
+            rows.setdefault(key, []).append(i)
         found: dict[str, list[int]] = {}
         for at, element in enumerate(array):
             if isinstance(element, dict) and field in element:
@@ -212,8 +222,7 @@ class ReplySplit:
                 if key in rows:
                     found.setdefault(key, []).append(at)
         out: list[RowAnswer] = []
-        for row_id in ids:
-            key = _KEY(row_id)
+        for key in keys:
             if len(rows[key]) > 1:
                 reason = f"{len(rows[key])} rows of the batch have id {key[:_SHOWN]}"
                 out.append(RowAnswer(False, None, reason))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Union
 
 from ..._validate import check_int, check_number
-from .._json import encoder
+from .._json import row_encoder
 from ..options import checked
 
 __all__ = [
@@ -113,7 +113,7 @@ def default_timeout_ms(batching: Batching | None) -> int:
 
 
 # -- the body -----------------------------------------------------------------------------
-_ENCODE = encoder(default=str, ascii=False, compact=True)
+_ENCODE = row_encoder(ascii=False, compact=True)  # the rows' values as to_json writes them
 # Put in the placeholder's place to find where a template puts the array: a number, so
 # that a placeholder inside a string leaves valid JSON, and is then found to be there.
 _PROBE = -7.3102e-77

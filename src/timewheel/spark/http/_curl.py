@@ -10,14 +10,13 @@ new socket libcurl opens is shown to the loop first (``CURLOPT_SOCKOPTFUNCTION``
 per connection, before it connects). The first one numbered too high is refused (its
 request was not sent: it goes again at once, not counted as an attempt) and the loop
 switches to ``poll()`` for good: libcurl then names the sockets it waits on through
-``CURLMOPT_SOCKETFUNCTION``, called when what it waits for on a socket changes (about
-twice per request on a kept-alive connection), and each socket that is ready is handed
-to libcurl (``socket_action``). Requests already sent on the ``select()`` side finish
-there, their sockets polled with the rest, and then its handles are closed. Either way,
-libcurl's timers are read with ``curl_multi_timeout`` at each turn, not through a timer
-callback. If a turn of the loop fails, the requests in flight end with the reason
-(:data:`LOOP_FAILED`) and the loop goes on with new connections; a second failure in a
-row stops it, and later requests are refused with the reason.
+``CURLMOPT_SOCKETFUNCTION`` (about twice per request on a kept-alive connection), and
+each socket that is ready is handed to libcurl (``socket_action``). Requests already
+sent on the ``select()`` side finish there, their sockets polled with the rest. Either
+way, libcurl's timers are read with ``curl_multi_timeout`` at each turn. If a turn of
+the loop fails, every request it took or had in flight ends at once with the reason
+(:data:`LOOP_FAILED`), and the loop goes on with new connections; a second failure in
+a row stops it, and later requests are refused with the reason.
 
 Deadlines are not libcurl's business here: the caller's timewheel times each call out
 and cancels it, and :meth:`Request.cancel` takes the transfer out of the multi handle at
@@ -41,6 +40,7 @@ from typing import Any, Callable, NamedTuple
 
 import pycurl
 
+from ..scrubber import scrub
 from .request import declared_length, rate_limit_lines
 
 __all__ = [
@@ -57,11 +57,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: ``on_end(context, status, body, headers, curl_errno, curl_message)``: ``context`` is
-#: what the request was made with (the caller's callback, say); status 0 when no answer
-#: came (curl_errno says why); ``body`` is the answer's bytes (decoded: gzip, deflate,
-#: ...); ``headers`` holds the ``Retry-After`` (seconds, as libcurl reads it: a number or
-#: an HTTP date) of a 429 or a 503, the ``Location`` of a 3xx, the ``Content-Length`` of
-#: a batch's answer over its limit: nothing else, no Python runs per header line.
+#: what the request was made with; status 0 when no answer came (curl_errno says why);
+#: ``body`` is the answer's bytes (decoded: gzip, deflate, ...); ``headers`` holds the
+#: ``Retry-After`` of a 429 or a 503 (seconds, as libcurl reads it), the ``Location`` of
+#: a 3xx, the ``Content-Length`` of a batch's answer over its limit: nothing else.
 OnEnd = Callable[[Any, int, bytes, "dict[str, str]", int, str], None]
 
 # libcurl errors that say the connection failed or broke (worth a retry).
@@ -106,8 +105,8 @@ HAS_HTTP2 = bool(pycurl.version_info()[4] & pycurl.VERSION_HTTP2)
 
 #: The ``curl_errno`` of a request libcurl would not take (its message says why).
 REFUSED = -1
-#: The ``curl_errno`` of a request in flight when the loop thread failed (the message
-#: says why); the loop starts again with new connections.
+#: The ``curl_errno`` of a request taken or in flight when a turn of the loop failed
+#: (the message says why); the loop starts again with new connections.
 LOOP_FAILED = -2
 
 #: The first descriptor number ``select()`` cannot wait on (glibc's, and most systems').
@@ -130,8 +129,7 @@ _CSELECT = tuple(
 
 
 #: With ``Settings.rate_limit_headers``, a handle reads an answer's header lines once in
-#: this many answers (and the one after a 429/503): ``Retry-After`` of a refusal is read
-#: from libcurl in any case.
+#: this many answers (and the one after a 429/503).
 HEADER_EVERY = 8
 
 
@@ -233,8 +231,7 @@ class _Multi:
             self.multi.setopt(pycurl.M_SOCKETFUNCTION, self.on_socket)
         if settings.max_connections is not None:
             self.multi.setopt(pycurl.M_MAX_TOTAL_CONNECTIONS, settings.max_connections)
-        # Requests to one host share an HTTP/2 connection (libcurl's default since 7.62:
-        # said here so that it holds whatever the default becomes).
+        # Requests to one host share an HTTP/2 connection (libcurl's default since 7.62).
         self.multi.setopt(pycurl.M_PIPELINING, pycurl.PIPE_MULTIPLEX)
         self.idle: list[Any] = []
         self.running: dict[Any, Request] = {}
@@ -309,6 +306,7 @@ class _Multi:
         easy = self._easy()
         try:
             self._prepare(easy, request)
+            self.multi.add_handle(easy)
         except BaseException:
             self.own_limits.pop(easy, None)
             easy.reset()  # back to libcurl's defaults: made again from scratch
@@ -317,7 +315,6 @@ class _Multi:
         request.easy = easy
         request.multi = self
         self.running[easy] = request
-        self.multi.add_handle(easy)
 
     def _prepare(self, easy: Any, request: Request) -> None:
         if easy.fresh:
@@ -331,9 +328,7 @@ class _Multi:
         if (limit is not None or self.own_limits) and self._own_limit(easy, limit):
             pass
         elif self.settings.rate_limit_headers:
-            # libcurl hands header lines over one Python call each (~1 us): they are
-            # read on one answer in HEADER_EVERY per handle, and after a refusal.
-            easy.unread += 1
+            easy.unread += 1  # a Python call per header line (~1 us): see HEADER_EVERY
             reading = easy.unread >= HEADER_EVERY
             if reading:
                 easy.unread = 0
@@ -398,9 +393,8 @@ class _Multi:
         if errno in _STALE and not request.cancelled and self.resend(easy, request):
             return
         if errno == _REFUSED_SOCKET and not self.polled:
-            # Its socket was numbered too high for select() (on_new_socket, the only
-            # callback here that aborts): it never connected, so nothing was sent. It
-            # goes again at once on the poll() side, not counted as an attempt.
+            # Its socket was numbered too high for select() (see on_new_socket): nothing
+            # was sent. It goes again at once on the poll() side, not as an attempt.
             self.remove(request)
             if not request.cancelled:
                 self.loop._again.append(request)
@@ -421,7 +415,11 @@ class _Multi:
         chunks.clear()
         self.remove(request)
         if not request.cancelled:
-            request.on_end(request.context, status, body, headers, errno, message)
+            try:
+                request.on_end(request.context, status, body, headers, errno, message)
+            except BaseException:  # the turn fails: this request ends with its reason too
+                self.loop._taken.append(request)
+                raise
 
     def run(self) -> None:
         """Let libcurl work, then report what ended. Polled: run libcurl's timers if one
@@ -443,7 +441,7 @@ class _Multi:
                 break
 
     def close(self) -> None:
-        for request in list(self.running.values()):
+        for request in [*self.running.values()]:
             self.remove(request)
         for easy in self.idle:
             easy.close()
@@ -465,11 +463,11 @@ class CurlLoop:
         self._rfd, self._wfd = os.pipe()
         os.set_blocking(self._rfd, False)
         os.set_blocking(self._wfd, False)
-        # Each Settings' multi handle; once the loop polls, the select() side ones still
-        # running requests drain (their sockets are polled with the rest), then close.
+        # Each Settings' multi handle; once the loop polls, the select() side ones drain.
         self._multis: dict[Settings, _Multi] = {}
         self._draining: list[_Multi] = []
         self._again: list[Request] = []  # refused a socket select() cannot see: add again
+        self._taken: list[Request] = []  # held by a turn, in no multi handle (see _turn)
         # select() (cheaper) until a descriptor libcurl uses is FD_SETSIZE or more, then
         # poll() for good: see the module's docstring.
         self._polled = max(self._rfd, self._wfd) >= FD_SETSIZE
@@ -511,12 +509,12 @@ class CurlLoop:
 
     def _take(self) -> tuple[list[Request], list[Request], bool]:
         with self._lock:
-            adds, self._adds = self._adds, []
-            cancels, self._cancels = self._cancels, []
-            if self._signalled:
-                self._signalled = False
+            if self._signalled:  # first: if reading fails, nothing was taken
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._rfd, 4096)
+                self._signalled = False
+            adds, self._adds = self._adds, []
+            cancels, self._cancels = self._cancels, []
             return adds, cancels, self._closing
 
     def _run(self) -> None:
@@ -528,7 +526,7 @@ class CurlLoop:
                 failed_turns = 0
             except Exception as exc:  # a bug, or libcurl in a state it should not be in
                 failed_turns += 1
-                reason = f"the HTTP loop failed: {type(exc).__name__}: {exc}"
+                reason = scrub(f"the HTTP loop failed: {type(exc).__name__}: {exc}")
                 logger.error("%s", reason, exc_info=True)
                 self._reset(reason)
                 if failed_turns > 1:  # failed again right after a reset: stop for good
@@ -551,13 +549,14 @@ class CurlLoop:
         adds, cancels, closing = self._take()
         if closing:
             return True
+        # Held until added, from the end (or on_end raised, see finish): _reset ends them.
+        taken = self._taken = [*reversed(adds), *reversed(self._again)]
+        self._again = []
         for request in cancels:
             if request.easy is not None and request.multi is not None:
                 request.multi.remove(request)
-        if self._again:
-            adds = self._again + adds
-            self._again = []
-        for request in adds:
+        while taken:
+            request = taken[-1]
             if not request.cancelled:
                 multi = self._multis.get(request.settings)
                 if multi is None:
@@ -567,6 +566,7 @@ class CurlLoop:
                 except Exception as exc:  # libcurl refused an option (a bad URL, say)
                     message = f"{type(exc).__name__}: {exc}"
                     request.on_end(request.context, 0, b"", _NO_HEADERS, REFUSED, message)
+            taken.pop()
         wait_ms = -1
         draining = self._draining
         for multi in [*self._multis.values(), *draining] if draining else self._multis.values():
@@ -662,9 +662,9 @@ class CurlLoop:
         return poll
 
     def _reset(self, reason: str) -> None:
-        """After a failed turn: fail every request in flight, drop every connection."""
-        ended = [r for r in self._again if not r.cancelled]
-        self._again = []
+        """After a failed turn: fail each request it held or had in flight; drop every link."""
+        ended = [r for r in [*reversed(self._taken), *self._again] if not r.cancelled]
+        self._taken, self._again = [], []
         for multi in [*self._multis.values(), *self._draining]:
             ended += [r for r in multi.running.values() if not r.cancelled]
             with contextlib.suppress(Exception):

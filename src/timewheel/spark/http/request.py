@@ -14,7 +14,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
-from .._json import encoder
+from .._json import row_encoder
 from ..contract import Failure
 from ..ratelimit import parse_retry_after
 from ..secrets import redact_url, scrub
@@ -24,7 +24,10 @@ from .options import HttpLimits
 _DETAIL = 200
 
 
-encode_json = encoder(default=str)
+# A row's values as Spark's to_json writes them (binary as base64, a map as an object...).
+encode_json = row_encoder()
+# An id's text for its idempotency key: as it has always been read, so that a key stays
+# the same from one version to the next (a binary id's is its repr).
 encode_key = json.JSONEncoder(default=str, sort_keys=True, separators=(",", ":")).encode
 
 

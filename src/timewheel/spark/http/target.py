@@ -277,6 +277,13 @@ class HttpDownstream:
             named += self.body
         return tuple(dict.fromkeys(named))
 
+    def json_columns(self, columns: Sequence[str]) -> tuple[str, ...]:
+        """Of a row with ``columns``, those whose values its request carries as JSON: the
+        body's (every column for a body of the row; none for a function's, which makes
+        its own) and the URL's, params' and header columns' (unless a string's)."""
+        named = self.columns()
+        return tuple(dict.fromkeys([*columns, *named])) if self._shape == "row" else named
+
     def request_columns(self, columns: Sequence[str]) -> tuple[str, ...]:
         """Of a row with ``columns``, those whose values make its request's method, URL,
         headers and body: two rows equal on them send the same request (the idempotency
