@@ -73,6 +73,26 @@ def test_a_bad_flag_is_one_line_naming_it_and_the_way_out(
     assert err.count("\n") == 1 and said in err and err.rstrip().endswith("--help)")
 
 
+#: What a rate flag takes, said in full whatever was wrong with the value (issue 49, 15).
+RATE_RULE = (
+    "must be > 0 and at most 1e+15 per second, written as a number per second (1.5) or as "
+    "N/s, N/min or N/hour ('2000000/min'); got "
+)
+
+
+@pytest.mark.parametrize("flag", ["--rate", "--cost-rate"])
+@pytest.mark.parametrize("value", ["-1", "0", "0/min", "lots", "5/day", "1e400", "nan", "1/s/s"])
+def test_a_bad_rate_is_refused_saying_every_form_a_rate_takes(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["pipeline", f"{flag}={value}"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    said = f"timewheel pipeline: error: argument {flag}: {RATE_RULE}{value!r} (see "
+    assert err.startswith(said), err
+
+
 def test_building_the_parser_imports_no_heavy_library() -> None:
     # Every `timewheel bench x` builds the whole parser: an import of pyspark there costs
     # every benchmark ~35 MiB of peak RSS (40 -> 75 MiB here) and moves their figures.

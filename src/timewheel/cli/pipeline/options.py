@@ -10,11 +10,10 @@ from typing import Any
 from ...spark.http.options import DEFAULT_MAX_REPLY_BYTES, TLS, BatchFormat, HttpLimits
 from ...spark.http.target import METHODS, Body
 from ...spark.options import Calls
-from ...spark.quota.spec import parse_rate
 from ...spark.secrets import Secret, parse_secret
 from ...spark.session import DEFAULT_MASTER
 from ...spark.simulator import SimulatedDownstream
-from ..argtypes import non_negative, option_group, positive
+from ..argtypes import non_negative, option_group, positive, rate
 from .batches import add_batch_options, add_batch_target_options
 from .quota import add_quota_options
 
@@ -130,7 +129,7 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     """The options of a whole job: its rate, de-duplication, resuming and session."""
     option_group(parser, "quota").add_argument(
         "--rate",
-        type=rate_arg,
+        type=rate,
         metavar="N|N/min",
         help="requests per second (or N/s, N/min, N/hour) for the whole job, however many "
         "tasks run, shared by "
@@ -320,17 +319,6 @@ def max_failed(text: str) -> float | int:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"must be a count >= 0 or a percentage between 0% and 100%, got {text!r}"
-        ) from None
-
-
-def rate_arg(text: str) -> float:
-    """``--rate``: requests per second, a finite number > 0, or per a unit of time as
-    ``--cost-rate`` takes it (``100/s``, ``6000/min``, ``30000/hour``)."""
-    try:
-        return parse_rate("--rate", text if "/" in text else float(text))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            str(exc).removeprefix("rate ").removeprefix("--rate ")
         ) from None
 
 

@@ -9,8 +9,8 @@ import threading
 import time
 from typing import Any
 
-from ...spark.quota.spec import Quota, parse_rate
-from ..argtypes import option_group, positive
+from ...spark.quota.spec import Quota
+from ..argtypes import option_group, positive, rate
 from .errors import UsageError, note
 
 __all__ = ["QuotaWatch", "add_quota_options", "dry_run", "quota_from_args"]
@@ -26,8 +26,9 @@ def add_quota_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--cost-rate",
-        metavar="N/s|N/min|N/hour",
-        help="cost per second, minute or hour for the whole job ('2000000/min')",
+        type=rate,
+        metavar="N|N/min",
+        help="cost per second (or N/s, N/min, N/hour) for the whole job ('2000000/min')",
     )
     group.add_argument(
         "--reply-cost",
@@ -99,8 +100,6 @@ def quota_from_args(args: argparse.Namespace) -> Quota | None:
             )
         return None
     try:
-        if args.cost_rate is not None:
-            limits["cost_rate"] = parse_rate("--cost-rate", args.cost_rate)
         quota = Quota(
             **limits,
             store=args.quota_store,
