@@ -23,6 +23,7 @@ from timewheel.cli.pipeline.options import (
 )
 from timewheel.cli.pipeline.progress import JournalCount, Progress
 from timewheel.cli.pipeline.summary import failure_budget, latency_histogram
+from timewheel.spark.outcome import FAILED
 from timewheel.spark.session import check_master, on_loopback
 
 pytestmark = pytest.mark.spark
@@ -135,6 +136,25 @@ def test_max_in_flight_defaults_to_the_targets_kind_unless_given() -> None:
     assert resolve_max_in_flight(None, sim) == SIM_MAX_IN_FLIGHT == 2000
     assert resolve_max_in_flight(None, http) == REAL_MAX_IN_FLIGHT == 256
     assert resolve_max_in_flight(7, sim) == resolve_max_in_flight(7, http) == 7
+
+
+def test_reasons_that_differ_only_in_durations_are_one_with_their_range() -> None:
+    """A refused port fails each row after a few milliseconds more or less: one reason,
+    counted once, not five lines that differ in their milliseconds (issue 49, item 16)."""
+    from timewheel.cli.pipeline.failures import top_reasons
+
+    refused = "ConnectionError: Failed to connect to 127.0.0.1:{port} after {ms} ms: no"
+    counts = [(FAILED, refused.format(port=9, ms=ms), 10) for ms in (3, 0, 12, 1, 2, 7)]
+    counts += [(FAILED, refused.format(port=10, ms=0), 4)]  # another port: another reason
+    counts += [(FAILED, "HTTP 503: busy", 5), (FAILED, "HTTP 500: oops", 2)]
+    counts += [(FAILED, f"Timeout: timed out after {ms} milliseconds", 1) for ms in (999, 1001)]
+    assert top_reasons(counts) == [
+        {"reason": refused.format(port=9, ms="0-12"), "rows": 60},
+        {"reason": "HTTP 503: busy", "rows": 5},
+        {"reason": refused.format(port=10, ms=0), "rows": 4},
+        {"reason": "HTTP 500: oops", "rows": 2},
+        {"reason": "Timeout: timed out after 999-1001 milliseconds", "rows": 2},
+    ]
 
 
 def sim_run(out: Path, *extra: str) -> list[str]:
