@@ -1,7 +1,8 @@
 """Embeddings for a DataFrame of texts, many per request, under a tokens-per-minute quota.
 
-Runs as it stands (``python examples/llm_enrich.py``): it starts timewheel's
-OpenAI-compatible stub on 127.0.0.1 (``POST /v1/embeddings``; it refuses with 429 what
+Runs as it stands (``python examples/llm_enrich.py``, with what
+``pip install 'timewheel-purgatory[spark,bench]'`` installs: the stub serves with
+aiohttp): it starts timewheel's OpenAI-compatible stub on 127.0.0.1 (``POST /v1/embeddings``; it refuses with 429 what
 goes over its tokens-per-minute limit, and says in ``usage`` what each call cost) and a
 local Spark, then asks for each text's embedding with :func:`timewheel.spark.dispatch`:
 
