@@ -458,7 +458,9 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
     target.add_argument(
         "--ca-file",
         metavar="PEM",
-        help="verify HTTPS servers with this CA bundle (a corporate CA) instead of the system's",
+        help="verify HTTPS servers with this CA bundle (a corporate CA) instead of the system's "
+        "(default: $REQUESTS_CA_BUNDLE, $CURL_CA_BUNDLE or $SSL_CERT_FILE, the first set "
+        "where the request is made, else the system's)",
     )
     target.add_argument(
         "--client-cert",
