@@ -81,7 +81,8 @@ def add_quota_options(parser: argparse.ArgumentParser) -> None:
         "--dry-run",
         action="store_true",
         help="print what the run would send (rows, requests, estimated cost, the time the "
-        "quota implies) and send nothing",
+        "quota implies) and send nothing; generated rows and a local Parquet or CSV input "
+        "are counted by pyarrow, without starting Spark",
     )
 
 
