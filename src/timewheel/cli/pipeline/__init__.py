@@ -25,6 +25,7 @@ from ...spark.targets import target_from_url
 from .dry_run import local_dry_run
 from .errors import Stopped, UsageError, limit_text, note, one_line
 from .failures import StoppedEarly, header_values, reason
+from .help import HelpAction
 from .inputs import input_format
 from .job import Job
 from .metrics_endpoint import MetricsEndpoint
@@ -51,7 +52,14 @@ __all__ = ["add_parser", "main"]
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``pipeline`` subcommand."""
-    add_options(subparsers).set_defaults(func=main)
+    parser = add_options(subparsers)
+    parser.add_argument(
+        "-h",
+        "--help",
+        action=HelpAction,
+        help="the common flags; --help GROUP: a group's every flag; --help all: every flag",
+    )
+    parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:

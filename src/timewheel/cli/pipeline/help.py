@@ -10,6 +10,8 @@ import sys
 import textwrap
 from typing import Any, NoReturn
 
+from .options import DEMO_ROWS, REAL_MAX_IN_FLIGHT, SIM_MAX_IN_FLIGHT
+
 __all__ = ["COMMON", "GROUP_NAMES", "HelpAction", "common_helps", "group_help", "short_help"]
 
 #: ``--help GROUP``'s names for the groups of ``options.GROUPS``.
@@ -67,8 +69,6 @@ failed, or the run failed; 2 an argument or the input was refused, nothing sent;
 
 def common_helps() -> dict[str, str]:
     """:data:`COMMON` with the defaults it names that are not the flags' own."""
-    from .options import DEMO_ROWS, REAL_MAX_IN_FLIGHT, SIM_MAX_IN_FLIGHT  # (options imports this)
-
     helps = dict(COMMON)
     helps["--generate"] += f" (default: {DEMO_ROWS:,} without --input)"
     helps["--max-in-flight"] += f" (default: {REAL_MAX_IN_FLIGHT}; sim://: {SIM_MAX_IN_FLIGHT})"
@@ -76,7 +76,7 @@ def common_helps() -> dict[str, str]:
 
 
 def _groups(parser: argparse.ArgumentParser) -> dict[str, Any]:
-    return {group.title: group for group in parser._action_groups}
+    return {str(group.title): group for group in parser._action_groups}
 
 
 def short_help(parser: argparse.ArgumentParser) -> str:

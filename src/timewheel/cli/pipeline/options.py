@@ -15,7 +15,6 @@ from ...spark.session import DEFAULT_MASTER
 from ...spark.simulator import SimulatedDownstream
 from ..argtypes import non_negative, option_group, positive, rate
 from .batches import add_batch_options, add_batch_target_options
-from .help import HelpAction
 from .quota import add_quota_options
 
 _DESCRIPTION = """\
@@ -182,13 +181,7 @@ def add_options(
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="%(prog)s [--input PATH | --generate N] [--target URL] [--output DIR] [options]",
-        add_help=False,
-    )
-    parser.add_argument(
-        "-h",
-        "--help",
-        action=HelpAction,
-        help="the common flags; --help GROUP: a group's every flag; --help all: every flag",
+        add_help=False,  # the command's -h/--help is its own (see pipeline.help)
     )
     for title, description in GROUPS.items():  # --help shows them in this order
         parser.add_argument_group(title, description)
