@@ -104,8 +104,9 @@ def top_reasons(
         text = reason(error, status, hide)
         key = _DURATION.sub("\0", text)
         merged[key] += rows
-        seen = spans.setdefault(key, [(d, d) for d in _DURATION.findall(text)])
-        for i, d in enumerate(_DURATION.findall(text)):
+        found = _DURATION.findall(text)
+        seen = spans.setdefault(key, [(d, d) for d in found])
+        for i, d in enumerate(found):
             lo, hi = seen[i]
             seen[i] = (min(lo, d, key=float), max(hi, d, key=float))
     return [
