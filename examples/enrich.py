@@ -1,8 +1,10 @@
 """Enrich a DataFrame of orders from a customer service, under a rate limit.
 
-Runs as it stands (``python examples/enrich.py``): it starts a small customer service
-(aiohttp, on 127.0.0.1, answering per customer id) and a local Spark, then sends each
-order's customer to the service with :func:`timewheel.spark.dispatch`:
+Runs as it stands (``python examples/enrich.py``, with what
+``pip install 'timewheel-purgatory[spark]'`` installs): it starts a small customer service
+(the standard library's ``http.server``, on 127.0.0.1, answering per customer id) and a
+local Spark, then sends each order's customer to the service with
+:func:`timewheel.spark.dispatch`:
 
 * ``GET /customers/{customer_id}``: a URL template filled from each row;
 * ``reply_schema=``: the service's JSON answer parsed into a struct column ``reply``, so
@@ -17,14 +19,14 @@ order's customer to the service with :func:`timewheel.spark.dispatch`:
 
 from __future__ import annotations
 
-import asyncio
 import bisect
+import json
 import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from aiohttp import web
 from pyspark.sql import functions as F
 
 from timewheel.spark import Calls, Dedupe, Quota, dispatch
@@ -37,39 +39,16 @@ KNOWN = 140
 RATE = 100.0  # requests per second for the whole job
 
 
-class CustomerService:
+class CustomerService(ThreadingHTTPServer):
     """``GET /customers/{id}``: the customer as JSON, or 404; notes when each request came."""
 
+    daemon_threads = True
+
     def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Customers)
         self.arrivals: list[float] = []
-        self.ready = threading.Event()
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self._run, daemon=True).start()
-        if not self.ready.wait(10):
-            raise RuntimeError("the customer service did not start")
-
-    async def customer(self, request: web.Request) -> web.Response:
-        self.arrivals.append(time.monotonic())
-        customer_id = int(request.match_info["customer_id"])
-        if not 0 <= customer_id < KNOWN:
-            return web.Response(status=404, text=f"no customer {customer_id}")
-        tier = ("gold", "silver", "bronze")[customer_id % 3]
-        return web.json_response(
-            {"id": customer_id, "name": f"customer {customer_id}", "tier": tier}
-        )
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
-        app.router.add_get("/customers/{customer_id}", self.customer)
-        runner = web.AppRunner(app, access_log=None)
-        self.loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}/customers/{{customer_id}}"
-        self.ready.set()
-        self.loop.run_forever()
+        self.url = f"http://127.0.0.1:{self.server_address[1]}/customers/{{customer_id}}"
+        threading.Thread(target=self.serve_forever, daemon=True).start()
 
     def most_in_one_second(self) -> int:
         stamps = sorted(self.arrivals)
@@ -77,6 +56,33 @@ class CustomerService:
             (bisect.bisect_left(stamps, t + 1.0, lo=i) - i for i, t in enumerate(stamps)),
             default=0,
         )
+
+
+class _Customers(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: the job's connections are reused
+    server: CustomerService
+
+    def do_GET(self) -> None:
+        self.server.arrivals.append(time.monotonic())
+        prefix, _, tail = self.path.rpartition("/")
+        if prefix != "/customers" or not tail.isdigit():
+            return self._answer(404, b"no such path", "text/plain")
+        customer_id = int(tail)
+        if not customer_id < KNOWN:
+            return self._answer(404, f"no customer {customer_id}".encode(), "text/plain")
+        tier = ("gold", "silver", "bronze")[customer_id % 3]
+        customer = {"id": customer_id, "name": f"customer {customer_id}", "tier": tier}
+        self._answer(200, json.dumps(customer).encode(), "application/json")
+
+    def _answer(self, status: int, body: bytes, kind: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # no line per request
+        pass
 
 
 def main() -> int:
@@ -123,6 +129,8 @@ def main() -> int:
         return 0 if rows == ORDERS == unique_orders and wrong == 0 else 1
     finally:
         spark.stop()
+        service.shutdown()
+        service.server_close()
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """Embeddings for a DataFrame of texts, many per request, under a tokens-per-minute quota.
 
-Runs as it stands (``python examples/llm_enrich.py``): it starts timewheel's
-OpenAI-compatible stub on 127.0.0.1 (``POST /v1/embeddings``; it refuses with 429 what
-goes over its tokens-per-minute limit, and says in ``usage`` what each call cost) and a
-local Spark, then asks for each text's embedding with :func:`timewheel.spark.dispatch`:
+Runs as it stands (``python examples/llm_enrich.py``, with what
+``pip install 'timewheel-purgatory[spark,bench]'`` installs: the stub serves with
+aiohttp): it starts timewheel's OpenAI-compatible stub on 127.0.0.1
+(``POST /v1/embeddings``; it refuses with 429 what goes over its tokens-per-minute limit,
+and says in ``usage`` what each call cost) and a local Spark, then asks for each text's
+embedding with :func:`timewheel.spark.dispatch`:
 
 * ``batching=Batching(16)``: up to 16 texts per request, as embedding APIs take them
   (the target's ``batch=BatchFormat(...)`` puts the texts in the request's ``input``,

@@ -23,6 +23,7 @@ from timewheel.cli.pipeline.options import (
 )
 from timewheel.cli.pipeline.progress import JournalCount, Progress
 from timewheel.cli.pipeline.summary import failure_budget, latency_histogram
+from timewheel.spark.outcome import FAILED
 from timewheel.spark.session import check_master, on_loopback
 
 pytestmark = pytest.mark.spark
@@ -135,6 +136,25 @@ def test_max_in_flight_defaults_to_the_targets_kind_unless_given() -> None:
     assert resolve_max_in_flight(None, sim) == SIM_MAX_IN_FLIGHT == 2000
     assert resolve_max_in_flight(None, http) == REAL_MAX_IN_FLIGHT == 256
     assert resolve_max_in_flight(7, sim) == resolve_max_in_flight(7, http) == 7
+
+
+def test_reasons_that_differ_only_in_durations_are_one_with_their_range() -> None:
+    """A refused port fails each row after a few milliseconds more or less: one reason,
+    counted once, not five lines that differ in their milliseconds (issue 49, item 16)."""
+    from timewheel.cli.pipeline.failures import top_reasons
+
+    refused = "ConnectionError: Failed to connect to 127.0.0.1:{port} after {ms} ms: no"
+    counts = [(FAILED, refused.format(port=9, ms=ms), 10) for ms in (3, 0, 12, 1, 2, 7)]
+    counts += [(FAILED, refused.format(port=10, ms=0), 4)]  # another port: another reason
+    counts += [(FAILED, "HTTP 503: busy", 5), (FAILED, "HTTP 500: oops", 2)]
+    counts += [(FAILED, f"Timeout: timed out after {ms} milliseconds", 1) for ms in (999, 1001)]
+    assert top_reasons(counts) == [
+        {"reason": refused.format(port=9, ms="0-12"), "rows": 60},
+        {"reason": "HTTP 503: busy", "rows": 5},
+        {"reason": refused.format(port=10, ms=0), "rows": 4},
+        {"reason": "HTTP 500: oops", "rows": 2},
+        {"reason": "Timeout: timed out after 999-1001 milliseconds", "rows": 2},
+    ]
 
 
 def sim_run(out: Path, *extra: str) -> list[str]:
@@ -447,21 +467,124 @@ def test_a_spent_budget_exits_3_and_resume_finishes_with_a_new_one(
     assert rows.count() == rows.select("id").distinct().count() == 400
 
 
+def counted_by_spark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make a dry run count in Spark, as it does where pyarrow cannot read the input."""
+    import timewheel.cli.pipeline as command
+
+    monkeypatch.setattr(command, "local_dry_run", lambda *args: None)
+
+
+def dry_runs(monkeypatch: pytest.MonkeyPatch, argv: list[str], capsys: Any) -> dict[str, Any]:
+    """The report of ``argv``'s dry run, counted without Spark, and checked to be the one
+    Spark counts (the estimated cost to float rounding)."""
+    assert pipeline_cli(argv) == 0
+    printed = capsys.readouterr()
+    assert "NaN" not in printed.out
+    if "--quiet" not in argv:
+        assert "checked the input" in printed.err and "started Spark" not in printed.err
+    report: dict[str, Any] = json.loads(printed.out)
+    with monkeypatch.context() as patched:
+        counted_by_spark(patched)
+        assert pipeline_cli(argv) == 0
+        printed = capsys.readouterr()
+    by_spark = json.loads(printed.out)
+    assert by_spark.pop("estimated_cost") == pytest.approx(report["estimated_cost"])
+    assert by_spark == {k: v for k, v in report.items() if k != "estimated_cost"}
+    return report
+
+
 def test_a_dry_run_says_what_would_be_sent_and_sends_nothing(
-    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     csv = tmp_path / "in.csv"
     csv.write_text("id,city,tokens\n" + "".join(f"{i},{i % 10},{i % 3}\n" for i in range(300)))
     out = tmp_path / "out"
     argv = ["--input", str(csv), "--output", str(out), "--target", "sim://?pct50=1&pct75=2"]
-    quota = ["--cost-col", "tokens", "--cost-rate", "60/min", "--budget", "10", "--quiet"]
-    assert pipeline_cli([*argv, *quota, "--dedupe-col", "city", "--dry-run"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    quota = ["--cost-col", "tokens", "--cost-rate", "60/min", "--budget", "10"]
+    report = dry_runs(monkeypatch, [*argv, *quota, "--dedupe-col", "city", "--dry-run"], capsys)
     # Ten cities, one request each; their tokens are 0, 1, 2, 0, 1, 2, 0, 1, 2, 0.
     assert (report["rows"], report["requests"], report["estimated_cost"]) == (300, 10, 9.0)
     assert report["time_s_at_quota"] == 9.0  # 9 tokens at one a second
     assert report["stops_at"] is None
     assert not out.exists()
+
+
+def test_a_dry_run_of_generated_rows_or_parquet_counts_as_spark_does(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = ["--output", str(tmp_path / "out"), "--dry-run"]
+    # The generated rows' account and amount, made in numpy as Spark makes them.
+    generated = ["--generate", "5000", "--cost-col", "amount", "--budget", "1e4", *out]
+    report = dry_runs(monkeypatch, generated, capsys)
+    assert report["requests"] == 5000 and report["stops_at"][0].startswith("--budget 10,000 of")
+    report = dry_runs(monkeypatch, [*generated, "--dedupe-col", "account"], capsys)
+    assert report["requests"] == 5000  # 5,000 accounts of 100,003
+    # A Parquet input: null keys send their own request, null or negative costs fail unsent.
+    ids = list(range(40))
+    city = [None if i % 8 == 0 else f"c{i % 5}" for i in ids]
+    tokens = [None if i % 7 == 0 else (-1.0 if i % 11 == 0 else float(i)) for i in ids]
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"uid": ids, "city": city, "tokens": tokens}), path)
+    argv = ["--input", str(path), "--id-col", "uid", "--cost-col", "tokens", "--budget", "50"]
+    report = dry_runs(monkeypatch, [*argv, *out], capsys)
+    assert (report["requests"], report["rows_failing_unsent"]) == (31, 9)
+    report = dry_runs(monkeypatch, [*argv, "--dedupe-col", "city", *out], capsys)
+    assert report["requests"] + report["rows_failing_unsent"] == 5 + 5  # 5 cities, 5 nulls
+
+
+_DRY_RUN_NO_JVM = """
+import json, sys
+import pyspark
+from timewheel.cli import main
+code = main(["pipeline", *sys.argv[1:]])
+print(json.dumps({"code": code, "gateway": pyspark.SparkContext._gateway is not None}))
+"""
+
+
+@pytest.mark.parametrize("given", ["parquet", "csv", "generated"])
+def test_a_dry_run_of_a_local_file_or_generated_rows_starts_no_spark(
+    tmp_path: Path, given: str
+) -> None:
+    # JAVA_HOME points nowhere: a JVM start would fail. The dry run's answer comes from
+    # pyarrow's reading of the input, its ids checked (issue 49, item 16: it took 25-40 s).
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    table = pa.table({"id": range(1000), "city": [f"c{i % 9}" for i in range(1000)]})
+    if given == "parquet":
+        pq.write_table(table, tmp_path / "in.parquet")
+    elif given == "csv":
+        pcsv.write_csv(table, tmp_path / "in.csv")
+    source = ["--generate", "1000"] if given == "generated" else ["--input", f"in.{given}"]
+    argv = [*source, "--output", "out", "--target", "http://127.0.0.1:9/x", "--rate", "10"]
+    env = {**os.environ, "JAVA_HOME": str(tmp_path / "no-java"), "PYSPARK_SUBMIT_ARGS": "x"}
+
+    def run(*extra: str) -> tuple[list[str], str, dict[str, Any]]:
+        done = subprocess.run(
+            [sys.executable, "-c", _DRY_RUN_NO_JVM, *argv, *extra],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        *report, last = done.stdout.splitlines()
+        return report, done.stderr, json.loads(last)
+
+    dedupe = "account" if given == "generated" else "city"
+    report, err, ended = run("--dry-run", "--dedupe-col", dedupe)
+    assert ended == {"code": 0, "gateway": False}, err
+    said = json.loads("\n".join(report))
+    assert (said["rows"], said["requests"]) == (1000, 1000 if given == "generated" else 9)
+    assert said["time_s_at_quota"] == said["requests"] / 10
+    assert err.startswith("timewheel pipeline: checked the input: 1,000 rows, unique ids (")
+    assert "started Spark" not in err
+    if given != "generated":  # an id twice is refused as the run refuses it, exit 2
+        _, err, ended = run("--dry-run", "--id-col", "city")
+        assert ended == {"code": 2, "gateway": False}
+        assert "--id-col 'city' must name each row once (unique, never null): the input has " in err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(
@@ -474,7 +597,6 @@ def test_a_dry_run_says_what_would_be_sent_and_sends_nothing(
             "it with --reply-cost and no --cost-col",
         ),
         (["--budget", "10", "--max-cost-per-call", "5"], "--max-cost-per-call (5) is the hold"),
-        (["--cost-rate", "lots"], "quota: --cost-rate must be a number per second"),
         (["--budget", "nan"], "quota: budget must be a number > 0 and <= 1e+15, got nan"),
         (["--budget", "10", "--cost-col", "nope"], "--cost-col 'nope' is not a column of the"),
         (["--rate", "5", "--quota-store", "redis://:pw@127.0.0.1/0"], "must not hold a password"),
@@ -651,7 +773,6 @@ def test_bad_flags_and_columns_are_refused_with_no_jvm_started(tmp_path: Path) -
     cases = [
         (["--reply-schema", "lat dbl"], "--reply-schema 'lat dbl' is not Spark DDL"),
         (["--reply-schema", "a array<int"], "--reply-schema 'a array<int' is not Spark DDL"),
-        (["--cost-rate", "5/fortnight", "--cost-col", "amount"], "quota: --cost-rate must be"),
         ([*csv, "--cost-rate", "5", "--cost-col", "nope"], "--cost-col 'nope' is not a column"),
         ([*csv, "--cost-rate", "5", "--cost-col", "note"], "--cost-col 'note' has type string"),
         ([*csv, "--rate", "5", "--cost-col", "tokens"], "the quota counts no cost: give --cost"),
@@ -730,7 +851,7 @@ def test_help_groups_the_flags_by_task_and_body_cols_shape_each_batch_element() 
     ]  # fmt: skip
     assert "--body-cols" in groups["request shape"] and "--rate" in groups["quota"]
     assert "--batch-size" in groups["batches"] and "--master" in groups["cluster"]
-    assert groups["options"] == ["-h", "--engine"]  # every other flag has its task
+    assert sorted(groups["options"]) == ["--engine", "-h"]  # every other flag has its task
     # --body-cols with batches: each row's element of the array holds those columns.
     args = parser.parse_args(
         ["pipeline", "--target", "http://127.0.0.1:9/b", "--body-cols", "text", "--batch-size", "2"]
@@ -744,7 +865,7 @@ def test_help_groups_the_flags_by_task_and_body_cols_shape_each_batch_element() 
 
 
 def test_a_dry_run_with_a_nan_or_negative_cost_is_json_and_stops_where_the_run_does(
-    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     csv = tmp_path / "in.csv"
     rows = "".join(f"{i},{i % 3}\n" for i in range(300))  # 300 tokens in all
@@ -752,10 +873,7 @@ def test_a_dry_run_with_a_nan_or_negative_cost_is_json_and_stops_where_the_run_d
     out = tmp_path / "out"
     argv = ["--input", str(csv), "--output", str(out), "--target", "sim://?pct50=1&pct75=2"]
     argv += ["--cost-col", "tokens", "--budget", "250", "--quiet"]
-    assert pipeline_cli([*argv, "--dry-run"]) == 0
-    printed = capsys.readouterr().out
-    assert "NaN" not in printed
-    report = json.loads(printed)
+    report = dry_runs(monkeypatch, [*argv, "--dry-run"], capsys)
     assert report["estimated_cost"] == 300.0 and report["rows_failing_unsent"] == 2
     assert report["requests"] == 300
     assert report["stops_at"] == ["--budget 250 of 300 estimated"]

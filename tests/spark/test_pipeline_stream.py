@@ -508,8 +508,9 @@ def test_a_streams_summary_says_why_rows_failed_and_its_quota_use(
 def test_help_says_a_streams_files_land_whole_and_what_overwrite_does(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    with pytest.raises(SystemExit):
-        pipeline_cli(["--help"])
+    for group in ("input", "output"):  # --stream's group, --overwrite's
+        with pytest.raises(SystemExit):
+            pipeline_cli(["--help", group])
     text = " ".join(capsys.readouterr().out.split())
     assert "Files must land whole, with the stream's columns: write each elsewhere, then " in text
     assert "with --stream, start afresh: checkpoint and record removed" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pkgutil
+import re
 import subprocess
 import sys
 
@@ -71,6 +72,81 @@ def test_a_bad_flag_is_one_line_naming_it_and_the_way_out(
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and said in err and err.rstrip().endswith("--help)")
+
+
+#: What a rate flag takes, said in full whatever was wrong with the value (issue 49, 15).
+RATE_RULE = (
+    "must be > 0 and at most 1e+15 per second, written as a number per second (1.5) or as "
+    "N/s, N/min or N/hour ('2000000/min'); got "
+)
+
+
+@pytest.mark.parametrize("flag", ["--rate", "--cost-rate"])
+@pytest.mark.parametrize("value", ["-1", "0", "0/min", "lots", "5/day", "1e400", "nan", "1/s/s"])
+def test_a_bad_rate_is_refused_saying_every_form_a_rate_takes(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["pipeline", f"{flag}={value}"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    said = f"timewheel pipeline: error: argument {flag}: {RATE_RULE}{value!r} (see "
+    assert err.startswith(said), err
+
+
+def pipeline_help(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["pipeline", *argv])
+    assert exc.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_pipeline_help_is_short_and_every_flag_is_found_from_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--help was 262 lines (issue 49, item 15): now the common flags, a line each, and
+    every other flag named under its group, whose --help GROUP shows them in full."""
+    import argparse
+
+    from timewheel.cli.pipeline.help import GROUP_NAMES
+
+    monkeypatch.setenv("COLUMNS", "80")
+    short = pipeline_help(capsys, "--help")
+    assert len(short.splitlines()) <= 80, short
+    parser = cli.build_parser()._subparsers._group_actions[0].choices["pipeline"]  # type: ignore[union-attr]
+    groups = {group.title: group for group in parser._action_groups}
+    named = set(re.findall(r"--[a-z0-9-]+", short))
+    everything = pipeline_help(capsys, "--help", "all")
+    for name, title in GROUP_NAMES.items():
+        assert f"(--help {name})" in short
+        page = pipeline_help(capsys, "--help", name)
+        full = "".join(page.split())  # (argparse wraps lines, at hyphens too)
+        for action in groups[title]._group_actions:
+            flag = action.option_strings[-1]
+            assert flag in named and flag in everything, flag
+            # Its whole help, as argparse gives it, in its group's page.
+            said = "".join(parser._get_formatter()._expand_help(action).split())
+            assert f"  {flag}" in page and said in full, (name, flag)
+        for other_title in GROUP_NAMES.values():
+            if other_title != title:  # and no other group's flags
+                action = groups[other_title]._group_actions[0]
+                said = "".join(parser._get_formatter()._expand_help(action).split())
+                assert said not in full, (name, action.option_strings)
+    hidden = {a.option_strings[-1] for a in parser._actions if a.help == argparse.SUPPRESS}
+    flags = {a.option_strings[-1] for a in parser._actions} - hidden - {"--help"}
+    assert flags <= named
+
+
+def test_pipeline_help_of_no_such_group_says_which_there_are(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["pipeline", "--help", "quotas"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.startswith(
+        "timewheel pipeline: error: --help takes no GROUP or one of input, target, request, "
+        "batches, quota, output, cluster, all (see "
+    )
 
 
 def test_building_the_parser_imports_no_heavy_library() -> None:

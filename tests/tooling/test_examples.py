@@ -1,8 +1,14 @@
-"""The examples users copy from: the typed example and the package docstring both run."""
+"""The examples users copy from: each in examples/ and the package docstring run.
+
+In a checkout, each example runs with only what the README's Examples table says to
+install for it (``pip install '.[spark]'``): tests/extras_only/sitecustomize.py makes any
+other distribution's modules not found, in the example's process and its children.
+"""
 
 from __future__ import annotations
 
 import doctest
+import json
 import os
 import re
 import subprocess
@@ -15,16 +21,62 @@ import pytest
 
 import timewheel
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "typed_usage.py"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "typed_usage.py"
+README = ROOT / "README.md"
+ONLY_THOSE = Path(__file__).resolve().parents[1] / "extras_only"
+
+
+def example_env(name: str, *also: str) -> dict[str, str]:
+    """The environment to run ``examples/<name>`` in: this timewheel first on the path
+    and, in a checkout, only the distributions its README row installs (and ``also``)."""
+    env = dict(os.environ)
+    path = [str(Path(timewheel.__file__).parents[1]), env.get("PYTHONPATH", "")]
+    install = readme_install(name)
+    if install is not None and sys.version_info >= (3, 11):  # (tomllib reads pyproject.toml)
+        env["TIMEWHEEL_TEST_INSTALL"] = install
+        env["TIMEWHEEL_TEST_REQUIRES"] = json.dumps(requirements(install) + list(also))
+        path.insert(0, str(ONLY_THOSE))
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    return env
+
+
+def readme_install(name: str) -> str | None:
+    """The install line the README's Examples table gives ``examples/<name>`` (None
+    outside a checkout)."""
+    if not README.is_file():
+        return None
+    rows = re.findall(r"^\| \[`examples/([\w.]+)`\].*\| `(pip install [^`]+)` \|$",
+                      README.read_text(encoding="utf-8"), re.M)  # fmt: skip
+    found = dict(rows).get(name)
+    assert found is not None, f"the README's Examples table has no row for examples/{name}"
+    return found
+
+
+def requirements(install: str) -> list[str]:
+    """What ``install`` (``pip install '.[a,b]'``) asks for, as pyproject.toml says."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    extras = re.search(r"\.\[([\w,]+)\]", install)
+    wanted = [] if extras is None else extras[1].split(",")
+    return project["dependencies"] + [
+        r for extra in wanted for r in project["optional-dependencies"][extra]
+    ]
+
+
+def test_the_readme_names_what_every_example_needs() -> None:
+    if not README.is_file():
+        pytest.skip("needs a checkout (README.md)")
+    for example in sorted(EXAMPLE.parent.glob("*.py")):
+        install = readme_install(example.name)
+        assert install is not None and requirements(install)[0].startswith("numpy")
 
 
 def test_typed_usage_example_runs(impl: str) -> None:
     # A fresh interpreter, so the example starts and stops its own threads; it imports the
     # same timewheel as this test, whether that is a source tree or an installed wheel.
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(timewheel.__file__).parents[1]), env.get("PYTHONPATH", "")]
-    )
+    env = example_env(EXAMPLE.name)
     env["TIMEWHEEL_NO_EXTENSIONS"] = "1" if impl == "python" else ""
     result = subprocess.run(
         [sys.executable, str(EXAMPLE)], env=env, capture_output=True, text=True, timeout=120
@@ -40,10 +92,7 @@ def test_package_docstring_example_holds() -> None:
 
 def test_prometheus_example_serves_a_purgatory_under_load_on_loopback() -> None:
     example = EXAMPLE.with_name("prometheus_purgatory.py")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(timewheel.__file__).parents[1]), env.get("PYTHONPATH", "")]
-    )
+    env = example_env(example.name)
     args = ["--seconds", "5", "--port", "0", "--rate", "1000", "--timeout", "20"]
     with subprocess.Popen(
         [sys.executable, str(example), *args],
@@ -95,10 +144,7 @@ AIO_EXAMPLE = EXAMPLE.parent / "aio_idle_server.py"
 def test_aio_idle_server_example_runs(impl: str, loop: str) -> None:
     if loop == "uvloop":
         pytest.importorskip("uvloop")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(timewheel.__file__).parents[1]), env.get("PYTHONPATH", "")]
-    )
+    env = example_env(AIO_EXAMPLE.name, *(["uvloop"] if loop == "uvloop" else []))
     env["TIMEWHEEL_NO_EXTENSIONS"] = "1" if impl == "python" else ""
     argv = [sys.executable, str(AIO_EXAMPLE), *(["--uvloop"] if loop == "uvloop" else [])]
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
@@ -111,10 +157,7 @@ def run_spark_example(name: str, *unset: str) -> subprocess.CompletedProcess[str
     """Run ``examples/<name>`` as a user would, on this checkout's timewheel (executors
     too), without the environment variables ``unset``; it must exit 0."""
     pytest.importorskip("pyspark")
-    env = {k: v for k, v in os.environ.items() if k not in unset}
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(timewheel.__file__).parents[1]), env.get("PYTHONPATH", "")]
-    )
+    env = {k: v for k, v in example_env(name).items() if k not in unset}
     env["PYSPARK_PYTHON"] = sys.executable
     result = subprocess.run(
         [sys.executable, str(EXAMPLE.with_name(name))],

@@ -6,7 +6,7 @@ import argparse
 import math
 from typing import Any, Callable
 
-__all__ = ["MAX_INT", "non_negative", "option_group", "positive"]
+__all__ = ["MAX_INT", "non_negative", "option_group", "positive", "rate"]
 
 
 def positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -42,6 +42,18 @@ def _bounded(kind: Callable[[str], Any], lo: float, *, inclusive: bool) -> Calla
 
     parse.__name__ = getattr(kind, "__name__", "value")  # argparse names it in errors
     return parse
+
+
+def rate(text: str) -> float:
+    """A rate flag's value (``--rate``, ``--cost-rate``) per second: a number > 0, or per
+    a unit of time (``100/s``, ``6000/min``, ``30000/hour``), as
+    :class:`~timewheel.spark.Quota` takes it."""
+    from ..spark.quota.spec import parse_rate
+
+    try:
+        return parse_rate("rate", text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("rate ")) from None
 
 
 def option_group(

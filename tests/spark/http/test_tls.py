@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import gc
+import pickle
 import re
 import shutil
+import ssl
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +20,7 @@ pytest.importorskip("pycurl")
 import pycurl
 
 from timewheel.cli.pipeline.options import add_http_options, http_options
+from timewheel.spark.http.options import CA_BUNDLE_VARS
 from timewheel.spark.http.target import _LOOP, HttpDownstream
 from timewheel.spark.targets import TLS
 from tls_fixtures import AVAILABLE, TlsFiles, make_tls_files, nginx_tls
@@ -148,3 +152,109 @@ def test_mutual_tls_works_with_the_client_certificate_and_is_refused_without(
     assert [ok for ok, _ in got] == [False] * 3
     for _, error in got:
         assert "HTTP 400" in str(error) and "No required SSL certificate" in str(error), error
+
+
+# -- a CA bundle named by the environment, as curl and requests read it --------------------
+@pytest.fixture
+def tls_service(tls: TlsFiles) -> Iterator[Any]:
+    """A loopback HTTPS service (Python's ssl) whose certificate the ``tls`` CA signed."""
+    from http_fixtures import ScriptedService
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tls.server_cert, tls.server_key)
+    service = ScriptedService(tls=context)
+    try:
+        yield service
+    finally:
+        service.close()
+        gc.collect()  # asyncio leaves a refused handshake's socket: collected here
+
+
+@pytest.fixture
+def no_ca_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in CA_BUNDLE_VARS:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+@pytest.fixture(scope="module")
+def other_ca(tmp_path_factory: pytest.TempPathFactory, tls: TlsFiles) -> Path:
+    """A CA that signed nothing the service shows."""
+    return make_tls_files(tmp_path_factory.mktemp("other-tls")).ca
+
+
+def _outcomes(target: HttpDownstream, closing: list[HttpDownstream], n: int = 3) -> list[Any]:
+    closing.append(target)
+    return [ok or str(error) for ok, error in _send(target, n)]
+
+
+#: Refused handshakes leave asyncio's server end of them unclosed: collected in tls_service.
+refused_handshakes = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+@refused_handshakes
+@pytest.mark.parametrize("name", CA_BUNDLE_VARS)
+def test_a_ca_bundle_named_by_the_environment_verifies_the_server(
+    name: str,
+    tls: TlsFiles,
+    tls_service: Any,
+    no_ca_env: pytest.MonkeyPatch,
+    closing: list[HttpDownstream],
+) -> None:
+    # Without it, the service's CA is unknown: every row fails, and says why.
+    [failed] = set(_outcomes(HttpDownstream(tls_service.url), closing))
+    assert failed is not True and failed.startswith("SSLError: ") and "certificate" in failed
+    no_ca_env.setenv(name, str(tls.ca))  # the only place the CA is given
+    assert _outcomes(HttpDownstream(tls_service.url), closing) == [True] * 3
+
+
+@refused_handshakes
+def test_the_ca_option_comes_first_then_requests_curl_and_openssl_variables(
+    tls: TlsFiles,
+    other_ca: Path,
+    tls_service: Any,
+    no_ca_env: pytest.MonkeyPatch,
+    closing: list[HttpDownstream],
+) -> None:
+    good, bad = str(tls.ca), str(other_ca)
+
+    def verified(tls_options: TLS | None = None, **environ: str) -> bool:
+        for name in CA_BUNDLE_VARS:
+            no_ca_env.delenv(name, raising=False)
+        for name, value in environ.items():
+            no_ca_env.setenv(name, value)
+        target = HttpDownstream(tls_service.url, tls=tls_options or TLS())
+        got = set(_outcomes(target, closing, 2))
+        assert len(got) == 1, got
+        return got == {True}
+
+    assert not verified(TLS(ca_file=bad), REQUESTS_CA_BUNDLE=good, SSL_CERT_FILE=good)
+    assert verified(TLS(ca_file=good), REQUESTS_CA_BUNDLE=bad)
+    assert not verified(REQUESTS_CA_BUNDLE=bad, CURL_CA_BUNDLE=good)
+    assert verified(REQUESTS_CA_BUNDLE=good, CURL_CA_BUNDLE=bad, SSL_CERT_FILE=bad)
+    assert verified(REQUESTS_CA_BUNDLE="", CURL_CA_BUNDLE=good, SSL_CERT_FILE=bad)  # "": unset
+    assert not verified(CURL_CA_BUNDLE=bad, SSL_CERT_FILE=good)
+    # Nothing verified, nothing read: a variable naming no file does not matter.
+    assert verified(TLS(verify=False), SSL_CERT_FILE=str(other_ca.parent / "gone.pem"))
+
+
+@refused_handshakes
+def test_the_variable_is_read_where_the_request_is_made_and_a_bad_one_named(
+    tls: TlsFiles,
+    tls_service: Any,
+    no_ca_env: pytest.MonkeyPatch,
+    closing: list[HttpDownstream],
+) -> None:
+    # Made (and used) where the variable is not set, as on a driver; sent where it is, as
+    # by an executor that unpickles it.
+    target = HttpDownstream(tls_service.url)
+    assert True not in _outcomes(target, closing, 1)
+    shipped = pickle.dumps(target)
+    no_ca_env.setenv("SSL_CERT_FILE", str(tls.ca))
+    assert _outcomes(pickle.loads(shipped), closing) == [True] * 3
+    # A variable that names no file fails each row saying so.
+    gone = tls.ca.parent / "gone.pem"
+    no_ca_env.setenv("CURL_CA_BUNDLE", str(gone))
+    [failed] = set(_outcomes(HttpDownstream(tls_service.url), closing))
+    assert failed is not True and failed.startswith("SSLError: ") and str(gone) in failed
+    assert failed.endswith("(the CA bundle $CURL_CA_BUNDLE names)"), failed

@@ -22,8 +22,10 @@ from ...spark.scrubber import scrubbed_output
 from ...spark.secrets import Secret, hide_url
 from ...spark.session import check_master, spark_session
 from ...spark.targets import target_from_url
+from .dry_run import local_dry_run
 from .errors import Stopped, UsageError, limit_text, note, one_line
 from .failures import StoppedEarly, header_values, reason
+from .help import HelpAction
 from .inputs import input_format
 from .job import Job
 from .metrics_endpoint import MetricsEndpoint
@@ -39,6 +41,7 @@ from .output import (
 )
 from .phases import Phases
 from .precheck import check_before_spark
+from .quota import quota_from_args
 from .sessions import check_remote, connect_session
 from .stopping import Stopping
 from .stream import check_stream_args, run_command
@@ -49,7 +52,14 @@ __all__ = ["add_parser", "main"]
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``pipeline`` subcommand."""
-    add_options(subparsers).set_defaults(func=main)
+    parser = add_options(subparsers)
+    parser.add_argument(
+        "-h",
+        "--help",
+        action=HelpAction,
+        help="the common flags; --help GROUP: a group's every flag; --help all: every flag",
+    )
+    parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -190,6 +200,13 @@ def _run_locked(
     if previous is not None:  # before Spark starts
         check_resumable(out_dir, previous, run_identity(args, key_cols, fmt))
     phases = Phases(args.quiet, stopping)
+    if args.dry_run:  # counted without Spark where pyarrow can read the input
+        with phases.phase(None) as phase:
+            summary = local_dry_run(args, fmt, quota_from_args(args), target)
+            if summary is not None:
+                phase.said = f"checked the input: {summary['rows']:,} rows, unique ids"
+        if summary is not None:
+            return _report(args, out_dir, summary)
     with phases.phase(f"started Spark on {args.remote or args.master}"):
         spark, owned = _session(args, "timewheel pipeline", stopping)
     job = Job(args, spark, target, max_in_flight, key_cols, out_dir, phases, stopping)

@@ -92,12 +92,43 @@ def _message(body: str) -> str:
 def top_reasons(
     counts: Iterable[tuple[str | None, str | None, int]], hide: Iterable[str] = ()
 ) -> list[dict[str, Any]]:
-    """The most common reasons among ``(status, error, rows)`` counts, most first."""
+    """The most common reasons among ``(status, error, rows)`` counts, most first.
+
+    Reasons that differ only in their durations (``after 0 ms`` and ``after 3 ms`` of one
+    refused port) are one reason, its durations shown as the range they span
+    (``after 0-3 ms``), counted together."""
     hide = list(hide)
     merged: Counter[str] = Counter()
+    spans: dict[str, list[tuple[str, str]]] = {}  # each duration's (lowest, highest)
     for status, error, rows in counts:
-        merged[reason(error, status, hide)] += rows
-    return [{"reason": r, "rows": n} for r, n in merged.most_common(TOP_REASONS)]
+        text = reason(error, status, hide)
+        key = _DURATION.sub("\0", text)
+        merged[key] += rows
+        found = _DURATION.findall(text)
+        seen = spans.setdefault(key, [(d, d) for d in found])
+        for i, d in enumerate(found):
+            lo, hi = seen[i]
+            seen[i] = (min(lo, d, key=float), max(hi, d, key=float))
+    return [
+        {"reason": _with_spans(key, spans[key]), "rows": n}
+        for key, n in merged.most_common(TOP_REASONS)
+    ]
+
+
+#: A duration in a reason: the number before a unit of time (``3 ms``, ``1001
+#: milliseconds``, ``2.5s``); not a status, a port or a count.
+_DURATION = re.compile(
+    r"(?<![\w.:])(\d+(?:\.\d+)?)(?=\s?(?:ms|milliseconds?|us|s|secs?|seconds?|min|minutes?)\b)"
+)
+
+
+def _with_spans(key: str, spans: list[tuple[str, str]]) -> str:
+    """``key`` with each duration put back: the value, or the range the reasons span."""
+    parts = key.split("\0")
+    out = [parts[0]]
+    for (lo, hi), rest in zip(spans, parts[1:]):
+        out.append((lo if lo == hi else f"{lo}-{hi}") + rest)
+    return "".join(out)
 
 
 def fail_fast(args: Any, journal: Path, stop: Callable[[], None]) -> FailFast:

@@ -76,6 +76,28 @@ def local_parquet(path: str) -> Any:
         return None
 
 
+def local_dataset(path: str, fmt: str | None) -> Any:
+    """A pyarrow dataset of a local Parquet or CSV ``path`` (a CSV's empty fields null, as
+    Spark reads them); None for another format, a remote path, or one pyarrow cannot open."""
+    if fmt == "parquet":
+        return local_parquet(path)
+    if fmt != "csv" or ("://" in path and not path.startswith("file://")):
+        return None
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    import pyarrow.dataset as ds
+
+    nulls = pcsv.ConvertOptions(
+        null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=False
+    )
+    try:
+        return ds.dataset(
+            path.removeprefix("file://"), format=ds.CsvFileFormat(convert_options=nulls)
+        )
+    except (OSError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+
+
 def parquet_schema(path: str) -> Any:
     """The StructType Spark would infer for a local Parquet ``path``, read here with
     pyarrow: Spark's own read of it is a job (a second or so of a run's start). None

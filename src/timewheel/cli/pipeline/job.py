@@ -16,6 +16,7 @@ from ...spark.delivery.journal import MANIFEST, Manifest, compact, input_fingerp
 from ...spark.outcome import FAILED, OK, SKIPPED, TIMEOUT
 from ..bench.engines import DEFAULT_ENGINE
 from .batches import batch_summary
+from .dry_run import report, spark_counts
 from .errors import UsageError, limit_text, note
 from .failures import fail_fast
 from .inputs import CheckedIds, arrow_unique_rows, generated_rows, id_error, read_input
@@ -24,7 +25,7 @@ from .output import check_resumable, publish, run_identity
 from .phases import Phases
 from .precheck import dispatch_options, refusal
 from .progress import JournalCount, Progress
-from .quota import QuotaWatch, dry_run, quota_from_args
+from .quota import QuotaWatch, quota_from_args
 from .stopping import Stopping
 from .summary import (
     failure_budget,
@@ -231,7 +232,8 @@ class Job:
         return summary
 
     def dry_run(self, base: Any) -> dict[str, Any]:
-        """What the run would send, sending nothing and leaving --output as it was."""
+        """What the run would send, counted by Spark (see :mod:`.dry_run`), sending
+        nothing and leaving --output as it was."""
         args = self.args
         key = None
         if args.dedupe_col:
@@ -242,11 +244,8 @@ class Job:
             from ...spark import request_key
 
             key = request_key(base, self.target)
-        report = dry_run(base, self.quota, args.cost_col, key, self.input_rows)
-        report["target"] = repr(self.target)
-        if args.resume:
-            report["note"] = "counted over the whole input, rows answered before included"
-        return report
+        counts = spark_counts(base, args.cost_col, key)
+        return report(args, self.input_rows, counts, self.quota, self.target)
 
     def quota_store(self) -> Any:
         """The store the driver reads the quota's use from (None: the static split)."""

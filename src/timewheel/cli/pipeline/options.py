@@ -10,11 +10,10 @@ from typing import Any
 from ...spark.http.options import DEFAULT_MAX_REPLY_BYTES, TLS, BatchFormat, HttpLimits
 from ...spark.http.target import METHODS, Body
 from ...spark.options import Calls
-from ...spark.quota.spec import parse_rate
 from ...spark.secrets import Secret, parse_secret
 from ...spark.session import DEFAULT_MASTER
 from ...spark.simulator import SimulatedDownstream
-from ..argtypes import non_negative, option_group, positive
+from ..argtypes import non_negative, option_group, positive, rate
 from .batches import add_batch_options, add_batch_target_options
 from .quota import add_quota_options
 
@@ -88,6 +87,7 @@ def add_dispatch_options(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument(
         "--master",
         default=DEFAULT_MASTER,
+        metavar="URL",
         help="Spark master URL (default: %(default)s: every core, and a task may fail 3 "
         "times and run again, as on a cluster)",
     )
@@ -95,18 +95,21 @@ def add_dispatch_options(parser: argparse.ArgumentParser) -> None:
     target.add_argument(
         "--target",
         default=DEFAULT_TARGET,
+        metavar="URL",
         help="sim://?pct50=..&pct75=..&failures=..&seed=.. or an http(s):// URL "
         "(default: %(default)s)",
     )
     target.add_argument(
         "--timeout-ms",
         type=positive(int),
+        metavar="MS",
         help="per-call timeout (default: 1000; a batch's grows with its rows, 100 ms per row "
         "after the first, at most 60000)",
     )
     target.add_argument(
         "--max-in-flight",
         type=positive(int),
+        metavar="N",
         help=f"calls outstanding per partition (default: {SIM_MAX_IN_FLIGHT} for a sim:// "
         f"target, which has no capacity to protect; {REAL_MAX_IN_FLIGHT} for a real endpoint, "
         "which every partition calls at once)",
@@ -115,12 +118,14 @@ def add_dispatch_options(parser: argparse.ArgumentParser) -> None:
         "--retries",
         type=non_negative(int),
         default=Calls.retries,
+        metavar="N",
         help="retries after a failure or timeout (default: %(default)s)",
     )
     target.add_argument(
         "--backoff-ms",
         type=non_negative(int),
         default=Calls.backoff_ms,
+        metavar="MS",
         help="wait before a retry, with jitter (default: %(default)s)",
     )
     add_http_options(parser)
@@ -130,7 +135,7 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     """The options of a whole job: its rate, de-duplication, resuming and session."""
     option_group(parser, "quota").add_argument(
         "--rate",
-        type=rate_arg,
+        type=rate,
         metavar="N|N/min",
         help="requests per second (or N/s, N/min, N/hour) for the whole job, however many "
         "tasks run, shared by "
@@ -175,13 +180,18 @@ def add_options(
         description=_DESCRIPTION,
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s [--input PATH | --generate N] [--target URL] [--output DIR] [options]",
+        add_help=False,  # the command's -h/--help is its own (see pipeline.help)
     )
     for title, description in GROUPS.items():  # --help shows them in this order
         parser.add_argument_group(title, description)
     inputs = option_group(parser, "input")
     source = inputs.add_mutually_exclusive_group()
     source.add_argument(
-        "--input", help="Parquet file/directory, or CSV (name ends in .csv; header row)"
+        "--input",
+        metavar="PATH",
+        help="Parquet file/directory, or CSV (name ends in .csv; header row); with --stream, "
+        "the directory the files land in",
     )
     source.add_argument(
         "--generate",
@@ -219,18 +229,23 @@ def add_options(
         help="with --stream: start a micro-batch every T ms (default: %(default)s)",
     )
     inputs.add_argument(
-        "--id-col", default="id", help="column that identifies a row (default: %(default)s)"
+        "--id-col",
+        default="id",
+        metavar="COLUMN",
+        help="column that names each row once (default: %(default)s)",
     )
     add_dispatch_options(parser)
     option_group(parser, "target").add_argument(
         "--key-cols",
         default="",
+        metavar="COLUMNS",
         help="comma-separated key columns; rows sharing a value are never in flight together",
     )
     output = option_group(parser, "output")
     output.add_argument(
         "--output",
         default="timewheel-pipeline-output",
+        metavar="DIR",
         help="directory for rows/, summary.json and latency.png, written in full or not at all "
         "(default: %(default)s)",
     )
@@ -323,17 +338,6 @@ def max_failed(text: str) -> float | int:
         ) from None
 
 
-def rate_arg(text: str) -> float:
-    """``--rate``: requests per second, a finite number > 0, or per a unit of time as
-    ``--cost-rate`` takes it (``100/s``, ``6000/min``, ``30000/hour``)."""
-    try:
-        return parse_rate("--rate", text if "/" in text else float(text))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            str(exc).removeprefix("rate ").removeprefix("--rate ")
-        ) from None
-
-
 def conf_pair(text: str) -> tuple[str, str]:
     """``--conf KEY=VALUE``."""
     key, sep, value = text.partition("=")
@@ -395,7 +399,9 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
         default="POST",
         type=str.upper,
         choices=METHODS,
-        help="the request's method (default: %(default)s; GET and DELETE send no body)",
+        metavar="METHOD",
+        help="the request's method: GET, POST, PUT, PATCH or DELETE (default: %(default)s; "
+        "GET and DELETE send no body)",
     )
     request.add_argument(
         "--http-header",
@@ -431,6 +437,7 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
     request.add_argument(
         "--body-cols",
         default="",
+        metavar="COLUMNS",
         help="comma-separated columns to send as the JSON body (default: the whole row "
         "for POST, PUT and PATCH; none for GET and DELETE); 'none' sends no body; with "
         "--batch-size, each row's element of the batch's array holds these columns",
@@ -443,6 +450,7 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
     request.add_argument(
         "--idempotency-header",
         default="Idempotency-Key",
+        metavar="NAME",
         help="header carrying the key derived from --id-col; 'none' to send none "
         "(default: %(default)s)",
     )
@@ -470,7 +478,9 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
     target.add_argument(
         "--ca-file",
         metavar="PEM",
-        help="verify HTTPS servers with this CA bundle (a corporate CA) instead of the system's",
+        help="verify HTTPS servers with this CA bundle (a corporate CA) instead of the system's "
+        "(default: $REQUESTS_CA_BUNDLE, $CURL_CA_BUNDLE or $SSL_CERT_FILE, the first set "
+        "where the request is made, else the system's)",
     )
     target.add_argument(
         "--client-cert",

@@ -1,5 +1,5 @@
 """``timewheel pipeline``'s quota: its options, the :class:`~timewheel.spark.Quota` they
-make, what a dry run prints, and the job's use of the quota, minute by minute."""
+make, and the job's use of the quota, minute by minute."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import threading
 import time
 from typing import Any
 
-from ...spark.quota.spec import Quota, parse_rate
-from ..argtypes import option_group, positive
+from ...spark.quota.spec import Quota
+from ..argtypes import option_group, positive, rate
 from .errors import UsageError, note
 
-__all__ = ["QuotaWatch", "add_quota_options", "dry_run", "quota_from_args"]
+__all__ = ["QuotaWatch", "add_quota_options", "quota_from_args", "quota_text"]
 
 
 def add_quota_options(parser: argparse.ArgumentParser) -> None:
@@ -26,8 +26,9 @@ def add_quota_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--cost-rate",
-        metavar="N/s|N/min|N/hour",
-        help="cost per second, minute or hour for the whole job ('2000000/min')",
+        type=rate,
+        metavar="N|N/min",
+        help="cost per second (or N/s, N/min, N/hour) for the whole job ('2000000/min')",
     )
     group.add_argument(
         "--reply-cost",
@@ -80,7 +81,8 @@ def add_quota_options(parser: argparse.ArgumentParser) -> None:
         "--dry-run",
         action="store_true",
         help="print what the run would send (rows, requests, estimated cost, the time the "
-        "quota implies) and send nothing",
+        "quota implies) and send nothing; generated rows and a local Parquet or CSV input "
+        "are counted by pyarrow, without starting Spark",
     )
 
 
@@ -99,8 +101,6 @@ def quota_from_args(args: argparse.Namespace) -> Quota | None:
             )
         return None
     try:
-        if args.cost_rate is not None:
-            limits["cost_rate"] = parse_rate("--cost-rate", args.cost_rate)
         quota = Quota(
             **limits,
             store=args.quota_store,
@@ -125,58 +125,6 @@ def quota_text(quota: Quota) -> dict[str, Any]:
         "store": None if quota.store is None else redact_url(quota.store),
         "name": quota.name,
     }
-
-
-def dry_run(
-    df: Any, quota: Quota | None, cost_col: str | None, request_col: Any, rows: int
-) -> dict[str, Any]:
-    """What a run would send: rows, requests after de-duplication (``request_col``, a
-    Column of the request's key, or None), their estimated cost and the time the quota
-    implies for them. A row whose ``cost_col`` is null, NaN, infinite or negative fails
-    unsent in a real run: counted as ``rows_failing_unsent``, neither a request nor a
-    cost, so the report is JSON (no NaN) and ``stops_at`` is where the real run stops."""
-    from pyspark.sql import functions as F
-
-    sent = df
-    if request_col is not None:  # one request per key; rows without one send their own
-        keyed = df.withColumn("__key", request_col)
-        firsts = keyed.filter(F.col("__key").isNotNull()).dropDuplicates(["__key"])
-        sent = firsts.drop("__key").unionByName(keyed.filter(F.col("__key").isNull()).drop("__key"))
-    if cost_col:
-        # A row whose estimate is null, NaN, infinite or negative fails unsent (see
-        # quota.gate): not a request, and not in the estimated cost.
-        est = F.col(cost_col).cast("double")
-        unreadable = est.isNull() | F.isnan(est) | (est < 0) | (est == float("inf"))
-        made, unsent, cost = sent.agg(
-            F.count(F.lit(1)),
-            F.sum(unreadable.cast("long")),
-            F.sum(F.when(~unreadable, est)),
-        ).first()
-    else:
-        made, unsent, cost = sent.agg(F.count(F.lit(1))).first()[0], 0, None
-    requests = int(made) - int(unsent or 0)
-    report: dict[str, Any] = {"dry_run": True, "rows": rows, "requests": requests}
-    if cost_col:
-        report["estimated_cost"] = float(cost or 0.0)
-        # What a real run does with them: they end failed, with no call made.
-        report["rows_failing_unsent"] = int(unsent or 0)
-    else:
-        report["estimated_cost"] = None
-    if quota is not None:
-        report["quota"] = quota_text(quota)
-        times = [0.0]
-        if quota.rate:
-            times.append(requests / quota.rate)
-        if quota.cost_rate and cost:
-            times.append(float(cost) / quota.cost_rate)
-        report["time_s_at_quota"] = round(max(times), 1)
-        stops = []
-        if quota.max_requests is not None and requests > quota.max_requests:
-            stops.append(f"--max-requests {quota.max_requests:,} of {requests:,} requests")
-        if quota.budget is not None and cost is not None and cost > quota.budget:
-            stops.append(f"--budget {quota.budget:,.0f} of {cost:,.0f} estimated")
-        report["stops_at"] = stops or None
-    return report
 
 
 class QuotaWatch:

@@ -19,12 +19,14 @@ from ..batch.replies import ReplySplit
 from ..batch.spec import BatchBody, BodySpec
 
 __all__ = [
+    "CA_BUNDLE_VARS",
     "DEFAULT_MAX_REPLY_BYTES",
     "MAX_CONNECTIONS",
     "MAX_TIMEOUT_S",
     "TLS",
     "BatchFormat",
     "HttpLimits",
+    "ca_bundle",
 ]
 
 #: The default limit on an answer's size (bytes) per row: 1 MiB.
@@ -72,6 +74,10 @@ class TLS:
 
     Each file must be readable when the object is made, and at the same path on the
     executors; it is kept as an absolute path (a path-like object is taken too).
+
+    With no ``ca_file``, a CA bundle named by the environment of the process that makes
+    the request (an executor's Python worker) is used, as curl and requests do: see
+    :func:`ca_bundle`.
     """
 
     verify: bool = True
@@ -90,6 +96,28 @@ class TLS:
                 f"TLS.client_key ({self.client_key!r}) needs TLS.client_cert (the "
                 "certificate it is the key of)"
             )
+
+
+#: The environment variables that name a CA bundle (a PEM file) when ``TLS.ca_file`` is
+#: None, the first set and not empty winning: requests reads REQUESTS_CA_BUNDLE before
+#: CURL_CA_BUNDLE, curl reads CURL_CA_BUNDLE before SSL_CERT_FILE (OpenSSL's), and this
+#: order keeps both.
+CA_BUNDLE_VARS = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE")
+
+
+def ca_bundle(tls: TLS, environ: Any = os.environ) -> tuple[str | None, str | None]:
+    """The CA bundle to verify servers with in this process, and the variable that named
+    it: ``tls.ca_file`` (None), else the first of :data:`CA_BUNDLE_VARS` set in
+    ``environ``, else ``(None, None)`` (libcurl's own). None when nothing is verified."""
+    if not tls.verify:
+        return None, None
+    if tls.ca_file is not None:
+        return tls.ca_file, None
+    for name in CA_BUNDLE_VARS:
+        value = environ.get(name)
+        if value:
+            return os.path.abspath(value), name
+    return None, None
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from ..batch.spec import BatchPart
 from ..contract import DownstreamError, Failure, OnDone, Reply, TargetPlan
 from ..runtime import PerProcess
 from ..secrets import Secret, SecretError, hide, hide_url, redact_url
-from .options import TLS, BatchFormat, HttpLimits
+from .options import TLS, BatchFormat, HttpLimits, ca_bundle
 from .request import (
     HttpRequest,
     check_header_names,
@@ -227,10 +227,12 @@ class HttpDownstream:
         self._one_line: tuple[str, tuple[tuple[str, str], ...]] = (url, ())
         self._lines = [f"{k}: {v}" for k, v in self.headers.items()] + ["Expect:"]
         self._curl_settings: Any = None  # made on first submit
+        self._ca_from: str | None = None  # the variable that named the CA bundle, if one did
         self._hide()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._curl_settings = None  # made again where it is sent from (its environment)
         self._hide()  # in the process it was sent to (an executor's Python worker)
 
     def _hide(self) -> None:
@@ -383,12 +385,14 @@ class HttpDownstream:
         tls, limits = self.tls, self.limits
         timeout_s = limits.timeout_s
         timeout_ms = None if timeout_s is None else max(1, round(timeout_s * 1000))
+        # Read here, in the process that sends: an executor's environment, not the driver's.
+        ca_file, self._ca_from = ca_bundle(tls)
         return Settings(
             tls.verify,
             limits.max_connections,
             timeout_ms,
             limits.max_reply_bytes,
-            tls.ca_file,
+            ca_file,
             tls.client_cert,
             tls.client_key,
             tls.http2 and self.url.startswith("https:"),
@@ -529,6 +533,9 @@ class HttpDownstream:
                 failure = too_large(self.limits, rows, headers.get("Content-Length"))
             elif errno == pycurl.E_OPERATION_TIMEDOUT:
                 failure = Failure(f"no reply within {self.limits.timeout_s} s", 0.0)
+            elif errno == pycurl.E_SSL_CACERT_BADFILE and self._ca_from is not None:
+                where = f"the CA bundle ${self._ca_from} names"
+                failure = Failure(f"{curl_error_kind(errno)}: {msg} ({where})", 0.0)
             else:
                 failure = Failure(f"{curl_error_kind(errno)}: {msg}", 0.0)
         try:

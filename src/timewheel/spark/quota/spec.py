@@ -119,25 +119,38 @@ def _amount(name: str, value: Any) -> float:
 def parse_rate(name: str, value: Any) -> float:
     """A rate as a float per second: a number (per second) or ``"N/s"``, ``"N/min"``, ``"N/hour"``.
 
+    Anything else, or a rate not > 0 and at most :data:`MAX_AMOUNT` per second, is
+    refused by one message that says all of this (:func:`rate_rule`).
+
     >>> parse_rate("cost_rate", "2000000/min")
     33333.333333333336
     """
-    if isinstance(value, str) and _NUMBER_TEXT.match(value):  # a number per second, as text
-        return _amount(name, float(value))
     if isinstance(value, str):
-        match = _RATE_TEXT.match(value.lower())
-        if match is None or match.group(2) not in _UNITS:
-            raise ValueError(
-                f"{name} must be a number per second or 'N/s', 'N/min' or 'N/hour', got {value!r}"
-            )
-        per_second = float(match.group(1).replace("_", "")) / _UNITS[match.group(2)]
+        number = _NUMBER_TEXT.match(value)
+        match = None if number else _RATE_TEXT.match(value.lower())
+        if number:
+            per_second = float(value.replace("_", ""))
+        elif match is not None and match.group(2) in _UNITS:
+            per_second = float(match.group(1).replace("_", "")) / _UNITS[match.group(2)]
+        else:
+            raise ValueError(f"{name} {_rate_rule(value)}")
         if not 0 < per_second <= MAX_AMOUNT:  # (an infinity too: the text held no NaN)
-            raise ValueError(
-                f"{name} must be a finite number > 0 and <= {MAX_AMOUNT:g} per second, "
-                f"got {value!r}"
-            )
+            raise ValueError(f"{name} {_rate_rule(value)}")
         return per_second
-    return _amount(name, value)
+    try:
+        return _amount(name, value)
+    except TypeError:
+        raise TypeError(f"{name} {_rate_rule(value)} ({type(value).__name__})") from None
+    except ValueError:
+        raise ValueError(f"{name} {_rate_rule(value)}") from None
+
+
+def _rate_rule(value: Any) -> str:
+    """What a rate must be, said to whoever gave ``value``."""
+    return (
+        f"must be > 0 and at most {MAX_AMOUNT:g} per second, written as a number per "
+        f"second (1.5) or as N/s, N/min or N/hour ('2000000/min'); got {value!r}"
+    )
 
 
 @dataclass(frozen=True, init=False)
