@@ -7,11 +7,17 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+class _Server(ThreadingHTTPServer):
+    # The default backlog of 5 overflows when the tasks connect at once; a dropped SYN is
+    # resent a second or more later.
+    request_queue_size = 128
+
+
 class Loopback:
     """``handler`` served on 127.0.0.1 at :attr:`port` until :meth:`close`."""
 
     def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd = _Server(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -21,3 +27,47 @@ class Loopback:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(10)
+
+
+class KeyedService(Loopback):
+    """A loopback JSON service that answers 200 to a request whose ``X-Api-Key`` header
+    is ``key`` and 401 to any other (``key`` None: 401 to every request). It counts the
+    requests it was sent by the ``id`` of their JSON body, ok or not (:attr:`answered`)."""
+
+    def __init__(self, key: str | None = None) -> None:
+        from collections import Counter
+
+        self.key = key
+        self.answered: Counter[tuple[int, bool]] = Counter()
+        lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                import json
+
+                row = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                ok = outer.key is not None and self.headers.get("X-Api-Key") == outer.key
+                with lock:
+                    outer.answered[(row["id"], ok)] += 1
+                body = b'{"ok": true}' if ok else b'{"error": {"message": "missing key"}}'
+                self.send_response(200 if ok else 401)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(Handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/rows"
+
+    @property
+    def requests(self) -> int:
+        """Every request it was sent."""
+        return sum(self.answered.values())

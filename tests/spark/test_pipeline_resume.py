@@ -561,3 +561,61 @@ def test_a_finished_run_resumes_to_send_its_rows_not_ok_and_only_those(
     assert summary["status"]["ok"] == rows, summary["status"]
     assert pipeline_cli([*argv, "--resume"]) == 2
     assert "every row ok; nothing to resume" in capsys.readouterr().err
+
+
+def test_a_key_given_after_a_run_of_401s_is_taken_by_resume(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 49, item 12: a run whose every row was answered 401 (no key), then
+    ``--resume`` with the header that carries the key: taken (a header that carries a
+    credential may change between runs), and each row is answered ok once. A header that
+    carries none, or another --method, is still refused, naming the option and the way
+    out (--overwrite)."""
+    from loopback import KeyedService
+
+    server = KeyedService(key="right")
+    try:
+        out, rows = tmp_path / "out", 40
+        argv = ["--generate", str(rows), "--partitions", "2", "--master", "local[2]"]
+        argv += ["--target", server.url, "--output", str(out), "--quiet"]
+        assert pipeline_cli(argv) == 1
+        assert server.answered == {(i, False): 1 for i in range(rows)}
+        capsys.readouterr()
+        refused = [
+            (["--http-header", "Accept: text/plain"], "other --http-header"),
+            (["--method", "PUT"], "other --method"),
+        ]
+        for extra, words in refused:
+            assert pipeline_cli([*argv, "--resume", *extra]) == 2
+            err = capsys.readouterr().err
+            assert words in err and "or --overwrite to start over" in err, err
+        keyed = [*argv, "--resume", "--http-header", "X-Api-Key: right"]
+        assert pipeline_cli(keyed) == 0
+        assert {i for (i, ok) in server.answered if ok} == set(range(rows))
+        assert all(n == 1 for n in server.answered.values())
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["status"]["ok"] == rows and summary["rows_sent"] == rows
+    finally:
+        server.close()
+
+
+def test_headers_that_carry_credentials_are_left_out_of_a_runs_identity() -> None:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+
+    def identity(*argv: str) -> dict[str, Any]:
+        made = parser.parse_args(["pipeline", "--target", "http://127.0.0.1:9/x", *argv])
+        return run_identity(made, [], None)
+
+    bare = identity()
+    for credential in (
+        ["--http-header", "Authorization: Bearer abc"],
+        ["--http-header", "X-Api-Key: abc"],
+        ["--http-header", "Cookie: session=abc"],
+        ["--http-header-secret", "Authorization=env:TOKEN"],
+        ["--http-header-secret", "X-Custom=file:/run/key"],  # a secret's value: always
+    ):
+        assert identity(*credential) == bare, credential
+        assert identity(*credential, "--http-header", "Accept: text/csv") != bare
+    # What the identity holds on disk: digests, no header's value.
+    assert "abc" not in json.dumps(identity("--http-header", "Accept: abc"))

@@ -198,7 +198,7 @@ def _run_locked(
             return _report(args, out_dir, summary)
     previous = check_output(out_dir, args.overwrite, args.resume)
     if previous is not None:  # before Spark starts
-        check_resumable(out_dir, previous, run_identity(args, key_cols, fmt))
+        check_resumable(out_dir, previous, run_identity(args, key_cols, fmt), args)
     phases = Phases(args.quiet, stopping)
     if args.dry_run:  # counted without Spark where pyarrow can read the input
         with phases.phase(None) as phase:

@@ -138,7 +138,7 @@ class Job:
         # another spark.sql.files.maxPartitionBytes): a resumed run matches rows by it.
         identity = run_identity(args, self.key_cols, fmt)
         if previous is not None:
-            check_resumable(self.out_dir, previous, identity)
+            check_resumable(self.out_dir, previous, identity, args)
         with self.phases.phase("checked the input") as phase:
             # Every argument checked, and the executors, before --output changes.
             self.dispatch(base)

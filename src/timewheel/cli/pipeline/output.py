@@ -32,10 +32,14 @@ def check_output(out_dir: Path, overwrite: bool, resume: bool) -> Manifest | Non
     previous = Manifest.read(out_dir) if out_dir.is_dir() else None
     if resume:
         if previous is None:
-            raise UsageError(f"--resume: --output {str(out_dir)!r} holds no run to resume")
+            raise UsageError(
+                f"--resume: --output {str(out_dir)!r} holds no run to resume; leave out "
+                "--resume to start one there"
+            )
         if previous.complete and not_ok(out_dir) == 0:
             raise UsageError(
-                f"--resume: --output {str(out_dir)!r} is complete, every row ok; nothing to resume"
+                f"--resume: --output {str(out_dir)!r} is complete, every row ok; nothing to "
+                "resume (--overwrite sends every row again)"
             )
     elif out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
         unfinished = previous is not None and not previous.complete
@@ -181,11 +185,63 @@ def publish(staging: Path, out_dir: Path) -> None:
         os.replace(staging, out_dir)
 
 
+#: The flags that give each option a request is made from (``http_options``' keys): a
+#: refusal to resume names them.
+_REQUEST_FLAGS = {
+    "method": "--method",
+    "id_col": "--id-col",
+    "headers": "--http-header (a header that carries no credential)",
+    "body": "--body-cols or --body-col",
+    "params": "--param",
+    "header_cols": "--header-col",
+    "idempotency_header": "--idempotency-header",
+    "tls": "--ca-file, --client-cert, --client-key, --http1 or --insecure",
+    "limits": "--http-max-connections or --max-reply-bytes",
+    "batch": "--batch-body, --batch-reply or --batch-id-field",
+}
+
+#: The flag of each other entry of a run's identity.
+_FLAGS = {
+    "input": "--input",
+    "format": "--format",
+    "generate": "--generate",
+    "partitions": "--partitions",
+    "target": "--target",
+    "id_col": "--id-col",
+    "key_cols": "--key-cols",
+    "dedupe_col": "--dedupe-col",
+    "dedupe_requests": "--dedupe-requests",
+    "reply_schema": "--reply-schema",
+}
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def request_options(args: argparse.Namespace) -> dict[str, str]:
+    """A digest of each option a request is made from (a digest: a header may hold a
+    token, which has no place on disk), leaving out the headers that carry a credential
+    (:func:`~timewheel.spark.http.target.carries_credential`: every
+    ``--http-header-secret``, and each ``--http-header`` whose name says so, such as
+    ``Authorization`` or ``X-Api-Key``): a key fixed after a run of 401s does not change
+    the rows' requests, and ``--resume`` takes it."""
+    from ...spark.http.target import carries_credential
+
+    options = http_options(args)
+    options["headers"] = {
+        name: value
+        for name, value in options["headers"].items()
+        if not carries_credential(name, value)
+    }
+    return {name: _digest(value) for name, value in options.items()}
+
+
 def run_identity(args: argparse.Namespace, key_cols: list[str], fmt: str | None) -> dict[str, Any]:
     """What decides which rows there are and what is sent for each: a resumed run must
     have the same (delivery settings such as --rate or --timeout-ms may change, and so
-    may the master and how Spark splits the input: rows are matched by --id-col)."""
-    http = json.dumps(http_options(args), sort_keys=True, default=str)
+    may the headers that carry credentials, the master and how Spark splits the input:
+    rows are matched by --id-col)."""
     return {
         "input": args.input,
         "input_files": input_fingerprint(args.input),
@@ -197,8 +253,7 @@ def run_identity(args: argparse.Namespace, key_cols: list[str], fmt: str | None)
         # is refused all the same.
         "target": args.target if args.target.startswith("sim:") else redact_url(args.target),
         "target_digest": hashlib.sha256(args.target.encode()).hexdigest(),
-        # A digest: the headers may hold a token, which has no place on disk.
-        "http_options": hashlib.sha256(http.encode()).hexdigest(),
+        "request_options": request_options(args),
         "id_col": args.id_col,
         "key_cols": key_cols,
         "dedupe_col": args.dedupe_col,
@@ -208,8 +263,50 @@ def run_identity(args: argparse.Namespace, key_cols: list[str], fmt: str | None)
     }
 
 
-def check_resumable(out_dir: Path, previous: Manifest, identity: dict[str, Any]) -> None:
-    """Refuse ``--resume`` of an output made from another input or other request options."""
-    reason = previous.mismatch(identity)
+def check_resumable(
+    out_dir: Path, previous: Manifest, identity: dict[str, Any], args: argparse.Namespace
+) -> None:
+    """Refuse ``--resume`` of an output made from another input or other request
+    options, naming what differs and the way out: the option as it was, or
+    ``--overwrite`` to start over."""
+    was = dict(previous.identity)
+    if "http_options" in was and "request_options" not in was:
+        # Made before the headers that carry credentials were left out: one digest of
+        # every request option, compared as it was made.
+        legacy = json.dumps(http_options(args), sort_keys=True, default=str)
+        same = was.pop("http_options") == hashlib.sha256(legacy.encode()).hexdigest()
+        was["request_options"] = identity["request_options"] if same else None
+    reason = _difference(was, identity)
     if reason is not None:
         raise UsageError(f"--resume: --output {str(out_dir)!r} cannot be resumed: {reason}")
+
+
+def _difference(was: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """What differs between the identity an output was made with and this run's, and
+    the way out; None when nothing does."""
+    over = "or --overwrite to start over (every row sent again)"
+    for key in [*now, *(k for k in was if k not in now)]:
+        before, after = was.get(key), now.get(key)
+        if before == after:
+            continue
+        if key == "input_files":
+            return (
+                "its input's files changed (names, sizes or times differ): put them back as "
+                f"they were, {over}"
+            )
+        if key == "target_digest":
+            return f"it was made with another --target: give that one again, {over}"
+        if key == "request_options":
+            before, after = before or {}, after or {}
+            changed = [n for n in _REQUEST_FLAGS if before.get(n) != after.get(n)]
+            flags = "; ".join(_REQUEST_FLAGS[n] for n in changed) or "request options"
+            return (
+                f"it was made with other {flags} (headers that carry a credential may "
+                f"change): give them as they were, {over}"
+            )
+        flag = _FLAGS.get(key, key)
+        return (
+            f"it was made with {key} {before!r}, this run has {after!r}: give {flag} as "
+            f"it was, {over}"
+        )
+    return None

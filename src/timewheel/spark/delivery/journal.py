@@ -439,20 +439,6 @@ class Manifest:
             return None
         return manifest
 
-    def mismatch(self, other: Mapping[str, Any]) -> str | None:
-        """Why a run of ``other`` cannot resume this output; None when it can."""
-        for key in [*other, *(k for k in self.identity if k not in other)]:
-            was, now = self.identity.get(key), other.get(key)
-            if was != now:
-                if key == "input_files":
-                    return "its input's files changed (names, sizes or times differ)"
-                if key == "target_digest":
-                    return "it was made with another --target"
-                if key == "http_options":
-                    return "it was made with other HTTP options (headers, body, key header)"
-                return f"it was made with {key} {was!r}, this run has {now!r}"
-        return None
-
     def write(self, path: Path | None = None) -> None:
         """Write it (atomically: a temporary file renamed over the old one)."""
         path = path or self.path

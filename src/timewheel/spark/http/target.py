@@ -57,6 +57,7 @@ __all__ = [
     "Body",
     "HttpDownstream",
     "HttpRequest",
+    "carries_credential",
 ]
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,16 @@ def _new_loop() -> Any:
 # A header whose name says it carries a credential: its value is registered with the
 # scrubber (as a Secret's is), so an answer echoing it does not write it anywhere.
 _CREDENTIAL = re.compile(r"auth|token|secret|passw|key|credential|cookie|session|signature", re.I)
+
+
+def carries_credential(name: str, value: object = None) -> bool:
+    """Whether the header ``name`` carries a credential: its value is a
+    :class:`~.secrets.Secret`, or its name says so (``Authorization``, ``X-Api-Key``,
+    ``Cookie``: it holds auth, token, secret, passw, key, credential, cookie, session or
+    signature, in any case). Such a value is scrubbed from what is written, and may change
+    between the runs of one ``timewheel pipeline --output``."""
+    return isinstance(value, Secret) or _CREDENTIAL.search(name) is not None
+
 
 # The defaults: frozen, so one each serves every target.
 _TLS = TLS()
@@ -243,7 +254,7 @@ class HttpDownstream:
         header registers its value where it is read."""
         hide_url(self.url)
         for name, value in self.headers.items():
-            if _CREDENTIAL.search(name):
+            if carries_credential(name):
                 hide(value)
                 hide(value.rsplit(None, 1)[-1] if value.strip() else value)
 
