@@ -83,10 +83,10 @@ def test_a_replayed_request_is_refused() -> None:
         sock = client._sock
         assert sock is not None
         # The first request again, byte for byte, on the same connection: sequence 0 again.
-        from timewheel.spark.quota import service_store as qs
+        from timewheel.spark.service import frame
 
         body = b'{"op": "take", "args": ["a", [1, 0.0, 0.0, 0, 0, 0.0]]}'
-        sock.sendall(qs._frame(client._secret, client._challenge, 0, b"q", body))
+        sock.sendall(frame(client._secret, client._challenge, 0, b"q", body))
         assert sock.recv(100) == b""  # closed, no answer
         assert service.store.state().requests_taken == 1
 
