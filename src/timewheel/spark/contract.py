@@ -30,6 +30,7 @@ from typing import Any, Callable, NamedTuple, Optional, Protocol, TypeVar, runti
 
 __all__ = [
     "OVERLOAD_STATUSES",
+    "UNREACHABLE",
     "BatchTarget",
     "DownstreamError",
     "DownstreamTimeout",
@@ -45,6 +46,7 @@ __all__ = [
     "bind",
     "deliver",
     "is_overload",
+    "is_unreachable",
     "json_columns",
     "named_columns",
     "request_columns",
@@ -78,14 +80,39 @@ class Failure(str):
 
     ``retry_after_s`` is the least wait before a retry (0: the usual backoff), or None
     when retrying cannot help (an HTTP 4xx, say). A plain ``str`` error means 0.
+
+    ``unreachable``: the call never reached the target (its host name did not resolve,
+    the connection was refused), so nothing was sent; its text should hold
+    :data:`UNREACHABLE`, as the HTTP target's does, so that the row's ``error`` says so
+    too. Worth a retry as any other, but while a job with ``Calls.stop_after_failures``
+    has had no answer yet such a row fails at once and counts toward the stop (see
+    :mod:`timewheel.spark.engine.early_stop`).
     """
 
     retry_after_s: float | None
+    unreachable: bool
 
-    def __new__(cls, text: str, retry_after_s: float | None = 0.0) -> Failure:
+    def __new__(
+        cls, text: str, retry_after_s: float | None = 0.0, unreachable: bool = False
+    ) -> Failure:
         self = super().__new__(cls, text)
         self.retry_after_s = retry_after_s
+        self.unreachable = unreachable
         return self
+
+
+#: In the error of a call that never reached its target (``"ConnectionError: unreachable:
+#: Could not resolve host: ..."``): what :func:`is_unreachable` reads in a row's ``error``.
+UNREACHABLE = "unreachable: "
+
+
+def is_unreachable(error: object) -> bool:
+    """Whether ``error`` (an ``on_done`` error, or a row's ``error`` text) says the call
+    never reached its target (:attr:`Failure.unreachable`, or :data:`UNREACHABLE` in its
+    text)."""
+    if getattr(error, "unreachable", False):
+        return True
+    return isinstance(error, str) and UNREACHABLE in error
 
 
 F = TypeVar("F", bound=Callable[..., Any])

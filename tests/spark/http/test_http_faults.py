@@ -259,6 +259,9 @@ def test_connection_refused_and_a_server_that_comes_back() -> None:
     out = run([{"id": i} for i in range(3)], target, retries=1, backoff_ms=10)
     assert {(o.status, o.attempts) for o in out.values()} == {("failed", 2)}
     assert all((o.error or "").startswith("ConnectionError: ") for o in out.values())
+    # Said so (issue 49, item 12: an early stop counts it, and a journal's reader sees it).
+    for o in out.values():
+        assert (o.error or "").startswith("ConnectionError: unreachable: Failed to connect to ")
 
     # The server dies mid-job and comes back on the same port: every row once, honestly.
     target = HttpDownstream(f"http://127.0.0.1:{port}/slowok")

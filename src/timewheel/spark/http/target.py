@@ -34,7 +34,7 @@ from typing import Any, Callable, Union
 
 from ..._validate import check_columns
 from ..batch.spec import BatchPart
-from ..contract import DownstreamError, Failure, OnDone, Reply, TargetPlan
+from ..contract import UNREACHABLE, DownstreamError, Failure, OnDone, Reply, TargetPlan
 from ..runtime import PerProcess
 from ..secrets import Secret, SecretError, hide, hide_url, redact_url
 from .options import TLS, BatchFormat, HttpLimits, ca_bundle
@@ -92,6 +92,11 @@ def carries_credential(name: str, value: object = None) -> bool:
     signature, in any case). Such a value is scrubbed from what is written, and may change
     between the runs of one ``timewheel pipeline --output``."""
     return isinstance(value, Secret) or _CREDENTIAL.search(name) is not None
+
+
+def _unreachable(pycurl: Any) -> tuple[int, ...]:
+    """libcurl's errors of a request that never reached its server (nothing was sent)."""
+    return (pycurl.E_COULDNT_RESOLVE_HOST, pycurl.E_COULDNT_RESOLVE_PROXY, pycurl.E_COULDNT_CONNECT)
 
 
 # The defaults: frozen, so one each serves every target.
@@ -547,6 +552,9 @@ class HttpDownstream:
             elif errno == pycurl.E_SSL_CACERT_BADFILE and self._ca_from is not None:
                 where = f"the CA bundle ${self._ca_from} names"
                 failure = Failure(f"{curl_error_kind(errno)}: {msg} ({where})", 0.0)
+            elif errno in _unreachable(pycurl):
+                said = f"{curl_error_kind(errno)}: {UNREACHABLE}{msg}"
+                failure = Failure(said, 0.0, unreachable=True)
             else:
                 failure = Failure(f"{curl_error_kind(errno)}: {msg}", 0.0)
         try:
