@@ -97,6 +97,12 @@ BAD_OPTIONS = [
     (lambda: Calls(retries=False), TypeError, "Calls.retries must be an int, got False"),
     (lambda: Calls(backoff_ms=-1), ValueError, "Calls.backoff_ms must be between 0 and 2147483647"),
     (lambda: Calls(backoff_ms=float("inf")), TypeError, "Calls.backoff_ms must be an int, got inf"),
+    (
+        lambda: Calls(stop_after_failures=-1),
+        ValueError,
+        "Calls.stop_after_failures must be between 0 and 1000000, got -1",
+    ),
+    (lambda: Calls(stop_after_failures=2.5), TypeError, "Calls.stop_after_failures must be an int"),
     (lambda: Dedupe(["acct"]), TypeError, "Dedupe.col must be a column name (str)"),
     (lambda: Dedupe(), ValueError, "Dedupe takes a column"),
     (lambda: Dedupe("acct", requests=True), ValueError, "Dedupe takes a column"),

@@ -34,6 +34,7 @@ from timewheel.cli.pipeline.metrics_endpoint import MetricsEndpoint  # noqa: E40
 from timewheel.cli.pipeline.options import metrics_port  # noqa: E402
 from timewheel.metrics.prometheus import register_collector  # noqa: E402
 from timewheel.spark.columns import PartitionDispatch  # noqa: E402
+from timewheel.spark.engine.admission import START_WINDOW  # noqa: E402
 from timewheel.spark.engine.partition import timewheel_engine  # noqa: E402
 from timewheel.spark.outcome import STATUSES  # noqa: E402
 from timewheel.spark.targets import OnDone, SimulatedDownstream  # noqa: E402
@@ -96,27 +97,29 @@ def test_a_workers_counters_are_live_while_its_partition_runs(
     target = Held()
     config = engine_config(timeout_ms=10_000, max_in_flight=8, retries=0)
     partition = PartitionDispatch(timewheel_engine, target, config)
-    batch = pa.RecordBatch.from_pydict({"id": list(range(6))})
+    rows = START_WINDOW  # as many as a task sends before any answer
+    batch = pa.RecordBatch.from_pydict({"id": list(range(rows))})
     out: list[Any] = []
     runner = threading.Thread(target=lambda: out.extend(partition(iter([batch]))))
     runner.start()
     with target.arrived:
-        assert target.arrived.wait_for(lambda: len(target.calls) == 6, timeout=10)
+        assert target.arrived.wait_for(lambda: len(target.calls) == rows, timeout=10)
     during = scrape(registry)[name]
-    assert during["rows_admitted"] - before["rows_admitted"] == 6
-    assert during["rows_in_flight"] == before["rows_in_flight"] + 6
+    assert during["rows_admitted"] - before["rows_admitted"] == rows
+    assert during["rows_in_flight"] == before["rows_in_flight"] + rows
     assert during["partitions"] == before["partitions"]  # not ended yet
     for i, on_done in enumerate(target.calls):
         on_done(i % 3 != 0, None if i % 3 else "refused")
     runner.join(10)
-    assert not runner.is_alive() and sum(b.num_rows for b in out) == 6
+    assert not runner.is_alive() and sum(b.num_rows for b in out) == rows
     after = scrape(registry)[name]
     delta = {key: after[key] - before[key] for key in COUNTERS}
+    ok = sum(1 for i in range(rows) if i % 3)
     assert delta == {
         "partitions": 1,
-        "rows_admitted": 6,
-        "rows_ok": 4,
-        "rows_failed": 2,
+        "rows_admitted": rows,
+        "rows_ok": ok,
+        "rows_failed": rows - ok,
         "rows_timeout": 0,
         "retries": 0,
         **NO_QUOTA,

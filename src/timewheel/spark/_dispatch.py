@@ -16,6 +16,7 @@ partitions may share a value of the second column).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -32,6 +33,7 @@ from .contract import Target
 from .delivery.dedupe import by_request
 from .delivery.stream_record import start_record
 from .engine.contract import Engine
+from .engine.early_stop import place_early_stop
 from .options import Calls, Cost, Dedupe, Journal
 from .outcome import OK
 from .planning import plan
@@ -39,6 +41,8 @@ from .quota.placement import check_store, place_quota
 from .quota.spec import Quota
 
 __all__ = ["dispatch", "partition_dispatcher"]
+
+logger = logging.getLogger(__name__)
 
 
 def dispatch(
@@ -74,7 +78,10 @@ def dispatch(
     :mod:`timewheel.spark.options`):
 
     * ``calls`` (:class:`~timewheel.spark.options.Calls`): calls in flight per task, the
-      key columns a row holds while in flight, retries and their backoff;
+      key columns a row holds while in flight, retries and their backoff, and the early
+      stop: at most ``stop_after_failures`` rows sent before one is answered ok, the rest
+      ``skipped`` if they all failed the same way no retry fixes (see
+      :mod:`timewheel.spark.engine.early_stop`; not on Spark Connect);
     * ``quota`` (:class:`~timewheel.spark.quota.spec.Quota`: requests and cost per second
       or minute, calls in flight, a budget, a request cap) holds for the whole job: every
       attempt of every task draws on it as it goes (see
@@ -145,6 +152,14 @@ def dispatch(
         raise ValueError("Spark Connect has no accumulators: worker_reports must be None")
     if quota is not None:  # tasks share the quota as they go: partitions stay as they are
         config = replace(config, quota=place_quota(quota, spark, task_slots(spark), connect))
+    after = config.calls.stop_after_failures
+    if after and not connect:
+        config = replace(config, early_stop=place_early_stop(spark, after))
+    elif after:
+        logger.warning(
+            "Spark Connect: the tasks cannot reach this client, so Calls.stop_after_failures "
+            "has no probe: the job sends every row"
+        )
     by = config.calls.key_cols[:1] or ((dedupe_col,) if dedupe_col else ())
     if by:
         same = connect or streaming  # (a stream has no rdd)

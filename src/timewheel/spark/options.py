@@ -31,6 +31,7 @@ __all__ = [
     "MAX_IN_FLIGHT",
     "MAX_RETAINED_BATCHES",
     "MAX_RETRIES",
+    "MAX_STOP_AFTER_FAILURES",
     "Calls",
     "Cost",
     "Dedupe",
@@ -47,6 +48,8 @@ MAX_DELAY_MS = 2**31 - 1
 MAX_IN_FLIGHT = 1_000_000
 #: The largest ``retries``.
 MAX_RETRIES = 1000
+#: The largest ``stop_after_failures``.
+MAX_STOP_AFTER_FAILURES = 1_000_000
 #: The most micro-batches a stream's record may keep.
 MAX_RETAINED_BATCHES = 10**9
 
@@ -114,12 +117,20 @@ class Calls:
     of them, so for that column the guarantee holds across the whole job. ``retries``:
     how many times a failed or timed-out call is tried again (0 to :data:`MAX_RETRIES`),
     after about ``backoff_ms`` (with +-50% jitter; 0 to :data:`MAX_DELAY_MS`).
+
+    ``stop_after_failures``: a batch job sends at most this many rows, across all its
+    tasks, before one is answered ok; when they all failed the same way no retry fixes
+    (one final 4xx, 429 or 503 on every retry, the target unreachable), the job stops:
+    the rows not sent come back ``skipped``, their ``error`` saying why. 0 (the default):
+    never (see :mod:`timewheel.spark.engine.early_stop`; up to
+    :data:`MAX_STOP_AFTER_FAILURES`).
     """
 
     max_in_flight: int = 256
     key_cols: Sequence[str] = ()
     retries: int = 2
     backoff_ms: int = 100
+    stop_after_failures: int = 0
 
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__
@@ -134,6 +145,17 @@ class Calls:
             self,
             "backoff_ms",
             checked("Calls.backoff_ms", check_int, self.backoff_ms, 0, MAX_DELAY_MS),
+        )
+        setattr_(
+            self,
+            "stop_after_failures",
+            checked(
+                "Calls.stop_after_failures",
+                check_int,
+                self.stop_after_failures,
+                0,
+                MAX_STOP_AFTER_FAILURES,
+            ),
         )
 
 

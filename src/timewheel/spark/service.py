@@ -50,7 +50,7 @@ from typing import Any, Protocol
 
 from .. import _atfork
 
-__all__ = ["DriverService", "Handler", "ServiceClient", "ServiceError", "frame"]
+__all__ = ["DriverService", "Handler", "ServiceClient", "ServiceError", "driver_host", "frame"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,18 @@ _FULL_WAIT_S = 0.05
 _BACKLOG = 4096
 #: Descriptors the driver keeps beside one per task's connection.
 _SPARE_FDS = 256
+
+
+def driver_host(spark: Any) -> tuple[str, str]:
+    """Where a service of this driver listens and where the executors reach it: loopback
+    on ``local[...]``; else ``spark.driver.bindAddress`` (default: the host) and
+    ``spark.driver.host``, as Spark's own driver services."""
+    sc = spark.sparkContext
+    if sc.master.startswith("local"):
+        return "127.0.0.1", "127.0.0.1"
+    conf = sc.getConf()
+    host = str(conf.get("spark.driver.host", "127.0.0.1"))
+    return str(conf.get("spark.driver.bindAddress", host)), host
 
 
 class ServiceError(Exception):

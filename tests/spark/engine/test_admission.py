@@ -94,7 +94,7 @@ def test_the_window_halves_once_per_round_and_climbs_back() -> None:
     admission.overloaded(70, None)  # a call started after the cut: the next cut
     assert admission.window == 16
     for _ in range(3000):  # about one call per round: (64**2 - 16**2) / 2 successes
-        admission.succeeded()
+        admission.answered()
     assert admission.window == 64
 
 

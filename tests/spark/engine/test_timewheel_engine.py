@@ -10,6 +10,7 @@ import threading
 from typing import Any
 
 from engine_config import engine_config
+from timewheel.spark.engine.admission import START_WINDOW
 from timewheel.spark.engine.partition import _kit, _Partition, _WorkerKit, timewheel_engine
 from timewheel.spark.runtime import worker_runtime
 from timewheel.spark.targets import OnDone
@@ -140,29 +141,39 @@ def test_answers_come_out_while_the_other_calls_stay_out() -> None:
     out while the others are out, on their way to the journal (a kill then repeats the
     calls in flight, not answers). The task's thread waited for a share of the window (8
     of 256) to end, and the two sat in the partition until the held calls ended: the
-    cluster's stream kill test found 2 answers kept from the record that way."""
+    cluster's stream kill test found 2 answers kept from the record that way. (The
+    window starts at START_WINDOW calls: the answers before widen it to 256.)"""
     target = Held()
     config = engine_config(timeout_ms=60_000, max_in_flight=256, retries=0)
-    outcomes = timewheel_engine(iter([{"id": i} for i in range(256)]), target, config)
+    widen = 256 - START_WINDOW  # answers, each widening the window by one call
+    rows = [{"id": i} for i in range(widen + 256)]
+    outcomes = timewheel_engine(iter(rows), target, config)
     got: list[Any] = []
-    two = threading.Event()
+    lock = threading.Condition()
 
     def consume() -> None:
         for outcome in outcomes:
-            got.append(outcome)
-            if len(got) == 2:
-                two.set()
+            with lock:
+                got.append(outcome)
+                lock.notify_all()
+
+    def wait_for_outcomes(n: int) -> bool:
+        with lock:
+            return lock.wait_for(lambda: len(got) >= n, timeout=10)
 
     consumer = threading.Thread(target=consume, name="consumer", daemon=True)
     consumer.start()
-    calls = target.wait_for_calls(256)
+    for answered in range(widen):
+        target.wait_for_calls(answered + 1)[answered][1](True, None)
+    assert wait_for_outcomes(widen)
+    calls = target.wait_for_calls(widen + 256)[widen:]  # 256 out at once
     for _, on_done in calls[:2]:
         on_done(True, None)
     try:
-        assert two.wait(10), "the answers waited for the calls still out"
-        assert sorted(o.row["id"] for o in got) == [calls[0][0]["id"], calls[1][0]["id"]]
+        assert wait_for_outcomes(widen + 2), "the answers waited for the calls still out"
+        assert sorted(o.row["id"] for o in got[widen:]) == [calls[0][0]["id"], calls[1][0]["id"]]
     finally:
         for _, on_done in calls[2:]:
             on_done(True, None)
         consumer.join(30)
-    assert len(got) == 256 and {o.status for o in got} == {"ok"}
+    assert len(got) == len(rows) and {o.status for o in got} == {"ok"}

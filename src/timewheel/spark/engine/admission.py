@@ -1,10 +1,15 @@
 """How many calls one task keeps out: a window that adapts to what the service takes.
 
 Every attempt of the timewheel engine asks its partition's :class:`Admission` first. A
-call refused with HTTP 429 or 503 (the service is overloaded) halves the calls the task
-keeps in flight (at most once per round of calls) and holds new calls until the
-answer's ``Retry-After`` has passed; each success then widens the window by about one
-call per round, up to ``max_in_flight``. A job thus settles at what the service accepts.
+task starts with :data:`START_WINDOW` calls out, and each call answered (ok, or an
+answer that says no: not a timeout, a connection that failed, nor a refusal for
+overload) widens the window by one, so that it doubles each round of answers, up to
+``max_in_flight``: a target that answers nothing, or not at all, is not sent
+``max_in_flight`` calls at once. A call refused with HTTP 429 or 503 (the service is
+overloaded) halves the calls the task keeps in flight (at most once per round of calls)
+and holds new calls until the answer's ``Retry-After`` has passed; each answer then
+widens the window by about one call per round. A job thus settles at what the service
+accepts.
 A job's own limit (requests or cost per second, a budget) is its
 :class:`~timewheel.spark.quota.spec.Quota`, kept by :mod:`timewheel.spark.quota`.
 """
@@ -13,20 +18,24 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["Admission"]
+__all__ = ["START_WINDOW", "Admission"]
+
+#: The calls a task keeps out before any has been answered.
+START_WINDOW = 4
 
 
 class Admission:
     """One task's adaptive in-flight window.
 
     The task's thread asks :meth:`room` and reports :meth:`took`; answers come back
-    through :meth:`succeeded` and :meth:`overloaded` from any thread.
+    through :meth:`answered` and :meth:`overloaded` from any thread.
     """
 
-    def __init__(self, max_in_flight: int) -> None:
+    def __init__(self, max_in_flight: int, start: int | None = None) -> None:
         self.ceiling = max_in_flight
-        #: Calls this task may have out now (AIMD between 1 and max_in_flight).
-        self.window = float(max_in_flight)
+        #: Calls this task may have out now (AIMD between 1 and max_in_flight), from
+        #: ``start`` (None: all of them).
+        self.window = float(max_in_flight if start is None else min(start, max_in_flight))
         # Below it the window grows by one call per answer, above it by one per round.
         self.threshold = float(max_in_flight)
         self.paused_until = 0.0
@@ -46,12 +55,12 @@ class Admission:
         """``n`` calls were started (after :meth:`room` allowed them)."""
         self.started += n
 
-    def succeeded(self) -> None:
-        """A call succeeded: widen the window by one call (below the threshold) or
-        1/window (one call per round)."""
+    def answered(self, calls: int = 1) -> None:
+        """``calls`` were answered: widen the window by one call each (below the
+        threshold) or 1/window (one call per round)."""
         if self.window < self.ceiling:
             grow = 1.0 if self.window < self.threshold else 1.0 / self.window
-            self.window = min(float(self.ceiling), self.window + grow)
+            self.window = min(float(self.ceiling), self.window + grow * calls)
 
     def overloaded(self, started: int, retry_after_s: float | None) -> None:
         """A call sent when ``started`` calls had started was refused as overload: halve

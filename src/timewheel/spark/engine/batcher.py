@@ -45,12 +45,13 @@ from ..batch.accumulator import Accumulator, Batch
 from ..batch.isolation import Part
 from ..batch.run import AFTER_BACKOFF, NOW, BatchRun, RowEnd
 from ..batch.spec import Batching, batch_key
-from ..contract import BatchTarget, DownstreamError, Reply, retry_after_of
+from ..contract import BatchTarget, DownstreamError, Failure, Reply, is_unreachable, retry_after_of
 from ..outcome import FAILED
 from ..quota.gate import BUDGET_SPENT, SPENT, QuotaGate, RowRefused
 from ..worker_metrics import partition_counts
 from .attempt import Attempt
 from .contract import DispatchConfig, backoff_s
+from .early_stop import TaskStop
 
 __all__ = ["BatchRow", "Batcher", "PartitionPort"]
 
@@ -84,6 +85,8 @@ class PartitionPort(Protocol[R_contra]):
     config: DispatchConfig
     #: The partition's side of the job's quota, or None without one.
     gate: QuotaGate | None
+    #: The partition's part in the job's early stop, or None without one.
+    stop: TaskStop | None
 
     def watch(self, call: Attempt) -> bool:
         """Time ``call`` (listed in the worker's purgatory until its timeout): True when
@@ -301,6 +304,10 @@ class Batcher(Generic[R]):
         if port.closed:
             return
         answer = call.answer
+        stop = port.stop
+        if answer is not None and stop is not None and stop.deciding and is_unreachable(answer[1]):
+            # Not retried before the job's first answer: its stop counts the rows now.
+            answer = (False, Failure(str(answer[1]), None, unreachable=True), answer[2])
         wait_s = None if answer is None or answer[0] else retry_after_of(answer[1])
         if call.held and self.gate is not None:
             reply = None if answer is None else answer[2]

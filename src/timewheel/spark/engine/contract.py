@@ -29,6 +29,7 @@ from ..outcome import Outcome
 
 if TYPE_CHECKING:
     from ..quota.placement import QuotaRef
+    from .early_stop import EarlyStopRef
 
 __all__ = [
     "DispatchConfig",
@@ -53,7 +54,9 @@ class DispatchConfig:
     backoff; ``quota``: where the job's quota lives (a
     :class:`~timewheel.spark.quota.placement.QuotaRef`, placed by ``dispatch``; None: no
     quota), with ``cost`` (how a row's cost is estimated and read back); ``batching``:
-    many rows per request (None: one request per row).
+    many rows per request (None: one request per row); ``early_stop``: the job's probe
+    (an :class:`~timewheel.spark.engine.early_stop.EarlyStopRef`, placed by ``dispatch``
+    for ``Calls.stop_after_failures``; None: none).
     """
 
     timeout_ms: int = 1000
@@ -61,6 +64,7 @@ class DispatchConfig:
     quota: QuotaRef | None = None
     cost: Cost | None = None
     batching: Batching | None = None
+    early_stop: EarlyStopRef | None = None
 
     def __post_init__(self) -> None:
         for name, kind in (("calls", Calls), ("cost", Cost), ("batching", Batching)):

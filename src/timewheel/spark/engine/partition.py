@@ -20,7 +20,10 @@ Per partition (one :class:`_Partition`):
   for a row's first attempt and on the timer's for a retry, and gives the slot back
   when it ends; once the budget is spent, the rows not sent end ``skipped``;
 * with batches, each row goes to a :class:`~timewheel.spark.engine.batcher.Batcher`,
-  which the partition serves as its :class:`~timewheel.spark.engine.batcher.PartitionPort`.
+  which the partition serves as its :class:`~timewheel.spark.engine.batcher.PartitionPort`;
+* with ``Calls.stop_after_failures``, new rows are sent only as the job's probe grants
+  them until its verdict is known, and after a stop the rows not sent end ``skipped``
+  (a :class:`~timewheel.spark.engine.early_stop.TaskStop`).
 
 The timer, purgatory, pool and strategy live once per Python worker (a
 :class:`_WorkerKit` in :func:`~timewheel.spark.runtime.worker_runtime`), are made after the
@@ -44,14 +47,23 @@ from ...execution import ExecuteProduceConsume, ProduceConsume, TaskQueue, Threa
 from ...purgatory import Purgatory
 from ...resources import Checkout, ResourceManager
 from ...timer import Timer, TimerTask
-from ..contract import BatchTarget, Reply, Target, is_overload, retry_after_of, row_keys
+from ..contract import (
+    BatchTarget,
+    Reply,
+    Target,
+    is_overload,
+    is_unreachable,
+    retry_after_of,
+    row_keys,
+)
 from ..outcome import FAILED, OK, SKIPPED, TIMEOUT, Outcome, outcome
 from ..quota.gate import BUDGET_SPENT, SPENT, QuotaGate, RowRefused, Spent
 from ..runtime import worker_runtime
-from .admission import Admission
+from .admission import START_WINDOW, Admission
 from .attempt import Attempt
 from .batcher import Batcher
 from .contract import DispatchConfig, backoff_s, key_error, timeout_message
+from .early_stop import IGNORE, OPEN, POLL_S, TaskStop, stop_key
 
 __all__ = ["timewheel_engine"]
 
@@ -194,7 +206,9 @@ class _Partition:
         # With batches, max_in_flight counts requests: the rows out are up to that many
         # full batches.
         size = 1 if config.batching is None else config.batching.size
-        self.admission = Admission(config.calls.max_in_flight * size)
+        self.admission = Admission(config.calls.max_in_flight * size, START_WINDOW * size)
+        # The job's probe, until its verdict is known (Calls.stop_after_failures).
+        self.stop = None if config.early_stop is None else TaskStop(config.early_stop)
         self.gate = None if config.quota is None else QuotaGate(config.quota.open(), config.cost)
         # With a quota: the row that waits for its share.
         self.pending: _Row | None = None
@@ -380,11 +394,13 @@ class _Partition:
         elif answer[0]:
             if row.held:
                 self.unhold(row, True, answer[2], None)
-            self.admission.succeeded()
             self.finish(row, OK, None, answer[2])
             return
         else:
             status, error, wait_s = FAILED, str(answer[1] or "failed"), retry_after_of(answer[1])
+            stop = self.stop
+            if stop is not None and stop.deciding and is_unreachable(answer[1]):
+                wait_s = None  # not retried before any answer: the stop counts it now
             reply = answer[2]
             paused = self.unhold(row, False, reply, wait_s) if row.held else None
             overloaded = is_overload(answer[1], reply)
@@ -460,6 +476,12 @@ class _Partition:
         if row.held:
             self.unhold(row, False, None, None)
         self.release(row)
+        if status == OK or (reply is not None and not is_overload(None, reply)):
+            self.admission.answered()  # an answer came: the window widens
+        stop = self.stop
+        if stop is not None and stop.deciding:
+            code = None if reply is None else reply.status
+            stop.ended(stop_key(status, code, error) if row.attempts else IGNORE)
         latency_ms = (time.monotonic() - row.start) * 1000.0 if row.attempts else 0.0
         self.live.pop(row.seq, None)
         done = self.done
@@ -475,6 +497,9 @@ class _Partition:
         (none holds a share of the quota: a batch's request does)."""
         now = time.monotonic()
         live, done = self.live, self.done
+        self.admission.answered(len(rows))
+        if self.stop is not None and self.stop.deciding:
+            self.stop.ended(OPEN)
         for row, text, tries in zip(rows, texts, attempts):
             if row.checkout is not None:
                 self.release(row)
@@ -529,17 +554,22 @@ class _Partition:
             if room > 0 and parked:  # refused rows first: they have waited longest
                 room, wait = self.unpark(room)
                 wake_in = wake_in if wait is None else wait
+            stop = self.stop
+            if stop is not None and stop.verdict != OPEN:
+                room, wake_in, exhausted = self.probing(room, wake_in, exhausted)
+            before = self.admitted
             if room > 0 and not exhausted and gate is not None and self.batcher is None:
                 admitted, wait, exhausted = self.admit_within_quota(room)
                 admission.took(admitted)
                 wake_in = wait if wake_in is None else wake_in
             elif room > 0 and not exhausted:
-                before = self.admitted
                 for data in itertools.islice(rows, room):
                     self.admit(data)
                 admitted = self.admitted - before
                 admission.took(admitted)
                 exhausted = admitted < room
+            if stop is not None:  # a grant per row taken from the input, sent or not
+                stop.used(self.admitted - before)
             if self.batcher is not None:
                 self.batcher.poll(exhausted)
             while done:
@@ -555,6 +585,32 @@ class _Partition:
                 if gate is not None:  # renew the task's hold on the quota meanwhile
                     wake_in = _KEEPALIVE_S if wake_in is None else min(wake_in, _KEEPALIVE_S)
                 wake.wait(_YIELD_S if wake_in is None else min(wake_in, _YIELD_S))
+
+    def probing(
+        self, room: int, wake_in: float | None, exhausted: bool
+    ) -> tuple[int, float | None, bool]:
+        """While the job's verdict is not known: ``room`` cut to the rows its probe grants
+        (asked again soon when it granted none), the rows ended so far told. Once the
+        job has stopped, rows not sent end ``skipped``, a round's worth at a time:
+        ``(room, wake_in, exhausted)``."""
+        stop = self.stop
+        assert stop is not None
+        allowed = stop.room(0 if exhausted else room)
+        why = stop.stopped
+        if why is not None:
+            if self.pending is not None:  # waiting for the quota: not sent
+                row, self.pending = self.pending, None
+                self.finish(row, SKIPPED, why)
+            if not exhausted:
+                skipped = 0
+                for data in itertools.islice(self.rows, _BATCH):
+                    self.finish(self.new_row(data), SKIPPED, why)
+                    skipped += 1
+                exhausted = skipped < _BATCH
+            return 0, wake_in, exhausted
+        if stop.deciding and allowed < room and not exhausted:
+            wake_in = POLL_S if wake_in is None else min(wake_in, POLL_S)
+        return allowed, wake_in, exhausted
 
     def unpark(self, room: int) -> tuple[int, float | None]:
         """Send up to ``room`` parked rows (refused for overload, their backoff over), as
@@ -590,6 +646,8 @@ class _Partition:
             self.batcher.close()
         if self.gate is not None:
             self.gate.close()
+        if self.stop is not None:  # the rows ended told, grants not used given back
+            self.stop.close()
 
 
 def timewheel_engine(

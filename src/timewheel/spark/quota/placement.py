@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..runtime import worker_runtime
+from ..service import driver_host
 from .bucket import Failover, LocalStore
 from .spec import Quota, QuotaStore
 
@@ -179,18 +180,6 @@ class _Unreachable:
         pass
 
 
-def _driver_host(spark: Any) -> tuple[str, str]:
-    """Where the service listens and where the executors reach it: loopback on
-    ``local[...]``; else ``spark.driver.bindAddress`` (default: the host) and
-    ``spark.driver.host``, as Spark's own driver services."""
-    sc = spark.sparkContext
-    if sc.master.startswith("local"):
-        return "127.0.0.1", "127.0.0.1"
-    conf = sc.getConf()
-    host = str(conf.get("spark.driver.host", "127.0.0.1"))
-    return str(conf.get("spark.driver.bindAddress", host)), host
-
-
 def place_quota(quota: Quota, spark: Any, slots: int, connect: bool) -> QuotaRef:
     """Where ``quota`` lives for a job of ``slots`` concurrent tasks on ``spark``."""
     if not isinstance(quota, Quota):
@@ -215,7 +204,7 @@ def place_quota(quota: Quota, spark: Any, slots: int, connect: bool) -> QuotaRef
     with _LOCK:
         _, service, key, address = _SERVICES.get(id(quota), (quota, None, "", ("", 0)))
         if service is None or service.closed:
-            bind, host = _driver_host(spark)
+            bind, host = driver_host(spark)
             service, key = QuotaService(quota, bind, tasks=slots), secrets.token_hex(8)
             address = (host, service.address[1])
             _SERVICES[id(quota)] = (quota, service, key, address)

@@ -1,0 +1,221 @@
+"""The early stop (``Calls.stop_after_failures``): the timewheel engine's tasks, run in
+threads as a worker runs them, asking a real driver service on 127.0.0.1.
+
+A job's first rows are judged for the whole job: however many tasks run, a target that
+fails every call sends at most ``stop_after_failures`` requests, and the rows not sent
+come back ``skipped`` saying why (issue 49, item 12: it sent 4,213 of 10,000 before a
+stop, and a target that could not be reached was tried three times a row, never
+stopped).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from engine_config import engine_config
+from timewheel.spark.engine import early_stop
+from timewheel.spark.engine.admission import START_WINDOW
+from timewheel.spark.engine.early_stop import (
+    OPEN,
+    UNREACHABLE_KEY,
+    EarlyStopRef,
+    place_early_stop,
+    read_stop,
+    stop_key,
+)
+from timewheel.spark.engine.partition import timewheel_engine
+from timewheel.spark.outcome import FAILED, OK, SKIPPED
+from timewheel.spark.targets import Failure, OnDone, Reply
+
+
+class _Driver:
+    """What ``place_early_stop`` reads of a SparkSession on ``local[...]``, and the local
+    property it sets (the tasks' TaskContext reads it back)."""
+
+    def __init__(self) -> None:
+        self.properties: dict[str, str] = {}
+        self.sparkContext = SimpleNamespace(
+            master="local[2]", setLocalProperty=self.properties.__setitem__
+        )
+
+
+@pytest.fixture
+def driver(monkeypatch: pytest.MonkeyPatch) -> _Driver:
+    from pyspark import TaskContext
+
+    made = _Driver()
+    context = SimpleNamespace(getLocalProperty=made.properties.get)
+    monkeypatch.setattr(TaskContext, "get", staticmethod(lambda: context))
+    return made
+
+
+class Service:
+    """A target answering each call by ``answer(row)``: ``(ok, error, reply)``; it counts
+    the calls it was sent."""
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+        self.lock = threading.Lock()
+        self.sent: list[int] = []
+
+    def submit(self, row: dict[str, Any], on_done: OnDone) -> None:
+        with self.lock:
+            self.sent.append(row["id"])
+        on_done(*self.answer(row))  # type: ignore[call-arg]
+
+
+def refused(row: dict[str, Any]) -> tuple[bool, str, Reply]:
+    return False, Failure("HTTP 401: missing key", None), Reply(401, b"missing key")
+
+
+def unreachable(row: dict[str, Any]) -> tuple[bool, str, None]:
+    text = "ConnectionError: unreachable: Failed to connect to 127.0.0.1 port 9"
+    return False, Failure(text, 0.0, unreachable=True), None
+
+
+def run_tasks(
+    driver: _Driver, target: Any, tasks: int, rows: int, after: int, **calls: Any
+) -> list[Any]:
+    """``rows`` rows in ``tasks`` partitions run at once (threads, as a worker's tasks),
+    one job with ``stop_after_failures=after``: every outcome."""
+    config = engine_config(stop_after_failures=after, **calls)
+    config = replace(config, early_stop=place_early_stop(driver, after))
+    out: list[Any] = []
+    lock = threading.Lock()
+
+    def task(part: int) -> None:
+        mine = [{"id": i} for i in range(part, rows, tasks)]
+        got = list(timewheel_engine(iter(mine), target, config))
+        with lock:
+            out.extend(got)
+
+    threads = [threading.Thread(target=task, args=(p,)) for p in range(tasks)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(o.row["id"] for o in out) == list(range(rows))  # every row once
+    return out
+
+
+def test_a_target_refusing_every_call_is_sent_the_threshold_however_many_tasks(
+    driver: _Driver,
+) -> None:
+    service = Service(refused)
+    out = run_tasks(driver, service, tasks=8, rows=4000, after=30, max_in_flight=256)
+    assert len(service.sent) == 30  # not 8 tasks x 30, nor their windows' worth
+    ended = {o.row["id"]: o for o in out}
+    assert sorted(ended[i].status for i in service.sent) == [FAILED] * 30
+    unsent = [o for o in out if o.row["id"] not in set(service.sent)]
+    assert {o.status for o in unsent} == {SKIPPED} and {o.attempts for o in unsent} == {0}
+    assert {read_stop(o.error) for o in unsent} == {(30, "HTTP 401")}
+
+
+def test_a_target_that_cannot_be_reached_is_tried_once_a_row_then_stops(
+    driver: _Driver,
+) -> None:
+    service = Service(unreachable)
+    out = run_tasks(driver, service, tasks=3, rows=900, after=20, retries=2, backoff_ms=1)
+    assert len(service.sent) == 20  # each row once, not three times
+    said = {read_stop(o.error) for o in out if o.status == SKIPPED}
+    assert said == {(20, "the target unreachable")}
+
+
+def test_one_ok_answer_opens_the_job_and_then_unreachable_calls_are_retried(
+    driver: _Driver,
+) -> None:
+    """Row 0 is answered ok, every other row refused 401: the job sends every row (the
+    verdict is open at the first ok); once open, a failed connection is retried."""
+    service = Service(
+        lambda row: (True, None, Reply(200, b"{}")) if row["id"] == 0 else refused(row)
+    )
+    out = run_tasks(driver, service, tasks=2, rows=300, after=10)
+    assert sorted(service.sent) == list(range(300)) and SKIPPED not in {o.status for o in out}
+    tries: dict[int, int] = {}
+
+    def flaky(row: dict[str, Any]) -> Any:  # row 0 ok; the others ok on a second try
+        tries[row["id"]] = tries.get(row["id"], 0) + 1
+        if row["id"] and tries[row["id"]] == 1:
+            return unreachable(row)
+        return True, None, Reply(200, b"{}")
+
+    out = run_tasks(driver, Service(flaky), tasks=1, rows=40, after=10, retries=2, backoff_ms=1)
+    # Rows sent with row 0, before its answer was told, ended unretried; once the job
+    # is open, a failed connection is retried as ever.
+    failed = sorted(o.row["id"] for o in out if o.status == FAILED)
+    assert set(failed) <= set(range(1, START_WINDOW)), failed
+    assert {o.status for o in out} == {OK, FAILED} - ({FAILED} if not failed else set())
+    assert max(tries.values()) == 2
+
+
+def test_rows_that_never_made_a_request_say_nothing_of_the_target(driver: _Driver) -> None:
+    """Rows failed before any request (here: an odd row lacks its key column) give their
+    grant back: the stop counts answers only, and they do not open the job."""
+    service = Service(refused)
+    config = engine_config(stop_after_failures=10, key_cols=["acct"])
+    config = replace(config, early_stop=place_early_stop(driver, 10))
+    rows = [{"id": i, "acct": i} if i % 2 == 0 else {"id": i} for i in range(400)]
+    out = list(timewheel_engine(iter(rows), service, config))
+    assert len(out) == 400 and len(service.sent) == 10
+    unsent = [o for o in out if o.status == FAILED and o.attempts == 0]
+    assert unsent and all("cannot take the keys" in (o.error or "") for o in unsent)
+    assert {read_stop(o.error) for o in out if o.status == SKIPPED} == {(10, "HTTP 401")}
+
+
+def test_a_task_whose_process_died_gives_its_grants_back() -> None:
+    probes = early_stop._Probes()
+    probes.add("job", 10)
+    granted, verdict = probes.answer(1, "probe", ["job", "task-a", 8, []])
+    assert (granted, verdict) == (8, None)
+    assert probes.answer(2, "probe", ["job", "task-b", 8, []])[0] == 2
+    probes.dropped(1)  # task-a's worker died: its 8 rows were never answered
+    assert probes.answer(2, "probe", ["job", "task-b", 8, [[401, 2]]]) == [8, None]
+    assert probes.answer(2, "probe", ["job", "task-b", 0, [[401, 8]]]) == [0, [10, "HTTP 401"]]
+    # Another way of failing, or an ok, opens the job; so does a probe it forgot.
+    probes.add("other", 10)
+    assert probes.answer(3, "probe", ["other", "t", 4, [[401, 1], [403, 1]]])[1] == OPEN
+    assert probes.answer(3, "probe", ["forgotten", "t", 4, []])[1] == OPEN
+
+
+def test_how_rows_count_toward_a_stop() -> None:
+    assert stop_key(FAILED, 401, "HTTP 401: no") == 401
+    assert stop_key(FAILED, 429, "HTTP 429: slow down") == 429  # after every retry
+    assert stop_key(FAILED, 500, "HTTP 500: boom") == OPEN  # retries might have fixed it
+    assert stop_key(FAILED, 408, "HTTP 408") == OPEN
+    assert stop_key(FAILED, None, "ConnectionError: unreachable: x") == UNREACHABLE_KEY
+    assert stop_key(FAILED, None, "ConnectionError: Connection reset") == OPEN
+    assert stop_key("timeout", None, None) == OPEN and stop_key(OK, 200, None) == OPEN
+
+
+def test_a_stream_is_refused_a_stop_after_failures() -> None:
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from timewheel.spark import Calls, PlanError
+    from timewheel.spark.planning import plan
+    from timewheel.spark.targets import SimulatedDownstream
+
+    schema = StructType([StructField("id", LongType())])
+    with pytest.raises(PlanError, match=r"Calls\.stop_after_failures is for a batch job"):
+        plan(
+            schema,
+            SimulatedDownstream(1, 2),
+            id_col="id",
+            calls=Calls(stop_after_failures=5),
+            streaming=True,
+        )
+
+
+def test_a_task_the_secret_did_not_reach_sends_freely(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyspark import TaskContext
+
+    monkeypatch.setattr(TaskContext, "get", staticmethod(lambda: None))
+    ref = EarlyStopRef(5, ("127.0.0.1", 9), "job")
+    service = Service(refused)
+    config = replace(engine_config(stop_after_failures=5), early_stop=ref)
+    out = list(timewheel_engine(iter([{"id": i} for i in range(50)]), service, config))
+    assert len(service.sent) == 50 and {o.status for o in out} == {FAILED}
