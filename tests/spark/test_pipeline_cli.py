@@ -885,33 +885,80 @@ def test_a_dry_run_with_a_nan_or_negative_cost_is_json_and_stops_where_the_run_d
     assert sorted(r["id"] for r in failed.select("id").collect()) == [300, 301]
 
 
-def test_a_run_answered_401_on_every_row_stops_early_and_says_why(
+def test_a_run_answered_401_on_every_row_sends_the_threshold_and_prints_its_summary(
     spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from http_fixtures import ScriptedService
+    """Issue 49, item 12: every row answered 401 (a wrong key). The job stops itself
+    once its first --stop-after-failures rows all failed so, having sent no more than
+    them, whatever its tasks (4 partitions on 2 cores; before, a watcher of the journal
+    cancelled the job after 4,213 of 10,000 were sent, and printed no summary). The run
+    ends as a finished one does, saying the stop and why: its summary printed and
+    written, exit 1, the rows not sent kept ``skipped``. The key fixed, --resume takes
+    it (a header that carries a credential) and sends every row, each answered once."""
+    from loopback import KeyedService
 
-    service = ScriptedService(plan_of=lambda body: ["401"])
-    rows = 10_000
+    server = KeyedService(key="right")
     try:
-        out = tmp_path / "out"
-        argv = ["--generate", str(rows), "--output", str(out), "--target", service.url]
-        # At 500 requests/s, sending every row would take 20 s.
-        argv += ["--rate", "500", "--partitions", "2", "--quiet"]
-        argv += ["--http-header", "X-Api-Key: s3cr3t-value"]
+        out, rows = tmp_path / "out", 1000
+        argv = ["--generate", str(rows), "--partitions", "4", "--master", "local[2]"]
+        argv += ["--target", server.url, "--output", str(out), "--quiet"]
+        argv += ["--stop-after-failures", "20", "--http-header", "X-Api-Key: s3cr3t-value"]
         assert pipeline_cli(argv) == 1
-        sent = len(service.seen.requests)
-        assert 50 <= sent < rows // 2, sent
-        err = capsys.readouterr().err
-        lines = err.splitlines()
-        assert lines[0].startswith("timewheel pipeline: stopped early: the first ")
-        assert "(HTTP 401: no), which no retry fixes" in lines[0]
-        assert lines[-1].startswith("timewheel pipeline: why: ")
-        assert lines[-1].endswith(" rows: HTTP 401: no")
-        assert "s3cr3t" not in err
-        # The rows answered are kept: --resume sends the others (and those again).
-        assert not (out / "summary.json").exists() and (out / "journal").is_dir()
+        assert server.requests == 20
+        printed = capsys.readouterr()
+        summary = json.loads((out / "summary.json").read_text())
+        assert json.loads(printed.out) == summary
+        why = "HTTP 401: missing key"
+        assert summary["stopped_early"] == {"rows": 20, "why": why, "way": "final"}
+        assert summary["status"] == {"ok": 0, "failed": 20, "timeout": 0, "skipped": rows - 20}
+        assert summary["rows_sent"] == summary["attempts"]["total"] == 20
+        lines = printed.err.splitlines()
+        assert lines[0] == (
+            f"timewheel pipeline: stopped early: the first 20 rows answered all failed ({why}), "
+            "which no retry fixes; fix that and run again with --resume (or "
+            "--stop-after-failures 0 to send every row anyway)"
+        )
+        assert f"keeps every row: {rows - 20:,} of them not sent (status skipped)" in lines[1]
+        assert lines[-1] == f"timewheel pipeline: why: 20 rows: {why}"
+        assert "s3cr3t" not in printed.err + printed.out
+        keyed = [*argv[:-1], "X-Api-Key: right", "--resume"]
+        assert pipeline_cli(keyed) == 0
+        answered_ok = [i for (i, ok) in server.answered if ok]
+        assert sorted(answered_ok) == list(range(rows))
+        assert all(server.answered[(i, True)] == 1 for i in answered_ok)
     finally:
-        service.close()
+        server.close()
+
+
+def test_a_target_that_cannot_be_reached_is_tried_once_a_row_then_stops(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 49, item 12: nothing listens at the target's port. Every row was tried
+    three times (--retries 2) and the run never stopped; now, before the target has
+    answered anything, a connection refused is not retried and counts toward the stop."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = tmp_path / "out"
+    argv = ["--generate", "2000", "--partitions", "4", "--master", "local[2]"]
+    argv += ["--target", f"http://127.0.0.1:{port}/rows", "--output", str(out), "--quiet"]
+    argv += ["--stop-after-failures", "20", "--retries", "2"]
+    assert pipeline_cli(argv) == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["attempts"]["total"] == summary["status"]["failed"] == 20
+    assert summary["stopped_early"]["way"] == "unreachable"
+    assert summary["stopped_early"]["why"].startswith("ConnectionError: unreachable: ")
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith(
+        "timewheel pipeline: stopped early: the first 20 rows, tried once each, could not "
+        "reach the target (ConnectionError: unreachable: "
+    )
+    assert first.endswith(
+        "check --target and the network, then run again with --resume (or "
+        "--stop-after-failures 0 to try every row)"
+    )
 
 
 def test_fail_fast_stops_only_on_a_first_run_of_one_final_failure(tmp_path: Path) -> None:
@@ -958,6 +1005,13 @@ def test_fail_fast_stops_only_on_a_first_run_of_one_final_failure(tmp_path: Path
     # Rows the budget skipped are no answer at all.
     skipped = ("skipped", None, "budget spent: not sent")
     assert verdict(journal("skipped", *[skipped] * 10, *[key] * 50))[0] is True
+    # A target that cannot be reached (issue 49, item 12); a connection that broke is
+    # another way of failing.
+    refused = ("failed", None, "ConnectionError: unreachable: Failed to connect to h port 9")
+    stopped, said = verdict(journal("unreachable", *[refused] * 50))
+    assert stopped is True and "tried once each, could not reach the target" in said[0]
+    reset = ("failed", None, "ConnectionError: Connection reset by peer")
+    assert verdict(journal("reset", *[refused] * 40, *[reset] * 10)) == (False, [])
 
 
 def test_a_stop_in_process_ends_the_run_and_gives_stderr_back(

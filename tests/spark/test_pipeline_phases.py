@@ -255,10 +255,17 @@ def test_progress_lines_every_interval_with_the_cost_spent(
     class Skipping:  # a spent quota: the rows that end unsent are said apart
         value, skipped = 2000, 1500
 
-    line = Progress(Skipping(), 2000, quiet=False).line()
+    class Watch:  # a quota's watch, counting requests only
+        class quota:
+            cost_rate = budget = None
+
+    line = Progress(Skipping(), 2000, quiet=False, quota=Watch()).line()
     assert line.startswith(
         "sending: 2,000 of 2,000 rows (100%), 1,500 of them skipped (not sent: the quota is spent)"
     )
+    # With no quota, rows end unsent because the job stopped itself (issue 49, item 12).
+    line = Progress(Skipping(), 2000, quiet=False).line()
+    assert "1,500 of them skipped (not sent: the run stopped early)" in line
 
 
 def test_the_progress_interval_is_read_from_the_environment(

@@ -273,8 +273,20 @@ def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) ->
             note("dry run: nothing was sent and --output is as it was")
         return 0
     budget = summary["max_failed_rows"]
+    early = summary.get("stopped_early")
+    if early is not None:  # the job stopped itself: said first, the why last
+        why = reason(early["why"], hide=header_values(args.http_header))
+        note(str(StoppedEarly(early["rows"], why, early["way"])))
     if not args.quiet:
         note(f"wrote {out_dir / 'rows'}, {out_dir / 'summary.json'}, {out_dir / 'latency.png'}")
+    if early is not None:
+        unsent = summary["status"][SKIPPED]
+        note(
+            f"--output {str(out_dir)!r} keeps every row: {unsent:,} of them not sent "
+            "(status skipped); --resume sends the rows not ok"
+        )
+        _say_why(args, summary)
+        return 1
     bad = summary["status"][FAILED] + summary["status"][TIMEOUT]
     if bad > budget:
         note(

@@ -1,5 +1,7 @@
 """Why rows failed, said short: the reasons a summary counts, and a run stopped early
-when its first rows all fail in a way no retry fixes.
+when its first rows all fail in a way no retry fixes (the words of the job's own stop,
+:mod:`timewheel.spark.engine.early_stop`, and the journal's watch where the job cannot
+stop itself).
 
 A reason is the row's ``error`` in one line: for an HTTP answer, its status and the
 service's own message (``error.message`` of a JSON answer, else its text), cut short,
@@ -19,18 +21,23 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from ...spark.contract import OVERLOAD_STATUSES
 from ...spark.delivery.journal import read_batches
-from ...spark.outcome import FAILED, SKIPPED, TIMEOUT
+from ...spark.engine.early_stop import IGNORE, OPEN, UNREACHABLE_KEY, stop_key
+from ...spark.outcome import FAILED, TIMEOUT
 from ...spark.secrets import redact_url, scrub
 
 __all__ = [
+    "FINAL",
+    "REFUSED",
+    "UNREACHABLE",
     "FailFast",
     "StoppedEarly",
     "fail_fast",
-    "final_status",
     "header_values",
     "reason",
     "top_reasons",
+    "way_of",
 ]
 
 #: The longest reason shown.
@@ -131,10 +138,11 @@ def _with_spans(key: str, spans: list[tuple[str, str]]) -> str:
     return "".join(out)
 
 
-def fail_fast(args: Any, journal: Path, stop: Callable[[], None]) -> FailFast:
-    """The run's :class:`FailFast` on its ``journal``, as ``--stop-after-failures`` asks."""
+def fail_fast(args: Any, journal: Path, stop: Callable[[], None], watch: bool = True) -> FailFast:
+    """The run's :class:`FailFast` on its ``journal``, as ``--stop-after-failures`` asks
+    (``watch`` False: the job stops itself, the journal is not watched)."""
     threshold = getattr(args, "stop_after_failures", 0) or 0
-    return FailFast(journal, threshold, stop, header_values(args.http_header))
+    return FailFast(journal, threshold if watch else 0, stop, header_values(args.http_header))
 
 
 def header_values(given: Iterable[str]) -> list[str]:
@@ -142,57 +150,60 @@ def header_values(given: Iterable[str]) -> list[str]:
     return [text.partition(":")[2].strip() for text in given]
 
 
-def final_status(http_status: int | None) -> bool:
-    """Whether an answer of ``http_status`` fails every retry: a 4xx that says the
-    request itself is wrong (not 408 timeout, 409 conflict, 425 too early, 429 slow
-    down)."""
-    return (
-        http_status is not None
-        and 400 <= http_status < 500
-        and http_status
-        not in (
-            408,
-            409,
-            425,
-            429,
-        )
-    )
+#: The ways a run stops early, as :class:`StoppedEarly` words them.
+FINAL, REFUSED, UNREACHABLE = "final", "refused", "unreachable"
 
 
-#: Statuses of a service refusing calls (overload): a row that ended failed with one
-#: was refused on every attempt its retries allowed.
-REFUSED_STATUSES = (429, 503)
+def way_of(key: int | str) -> str:
+    """The way of stopping (:data:`FINAL`, :data:`REFUSED`, :data:`UNREACHABLE`) of the
+    rows' :func:`~timewheel.spark.engine.early_stop.stop_key`, or of the words the job's
+    stop said of them (``HTTP 401``, ``HTTP 429, refused on every retry``, ``the target
+    unreachable``)."""
+    if key == UNREACHABLE_KEY or (isinstance(key, str) and "unreachable" in key):
+        return UNREACHABLE
+    if key in OVERLOAD_STATUSES or (isinstance(key, str) and "refused" in key):
+        return REFUSED
+    return FINAL
 
 
 class StoppedEarly(Exception):
-    """The run stopped because its first rows all failed the same final way."""
+    """The run stopped because its first rows all failed the same way."""
 
-    def __init__(self, rows: int, why: str, refused: bool = False) -> None:
-        if refused:  # a service that refuses every call, forever: not waited for forever
+    def __init__(self, rows: int, why: str, way: str = FINAL) -> None:
+        first = f"stopped early: the first {rows:,} rows answered all failed ({why})"
+        if way == REFUSED:  # a service that refuses every call, forever: not waited for
             text = (
-                f"stopped early: the first {rows:,} rows answered all failed ({why}), each "
-                "refused on every retry: the service is not taking calls; run again later "
-                "with --resume (or --stop-after-failures 0 to keep trying every row)"
+                f"{first}, each refused on every retry: the service is not taking calls; "
+                "run again later with --resume (or --stop-after-failures 0 to keep trying "
+                "every row)"
+            )
+        elif way == UNREACHABLE:
+            text = (
+                f"stopped early: the first {rows:,} rows, tried once each, could not reach "
+                f"the target ({why}); check --target and the network, then run again with "
+                "--resume (or --stop-after-failures 0 to try every row)"
             )
         else:
             text = (
-                f"stopped early: the first {rows:,} rows answered all failed ({why}), which "
-                "no retry fixes; fix that and run again with --resume (or "
+                f"{first}, which no retry fixes; fix that and run again with --resume (or "
                 "--stop-after-failures 0 to send every row anyway)"
             )
         super().__init__(text)
         self.rows = rows
         self.why = why
+        self.way = way
 
 
 class FailFast:
-    """Watches a run's journal while it sends: once its first ``threshold`` rows are
-    all ``failed`` with one final HTTP status (401, 403, 404, 400, ...; see
-    :func:`final_status`), or all refused on every retry (429 or 503: a service that
-    refuses every call forever bounds the run's time that way), and none is ``ok``,
-    calls ``stop`` (which cancels the run's Spark jobs) and keeps why in
-    :attr:`stopped`. The first ok row, or another way of
-    failing, ends the watch for the rest of the run. ``threshold`` 0: never stops."""
+    """Watches a run's journal while it sends (where the job cannot stop itself: Spark
+    Connect, a stream, another engine): once its first ``threshold`` rows all failed
+    the same way no retry fixes (one final HTTP status: 401, 403, 404, 400, ...; see
+    :func:`~timewheel.spark.engine.early_stop.final_status`), or all refused on every
+    retry (429 or 503: a service that refuses every call forever bounds the run's time
+    that way), or the target could not be reached, and none is ``ok``, calls ``stop``
+    (which cancels the run's Spark jobs) and keeps why in :attr:`stopped`. The first ok
+    row, or another way of failing, ends the watch for the rest of the run. ``threshold``
+    0: never stops."""
 
     POLL_S = 0.25
 
@@ -213,7 +224,7 @@ class FailFast:
         self.stopped: StoppedEarly | None = None
         self._read: dict[Path, int] = {}  # batches read of each file
         self._rows = 0
-        self._status: int | None = None
+        self._key: int | str | None = None
         self._reasons: Counter[str] = Counter()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="timewheel-failfast", daemon=True)
@@ -255,23 +266,21 @@ class FailFast:
                 if not self._take(batch.select(["status", "http_status", "error"]).to_pylist()):
                     return False
         if self._rows >= self.threshold:
+            assert self._key is not None
             why, _ = self._reasons.most_common(1)[0]
-            self.stopped = StoppedEarly(self._rows, why, self._status in REFUSED_STATUSES)
+            self.stopped = StoppedEarly(self._rows, why, way_of(self._key))
             return True
         return None
 
     def _take(self, rows: list[dict[str, Any]]) -> bool:
-        """Count ``rows``; False when one is not a failure of the one final status."""
+        """Count ``rows``; False when one is not a failure of the one way."""
         for row in rows:
-            if row["status"] == SKIPPED:
+            key = stop_key(row["status"], row["http_status"], row["error"])
+            if key == IGNORE:
                 continue
-            code = row["http_status"]
-            if row["status"] != FAILED or not (final_status(code) or code in REFUSED_STATUSES):
+            if key == OPEN or (self._key is not None and key != self._key):
                 return False
-            if self._status is None:
-                self._status = code
-            elif code != self._status:
-                return False
+            self._key = key
             self._rows += 1
             self._reasons[reason(row["error"], FAILED, self.hide)] += 1
         return True

@@ -13,12 +13,13 @@ from typing import Any
 
 from ...spark import RESULT_COLUMNS
 from ...spark.delivery.journal import MANIFEST, Manifest, compact, input_fingerprint, run_dir
+from ...spark.engine.early_stop import read_stop
 from ...spark.outcome import FAILED, OK, SKIPPED, TIMEOUT
 from ..bench.engines import DEFAULT_ENGINE
 from .batches import batch_summary
 from .dry_run import report, spark_counts
 from .errors import UsageError, limit_text, note
-from .failures import fail_fast
+from .failures import fail_fast, way_of
 from .inputs import CheckedIds, arrow_unique_rows, generated_rows, id_error, read_input
 from .options import DEMO_ROWS
 from .output import check_resumable, publish, run_identity
@@ -40,6 +41,7 @@ from .summary import (
     read_groups,
     reason_counts,
     sent_counts,
+    skipped_error,
     summarize,
     summary_text,
 )
@@ -93,7 +95,11 @@ class Job:
             else:
                 self.spark.sparkContext.cancelAllJobs()
 
-    def dispatch(self, df: Any, reports: Any = None, journal: Path | None = None) -> Any:
+    def dispatch(
+        self, df: Any, reports: Any = None, journal: Path | None = None, stop_after: int = 0
+    ) -> Any:
+        """``dispatch`` of ``df`` as the flags say, committing to ``journal``; the job stops
+        itself once its first ``stop_after`` rows all failed the same way (0: never)."""
         from ...spark import Journal, PlanError, dispatch
 
         args = self.args
@@ -110,7 +116,7 @@ class Job:
                 quota=self.quota,
                 journal=kept,
                 worker_reports=reports,
-                **dispatch_options(args, self.max_in_flight, self.key_cols),
+                **dispatch_options(args, self.max_in_flight, self.key_cols, stop_after),
             )
         except PlanError as exc:
             raise refusal(args, exc) from exc
@@ -180,7 +186,12 @@ class Job:
             note(f"dispatching {sending:,} rows to {self.target!r} on {where}{before}")
         journal = run_dir(self.out_dir, manifest.runs)
         preload_plotting()
-        result = self.dispatch(todo, None if reports is None else reports.accumulator, journal)
+        # The job stops itself (at most --stop-after-failures rows sent before one is ok,
+        # however many tasks), but for one its tasks cannot ask: the journal is watched.
+        self.stops_itself = not self.connect and args.engine in (None, DEFAULT_ENGINE)
+        stop_after = args.stop_after_failures if self.stops_itself else 0
+        accumulator = None if reports is None else reports.accumulator
+        result = self.dispatch(todo, accumulator, journal, stop_after)
         self.reports = reports
         staging = Path(
             tempfile.mkdtemp(
@@ -199,7 +210,8 @@ class Job:
                     stack.callback(store.close)  # this run's own Redis client
                 self.watch = stack.enter_context(QuotaWatch(self.quota, store, reports))
             stack.enter_context(Progress(JournalCount(journal), sending, args.quiet, self.watch))
-            self.fail_fast = stack.enter_context(fail_fast(args, journal, self.cancel))
+            watch = not self.stops_itself
+            self.fail_fast = stack.enter_context(fail_fast(args, journal, self.cancel, watch))
             if done is None:  # the figures come with the write (see finish)
                 final, observation = observe(result, figure_columns(id_col))
                 final.write.parquet(str(staging / "rows"))
@@ -336,6 +348,7 @@ class Job:
             runs=manifest.runs,
             journal_damaged=self.journal_damaged,
             journal_outside_input=self.journal_outside,
+            stopped_early=self.stopped_early(summary, staging / "rows", written),
         )
         if args.dedupe_col or args.dedupe_requests:
             if args.dedupe_col:
@@ -352,6 +365,20 @@ class Job:
         (staging / "summary.json").write_text(summary_text(summary) + "\n")
         latency_histogram(groups, staging / "latency.png")
         return summary
+
+    def stopped_early(
+        self, summary: dict[str, Any], rows: Path, written: Any
+    ) -> dict[str, Any] | None:
+        """How the job stopped itself, its first rows all failed the same way (None: it
+        did not): as many rows, the most common reason, the way (see failures.way_of)."""
+        if not summary["status"][SKIPPED] or not getattr(self, "stops_itself", False):
+            return None
+        said = read_stop(skipped_error(rows, written))
+        if said is None:  # skipped by the quota
+            return None
+        count, what = said
+        why = summary["failures"][0]["reason"] if summary["failures"] else what
+        return {"rows": count, "why": why, "way": way_of(what)}
 
     def stop(self, owned: bool) -> None:
         """However the run ended: stop Spark's jobs (and Spark, if the run started it),

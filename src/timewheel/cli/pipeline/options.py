@@ -271,11 +271,13 @@ def add_options(
         type=non_negative(int),
         default=DEFAULT_STOP_AFTER_FAILURES,
         metavar="N",
-        help="stop the run, exit 1, when its first N rows answered all failed the same way "
-        "with an error no retry fixes (HTTP 400, 401, 403, 404, ...), or all refused (429, "
-        "503) on every retry, and none was ok: a missing key or a wrong body is not paid "
-        "for on every row, a service refusing every call not waited for forever (0: never "
-        "stop; default: %(default)s)",
+        help="send at most N rows, across all tasks (not with --remote), before one is "
+        "answered ok; when they all failed the same way no retry fixes (HTTP 400, 401, "
+        "403, 404, ...), all were refused (429, 503) on every retry, or the target could "
+        "not be reached (each row then tried once), stop: the rows not sent end skipped, "
+        "the summary says why, exit 1, --resume sends them. A missing key or a wrong body "
+        "is not paid for on every row, a service refusing every call not waited for "
+        "forever (0: never stop; default: %(default)s)",
     )
     output.add_argument("--quiet", action="store_true", help="no progress bar or notes")
     output.add_argument(

@@ -48,10 +48,11 @@ def check_before_spark(
 
 
 def dispatch_options(
-    args: argparse.Namespace, max_in_flight: int, key_cols: list[str]
+    args: argparse.Namespace, max_in_flight: int, key_cols: list[str], stop_after: int = 0
 ) -> dict[str, Any]:
     """The option objects of ``dispatch`` the flags ask for, by keyword (``calls``,
-    ``cost``, ``batching``, ``dedupe``, ``engine``); PlanError if one refuses its value."""
+    ``cost``, ``batching``, ``dedupe``, ``engine``), the job stopping itself after
+    ``stop_after`` rows failed (0: never); PlanError if one refuses its value."""
     from ...spark import Batching, Calls, Cost, Dedupe
     from ..bench.engines import get_engine
 
@@ -63,7 +64,7 @@ def dispatch_options(
     elif args.dedupe_col is not None:
         dedupe = Dedupe(args.dedupe_col)
     return {
-        "calls": Calls(max_in_flight, key_cols, args.retries, args.backoff_ms),
+        "calls": Calls(max_in_flight, key_cols, args.retries, args.backoff_ms, stop_after),
         "cost": cost,
         "batching": Batching(args.batch_size, args.batch_linger_ms, args.batch_max_cost),
         "dedupe": dedupe,

@@ -112,7 +112,8 @@ class Progress:
         words = [f"sending: {done:,} of {self.total:,} rows{share}", f"{rate:,.0f} rows/s"]
         skipped = getattr(self.rows, "skipped", 0)
         if skipped:  # rows that ended unsent are not rows sent
-            words[0] += f", {skipped:,} of them skipped (not sent: the quota is spent)"
+            why = "the quota is spent" if self.quota is not None else "the run stopped early"
+            words[0] += f", {skipped:,} of them skipped (not sent: {why})"
         if not done:  # (the tasks starting, or the first answers on their way: not a stall)
             words = [f"sending: {self.total:,} rows, none answered yet"]
         cost = self._cost()

@@ -190,6 +190,24 @@ def read_groups(rows: Path) -> tuple[list[Group], list[tuple[str, str | None, in
     return [(*k, n) for k, n in groups.items()], [(*k, n) for k, n in reasons.items()]
 
 
+def skipped_error(rows: Path, written: Any) -> str | None:
+    """The ``error`` of one ``skipped`` row of the output's ``rows`` (None: none), read in
+    this process where it can (no Spark job), else by Spark from ``written``."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    try:
+        found = ds.dataset(str(rows), format="parquet").head(
+            1, columns=["error"], filter=ds.field("status") == SKIPPED
+        )
+        return found.column("error")[0].as_py() if found.num_rows else None
+    except (OSError, pa.ArrowInvalid, KeyError):
+        from pyspark.sql import functions as F
+
+        row = written.filter(F.col("status") == SKIPPED).select("error").first()
+        return None if row is None else row["error"]
+
+
 def summarize(
     figures: dict[str, Any],
     groups: list[Group],
