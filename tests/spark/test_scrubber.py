@@ -33,6 +33,8 @@ from timewheel.spark.scrubber import (
 from timewheel.spark.secrets import Secret, hide_url
 
 TOKEN = "tok-7f3a9c1e-never-on-disk"
+# The properties' examples: .ci/slow runs them at TIMEWHEEL_INVARIANT_EXAMPLES=500.
+_EXAMPLES = int(os.environ.get("TIMEWHEEL_INVARIANT_EXAMPLES", "60"))
 
 
 def test_each_encoding_of_a_value_is_masked_where_it_stands() -> None:
@@ -202,7 +204,7 @@ _TEXT = st.one_of(
 )
 
 
-@settings(max_examples=60, deadline=None, derandomize=True)
+@settings(max_examples=_EXAMPLES, deadline=None, derandomize=True)
 @given(values=_VALUES, data=st.data())
 def test_no_shape_of_a_value_survives_whatever_surrounds_it(
     values: list[str], data: st.DataObject
@@ -219,7 +221,7 @@ def test_no_shape_of_a_value_survives_whatever_surrounds_it(
     assert not left
 
 
-@settings(max_examples=60, deadline=None, derandomize=True)
+@settings(max_examples=_EXAMPLES, deadline=None, derandomize=True)
 @given(values=_VALUES, text=st.text(st.characters(blacklist_categories=("Cs",)), max_size=200))
 def test_a_text_holding_no_shape_of_a_value_is_left_unchanged(values: list[str], text: str) -> None:
     assume(not any(shape in text for value in values for shape in encodings(value)))

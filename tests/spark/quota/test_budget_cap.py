@@ -163,9 +163,9 @@ def jobs(draw: st.DrawFn) -> dict:
     )
 
 
-# (TIMEWHEEL_BUDGET_EXAMPLES=1500 for the figure in docs/spark/quota.md)
+# (TIMEWHEEL_INVARIANT_EXAMPLES=1500 for the figure in docs/spark/quota.md; .ci/slow runs 500)
 @settings(
-    max_examples=int(os.environ.get("TIMEWHEEL_BUDGET_EXAMPLES", "60")),
+    max_examples=int(os.environ.get("TIMEWHEEL_INVARIANT_EXAMPLES", "60")),
     deadline=None,
     derandomize=True,
 )
