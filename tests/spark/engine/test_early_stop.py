@@ -219,3 +219,37 @@ def test_a_task_the_secret_did_not_reach_sends_freely(monkeypatch: pytest.Monkey
     config = replace(engine_config(stop_after_failures=5), early_stop=ref)
     out = list(timewheel_engine(iter([{"id": i} for i in range(50)]), service, config))
     assert len(service.sent) == 50 and {o.status for o in out} == {FAILED}
+
+
+def test_a_task_granted_nothing_asks_the_driver_less_and_less_often(
+    driver: _Driver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While another task holds the job's only grant, a waiting task asks again after
+    50 ms, then 100, 200... at most 1 s apart: a thousand such tasks ask the driver about a
+    thousand times a second, not twenty thousand; a grant resets the pace."""
+    ref = place_early_stop(driver, 1)
+    first, waiting = early_stop.TaskStop(ref), early_stop.TaskStop(ref)
+    now = [1000.0]
+    monkeypatch.setattr(early_stop.time, "monotonic", lambda: now[0])
+    assert first.room(1) == 1
+    first.used(1)
+    asks: list[float] = []
+    call = waiting.client.call  # type: ignore[union-attr]
+
+    def counted(op: str, *args: Any) -> Any:
+        asks.append(now[0])
+        return call(op, *args)
+
+    monkeypatch.setattr(waiting.client, "call", counted)
+    while now[0] < 1010.0:  # ten seconds of the task's loop, every 10 ms
+        assert waiting.room(1) == 0
+        now[0] += 0.01
+    gaps = [b - a for a, b in zip(asks, asks[1:])]  # (each to the loop's next 10 ms)
+    assert gaps[:5] == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.8], abs=0.011)
+    assert len(gaps) > 10 and gaps[5:] == pytest.approx([1.0] * len(gaps[5:]), abs=0.011)
+    first.ended(OPEN)  # the granted row is answered ok: the job opens
+    assert first.room(1) == 1
+    now[0] += 1.0
+    assert waiting.room(5) == 5
+    first.close()
+    waiting.close()

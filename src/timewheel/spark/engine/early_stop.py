@@ -56,6 +56,7 @@ from ..service import DriverService, ServiceClient, driver_host
 
 __all__ = [
     "IGNORE",
+    "MAX_POLL_S",
     "OPEN",
     "POLL_S",
     "UNREACHABLE_KEY",
@@ -76,8 +77,11 @@ OPEN = "open"
 UNREACHABLE_KEY = "unreachable"
 #: A row's ending that says nothing of the target (skipped, or failed unsent).
 IGNORE = "ignore"
-#: How often a task with no grant asks again while the verdict is not known.
+#: How soon a task with no grant asks again while the verdict is not known: POLL_S,
+#: doubling with each ask that grants nothing up to MAX_POLL_S (so a thousand waiting tasks
+#: ask the driver about a thousand times a second at most, not twenty thousand).
 POLL_S = 0.05
+MAX_POLL_S = 1.0
 #: The local property that carries the service's secret to the tasks (``secret`` in its
 #: name: Spark's default redaction pattern hides it).
 SECRET_PROPERTY = "timewheel.early_stop.secret"
@@ -303,6 +307,7 @@ class TaskStop:
         self.grants = 0
         self.results: deque[int | str] = deque()
         self.asked = 0.0  # when a task without a grant asks again
+        self.poll = POLL_S  # and how long after that it waits if it gets none again
 
     @property
     def deciding(self) -> bool:
@@ -334,8 +339,11 @@ class TaskStop:
                 granted, verdict = answer
                 self.grants += granted
                 self._set(verdict)
-                if not granted:
-                    self.asked = now + POLL_S
+                if granted:
+                    self.poll = POLL_S
+                else:
+                    self.asked = now + self.poll
+                    self.poll = min(MAX_POLL_S, 2 * self.poll)
         if self.verdict is not None:
             return want if self.verdict == OPEN else 0
         return min(want, self.grants)
