@@ -10,12 +10,15 @@ stopped).
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from engine_config import engine_config
 from timewheel.spark.engine import early_stop
@@ -253,3 +256,31 @@ def test_a_task_granted_nothing_asks_the_driver_less_and_less_often(
     assert waiting.room(5) == 5
     first.close()
     waiting.close()
+
+
+@settings(  # (the driver is one per test: each example places its own probe)
+    max_examples=int(os.environ.get("TIMEWHEEL_INVARIANT_EXAMPLES", "20")),
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    tasks=st.integers(1, 8),
+    rows=st.integers(1, 400),
+    after=st.integers(1, 40),
+    window=st.integers(1, 300),
+    way=st.sampled_from(["refused", "unreachable"]),
+)
+def test_a_job_whose_every_call_fails_sends_at_most_the_threshold(
+    driver: _Driver, tasks: int, rows: int, after: int, window: int, way: str
+) -> None:
+    """Over random task counts, rows, thresholds and windows: a job whose every call fails
+    one way sends at most ``after`` requests, and every row comes back once (run_tasks),
+    those not sent ``skipped`` with the stop's reason once the threshold was reached."""
+    service = Service(refused if way == "refused" else unreachable)
+    out = run_tasks(driver, service, tasks, rows, after, max_in_flight=window, retries=2)
+    assert len(service.sent) == min(rows, after) == len(set(service.sent))
+    unsent = [o for o in out if o.row["id"] not in set(service.sent)]
+    assert {o.attempts for o in unsent} <= {0} and {o.status for o in unsent} <= {SKIPPED}
+    if unsent:
+        assert {read_stop(o.error)[0] for o in unsent} == {after}
