@@ -13,6 +13,24 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that keeps connections (HTTP/1.1), logs nothing, and answers
+    with :meth:`reply`."""
+
+    protocol_version = "HTTP/1.1"
+
+    def reply(self, status: int, data: bytes, content_type: str | None = None) -> None:
+        self.send_response(status)
+        if content_type is not None:
+            self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 class Loopback:
     """``handler`` served on 127.0.0.1 at :attr:`port` until :meth:`close`."""
 
@@ -42,9 +60,7 @@ class KeyedService(Loopback):
         lock = threading.Lock()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 import json
 
@@ -53,13 +69,7 @@ class KeyedService(Loopback):
                 with lock:
                     outer.answered[(row["id"], ok)] += 1
                 body = b'{"ok": true}' if ok else b'{"error": {"message": "missing key"}}'
-                self.send_response(200 if ok else 401)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
+                self.reply(200 if ok else 401, body)
 
         super().__init__(Handler)
 

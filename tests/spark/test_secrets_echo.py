@@ -12,13 +12,12 @@ import subprocess
 import sys
 import urllib.parse
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from loopback import Loopback
+from loopback import Loopback, QuietHandler
 
 pytest.importorskip("pycurl")
 pytest.importorskip("pyspark")
@@ -48,9 +47,7 @@ class EchoServer(Loopback):
     one a 200."""
 
     def __init__(self) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 text = body.decode("utf-8", "replace")
@@ -78,15 +75,8 @@ class EchoServer(Loopback):
                 auth = self.headers.get("Authorization", "")
                 lead = "x" * (200 - len("HTTP 500: ") - 20)  # the value straddles the cut
                 answer = f"{lead}{auth} {self.headers.get('X-Api-Key')} " + json.dumps(each)
-                data = answer.encode()
-                self.send_response(500 if row_id % 2 == 0 else 200)
-                self.send_header("Content-Type", "text/plain; charset=utf-8")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
+                status = 500 if row_id % 2 == 0 else 200
+                self.reply(status, answer.encode(), "text/plain; charset=utf-8")
 
         super().__init__(Handler)
 
