@@ -33,6 +33,7 @@ from timewheel.spark.quota.spec import (
     PACE_FLOOR,
     PACE_RECOVERY,
     RESTART_JITTER_S,
+    SPREAD,
     TERM_S,
     Ask,
     BudgetSpent,
@@ -159,10 +160,11 @@ def test_a_grant_ahead_is_a_slot_to_wait_for_not_a_refusal() -> None:
     assert (first.requests, first.start_s, first.span_s) == (n, 0.0, pytest.approx(n / 10))
     second = bucket.take("b", Ask(1))
     # The next slot follows it (less the burst): granted now, to send then, at b's share
-    # of the rate (two holders asking: half of it).
+    # of the rate (two holders asking: half of it), spent over SPREAD of that (b asks for
+    # its next before the timeline reaches now).
     assert second.granted and second.requests == 1
     assert second.start_s == pytest.approx(n / 10 - BURST_S)
-    assert second.span_s == pytest.approx(2 * 0.1)
+    assert second.span_s == pytest.approx(SPREAD * 2 * 0.1)
     # Booked beyond the horizon: a turn to ask again when the slot is near, not a slot.
     third = bucket.take("c", Ask(1))
     assert not third.granted and third.wait_s == pytest.approx(n / 10 + 0.1 - HORIZON_S)

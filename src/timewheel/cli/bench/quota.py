@@ -206,7 +206,7 @@ def _batches(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
                 calls=Calls(max_in_flight=64, retries=10),
                 batching=Batching(size, linger_ms=0 if size == 1 else 200),
             )
-            with _Sampler(stub) as sampler:
+            with _Sampler(stub, min(0.5, args.window_s / 10)) as sampler:
                 statuses = [r["status"] for r in out.select("status").collect()]
             refused = stub.stats()["refused"]
         if statuses.count("ok") != rows:
@@ -374,7 +374,7 @@ def _run(spark: Any, args: argparse.Namespace, scenario: str) -> dict[str, Any]:
                 errors.append(exc)
 
         try:
-            with _Sampler(stub) as sampler:
+            with _Sampler(stub, min(0.5, args.window_s / 10)) as sampler:
                 threads = [threading.Thread(target=job) for _ in range(jobs)]
                 for t in threads:
                     t.start()

@@ -31,6 +31,7 @@ from .spec import (
     PACE_RECOVERY,
     PROBE_AGAIN_S,
     PROBE_WAIT_S,
+    SPREAD,
     TERM_S,
     Ask,
     Grant,
@@ -306,13 +307,12 @@ class Bucket:
         span = 0.0
         if rate or crate:
             self.tail = holder
-            # Spent at the whole rate while the rates are free, at this holder's share of
-            # them (over a term at most) when others want them too: its place on the
-            # timelines is at the whole rate either way. (The holder has a term at least
-            # to send it: a task held up by its calls' latency keeps its grant that long.)
+            # Spent at the whole rate while the rates are free, at (SPREAD of) this holder's
+            # share of them, over a term at most, when others want them too: its place on
+            # the timelines is at the whole rate either way.
             width = max(width_r, width_c)
-            spread = min(term_of(active), width * max(1, active) / q.weight) if booked else 0.0
-            span = max(width, spread)
+            spread = SPREAD * width * max(1, active) / q.weight if booked else 0.0
+            span = max(width, min(term_of(active), spread))
         got_s = 0 if q.concurrency is None else int(min(slots, free))
         self.requests_taken += n
         self.cost_spent += got_c

@@ -64,6 +64,7 @@ from .spec import (
     PACE_RECOVERY,
     PROBE_AGAIN_S,
     PROBE_WAIT_S,
+    SPREAD,
     TERM_S,
     Ask,
     Grant,
@@ -97,7 +98,7 @@ local budget, cap, ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local weight, BURST = tonumber(ARGV[9]), tonumber(ARGV[10])
 local LEASE, KEEP_JOB = tonumber(ARGV[11]), tonumber(ARGV[12])
 local LEFT_SHARE, PROBE_WAIT, PROBE_AGAIN = 8, @PROBE_WAIT@, @PROBE_AGAIN@
-local TERM, MAX_ASKS, HORIZON, LONG_PAUSE = @TERM@
+local TERM, MAX_ASKS, HORIZON, LONG_PAUSE, SPREAD = @TERM@
 local PACE_CUT, PACE_CUT_EVERY, PACE_FLOOR, PACE_RECOVERY = @PACE@
 local a = {}
 for i = 13, #ARGV do a[i - 12] = ARGV[i] end
@@ -280,7 +281,8 @@ if op == 'take' then
     -- Spent at the whole rate while free, at its share when booked (as Bucket.take).
     local spread = 0
     if booked then
-      spread = math.min(term(holders), math.max(width_r, width_c) * math.max(1, holders) / weight)
+      spread = SPREAD * math.max(width_r, width_c) * math.max(1, holders) / weight
+      spread = math.min(term(holders), spread)
     end
     span = math.max(width_r, width_c, spread)
   end
@@ -355,7 +357,9 @@ SCRIPT = (
     SCRIPT.replace(
         "@PACE@", ", ".join(map(repr, (PACE_CUT, PACE_CUT_EVERY_S, PACE_FLOOR, PACE_RECOVERY)))
     )
-    .replace("@TERM@", ", ".join(map(repr, (TERM_S, MAX_ASKS_PER_S, HORIZON_S, LONG_PAUSE_S))))
+    .replace(
+        "@TERM@", ", ".join(map(repr, (TERM_S, MAX_ASKS_PER_S, HORIZON_S, LONG_PAUSE_S, SPREAD)))
+    )
     .replace("@PROBE_WAIT@", repr(PROBE_WAIT_S))
     .replace("@PROBE_AGAIN@", repr(PROBE_AGAIN_S))
 )

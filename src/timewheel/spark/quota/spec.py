@@ -51,8 +51,9 @@ T = TypeVar("T")
 
 #: A grant may start this many seconds before the timeline's last (none: a call over the
 #: rate at the service's own limit is a refusal), and a holder catches up a lag of at
-#: most CATCH_UP_S behind its grant's schedule: the most a job sends beyond its rate is
-#: BURST_S + CATCH_UP_S of it (1.01x in any second, 1.1x in any 100 ms).
+#: most CATCH_UP_S behind its grant's schedule. Over the run, a job sends at most its rate
+#: (plus BURST_S + CATCH_UP_S of it); in one second, up to about 1.06x (several holders'
+#: grants spent over their shares of a term overlap: test_quota_scale.py bounds it at 1.1x).
 BURST_S = 0.0
 CATCH_UP_S = 0.01
 #: A grant is spent over a term: a holder asks the store about once a term while it is
@@ -60,6 +61,12 @@ CATCH_UP_S = 0.01
 TERM_S = 0.25
 #: The store is asked at most about this often: with more holders, the term grows.
 MAX_ASKS_PER_S = 250.0
+#: While the timeline is booked, a holder spends its grant over this share of its place
+#: among the holders asking (its width times their number), so it asks for the next a
+#: little before the timeline reaches now: booked just in time, every late wakeup or
+#: answer left the timeline idle (0.96 of a token rate with four tasks on a driven
+#: clock; 1.00 at 0.8). The grants' places on the timeline, and so the rate, are the same.
+SPREAD = 0.8
 #: The timelines are booked at most this far ahead: a task that would be granted a slot
 #: beyond it is told when to ask again instead (its turn in a queue, so the tasks
 #: waiting ask one after another, at the pace grants free up, never all at once), and a

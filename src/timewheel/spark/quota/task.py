@@ -126,21 +126,24 @@ class TaskQuota:
         self.flush_at = (
             q.cost_rate * LEASE_S if q.cost_rate else (q.budget / 1000 if q.budget else math.inf)
         )
-        # The grant in hand: requests, cost, slots (in use or not); when its next call
-        # may go, how far apart its calls go (per request, per unit of cost) and when its
-        # slot ends (by ``clock``).
+        # The grant in hand: requests, cost, slots (in use or not); where its calls have
+        # reached on each of its two timelines (requests, cost: a call goes when both have
+        # reached now), how far a call moves each (per request, per unit of cost) and when
+        # its slot ends (by ``clock``).
         self.requests = 0
         self.cost = 0.0
         self.slots = 0
-        self.ready = -math.inf
+        self.ready = self.ready_c = -math.inf
         self.step = 0.0
         self.cost_step = 0.0
         self.ends = math.inf
         # Requests of a grant whose slot ended unsent: given back with the next ask.
         self.unused = 0
-        # The last grant's requests, and what it left unsent (a slow start: see _ask).
+        # The last grant's requests, and what it left unsent (a slow start: see _ask);
+        # the mean estimate of the calls taken (what an ask asks per request).
         self.granted = 0
         self.left = 0
+        self.mean_cost = 0.0
         # The job's cost spent and requests taken as the store last said, and which count
         # of the store said it (see Ask).
         self.seen_spent = 0.0
@@ -198,15 +201,20 @@ class TaskQuota:
                 if probing and self.ratio:  # the job knows a ratio now: hold what it says
                     return PROBE_AGAIN_S
                 now = self.clock()
-            if now < self.ready:
-                return self.ready - now
+            ready = max(self.ready, self.ready_c)
+            if now < ready:
+                return ready - now
             self.requests -= 1
             self.cost -= cost
+            self.mean_cost += (cost - self.mean_cost) / 8 if self.mean_cost else cost
             if self.timed:
                 # The grant's own schedule, not the last call's time: a thread woken late
                 # catches up (a lag of CATCH_UP_S at most; more is lost, never a burst).
-                base = max(self.ready, now - CATCH_UP_S)
-                self.ready = base + max(self.step, cost * self.cost_step)
+                # Each timeline moves by what the call takes of it alone: a small call
+                # takes a request's step, not a large one's width of the cost timeline.
+                floor = now - CATCH_UP_S
+                self.ready = max(self.ready, floor) + self.step
+                self.ready_c = max(self.ready_c, floor) + cost * self.cost_step
             if self.counted:
                 self.in_flight += 1
                 self.out += cost
@@ -217,15 +225,22 @@ class TaskQuota:
         hand goes back first: a grant's calls go in its own slot): 0.0 when granted, else
         the seconds to wait."""
         if self.timed:
-            # What it asks for is what it showed it can use (a slow start): twice its last
-            # grant when it sent all of it, else what it sent of it; so a task that has a
-            # few rows books a few calls of the timeline, not a term of it.
+            # What it asks for is what it showed it can use (a slow start): twice what it
+            # sent of its last grant when it used all of it (all its requests, or all its
+            # cost: calls larger than the mean spend the cost first), else what it sent;
+            # so a task that has a few rows books a few calls of the timeline, not a term
+            # of it. The cost asked is the mean call's times the requests (this call's at
+            # least): one small call does not shrink a grant to a few calls' worth.
+            # (A grant some of which went back already, its slot over or the job paused,
+            # was not used up.)
+            used_up = not self.left and (self.requests < 1 or self.cost < cost)
             if self.requests or self.cost:
                 self._drop_stock()
-            left, self.left = self.left, 0
-            want = 2 * self.granted if left == 0 else self.granted - left
+            sent = max(0, self.granted - self.left)
+            want = 2 * sent if used_up else sent
+            self.left = 0
             requests = max(1, min(want, self.ask_requests))
-            asked_cost = max(cost, cost * requests)
+            asked_cost = max(cost, max(cost, self.mean_cost) * requests)
         else:
             requests = max(1, self.ask_requests - max(0, self.requests))
             asked_cost = max(cost, self.ask_cost - self.cost, cost * self.ask_requests)
@@ -282,7 +297,7 @@ class TaskQuota:
             # The slot is the store's, from when it answered: a later start, never an
             # earlier one, however long the answer took to come.
             start = received + grant.start_s
-            self.ready = start  # (the last grant's calls are all sent or given back)
+            self.ready = self.ready_c = start  # (the last grant's calls are all gone)
             self.step = grant.span_s / grant.requests if q.rate else 0.0
             self.cost_step = grant.span_s / grant.cost if q.cost_rate and grant.cost > 0 else 0.0
             # Its calls may go until a term after the slot's start at least (a task held
