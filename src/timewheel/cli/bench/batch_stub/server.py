@@ -574,4 +574,3 @@ class BatchStubProcess(ChildService):
         request = urllib.request.Request(self.base_url + "/admin/advance", data, method="POST")
         with urllib.request.urlopen(request, timeout=30) as response:
             return float(json.loads(response.read())["now"])
-
