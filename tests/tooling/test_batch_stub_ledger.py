@@ -411,5 +411,14 @@ def test_message_batches_over_the_byte_limit_or_the_queue_are_refused() -> None:
     with pytest.raises(Refused) as refused:
         stub.anthropic.create({"requests": [anthropic_request(f"b{i}", "hi") for i in range(6)]}, 1)
     assert (refused.value.status, refused.value.kind) == (429, "rate_limit_error")
+    assert refused.value.retry_after_s == 1  # a line a second: one leaves in 1 s
+    with pytest.raises(Refused) as refused:
+        stub.anthropic.create({"requests": [anthropic_request(f"b{i}", "hi") for i in range(9)]}, 1)
+    assert refused.value.retry_after_s == 4
+    with pytest.raises(Refused) as refused:  # never fits: try again after a window
+        stub.anthropic.create(
+            {"requests": [anthropic_request(f"b{i}", "hi") for i in range(26)]}, 1
+        )
+    assert refused.value.retry_after_s == 86_400
     stub.at(1)  # one answered: room for 6
     stub.anthropic.create({"requests": [anthropic_request(f"b{i}", "hi") for i in range(6)]}, 1)

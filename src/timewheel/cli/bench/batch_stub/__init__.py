@@ -22,7 +22,8 @@ Anthropic (``x-api-key``, or ``Authorization: Bearer`` as its SDK 2.x sends the 
 ``anthropic-version``; none: 401 / 400 in Anthropic's shape):
 ``POST /v1/messages/batches`` (``requests``: ``custom_id``, ``params``; at most
 ``--anthropic-max-requests`` and ``--anthropic-max-bytes``: 400 and 413; a queue of
-``--queue-requests`` requests not yet answered: 429 ``rate_limit_error``), ``GET
+``--queue-requests`` requests not yet answered: 429 ``rate_limit_error``, ``retry-after``
+the seconds until it has room), ``GET
 /v1/messages/batches`` (newest first, ``after_id``, ``before_id``, ``limit``), ``GET``
 and ``DELETE /v1/messages/batches/{id}``, ``POST .../cancel``, ``GET .../results`` (JSONL,
 once ``ended``: ``succeeded``, ``errored``, ``canceled``, ``expired`` per ``custom_id``).

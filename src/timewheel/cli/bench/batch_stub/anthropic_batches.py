@@ -6,7 +6,9 @@ with a message in Anthropic's shape, its tokens counted as the OpenAI stub count
 
 from __future__ import annotations
 
+import heapq
 import json
+import math
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -117,12 +119,14 @@ class AnthropicBatches:
             if b.provider == "anthropic" and b.anthropic_ended(now, s) is None
         )
         if queued + len(lines) > s.queue_requests:
-            raise Refused(
+            refused = Refused(
                 429,
                 f"Number of batch requests in the processing queue would exceed "
                 f"{s.queue_requests} ({queued} queued, this batch {len(lines)}).",
                 "rate_limit_error",
             )
+            refused.retry_after_s = self._room_in(queued + len(lines) - s.queue_requests, now)
+            raise refused
         start, step = self.ledger.timing(now, len(lines), 0.0)
         batch = Batch(
             self.ledger.new_id("msgbatch_"), "anthropic", now, start, step, now + s.window_s, lines
@@ -130,6 +134,21 @@ class AnthropicBatches:
         self.ledger.draw(batch)
         self.ledger.message_batches[batch.id] = batch
         return batch
+
+    def _room_in(self, leaving: int, now: float) -> int:
+        """Whole seconds (at least 1) until ``leaving`` queued requests have left the queue,
+        answered or at their batch's end; a batch too big for the queue is told a window."""
+        s = self.ledger.settings
+        times: list[float] = []
+        for b in self.ledger.active:
+            ended = b.anthropic_ended(math.inf, s) if b.provider == "anthropic" else None
+            if ended is None:
+                continue
+            first = b.answered(now)
+            times += [min(b.start + b.step * (i + 1), ended) for i in range(first, len(b.lines))]
+        if leaving > len(times):
+            return math.ceil(s.window_s)
+        return max(1, math.ceil(heapq.nsmallest(leaving, times)[-1] - now))
 
     def _line(self, custom_id: str, params: dict[str, Any]) -> Line:
         line = Line(custom_id, "messages", params["model"])

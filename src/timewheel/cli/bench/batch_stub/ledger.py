@@ -141,7 +141,10 @@ class Settings:
 
 class Refused(Exception):
     """A request the API refuses outright: its HTTP ``status``, the error's ``kind`` (the
-    API's error type or code) and ``param``, if one is to blame."""
+    API's error type or code) and ``param``, if one is to blame; a 429 says in
+    ``retry_after_s`` when to try again."""
+
+    retry_after_s = 0
 
     def __init__(
         self,

@@ -36,8 +36,6 @@ Handler = Callable[[Any], Awaitable[Any]]
 
 #: The purposes OpenAI's Files API takes on upload.
 _PURPOSES = {"assistants", "batch", "fine-tune", "vision", "user_data", "evals"}
-#: Whole seconds a refused Anthropic create is told to wait (``retry-after``).
-QUEUE_RETRY_S = 60
 
 
 def _page_size(request: Any, default: int, most: int) -> int:
@@ -91,7 +89,6 @@ class _Server:
             auth = request.headers.get("Authorization", "")
             try:
                 if not auth.startswith("Bearer ") or not auth[7:].strip():
-                    self.refused["auth"] += 1
                     raise Refused(
                         401,
                         "You didn't provide an API key (Authorization: Bearer KEY).",
@@ -119,7 +116,6 @@ class _Server:
                 # The API takes x-api-key; anthropic's SDK 2.x sends Authorization: Bearer.
                 bearer = request.headers.get("Authorization", "").startswith("Bearer ")
                 if not request.headers.get("x-api-key", "").strip() and not bearer:
-                    self.refused["auth"] += 1
                     raise Refused(401, "x-api-key header is required", "authentication_error")
                 if not request.headers.get("anthropic-version", "").strip():
                     raise Refused(400, "anthropic-version: header is required")
@@ -128,7 +124,7 @@ class _Server:
             except Refused as refused:
                 self.refused[str(refused.status)] += 1
                 if refused.status == 429:
-                    headers["retry-after"] = str(QUEUE_RETRY_S)
+                    headers["retry-after"] = str(refused.retry_after_s)
                 body = {
                     "type": "error",
                     "error": {"type": refused.kind, "message": refused.message},
