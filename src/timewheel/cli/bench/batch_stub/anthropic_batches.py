@@ -197,7 +197,7 @@ class AnthropicBatches:
     def view(self, batch: Batch, base_url: str) -> dict[str, Any]:
         """The Message Batch object as Anthropic answers it."""
         s = self.ledger.settings
-        now = self.ledger.clock.now()
+        now = self.ledger.now  # the settled instant: its files are written
         ended = batch.anthropic_ended(now, s)
         answered = batch.lines[: batch.answered(now)]
         succeeded = sum(line.ok for line in answered)

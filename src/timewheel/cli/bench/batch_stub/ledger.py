@@ -361,6 +361,7 @@ class Ledger:
         self.bill = Bill()
         self.counter = 0
         self.active: list[Batch] = []
+        self.now = clock.now()  # when it last settled: what every answer shows
 
     def new_id(self, prefix: str) -> str:
         self.counter += 1
@@ -427,4 +428,5 @@ class Ledger:
             else:
                 still.append(batch)
         self.active = still
+        self.now = now
         return now

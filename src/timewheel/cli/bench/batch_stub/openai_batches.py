@@ -152,12 +152,14 @@ class OpenAIBatches:
             )
         if input_file_id not in self.ledger.files:
             raise Refused(
-                400, f"Invalid input_file_id {input_file_id!r}: no such file.", "", "input_file_id"
+                400,
+                f"Invalid input_file_id {input_file_id!r}: no such file.",
+                param="input_file_id",
             )
         stored = self.ledger.files[input_file_id]
         if stored.purpose != "batch" or stored.data is None:
             raise Refused(
-                400, "The input file must be uploaded with purpose 'batch'.", "", "input_file_id"
+                400, "The input file must be uploaded with purpose 'batch'.", param="input_file_id"
             )
         now = self.ledger.settle()
         lines, errors = self._parse(stored.data, endpoint)
@@ -228,9 +230,10 @@ class OpenAIBatches:
     def view(self, batch: Batch, just_cancelled: bool = False) -> dict[str, Any]:
         """The batch object as OpenAI answers it."""
         s = self.ledger.settings
-        now = self.ledger.clock.now()
+        now = self.ledger.now  # the settled instant: its files are written
         status, stamps = batch.openai_status(now, s)
-        if just_cancelled and status == "cancelled":  # the cancel's own answer says cancelling
+        if just_cancelled and status == "cancelled" and batch.cancel_at == now:
+            # With --cancel-s 0, the cancel's own answer still says cancelling, as OpenAI's.
             status = "cancelling"
             stamps.pop("cancelled_at", None)
         answered = batch.lines[: batch.answered(now)]
