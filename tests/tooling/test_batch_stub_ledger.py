@@ -422,3 +422,39 @@ def test_message_batches_over_the_byte_limit_or_the_queue_are_refused() -> None:
     assert refused.value.retry_after_s == 86_400
     stub.at(1)  # one answered: room for 6
     stub.anthropic.create({"requests": [anthropic_request(f"b{i}", "hi") for i in range(6)]}, 1)
+
+
+def test_an_embeddings_batch_answers_in_the_openai_stubs_shape() -> None:
+    stub = Stub(validate_s=0, finalize_s=0, dimensions=16)
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"e{i}",
+                "method": "POST",
+                "url": "/v1/embeddings",
+                "body": {"model": "text-embedding-3-small", "input": ["abcd", "abcdefgh"][: i + 1]},
+            }
+        )
+        for i in range(2)
+    ]
+    lines.append(
+        json.dumps(
+            {
+                "custom_id": "wide",
+                "method": "POST",
+                "url": "/v1/embeddings",
+                "body": {"model": "text-embedding-3-small", "input": "abcd", "dimensions": 4},
+            }
+        )
+    )
+    batch_id = stub.submit(lines, endpoint="/v1/embeddings")
+    stub.at(0)
+    view = stub.view(batch_id)
+    assert view["status"] == "completed" and view["request_counts"]["completed"] == 3
+    out = {o["custom_id"]: o["response"]["body"] for o in stub.content(view["output_file_id"])}
+    assert [len(d["embedding"]) for d in out["e1"]["data"]] == [16, 16]
+    assert out["e1"]["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
+    assert len(out["wide"]["data"][0]["embedding"]) == 4
+    bill = stub.ledger.bill.summary(with_ids=False)
+    assert (bill["input_tokens"], bill["output_tokens"]) == (1 + 3 + 1, 0)
+    assert bill["online_cost_usd"] == pytest.approx(5 * 0.02e-6)
