@@ -16,7 +16,8 @@ from timewheel import cli
 def test_every_benchmark_module_with_a_command_is_registered() -> None:
     shipped = set()
     for info in pkgutil.iter_modules(timewheel.cli.bench.__path__):
-        source = timewheel.cli.bench.__path__[0] + f"/{info.name}.py"
+        folder = timewheel.cli.bench.__path__[0]  # a package (batch_stub/) by its __init__
+        source = f"{folder}/{info.name}/__init__.py" if info.ispkg else f"{folder}/{info.name}.py"
         with open(source, encoding="utf-8") as f:
             if "def add_parser(" in f.read():
                 shipped.add(info.name)

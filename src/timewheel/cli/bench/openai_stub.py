@@ -48,10 +48,14 @@ __all__ = [
     "Limits",
     "StubProcess",
     "WindowLimiter",
+    "chat_answer",
     "count_tokens",
     "embedding_json",
+    "embeddings_answer",
     "go_duration",
     "main",
+    "request_dimensions",
+    "request_texts",
 ]
 
 #: Numbers per embedding unless ``--dimensions`` or a request says otherwise
@@ -173,7 +177,57 @@ def embedding_json(text: str, dimensions: int) -> str:
     return "[" + ",".join(_NUMBERS[start : start + dimensions]) + "]"
 
 
-def _dimensions(body: dict[str, Any], default: int) -> int:
+def request_texts(body: Any, kind: str) -> list[str]:
+    """The texts of a request's ``body`` that count as its prompt: an embeddings request's
+    ``input`` (``kind`` ``"embeddings"``), a chat request's messages' ``content`` (``"chat"``);
+    TypeError or KeyError when the body has none."""
+    if not isinstance(body, dict):
+        raise TypeError("the body must be a JSON object")
+    if kind == "embeddings":
+        given = body["input"]
+        texts = [given] if isinstance(given, str) else given
+    else:
+        texts = [m["content"] for m in body["messages"]]
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise TypeError("input must be a string or a non-empty list of strings")
+    return texts
+
+
+def embeddings_answer(model: str, texts: list[str], dimensions: int, prompt_tokens: int) -> str:
+    """An embeddings answer in OpenAI's shape, as JSON text: one embedding of ``dimensions``
+    numbers per text, and ``usage``. Written as text: the numbers are OpenAI's length, and
+    cheap at any size."""
+    data = ",".join(
+        f'{{"object":"embedding","index":{i},"embedding":{embedding_json(t, dimensions)}}}'
+        for i, t in enumerate(texts)
+    )
+    usage = json.dumps({"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens})
+    return f'{{"object":"list","model":{json.dumps(model)},"data":[{data}],"usage":{usage}}}'
+
+
+def chat_answer(model: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """A chat completion in OpenAI's shape: an assistant message of ``completion_tokens``
+    tokens (``"ok "`` each) and ``usage``."""
+    return {
+        "id": "chatcmpl-stub",
+        "object": "chat.completion",
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "ok " * completion_tokens},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def request_dimensions(body: dict[str, Any], default: int) -> int:
     """The request's ``dimensions`` (the stub's ``default`` when not given); TypeError or
     ValueError when it is not an int in 1..MAX_DIMENSIONS."""
     given = body.get("dimensions")
@@ -214,8 +268,8 @@ class _Stub:
             return self._error(401, "no API key (Authorization: Bearer KEY)")
         try:
             body = json.loads(await request.read())
-            texts = self._texts(body, kind)
-            dimensions = _dimensions(body, self.dimensions) if kind == "embeddings" else 0
+            texts = request_texts(body, kind)
+            dimensions = request_dimensions(body, self.dimensions) if kind == "embeddings" else 0
         except (ValueError, TypeError, KeyError) as exc:
             self.totals["bad"] += 1
             return self._error(400, f"bad request: {exc}")
@@ -235,47 +289,10 @@ class _Stub:
             await asyncio.sleep(self.latency_s)
         model = str(body.get("model", "stub"))
         if kind == "embeddings":
-            # Written as text: the numbers are OpenAI's length, and cheap at any size.
-            data = ",".join(
-                f'{{"object":"embedding","index":{i},"embedding":{embedding_json(t, dimensions)}}}'
-                for i, t in enumerate(texts)
-            )
-            usage = json.dumps({"prompt_tokens": prompt, "total_tokens": prompt})
-            text = (
-                f'{{"object":"list","model":{json.dumps(model)},"data":[{data}],"usage":{usage}}}'
-            )
+            text = embeddings_answer(model, texts, dimensions, prompt)
             return web.Response(text=text, content_type="application/json", headers=verdict.headers)
-        answer = {
-            "id": "chatcmpl-stub",
-            "object": "chat.completion",
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": "ok " * completion},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": {
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-            },
-        }
+        answer = chat_answer(model, prompt, completion)
         return web.json_response(answer, headers=verdict.headers)
-
-    @staticmethod
-    def _texts(body: Any, kind: str) -> list[str]:
-        if not isinstance(body, dict):
-            raise TypeError("the body must be a JSON object")
-        if kind == "embeddings":
-            given = body["input"]
-            texts = [given] if isinstance(given, str) else given
-        else:
-            texts = [m["content"] for m in body["messages"]]
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-            raise TypeError("input must be a string or a non-empty list of strings")
-        return texts
 
     async def embeddings(self, request: Any) -> Any:
         return await self._metered(request, "embeddings")
