@@ -1,0 +1,191 @@
+"""A batch's results split by ``custom_id`` into one :class:`RowResult` per row.
+
+Each line of OpenAI's output and error files, or of Anthropic's results, is read as it
+streams in and becomes its row's outcome: ``ok`` (the answer and its usage, and its cost
+when prices are given), ``failed`` (the provider's error; ``retryable`` when a new
+attempt may cure it: a 408, 429 or 5xx, an overloaded or API error), ``expired`` (not
+done within the window), ``cancelled``. A line whose ``custom_id`` is not one of the
+part's, or is one already read, is refused (:class:`ResultError`, naming it): that is a
+file that is not this batch's, or a provider that answered a row twice, and no row's
+outcome can then be trusted. A row of the part with no line gets its outcome from the
+batch's end (expired, cancelled, or failed with the batch's own error).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .calls import BatchState
+from .parts import Part
+from .spec import BatchPrices
+
+__all__ = [
+    "CANCELLED",
+    "EXPIRED",
+    "FAILED",
+    "OK",
+    "OUTCOMES",
+    "ResultError",
+    "RowResult",
+    "split_results",
+]
+
+OK, FAILED, EXPIRED, CANCELLED = "ok", "failed", "expired", "cancelled"
+OUTCOMES = (OK, FAILED, EXPIRED, CANCELLED)
+_RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504, 529})
+_RETRYABLE_KINDS = frozenset({"api_error", "overloaded_error", "rate_limit_error", "server_error"})
+
+
+class ResultError(ValueError):
+    """A result line that cannot be a row's outcome (an unknown or repeated
+    ``custom_id``, a line not JSON): the message names the batch and the ``custom_id``."""
+
+
+@dataclass
+class RowResult:
+    """One row's outcome: ``status`` (ok, failed, expired, cancelled), the ``answer`` (the
+    provider's response body, parsed), ``usage`` (``input_tokens``, ``output_tokens``),
+    ``error``, whether a new attempt may cure it (``retryable``), ``cost`` (None without
+    prices), ``attempts`` (batches that carried it) and the last one's ``batch_id``."""
+
+    custom_id: str
+    status: str
+    batch_id: str
+    attempts: int = 1
+    answer: Any = None
+    usage: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
+    retryable: bool = False
+    cost: float | None = None
+
+
+def split_results(
+    part: Part,
+    state: BatchState,
+    lines: Iterable[bytes],
+    prices: BatchPrices | None,
+) -> dict[str, RowResult]:
+    """Every row of ``part`` once, from the result ``lines`` of its batch (``state``, ended)."""
+    expected = set(part.custom_ids)
+    out: dict[str, RowResult] = {}
+    for number, raw in enumerate(lines, 1):
+        try:
+            item = json.loads(raw)
+            custom_id = item["custom_id"]
+        except (ValueError, TypeError, KeyError):
+            raise ResultError(
+                f"batch {state.id}: result line {number} is not a result (no custom_id)"
+            ) from None
+        if custom_id not in expected:
+            raise ResultError(
+                f"batch {state.id}: result line {number} is for custom_id {custom_id!r}, "
+                f"which is not a row of part {part.key}"
+            )
+        if custom_id in out:
+            raise ResultError(
+                f"batch {state.id}: custom_id {custom_id!r} has a second result (line "
+                f"{number}): a row's outcome is read once"
+            )
+        if "result" in item:
+            row = _anthropic(custom_id, state.id, item["result"])
+        else:
+            row = _openai(custom_id, state.id, item)
+        row.attempts = part.attempt
+        if row.status == OK and prices is not None:
+            row.cost = prices.cost(
+                part.model, row.usage.get("input_tokens", 0), row.usage.get("output_tokens", 0)
+            )
+        out[custom_id] = row
+    for custom_id in part.custom_ids:
+        if custom_id not in out:
+            out[custom_id] = _unanswered(custom_id, state, part.attempt)
+    return out
+
+
+def _unanswered(custom_id: str, state: BatchState, attempt: int) -> RowResult:
+    """A row its batch's results leave out: its outcome is the batch's end."""
+    if state.status in ("expired",):
+        return RowResult(custom_id, EXPIRED, state.id, attempt, error="the batch expired")
+    if state.status in ("cancelled", "cancelling", "canceling"):
+        return RowResult(custom_id, CANCELLED, state.id, attempt, error="the batch was cancelled")
+    if state.status == "failed":
+        why = state.errors or "the batch failed"
+        # OpenAI fails a batch that would pass the enqueued-token limit: later it fits
+        retryable = "token_limit_exceeded" in why
+        return RowResult(
+            custom_id, FAILED, state.id, attempt, error=f"batch failed: {why}", retryable=retryable
+        )
+    return RowResult(
+        custom_id,
+        FAILED,
+        state.id,
+        attempt,
+        error=f"the batch ended {state.status} with no result for this row",
+        retryable=True,
+    )
+
+
+def _openai(custom_id: str, batch_id: str, item: dict[str, Any]) -> RowResult:
+    response, error = item.get("response"), item.get("error")
+    if isinstance(error, dict) and error:
+        code = str(error.get("code") or "")
+        message = f"{code}: {error.get('message')}"
+        if code == "batch_expired":
+            return RowResult(custom_id, EXPIRED, batch_id, error=message)
+        if code == "batch_cancelled":
+            return RowResult(custom_id, CANCELLED, batch_id, error=message)
+        return RowResult(custom_id, FAILED, batch_id, error=message)
+    if not isinstance(response, dict):
+        return RowResult(custom_id, FAILED, batch_id, error="a result with no response")
+    status = int(response.get("status_code") or 0)
+    body = response.get("body")
+    if status == 200:
+        usage = body.get("usage") if isinstance(body, dict) else None
+        return RowResult(custom_id, OK, batch_id, answer=body, usage=_usage(usage))
+    detail = body.get("error") if isinstance(body, dict) else None
+    said = detail.get("message") if isinstance(detail, dict) else None
+    return RowResult(
+        custom_id,
+        FAILED,
+        batch_id,
+        answer=body,
+        error=f"{status}: {said or 'no message'}",
+        retryable=status in _RETRYABLE_STATUS,
+    )
+
+
+def _anthropic(custom_id: str, batch_id: str, result: Any) -> RowResult:
+    kind = result.get("type") if isinstance(result, dict) else None
+    if kind == "succeeded":
+        message = result.get("message")
+        usage = message.get("usage") if isinstance(message, dict) else None
+        return RowResult(custom_id, OK, batch_id, answer=message, usage=_usage(usage))
+    if kind == "expired":
+        return RowResult(custom_id, EXPIRED, batch_id, error="expired")
+    if kind == "canceled":
+        return RowResult(custom_id, CANCELLED, batch_id, error="canceled")
+    outer = result.get("error") if isinstance(result, dict) else None
+    inner = outer.get("error", outer) if isinstance(outer, dict) else None
+    error_kind = inner.get("type") if isinstance(inner, dict) else None
+    message = inner.get("message") if isinstance(inner, dict) else None
+    return RowResult(
+        custom_id,
+        FAILED,
+        batch_id,
+        error=f"{error_kind or kind}: {message or 'no message'}",
+        retryable=error_kind in _RETRYABLE_KINDS,
+    )
+
+
+def _usage(usage: Any) -> dict[str, int]:
+    """Input and output tokens, in either provider's words (an embedding's output: 0)."""
+    if not isinstance(usage, dict):
+        return {}
+    read = {
+        "input_tokens": usage.get("input_tokens", usage.get("prompt_tokens")),
+        "output_tokens": usage.get("output_tokens", usage.get("completion_tokens", 0)),
+    }
+    return {k: int(v) for k, v in read.items() if isinstance(v, (int, float))}

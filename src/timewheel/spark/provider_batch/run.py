@@ -1,0 +1,416 @@
+"""The driver's side of a job sent in batches: :class:`BatchRun`, a state machine over a
+journal, so that nothing is submitted twice and nothing is lost.
+
+Each part (:mod:`.parts`) goes: uploaded (OpenAI: its file), created, polled until it
+ends, its results downloaded and split per row (:mod:`.results`). Every step the
+provider is asked for is journaled (:mod:`.journal`) before it (an intent: ``uploading``,
+``creating``) and its id after it (``file``, ``batch``), each record fsync'd before the
+next call. So a run killed at any point, and run again on the same journal, finds where
+it was:
+
+* killed after the upload, before its file id was written: the file is looked for by its
+  name and size and used, or uploaded again (an unused file costs nothing);
+* killed after the create, before its batch id was written: the batch is looked for in
+  the provider's list, OpenAI's by the metadata naming the job and the part, Anthropic's
+  among the batches made since the newest one the intent recorded (with as many
+  requests, not claimed; its results tell whether it was the part's), and re-attached;
+  a part gets a second batch only when none was made;
+* killed while polling or while downloading: the journal has every batch id, so the run
+  polls them again and downloads their results again (results are kept by the
+  provider; reading them twice is not paying twice).
+
+A create that failed in a way that may have made the batch (a timeout, a 5xx) is
+handled as a kill after the create. The rows that end ``failed`` (retryable) or
+``expired`` are sent once more in a new batch (``ProviderBatch.resend="batch"``): part
+``p00003``'s in part ``p00003r``, made from its results, which is again the same on a
+resumed run. Every row comes back once, with its last outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .calls import Adapter, Ambiguous, BatchState, ProviderError
+from .journal import BatchJournal
+from .parts import Part, parts_of
+from .results import EXPIRED, FAILED, ResultError, RowResult, split_results
+from .spec import BatchPrices, ProviderBatch
+
+__all__ = ["SKEW_S", "BatchRun", "Progress", "RunResult"]
+
+#: A batch made before a journaled intent, by more than this (clocks differ), is not
+#: looked at when a resumed run looks for the intent's batch.
+SKEW_S = 3600.0
+#: How many times a part's create may end unknown before the run gives up.
+MAX_CREATES = 4
+_JOB = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+#: A hook called at each step (``uploaded``, ``created``, ``polled``, ``downloading``)
+#: with the part's key: tests raise from it to kill the run there.
+Hook = Callable[[str, str], None]
+
+
+@dataclass
+class Progress:
+    """What a poll saw: batches ended of all, requests done, failed, expired of all."""
+
+    batches: int = 0
+    ended: int = 0
+    requests: int = 0
+    done: int = 0
+    failed: int = 0
+    expired: int = 0
+
+    def line(self) -> str:
+        return (
+            f"batches {self.ended}/{self.batches} ended; requests {self.done} done, "
+            f"{self.failed} failed, {self.expired} expired of {self.requests}"
+        )
+
+
+@dataclass
+class RunResult:
+    """Every row once (``rows``, in the order given), the batches that carried them."""
+
+    rows: dict[str, RowResult]
+    batches: list[str] = field(default_factory=list)
+    priced: bool = False
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for row in self.rows.values():
+            out[row.status] = out.get(row.status, 0) + 1
+        return out
+
+    def cost(self) -> float | None:
+        """The rows' cost, summed (None without prices)."""
+        if not self.priced:
+            return None
+        return sum(r.cost for r in self.rows.values() if r.cost is not None)
+
+
+class BatchRun:
+    """One job sent through ``option``'s provider, journaled at ``journal_path``.
+
+    ``job`` names it in the provider's metadata (letters, digits, ``_ . -``, up to 64; a
+    new journal draws one, a resumed one reads it). ``prices``: each ok row's cost.
+    ``sleep(seconds)``: how the driver waits between polls and tries (a test moves the
+    stub's clock instead). ``hook``: see :data:`Hook`. ``on_poll``: called with each
+    poll's :class:`Progress`. ``adapter``: the provider's calls (made from ``option``
+    when None; the SDK is imported then).
+    """
+
+    def __init__(
+        self,
+        option: ProviderBatch,
+        journal_path: str,
+        *,
+        job: str | None = None,
+        prices: BatchPrices | None = None,
+        sleep: Callable[[float], object] = time.sleep,
+        hook: Hook | None = None,
+        on_poll: Callable[[Progress], None] | None = None,
+        adapter: Adapter | None = None,
+    ) -> None:
+        if not isinstance(option, ProviderBatch):
+            raise TypeError(f"option must be a ProviderBatch, got {option!r}")
+        if prices is not None and not isinstance(prices, BatchPrices):
+            raise TypeError(f"prices must be a BatchPrices or None, got {prices!r}")
+        self.option = option
+        self.prices = prices
+        self.journal = BatchJournal(journal_path)
+        self._sleep = sleep
+        self._hook = hook
+        self._on_poll = on_poll
+        self._adapter = adapter
+        first = self.journal.last("job")
+        if first is not None:
+            if (first["provider"], first["endpoint"]) != (option.provider, option.endpoint):
+                raise ValueError(
+                    f"the batch journal {journal_path} is a job of {first['provider']} "
+                    f"{first['endpoint']}, not of {option.provider} {option.endpoint}"
+                )
+            if job is not None and job != first["job"]:
+                raise ValueError(f"the batch journal {journal_path} is job {first['job']!r}")
+            job = str(first["job"])
+        elif job is None:
+            job = uuid.uuid4().hex[:16]
+        if not isinstance(job, str) or not _JOB.fullmatch(job):
+            raise ValueError(f"job must be 1 to 64 of letters, digits, _ . and -, got {job!r}")
+        self.job = job
+
+    def __repr__(self) -> str:
+        return f"BatchRun({self.option!r}, {str(self.journal.path)!r}, job={self.job!r})"
+
+    @property
+    def adapter(self) -> Adapter:
+        if self._adapter is None:
+            from .anthropic_api import AnthropicBatches
+            from .openai_api import OpenAIBatches
+
+            kind = OpenAIBatches if self.option.provider == "openai" else AnthropicBatches
+            self._adapter = kind(self.option, self._wait)
+        return self._adapter
+
+    def _wait(self, seconds: float) -> None:
+        self._sleep(seconds)
+
+    def _step(self, step: str, key: str) -> None:
+        if self._hook is not None:
+            self._hook(step, key)
+
+    # ----- the run -----
+
+    def run(self, rows: Iterable[tuple[str, Mapping[str, Any]]]) -> RunResult:
+        """Send ``rows`` (custom_id, request body), or go on with them from the journal,
+        until every row has its outcome. Every row that cannot go is refused before
+        anything is sent (:class:`~.parts.RowError`, a ValueError), and so is a model the
+        prices do not have."""
+        given = list(rows)
+        parts = parts_of(self.option, given)
+        if self.prices is not None:
+            missing = self.prices.missing(p.model for p in parts)
+            if missing:
+                raise ValueError(
+                    f"BatchPrices.per_million has no price for the model(s) {missing}: "
+                    "nothing was sent"
+                )
+        self._start(parts)
+        order = [custom_id for custom_id, _ in given]
+        pending: dict[str, Part] = {p.key: p for p in parts}
+        found: dict[str, RowResult] = {}
+        batches: list[str] = []
+        interval = self.option.poll_min_s
+        while pending:
+            for part in list(pending.values()):
+                self._submit(part)
+            progress, ended = self._poll(pending)
+            if self._on_poll is not None:
+                self._on_poll(progress)
+            for part, state in ended:
+                rows_of = self._collect(part, state)
+                if rows_of is None:  # a suspect that was not the part's
+                    continue
+                del pending[part.key]
+                batches.append(state.id)
+                found.update(rows_of)
+                again = self._resend(part, rows_of)
+                if again is not None:
+                    pending[again.key] = again
+            if ended:
+                interval = self.option.poll_min_s
+            elif pending:
+                self._wait(interval)
+                interval = min(self.option.poll_max_s, interval * 1.5)
+        return RunResult({c: found[c] for c in order}, batches, self.prices is not None)
+
+    def cancel(self) -> list[str]:
+        """Cancel every batch of the journal not yet ended; return their ids. A run then
+        collects their rows as ``cancelled`` (those answered before: ``ok``)."""
+        cancelled = []
+        for record in self.journal.of("batch"):
+            state = self.adapter.retrieve(record["id"])
+            if not state.ended:
+                self.adapter.cancel(state.id)
+                cancelled.append(state.id)
+        return cancelled
+
+    def _start(self, parts: list[Part]) -> None:
+        """Journal the job and its parts, or check them against the journal's."""
+        if self.journal.last("job") is None:
+            self.journal.append(
+                "job", job=self.job, provider=self.option.provider, endpoint=self.option.endpoint
+            )
+        known = {r["key"]: r for r in self.journal.of("part") if r["attempt"] == 1}
+        if known and set(known) != {p.key for p in parts}:
+            raise ValueError(
+                f"the rows make parts {sorted(p.key for p in parts)[:5]}..., but the journal "
+                f"{self.journal.path} has {sorted(known)[:5]}...: not the same rows"
+            )
+        for part in parts:
+            self._part_record(part, known.get(part.key))
+
+    def _part_record(self, part: Part, record: dict[str, Any] | None) -> None:
+        if record is None:
+            self.journal.append(
+                "part",
+                key=part.key,
+                attempt=part.attempt,
+                n=len(part.custom_ids),
+                digest=part.digest,
+                model=part.model,
+            )
+        elif (record["n"], record["digest"]) != (len(part.custom_ids), part.digest):
+            raise ValueError(
+                f"part {part.key} of the journal {self.journal.path} was made of other rows "
+                "than these: not the same job"
+            )
+
+    # ----- a part's batch: made once -----
+
+    def _batch_id(self, key: str) -> str | None:
+        record = self.journal.last("batch", part=key)
+        return None if record is None else str(record["id"])
+
+    def _submit(self, part: Part) -> None:
+        """Give ``part`` a batch, unless it has one, or one that may be its."""
+        key = part.key
+        if self._batch_id(key) is not None or self._suspects(key):
+            return
+        intents = self.journal.of("creating", part=key)
+        if intents and self._reattach(part, intents[-1]):
+            return
+        if len(intents) >= MAX_CREATES:
+            raise ProviderError(
+                f"part {key}: {len(intents)} creates ended unknown and none made a batch"
+            )
+        adapter = self.adapter
+        file_id = None
+        if adapter.uploads:
+            file_id = self._file(part)
+        self.journal.append(
+            "creating",
+            part=key,
+            at=time.time(),
+            newest=adapter.newest(),
+            n=len(part.custom_ids),
+        )
+        metadata = {"timewheel_job": self.job, "timewheel_part": key}
+        try:
+            batch_id = adapter.create(part, file_id, metadata)
+        except Ambiguous:
+            return  # as a kill after the create: the next turn looks for it first
+        self._step("created", key)
+        self.journal.append("batch", part=key, id=batch_id)
+
+    def _file(self, part: Part) -> str:
+        """The part's uploaded file: journaled, found by name, or uploaded now."""
+        record = self.journal.last("file", part=part.key)
+        if record is not None:
+            return str(record["id"])
+        name = f"timewheel-{self.job}-{part.key}.jsonl"
+        file_id = None
+        if self.journal.last("uploading", part=part.key) is not None:
+            file_id = self.adapter.find_file(name, part.size)
+        if file_id is None:
+            self.journal.append("uploading", part=part.key, name=name)
+            file_id = self.adapter.upload(name, part)
+            self._step("uploaded", part.key)
+        self.journal.append("file", part=part.key, id=file_id)
+        return file_id
+
+    def _claimed(self) -> set[str]:
+        ids = {str(r["id"]) for r in self.journal.of("batch")}
+        for record in self.journal.of("suspects"):
+            ids.update(record["ids"])
+        return ids
+
+    def _reattach(self, part: Part, intent: dict[str, Any]) -> bool:
+        """Look for the batch an unanswered create may have made; True when one is
+        journaled as the part's (or as a suspect)."""
+        since = float(intent["at"]) - SKEW_S
+        claimed = self._claimed()
+        suspects = []
+        for state in self.adapter.listed(intent.get("newest"), since):
+            if state.id in claimed:
+                continue
+            if self.option.provider == "openai":
+                tags = state.metadata
+                if tags.get("timewheel_job") == self.job and tags.get("timewheel_part") == part.key:
+                    self.journal.append("batch", part=part.key, id=state.id, found="list")
+                    return True
+            elif state.total == len(part.custom_ids):
+                suspects.append(state.id)
+        if suspects:
+            self.journal.append("suspects", part=part.key, ids=suspects)
+            return True
+        return False
+
+    def _suspects(self, key: str) -> list[str]:
+        """The batches that may be ``key``'s and are not yet told apart."""
+        record = self.journal.last("suspects", part=key)
+        if record is None:
+            return []
+        told = {str(r["id"]) for r in self.journal.of("foreign", part=key)}
+        return [i for i in record["ids"] if i not in told]
+
+    # ----- polling and results -----
+
+    def _poll(self, pending: dict[str, Part]) -> tuple[Progress, list[tuple[Part, BatchState]]]:
+        progress = Progress()
+        ended: list[tuple[Part, BatchState]] = []
+        for part in pending.values():
+            batch_id = self._batch_id(part.key)
+            for one in [batch_id] if batch_id is not None else self._suspects(part.key):
+                state = self.adapter.retrieve(one)
+                self._step("polled", part.key)
+                progress.batches += 1
+                progress.ended += state.ended
+                progress.requests += state.total
+                progress.done += state.done
+                progress.failed += state.failed
+                progress.expired += state.expired
+                if state.ended:
+                    ended.append((part, state))
+                    break
+        return progress, ended
+
+    def _collect(self, part: Part, state: BatchState) -> dict[str, RowResult] | None:
+        """The rows of ``part`` from its ended batch; None when it was a suspect whose
+        results were another's (journaled ``foreign``)."""
+        lines = self._lines(part, state)
+        if self._batch_id(part.key) == state.id:
+            return split_results(part, state, lines, self.prices)
+        # a suspect: its results say whether it is the part's
+        held = list(lines)
+        ours = set(part.custom_ids)
+        ids = set()
+        for raw in held:
+            try:
+                ids.add(str(json.loads(raw)["custom_id"]))
+            except (ValueError, TypeError, KeyError):
+                raise ResultError(f"batch {state.id}: a result line with no custom_id") from None
+        if ids and ids <= ours:
+            self.journal.append("batch", part=part.key, id=state.id, found="results")
+            return split_results(part, state, held, self.prices)
+        if ids & ours:
+            raise ResultError(
+                f"batch {state.id} answers some of part {part.key}'s rows and others: "
+                "it cannot be told whose it is"
+            )
+        self.journal.append("foreign", part=part.key, id=state.id)
+        return None
+
+    def _lines(self, part: Part, state: BatchState) -> Iterable[bytes]:
+        for line in self.adapter.results(state):
+            self._step("downloading", part.key)
+            yield line
+
+    def _resend(self, part: Part, rows: dict[str, RowResult]) -> Part | None:
+        """The part that sends ``part``'s retryable and expired rows once more, if the
+        policy says so and there are any (journaled before anything of it is sent)."""
+        if part.attempt > 1 or self.option.resend != "batch":
+            return None
+        again = [
+            i
+            for i, custom_id in enumerate(part.custom_ids)
+            if rows[custom_id].status == EXPIRED
+            or (rows[custom_id].status == FAILED and rows[custom_id].retryable)
+        ]
+        if not again:
+            return None
+        resent = Part(
+            part.key + "r",
+            part.model,
+            tuple(part.custom_ids[i] for i in again),
+            tuple(part.lines[i] for i in again),
+            attempt=2,
+        )
+        self._part_record(resent, self.journal.last("part", key=resent.key))
+        return resent
