@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from batch_stub_fixtures import BatchStub
-from timewheel.spark.provider_batch import BatchPrices, BatchRun, ProviderBatch, RunResult
+from timewheel.spark.provider_batch import BatchPrices, ProviderBatch, ProviderBatchRun, RunResult
 
 #: The stub's own prices for the models these tests use (its PRICES), as a table.
 STUB_PRICES = BatchPrices(
@@ -73,7 +73,7 @@ def run_with_kills(
     kills: list[int],
     prices: BatchPrices | None = STUB_PRICES,
 ) -> tuple[RunResult, int, list[str]]:
-    """Run until done, killed at each of ``kills`` in turn (a fresh BatchRun on the same
+    """Run until done, killed at each of ``kills`` in turn (a fresh ProviderBatchRun on the same
     journal each time, as a new process would be); the result, the runs made, the steps."""
     runs = 0
     steps: list[str] = []
@@ -81,7 +81,7 @@ def run_with_kills(
     while True:
         runs += 1
         hook, _ = kill_at(left[:1])
-        run = BatchRun(opt, str(journal), prices=prices, sleep=stub.advance, hook=hook)
+        run = ProviderBatchRun(opt, str(journal), prices=prices, sleep=stub.advance, hook=hook)
         try:
             result = run.run(job_rows)
         except Kill as kill:

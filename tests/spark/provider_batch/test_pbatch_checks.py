@@ -17,10 +17,10 @@ from pbatch_helpers import KEY_VARIABLE, STUB_PRICES, batch_count, option, rows
 from timewheel.spark.options import PlanError, PlanTypeError
 from timewheel.spark.provider_batch import (
     BatchPrices,
-    BatchRun,
     BatchState,
     Part,
     ProviderBatch,
+    ProviderBatchRun,
     ProviderError,
     ResultError,
     RowError,
@@ -194,10 +194,12 @@ def test_nothing_is_uploaded_for_a_job_with_a_bad_row_or_an_unpriced_model(
     good = rows("openai", 5, "refused")
     bad = [*good, ("too-big", {"model": "gpt-4o-mini", "x": "y" * 3000})]
     with pytest.raises(RowError, match="too-big"):
-        BatchRun(opt, str(tmp_path / "a.jsonl"), sleep=stub.advance).run(bad)
+        ProviderBatchRun(opt, str(tmp_path / "a.jsonl"), sleep=stub.advance).run(bad)
     prices = BatchPrices({"gpt-4o": (2.5, 10.0)})
     with pytest.raises(ValueError, match=r"BatchPrices.per_million.*gpt-4o-mini"):
-        BatchRun(opt, str(tmp_path / "b.jsonl"), prices=prices, sleep=stub.advance).run(good)
+        ProviderBatchRun(opt, str(tmp_path / "b.jsonl"), prices=prices, sleep=stub.advance).run(
+            good
+        )
     assert stub.stats()["openai"]["files"] == files and batch_count(stub, "openai") == before
 
 
@@ -227,7 +229,7 @@ def test_a_result_for_an_unknown_or_repeated_custom_id_is_refused_naming_it() ->
 def test_a_repeated_result_line_stops_the_run_loudly(stubs, tmp_path: Path) -> None:
     stub = stubs(delay_s=3)
     job = rows("anthropic", 4, "repeated")
-    run = BatchRun(option(stub, "anthropic"), str(tmp_path / "j.jsonl"), sleep=stub.advance)
+    run = ProviderBatchRun(option(stub, "anthropic"), str(tmp_path / "j.jsonl"), sleep=stub.advance)
     real = run.adapter
 
     class Twice:
@@ -245,7 +247,7 @@ def test_a_repeated_result_line_stops_the_run_loudly(stubs, tmp_path: Path) -> N
 
 def test_without_the_sdk_the_error_says_what_to_install(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setitem(sys.modules, "anthropic", None)
-    run = BatchRun(ProviderBatch("anthropic", key="env:X"), str(tmp_path / "j.jsonl"))
+    run = ProviderBatchRun(ProviderBatch("anthropic", key="env:X"), str(tmp_path / "j.jsonl"))
     with pytest.raises(ImportError, match=r"pip install 'timewheel-purgatory\[batch\]'"):
         run.adapter  # noqa: B018
 
@@ -258,7 +260,7 @@ def test_the_key_value_is_in_no_repr_pickle_journal_or_error(
     monkeypatch.setenv(KEY_VARIABLE, value)
     stub = stubs(delay_s=3)
     opt = option(stub, provider)
-    run = BatchRun(opt, str(tmp_path / "j.jsonl"), prices=STUB_PRICES, sleep=stub.advance)
+    run = ProviderBatchRun(opt, str(tmp_path / "j.jsonl"), prices=STUB_PRICES, sleep=stub.advance)
     result = run.run(rows(provider, 3, f"secret-{provider}"))
     assert result.counts() == {"ok": 3}
     shown = [repr(opt), repr(run), repr(run.adapter), repr(result), str(pickle.dumps(opt))]
@@ -266,7 +268,7 @@ def test_the_key_value_is_in_no_repr_pickle_journal_or_error(
         pickle.dumps(run.adapter)
     # an error from the provider: a server that is not there, every try
     dead = ProviderBatch(provider, base_url="http://127.0.0.1:9", key=f"env:{KEY_VARIABLE}")
-    failing = BatchRun(dead, str(tmp_path / "dead.jsonl"), sleep=lambda s: None)
+    failing = ProviderBatchRun(dead, str(tmp_path / "dead.jsonl"), sleep=lambda s: None)
     with pytest.raises(ProviderError) as caught:
         failing.run(rows(provider, 2, f"dead-{provider}"))
     shown += [str(caught.value), repr(caught.value)]

@@ -16,7 +16,7 @@ from pbatch_helpers import (
     run_with_kills,
 )
 
-from timewheel.spark.provider_batch import EXPIRED, OK, BatchRun, Progress
+from timewheel.spark.provider_batch import EXPIRED, OK, Progress, ProviderBatchRun
 
 PROVIDERS = ("openai", "anthropic")
 
@@ -29,7 +29,7 @@ def test_a_job_ends_with_every_row_once_billed_once(stubs, tmp_path: Path, provi
     cost_before = stub.stats()["bill"]["cost_usd"]
     polls: list[Progress] = []
     opt = option(stub, provider, max_requests=25)
-    run = BatchRun(
+    run = ProviderBatchRun(
         opt, str(tmp_path / "j.jsonl"), prices=STUB_PRICES, sleep=stub.advance, on_poll=polls.append
     )
     result = run.run(job)
@@ -125,8 +125,8 @@ def test_a_cancelled_job_returns_its_rows_cancelled(stubs, tmp_path: Path, provi
             raise Stop
 
     with pytest.raises(Stop):
-        BatchRun(opt, str(path), sleep=stub.advance, hook=stop_on_poll).run(job)
-    run = BatchRun(opt, str(path), sleep=stub.advance)
+        ProviderBatchRun(opt, str(path), sleep=stub.advance, hook=stop_on_poll).run(job)
+    run = ProviderBatchRun(opt, str(path), sleep=stub.advance)
     assert len(run.cancel()) == 1
     result = run.run(job)
     assert set(result.counts()) <= {"cancelled", OK}
@@ -141,7 +141,7 @@ def test_embeddings_go_through_their_endpoint(stubs, tmp_path: Path) -> None:
         for i in range(7)
     ]
     opt = option(stub, "openai", endpoint="/v1/embeddings")
-    result = BatchRun(opt, str(tmp_path / "j.jsonl"), sleep=stub.advance).run(job)
+    result = ProviderBatchRun(opt, str(tmp_path / "j.jsonl"), sleep=stub.advance).run(job)
     assert result.counts() == {OK: 7}
     first = result.rows["emb-0"]
     assert len(first.answer["data"][0]["embedding"]) == 4

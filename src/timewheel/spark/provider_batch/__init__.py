@@ -2,7 +2,7 @@
 API and Anthropic's Message Batches, each row's idempotency key its ``custom_id``.
 
 The driver's side, without Spark yet: :class:`ProviderBatch` (the option),
-:class:`BatchPrices` (a row's cost), :class:`BatchRun` (rows cut into parts, each part's
+:class:`BatchPrices` (a row's cost), :class:`ProviderBatchRun` (rows cut into parts, each part's
 file and batch made once across crashes, polled, its results split per row into
 :class:`RowResult`: ok, failed, expired, cancelled). One module per concern:
 
@@ -13,7 +13,7 @@ file and batch made once across crashes, polled, its results split per row into
 * ``openai_api.py``, ``anthropic_api.py``: the two adapters, on the official SDKs;
 * ``journal.py``: the append-only, fsync'd JSONL journal of files and batches;
 * ``results.py``: a batch's result lines split into per-row outcomes;
-* ``run.py``: BatchRun, the state machine over the journal.
+* ``run.py``: ProviderBatchRun, the state machine over the journal.
 
 The SDKs come with ``pip install 'timewheel-purgatory[batch]'``; nothing here imports
 them until a run sends.
@@ -24,7 +24,7 @@ from __future__ import annotations
 from .calls import Ambiguous, BatchState, ProviderError
 from .parts import Part, RowError
 from .results import CANCELLED, EXPIRED, FAILED, OK, ResultError, RowResult
-from .run import BatchRun, Progress, RunResult
+from .run import Progress, ProviderBatchRun, RunResult
 from .spec import BatchPrices, ProviderBatch
 
 __all__ = [
@@ -34,11 +34,11 @@ __all__ = [
     "OK",
     "Ambiguous",
     "BatchPrices",
-    "BatchRun",
     "BatchState",
     "Part",
     "Progress",
     "ProviderBatch",
+    "ProviderBatchRun",
     "ProviderError",
     "ResultError",
     "RowError",

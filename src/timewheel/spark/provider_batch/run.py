@@ -1,4 +1,4 @@
-"""The driver's side of a job sent in batches: :class:`BatchRun`, a state machine over a
+"""The driver's side of a job sent in batches: :class:`ProviderBatchRun`, a state machine over a
 journal, so that nothing is submitted twice and nothing is lost.
 
 Each part (:mod:`.parts`) goes: uploaded (OpenAI: its file), created, polled until it
@@ -42,7 +42,7 @@ from .parts import Part, parts_of
 from .results import EXPIRED, FAILED, ResultError, RowResult, split_results
 from .spec import BatchPrices, ProviderBatch
 
-__all__ = ["SKEW_S", "BatchRun", "Progress", "RunResult"]
+__all__ = ["SKEW_S", "Progress", "ProviderBatchRun", "RunResult"]
 
 #: A batch made before a journaled intent, by more than this (clocks differ), is not
 #: looked at when a resumed run looks for the intent's batch.
@@ -95,7 +95,7 @@ class RunResult:
         return sum(r.cost for r in self.rows.values() if r.cost is not None)
 
 
-class BatchRun:
+class ProviderBatchRun:
     """One job sent through ``option``'s provider, journaled at ``journal_path``.
 
     ``job`` names it in the provider's metadata (letters, digits, ``_ . -``, up to 64; a
@@ -146,7 +146,7 @@ class BatchRun:
         self.job = job
 
     def __repr__(self) -> str:
-        return f"BatchRun({self.option!r}, {str(self.journal.path)!r}, job={self.job!r})"
+        return f"ProviderBatchRun({self.option!r}, {str(self.journal.path)!r}, job={self.job!r})"
 
     @property
     def adapter(self) -> Adapter:
