@@ -99,9 +99,10 @@ from timewheel.spark.provider_batch.results import split_results
         (
             {"provider": "openai", "base_url": "ftp://x"},
             "ProviderBatch.base_url",
-            PlanTypeError,
+            PlanError,
             "http",
         ),
+        ({"provider": "openai", "base_url": 7}, "ProviderBatch.base_url", PlanTypeError, "7"),
         ({"provider": "openai", "key": 42}, "ProviderBatch.key", PlanTypeError, "int"),
         ({"provider": "openai", "resend": "online"}, "ProviderBatch.resend", PlanError, "'leave'"),
         ({"provider": "openai", "resend": None}, "ProviderBatch.resend", PlanTypeError, "None"),
@@ -278,3 +279,85 @@ def test_the_key_value_is_in_no_repr_pickle_journal_or_error(
         if path.is_file():
             assert value.encode() not in path.read_bytes(), path
     assert os.environ[KEY_VARIABLE] == value
+
+
+class _StatusError(Exception):
+    def __init__(self, status: int, retry_after: str | None = None) -> None:
+        super().__init__(f"status {status}")
+        self.status_code = status
+        self.body = {"error": {"message": f"said {status}"}}
+        self.response = type("R", (), {"headers": {"retry-after": retry_after}})()
+
+
+class _ConnectionError(Exception):
+    pass
+
+
+def _retrier(waits: list[float]):
+    from types import SimpleNamespace
+
+    from timewheel.spark.provider_batch.calls import Retrier
+
+    sdk = SimpleNamespace(APIStatusError=_StatusError, APIConnectionError=_ConnectionError)
+    return Retrier(sdk, waits.append)
+
+
+def _failing(*errors: Exception):
+    left = list(errors)
+
+    def call() -> str:
+        if left:
+            raise left.pop(0)
+        return "done"
+
+    return call
+
+
+def test_a_read_is_retried_honouring_retry_after_and_bounded() -> None:
+    from timewheel.spark.provider_batch.calls import MAX_WAIT_S, TRIES
+
+    waits: list[float] = []
+    call = _retrier(waits)
+    failing = _failing(_StatusError(429, "7"), _StatusError(503), _ConnectionError("reset"))
+    assert call("retrieve b", failing) == "done"
+    assert waits == [7.0, 2.0, 4.0]  # Retry-After over the backoff; then it doubles
+    waits.clear()
+    assert call("list", _failing(_StatusError(429, "100000"))) == "done"
+    assert waits == [MAX_WAIT_S]  # a long Retry-After is cut to the bound
+    with pytest.raises(ProviderError, match=f"tried {TRIES} times"):
+        call("retrieve b", _failing(*[_StatusError(500)] * TRIES))
+    with pytest.raises(ProviderError, match="400 said 400") as caught:
+        call("retrieve b", _failing(_StatusError(400)))
+    assert caught.value.status == 400
+
+
+def test_a_create_is_retried_on_429_only_else_its_outcome_is_unknown() -> None:
+    from timewheel.spark.provider_batch import Ambiguous
+
+    waits: list[float] = []
+    call = _retrier(waits)
+    assert call("create", _failing(_StatusError(429, "3")), creates=True) == "done"
+    assert waits == [3.0]
+    for error in (_StatusError(500), _StatusError(408), _ConnectionError("timed out")):
+        with pytest.raises(Ambiguous):
+            call("create", _failing(error), creates=True)
+
+
+def test_a_full_queue_429_is_waited_out_as_retry_after_says(stubs, tmp_path: Path) -> None:
+    """Anthropic's queue: a create refused with 429 and Retry-After is made once there is
+    room, and no batch is made twice."""
+    stub = stubs(delay_s=10, queue_requests=10)
+    refused = stub.stats()["refused"].get("429", 0)
+    before = batch_count(stub, "anthropic")
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        stub.advance(seconds)
+
+    opt = option(stub, "anthropic", max_requests=10)
+    job = rows("anthropic", 25, "queue")
+    result = ProviderBatchRun(opt, str(tmp_path / "j.jsonl"), sleep=sleep).run(job)
+    assert result.counts() == {"ok": 25}
+    assert stub.stats()["refused"]["429"] > refused
+    assert batch_count(stub, "anthropic") - before == 3

@@ -135,19 +135,18 @@ class ProviderBatch:
                 f"{self.window!r} is not offered: {self.provider} accepts only "
                 f"{', '.join(map(repr, WINDOWS[self.provider]))}",
             )
-        if self.base_url is not None and (
-            not isinstance(self.base_url, str)
-            or not self.base_url.startswith(("http://", "https://"))
-        ):
+        if self.base_url is not None and not isinstance(self.base_url, str):
             raise PlanTypeError(
                 "ProviderBatch.base_url",
-                self.base_url if not isinstance(self.base_url, str) else "***",
-                "must be None or an http:// or https:// URL, got "
-                + (
-                    redact_url(self.base_url)
-                    if isinstance(self.base_url, str)
-                    else repr(self.base_url)
-                ),
+                self.base_url,
+                f"must be None or an http:// or https:// URL, got {self.base_url!r}",
+            )
+        if self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
+            shown = redact_url(self.base_url)
+            raise PlanError(
+                "ProviderBatch.base_url",
+                shown,
+                f"must be None or an http:// or https:// URL, got {shown!r}",
             )
         key = self.key
         if key is None:
