@@ -361,3 +361,23 @@ def test_a_full_queue_429_is_waited_out_as_retry_after_says(stubs, tmp_path: Pat
     assert result.counts() == {"ok": 25}
     assert stub.stats()["refused"]["429"] > refused
     assert batch_count(stub, "anthropic") - before == 3
+
+
+def test_the_journal_keeps_whole_records_and_drops_a_torn_last_line(tmp_path: Path) -> None:
+    from timewheel.spark.provider_batch.journal import BatchJournal
+
+    path = tmp_path / "j.jsonl"
+    with BatchJournal(path) as journal:
+        journal.append("job", job="a")
+        journal.append("batch", part="p00000", id="b1")
+    path.write_bytes(path.read_bytes() + b'{"op":"batch","pa')  # a crash mid-write
+    with BatchJournal(path) as journal:
+        assert [r["op"] for r in journal.records] == ["job", "batch"]
+        journal.append("batch", part="p00001", id="b2")
+        assert journal.last("batch", part="p00001")["id"] == "b2"
+    again = BatchJournal(path)
+    assert [r.get("id") for r in again.records] == [None, "b1", "b2"]
+    assert path.read_bytes().count(b"\n") == 3
+    path.write_bytes(b'{"op":"job"}\nnot json\n{"op":"x"}\n')
+    with pytest.raises(ValueError, match="damaged at line 2"):
+        BatchJournal(path)

@@ -144,11 +144,11 @@ def test_a_create_refused_by_a_lost_connection_is_looked_for_first(
 )
 @given(
     provider=st.sampled_from(PROVIDERS),
-    n=st.integers(1, 40),
+    n=st.integers(1, 30),
     models=st.integers(1, 2),
-    max_requests=st.integers(3, 20),
+    max_requests=st.integers(6, 20),
     fail_share=st.sampled_from([0.0, 0.2, 0.5]),
-    kills=st.lists(st.integers(1, 40), max_size=4),
+    kills=st.lists(st.integers(1, 30), max_size=4),
 )
 def test_kills_anywhere_never_bill_a_row_twice(
     stubs, tmp_path_factory, provider, n, models, max_requests, fail_share, kills
@@ -164,3 +164,34 @@ def test_kills_anywhere_never_bill_a_row_twice(
     for row in result.rows.values():
         assert row.attempts in (1, 2)
         assert row.status in (OK, "failed")
+
+
+def test_a_run_killed_while_it_journaled_its_parts_goes_on(stubs, tmp_path: Path) -> None:
+    stub = stubs(delay_s=10)
+    job = rows("openai", 12, "kill-parts")
+    opt = option(stub, "openai", max_requests=4)
+    journal = tmp_path / "j.jsonl"
+    before = batch_count(stub, "openai")
+    # three parts; keep the job and the first part's record, and half of the second's line
+    with pytest.raises(Kill):
+        ProviderBatchRun(opt, str(journal), sleep=stub.advance, hook=kill_on("uploaded", 1)).run(
+            job
+        )
+    lines = journal.read_bytes().split(b"\n")
+    journal.write_bytes(b"\n".join(lines[:2]) + b"\n" + lines[2][:10])
+    result = ProviderBatchRun(opt, str(journal), sleep=stub.advance).run(job)
+    check_once(stub, "openai", result, job, before, journal)
+    assert result.counts() == {OK: 12}
+
+
+def test_a_journal_of_other_rows_is_refused(stubs, tmp_path: Path) -> None:
+    stub = stubs(delay_s=1)
+    opt = option(stub, "openai", max_requests=4)
+    journal = tmp_path / "j.jsonl"
+    ProviderBatchRun(opt, str(journal), sleep=stub.advance).run(rows("openai", 8, "other-a"))
+    with pytest.raises(ValueError, match="other rows"):
+        ProviderBatchRun(opt, str(journal), sleep=stub.advance).run(rows("openai", 8, "other-b"))
+    with pytest.raises(ValueError, match="parts these rows do not make"):
+        ProviderBatchRun(opt, str(journal), sleep=stub.advance).run(rows("openai", 3, "other-a"))
+    with pytest.raises(ValueError, match="is a job of openai"):
+        ProviderBatchRun(option(stub, "anthropic"), str(journal))

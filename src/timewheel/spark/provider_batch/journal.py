@@ -7,7 +7,7 @@ is calls in flight, which their keys make safe to repeat). Here a lost record is
 made twice, paid twice: each of a handful of records must be on disk before the
 provider is asked for the next thing, so each is one line, flushed and fsync'd (and the
 directory once, when the file is made). A line cut short by a crash is the file's last;
-reading stops there, and the next record starts on a new line.
+reading stops there, and the first append cuts it off.
 
 The records (``op``): ``job`` (the first: the job's name, provider, endpoint), ``part``
 (a part's key, rows, digest and model, before anything of it is sent), ``uploading`` /
@@ -66,8 +66,9 @@ class BatchJournal:
             fresh = not self.path.exists()
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            if os.fstat(self._fd).st_size and not self.path.read_bytes().endswith(b"\n"):
-                os.write(self._fd, b"\n")  # after a line cut short: a line of its own
+            held = self.path.read_bytes()
+            if held and not held.endswith(b"\n"):  # a last line cut short by a crash:
+                os.ftruncate(self._fd, held.rfind(b"\n") + 1)  # never written, so dropped
             if fresh:
                 _fsync_dir(self.path.parent)
         view = memoryview(data)

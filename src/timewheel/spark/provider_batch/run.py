@@ -228,10 +228,12 @@ class ProviderBatchRun:
                 "job", job=self.job, provider=self.option.provider, endpoint=self.option.endpoint
             )
         known = {r["key"]: r for r in self.journal.of("part") if r["attempt"] == 1}
-        if known and set(known) != {p.key for p in parts}:
+        # (a run killed while it wrote them journaled the first few: the cut is the same)
+        extra = sorted(set(known) - {p.key for p in parts})
+        if extra:
             raise ValueError(
-                f"the rows make parts {sorted(p.key for p in parts)[:5]}..., but the journal "
-                f"{self.journal.path} has {sorted(known)[:5]}...: not the same rows"
+                f"the journal {self.journal.path} has parts these rows do not make "
+                f"({', '.join(extra[:5])}): not the same rows"
             )
         for part in parts:
             self._part_record(part, known.get(part.key))
