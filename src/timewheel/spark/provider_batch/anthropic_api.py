@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Callable
 
+from ..secrets import hide_url
 from .calls import BatchState, Retrier, sdk
 from .parts import Part
 from .spec import ProviderBatch
@@ -30,7 +31,10 @@ class AnthropicBatches:
 
     def __init__(self, option: ProviderBatch, sleep: Callable[[float], None]) -> None:
         module = sdk("anthropic")
+        # The key and the URL's secret parts go to the scrubber (resolve, hide_url), so
+        # every error raised here is scrubbed of them.
         key, _ = option.secret.resolve()
+        hide_url(option.base_url)
         # max_retries=0: see calls.py (a retried create is a second batch)
         self._client = module.Anthropic(api_key=key, base_url=option.base_url, max_retries=0)
         self._call = Retrier(module, sleep)

@@ -11,7 +11,7 @@ kind) naming the field (``"ProviderBatch.window"``) and the value, as every opti
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Union
 
 from ..._validate import check_int, check_number
@@ -93,8 +93,6 @@ class ProviderBatch:
     poll_min_s: float = 5.0
     poll_max_s: float = 300.0
     resend: str = "batch"
-    # the key's reference as given, for the repr (the Secret shows the same)
-    _shown: str = field(default="", init=False, compare=False)
 
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__
@@ -173,7 +171,6 @@ class ProviderBatch:
                 "ProviderBatch.key", key, f"takes no prefix (the SDK sends it): got {key!r}"
             )
         setattr_(self, "key", key)
-        setattr_(self, "_shown", key.name)
         most_requests, most_bytes = _LIMITS[self.provider]
         for name, value, most in (
             ("max_requests", self.max_requests, most_requests),
@@ -214,7 +211,7 @@ class ProviderBatch:
         shown = [f"{self.provider!r}", f"endpoint={self.endpoint!r}", f"window={self.window!r}"]
         if self.base_url is not None:
             shown.append(f"base_url={redact_url(self.base_url)!r}")
-        shown.append(f"key={self._shown!r}")
+        shown.append(f"key={self.secret.name!r}")
         shown += [
             f"max_requests={self.max_requests}",
             f"max_bytes={self.max_bytes}",
