@@ -89,7 +89,7 @@ def run_with_kills(
             left.pop(0)
             continue
         finally:
-            run.journal.close()
+            run.close()
         return result, runs, steps
 
 

@@ -29,10 +29,11 @@ def test_a_job_ends_with_every_row_once_billed_once(stubs, tmp_path: Path, provi
     cost_before = stub.stats()["bill"]["cost_usd"]
     polls: list[Progress] = []
     opt = option(stub, provider, max_requests=25)
-    run = ProviderBatchRun(
+    with ProviderBatchRun(
         opt, str(tmp_path / "j.jsonl"), prices=STUB_PRICES, sleep=stub.advance, on_poll=polls.append
-    )
-    result = run.run(job)
+    ) as run:
+        result = run.run(job)
+        assert run.run(job).rows == result.rows  # run again: the same rows, nothing sent
     ids = [c for c, _ in job]
     assert list(result.rows) == ids
     assert result.counts() == {OK: 120}

@@ -45,6 +45,10 @@ class AnthropicBatches:
     def __reduce__(self) -> Any:
         raise TypeError("an AnthropicBatches is not pickled: its client holds the key")
 
+    def close(self) -> None:
+        """Close the SDK's client (its connections)."""
+        self._client.close()
+
     def find_file(self, name: str, size: int) -> str | None:
         return None
 

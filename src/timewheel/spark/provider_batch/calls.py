@@ -117,6 +117,8 @@ class Adapter(Protocol):
 
     def results(self, state: BatchState) -> Iterator[bytes]: ...
 
+    def close(self) -> None: ...
+
 
 class Retrier:
     """Calls a provider by the rule above, waiting with ``sleep``; ``kinds`` are the

@@ -44,6 +44,10 @@ class OpenAIBatches:
     def __reduce__(self) -> Any:
         raise TypeError("an OpenAIBatches is not pickled: its client holds the key")
 
+    def close(self) -> None:
+        """Close the SDK's client (its connections)."""
+        self._client.close()
+
     def find_file(self, name: str, size: int) -> str | None:
         """An uploaded batch file named ``name`` of ``size`` bytes (a run that crashed
         after its upload), or None."""

@@ -145,6 +145,19 @@ class ProviderBatchRun:
             raise ValueError(f"job must be 1 to 64 of letters, digits, _ . and -, got {job!r}")
         self.job = job
 
+    def close(self) -> None:
+        """Close the journal and the provider's client; the run may be made again."""
+        self.journal.close()
+        if self._adapter is not None:
+            self._adapter.close()
+            self._adapter = None
+
+    def __enter__(self) -> ProviderBatchRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def __repr__(self) -> str:
         return f"ProviderBatchRun({self.option!r}, {str(self.journal.path)!r}, job={self.job!r})"
 
