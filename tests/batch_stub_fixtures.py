@@ -12,11 +12,11 @@ clients, pointed at the stub, that never retry (a retry would hide what the stub
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from typing import Any
+
+from loopback import ChildCommand
 
 
 def openai_line(custom_id: str, text: str, model: str = "gpt-4o-mini", **more: Any) -> str:
@@ -36,23 +36,12 @@ def anthropic_request(custom_id: str, text: str, model: str = "claude-haiku-4-5"
     }
 
 
-class BatchStub:
+class BatchStub(ChildCommand):
     """The stub's process; ``openai_url`` ends in ``/v1``, ``base_url`` does not."""
 
     def __init__(self, **options: float | str) -> None:
         options.setdefault("clock", "manual")
-        args = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "timewheel.cli.bench.batch_stub", *args],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line.startswith("port "):
-            self.close()
-            raise RuntimeError(f"the batch stub did not start (said {line!r})")
-        self.port = int(line.split()[1])
+        super().__init__("the batch stub", "timewheel.cli.bench.batch_stub", options)
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.openai_url = self.base_url + "/v1"
 
@@ -93,14 +82,3 @@ class BatchStub:
         import anthropic
 
         return anthropic.Anthropic(base_url=self.base_url, api_key="sk-ant-test", max_retries=0)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()

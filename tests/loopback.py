@@ -1,10 +1,16 @@
 """A plain HTTP service on 127.0.0.1 for tests: a request handler class, served on its own
-thread (one more per request), stopped and joined by :meth:`Loopback.close`."""
+thread (one more per request), stopped and joined by :meth:`Loopback.close`; and
+:class:`ChildCommand`, a loopback service of the benchmarks started as a command."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 
 class _Server(ThreadingHTTPServer):
@@ -81,3 +87,37 @@ class KeyedService(Loopback):
     def requests(self) -> int:
         """Every request it was sent."""
         return sum(self.answered.values())
+
+
+class ChildCommand:
+    """``python -m MODULE ARGS`` serving on 127.0.0.1 in a child process, started as a
+    command (not imported: a test of the library uses it as it would nginx): the ``port N``
+    line it prints once it serves, its ``/stats``, and :meth:`close`."""
+
+    def __init__(self, what: str, module: str, options: dict[str, Any]) -> None:
+        args = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args], stdout=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("port "):
+            self.close()
+            raise RuntimeError(f"{what} did not start (said {line!r})")
+        self.port = int(line.split()[1])
+
+    def stats(self) -> dict[str, Any]:
+        url = f"http://127.0.0.1:{self.port}/stats"
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return json.loads(response.read())  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()

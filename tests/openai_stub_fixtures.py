@@ -9,29 +9,18 @@ and returns the status, headers and JSON body, 4xx and 5xx included.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from typing import Any
 
+from loopback import ChildCommand
 
-class OpenAIStub:
+
+class OpenAIStub(ChildCommand):
     """The stub's process; ``base_url`` ends in ``/v1``."""
 
     def __init__(self, **options: float) -> None:
-        args = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "timewheel.cli.bench.openai_stub", *args],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line.startswith("port "):
-            self.close()
-            raise RuntimeError(f"the OpenAI stub did not start (said {line!r})")
-        self.port = int(line.split()[1])
+        super().__init__("the OpenAI stub", "timewheel.cli.bench.openai_stub", options)
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
 
     def post(
@@ -48,19 +37,3 @@ class OpenAIStub:
         except urllib.error.HTTPError as error:
             with error:
                 return error.code, dict(error.headers), json.loads(error.read())
-
-    def stats(self) -> dict[str, Any]:
-        url = f"http://127.0.0.1:{self.port}/stats"
-        with urllib.request.urlopen(url, timeout=30) as response:
-            return json.loads(response.read())  # type: ignore[no-any-return]
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()

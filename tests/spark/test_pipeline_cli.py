@@ -597,6 +597,11 @@ def test_a_dry_run_of_a_local_file_or_generated_rows_starts_no_spark(
             "it with --reply-cost and no --cost-col",
         ),
         (["--budget", "10", "--max-cost-per-call", "5"], "--max-cost-per-call (5) is the hold"),
+        (
+            ["--budget", "10", "--cost-col", "amount", "--max-output-cost", "5"],
+            "--max-output-cost (5) is what an answer adds to a row's estimate: give it with "
+            "--cost-col and --reply-cost",
+        ),
         (["--budget", "nan"], "quota: budget must be a number > 0 and <= 1e+15, got nan"),
         (["--budget", "10", "--cost-col", "nope"], "--cost-col 'nope' is not a column of the"),
         (["--rate", "5", "--quota-store", "redis://:pw@127.0.0.1/0"], "must not hold a password"),

@@ -56,6 +56,7 @@ def test_bench_without_a_name_is_a_usage_error(capsys: pytest.CaptureFixture[str
             "argument --partitions: must be between 1 and 2147483647, got 99999999999999999999",
         ),
         (["pipeline", "--max-cost-per-call", "inf"], "--max-cost-per-call: must be"),
+        (["pipeline", "--max-output-cost", "-1"], "--max-output-cost: must be"),
         (
             ["pipeline", "--budgt", "10"],
             "timewheel pipeline: error: unrecognized arguments: --budgt 10; --budgt: did you "

@@ -183,11 +183,19 @@ class Cost:
     what it cost, so a job spends past its budget only what answers say beyond it.
     Without it, a call holds the largest cost an answer has said so far (see
     :mod:`timewheel.spark.quota.gate`).
+
+    ``max_output``: with ``actual`` and an estimate of what a row sends (a prompt's
+    tokens), the most its answer adds: a model API's ``max_tokens`` (or
+    ``max_output_tokens``, ``max_completion_tokens``) when the answer's tokens are billed
+    with the prompt's. Each call in flight holds its estimate plus that (a batch of N
+    rows, N times it), from the first call (no probe): a job whose rows send at most
+    their estimates spends at most its budget, however its answers' lengths jump.
     """
 
     estimate: Estimate | None = None
     actual: Actual | None = None
     max_per_call: float | None = None
+    max_output: float | None = None
 
     def __post_init__(self) -> None:
         _column_or_function("Cost.estimate", self.estimate, "a column name (str)")
@@ -207,6 +215,20 @@ class Cost:
                     f"({self.max_per_call:g}) is the hold of a cost known only from the "
                     "answer: give it with {Cost.actual} and no {Cost.estimate}",
                     ("Cost.actual", "Cost.estimate"),
+                )
+        if self.max_output is not None:
+            object.__setattr__(
+                self,
+                "max_output",
+                checked("Cost.max_output", check_number, self.max_output, 0, 1e15),
+            )
+            if self.estimate is None or self.actual is None:
+                raise PlanError(
+                    "Cost.max_output",
+                    self.max_output,
+                    f"({self.max_output:g}) is what an answer adds to a row's estimate: give "
+                    "it with {Cost.estimate} and {Cost.actual}",
+                    ("Cost.estimate", "Cost.actual"),
                 )
         if self.estimate is None and self.actual is None:
             raise PlanError("Cost", self, "needs an estimate, an actual, or both")

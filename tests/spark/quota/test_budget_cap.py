@@ -57,6 +57,7 @@ def run_job(
     rows: list[tuple[float, float]],
     estimated: bool,
     ceiling: float | None = None,
+    max_output: float | None = None,
     rate: float | None = None,
     seed: int = 0,
     noise: str = "",
@@ -67,7 +68,10 @@ def run_job(
     clock = Clock()
     store = LocalStore(Quota(budget=budget, rate=rate), clock)
     cost = Cost(
-        estimate="est" if estimated else None, actual="usage.total_tokens", max_per_call=ceiling
+        estimate="est" if estimated else None,
+        actual="usage.total_tokens",
+        max_per_call=ceiling,
+        max_output=max_output,
     )
     gates = [QuotaGate(store, cost, clock=clock) for _ in range(tasks)]
     queues = [deque(rows[i::tasks]) for i in range(tasks)]
@@ -257,3 +261,68 @@ if __name__ == "__main__":  # the figures of docs/spark/quota.md, "A budget is a
     rows = [(0.0, rng.uniform(1, 100)) for _ in range(2000)]
     print("ceiling 100:", run_job(budget=5000.0, tasks=16, in_flight=8, rows=rows,
           estimated=False, ceiling=100.0).spent)  # fmt: skip
+
+
+@st.composite
+def model_jobs(draw: st.DrawFn) -> dict:
+    """Jobs of a model API: each row sends at most its estimate (a prompt's tokens, over-
+    or exactly counted) and its answer adds up to ``max_output`` (its max_tokens), at
+    random or all short then all long."""
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = random.Random(seed)
+    max_output = draw(st.sampled_from([0.0, 16.0, 256.0, 4096.0]))
+    mean = draw(st.sampled_from([10.0, 400.0]))
+    tasks = draw(st.integers(1, 32))
+    in_flight = draw(st.integers(1, 8))
+    shape = draw(st.sampled_from(["uniform", "jump", "all long"]))
+    n = draw(st.integers(50, 600))
+    rows = []
+    for i in range(n):
+        est = mean * rng.uniform(0.2, 2.0)
+        sent = est * rng.uniform(0.5, 1.0)  # what the prompt really was: at most est
+        if shape == "uniform":
+            out = rng.uniform(0.0, max_output)
+        elif shape == "jump":  # short answers, then every one as long as allowed
+            out = 1.0 if i < n // 10 else max_output
+        else:
+            out = max_output
+        rows.append((est, sent + out))
+    budget = draw(st.floats(1.0, 0.5 * n * (mean + max_output)))
+    return dict(
+        budget=budget,
+        tasks=tasks,
+        in_flight=in_flight,
+        rows=rows,
+        estimated=True,
+        max_output=max_output,
+        rate=draw(st.sampled_from([None, 200.0])),
+        seed=seed,
+    )
+
+
+@settings(
+    max_examples=int(os.environ.get("TIMEWHEEL_INVARIANT_EXAMPLES", "40")),
+    deadline=None,
+    derandomize=True,
+)
+@given(job=model_jobs())
+def test_a_model_apis_max_output_makes_the_budget_exact(job: dict) -> None:
+    """``Cost.max_output`` (``--max-output-cost``): each call holds its estimate plus the
+    most its answer adds, from the first call. Rows that send at most their estimates
+    never take the job past its budget, whatever the answers' lengths, tasks and calls
+    in flight (the jump that passed 5,000 by 39,040 without it, above, included)."""
+    done = run_job(**job)
+    shown = {k: v for k, v in job.items() if k != "rows"}
+    assert done.spent <= job["budget"] + 1e-6, (done, shown)
+    assert done.store_spent == pytest.approx(done.spent, rel=1e-6, abs=1e-6)
+
+
+def test_max_output_spends_the_budget_not_a_share_of_it() -> None:
+    # The jump case with estimates: prompts of 10 tokens, answers of 1 then 500 (the
+    # model's max_tokens). Held at 510 a call, the job stops when the next call's hold no
+    # longer fits: within a few calls of the budget, not at the first long answer.
+    rows = [(10.0, 11.0)] * 40 + [(10.0, 510.0)] * 400
+    done = run_job(
+        budget=5000.0, tasks=32, in_flight=4, rows=rows, estimated=True, max_output=500.0
+    )
+    assert 5000.0 - 2 * 510.0 <= done.spent <= 5000.0  # (4,678 on 2026-11-29)

@@ -57,8 +57,9 @@ def dispatch_options(
     from ..bench.engines import get_engine
 
     cost = dedupe = None
-    if any(v is not None for v in (args.cost_col, args.reply_cost, args.max_cost_per_call)):
-        cost = Cost(args.cost_col, args.reply_cost, args.max_cost_per_call)
+    costs = (args.cost_col, args.reply_cost, args.max_cost_per_call, args.max_output_cost)
+    if any(v is not None for v in costs):
+        cost = Cost(*costs)
     if args.dedupe_requests:
         dedupe = Dedupe(args.dedupe_col, requests=True)
     elif args.dedupe_col is not None:
@@ -91,6 +92,7 @@ FLAGS = {
     "Cost.estimate": "--cost-col",
     "Cost.actual": "--reply-cost",
     "Cost.max_per_call": "--max-cost-per-call",
+    "Cost.max_output": "--max-output-cost",
     "Dedupe.col": "--dedupe-col",
     "Dedupe.requests": "--dedupe-requests",
     "Quota.budget": "--budget",

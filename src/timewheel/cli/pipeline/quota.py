@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from ...spark.quota.spec import Quota
-from ..argtypes import option_group, positive, rate
+from ..argtypes import non_negative, option_group, positive, rate
 from .errors import UsageError, note
 
 __all__ = ["QuotaWatch", "add_quota_options", "quota_from_args", "quota_text"]
@@ -43,6 +43,14 @@ def add_quota_options(parser: argparse.ArgumentParser) -> None:
         help="with --reply-cost and no --cost-col: the most one call can cost; each call in "
         "flight holds that much of --budget until its answer says what it cost, so the run "
         "spends past the budget only what answers say beyond it",
+    )
+    group.add_argument(
+        "--max-output-cost",
+        type=non_negative(float),
+        metavar="N",
+        help="with --cost-col and --reply-cost: the most an answer adds to a row's estimate "
+        "(a model's max_tokens; 0: nothing, as embeddings); each call in flight holds its "
+        "estimate plus N of --budget, so rows that send at most their estimates never pass it",
     )
     group.add_argument(
         "--concurrency",

@@ -270,7 +270,7 @@ class Batcher(Generic[R]):
         cost = sum(r.cost for r in rows)
         held = False
         if self.gate is not None:
-            wait = self.gate.take(cost)
+            wait = self.gate.take(cost, len(rows))
             if wait is SPENT:
                 with job.lock:
                     ends = job.run.skipped(part, BUDGET_SPENT)

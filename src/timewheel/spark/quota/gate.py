@@ -27,7 +27,8 @@ Every attempt takes one request, its estimated cost and one call slot (with a
 
 **A budget is a cap whatever the costs.** When the answers say what calls cost
 (``Cost.actual``) and a budget counts it (or, with no estimate, a cost rate), each call in
-flight holds its worst case: ``Cost.max_per_call`` when given; else its estimate times the
+flight holds its worst case: ``Cost.max_per_call`` when given; its estimate plus
+``Cost.max_output`` (per row) when given; else its estimate times the
 largest ratio of cost to estimate the job's answers have said (the store keeps the job's:
 :attr:`TaskQuota.ratio <timewheel.spark.quota.task.TaskQuota.ratio>`), or without an
 estimate the largest cost of one call. Before any answer of the job has said a cost, the
@@ -158,6 +159,7 @@ class QuotaGate:
         #: Whether a call's worst case scales with its estimate (else: per call).
         self.per_row = estimate is not None
         self.ceiling = None if cost is None else cost.max_per_call
+        self.max_output = None if cost is None else cost.max_output
         self.holds: dict[float, deque[float]] = {}
         self.calls_out = 0
         #: Without a ceiling, the calls this task may have out (a slow start: one, then
@@ -167,10 +169,10 @@ class QuotaGate:
         # The partition's counts (made on its task's thread), given these when it closes.
         self.counts = partition_counts()
 
-    def take(self, cost: float) -> float | Spent:
-        """Take one attempt's request, ``cost`` and slot: 0.0 when taken, else the
-        seconds to wait before asking again, or :data:`SPENT` (from then on, at once)
-        when no more may be sent."""
+    def take(self, cost: float, rows: int = 1) -> float | Spent:
+        """Take one attempt's request, ``cost`` and slot (the attempt sends ``rows``
+        rows: a batch's): 0.0 when taken, else the seconds to wait before asking again,
+        or :data:`SPENT` (from then on, at once) when no more may be sent."""
         if self.spent:
             return SPENT
         try:
@@ -181,6 +183,8 @@ class QuotaGate:
                 ratio = self.task.ratio
                 if self.ceiling is not None:  # the user's worst case
                     taken = max(cost, self.ceiling)
+                elif self.max_output is not None:  # what it sends, and the most it adds
+                    taken = cost + rows * self.max_output
                 elif self.per_row and cost == 0.0:  # the row says it is free
                     taken = 0.0
                 elif ratio:  # the worst the answers have said, times the estimate
