@@ -93,17 +93,8 @@ class AnthropicBatches:
         self._call(f"cancel {batch_id}", lambda: self._client.messages.batches.cancel(batch_id))
 
     def results(self, state: BatchState) -> Iterator[bytes]:
-        def opened() -> tuple[Any, Any]:
-            manager = self._client.messages.batches.with_streaming_response.results(state.id)
-            return manager, manager.__enter__()
-
-        manager, response = self._call(f"download the results of {state.id}", opened)
-        try:
-            for line in response.iter_lines():
-                if line.strip():
-                    yield line.encode() if isinstance(line, str) else line
-        finally:
-            manager.__exit__(None, None, None)
+        streaming = self._client.messages.batches.with_streaming_response.results
+        return self._call.lines(f"download the results of {state.id}", lambda: streaming(state.id))
 
     @staticmethod
     def state(batch: Any) -> BatchState:

@@ -18,7 +18,7 @@ import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Callable, Protocol, TypeVar
+from typing import Any, Callable, Protocol, TypeVar
 
 from ..ratelimit import parse_retry_after
 from ..secrets import scrub
@@ -154,6 +154,23 @@ class Retrier:
             self.sleep(pause)
             wait = min(MAX_WAIT_S, wait * 2)
         raise AssertionError("unreachable")
+
+    def lines(self, what: str, streaming: Callable[[], Any]) -> Iterator[bytes]:
+        """The non-empty lines of a streamed download: ``streaming`` makes the SDK's
+        streaming-response context manager (opened by this rule, closed when the lines
+        are read or the reader stops)."""
+
+        def opened() -> tuple[Any, Any]:
+            manager = streaming()
+            return manager, manager.__enter__()
+
+        manager, response = self(what, opened)
+        try:
+            for line in response.iter_lines():
+                if line.strip():
+                    yield line.encode() if isinstance(line, str) else line
+        finally:
+            manager.__exit__(None, None, None)
 
 
 def _message(exc: BaseException) -> str:

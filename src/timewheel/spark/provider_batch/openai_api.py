@@ -118,17 +118,8 @@ class OpenAIBatches:
             yield from self._lines(file_id)
 
     def _lines(self, file_id: str) -> Iterator[bytes]:
-        def opened() -> tuple[Any, Any]:
-            manager = self._client.files.with_streaming_response.content(file_id)
-            return manager, manager.__enter__()
-
-        manager, response = self._call(f"download {file_id}", opened)
-        try:
-            for line in response.iter_lines():
-                if line.strip():
-                    yield line.encode() if isinstance(line, str) else line
-        finally:
-            manager.__exit__(None, None, None)
+        streaming = self._client.files.with_streaming_response.content
+        return self._call.lines(f"download {file_id}", lambda: streaming(file_id))
 
     @staticmethod
     def state(batch: Any) -> BatchState:
