@@ -44,6 +44,10 @@ class BatchStub(ChildCommand):
         super().__init__("the batch stub", "timewheel.cli.bench.batch_stub", options)
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.openai_url = self.base_url + "/v1"
+        # The clients made for tests: closed with the stub (a client dropped unclosed
+        # leaves its pooled socket to the collector, whose ResourceWarning then fails
+        # whichever later test collects it).
+        self.clients: list[Any] = []
 
     def request(
         self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
@@ -76,9 +80,19 @@ class BatchStub(ChildCommand):
     def openai(self) -> Any:
         import openai
 
-        return openai.OpenAI(base_url=self.openai_url, api_key="sk-test", max_retries=0)
+        client = openai.OpenAI(base_url=self.openai_url, api_key="sk-test", max_retries=0)
+        self.clients.append(client)
+        return client
 
     def anthropic(self) -> Any:
         import anthropic
 
-        return anthropic.Anthropic(base_url=self.base_url, api_key="sk-ant-test", max_retries=0)
+        client = anthropic.Anthropic(base_url=self.base_url, api_key="sk-ant-test", max_retries=0)
+        self.clients.append(client)
+        return client
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        self.clients.clear()
+        super().close()

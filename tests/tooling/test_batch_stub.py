@@ -317,12 +317,12 @@ def test_the_stats_bill_is_half_price_per_custom_id(stub: BatchStub) -> None:
 
 def test_the_real_clock_moves_batches_on_by_itself() -> None:
     with BatchStubProcess(clock="real", validate_s=0, finalize_s=0) as process:
-        client = openai.OpenAI(base_url=process.openai_url, api_key="k", max_retries=0)
-        source = client.files.create(file=("a.jsonl", io.BytesIO(b"")), purpose="batch")
-        batch = client.batches.create(
-            input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        assert client.batches.retrieve(batch.id).status == "completed"  # nothing to wait for
+        with openai.OpenAI(base_url=process.openai_url, api_key="k", max_retries=0) as client:
+            source = client.files.create(file=("a.jsonl", io.BytesIO(b"")), purpose="batch")
+            batch = client.batches.create(
+                input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            assert client.batches.retrieve(batch.id).status == "completed"  # nothing to wait
         assert process.advance(5) >= batch.created_at + 5
         assert process.stats()["clock"] == "real"
     assert process.proc.poll() is not None

@@ -184,7 +184,14 @@ class ProviderBatchRun:
         """Send ``rows`` (custom_id, request body), or go on with them from the journal,
         until every row has its outcome. Every row that cannot go is refused before
         anything is sent (:class:`~.parts.RowError`, a ValueError), and so is a model the
-        prices do not have."""
+        prices do not have. The provider's client and the journal's file are this call's:
+        closed when it returns or raises (a run dropped holds no connection)."""
+        try:
+            return self._run(rows)
+        finally:
+            self.close()
+
+    def _run(self, rows: Iterable[tuple[str, Mapping[str, Any]]]) -> RunResult:
         given = list(rows)
         parts = parts_of(self.option, given)
         if self.prices is not None:
@@ -227,11 +234,14 @@ class ProviderBatchRun:
         """Cancel every batch of the journal not yet ended; return their ids. A run then
         collects their rows as ``cancelled`` (those answered before: ``ok``)."""
         cancelled = []
-        for record in self.journal.of("batch"):
-            state = self.adapter.retrieve(record["id"])
-            if not state.ended:
-                self.adapter.cancel(state.id)
-                cancelled.append(state.id)
+        try:
+            for record in self.journal.of("batch"):
+                state = self.adapter.retrieve(record["id"])
+                if not state.ended:
+                    self.adapter.cancel(state.id)
+                    cancelled.append(state.id)
+        finally:
+            self.close()
         return cancelled
 
     def _start(self, parts: list[Part]) -> None:
