@@ -206,8 +206,8 @@ class TaskQuota:
                 return ready - now
             self.requests -= 1
             self.cost -= cost
-            self.mean_cost += (cost - self.mean_cost) / 8 if self.mean_cost else cost
             if self.timed:
+                self.mean_cost += (cost - self.mean_cost) / 8 if self.mean_cost else cost
                 # The grant's own schedule, not the last call's time: a thread woken late
                 # catches up (a lag of CATCH_UP_S at most; more is lost, never a burst).
                 # Each timeline moves by what the call takes of it alone: a small call
