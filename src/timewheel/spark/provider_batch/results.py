@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..scrubber import scrub, scrub_value
 from .calls import BatchState
 from .parts import Part
 from .spec import BatchPrices
@@ -94,6 +95,11 @@ def split_results(
         else:
             row = _openai(custom_id, state.id, item)
         row.attempts = part.attempt
+        # What the provider wrote back passes the scrubber here, the one way into a row's
+        # outcome: a service that echoes the request (the key, the URL's secret parts, in
+        # whatever encoding) puts none of it in an answer or an error.
+        row.answer = scrub_value(row.answer)
+        row.error = None if row.error is None else scrub(row.error)
         if row.status == OK and prices is not None:
             row.cost = prices.cost(
                 part.model, row.usage.get("input_tokens", 0), row.usage.get("output_tokens", 0)
