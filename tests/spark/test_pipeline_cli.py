@@ -781,6 +781,8 @@ def test_bad_flags_and_columns_are_refused_with_no_jvm_started(tmp_path: Path) -
         ([*csv, "--cost-rate", "5", "--cost-col", "nope"], "--cost-col 'nope' is not a column"),
         ([*csv, "--cost-rate", "5", "--cost-col", "note"], "--cost-col 'note' has type string"),
         ([*csv, "--rate", "5", "--cost-col", "tokens"], "the quota counts no cost: give --cost"),
+        ([*csv, "--cost-rate", "5", "--cost-col", "tokens", "--reply-cost", "usage.n",
+          "--max-output-cost", "9"], "--max-output-cost (9) is what each call holds of a budget"),
         ([*csv, "--id-col", "uid"], "--id-col 'uid' is not a column of the input; its columns"),
         ([*csv, "--key-cols", "text,zz"], "--key-cols 'zz' is not a column of the input"),
         ([*csv, "--body-cols", "text,body"], "--body-cols 'text,body' names column(s) ['body']"),

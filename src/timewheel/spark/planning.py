@@ -248,6 +248,14 @@ def _check_quota(quota: Quota | None, cost: Cost | None, engine: Engine) -> None
             "{Quota.cost_rate} or {Quota.budget} (or leave the cost out)",
             ("Quota.cost_rate", "Quota.budget"),
         )
+    if cost is not None and cost.max_output is not None and quota.budget is None:
+        raise PlanError(
+            "Cost.max_output",
+            cost.max_output,
+            f"({cost.max_output:g}) is what each call holds of a budget beyond its estimate, "
+            "and the quota has none: give {Quota.budget} (or leave it out)",
+            ("Quota.budget",),
+        )
     if quota.budget is not None and cost is None:
         raise PlanError(
             "Quota.budget",

@@ -382,6 +382,11 @@ def test_bad_quota_arguments_are_refused_before_any_job(spark: Any) -> None:
     assert "cost must be a timewheel.spark.Cost" in refused(quota=q, cost="tokens")
     assert "quota must be a timewheel.spark.Quota" in refused(quota={"rate": 5})
     assert "the quota counts no cost" in refused(quota=Quota(rate=5), cost=Cost("tokens"))
+    # What an answer adds holds budget: without one it would do nothing, silently.
+    held = Cost("tokens", "usage.total_tokens", max_output=50)
+    assert "Cost.max_output (50) is what each call holds of a budget" in refused(
+        quota=Quota(cost_rate=100), cost=held
+    )
     with pytest.raises(ValueError, match=r"Cost\.actual must not be empty"):
         Cost(actual=" ")
     with pytest.raises(ValueError, match="Cost needs an estimate"):
