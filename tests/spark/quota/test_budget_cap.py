@@ -59,6 +59,7 @@ def run_job(
     ceiling: float | None = None,
     max_output: float | None = None,
     rate: float | None = None,
+    cost_rate: float | None = None,
     seed: int = 0,
     noise: str = "",
 ) -> Job:
@@ -66,7 +67,7 @@ def run_job(
     on one store, each with at most ``in_flight`` calls out."""
     rng = random.Random(seed)
     clock = Clock()
-    store = LocalStore(Quota(budget=budget, rate=rate), clock)
+    store = LocalStore(Quota(budget=budget, rate=rate, cost_rate=cost_rate), clock)
     cost = Cost(
         estimate="est" if estimated else None,
         actual="usage.total_tokens",
@@ -162,6 +163,8 @@ def jobs(draw: st.DrawFn) -> dict:
         rows=rows,
         estimated=estimated,
         rate=draw(st.sampled_from([None, None, 200.0])),
+        # a cost rate too: its grants' pacing (a cursor per timeline) under the budget
+        cost_rate=draw(st.sampled_from([None, None, 100.0 * mean * bias])),
         seed=seed,
         noise=noise_name,
     )
@@ -296,6 +299,7 @@ def model_jobs(draw: st.DrawFn) -> dict:
         estimated=True,
         max_output=max_output,
         rate=draw(st.sampled_from([None, 200.0])),
+        cost_rate=draw(st.sampled_from([None, 50.0 * (mean + max_output)])),
         seed=seed,
     )
 
