@@ -139,10 +139,13 @@ class TaskQuota:
         self.ends = math.inf
         # Requests of a grant whose slot ended unsent: given back with the next ask.
         self.unused = 0
-        # The last grant's requests, and what it left unsent (a slow start: see _ask);
-        # the mean estimate of the calls taken (what an ask asks per request).
+        # The last grant's requests and cost, what it left unsent (a slow start: see
+        # _ask) and what its calls took of its cost; the mean cost of a call of the last
+        # grant (what an ask asks per request). Kept per grant, not per call.
         self.granted = 0
+        self.granted_cost = 0.0
         self.left = 0
+        self.cost_sent = 0.0
         self.mean_cost = 0.0
         # The job's cost spent and requests taken as the store last said, and which count
         # of the store said it (see Ask).
@@ -201,20 +204,23 @@ class TaskQuota:
                 if probing and self.ratio:  # the job knows a ratio now: hold what it says
                     return PROBE_AGAIN_S
                 now = self.clock()
-            ready = max(self.ready, self.ready_c)
+            # (conditional expressions, not max(): this runs once per call)
+            ready, ready_c = self.ready, self.ready_c
+            if ready_c > ready:
+                ready = ready_c
             if now < ready:
                 return ready - now
             self.requests -= 1
             self.cost -= cost
             if self.timed:
-                self.mean_cost += (cost - self.mean_cost) / 8 if self.mean_cost else cost
                 # The grant's own schedule, not the last call's time: a thread woken late
                 # catches up (a lag of CATCH_UP_S at most; more is lost, never a burst).
                 # Each timeline moves by what the call takes of it alone: a small call
                 # takes a request's step, not a large one's width of the cost timeline.
                 floor = now - CATCH_UP_S
-                self.ready = max(self.ready, floor) + self.step
-                self.ready_c = max(self.ready_c, floor) + cost * self.cost_step
+                ready = self.ready
+                self.ready = (ready if ready > floor else floor) + self.step
+                self.ready_c = (ready_c if ready_c > floor else floor) + cost * self.cost_step
             if self.counted:
                 self.in_flight += 1
                 self.out += cost
@@ -234,9 +240,10 @@ class TaskQuota:
             # (A grant some of which went back already, its slot over or the job paused,
             # was not used up.)
             used_up = not self.left and (self.requests < 1 or self.cost < cost)
-            if self.requests or self.cost:
-                self._drop_stock()
+            self._drop_stock()
             sent = max(0, self.granted - self.left)
+            if sent:
+                self.mean_cost = self.cost_sent / sent
             want = 2 * sent if used_up else sent
             self.left = 0
             requests = max(1, min(want, self.ask_requests))
@@ -293,6 +300,7 @@ class TaskQuota:
         self.cost += grant.cost
         self.slots += grant.slots
         self.granted = grant.requests
+        self.granted_cost = grant.cost
         if self.timed:
             # The slot is the store's, from when it answered: a later start, never an
             # earlier one, however long the answer took to come.
@@ -308,6 +316,7 @@ class TaskQuota:
     def _drop_stock(self) -> None:
         """The grant in hand is over: its requests go back with the next ask, its cost
         now settles as not spent."""
+        self._note_sent()
         self.left += self.requests
         self.unused += self.requests
         self.owed -= self.cost
@@ -427,7 +436,14 @@ class TaskQuota:
                 self.owed = 0.0
                 self.last_contact = self.clock()
 
+    def _note_sent(self) -> None:
+        """The grant in hand ends (its slot ends at a finite time until then): what its
+        calls took of its cost."""
+        if self.ends != math.inf:
+            self.cost_sent = self.granted_cost - self.cost
+
     def _give_back_stock(self) -> None:
+        self._note_sent()
         self.left += self.requests
         requests, cost = self.requests + self.unused, self.cost
         self.requests, self.cost, self.unused, self.ends = 0, 0.0, 0, math.inf
