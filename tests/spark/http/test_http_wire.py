@@ -684,8 +684,10 @@ def test_a_loop_that_keeps_failing_stops_and_says_why(
     assert ended.wait(10)
     reason = "the HTTP loop failed: OSError: [Errno 24] Too many open files"
     assert [(ok, str(error)) for ok, error in got] == [(False, reason)]
-    with pytest.raises(RuntimeError, match=re.escape(reason)):
-        target.submit({"id": 2}, on_done)
+    # a request made after it stopped ends the same way, with the same words, at once
+    target.submit({"id": 2}, on_done)
+    assert [(ok, str(error)) for ok, error in got[1:]] == [(False, reason)]
+    assert run([{"id": 4}], target, retries=0)[4].error == reason
     monkeypatch.undo()
     target.close()  # the next use makes a new loop
     assert run([{"id": 3}], target)[3].status == "ok"

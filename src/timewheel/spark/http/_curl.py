@@ -499,13 +499,21 @@ class CurlLoop:
             if self._closing:
                 if cancel:
                     return
-                raise RuntimeError(self._failure or "the HTTP loop is closed")
-            (self._cancels if cancel else self._adds).append(request)
-            # Once per burst of requests, not once per request; under the lock, so that
-            # the pipe is still open (the thread closes it only once it sees _closing).
-            if not self._signalled:
-                self._signalled = True
-                os.write(self._wfd, b"\0")
+                if self._failure is None:
+                    raise RuntimeError("the HTTP loop is closed")
+                reason = self._failure
+            else:
+                reason = None
+                (self._cancels if cancel else self._adds).append(request)
+                # Once per burst of requests, not once per request; under the lock, so that
+                # the pipe is still open (the thread closes it only once it sees _closing).
+                if not self._signalled:
+                    self._signalled = True
+                    os.write(self._wfd, b"\0")
+        if reason is not None:
+            # Stopped for good: it ends as the requests queued when it stopped did, with the
+            # loop's reason (not an exception of its own, which would word it differently).
+            request.on_end(request.context, 0, b"", _NO_HEADERS, LOOP_FAILED, reason)
 
     def _take(self) -> tuple[list[Request], list[Request], bool]:
         with self._lock:
