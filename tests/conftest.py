@@ -29,6 +29,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="run only against the pure-Python implementation",
     )
+    parser.addoption(
+        "--only-c-extensions",
+        action="store_true",
+        default=False,
+        help="run only against the Cython extensions (a wheel's check: its pure-Python "
+        "twin is the same source the main run tested)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -78,6 +85,8 @@ def stress(request: pytest.FixtureRequest) -> int:
 def implementation_(request: pytest.FixtureRequest) -> Implementation:
     """The whole implementation under test (wheel, tasks, operations, purgatory core):
     the Cython extensions, then their pure-Python twins."""
+    if request.param == "python" and request.config.getoption("--only-c-extensions"):
+        pytest.skip("--only-c-extensions")
     if request.param == "cython":
         if request.config.getoption("--no-c-extensions"):
             pytest.skip("--no-c-extensions")
