@@ -16,7 +16,7 @@ sent on the ``select()`` side finish there, their sockets polled with the rest. 
 way, libcurl's timers are read with ``curl_multi_timeout`` at each turn. If a turn of
 the loop fails, every request it took or had in flight ends at once with the reason
 (:data:`LOOP_FAILED`), and the loop goes on with new connections; a second failure in
-a row stops it, and later requests are refused with the reason.
+a row stops it, and later requests end at once with the reason.
 
 Deadlines are not libcurl's business here: the caller's timewheel times each call out
 and cancels it, and :meth:`Request.cancel` takes the transfer out of the multi handle at
@@ -63,18 +63,12 @@ logger = logging.getLogger(__name__)
 #: a 3xx, the ``Content-Length`` of a batch's answer over its limit: nothing else.
 OnEnd = Callable[[Any, int, bytes, "dict[str, str]", int, str], None]
 
-# libcurl errors that say the connection failed or broke (worth a retry).
-_CONNECTION = {
-    pycurl.E_COULDNT_RESOLVE_HOST,
-    pycurl.E_COULDNT_CONNECT,
-    pycurl.E_SEND_ERROR,
-    pycurl.E_RECV_ERROR,
-    pycurl.E_GOT_NOTHING,
-    pycurl.E_PARTIAL_FILE,
-}
 # libcurl errors of a request that met a connection the server had closed (legal between
 # two requests of a keep-alive connection): worth sending again at once on a new one.
 _STALE = {pycurl.E_SEND_ERROR, pycurl.E_RECV_ERROR, pycurl.E_GOT_NOTHING}
+# libcurl errors that say the connection failed or broke (worth a retry).
+_CONNECTION = _STALE | {pycurl.E_COULDNT_RESOLVE_HOST, pycurl.E_COULDNT_CONNECT}
+_CONNECTION |= {pycurl.E_PARTIAL_FILE}  # (an answer cut short)
 # What a request whose socket on_new_socket refused ends with (nothing else here aborts).
 _REFUSED_SOCKET = pycurl.E_ABORTED_BY_CALLBACK
 _TOO_LARGE = pycurl.E_FILESIZE_EXCEEDED  # an answer over its limit (MAXFILESIZE_LARGE)
@@ -496,24 +490,21 @@ class CurlLoop:
 
     def _queue(self, request: Request, *, cancel: bool) -> None:
         with self._lock:
-            if self._closing:
-                if cancel:
-                    return
-                if self._failure is None:
-                    raise RuntimeError("the HTTP loop is closed")
-                reason = self._failure
-            else:
-                reason = None
+            failure = self._failure
+            if not self._closing:
                 (self._cancels if cancel else self._adds).append(request)
                 # Once per burst of requests, not once per request; under the lock, so that
                 # the pipe is still open (the thread closes it only once it sees _closing).
                 if not self._signalled:
                     self._signalled = True
                     os.write(self._wfd, b"\0")
-        if reason is not None:
-            # Stopped for good: it ends as the requests queued when it stopped did, with the
-            # loop's reason (not an exception of its own, which would word it differently).
-            request.on_end(request.context, 0, b"", _NO_HEADERS, LOOP_FAILED, reason)
+                return
+            if cancel:
+                return
+            if failure is None:
+                raise RuntimeError("the HTTP loop is closed")
+        # Stopped for good: it ends as those queued then did, with the reason, same words.
+        request.on_end(request.context, 0, b"", _NO_HEADERS, LOOP_FAILED, failure)
 
     def _take(self) -> tuple[list[Request], list[Request], bool]:
         with self._lock:
