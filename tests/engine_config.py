@@ -20,16 +20,18 @@ def engine_config(
     cost: Any = None,
     reply_cost: Any = None,
     max_per_call: float | None = None,
+    max_output: float | str | None = None,
     batch: Batching | None = None,
     **calls: Any,
 ) -> DispatchConfig:
-    """``calls`` are :class:`Calls`' fields; ``cost``/``reply_cost``/``max_per_call``
-    make the :class:`Cost` (its ``estimate``, ``actual`` and ``max_per_call``)."""
+    """``calls`` are :class:`Calls`' fields; ``cost``/``reply_cost``/``max_per_call``/
+    ``max_output`` make the :class:`Cost` (its ``estimate``, ``actual``, ``max_per_call``
+    and ``max_output``)."""
     priced = cost is not None or reply_cost is not None
     return DispatchConfig(
         timeout_ms,
         Calls(**calls),
         quota,
-        Cost(cost, reply_cost, max_per_call) if priced else None,
+        Cost(cost, reply_cost, max_per_call, max_output) if priced else None,
         batch,
     )

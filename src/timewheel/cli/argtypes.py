@@ -6,7 +6,7 @@ import argparse
 import math
 from typing import Any, Callable
 
-__all__ = ["MAX_INT", "non_negative", "option_group", "positive", "rate"]
+__all__ = ["MAX_INT", "non_negative", "number_or_column", "option_group", "positive", "rate"]
 
 
 def positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -42,6 +42,18 @@ def _bounded(kind: Callable[[str], Any], lo: float, *, inclusive: bool) -> Calla
 
     parse.__name__ = getattr(kind, "__name__", "value")  # argparse names it in errors
     return parse
+
+
+def number_or_column(text: str) -> float | str:
+    """A flag's value that is a number >= 0, or else the name of a column holding one
+    per row (``--max-output-cost 256`` or ``--max-output-cost max_tokens``)."""
+    try:
+        float(text)
+    except ValueError:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("must be a number >= 0 or a column name") from None
+        return text
+    return non_negative(float)(text)  # type: ignore[no-any-return]
 
 
 def rate(text: str) -> float:

@@ -159,6 +159,11 @@ class Calls:
         )
 
 
+def shown(value: float | str) -> str:
+    """A number or a column's name as a message shows it: ``5``, ``'max_tokens'``."""
+    return repr(value) if isinstance(value, str) else f"{value:g}"
+
+
 def _column_or_function(name: str, value: Any, what: str) -> None:
     if value is None or callable(value):
         return
@@ -187,15 +192,18 @@ class Cost:
     ``max_output``: with ``actual`` and an estimate of what a row sends (a prompt's
     tokens), the most its answer adds: a model API's ``max_tokens`` (or
     ``max_output_tokens``, ``max_completion_tokens``) when the answer's tokens are billed
-    with the prompt's. Each call in flight holds its estimate plus that (a batch of N
-    rows, N times it), from the first call (no probe): a job whose rows send at most
-    their estimates spends at most its budget, however its answers' lengths jump.
+    with the prompt's. A number (the same for every row), or a numeric column's name
+    when rows ask for answers of different lengths (the column the body's ``max_tokens``
+    is made from; a row whose value is null, negative or NaN fails unsent). Each call in
+    flight holds its estimate plus that (a batch, its rows' sum), from the first call (no
+    probe): a job whose rows send at most their estimates spends at most its budget,
+    however its answers' lengths jump.
     """
 
     estimate: Estimate | None = None
     actual: Actual | None = None
     max_per_call: float | None = None
-    max_output: float | None = None
+    max_output: float | str | None = None
 
     def __post_init__(self) -> None:
         _column_or_function("Cost.estimate", self.estimate, "a column name (str)")
@@ -216,20 +224,23 @@ class Cost:
                     "answer: give it with {Cost.actual} and no {Cost.estimate}",
                     ("Cost.actual", "Cost.estimate"),
                 )
-        if self.max_output is not None:
+        if isinstance(self.max_output, str):
+            if not self.max_output.strip():
+                raise PlanError("Cost.max_output", self.max_output, "must not be empty")
+        elif self.max_output is not None:
             object.__setattr__(
                 self,
                 "max_output",
                 checked("Cost.max_output", check_number, self.max_output, 0, 1e15),
             )
-            if self.estimate is None or self.actual is None:
-                raise PlanError(
-                    "Cost.max_output",
-                    self.max_output,
-                    f"({self.max_output:g}) is what an answer adds to a row's estimate: give "
-                    "it with {Cost.estimate} and {Cost.actual}",
-                    ("Cost.estimate", "Cost.actual"),
-                )
+        if self.max_output is not None and (self.estimate is None or self.actual is None):
+            raise PlanError(
+                "Cost.max_output",
+                self.max_output,
+                f"({shown(self.max_output)}) is what an answer adds to a row's estimate: "
+                "give it with {Cost.estimate} and {Cost.actual}",
+                ("Cost.estimate", "Cost.actual"),
+            )
         if self.estimate is None and self.actual is None:
             raise PlanError("Cost", self, "needs an estimate, an actual, or both")
 

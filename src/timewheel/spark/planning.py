@@ -46,6 +46,7 @@ from .options import (
     PlanError,
     PlanTypeError,
     checked,
+    shown,
 )
 from .outcome import REPLY_COLUMN, RESULT_COLUMNS
 from .quota.spec import Quota
@@ -252,8 +253,8 @@ def _check_quota(quota: Quota | None, cost: Cost | None, engine: Engine) -> None
         raise PlanError(
             "Cost.max_output",
             cost.max_output,
-            f"({cost.max_output:g}) is what each call holds of a budget beyond its estimate, "
-            "and the quota has none: give {Quota.budget} (or leave it out)",
+            f"({shown(cost.max_output)}) is what each call holds of a budget beyond its "
+            "estimate, and the quota has none: give {Quota.budget} (or leave it out)",
             ("Quota.budget",),
         )
     if quota.budget is not None and cost is None:
@@ -341,13 +342,15 @@ def _check_columns(
         named.append(("Dedupe.col", dedupe.col))
     if cost is not None and isinstance(cost.estimate, str):
         named.append(("Cost.estimate", cost.estimate))
+    if cost is not None and isinstance(cost.max_output, str):
+        named.append(("Cost.max_output", cost.max_output))
     for field, col in named:
         if col not in columns:
             raise PlanError(
                 field, col, f"{col!r} is not a column of the input; its columns: {listed}"
             )
         kind = schema[col].dataType
-        if field == "Cost.estimate" and not isinstance(kind, NumericType):
+        if field.startswith("Cost.") and not isinstance(kind, NumericType):
             raise PlanError(
                 field, col, f"{col!r} has type {kind.simpleString()}: it must be numeric"
             )

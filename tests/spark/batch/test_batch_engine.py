@@ -323,6 +323,29 @@ def test_a_batch_takes_one_request_and_its_rows_cost_from_the_quota(
     assert state.cost_spent == 20  # 20 rows answered at 1 each, not 5
 
 
+def test_a_batch_holds_its_rows_estimates_and_their_own_max_outputs(
+    service: ScriptedService,
+) -> None:
+    from timewheel.spark.quota.placement import QuotaRef
+
+    # Cost.max_output as a column: a batch holds the sum of its rows' estimates and of
+    # what each row's answer may add. Ten rows that add nothing hold 50 of the 300; ten
+    # that may add 30 each would hold 350, more than the budget: never sent.
+    ref = QuotaRef(Quota(budget=300), "static", 1.0, key="batch-test-max-output")
+    rows = [{"id": i, "text": "x", "c": 5, "most": 0 if i < 10 else 30} for i in range(20)]
+    rows.append({"id": 20, "text": "x", "c": 5, "most": None})
+    out = run(
+        rows, echo_target(service), size=10, quota=ref, cost="c",
+        reply_cost="usage.total_tokens", max_output="most",
+    )  # fmt: skip
+    assert [r["rows"] for r in service.seen.requests] == [10]
+    assert {out[i].status for i in range(10)} == {"ok"}
+    assert {(out[i].status, out[i].attempts) for i in range(10, 20)} == {("skipped", 0)}
+    assert out[20].status == "failed" and out[20].attempts == 0
+    assert out[20].error == "max output column 'most' gave None, not a finite number >= 0: not sent"
+    assert ref.open().state().cost_spent == 10  # the ten answered rows, settled at 1 each
+
+
 def test_time_in_line_for_the_quota_is_not_time_out(service: ScriptedService) -> None:
     from timewheel.spark import Quota
     from timewheel.spark.quota.placement import QuotaRef

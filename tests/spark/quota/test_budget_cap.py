@@ -54,17 +54,18 @@ def run_job(
     budget: float,
     tasks: int,
     in_flight: int,
-    rows: list[tuple[float, float]],
+    rows: list[tuple[float, ...]],
     estimated: bool,
     ceiling: float | None = None,
-    max_output: float | None = None,
+    max_output: float | str | None = None,
     rate: float | None = None,
     cost_rate: float | None = None,
     seed: int = 0,
     noise: str = "",
 ) -> Job:
-    """The job: ``rows`` of (estimate, actual cost) dealt round-robin to ``tasks`` gates
-    on one store, each with at most ``in_flight`` calls out."""
+    """The job: ``rows`` of (estimate, actual cost), or (estimate, actual cost, the most
+    its answer adds: column ``out``), dealt round-robin to ``tasks`` gates on one store,
+    each with at most ``in_flight`` calls out."""
     rng = random.Random(seed)
     clock = Clock()
     store = LocalStore(Quota(budget=budget, rate=rate, cost_rate=cost_rate), clock)
@@ -78,25 +79,27 @@ def run_job(
     queues = [deque(rows[i::tasks]) for i in range(tasks)]
     out = [0] * tasks
     job = Job()
-    events: list[tuple[float, int, str, int, float, float]] = []
+    events: list[tuple[float, int, str, int, float, float, float]] = []
     seq = 0
 
-    def push(at: float, kind: str, task: int, taken: float = 0.0, actual: float = 0.0) -> None:
+    def push(
+        at: float, kind: str, task: int, taken: float = 0.0, actual: float = 0.0, adds: float = 0.0
+    ) -> None:
         nonlocal seq
         seq += 1
-        heapq.heappush(events, (at, seq, kind, task, taken, actual))
+        heapq.heappush(events, (at, seq, kind, task, taken, actual, adds))
 
     for task in range(tasks):
         push(clock.now + rng.uniform(0, 0.1), "try", task)
     waiting = [False] * tasks
     while events:
-        at, _, kind, task, taken, actual = heapq.heappop(events)
+        at, _, kind, task, taken, actual, adds = heapq.heappop(events)
         clock.now = max(clock.now, at)
         gate = gates[task]
         gate.keepalive()  # (as the engine's loop does)
         if kind == "done":
             body = json.dumps({"usage": {"total_tokens": actual}})
-            gate.ended(taken, True, Reply(200, body), None)
+            gate.ended(taken, True, Reply(200, body), None, adds)
             job.spent += actual
             job.largest = max(job.largest, actual)
             out[task] -= 1
@@ -106,9 +109,10 @@ def run_job(
             continue
         queue = queues[task]
         while queue and out[task] < in_flight:
-            est, act = queue[0]
-            row_cost = gate.cost_of({"est": est})
-            wait = gate.take(row_cost)
+            est, act, *most = queue[0]
+            row = {"est": est, "out": most[0] if most else None}
+            row_cost, row_out = gate.cost_of(row), gate.output_of(row)
+            wait = gate.take(row_cost, row_out)
             if wait is SPENT:
                 job.skipped += len(queue)
                 queue.clear()
@@ -120,7 +124,7 @@ def run_job(
             queue.popleft()
             out[task] += 1
             job.sent += 1
-            push(clock.now + rng.uniform(0.05, 2.0), "done", task, row_cost, act)
+            push(clock.now + rng.uniform(0.05, 2.0), "done", task, row_cost, act, row_out)
         if not queue and not out[task]:  # the task is done, as a partition's ends
             gate.close()
     for gate in gates:
@@ -270,10 +274,12 @@ if __name__ == "__main__":  # the figures of docs/spark/quota.md, "A budget is a
 def model_jobs(draw: st.DrawFn) -> dict:
     """Jobs of a model API: each row sends at most its estimate (a prompt's tokens, over-
     or exactly counted) and its answer adds up to ``max_output`` (its max_tokens), at
-    random or all short then all long."""
+    random or all short then all long; or each row its own max_tokens (a column), among
+    rows whose estimates are often equal (calls held alike by estimate, unlike by answer)."""
     seed = draw(st.integers(0, 2**32 - 1))
     rng = random.Random(seed)
     max_output = draw(st.sampled_from([0.0, 16.0, 256.0, 4096.0]))
+    per_row = draw(st.booleans())
     mean = draw(st.sampled_from([10.0, 400.0]))
     tasks = draw(st.integers(1, 32))
     in_flight = draw(st.integers(1, 8))
@@ -281,15 +287,18 @@ def model_jobs(draw: st.DrawFn) -> dict:
     n = draw(st.integers(50, 600))
     rows = []
     for i in range(n):
-        est = mean * rng.uniform(0.2, 2.0)
+        est = mean * (rng.choice([0.5, 1.0, 2.0]) if per_row else rng.uniform(0.2, 2.0))
         sent = est * rng.uniform(0.5, 1.0)  # what the prompt really was: at most est
+        most = rng.choice([0.0, 16.0, 256.0, 4096.0]) if per_row else max_output
         if shape == "uniform":
-            out = rng.uniform(0.0, max_output)
+            out = rng.uniform(0.0, most)
         elif shape == "jump":  # short answers, then every one as long as allowed
-            out = 1.0 if i < n // 10 else max_output
+            out = 1.0 if i < n // 10 else most
         else:
-            out = max_output
-        rows.append((est, sent + out))
+            out = most
+        rows.append((est, sent + out, most) if per_row else (est, sent + out))
+    if per_row:
+        max_output = 4096.0  # (for the budget's range: the largest a row may add)
     budget = draw(st.floats(1.0, 0.5 * n * (mean + max_output)))
     return dict(
         budget=budget,
@@ -297,7 +306,7 @@ def model_jobs(draw: st.DrawFn) -> dict:
         in_flight=in_flight,
         rows=rows,
         estimated=True,
-        max_output=max_output,
+        max_output="out" if per_row else max_output,
         rate=draw(st.sampled_from([None, 200.0])),
         cost_rate=draw(st.sampled_from([None, 50.0 * (mean + max_output)])),
         seed=seed,
@@ -311,10 +320,11 @@ def model_jobs(draw: st.DrawFn) -> dict:
 )
 @given(job=model_jobs())
 def test_a_model_apis_max_output_makes_the_budget_exact(job: dict) -> None:
-    """``Cost.max_output`` (``--max-output-cost``): each call holds its estimate plus the
-    most its answer adds, from the first call. Rows that send at most their estimates
-    never take the job past its budget, whatever the answers' lengths, tasks and calls
-    in flight (the jump that passed 5,000 by 39,040 without it, above, included)."""
+    """``Cost.max_output`` (``--max-output-cost``, a number or a column): each call holds
+    its estimate plus the most its answer adds, from the first call. Rows that send at
+    most their estimates never take the job past its budget, whatever the answers'
+    lengths, tasks and calls in flight (the jump that passed 5,000 by 39,040 without it,
+    above, included)."""
     done = run_job(**job)
     shown = {k: v for k, v in job.items() if k != "rows"}
     assert done.spent <= job["budget"] + 1e-6, (done, shown)

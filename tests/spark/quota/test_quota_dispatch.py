@@ -173,6 +173,40 @@ def test_a_row_without_a_usable_cost_fails_unsent(value: Any, why: str) -> None:
     assert [i for _, i in target.sent] == [1]
 
 
+class AnswersAtWorst:
+    """Answers each row at once that it cost its estimate ``c`` plus all it may add,
+    ``most``: the worst case its call holds."""
+
+    def submit(self, row: dict[str, Any], on_done: OnDone) -> None:
+        assert getattr(on_done, "accepts_reply", False)  # (the engine's, under a quota)
+        usage = {"usage": {"total_tokens": row["c"] + row["most"]}}
+        on_done(True, None, Reply(200, json.dumps(usage).encode()))  # type: ignore[call-arg]
+
+
+def test_each_call_holds_its_rows_own_max_output_and_a_row_without_one_fails_unsent() -> None:
+    # Cost.max_output as a column (a model's max_tokens, per row): a call holds its
+    # estimate plus its row's (a batch, its rows' sum: test_batch_engine.py). Three short
+    # rows (1 + 10) and three long ones (1 + 300) fit the budget of 1,000, all at once;
+    # the fourth long one would pass it, so the job stops there. A row whose column holds
+    # no number fails unsent.
+    ref = static_ref(Quota(budget=1000))
+    rows = [{"id": 10 + i, "c": 1.0, "most": 10.0} for i in range(3)]
+    rows += [{"id": 4, "c": 1.0, "most": None}, {"id": 5, "c": 1.0, "most": -2}]
+    rows += [{"id": i, "c": 1.0, "most": 300.0} for i in range(4)]
+    config = engine_config(
+        quota=ref, cost="c", reply_cost="usage.total_tokens", max_output="most",
+        max_in_flight=1,
+    )  # fmt: skip
+    out = {o.row["id"]: o for o in timewheel_engine(iter(rows), AnswersAtWorst(), config)}
+    assert out[4].status == out[5].status == "failed"
+    assert out[4].attempts == out[5].attempts == 0
+    assert out[4].error == "max output column 'most' gave None, not a finite number >= 0: not sent"
+    assert out[5].error == "max output column 'most' gave -2, not a finite number >= 0: not sent"
+    assert [out[10 + i].status for i in range(3)] == ["ok"] * 3
+    assert [out[i].status for i in range(4)] == ["ok"] * 3 + ["skipped"]
+    assert ref.open().state().cost_spent == pytest.approx(3 * 11 + 3 * 301)
+
+
 def test_the_actual_cost_in_the_reply_is_settled_with_the_quota() -> None:
     body = json.dumps({"usage": {"total_tokens": 10}}).encode()
     ref = static_ref(Quota(budget=10_000))
@@ -387,6 +421,15 @@ def test_bad_quota_arguments_are_refused_before_any_job(spark: Any) -> None:
     assert "Cost.max_output (50) is what each call holds of a budget" in refused(
         quota=Quota(cost_rate=100), cost=held
     )
+    per_row = Cost("tokens", "usage.total_tokens", max_output="nope")
+    assert "Cost.max_output 'nope' is not a column" in refused(quota=q, cost=per_row)
+    per_row = Cost("tokens", "usage.total_tokens", max_output="text")
+    assert "Cost.max_output 'text' has type string" in refused(quota=q, cost=per_row)
+    with pytest.raises(ValueError, match=r"Cost\.max_output \('mt'\) is what an answer adds"):
+        Cost("tokens", max_output="mt")
+    for bad in ("", math.nan, -1, True, [5]):
+        with pytest.raises((TypeError, ValueError), match=r"Cost\.max_output"):
+            Cost("tokens", "usage.total_tokens", max_output=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"Cost\.actual must not be empty"):
         Cost(actual=" ")
     with pytest.raises(ValueError, match="Cost needs an estimate"):

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from ...spark.quota.spec import Quota
-from ..argtypes import non_negative, option_group, positive, rate
+from ..argtypes import number_or_column, option_group, positive, rate
 from .errors import UsageError, note
 
 __all__ = ["QuotaWatch", "add_quota_options", "quota_from_args", "quota_text"]
@@ -46,11 +46,12 @@ def add_quota_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--max-output-cost",
-        type=non_negative(float),
-        metavar="N",
+        type=number_or_column,
+        metavar="N|COL",
         help="with --cost-col and --reply-cost: the most an answer adds to a row's estimate "
-        "(a model's max_tokens; 0: nothing, as embeddings); each call in flight holds its "
-        "estimate plus N of --budget, so rows that send at most their estimates never pass it",
+        "(a model's max_tokens; 0: nothing, as embeddings), or the numeric column that says "
+        "it per row; each call in flight holds its estimate plus that of --budget, so rows "
+        "that send at most their estimates never pass it",
     )
     group.add_argument(
         "--concurrency",

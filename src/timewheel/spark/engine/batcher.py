@@ -60,8 +60,9 @@ class BatchRow(Protocol):
     """What the batcher reads and writes of a partition's row."""
 
     data: dict[str, Any]
-    #: The row's estimated cost (0.0 without a quota).
+    #: The row's estimated cost, and the most its answer adds (0.0 without a quota).
     cost: float
+    output: float
     #: What the row gives its batch's request (a :class:`~..batch.spec.BatchPart`).
     part: Any
     #: When the row must have ended (monotonic seconds), set as it joins a batch.
@@ -128,7 +129,7 @@ class _Job(Generic[R]):
 class _BatchCall(Attempt):
     """One request of a batch in flight."""
 
-    __slots__ = ("batcher", "cost", "held", "job", "part")
+    __slots__ = ("batcher", "cost", "held", "job", "output", "part")
 
     def __init__(
         self,
@@ -137,6 +138,7 @@ class _BatchCall(Attempt):
         job: _Job[Any],
         part: Part,
         cost: float,
+        output: float,
         held: bool,
     ) -> None:
         Attempt.__init__(self, delay_ms)
@@ -144,6 +146,7 @@ class _BatchCall(Attempt):
         self.job = job
         self.part = part
         self.cost = cost
+        self.output = output
         self.held = held
 
     def on_complete(self) -> None:
@@ -186,6 +189,7 @@ class Batcher(Generic[R]):
         if gate is not None:
             try:
                 row.cost = gate.cost_of(row.data)
+                row.output = gate.output_of(row.data)
             except RowRefused as exc:
                 port.finish(row, FAILED, str(exc))
                 return
@@ -268,9 +272,10 @@ class Batcher(Generic[R]):
             return
         rows = [job.rows[i] for i in part.rows]
         cost = sum(r.cost for r in rows)
+        output = sum(r.output for r in rows) if self.gate is not None else 0.0
         held = False
         if self.gate is not None:
-            wait = self.gate.take(cost, len(rows))
+            wait = self.gate.take(cost, output)
             if wait is SPENT:
                 with job.lock:
                     ends = job.run.skipped(part, BUDGET_SPENT)
@@ -283,7 +288,7 @@ class Batcher(Generic[R]):
                 port.later(wait, self.send, job, part)
                 return
             held = True
-        call = _BatchCall(port.config.timeout_ms, self, job, part, cost, held)
+        call = _BatchCall(port.config.timeout_ms, self, job, part, cost, output, held)
         if not port.watch(call):  # closed, or the worker's kit is shut down
             self.ended(call)
             return
@@ -311,7 +316,9 @@ class Batcher(Generic[R]):
         wait_s = None if answer is None or answer[0] else retry_after_of(answer[1])
         if call.held and self.gate is not None:
             reply = None if answer is None else answer[2]
-            paused = self.gate.ended(call.cost, answer is not None and answer[0], reply, wait_s)
+            paused = self.gate.ended(
+                call.cost, answer is not None and answer[0], reply, wait_s, call.output
+            )
             if paused is not None:  # a refusal: the quota's pause, not the service's
                 wait_s = paused
         job: _Job[R] = call.job

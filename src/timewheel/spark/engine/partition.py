@@ -130,6 +130,7 @@ class _Row:
         "data",
         "deadline",
         "held",
+        "output",
         "part",
         "seq",
         "start",
@@ -139,8 +140,10 @@ class _Row:
         self.seq = seq
         self.data = data
         self.attempts = 0
-        # With a quota: the row's estimated cost, and whether an attempt holds its share.
+        # With a quota: the row's estimated cost, the most its answer adds to it
+        # (Cost.max_output), and whether an attempt holds its share.
         self.cost = 0.0
+        self.output = 0.0
         self.held = False
         # The admission's count of calls started when its latest attempt was sent.
         self.call = 0
@@ -263,6 +266,7 @@ class _Partition:
                 row = self.new_row(data)
                 try:
                     row.cost = gate.cost_of(data)
+                    row.output = gate.output_of(data)
                 except RowRefused as exc:
                     self.finish(row, FAILED, str(exc))
                     continue
@@ -282,7 +286,7 @@ class _Partition:
         wait; :data:`SPENT` when the budget is spent (the row is then finished
         ``skipped``)."""
         assert self.gate is not None
-        wait = self.gate.take(row.cost)
+        wait = self.gate.take(row.cost, row.output)
         if wait is SPENT:
             self.pending = None if self.pending is row else self.pending
             self.finish(row, SKIPPED, BUDGET_SPENT)
@@ -298,7 +302,7 @@ class _Partition:
         answers the seconds the quota paused the job for it."""
         if row.held and self.gate is not None:
             row.held = False
-            return self.gate.ended(row.cost, ok, reply, retry_after_s)
+            return self.gate.ended(row.cost, ok, reply, retry_after_s, row.output)
         return None
 
     def start(self, row: _Row) -> None:

@@ -28,7 +28,7 @@ Every attempt takes one request, its estimated cost and one call slot (with a
 **A budget is a cap whatever the costs.** When the answers say what calls cost
 (``Cost.actual``) and a budget counts it (or, with no estimate, a cost rate), each call in
 flight holds its worst case: ``Cost.max_per_call`` when given; its estimate plus
-``Cost.max_output`` (per row) when given; else its estimate times the
+``Cost.max_output`` (per row: a number, or a column) when given; else its estimate times the
 largest ratio of cost to estimate the job's answers have said (the store keeps the job's:
 :attr:`TaskQuota.ratio <timewheel.spark.quota.task.TaskQuota.ratio>`), or without an
 estimate the largest cost of one call. Before any answer of the job has said a cost, the
@@ -159,7 +159,11 @@ class QuotaGate:
         #: Whether a call's worst case scales with its estimate (else: per call).
         self.per_row = estimate is not None
         self.ceiling = None if cost is None else cost.max_per_call
-        self.max_output = None if cost is None else cost.max_output
+        max_output = None if cost is None else cost.max_output
+        #: Each call holds its estimate plus its rows' most added (``Cost.max_output``).
+        self.bounded = self.holding and max_output is not None
+        self.output_col = max_output if isinstance(max_output, str) else None
+        self.max_output = float(max_output) if isinstance(max_output, (int, float)) else 0.0
         self.holds: dict[float, deque[float]] = {}
         self.calls_out = 0
         #: Without a ceiling, the calls this task may have out (a slow start: one, then
@@ -169,10 +173,11 @@ class QuotaGate:
         # The partition's counts (made on its task's thread), given these when it closes.
         self.counts = partition_counts()
 
-    def take(self, cost: float, rows: int = 1) -> float | Spent:
-        """Take one attempt's request, ``cost`` and slot (the attempt sends ``rows``
-        rows: a batch's): 0.0 when taken, else the seconds to wait before asking again,
-        or :data:`SPENT` (from then on, at once) when no more may be sent."""
+    def take(self, cost: float, output: float = 0.0) -> float | Spent:
+        """Take one attempt's request, ``cost`` and slot (``output``: the most its answer
+        adds, :meth:`output_of` its rows' summed): 0.0 when taken, else the seconds to
+        wait before asking again, or :data:`SPENT` (from then on, at once) when no more
+        may be sent."""
         if self.spent:
             return SPENT
         try:
@@ -183,8 +188,8 @@ class QuotaGate:
                 ratio = self.task.ratio
                 if self.ceiling is not None:  # the user's worst case
                     taken = max(cost, self.ceiling)
-                elif self.max_output is not None:  # what it sends, and the most it adds
-                    taken = cost + rows * self.max_output
+                elif self.bounded:  # what it sends, and the most it adds
+                    taken = cost + output
                 elif self.per_row and cost == 0.0:  # the row says it is free
                     taken = 0.0
                 elif ratio:  # the worst the answers have said, times the estimate
@@ -198,12 +203,29 @@ class QuotaGate:
                     probe = True
                 wait = self.task.acquire(taken, probe)
                 if wait == 0.0:
-                    self.holds.setdefault(cost, deque()).append(taken - cost)
+                    if not self.bounded:
+                        self.holds.setdefault(cost, deque()).append(taken - cost)
                     self.calls_out += 1
                 return wait
         except BudgetSpent:
             self.spent = True
             return SPENT
+
+    def output_of(self, row: Mapping[str, Any]) -> float:
+        """The most ``row``'s answer adds to its cost (``Cost.max_output``; 0.0 without);
+        :class:`RowRefused` when its column holds no cost (the row then fails unsent)."""
+        if not self.bounded:
+            return 0.0
+        if self.output_col is None:
+            return self.max_output
+        value = row.get(self.output_col)
+        amount = _amount(value)
+        if amount is None:
+            raise RowRefused(
+                f"max output column {self.output_col!r} gave {value!r}, not a finite "
+                "number >= 0: not sent"
+            )
+        return amount
 
     def cost_of(self, row: Mapping[str, Any]) -> float:
         """The row's estimated cost; :class:`RowRefused`, saying why, when it has none
@@ -224,19 +246,28 @@ class QuotaGate:
         return amount if self.holding else amount * self.bias
 
     def ended(
-        self, cost: float, ok: bool, reply: Reply | None, retry_after_s: float | None
+        self,
+        cost: float,
+        ok: bool,
+        reply: Reply | None,
+        retry_after_s: float | None,
+        output: float = 0.0,
     ) -> float | None:
-        """An attempt that took ``cost`` ended: give its slot back and settle its cost.
-        A refusal (HTTP 429 or 503) answers the seconds the job paused for it (the
-        refused call's retry waits as long); anything else None."""
+        """An attempt that took ``cost`` (and ``output``, as :meth:`take` was given it)
+        ended: give its slot back and settle its cost. A refusal (HTTP 429 or 503)
+        answers the seconds the job paused for it (the refused call's retry waits as
+        long); anything else None."""
         task = self.task
         hold = 0.0
         if self.holding:
             with self.hold_lock:
-                same = self.holds[cost]
-                hold = same.popleft()
-                if not same:
-                    del self.holds[cost]
+                if self.bounded:  # its own hold, whatever the others' (one per row)
+                    hold = output
+                else:
+                    same = self.holds[cost]
+                    hold = same.popleft()
+                    if not same:
+                        del self.holds[cost]
                 self.calls_out -= 1
         task.done(cost + hold)
         if reply is None:
