@@ -50,6 +50,7 @@ CUSTOM_ID = "__timewheel_custom_id"
 RESULT_ID = "__timewheel_result_id"
 BODY = "__timewheel_body"
 UNSENT = "__timewheel_unsent"
+LINE_COLUMNS = (CUSTOM_ID, BODY, UNSENT)
 #: A row whose line was read but that has no result: its input changed between the two
 #: reads (a source that is not deterministic). Not expected; said, not hidden.
 NO_OUTCOME = (
@@ -169,9 +170,6 @@ def lined(
         [*df.schema.fields, *(StructField(name, StringType(), True) for name in LINE_COLUMNS)]
     )
     return df.mapInArrow(RequestLines(target, option, bodies), schema)
-
-
-LINE_COLUMNS = (CUSTOM_ID, BODY, UNSENT)
 
 
 class RequestLines:
