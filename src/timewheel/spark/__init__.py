@@ -15,6 +15,9 @@
 * Engines (:mod:`timewheel.spark.engine.contract` for the contract): the per-partition work;
   the one the wing ships, the default, runs on the package's own timer, purgatory and
   resource manager (:mod:`timewheel.spark.engine.partition`).
+* :func:`dispatch_provider_batch`: the rows sent through a provider's batch API (OpenAI's
+  Batch API, Anthropic's Message Batches) at its batch price, with the same per-row
+  contract (:mod:`timewheel.spark.provider_batch`; docs/spark/provider-batches.md).
 * :func:`plan`: every rule between the options and the input's schema, checked once
   before any job (``dispatch`` and ``partition_dispatcher`` call it; so does
   ``timewheel pipeline`` before Spark starts); a refusal is a :class:`PlanError` (a
@@ -28,8 +31,9 @@
 The command line around it, ``timewheel pipeline``, is tooling: :mod:`timewheel.cli.pipeline`.
 
 The wing imports the library, never the other way round. pyspark and pyarrow are
-imported on first use of :func:`dispatch`, :func:`partition_dispatcher` or
-:func:`output_schema`, so the targets and the engines work without them.
+imported on first use of :func:`dispatch`, :func:`partition_dispatcher`,
+:func:`dispatch_provider_batch` or :func:`output_schema`, so the targets and the engines
+work without them.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ if TYPE_CHECKING:
     from .columns import output_schema
     from .delivery.dedupe import request_key
     from .planning import plan
+    from .provider_dispatch import dispatch_provider_batch
 
 __all__ = [
     "RESULT_COLUMNS",
@@ -59,6 +64,7 @@ __all__ = [
     "PlanError",
     "Quota",
     "dispatch",
+    "dispatch_provider_batch",
     "is_connect",
     "output_schema",
     "partition_dispatcher",
@@ -86,6 +92,10 @@ def __getattr__(name: str) -> Any:
         from .planning import plan
 
         return plan
+    if name == "dispatch_provider_batch":
+        from .provider_dispatch import dispatch_provider_batch
+
+        return dispatch_provider_batch
     if name == "request_key":
         from .delivery.dedupe import request_key
 

@@ -10,6 +10,8 @@ which carries the option objects whole. Its callers: :func:`~timewheel.spark.dis
 (with ``df.schema``), :func:`~timewheel.spark.partition_dispatcher`, and ``timewheel
 pipeline``'s check before Spark starts (with the input's schema where it can be read
 without Spark, else None: the rules against the input wait for ``dispatch``).
+A job sent through a provider's batch API has its own rules, here too:
+:func:`plan_provider_batch` (its target, and ``dispatch``'s online options refused).
 
 A refusal is a :class:`~timewheel.spark.options.PlanError` (a ValueError;
 :class:`~timewheel.spark.options.PlanTypeError` is a TypeError too) whose ``field`` is the
@@ -20,7 +22,8 @@ whose ``value`` is what was given: the command line names its own flag from ``fi
 from __future__ import annotations
 
 import pickle
-from dataclasses import dataclass
+import urllib.parse
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from .._validate import check_int
@@ -37,6 +40,8 @@ from .contract import (
 from .ddl import check_ddl
 from .engine.contract import DispatchConfig, Engine
 from .engine.partition import timewheel_engine
+from .http.request import url_template
+from .http.target import HttpDownstream
 from .options import (
     MAX_DELAY_MS,
     Calls,
@@ -49,12 +54,21 @@ from .options import (
     shown,
 )
 from .outcome import REPLY_COLUMN, RESULT_COLUMNS
+from .provider_batch.results import BATCH_COLUMNS
+from .provider_batch.spec import BatchPrices, ProviderBatch
 from .quota.spec import Quota
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
-__all__ = ["DispatchPlan", "PlanError", "PlanTypeError", "plan"]
+__all__ = [
+    "DispatchPlan",
+    "PlanError",
+    "PlanTypeError",
+    "ProviderBatchPlan",
+    "plan",
+    "plan_provider_batch",
+]
 
 
 @dataclass(frozen=True)
@@ -80,14 +94,19 @@ class DispatchPlan:
 
     def reply(self) -> StructType | None:
         """The ``reply`` column's StructType (parsed by Spark: needs an active session)."""
-        if self.reply_schema is None:
-            return None
-        from .columns import reply_struct
+        return _reply(self.reply_schema)
 
-        try:
-            return reply_struct(self.reply_schema)  # type: ignore[no-any-return]
-        except ValueError as exc:
-            raise PlanError("reply_schema", self.reply_schema, f"is not Spark DDL: {exc}") from None
+
+def _reply(reply_schema: str | None) -> StructType | None:
+    """The StructType of a checked ``reply_schema`` (parsed by Spark: needs a session)."""
+    if reply_schema is None:
+        return None
+    from .columns import reply_struct
+
+    try:
+        return reply_struct(reply_schema)  # type: ignore[no-any-return]
+    except ValueError as exc:
+        raise PlanError("reply_schema", reply_schema, f"is not Spark DDL: {exc}") from None
 
 
 def plan(
@@ -113,12 +132,7 @@ def plan(
     started); the rules against them are left for ``dispatch``. ``streaming``: the input
     is a stream. The other arguments are ``dispatch``'s.
     """
-    from pyspark.sql.types import StructType
-
-    if schema is not None and not isinstance(schema, StructType):
-        raise PlanTypeError(
-            "schema", schema, f"must be a pyspark.sql.types.StructType (df.schema), got {schema!r}"
-        )
+    _check_schema(schema)
     engine = timewheel_engine if engine is None else engine
     if not callable(engine):
         raise PlanTypeError(
@@ -141,8 +155,7 @@ def plan(
             )
     if timeout_ms is not None:
         timeout_ms = checked("timeout_ms", check_int, timeout_ms, 1, MAX_DELAY_MS)
-    if not isinstance(id_col, str):
-        raise PlanTypeError("id_col", id_col, f"must be a column name (str), got {id_col!r}")
+    _check_id_col(id_col)
     _check_target(target)
     _check_reply_schema(reply_schema)
     _check_quota(quota, cost, engine)
@@ -179,6 +192,195 @@ def plan(
     return DispatchPlan(
         target, id_col, config, engine, reply_schema, quota, dedupe, journal, streaming
     )
+
+
+@dataclass(frozen=True)
+class ProviderBatchPlan:
+    """What :func:`plan_provider_batch` made of a job sent through a provider's batches:
+    ``target`` bound for the job (keyed on ``id_col`` unless it names its own), the
+    option, the ``prices`` and the ``reply_schema`` as given."""
+
+    target: HttpDownstream
+    id_col: str
+    provider_batch: ProviderBatch
+    prices: BatchPrices | None = None
+    reply_schema: str | None = None
+
+    def reply(self) -> StructType | None:
+        """The ``reply`` column's StructType (parsed by Spark: needs an active session)."""
+        return _reply(self.reply_schema)
+
+
+def plan_provider_batch(
+    schema: StructType | None,
+    target: Any,
+    provider_batch: ProviderBatch,
+    *,
+    id_col: str,
+    reply_schema: str | None = None,
+    prices: BatchPrices | None = None,
+    streaming: bool = False,
+    calls: Calls | None = None,
+    quota: Quota | None = None,
+    cost: Cost | None = None,
+    batching: Batching | None = None,
+    dedupe: Dedupe | None = None,
+    journal: Journal | None = None,
+) -> ProviderBatchPlan:
+    """Every rule of a job sent through a provider's batches (issue 50), before any job;
+    :class:`PlanError` naming the first option refused.
+
+    The target is an :class:`~timewheel.spark.http.target.HttpDownstream` sending POST
+    with a JSON body (each row's body is its request line's) to the URL of
+    ``ProviderBatch.endpoint``, with nothing taken from the row but its body (no URL
+    field, ``params`` or ``header_cols``: a line carries none); the input is no stream.
+    ``dispatch``'s options for the online engine (``calls`` other than the default,
+    ``quota``, ``cost``, ``batching``, ``dedupe``, ``journal``) are refused, each naming
+    ``ProviderBatch``. ``schema``, ``id_col`` and ``reply_schema`` are checked as
+    :func:`plan` checks them, and the input may not have the columns the job adds.
+    """
+    _check_schema(schema)
+    if not isinstance(provider_batch, ProviderBatch):
+        raise PlanTypeError(
+            "provider_batch",
+            provider_batch,
+            f"must be a timewheel.spark.provider_batch.ProviderBatch, got {provider_batch!r}",
+        )
+    if prices is not None and not isinstance(prices, BatchPrices):
+        raise PlanTypeError(
+            "prices", prices, f"must be a BatchPrices or None, got {type(prices).__name__}"
+        )
+    _check_id_col(id_col)
+    _refuse_online_options(calls, quota, cost, batching, dedupe, journal)
+    if streaming:
+        raise PlanError(
+            "df",
+            "a stream",
+            "is a stream: {ProviderBatch} sends a whole set of rows and waits for the "
+            "provider's results; give it a batch DataFrame",
+            ("ProviderBatch",),
+        )
+    _check_target(target)
+    _check_batch_target(target, provider_batch)
+    _check_reply_schema(reply_schema)
+    if schema is not None:
+        _check_columns(schema, target, id_col, Calls(), reply_schema, None, None)
+        clash = [col for col in BATCH_COLUMNS if col in schema.fieldNames()]
+        if clash:
+            raise PlanError(
+                "df",
+                clash,
+                f"already has column(s) {clash}, which a job sent through {{ProviderBatch}} "
+                "adds; rename them first",
+                ("ProviderBatch",),
+            )
+    bound = bind(target, TargetPlan(id_col, False, False))
+    assert isinstance(bound, HttpDownstream)
+    return ProviderBatchPlan(bound, id_col, provider_batch, prices, reply_schema)
+
+
+def _refuse_online_options(
+    calls: Calls | None,
+    quota: Quota | None,
+    cost: Cost | None,
+    batching: Batching | None,
+    dedupe: Dedupe | None,
+    journal: Journal | None,
+) -> None:
+    """The options of the online engine, refused with a provider's batches."""
+    why = {
+        "quota": "paces calls made online; the provider paces its batches",
+        "cost": "is counted against a quota; a batch's rows are priced by BatchPrices",
+        "batching": "puts many rows in one online request; each row is a line of its own",
+        "dedupe": "partitions the rows online; a batch's rows are keyed by their ids",
+        "journal": "keeps online answers; the batches keep their own journal (journal_path)",
+    }
+    for name, value in (
+        ("quota", quota),
+        ("cost", cost),
+        ("batching", batching),
+        ("dedupe", dedupe),
+        ("journal", journal),
+    ):
+        if value is not None:
+            raise PlanError(
+                name,
+                value,
+                f"cannot be combined with {{ProviderBatch}}: it {why[name]}",
+                ("ProviderBatch",),
+            )
+    if calls is None:
+        return
+    if not isinstance(calls, Calls):
+        raise PlanTypeError("calls", calls, f"must be a timewheel.spark.Calls, got {calls!r}")
+    default = Calls()
+    for each in fields(Calls):
+        given = getattr(calls, each.name)
+        if given != getattr(default, each.name):
+            raise PlanError(
+                f"Calls.{each.name}",
+                given,
+                f"({given!r}) is for calls made online, which {{ProviderBatch}} does not make: "
+                "the provider sends a batch's lines in its own order, and resends as "
+                "ProviderBatch.resend says; leave it out",
+                ("ProviderBatch",),
+            )
+
+
+def _check_batch_target(target: Any, option: ProviderBatch) -> None:
+    """An HttpDownstream sending POST with a JSON body, made of the row's body alone, to
+    the URL of the batches' endpoint."""
+    if not isinstance(target, HttpDownstream):
+        raise PlanTypeError(
+            "target",
+            target,
+            "must be an HttpDownstream to go through {ProviderBatch} (its body makes each "
+            f"row's request line), got {target!r}",
+            ("ProviderBatch",),
+        )
+    if target.method != "POST" or target.body == "none":
+        raise PlanError(
+            "target",
+            target,
+            f"sends {target.method} with body {target.body!r}: {{ProviderBatch}} sends each "
+            "row's request as a POST with a JSON body",
+            ("ProviderBatch",),
+        )
+    kind = next((v for k, v in target.headers.items() if k.lower() == "content-type"), "")
+    if kind.partition(";")[0].strip().lower() != "application/json":
+        raise PlanError(
+            "target",
+            target,
+            f"sends Content-Type {kind!r}: {{ProviderBatch}} sends JSON bodies",
+            ("ProviderBatch",),
+        )
+    taken = [col for _, col in url_template(target.url) if col]
+    taken += [col for _, col in (*target.params, *target.header_cols)]
+    if taken:
+        raise PlanError(
+            "target",
+            tuple(taken),
+            f"makes its URL or headers of column(s) {taken}, which a request line of "
+            "{ProviderBatch} does not carry (it holds the body alone): leave them out",
+            ("ProviderBatch",),
+        )
+    why = option.path_refusal(urllib.parse.urlsplit(target.url).path)
+    if why is not None:
+        raise PlanError("target", target, why)
+
+
+def _check_schema(schema: Any) -> None:
+    from pyspark.sql.types import StructType
+
+    if schema is not None and not isinstance(schema, StructType):
+        raise PlanTypeError(
+            "schema", schema, f"must be a pyspark.sql.types.StructType (df.schema), got {schema!r}"
+        )
+
+
+def _check_id_col(id_col: Any) -> None:
+    if not isinstance(id_col, str):
+        raise PlanTypeError("id_col", id_col, f"must be a column name (str), got {id_col!r}")
 
 
 def _check_target(target: Any) -> None:

@@ -371,6 +371,14 @@ class HttpDownstream:
             return body(row)
         return {col: row.get(col) for col in body}
 
+    def body_json(self, row: Mapping[str, Any]) -> str | None:
+        """``row``'s request body as JSON text, as :meth:`submit` would send it (None for a
+        request without one): a line of a file of requests, as a provider's batch takes.
+        Only the body: no URL, no header, no secret. DownstreamError as ``submit`` fails
+        the row (a body function that refuses it)."""
+        payload = self._payload(row)
+        return None if payload is _NO_BODY else encode_json(payload)
+
     def _request(self, row: Mapping[str, Any]) -> tuple[str, dict[str, str], bytes | None]:
         """The URL, extra headers and body of ``row``'s request (see :meth:`_parts`)."""
         url, extra, payload = self._parts(row)

@@ -21,7 +21,15 @@ from typing import Any
 
 from .spec import ProviderBatch
 
-__all__ = ["Part", "RowError", "anthropic_item", "cut_parts", "openai_line", "parts_of"]
+__all__ = [
+    "Part",
+    "RowError",
+    "anthropic_item",
+    "cut_parts",
+    "openai_line",
+    "parts_of",
+    "request_line",
+]
 
 #: Anthropic's rule for a ``custom_id`` (a row's idempotency key, 32 hex digits, keeps it).
 ANTHROPIC_CUSTOM_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -82,8 +90,9 @@ def anthropic_item(custom_id: str, body: Mapping[str, Any]) -> bytes:
     return json.dumps(item, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _line(option: ProviderBatch, custom_id: Any, body: Any) -> tuple[str, bytes]:
-    """A row's model and line; RowError when no batch can carry it."""
+def request_line(option: ProviderBatch, custom_id: Any, body: Any) -> tuple[str, bytes]:
+    """A row's model and line; RowError when no batch can carry it (the checks a
+    part makes of each row, for the executors to make of theirs)."""
     if not isinstance(custom_id, str) or not custom_id:
         raise RowError(f"a row's custom_id must be a non-empty str, got {custom_id!r}")
     if option.provider == "anthropic" and not ANTHROPIC_CUSTOM_ID.fullmatch(custom_id):
@@ -124,7 +133,7 @@ def cut_parts(
     done: list[tuple[str, list[str], list[bytes]]] = []
     seen: set[str] = set()
     for custom_id, body in rows:
-        model, line = _line(option, custom_id, body)
+        model, line = request_line(option, custom_id, body)
         if custom_id in seen:
             raise RowError(f"row {custom_id!r} is given twice: each row is sent once")
         seen.add(custom_id)

@@ -24,6 +24,7 @@ from .parts import Part
 from .spec import BatchPrices
 
 __all__ = [
+    "BATCH_COLUMNS",
     "CANCELLED",
     "EXPIRED",
     "FAILED",
@@ -36,6 +37,10 @@ __all__ = [
 
 OK, FAILED, EXPIRED, CANCELLED = "ok", "failed", "expired", "cancelled"
 OUTCOMES = (OK, FAILED, EXPIRED, CANCELLED)
+#: The columns a job sent through a provider's batches adds after ``dispatch``'s (and its
+#: ``reply``): each row's ``cost`` and the ``batch_id`` of the batch that last carried it.
+BATCH_COLUMNS = ("cost", "batch_id")
+
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504, 529})
 _RETRYABLE_KINDS = frozenset({"api_error", "overloaded_error", "rate_limit_error", "server_error"})
 
@@ -50,7 +55,9 @@ class RowResult:
     """One row's outcome: ``status`` (ok, failed, expired, cancelled), the ``answer`` (the
     provider's response body, parsed), ``usage`` (``input_tokens``, ``output_tokens``),
     ``error``, whether a new attempt may cure it (``retryable``), ``cost`` (None without
-    prices), ``attempts`` (batches that carried it) and the last one's ``batch_id``."""
+    prices), ``attempts`` (batches that carried it) and the last one's ``batch_id``;
+    ``http_status``: the status the provider gives the row's request (OpenAI's
+    ``status_code``; None when it gives none, as Anthropic's results do)."""
 
     custom_id: str
     status: str
@@ -61,6 +68,7 @@ class RowResult:
     error: str | None = None
     retryable: bool = False
     cost: float | None = None
+    http_status: int | None = None
 
 
 def split_results(
@@ -150,7 +158,7 @@ def _openai(custom_id: str, batch_id: str, item: dict[str, Any]) -> RowResult:
     body = response.get("body")
     if status == 200:
         usage = body.get("usage") if isinstance(body, dict) else None
-        return RowResult(custom_id, OK, batch_id, answer=body, usage=_usage(usage))
+        return RowResult(custom_id, OK, batch_id, answer=body, usage=_usage(usage), http_status=200)
     detail = body.get("error") if isinstance(body, dict) else None
     said = detail.get("message") if isinstance(detail, dict) else None
     return RowResult(
@@ -160,6 +168,7 @@ def _openai(custom_id: str, batch_id: str, item: dict[str, Any]) -> RowResult:
         answer=body,
         error=f"{status}: {said or 'no message'}",
         retryable=status in _RETRYABLE_STATUS,
+        http_status=status or None,
     )
 
 

@@ -32,7 +32,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -192,8 +192,16 @@ class ProviderBatchRun:
             self.close()
 
     def _run(self, rows: Iterable[tuple[str, Mapping[str, Any]]]) -> RunResult:
-        given = list(rows)
-        parts = parts_of(self.option, given)
+        # Read once, as they come: only their lines (in the parts) and ids are held, not
+        # the bodies too (a job streamed from Spark's executors is held once).
+        order: list[str] = []
+
+        def noted() -> Iterator[tuple[str, Mapping[str, Any]]]:
+            for custom_id, body in rows:
+                order.append(custom_id)
+                yield custom_id, body
+
+        parts = parts_of(self.option, noted())
         if self.prices is not None:
             missing = self.prices.missing(p.model for p in parts)
             if missing:
@@ -202,7 +210,6 @@ class ProviderBatchRun:
                     "nothing was sent"
                 )
         self._start(parts)
-        order = [custom_id for custom_id, _ in given]
         pending: dict[str, Part] = {p.key: p for p in parts}
         found: dict[str, RowResult] = {}
         batches: list[str] = []

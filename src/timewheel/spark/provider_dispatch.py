@@ -1,0 +1,303 @@
+"""A DataFrame's rows sent through a provider's batch API (issue 50), from Spark.
+
+:func:`dispatch_provider_batch` is the Spark step around the driver's
+:class:`~timewheel.spark.provider_batch.ProviderBatchRun`:
+
+1. the executors make each row's request line (:class:`RequestLines`, one
+   ``mapInArrow``): its ``custom_id`` is the target's idempotency key of the row, its body
+   the target's JSON body. A row that cannot make one (a null id, a body the target or
+   the provider refuses) is not sent: it comes back ``failed`` with why;
+2. the driver reads the lines, sorted by ``custom_id`` (so a run called again on the same
+   input cuts the same parts, whatever the input's partitions), one partition at a time,
+   into the run, which sends them, polls and splits the results, journaled so that a run
+   killed anywhere and called again re-attaches to what it made;
+3. the results (one per row, small) become a DataFrame made on the driver, joined to the
+   input by the ``custom_id`` the executors make again from each row (it is a digest of
+   the row's id, the same every time). Every input row comes back once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from typing import Any, Callable
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
+from .cluster import check_workers
+from .columns import ReplyParser, python_values
+from .contract import DownstreamError
+from .http.target import HttpDownstream
+from .outcome import FAILED, REPLY_COLUMN, RESULT_COLUMNS, Outcome
+from .planning import plan_provider_batch
+from .provider_batch.parts import RowError, request_line
+from .provider_batch.results import BATCH_COLUMNS, RowResult
+from .provider_batch.run import Progress, ProviderBatchRun, RunResult
+from .provider_batch.spec import BatchPrices, ProviderBatch
+from .scrubber import scrub, scrubber
+
+__all__ = ["RequestLines", "dispatch_provider_batch"]
+
+#: The columns the executors add to a row on its way: its ``custom_id``, its request
+#: body (JSON text) and why it was not sent (None: it was). Dropped from the result.
+CUSTOM_ID = "__timewheel_custom_id"
+#: The results' own custom_id column (the join's other side).
+RESULT_ID = "__timewheel_result_id"
+BODY = "__timewheel_body"
+UNSENT = "__timewheel_unsent"
+LINE_COLUMNS = (CUSTOM_ID, BODY, UNSENT)
+#: A row whose line was read but that has no result: its input changed between the two
+#: reads (a source that is not deterministic). Not expected; said, not hidden.
+NO_OUTCOME = (
+    "the row was not among the rows sent: the input gave other rows when it was read "
+    "again (make it deterministic, or write it out first)"
+)
+#: Rows per Arrow batch of the results made on the driver.
+_RESULT_BATCH_ROWS = 10_000
+
+
+def dispatch_provider_batch(
+    df: DataFrame,
+    target: HttpDownstream,
+    *,
+    id_col: str,
+    provider_batch: ProviderBatch,
+    journal_path: str | os.PathLike[str],
+    prices: BatchPrices | None = None,
+    reply_schema: str | None = None,
+    on_poll: Callable[[Progress], None] | None = None,
+    sleep: Callable[[float], object] = time.sleep,
+) -> DataFrame:
+    """Send each row of ``df`` through ``provider_batch``'s batch API, at its batch price;
+    return every row once, with its outcome. Eager: it returns once every batch ended
+    (minutes to hours), having polled from the driver alone (no executor is held while
+    the provider works).
+
+    ``target`` (an :class:`~timewheel.spark.targets.HttpDownstream` to the provider's URL
+    of ``ProviderBatch.endpoint``, POST, a JSON body) makes each row's request line: its
+    body is the line's, the row's idempotency key (of ``id_col``, or the target's own
+    ``id_col``) its ``custom_id``; the target's headers are not sent (the provider's key
+    is ``ProviderBatch.key``, read on the driver). Ids must be unique: a value of the id
+    column in two rows raises ValueError naming it, before anything is sent.
+    ``journal_path``: the driver's journal of the job's files and batches; a call killed
+    anywhere and made again with the same journal and input re-attaches to the batches it
+    made and sends no row twice. ``prices``: each row's ``cost``. ``on_poll``: called with
+    each poll's :class:`~timewheel.spark.provider_batch.Progress`; ``sleep``: how the driver
+    waits between polls.
+
+    The result has ``df``'s columns plus ``dispatch``'s: ``status`` (``ok``, ``failed``,
+    ``expired`` or ``cancelled``), ``attempts`` (the batches that carried the row: 1, 2
+    when it was resent, 0 when it was not sent), ``latency_ms`` (always null: a batch's
+    rows are answered together, with no time of their own), ``error``, ``http_status``
+    (the status OpenAI gives the row's request; null for Anthropic's, which give none,
+    and for a row not sent), ``response`` (the answer's body as JSON text), with
+    ``reply_schema`` ``reply`` (``ok`` answers parsed into that struct, as ``dispatch``
+    does); and ``cost`` (money at the batch price; 0 for a row not answered ok; null
+    without ``prices``) and ``batch_id`` (the batch that last carried the row).
+
+    Every argument is checked first by
+    :func:`~timewheel.spark.planning.plan_provider_batch` (a
+    :class:`~timewheel.spark.PlanError` naming it).
+    """
+    if not isinstance(df, DataFrame):
+        raise TypeError(f"df must be a pyspark.sql.DataFrame, got {type(df).__name__}")
+    job = plan_provider_batch(
+        df.schema,
+        target,
+        provider_batch,
+        id_col=id_col,
+        reply_schema=reply_schema,
+        prices=prices,
+        streaming=df.isStreaming,
+    )
+    if not isinstance(journal_path, (str, os.PathLike)):
+        raise TypeError(f"journal_path must be a path, got {journal_path!r}")
+    reply = job.reply()
+    check_workers(df.sparkSession)
+    key_col = job.target.id_col or id_col
+    lines = lined(df, job.target, provider_batch, bodies=True)
+    sent = lines.where(F.col(UNSENT).isNull()).select(CUSTOM_ID, BODY).orderBy(CUSTOM_ID)
+    run = ProviderBatchRun(
+        provider_batch, str(journal_path), prices=prices, on_poll=on_poll, sleep=sleep
+    )
+    marked = lined(df, job.target, provider_batch, bodies=False).drop(BODY)
+    try:
+        result = run.run(_pairs(sent))
+    except _Twice as twice:
+        found = marked.where(F.col(CUSTOM_ID) == twice.custom_id).select(key_col).first()
+        value = None if found is None else found[0]
+        raise ValueError(
+            scrub(
+                f"id_col {key_col!r}: the value {value!r} is the id of more than one row; "
+                "each row is sent once, keyed by its id (its custom_id), so ids must be "
+                "unique. Nothing was sent"
+            )
+        ) from None
+    results = results_frame(df.sparkSession, result, reply, priced=prices is not None)
+    return _joined(marked, results, df.columns, reply is not None, prices is not None)
+
+
+class _Twice(Exception):
+    """A custom_id read twice from the sorted lines: two rows share an id."""
+
+    def __init__(self, custom_id: str) -> None:
+        super().__init__(custom_id)
+        self.custom_id = custom_id
+
+
+def _pairs(sent: DataFrame) -> Iterator[tuple[str, Any]]:
+    """The lines' (custom_id, body) pairs, read a partition at a time; sorted, so an id
+    given twice is two pairs in a row."""
+    last = None
+    for custom_id, body in sent.toLocalIterator():
+        if custom_id == last:
+            raise _Twice(custom_id)
+        last = custom_id
+        yield custom_id, json.loads(body)
+
+
+def lined(
+    df: DataFrame, target: HttpDownstream, option: ProviderBatch, *, bodies: bool
+) -> DataFrame:
+    """``df`` with each row's ``custom_id``, body (with ``bodies``) and why it is not
+    sent, made on the executors."""
+    schema = StructType(
+        [*df.schema.fields, *(StructField(name, StringType(), True) for name in LINE_COLUMNS)]
+    )
+    return df.mapInArrow(RequestLines(target, option, bodies), schema)
+
+
+class RequestLines:
+    """The function ``mapInArrow`` runs on each partition: every row passes through, with
+    its ``custom_id``, its request body (JSON text; None unless ``bodies``) and, for a
+    row that cannot be sent, why (its ``custom_id`` and body then None or unused)."""
+
+    def __init__(self, target: HttpDownstream, option: ProviderBatch, bodies: bool) -> None:
+        self.target = target
+        self.option = option
+        self.bodies = bodies
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            names = batch.schema.names
+            made: list[tuple[str | None, str | None, str | None]] = [
+                self.line(dict(zip(names, values)))
+                for values in zip(*[python_values(column) for column in batch.columns])
+            ]
+            added = [pa.array(list(column), pa.string()) for column in zip(*made)] or [
+                pa.array([], pa.string()) for _ in LINE_COLUMNS
+            ]
+            fields = [*batch.schema, *(pa.field(name, pa.string()) for name in LINE_COLUMNS)]
+            yield pa.RecordBatch.from_arrays([*batch.columns, *added], schema=pa.schema(fields))
+
+    def line(self, row: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
+        """``row``'s ``(custom_id, body, why not sent)``."""
+        target = self.target
+        custom_id = target.idempotency_key(row)
+        if custom_id is None:
+            return (
+                None,
+                None,
+                f"the row's id ({target.id_col or 'id'!r}) is null or missing: not sent",
+            )
+        try:
+            body = target.body_json(row)
+            # What the provider takes of it, checked as the driver's parts check it.
+            request_line(self.option, custom_id, None if body is None else json.loads(body))
+        except (DownstreamError, RowError) as exc:
+            return custom_id, None, scrub(f"{exc}: not sent")
+        except Exception as exc:  # the target's body function, or a value JSON cannot hold
+            return custom_id, None, scrub(f"the row's body: {type(exc).__name__}: {exc}: not sent")
+        return custom_id, body if self.bodies else None, None
+
+
+def results_frame(
+    spark: SparkSession, result: RunResult, reply: StructType | None, *, priced: bool
+) -> DataFrame:
+    """The rows' results as a DataFrame made on the driver: ``custom_id``, the outcome
+    columns (``reply`` parsed as ``dispatch`` parses it: an ``ok`` answer that does not
+    fit fails), ``cost`` and ``batch_id``."""
+    parser = None if reply is None else ReplyParser(reply)
+    fields = [
+        pa.field(RESULT_ID, pa.string(), False),
+        pa.field("status", pa.string(), False),
+        pa.field("attempts", pa.int32(), False),
+        pa.field("error", pa.string()),
+        pa.field("http_status", pa.int32()),
+        pa.field("response", pa.string()),
+    ]
+    if parser is not None:
+        fields.append(pa.field(REPLY_COLUMN, parser.arrow_type))
+    fields += [pa.field("cost", pa.float64()), pa.field("batch_id", pa.string())]
+    schema = pa.schema(fields)
+    rows = list(result.rows.values())
+    batches = [
+        _results_batch(rows[at : at + _RESULT_BATCH_ROWS], schema, parser, priced)
+        for at in range(0, len(rows), _RESULT_BATCH_ROWS)
+    ]
+    return spark.createDataFrame(pa.Table.from_batches(batches, schema))
+
+
+def _results_batch(
+    rows: list[RowResult], schema: pa.Schema, parser: ReplyParser | None, priced: bool
+) -> pa.RecordBatch:
+    hidden = len(scrubber()) > 0
+    outcomes = []
+    for r in rows:
+        response = None
+        if r.answer is not None:
+            response = json.dumps(r.answer, ensure_ascii=False, separators=(",", ":"))
+            response = scrub(response) if hidden else response
+        outcomes.append(Outcome({}, r.status, r.attempts, 0.0, r.error, r.http_status, response))
+    columns = []
+    if parser is not None:
+        outcomes, parsed = parser.parse(outcomes)
+        columns.append(parsed)
+    values = [
+        [r.custom_id for r in rows],
+        [o.status for o in outcomes],
+        [o.attempts for o in outcomes],
+        [o.error for o in outcomes],
+        [o.http_status for o in outcomes],
+        [o.response for o in outcomes],
+    ]
+    arrays = [pa.array(v, f.type) for v, f in zip(values, schema)]
+    costs = [(r.cost or 0.0) if priced else None for r in rows]
+    arrays += columns
+    arrays += [pa.array(costs, pa.float64()), pa.array([r.batch_id for r in rows], pa.string())]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _joined(
+    marked: DataFrame, results: DataFrame, columns: list[str], replied: bool, priced: bool
+) -> DataFrame:
+    """The input's rows (``marked`` with their custom_id and why not sent), each once,
+    with its outcome from ``results`` (a row not sent: ``failed``, with why)."""
+    # (a row not sent takes nothing of a result, even one of a row with its id)
+    on = (F.col(CUSTOM_ID) == F.col(RESULT_ID)) & F.col(UNSENT).isNull()
+    joined = marked.join(results, on, "left")
+    status = F.col("status")
+    outcome = {
+        "status": F.coalesce(status, F.lit(FAILED)),
+        "attempts": F.coalesce(F.col("attempts"), F.lit(0)).cast("int"),
+        "latency_ms": F.lit(None).cast("double"),
+        "error": F.coalesce(
+            F.col("error"), F.col(UNSENT), F.when(status.isNull(), F.lit(NO_OUTCOME))
+        ),
+        "http_status": F.col("http_status"),
+        "response": F.col("response"),
+    }
+    extra = [F.col(REPLY_COLUMN)] if replied else []
+    cost = F.coalesce(F.col("cost"), F.lit(0.0)) if priced else F.lit(None).cast("double")
+    return joined.select(
+        *[F.col("`" + name.replace("`", "``") + "`") for name in columns],
+        *[outcome[name].alias(name) for name in RESULT_COLUMNS],
+        *extra,
+        cost.alias(BATCH_COLUMNS[0]),
+        F.col("batch_id").alias(BATCH_COLUMNS[1]),
+    )
