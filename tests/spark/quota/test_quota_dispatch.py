@@ -110,8 +110,9 @@ def test_uneven_tasks_share_one_rate_and_the_long_one_gets_all_of_it() -> None:
     stamps = [t for t, _ in target.sent]
     # At most the rate plus its burst and a catch-up in any one second.
     assert most_in_window(stamps) <= rate * (1 + BURST_S + CATCH_UP_S) + 1
-    # A static half each would take 800 / 200 = 4 s; one shared rate takes 1000 / 400.
-    assert elapsed < 1000 / rate * 1.3
+    # A static half each would take 800 / 200 = 4 s; one shared rate takes 1000 / 400
+    # (2.6-2.9 s measured on the 2-core machine; the bound leaves room for a busy one).
+    assert elapsed < 0.9 * 800 / (rate / 2)
     short_done = max(t for t, i in target.sent if i >= 1000)
     tail = [t for t, i in target.sent if i < 1000 and t > short_done]
     assert len(tail) >= 200  # the long task went on alone ...

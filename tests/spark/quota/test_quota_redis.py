@@ -23,6 +23,7 @@ from timewheel.spark.quota.placement import job_of, place_quota, redis_store_of
 from timewheel.spark.quota.redis_store import KEEP_JOB_S, RedisStore, reset_quota
 from timewheel.spark.quota.spec import (
     BURST_S,
+    HELD_FRESH_S,
     RESTART_JITTER_S,
     TERM_S,
     Ask,
@@ -94,14 +95,43 @@ SCENARIO: list[tuple[float, str, tuple[Any, ...]]] = [
 ]
 
 
+# Near the end of a budget (100): a need the budget left does not cover waits while
+# another holder's calls hold some of it, said within HELD_FRESH_S; then the job is spent.
+# A holder that leaves holds nothing from then on.
+HELD_SCENARIO: list[tuple[float, str, tuple[Any, ...]]] = [
+    (0, "take", ("a", Ask(1, 90.0, 90.0, held=0.0))),
+    (0, "take", ("a", Ask(1, 0.0, 0.0, held=90.0))),  # its call holds 90
+    (0, "take", ("b", Ask(1, 20.0, 20.0))),  # waits: a's hold may come back
+    (0.5, "take", ("a", Ask(1, 0.0, 0.0, held=90.0))),  # still holding, said again
+    (1.9, "take", ("b", Ask(1, 20.0, 20.0))),  # said 1.9 s ago: still waits
+    (HELD_FRESH_S, "take", ("b", Ask(1, 20.0, 20.0))),  # a went quiet: spent
+    (0, "state", ()),
+]
+HELD_LEAVES: list[tuple[float, str, tuple[Any, ...]]] = [
+    (0, "take", ("a", Ask(1, 90.0, 90.0, held=90.0))),
+    (0, "leave", ("a", 0.0, 0, 0.0)),
+    (0, "take", ("b", Ask(1, 200.0, 200.0))),  # nobody holds: spent at once
+]
+
+
 @needs_redis
-def test_redis_does_the_same_accounting_as_the_bucket(redis_server: RedisServer) -> None:
-    quota = Quota(rate=100, cost_rate=2000, concurrency=6, budget=3000, max_requests=400)
+@pytest.mark.parametrize(
+    ("name", "quota", "scenario"),
+    [
+        ("parity", Quota(rate=100, cost_rate=2000, concurrency=6, budget=3000, max_requests=400),
+         SCENARIO),
+        ("parity-held", Quota(budget=100), HELD_SCENARIO),
+        ("parity-left", Quota(budget=100), HELD_LEAVES),
+    ],
+)  # fmt: skip
+def test_redis_does_the_same_accounting_as_the_bucket(
+    redis_server: RedisServer, name: str, quota: Quota, scenario: list[Any]
+) -> None:
     local_clock, redis_clock = Clock(), Clock()
     local = LocalStore(quota, local_clock)
-    remote = RedisStore(redis_server.url, "parity", quota, clock=redis_clock)
+    remote = RedisStore(redis_server.url, name, quota, clock=redis_clock)
     try:
-        for step, (advance, op, args) in enumerate(SCENARIO):
+        for step, (advance, op, args) in enumerate(scenario):
             local_clock.now += advance
             redis_clock.now += advance
             expected = _rounded(getattr(local, op)(*args))

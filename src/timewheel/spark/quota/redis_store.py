@@ -54,6 +54,7 @@ from typing import Any, Callable
 from ..secrets import hide_url, redact_url
 from .spec import (
     BURST_S,
+    HELD_FRESH_S,
     HORIZON_S,
     LEASE_S,
     LONG_PAUSE_S,
@@ -81,12 +82,13 @@ KEEP_JOB_S = 86400.0
 _CONNECTIONS = 8
 
 #: The one script every operation runs. KEYS: the shared state, its holders, their
-#: expiry, the job's count, the holders asking lately. ARGV: op, now ("" = the server's
+#: expiry, the job's count, the holders asking lately, the job's holders whose calls
+#: hold budget. ARGV: op, now ("" = the server's
 #: TIME), the quota (rate, cost_rate, concurrency, budget, max_requests: 0 = none; ttl_s;
 #: the job's weight; the timelines' burst; a slot wait; KEEP_JOB_S), then the
 #: operation's own arguments.
 SCRIPT = r"""
-local S, H, E, B, A = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local S, H, E, B, A, HL = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local op = ARGV[1]
 local now = tonumber(ARGV[2])
 if now == nil then
@@ -99,6 +101,7 @@ local weight, BURST = tonumber(ARGV[9]), tonumber(ARGV[10])
 local LEASE, KEEP_JOB = tonumber(ARGV[11]), tonumber(ARGV[12])
 local LEFT_SHARE, PROBE_WAIT, PROBE_AGAIN = 8, @PROBE_WAIT@, @PROBE_AGAIN@
 local TERM, MAX_ASKS, HORIZON, LONG_PAUSE, SPREAD = @TERM@
+local HELD_FRESH = @HELD_FRESH@
 local PACE_CUT, PACE_CUT_EVERY, PACE_FLOOR, PACE_RECOVERY = @PACE@
 local a = {}
 for i = 13, #ARGV do a[i - 12] = ARGV[i] end
@@ -132,7 +135,7 @@ local function save()
   -- no pause, the timelines in the past): it expires. The job's count expires KEEP_JOB
   -- after its last use.
   local keep = math.ceil(ttl + math.max(0, st.paused - now, st.tr - now, st.tc - now)) + 60
-  for _, k in ipairs({S, H, E, A}) do redis.call('EXPIRE', k, keep) end
+  for _, k in ipairs({S, H, E, A, HL}) do redis.call('EXPIRE', k, keep) end
   redis.call('EXPIRE', B, math.ceil(KEEP_JOB))
 end
 -- Refused before at this budget or cap (or a larger one): this caller's own budget
@@ -146,6 +149,7 @@ local function forget(h)
   redis.call('HDEL', H, h .. '|r', h .. '|c', h .. '|s')
   redis.call('ZREM', E, h)
   redis.call('ZREM', A, h)
+  redis.call('ZREM', HL, h)
 end
 local function reap()
   for _, h in ipairs(redis.call('ZRANGEBYSCORE', E, '-inf', now)) do forget(h) end
@@ -229,8 +233,22 @@ if op == 'take' then
     return {kind, tostring(n), f(c), tostring(s), f(wait), f(budget_left), f(cap_left),
             f(start), f(span), st.gen, f(st.ratio)}
   end
+  -- The holders whose calls out hold some of the budget, when they said so (Bucket).
+  if tonumber(a[14]) > 1e-9 and budget > 0 then
+    redis.call('ZADD', HL, now, h)
+  else
+    redis.call('ZREM', HL, h)
+  end
   if a[13] == '1' and st.ratio > 0 then  -- the job knows a ratio: hold it instead (Bucket)
     return reply('wait', 0, 0, 0, PROBE_AGAIN, 0, 0)
+  end
+  -- A need the budget left does not cover waits while others' calls hold budget (a
+  -- call's hold is its worst case: some of it may come back), said within HELD_FRESH.
+  if budget_left < need_cost and cap_left >= 1 and not refused_before() then
+    redis.call('ZREMRANGEBYSCORE', HL, '-inf', '(' .. f(now - HELD_FRESH))
+    local others = redis.call('ZCARD', HL)
+    if redis.call('ZSCORE', HL, h) then others = others - 1 end
+    if others > 0 then return reply('wait', 0, 0, 0, TERM, 0, 0) end
   end
   if (refused_before() and need_cost > 0) or cap_left < 1 or budget_left < need_cost then
     if cap_left < 1 then st.xc = math.max(st.xc, cap) end
@@ -361,6 +379,7 @@ SCRIPT = (
         "@TERM@", ", ".join(map(repr, (TERM_S, MAX_ASKS_PER_S, HORIZON_S, LONG_PAUSE_S, SPREAD)))
     )
     .replace("@PROBE_WAIT@", repr(PROBE_WAIT_S))
+    .replace("@HELD_FRESH@", repr(HELD_FRESH_S))
     .replace("@PROBE_AGAIN@", repr(PROBE_AGAIN_S))
 )
 
@@ -480,6 +499,7 @@ class RedisStore:
             base + ":expiry",
             base + ":job:" + job,
             base + ":active",
+            base + ":job:" + job + ":held",
         ]
         q = quota
         self._quota_args = [
@@ -537,6 +557,7 @@ class RedisStore:
             ask.gen,
             repr(float(ask.ratio)),
             "1" if ask.probe else "0",
+            repr(float(ask.held)),
         )
         kind = got[0].decode()
         n, c, s, wait, budget_left, cap_left, start, span = (self._f(x) for x in got[1:9])
