@@ -437,6 +437,7 @@ def test_one_line_carries_the_cause_of_a_spark_error(spark: Any, tmp_path: Path)
     assert len(line) <= 600
 
 
+@pytest.mark.slow  # a whole command, ~8 s (2-core machine): .ci/slow
 def test_a_spent_budget_exits_3_and_resume_finishes_with_a_new_one(
     spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -618,6 +619,7 @@ def test_bad_quota_options_exit_2_before_anything_is_sent(
     assert not out.exists()
 
 
+@pytest.mark.slow  # a whole command, ~6 s (2-core machine): .ci/slow
 def test_a_tokens_quota_against_the_openai_stub_settles_what_each_call_cost(
     spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -896,6 +898,7 @@ def test_a_dry_run_with_a_nan_or_negative_cost_is_json_and_stops_where_the_run_d
     assert sorted(r["id"] for r in failed.select("id").collect()) == [300, 301]
 
 
+@pytest.mark.slow  # a whole command, ~8 s (2-core machine): .ci/slow
 def test_a_run_answered_401_on_every_row_sends_the_threshold_and_prints_its_summary(
     spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -57,6 +57,7 @@ def _jobs_of(spark: Any, group: str, argv: list[str]) -> tuple[int, int]:
     return code, len(sc.statusTracker().getJobIdsForGroup(group))
 
 
+@pytest.mark.slow  # a whole command, ~10 s (2-core machine): .ci/slow
 def test_a_run_starts_no_more_spark_jobs_than_it_needs(spark: Any, tmp_path: Path) -> None:
     from timewheel.spark.cluster import check_workers
 
@@ -166,6 +167,7 @@ def test_ids_that_do_not_name_each_row_once_are_refused_before_spark_reads_them(
 _TIME = r"\((\d+\.\d+ s|\d+ s|\d+ min \d\d s)\)"
 
 
+@pytest.mark.slow  # a whole command, ~8 s (2-core machine): .ci/slow
 def test_phase_lines_in_order_with_times_and_progress_lines_off_a_terminal(
     spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -235,6 +235,7 @@ def test_a_stop_at_any_point_ends_the_run_there(service: Any, tmp_path: Path, po
     exactly_once(out, list(range(rows)))
 
 
+@pytest.mark.slow  # a whole command, ~7 s (2-core machine): .ci/slow
 def test_resume_and_output_refusals_are_one_line_before_spark(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
@@ -531,6 +532,7 @@ def test_a_full_disk_is_one_line_naming_the_file_and_the_errno(tmp_path: Path) -
         subprocess.run(["umount", str(disk)], check=True)
 
 
+@pytest.mark.slow  # a whole command, ~12 s (2-core machine): .ci/slow
 def test_a_finished_run_resumes_to_send_its_rows_not_ok_and_only_those(
     spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

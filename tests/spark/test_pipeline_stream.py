@@ -516,6 +516,7 @@ def test_help_says_a_streams_files_land_whole_and_what_overwrite_does(
     assert "with --stream, start afresh: checkpoint and record removed" in text
 
 
+@pytest.mark.slow  # a whole command, ~6 s (2-core machine): .ci/slow
 def test_a_service_refusing_every_call_stops_the_stream_saying_why(
     service: ScriptedService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

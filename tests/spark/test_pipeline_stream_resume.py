@@ -33,6 +33,7 @@ def keys_of(service: ScriptedService) -> dict[int, list[str]]:
     return found
 
 
+@pytest.mark.slow  # a whole command, ~7 s (2-core machine): .ci/slow
 def test_resume_sends_again_only_the_rows_that_failed_and_the_record_learns_it(
     spark: Any, service: ScriptedService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -16,6 +16,7 @@ pytestmark = [
 ]
 
 
+@pytest.mark.slow  # a whole command, ~19 s (2-core machine): .ci/slow
 def test_the_readme_spark_snippet_runs_as_written(
     spark: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
