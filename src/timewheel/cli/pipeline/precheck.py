@@ -97,16 +97,43 @@ FLAGS = {
     "Dedupe.requests": "--dedupe-requests",
     "Quota.budget": "--budget",
     "Quota.cost_rate": "--cost-rate",
+    # A job sent through a provider's batches (--provider-batch: see .pbatch)
+    "provider_batch": "--provider-batch",
+    "ProviderBatch": "--provider-batch",
+    "ProviderBatch.provider": "--provider-batch",
+    "ProviderBatch.endpoint": "--target's path",
+    "ProviderBatch.window": "--batch-window",
+    "ProviderBatch.base_url": "--batch-base-url",
+    "ProviderBatch.key": "--batch-key",
+    "ProviderBatch.max_requests": "--batch-max-requests",
+    "ProviderBatch.max_bytes": "--batch-max-bytes",
+    "ProviderBatch.poll_min_s": "--batch-poll-s MIN",
+    "ProviderBatch.poll_max_s": "--batch-poll-s MAX",
+    "ProviderBatch.resend": "--batch-resend",
+    "prices": "--batch-prices",
+    "BatchPrices.per_million": "--batch-prices",
+    "BatchPrices.discount": "--batch-prices",
 }
 
 
 def refusal(args: argparse.Namespace, exc: PlanError) -> UsageError:
     """``exc`` as the command line says it: each field as its flag. Columns the target's
     requests name but the input lacks are told by the flag that named them."""
+
+    def name(field: str) -> str:
+        if getattr(args, "provider_batch", None) is not None:  # the online flags given
+            from .pbatch import batch_flag_name
+
+            named = batch_flag_name(args, field)
+            if named is not None:
+                return named
+        return FLAGS.get(field, field)
+
     if exc.field == "target" and isinstance(exc.value, tuple) and exc.value:
         flag, given = _naming(args, exc.value[0])
-        return UsageError(f"{flag} {given!r} {exc.why}")
-    return UsageError(exc.describe(lambda field: FLAGS.get(field, field)))
+        why = exc.describe(name).removeprefix(name(exc.field) + " ")
+        return UsageError(f"{flag} {given!r} {why}")
+    return UsageError(exc.describe(name))
 
 
 def _naming(args: argparse.Namespace, column: str) -> tuple[str, str]:
