@@ -15,21 +15,25 @@ online one is: its ``ok`` rows kept, the others sent again, in new batches.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ...spark.delivery.journal import JOURNAL, MANIFEST, Manifest
 from ...spark.provider_batch.journal import BatchJournal
+from ...spark.provider_batch.parts import RowError
 from ...spark.provider_batch.results import CANCELLED, EXPIRED, FAILED, OK, OUTCOMES
-from .errors import limit_text, note, say
+from .errors import UsageError, limit_text, note, say
 from .failures import top_reasons
 from .inputs import generated_rows, read_input
 from .job import Job, check_rows, unique_rows
 from .options import DEMO_ROWS
 from .output import check_resumable, publish, run_identity
+from .precheck import refusal
 from .summary import failure_budget, figure_columns, input_columns, observe, observed, summary_text
 
 __all__ = ["JOURNAL_NAME", "ProviderBatchJob", "batch_journal", "report"]
@@ -90,6 +94,20 @@ class ProviderBatchJob(Job):
         """A poll's status line (none with --quiet)."""
         say(self.args, progress.line())
 
+    @contextlib.contextmanager
+    def refused(self) -> Iterator[None]:
+        """What the batches refuse before anything is sent (a model --batch-prices does not
+        price, a row no batch can carry, an id of two rows) as a refusal: exit 2, the
+        field said as its flag."""
+        from ...spark.options import PlanError
+
+        try:
+            yield
+        except PlanError as exc:
+            raise refusal(self.args, exc) from exc
+        except RowError as exc:
+            raise UsageError(str(exc)) from exc
+
     def run(self, fmt: str | None, previous: Manifest | None, reports: Any = None) -> Any:
         """Send the rows not yet ``ok`` in batches (or go on with the batches a run of
         this output made), collect and publish: the summary. With --detach, stop once the
@@ -142,7 +160,7 @@ class ProviderBatchJob(Job):
             "prices": self.prices,
         }
         if args.detach:
-            with self.phases.phase(f"{said} {sending:,} rows in batches"):
+            with self.phases.phase(f"{said} {sending:,} rows in batches"), self.refused():
                 self.batches = submit_provider_batch(todo, self.target, **options)
             return None
         if not args.quiet:
@@ -154,7 +172,8 @@ class ProviderBatchJob(Job):
         )
         self.staging.append(staging)
         start = time.monotonic()
-        with self.phases.phase(f"{said} {sending:,} rows in batches, and collected them"):
+        collected = f"{said} {sending:,} rows in batches, and collected them"
+        with self.phases.phase(collected), self.refused():
             result = dispatch_provider_batch(
                 todo,
                 self.target,
