@@ -152,6 +152,8 @@ def add_provider_batch_options(parser: argparse.ArgumentParser) -> None:
 def batch_flag_name(args: argparse.Namespace, field: str) -> str | None:
     """The flag that set ``field`` of a provider batch's refusal (None: not one of
     them). The online options the plan refuses are named by the flags given for them."""
+    if field == "target":
+        return "--target"
     if field.startswith("BatchPrices.per_million["):
         return f"--batch-prices {field[len('BatchPrices.per_million[') : -1]}"
     given = {
