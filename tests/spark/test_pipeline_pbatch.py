@@ -160,7 +160,7 @@ def test_a_whole_run_through_each_provider(stub: BatchStub, tmp_path: Path, prov
         f"of {ROWS}"
     )
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "rows", "summary.json"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", f"{provider}.parquet"]
+    assert {p.name for p in tmp_path.iterdir()} == {"out", f"{provider}.parquet"}  # no staging
     # Finished, every row ok: nothing to resume.
     again = run([*argv(stub, provider, tmp_path / f"{provider}.parquet", out), "--resume"], 120)
     assert again.returncode == 2
@@ -191,7 +191,8 @@ def test_detach_then_resume_collects_the_same_batches(stub: BatchStub, tmp_path:
 
     done = run([*args, "--resume", "--quiet"])
     assert done.returncode == 0, done.stderr
-    assert done.stderr == ""  # --quiet: no poll lines
+    # --quiet: no poll lines, no notes (Spark's JVM may say its own)
+    assert not [line for line in done.stderr.splitlines() if line.startswith("timewheel")]
     summary = json.loads(done.stdout)
     assert summary["batches"] == ids
     assert stub.stats()[provider]["batches"] == 4  # one batch a part, not two
@@ -226,7 +227,8 @@ def test_a_run_killed_while_polling_is_resumed_without_a_second_batch(tmp_path: 
                 if proc.poll() is None:
                     proc.kill()
         assert proc.returncode == -signal.SIGKILL
-        journal = [json.loads(line) for line in (out / "journal" / JOURNAL_NAME).open()]
+        lines = (out / "journal" / JOURNAL_NAME).read_text().splitlines()
+        journal = [json.loads(line) for line in lines]
         made = [r["id"] for r in journal if r["op"] == "batch"]
         assert len(made) == 1 and slow.stats()[provider]["batches"] == 1
         assert not (out / "rows").exists()

@@ -24,7 +24,7 @@ from ...spark.session import check_master, spark_session
 from ...spark.targets import target_from_url
 from .dry_run import local_dry_run
 from .errors import Stopped, UsageError, limit_text, note, one_line
-from .failures import StoppedEarly, header_values, reason
+from .failures import StoppedEarly, header_values, reason, say_why
 from .help import HelpAction
 from .inputs import input_format
 from .job import Job
@@ -292,14 +292,6 @@ def _session(args: argparse.Namespace, name: str, stopping: Stopping) -> tuple[A
         return spark_session(args.master, name, args.conf, args.python, log_level)
 
 
-def _say_why(args: argparse.Namespace, summary: dict[str, Any]) -> None:
-    """The most common reasons rows failed, with their counts (said even with --quiet)."""
-    hide = header_values(args.http_header)
-    for item in summary.get("failures") or ():
-        n = item["rows"]
-        note(f"why: {n:,} row{'' if n == 1 else 's'}: {reason(item['reason'], hide=hide)}")
-
-
 def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) -> int:
     """Print the summary; the exit status its rows call for."""
     print(summary_text(summary))
@@ -320,7 +312,7 @@ def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) ->
             f"--output {str(out_dir)!r} keeps every row: {unsent:,} of them not sent "
             "(status skipped); --resume sends the rows not ok"
         )
-        _say_why(args, summary)
+        say_why(args, summary)
         return 1
     bad = summary["status"][FAILED] + summary["status"][TIMEOUT]
     if bad > budget:
@@ -329,14 +321,14 @@ def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) ->
             f"--max-failed {limit_text(args.max_failed)} allows ({budget:,}); --resume "
             "sends them again"
         )
-        _say_why(args, summary)
+        say_why(args, summary)
         return 1
     if bad:
         note(
             f"{bad:,} of {summary['rows']:,} rows failed or timed out "
             f"(within --max-failed {limit_text(args.max_failed)})"
         )
-        _say_why(args, summary)
+        say_why(args, summary)
     skipped = summary["status"][SKIPPED]
     if skipped:
         to_send = summary.get("rows_to_send", summary["rows"])

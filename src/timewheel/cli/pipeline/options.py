@@ -15,7 +15,7 @@ from ...spark.session import DEFAULT_MASTER
 from ...spark.simulator import SimulatedDownstream
 from ..argtypes import non_negative, option_group, positive, rate
 from .batches import add_batch_options, add_batch_target_options
-from .pbatch import add_provider_batch_options
+from .pbatch_options import add_provider_batch_options
 from .quota import add_quota_options
 
 _DESCRIPTION = """\

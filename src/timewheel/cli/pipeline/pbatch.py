@@ -21,13 +21,10 @@ from typing import Any
 
 from ...spark.options import PlanError
 from ...spark.secrets import SecretError, hide_url
-from ..argtypes import option_group, positive
 from .errors import UsageError
 
 __all__ = [
     "ONLINE_ONLY",
-    "add_provider_batch_options",
-    "batch_flag_name",
     "check_provider_batch",
     "provider_batch_from_args",
 ]
@@ -73,125 +70,6 @@ _OWN: dict[str, tuple[str, Any]] = {
     "--batch-max-bytes": ("batch_max_bytes", None),
     "--detach": ("detach", False),
 }
-
-
-def add_provider_batch_options(parser: argparse.ArgumentParser) -> None:
-    """The "provider batch" group of flags."""
-    group = option_group(parser, "provider batch")
-    group.add_argument(
-        "--provider-batch",
-        metavar="{openai,anthropic}",
-        help="send the rows through this provider's batch API, at its batch price, and wait "
-        "for the results (an OpenAI-compatible server: openai with --batch-base-url); each "
-        "row's line is its body as the request-shape flags make it, its custom_id the key "
-        "of its --id-col; --target is the provider's URL of the endpoint "
-        "(.../v1/chat/completions, .../v1/embeddings, .../v1/messages)",
-    )
-    group.add_argument(
-        "--batch-window",
-        default="24h",
-        metavar="WINDOW",
-        help="the window the provider has to answer a batch (default: %(default)s, the only "
-        "one either offers)",
-    )
-    group.add_argument(
-        "--batch-base-url",
-        metavar="URL",
-        help="the provider API's base (OpenAI's ends in /v1: http://127.0.0.1:8090/v1; "
-        "Anthropic's does not) (default: the provider's own)",
-    )
-    group.add_argument(
-        "--batch-key",
-        metavar="SECRET_REF",
-        help="where the provider's API key is read on the driver: env:NAME or file:PATH, "
-        "never the key itself (default: env:OPENAI_API_KEY or env:ANTHROPIC_API_KEY)",
-    )
-    group.add_argument(
-        "--batch-prices",
-        action="append",
-        default=[],
-        metavar="FILE.json|MODEL=IN,OUT",
-        help="online prices per million tokens, input and output, of each model the rows "
-        "name (a batch pays half): MODEL=IN,OUT (repeatable), or a JSON file of "
-        '{"MODEL": [IN, OUT]}; each row then gets its cost, the summary the total',
-    )
-    group.add_argument(
-        "--batch-resend",
-        default="batch",
-        metavar="{batch,leave}",
-        help="rows that ended failed (retryable) or expired: batch sends them once more in "
-        "a new batch, leave returns them as they ended (default: %(default)s)",
-    )
-    group.add_argument(
-        "--batch-poll-s",
-        metavar="MIN[,MAX]",
-        help="poll the batches every MIN seconds, up to 1.5 times longer each poll that "
-        "sees none end, at most MAX (default: 5,300)",
-    )
-    group.add_argument(
-        "--batch-max-requests",
-        type=positive(int),
-        metavar="N",
-        help="the most rows per batch (default: the provider's most, 50,000 or 100,000)",
-    )
-    group.add_argument(
-        "--batch-max-bytes",
-        type=positive(int),
-        metavar="N",
-        help="the most bytes per batch file or request (default: the provider's most)",
-    )
-    group.add_argument(
-        "--detach",
-        action="store_true",
-        help="make and submit the batches, print their ids and exit 0, --output left "
-        "unfinished; the same command with --resume (without --detach) waits for them, "
-        "collects and writes --output",
-    )
-
-
-def batch_flag_name(args: argparse.Namespace, field: str) -> str | None:
-    """The flag that set ``field`` of a provider batch's refusal (None: not one of
-    them). The online options the plan refuses are named by the flags given for them."""
-    if field == "target":
-        return "--target"
-    if field.startswith("BatchPrices.per_million["):
-        return f"--batch-prices {field[len('BatchPrices.per_million[') : -1]}"
-    given = {
-        "quota": ("--rate", "--cost-rate", "--concurrency", "--budget", "--max-requests"),
-        "cost": ("--cost-col", "--reply-cost", "--max-cost-per-call", "--max-output-cost"),
-        "batching": ("--batch-size", "--batch-linger-ms", "--batch-max-cost"),
-        "dedupe": ("--dedupe-col", "--dedupe-requests"),
-    }.get(field)
-    if given is not None:
-        named = [flag for flag in given if _given(args, flag)]
-        return " and ".join(named) or None
-    return None
-
-
-_DEFAULTS = {
-    "--rate": None,
-    "--cost-rate": None,
-    "--concurrency": None,
-    "--budget": None,
-    "--max-requests": None,
-    "--cost-col": None,
-    "--reply-cost": None,
-    "--max-cost-per-call": None,
-    "--max-output-cost": None,
-    "--batch-size": 1,
-    "--batch-max-cost": None,
-    "--dedupe-col": None,
-    "--dedupe-requests": False,
-}
-
-
-def _given(args: argparse.Namespace, flag: str) -> bool:
-    """Whether ``flag`` has a value other than its default."""
-    from ...spark.batch.spec import Batching
-
-    dest = flag[2:].replace("-", "_")
-    default = Batching.linger_ms if flag == "--batch-linger-ms" else _DEFAULTS.get(flag)
-    return getattr(args, dest, default) != default
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -305,7 +183,7 @@ def check_provider_batch(
     ProviderBatch and BatchPrices. UsageError naming the flag otherwise."""
     from ...spark.planning import plan_provider_batch
     from .inputs import input_schema
-    from .precheck import dispatch_options, refusal
+    from .precheck import dispatch_options, given, refusal
 
     check_flags(args)
     hide_url(args.batch_base_url)
@@ -313,7 +191,7 @@ def check_provider_batch(
         option, prices = provider_batch_from_args(args, target)
         online = dispatch_options(args, _max_in_flight(args, target), key_cols)
         batching = ("--batch-size", "--batch-linger-ms", "--batch-max-cost")
-        if not any(_given(args, flag) for flag in batching):
+        if not any(given(args, flag) for flag in batching):
             online["batching"] = None
         online.pop("engine")
         plan_provider_batch(

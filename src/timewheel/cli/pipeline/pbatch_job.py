@@ -28,12 +28,12 @@ from ...spark.provider_batch.journal import BatchJournal
 from ...spark.provider_batch.parts import RowError
 from ...spark.provider_batch.results import CANCELLED, EXPIRED, FAILED, OK, OUTCOMES
 from .errors import UsageError, limit_text, note, say
-from .failures import top_reasons
+from .failures import say_why, top_reasons
 from .inputs import generated_rows, read_input
 from .job import Job, check_rows, unique_rows
 from .options import DEMO_ROWS
 from .output import check_resumable, publish, run_identity
-from .precheck import refusal
+from .precheck import FLAGS, refusal
 from .summary import failure_budget, figure_columns, input_columns, observe, observed, summary_text
 
 __all__ = ["JOURNAL_NAME", "ProviderBatchJob", "batch_journal", "report"]
@@ -107,6 +107,11 @@ class ProviderBatchJob(Job):
             raise refusal(self.args, exc) from exc
         except RowError as exc:
             raise UsageError(str(exc)) from exc
+        except ValueError as exc:  # a field of an option named first: said as its flag
+            field, _, why = str(exc).partition(" ")
+            if field not in FLAGS:
+                raise
+            raise UsageError(f"{FLAGS[field]} {why}") from exc
 
     def run(self, fmt: str | None, previous: Manifest | None, reports: Any = None) -> Any:
         """Send the rows not yet ``ok`` in batches (or go on with the batches a run of
@@ -250,8 +255,6 @@ def report(args: argparse.Namespace, out_dir: Path, job: ProviderBatchJob, summa
     """Say how the run ended: the batch ids (--detach: exit 0), or the summary and the
     exit status its rows call for (as an online run's: 1 when more rows than
     --max-failed ended failed, expired or cancelled)."""
-    from . import _say_why
-
     if summary is None:  # --detach
         for batch_id in job.batches:
             print(batch_id)
@@ -279,7 +282,7 @@ def report(args: argparse.Namespace, out_dir: Path, job: ProviderBatchJob, summa
                 f"({budget:,}); --resume sends them again"
             )
         )
-        _say_why(args, summary)
+        say_why(args, summary)
         if not within:
             return 1
     return 0

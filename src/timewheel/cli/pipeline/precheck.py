@@ -21,7 +21,7 @@ from .options import pairs
 from .progress import progress_interval
 from .quota import quota_from_args
 
-__all__ = ["FLAGS", "check_before_spark", "dispatch_options", "refusal"]
+__all__ = ["FLAGS", "batch_flag_name", "check_before_spark", "dispatch_options", "given", "refusal"]
 
 
 def check_before_spark(
@@ -122,8 +122,6 @@ def refusal(args: argparse.Namespace, exc: PlanError) -> UsageError:
 
     def name(field: str) -> str:
         if getattr(args, "provider_batch", None) is not None:  # the online flags given
-            from .pbatch import batch_flag_name
-
             named = batch_flag_name(args, field)
             if named is not None:
                 return named
@@ -149,3 +147,48 @@ def _naming(args: argparse.Namespace, column: str) -> tuple[str, str]:
             if column in pairs(flag, [text]).values():
                 return flag, text
     return "--target", redact_url(args.target)
+
+
+def batch_flag_name(args: argparse.Namespace, field: str) -> str | None:
+    """The flag that set ``field`` of a provider batch's refusal (None: not one of
+    them). The online options the plan refuses are named by the flags given for them."""
+    if field == "target":
+        return "--target"
+    if field.startswith("BatchPrices.per_million["):
+        return f"--batch-prices {field[len('BatchPrices.per_million[') : -1]}"
+    flags = {
+        "quota": ("--rate", "--cost-rate", "--concurrency", "--budget", "--max-requests"),
+        "cost": ("--cost-col", "--reply-cost", "--max-cost-per-call", "--max-output-cost"),
+        "batching": ("--batch-size", "--batch-linger-ms", "--batch-max-cost"),
+        "dedupe": ("--dedupe-col", "--dedupe-requests"),
+    }.get(field)
+    if flags is not None:
+        named = [flag for flag in flags if given(args, flag)]
+        return " and ".join(named) or None
+    return None
+
+
+_DEFAULTS = {
+    "--rate": None,
+    "--cost-rate": None,
+    "--concurrency": None,
+    "--budget": None,
+    "--max-requests": None,
+    "--cost-col": None,
+    "--reply-cost": None,
+    "--max-cost-per-call": None,
+    "--max-output-cost": None,
+    "--batch-size": 1,
+    "--batch-max-cost": None,
+    "--dedupe-col": None,
+    "--dedupe-requests": False,
+}
+
+
+def given(args: argparse.Namespace, flag: str) -> bool:
+    """Whether ``flag`` has a value other than its default."""
+    from ...spark.batch.spec import Batching
+
+    dest = flag[2:].replace("-", "_")
+    default = Batching.linger_ms if flag == "--batch-linger-ms" else _DEFAULTS.get(flag)
+    return getattr(args, dest, default) != default

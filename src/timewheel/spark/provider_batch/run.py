@@ -36,7 +36,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..options import PlanError
 from .calls import Adapter, Ambiguous, BatchState, ProviderError
 from .journal import BatchJournal
 from .parts import Part, parts_of
@@ -229,10 +228,9 @@ class ProviderBatchRun:
         if self.prices is not None:
             missing = self.prices.missing(p.model for p in parts)
             if missing:
-                raise PlanError(
-                    "BatchPrices.per_million",
-                    missing,
-                    f"has no price for the model(s) {missing}: nothing was sent",
+                raise ValueError(
+                    f"BatchPrices.per_million has no price for the model(s) {missing}: "
+                    "nothing was sent"
                 )
         self._start(parts)
         return parts
