@@ -860,9 +860,11 @@ def test_help_groups_the_flags_by_task_and_body_cols_shape_each_batch_element() 
         g.title: [a.option_strings[0] for a in g._group_actions] for g in pipeline._action_groups
     }
     assert list(groups)[2:] == [
-        "input", "target", "request shape", "batches", "quota", "output", "cluster",
+        "input", "target", "request shape", "batches", "quota", "provider batch", "output",
+        "cluster",
     ]  # fmt: skip
     assert "--body-cols" in groups["request shape"] and "--rate" in groups["quota"]
+    assert "--provider-batch" in groups["provider batch"] and "--detach" in groups["provider batch"]
     assert "--batch-size" in groups["batches"] and "--master" in groups["cluster"]
     assert sorted(groups["options"]) == ["--engine", "-h"]  # every other flag has its task
     # --body-cols with batches: each row's element of the array holds those columns.

@@ -147,7 +147,7 @@ def test_pipeline_help_of_no_such_group_says_which_there_are(
     assert exc.value.code == 2
     assert capsys.readouterr().err.startswith(
         "timewheel pipeline: error: --help takes no GROUP or one of input, target, request, "
-        "batches, quota, output, cluster, all (see "
+        "batches, quota, provider, output, cluster, all (see "
     )
 
 

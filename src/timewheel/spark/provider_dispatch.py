@@ -22,7 +22,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -34,14 +34,14 @@ from .columns import ReplyParser, python_values
 from .contract import DownstreamError
 from .http.target import HttpDownstream
 from .outcome import FAILED, REPLY_COLUMN, RESULT_COLUMNS, Outcome
-from .planning import plan_provider_batch
+from .planning import ProviderBatchPlan, plan_provider_batch
 from .provider_batch.parts import RowError, request_line
 from .provider_batch.results import BATCH_COLUMNS, RowResult
 from .provider_batch.run import Progress, ProviderBatchRun, RunResult
 from .provider_batch.spec import BatchPrices, ProviderBatch
 from .scrubber import scrub, scrubber
 
-__all__ = ["RequestLines", "dispatch_provider_batch"]
+__all__ = ["RequestLines", "dispatch_provider_batch", "submit_provider_batch"]
 
 #: The columns the executors add to a row on its way: its ``custom_id``, its request
 #: body (JSON text) and why it was not sent (None: it was). Dropped from the result.
@@ -59,6 +59,7 @@ NO_OUTCOME = (
 )
 #: Rows per Arrow batch of the results made on the driver.
 _RESULT_BATCH_ROWS = 10_000
+T = TypeVar("T")
 
 
 def dispatch_provider_batch(
@@ -104,6 +105,48 @@ def dispatch_provider_batch(
     :func:`~timewheel.spark.planning.plan_provider_batch` (a
     :class:`~timewheel.spark.PlanError` naming it).
     """
+    job = _planned(df, target, provider_batch, id_col, reply_schema, prices, journal_path)
+    reply = job.reply()
+    run = ProviderBatchRun(
+        provider_batch, str(journal_path), prices=prices, on_poll=on_poll, sleep=sleep
+    )
+    marked = lined(df, job.target, provider_batch, bodies=False).drop(BODY)
+    result = _sent(df, job, marked, run.run)
+    results = results_frame(df.sparkSession, result, reply, priced=prices is not None)
+    return _joined(marked, results, df.columns, reply is not None, prices is not None)
+
+
+def submit_provider_batch(
+    df: DataFrame,
+    target: HttpDownstream,
+    *,
+    id_col: str,
+    provider_batch: ProviderBatch,
+    journal_path: str | os.PathLike[str],
+    prices: BatchPrices | None = None,
+) -> list[str]:
+    """The first half of :func:`dispatch_provider_batch`, for a caller that comes back
+    later: ``df``'s rows made into lines and sent (each part's batch made, journaled at
+    ``journal_path``), without waiting for any batch; the ids of the batches. The same
+    :func:`dispatch_provider_batch` call on the same input and journal then re-attaches
+    to them, polls and collects (making no second batch for a row). Checked as
+    :func:`dispatch_provider_batch` checks its arguments."""
+    job = _planned(df, target, provider_batch, id_col, None, prices, journal_path)
+    run = ProviderBatchRun(provider_batch, str(journal_path), prices=prices)
+    marked = lined(df, job.target, provider_batch, bodies=False).drop(BODY)
+    return _sent(df, job, marked, run.submit)
+
+
+def _planned(
+    df: DataFrame,
+    target: HttpDownstream,
+    provider_batch: ProviderBatch,
+    id_col: str,
+    reply_schema: str | None,
+    prices: BatchPrices | None,
+    journal_path: Any,
+) -> ProviderBatchPlan:
+    """Every argument checked (``plan_provider_batch``), and the executors."""
     if not isinstance(df, DataFrame):
         raise TypeError(f"df must be a pyspark.sql.DataFrame, got {type(df).__name__}")
     job = plan_provider_batch(
@@ -117,17 +160,18 @@ def dispatch_provider_batch(
     )
     if not isinstance(journal_path, (str, os.PathLike)):
         raise TypeError(f"journal_path must be a path, got {journal_path!r}")
-    reply = job.reply()
     check_workers(df.sparkSession)
-    key_col = job.target.id_col or id_col
-    lines = lined(df, job.target, provider_batch, bodies=True)
+    return job
+
+
+def _sent(df: DataFrame, job: ProviderBatchPlan, marked: DataFrame, send: Callable[..., T]) -> T:
+    """``send`` (a run's ``run`` or ``submit``) of ``df``'s lines, sorted by custom_id;
+    an id of two rows refused, naming its value, before anything is sent."""
+    key_col = job.target.id_col or job.id_col
+    lines = lined(df, job.target, job.provider_batch, bodies=True)
     sent = lines.where(F.col(UNSENT).isNull()).select(CUSTOM_ID, BODY).orderBy(CUSTOM_ID)
-    run = ProviderBatchRun(
-        provider_batch, str(journal_path), prices=prices, on_poll=on_poll, sleep=sleep
-    )
-    marked = lined(df, job.target, provider_batch, bodies=False).drop(BODY)
     try:
-        result = run.run(_pairs(sent))
+        return send(_pairs(sent))
     except _Twice as twice:
         found = marked.where(F.col(CUSTOM_ID) == twice.custom_id).select(key_col).first()
         value = None if found is None else found[0]
@@ -138,8 +182,6 @@ def dispatch_provider_batch(
                 "unique. Nothing was sent"
             )
         ) from None
-    results = results_frame(df.sparkSession, result, reply, priced=prices is not None)
-    return _joined(marked, results, df.columns, reply is not None, prices is not None)
 
 
 class _Twice(Exception):

@@ -24,7 +24,7 @@ from ...spark.session import check_master, spark_session
 from ...spark.targets import target_from_url
 from .dry_run import local_dry_run
 from .errors import Stopped, UsageError, limit_text, note, one_line
-from .failures import StoppedEarly, header_values, reason
+from .failures import StoppedEarly, header_values, reason, say_why
 from .help import HelpAction
 from .inputs import input_format
 from .job import Job
@@ -39,6 +39,9 @@ from .output import (
     run_identity,
     unlock_output,
 )
+from .pbatch import check_flags, check_provider_batch
+from .pbatch_job import ProviderBatchJob
+from .pbatch_job import report as pbatch_report
 from .phases import Phases
 from .precheck import check_before_spark
 from .quota import quota_from_args
@@ -163,12 +166,17 @@ def _run(args: argparse.Namespace, stopping: Stopping, *, report_workers: bool) 
     if args.format == "json" and not args.stream:
         raise UsageError("--format json (JSON lines) is read by --stream only")
     fmt = None if args.stream or not args.input else input_format(args.input, args.format)
-    check_before_spark(args, target, max_in_flight, key_cols, fmt)
+    check_flags(args)
+    batches = None
+    if args.provider_batch is None:
+        check_before_spark(args, target, max_in_flight, key_cols, fmt)
+    else:
+        batches = check_provider_batch(args, target, key_cols, fmt)
     out_dir = Path(args.output)
     lock = lock_output(out_dir)  # held to the end: one run at a time on an output
     try:
         return _run_locked(
-            args, stopping, out_dir, target, max_in_flight, key_cols, fmt, report_workers
+            args, stopping, out_dir, target, max_in_flight, key_cols, fmt, report_workers, batches
         )
     finally:
         unlock_output(out_dir, lock)
@@ -183,6 +191,7 @@ def _run_locked(
     key_cols: list[str],
     fmt: str | None,
     report_workers: bool,
+    batches: tuple[Any, Any] | None = None,
 ) -> int:
     from ...spark.worker_metrics import WorkerReports
 
@@ -200,6 +209,8 @@ def _run_locked(
     if previous is not None:  # before Spark starts
         check_resumable(out_dir, previous, run_identity(args, key_cols, fmt), args)
     phases = Phases(args.quiet, stopping)
+    if batches is not None:  # --provider-batch: the provider's batches, not the engine
+        return _run_batches(args, stopping, out_dir, target, fmt, previous, phases, batches)
     if args.dry_run:  # counted without Spark where pyarrow can read the input
         with phases.phase(None) as phase:
             summary = local_dry_run(args, fmt, quota_from_args(args), target)
@@ -232,6 +243,30 @@ def _run_locked(
     return _report(args, out_dir, summary)
 
 
+def _run_batches(
+    args: argparse.Namespace,
+    stopping: Stopping,
+    out_dir: Path,
+    target: Any,
+    fmt: str | None,
+    previous: Any,
+    phases: Phases,
+    batches: tuple[Any, Any],
+) -> int:
+    """A run through a provider's batches (see :mod:`.pbatch_job`): its exit status."""
+    with phases.phase(f"started Spark on {args.remote or args.master}"):
+        spark, owned = _session(args, "timewheel pipeline", stopping)
+    job = ProviderBatchJob(args, spark, target, *batches, out_dir, phases, stopping)
+    try:
+        summary = job.run(fmt, previous)
+    except Exception:
+        stopping.check()  # a job the stop cancelled: the stop
+        raise
+    finally:
+        job.stop(owned)
+    return pbatch_report(args, out_dir, job, summary)
+
+
 def _hide_known(args: argparse.Namespace, target: Any) -> None:
     """Register with the driver's scrubber the secrets' values it can read (``env:`` and
     ``file:``; the executors register theirs where they read them), and the quota
@@ -257,14 +292,6 @@ def _session(args: argparse.Namespace, name: str, stopping: Stopping) -> tuple[A
         return spark_session(args.master, name, args.conf, args.python, log_level)
 
 
-def _say_why(args: argparse.Namespace, summary: dict[str, Any]) -> None:
-    """The most common reasons rows failed, with their counts (said even with --quiet)."""
-    hide = header_values(args.http_header)
-    for item in summary.get("failures") or ():
-        n = item["rows"]
-        note(f"why: {n:,} row{'' if n == 1 else 's'}: {reason(item['reason'], hide=hide)}")
-
-
 def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) -> int:
     """Print the summary; the exit status its rows call for."""
     print(summary_text(summary))
@@ -285,7 +312,7 @@ def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) ->
             f"--output {str(out_dir)!r} keeps every row: {unsent:,} of them not sent "
             "(status skipped); --resume sends the rows not ok"
         )
-        _say_why(args, summary)
+        say_why(args, summary)
         return 1
     bad = summary["status"][FAILED] + summary["status"][TIMEOUT]
     if bad > budget:
@@ -294,14 +321,14 @@ def _report(args: argparse.Namespace, out_dir: Path, summary: dict[str, Any]) ->
             f"--max-failed {limit_text(args.max_failed)} allows ({budget:,}); --resume "
             "sends them again"
         )
-        _say_why(args, summary)
+        say_why(args, summary)
         return 1
     if bad:
         note(
             f"{bad:,} of {summary['rows']:,} rows failed or timed out "
             f"(within --max-failed {limit_text(args.max_failed)})"
         )
-        _say_why(args, summary)
+        say_why(args, summary)
     skipped = summary["status"][SKIPPED]
     if skipped:
         to_send = summary.get("rows_to_send", summary["rows"])

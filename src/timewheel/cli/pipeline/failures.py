@@ -26,6 +26,7 @@ from ...spark.delivery.journal import read_batches
 from ...spark.engine.early_stop import IGNORE, OPEN, UNREACHABLE_KEY, stop_key
 from ...spark.outcome import FAILED, TIMEOUT
 from ...spark.secrets import redact_url, scrub
+from .errors import note
 
 __all__ = [
     "FINAL",
@@ -284,3 +285,11 @@ class FailFast:
             self._rows += 1
             self._reasons[reason(row["error"], FAILED, self.hide)] += 1
         return True
+
+
+def say_why(args: Any, summary: dict[str, Any]) -> None:
+    """The most common reasons rows failed, with their counts (said even with --quiet)."""
+    hide = header_values(args.http_header)
+    for item in summary.get("failures") or ():
+        n = item["rows"]
+        note(f"why: {n:,} row{'' if n == 1 else 's'}: {reason(item['reason'], hide=hide)}")

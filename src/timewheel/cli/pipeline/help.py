@@ -21,6 +21,7 @@ GROUP_NAMES = {
     "request": "request shape",
     "batches": "batches",
     "quota": "quota",
+    "provider": "provider batch",
     "output": "output",
     "cluster": "cluster",
 }
@@ -48,6 +49,8 @@ COMMON = {
     "--cost-rate": "cost per second, or N/min, N/hour, for the job",
     "--budget": "the total cost the run may spend; then exit 3",
     "--dry-run": "say what would be sent and its cost; send nothing",
+    "--provider-batch": "openai or anthropic: through its batch API, at half price",
+    "--detach": "submit the batches, print their ids; --resume collects",
     "--output": "the run's rows, summary.json, latency.png (default: %(default)s)",
     "--resume": "finish --output's run, or send its rows not ok again",
     "--overwrite": "replace an existing --output",

@@ -15,6 +15,7 @@ from ...spark.session import DEFAULT_MASTER
 from ...spark.simulator import SimulatedDownstream
 from ..argtypes import non_negative, option_group, positive, rate
 from .batches import add_batch_options, add_batch_target_options
+from .pbatch_options import add_provider_batch_options
 from .quota import add_quota_options
 
 _DESCRIPTION = """\
@@ -57,6 +58,8 @@ GROUPS = {
     "batches": "many rows per request, each row still answered on its own\n"
     "(see docs/spark/batches.md)",
     "quota": "one quota for the whole job, shared by its tasks as they go",
+    "provider batch": "the rows through a provider's batch API at its batch price (half):\n"
+    "OpenAI's Batch API or Anthropic's Message Batches (see docs/spark/provider-batches.md)",
     "output": "what the run writes and says, and when it has failed",
     "cluster": "where and how Spark runs",
 }
@@ -258,6 +261,7 @@ def add_options(
     add_job_options(parser)
     add_quota_options(parser)
     add_batch_options(parser)
+    add_provider_batch_options(parser)
     output.add_argument(
         "--max-failed",
         type=max_failed,

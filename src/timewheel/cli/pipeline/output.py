@@ -212,6 +212,8 @@ _FLAGS = {
     "dedupe_col": "--dedupe-col",
     "dedupe_requests": "--dedupe-requests",
     "reply_schema": "--reply-schema",
+    "provider_batch": "--provider-batch, --batch-window, --batch-base-url, --batch-max-requests, "
+    "--batch-max-bytes and --batch-resend",
 }
 
 
@@ -242,7 +244,7 @@ def run_identity(args: argparse.Namespace, key_cols: list[str], fmt: str | None)
     have the same (delivery settings such as --rate or --timeout-ms may change, and so
     may the headers that carry credentials, the master and how Spark splits the input:
     rows are matched by --id-col)."""
-    return {
+    identity = {
         "input": args.input,
         "input_files": input_fingerprint(args.input),
         "format": fmt,
@@ -261,6 +263,19 @@ def run_identity(args: argparse.Namespace, key_cols: list[str], fmt: str | None)
         # The output's columns: a resumed run's rows must have the same reply struct.
         "reply_schema": args.reply_schema,
     }
+    if getattr(args, "provider_batch", None) is not None:
+        # What the batches' parts are cut by and where they are made: a resumed run must
+        # cut the same parts and find them (the key, the polling and the prices may change).
+        identity["provider_batch"] = {
+            "provider": args.provider_batch,
+            "window": args.batch_window,
+            "base_url": redact_url(args.batch_base_url) if args.batch_base_url else None,
+            "base_url_digest": _digest(args.batch_base_url),
+            "max_requests": args.batch_max_requests,
+            "max_bytes": args.batch_max_bytes,
+            "resend": args.batch_resend,
+        }
+    return identity
 
 
 def check_resumable(

@@ -21,7 +21,7 @@ from .options import pairs
 from .progress import progress_interval
 from .quota import quota_from_args
 
-__all__ = ["FLAGS", "check_before_spark", "dispatch_options", "refusal"]
+__all__ = ["FLAGS", "batch_flag_name", "check_before_spark", "dispatch_options", "given", "refusal"]
 
 
 def check_before_spark(
@@ -97,16 +97,41 @@ FLAGS = {
     "Dedupe.requests": "--dedupe-requests",
     "Quota.budget": "--budget",
     "Quota.cost_rate": "--cost-rate",
+    # A job sent through a provider's batches (--provider-batch: see .pbatch)
+    "provider_batch": "--provider-batch",
+    "ProviderBatch": "--provider-batch",
+    "ProviderBatch.provider": "--provider-batch",
+    "ProviderBatch.endpoint": "--target's path",
+    "ProviderBatch.window": "--batch-window",
+    "ProviderBatch.base_url": "--batch-base-url",
+    "ProviderBatch.key": "--batch-key",
+    "ProviderBatch.max_requests": "--batch-max-requests",
+    "ProviderBatch.max_bytes": "--batch-max-bytes",
+    "ProviderBatch.poll_min_s": "--batch-poll-s MIN",
+    "ProviderBatch.poll_max_s": "--batch-poll-s MAX",
+    "ProviderBatch.resend": "--batch-resend",
+    "prices": "--batch-prices",
+    "BatchPrices.per_million": "--batch-prices",
+    "BatchPrices.discount": "--batch-prices",
 }
 
 
 def refusal(args: argparse.Namespace, exc: PlanError) -> UsageError:
     """``exc`` as the command line says it: each field as its flag. Columns the target's
     requests name but the input lacks are told by the flag that named them."""
+
+    def name(field: str) -> str:
+        if getattr(args, "provider_batch", None) is not None:  # the online flags given
+            named = batch_flag_name(args, field)
+            if named is not None:
+                return named
+        return FLAGS.get(field, field)
+
     if exc.field == "target" and isinstance(exc.value, tuple) and exc.value:
         flag, given = _naming(args, exc.value[0])
-        return UsageError(f"{flag} {given!r} {exc.why}")
-    return UsageError(exc.describe(lambda field: FLAGS.get(field, field)))
+        why = exc.describe(name).removeprefix(name(exc.field) + " ")
+        return UsageError(f"{flag} {given!r} {why}")
+    return UsageError(exc.describe(name))
 
 
 def _naming(args: argparse.Namespace, column: str) -> tuple[str, str]:
@@ -122,3 +147,48 @@ def _naming(args: argparse.Namespace, column: str) -> tuple[str, str]:
             if column in pairs(flag, [text]).values():
                 return flag, text
     return "--target", redact_url(args.target)
+
+
+def batch_flag_name(args: argparse.Namespace, field: str) -> str | None:
+    """The flag that set ``field`` of a provider batch's refusal (None: not one of
+    them). The online options the plan refuses are named by the flags given for them."""
+    if field == "target":
+        return "--target"
+    if field.startswith("BatchPrices.per_million["):
+        return f"--batch-prices {field[len('BatchPrices.per_million[') : -1]}"
+    flags = {
+        "quota": ("--rate", "--cost-rate", "--concurrency", "--budget", "--max-requests"),
+        "cost": ("--cost-col", "--reply-cost", "--max-cost-per-call", "--max-output-cost"),
+        "batching": ("--batch-size", "--batch-linger-ms", "--batch-max-cost"),
+        "dedupe": ("--dedupe-col", "--dedupe-requests"),
+    }.get(field)
+    if flags is not None:
+        named = [flag for flag in flags if given(args, flag)]
+        return " and ".join(named) or None
+    return None
+
+
+_DEFAULTS = {
+    "--rate": None,
+    "--cost-rate": None,
+    "--concurrency": None,
+    "--budget": None,
+    "--max-requests": None,
+    "--cost-col": None,
+    "--reply-cost": None,
+    "--max-cost-per-call": None,
+    "--max-output-cost": None,
+    "--batch-size": 1,
+    "--batch-max-cost": None,
+    "--dedupe-col": None,
+    "--dedupe-requests": False,
+}
+
+
+def given(args: argparse.Namespace, flag: str) -> bool:
+    """Whether ``flag`` has a value other than its default."""
+    from ...spark.batch.spec import Batching
+
+    dest = flag[2:].replace("-", "_")
+    default = Batching.linger_ms if flag == "--batch-linger-ms" else _DEFAULTS.get(flag)
+    return getattr(args, dest, default) != default

@@ -191,10 +191,33 @@ class ProviderBatchRun:
         finally:
             self.close()
 
-    def _run(self, rows: Iterable[tuple[str, Mapping[str, Any]]]) -> RunResult:
+    def submit(self, rows: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:
+        """Send ``rows`` as :meth:`run` does, or go on with them from the journal, up to
+        each part's batch made, and return without waiting for any: the ids of the
+        batches the journal holds for them (a part whose create ended unknown is looked
+        for first, so it may be one of those it may have made, or none yet: a later
+        :meth:`run` on the same journal finds it, or makes it). :meth:`run` on the same
+        journal and rows then polls and collects, making nothing twice."""
+        try:
+            parts = self._parts(rows, [])
+            for part in parts:
+                self._submit(part)
+            for part in parts:  # a create that ended unknown: looked for once more
+                if self._batch_id(part.key) is None and not self._suspects(part.key):
+                    self._submit(part)
+            ids: list[str] = []
+            for part in parts:
+                made = self._batch_id(part.key)
+                ids += [made] if made is not None else self._suspects(part.key)
+            return ids
+        finally:
+            self.close()
+
+    def _parts(self, rows: Iterable[tuple[str, Mapping[str, Any]]], order: list[str]) -> list[Part]:
+        """``rows`` cut into parts (their custom_ids noted in ``order`` as they are
+        read), priced, and journaled, or checked against the journal's."""
         # Read once, as they come: only their lines (in the parts) and ids are held, not
         # the bodies too (a job streamed from Spark's executors is held once).
-        order: list[str] = []
 
         def noted() -> Iterator[tuple[str, Mapping[str, Any]]]:
             for custom_id, body in rows:
@@ -210,6 +233,11 @@ class ProviderBatchRun:
                     "nothing was sent"
                 )
         self._start(parts)
+        return parts
+
+    def _run(self, rows: Iterable[tuple[str, Mapping[str, Any]]]) -> RunResult:
+        order: list[str] = []
+        parts = self._parts(rows, order)
         pending: dict[str, Part] = {p.key: p for p in parts}
         found: dict[str, RowResult] = {}
         batches: list[str] = []

@@ -1,0 +1,226 @@
+"""``timewheel pipeline --provider-batch``: a job sent through a provider's batch API (issue
+50), its flags and its checks before Spark.
+
+The flags make a :class:`~timewheel.spark.provider_batch.ProviderBatch` and, with
+``--batch-prices``, a :class:`~timewheel.spark.provider_batch.BatchPrices`; every rule
+between them, the target and the input's columns is
+:func:`timewheel.spark.planning.plan_provider_batch`'s, its refusal said by the flag of
+the field it names (precheck's :data:`~.precheck.FLAGS`). The online engine's flags are
+refused with ``--provider-batch``, each naming both: those that make an option of
+``dispatch`` through the plan (the quota, ``Cost``, ``Batching``, ``Dedupe``, ``Calls``),
+the others here (:data:`ONLINE_ONLY`). Nothing here imports pyspark or an SDK.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from ...spark.options import PlanError
+from ...spark.secrets import SecretError, hide_url
+from .errors import UsageError
+
+__all__ = [
+    "ONLINE_ONLY",
+    "check_provider_batch",
+    "provider_batch_from_args",
+]
+
+#: The online engine's flags that no option of ``dispatch`` carries to the plan, with
+#: their defaults (a flag given with another value is refused with --provider-batch)
+#: and what they are for.
+ONLINE_ONLY: dict[str, tuple[str, Any, str]] = {
+    "--timeout-ms": ("timeout_ms", None, "times calls made online"),
+    "--stop-after-failures": ("stop_after_failures", 50, "stops calls made online"),
+    "--dry-run": ("dry_run", False, "estimates calls made online"),
+    "--metrics-port": ("metrics_port", None, "serves the online engine's counters"),
+    "--engine": ("engine", None, "names an online engine"),
+    "--http-header": ("http_header", [], "adds headers to calls made online"),
+    "--http-header-secret": (
+        "http_header_secret",
+        [],
+        "adds headers to calls made online (the provider's key is --batch-key)",
+    ),
+    "--idempotency-header": ("idempotency_header", "Idempotency-Key", "names a header"),
+    "--http-max-connections": ("http_max_connections", None, "sizes the online pool"),
+    "--max-reply-bytes": ("max_reply_bytes", None, "limits online answers"),
+    "--ca-file": ("ca_file", None, "sets the online engine's TLS"),
+    "--client-cert": ("client_cert", None, "sets the online engine's TLS"),
+    "--client-key": ("client_key", None, "sets the online engine's TLS"),
+    "--http1": ("http1", False, "sets the online engine's HTTP"),
+    "--insecure": ("insecure", False, "sets the online engine's TLS"),
+    "--batch-body": ("batch_body", None, "shapes a request of many rows"),
+    "--batch-reply": ("batch_reply", None, "reads an answer of many rows"),
+    "--batch-id-field": ("batch_id_field", None, "reads an answer of many rows"),
+}
+
+#: The flags of this group other than --provider-batch, with their defaults: refused
+#: without --provider-batch.
+_OWN: dict[str, tuple[str, Any]] = {
+    "--batch-window": ("batch_window", "24h"),
+    "--batch-base-url": ("batch_base_url", None),
+    "--batch-key": ("batch_key", None),
+    "--batch-prices": ("batch_prices", []),
+    "--batch-resend": ("batch_resend", "batch"),
+    "--batch-poll-s": ("batch_poll_s", None),
+    "--batch-max-requests": ("batch_max_requests", None),
+    "--batch-max-bytes": ("batch_max_bytes", None),
+    "--detach": ("detach", False),
+}
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """UsageError for an online-only flag given with ``--provider-batch``, or a flag of
+    this group given without it."""
+    from ...spark.http.options import DEFAULT_MAX_REPLY_BYTES, BatchFormat
+
+    if args.provider_batch is None:
+        for flag, (dest, default) in _OWN.items():
+            if getattr(args, dest) != default:
+                raise UsageError(
+                    f"{flag} is for --provider-batch: give it too, or leave {flag} out"
+                )
+        return
+    defaults: dict[str, Any] = {
+        "max_reply_bytes": DEFAULT_MAX_REPLY_BYTES,
+        "batch_reply": BatchFormat.reply,
+    }
+    for flag, (dest, default, why) in ONLINE_ONLY.items():
+        unset = defaults.get(dest, default)
+        if getattr(args, dest, unset) != unset:
+            raise UsageError(
+                f"{flag} cannot be combined with --provider-batch: it {why}, and "
+                "--provider-batch makes no call online; leave it out"
+            )
+
+
+def _poll(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    values: list[Any] = []
+    for part in text.split(","):
+        try:
+            values.append(float(part))
+        except ValueError:
+            values.append(part.strip())  # refused by ProviderBatch, naming it
+    if len(values) == 1:
+        low = values[0]
+        most = max(300.0, low) if isinstance(low, float) else 300.0
+        return {"poll_min_s": low, "poll_max_s": most}
+    if len(values) != 2:
+        raise UsageError(f"--batch-poll-s must be MIN or MIN,MAX seconds, got {text!r}")
+    return {"poll_min_s": values[0], "poll_max_s": values[1]}
+
+
+def _prices(given: list[str]) -> Any:
+    """``--batch-prices`` as a BatchPrices (None when not given); PlanError from it."""
+    from ...spark.provider_batch.spec import BatchPrices
+
+    if not given:
+        return None
+    table: dict[str, Any] = {}
+    for text in given:
+        model, sep, pair = text.partition("=")
+        if sep:
+            values: list[Any] = []
+            for number in pair.split(","):
+                try:
+                    values.append(float(number))
+                except ValueError:
+                    values.append(number.strip())
+            table[model.strip()] = tuple(values)
+            continue
+        try:
+            loaded = json.loads(Path(text).read_text())
+        except OSError as exc:
+            raise UsageError(
+                f"--batch-prices {text!r} is neither MODEL=IN,OUT nor a file that can be "
+                f"read: {exc.strerror or exc}"
+            ) from None
+        except ValueError as exc:
+            raise UsageError(f"--batch-prices {text!r} is not JSON: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise UsageError(
+                f'--batch-prices {text!r} must hold {{"MODEL": [IN, OUT]}}, got a '
+                f"{type(loaded).__name__}"
+            )
+        table.update({k: tuple(v) if isinstance(v, list) else v for k, v in loaded.items()})
+    return BatchPrices(table)
+
+
+def provider_batch_from_args(args: argparse.Namespace, target: Any) -> tuple[Any, Any]:
+    """The run's ProviderBatch and BatchPrices (or None); PlanError if one refuses a
+    value, UsageError for a flag's form. ``ProviderBatch.endpoint`` is the one of the
+    provider's that ``--target``'s path ends in (else the provider's first, which the
+    plan then refuses, naming the target)."""
+    from ...spark.provider_batch.spec import ENDPOINTS, ProviderBatch
+
+    offered = ENDPOINTS.get(args.provider_batch, ())
+    path = urllib.parse.urlsplit(getattr(target, "url", "") or "").path.rstrip("/")
+    endpoint = next((e for e in offered if path.endswith(e)), None)
+    option = ProviderBatch(
+        args.provider_batch,
+        endpoint=endpoint,
+        window=args.batch_window,
+        base_url=args.batch_base_url,
+        key=args.batch_key,
+        max_requests=args.batch_max_requests,
+        max_bytes=args.batch_max_bytes,
+        resend=args.batch_resend,
+        **_poll(args.batch_poll_s),
+    )
+    return option, _prices(args.batch_prices)
+
+
+def check_provider_batch(
+    args: argparse.Namespace, target: Any, key_cols: list[str], fmt: str | None
+) -> tuple[Any, Any]:
+    """Every flag of a provider batch run checked before Spark starts (the plan's rules,
+    the input's columns where pyarrow can read them, the key readable): the run's
+    ProviderBatch and BatchPrices. UsageError naming the flag otherwise."""
+    from ...spark.planning import plan_provider_batch
+    from .inputs import input_schema
+    from .precheck import dispatch_options, given, refusal
+
+    check_flags(args)
+    hide_url(args.batch_base_url)
+    try:
+        option, prices = provider_batch_from_args(args, target)
+        online = dispatch_options(args, _max_in_flight(args, target), key_cols)
+        batching = ("--batch-size", "--batch-linger-ms", "--batch-max-cost")
+        if not any(given(args, flag) for flag in batching):
+            online["batching"] = None
+        online.pop("engine")
+        plan_provider_batch(
+            None if args.stream else input_schema(args, fmt),
+            target,
+            option,
+            id_col=args.id_col,
+            reply_schema=args.reply_schema,
+            prices=prices,
+            streaming=args.stream,
+            quota=_quota(args),
+            **online,
+        )
+    except PlanError as exc:
+        raise refusal(args, exc) from None
+    try:  # read on the driver, where the batches are sent: known to the scrubber now
+        option.secret.resolve()
+    except SecretError as exc:
+        raise UsageError(f"--batch-key: {exc}") from None
+    return option, prices
+
+
+def _max_in_flight(args: argparse.Namespace, target: Any) -> int:
+    from .options import resolve_max_in_flight
+
+    return resolve_max_in_flight(args.max_in_flight, target)
+
+
+def _quota(args: argparse.Namespace) -> Any:
+    from .quota import quota_from_args
+
+    return quota_from_args(args)
