@@ -131,7 +131,10 @@ def no_secret(*texts: str) -> None:
         assert KEY_VALUE not in text
 
 
-@pytest.mark.parametrize("provider", ["openai", pytest.param("anthropic", marks=pytest.mark.slow)])
+# Whole commands of ~35 s each (2-core machine): .ci/slow runs them; the library's own
+# tests (tests/spark/provider_batch/test_pbatch_spark.py) stay in the default suite.
+@pytest.mark.slow
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
 def test_a_whole_run_through_each_provider(stub: BatchStub, tmp_path: Path, provider: str) -> None:
     out = tmp_path / "out"
     # Two batches of at most 16 rows: the stub has one batch per part.
