@@ -233,11 +233,14 @@ if op == 'take' then
     return {kind, tostring(n), f(c), tostring(s), f(wait), f(budget_left), f(cap_left),
             f(start), f(span), st.gen, f(st.ratio)}
   end
-  -- The holders whose calls out hold some of the budget, when they said so (Bucket).
-  if tonumber(a[14]) > 1e-9 and budget > 0 then
-    redis.call('ZADD', HL, now, h)
-  else
-    redis.call('ZREM', HL, h)
+  -- The holders whose calls out hold some of the budget, when they said so (Bucket);
+  -- a job with no budget keeps none (and no command for it on each take).
+  if budget > 0 then
+    if tonumber(a[14]) > 1e-9 then
+      redis.call('ZADD', HL, now, h)
+    else
+      redis.call('ZREM', HL, h)
+    end
   end
   if a[13] == '1' and st.ratio > 0 then  -- the job knows a ratio: hold it instead (Bucket)
     return reply('wait', 0, 0, 0, PROBE_AGAIN, 0, 0)
