@@ -249,7 +249,11 @@ def test_a_401_reads_a_functions_secret_again_once_and_resends_each_row_once(
     got = _send(target, 20)
     assert got == [(True, None)] * 20
     assert calls.read_text() == "xx"  # read once, then once again for all twenty 401s
-    assert sorted(server.seen, key=str) == [f"Bearer {TOKEN}"] * 20 + ["stale"] * 20
+    # Each row once with the fresh token; with the stale one at most once (rows sent after
+    # the token was read again never carried it: how many did depends on timing).
+    assert server.seen.count(f"Bearer {TOKEN}") == 20
+    assert 1 <= server.seen.count("stale") <= 20
+    assert len(server.seen) == 20 + server.seen.count("stale")
     # a token the service refuses again fails the row after its one resend
     server.accepted.clear()
     server.seen.clear()
