@@ -102,7 +102,8 @@ def senders(service_port: int) -> dict[int, set[int]]:
 
 
 class Killer(threading.Thread):
-    """Kills the sender of the ``kill_after``-th request; ``ports`` are its connections'."""
+    """Kills the sender of the ``kill_after``-th request; ``ports`` are its connections',
+    every one it had open when it was stopped (SIGSTOP) to be killed (SIGKILL)."""
 
     def __init__(self, service: ScriptedService, kill_after: int) -> None:
         super().__init__(name="killer", daemon=True)
@@ -120,6 +121,10 @@ class Killer(threading.Thread):
         with self.service.lock:
             port = self.service.seen.requests[-1]["port"]
         self.pid, self.ports = sender(port, self.service.port)
+        # Held still before it dies: the connections it opened since the look above carry
+        # requests of the killed attempt too (on the cluster it was still opening them).
+        os.kill(self.pid, signal.SIGSTOP)
+        self.ports |= senders(self.service.port).get(self.pid, set())
         os.kill(self.pid, signal.SIGKILL)
 
 
