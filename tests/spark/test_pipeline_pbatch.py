@@ -146,7 +146,13 @@ def test_a_whole_run_through_each_provider(stub: BatchStub, tmp_path: Path, prov
     summary = json.loads(done.stdout)
     assert json.loads((out / "summary.json").read_text()) == summary
     assert summary["rows"] == ROWS
-    assert summary["status"] == {"ok": ROWS, "failed": 0, "expired": 0, "cancelled": 0}
+    assert summary["status"] == {
+        "ok": ROWS,
+        "failed": 0,
+        "expired": 0,
+        "cancelled": 0,
+        "skipped": 0,
+    }
     every_row_once(out, provider)
     bill = billed_once(stub, provider)
     # The total cost is the stub's bill at half price (the rows' costs, summed).
@@ -168,6 +174,37 @@ def test_a_whole_run_through_each_provider(stub: BatchStub, tmp_path: Path, prov
     again = run([*argv(stub, provider, tmp_path / f"{provider}.parquet", out), "--resume"], 120)
     assert again.returncode == 2
     assert "is complete, every row ok; nothing to resume" in again.stderr
+
+
+@pytest.mark.slow
+def test_a_budget_no_batch_fits_skips_every_row_and_resume_sends_them(
+    stub: BatchStub, tmp_path: Path
+) -> None:
+    provider = "anthropic"
+    source, out = chat_input(tmp_path, provider), tmp_path / "out"
+    # A row's worst case here is ~2.5e-4 $ (its ~150 bytes as tokens, 64 out, at half of
+    # $1 and $5 per million): a budget of 1e-4 fits no batch, so none is made.
+    done = run(argv(stub, provider, source, out, "--budget", "0.0001"))
+    assert done.returncode == 3, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["status"]["skipped"] == ROWS and summary["budget"] == 0.0001
+    assert summary["cost"] == 0 and summary["batches"] == []
+    said = done.stderr.splitlines()[-1]
+    assert said == (
+        f"timewheel pipeline: --budget 0.0001 would have been passed: {ROWS} of the {ROWS} "
+        "rows to send were not sent (status skipped); --resume sends them, in new batches, "
+        "under its own --budget"
+    )
+    rows = pq.read_table(out / "rows").to_pylist()
+    assert {r["status"] for r in rows} == {"skipped"} and len(rows) == ROWS
+    assert all(r["attempts"] == 0 and "ProviderBatch.budget" in r["error"] for r in rows)
+    assert stub.stats()[provider]["batches"] == 0
+    # A budget with room: every row sent once, in the same output.
+    again = run([*argv(stub, provider, source, out, "--budget", "1"), "--resume"])
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["status"]["ok"] == ROWS
+    every_row_once(out, provider)
+    billed_once(stub, provider)
 
 
 @kill_lane
@@ -298,6 +335,14 @@ def test_a_run_killed_while_polling_is_resumed_without_a_second_batch(tmp_path: 
             "--target sends to '/v1/messages', but the batches of openai go to",
         ),
         (["--body-cols", "model,prompt"], "--body-cols 'model,prompt'"),
+        (
+            ["--budget", "5"],
+            "--budget is money, and needs --batch-prices (a BatchPrices) to count it",
+        ),
+        (
+            ["--budget", "nan", "--batch-prices", "gpt-4o-mini=0.15,0.6"],
+            "--budget must be a finite number > 0, got nan",
+        ),
     ],
 )
 def test_bad_flags_are_refused_in_one_line_before_spark(

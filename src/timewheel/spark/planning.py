@@ -250,6 +250,13 @@ def plan_provider_batch(
         raise PlanTypeError(
             "prices", prices, f"must be a BatchPrices or None, got {type(prices).__name__}"
         )
+    if provider_batch.budget is not None and prices is None:
+        raise PlanError(
+            "ProviderBatch.budget",
+            provider_batch.budget,
+            "is money, and needs {prices} (a BatchPrices) to count it",
+            ("prices",),
+        )
     _check_id_col(id_col)
     _refuse_online_options(calls, quota, cost, batching, dedupe, journal)
     if streaming:

@@ -1,8 +1,9 @@
 """``timewheel pipeline --provider-batch``: a job sent through a provider's batch API (issue
 50), its flags and its checks before Spark.
 
-The flags make a :class:`~timewheel.spark.provider_batch.ProviderBatch` and, with
-``--batch-prices``, a :class:`~timewheel.spark.provider_batch.BatchPrices`; every rule
+The flags make a :class:`~timewheel.spark.provider_batch.ProviderBatch` (``--budget`` its
+money budget) and, with ``--batch-prices``, a
+:class:`~timewheel.spark.provider_batch.BatchPrices`; every rule
 between them, the target and the input's columns is
 :func:`timewheel.spark.planning.plan_provider_batch`'s, its refusal said by the flag of
 the field it names (precheck's :data:`~.precheck.FLAGS`). The online engine's flags are
@@ -170,6 +171,7 @@ def provider_batch_from_args(args: argparse.Namespace, target: Any) -> tuple[Any
         max_requests=args.batch_max_requests,
         max_bytes=args.batch_max_bytes,
         resend=args.batch_resend,
+        budget=args.budget,
         **_poll(args.batch_poll_s),
     )
     return option, _prices(args.batch_prices)
@@ -221,6 +223,8 @@ def _max_in_flight(args: argparse.Namespace, target: Any) -> int:
 
 
 def _quota(args: argparse.Namespace) -> Any:
+    """The online quota the other flags ask for (refused by the plan): --budget is the
+    batches' own (money, ``ProviderBatch.budget``), not a quota's."""
     from .quota import quota_from_args
 
-    return quota_from_args(args)
+    return quota_from_args(argparse.Namespace(**{**vars(args), "budget": None}))

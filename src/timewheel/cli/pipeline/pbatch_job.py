@@ -26,7 +26,7 @@ from typing import Any
 from ...spark.delivery.journal import JOURNAL, MANIFEST, Manifest
 from ...spark.provider_batch.journal import BatchJournal
 from ...spark.provider_batch.parts import RowError
-from ...spark.provider_batch.results import CANCELLED, EXPIRED, FAILED, OK, OUTCOMES
+from ...spark.provider_batch.results import CANCELLED, EXPIRED, FAILED, OK, OUTCOMES, SKIPPED
 from .errors import UsageError, limit_text, note, say
 from .failures import say_why, top_reasons
 from .inputs import generated_rows, read_input
@@ -239,6 +239,7 @@ class ProviderBatchJob(Job):
             "failures": top_reasons(reasons),
             "batches": journaled_batches(journal),
             "cost": cost,
+            "budget": self.option.budget,
             "provider_batch": repr(self.option),
             "target": repr(self.target),
             "master": args.remote or args.master,
@@ -254,7 +255,8 @@ class ProviderBatchJob(Job):
 def report(args: argparse.Namespace, out_dir: Path, job: ProviderBatchJob, summary: Any) -> int:
     """Say how the run ended: the batch ids (--detach: exit 0), or the summary and the
     exit status its rows call for (as an online run's: 1 when more rows than
-    --max-failed ended failed, expired or cancelled)."""
+    --max-failed ended failed, expired or cancelled; else 3 when --budget left rows
+    skipped)."""
     if summary is None:  # --detach
         for batch_id in job.batches:
             print(batch_id)
@@ -285,4 +287,12 @@ def report(args: argparse.Namespace, out_dir: Path, job: ProviderBatchJob, summa
         say_why(args, summary)
         if not within:
             return 1
+    skipped = status[SKIPPED]
+    if skipped:
+        note(
+            f"--budget {args.budget:g} would have been passed: {skipped:,} of the "
+            f"{summary['rows_to_send']:,} rows to send were not sent (status skipped); "
+            "--resume sends them, in new batches, under its own --budget"
+        )
+        return 3
     return 0

@@ -110,6 +110,7 @@ FLAGS = {
     "ProviderBatch.poll_min_s": "--batch-poll-s MIN",
     "ProviderBatch.poll_max_s": "--batch-poll-s MAX",
     "ProviderBatch.resend": "--batch-resend",
+    "ProviderBatch.budget": "--budget",
     "prices": "--batch-prices",
     "BatchPrices.per_million": "--batch-prices",
     "BatchPrices.discount": "--batch-prices",

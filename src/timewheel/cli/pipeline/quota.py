@@ -63,7 +63,9 @@ def add_quota_options(parser: argparse.ArgumentParser) -> None:
         "--budget",
         type=float,
         metavar="N",
-        help="the total cost the run may spend; then it stops (exit 3, --resume finishes it)",
+        help="the total cost the run may spend; then it stops (exit 3, --resume finishes it); "
+        "with --provider-batch, money at --batch-prices' batch price, each batch counted at "
+        "its worst case (every byte a token, its max_tokens) until its results price it",
     )
     group.add_argument(
         "--max-requests",

@@ -8,6 +8,9 @@ journal by its key; a part's ``digest`` (of its custom_ids) tells a resumed run 
 it was given the same rows. Everything a provider would refuse about a row (no model, a
 custom_id it does not take, a line over the limit, an id twice) is refused here, before
 anything is uploaded: :class:`RowError` names the row and the option.
+
+Each row also gets its worst case in tokens (:func:`row_bounds`), for a job with a money
+budget (``ProviderBatch.budget``), which must hold whatever the rows turn out to cost.
 """
 
 from __future__ import annotations
@@ -29,12 +32,22 @@ __all__ = [
     "openai_line",
     "parts_of",
     "request_line",
+    "row_bounds",
 ]
 
 #: Anthropic's rule for a ``custom_id`` (a row's idempotency key, 32 hex digits, keeps it).
 ANTHROPIC_CUSTOM_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 #: Bytes of an Anthropic create request around its requests: ``{"requests": [...]}``.
 _ANTHROPIC_FRAME = len(b'{"requests": []}')
+#: Tokens a request may cost beyond one per byte of its line: the few a chat format puts
+#: around each message (each message's JSON has more bytes than that) and its answer.
+FRAME_TOKENS = 64
+#: Tokens a provider adds to a request that gives tools (Anthropic's tool-use system
+#: prompt is a few hundred), beyond the bytes of the tools' definitions.
+TOOL_TOKENS = 1024
+#: Content parts whose tokens their bytes bound: text (an image's or a file's tokens
+#: depend on its pixels or pages, which a URL or an id does not show).
+_TEXT_PARTS = frozenset({"text", "input_text"})
 
 
 class RowError(ValueError):
@@ -54,6 +67,15 @@ class Part:
     custom_ids: tuple[str, ...]
     lines: tuple[bytes, ...]
     attempt: int = 1
+    #: Each row's :func:`row_bounds`, in order (input, output; None: unbounded).
+    bounds: tuple[tuple[int, int | None], ...] = ()
+
+    def most_tokens(self) -> tuple[int, int | None]:
+        """The most tokens the part's rows can cost together: (input, output; None when a
+        row's output has no bound)."""
+        outputs = [out for _, out in self.bounds]
+        most_out = None if None in outputs else sum(o for o in outputs if o is not None)
+        return sum(i for i, _ in self.bounds), most_out
 
     @property
     def size(self) -> int:
@@ -90,6 +112,51 @@ def anthropic_item(custom_id: str, body: Mapping[str, Any]) -> bytes:
     return json.dumps(item, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def _positive_int(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
+
+
+def _not_text(body: Mapping[str, Any]) -> str | None:
+    """A content part of ``body``'s messages (or Anthropic's ``system``) that is not text,
+    by its type; None when all are text."""
+    contents = [m.get("content") for m in body.get("messages") or () if isinstance(m, Mapping)]
+    contents.append(body.get("system"))
+    for content in contents:
+        if isinstance(content, list):
+            for item in content:
+                kind = item.get("type") if isinstance(item, Mapping) else type(item).__name__
+                if kind not in _TEXT_PARTS:
+                    return str(kind)
+    return None
+
+
+def row_bounds(
+    option: ProviderBatch, body: Mapping[str, Any], line: bytes
+) -> tuple[int, int | None]:
+    """The most tokens a row's request can be billed: (input, output; output None when
+    nothing in ``body`` bounds it).
+
+    Input: a token per byte of its ``line`` (a tokenizer makes at most one token of each
+    byte of UTF-8 text, and the line's JSON around the text only adds bytes), plus
+    :data:`FRAME_TOKENS`, plus :data:`TOOL_TOKENS` when it gives ``tools``. Output: none
+    for embeddings; else its ``max_tokens`` (OpenAI: the larger of ``max_completion_tokens``
+    and ``max_tokens``, times ``n``)."""
+    given_tools = bool(body.get("tools"))
+    most_in = len(line) + FRAME_TOKENS + (TOOL_TOKENS if given_tools else 0)
+    if option.endpoint == "/v1/embeddings":
+        return most_in, 0
+    if option.provider == "anthropic":
+        return most_in, _positive_int(body.get("max_tokens"))
+    limits = [_positive_int(body.get(k)) for k in ("max_completion_tokens", "max_tokens")]
+    given = [n for n in limits if n is not None]
+    choices = 1 if body.get("n") is None else _positive_int(body.get("n"))
+    if not given or choices is None:
+        return most_in, None
+    return most_in, max(given) * choices
+
+
 def request_line(option: ProviderBatch, custom_id: Any, body: Any) -> tuple[str, bytes]:
     """A row's model and line; RowError when no batch can carry it (the checks a
     part makes of each row, for the executors to make of theirs)."""
@@ -116,7 +183,27 @@ def request_line(option: ProviderBatch, custom_id: Any, body: Any) -> tuple[str,
             f"row {custom_id!r}: its request is {len(line) + 1} bytes, over "
             f"ProviderBatch.max_bytes ({option.max_bytes})"
         )
+    if option.budget is not None:
+        _check_bounded(option, custom_id, body, line)
     return body["model"], line
+
+
+def _check_bounded(
+    option: ProviderBatch, custom_id: str, body: Mapping[str, Any], line: bytes
+) -> None:
+    """RowError for a row whose cost has no bound, which a budget cannot hold."""
+    not_text = _not_text(body)
+    if not_text is not None:
+        raise RowError(
+            f"row {custom_id!r}: its request has a {not_text!r} part, whose tokens its bytes do "
+            "not bound: under ProviderBatch.budget a request's content must be text"
+        )
+    if row_bounds(option, body, line)[1] is None:
+        what = "max_tokens" if option.provider == "anthropic" else "max_completion_tokens"
+        raise RowError(
+            f"row {custom_id!r}: its request gives no {what} (a positive int), so nothing "
+            "bounds its answer's cost: under ProviderBatch.budget each request must give one"
+        )
 
 
 def cut_parts(
@@ -129,25 +216,26 @@ def cut_parts(
     a row no batch can carry, or a custom_id given twice."""
     assert option.max_requests is not None and option.max_bytes is not None
     room = option.max_bytes - (_ANTHROPIC_FRAME if option.provider == "anthropic" else 0)
-    open_parts: dict[str, tuple[list[str], list[bytes], list[int]]] = {}
-    done: list[tuple[str, list[str], list[bytes]]] = []
+    open_parts: dict[str, tuple[list[str], list[bytes], list[int], list[Any]]] = {}
+    done: list[tuple[str, list[str], list[bytes], list[Any]]] = []
     seen: set[str] = set()
     for custom_id, body in rows:
         model, line = request_line(option, custom_id, body)
         if custom_id in seen:
             raise RowError(f"row {custom_id!r} is given twice: each row is sent once")
         seen.add(custom_id)
-        ids, lines, size = open_parts.setdefault(model, ([], [], [0]))
+        ids, lines, size, bounds = open_parts.setdefault(model, ([], [], [0], []))
         if len(ids) == option.max_requests or size[0] + len(line) + 1 > room:
-            done.append((model, ids, lines))
-            ids, lines, size = open_parts[model] = ([], [], [0])
+            done.append((model, ids, lines, bounds))
+            ids, lines, size, bounds = open_parts[model] = ([], [], [0], [])
         ids.append(custom_id)
         lines.append(line)
+        bounds.append(row_bounds(option, body, line))
         size[0] += len(line) + 1
-    done += [(model, ids, lines) for model, (ids, lines, _) in open_parts.items() if ids]
+    done += [(model, i, lines, b) for model, (i, lines, _, b) in open_parts.items() if i]
     return [
-        Part(f"{prefix}{n:05d}", model, tuple(ids), tuple(lines), attempt)
-        for n, (model, ids, lines) in enumerate(done)
+        Part(f"{prefix}{n:05d}", model, tuple(ids), tuple(lines), attempt, tuple(bounds))
+        for n, (model, ids, lines, bounds) in enumerate(done)
     ]
 
 

@@ -30,13 +30,17 @@ __all__ = [
     "FAILED",
     "OK",
     "OUTCOMES",
+    "SKIPPED",
     "ResultError",
     "RowResult",
     "split_results",
 ]
 
 OK, FAILED, EXPIRED, CANCELLED = "ok", "failed", "expired", "cancelled"
-OUTCOMES = (OK, FAILED, EXPIRED, CANCELLED)
+#: A row not sent: its batch would have passed the job's money budget (``dispatch``'s
+#: word for a row its quota's budget did not send).
+SKIPPED = "skipped"
+OUTCOMES = (OK, FAILED, EXPIRED, CANCELLED, SKIPPED)
 #: The columns a job sent through a provider's batches adds after ``dispatch``'s (and its
 #: ``reply``): each row's ``cost`` and the ``batch_id`` of the batch that last carried it.
 BATCH_COLUMNS = ("cost", "batch_id")
@@ -52,16 +56,17 @@ class ResultError(ValueError):
 
 @dataclass
 class RowResult:
-    """One row's outcome: ``status`` (ok, failed, expired, cancelled), the ``answer`` (the
-    provider's response body, parsed), ``usage`` (``input_tokens``, ``output_tokens``),
-    ``error``, whether a new attempt may cure it (``retryable``), ``cost`` (None without
-    prices), ``attempts`` (batches that carried it) and the last one's ``batch_id``;
-    ``http_status``: the status the provider gives the row's request (OpenAI's
-    ``status_code``; None when it gives none, as Anthropic's results do)."""
+    """One row's outcome: ``status`` (ok, failed, expired, cancelled, or skipped: not sent,
+    as the job's budget would have been passed; ``attempts`` 0, no ``batch_id``), the
+    ``answer`` (the provider's response body, parsed), ``usage`` (``input_tokens``,
+    ``output_tokens``), ``error``, whether a new attempt may cure it (``retryable``),
+    ``cost`` (None without prices), ``attempts`` (batches that carried it) and the last
+    one's ``batch_id``; ``http_status``: the status the provider gives the row's request
+    (OpenAI's ``status_code``; None when it gives none, as Anthropic's results do)."""
 
     custom_id: str
     status: str
-    batch_id: str
+    batch_id: str | None
     attempts: int = 1
     answer: Any = None
     usage: dict[str, int] = field(default_factory=dict)

@@ -20,7 +20,10 @@ it was:
   provider; reading them twice is not paying twice).
 
 A create that failed in a way that may have made the batch (a timeout, a 5xx) is
-handled as a kill after the create. The rows that end ``failed`` (retryable) or
+handled as a kill after the create. With ``ProviderBatch.budget``, a part's batch is made
+only when it fits the budget with every batch in flight counted at its worst case
+(:mod:`.budget`); one that cannot fit even with none in flight is not made, its rows
+``skipped``. The rows that end ``failed`` (retryable) or
 ``expired`` are sent once more in a new batch (``ProviderBatch.resend="batch"``): part
 ``p00003``'s in part ``p00003r``, made from its results, which is again the same on a
 resumed run. Every row comes back once, with its last outcome.
@@ -36,10 +39,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .budget import MoneyBudget
 from .calls import Adapter, Ambiguous, BatchState, ProviderError
 from .journal import BatchJournal
 from .parts import Part, parts_of
-from .results import EXPIRED, FAILED, ResultError, RowResult, split_results
+from .results import EXPIRED, FAILED, SKIPPED, ResultError, RowResult, split_results
 from .spec import BatchPrices, ProviderBatch
 
 __all__ = ["SKEW_S", "Progress", "ProviderBatchRun", "RunResult"]
@@ -129,6 +133,13 @@ class ProviderBatchRun:
         self._hook = hook
         self._on_poll = on_poll
         self._adapter = adapter
+        self._budget = None
+        if option.budget is not None:
+            if prices is None:
+                raise ValueError(
+                    "ProviderBatch.budget is money, and needs prices (a BatchPrices) to count it"
+                )
+            self._budget = MoneyBudget(option.budget, prices)
         first = self.journal.last("job")
         if first is not None:
             if (first["provider"], first["endpoint"]) != (option.provider, option.endpoint):
@@ -200,10 +211,10 @@ class ProviderBatchRun:
         journal and rows then polls and collects, making nothing twice."""
         try:
             parts = self._parts(rows, [])
-            for part in parts:
-                self._submit(part)
+            self._send({p.key: p for p in parts}, None)
             for part in parts:  # a create that ended unknown: looked for once more
-                if self._batch_id(part.key) is None and not self._suspects(part.key):
+                key = part.key
+                if self._started(key) and self._batch_id(key) is None and not self._suspects(key):
                     self._submit(part)
             ids: list[str] = []
             for part in parts:
@@ -243,8 +254,9 @@ class ProviderBatchRun:
         batches: list[str] = []
         interval = self.option.poll_min_s
         while pending:
-            for part in list(pending.values()):
-                self._submit(part)
+            self._send(pending, found)
+            if not pending:
+                break
             progress, ended = self._poll(pending)
             if self._on_poll is not None:
                 self._on_poll(progress)
@@ -255,6 +267,8 @@ class ProviderBatchRun:
                 del pending[part.key]
                 batches.append(state.id)
                 found.update(rows_of)
+                if self._budget is not None:
+                    self._budget.settle(rows_of.values())
                 again = self._resend(part, rows_of)
                 if again is not None:
                     pending[again.key] = again
@@ -312,7 +326,47 @@ class ProviderBatchRun:
                 "than these: not the same job"
             )
 
-    # ----- a part's batch: made once -----
+    # ----- a part's batch: made once, within the budget -----
+
+    def _started(self, key: str) -> bool:
+        """Whether ``key``'s batch was made, or may have been (a create was begun)."""
+        return self._batch_id(key) is not None or bool(self.journal.of("creating", part=key))
+
+    def _send(self, pending: dict[str, Part], found: dict[str, RowResult] | None) -> None:
+        """Give each part of ``pending`` its batch, the parts not started yet only as the
+        budget allows. A part that cannot fit with nothing in flight leaves ``pending``:
+        its rows ``skipped`` in ``found`` (a resent part's keep their first outcome); with
+        ``found`` None (:meth:`submit`), it waits for a later run."""
+        budget = self._budget
+        started = [p for p in pending.values() if self._started(p.key)]
+        waiting = [p for p in pending.values() if not self._started(p.key)]
+        for part in started:  # held at their worst whatever they turn out to be
+            self._submit(part)
+        if budget is None:
+            for part in waiting:
+                self._submit(part)
+            return
+        held = sum(budget.worst(p) for p in started)
+        left = []
+        for part in waiting:
+            if budget.fits(part, held):
+                self._submit(part)
+                held += budget.worst(part)
+                started.append(part)
+            else:
+                left.append(part)
+        if started or found is None:
+            return
+        for part in left:  # nothing in flight, and it does not fit: it never will
+            del pending[part.key]
+            why = budget.why_not(part)
+            for custom_id in part.custom_ids:
+                if part.attempt == 1:
+                    found[custom_id] = RowResult(custom_id, SKIPPED, None, attempts=0, error=why)
+                else:
+                    first = found[custom_id]
+                    again = why.replace("not sent", "not sent again", 1)
+                    first.error = f"{first.error or first.status}; {again}"
 
     def _batch_id(self, key: str) -> str | None:
         record = self.journal.last("batch", part=key)
@@ -471,6 +525,7 @@ class ProviderBatchRun:
             tuple(part.custom_ids[i] for i in again),
             tuple(part.lines[i] for i in again),
             attempt=2,
+            bounds=tuple(part.bounds[i] for i in again),
         )
         self._part_record(resent, self.journal.last("part", key=resent.key))
         return resent

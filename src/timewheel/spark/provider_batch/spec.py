@@ -80,7 +80,12 @@ class ProviderBatch:
     driver polls its batches every ``poll_min_s`` at first, less often (up to
     ``poll_max_s``) while nothing changes. ``resend``: the rows that ended ``failed`` with a
     retryable error or ``expired``: ``"batch"`` sends them once more in a new batch,
-    ``"leave"`` returns them as they ended.
+    ``"leave"`` returns them as they ended. ``budget``: the most the job may spend, in the
+    currency of the run's :class:`BatchPrices` (which it needs): a batch is made only when
+    what the job's batches have cost, plus the worst case of those in flight, plus its own
+    worst case fits it (a row's worst case: every byte of its request a token of input, its
+    ``max_tokens`` of output; see :func:`~.parts.row_bounds`); a batch that cannot fit even
+    with none in flight is not made, its rows ``skipped``. None: no cap.
     """
 
     provider: str
@@ -93,6 +98,7 @@ class ProviderBatch:
     poll_min_s: float = 5.0
     poll_max_s: float = 300.0
     resend: str = "batch"
+    budget: float | None = None
 
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__
@@ -207,6 +213,13 @@ class ProviderBatch:
                 f"must be 'batch' (a new batch, once) or 'leave', got {self.resend!r}",
             )
 
+        if self.budget is not None:
+            setattr_(
+                self,
+                "budget",
+                checked("ProviderBatch.budget", check_number, self.budget, 0, None, strict_lo=True),
+            )
+
     def __repr__(self) -> str:
         shown = [f"{self.provider!r}", f"endpoint={self.endpoint!r}", f"window={self.window!r}"]
         if self.base_url is not None:
@@ -219,6 +232,8 @@ class ProviderBatch:
             f"poll_max_s={self.poll_max_s:g}",
             f"resend={self.resend!r}",
         ]
+        if self.budget is not None:
+            shown.append(f"budget={self.budget:g}")
         return f"ProviderBatch({', '.join(shown)})"
 
     @property

@@ -124,8 +124,10 @@ class OpenAIBatches:
             if kind == "embeddings":
                 line.dimensions = request_dimensions(body, self.ledger.settings.dimensions)
                 line.texts = tuple(texts)
-            else:
-                line.completion_tokens = self.ledger.settings.completion_tokens
+            else:  # at most the request's own limit, as the API's answers are
+                limits = [body.get(k) for k in ("max_completion_tokens", "max_tokens")]
+                given = [n for n in limits if type(n) is int and n > 0]
+                line.completion_tokens = min([self.ledger.settings.completion_tokens, *given])
             line.prompt_tokens = sum(count_tokens(t) for t in texts)
         except (TypeError, ValueError, KeyError) as exc:
             line.rejected = f"bad request: {exc}"
