@@ -92,8 +92,9 @@ def dispatch_provider_batch(
     waits between polls.
 
     The result has ``df``'s columns plus ``dispatch``'s: ``status`` (``ok``, ``failed``,
-    ``expired`` or ``cancelled``), ``attempts`` (the batches that carried the row: 1, 2
-    when it was resent, 0 when it was not sent), ``latency_ms`` (always null: a batch's
+    ``expired``, ``cancelled``, or ``skipped``: not sent, as ``ProviderBatch.budget`` would
+    have been passed), ``attempts`` (the batches that carried the row: 1, 2 when it was
+    resent, 0 when it was not sent), ``latency_ms`` (always null: a batch's
     rows are answered together, with no time of their own), ``error``, ``http_status``
     (the status OpenAI gives the row's request; null for Anthropic's, which give none,
     and for a row not sent), ``response`` (the answer's body as JSON text), with

@@ -13,6 +13,7 @@ file and batch made once across crashes, polled, its results split per row into
 * ``openai_api.py``, ``anthropic_api.py``: the two adapters, on the official SDKs;
 * ``journal.py``: the append-only, fsync'd JSONL journal of files and batches;
 * ``results.py``: a batch's result lines split into per-row outcomes;
+* ``budget.py``: ``ProviderBatch.budget`` held against each batch's worst case;
 * ``run.py``: ProviderBatchRun, the state machine over the journal.
 
 The SDKs come with ``pip install 'timewheel-purgatory[batch]'``; nothing here imports
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from .calls import Ambiguous, BatchState, ProviderError
 from .parts import Part, RowError
-from .results import CANCELLED, EXPIRED, FAILED, OK, ResultError, RowResult
+from .results import CANCELLED, EXPIRED, FAILED, OK, SKIPPED, ResultError, RowResult
 from .run import Progress, ProviderBatchRun, RunResult
 from .spec import BatchPrices, ProviderBatch
 
@@ -32,6 +33,7 @@ __all__ = [
     "EXPIRED",
     "FAILED",
     "OK",
+    "SKIPPED",
     "Ambiguous",
     "BatchPrices",
     "BatchState",
