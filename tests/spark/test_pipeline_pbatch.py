@@ -336,6 +336,10 @@ def test_a_run_killed_while_polling_is_resumed_without_a_second_batch(tmp_path: 
         ),
         (["--body-cols", "model,prompt"], "--body-cols 'model,prompt'"),
         (
+            ["--batch-queue-tokens", "1000", "--provider-batch", "anthropic"],
+            "--batch-queue-tokens is OpenAI's queue limit in tokens; Anthropic's counts requests",
+        ),
+        (
             ["--budget", "5"],
             "--budget is money, and needs --batch-prices (a BatchPrices) to count it",
         ),

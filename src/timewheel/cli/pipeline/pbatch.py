@@ -69,6 +69,7 @@ _OWN: dict[str, tuple[str, Any]] = {
     "--batch-poll-s": ("batch_poll_s", None),
     "--batch-max-requests": ("batch_max_requests", None),
     "--batch-max-bytes": ("batch_max_bytes", None),
+    "--batch-queue-tokens": ("batch_queue_tokens", None),
     "--detach": ("detach", False),
 }
 
@@ -172,6 +173,7 @@ def provider_batch_from_args(args: argparse.Namespace, target: Any) -> tuple[Any
         max_bytes=args.batch_max_bytes,
         resend=args.batch_resend,
         budget=args.budget,
+        queue_tokens=args.batch_queue_tokens,
         **_poll(args.batch_poll_s),
     )
     return option, _prices(args.batch_prices)

@@ -76,6 +76,14 @@ def add_provider_batch_options(parser: argparse.ArgumentParser) -> None:
         help="the most bytes per batch file or request (default: the provider's most)",
     )
     group.add_argument(
+        "--batch-queue-tokens",
+        type=positive(int),
+        metavar="N",
+        help="OpenAI's batch queue limit of the rows' model, in tokens: batches are cut "
+        "within it and made as the queue has room (default: none known; a batch the "
+        "provider refuses for its queue is made again once there is room)",
+    )
+    group.add_argument(
         "--detach",
         action="store_true",
         help="make and submit the batches, print their ids and exit 0, --output left "

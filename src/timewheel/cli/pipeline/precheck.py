@@ -111,6 +111,7 @@ FLAGS = {
     "ProviderBatch.poll_max_s": "--batch-poll-s MAX",
     "ProviderBatch.resend": "--batch-resend",
     "ProviderBatch.budget": "--budget",
+    "ProviderBatch.queue_tokens": "--batch-queue-tokens",
     "prices": "--batch-prices",
     "BatchPrices.per_million": "--batch-prices",
     "BatchPrices.discount": "--batch-prices",

@@ -14,7 +14,9 @@ The records (``op``): ``job`` (the first: the job's name, provider, endpoint), `
 ``file`` (OpenAI: before the upload, and its file id after), ``creating`` / ``batch``
 (before the create, with what a resumed run needs to find the batch in the provider's
 list, and its id after), ``suspects`` (Anthropic: batches that may be the part's, to be
-told by their results), ``foreign`` (one that was not), ``ended`` (a batch's end).
+told by their results), ``foreign`` (one that was not), ``ended`` (a batch's end),
+``requeued`` (a part's batch the provider refused for its queue, having run none of it:
+the part's records before it no longer count, and it is made again).
 Nothing secret is ever a field of a record.
 """
 
@@ -83,6 +85,19 @@ class BatchJournal:
         return [
             r
             for r in self.records
+            if r["op"] == op and all(r.get(k) == v for k, v in match.items())
+        ]
+
+    def after(self, op: str, mark: str, **match: Any) -> list[dict[str, Any]]:
+        """The records of ``op`` whose fields equal ``match``'s, after the last record of
+        ``mark`` that does (all of them when none does), in order."""
+        start = 0
+        for n, r in enumerate(self.records):
+            if r["op"] == mark and all(r.get(k) == v for k, v in match.items()):
+                start = n + 1
+        return [
+            r
+            for r in self.records[start:]
             if r["op"] == op and all(r.get(k) == v for k, v in match.items())
         ]
 

@@ -2,7 +2,8 @@
 what one batch carries (one file of OpenAI's, one create request of Anthropic's).
 
 A part holds rows of one model (and the job's one endpoint), at most ``max_requests`` of
-them and ``max_bytes`` of lines, in the order the rows came. The cut is a function of the
+them, ``max_bytes`` of lines and (OpenAI's queue limit, when given) ``queue_tokens`` of
+:func:`queued_tokens`, in the order the rows came. The cut is a function of the
 rows alone, so a resumed run cuts the same parts and finds each one's batch in the
 journal by its key; a part's ``digest`` (of its custom_ids) tells a resumed run whether
 it was given the same rows. Everything a provider would refuse about a row (no model, a
@@ -15,6 +16,7 @@ budget (``ProviderBatch.budget``), which must hold whatever the rows turn out to
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -31,6 +33,7 @@ __all__ = [
     "cut_parts",
     "openai_line",
     "parts_of",
+    "queued_tokens",
     "request_line",
     "row_bounds",
 ]
@@ -69,6 +72,13 @@ class Part:
     attempt: int = 1
     #: Each row's :func:`row_bounds`, in order (input, output; None: unbounded).
     bounds: tuple[tuple[int, int | None], ...] = ()
+    #: Each row's :func:`queued_tokens`, in order.
+    queue_estimates: tuple[int, ...] = ()
+
+    @functools.cached_property
+    def queued(self) -> int:
+        """Its rows' :func:`queued_tokens`, summed."""
+        return sum(self.queue_estimates)
 
     def most_tokens(self) -> tuple[int, int | None]:
         """The most tokens the part's rows can cost together: (input, output; None when a
@@ -110,6 +120,31 @@ def anthropic_item(custom_id: str, body: Mapping[str, Any]) -> bytes:
     """One request of an Anthropic Message Batch (``params`` are a Messages request's)."""
     item = {"custom_id": custom_id, "params": body}
     return json.dumps(item, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _text_bytes(value: Any) -> int:
+    """The UTF-8 bytes of every string in ``value`` (a JSON value)."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8"))
+    if isinstance(value, Mapping):
+        return sum(_text_bytes(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_text_bytes(v) for v in value)
+    return 0
+
+
+def queued_tokens(body: Mapping[str, Any]) -> int:
+    """A row's input tokens as a provider's queue counts them, estimated: a token per 4
+    bytes of the text it sends (its messages and system prompt, or an embedding's input;
+    English runs about 4 bytes a token), plus 4 a message for the chat format."""
+    if "messages" in body or "system" in body:
+        messages = body.get("messages")
+        count = len(messages) if isinstance(messages, list) else 0
+        return (_text_bytes(messages) + _text_bytes(body.get("system"))) // 4 + 4 * count + 1
+    given = body.get("input")
+    if isinstance(given, list) and all(isinstance(t, int) for t in given):
+        return len(given)  # the tokens themselves
+    return _text_bytes(given) // 4 + 1
 
 
 def _positive_int(value: Any) -> int | None:
@@ -183,6 +218,11 @@ def request_line(option: ProviderBatch, custom_id: Any, body: Any) -> tuple[str,
             f"row {custom_id!r}: its request is {len(line) + 1} bytes, over "
             f"ProviderBatch.max_bytes ({option.max_bytes})"
         )
+    if option.queue_tokens is not None and queued_tokens(body) > option.queue_tokens:
+        raise RowError(
+            f"row {custom_id!r}: its request is about {queued_tokens(body)} tokens, over "
+            f"ProviderBatch.queue_tokens ({option.queue_tokens})"
+        )
     if option.budget is not None:
         _check_bounded(option, custom_id, body, line)
     return body["model"], line
@@ -216,26 +256,31 @@ def cut_parts(
     a row no batch can carry, or a custom_id given twice."""
     assert option.max_requests is not None and option.max_bytes is not None
     room = option.max_bytes - (_ANTHROPIC_FRAME if option.provider == "anthropic" else 0)
-    open_parts: dict[str, tuple[list[str], list[bytes], list[int], list[Any]]] = {}
-    done: list[tuple[str, list[str], list[bytes], list[Any]]] = []
+    queue = option.queue_tokens
+    open_parts: dict[str, tuple[list[str], list[bytes], list[int], list[Any], list[int]]] = {}
+    done: list[tuple[str, list[str], list[bytes], list[Any], list[int]]] = []
     seen: set[str] = set()
     for custom_id, body in rows:
         model, line = request_line(option, custom_id, body)
         if custom_id in seen:
             raise RowError(f"row {custom_id!r} is given twice: each row is sent once")
         seen.add(custom_id)
-        ids, lines, size, bounds = open_parts.setdefault(model, ([], [], [0], []))
-        if len(ids) == option.max_requests or size[0] + len(line) + 1 > room:
-            done.append((model, ids, lines, bounds))
-            ids, lines, size, bounds = open_parts[model] = ([], [], [0], [])
+        ids, lines, size, bounds, queued = open_parts.setdefault(model, ([], [], [0, 0], [], []))
+        estimate = queued_tokens(body)
+        full = len(ids) == option.max_requests or size[0] + len(line) + 1 > room
+        if full or (queue is not None and size[1] + estimate > queue):
+            done.append((model, ids, lines, bounds, queued))
+            ids, lines, size, bounds, queued = open_parts[model] = ([], [], [0, 0], [], [])
         ids.append(custom_id)
         lines.append(line)
         bounds.append(row_bounds(option, body, line))
+        queued.append(estimate)
         size[0] += len(line) + 1
-    done += [(model, i, lines, b) for model, (i, lines, _, b) in open_parts.items() if i]
+        size[1] += estimate
+    done += [(m, i, lines, b, q) for m, (i, lines, _, b, q) in open_parts.items() if i]
     return [
-        Part(f"{prefix}{n:05d}", model, tuple(ids), tuple(lines), attempt, tuple(bounds))
-        for n, (model, ids, lines, bounds) in enumerate(done)
+        Part(f"{prefix}{n:05d}", model, tuple(i), tuple(lines), attempt, tuple(b), tuple(q))
+        for n, (model, i, lines, b, q) in enumerate(done)
     ]
 
 

@@ -23,10 +23,12 @@ A create that failed in a way that may have made the batch (a timeout, a 5xx) is
 handled as a kill after the create. With ``ProviderBatch.budget``, a part's batch is made
 only when it fits the budget with every batch in flight counted at its worst case
 (:mod:`.budget`); one that cannot fit even with none in flight is not made, its rows
-``skipped``. The rows that end ``failed`` (retryable) or
-``expired`` are sent once more in a new batch (``ProviderBatch.resend="batch"``): part
-``p00003``'s in part ``p00003r``, made from its results, which is again the same on a
-resumed run. Every row comes back once, with its last outcome.
+``skipped``. A batch the provider refuses for its queue (OpenAI's ``token_limit_exceeded``,
+none of it run) is journaled ``requeued`` and its part made again once there is room;
+with ``ProviderBatch.queue_tokens`` parts wait for room before they are made. The rows
+that end ``failed`` (retryable) or ``expired`` are sent once more in a new batch
+(``ProviderBatch.resend="batch"``): part ``p00003``'s in part ``p00003r``, made from its
+results, which is again the same on a resumed run. Every row comes back once, with its last outcome.
 """
 
 from __future__ import annotations
@@ -53,6 +55,14 @@ __all__ = ["SKEW_S", "Progress", "ProviderBatchRun", "RunResult"]
 SKEW_S = 3600.0
 #: How many times a part's create may end unknown before the run gives up.
 MAX_CREATES = 4
+#: The most turns (polls) a part refused for the provider's queue waits before it is made
+#: again, when no batch of its model ends first.
+MAX_HOLD_TURNS = 16
+#: How many times a part's batch may be refused for the queue in one run (hours of waits
+#: at the poll's longest interval) before the run gives up, saying the provider's words.
+MAX_QUEUE_REFUSALS = 12
+#: OpenAI's refusal for the queue says its limit: ``Limit: 90,000 enqueued tokens``.
+_QUEUE_LIMIT = re.compile(r"Limit: ([0-9][0-9,]*) enqueued tokens")
 _JOB = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 #: A hook called at each step (``uploaded``, ``created``, ``polled``, ``downloading``)
@@ -133,6 +143,9 @@ class ProviderBatchRun:
         self._hook = hook
         self._on_poll = on_poll
         self._adapter = adapter
+        self._held: dict[str, int] = {}  # part: turns it waits for the queue
+        self._held_model: dict[str, str] = {}  # part: its model, while it waits
+        self._refusals: dict[str, int] = {}  # part: its batches refused for the queue
         self._budget = None
         if option.budget is not None:
             if prices is None:
@@ -261,6 +274,9 @@ class ProviderBatchRun:
             if self._on_poll is not None:
                 self._on_poll(progress)
             for part, state in ended:
+                if self._queue_refused(part, state):
+                    continue
+                self._room_made(part.model)
                 rows_of = self._collect(part, state)
                 if rows_of is None:  # a suspect that was not the part's
                     continue
@@ -330,32 +346,40 @@ class ProviderBatchRun:
 
     def _started(self, key: str) -> bool:
         """Whether ``key``'s batch was made, or may have been (a create was begun)."""
-        return self._batch_id(key) is not None or bool(self.journal.of("creating", part=key))
+        return self._batch_id(key) is not None or bool(self._of("creating", key))
 
     def _send(self, pending: dict[str, Part], found: dict[str, RowResult] | None) -> None:
         """Give each part of ``pending`` its batch, the parts not started yet only as the
-        budget allows. A part that cannot fit with nothing in flight leaves ``pending``:
-        its rows ``skipped`` in ``found`` (a resent part's keep their first outcome); with
-        ``found`` None (:meth:`submit`), it waits for a later run."""
-        budget = self._budget
+        budget and the queue allow (a part the queue refused waits its turns first). A part
+        that cannot fit the budget with nothing in flight leaves ``pending``: its rows
+        ``skipped`` in ``found`` (a resent part's keep their first outcome); with ``found``
+        None (:meth:`submit`), it waits for a later run."""
+        budget, queue = self._budget, self.option.queue_tokens
+        for key in list(self._held):
+            self._held[key] -= 1
+            if self._held[key] <= 0:
+                del self._held[key]
         started = [p for p in pending.values() if self._started(p.key)]
-        waiting = [p for p in pending.values() if not self._started(p.key)]
+        waiting = [
+            p for p in pending.values() if not self._started(p.key) and p.key not in self._held
+        ]
         for part in started:  # held at their worst whatever they turn out to be
             self._submit(part)
-        if budget is None:
-            for part in waiting:
-                self._submit(part)
-            return
-        held = sum(budget.worst(p) for p in started)
+        held = 0.0 if budget is None else sum(budget.worst(p) for p in started)
+        queued: dict[str, int] = {}
+        for part in started:
+            queued[part.model] = queued.get(part.model, 0) + part.queued
         left = []
         for part in waiting:
-            if budget.fits(part, held):
+            fits_queue = queue is None or queued.get(part.model, 0) + part.queued <= queue
+            if fits_queue and (budget is None or budget.fits(part, held)):
                 self._submit(part)
-                held += budget.worst(part)
                 started.append(part)
+                queued[part.model] = queued.get(part.model, 0) + part.queued
+                held += 0.0 if budget is None else budget.worst(part)
             else:
                 left.append(part)
-        if started or found is None:
+        if started or found is None or budget is None:
             return
         for part in left:  # nothing in flight, and it does not fit: it never will
             del pending[part.key]
@@ -368,16 +392,59 @@ class ProviderBatchRun:
                     again = why.replace("not sent", "not sent again", 1)
                     first.error = f"{first.error or first.status}; {again}"
 
+    def _queue_refused(self, part: Part, state: BatchState) -> bool:
+        """Whether ``part``'s batch ended refused for the provider's queue, having run none
+        of its lines; if so, the refusal is journaled (the part is made again) and the part
+        waits: until a batch of its model ends, or its turns (doubling with each refusal in
+        a row, at most :data:`MAX_HOLD_TURNS`) are over. ProviderError when the part can
+        never fit the limit the refusal states, or after :data:`MAX_QUEUE_REFUSALS`."""
+        if not (
+            state.status == "failed"
+            and state.done + state.failed == 0
+            and "token_limit_exceeded" in (state.errors or "")
+            and self._batch_id(part.key) == state.id
+        ):
+            return False
+        limit = _queue_limit(state.errors or "")
+        hint = ""
+        if limit is not None and part.queued > limit:
+            hint = (
+                f"; it holds about {part.queued:,} tokens, and the provider's queue for "
+                f"{part.model} {limit:,}: give ProviderBatch.queue_tokens={limit} "
+                "(--batch-queue-tokens) so that parts are cut within it"
+            )
+        refusals = self._refusals[part.key] = self._refusals.get(part.key, 0) + 1
+        # (an estimate well over the limit never fits; near it, the estimate may be off)
+        if refusals > MAX_QUEUE_REFUSALS or (limit is not None and part.queued > 1.5 * limit):
+            raise ProviderError(
+                f"part {part.key}: the provider refused its batch for its queue ({refusals} "
+                f"time{'s' if refusals > 1 else ''}){hint}; the last refusal: {state.errors}"
+            )
+        self.journal.append("requeued", part=part.key, id=state.id)
+        self._held[part.key] = min(2 ** (refusals - 1), MAX_HOLD_TURNS)
+        self._held_model[part.key] = part.model
+        return True
+
+    def _room_made(self, model: str) -> None:
+        """A batch of ``model`` ended: the parts of that model waiting for the queue may go."""
+        for key in [k for k, m in self._held_model.items() if m == model]:
+            self._held.pop(key, None)
+            del self._held_model[key]
+
+    def _of(self, op: str, key: str) -> list[dict[str, Any]]:
+        """The part's records of ``op`` since its batch was last refused for the queue."""
+        return self.journal.after(op, "requeued", part=key)
+
     def _batch_id(self, key: str) -> str | None:
-        record = self.journal.last("batch", part=key)
-        return None if record is None else str(record["id"])
+        records = self._of("batch", key)
+        return str(records[-1]["id"]) if records else None
 
     def _submit(self, part: Part) -> None:
         """Give ``part`` a batch, unless it has one, or one that may be its."""
         key = part.key
         if self._batch_id(key) is not None or self._suspects(key):
             return
-        intents = self.journal.of("creating", part=key)
+        intents = self._of("creating", key)
         if intents and self._reattach(part, intents[-1]):
             return
         if len(intents) >= MAX_CREATES:
@@ -448,9 +515,10 @@ class ProviderBatchRun:
 
     def _suspects(self, key: str) -> list[str]:
         """The batches that may be ``key``'s and are not yet told apart."""
-        record = self.journal.last("suspects", part=key)
-        if record is None:
+        records = self._of("suspects", key)
+        if not records:
             return []
+        record = records[-1]
         told = {str(r["id"]) for r in self.journal.of("foreign", part=key)}
         return [i for i in record["ids"] if i not in told]
 
@@ -526,6 +594,13 @@ class ProviderBatchRun:
             tuple(part.lines[i] for i in again),
             attempt=2,
             bounds=tuple(part.bounds[i] for i in again),
+            queue_estimates=tuple(part.queue_estimates[i] for i in again),
         )
         self._part_record(resent, self.journal.last("part", key=resent.key))
         return resent
+
+
+def _queue_limit(errors: str) -> int | None:
+    """The queue limit a refusal for the queue states, if it states one."""
+    found = _QUEUE_LIMIT.search(errors)
+    return None if found is None else int(found.group(1).replace(",", ""))

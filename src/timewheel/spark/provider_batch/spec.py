@@ -86,6 +86,13 @@ class ProviderBatch:
     worst case fits it (a row's worst case: every byte of its request a token of input, its
     ``max_tokens`` of output; see :func:`~.parts.row_bounds`); a batch that cannot fit even
     with none in flight is not made, its rows ``skipped``. None: no cap.
+    ``queue_tokens`` (OpenAI): the most input tokens the provider holds in its queue for a
+    model (its "batch queue limit"): parts are cut within it and a part's batch made only
+    when it fits beside the job's batches of its model not yet ended, each counted at its
+    estimate (a token per 4 bytes of its text, :func:`~.parts.queued_tokens`). With or
+    without it, a batch the provider refuses for its queue (``token_limit_exceeded``,
+    having run none of its lines) is made again once the queue has room: kept by waiting,
+    not by failing the rows.
     """
 
     provider: str
@@ -99,6 +106,7 @@ class ProviderBatch:
     poll_max_s: float = 300.0
     resend: str = "batch"
     budget: float | None = None
+    queue_tokens: int | None = None
 
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__
@@ -220,6 +228,20 @@ class ProviderBatch:
                 checked("ProviderBatch.budget", check_number, self.budget, 0, None, strict_lo=True),
             )
 
+        if self.queue_tokens is not None:
+            if self.provider != "openai":
+                raise PlanError(
+                    "ProviderBatch.queue_tokens",
+                    self.queue_tokens,
+                    "is OpenAI's queue limit in tokens; Anthropic's counts requests, and its "
+                    "creates wait for room (a 429 and its Retry-After): leave it out",
+                )
+            setattr_(
+                self,
+                "queue_tokens",
+                checked("ProviderBatch.queue_tokens", check_int, self.queue_tokens, 1, 10**12),
+            )
+
     def __repr__(self) -> str:
         shown = [f"{self.provider!r}", f"endpoint={self.endpoint!r}", f"window={self.window!r}"]
         if self.base_url is not None:
@@ -234,6 +256,8 @@ class ProviderBatch:
         ]
         if self.budget is not None:
             shown.append(f"budget={self.budget:g}")
+        if self.queue_tokens is not None:
+            shown.append(f"queue_tokens={self.queue_tokens}")
         return f"ProviderBatch({', '.join(shown)})"
 
     @property
