@@ -207,6 +207,36 @@ def test_a_budget_no_batch_fits_skips_every_row_and_resume_sends_them(
     billed_once(stub, provider)
 
 
+@pytest.mark.slow
+def test_a_dry_run_prices_the_batches_beside_online_and_sends_nothing(
+    stub: BatchStub, tmp_path: Path
+) -> None:
+    provider = "anthropic"
+    source, out = chat_input(tmp_path, provider), tmp_path / "out"
+    more = ("--dry-run", "--batch-max-requests", "16", "--budget", "0.006")
+    done = run(argv(stub, provider, source, out, *more))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["dry_run"] is True and summary["rows"] == ROWS
+    assert summary["batches"] == 2 and summary["models"] == {MODELS[provider]: ROWS}
+    assert summary["rows_failing_unsent"] == 0 and summary["rows_without_output_bound"] == 0
+    assert summary["output_tokens_at_most"] == 64 * ROWS
+    # row i's text is i + 1 of the stub's tokens: the estimate counts those, plus 4 a message
+    text = sum(i + 1 for i in range(ROWS))
+    assert text < summary["input_tokens_estimated"] <= text + 8 * ROWS
+    cost = summary["cost"]
+    assert cost["online"] == pytest.approx(2 * cost["batch"])
+    # a budget over one batch's worst case (~0.0044 $) and under both's (~0.0089 $)
+    assert cost["batch"] < cost["worst_case"] and summary["budget"] == 0.006
+    assert summary["stops_at"].startswith("--budget 0.006 of a worst case of ")
+    assert done.stderr.splitlines()[-1] == (
+        "timewheel pipeline: dry run: nothing was sent and --output is as it was"
+    )
+    assert not out.exists()
+    stats = stub.stats()
+    assert stats[provider]["batches"] == 0 and stats["bill"]["cost_usd"] == 0
+
+
 @kill_lane
 def test_detach_then_resume_collects_the_same_batches(stub: BatchStub, tmp_path: Path) -> None:
     provider = "anthropic"

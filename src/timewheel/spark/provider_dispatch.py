@@ -35,13 +35,19 @@ from .contract import DownstreamError
 from .http.target import HttpDownstream
 from .outcome import FAILED, REPLY_COLUMN, RESULT_COLUMNS, Outcome
 from .planning import ProviderBatchPlan, plan_provider_batch
+from .provider_batch.estimate import BatchEstimate, estimate
 from .provider_batch.parts import RowError, request_line
 from .provider_batch.results import BATCH_COLUMNS, RowResult
 from .provider_batch.run import Progress, ProviderBatchRun, RunResult
 from .provider_batch.spec import BatchPrices, ProviderBatch
 from .scrubber import scrub, scrubber
 
-__all__ = ["RequestLines", "dispatch_provider_batch", "submit_provider_batch"]
+__all__ = [
+    "RequestLines",
+    "dispatch_provider_batch",
+    "estimate_provider_batch",
+    "submit_provider_batch",
+]
 
 #: The columns the executors add to a row on its way: its ``custom_id``, its request
 #: body (JSON text) and why it was not sent (None: it was). Dropped from the result.
@@ -136,6 +142,26 @@ def submit_provider_batch(
     run = ProviderBatchRun(provider_batch, str(journal_path), prices=prices)
     marked = lined(df, job.target, provider_batch, bodies=False).drop(BODY)
     return _sent(df, job, marked, run.submit)
+
+
+def estimate_provider_batch(
+    df: DataFrame,
+    target: HttpDownstream,
+    *,
+    id_col: str,
+    provider_batch: ProviderBatch,
+    prices: BatchPrices | None = None,
+) -> tuple[BatchEstimate, int]:
+    """What :func:`dispatch_provider_batch` would send and cost, sending nothing: the
+    :class:`~timewheel.spark.provider_batch.estimate.BatchEstimate` of ``df``'s lines (cut
+    into batches as a run cuts them; with ``prices``, the cost online and in batches side
+    by side, and the worst case a budget holds), and how many rows would not be sent (a
+    null id, a body the provider refuses: they come back ``failed`` in a run). Checked as
+    :func:`dispatch_provider_batch` checks its arguments."""
+    job = _planned(df, target, provider_batch, id_col, None, prices, "")
+    lines = lined(df, job.target, provider_batch, bodies=True)
+    unsent = int(lines.where(F.col(UNSENT).isNotNull()).count())
+    return _sent(df, job, lines, lambda pairs: estimate(provider_batch, pairs, prices)), unsent
 
 
 def _planned(

@@ -17,7 +17,13 @@ from hypothesis import strategies as st
 from pbatch_helpers import MODELS, STUB_PRICES, billed, option, run_with_kills
 
 from timewheel.spark.options import PlanError, PlanTypeError
-from timewheel.spark.provider_batch import OK, ProviderBatch, ProviderBatchRun, RowError
+from timewheel.spark.provider_batch import (
+    OK,
+    BatchPrices,
+    ProviderBatch,
+    ProviderBatchRun,
+    RowError,
+)
 from timewheel.spark.provider_batch.parts import (
     FRAME_TOKENS,
     TOOL_TOKENS,
@@ -204,3 +210,34 @@ def test_the_bill_never_passes_the_budget_whatever_the_rows_cost(
         assert SKIPPED not in result.counts()
         assert not any("not sent again" in str(r.error) for r in result.rows.values())
     journal.unlink()
+
+
+# ----- the estimate a dry run prints -----
+
+
+def test_the_estimate_prices_the_job_online_and_in_batches_side_by_side() -> None:
+    from timewheel.spark.provider_batch.estimate import estimate
+
+    opt = ProviderBatch("openai", max_requests=4)
+    job = [
+        (f"e{i}", _chat("openai", MODELS["openai"][i % 2], "abcd" * (i + 1), 10)) for i in range(10)
+    ]
+    job.append(
+        ("e10", {"model": MODELS["openai"][0], "messages": [{"role": "user", "content": "x"}]})
+    )
+    found = estimate(opt, job, STUB_PRICES)
+    parts = cut_parts(opt, job)
+    assert found.rows == 11 and found.batches == len(parts) == 4
+    assert found.models == {MODELS["openai"][0]: 6, MODELS["openai"][1]: 5}
+    assert found.input_tokens == sum(p.queued for p in parts)
+    assert found.output_tokens_at_most == 100 and found.rows_without_output_bound == 1
+    assert found.online == pytest.approx(2 * found.batch)  # the batch's half price
+    assert found.worst_case > found.batch  # every byte a token, not every 4
+    assert found.as_dict()["cost"] == {
+        "online": found.online,
+        "batch": found.batch,
+        "worst_case": found.worst_case,
+    }
+    assert estimate(opt, job).online is None
+    with pytest.raises(ValueError, match=r"no price for the model\(s\) \['gpt-4o'\]"):
+        estimate(opt, job, BatchPrices({"gpt-4o-mini": (0.15, 0.6)}))

@@ -36,7 +36,6 @@ __all__ = [
 ONLINE_ONLY: dict[str, tuple[str, Any, str]] = {
     "--timeout-ms": ("timeout_ms", None, "times calls made online"),
     "--stop-after-failures": ("stop_after_failures", 50, "stops calls made online"),
-    "--dry-run": ("dry_run", False, "estimates calls made online"),
     "--metrics-port": ("metrics_port", None, "serves the online engine's counters"),
     "--engine": ("engine", None, "names an online engine"),
     "--http-header": ("http_header", [], "adds headers to calls made online"),

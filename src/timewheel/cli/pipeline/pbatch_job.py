@@ -133,6 +133,8 @@ class ProviderBatchJob(Job):
             self.checked = unique_rows(args, fmt, base)
             self.input_rows = self.checked.rows
             phase.said = f"checked the input: {self.input_rows:,} rows, unique ids"
+        if args.dry_run:
+            return self.dry_run(base)
         journal = batch_journal(self.out_dir)
         if previous is None:
             if self.out_dir.exists():  # --overwrite, checked before Spark started
@@ -207,6 +209,43 @@ class ProviderBatchJob(Job):
             self.published = True
         return summary
 
+    def dry_run(self, base: Any) -> dict[str, Any]:
+        """What the run would send and cost, online and in batches, sending nothing and
+        leaving ``--output`` as it is (see :mod:`timewheel.spark.provider_batch.estimate`)."""
+        from ...spark.provider_dispatch import estimate_provider_batch
+
+        with self.phases.phase("made the lines and cut the batches"), self.refused():
+            found, unsent = estimate_provider_batch(
+                base,
+                self.target,
+                id_col=self.args.id_col,
+                provider_batch=self.option,
+                prices=self.prices,
+            )
+        summary: dict[str, Any] = {"dry_run": True, **found.as_dict()}
+        summary["rows"] = self.input_rows
+        summary["rows_failing_unsent"] = unsent
+        budget = self.option.budget
+        summary["budget"] = budget
+        worst, least = found.worst_case, found.least_batch_worst_case
+        summary["stops_at"] = None
+        if budget is not None and least is not None and least > budget:
+            summary["stops_at"] = (
+                f"--budget {budget:g} is under every batch's worst case (the least "
+                f"{least:.6g}): nothing would be sent, every row skipped; a larger budget or "
+                "smaller batches (--batch-max-requests) send them"
+            )
+        elif budget is not None and worst is not None and worst > budget:
+            summary["stops_at"] = (
+                f"--budget {budget:g} of a worst case of {worst:.6g}: batches wait for what "
+                "those before them free, and those that cannot fit leave their rows skipped"
+            )
+        summary["provider_batch"] = repr(self.option)
+        summary["target"] = repr(self.target)
+        if self.args.resume:
+            summary["note"] = "counted over the whole input, rows answered before included"
+        return summary
+
     def summary_of(
         self, staging: Path, manifest: Manifest, elapsed: float, sent: int, journal: Path
     ) -> dict[str, Any]:
@@ -257,6 +296,11 @@ def report(args: argparse.Namespace, out_dir: Path, job: ProviderBatchJob, summa
     exit status its rows call for (as an online run's: 1 when more rows than
     --max-failed ended failed, expired or cancelled; else 3 when --budget left rows
     skipped)."""
+    if summary is not None and summary.get("dry_run"):
+        print(summary_text(summary))
+        if not args.quiet:
+            note("dry run: nothing was sent and --output is as it was")
+        return 0
     if summary is None:  # --detach
         for batch_id in job.batches:
             print(batch_id)
