@@ -102,3 +102,18 @@ def test_a_part_the_stated_limit_can_never_hold_is_refused_by_name(stubs, tmp_pa
     ) as caught:
         run_with_kills(stub, option(stub, "openai"), tmp_path / "j.jsonl", job, [])
     assert "ProviderBatch.queue_tokens=100 (--batch-queue-tokens)" in str(caught.value)
+
+
+def test_an_anthropic_create_refused_for_the_queue_waits_for_room(stubs, tmp_path: Path) -> None:
+    # A queue of 40 requests, answered at one line a minute: the second part's create is
+    # refused (429) every one of its tries (they wait ~15 minutes), and made once the first
+    # batch has ended.
+    stub = stubs(queue_requests=40, lines_per_s=1 / 60, seed=105)
+    job = rows("anthropic", 60, "anthropic-queue")
+    opt = option(stub, "anthropic", max_requests=30, poll_max_s=600.0)
+    result, _, _ = run_with_kills(stub, opt, tmp_path / "j.jsonl", job, [])
+    assert result.counts() == {OK: 60}
+    assert set(billed(stub, "anthropic", [c for c, _ in job]).values()) == {1}
+    requeued = [r for r in journal_records(tmp_path / "j.jsonl") if r["op"] == "requeued"]
+    assert requeued and all(r["id"] is None for r in requeued)
+    assert stub.stats()["anthropic"]["batches"] == 2

@@ -132,6 +132,7 @@ class Retrier:
     def __call__(self, what: str, call: Callable[[], T], creates: bool = False) -> T:
         wait = FIRST_WAIT_S
         for attempt in range(1, TRIES + 1):
+            status: int | None = None
             try:
                 return call()
             except self.status_error as exc:
@@ -150,7 +151,7 @@ class Retrier:
                     raise Ambiguous(why) from None
                 pause = min(MAX_WAIT_S, wait)
             if attempt == TRIES:
-                raise ProviderError(f"{why} (tried {TRIES} times)")
+                raise ProviderError(f"{why} (tried {TRIES} times)", status)
             self.sleep(pause)
             wait = min(MAX_WAIT_S, wait * 2)
         raise AssertionError("unreachable")

@@ -413,17 +413,26 @@ class ProviderBatchRun:
                 f"{part.model} {limit:,}: give ProviderBatch.queue_tokens={limit} "
                 "(--batch-queue-tokens) so that parts are cut within it"
             )
-        refusals = self._refusals[part.key] = self._refusals.get(part.key, 0) + 1
         # (an estimate well over the limit never fits; near it, the estimate may be off)
-        if refusals > MAX_QUEUE_REFUSALS or (limit is not None and part.queued > 1.5 * limit):
+        never = limit is not None and part.queued > 1.5 * limit
+        self._requeue(part, state.id, str(state.errors), hint, never)
+        return True
+
+    def _requeue(
+        self, part: Part, batch_id: str | None, last: str, hint: str = "", never: bool = False
+    ) -> None:
+        """``part``'s batch refused for the provider's queue (``batch_id`` None: its create
+        was): journaled, so that it is made again, and held for its turns; ProviderError
+        once it never fits or after :data:`MAX_QUEUE_REFUSALS`."""
+        refusals = self._refusals[part.key] = self._refusals.get(part.key, 0) + 1
+        if never or refusals > MAX_QUEUE_REFUSALS:
             raise ProviderError(
                 f"part {part.key}: the provider refused its batch for its queue ({refusals} "
-                f"time{'s' if refusals > 1 else ''}){hint}; the last refusal: {state.errors}"
+                f"time{'s' if refusals > 1 else ''}){hint}; the last refusal: {last}"
             )
-        self.journal.append("requeued", part=part.key, id=state.id)
+        self.journal.append("requeued", part=part.key, id=batch_id)
         self._held[part.key] = min(2 ** (refusals - 1), MAX_HOLD_TURNS)
         self._held_model[part.key] = part.model
-        return True
 
     def _room_made(self, model: str) -> None:
         """A batch of ``model`` ended: the parts of that model waiting for the queue may go."""
@@ -467,6 +476,12 @@ class ProviderBatchRun:
             batch_id = adapter.create(part, file_id, metadata)
         except Ambiguous:
             return  # as a kill after the create: the next turn looks for it first
+        except ProviderError as exc:
+            if exc.status != 429:
+                raise
+            # Refused every try (Anthropic's full queue): nothing was made; it waits.
+            self._requeue(part, None, str(exc))
+            return
         self._step("created", key)
         self.journal.append("batch", part=key, id=batch_id)
 
