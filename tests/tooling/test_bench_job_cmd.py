@@ -22,7 +22,7 @@ _ORPHAN = (
 
 def test_a_run_counts_the_cpu_of_what_its_command_left_running() -> None:
     limits = argparse.Namespace(timeout_s=60.0)
-    got = bench._measure("orphan", [sys.executable, "-c", _ORPHAN], {}, limits)
+    got = bench.measure("orphan", [sys.executable, "-c", _ORPHAN], {}, limits)
     assert got["cpu_s"] >= 0.5
     assert got["wall_s"] >= 0.5  # the run ends when the orphan does
 
@@ -31,7 +31,7 @@ def test_a_run_past_its_timeout_is_killed_whole_and_fails() -> None:
     leave = "import subprocess; subprocess.Popen(['sleep', '600'])"
     limits = argparse.Namespace(timeout_s=1.0)
     with pytest.raises(bench.RunFailed, match="timed out"):
-        bench._measure("sleeper", [sys.executable, "-c", leave], {}, limits)
+        bench.measure("sleeper", [sys.executable, "-c", leave], {}, limits)
 
 
 def test_the_ratios_are_the_pipelines_figures_over_the_floors() -> None:

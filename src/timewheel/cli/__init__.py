@@ -37,6 +37,7 @@ def _benchmarks() -> tuple[ModuleType, ...]:
         job,
         metrics,
         operations,
+        pbatch,
         pipeline,
         purgatory,
         quota,
@@ -65,6 +66,7 @@ def _benchmarks() -> tuple[ModuleType, ...]:
         job,
         quota,
         stream,
+        pbatch,
     )
 
 

@@ -48,7 +48,7 @@ from ..argtypes import positive
 from ..flags import Flag, add_flags
 from .command import bench_parser
 
-__all__ = ["add_parser", "main", "ratios", "write_rows"]
+__all__ = ["RunFailed", "add_parser", "floor_run", "main", "measure", "ratios", "write_rows"]
 
 HELP = "a pipeline's whole wall and CPU (JVM and workers counted) next to Spark's own floor"
 
@@ -294,13 +294,13 @@ def _rounds(
     def metered(name: str, argv: list[str], repeat: int) -> dict[str, Any]:
         # Each run its own API key: the stub's window for it starts empty.
         before = _refused(stub.base_url)
-        run = _measure(name, argv, {**env, _KEY_VAR: f"bench-{name}-{repeat}"}, args)
+        run = measure(name, argv, {**env, _KEY_VAR: f"bench-{name}-{repeat}"}, args)
         if quota.on:
             run["refused"] = _refused(stub.base_url) - before
         return run
 
     for repeat in range(1, args.repeat + 1):
-        runs.append(_floor("floor", "", repeat, args, source, tmp, env))
+        runs.append(floor_run("floor", "", repeat, args, source, tmp, env))
 
         out = tmp / f"pipeline-{repeat}"
         argv = [py, "-m", "timewheel", "pipeline", "--input", str(source), "--master"]
@@ -330,7 +330,7 @@ def _rounds(
             if peer == "floor-c1":
                 from ...spark.session import LOCAL_JIT
 
-                runs.append(_floor(peer, LOCAL_JIT, repeat, args, source, tmp, env))
+                runs.append(floor_run(peer, LOCAL_JIT, repeat, args, source, tmp, env))
                 continue
             argv = [py, "-c", _ASYNCIO, str(source), url, f"bench-{peer}-{repeat}"]
             argv += [str(args.batch_size), str(args.peer_concurrency)]
@@ -350,7 +350,7 @@ def _refused(base_url: str) -> int:
         return int(json.loads(answer.read())["refused"])
 
 
-def _floor(
+def floor_run(
     name: str,
     java: str,
     repeat: int,
@@ -362,7 +362,7 @@ def _floor(
     """One floor run (``java``: its JVM's options, or none): its row of the table."""
     sink = tmp / f"{name}-{repeat}"
     argv = [sys.executable, "-c", _FLOOR, args.master, str(source), str(sink), java]
-    floor = _measure(name, argv, env, args)
+    floor = measure(name, argv, env, args)
     said = json.loads(floor.pop("stdout").splitlines()[-1])
     if said["rows"] != args.rows:
         raise RunFailed(f"{name}: read back {said['rows']} rows of {args.rows}")
@@ -407,7 +407,7 @@ def ratios(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _measure(
+def measure(
     name: str, argv: list[str], env: dict[str, str], args: argparse.Namespace
 ) -> dict[str, Any]:
     """Run ``argv`` (the run ``name``) under the reaper: its wall time, the CPU of its

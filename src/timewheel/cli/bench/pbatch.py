@@ -1,0 +1,342 @@
+"""``timewheel bench pbatch``: a job sent through a provider's batches next to the same job
+sent online, and next to Spark's own floor (issue 50's figures).
+
+On the same rows (``--rows`` chat requests of ~80 bytes of text, ``max_completion_tokens``
+16, written once as Parquet, sent as the columns ``model``, ``messages`` and
+``max_completion_tokens``):
+
+* **floor**: ``timewheel bench job``'s floor, a fresh Spark reading the rows and writing
+  them out: what every Spark job pays;
+* **online**: ``timewheel pipeline`` to the OpenAI stub's ``/v1/chat/completions``, no
+  quota; its bill is its rows' usage at the stub's prices (the full price);
+* **batch**: ``timewheel pipeline --provider-batch openai`` to the batch stub on the wall
+  clock, each batch held ``--delay-s`` by the stub; its bill is the stub's own.
+
+The batch run's stderr is read as it comes: at each poll line, the CPU of its whole
+process tree (the driver's Python, the JVM, the Python workers; from /proc), of the
+driver's Python alone, and the Spark tasks running (Spark's REST API, its UI on a free
+port: its answers cost the JVM a little CPU too). The figures: the bills'
+ratio (goal 0.50: half price, each row billed once), the process tree's CPU per minute of
+waiting, between the first poll and the last (goal: under 1% of a core), the most Spark
+tasks running at any poll (goal: 0, no executor held while the provider works), and the
+batch run's wall less the provider's own time (from its first batch's creation to its
+last's completion, as the stub reports them) over the floor's wall (goal: at most 1.0).
+Figures only: nothing here asserts the goals. Linux only (/proc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from ..argtypes import positive
+from ..flags import Flag, add_flags
+from .command import bench_parser
+
+__all__ = ["add_parser", "main", "write_rows"]
+
+HELP = "a job through a provider's batches vs online: the bill, CPU while waiting, Spark's floor"
+
+MODEL = "gpt-4o-mini"
+#: The stubs' price of MODEL, $ per million tokens (input, output): the batch stub's table.
+PRICES = (0.15, 0.60)
+_KEY_VAR = "TIMEWHEEL_BENCH_PBATCH_KEY"
+_POLL_LINE = " ended; requests "
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``bench pbatch``."""
+    parser = bench_parser(subparsers, "pbatch", HELP, main, __doc__)
+    add_flags(
+        parser,
+        Flag("--rows", positive(int), 50_000, "rows (default: %(default)s)"),
+        Flag("--master", None, "local[2]", "Spark master URL (default: %(default)s)"),
+        Flag(
+            "--delay-s",
+            positive(float),
+            60.0,
+            "how long the stub holds each batch before it answers (default: %(default)s)",
+            "S",
+        ),
+        Flag(
+            "--batch-rows",
+            positive(int),
+            10_000,
+            "rows per batch (--batch-max-requests) (default: %(default)s)",
+            "N",
+        ),
+        Flag(
+            "--timeout-s",
+            positive(float),
+            1800.0,
+            "the longest one run may take; then the bench fails (default: %(default)s)",
+            "S",
+        ),
+        Flag("--json", None, None, "also write the results as JSON", "PATH"),
+    )
+
+
+def write_rows(directory: Path, rows: int) -> None:
+    """``rows`` rows (``id``, ``model``, ``messages``, ``max_completion_tokens``: a chat
+    request's fields) as two Parquet files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True)
+    half = rows // 2
+    for n, (start, end) in enumerate([(0, half), (half, rows)]):
+        ids = list(range(start, end))
+        table = pa.table(
+            {
+                "id": ids,
+                "model": [MODEL] * len(ids),
+                "messages": [
+                    [{"role": "user", "content": f"Tag row {i}: " + "word " * 14}] for i in ids
+                ],
+                "max_completion_tokens": [16] * len(ids),
+            }
+        )
+        pq.write_table(table, directory / f"part-{n}.parquet")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Floor, online, batch; the table (and the JSON); 1 if a run failed."""
+    from .batch_stub.server import BatchStubProcess
+    from .job import RunFailed, floor_run
+    from .openai_stub import StubProcess
+
+    env = {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        _KEY_VAR: "sk-bench-pbatch",
+    }
+    with tempfile.TemporaryDirectory(prefix="timewheel-bench-pbatch-") as tmp:
+        source = Path(tmp) / "rows"
+        write_rows(source, args.rows)
+        try:
+            floor = floor_run("floor", "", 1, args, source, Path(tmp), env)
+            with StubProcess(rpm=10**8, tpm=10**12) as online_stub:
+                online = _online(args, source, Path(tmp) / "online", online_stub.base_url, env)
+            with BatchStubProcess(
+                clock="real", delay_s=args.delay_s, validate_s=1, finalize_s=1
+            ) as stub:
+                batch = _batch(args, source, Path(tmp) / "batch", stub, env)
+        except RunFailed as exc:
+            print(f"timewheel bench pbatch: {exc}", file=sys.stderr)
+            return 1
+    report = {
+        "rows": args.rows,
+        "master": args.master,
+        "delay_s": args.delay_s,
+        "floor": floor,
+        "online": online,
+        "batch": batch,
+        "bill_ratio": round(batch["bill_usd"] / online["bill_usd"], 6),
+        "outside_provider_over_floor": round(
+            (batch["wall_s"] - batch["provider_s"]) / floor["wall_s"], 3
+        ),
+    }
+    _print_table(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def _pipeline(source: Path, out: Path, master: str) -> list[str]:
+    argv = [sys.executable, "-m", "timewheel", "pipeline", "--input", str(source)]
+    argv += ["--master", master, "--output", str(out)]
+    return [*argv, "--body-cols", "model,messages,max_completion_tokens"]
+
+
+def _online(
+    args: argparse.Namespace, source: Path, out: Path, base_url: str, env: dict[str, str]
+) -> dict[str, Any]:
+    """The online run: its wall and CPU (``bench job``'s reaper), its bill from its rows."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from .job import RunFailed, measure
+
+    argv = _pipeline(source, out, args.master)
+    argv += ["--target", f"{base_url}/chat/completions", "--quiet"]
+    argv += ["--http-header-secret", f"Authorization=Bearer {{env:{_KEY_VAR}}}"]
+    argv += ["--reply-schema", "usage struct<prompt_tokens: long, completion_tokens: long>"]
+    run = measure("online", argv, env, args)
+    run.pop("stdout")
+    table = pq.read_table(out / "rows", columns=["status", "reply"])
+    ok = int(pc.sum(pc.equal(table["status"], "ok")).as_py() or 0)
+    if ok != args.rows:
+        raise RunFailed(f"online: {ok} of {args.rows} rows ok")
+    usage = pc.struct_field(table["reply"], "usage")
+    prompt = int(pc.sum(pc.struct_field(usage, "prompt_tokens")).as_py())
+    completion = int(pc.sum(pc.struct_field(usage, "completion_tokens")).as_py())
+    bill = (prompt * PRICES[0] + completion * PRICES[1]) / 1e6
+    summary = json.loads((out / "summary.json").read_text())
+    return {
+        **run,
+        "sending_s": summary["elapsed_s"],
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "bill_usd": round(bill, 9),
+    }
+
+
+def _batch(
+    args: argparse.Namespace, source: Path, out: Path, stub: Any, env: dict[str, str]
+) -> dict[str, Any]:
+    """The batch run, sampled at each poll line; its bill and the provider's span."""
+    from .job import RunFailed
+
+    ui = _free_port()
+    argv = _pipeline(source, out, args.master)
+    argv += ["--target", f"{stub.openai_url}/chat/completions", "--provider-batch", "openai"]
+    argv += ["--batch-base-url", stub.openai_url, "--batch-key", f"env:{_KEY_VAR}"]
+    argv += ["--batch-prices", f"{MODEL}={PRICES[0]},{PRICES[1]}", "--batch-poll-s", "2,5"]
+    argv += ["--batch-max-requests", str(args.batch_rows)]
+    argv += ["--conf", "spark.ui.enabled=true", "--conf", f"spark.ui.port={ui}"]
+    polls: list[dict[str, Any]] = []
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+    def watch() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if _POLL_LINE in line:
+                tree, own = _tree_cpu(proc.pid)
+                at = time.monotonic() - start
+                polls.append({"at_s": at, "cpu_s": tree, "python_s": own, "tasks": _tasks(ui)})
+
+    watcher = threading.Thread(target=watch, name="bench-pbatch-stderr", daemon=True)
+    watcher.start()
+    try:
+        stdout, _ = proc.communicate(timeout=args.timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise RunFailed(f"batch: over --timeout-s {args.timeout_s:g}") from None
+    wall = time.monotonic() - start
+    watcher.join(30)
+    if proc.returncode != 0:
+        raise RunFailed(f"batch: exit {proc.returncode}")
+    summary = json.loads(stdout)
+    if summary["status"]["ok"] != args.rows:
+        raise RunFailed(f"batch: {summary['status']} of {args.rows} rows")
+    stats = _stats(stub.base_url)
+    times = _batch_times(stub.openai_url)
+    waiting = polls[-1]["at_s"] - polls[0]["at_s"] if len(polls) > 1 else 0.0
+    cpu = polls[-1]["cpu_s"] - polls[0]["cpu_s"] if len(polls) > 1 else 0.0
+    python = polls[-1]["python_s"] - polls[0]["python_s"] if len(polls) > 1 else 0.0
+    return {
+        "wall_s": round(wall, 3),
+        "sending_s": summary["elapsed_s"],
+        "batches": len(summary["batches"]),
+        "polls": len(polls),
+        "waiting_s": round(waiting, 1),
+        "cpu_per_waiting_minute_s": round(60 * cpu / waiting, 3) if waiting else None,
+        "core_share_waiting": round(cpu / waiting, 5) if waiting else None,
+        "python_core_share_waiting": round(python / waiting, 5) if waiting else None,
+        "most_tasks_while_polling": max((p["tasks"] for p in polls), default=None),
+        "provider_s": round(times[1] - times[0], 1),
+        "bill_usd": stats["bill"]["cost_usd"],
+        "billed_twice": stats["bill"]["billed_twice"],
+        "cost_in_summary": summary["cost"],
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tree_cpu(root: int) -> tuple[float, float]:
+    """CPU seconds of ``root`` and its live descendants (utime + stime, from /proc), and
+    of ``root`` alone."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        stats[int(entry.name)] = fields
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            total += int(stats[pid][11]) + int(stats[pid][12])
+        todo += children.get(pid, [])
+    own = int(stats[root][11]) + int(stats[root][12]) if root in stats else 0
+    return total / ticks, own / ticks
+
+
+def _tasks(ui: int) -> int | None:
+    """The Spark tasks running now (its REST API); None if it cannot be read."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{ui}/api/v1/applications", timeout=5) as r:
+            app = json.loads(r.read())[0]["id"]
+        url = f"http://127.0.0.1:{ui}/api/v1/applications/{app}/stages?status=active"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return sum(int(s.get("numActiveTasks", 0)) for s in json.loads(r.read()))
+    except (OSError, ValueError, IndexError, KeyError):
+        return None
+
+
+def _stats(base_url: str) -> Any:
+    with urllib.request.urlopen(f"{base_url}/stats", timeout=30) as r:
+        return json.loads(r.read())
+
+
+def _batch_times(openai_url: str) -> tuple[float, float]:
+    """The first batch's creation and the last's completion (Unix seconds)."""
+    asked = urllib.request.Request(
+        f"{openai_url}/batches?limit=100", headers={"Authorization": "Bearer sk-bench-pbatch"}
+    )
+    with urllib.request.urlopen(asked, timeout=30) as r:
+        data = json.loads(r.read())["data"]
+    created = min(b["created_at"] for b in data)
+    completed = max(b["completed_at"] or b["created_at"] for b in data)
+    return float(created), float(completed)
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    floor, online, batch = report["floor"], report["online"], report["batch"]
+    print(f"timewheel bench pbatch: {report['rows']:,} rows on {report['master']}")
+    print(f"  floor (Spark reads and writes them)   {floor['wall_s']:8.1f} s wall")
+    print(
+        f"  online                                {online['wall_s']:8.1f} s wall, "
+        f"bill ${online['bill_usd']:.6f}"
+    )
+    print(
+        f"  batch ({batch['batches']} batches, stub delay {report['delay_s']:g} s)"
+        f"{'':4}{batch['wall_s']:8.1f} s wall, bill ${batch['bill_usd']:.6f}, "
+        f"provider {batch['provider_s']:.1f} s"
+    )
+    print(f"  bill, batch over online: {report['bill_ratio']:.4f} (goal 0.50)")
+    print(
+        f"  CPU while waiting: {batch['core_share_waiting']} of a core over "
+        f"{batch['waiting_s']} s, {batch['polls']} polls (goal: under 0.01); the driver's "
+        f"Python alone {batch['python_core_share_waiting']}, the rest the JVM's"
+    )
+    print(f"  Spark tasks running at a poll, most: {batch['most_tasks_while_polling']} (goal 0)")
+    print(
+        f"  batch wall less the provider's time, over the floor: "
+        f"{report['outside_provider_over_floor']} (goal: at most 1.0)"
+    )

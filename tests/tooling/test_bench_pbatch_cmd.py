@@ -1,0 +1,56 @@
+"""``timewheel bench pbatch``'s measures: a process tree's CPU read from /proc while it runs
+(the driver's Python, its JVM and workers, as the batch run samples it at each poll), and
+the rows it sends. The whole bench (three Spark runs, minutes) is run by hand: its figures
+are in docs/spark/provider-batches.md."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from timewheel.cli.bench import pbatch as bench
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+
+# A child that starts a grandchild burning CPU until it is killed, then waits.
+_TREE = (
+    "import subprocess, sys, time\n"
+    "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_the_tree_cpu_counts_a_grandchild_and_not_the_idle_root() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _TREE], start_new_session=True)
+    try:
+        first = bench._tree_cpu(proc.pid)
+        deadline = time.monotonic() + 30
+        while bench._tree_cpu(proc.pid)[0] - first[0] < 0.5:  # the grandchild burns
+            assert time.monotonic() < deadline, "the grandchild's CPU was never counted"
+            time.sleep(0.05)
+        tree, own = bench._tree_cpu(proc.pid)
+        assert tree - first[0] >= 0.5
+        assert own - first[1] < 0.2  # the root only sleeps
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the child and the grandchild: its group
+        proc.wait(10)
+    assert bench._tree_cpu(proc.pid) == (0.0, 0.0)  # gone: nothing left to count
+
+
+def test_the_rows_are_chat_requests_in_two_files(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    bench.write_rows(tmp_path / "rows", 11)
+    files = sorted((tmp_path / "rows").iterdir())
+    assert [f.name for f in files] == ["part-0.parquet", "part-1.parquet"]
+    table = pq.read_table(tmp_path / "rows")
+    assert sorted(table.column("id").to_pylist()) == list(range(11))
+    row = table.to_pylist()[0]
+    assert row["model"] == bench.MODEL and row["max_completion_tokens"] == 16
+    assert row["messages"][0]["role"] == "user" and row["messages"][0]["content"]
