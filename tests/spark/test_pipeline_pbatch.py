@@ -433,3 +433,40 @@ def test_a_batch_flag_without_provider_batch_is_refused(
         "timewheel pipeline: error: --detach is for --provider-batch: give it too, or leave "
         "--detach out"
     ]
+
+
+def test_on_a_terminal_the_polls_feed_a_bar_not_lines(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+    import io
+
+    from timewheel.cli.pipeline.pbatch_job import PolledCount, ProviderBatchJob
+    from timewheel.cli.pipeline.progress import Progress
+    from timewheel.spark.provider_batch import Progress as Polled
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    job = ProviderBatchJob.__new__(ProviderBatchJob)  # its poll hook alone, no Spark
+    job.args = argparse.Namespace(quiet=False)
+    job.terminal = sys.stderr.isatty()
+    job.ended = PolledCount()
+    with Progress(job.ended, 30, quiet=False):
+        job.polled(Polled(batches=2, ended=1, requests=30, done=12, failed=2, expired=1))
+        assert job.ended.value == 15
+        job.polled(Polled(batches=2, ended=2, requests=30, done=27, failed=2, expired=1))
+    final = terminal.getvalue().split("\r")[-1]
+    assert "30.0/30.0" in final or "30/30" in final, final
+    assert " ended; requests " not in terminal.getvalue()  # no status line under the bar
+    # elsewhere (a pipe, a log): a line a poll, no bar
+    piped = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", piped)
+    job.terminal = False
+    job.polled(Polled(batches=1, ended=1, requests=3, done=3))
+    assert piped.getvalue() == (
+        "timewheel pipeline: batches 1/1 ended; requests 3 done, 0 failed, 0 expired of 3\n"
+    )

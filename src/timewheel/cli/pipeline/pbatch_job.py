@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -34,9 +35,10 @@ from .job import Job, check_rows, unique_rows
 from .options import DEMO_ROWS
 from .output import check_resumable, publish, run_identity
 from .precheck import FLAGS, refusal
+from .progress import Progress
 from .summary import failure_budget, figure_columns, input_columns, observe, observed, summary_text
 
-__all__ = ["JOURNAL_NAME", "ProviderBatchJob", "batch_journal", "report"]
+__all__ = ["JOURNAL_NAME", "PolledCount", "ProviderBatchJob", "batch_journal", "report"]
 
 #: The batches' journal, in ``--output/journal/``.
 JOURNAL_NAME = "provider-batches.jsonl"
@@ -79,6 +81,9 @@ class ProviderBatchJob(Job):
         self.option = option
         self.prices = prices
         self.batches: list[str] = []  # with --detach: the batches made
+        # On a terminal, a bar of the requests the polls saw end; elsewhere a line a poll.
+        self.terminal = not args.quiet and sys.stderr.isatty()
+        self.ended = PolledCount()
 
     def wait(self, seconds: float) -> None:
         """Wait between polls, ending the run at once on a stop."""
@@ -91,8 +96,10 @@ class ProviderBatchJob(Job):
             time.sleep(min(left, _STOP_CHECK_S))
 
     def polled(self, progress: Any) -> None:
-        """A poll's status line (none with --quiet)."""
-        say(self.args, progress.line())
+        """A poll: the bar's count on a terminal, else its status line (none with --quiet)."""
+        self.ended.value = progress.done + progress.failed + progress.expired
+        if not self.terminal:
+            say(self.args, progress.line())
 
     @contextlib.contextmanager
     def refused(self) -> Iterator[None]:
@@ -180,7 +187,8 @@ class ProviderBatchJob(Job):
         self.staging.append(staging)
         start = time.monotonic()
         collected = f"{said} {sending:,} rows in batches, and collected them"
-        with self.phases.phase(collected), self.refused():
+        bar = Progress(self.ended, sending, False) if self.terminal else contextlib.nullcontext()
+        with self.phases.phase(collected), self.refused(), bar:
             result = dispatch_provider_batch(
                 todo,
                 self.target,
@@ -289,6 +297,12 @@ class ProviderBatchJob(Job):
             "runs": manifest.runs,
             "journal_outside_input": self.journal_outside,
         }
+
+
+class PolledCount:
+    """The requests the last poll saw ended (done, failed or expired): the bar's count."""
+
+    value = 0
 
 
 def report(args: argparse.Namespace, out_dir: Path, job: ProviderBatchJob, summary: Any) -> int:
