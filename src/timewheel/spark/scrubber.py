@@ -41,6 +41,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import html.entities
+import json
 import logging
 import re
 import sys
@@ -195,9 +196,23 @@ def scrub_bytes(data: bytes) -> bytes:
 
 def scrub_value(value: T) -> T:
     """``value`` with :func:`scrub` applied to every str in it, keys too (dicts, lists and
-    tuples walked): a summary before it is written as JSON."""
-    if _SCRUBBER._search is None:
+    tuples walked): a summary before it is written as JSON, an answer a provider wrote.
+
+    A value JSON can hold is first scrubbed whole, as its JSON text (one search, in C for
+    the most part): when that finds nothing, no str in it holds a value in any shape (the
+    JSON text holds each str as it is, but for quotes, backslashes and control characters
+    escaped, which are shapes the scrubber knows, and no expression of it is anchored), so
+    it is returned as it is, not walked str by str."""
+    search = _SCRUBBER._search
+    if search is None:
         return value
+    if isinstance(value, (dict, list, tuple)):
+        try:
+            text = json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError):  # not JSON's: walked
+            text = None
+        if text is not None and _SCRUBBER.scrub(text) == text:
+            return value
     return _walk(value)  # type: ignore[no-any-return]
 
 
