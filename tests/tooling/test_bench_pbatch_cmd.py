@@ -31,16 +31,18 @@ def test_the_tree_cpu_counts_a_grandchild_and_not_the_idle_root() -> None:
     try:
         first = bench._tree_cpu(proc.pid)
         deadline = time.monotonic() + 30
-        while bench._tree_cpu(proc.pid)[0] - first[0] < 0.5:  # the grandchild burns
+        while bench._used(first, bench._tree_cpu(proc.pid)) < 0.5:  # the grandchild burns
             assert time.monotonic() < deadline, "the grandchild's CPU was never counted"
             time.sleep(0.05)
-        tree, own = bench._tree_cpu(proc.pid)
-        assert tree - first[0] >= 0.5
-        assert own - first[1] < 0.2  # the root only sleeps
+        later = bench._tree_cpu(proc.pid)
+        assert len(later) == 2 and bench._used(first, later) >= 0.5
+        assert later[proc.pid] - first[proc.pid] < 0.2  # the root only sleeps
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the child and the grandchild: its group
         proc.wait(10)
-    assert bench._tree_cpu(proc.pid) == (0.0, 0.0)  # gone: nothing left to count
+    assert bench._tree_cpu(proc.pid) == {}  # gone: nothing left to count
+    # a process that ended between two samples is left out, never a negative use
+    assert bench._used({1: 5.0, 2: 1.0}, {2: 1.5, 3: 0.25}) == 0.75
 
 
 def test_the_rows_are_chat_requests_in_two_files(tmp_path: Path) -> None:
