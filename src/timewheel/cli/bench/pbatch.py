@@ -86,6 +86,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         ),
         Flag("--json", None, None, "also write the results as JSON", "PATH"),
     )
+    parser.add_argument(
+        "--spark-ui",
+        action="store_true",
+        help="also ask Spark's REST API at each poll how many tasks run (its UI then costs "
+        "the JVM CPU that the CPU figure counts: without it, the Python workers' CPU while "
+        "waiting says whether a task ran)",
+    )
 
 
 def write_rows(directory: Path, rows: int) -> None:
@@ -203,13 +210,14 @@ def _batch(
     """The batch run, sampled at each poll line; its bill and the provider's span."""
     from .job import RunFailed
 
-    ui = _free_port()
+    ui = _free_port() if args.spark_ui else None
     argv = _pipeline(source, out, args.master)
     argv += ["--target", f"{stub.openai_url}/chat/completions", "--provider-batch", "openai"]
     argv += ["--batch-base-url", stub.openai_url, "--batch-key", f"env:{_KEY_VAR}"]
     argv += ["--batch-prices", f"{MODEL}={PRICES[0]},{PRICES[1]}", "--batch-poll-s", "2,5"]
     argv += ["--batch-max-requests", str(args.batch_rows)]
-    argv += ["--conf", "spark.ui.enabled=true", "--conf", f"spark.ui.port={ui}"]
+    if ui is not None:
+        argv += ["--conf", "spark.ui.enabled=true", "--conf", f"spark.ui.port={ui}"]
     polls: list[dict[str, Any]] = []
     start = time.monotonic()
     proc = subprocess.Popen(
@@ -221,21 +229,33 @@ def _batch(
         for line in proc.stderr:
             if _POLL_LINE in line:
                 at = time.monotonic() - start
-                polls.append({"at_s": at, "cpu": _tree_cpu(proc.pid), "tasks": _tasks(ui)})
+                tasks = None if ui is None else _tasks(ui)
+                polls.append({"at_s": at, "cpu": _tree_cpu(proc.pid), "tasks": tasks})
 
-    watcher = threading.Thread(target=watch, name="bench-pbatch-stderr", daemon=True)
-    watcher.start()
+    said: list[str] = []  # stdout, read apart: communicate() would read stderr too
+
+    def read_stdout() -> None:
+        assert proc.stdout is not None
+        said.append(proc.stdout.read())
+
+    readers = [
+        threading.Thread(target=watch, name="bench-pbatch-stderr", daemon=True),
+        threading.Thread(target=read_stdout, name="bench-pbatch-stdout", daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
     try:
-        stdout, _ = proc.communicate(timeout=args.timeout_s)
+        proc.wait(timeout=args.timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
         raise RunFailed(f"batch: over --timeout-s {args.timeout_s:g}") from None
     wall = time.monotonic() - start
-    watcher.join(30)
+    for reader in readers:
+        reader.join(30)
     if proc.returncode != 0:
         raise RunFailed(f"batch: exit {proc.returncode}")
-    summary = json.loads(stdout)
+    summary = json.loads("".join(said))
     if summary["status"]["ok"] != args.rows:
         raise RunFailed(f"batch: {summary['status']} of {args.rows} rows")
     stats = _stats(stub.base_url)
@@ -244,6 +264,8 @@ def _batch(
     first, last = (polls[0]["cpu"], polls[-1]["cpu"]) if polls else ({}, {})
     cpu = _used(first, last)
     python = last.get(proc.pid, 0.0) - first.get(proc.pid, 0.0)
+    jvm = [pid for pid in last if _name(pid) == "java"]
+    workers = _used(first, {p: c for p, c in last.items() if p != proc.pid and p not in jvm})
     return {
         "wall_s": round(wall, 3),
         "sending_s": summary["elapsed_s"],
@@ -253,7 +275,10 @@ def _batch(
         "cpu_per_waiting_minute_s": round(60 * cpu / waiting, 3) if waiting else None,
         "core_share_waiting": round(cpu / waiting, 5) if waiting else None,
         "python_core_share_waiting": round(python / waiting, 5) if waiting else None,
-        "most_tasks_while_polling": max((p["tasks"] for p in polls), default=None),
+        "most_tasks_while_polling": max(
+            (p["tasks"] for p in polls if p["tasks"] is not None), default=None
+        ),
+        "workers_cpu_waiting_s": round(workers, 3),
         "provider_s": round(times[1] - times[0], 1),
         "bill_usd": stats["bill"]["cost_usd"],
         "billed_twice": stats["bill"]["billed_twice"],
@@ -295,6 +320,13 @@ def _used(before: dict[int, float], after: dict[int, float]) -> float:
     """CPU seconds used between two :func:`_tree_cpu` samples by the processes alive at the
     second (one that ended between them is left out: the Python workers Spark ends)."""
     return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _tasks(ui: int) -> int | None:
@@ -345,7 +377,11 @@ def _print_table(report: dict[str, Any]) -> None:
         f"{batch['waiting_s']} s, {batch['polls']} polls (goal: under 0.01); the driver's "
         f"Python alone {batch['python_core_share_waiting']}, the rest the JVM's"
     )
-    print(f"  Spark tasks running at a poll, most: {batch['most_tasks_while_polling']} (goal 0)")
+    print(
+        f"  Spark tasks running at a poll, most: {batch['most_tasks_while_polling']} (goal 0; "
+        f"asked with --spark-ui); the Python workers' CPU while waiting: "
+        f"{batch['workers_cpu_waiting_s']} s"
+    )
     print(
         f"  batch wall less the provider's time, over the floor: "
         f"{report['outside_provider_over_floor']} (the issue's goal: at most 1.0); over the "
