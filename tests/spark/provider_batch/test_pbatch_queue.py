@@ -35,6 +35,14 @@ def test_parts_are_cut_within_the_queue_and_a_row_over_it_is_refused() -> None:
         request_line(opt, "big", long)
 
 
+def test_the_queue_estimate_counts_text_and_given_tokens() -> None:
+    chat = {"messages": [{"role": "user", "content": "abcd" * 10}], "system": "x" * 8}
+    assert queued_tokens(chat) == (4 + 40 + 8) // 4 + 4 + 1
+    assert queued_tokens({"input": "abcd" * 25}) == 26
+    assert queued_tokens({"input": [1, 2, 3]}) == 3
+    assert queued_tokens({"input": [[1, 2], [3, 4, 5]]}) == 5
+
+
 @pytest.mark.parametrize("bad", [0, -5, 1.5, True, "400", 10**13])
 def test_a_bad_queue_limit_is_refused_naming_it(bad: object) -> None:
     with pytest.raises(PlanError) as caught:

@@ -144,6 +144,8 @@ def queued_tokens(body: Mapping[str, Any]) -> int:
     given = body.get("input")
     if isinstance(given, list) and all(isinstance(t, int) for t in given):
         return len(given)  # the tokens themselves
+    if isinstance(given, list) and given and all(isinstance(t, list) for t in given):
+        return sum(len(t) for t in given)  # inputs given as tokens, each a list
     return _text_bytes(given) // 4 + 1
 
 
