@@ -9,7 +9,7 @@ import random
 import sys
 import threading
 from collections import Counter
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import CancelledError
 from typing import Any
 
@@ -291,14 +291,22 @@ class GatedLoader:
         self.release = threading.Event()
         self.fail = fail or set()
         self.calls: list[tuple[Hashable, threading.Thread]] = []
+        self.called = threading.Condition()
 
     def __call__(self, key: Hashable) -> str:
-        self.calls.append((key, threading.current_thread()))
+        with self.called:
+            self.calls.append((key, threading.current_thread()))
+            self.called.notify_all()
         self.started.set()
         assert self.release.wait(WAIT)
         if key in self.fail:
             raise OSError(f"cannot read {key}")
         return f"object {key}"
+
+    def wait_until(self, done: Callable[[], bool], timeout: float) -> bool:
+        """Whether ``done()`` became true within ``timeout``, asked at each call begun."""
+        with self.called:
+            return self.called.wait_for(done, timeout)
 
 
 def test_checkout_returns_at_once_while_a_slow_loader_runs_on_its_own_thread() -> None:
@@ -451,8 +459,12 @@ def test_a_failing_load_fails_exactly_its_waiters_logs_and_leaves_nothing_marked
             with pytest.raises(OSError, match="cannot read x"):
                 c.result(WAIT)
         assert not bystander.done(), "a request not waiting on x failed with x's load"
+        # Each load is counted when begun and in loader.calls once a loader thread calls it
+        # (d's, begun while the bystander waits on c, may be between the two): every load
+        # counted is one call of the loader, x's one load among them.
+        assert loader.wait_until(lambda: len(loader.calls) == rm.metrics()["loads"], WAIT)
+        assert Counter(k for k, _ in loader.calls)["x"] == 1
         m = rm.metrics()
-        assert Counter(k for k, _ in loader.calls)["x"] == 1 and m["loads"] == len(loader.calls)
         assert (m["load_errors"], m["checked_out"], m["waiting"]) == (1, 1, 1)
         assert any("raised for key 'x'" in r.getMessage() for r in caplog.records)
         rm.checkin(other)
