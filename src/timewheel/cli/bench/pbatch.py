@@ -29,8 +29,10 @@ Figures only: nothing here asserts the goals. Linux only (/proc).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -220,8 +222,14 @@ def _batch(
         argv += ["--conf", "spark.ui.enabled=true", "--conf", f"spark.ui.port={ui}"]
     polls: list[dict[str, Any]] = []
     start = time.monotonic()
+    # Its own process group: the driver, its JVM and workers are killed together if it fails.
     proc = subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
 
     def watch() -> None:
@@ -247,9 +255,11 @@ def _batch(
     try:
         proc.wait(timeout=args.timeout_s)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
         raise RunFailed(f"batch: over --timeout-s {args.timeout_s:g}") from None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what is left of it (its JVM): nothing if it ended
+        proc.wait()
     wall = time.monotonic() - start
     for reader in readers:
         reader.join(30)
