@@ -56,3 +56,23 @@ def test_the_rows_are_chat_requests_in_two_files(tmp_path: Path) -> None:
     row = table.to_pylist()[0]
     assert row["model"] == bench.MODEL and row["max_completion_tokens"] == 16
     assert row["messages"][0]["role"] == "user" and row["messages"][0]["content"]
+
+
+def test_per_row_times_each_step_of_both_lanes(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["pbatch", "--per-row", "300"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "timewheel bench pbatch --per-row: 300 rows"
+    steps = [line.split()[0:2] for line in out[1:5]]
+    assert steps == [
+        ["online:", "request"],
+        ["batch:", "the"],
+        ["batch:", "the"],
+        ["batch:", "the"],
+    ]
+    assert all(float(line.split()[-4]) > 0 for line in out[1:5])  # µs a row, measured
+    assert out[5].startswith("  the batch lane's steps over the online building: ")

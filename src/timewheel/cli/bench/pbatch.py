@@ -89,6 +89,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         Flag("--json", None, None, "also write the results as JSON", "PATH"),
     )
     parser.add_argument(
+        "--per-row",
+        type=positive(int),
+        metavar="N",
+        help="only the lines' and results' cost a row, on N rows in this process (no Spark, no "
+        "stub): the online engine's request building beside the batch lane's lines (the "
+        "executors'), cut (the driver's) and split of the results (the driver's)",
+    )
+    parser.add_argument(
         "--spark-ui",
         action="store_true",
         help="also ask Spark's REST API at each poll how many tasks run (its UI then costs "
@@ -122,6 +130,8 @@ def write_rows(directory: Path, rows: int) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Floor, online, batch; the table (and the JSON); 1 if a run failed."""
+    if args.per_row:
+        return per_row(args.per_row)
     from .batch_stub.server import BatchStubProcess
     from .job import RunFailed, floor_run
     from .openai_stub import StubProcess
@@ -164,6 +174,79 @@ def main(args: argparse.Namespace) -> int:
     _print_table(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def per_row(rows: int) -> int:
+    """``--per-row``: microseconds a row of each step, on ``rows`` chat requests, one
+    registered secret (as a run has its key), the answers the stub's."""
+    from ...spark.contract import TargetPlan
+    from ...spark.http.target import HttpDownstream
+    from ...spark.provider_batch import BatchPrices, BatchState, ProviderBatch
+    from ...spark.provider_batch.parts import cut_parts
+    from ...spark.provider_batch.results import split_results
+    from ...spark.provider_dispatch import RequestLines
+    from ...spark.scrubber import hide
+    from .openai_stub import chat_answer
+
+    hide("sk-bench-pbatch-0123456789abcdef")
+    made = [
+        {
+            "id": i,
+            "model": MODEL,
+            "messages": [{"role": "user", "content": f"Tag row {i}: " + "word " * 14}],
+            "max_completion_tokens": 16,
+        }
+        for i in range(rows)
+    ]
+    body = ["model", "messages", "max_completion_tokens"]
+    url = "https://api.openai.com/v1/chat/completions"
+    target = HttpDownstream(url, body=body).bind(TargetPlan("id", False, False))
+    option = ProviderBatch("openai", key="env:OPENAI_API_KEY")
+    figures: dict[str, float] = {}
+
+    def timed(name: str, step: Any) -> Any:
+        start = time.perf_counter()
+        out = step()
+        figures[name] = (time.perf_counter() - start) / rows * 1e6
+        print(f"  {name:<48}{figures[name]:8.1f} µs a row")
+        return out
+
+    print(f"timewheel bench pbatch --per-row: {rows:,} rows")
+    timed("online: request building (HttpDownstream)", lambda: [target._request(r) for r in made])
+    maker = RequestLines(target, option, True)
+    lines = timed(
+        "batch: the lines (executors, RequestLines)", lambda: [maker.line(r) for r in made]
+    )
+    parts = timed(
+        "batch: the cut (driver, json.loads + cut_parts)",
+        lambda: cut_parts(option, ((c, json.loads(b)) for c, b, _ in lines)),
+    )
+    answer = chat_answer(MODEL, 20, 8)
+    results = [
+        (
+            part,
+            [
+                json.dumps(
+                    {"custom_id": c, "response": {"status_code": 200, "body": answer}}
+                ).encode()
+                for c in part.custom_ids
+            ],
+        )
+        for part in parts
+    ]
+    prices = BatchPrices({MODEL: PRICES})
+
+    def split() -> None:
+        for part, got in results:
+            n = len(part.custom_ids)
+            state = BatchState("batch_bench", "completed", True, n, done=n)
+            split_results(part, state, got, prices)
+
+    timed("batch: the split (driver, split_results)", split)
+    batch = sum(v for k, v in figures.items() if k.startswith("batch"))
+    online = figures["online: request building (HttpDownstream)"]
+    print(f"  the batch lane's steps over the online building: {batch / online:.2f}x")
     return 0
 
 
