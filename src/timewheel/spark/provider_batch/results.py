@@ -131,12 +131,10 @@ def _unanswered(custom_id: str, state: BatchState, attempt: int) -> RowResult:
     if state.status in ("cancelled", "cancelling", "canceling"):
         return RowResult(custom_id, CANCELLED, state.id, attempt, error="the batch was cancelled")
     if state.status == "failed":
+        # (a batch refused for the provider's queue never comes here: the run makes it
+        # again, see ProviderBatchRun._queue_refused)
         why = state.errors or "the batch failed"
-        # OpenAI fails a batch that would pass the enqueued-token limit: later it fits
-        retryable = "token_limit_exceeded" in why
-        return RowResult(
-            custom_id, FAILED, state.id, attempt, error=f"batch failed: {why}", retryable=retryable
-        )
+        return RowResult(custom_id, FAILED, state.id, attempt, error=f"batch failed: {why}")
     return RowResult(
         custom_id,
         FAILED,
