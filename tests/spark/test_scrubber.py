@@ -244,7 +244,8 @@ def test_a_json_value_is_scrubbed_as_if_walked_str_by_str(
     values: list[str], data: st.DataObject
 ) -> None:
     """scrub_value's shortcut (the value's JSON text searched whole first) leaves nothing
-    that scrubbing every str, keys too, would take out, and changes nothing it would not."""
+    that scrubbing every str, keys too, would take out, and changes nothing it would not;
+    scrub_json's text is the walked value's."""
     from unittest import mock
 
     from timewheel.spark import scrubber as module
@@ -272,4 +273,6 @@ def test_a_json_value_is_scrubbed_as_if_walked_str_by_str(
     with mock.patch.object(module, "_SCRUBBER", s):
         got = module.scrub_value(given_value)
         walked = module._walk(given_value)
+        text = module.scrub_json(given_value)  # (a provider's answer on its way to a row)
     assert got == walked
+    assert text == json.dumps(walked, separators=(",", ":"), ensure_ascii=False)

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from typing import Any, Callable, TypeVar
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from .cluster import check_workers
 from .columns import ReplyParser, python_values
@@ -36,11 +35,11 @@ from .http.target import HttpDownstream
 from .outcome import FAILED, REPLY_COLUMN, RESULT_COLUMNS, Outcome
 from .planning import ProviderBatchPlan, plan_provider_batch
 from .provider_batch.estimate import BatchEstimate, estimate
-from .provider_batch.parts import RowError, request_line
+from .provider_batch.parts import Line, RowError, request_line
 from .provider_batch.results import BATCH_COLUMNS, RowResult
-from .provider_batch.run import Progress, ProviderBatchRun, RunResult
+from .provider_batch.run import Progress, ProviderBatchRun, RunResult, Submitted
 from .provider_batch.spec import BatchPrices, ProviderBatch
-from .scrubber import scrub, scrubber
+from .scrubber import scrub
 
 __all__ = [
     "RequestLines",
@@ -50,13 +49,30 @@ __all__ = [
 ]
 
 #: The columns the executors add to a row on its way: its ``custom_id``, its request
-#: body (JSON text) and why it was not sent (None: it was). Dropped from the result.
+#: line as the provider takes it (text), its model, its worst case in tokens (in, out)
+#: and its estimate in a provider's queue (see :class:`~.provider_batch.parts.Line`),
+#: and why it was not sent (None: it was). Dropped from the result.
 CUSTOM_ID = "__timewheel_custom_id"
 #: The results' own custom_id column (the join's other side).
 RESULT_ID = "__timewheel_result_id"
-BODY = "__timewheel_body"
+LINE = "__timewheel_line"
+MODEL = "__timewheel_model"
+MOST_IN = "__timewheel_most_in"
+MOST_OUT = "__timewheel_most_out"
+QUEUED = "__timewheel_queued"
 UNSENT = "__timewheel_unsent"
-LINE_COLUMNS = (CUSTOM_ID, BODY, UNSENT)
+#: The columns a row's Line is read from on the driver, in the Line's order.
+LINE_COLUMNS = (CUSTOM_ID, MODEL, LINE, MOST_IN, MOST_OUT, QUEUED)
+#: Each added column's Arrow type.
+_ADDED = {
+    CUSTOM_ID: pa.string(),
+    MODEL: pa.string(),
+    LINE: pa.string(),
+    MOST_IN: pa.int64(),
+    MOST_OUT: pa.int64(),
+    QUEUED: pa.int64(),
+    UNSENT: pa.string(),
+}
 #: A row whose line was read but that has no result: its input changed between the two
 #: reads (a source that is not deterministic). Not expected; said, not hidden.
 NO_OUTCOME = (
@@ -117,7 +133,7 @@ def dispatch_provider_batch(
     run = ProviderBatchRun(
         provider_batch, str(journal_path), prices=prices, on_poll=on_poll, sleep=sleep
     )
-    marked = lined(df, job.target, provider_batch, bodies=False).drop(BODY)
+    marked = _marked(df, job.target, provider_batch)
     result = _sent(df, job, marked, run.run)
     results = results_frame(df.sparkSession, result, reply, priced=prices is not None)
     return _joined(marked, results, df.columns, reply is not None, prices is not None)
@@ -131,16 +147,17 @@ def submit_provider_batch(
     provider_batch: ProviderBatch,
     journal_path: str | os.PathLike[str],
     prices: BatchPrices | None = None,
-) -> list[str]:
+) -> Submitted:
     """The first half of :func:`dispatch_provider_batch`, for a caller that comes back
     later: ``df``'s rows made into lines and sent (each part's batch made, journaled at
-    ``journal_path``), without waiting for any batch; the ids of the batches. The same
+    ``journal_path``), without waiting for any batch; the ids of the batches, and the
+    parts (and rows) that wait for room under the budget or the queue. The same
     :func:`dispatch_provider_batch` call on the same input and journal then re-attaches
     to them, polls and collects (making no second batch for a row). Checked as
     :func:`dispatch_provider_batch` checks its arguments."""
     job = _planned(df, target, provider_batch, id_col, None, prices, journal_path)
     run = ProviderBatchRun(provider_batch, str(journal_path), prices=prices)
-    marked = lined(df, job.target, provider_batch, bodies=False).drop(BODY)
+    marked = _marked(df, job.target, provider_batch)
     return _sent(df, job, marked, run.submit)
 
 
@@ -159,7 +176,7 @@ def estimate_provider_batch(
     null id, a body the provider refuses: they come back ``failed`` in a run). Checked as
     :func:`dispatch_provider_batch` checks its arguments."""
     job = _planned(df, target, provider_batch, id_col, None, prices, "")
-    lines = lined(df, job.target, provider_batch, bodies=True)
+    lines = lined(df, job.target, provider_batch, made=True)
     unsent = int(lines.where(F.col(UNSENT).isNotNull()).count())
     return _sent(df, job, lines, lambda pairs: estimate(provider_batch, pairs, prices)), unsent
 
@@ -195,10 +212,10 @@ def _sent(df: DataFrame, job: ProviderBatchPlan, marked: DataFrame, send: Callab
     """``send`` (a run's ``run`` or ``submit``) of ``df``'s lines, sorted by custom_id;
     an id of two rows refused, naming its value, before anything is sent."""
     key_col = job.target.id_col or job.id_col
-    lines = lined(df, job.target, job.provider_batch, bodies=True)
-    sent = lines.where(F.col(UNSENT).isNull()).select(CUSTOM_ID, BODY).orderBy(CUSTOM_ID)
+    lines = lined(df, job.target, job.provider_batch, made=True)
+    sent = lines.where(F.col(UNSENT).isNull()).select(*LINE_COLUMNS).orderBy(CUSTOM_ID)
     try:
-        return send(_pairs(sent))
+        return send(_lines(sent))
     except _Twice as twice:
         found = marked.where(F.col(CUSTOM_ID) == twice.custom_id).select(key_col).first()
         value = None if found is None else found[0]
@@ -219,70 +236,78 @@ class _Twice(Exception):
         self.custom_id = custom_id
 
 
-def _pairs(sent: DataFrame) -> Iterator[tuple[str, Any]]:
-    """The lines' (custom_id, body) pairs, read a partition at a time; sorted, so an id
-    given twice is two pairs in a row."""
+def _lines(sent: DataFrame) -> Iterator[Line]:
+    """The rows' Lines, read a partition at a time; sorted, so an id given twice is two
+    Lines in a row. (The executors made them: the driver reads no JSON.)"""
     last = None
-    for custom_id, body in sent.toLocalIterator():
+    for custom_id, model, line, most_in, most_out, queued in sent.toLocalIterator():
         if custom_id == last:
             raise _Twice(custom_id)
         last = custom_id
-        yield custom_id, json.loads(body)
+        yield Line(custom_id, model, line.encode(), most_in, most_out, queued)
 
 
-def lined(
-    df: DataFrame, target: HttpDownstream, option: ProviderBatch, *, bodies: bool
-) -> DataFrame:
-    """``df`` with each row's ``custom_id``, body (with ``bodies``) and why it is not
-    sent, made on the executors."""
-    schema = StructType(
-        [*df.schema.fields, *(StructField(name, StringType(), True) for name in LINE_COLUMNS)]
-    )
-    return df.mapInArrow(RequestLines(target, option, bodies), schema)
+def _marked(df: DataFrame, target: HttpDownstream, option: ProviderBatch) -> DataFrame:
+    """``df`` with each row's ``custom_id`` and why it is not sent: what the results
+    are joined to."""
+    return lined(df, target, option, made=False).drop(*LINE_COLUMNS[1:])
+
+
+def lined(df: DataFrame, target: HttpDownstream, option: ProviderBatch, *, made: bool) -> DataFrame:
+    """``df`` with each row's ``custom_id``, its Line's columns (with ``made``; else
+    nulls) and why it is not sent, made on the executors."""
+    added = [
+        StructField(name, LongType() if kind == pa.int64() else StringType(), True)
+        for name, kind in _ADDED.items()
+    ]
+    schema = StructType([*df.schema.fields, *added])
+    return df.mapInArrow(RequestLines(target, option, made), schema)
 
 
 class RequestLines:
     """The function ``mapInArrow`` runs on each partition: every row passes through, with
-    its ``custom_id``, its request body (JSON text; None unless ``bodies``) and, for a
-    row that cannot be sent, why (its ``custom_id`` and body then None or unused)."""
+    its ``custom_id``, its :class:`~.provider_batch.parts.Line`'s columns (nulls unless
+    ``made``) and, for a row that cannot be sent, why (its Line's columns then null)."""
 
-    def __init__(self, target: HttpDownstream, option: ProviderBatch, bodies: bool) -> None:
+    def __init__(self, target: HttpDownstream, option: ProviderBatch, made: bool) -> None:
         self.target = target
         self.option = option
-        self.bodies = bodies
+        self.made = made
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        fields = [pa.field(name, kind) for name, kind in _ADDED.items()]
         for batch in batches:
             names = batch.schema.names
-            made: list[tuple[str | None, str | None, str | None]] = [
+            made = [
                 self.line(dict(zip(names, values)))
                 for values in zip(*[python_values(column) for column in batch.columns])
             ]
-            added = [pa.array(list(column), pa.string()) for column in zip(*made)] or [
-                pa.array([], pa.string()) for _ in LINE_COLUMNS
-            ]
-            fields = [*batch.schema, *(pa.field(name, pa.string()) for name in LINE_COLUMNS)]
-            yield pa.RecordBatch.from_arrays([*batch.columns, *added], schema=pa.schema(fields))
+            columns: list[Any] = list(zip(*made)) or [() for _ in fields]
+            added = [pa.array(list(c), f.type) for c, f in zip(columns, fields)]
+            schema = pa.schema([*batch.schema, *fields])
+            yield pa.RecordBatch.from_arrays([*batch.columns, *added], schema=schema)
 
-    def line(self, row: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
-        """``row``'s ``(custom_id, body, why not sent)``."""
+    def line(self, row: dict[str, Any]) -> tuple[Any, ...]:
+        """``row``'s added columns: custom_id, model, line, most in, most out, queued, why
+        not sent."""
         target = self.target
         custom_id = target.idempotency_key(row)
         if custom_id is None:
-            return (
-                None,
-                None,
-                f"the row's id ({target.id_col or 'id'!r}) is null or missing: not sent",
-            )
+            why = f"the row's id ({target.id_col or 'id'!r}) is null or missing: not sent"
+            return (None, None, None, None, None, None, why)
         try:
-            body = target.body_json(row)
+            body = target.body_of(row)
             # What the provider takes of it, checked as the driver's parts check it.
-            request_line(self.option, custom_id, None if body is None else json.loads(body))
+            value, text = (None, None) if body is None else body
+            made = request_line(self.option, custom_id, value, text)
         except (DownstreamError, RowError) as exc:
-            return custom_id, None, scrub(f"{exc}: not sent")
+            return (custom_id, None, None, None, None, None, scrub(f"{exc}: not sent"))
         except Exception as exc:  # the target's body function, or a value JSON cannot hold
-            return custom_id, None, scrub(f"the row's body: {type(exc).__name__}: {exc}: not sent")
-        return custom_id, body if self.bodies else None, None
+            why = scrub(f"the row's body: {type(exc).__name__}: {exc}: not sent")
+            return (custom_id, None, None, None, None, None, why)
+        if not self.made:
+            return (custom_id, None, None, None, None, None, None)
+        return (*made[:2], made.line.decode(), *made[3:], None)
 
 
 def results_frame(
@@ -315,14 +340,10 @@ def results_frame(
 def _results_batch(
     rows: list[RowResult], schema: pa.Schema, parser: ReplyParser | None, priced: bool
 ) -> pa.RecordBatch:
-    hidden = len(scrubber()) > 0
-    outcomes = []
-    for r in rows:
-        response = None
-        if r.answer is not None:
-            response = json.dumps(r.answer, ensure_ascii=False, separators=(",", ":"))
-            response = scrub(response) if hidden else response
-        outcomes.append(Outcome({}, r.status, r.attempts, 0.0, r.error, r.http_status, response))
+    # (each response scrubbed when split from its batch's results)
+    outcomes = [
+        Outcome({}, r.status, r.attempts, 0.0, r.error, r.http_status, r.response) for r in rows
+    ]
     columns = []
     if parser is not None:
         outcomes, parsed = parser.parse(outcomes)

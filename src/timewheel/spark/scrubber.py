@@ -41,7 +41,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import html.entities
-import json
 import logging
 import re
 import sys
@@ -52,6 +51,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple, TextIO, TypeVar
 
 from .. import _atfork
+from ._json import encoder
 
 __all__ = [
     "MASK",
@@ -61,6 +61,7 @@ __all__ = [
     "hide",
     "scrub",
     "scrub_bytes",
+    "scrub_json",
     "scrub_value",
     "scrubbed_output",
     "scrubber",
@@ -208,12 +209,26 @@ def scrub_value(value: T) -> T:
         return value
     if isinstance(value, (dict, list, tuple)):
         try:
-            text = json.dumps(value, ensure_ascii=False)
-        except (TypeError, ValueError):  # not JSON's: walked
+            text = _compact(value)
+        except (TypeError, ValueError, RecursionError):  # not JSON's: walked
             text = None
         if text is not None and _SCRUBBER.scrub(text) == text:
             return value
     return _walk(value)  # type: ignore[no-any-return]
+
+
+def scrub_json(value: Any) -> str:
+    """``value``'s compact JSON text (non-ASCII text as it is), of :func:`scrub_value`'s
+    value: the text of a value the scrubber leaves as it is is made once (an answer a
+    provider wrote, on its way into a row's outcome). TypeError for what JSON cannot hold."""
+    text = _compact(value)
+    if _SCRUBBER._search is None or _SCRUBBER.scrub(text) == text:
+        return text
+    return _compact(_walk(value))
+
+
+#: JSON's compact text, its C encoder made once.
+_compact = encoder(ascii=False, compact=True)
 
 
 def _walk(value: Any) -> Any:

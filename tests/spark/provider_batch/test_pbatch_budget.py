@@ -54,25 +54,25 @@ def _chat(provider: str, model: str, text: str, max_tokens: int) -> dict[str, An
 
 
 def test_a_rows_worst_case_is_a_token_per_byte_and_its_max_tokens() -> None:
+    def bounds(option: ProviderBatch, body: dict[str, Any]) -> tuple[int, int | None]:
+        made = request_line(option, "r1", body)  # (the Line carries what row_bounds says)
+        assert (made.most_in, made.most_out) == row_bounds(option, body, made.line)
+        return made.most_in - len(made.line), made.most_out
+
     openai = ProviderBatch("openai")
     body = _chat("openai", "gpt-4o-mini", "héllo " * 10, 50)
-    _, line = request_line(openai, "r1", body)
-    assert row_bounds(openai, body, line) == (len(line) + FRAME_TOKENS, 50)
+    assert bounds(openai, body) == (FRAME_TOKENS, 50)
     # the larger of the two limits, times the answers asked for
     body.update(max_tokens=70, n=3, tools=[{"type": "function"}])
-    _, line = request_line(openai, "r1", body)
-    assert row_bounds(openai, body, line) == (len(line) + FRAME_TOKENS + TOOL_TOKENS, 210)
+    assert bounds(openai, body) == (FRAME_TOKENS + TOOL_TOKENS, 210)
     assert row_bounds(openai, {"model": "m", "messages": []}, b"x")[1] is None
     assert row_bounds(openai, {"model": "m", "max_tokens": 5, "n": "2"}, b"x")[1] is None
     assert row_bounds(openai, {"model": "m", "max_tokens": True}, b"x")[1] is None
     anthropic = ProviderBatch("anthropic")
-    body = _chat("anthropic", "claude-haiku-4-5", "hi", 64)
-    _, line = request_line(anthropic, "r1", body)
-    assert row_bounds(anthropic, body, line) == (len(line) + FRAME_TOKENS, 64)
+    assert bounds(anthropic, _chat("anthropic", "claude-haiku-4-5", "hi", 64)) == (FRAME_TOKENS, 64)
     embeddings = ProviderBatch("openai", endpoint="/v1/embeddings")
     body = {"model": "text-embedding-3-small", "input": ["a", "b"]}
-    _, line = request_line(embeddings, "r1", body)
-    assert row_bounds(embeddings, body, line) == (len(line) + FRAME_TOKENS, 0)
+    assert bounds(embeddings, body) == (FRAME_TOKENS, 0)
 
 
 def test_under_a_budget_a_row_whose_cost_has_no_bound_is_refused() -> None:
@@ -144,6 +144,29 @@ def test_batches_wait_for_room_and_a_batch_that_never_fits_is_skipped(
     result, _, _ = run_with_kills(stub, small, tmp_path / "j2.jsonl", job[:10], [])
     assert result.counts() == {SKIPPED: 10}
     assert stub.stats()["bill"]["cost_usd"] - before == spent
+
+
+def test_a_submit_says_what_waits_for_room_and_a_run_then_makes_it(stubs, tmp_path: Path) -> None:
+    """--detach's submit: the parts that do not fit the budget yet are not made, and it
+    says how many; the run on the same journal makes them once there is room."""
+    stub = stubs(**STUBS["long answers"])
+    provider, model = "openai", MODELS["openai"][0]
+    job = [
+        (f"detach-{i:02d}", _chat(provider, model, f"row {i:02d} " * 20, 1000)) for i in range(30)
+    ]
+    unbudgeted = option(stub, provider, max_requests=10)
+    worst = STUB_PRICES.cost(model, *cut_parts(unbudgeted, job)[0].most_tokens())
+    # room for two parts at their worst; the third fits once they end (each costs 0.92
+    # of its worst: these answers stop at 0.9 of max_tokens)
+    opt = option(stub, provider, max_requests=10, budget=2.9 * worst)
+    journal = str(tmp_path / "j.jsonl")
+    made = ProviderBatchRun(opt, journal, prices=STUB_PRICES, sleep=stub.advance).submit(job)
+    assert (len(made.batch_ids), made.waiting_parts, made.waiting_rows) == (2, 1, 10)
+    again = ProviderBatchRun(opt, journal, prices=STUB_PRICES, sleep=stub.advance).submit(job)
+    assert again == made  # nothing made twice, nothing more fits while the first runs
+    result = ProviderBatchRun(opt, journal, prices=STUB_PRICES, sleep=stub.advance).run(job)
+    assert result.counts() == {OK: 30}
+    assert billed(stub, provider, [c for c, _ in job]) == {c: 1 for c, _ in job}
 
 
 @st.composite

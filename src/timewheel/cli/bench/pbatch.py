@@ -183,7 +183,7 @@ def per_row(rows: int) -> int:
     from ...spark.contract import TargetPlan
     from ...spark.http.target import HttpDownstream
     from ...spark.provider_batch import BatchPrices, BatchState, ProviderBatch
-    from ...spark.provider_batch.parts import cut_parts
+    from ...spark.provider_batch.parts import Line, cut_parts
     from ...spark.provider_batch.results import split_results
     from ...spark.provider_dispatch import RequestLines
     from ...spark.scrubber import hide
@@ -219,8 +219,10 @@ def per_row(rows: int) -> int:
         "batch: the lines (executors, RequestLines)", lambda: [maker.line(r) for r in made]
     )
     parts = timed(
-        "batch: the cut (driver, json.loads + cut_parts)",
-        lambda: cut_parts(option, ((c, json.loads(b)) for c, b, _ in lines)),
+        "batch: the cut (driver, the Lines read + cut_parts)",
+        lambda: cut_parts(
+            option, (Line(c, m, t.encode(), i, o, q) for c, m, t, i, o, q, _ in lines)
+        ),
     )
     answer = chat_answer(MODEL, 20, 8)
     results = [

@@ -81,6 +81,7 @@ class ProviderBatchJob(Job):
         self.option = option
         self.prices = prices
         self.batches: list[str] = []  # with --detach: the batches made
+        self.waiting = (0, 0)  # with --detach: the parts and rows left for --resume
         # On a terminal, a bar of the requests the polls saw end; elsewhere a line a poll.
         self.terminal = not args.quiet and sys.stderr.isatty()
         self.ended = PolledCount()
@@ -175,7 +176,8 @@ class ProviderBatchJob(Job):
         }
         if args.detach:
             with self.phases.phase(f"{said} {sending:,} rows in batches"), self.refused():
-                self.batches = submit_provider_batch(todo, self.target, **options)
+                made = submit_provider_batch(todo, self.target, **options)
+            self.batches, self.waiting = made.batch_ids, (made.waiting_parts, made.waiting_rows)
             return None
         if not args.quiet:
             note(f"sending {sending:,} rows through {self.option!r}")
@@ -305,6 +307,14 @@ class PolledCount:
     value = 0
 
 
+def _room(args: argparse.Namespace) -> str:
+    """What a part waits for: --budget, the provider's queue (--batch-queue-tokens), or
+    either."""
+    given = [f"--budget {args.budget:g}"] if args.budget is not None else []
+    given += ["the provider's queue (--batch-queue-tokens)"] if args.batch_queue_tokens else []
+    return " or ".join(given) or "the provider's limits"
+
+
 def report(args: argparse.Namespace, out_dir: Path, job: ProviderBatchJob, summary: Any) -> int:
     """Say how the run ended: the batch ids (--detach: exit 0), or the summary and the
     exit status its rows call for (as an online run's: 1 when more rows than
@@ -319,10 +329,17 @@ def report(args: argparse.Namespace, out_dir: Path, job: ProviderBatchJob, summa
         for batch_id in job.batches:
             print(batch_id)
         n = len(job.batches)
+        parts, rows = job.waiting
+        waiting = (
+            f"; {rows:,} rows ({parts:,} batch{'' if parts == 1 else 'es'}) wait for room "
+            f"under {_room(args)}, and --resume makes them as there is"
+            if parts
+            else ""
+        )
         note(
-            f"submitted {n:,} batch{'' if n == 1 else 'es'}; --output {str(out_dir)!r} is "
-            "left unfinished: the same command with --resume (without --detach) collects "
-            "them and writes it"
+            f"submitted {n:,} batch{'' if n == 1 else 'es'}{waiting}; --output "
+            f"{str(out_dir)!r} is left unfinished: the same command with --resume (without "
+            "--detach) collects them and writes it"
         )
         return 0
     print(summary_text(summary))

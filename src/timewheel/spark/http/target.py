@@ -376,8 +376,14 @@ class HttpDownstream:
         request without one): a line of a file of requests, as a provider's batch takes.
         Only the body: no URL, no header, no secret. DownstreamError as ``submit`` fails
         the row (a body function that refuses it)."""
+        made = self.body_of(row)
+        return None if made is None else made[1]
+
+    def body_of(self, row: Mapping[str, Any]) -> tuple[Any, str] | None:
+        """``row``'s request body as a JSON value and as :meth:`body_json`'s text (None
+        for a request without one): for a caller that reads the value too."""
         payload = self._payload(row)
-        return None if payload is _NO_BODY else encode_json(payload)
+        return None if payload is _NO_BODY else (payload, encode_json(payload))
 
     def _request(self, row: Mapping[str, Any]) -> tuple[str, dict[str, str], bytes | None]:
         """The URL, extra headers and body of ``row``'s request (see :meth:`_parts`)."""

@@ -8,12 +8,14 @@ file and batch made once across crashes, polled, its results split per row into
 
 * ``spec.py``: ProviderBatch and BatchPrices, each checked when made (PlanError naming
   the field);
-* ``parts.py``: rows into request lines and parts within the provider's limits;
+* ``parts.py``: rows into request lines (a :class:`Line`, made on the executors) and
+  parts within the provider's limits;
 * ``calls.py``: the adapters' protocol, the SDKs imported lazily, the retry rule;
 * ``openai_api.py``, ``anthropic_api.py``: the two adapters, on the official SDKs;
 * ``journal.py``: the append-only, fsync'd JSONL journal of files and batches;
 * ``results.py``: a batch's result lines split into per-row outcomes;
 * ``budget.py``: ``ProviderBatch.budget`` held against each batch's worst case;
+* ``estimate.py``: what a run would send and cost, sending nothing (``--dry-run``);
 * ``run.py``: ProviderBatchRun, the state machine over the journal.
 
 The SDKs come with ``pip install 'timewheel-purgatory[batch]'``; nothing here imports
@@ -23,9 +25,9 @@ them until a run sends.
 from __future__ import annotations
 
 from .calls import Ambiguous, BatchState, ProviderError
-from .parts import Part, RowError
+from .parts import Line, Part, RowError
 from .results import CANCELLED, EXPIRED, FAILED, OK, SKIPPED, ResultError, RowResult
-from .run import Progress, ProviderBatchRun, RunResult
+from .run import Progress, ProviderBatchRun, RunResult, Submitted
 from .spec import BatchPrices, ProviderBatch
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "Ambiguous",
     "BatchPrices",
     "BatchState",
+    "Line",
     "Part",
     "Progress",
     "ProviderBatch",
@@ -46,4 +49,5 @@ __all__ = [
     "RowError",
     "RowResult",
     "RunResult",
+    "Submitted",
 ]

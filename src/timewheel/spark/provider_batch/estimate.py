@@ -16,11 +16,11 @@ A row whose answer has no bound (no ``max_tokens``) counts no output, said in
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .parts import cut_parts
+from .parts import Row, cut_parts
 from .spec import BatchPrices, ProviderBatch
 
 __all__ = ["BatchEstimate", "estimate"]
@@ -57,12 +57,12 @@ class BatchEstimate:
 
 def estimate(
     option: ProviderBatch,
-    rows: Iterable[tuple[str, Mapping[str, Any]]],
+    rows: Iterable[Row],
     prices: BatchPrices | None = None,
 ) -> BatchEstimate:
-    """``rows`` (custom_id, body) cut into parts as a run cuts them (RowError for a row no
-    batch can carry), counted and priced; nothing is sent. A model ``prices`` lacks is a
-    ValueError naming it, as a run's."""
+    """``rows`` (each a :class:`~.parts.Line`, or (custom_id, body)) cut into parts as a
+    run cuts them (RowError for a row no batch can carry), counted and priced; nothing is
+    sent. A model ``prices`` lacks is a ValueError naming it, as a run's."""
     parts = cut_parts(option, rows)
     if prices is not None:
         missing = prices.missing(p.model for p in parts)

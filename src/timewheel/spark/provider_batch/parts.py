@@ -22,11 +22,13 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, Union
 
+from .._json import encoder
 from .spec import ProviderBatch
 
 __all__ = [
+    "Line",
     "Part",
     "RowError",
     "anthropic_item",
@@ -56,6 +58,24 @@ _TEXT_PARTS = frozenset({"text", "input_text"})
 class RowError(ValueError):
     """A row that no batch can carry, refused before anything is sent; the message names
     its ``custom_id`` and why."""
+
+
+class Line(NamedTuple):
+    """A row made ready for a part (by :func:`request_line`, on an executor): its
+    ``custom_id``, ``model``, ``line`` as the provider takes it, its :func:`row_bounds`
+    (``most_in``, ``most_out``) and :func:`queued_tokens`. What the driver cuts into parts
+    with no JSON to read or write."""
+
+    custom_id: str
+    model: str
+    line: bytes
+    most_in: int
+    most_out: int | None
+    queued: int
+
+
+#: What :func:`cut_parts` takes of a row: its ready :class:`Line`, or (custom_id, body).
+Row = Union[Line, tuple[str, Mapping[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -110,16 +130,29 @@ class Part:
         return [json.loads(line) for line in self.lines]
 
 
+#: A JSON value's compact text, with its non-ASCII text as it is (json.dumps with
+#: ``separators=(",", ":"), ensure_ascii=False``, its C encoder made once).
+dumps = encoder(ascii=False, compact=True)
+
+
 def openai_line(custom_id: str, endpoint: str, body: Mapping[str, Any]) -> bytes:
     """One line of an OpenAI batch file."""
-    item = {"custom_id": custom_id, "method": "POST", "url": endpoint, "body": body}
-    return json.dumps(item, separators=(",", ":"), ensure_ascii=False).encode()
+    return _openai_frame(custom_id, endpoint, dumps(body))
 
 
 def anthropic_item(custom_id: str, body: Mapping[str, Any]) -> bytes:
     """One request of an Anthropic Message Batch (``params`` are a Messages request's)."""
-    item = {"custom_id": custom_id, "params": body}
-    return json.dumps(item, separators=(",", ":"), ensure_ascii=False).encode()
+    return _anthropic_frame(custom_id, dumps(body))
+
+
+def _openai_frame(custom_id: str, endpoint: str, text: str) -> bytes:
+    """The line around a body's JSON ``text``: the text json.dumps makes of the whole."""
+    head = '{"custom_id":' + dumps(custom_id) + ',"method":"POST","url":' + dumps(endpoint)
+    return (head + ',"body":' + text + "}").encode()
+
+
+def _anthropic_frame(custom_id: str, text: str) -> bytes:
+    return ('{"custom_id":' + dumps(custom_id) + ',"params":' + text + "}").encode()
 
 
 def _text_bytes(value: Any) -> int:
@@ -194,9 +227,10 @@ def row_bounds(
     return most_in, max(given) * choices
 
 
-def request_line(option: ProviderBatch, custom_id: Any, body: Any) -> tuple[str, bytes]:
-    """A row's model and line; RowError when no batch can carry it (the checks a
-    part makes of each row, for the executors to make of theirs)."""
+def request_line(option: ProviderBatch, custom_id: Any, body: Any, text: str | None = None) -> Line:
+    """A row's :class:`Line`; RowError when no batch can carry it (the checks a part makes
+    of each row, for the executors to make of theirs). ``text``: ``body``'s JSON text when
+    the caller made it already (a target's body, as it would be sent online)."""
     if not isinstance(custom_id, str) or not custom_id:
         raise RowError(f"a row's custom_id must be a non-empty str, got {custom_id!r}")
     if option.provider == "anthropic" and not ANTHROPIC_CUSTOM_ID.fullmatch(custom_id):
@@ -207,12 +241,13 @@ def request_line(option: ProviderBatch, custom_id: Any, body: Any) -> tuple[str,
     if not isinstance(body, Mapping) or not isinstance(body.get("model"), str):
         raise RowError(f"row {custom_id!r}: its body must be a JSON object with a 'model' (str)")
     try:
-        if option.provider == "openai":
-            line = openai_line(custom_id, str(option.endpoint), body)
-        else:
-            line = anthropic_item(custom_id, body)
+        text = dumps(body) if text is None else text
     except (TypeError, ValueError) as exc:
         raise RowError(f"row {custom_id!r}: its body is not JSON: {exc}") from None
+    if option.provider == "openai":
+        line = _openai_frame(custom_id, str(option.endpoint), text)
+    else:
+        line = _anthropic_frame(custom_id, text)
     assert option.max_bytes is not None
     room = option.max_bytes - (_ANTHROPIC_FRAME if option.provider == "anthropic" else 0)
     if len(line) + 1 > room:
@@ -220,18 +255,20 @@ def request_line(option: ProviderBatch, custom_id: Any, body: Any) -> tuple[str,
             f"row {custom_id!r}: its request is {len(line) + 1} bytes, over "
             f"ProviderBatch.max_bytes ({option.max_bytes})"
         )
-    if option.queue_tokens is not None and queued_tokens(body) > option.queue_tokens:
+    queued = queued_tokens(body)
+    if option.queue_tokens is not None and queued > option.queue_tokens:
         raise RowError(
-            f"row {custom_id!r}: its request is about {queued_tokens(body)} tokens, over "
+            f"row {custom_id!r}: its request is about {queued} tokens, over "
             f"ProviderBatch.queue_tokens ({option.queue_tokens})"
         )
+    most_in, most_out = row_bounds(option, body, line)
     if option.budget is not None:
-        _check_bounded(option, custom_id, body, line)
-    return body["model"], line
+        _check_bounded(option, custom_id, body, most_out)
+    return Line(custom_id, body["model"], line, most_in, most_out, queued)
 
 
 def _check_bounded(
-    option: ProviderBatch, custom_id: str, body: Mapping[str, Any], line: bytes
+    option: ProviderBatch, custom_id: str, body: Mapping[str, Any], most_out: int | None
 ) -> None:
     """RowError for a row whose cost has no bound, which a budget cannot hold."""
     not_text = _not_text(body)
@@ -240,7 +277,7 @@ def _check_bounded(
             f"row {custom_id!r}: its request has a {not_text!r} part, whose tokens its bytes do "
             "not bound: under ProviderBatch.budget a request's content must be text"
         )
-    if row_bounds(option, body, line)[1] is None:
+    if most_out is None:
         what = "max_tokens" if option.provider == "anthropic" else "max_completion_tokens"
         raise RowError(
             f"row {custom_id!r}: its request gives no {what} (a positive int), so nothing "
@@ -250,42 +287,48 @@ def _check_bounded(
 
 def cut_parts(
     option: ProviderBatch,
-    rows: Iterable[tuple[str, Mapping[str, Any]]],
+    rows: Iterable[Row],
     prefix: str = "p",
     attempt: int = 1,
 ) -> list[Part]:
-    """``rows`` (custom_id, body) cut into parts, keyed ``{prefix}00000`` on; RowError for
-    a row no batch can carry, or a custom_id given twice."""
+    """``rows`` (each a :class:`Line`, or (custom_id, body) made into one here) cut into
+    parts, keyed ``{prefix}00000`` on; RowError for a row no batch can carry, or a
+    custom_id given twice."""
     assert option.max_requests is not None and option.max_bytes is not None
     room = option.max_bytes - (_ANTHROPIC_FRAME if option.provider == "anthropic" else 0)
     queue = option.queue_tokens
-    open_parts: dict[str, tuple[list[str], list[bytes], list[int], list[Any], list[int]]] = {}
-    done: list[tuple[str, list[str], list[bytes], list[Any], list[int]]] = []
+    open_parts: dict[str, tuple[list[Line], list[int]]] = {}
+    done: list[list[Line]] = []
     seen: set[str] = set()
-    for custom_id, body in rows:
-        model, line = request_line(option, custom_id, body)
+    for row in rows:
+        made = row if isinstance(row, Line) else request_line(option, *row)
+        custom_id = made.custom_id
         if custom_id in seen:
             raise RowError(f"row {custom_id!r} is given twice: each row is sent once")
         seen.add(custom_id)
-        ids, lines, size, bounds, queued = open_parts.setdefault(model, ([], [], [0, 0], [], []))
-        estimate = queued_tokens(body)
-        full = len(ids) == option.max_requests or size[0] + len(line) + 1 > room
-        if full or (queue is not None and size[1] + estimate > queue):
-            done.append((model, ids, lines, bounds, queued))
-            ids, lines, size, bounds, queued = open_parts[model] = ([], [], [0, 0], [], [])
-        ids.append(custom_id)
-        lines.append(line)
-        bounds.append(row_bounds(option, body, line))
-        queued.append(estimate)
-        size[0] += len(line) + 1
-        size[1] += estimate
-    done += [(m, i, lines, b, q) for m, (i, lines, _, b, q) in open_parts.items() if i]
+        held, size = open_parts.setdefault(made.model, ([], [0, 0]))
+        full = len(held) == option.max_requests or size[0] + len(made.line) + 1 > room
+        if full or (queue is not None and size[1] + made.queued > queue):
+            done.append(held)
+            held, size = open_parts[made.model] = ([], [0, 0])
+        held.append(made)
+        size[0] += len(made.line) + 1
+        size[1] += made.queued
+    done += [held for held, _ in open_parts.values() if held]
     return [
-        Part(f"{prefix}{n:05d}", model, tuple(i), tuple(lines), attempt, tuple(b), tuple(q))
-        for n, (model, i, lines, b, q) in enumerate(done)
+        Part(
+            f"{prefix}{n:05d}",
+            held[0].model,
+            tuple(m.custom_id for m in held),
+            tuple(m.line for m in held),
+            attempt,
+            tuple((m.most_in, m.most_out) for m in held),
+            tuple(m.queued for m in held),
+        )
+        for n, held in enumerate(done)
     ]
 
 
-def parts_of(option: ProviderBatch, rows: Iterable[tuple[str, Mapping[str, Any]]]) -> list[Part]:
+def parts_of(option: ProviderBatch, rows: Iterable[Row]) -> list[Part]:
     """The job's first parts, ``p00000`` on."""
     return cut_parts(option, rows)

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..scrubber import scrub, scrub_value
+from ..scrubber import scrub, scrub_json
 from .calls import BatchState
 from .parts import Part
 from .spec import BatchPrices
@@ -58,7 +58,8 @@ class ResultError(ValueError):
 class RowResult:
     """One row's outcome: ``status`` (ok, failed, expired, cancelled, or skipped: not sent,
     as the job's budget would have been passed; ``attempts`` 0, no ``batch_id``), the
-    ``answer`` (the provider's response body, parsed), ``usage`` (``input_tokens``,
+    ``response`` (the provider's response body, its compact JSON text, scrubbed;
+    :attr:`answer` parses it), ``usage`` (``input_tokens``,
     ``output_tokens``), ``error``, whether a new attempt may cure it (``retryable``),
     ``cost`` (None without prices), ``attempts`` (batches that carried it) and the last
     one's ``batch_id``; ``http_status``: the status the provider gives the row's request
@@ -68,12 +69,17 @@ class RowResult:
     status: str
     batch_id: str | None
     attempts: int = 1
-    answer: Any = None
+    response: str | None = None
     usage: dict[str, int] = field(default_factory=dict)
     error: str | None = None
     retryable: bool = False
     cost: float | None = None
     http_status: int | None = None
+
+    @property
+    def answer(self) -> Any:
+        """The response body, parsed (None: none)."""
+        return None if self.response is None else json.loads(self.response)
 
 
 def split_results(
@@ -109,9 +115,9 @@ def split_results(
             row = _openai(custom_id, state.id, item)
         row.attempts = part.attempt
         # What the provider wrote back passes the scrubber here, the one way into a row's
-        # outcome: a service that echoes the request (the key, the URL's secret parts, in
-        # whatever encoding) puts none of it in an answer or an error.
-        row.answer = scrub_value(row.answer)
+        # outcome (the response in _answered): a service that echoes the request (the
+        # key, the URL's secret parts, in whatever encoding) puts none of it in an
+        # answer or an error.
         row.error = None if row.error is None else scrub(row.error)
         if row.status == OK and prices is not None:
             row.cost = prices.cost(
@@ -161,14 +167,16 @@ def _openai(custom_id: str, batch_id: str, item: dict[str, Any]) -> RowResult:
     body = response.get("body")
     if status == 200:
         usage = body.get("usage") if isinstance(body, dict) else None
-        return RowResult(custom_id, OK, batch_id, answer=body, usage=_usage(usage), http_status=200)
+        return RowResult(
+            custom_id, OK, batch_id, response=_text(body), usage=_usage(usage), http_status=200
+        )
     detail = body.get("error") if isinstance(body, dict) else None
     said = detail.get("message") if isinstance(detail, dict) else None
     return RowResult(
         custom_id,
         FAILED,
         batch_id,
-        answer=body,
+        response=_text(body),
         error=f"{status}: {said or 'no message'}",
         retryable=status in _RETRYABLE_STATUS,
         http_status=status or None,
@@ -180,7 +188,7 @@ def _anthropic(custom_id: str, batch_id: str, result: Any) -> RowResult:
     if kind == "succeeded":
         message = result.get("message")
         usage = message.get("usage") if isinstance(message, dict) else None
-        return RowResult(custom_id, OK, batch_id, answer=message, usage=_usage(usage))
+        return RowResult(custom_id, OK, batch_id, response=_text(message), usage=_usage(usage))
     if kind == "expired":
         return RowResult(custom_id, EXPIRED, batch_id, error="expired")
     if kind == "canceled":
@@ -196,6 +204,11 @@ def _anthropic(custom_id: str, batch_id: str, result: Any) -> RowResult:
         error=f"{error_kind or kind}: {message or 'no message'}",
         retryable=error_kind in _RETRYABLE_KINDS,
     )
+
+
+def _text(body: Any) -> str | None:
+    """A response body's JSON text, scrubbed (None: none)."""
+    return None if body is None else scrub_json(body)
 
 
 def _usage(usage: Any) -> dict[str, int]:

@@ -37,18 +37,18 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from .budget import MoneyBudget
 from .calls import Adapter, Ambiguous, BatchState, ProviderError
 from .journal import BatchJournal
-from .parts import Part, parts_of
+from .parts import Part, Row, parts_of
 from .results import EXPIRED, FAILED, SKIPPED, ResultError, RowResult, split_results
 from .spec import BatchPrices, ProviderBatch
 
-__all__ = ["SKEW_S", "Progress", "ProviderBatchRun", "RunResult"]
+__all__ = ["SKEW_S", "Progress", "ProviderBatchRun", "RunResult", "Submitted"]
 
 #: A batch made before a journaled intent, by more than this (clocks differ), is not
 #: looked at when a resumed run looks for the intent's batch.
@@ -86,6 +86,15 @@ class Progress:
             f"batches {self.ended}/{self.batches} ended; requests {self.done} done, "
             f"{self.failed} failed, {self.expired} expired of {self.requests}"
         )
+
+
+class Submitted(NamedTuple):
+    """What :meth:`ProviderBatchRun.submit` made: the ids of the batches, and the parts
+    (and their rows) left waiting for room under the budget or the provider's queue."""
+
+    batch_ids: list[str]
+    waiting_parts: int
+    waiting_rows: int
 
 
 @dataclass
@@ -204,24 +213,27 @@ class ProviderBatchRun:
 
     # ----- the run -----
 
-    def run(self, rows: Iterable[tuple[str, Mapping[str, Any]]]) -> RunResult:
-        """Send ``rows`` (custom_id, request body), or go on with them from the journal,
-        until every row has its outcome. Every row that cannot go is refused before
-        anything is sent (:class:`~.parts.RowError`, a ValueError), and so is a model the
-        prices do not have. The provider's client and the journal's file are this call's:
-        closed when it returns or raises (a run dropped holds no connection)."""
+    def run(self, rows: Iterable[Row]) -> RunResult:
+        """Send ``rows`` (each a ready :class:`~.parts.Line`, or (custom_id, request
+        body)), or go on with them from the journal, until every row has its outcome.
+        Every row that cannot go is refused before anything is sent
+        (:class:`~.parts.RowError`, a ValueError), and so is a model the prices do not
+        have. The provider's client and the journal's file are this call's: closed when it
+        returns or raises (a run dropped holds no connection)."""
         try:
             return self._run(rows)
         finally:
             self.close()
 
-    def submit(self, rows: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:
+    def submit(self, rows: Iterable[Row]) -> Submitted:
         """Send ``rows`` as :meth:`run` does, or go on with them from the journal, up to
         each part's batch made, and return without waiting for any: the ids of the
         batches the journal holds for them (a part whose create ended unknown is looked
         for first, so it may be one of those it may have made, or none yet: a later
-        :meth:`run` on the same journal finds it, or makes it). :meth:`run` on the same
-        journal and rows then polls and collects, making nothing twice."""
+        :meth:`run` on the same journal finds it, or makes it), and the parts that wait
+        for room under the budget or the provider's queue (a later :meth:`run` makes
+        them). :meth:`run` on the same journal and rows then polls and collects, making
+        nothing twice."""
         try:
             parts = self._parts(rows, [])
             self._send({p.key: p for p in parts}, None)
@@ -233,20 +245,21 @@ class ProviderBatchRun:
             for part in parts:
                 made = self._batch_id(part.key)
                 ids += [made] if made is not None else self._suspects(part.key)
-            return ids
+            waiting = [p for p in parts if not self._started(p.key)]
+            return Submitted(ids, len(waiting), sum(len(p.custom_ids) for p in waiting))
         finally:
             self.close()
 
-    def _parts(self, rows: Iterable[tuple[str, Mapping[str, Any]]], order: list[str]) -> list[Part]:
+    def _parts(self, rows: Iterable[Row], order: list[str]) -> list[Part]:
         """``rows`` cut into parts (their custom_ids noted in ``order`` as they are
         read), priced, and journaled, or checked against the journal's."""
         # Read once, as they come: only their lines (in the parts) and ids are held, not
         # the bodies too (a job streamed from Spark's executors is held once).
 
-        def noted() -> Iterator[tuple[str, Mapping[str, Any]]]:
-            for custom_id, body in rows:
-                order.append(custom_id)
-                yield custom_id, body
+        def noted() -> Iterator[Row]:
+            for row in rows:
+                order.append(row[0])  # (a Line's custom_id too)
+                yield row
 
         parts = parts_of(self.option, noted())
         if self.prices is not None:
@@ -259,7 +272,7 @@ class ProviderBatchRun:
         self._start(parts)
         return parts
 
-    def _run(self, rows: Iterable[tuple[str, Mapping[str, Any]]]) -> RunResult:
+    def _run(self, rows: Iterable[Row]) -> RunResult:
         order: list[str] = []
         parts = self._parts(rows, order)
         pending: dict[str, Part] = {p.key: p for p in parts}
