@@ -208,6 +208,43 @@ def test_a_budget_no_batch_fits_skips_every_row_and_resume_sends_them(
 
 
 @pytest.mark.slow
+def test_rows_a_batch_left_undone_are_resent_online_with_the_batch_key(tmp_path: Path) -> None:
+    from openai_stub_fixtures import OpenAIStub
+
+    # Six lines a second and a 2.5 s window: about half of the rows expire in the batch.
+    batches = BatchStub(clock="real", lines_per_s=6, window_s=2.5, validate_s=0)
+    online = OpenAIStub(rpm=100_000, tpm=10_000_000, window_s=60)
+    try:
+        out = tmp_path / "out"
+        args = argv(batches, "openai", chat_input(tmp_path, "openai"), out)
+        args[args.index("--target") + 1] = online.base_url + "/chat/completions"
+        done = run([*args, "--batch-resend", "online", "--max-in-flight", "4"])
+        assert done.returncode == 0, done.stderr
+        no_secret(done.stdout, done.stderr, (out / "summary.json").read_text())
+        summary = json.loads(done.stdout)
+        assert summary["status"]["ok"] == ROWS and len(summary["batches"]) == 1
+        rows = pq.read_table(out / "rows").to_pylist()
+        resent = [r for r in rows if r["attempts"] == 2]
+        assert 5 <= len(resent) <= ROWS - 5 and summary["resent_online"] == len(resent)
+        # the online stub was asked, with the batch's key, for exactly the rows resent
+        assert online.stats()["requests"] == len(resent)
+        assert sorted(r["id"] for r in rows) == list(range(ROWS))
+        for r in rows:  # each its own answer, the batch's or the online call's
+            assert r["reply"]["usage"]["prompt_tokens"] == r["id"] + 1
+            assert (r["latency_ms"] is None) == (r["attempts"] == 1) and r["batch_id"]
+        bill = batches.stats()["bill"]
+        online_cost = sum(r["cost"] for r in resent)
+        assert summary["cost"] == pytest.approx(bill["cost_usd"] + online_cost, rel=1e-9)
+        # at the full price: twice what the batch bills for as many tokens
+        used = [json.loads(r["response"])["usage"] for r in resent]
+        full = sum(u["prompt_tokens"] * 0.15 + u["completion_tokens"] * 0.6 for u in used)
+        assert online_cost == pytest.approx(full / 1e6, rel=1e-9)
+    finally:
+        online.close()
+        batches.close()
+
+
+@pytest.mark.slow
 def test_a_dry_run_prices_the_batches_beside_online_and_sends_nothing(
     stub: BatchStub, tmp_path: Path
 ) -> None:
@@ -332,7 +369,8 @@ def test_a_run_killed_while_polling_is_resumed_without_a_second_batch(tmp_path: 
         (
             ["--timeout-ms", "500"],
             "--timeout-ms cannot be combined with --provider-batch: it times calls made "
-            "online, and --provider-batch makes no call online; leave it out",
+            "online, and --provider-batch makes no call online (but with --batch-resend "
+            "online); leave it out",
         ),
         (
             ["--retries", "5"],
@@ -353,8 +391,25 @@ def test_a_run_killed_while_polling_is_resumed_without_a_second_batch(tmp_path: 
             "--batch-prices ['gpt-4o-mini'] must be (input, output) prices, got (0.15,)",
         ),
         (
-            ["--batch-resend", "online"],
-            "--batch-resend must be 'batch' (a new batch, once) or 'leave'",
+            ["--batch-resend", "later"],
+            "--batch-resend must be 'batch' (a new batch, once), 'online' (through the online "
+            "engine, once) or 'leave', got 'later'",
+        ),
+        (
+            ["--batch-resend", "online", "--budget", "1", "--batch-prices", "gpt-4o-mini=1,2"],
+            "--budget is money held over batches, which rows resent online (--batch-resend "
+            "'online') would pass unseen",
+        ),
+        (
+            ["--batch-resend", "online", "--batch-body", '{"input": $rows}'],
+            "--batch-body cannot be combined with --provider-batch: it shapes a request of "
+            "many rows, and --provider-batch sends each row alone (online too, with "
+            "--batch-resend online); leave it out",
+        ),
+        (
+            ["--batch-resend", "online", "--dedupe-col", "model"],
+            "cannot be combined with --batch-resend 'online': each row is a line of its own "
+            "in a batch, and is resent alone",
         ),
         (
             ["--provider-batch", "azure"],

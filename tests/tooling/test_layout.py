@@ -121,6 +121,7 @@ ROOM_FLOORS = {
 #: name in the module that defines it (issue 41: one option object per concern).
 SIGNATURE_LIMITS = {
     "dispatch": 14,
+    "dispatch_provider_batch": 15,
     "partition_dispatcher": 12,
     "plan": 13,
     "HttpDownstream.__init__": 13,
@@ -130,7 +131,11 @@ SIGNATURE_LIMITS = {
 OPTION_KEYWORDS = frozenset({"calls", "quota", "cost", "batching", "dedupe", "journal"})
 #: Where the rules between options live, and the surface that only forwards the options to it.
 PLANNING = f"{WING}.planning"
-FORWARDERS = {f"{WING}._dispatch": {"dispatch", "partition_dispatcher"}}
+FORWARDERS = {
+    f"{WING}._dispatch": {"dispatch", "partition_dispatcher"},
+    # (its online options, with ProviderBatch.resend "online", go to plan_provider_batch)
+    f"{WING}.provider_dispatch": {"dispatch_provider_batch"},
+}
 #: The refusal of an option, and the modules that raise it besides PLANNING (an option
 #: object checking itself raises it too, from its ``__post_init__``).
 PLAN_ERRORS = frozenset({"PlanError", "PlanTypeError"})

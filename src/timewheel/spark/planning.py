@@ -205,6 +205,8 @@ class ProviderBatchPlan:
     provider_batch: ProviderBatch
     prices: BatchPrices | None = None
     reply_schema: str | None = None
+    #: With ``ProviderBatch.resend`` "online": the plan of the rows sent again online.
+    online: DispatchPlan | None = None
 
     def reply(self) -> StructType | None:
         """The ``reply`` column's StructType (parsed by Spark: needs an active session)."""
@@ -226,6 +228,7 @@ def plan_provider_batch(
     batching: Batching | None = None,
     dedupe: Dedupe | None = None,
     journal: Journal | None = None,
+    timeout_ms: int | None = None,
 ) -> ProviderBatchPlan:
     """Every rule of a job sent through a provider's batches (issue 50), before any job;
     :class:`PlanError` naming the first option refused.
@@ -235,9 +238,13 @@ def plan_provider_batch(
     ``ProviderBatch.endpoint``, with nothing taken from the row but its body (no URL
     field, ``params`` or ``header_cols``: a line carries none); the input is no stream.
     ``dispatch``'s options for the online engine (``calls`` other than the default,
-    ``quota``, ``cost``, ``batching``, ``dedupe``, ``journal``) are refused, each naming
-    ``ProviderBatch``. ``schema``, ``id_col`` and ``reply_schema`` are checked as
-    :func:`plan` checks them, and the input may not have the columns the job adds.
+    ``quota``, ``cost``, ``batching``, ``dedupe``, ``journal``, ``timeout_ms``) are refused,
+    each naming ``ProviderBatch``, unless ``ProviderBatch.resend`` is "online": then all but
+    ``batching`` and ``dedupe`` (a row is resent alone) are the online resend's, planned
+    as :func:`plan` plans them, and ``ProviderBatch.budget`` is refused (money held over
+    batches; the online part's cap is its quota's). ``schema``, ``id_col`` and
+    ``reply_schema`` are checked as :func:`plan` checks them, and the input may not have
+    the columns the job adds.
     """
     _check_schema(schema)
     if not isinstance(provider_batch, ProviderBatch):
@@ -258,7 +265,11 @@ def plan_provider_batch(
             ("prices",),
         )
     _check_id_col(id_col)
-    _refuse_online_options(calls, quota, cost, batching, dedupe, journal)
+    online = None
+    if provider_batch.resend == "online":
+        _refuse_for_online(provider_batch, batching, dedupe)
+    else:
+        _refuse_online_options(calls, quota, cost, batching, dedupe, journal, timeout_ms)
     if streaming:
         raise PlanError(
             "df",
@@ -281,9 +292,45 @@ def plan_provider_batch(
                 "adds; rename them first",
                 ("ProviderBatch",),
             )
+    if provider_batch.resend == "online":
+        online = plan(
+            schema,
+            target,
+            id_col=id_col,
+            timeout_ms=timeout_ms,
+            calls=calls,
+            reply_schema=reply_schema,
+            quota=quota,
+            cost=cost,
+            journal=journal,
+        )
     bound = bind(target, TargetPlan(id_col, False, False))
     assert isinstance(bound, HttpDownstream)
-    return ProviderBatchPlan(bound, id_col, provider_batch, prices, reply_schema)
+    return ProviderBatchPlan(bound, id_col, provider_batch, prices, reply_schema, online)
+
+
+def _refuse_for_online(
+    provider_batch: ProviderBatch, batching: Batching | None, dedupe: Dedupe | None
+) -> None:
+    """What a job whose rows are resent online cannot have."""
+    for name, value in (("batching", batching), ("dedupe", dedupe)):
+        if value is not None:
+            raise PlanError(
+                name,
+                value,
+                "cannot be combined with {ProviderBatch.resend} 'online': each row is a line "
+                "of its own in a batch, and is resent alone",
+                ("ProviderBatch.resend",),
+            )
+    if provider_batch.budget is not None:
+        raise PlanError(
+            "ProviderBatch.budget",
+            provider_batch.budget,
+            "is money held over batches, which rows resent online ({ProviderBatch.resend} "
+            "'online') would pass unseen: cap the online part with its quota's budget "
+            "(Quota(budget=...), in its cost's units), or resend in a batch",
+            ("ProviderBatch.resend",),
+        )
 
 
 def _refuse_online_options(
@@ -293,9 +340,12 @@ def _refuse_online_options(
     batching: Batching | None,
     dedupe: Dedupe | None,
     journal: Journal | None,
+    timeout_ms: int | None = None,
 ) -> None:
-    """The options of the online engine, refused with a provider's batches."""
+    """The options of the online engine, refused with a provider's batches (but for
+    ``ProviderBatch.resend`` "online")."""
     why = {
+        "timeout_ms": "times calls made online",
         "quota": "paces calls made online; the provider paces its batches",
         "cost": "is counted against a quota; a batch's rows are priced by BatchPrices",
         "batching": "puts many rows in one online request; each row is a line of its own",
@@ -308,13 +358,15 @@ def _refuse_online_options(
         ("batching", batching),
         ("dedupe", dedupe),
         ("journal", journal),
+        ("timeout_ms", timeout_ms),
     ):
         if value is not None:
             raise PlanError(
                 name,
                 value,
-                f"cannot be combined with {{ProviderBatch}}: it {why[name]}",
-                ("ProviderBatch",),
+                f"cannot be combined with {{ProviderBatch}}: it {why[name]} (unless "
+                "{ProviderBatch.resend} is 'online')",
+                ("ProviderBatch", "ProviderBatch.resend"),
             )
     if calls is None:
         return
@@ -329,8 +381,9 @@ def _refuse_online_options(
                 given,
                 f"({given!r}) is for calls made online, which {{ProviderBatch}} does not make: "
                 "the provider sends a batch's lines in its own order, and resends as "
-                "ProviderBatch.resend says; leave it out",
-                ("ProviderBatch",),
+                "{ProviderBatch.resend} says ('online': through the online engine, with "
+                "these); leave it out",
+                ("ProviderBatch", "ProviderBatch.resend"),
             )
 
 

@@ -32,6 +32,7 @@ from .cluster import check_workers
 from .columns import ReplyParser, python_values
 from .contract import DownstreamError
 from .http.target import HttpDownstream
+from .options import Calls, Cost, Journal
 from .outcome import FAILED, REPLY_COLUMN, RESULT_COLUMNS, Outcome
 from .planning import ProviderBatchPlan, plan_provider_batch
 from .provider_batch.estimate import BatchEstimate, estimate
@@ -39,6 +40,8 @@ from .provider_batch.parts import Line, RowError, request_line
 from .provider_batch.results import BATCH_COLUMNS, RowResult
 from .provider_batch.run import Progress, ProviderBatchRun, RunResult, Submitted
 from .provider_batch.spec import BatchPrices, ProviderBatch
+from .provider_online import resent_online
+from .quota.spec import Quota
 from .scrubber import scrub
 
 __all__ = [
@@ -61,6 +64,8 @@ MOST_IN = "__timewheel_most_in"
 MOST_OUT = "__timewheel_most_out"
 QUEUED = "__timewheel_queued"
 UNSENT = "__timewheel_unsent"
+#: The results' column of whether a row is resent online (ProviderBatch.resend "online").
+RESEND = "__timewheel_resend"
 #: The columns a row's Line is read from on the driver, in the Line's order.
 LINE_COLUMNS = (CUSTOM_ID, MODEL, LINE, MOST_IN, MOST_OUT, QUEUED)
 #: Each added column's Arrow type.
@@ -95,11 +100,28 @@ def dispatch_provider_batch(
     reply_schema: str | None = None,
     on_poll: Callable[[Progress], None] | None = None,
     sleep: Callable[[float], object] = time.sleep,
+    calls: Calls | None = None,
+    quota: Quota | None = None,
+    cost: Cost | None = None,
+    journal: Journal | None = None,
+    timeout_ms: int | None = None,
+    resume_from: DataFrame | None = None,
 ) -> DataFrame:
     """Send each row of ``df`` through ``provider_batch``'s batch API, at its batch price;
     return every row once, with its outcome. Eager: it returns once every batch ended
     (minutes to hours), having polled from the driver alone (no executor is held while
     the provider works).
+
+    With ``ProviderBatch.resend`` "online", the rows that ended ``expired`` or ``failed``
+    retryably are sent once more through the online engine, as :func:`dispatch` sends
+    them, with ``calls``, ``quota``, ``cost``, ``journal`` and ``timeout_ms`` (the online
+    options, refused otherwise) and the target's own headers (its key: the batches'
+    ``ProviderBatch.key`` is the driver's alone); their outcome is the online call's,
+    ``attempts`` counting the batch too, ``cost`` at the full price. Those calls are
+    made, as ``dispatch``'s are, when an action computes the result: write it once.
+    ``resume_from`` (with "online" only): an earlier result of this call (read back from
+    Parquet, say, or ``journal``'s answers): its rows answered ok online are not sent
+    online again.
 
     ``target`` (an :class:`~timewheel.spark.targets.HttpDownstream` to the provider's URL
     of ``ProviderBatch.endpoint``, POST, a JSON body) makes each row's request line: its
@@ -128,15 +150,37 @@ def dispatch_provider_batch(
     :func:`~timewheel.spark.planning.plan_provider_batch` (a
     :class:`~timewheel.spark.PlanError` naming it).
     """
-    job = _planned(df, target, provider_batch, id_col, reply_schema, prices, journal_path)
+    online: dict[str, Any] = {"calls": calls, "quota": quota, "cost": cost}
+    online.update(journal=journal, timeout_ms=timeout_ms)
+    if resume_from is not None and getattr(provider_batch, "resend", None) != "online":
+        raise ValueError(
+            "resume_from is the online resend's (ProviderBatch.resend 'online'): a run sent in "
+            "batches goes on from its journal (journal_path)"
+        )
+    job = _planned(df, target, provider_batch, id_col, reply_schema, prices, journal_path, online)
     reply = job.reply()
     run = ProviderBatchRun(
         provider_batch, str(journal_path), prices=prices, on_poll=on_poll, sleep=sleep
     )
     marked = _marked(df, job.target, provider_batch)
     result = _sent(df, job, marked, run.run)
-    results = results_frame(df.sparkSession, result, reply, priced=prices is not None)
-    return _joined(marked, results, df.columns, reply is not None, prices is not None)
+    resend = job.online is not None
+    results = results_frame(
+        df.sparkSession, result, reply, priced=prices is not None, resend=resend
+    )
+    joined = _joined(marked, results, df.columns, reply is not None, prices is not None, resend)
+    if not resend:
+        return joined
+    return resent_online(
+        joined,
+        df.columns,
+        target,
+        job,
+        online,
+        model_col=MODEL,
+        resend_col=RESEND,
+        resume_from=resume_from,
+    )
 
 
 def submit_provider_batch(
@@ -189,8 +233,10 @@ def _planned(
     reply_schema: str | None,
     prices: BatchPrices | None,
     journal_path: Any,
+    online: dict[str, Any] | None = None,
 ) -> ProviderBatchPlan:
-    """Every argument checked (``plan_provider_batch``), and the executors."""
+    """Every argument checked (``plan_provider_batch``; ``online``: the online options
+    given), and the executors."""
     if not isinstance(df, DataFrame):
         raise TypeError(f"df must be a pyspark.sql.DataFrame, got {type(df).__name__}")
     job = plan_provider_batch(
@@ -201,6 +247,7 @@ def _planned(
         reply_schema=reply_schema,
         prices=prices,
         streaming=df.isStreaming,
+        **(online or {}),
     )
     if not isinstance(journal_path, (str, os.PathLike)):
         raise TypeError(f"journal_path must be a path, got {journal_path!r}")
@@ -248,9 +295,9 @@ def _lines(sent: DataFrame) -> Iterator[Line]:
 
 
 def _marked(df: DataFrame, target: HttpDownstream, option: ProviderBatch) -> DataFrame:
-    """``df`` with each row's ``custom_id`` and why it is not sent: what the results
-    are joined to."""
-    return lined(df, target, option, made=False).drop(*LINE_COLUMNS[1:])
+    """``df`` with each row's ``custom_id``, model and why it is not sent: what the
+    results are joined to."""
+    return lined(df, target, option, made=False).drop(LINE, MOST_IN, MOST_OUT, QUEUED)
 
 
 def lined(df: DataFrame, target: HttpDownstream, option: ProviderBatch, *, made: bool) -> DataFrame:
@@ -266,8 +313,9 @@ def lined(df: DataFrame, target: HttpDownstream, option: ProviderBatch, *, made:
 
 class RequestLines:
     """The function ``mapInArrow`` runs on each partition: every row passes through, with
-    its ``custom_id``, its :class:`~.provider_batch.parts.Line`'s columns (nulls unless
-    ``made``) and, for a row that cannot be sent, why (its Line's columns then null)."""
+    its ``custom_id``, its :class:`~.provider_batch.parts.Line`'s columns (but its model,
+    nulls unless ``made``) and, for a row that cannot be sent, why (its Line's columns
+    then null)."""
 
     def __init__(self, target: HttpDownstream, option: ProviderBatch, made: bool) -> None:
         self.target = target
@@ -306,16 +354,22 @@ class RequestLines:
             why = scrub(f"the row's body: {type(exc).__name__}: {exc}: not sent")
             return (custom_id, None, None, None, None, None, why)
         if not self.made:
-            return (custom_id, None, None, None, None, None, None)
+            return (custom_id, made.model, None, None, None, None, None)
         return (*made[:2], made.line.decode(), *made[3:], None)
 
 
 def results_frame(
-    spark: SparkSession, result: RunResult, reply: StructType | None, *, priced: bool
+    spark: SparkSession,
+    result: RunResult,
+    reply: StructType | None,
+    *,
+    priced: bool,
+    resend: bool = False,
 ) -> DataFrame:
     """The rows' results as a DataFrame made on the driver: ``custom_id``, the outcome
     columns (``reply`` parsed as ``dispatch`` parses it: an ``ok`` answer that does not
-    fit fails), ``cost`` and ``batch_id``."""
+    fit fails), ``cost`` and ``batch_id`` (with ``resend``, whether the row is resent
+    online)."""
     parser = None if reply is None else ReplyParser(reply)
     fields = [
         pa.field(RESULT_ID, pa.string(), False),
@@ -328,6 +382,8 @@ def results_frame(
     if parser is not None:
         fields.append(pa.field(REPLY_COLUMN, parser.arrow_type))
     fields += [pa.field("cost", pa.float64()), pa.field("batch_id", pa.string())]
+    if resend:
+        fields.append(pa.field(RESEND, pa.bool_(), False))
     schema = pa.schema(fields)
     rows = list(result.rows.values())
     batches = [
@@ -360,14 +416,22 @@ def _results_batch(
     costs = [(r.cost or 0.0) if priced else None for r in rows]
     arrays += columns
     arrays += [pa.array(costs, pa.float64()), pa.array([r.batch_id for r in rows], pa.string())]
+    if RESEND in schema.names:
+        arrays.append(pa.array([r.resendable for r in rows], pa.bool_()))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def _joined(
-    marked: DataFrame, results: DataFrame, columns: list[str], replied: bool, priced: bool
+    marked: DataFrame,
+    results: DataFrame,
+    columns: list[str],
+    replied: bool,
+    priced: bool,
+    resend: bool = False,
 ) -> DataFrame:
     """The input's rows (``marked`` with their custom_id and why not sent), each once,
-    with its outcome from ``results`` (a row not sent: ``failed``, with why)."""
+    with its outcome from ``results`` (a row not sent: ``failed``, with why); with
+    ``resend``, its model and whether it is resent online too."""
     # (a row not sent takes nothing of a result, even one of a row with its id)
     on = (F.col(CUSTOM_ID) == F.col(RESULT_ID)) & F.col(UNSENT).isNull()
     joined = marked.join(results, on, "left")
@@ -390,4 +454,5 @@ def _joined(
         *extra,
         cost.alias(BATCH_COLUMNS[0]),
         F.col("batch_id").alias(BATCH_COLUMNS[1]),
+        *([F.col(MODEL), F.coalesce(F.col(RESEND), F.lit(False)).alias(RESEND)] if resend else []),
     )

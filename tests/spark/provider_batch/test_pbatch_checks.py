@@ -104,7 +104,7 @@ from timewheel.spark.provider_batch.results import split_results
         ),
         ({"provider": "openai", "base_url": 7}, "ProviderBatch.base_url", PlanTypeError, "7"),
         ({"provider": "openai", "key": 42}, "ProviderBatch.key", PlanTypeError, "int"),
-        ({"provider": "openai", "resend": "online"}, "ProviderBatch.resend", PlanError, "'leave'"),
+        ({"provider": "openai", "resend": "later"}, "ProviderBatch.resend", PlanError, "'leave'"),
         ({"provider": "openai", "resend": None}, "ProviderBatch.resend", PlanTypeError, "None"),
     ],
 )

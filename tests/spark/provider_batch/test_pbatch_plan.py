@@ -86,6 +86,7 @@ def test_a_target_a_batch_cannot_carry_is_refused(target: Any, words: str) -> No
         ({"batching": Batching(size=8)}, "batching"),
         ({"dedupe": Dedupe("prompt")}, "dedupe"),
         ({"journal": Journal("/tmp/j")}, "journal"),
+        ({"timeout_ms": 500}, "timeout_ms"),
         ({"calls": Calls(key_cols=("model",))}, "Calls.key_cols"),
         ({"calls": Calls(stop_after_failures=10)}, "Calls.stop_after_failures"),
         ({"calls": Calls(retries=5)}, "Calls.retries"),
@@ -98,7 +99,9 @@ def test_an_option_of_the_online_engine_is_refused_naming_both(
         planned(**given)
     assert refused.value.field == field
     assert str(refused.value).startswith(field + " ")
-    assert refused.value.also == ("ProviderBatch",) and "ProviderBatch" in str(refused.value)
+    # (and the way to have them: rows resent online take them)
+    assert refused.value.also == ("ProviderBatch", "ProviderBatch.resend")
+    assert "ProviderBatch.resend" in str(refused.value) and "'online'" in str(refused.value)
     planned(calls=Calls())  # the default calls say nothing
 
 

@@ -39,7 +39,7 @@ from .output import (
     run_identity,
     unlock_output,
 )
-from .pbatch import check_flags, check_provider_batch
+from .pbatch import check_flags, check_provider_batch, online_key_headers
 from .pbatch_job import ProviderBatchJob
 from .pbatch_job import report as pbatch_report
 from .phases import Phases
@@ -145,6 +145,7 @@ def run(args: argparse.Namespace, stopping: Stopping | None = None) -> int:
 
 def _run(args: argparse.Namespace, stopping: Stopping, *, report_workers: bool) -> int:
     try:
+        online_key_headers(args)  # (--batch-resend online: the key, as a header secret)
         target = target_from_url(args.target, **http_options(args))
         _hide_known(args, target)
         if args.remote is None:
@@ -191,7 +192,7 @@ def _run_locked(
     key_cols: list[str],
     fmt: str | None,
     report_workers: bool,
-    batches: tuple[Any, Any] | None = None,
+    batches: tuple[Any, Any, dict[str, Any]] | None = None,
 ) -> int:
     from ...spark.worker_metrics import WorkerReports
 
@@ -251,7 +252,7 @@ def _run_batches(
     fmt: str | None,
     previous: Any,
     phases: Phases,
-    batches: tuple[Any, Any],
+    batches: tuple[Any, Any, dict[str, Any]],
 ) -> int:
     """A run through a provider's batches (see :mod:`.pbatch_job`): its exit status."""
     with phases.phase(f"started Spark on {args.remote or args.master}"):

@@ -27,6 +27,7 @@ from .errors import UsageError
 __all__ = [
     "ONLINE_ONLY",
     "check_provider_batch",
+    "online_key_headers",
     "provider_batch_from_args",
 ]
 
@@ -56,6 +57,16 @@ ONLINE_ONLY: dict[str, tuple[str, Any, str]] = {
     "--batch-reply": ("batch_reply", None, "reads an answer of many rows"),
     "--batch-id-field": ("batch_id_field", None, "reads an answer of many rows"),
 }
+
+#: The online flags refused with --provider-batch even when rows are resent online: a
+#: resent row goes alone, through the timewheel engine, counted in summary.json.
+_NEVER_ONLINE = frozenset(
+    {"--metrics-port", "--engine", "--batch-body", "--batch-reply", "--batch-id-field"}
+)
+#: The header each provider takes its key in, online: (name, prefix).
+_KEY_HEADERS = {"openai": ("Authorization", "Bearer "), "anthropic": ("x-api-key", "")}
+#: Anthropic's API version, which its online calls must name.
+ANTHROPIC_VERSION = "2023-06-01"
 
 #: The flags of this group other than --provider-batch, with their defaults: refused
 #: without --provider-batch.
@@ -89,13 +100,41 @@ def check_flags(args: argparse.Namespace) -> None:
         "max_reply_bytes": DEFAULT_MAX_REPLY_BYTES,
         "batch_reply": BatchFormat.reply,
     }
+    online = args.batch_resend == "online"
     for flag, (dest, default, why) in ONLINE_ONLY.items():
         unset = defaults.get(dest, default)
-        if getattr(args, dest, unset) != unset:
+        if getattr(args, dest, unset) == unset or (online and flag not in _NEVER_ONLINE):
+            continue
+        if flag in _NEVER_ONLINE:
             raise UsageError(
                 f"{flag} cannot be combined with --provider-batch: it {why}, and "
-                "--provider-batch makes no call online; leave it out"
+                "--provider-batch sends each row alone (online too, with --batch-resend "
+                "online); leave it out"
             )
+        raise UsageError(
+            f"{flag} cannot be combined with --provider-batch: it {why}, and "
+            "--provider-batch makes no call online (but with --batch-resend online); "
+            "leave it out"
+        )
+
+
+def online_key_headers(args: argparse.Namespace) -> None:
+    """With ``--batch-resend online``, the provider's key header for the rows resent
+    online, unless a ``--http-header-secret`` names it: the ``--batch-key`` reference (or
+    the provider's variable), read where the calls are made, as every header secret is
+    (``Authorization: Bearer ...`` for OpenAI; ``x-api-key`` and ``anthropic-version`` for
+    Anthropic). Added to ``args`` before the target is made."""
+    provider = getattr(args, "provider_batch", None)
+    if provider not in _KEY_HEADERS or args.batch_resend != "online":
+        return
+    name, prefix = _KEY_HEADERS[provider]
+    given = {text.partition("=")[0].strip().lower() for text in args.http_header_secret}
+    given |= {text.partition(":")[0].strip().lower() for text in args.http_header}
+    if name.lower() not in given:
+        reference = args.batch_key or f"env:{provider.upper()}_API_KEY"
+        args.http_header_secret = [*args.http_header_secret, f"{name}={prefix}{{{reference}}}"]
+    if provider == "anthropic" and "anthropic-version" not in given:
+        args.http_header = [*args.http_header, f"anthropic-version: {ANTHROPIC_VERSION}"]
 
 
 def _poll(text: str | None) -> dict[str, Any]:
@@ -180,10 +219,11 @@ def provider_batch_from_args(args: argparse.Namespace, target: Any) -> tuple[Any
 
 def check_provider_batch(
     args: argparse.Namespace, target: Any, key_cols: list[str], fmt: str | None
-) -> tuple[Any, Any]:
+) -> tuple[Any, Any, dict[str, Any]]:
     """Every flag of a provider batch run checked before Spark starts (the plan's rules,
     the input's columns where pyarrow can read them, the key readable): the run's
-    ProviderBatch and BatchPrices. UsageError naming the flag otherwise."""
+    ProviderBatch, BatchPrices and, with --batch-resend online, the online options of
+    ``dispatch_provider_batch`` (else none). UsageError naming the flag otherwise."""
     from ...spark.planning import plan_provider_batch
     from .inputs import input_schema
     from .precheck import dispatch_options, given, refusal
@@ -197,6 +237,9 @@ def check_provider_batch(
         if not any(given(args, flag) for flag in batching):
             online["batching"] = None
         online.pop("engine")
+        online["quota"] = _quota(args)
+        if args.batch_resend == "online":
+            online["timeout_ms"] = args.timeout_ms
         plan_provider_batch(
             None if args.stream else input_schema(args, fmt),
             target,
@@ -205,7 +248,6 @@ def check_provider_batch(
             reply_schema=args.reply_schema,
             prices=prices,
             streaming=args.stream,
-            quota=_quota(args),
             **online,
         )
     except PlanError as exc:
@@ -214,7 +256,11 @@ def check_provider_batch(
         option.secret.resolve()
     except SecretError as exc:
         raise UsageError(f"--batch-key: {exc}") from None
-    return option, prices
+    if args.batch_resend != "online":
+        return option, prices, {}
+    online.pop("batching")
+    online.pop("dedupe")
+    return option, prices, online
 
 
 def _max_in_flight(args: argparse.Namespace, target: Any) -> int:

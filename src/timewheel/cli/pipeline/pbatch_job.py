@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ...spark.delivery.journal import JOURNAL, MANIFEST, Manifest
+from ...spark.delivery.journal import JOURNAL, MANIFEST, Manifest, compact, run_dir
 from ...spark.provider_batch.journal import BatchJournal
 from ...spark.provider_batch.parts import RowError
 from ...spark.provider_batch.results import CANCELLED, EXPIRED, FAILED, OK, OUTCOMES, SKIPPED
@@ -42,6 +42,9 @@ __all__ = ["JOURNAL_NAME", "PolledCount", "ProviderBatchJob", "batch_journal", "
 
 #: The batches' journal, in ``--output/journal/``.
 JOURNAL_NAME = "provider-batches.jsonl"
+#: The folder of ``journal/`` where rows resent online are journaled (``--batch-resend
+#: online``; apart from the online runs' ``run-NNNN``, whose rows are the output's).
+ONLINE = "online"
 #: How often a wait between polls looks for a stop (Ctrl-C, SIGTERM).
 _STOP_CHECK_S = 0.2
 
@@ -63,8 +66,9 @@ def journaled_batches(path: Path) -> list[str]:
 
 
 class ProviderBatchJob(Job):
-    """One run of the pipeline through ``option``'s batches (``prices``: each row's cost)
-    on ``out_dir``; its Spark jobs cancelled, its staging removed, as :class:`Job`'s."""
+    """One run of the pipeline through ``option``'s batches (``prices``: each row's cost;
+    ``online``: the options of the rows resent online) on ``out_dir``; its Spark jobs
+    cancelled, its staging removed, as :class:`Job`'s."""
 
     def __init__(
         self,
@@ -73,6 +77,7 @@ class ProviderBatchJob(Job):
         target: Any,
         option: Any,
         prices: Any,
+        online: dict[str, Any],
         out_dir: Path,
         phases: Any,
         stopping: Any,
@@ -80,6 +85,8 @@ class ProviderBatchJob(Job):
         super().__init__(args, spark, target, 1, [], out_dir, phases, stopping)
         self.option = option
         self.prices = prices
+        # With --batch-resend online: dispatch_provider_batch's online options.
+        self.online = online
         self.batches: list[str] = []  # with --detach: the batches made
         self.waiting = (0, 0)  # with --detach: the parts and rows left for --resume
         # On a terminal, a bar of the requests the polls saw end; elsewhere a line a poll.
@@ -198,6 +205,7 @@ class ProviderBatchJob(Job):
                 on_poll=self.polled,
                 sleep=self.wait,
                 **options,
+                **self.resent_online(manifest.runs),
             )
         elapsed = time.monotonic() - start
         with self.phases.phase("wrote the output: every row once, summary.json"):
@@ -218,6 +226,27 @@ class ProviderBatchJob(Job):
             self.staging.remove(staging)
             self.published = True
         return summary
+
+    def resent_online(self, run: int) -> dict[str, Any]:
+        """With --batch-resend online, the online options of run number ``run``: the
+        resent rows' answers journaled as they come (``journal/online/``), and those an
+        earlier run of this output journaled kept, not sent again (a run killed while it
+        sent them pays none twice)."""
+        from ...spark import Journal
+
+        if not self.online:
+            return {}
+        root = self.out_dir / JOURNAL / ONLINE
+        damaged: list[str] = []
+        kept = compact(root, damaged)
+        if damaged:  # said even with --quiet: those rows are sent online again
+            note(
+                f"the online journal had {len(damaged):,} damaged batch(es) or file(s), set "
+                f"aside (first: {damaged[0]}); their rows are sent again"
+            )
+        previous = self.spark.read.parquet(*map(str, kept)) if kept else None
+        journal = Journal(str(run_dir(root, run)))
+        return {**self.online, "journal": journal, "resume_from": previous}
 
     def dry_run(self, base: Any) -> dict[str, Any]:
         """What the run would send and cost, online and in batches, sending nothing and
@@ -265,7 +294,7 @@ class ProviderBatchJob(Job):
 
         args = self.args
         table = ds.dataset(str(staging / "rows"), format="parquet").to_table(
-            columns=["status", "error", "attempts", "cost"]
+            columns=["status", "error", "attempts", "cost", "latency_ms"]
         )
         counts = {
             row["status"]: row["count_all"]
@@ -287,6 +316,8 @@ class ProviderBatchJob(Job):
             "attempts": {"total": int(pc.sum(table["attempts"]).as_py() or 0)},
             "failures": top_reasons(reasons),
             "batches": journaled_batches(journal),
+            # (a row answered online has a latency; one a batch answered, none)
+            "resent_online": int(pc.sum(pc.is_valid(table["latency_ms"])).as_py() or 0),
             "cost": cost,
             "budget": self.option.budget,
             "provider_batch": repr(self.option),

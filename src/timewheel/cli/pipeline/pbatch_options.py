@@ -53,9 +53,12 @@ def add_provider_batch_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--batch-resend",
         default="batch",
-        metavar="{batch,leave}",
+        metavar="{batch,online,leave}",
         help="rows that ended failed (retryable) or expired: batch sends them once more in "
-        "a new batch, leave returns them as they ended (default: %(default)s)",
+        "a new batch; online sends them once more through the online engine, at the full "
+        "price, with the online flags (the quota, --max-in-flight, --timeout-ms, headers; "
+        "the key from --batch-key unless a --http-header-secret gives it; --budget is then "
+        "refused); leave returns them as they ended (default: %(default)s)",
     )
     group.add_argument(
         "--batch-poll-s",

@@ -33,6 +33,7 @@ __all__ = [
     "SKIPPED",
     "ResultError",
     "RowResult",
+    "online_cost",
     "split_results",
 ]
 
@@ -75,6 +76,11 @@ class RowResult:
     retryable: bool = False
     cost: float | None = None
     http_status: int | None = None
+
+    @property
+    def resendable(self) -> bool:
+        """Whether ``ProviderBatch.resend`` sends it again: expired, or failed retryably."""
+        return self.status == EXPIRED or (self.status == FAILED and self.retryable)
 
     @property
     def answer(self) -> Any:
@@ -209,6 +215,19 @@ def _anthropic(custom_id: str, batch_id: str, result: Any) -> RowResult:
 def _text(body: Any) -> str | None:
     """A response body's JSON text, scrubbed (None: none)."""
     return None if body is None else scrub_json(body)
+
+
+def online_cost(prices: BatchPrices, model: str | None, response: str | None) -> float:
+    """What a row answered online (``response``, its answer's JSON text) cost at the full
+    price of ``model``, by the usage the answer states (0.0: no answer, or no usage)."""
+    if model is None or response is None:
+        return 0.0
+    try:
+        answer = json.loads(response)
+    except ValueError:
+        return 0.0
+    used = _usage(answer.get("usage") if isinstance(answer, dict) else None)
+    return prices.online(model, used.get("input_tokens", 0), used.get("output_tokens", 0))
 
 
 def _usage(usage: Any) -> dict[str, int]:

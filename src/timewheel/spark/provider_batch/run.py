@@ -45,7 +45,7 @@ from .budget import MoneyBudget
 from .calls import Adapter, Ambiguous, BatchState, ProviderError
 from .journal import BatchJournal
 from .parts import Part, Row, parts_of
-from .results import EXPIRED, FAILED, SKIPPED, ResultError, RowResult, split_results
+from .results import SKIPPED, ResultError, RowResult, split_results
 from .spec import BatchPrices, ProviderBatch
 
 __all__ = ["SKEW_S", "Progress", "ProviderBatchRun", "RunResult", "Submitted"]
@@ -607,12 +607,7 @@ class ProviderBatchRun:
         policy says so and there are any (journaled before anything of it is sent)."""
         if part.attempt > 1 or self.option.resend != "batch":
             return None
-        again = [
-            i
-            for i, custom_id in enumerate(part.custom_ids)
-            if rows[custom_id].status == EXPIRED
-            or (rows[custom_id].status == FAILED and rows[custom_id].retryable)
-        ]
+        again = [i for i, custom_id in enumerate(part.custom_ids) if rows[custom_id].resendable]
         if not again:
             return None
         resent = Part(

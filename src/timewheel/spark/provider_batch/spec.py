@@ -56,7 +56,7 @@ _KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 #: The longest poll interval: a day (a batch's window).
 MAX_POLL_S = 86_400.0
 #: What becomes of rows that ended ``failed`` (retryable) or ``expired``.
-RESEND = ("batch", "leave")
+RESEND = ("batch", "online", "leave")
 
 KeySource = Union[str, Secret, None]
 
@@ -80,7 +80,9 @@ class ProviderBatch:
     driver polls its batches every ``poll_min_s`` at first, less often (up to
     ``poll_max_s``) while nothing changes. ``resend``: the rows that ended ``failed`` with a
     retryable error or ``expired``: ``"batch"`` sends them once more in a new batch,
-    ``"leave"`` returns them as they ended. ``budget``: the most the job may spend, in the
+    ``"online"`` once more through the online engine, at the full price, under the online
+    options ``dispatch_provider_batch`` is given (its quota, calls, journal), ``"leave"``
+    returns them as they ended. ``budget``: the most the job may spend, in the
     currency of the run's :class:`BatchPrices` (which it needs): a batch is made only when
     what the job's batches have cost, plus the worst case of those in flight, plus its own
     worst case fits it (a row's worst case: every byte of its request a token of input, its
@@ -218,7 +220,8 @@ class ProviderBatch:
             raise kind(
                 "ProviderBatch.resend",
                 self.resend,
-                f"must be 'batch' (a new batch, once) or 'leave', got {self.resend!r}",
+                "must be 'batch' (a new batch, once), 'online' (through the online engine, "
+                f"once) or 'leave', got {self.resend!r}",
             )
 
         if self.budget is not None:
@@ -327,6 +330,10 @@ class BatchPrices:
             raise KeyError(f"BatchPrices has no price for the model {model!r}")
         per_input, per_output = self.per_million[model]
         return (input_tokens * per_input + output_tokens * per_output) / 1e6 * self.discount
+
+    def online(self, model: str, input_tokens: int, output_tokens: int) -> float:
+        """What ``model``'s tokens cost online, at the full price (KeyError as :meth:`cost`)."""
+        return self.cost(model, input_tokens, output_tokens) / self.discount
 
     def missing(self, models: Any) -> list[str]:
         """The models of ``models`` the table has no price for, sorted."""
