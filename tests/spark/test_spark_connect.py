@@ -185,6 +185,59 @@ def test_the_cli_runs_on_connect(remote: str, tmp_path: Path) -> None:
     assert refused.returncode == 2 and "Spark Connect does not have" in refused.stderr
 
 
+def test_a_job_sent_in_provider_batches_runs_on_connect(remote: str, tmp_path: Path) -> None:
+    """--provider-batch with --remote: the lines made on the server's executors, the
+    batches sent and polled from the command, the results joined back there; the rows an
+    expired batch left resent online from the server's executors, the key read there (a
+    file: the server's environment is its own)."""
+    from batch_stub_fixtures import BatchStub
+    from openai_stub_fixtures import OpenAIStub
+    from test_pipeline_pbatch import (
+        KEY_VALUE,
+        ROWS,
+        argv,
+        chat_input,
+        command,
+        environment,
+        no_secret,
+    )
+
+    # Six lines a second and a 2.5 s window: about half of the rows expire in the batch.
+    stub = BatchStub(clock="real", lines_per_s=6, window_s=2.5, validate_s=0)
+    online = OpenAIStub(rpm=100_000, tpm=10_000_000, window_s=60)
+    try:
+        out, key = tmp_path / "out", tmp_path / "key"
+        key.write_text(KEY_VALUE + "\n")
+        args = argv(stub, "openai", chat_input(tmp_path, "openai"), out)
+        args[args.index("--master") : args.index("--master") + 2] = ["--remote", remote]
+        args[args.index("--target") + 1] = online.base_url + "/chat/completions"
+        args[args.index("--batch-key") + 1] = f"file:{key}"
+        args += ["--batch-resend", "online"]
+        done = subprocess.run(
+            command(*args), capture_output=True, text=True, timeout=300, env=environment()
+        )
+        assert done.returncode == 0, done.stderr
+        no_secret(done.stdout, done.stderr)
+        summary = json.loads(done.stdout)
+        assert summary["master"] == remote and summary["status"]["ok"] == ROWS
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(out / "rows").to_pylist()
+        assert sorted(r["id"] for r in rows) == list(range(ROWS))
+        resent = [r for r in rows if r["attempts"] == 2]
+        assert 5 <= len(resent) <= ROWS - 5 and summary["resent_online"] == len(resent)
+        assert online.stats()["requests"] == len(resent)
+        for r in rows:  # each its own answer, the batch's or the online call's
+            assert r["reply"]["usage"]["prompt_tokens"] == r["id"] + 1 and r["cost"] > 0
+        bill = stub.stats(custom_ids=True)["bill"]
+        assert bill["billed_twice"] == 0 and sum(bill["billed"]["openai"].values()) == ROWS - len(
+            resent
+        )
+    finally:
+        online.close()
+        stub.close()
+
+
 def test_a_connect_server_that_goes_away_ends_the_run_resumably(tmp_path: Path) -> None:
     import signal
 
