@@ -525,3 +525,57 @@ def test_on_a_terminal_the_polls_feed_a_bar_not_lines(
     assert piped.getvalue() == (
         "timewheel pipeline: batches 1/1 ended; requests 3 done, 0 failed, 0 expired of 3\n"
     )
+
+
+@kill_lane
+def test_a_run_killed_while_it_resends_online_pays_no_answered_row_twice(tmp_path: Path) -> None:
+    import time
+
+    from openai_stub_fixtures import OpenAIStub
+    from timewheel.cli.pipeline.pbatch_job import ONLINE
+    from timewheel.spark.delivery.journal import JOURNAL, journal_rows, run_dir
+
+    # About half the rows expire in the batch; online, each call takes 0.4 s, one at a time
+    # a task: the command is killed (SIGKILL) once the online journal holds two answers.
+    batches = BatchStub(clock="real", lines_per_s=6, window_s=2.5, validate_s=0)
+    online = OpenAIStub(rpm=100_000, tpm=10_000_000, window_s=60, latency_ms=400)
+    try:
+        out = tmp_path / "out"
+        args = argv(batches, "openai", chat_input(tmp_path, "openai"), out)
+        args[args.index("--target") + 1] = online.base_url + "/chat/completions"
+        args += ["--batch-resend", "online", "--max-in-flight", "1"]
+        journal = run_dir(out / JOURNAL / ONLINE, 1)
+        with subprocess.Popen(
+            command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=environment(), start_new_session=True,
+        ) as proc:  # fmt: skip
+            try:
+                deadline = time.monotonic() + 300
+                while not journal.is_dir() or journal_rows(journal) < 2:
+                    assert proc.poll() is None, proc.communicate()
+                    assert time.monotonic() < deadline, "no answer journaled in time"
+                    time.sleep(0.05)  # polling the disk for the journal, not standing in for it
+                os.killpg(proc.pid, signal.SIGKILL)  # the command and its Spark, at once
+                proc.communicate(timeout=60)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+        answered = journal_rows(journal)
+        asked = online.stats()["requests"]
+        done = run([*args, "--resume"])
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(done.stdout)
+        assert summary["status"]["ok"] == ROWS and len(summary["batches"]) == 1
+        assert batches.stats()["openai"]["batches"] == 1  # the batch found, not made again
+        rows = pq.read_table(out / "rows").to_pylist()
+        assert sorted(r["id"] for r in rows) == list(range(ROWS))
+        resent = sum(r["attempts"] == 2 for r in rows)
+        assert summary["resent_online"] == resent
+        # The resumed run asked for the rows the killed run's journal did not hold, no
+        # other: at most the calls in flight at the kill (a task's one, local[2]'s two
+        # tasks), which the stub may count once their 0.4 s are over, come on top.
+        again = online.stats()["requests"] - asked
+        assert resent - answered <= again <= resent - answered + 2, (again, resent, answered)
+    finally:
+        online.close()
+        batches.close()
