@@ -218,7 +218,10 @@ def test_rows_a_batch_left_undone_are_resent_online_with_the_batch_key(tmp_path:
         out = tmp_path / "out"
         args = argv(batches, "openai", chat_input(tmp_path, "openai"), out)
         args[args.index("--target") + 1] = online.base_url + "/chat/completions"
-        done = run([*args, "--batch-resend", "online", "--max-in-flight", "4"])
+        # (a 10 s timeout: a call the loaded machine slows is not sent twice, and counted so)
+        done = run(
+            [*args, "--batch-resend", "online", "--max-in-flight", "4", "--timeout-ms", "10000"]
+        )
         assert done.returncode == 0, done.stderr
         no_secret(done.stdout, done.stderr, (out / "summary.json").read_text())
         summary = json.loads(done.stdout)
@@ -543,7 +546,8 @@ def test_a_run_killed_while_it_resends_online_pays_no_answered_row_twice(tmp_pat
         out = tmp_path / "out"
         args = argv(batches, "openai", chat_input(tmp_path, "openai"), out)
         args[args.index("--target") + 1] = online.base_url + "/chat/completions"
-        args += ["--batch-resend", "online", "--max-in-flight", "1"]
+        # (a 10 s timeout: a call the loaded machine slows is not sent twice, and counted so)
+        args += ["--batch-resend", "online", "--max-in-flight", "1", "--timeout-ms", "10000"]
         journal = run_dir(out / JOURNAL / ONLINE, 1)
         with subprocess.Popen(
             command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -83,6 +83,7 @@ def test_the_rows_an_expired_batch_left_are_answered_online_once_each(
             reply_schema=OPENAI_REPLY,
             sleep=stub.advance,
             calls=Calls(max_in_flight=4),
+            timeout_ms=10_000,  # (a call the loaded machine slows is not sent twice)
             **more,
         )
 
