@@ -40,7 +40,7 @@ from .provider_batch.parts import Line, RowError, request_line
 from .provider_batch.results import BATCH_COLUMNS, RowResult
 from .provider_batch.run import Progress, ProviderBatchRun, RunResult, Submitted
 from .provider_batch.spec import BatchPrices, ProviderBatch
-from .provider_online import resent_online
+from .provider_online import column, resent_online
 from .quota.spec import Quota
 from .scrubber import scrub
 
@@ -164,7 +164,8 @@ def dispatch_provider_batch(
     )
     marked = _marked(df, job.target, provider_batch)
     result = _sent(df, job, marked, run.run)
-    resend = job.online is not None
+    # (only with rows to resend: the online step reads the input's lines again per branch)
+    resend = job.online is not None and any(r.resendable for r in result.rows.values())
     results = results_frame(
         df.sparkSession, result, reply, priced=prices is not None, resend=resend
     )
@@ -449,7 +450,7 @@ def _joined(
     extra = [F.col(REPLY_COLUMN)] if replied else []
     cost = F.coalesce(F.col("cost"), F.lit(0.0)) if priced else F.lit(None).cast("double")
     return joined.select(
-        *[F.col("`" + name.replace("`", "``") + "`") for name in columns],
+        *[column(name) for name in columns],
         *[outcome[name].alias(name) for name in RESULT_COLUMNS],
         *extra,
         cost.alias(BATCH_COLUMNS[0]),

@@ -25,7 +25,7 @@ from .outcome import OK, REPLY_COLUMN, RESULT_COLUMNS
 from .planning import ProviderBatchPlan
 from .provider_batch.results import BATCH_COLUMNS, online_cost
 
-__all__ = ["resent_online"]
+__all__ = ["column", "resent_online"]
 
 #: The columns of the rows resent, carried to their online outcome.
 _KEY = "__timewheel_resent_key"
@@ -57,7 +57,7 @@ def resent_online(
     outcome = [*RESULT_COLUMNS, *([REPLY_COLUMN] if replied else []), *BATCH_COLUMNS]
     names = [*columns, *outcome]
     again = joined.where(F.col(resend_col))
-    kept = joined.where(~F.col(resend_col)).select(*[_col(n) for n in names])
+    kept = joined.where(~F.col(resend_col)).select(*[column(n) for n in names])
     key_col = job.target.id_col or job.id_col
     # (the key as JSON text: a join on any type of id, maps too; ids are unique here)
     prior = again.select(
@@ -70,13 +70,13 @@ def resent_online(
         resume_from = resume_from.join(prior, _key(key_col) == F.col(_KEY), "left_semi")
         if BATCH_COLUMNS[1] in resume_from.columns:  # a result of this call: as it was
             done = resume_from.where(F.col("status") == OK)
-            done = done.select(*[_col(f.name).cast(f.dataType) for f in kept.schema])
+            done = done.select(*[column(f.name).cast(f.dataType) for f in kept.schema])
             kept = kept.unionByName(done)
             keys = done.select(_key(key_col).alias(_DONE))
             again = again.join(keys, _key(key_col) == F.col(_DONE), "left_anti")
             resume_from = None
     answered = dispatch(
-        again.select(*[_col(c) for c in columns]),
+        again.select(*[column(c) for c in columns]),
         target,
         id_col=job.id_col,
         reply_schema=job.reply_schema,
@@ -97,13 +97,14 @@ def resent_online(
         BATCH_COLUMNS[1]: F.col(_BATCH_ID),
     }
     return kept.unionByName(
-        resent.select(*[made[n].alias(n) if n in made else _col(n) for n in names])
+        resent.select(*[made[n].alias(n) if n in made else column(n) for n in names])
     )
 
 
-def _col(name: str) -> Column:
+def column(name: str) -> Column:
+    """The column named ``name`` as given (quoted: a dot or a backquote in it is its own)."""
     return F.col("`" + name.replace("`", "``") + "`")
 
 
 def _key(name: str) -> Column:
-    return F.to_json(F.struct(_col(name)))
+    return F.to_json(F.struct(column(name)))

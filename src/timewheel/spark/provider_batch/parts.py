@@ -31,9 +31,7 @@ __all__ = [
     "Line",
     "Part",
     "RowError",
-    "anthropic_item",
     "cut_parts",
-    "openai_line",
     "parts_of",
     "queued_tokens",
     "request_line",
@@ -135,23 +133,15 @@ class Part:
 dumps = encoder(ascii=False, compact=True)
 
 
-def openai_line(custom_id: str, endpoint: str, body: Mapping[str, Any]) -> bytes:
-    """One line of an OpenAI batch file."""
-    return _openai_frame(custom_id, endpoint, dumps(body))
-
-
-def anthropic_item(custom_id: str, body: Mapping[str, Any]) -> bytes:
-    """One request of an Anthropic Message Batch (``params`` are a Messages request's)."""
-    return _anthropic_frame(custom_id, dumps(body))
-
-
 def _openai_frame(custom_id: str, endpoint: str, text: str) -> bytes:
-    """The line around a body's JSON ``text``: the text json.dumps makes of the whole."""
+    """One line of an OpenAI batch file, around a body's JSON ``text`` (the text json.dumps
+    makes of the whole line)."""
     head = '{"custom_id":' + dumps(custom_id) + ',"method":"POST","url":' + dumps(endpoint)
     return (head + ',"body":' + text + "}").encode()
 
 
 def _anthropic_frame(custom_id: str, text: str) -> bytes:
+    """One request of an Anthropic Message Batch (``params``, a Messages request's JSON)."""
     return ('{"custom_id":' + dumps(custom_id) + ',"params":' + text + "}").encode()
 
 
