@@ -138,6 +138,34 @@ def test_chat_answers_count_completion_tokens(openai_stub: OpenAIStub) -> None:
     assert body["choices"][0]["message"]["role"] == "assistant"
 
 
+def test_responses_are_metered_as_chat_is(openai_stub: OpenAIStub) -> None:
+    """The Responses API shares the key's window and the counts: prompt and answer."""
+    assert openai_stub.post("/responses", {"input": "abcd"}, key=None)[0] == 401
+    assert openai_stub.post("/responses", {"model": "m"})[0] == 400
+    assert openai_stub.post("/responses", {"input": [3]})[0] == 400
+    status, headers, body = openai_stub.post(
+        "/responses", {"model": "m", "input": "hello there!", "instructions": "abcd"}
+    )
+    assert status == 200 and body["status"] == "completed"
+    assert body["output"][0]["content"][0]["text"] == "ok " * 8
+    assert body["usage"]["input_tokens"] == 4 and body["usage"]["output_tokens"] == 8
+    assert headers["x-ratelimit-remaining-tokens"] == str(100 - 12)
+    schema = {"type": "object", "properties": {"label": {"type": "string"}}}
+    structured = {"type": "json_schema", "name": "r", "schema": schema, "strict": True}
+    status, headers, body = openai_stub.post(
+        "/responses", {"input": "x" * 40, "text": {"format": structured}}
+    )
+    answer = body["output"][0]["content"][0]["text"]
+    assert status == 200 and answer == json.dumps({"label": "X" * 40}, separators=(",", ":"))
+    assert body["usage"]["output_tokens"] == count_tokens(answer) == 13  # 50 bytes
+    assert headers["x-ratelimit-remaining-tokens"] == str(100 - 12 - 10 - 13)
+    # 65 tokens left: a prompt of 57 and an answer of 8 would fit, one of 58 and 8 does not.
+    status, _, _ = openai_stub.post("/chat/completions", {"messages": [{"content": "x" * 232}]})
+    assert status == 429
+    stats = openai_stub.stats()
+    assert (stats["requests"], stats["tokens"], stats["refused"], stats["bad"]) == (2, 35, 1, 2)
+
+
 def test_limits_are_enforced_with_429_and_retry_after(openai_stub: OpenAIStub) -> None:
     statuses = []
     for _ in range(7):

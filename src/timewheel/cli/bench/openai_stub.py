@@ -1,16 +1,34 @@
 """An OpenAI-compatible stub that meters its callers as those APIs do, for quota tests and benches.
 
-``POST /v1/embeddings`` and ``POST /v1/chat/completions`` answer in OpenAI's shapes
-after ``--latency-ms``, each with ``usage``. Embeddings come at real sizes: ``--dimensions``
+``POST /v1/embeddings``, ``POST /v1/chat/completions`` and ``POST /v1/responses`` (the
+Responses API) answer in OpenAI's shapes after ``--latency-ms``, each with ``usage``.
+Embeddings come at real sizes: ``--dimensions``
 numbers each (1536 by default, text-embedding-3-small's; 3072 is -large's), or as many as
 a request's ``dimensions`` asks (as OpenAI's parameter does), each written as OpenAI
 writes them (a float32 in full, about 20 characters): 100 of 1536 numbers are about 3 MB.
 Tokens are counted as a stated function of
 the text: **one token per 4 bytes of UTF-8, rounded up, per input or message** (OpenAI's
-own rule of thumb); a chat answer adds ``--completion-tokens`` (``total_tokens`` is
-the sum). Each API key (``Authorization: Bearer KEY``; none: 401) has a sliding window
+own rule of thumb; a Responses request's ``instructions`` count too). A free-text answer
+is ``"ok "`` for each of ``--completion-tokens`` tokens (``total_tokens`` is the sum).
+
+A request for structured output (chat's ``response_format``, the Responses API's
+``text.format``: ``json_schema``, or ``json_object``) is answered as a model would, but
+deterministically: JSON that fits the schema, computed by a stated rule from the row's
+text (its last user message): a string field is the text in upper case, an integer its
+length, a number half of it, a boolean whether it is even, an array one item per word,
+an enum's item the length picks (:mod:`.model_stub` states the whole rule). Its tokens
+are those of its JSON text. A marker in the row's text asks for a fault:
+``[fault:KIND]`` the first time the stub sees that text, ``[fault:KIND:always]`` every
+time, where KIND is ``invalid`` (JSON cut short), ``prose`` (JSON inside a sentence),
+``type`` or ``missing`` (the first field of the wrong type, or left out), ``length`` (cut
+at half, ``finish_reason`` ``length``) or ``refuse`` (a refusal). An answer over the
+request's ``max_tokens`` / ``max_completion_tokens`` / ``max_output_tokens`` is cut to it
+(``finish_reason`` ``length``; a response ``incomplete``).
+
+Each API key (``Authorization: Bearer KEY``; none: 401) has a sliding window
 of ``--window-s`` seconds (60: per minute) holding at most ``--rpm`` requests and
-``--tpm`` tokens; a request that would exceed either is refused with 429,
+``--tpm`` tokens (a request's prompt and answer); a request that would exceed either is
+refused with 429,
 ``Retry-After`` (whole seconds until the window has room for it) and no ``usage``.
 Every answer carries ``x-ratelimit-limit-requests`` / ``-tokens``,
 ``x-ratelimit-remaining-requests`` / ``-tokens`` (after this request) and
@@ -19,8 +37,9 @@ durations such as ``6m0s``, ``1s``, ``20ms``, as OpenAI sends them).
 
 ``GET /stats`` returns what it saw: requests answered, tokens counted and refusals,
 in total and per minute since it started (``minutes``: one entry per minute with
-``requests``, ``tokens``, ``refused``), and the most requests and tokens any key had in
-its window (never above the limits: the stub enforces them). It listens on 127.0.0.1
+``requests``, ``tokens``, ``refused``), the most requests and tokens any key had in
+its window (never above the limits: the stub enforces them) and the faults answered
+(``faults``: how many of each kind). It listens on 127.0.0.1
 only, prints ``port <n>`` once it does, and exits after ``--lifetime-s`` or when its
 parent goes away. :class:`StubProcess` starts one from Python.
 """
@@ -41,6 +60,19 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .http_service import ChildService, serve_app
+from .model_stub import (
+    Answer,
+    FaultMemory,
+    answer_row,
+    chat_completion,
+    content_text,
+    count_tokens,
+    output_limit,
+    response_object,
+    responses_texts,
+    row_text,
+    structured_format,
+)
 
 __all__ = [
     "DEFAULT_DIMENSIONS",
@@ -63,11 +95,6 @@ __all__ = [
 DEFAULT_DIMENSIONS = 1536
 #: The most numbers per embedding the stub gives.
 MAX_DIMENSIONS = 8192
-
-
-def count_tokens(text: str) -> int:
-    """The stub's token count of ``text``: one per 4 bytes of UTF-8, rounded up."""
-    return math.ceil(len(text.encode("utf-8")) / 4)
 
 
 def go_duration(seconds: float) -> str:
@@ -179,15 +206,21 @@ def embedding_json(text: str, dimensions: int) -> str:
 
 def request_texts(body: Any, kind: str) -> list[str]:
     """The texts of a request's ``body`` that count as its prompt: an embeddings request's
-    ``input`` (``kind`` ``"embeddings"``), a chat request's messages' ``content`` (``"chat"``);
-    TypeError or KeyError when the body has none."""
+    ``input`` (``kind`` ``"embeddings"``), a chat request's messages' ``content`` (``"chat"``:
+    a string or a list of text parts), a Responses API request's ``instructions`` and
+    input (``"responses"``); TypeError or KeyError when the body has none."""
     if not isinstance(body, dict):
         raise TypeError("the body must be a JSON object")
     if kind == "embeddings":
         given = body["input"]
         texts = [given] if isinstance(given, str) else given
+    elif kind == "responses":
+        texts = responses_texts(body)
     else:
-        texts = [m["content"] for m in body["messages"]]
+        messages = body["messages"]
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise TypeError("messages must be a list of objects")
+        texts = [content_text(m["content"]) for m in messages]
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         raise TypeError("input must be a string or a non-empty list of strings")
     return texts
@@ -249,6 +282,7 @@ class _Stub:
         self.started = time.monotonic()
         self.minutes: dict[int, dict[str, int]] = {}
         self.totals = {"requests": 0, "tokens": 0, "refused": 0, "bad": 0}
+        self.faults = FaultMemory()
 
     def _minute(self) -> dict[str, int]:
         index = int((time.monotonic() - self.started) // 60)
@@ -260,45 +294,66 @@ class _Stub:
         body = {"error": {"message": message, "type": "invalid_request_error"}}
         return web.json_response(body, status=status, headers=headers)
 
+    def _answer(self, body: dict[str, Any], kind: str) -> tuple[Answer, str]:
+        """The answer to a chat or responses request, and its row's text (the answer is
+        computed before the request is admitted: its tokens count)."""
+        schema = structured_format(body, kind)
+        text = row_text(body, kind)
+        fault = self.faults.due(text) if schema is not None else None
+        limit = output_limit(body, kind)
+        answer = answer_row(
+            schema, text, fault=fault, limit=limit, plain_tokens=self.completion_tokens
+        )
+        return answer, text
+
     async def _metered(self, request: Any, kind: str) -> Any:
         from aiohttp import web
 
         auth = request.headers.get("Authorization", "")
         if not auth.startswith("Bearer ") or not auth[7:].strip():
             return self._error(401, "no API key (Authorization: Bearer KEY)")
+        answer, row = Answer("", 0), ""
         try:
             body = json.loads(await request.read())
             texts = request_texts(body, kind)
             dimensions = request_dimensions(body, self.dimensions) if kind == "embeddings" else 0
+            if kind != "embeddings":
+                answer, row = self._answer(body, kind)
         except (ValueError, TypeError, KeyError) as exc:
             self.totals["bad"] += 1
             return self._error(400, f"bad request: {exc}")
         prompt = sum(count_tokens(t) for t in texts)
-        completion = self.completion_tokens if kind == "chat" else 0
+        completion = answer.completion_tokens
         verdict = self.limiter.admit(auth[7:].strip(), prompt + completion)
         minute = self._minute()
         if not verdict.allowed:
             self.totals["refused"] += 1
             minute["refused"] += 1
             return self._error(429, "rate limit reached", verdict.headers)
+        self.faults.answered(row, answer.fault)  # before any wait: a twin sees it answered
         self.totals["requests"] += 1
         self.totals["tokens"] += prompt + completion
         minute["requests"] += 1
         minute["tokens"] += prompt + completion
+        serial = self.totals["requests"]
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
         model = str(body.get("model", "stub"))
         if kind == "embeddings":
             text = embeddings_answer(model, texts, dimensions, prompt)
             return web.Response(text=text, content_type="application/json", headers=verdict.headers)
-        answer = chat_answer(model, prompt, completion)
-        return web.json_response(answer, headers=verdict.headers)
+        build = chat_completion if kind == "chat" else response_object
+        made = build(model, answer, prompt, created=int(time.time()), serial=serial)
+        return web.json_response(made, headers=verdict.headers)
 
     async def embeddings(self, request: Any) -> Any:
         return await self._metered(request, "embeddings")
 
     async def chat(self, request: Any) -> Any:
         return await self._metered(request, "chat")
+
+    async def responses(self, request: Any) -> Any:
+        return await self._metered(request, "responses")
 
     async def stats(self, request: Any) -> Any:
         from aiohttp import web
@@ -314,6 +369,7 @@ class _Stub:
                 "limits": {"rpm": limits.rpm, "tpm": limits.tpm, "window_s": limits.window_s},
                 "peak_requests": self.limiter.peak_requests,
                 "peak_tokens": self.limiter.peak_tokens,
+                "faults": self.faults.counts,
             }
         )
 
@@ -325,6 +381,7 @@ async def _serve(args: argparse.Namespace) -> None:
     app = web.Application()
     app.router.add_post("/v1/embeddings", stub.embeddings)
     app.router.add_post("/v1/chat/completions", stub.chat)
+    app.router.add_post("/v1/responses", stub.responses)
     app.router.add_get("/stats", stub.stats)
     await serve_app(app, args.port, args.lifetime_s)
 
@@ -334,8 +391,12 @@ def parser() -> argparse.ArgumentParser:
     out = argparse.ArgumentParser(
         prog="python -m timewheel.cli.bench.openai_stub",
         description="An OpenAI-compatible stub on 127.0.0.1 (POST /v1/embeddings, "
-        "POST /v1/chat/completions, GET /stats) that meters each API key over a sliding "
-        "window, as OpenAI does. It prints 'port N' once it listens.",
+        "POST /v1/chat/completions, POST /v1/responses, GET /stats) that meters each API "
+        "key over a sliding window, as OpenAI does. A request for structured output gets "
+        "JSON that fits its schema, computed by a fixed rule from the row's text, and a "
+        "marker [fault:KIND] or [fault:KIND:always] in that text makes the answer faulty "
+        "(KIND: invalid, prose, type, missing, length, refuse). It prints 'port N' once "
+        "it listens.",
     )
     add = out.add_argument
     add(
@@ -378,7 +439,8 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         type=int,
         default=8,
-        help="tokens a chat answer adds to its prompt's (default: 8)",
+        help="tokens of a free-text chat or responses answer (a structured one has its "
+        "JSON's) (default: 8)",
     )
     add(
         "--dimensions",
