@@ -11,7 +11,9 @@
   columns, retries), :class:`Quota` (one quota for a whole job: requests, cost, calls in
   flight, budget; :mod:`timewheel.spark.quota`), :class:`Cost` (a row's estimated and
   actual cost), :class:`Batching` (many rows per request), :class:`Dedupe` (rows sent
-  once) and :class:`Journal` (answers kept as they arrive).
+  once) and :class:`Journal` (answers kept as they arrive); :class:`Answer` (given as
+  ``reply_schema``: a model API's answer asked for in a schema and typed,
+  docs/spark/answers.md).
 * Engines (:mod:`timewheel.spark.engine.contract` for the contract): the per-partition work;
   the one the wing ships, the default, runs on the package's own timer, purgatory and
   resource manager (:mod:`timewheel.spark.engine.partition`).
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .answer.spec import Answer
 from .batch.spec import Batching
 from .options import Calls, Cost, Dedupe, Journal, PlanError
 from .outcome import RESULT_COLUMNS, STATUSES
@@ -56,6 +59,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RESULT_COLUMNS",
     "STATUSES",
+    "Answer",
     "Batching",
     "Calls",
     "Cost",

@@ -26,6 +26,7 @@ from pyspark import Accumulator
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
+from .answer.spec import Answer
 from .batch.spec import Batching
 from .cluster import check_workers, is_connect, task_slots
 from .columns import PartitionDispatch, output_schema, quota_limit
@@ -52,7 +53,7 @@ def dispatch(
     id_col: str,
     timeout_ms: int | None = None,
     calls: Calls | None = None,
-    reply_schema: str | None = None,
+    reply_schema: str | Answer | None = None,
     quota: Quota | None = None,
     cost: Cost | None = None,
     batching: Batching | None = None,
@@ -70,7 +71,11 @@ def dispatch(
     ``error`` (None when ok), ``http_status`` and ``response`` (the last answer's status
     and body as text; None when no answer came, see :mod:`timewheel.spark.targets`), and
     with ``reply_schema`` (a Spark DDL string) ``reply``: ``ok`` answers parsed as JSON
-    into that struct (see :mod:`timewheel.spark.columns`). ``id_col`` names the column
+    into that struct (see :mod:`timewheel.spark.columns`). ``reply_schema`` may instead be
+    an :class:`~timewheel.spark.answer.spec.Answer`: each request then asks a model API
+    for its answer in that schema (structured outputs), an answer that does not fit is
+    asked again (``Calls.retries``), and ``reply`` holds the model's JSON, typed (see
+    docs/spark/answers.md). ``id_col`` names the column
     that identifies a row; each call times out after ``timeout_ms`` (default 1,000; a
     batch request's grows with its rows: :func:`~timewheel.spark.batch.spec.default_timeout_ms`).
 
@@ -174,7 +179,7 @@ def dispatch(
     result = df.mapInArrow(
         PartitionDispatch(
             job.engine, target, config, worker_reports, reply, dedupe_col, path, recording,
-            limit,
+            limit, job.answer,
         ),
         output_schema(df.schema, reply),
     )  # fmt: skip
@@ -190,7 +195,7 @@ def partition_dispatcher(
     id_col: str,
     timeout_ms: int | None = None,
     calls: Calls | None = None,
-    reply_schema: str | None = None,
+    reply_schema: str | Answer | None = None,
     batching: Batching | None = None,
     journal: Journal | None = None,
     engine: Engine | None = None,
@@ -215,7 +220,9 @@ def partition_dispatcher(
         reply_schema=reply_schema, batching=batching, journal=journal, engine=engine,
     )  # fmt: skip
     path = None if journal is None else journal.path
-    return PartitionDispatch(job.engine, job.target, job.config, reply=job.reply(), journal=path)
+    return PartitionDispatch(
+        job.engine, job.target, job.config, reply=job.reply(), journal=path, answer=job.answer
+    )
 
 
 def _kept(df: DataFrame, previous: Any, id_col: str, reply: StructType | None) -> DataFrame:

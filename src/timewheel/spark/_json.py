@@ -12,6 +12,8 @@ map as an object (its rows read with ``maps_as_pydicts``), a decimal as a number
 its digits and scale, a timestamp as ``2024-01-02T03:04:05.678Z`` (milliseconds, its
 session time zone's offset, ``Z`` for UTC), a date as ``2024-01-02``, NaN and the
 infinities as the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``.
+:func:`not_json` says which part of a Spark type JSON has no form for (the plan refuses
+to send it).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import re
 import secrets
 from typing import Any, Callable
 
-__all__ = ["encoder", "row_encoder", "row_value"]
+__all__ = ["encoder", "not_json", "row_encoder", "row_value"]
 
 
 def encoder(
@@ -115,3 +117,46 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
+
+
+def not_json(kind: Any, where: str) -> tuple[str, str] | None:
+    """``(where, why)`` of the first part of a value of Spark type ``kind`` (at ``where``)
+    that JSON cannot carry as Spark's ``to_json`` writes it; None when all of it can."""
+    from pyspark.sql import types as T
+
+    if isinstance(kind, T.ArrayType):
+        return not_json(kind.elementType, f"{where}[]")
+    if isinstance(kind, T.StructType):
+        for field in kind.fields:
+            found = not_json(field.dataType, f"{where}.{field.name}")
+            if found is not None:
+                return found
+        return None
+    if isinstance(kind, T.MapType):
+        if not isinstance(kind.keyType, _types(_KEYS)):
+            return where, (
+                f"is a map whose keys are {kind.keyType.simpleString()}: a JSON object's keys "
+                "are text, and only string, integer and boolean keys are written as text "
+                "that reads back as the key"
+            )
+        return not_json(kind.valueType, f"{where}{{}}")
+    if isinstance(kind, T.UserDefinedType):
+        return not_json(kind.sqlType(), where)
+    if isinstance(kind, _types(_SCALARS)):
+        return None
+    return where, f"has type {kind.simpleString()}, which JSON has no form for here"
+
+
+# The Spark types whose values are written as JSON (by name: not every pyspark has all).
+_SCALARS = (
+    "StringType", "CharType", "VarcharType", "BinaryType", "BooleanType", "NumericType",
+    "DateType", "TimestampType", "TimestampNTZType", "NullType",
+)  # fmt: skip
+# The Spark types of a map's keys written as a JSON object's keys.
+_KEYS = ("StringType", "CharType", "VarcharType", "IntegralType", "BooleanType")
+
+
+def _types(names: tuple[str, ...]) -> tuple[type, ...]:
+    from pyspark.sql import types as T
+
+    return tuple(getattr(T, name) for name in names if hasattr(T, name))

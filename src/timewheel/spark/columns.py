@@ -26,6 +26,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from .answer.spec import Answer
 from .contract import Target
 from .delivery.dedupe import sent_once
 from .delivery.journal import Committer, JournalWriter
@@ -77,9 +78,11 @@ _ARROW_RESULT_FIELDS = [
 _OUT_BATCH_ROWS = 10_000
 
 
-def output_schema(schema: StructType, reply: StructType | str | None = None) -> StructType:
+def output_schema(schema: StructType, reply: StructType | str | Answer | None = None) -> StructType:
     """The schema of ``dispatch``'s result for an input of ``schema`` (and a reply struct,
-    or the ``reply_schema`` DDL string it is parsed from)."""
+    or the ``reply_schema`` it is parsed from: a DDL string or an Answer)."""
+    if isinstance(reply, Answer):
+        reply = reply.schema
     struct = reply_struct(reply) if isinstance(reply, str) else reply
     extra = [] if struct is None else [StructField(REPLY_COLUMN, struct, True)]
     return StructType([*schema.fields, *_RESULT_FIELDS, *extra])
@@ -131,6 +134,7 @@ class PartitionDispatch:
         journal: str | None = None,
         recording: Recording | None = None,
         budget_fails: str | None = None,
+        answer: Answer | None = None,
     ) -> None:
         self.engine = engine
         self.target = target
@@ -142,6 +146,8 @@ class PartitionDispatch:
         # On a stream: how the journal is kept as the record looked up first.
         self.recording = recording
         self.budget_fails = budget_fails
+        # The reply is the model's answer inside each body, not the body itself.
+        self.answer = answer
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         with heap_frozen():  # see _heap: the collector's full passes, cut to the rows
@@ -159,7 +165,7 @@ class PartitionDispatch:
         schemas: list[pa.Schema] = []
         worker = worker_metrics()
         counts = worker.start()
-        parser = None if self.reply is None else ReplyParser(self.reply)
+        parser = None if self.reply is None else ReplyParser(self.reply, self.answer)
         extra = [] if parser is None else [pa.field(REPLY_COLUMN, parser.arrow_type, True)]
 
         def rows() -> Iterator[dict[str, Any]]:
@@ -361,15 +367,17 @@ def reply_struct(reply_schema: Any) -> Any:
 
 
 class ReplyParser:
-    """Parses a batch's ``ok`` answers into the Arrow type of a reply struct."""
+    """Parses a batch's ``ok`` answers into the Arrow type of a reply struct: each body,
+    or with ``answer`` the model's answer inside it (held to the schema already)."""
 
-    def __init__(self, struct: Any) -> None:
+    def __init__(self, struct: Any, answer: Answer | None = None) -> None:
         from pyspark.sql.pandas.types import to_arrow_type
 
         self.struct = struct
         self.arrow_type = to_arrow_type(struct)
         self.schema = pa.schema(list(self.arrow_type))
         self.ddl = struct.simpleString()
+        self.answer = answer
 
     def parse(self, outcomes: list[Outcome]) -> tuple[list[Outcome], pa.Array]:
         """The outcomes (a row whose answer does not fit now ``failed``) and their replies.
@@ -382,6 +390,8 @@ class ReplyParser:
         for done in outcomes:
             if done.status == OK and done.response is not None:
                 text = done.response
+                if self.answer is not None:  # the target held it to the schema: it fits
+                    text = self.answer.text(text) or "null"
                 if "\n" in text or "\r" in text:  # whitespace in valid JSON: one line
                     text = text.replace("\r", " ").replace("\n", " ")
                 index.append(len(lines))

@@ -221,12 +221,16 @@ class TargetPlan:
 
     ``id_col``: the column that identifies a row; ``rate_limit_headers``: a quota
     follows the service's rate-limit headers, so replies should carry them;
-    ``batching``: rows go many per request.
+    ``batching``: rows go many per request; ``answer``: an
+    :class:`~timewheel.spark.answer.spec.Answer` (None: none), the model's answer asked
+    for in a schema and held to it (a target that takes it keeps it, resolved, as its
+    ``answer`` attribute).
     """
 
     id_col: str
     rate_limit_headers: bool = False
     batching: bool = False
+    answer: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id_col, str) or not self.id_col:

@@ -3,16 +3,32 @@ pipeline --reply-schema``): a parser for the Spark DDL a struct's fields
 are written in (``"lat double, tags array<string>, meta struct<k: string>"``).
 
 Spark parses the string again when the job runs (``DataType.fromDDL``); this parser
-only says, before Spark starts, that a string cannot be one. It is lenient where
-Spark's grammar is: names plain or in backquotes, a colon between name and type
-optional, ``NOT NULL`` and ``COMMENT '...'`` after a field, type names in any case.
+only says, before Spark starts, that a string cannot be one, and gives its fields as a
+small tree (:func:`parse_ddl`: what a model's answer is held to, on an executor with no
+JVM either). It is lenient where Spark's grammar is: names plain or in backquotes, a colon
+between name and type optional, ``NOT NULL`` and ``COMMENT '...'`` after a field, type
+names in any case.
 """
 
 from __future__ import annotations
 
 import re
+from typing import NamedTuple, Union
 
-__all__ = ["check_ddl"]
+__all__ = ["DdlField", "DdlType", "check_ddl", "parse_ddl"]
+
+#: A type: its name in lower case (``"string"``, ``"decimal"``...), alone, or with what it
+#: holds: ``("array", item)``, ``("map", key, value)``, ``("struct", (field, ...))``.
+DdlType = Union[str, tuple]  # type: ignore[type-arg]
+
+
+class DdlField(NamedTuple):
+    """A struct's field: its name (backquotes taken off), type and whether NOT NULL."""
+
+    name: str
+    type: DdlType
+    not_null: bool = False
+
 
 #: Spark's type names that take no arguments (Spark 3.5 and 4.x).
 _SIMPLE_NAMES = (
@@ -78,35 +94,46 @@ class _Tokens:
 
 def check_ddl(text: str) -> None:
     """ValueError saying where ``text`` is not a struct's fields in Spark DDL."""
+    parse_ddl(text)
+
+
+def parse_ddl(text: str) -> tuple[DdlField, ...]:
+    """The fields of ``text``, a struct's fields in Spark DDL; ValueError saying where it
+    is not one."""
     if not text.strip():
         raise ValueError("it is empty")
     tokens = _Tokens(text)
-    _fields(tokens, top=True)
+    fields = _fields(tokens, top=True)
     left = tokens.peek()
     if left is not None:
         raise ValueError(f"unexpected {left[1]!r}")
+    return fields
 
 
-def _fields(tokens: _Tokens, *, top: bool) -> None:
+def _fields(tokens: _Tokens, *, top: bool) -> tuple[DdlField, ...]:
     """``name [:] type [NOT NULL] [COMMENT 'x']``, comma-separated (in a struct<...>,
     possibly none)."""
+    found: list[DdlField] = []
     if not top and tokens.peek() == ("punct", ">"):
-        return
+        return ()
     while True:
         kind, name = tokens.take()
         if kind not in ("word", "quoted"):
             raise ValueError(f"expected a field's name, got {name!r}")
         tokens.punct(":")
-        _type(tokens, after=f"field {name}")
-        if tokens.word("not") and not tokens.word("null"):
+        kind_of = _type(tokens, after=f"field {name}")
+        not_null = tokens.word("not")
+        if not_null and not tokens.word("null"):
             raise ValueError(f"expected NULL after NOT (field {name})")
         if tokens.word("comment") and tokens.take()[0] != "string":
             raise ValueError(f"expected a quoted comment after COMMENT (field {name})")
+        plain = name[1:-1].replace("``", "`") if kind == "quoted" else name
+        found.append(DdlField(plain, kind_of, not_null))
         if not tokens.punct(","):
-            return
+            return tuple(found)
 
 
-def _type(tokens: _Tokens, after: str) -> None:
+def _type(tokens: _Tokens, after: str) -> DdlType:
     item = tokens.peek()
     if item is None or item[0] != "word":
         where = "the end" if item is None else repr(item[1])
@@ -114,7 +141,7 @@ def _type(tokens: _Tokens, after: str) -> None:
     tokens.take()
     name = item[1].lower()
     if name in _SIMPLE:
-        return
+        return name
     if name in _SIZED:
         if tokens.punct("("):
             for n in range(_SIZED[name]):
@@ -126,20 +153,21 @@ def _type(tokens: _Tokens, after: str) -> None:
             tokens.expect(")", f"{name}(...")
         elif name in ("char", "character", "varchar"):
             raise ValueError(f"{name} needs a length: {name}(n)")
-        return
+        return name
     if name == "interval":
         while tokens.word(*_UNITS, "to"):
             pass
-        return
+        return name
     if name in ("array", "map", "struct"):  # name<...>
         tokens.expect("<", name)
+        made: DdlType
         if name == "struct":
-            _fields(tokens, top=False)
+            made = ("struct", _fields(tokens, top=False))
         else:
-            _type(tokens, f"{name}<")
+            made = (name, _type(tokens, f"{name}<"))
         if name == "map":
             tokens.expect(",", "map's key type")
-            _type(tokens, "map<...,")
+            made = ("map", made[1], _type(tokens, "map<..."))
         tokens.expect(">", f"{name}<...")
-        return
+        return made
     raise ValueError(f"{item[1]!r} is not a Spark type ({after})")

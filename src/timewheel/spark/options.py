@@ -13,18 +13,21 @@ deadline (``timeout_ms``), and one keyword per concern:
 
 A bad value raises :class:`PlanError` (a ValueError; :class:`PlanTypeError`, also a
 TypeError, for a value of the wrong kind) naming the object's field when the object is
-made, so a job never starts with it. What depends on other options or on the data (a
-column that must exist) is checked by :func:`timewheel.spark.planning.plan`, once, before
-any Spark job.
+made, so a job never starts with it; ``dispatch``'s plain arguments are checked alone here
+too (:func:`check_schema`, :func:`check_id_col`, :func:`check_target`). What depends on
+other options or on the data (a column that must exist) is checked by
+:func:`timewheel.spark.planning.plan`, once, before any Spark job.
 """
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar, Union
 
 from .._validate import check_columns, check_int, check_number
+from .contract import Target
 
 __all__ = [
     "MAX_DELAY_MS",
@@ -38,6 +41,9 @@ __all__ = [
     "Journal",
     "PlanError",
     "PlanTypeError",
+    "check_id_col",
+    "check_schema",
+    "check_target",
     "read_path",
 ]
 
@@ -350,3 +356,39 @@ def read_path(path: str) -> Callable[[Any], Any]:
         return value
 
     return read
+
+
+def check_schema(schema: Any) -> None:
+    """The input's schema: a StructType, or None (not known yet)."""
+    from pyspark.sql.types import StructType
+
+    if schema is not None and not isinstance(schema, StructType):
+        raise PlanTypeError(
+            "schema", schema, f"must be a pyspark.sql.types.StructType (df.schema), got {schema!r}"
+        )
+
+
+def check_id_col(id_col: Any) -> None:
+    """``dispatch``'s ``id_col``: a column's name."""
+    if not isinstance(id_col, str):
+        raise PlanTypeError("id_col", id_col, f"must be a column name (str), got {id_col!r}")
+
+
+def check_target(target: Any) -> None:
+    """A target instance with ``submit``, which pickles for Spark's workers."""
+    if isinstance(target, type):
+        raise PlanTypeError(
+            "target", target, f"must be an instance, got the class {target.__name__}"
+        )
+    if not isinstance(target, Target) or not callable(target.submit):
+        raise PlanTypeError(
+            "target", target, f"must have a submit(row, on_done) method, got {target!r}"
+        )
+    from pyspark import cloudpickle
+
+    try:
+        cloudpickle.dumps(target)  # type: ignore[no-untyped-call]
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        raise PlanTypeError(
+            "target", target, f"{target!r} cannot be pickled for Spark's workers: {exc}"
+        ) from exc

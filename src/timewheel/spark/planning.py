@@ -21,12 +21,13 @@ whose ``value`` is what was given: the command line names its own flag from ``fi
 
 from __future__ import annotations
 
-import pickle
 import urllib.parse
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from .._validate import check_int
+from ._json import not_json
+from .answer.spec import Answer
 from .batch.spec import Batching, default_timeout_ms
 from .contract import (
     BatchTarget,
@@ -50,6 +51,9 @@ from .options import (
     Journal,
     PlanError,
     PlanTypeError,
+    check_id_col,
+    check_schema,
+    check_target,
     checked,
     shown,
 )
@@ -78,7 +82,8 @@ class DispatchPlan:
     ``target``: bound for the job (:func:`~timewheel.spark.contract.bind`); ``config``:
     what each partition's engine receives (its ``quota`` is placed by ``dispatch``, which
     has the Spark session); ``reply_schema``: the DDL of the ``reply`` column (its
-    StructType, made with Spark, from :meth:`reply`); the options the engine does not see
+    StructType, made with Spark, from :meth:`reply`), or the :class:`Answer` it is read
+    from (its ``api`` resolved by the target); the options the engine does not see
     (``quota``, ``dedupe``, ``journal``) as given.
     """
 
@@ -86,7 +91,7 @@ class DispatchPlan:
     id_col: str
     config: DispatchConfig
     engine: Engine
-    reply_schema: str | None = None
+    reply_schema: str | Answer | None = None
     quota: Quota | None = None
     dedupe: Dedupe | None = None
     journal: Journal | None = None
@@ -96,12 +101,20 @@ class DispatchPlan:
         """The ``reply`` column's StructType (parsed by Spark: needs an active session)."""
         return _reply(self.reply_schema)
 
+    @property
+    def answer(self) -> Answer | None:
+        """The Answer the ``reply`` column is read from (None: the body, or no column)."""
+        return self.reply_schema if isinstance(self.reply_schema, Answer) else None
 
-def _reply(reply_schema: str | None) -> StructType | None:
+
+def _reply(reply_schema: str | Answer | None) -> StructType | None:
     """The StructType of a checked ``reply_schema`` (parsed by Spark: needs a session)."""
     if reply_schema is None:
         return None
     from .columns import reply_struct
+
+    if isinstance(reply_schema, Answer):
+        return reply_struct(reply_schema.schema)  # type: ignore[no-any-return]
 
     try:
         return reply_struct(reply_schema)  # type: ignore[no-any-return]
@@ -116,7 +129,7 @@ def plan(
     id_col: str,
     timeout_ms: int | None = None,
     calls: Calls | None = None,
-    reply_schema: str | None = None,
+    reply_schema: str | Answer | None = None,
     quota: Quota | None = None,
     cost: Cost | None = None,
     batching: Batching | None = None,
@@ -132,7 +145,7 @@ def plan(
     started); the rules against them are left for ``dispatch``. ``streaming``: the input
     is a stream. The other arguments are ``dispatch``'s.
     """
-    _check_schema(schema)
+    check_schema(schema)
     engine = timewheel_engine if engine is None else engine
     if not callable(engine):
         raise PlanTypeError(
@@ -155,11 +168,19 @@ def plan(
             )
     if timeout_ms is not None:
         timeout_ms = checked("timeout_ms", check_int, timeout_ms, 1, MAX_DELAY_MS)
-    _check_id_col(id_col)
-    _check_target(target)
+    check_id_col(id_col)
+    check_target(target)
     _check_reply_schema(reply_schema)
     _check_quota(quota, cost, engine)
     batching = _batching(batching, cost, target, engine)
+    if isinstance(reply_schema, Answer) and batching is not None:
+        raise PlanError(
+            "Batching.size",
+            batching.size,
+            "sends rows many per request as an array, and a model's answer to a prompt is "
+            "one row's: give {reply_schema}=Answer(...) without batching",
+            ("reply_schema",),
+        )
     if timeout_ms is None:
         timeout_ms = default_timeout_ms(batching)
     _check_dedupe(dedupe, calls, target)
@@ -184,10 +205,14 @@ def plan(
     if schema is not None:
         _check_columns(schema, target, id_col, calls, reply_schema, cost, dedupe)
     rate_limit_headers = quota is not None  # a quota follows the answers' headers
+    answer = _answer(target, reply_schema)
+    told = TargetPlan(id_col, rate_limit_headers, batching is not None, answer)
     try:  # told once what the job is (the HTTP target keys its requests on id_col)
-        target = bind(target, TargetPlan(id_col, rate_limit_headers, batching is not None))
+        target = bind(target, told)
     except (TypeError, ValueError) as exc:
         raise PlanError("target", target, f"refuses the job: {exc}") from None
+    if answer is not None:
+        reply_schema = _answer_taken(target, answer)
     config = DispatchConfig(timeout_ms, calls, None, cost, batching)
     return DispatchPlan(
         target, id_col, config, engine, reply_schema, quota, dedupe, journal, streaming
@@ -246,7 +271,7 @@ def plan_provider_batch(
     ``reply_schema`` are checked as :func:`plan` checks them, and the input may not have
     the columns the job adds.
     """
-    _check_schema(schema)
+    check_schema(schema)
     if not isinstance(provider_batch, ProviderBatch):
         raise PlanTypeError(
             "provider_batch",
@@ -264,7 +289,7 @@ def plan_provider_batch(
             "is money, and needs {prices} (a BatchPrices) to count it",
             ("prices",),
         )
-    _check_id_col(id_col)
+    check_id_col(id_col)
     online = None
     if provider_batch.resend == "online":
         _refuse_for_online(provider_batch, batching, dedupe)
@@ -278,8 +303,16 @@ def plan_provider_batch(
             "provider's results; give it a batch DataFrame",
             ("ProviderBatch",),
         )
-    _check_target(target)
+    check_target(target)
     _check_batch_target(target, provider_batch)
+    if isinstance(reply_schema, Answer):
+        raise PlanError(
+            "reply_schema",
+            reply_schema,
+            "is an Answer, which {ProviderBatch} does not ask for yet: give a DDL string "
+            "(the answer's body read as JSON), or send the job online",
+            ("ProviderBatch",),
+        )
     _check_reply_schema(reply_schema)
     if schema is not None:
         _check_columns(schema, target, id_col, Calls(), reply_schema, None, None)
@@ -429,47 +462,42 @@ def _check_batch_target(target: Any, option: ProviderBatch) -> None:
         raise PlanError("target", target, why)
 
 
-def _check_schema(schema: Any) -> None:
-    from pyspark.sql.types import StructType
-
-    if schema is not None and not isinstance(schema, StructType):
-        raise PlanTypeError(
-            "schema", schema, f"must be a pyspark.sql.types.StructType (df.schema), got {schema!r}"
-        )
-
-
-def _check_id_col(id_col: Any) -> None:
-    if not isinstance(id_col, str):
-        raise PlanTypeError("id_col", id_col, f"must be a column name (str), got {id_col!r}")
-
-
-def _check_target(target: Any) -> None:
-    """A target instance with ``submit``, which pickles for Spark's workers."""
-    if isinstance(target, type):
-        raise PlanTypeError(
-            "target", target, f"must be an instance, got the class {target.__name__}"
-        )
-    if not isinstance(target, Target) or not callable(target.submit):
-        raise PlanTypeError(
-            "target", target, f"must have a submit(row, on_done) method, got {target!r}"
-        )
-    from pyspark import cloudpickle
-
+def _answer(target: Target, reply_schema: Any) -> Answer | None:
+    """The Answer of ``reply_schema`` (None: none), its API the target's URL's unless
+    given; PlanError naming ``Answer.api`` when the URL names none."""
+    if not isinstance(reply_schema, Answer):
+        return None
+    url = getattr(target, "url", None)
     try:
-        cloudpickle.dumps(target)  # type: ignore[no-untyped-call]
-    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        return reply_schema.for_url(url) if isinstance(url, str) else reply_schema
+    except ValueError as exc:
+        raise PlanError("Answer.api", None, str(exc)) from None
+
+
+def _answer_taken(target: Target, answer: Answer) -> Answer:
+    """The Answer ``target`` took when bound (its ``api`` resolved); PlanError when it
+    took none (it cannot ask a model API for one)."""
+    taken = getattr(target, "answer", None)
+    if not isinstance(taken, Answer):
         raise PlanTypeError(
-            "target", target, f"{target!r} cannot be pickled for Spark's workers: {exc}"
-        ) from exc
+            "reply_schema",
+            answer,
+            f"is an Answer, and {target!r} does not ask for one (an HttpDownstream to a chat "
+            "completions or responses URL does)",
+        )
+    return taken
 
 
 def _check_reply_schema(reply_schema: Any) -> None:
-    """A struct's fields in Spark DDL (read without a JVM: Spark reads it again)."""
-    if reply_schema is None:
+    """A struct's fields in Spark DDL (read without a JVM: Spark reads it again), or an
+    :class:`Answer` (checked when made)."""
+    if reply_schema is None or isinstance(reply_schema, Answer):
         return
     if not isinstance(reply_schema, str) or not reply_schema.strip():
         raise PlanTypeError(
-            "reply_schema", reply_schema, f"must be a Spark DDL string, got {reply_schema!r}"
+            "reply_schema",
+            reply_schema,
+            f"must be a Spark DDL string or an Answer(...), got {reply_schema!r}",
         )
     try:
         check_ddl(reply_schema)
@@ -590,7 +618,7 @@ def _check_columns(
     target: Target,
     id_col: str,
     calls: Calls,
-    reply_schema: str | None,
+    reply_schema: str | Answer | None,
     cost: Cost | None,
     dedupe: Dedupe | None,
 ) -> None:
@@ -644,7 +672,7 @@ def _check_columns(
             f"names column(s) {list(missing)} that the input does not have; its columns: {listed}",
         )
     for col in json_columns(target, columns):
-        found = _not_json(schema[col].dataType, col) if col in columns else None
+        found = not_json(schema[col].dataType, col) if col in columns else None
         if found is not None:
             where, why = found
             raise PlanError(
@@ -654,46 +682,3 @@ def _check_columns(
                 "the request (a body of the columns it needs, or a function of the row), or "
                 "cast it to a type JSON carries first",
             )
-
-
-def _not_json(kind: Any, where: str) -> tuple[str, str] | None:
-    """``(where, why)`` of the first part of a value of Spark type ``kind`` (at ``where``)
-    that JSON cannot carry as Spark's ``to_json`` writes it; None when all of it can."""
-    from pyspark.sql import types as T
-
-    if isinstance(kind, T.ArrayType):
-        return _not_json(kind.elementType, f"{where}[]")
-    if isinstance(kind, T.StructType):
-        for field in kind.fields:
-            found = _not_json(field.dataType, f"{where}.{field.name}")
-            if found is not None:
-                return found
-        return None
-    if isinstance(kind, T.MapType):
-        if not isinstance(kind.keyType, _types(_KEYS)):
-            return where, (
-                f"is a map whose keys are {kind.keyType.simpleString()}: a JSON object's keys "
-                "are text, and only string, integer and boolean keys are written as text "
-                "that reads back as the key"
-            )
-        return _not_json(kind.valueType, f"{where}{{}}")
-    if isinstance(kind, T.UserDefinedType):
-        return _not_json(kind.sqlType(), where)
-    if isinstance(kind, _types(_SCALARS)):
-        return None
-    return where, f"has type {kind.simpleString()}, which JSON has no form for here"
-
-
-# The Spark types whose values are written as JSON (by name: not every pyspark has all).
-_SCALARS = (
-    "StringType", "CharType", "VarcharType", "BinaryType", "BooleanType", "NumericType",
-    "DateType", "TimestampType", "TimestampNTZType", "NullType",
-)  # fmt: skip
-# The Spark types of a map's keys written as a JSON object's keys.
-_KEYS = ("StringType", "CharType", "VarcharType", "IntegralType", "BooleanType")
-
-
-def _types(names: tuple[str, ...]) -> tuple[type, ...]:
-    from pyspark.sql import types as T
-
-    return tuple(getattr(T, name) for name in names if hasattr(T, name))

@@ -212,3 +212,21 @@ def test_a_refusal_at_the_quotas_pace_pauses_a_few_calls_and_more_when_repeated(
     assert store.state().paused_for_s == pytest.approx(5.0)
     assert gate.refused == 5
     gate.close()
+
+
+def test_a_billed_answer_that_failed_its_attempt_is_settled_at_its_cost() -> None:
+    # A model's answer that did not fit its schema fails the attempt (it is asked again),
+    # but the service billed it: its usage counts against the budget as an ok answer's,
+    # and teaches the hold of the calls after it as an ok answer's does.
+    spent = []
+    for ok in (True, False):
+        store = LocalStore(Quota(budget=1000), Clock())
+        gate = QuotaGate(store, Cost(estimate="tokens", actual="usage.total_tokens"))
+        assert gate.take(10.0) == 0.0
+        gate.ended(10.0, ok, usage(120), 0.0)
+        spent.append(store.state().cost_spent)
+        assert gate.take(10.0) == 0.0
+        spent.append(store.state().cost_spent)  # and the next call's hold
+        gate.close()
+    assert spent[:2] == spent[2:]
+    assert spent[0] >= 120.0 and spent[1] > spent[0] + 10.0  # held at what it learnt

@@ -21,7 +21,7 @@ from .dry_run import report, spark_counts
 from .errors import UsageError, limit_text, note
 from .failures import fail_fast, way_of
 from .inputs import CheckedIds, arrow_unique_rows, generated_rows, id_error, read_input
-from .options import DEMO_ROWS
+from .options import DEMO_ROWS, reply_schema
 from .output import check_resumable, publish, run_identity
 from .phases import Phases
 from .precheck import dispatch_options, refusal
@@ -112,7 +112,7 @@ class Job:
                 self.target,
                 id_col=args.id_col,
                 timeout_ms=args.timeout_ms,
-                reply_schema=args.reply_schema,
+                reply_schema=reply_schema(args),
                 quota=self.quota,
                 journal=kept,
                 worker_reports=reports,

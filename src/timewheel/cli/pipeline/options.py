@@ -467,6 +467,20 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
         "('lat double, lon double'); an answer that does not fit fails its row",
     )
     request.add_argument(
+        "--answer-schema",
+        metavar="DDL",
+        help="ask a model API (--target a chat completions or responses URL) for its answer "
+        "in this Spark DDL ('label string, score double'), as structured outputs, and read "
+        "the model's JSON into a struct column 'reply'; an answer that does not fit is "
+        "asked again (--retries), then fails its row saying why",
+    )
+    request.add_argument(
+        "--answer-api",
+        choices=("chat", "responses"),
+        help="the API --answer-schema asks (default: the one --target's path names: "
+        "/chat/completions or /responses)",
+    )
+    request.add_argument(
         "--max-reply-bytes",
         type=int,
         default=DEFAULT_MAX_REPLY_BYTES,
@@ -557,3 +571,21 @@ def http_options(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError("--body-col and --body-cols: give one")
         options["body"] = ColumnValue(args.body_col)
     return options
+
+
+def reply_schema(args: argparse.Namespace) -> Any:
+    """``dispatch``'s ``reply_schema`` from the flags: ``--reply-schema``'s DDL, an
+    :class:`~timewheel.spark.Answer` of ``--answer-schema`` (and ``--answer-api``), or
+    None; ValueError when both are given, PlanError when the Answer refuses its value."""
+    if args.answer_schema is None:
+        if args.answer_api is not None:
+            raise ValueError("--answer-api is the API --answer-schema asks: give that too")
+        return args.reply_schema
+    if args.reply_schema is not None:
+        raise ValueError(
+            "--reply-schema and --answer-schema both fill the column 'reply': give one "
+            "(--answer-schema for a model's answer, --reply-schema for the body's JSON)"
+        )
+    from ...spark import Answer
+
+    return Answer(args.answer_schema, args.answer_api)

@@ -212,6 +212,7 @@ _FLAGS = {
     "dedupe_col": "--dedupe-col",
     "dedupe_requests": "--dedupe-requests",
     "reply_schema": "--reply-schema",
+    "answer": "--answer-schema and --answer-api",
     "provider_batch": "--provider-batch, --batch-window, --batch-base-url, --batch-max-requests, "
     "--batch-max-bytes and --batch-resend",
 }
@@ -263,6 +264,8 @@ def run_identity(args: argparse.Namespace, key_cols: list[str], fmt: str | None)
         # The output's columns: a resumed run's rows must have the same reply struct.
         "reply_schema": args.reply_schema,
     }
+    if getattr(args, "answer_schema", None) is not None:  # (absent: runs made before it)
+        identity["answer"] = {"schema": args.answer_schema, "api": args.answer_api}
     if getattr(args, "provider_batch", None) is not None:
         # What the batches' parts are cut by and where they are made: a resumed run must
         # cut the same parts and find them (the key, the polling and the prices may change).

@@ -226,6 +226,7 @@ def check_provider_batch(
     ``dispatch_provider_batch`` (else none). UsageError naming the flag otherwise."""
     from ...spark.planning import plan_provider_batch
     from .inputs import input_schema
+    from .options import reply_schema
     from .precheck import dispatch_options, given, refusal
 
     check_flags(args)
@@ -245,13 +246,15 @@ def check_provider_batch(
             target,
             option,
             id_col=args.id_col,
-            reply_schema=args.reply_schema,
+            reply_schema=reply_schema(args),
             prices=prices,
             streaming=args.stream,
             **online,
         )
     except PlanError as exc:
         raise refusal(args, exc) from None
+    except ValueError as exc:  # --reply-schema and --answer-schema
+        raise UsageError(str(exc)) from None
     try:  # read on the driver, where the batches are sent: known to the scrubber now
         option.secret.resolve()
     except SecretError as exc:

@@ -32,7 +32,7 @@ from .errors import UsageError, limit_text, note, say
 from .failures import say_why, top_reasons
 from .inputs import generated_rows, read_input
 from .job import Job, check_rows, unique_rows
-from .options import DEMO_ROWS
+from .options import DEMO_ROWS, reply_schema
 from .output import check_resumable, publish, run_identity
 from .precheck import FLAGS, refusal
 from .progress import Progress
@@ -201,7 +201,7 @@ class ProviderBatchJob(Job):
             result = dispatch_provider_batch(
                 todo,
                 self.target,
-                reply_schema=args.reply_schema,
+                reply_schema=reply_schema(args),
                 on_poll=self.polled,
                 sleep=self.wait,
                 **options,

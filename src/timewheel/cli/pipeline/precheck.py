@@ -17,7 +17,7 @@ from typing import Any
 from ...spark.options import PlanError
 from .errors import UsageError
 from .inputs import input_schema
-from .options import pairs
+from .options import pairs, reply_schema
 from .progress import progress_interval
 from .quota import quota_from_args
 
@@ -38,13 +38,16 @@ def check_before_spark(
     # A stream's files are read as they land (the stream checks their schema).
     schema = None if args.stream else input_schema(args, fmt)
     try:
+        reply = reply_schema(args)
         plan(
             schema, target, id_col=args.id_col, timeout_ms=args.timeout_ms,
-            reply_schema=args.reply_schema, quota=quota, streaming=args.stream,
+            reply_schema=reply, quota=quota, streaming=args.stream,
             **dispatch_options(args, max_in_flight, key_cols),
         )  # fmt: skip
     except PlanError as exc:
         raise refusal(args, exc) from None
+    except ValueError as exc:  # --reply-schema and --answer-schema
+        raise UsageError(str(exc)) from None
 
 
 def dispatch_options(
@@ -79,6 +82,8 @@ FLAGS = {
     "id_col": "--id-col",
     "timeout_ms": "--timeout-ms",
     "reply_schema": "--reply-schema",
+    "Answer.schema": "--answer-schema",
+    "Answer.api": "--answer-api",
     "engine": "--engine",
     "df": "the input",
     "quota": "quota (--rate, --cost-rate, --concurrency, --budget or --max-requests)",
@@ -123,6 +128,8 @@ def refusal(args: argparse.Namespace, exc: PlanError) -> UsageError:
     requests name but the input lacks are told by the flag that named them."""
 
     def name(field: str) -> str:
+        if field == "reply_schema" and getattr(args, "answer_schema", None) is not None:
+            return "--answer-schema"
         if getattr(args, "provider_batch", None) is not None:  # the online flags given
             named = batch_flag_name(args, field)
             if named is not None:

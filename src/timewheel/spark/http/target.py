@@ -240,6 +240,7 @@ class HttpDownstream:
         #: How a batch's answer is split back per row (read by the dispatch engine).
         self.batch_reply = batch.split
         self._pieces = pieces if any(c for _, c in pieces) else None
+        self.answer: Any = None  # the job's Answer, set by bind: asked for, held to
         self._one_line: tuple[str, tuple[tuple[str, str], ...]] = (url, ())
         self._lines = [f"{k}: {v}" for k, v in self.headers.items()] + ["Expect:"]
         self._curl_settings: Any = None  # made on first submit
@@ -271,19 +272,25 @@ class HttpDownstream:
         ``plan.id_col`` unless it names its own ``id_col``; with its answers' rate-limit
         headers in each ``Reply`` when ``plan.rate_limit_headers`` (a quota follows them)
         and ``read_rate_limit_headers``. With ``plan.batching``, ValueError when its
-        requests have no body to hold the rows'. Itself when nothing changes."""
-        if plan.batching and self._shape == "none":
+        requests have no body to hold the rows'. With ``plan.answer`` (an
+        :class:`~timewheel.spark.answer.spec.Answer`), every request asks for it (its API
+        the URL's unless it names one) and every answer is held to it. Itself when
+        nothing changes."""
+        if (plan.batching or plan.answer) and self._shape == "none":
+            what = "batches need" if plan.batching else "an Answer needs"
             raise ValueError(
-                f"batches need requests with a body to hold the rows' bodies; "
-                f"{self!r} sends none (method {self.method}, body {self.body!r})"
+                f"{what} requests with a body; {self!r} sends none (method {self.method}, "
+                f"body {self.body!r})"
             )
         id_col = self.id_col if self.id_col is not None else plan.id_col
         headers = plan.rate_limit_headers and self.read_rate_limit_headers
-        if id_col == self.id_col and headers == self.rate_limit_headers:
+        answer = None if plan.answer is None else plan.answer.for_url(self.url)
+        if id_col == self.id_col and headers == self.rate_limit_headers and answer == self.answer:
             return self
         bound = copy.copy(self)
         bound.id_col = id_col
         bound.rate_limit_headers = headers
+        bound.answer = answer
         bound._curl_settings = None
         return bound
 
@@ -361,27 +368,24 @@ class HttpDownstream:
         return url, extra, self._payload(row)
 
     def _payload(self, row: Mapping[str, Any]) -> Any:
-        """``row``'s body as a JSON value (``_NO_BODY`` for none)."""
+        """``row``'s body as a JSON value (``_NO_BODY`` for none), asking for the job's
+        Answer when it has one (DownstreamError, final, when the body is not an object)."""
         body = self._shape
         if body == "none":
             return _NO_BODY
         if body == "row":
-            return row
-        if callable(body):
-            return body(row)
-        return {col: row.get(col) for col in body}
-
-    def body_json(self, row: Mapping[str, Any]) -> str | None:
-        """``row``'s request body as JSON text, as :meth:`submit` would send it (None for a
-        request without one): a line of a file of requests, as a provider's batch takes.
-        Only the body: no URL, no header, no secret. DownstreamError as ``submit`` fails
-        the row (a body function that refuses it)."""
-        made = self.body_of(row)
-        return None if made is None else made[1]
+            made: Any = row
+        elif callable(body):
+            made = body(row)
+        else:
+            made = {col: row.get(col) for col in body}
+        return made if self.answer is None else self.answer.request(made)
 
     def body_of(self, row: Mapping[str, Any]) -> tuple[Any, str] | None:
-        """``row``'s request body as a JSON value and as :meth:`body_json`'s text (None
-        for a request without one): for a caller that reads the value too."""
+        """``row``'s request body as a JSON value and as the JSON text :meth:`submit` would
+        send (None for a request without one): a line of a file of requests, as a
+        provider's batch takes. Only the body: no URL, no header, no secret.
+        DownstreamError as ``submit`` fails the row (a body function that refuses it)."""
         payload = self._payload(row)
         return None if payload is _NO_BODY else (payload, encode_json(payload))
 
@@ -545,6 +549,9 @@ class HttpDownstream:
         given = headers if self.rate_limit_headers else None
         if errno == 0 and 200 <= status < 300:  # the common case, first
             ok, failure, reply = True, None, Reply(status, text or None, given)
+            misfit = None if self.answer is None else self.answer.misfit(text)
+            if misfit is not None:  # billed, but not the answer asked for: ask again
+                ok, failure = False, Failure(misfit, 0.0)
         elif errno == 0:
             _, error, wait = verdict(status, text, headers.get, self.limits.max_retry_after_s)
             ok, failure = False, Failure(error or "failed", wait)

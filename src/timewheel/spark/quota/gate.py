@@ -288,7 +288,9 @@ class QuotaGate:
         self.refusals_in_a_row = 0
         if info is not None:  # the service's own view of the quota
             task.follow(info)  # (every pause capped at Quota.max_pause_s)
-        if not ok or self.reply_cost is None:
+        # A 2xx answer was billed even when it failed its attempt (a model's answer that
+        # does not fit its schema): its cost is settled as an ok answer's.
+        if self.reply_cost is None or not (ok or (status is not None and 200 <= status < 300)):
             return None
         actual = None
         try:

@@ -1,0 +1,140 @@
+"""Each model API's way to ask for an answer in a JSON Schema, and to give it back.
+
+* ``"chat"`` (OpenAI's chat completions, and the servers that copy them: vLLM, gateways):
+  ``response_format`` ``{"type": "json_schema", "json_schema": {...}}``; the answer is
+  ``choices[0].message.content``; ``message.refusal`` is a refusal; ``finish_reason``
+  ``length`` an answer cut at its token limit, ``content_filter`` one withheld.
+* ``"responses"`` (OpenAI's Responses API): ``text.format`` ``{"type": "json_schema",
+  ...}``; the answer is the ``output_text`` of its ``message`` items; a ``refusal`` part
+  is a refusal; ``status`` ``incomplete`` an answer cut short (``incomplete_details``
+  says why).
+
+:func:`answer_value` reads an answer's body to the JSON value the model wrote, or says why
+it has none that fits: every reason is a row's ``error`` when no attempt fits.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from typing import Any
+
+from ..ddl import DdlField
+from .shape import misfit
+
+__all__ = ["APIS", "answer_text", "answer_value", "api_of_url", "ask"]
+
+#: The APIs an answer is asked of.
+APIS = ("chat", "responses")
+
+# Characters of a model's text quoted in an error.
+_QUOTED = 80
+
+
+def api_of_url(url: str) -> str | None:
+    """The API a URL's path names (``.../chat/completions``: ``"chat"``,
+    ``.../responses``: ``"responses"``); None when it names neither."""
+    path = urllib.parse.urlsplit(url).path.rstrip("/")
+    if path.endswith("/chat/completions"):
+        return "chat"
+    if path.endswith("/responses"):
+        return "responses"
+    return None
+
+
+def ask(api: str, payload: dict[str, Any], name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` (a request's body) asking for an answer in ``schema`` (strict), called
+    ``name``: a new dict, with whatever format the body gave replaced."""
+    if api == "chat":
+        given = {"name": name, "strict": True, "schema": schema}
+        return {**payload, "response_format": {"type": "json_schema", "json_schema": given}}
+    text = payload.get("text")
+    text = dict(text) if isinstance(text, dict) else {}
+    text["format"] = {"type": "json_schema", "name": name, "strict": True, "schema": schema}
+    return {**payload, "text": text}
+
+
+def answer_text(api: str, body: bytes | str | None) -> tuple[str | None, str | None]:
+    """``(text, None)``: the model's answer in a body of ``api``; ``(None, reason)`` when
+    the body holds none to read (a refusal, an answer cut short, not the API's shape)."""
+    try:
+        answer = json.loads(body) if body else None
+    except ValueError:
+        return None, "the service's answer is not JSON"
+    try:
+        return _chat(answer) if api == "chat" else _responses(answer)
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None, f"the service's answer is not a {api} answer (no model text in it)"
+
+
+def _chat(answer: Any) -> tuple[str | None, str | None]:
+    choice = answer["choices"][0]
+    message = choice["message"]
+    refusal = message.get("refusal")
+    if refusal:
+        return None, f"the model refused: {_quoted(str(refusal))}"
+    finish = choice.get("finish_reason")
+    if finish == "length":
+        return None, "the model's answer was cut at its token limit (finish_reason length)"
+    if finish == "content_filter":
+        return None, "the model's answer was withheld (finish_reason content_filter)"
+    content = message["content"]
+    if not isinstance(content, str):
+        return None, "the model gave no text (message.content is not a string)"
+    return content, None
+
+
+def _responses(answer: Any) -> tuple[str | None, str | None]:
+    if answer.get("status") == "incomplete":
+        why = (answer.get("incomplete_details") or {}).get("reason", "not said")
+        if why == "max_output_tokens":
+            return None, "the model's answer was cut at its token limit (max_output_tokens)"
+        return None, f"the model's answer is incomplete ({why})"
+    texts = []
+    for item in answer["output"]:
+        if item.get("type") != "message":
+            continue
+        for part in item["content"]:
+            if part.get("type") == "refusal":
+                return None, f"the model refused: {_quoted(str(part.get('refusal')))}"
+            if part.get("type") == "output_text":
+                texts.append(part["text"])
+    if not texts or not all(isinstance(t, str) for t in texts):
+        return None, "the model gave no text (no output_text in its output)"
+    return "".join(texts), None
+
+
+def answer_value(
+    api: str, body: bytes | str | None, fields: tuple[DdlField, ...]
+) -> tuple[Any, str | None]:
+    """``(value, None)``: the JSON value the model wrote in a body of ``api``, fitting an
+    object of ``fields``; ``(None, reason)`` when there is none that does."""
+    text, reason = answer_text(api, body)
+    if text is None:
+        return None, reason
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return None, _not_json(text, exc)
+    wrong = misfit(value, fields)
+    if wrong is not None:
+        return None, f"the model's answer does not fit the schema: {wrong}"
+    return value, None
+
+
+def _not_json(text: str, exc: ValueError) -> str:
+    """Why ``text`` is not an answer: JSON wrapped in prose, or no JSON at all."""
+    start, end = text.find("{"), text.rfind("}")
+    if 0 <= start < end:
+        try:
+            json.loads(text[start : end + 1])
+        except ValueError:
+            pass
+        else:
+            return f"the model wrapped its JSON in prose: {_quoted(text)}"
+    return f"the model's answer is not JSON ({exc}): {_quoted(text)}"
+
+
+def _quoted(text: str) -> str:
+    """``text`` as an error quotes it: its start, in repr."""
+    return repr(text if len(text) <= _QUOTED else text[:_QUOTED] + "...")

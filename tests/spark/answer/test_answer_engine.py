@@ -1,0 +1,127 @@
+"""Typed answers end to end without Spark: the wing's engine sends rows through the HTTP
+target to the OpenAI stub (a child process on 127.0.0.1), which answers in the requested
+schema by a rule the test knows and is faulty when a row's text asks (its markers: see
+``timewheel.cli.bench.model_stub``). A faulty answer is asked again, never given to
+another row; one faulty every time ends ``failed`` saying why; every attempt's tokens
+count against the budget, as the stub billed them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from openai_stub_fixtures import OpenAIStub
+from timewheel.spark import Answer, Calls, Cost, Quota
+from timewheel.spark.planning import plan
+from timewheel.spark.quota.placement import QuotaRef
+from timewheel.spark.targets import HttpDownstream
+
+SCHEMA = "label string, size int, half double, even boolean, words array<string>"
+FAULTS = ("invalid", "prose", "type", "missing", "length", "refuse")
+
+
+def expected(text: str) -> dict[str, Any]:
+    """The stub's rule for SCHEMA."""
+    return {
+        "label": text.upper(),
+        "size": len(text),
+        "half": len(text) / 2,
+        "even": len(text) % 2 == 0,
+        "words": [w.upper() for w in text.split()],
+    }
+
+
+@pytest.fixture(scope="module")
+def stub() -> Iterator[OpenAIStub]:
+    server = OpenAIStub(rpm=100_000, tpm=10**9)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def chat_body(row: dict[str, Any]) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": row["text"]}]}
+
+
+def responses_body(row: dict[str, Any]) -> dict[str, Any]:
+    return {"model": "m", "input": row["text"]}
+
+
+def run(stub: OpenAIStub, api: str, rows: list[dict[str, Any]], quota: Quota | None = None,
+        retries: int = 2) -> tuple[list[Any], QuotaRef | None]:  # fmt: skip
+    path, body = (
+        ("/chat/completions", chat_body) if api == "chat" else ("/responses", responses_body)
+    )
+    target = HttpDownstream(
+        stub.base_url + path, headers={"Authorization": "Bearer sk-test"}, body=body
+    )
+    cost = None if quota is None else Cost(actual="usage.total_tokens")
+    job = plan(
+        None, target, id_col="id", timeout_ms=10_000, reply_schema=Answer(SCHEMA),
+        calls=Calls(8, retries=retries, backoff_ms=1), quota=quota, cost=cost,
+    )  # fmt: skip
+    ref = None
+    config = job.config
+    if quota is not None:
+        ref = QuotaRef(quota, "static", 1.0, key=f"answer-test-{id(rows)}")
+        config = replace(config, quota=ref)
+    outcomes = list(job.engine(iter(rows), job.target, config))
+    return sorted(outcomes, key=lambda o: o.row["id"]), ref
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_each_fault_is_asked_again_and_every_row_gets_its_own_answer(
+    stub: OpenAIStub, api: str
+) -> None:
+    rows = [{"id": i, "text": f"row {api} {i} plain words"} for i in range(12)]
+    rows += [
+        {"id": 100 + i, "text": f"row {api} {i} [fault:{kind}]"} for i, kind in enumerate(FAULTS)
+    ]
+    outcomes, _ = run(stub, api, rows)
+    assert len(outcomes) == len(rows)
+    for done in outcomes:
+        assert done.status == "ok", (done.row, done.error)
+        assert done.attempts == (2 if done.row["id"] >= 100 else 1)
+        answer = Answer(SCHEMA, api=api)
+        assert json.loads(answer.text(done.response) or "") == expected(done.row["text"])
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        ("invalid", "is not JSON"),
+        ("prose", "wrapped its JSON in prose"),
+        ("type", "field 'label' is a number, not string"),
+        ("missing", "field 'label' is missing"),
+        ("length", "cut at its token limit"),
+        ("refuse", "the model refused"),
+    ],
+)
+def test_an_answer_faulty_every_time_ends_failed_saying_why(
+    stub: OpenAIStub, kind: str, said: str
+) -> None:
+    rows = [{"id": 1, "text": f"always {kind} [fault:{kind}:always]"}]
+    (done,), _ = run(stub, "chat", rows, retries=2)
+    assert done.status == "failed" and done.attempts == 3  # asked three times in all
+    assert said in done.error and done.http_status == 200
+
+
+def test_every_attempt_the_service_billed_counts_against_the_budget(stub: OpenAIStub) -> None:
+    before = stub.stats()["tokens"]
+    rows = [{"id": i, "text": f"billed row {i}"} for i in range(6)]
+    rows += [{"id": 10 + i, "text": f"billed {k} [fault:{k}]"} for i, k in enumerate(FAULTS)]
+    rows += [{"id": 20, "text": "billed forever [fault:prose:always]"}]
+    outcomes, ref = run(stub, "chat", rows, quota=Quota(budget=10**7), retries=1)
+    assert ref is not None
+    billed = stub.stats()["tokens"] - before
+    assert sum(o.attempts for o in outcomes) == 6 + 2 * 6 + 2
+    # The stub's own count of tokens, faulty answers and refusals included, is what the
+    # budget was charged (each answer's usage.total_tokens, settled exactly).
+    assert ref.open().state().cost_spent == pytest.approx(billed)
