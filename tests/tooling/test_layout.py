@@ -116,6 +116,8 @@ ROOM_FLOORS = {
     f"{WING}.engine": 2,
     # a job sent through a provider's batch API: the driver's side, on the root alone
     f"{WING}.provider_batch": 0,
+    # a model's typed answer: its schema, asked for and checked (http/ asks with it)
+    f"{WING}.answer": 0,
 }
 #: The most parameters each public call of the wing takes (``self`` not counted), by its
 #: name in the module that defines it (issue 41: one option object per concern).

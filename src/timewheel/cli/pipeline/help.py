@@ -43,7 +43,6 @@ COMMON = {
     "'Authorization=Bearer {env:TOKEN}'",
     "--body-cols": "the JSON body's columns (default: all; GET, DELETE: none)",
     "--reply-schema": "parse ok answers into a column 'reply' of this DDL",
-    "--answer-schema": "ask a model API for its answer in this DDL, typed",
     "--batch-size": "the most rows per request (default: %(default)s)",
     "--rate": "requests per second, or N/min, N/hour, for the job",
     "--cost-col": "a numeric column: each row's estimated cost",
