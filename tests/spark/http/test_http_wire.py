@@ -488,7 +488,7 @@ def _no_descriptor_free_below_fd_setsize() -> Iterator[None]:
 
 
 def _curl_loop() -> Any:
-    from timewheel.spark.http.target import _LOOP
+    from timewheel.spark.http.sending import LOOP as _LOOP
 
     return _LOOP.get()
 

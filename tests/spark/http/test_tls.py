@@ -21,7 +21,8 @@ import pycurl
 
 from timewheel.cli.pipeline.options import add_http_options, http_options
 from timewheel.spark.http.options import CA_BUNDLE_VARS
-from timewheel.spark.http.target import _LOOP, HttpDownstream
+from timewheel.spark.http.sending import LOOP as _LOOP
+from timewheel.spark.http.target import HttpDownstream
 from timewheel.spark.targets import TLS
 from tls_fixtures import AVAILABLE, TlsFiles, make_tls_files, nginx_tls
 

@@ -35,7 +35,6 @@ from typing import Any, Callable, Union
 from ..._validate import check_columns
 from ..batch.spec import BatchPart
 from ..contract import UNREACHABLE, DownstreamError, Failure, OnDone, Reply, TargetPlan
-from ..runtime import PerProcess
 from ..secrets import Secret, SecretError, hide, hide_url, redact_url
 from .options import TLS, BatchFormat, HttpLimits, ca_bundle
 from .request import (
@@ -51,6 +50,7 @@ from .request import (
     url_template,
     verdict,
 )
+from .sending import LOOP, RENEWER, WithSecrets
 
 __all__ = [
     "METHODS",
@@ -72,12 +72,6 @@ METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 # A request without a body (GET and DELETE by default).
 _NO_BODY = object()
-
-
-def _new_loop() -> Any:
-    from ._curl import CurlLoop
-
-    return CurlLoop()
 
 
 # A header whose name says it carries a credential: its value is registered with the
@@ -102,9 +96,6 @@ def _unreachable(pycurl: Any) -> tuple[int, ...]:
 # The defaults: frozen, so one each serves every target.
 _TLS = TLS()
 _LIMITS = HttpLimits()
-
-# This process's libcurl loop thread (made on first use, again in a forked child).
-_LOOP: PerProcess[Any] = PerProcess(_new_loop)
 
 
 class HttpDownstream:
@@ -463,14 +454,14 @@ class HttpDownstream:
         if settings is None:
             settings = self._curl_settings = self._settings()
         if self.header_secrets:
-            return _WithSecrets(self, settings, url, lines, body, on_done, rows).start()
+            return WithSecrets(self, settings, url, lines, body, on_done, rows).start()
         if rows:
             limit = self.limits.reply_limit(rows)
             sent = (on_done, rows)
-            return _LOOP.get().request(
+            return LOOP.get().request(
                 settings, self.method, url, lines, body, self._batch_ended, sent, limit
             )
-        return _LOOP.get().request(
+        return LOOP.get().request(
             settings,
             self.method,
             url,
@@ -588,110 +579,9 @@ class HttpDownstream:
 
     def close(self) -> None:
         """Close this process's HTTP loop thread and its connections (remade on next use)."""
-        loop = _LOOP.reset()
+        loop = LOOP.reset()
         if loop is not None:
             loop.close()
-        renewer = _RENEWER.reset()
+        renewer = RENEWER.reset()
         if renewer is not None:
             renewer.shutdown(wait=False)
-
-
-def _renewer() -> Any:
-    from concurrent.futures import ThreadPoolExecutor
-
-    return ThreadPoolExecutor(1, thread_name_prefix="timewheel-secret")
-
-
-# The thread that reads secrets again after a 401 (their function may take a while: not
-# on the loop thread), one per process.
-_RENEWER: PerProcess[Any] = PerProcess(_renewer)
-
-
-class _WithSecrets:
-    """A request whose headers hold secrets: read them (this process's values), send it,
-    and on a 401 read the renewable ones again and send it once more."""
-
-    __slots__ = (
-        "body",
-        "cancelled",
-        "lines",
-        "numbers",
-        "on_done",
-        "renewed",
-        "request",
-        "rows",
-        "settings",
-        "target",
-        "url",
-    )
-
-    def __init__(
-        self,
-        target: HttpDownstream,
-        settings: Any,
-        url: str,
-        lines: list[str],
-        body: bytes | None,
-        on_done: OnDone,
-        rows: int = 0,
-    ) -> None:
-        self.target = target
-        self.rows = rows
-        self.settings = settings
-        self.url = url
-        self.lines = lines
-        self.body = body
-        self.on_done = on_done
-        self.numbers: list[int] = []
-        self.request: Any = None
-        self.cancelled = self.renewed = False
-
-    def _send(self, renew: bool) -> bool:
-        """Send with the secrets' values (read again if ``renew``); False: failed the row."""
-        lines = list(self.lines)
-        numbers = []
-        try:
-            for i, (name, secret) in enumerate(self.target.header_secrets):
-                value, number = secret.renew(self.numbers[i]) if renew else secret.resolve()
-                lines.append(f"{name}: {value}")
-                numbers.append(number)
-        except SecretError as exc:
-            self.on_done(False, Failure(str(exc), exc.retry_after_s))
-            return False
-        self.numbers = numbers
-        t = self.target
-        limit = t.limits.reply_limit(self.rows) if self.rows else None
-        self.request = _LOOP.get().request(
-            self.settings, t.method, self.url, lines, self.body, _WithSecrets._ended, self, limit
-        )
-        return True
-
-    def start(self) -> _WithSecrets | None:
-        return self if self._send(renew=False) else None
-
-    def _ended(
-        self, status: int, text: bytes, headers: dict[str, str], errno: int, msg: str
-    ) -> None:
-        if status == 401 and errno == 0 and self.target._renews and not self.renewed:
-            self.renewed = True
-            _RENEWER.get().submit(self._renew)
-            return
-        self.target._ended(self.on_done, status, text, headers, errno, msg, self.rows)
-
-    def _renew(self) -> None:
-        if self.cancelled:
-            return
-        try:
-            sent = self._send(renew=True)
-        except Exception as exc:  # the loop closed: the row fails, worth a retry
-            self.on_done(False, Failure(f"request not made: {exc}", 0.0))
-            return
-        if sent and self.cancelled:
-            self.request.cancel()
-
-    def cancel(self) -> None:
-        """Drop the request, and the second one a 401 would make."""
-        self.cancelled = True
-        request = self.request
-        if request is not None:
-            request.cancel()
