@@ -1,5 +1,6 @@
-"""The OpenAI stub's model (timewheel.cli.bench.model_stub): the rule from a row's text to a
-structured answer, the faults a marker asks for, over HTTP on both APIs, and the official
+"""The OpenAI stub's model (timewheel.cli.bench.model_stub, and model_packs for many rows in
+one prompt): the rule from a row's text to a structured answer, a pack's answer row by row,
+the faults a marker asks for (a pack's row by row), over HTTP on both APIs, and the official
 ``openai`` client reading what it answers."""
 
 from __future__ import annotations
@@ -11,8 +12,17 @@ from typing import Any
 import pytest
 
 from openai_stub_fixtures import OpenAIStub
+from timewheel.cli.bench.model_packs import (
+    INVENTED,
+    answer_pack,
+    answer_request,
+    pack_fields,
+    pack_items,
+)
 from timewheel.cli.bench.model_stub import (
+    FAULT_KINDS,
     MAX_DEPTH,
+    PACK_FAULT_KINDS,
     REFUSAL,
     FaultMemory,
     answer_row,
@@ -31,7 +41,7 @@ from timewheel.cli.bench.model_stub import (
 )
 
 #: A row's schema, as a strict json_schema format gives it.
-ROW = {
+ROW: dict[str, Any] = {
     "type": "object",
     "properties": {"label": {"type": "string"}, "size": {"type": "integer"}},
     "required": ["label", "size"],
@@ -415,9 +425,12 @@ def test_answers_over_max_tokens_are_cut(stub: OpenAIStub, api: str) -> None:
     assert plain == ("ok " * 5, 5, True)
 
 
-def expect_fault(api: str, kind: str, text: str, answer: dict[str, Any]) -> None:
-    """``answer`` has the fault ``kind`` for the row ``text``."""
-    full = compact(right(text))
+def expect_fault(
+    api: str, kind: str, text: str, answer: dict[str, Any], full: str | None = None
+) -> None:
+    """``answer`` has the fault ``kind`` for the row ``text``, whose right answer is
+    ``full`` (default: the rule's for :data:`ROW`; a pack's for a whole-answer fault)."""
+    full = compact(right(text)) if full is None else full
     content, tokens, cut = said(api, answer)
     if kind == "refuse":
         assert content is None and tokens == count_tokens(REFUSAL)
@@ -478,14 +491,7 @@ def test_faults_are_counted_and_bad_markers_refused() -> None:
         status, _, body = stub.post("/chat/completions", chat_body("[fault:slow]"))
         assert status == 400 and "unknown fault 'slow'" in body["error"]["message"]
         stats = stub.stats()
-        assert stats["faults"] == {
-            "invalid": 0,
-            "prose": 1,
-            "type": 0,
-            "missing": 0,
-            "length": 0,
-            "refuse": 1,
-        }
+        assert stats["faults"] == {**dict.fromkeys(FAULT_KINDS, 0), "prose": 1, "refuse": 1}
         assert (stats["requests"], stats["refused"], stats["bad"]) == (3, 1, 1)
     finally:
         stub.close()
@@ -568,3 +574,363 @@ def test_the_official_client_parses_responses(stub: OpenAIStub) -> None:
     for marker in ("", " [fault:length:always]", " [fault:refuse:always]"):
         raw = ask(stub, "responses", "strict" + marker)
         openai.types.responses.Response.model_validate(raw, strict=True)
+
+
+# -- packs: many rows in one prompt -----------------------------------------------------
+
+#: A pack's item: an id and :data:`ROW`'s fields.
+ITEM: dict[str, Any] = {
+    "type": "object",
+    "properties": {"id": {"type": "integer"}, **ROW["properties"]},
+    "required": ["id", "label", "size"],
+    "additionalProperties": False,
+}
+#: A pack's schema, as timewheel sends it.
+PACK: dict[str, Any] = {
+    "type": "object",
+    "properties": {"answers": {"type": "array", "items": ITEM}},
+    "required": ["answers"],
+    "additionalProperties": False,
+}
+INSTRUCTION = "Answer each row, by its id."
+
+
+def packed(inputs: list[str], ids: list[int] | None = None) -> str:
+    """A packed row text: the instruction, then a line listing the items (ids 1, 2, ...)."""
+    keys = list(range(1, len(inputs) + 1)) if ids is None else ids
+    items = [{"id": key, "input": text} for key, text in zip(keys, inputs)]
+    return f"{INSTRUCTION}\n{compact(items)}"
+
+
+def element(key: int, text: str) -> dict[str, Any]:
+    """A pack's element for the row ``text`` with id ``key``, written out by hand."""
+    return {"id": key, **right(text)}
+
+
+def answers(*elements: dict[str, Any]) -> str:
+    return compact({"answers": list(elements)})
+
+
+def ask_pack(stub: OpenAIStub, api: str, inputs: list[str], **extra: Any) -> dict[str, Any]:
+    return ask(stub, api, packed(inputs), schema=PACK, **extra)
+
+
+def test_a_pack_is_answered_row_by_row_by_the_rule() -> None:
+    inputs = ["first row", "", "é and more words"]
+    text = packed(inputs, ids=[30, 1, 7])
+    assert pack_fields(PACK) == ROW["properties"]
+    assert pack_items(text) == [(30, "first row"), (1, ""), (7, "é and more words")]
+    expected = answers(*(element(k, t) for k, t in zip([30, 1, 7], inputs)))
+    answer = answer_pack(PACK, pack_items(text) or [])
+    assert (answer.text, answer.completion_tokens) == (expected, count_tokens(expected))
+    assert (answer.truncated, answer.fault, answer.given) == (False, None, ())
+    assert answer_request(PACK, text, FaultMemory()) == answer
+    # Each element is the single row's answer: any field the rule answers, $ref followed
+    # (pydantic's answers: list[Item]), the id first.
+    fields = {
+        "words": {"type": "array", "items": {"$ref": "#/$defs/Word"}},
+        "even": {"type": "boolean"},
+        "kind": {"enum": ["a", "b", "c"]},
+    }
+    single = {"$defs": {"Word": {"type": "string"}}, "type": "object", "properties": fields}
+    schema = {
+        "$defs": {
+            "Word": {"type": "string"},
+            "Item": {"type": "object", "properties": {**fields, "id": {"type": "integer"}}},
+        },
+        "type": "object",
+        "properties": {"answers": {"type": "array", "items": {"$ref": "#/$defs/Item"}}},
+    }
+    value = json.loads(answer_request(schema, text, FaultMemory()).text or "")
+    assert value == {
+        "answers": [{"id": k, **answer_value(single, t)} for k, t in zip([30, 1, 7], inputs)]
+    }
+    assert value["answers"][2] == {
+        "id": 7,
+        "words": ["É", "AND", "MORE", "WORDS"],
+        "even": len(inputs[2]) % 2 == 0,
+        "kind": "abc"[len(inputs[2]) % 3],
+    }
+    assert list(value["answers"][0]) == ["id", "words", "even", "kind"]
+    # No item: no element; a token limit cuts a pack as it cuts a row.
+    assert answer_pack(PACK, []).text == '{"answers":[]}'
+    cut = answer_pack(PACK, [(1, "a row")], limit=3)
+    assert (cut.text, cut.completion_tokens, cut.truncated) == (
+        answers(element(1, "a row"))[:12],
+        3,
+        True,
+    )
+
+
+def test_a_pack_shaped_schema_without_an_item_line_is_answered_by_the_rule() -> None:
+    fine = compact([{"id": 1, "input": "x"}])
+    for text in (
+        "no item line",
+        f"{fine}\n",  # the items are not the last line
+        f"{INSTRUCTION}\n[1, 2]",
+        f'{INSTRUCTION}\n{{"id": 1, "input": "x"}}',
+        f'{INSTRUCTION}\n[{{"id": 1}}]',
+        f'{INSTRUCTION}\n[{{"id": "1", "input": "x"}}]',
+        f'{INSTRUCTION}\n[{{"id": true, "input": "x"}}]',
+        f'{INSTRUCTION}\n[{{"id": 1, "input": 2}}]',
+        f"{INSTRUCTION}\n[{{broken",
+        f"{INSTRUCTION}\n" + "[" * 100_000,
+    ):
+        assert pack_items(text) is None
+        memory = FaultMemory()
+        assert answer_request(PACK, text, memory) == answer_row(PACK, text)
+    # The rule reads such a pack's schema as any other: one element per word of the text.
+    assert answer_value(PACK, "ab c") == {
+        "answers": [{"id": 2, "label": "AB", "size": 2}, {"id": 1, "label": "C", "size": 1}]
+    }
+    # Not a pack's schema: the rule answers it, whatever the text's last line.
+    text = packed(["x"])
+    extra = {**PACK, "properties": {**PACK["properties"], "note": {"type": "string"}}}
+    text_id = {"type": "object", "properties": {"id": {"type": "string"}, "n": {"type": "integer"}}}
+    not_packs = [
+        ROW,
+        extra,
+        {**PACK, "properties": {"answers": {"type": "array", "items": text_id}}},
+        {**PACK, "properties": {"answers": {"type": "array", "items": ROW}}},
+        {**PACK, "properties": {"answers": {"type": "string"}}},
+        {**PACK, "type": "array"},
+    ]
+    for schema in not_packs:
+        assert pack_fields(schema) is None
+        assert answer_request(schema, text, FaultMemory()) == answer_row(schema, text)
+    with pytest.raises(ValueError, match="not a pack's"):
+        answer_pack(ROW, [(1, "x")])
+
+
+#: For each fault of a row, the elements of a pack of rows a, b, c (ids 1, 2, 3) when b
+#: asks for it.
+ROW_FAULTS: dict[str, list[dict[str, Any]]] = {
+    "drop": [element(1, "a"), element(3, "c")],
+    "repeat": [element(1, "a"), element(2, "b"), element(2, "b"), element(3, "c")],
+    "invent": [element(1, "a"), element(2, "b"), element(103, INVENTED), element(3, "c")],
+    "swap": [element(1, "a"), element(3, "b"), element(2, "c")],
+    "type": [element(1, "a"), {"id": 2, "label": 7, "size": 1}, element(3, "c")],
+    "missing": [element(1, "a"), {"id": 2, "size": 1}, element(3, "c")],
+}
+
+
+@pytest.mark.parametrize("kind", list(ROW_FAULTS))
+def test_a_rows_fault_spoils_its_element(kind: str) -> None:
+    items = [(1, "a"), (2, "b"), (3, "c")]
+    answer = answer_pack(PACK, items, [None, kind])
+    assert answer.text == answers(*ROW_FAULTS[kind])
+    assert answer.completion_tokens == count_tokens(answer.text or "")
+    assert (answer.fault, answer.given, answer.truncated) == (kind, (("b", kind),), False)
+
+
+def test_row_faults_where_they_have_something_to_spoil() -> None:
+    items = [(1, "a"), (2, "b"), (3, "c")]
+    # swap: with the next row, the previous one for the last; in item order.
+    assert json.loads(answer_pack(PACK, items, ["swap"]).text or "")["answers"] == [
+        element(2, "a"),
+        element(1, "b"),
+        element(3, "c"),
+    ]
+    assert answer_pack(PACK, items, [None, None, "swap"]).text == answers(*ROW_FAULTS["swap"])
+    both = answer_pack(PACK, items, ["swap", "swap"])
+    assert both.text == answers(element(2, "a"), element(3, "b"), element(1, "c"))
+    # Invented ids are above every id of the pack, one apart.
+    twice = answer_pack(PACK, [(5, "a"), (-3, "b")], ["invent", "invent"])
+    assert [e["id"] for e in json.loads(twice.text or "")["answers"]] == [5, 105, -3, 106]
+    # A pack of one has nobody to swap with; an element with no field but its id has no
+    # field to spoil: no fault given.
+    alone = answer_pack(PACK, [(1, "a")], ["swap"])
+    assert (alone.text, alone.fault, alone.given) == (answers(element(1, "a")), None, ())
+    bare = {
+        **PACK,
+        "properties": {
+            "answers": {
+                "type": "array",
+                "items": {"type": "object", "properties": {"id": {"type": "integer"}}},
+            }
+        },
+    }
+    for kind in ("type", "missing"):
+        assert answer_pack(bare, [(1, "a")], [kind]).given == ()
+    with pytest.raises(ValueError, match="unknown fault"):
+        answer_pack(PACK, items, ["slow"])
+
+
+def test_a_whole_answer_fault_in_a_pack_spoils_all_of_it() -> None:
+    items = [(1, "a"), (2, "b [fault:drop]"), (3, "c")]
+    full = answers(element(1, "a"), element(3, "c"))  # b's drop is given too
+    invalid = answer_pack(PACK, items, ["invalid", "drop"])
+    assert (invalid.text, invalid.fault) == (full[:-1], "invalid")
+    assert invalid.given == (("a", "invalid"), ("b [fault:drop]", "drop"))
+    prose = answer_pack(PACK, items, [None, "drop", "prose"])
+    assert prose.text == f"Here is the answer: {full} Let me know if you need more."
+    half = answer_pack(PACK, items, [None, "drop", "length"])
+    assert (half.text, half.truncated) == (full[: 4 * (count_tokens(full) // 2)], True)
+    assert half.completion_tokens == count_tokens(full) // 2
+    # A refusal says no element: the other rows' faults are not given.
+    refused = answer_pack(PACK, items, [None, "drop", "refuse"])
+    assert (refused.text, refused.refusal, refused.given) == (None, REFUSAL, (("c", "refuse"),))
+    # One whole-answer fault at a time: the first row's.
+    first = answer_pack(PACK, items, ["prose", None, "invalid"])
+    assert first.given == (("a", "prose"),)
+    whole = answers(*(element(k, t) for k, t in items))
+    assert first.text == f"Here is the answer: {whole} Let me know if you need more."
+
+
+def test_the_memory_gives_each_rows_fault_once_unless_always() -> None:
+    memory = FaultMemory()
+    once, always = "x [fault:repeat]", "y [fault:drop:always]"
+    text = packed([once, "z", always, once])
+    first = answer_request(PACK, text, memory)
+    # A one-time fault is the first item's with its text; an :always one every item's.
+    assert first.text == answers(
+        element(1, once), element(1, once), element(2, "z"), element(4, once)
+    )
+    assert first.given == ((once, "repeat"), (always, "drop"))
+    memory.note(first)
+    again = answer_request(PACK, text, memory)
+    assert again.text == answers(element(1, once), element(2, "z"), element(4, once))
+    memory.note(again)
+    assert (memory.counts["repeat"], memory.counts["drop"]) == (1, 2)
+    # A row's text is remembered whether it was asked alone or in a pack.
+    alone = "w [fault:type]"
+    memory.note(answer_request(ROW, alone, memory))
+    assert answer_request(PACK, packed([alone]), memory).given == ()
+    # A pack's own faults ask for nothing of a row alone: the marker's first time is to
+    # come, in a pack.
+    for kind in PACK_FAULT_KINDS:
+        single = f"alone [fault:{kind}]"
+        answer = answer_request(ROW, single, memory)
+        assert (answer.text, answer.fault, answer.given) == (compact(right(single)), None, ())
+        memory.note(answer)
+        assert answer_request(PACK, packed([single, "v"]), memory).fault == kind
+    with pytest.raises(ValueError, match="unknown fault 'slow'"):
+        answer_request(PACK, packed(["a", "b [fault:slow]"]), memory)
+    # Markers outside the items (the instruction) are plain text in a pack.
+    text = "[fault:invalid:always] [fault:slow]\n" + compact([{"id": 1, "input": "a"}])
+    assert answer_request(PACK, text, memory).text == answers(element(1, "a"))
+
+
+# -- packs over HTTP --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_packs_over_http_and_their_usage(stub: OpenAIStub, api: str) -> None:
+    inputs = [f"http {api} pack row one", "two", "Ünïcode three"]
+    text = packed(inputs)
+    if api == "chat":
+        messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": text}]
+        answer = ask(stub, api, "", schema=PACK, messages=messages)
+        prompt = answer["usage"]["prompt_tokens"]
+    else:
+        answer = ask(stub, api, text, schema=PACK, instructions="be brief")
+        prompt = answer["usage"]["input_tokens"]
+    content, tokens, cut = said(api, answer)
+    assert content == answers(*(element(k, t) for k, t in enumerate(inputs, 1))) and not cut
+    assert tokens == count_tokens(content)
+    assert prompt == count_tokens("be brief") + count_tokens(text)
+    assert answer["usage"]["total_tokens"] == prompt + tokens
+    # A pack's schema with no item line: the rule's answer to the whole text.
+    content = said(api, ask(stub, api, f"http {api} not a pack", schema=PACK))[0]
+    assert content == answer_row(PACK, f"http {api} not a pack").text
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+@pytest.mark.parametrize("kind", list(ROW_FAULTS))
+def test_a_rows_fault_in_a_pack_comes_the_first_time_only(
+    stub: OpenAIStub, api: str, kind: str
+) -> None:
+    inputs = [f"once {api} {kind}", f"[fault:{kind}] once {api}", "c"]
+    fault = answer_pack(PACK, list(enumerate(inputs, 1)), [None, kind]).text
+    right_pack = answers(*(element(k, t) for k, t in enumerate(inputs, 1)))
+    assert said(api, ask_pack(stub, api, inputs))[0] == fault != right_pack
+    for _ in range(2):
+        assert said(api, ask_pack(stub, api, inputs))[0] == right_pack
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+@pytest.mark.parametrize("kind", list(ROW_FAULTS))
+def test_a_rows_always_fault_in_a_pack_comes_every_time(
+    stub: OpenAIStub, api: str, kind: str
+) -> None:
+    inputs = [f"always {api} {kind}", f"[fault:{kind}:always] {api}", "c"]
+    fault = answer_pack(PACK, list(enumerate(inputs, 1)), [None, kind]).text
+    for _ in range(3):
+        content, tokens, _ = said(api, ask_pack(stub, api, inputs))
+        assert (content, tokens) == (fault, count_tokens(fault or ""))
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+@pytest.mark.parametrize("kind", ["invalid", "prose", "length", "refuse"])
+def test_a_whole_answer_fault_in_a_pack(stub: OpenAIStub, api: str, kind: str) -> None:
+    inputs = [f"whole {api} {kind}", f"[fault:{kind}] whole {api}"]
+    full = answers(*(element(k, t) for k, t in enumerate(inputs, 1)))
+    expect_fault(api, kind, inputs[1], ask_pack(stub, api, inputs), full)
+    assert said(api, ask_pack(stub, api, inputs)) == (full, count_tokens(full), False)
+    always = [f"whole always {api} {kind}", f"[fault:{kind}:always] whole {api}"]
+    full = answers(*(element(k, t) for k, t in enumerate(always, 1)))
+    for _ in range(2):
+        expect_fault(api, kind, always[1], ask_pack(stub, api, always), full)
+
+
+def test_several_faulty_rows_in_one_pack_each_count() -> None:
+    stub = OpenAIStub()
+    try:
+        rows = ["two a [fault:drop]", "two b", "two c [fault:type]"]
+        content = said("chat", ask_pack(stub, "chat", rows))[0]
+        assert content == answers(element(2, rows[1]), {"id": 3, "label": 7, "size": len(rows[2])})
+        right_pack = answers(*(element(k, t) for k, t in enumerate(rows, 1)))
+        assert said("responses", ask_pack(stub, "responses", rows))[0] == right_pack
+        # Two whole-answer faults: one answer each, in item order; a refusal gives no
+        # other fault, which comes in the next answer.
+        wholes = ["w [fault:invalid]", "w [fault:prose]", "w [fault:refuse]", "w [fault:swap]"]
+        full = answers(*(element(k, t) for k, t in enumerate(wholes, 1)))
+        swapped = answer_pack(PACK, list(enumerate(wholes, 1)), [None, None, None, "swap"])
+        expect_fault("chat", "invalid", "", ask_pack(stub, "chat", wholes), swapped.text)
+        expect_fault("chat", "prose", "", ask_pack(stub, "chat", wholes), full)
+        expect_fault("chat", "refuse", "", ask_pack(stub, "chat", wholes), full)
+        assert said("chat", ask_pack(stub, "chat", wholes))[0] == full
+        status, _, body = stub.post(
+            "/chat/completions", chat_body(packed(["ok", "[fault:slow]"]), PACK)
+        )
+        assert status == 400 and "unknown fault 'slow'" in body["error"]["message"]
+        # A pack's own fault in a row alone: answered right, not counted.
+        assert said("chat", ask(stub, "chat", "alone [fault:repeat]"))[0] == compact(
+            right("alone [fault:repeat]")
+        )
+        stats = stub.stats()
+        counted = {"drop": 1, "type": 1, "invalid": 1, "prose": 1, "refuse": 1, "swap": 1}
+        assert stats["faults"] == {**dict.fromkeys(FAULT_KINDS, 0), **counted}
+        assert (stats["requests"], stats["bad"]) == (7, 1)
+    finally:
+        stub.close()
+
+
+def test_the_official_client_parses_packed_answers(stub: OpenAIStub) -> None:
+    openai, _ = sdk()
+    pydantic = pytest.importorskip("pydantic")
+
+    class Item(pydantic.BaseModel):
+        id: int
+        label: str
+        size: int
+
+    class Answers(pydantic.BaseModel):
+        answers: list[Item]
+
+    sdk_client = client(openai, stub)
+    inputs = ["the sdk reads", "a packed answer", "[fault:swap] in the sdk"]
+    done = sdk_client.chat.completions.parse(
+        model="m",
+        messages=[{"role": "user", "content": packed(inputs)}],
+        response_format=Answers,
+    )
+    message = done.choices[0].message
+    # Valid JSON of the right shape, with the last two rows' answers swapped.
+    expected = [element(1, inputs[0]), element(3, inputs[1]), element(2, inputs[2])]
+    assert message.parsed == Answers(answers=[Item(**e) for e in expected])
+    assert done.usage.completion_tokens == count_tokens(message.content)
+    assert done.usage.prompt_tokens == count_tokens(packed(inputs))
+    again = sdk_client.responses.parse(model="m", input=packed(inputs), text_format=Answers)
+    rows = [element(k, t) for k, t in enumerate(inputs, 1)]
+    assert again.output_parsed == Answers(answers=[Item(**e) for e in rows])

@@ -39,8 +39,16 @@ the rule still reads the whole ``T``, marker included. The kinds (:data:`FAULT_K
 sentence), ``type`` (the top-level object's first property of the wrong type: a string
 becomes ``7``, anything else ``"seven"``), ``missing`` (that property left out),
 ``length`` (cut at half its tokens, as a ``max_tokens`` cut is) and ``refuse`` (a refusal
-instead of an answer). A marker of another kind is a bad request; without a structured
-format a marker is plain text.
+instead of an answer); and a pack's (:data:`PACK_FAULT_KINDS`: ``drop``, ``repeat``,
+``invent``, ``swap``), which spoil one row of a pack: in a request that is not a pack
+their marker asks for nothing (the answer is right, and the marker's first time is still
+to come). A marker of another kind is a bad request; without a structured format a
+marker is plain text.
+
+**Packs**: a request whose schema asks for ``{"answers": [{"id": ..., ...}, ...]}`` and
+whose ``T`` ends with a line listing its rows (``[{"id":1,"input":"..."},...]``) is many
+rows in one prompt, answered one element per row by this rule, each row's faults in its
+own element: :mod:`.model_packs` states how.
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ from typing import Any
 __all__ = [
     "FAULT_KINDS",
     "MAX_DEPTH",
+    "PACK_FAULT_KINDS",
     "REFUSAL",
     "Answer",
     "FaultMemory",
@@ -67,16 +76,21 @@ __all__ = [
     "fault_marker",
     "faulted",
     "output_limit",
+    "resolved",
     "response_object",
     "responses_texts",
     "row_text",
     "row_text_chat",
     "row_text_responses",
+    "structured_answer",
     "structured_format",
 ]
 
+#: The faults a pack's row may ask for, which spoil its element of the pack's answer (a
+#: row asked alone: no fault).
+PACK_FAULT_KINDS = ("drop", "repeat", "invent", "swap")
 #: The faults a row's text may ask for with ``[fault:KIND]`` or ``[fault:KIND:always]``.
-FAULT_KINDS = ("invalid", "prose", "type", "missing", "length", "refuse")
+FAULT_KINDS = ("invalid", "prose", "type", "missing", "length", "refuse", *PACK_FAULT_KINDS)
 #: The deepest a schema may nest (``$ref`` hops included) before the request is refused.
 MAX_DEPTH = 32
 #: What the model says when it refuses (the ``refuse`` fault).
@@ -206,6 +220,16 @@ def _resolve(root: dict[str, Any], ref: Any) -> Any:
     return node
 
 
+def resolved(root: dict[str, Any], node: Any) -> Any:
+    """``node`` with its ``$ref`` followed through ``root`` until it has none; ValueError
+    for a reference outside ``root``, to nothing, or in a chain over :data:`MAX_DEPTH`."""
+    for _ in range(MAX_DEPTH + 1):
+        if not isinstance(node, dict) or "$ref" not in node:
+            return node
+        node = _resolve(root, node["$ref"])
+    raise ValueError(f"the schema nests deeper than {MAX_DEPTH} levels")
+
+
 def _is_null(node: Any) -> bool:
     return isinstance(node, dict) and node.get("type") == "null"
 
@@ -257,10 +281,11 @@ def _answer(node: Any, text: str, root: dict[str, Any], depth: int) -> Any:
     raise ValueError(f"unknown schema type {kind!r}")
 
 
-def answer_value(schema: dict[str, Any], text: str) -> Any:
-    """The value the rule (this module's docstring) answers for ``text`` and ``schema``;
+def answer_value(schema: Any, text: str, *, root: dict[str, Any] | None = None) -> Any:
+    """The value the rule (this module's docstring) answers for ``text`` and ``schema``,
+    a node of ``root`` (default: the whole schema), where its ``$ref`` are looked up;
     TypeError or ValueError for a schema it cannot answer."""
-    return _answer(schema, text, schema, 0)
+    return _answer(schema, text, schema if root is None else root, 0)
 
 
 def answer_text(value: Any) -> str:
@@ -314,13 +339,17 @@ def cut_to_tokens(text: str, limit: int) -> str:
 class Answer:
     """What the model says to one request: ``text`` (None when it refuses, and then
     ``refusal`` says so), its tokens, whether a token limit cut it, and the fault it
-    carries (None: a correct answer)."""
+    carries (None: a correct answer; a pack's: its whole answer's fault, else its first
+    row's)."""
 
     text: str | None
     completion_tokens: int
     truncated: bool = False
     refusal: str | None = None
     fault: str | None = None
+    #: Every fault it gives, as ``(the text whose marker asked for it, its kind)``: what
+    #: :meth:`FaultMemory.note` remembers (a pack's answer may give several).
+    given: tuple[tuple[str, str], ...] = ()
 
 
 def answer_row(
@@ -333,20 +362,37 @@ def answer_row(
 ) -> Answer:
     """The answer to a row of text ``text``: without a ``schema``, ``"ok "`` for each of
     ``plain_tokens`` tokens (the stub's free text); with one, the rule's JSON with the
-    ``fault`` asked for (None: none). An answer over ``limit`` tokens is cut to it."""
+    ``fault`` asked for (None, or a pack's kind, :data:`PACK_FAULT_KINDS`: none). An
+    answer over ``limit`` tokens is cut to it."""
     if schema is None:
         tokens = plain_tokens if limit is None else min(plain_tokens, limit)
         return Answer("ok " * tokens, tokens, truncated=tokens < plain_tokens)
     value = answer_value(schema, text)
+    if fault is None or fault in PACK_FAULT_KINDS:
+        return structured_answer(value, limit=limit)
+    return structured_answer(value, fault, limit=limit, given=((text, fault),))
+
+
+def structured_answer(
+    value: Any,
+    fault: str | None = None,
+    *,
+    limit: int | None = None,
+    given: tuple[tuple[str, str], ...] = (),
+) -> Answer:
+    """The answer that says ``value`` with the ``fault`` (:func:`faulted`; ``refuse``: a
+    refusal instead; ``length``: cut at half its tokens; None: none), cut to ``limit``
+    tokens when over it; ``given``: the faults it gives (:attr:`Answer.given`)."""
     if fault == "refuse":
-        return Answer(None, count_tokens(REFUSAL), refusal=REFUSAL, fault=fault)
+        return Answer(None, count_tokens(REFUSAL), refusal=REFUSAL, fault=fault, given=given)
     full = faulted(fault, value) if fault is not None else answer_text(value)
     tokens = count_tokens(full)
     if fault == "length":
         limit = tokens // 2 if limit is None else min(limit, tokens // 2)
     if limit is not None and tokens > limit:
-        return Answer(cut_to_tokens(full, limit), limit, truncated=True, fault=fault)
-    return Answer(full, tokens, fault=fault)
+        cut = cut_to_tokens(full, limit)
+        return Answer(cut, limit, truncated=True, fault=fault, given=given)
+    return Answer(full, tokens, fault=fault, given=given)
 
 
 class FaultMemory:
@@ -371,6 +417,11 @@ class FaultMemory:
         if fault is not None:
             self.seen.add(text)
             self.counts[fault] += 1
+
+    def note(self, answer: Answer) -> None:
+        """Note that ``answer`` was given, with every fault it gives."""
+        for text, fault in answer.given:
+            self.answered(text, fault)
 
 
 def _usage_chat(prompt_tokens: int, answer: Answer) -> dict[str, int]:

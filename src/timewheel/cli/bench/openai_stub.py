@@ -21,7 +21,12 @@ are those of its JSON text. A marker in the row's text asks for a fault:
 ``[fault:KIND]`` the first time the stub sees that text, ``[fault:KIND:always]`` every
 time, where KIND is ``invalid`` (JSON cut short), ``prose`` (JSON inside a sentence),
 ``type`` or ``missing`` (the first field of the wrong type, or left out), ``length`` (cut
-at half, ``finish_reason`` ``length``) or ``refuse`` (a refusal). An answer over the
+at half, ``finish_reason`` ``length``) or ``refuse`` (a refusal). A pack (many rows in one
+prompt: a schema asking for ``{"answers": [{"id": ..., ...}]}`` and a row text ending in a
+line ``[{"id":1,"input":"..."},...]``) is answered one element per row, each by the rule,
+and an item's marker spoils its element (``type``, ``missing``, or a pack's own ``drop``,
+``repeat``, ``invent``, ``swap``: no fault in a request that is not a pack) or the whole
+answer (the others): :mod:`.model_packs` states how. An answer over the
 request's ``max_tokens`` / ``max_completion_tokens`` / ``max_output_tokens`` is cut to it
 (``finish_reason`` ``length``; a response ``incomplete``).
 
@@ -60,10 +65,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .http_service import ChildService, serve_app
+from .model_packs import answer_request
 from .model_stub import (
     Answer,
     FaultMemory,
-    answer_row,
     chat_completion,
     content_text,
     count_tokens,
@@ -294,17 +299,15 @@ class _Stub:
         body = {"error": {"message": message, "type": "invalid_request_error"}}
         return web.json_response(body, status=status, headers=headers)
 
-    def _answer(self, body: dict[str, Any], kind: str) -> tuple[Answer, str]:
-        """The answer to a chat or responses request, and its row's text (the answer is
+    def _answer(self, body: dict[str, Any], kind: str) -> Answer:
+        """The answer to a chat or responses request, a pack's or a single row's (it is
         computed before the request is admitted: its tokens count)."""
         schema = structured_format(body, kind)
         text = row_text(body, kind)
-        fault = self.faults.due(text) if schema is not None else None
         limit = output_limit(body, kind)
-        answer = answer_row(
-            schema, text, fault=fault, limit=limit, plain_tokens=self.completion_tokens
+        return answer_request(
+            schema, text, self.faults, limit=limit, plain_tokens=self.completion_tokens
         )
-        return answer, text
 
     async def _metered(self, request: Any, kind: str) -> Any:
         from aiohttp import web
@@ -312,13 +315,13 @@ class _Stub:
         auth = request.headers.get("Authorization", "")
         if not auth.startswith("Bearer ") or not auth[7:].strip():
             return self._error(401, "no API key (Authorization: Bearer KEY)")
-        answer, row = Answer("", 0), ""
+        answer = Answer("", 0)
         try:
             body = json.loads(await request.read())
             texts = request_texts(body, kind)
             dimensions = request_dimensions(body, self.dimensions) if kind == "embeddings" else 0
             if kind != "embeddings":
-                answer, row = self._answer(body, kind)
+                answer = self._answer(body, kind)
         except (ValueError, TypeError, KeyError) as exc:
             self.totals["bad"] += 1
             return self._error(400, f"bad request: {exc}")
@@ -330,7 +333,7 @@ class _Stub:
             self.totals["refused"] += 1
             minute["refused"] += 1
             return self._error(429, "rate limit reached", verdict.headers)
-        self.faults.answered(row, answer.fault)  # before any wait: a twin sees it answered
+        self.faults.note(answer)  # before any wait: a twin sees it answered
         self.totals["requests"] += 1
         self.totals["tokens"] += prompt + completion
         minute["requests"] += 1
@@ -395,7 +398,8 @@ def parser() -> argparse.ArgumentParser:
         "key over a sliding window, as OpenAI does. A request for structured output gets "
         "JSON that fits its schema, computed by a fixed rule from the row's text, and a "
         "marker [fault:KIND] or [fault:KIND:always] in that text makes the answer faulty "
-        "(KIND: invalid, prose, type, missing, length, refuse). It prints 'port N' once "
+        "(KIND: invalid, prose, type, missing, length, refuse; in a pack of rows, an "
+        "item's marker, also drop, repeat, invent, swap). It prints 'port N' once "
         "it listens.",
     )
     add = out.add_argument
