@@ -106,18 +106,18 @@ ABOVE_THE_CORE = (
 CYCLE_RULE_SKIPS: tuple[str, ...] = ()
 #: The wing's room for the per-partition machinery, and the rooms only it may import.
 #: The wing's rooms (subpackages) by floor: a room imports only rooms on a lower floor.
-#: quota/ and batch/ are pure pieces; http/ builds batch bodies and reads the service's
-#: rate-limit headers; engine/ runs a partition with all of them.
+#: quota/ and batch/ are pure pieces; answer/ asks a model for typed answers and splits a
+#: pack's answer per row (as batch/ splits a batch's); http/ builds batch bodies and packs
+#: and reads the service's rate-limit headers; engine/ runs a partition with all of them.
 ROOM_FLOORS = {
     f"{WING}.quota": 0,
     f"{WING}.batch": 0,
-    f"{WING}.http": 1,
+    f"{WING}.answer": 1,
     f"{WING}.delivery": 1,
+    f"{WING}.http": 2,
     f"{WING}.engine": 2,
     # a job sent through a provider's batch API: the driver's side, on the root alone
     f"{WING}.provider_batch": 0,
-    # a model's typed answer: its schema, asked for and checked (http/ asks with it)
-    f"{WING}.answer": 0,
 }
 #: The most parameters each public call of the wing takes (``self`` not counted), by its
 #: name in the module that defines it (issue 41: one option object per concern).
@@ -318,7 +318,10 @@ def _check_wing_rooms(
             continue
         if ROOM_FLOORS.get(theirs, -1) < ROOM_FLOORS.get(room, 0):
             continue
-        what = "a room imports only rooms below it (quota/, batch/ < http/, delivery/ < engine/)"
+        what = (
+            "a room imports only rooms below it (quota/, batch/ < answer/, delivery/ < "
+            "http/, engine/)"
+        )
         reported.add(line)
         out.append(f"{module}:{line}: imports {theirs.rpartition('.')[2]}/ ({named}): {what}")
     return out

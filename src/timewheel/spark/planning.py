@@ -173,13 +173,14 @@ def plan(
     _check_reply_schema(reply_schema)
     _check_quota(quota, cost, engine)
     batching = _batching(batching, cost, target, engine)
-    if isinstance(reply_schema, Answer) and batching is not None:
+    packed = reply_schema if isinstance(reply_schema, Answer) and batching else None
+    if packed is not None and any(f.name == "id" for f in packed.fields):
         raise PlanError(
-            "Batching.size",
-            batching.size,
-            "sends rows many per request as an array, and a model's answer to a prompt is "
-            "one row's: give {reply_schema}=Answer(...) without batching",
-            ("reply_schema",),
+            "Answer.schema",
+            packed.schema,
+            "names a field 'id', which a pack's answer keys its rows by (rows many per "
+            "prompt, with {Batching.size}): rename the field",
+            ("Batching.size",),
         )
     if timeout_ms is None:
         timeout_ms = default_timeout_ms(batching)
@@ -482,8 +483,8 @@ def _answer_taken(target: Target, answer: Answer) -> Answer:
         raise PlanTypeError(
             "reply_schema",
             answer,
-            f"is an Answer, and {target!r} does not ask for one (an HttpDownstream to a chat "
-            "completions or responses URL does)",
+            f"asks for a model's typed answer, which {target!r} cannot ask for (an HTTP "
+            "target to a chat completions or responses URL can)",
         )
     return taken
 

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from openai_stub_fixtures import OpenAIStub
-from timewheel.spark import Answer, Calls, Cost, Quota
+from timewheel.spark import Answer, Batching, Calls, Cost, Quota
 from timewheel.spark.planning import plan
 from timewheel.spark.quota.placement import QuotaRef
 from timewheel.spark.targets import HttpDownstream
@@ -55,7 +55,7 @@ def responses_body(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(stub: OpenAIStub, api: str, rows: list[dict[str, Any]], quota: Quota | None = None,
-        retries: int = 2) -> tuple[list[Any], QuotaRef | None]:  # fmt: skip
+        retries: int = 2, pack: int = 1) -> tuple[list[Any], QuotaRef | None]:  # fmt: skip
     path, body = (
         ("/chat/completions", chat_body) if api == "chat" else ("/responses", responses_body)
     )
@@ -66,6 +66,7 @@ def run(stub: OpenAIStub, api: str, rows: list[dict[str, Any]], quota: Quota | N
     job = plan(
         None, target, id_col="id", timeout_ms=10_000, reply_schema=Answer(SCHEMA),
         calls=Calls(8, retries=retries, backoff_ms=1), quota=quota, cost=cost,
+        batching=Batching(pack, linger_ms=200) if pack > 1 else None,
     )  # fmt: skip
     ref = None
     config = job.config
@@ -125,3 +126,56 @@ def test_every_attempt_the_service_billed_counts_against_the_budget(stub: OpenAI
     # The stub's own count of tokens, faulty answers and refusals included, is what the
     # budget was charged (each answer's usage.total_tokens, settled exactly).
     assert ref.open().state().cost_spent == pytest.approx(billed)
+
+
+# -- many rows in one prompt ---------------------------------------------------------------
+PACK_FAULTS = ("drop", "repeat", "invent", "type", "missing", "prose", "invalid", "length")
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_packed_rows_each_get_their_own_answer_whatever_the_faults(
+    stub: OpenAIStub, api: str
+) -> None:
+    before = stub.stats()["requests"]
+    rows = [{"id": i, "text": f"packed {api} row {i}"} for i in range(40)]
+    for i, kind in enumerate(PACK_FAULTS):
+        rows[3 + 4 * i]["text"] += f" [fault:{kind}]"
+    outcomes, _ = run(stub, api, rows, pack=8)
+    answer = Answer(SCHEMA, api=api)
+    for done in outcomes:  # every row ok with the rule's answer for its own text
+        assert done.status == "ok", (done.row, done.error)
+        assert json.loads(answer.text(done.response) or "") == expected(done.row["text"])
+        assert json.loads(done.response)["pack"]["rows"] >= 1
+    requests = stub.stats()["requests"] - before
+    assert requests < 40 / 2  # packs of up to 8, and the rows at fault asked again
+    assert max(o.attempts for o in outcomes) <= 3
+
+
+def test_a_row_the_model_always_misses_ends_failed_and_its_pack_does_not(
+    stub: OpenAIStub,
+) -> None:
+    rows = [{"id": i, "text": f"always missed {i}"} for i in range(6)]
+    rows[2]["text"] += " [fault:drop:always]"
+    rows[4]["text"] += " [fault:type:always]"
+    outcomes, _ = run(stub, "chat", rows, pack=6, retries=2)
+    by_id = {o.row["id"]: o for o in outcomes}
+    assert {i for i, o in by_id.items() if o.status == "ok"} == {0, 1, 3, 5}
+    # Each was in the pack, then in the pair of its two rows asked again (a try), which
+    # failed whole and was halved (no try: isolation), then alone once more (a try).
+    assert "no element for this row" in by_id[2].error and by_id[2].attempts == 4
+    assert "field 'label' is a number" in by_id[4].error and by_id[4].attempts == 4
+
+
+def test_a_packs_usage_is_shared_to_its_rows_and_the_budget_pays_every_request(
+    stub: OpenAIStub,
+) -> None:
+    before = stub.stats()["tokens"]
+    rows = [{"id": i, "text": "shared " + "w" * (i * 7)} for i in range(8)]
+    outcomes, ref = run(stub, "chat", rows, quota=Quota(budget=10**7), pack=8)
+    billed = stub.stats()["tokens"] - before
+    assert {o.status for o in outcomes} == {"ok"}
+    assert len({json.loads(o.response)["pack"]["rows"] for o in outcomes}) == 1  # one pack
+    shares = [json.loads(o.response)["usage"]["total_tokens"] for o in outcomes]
+    assert sum(shares) == billed  # the rows' shares add up to the bill
+    assert shares == sorted(shares)  # longer prompts, larger shares
+    assert ref is not None and ref.open().state().cost_spent == pytest.approx(billed)

@@ -15,7 +15,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from timewheel.spark import Answer, Batching, PlanError
 from timewheel.spark.planning import plan, plan_provider_batch
 from timewheel.spark.provider_batch import ProviderBatch
-from timewheel.spark.targets import HttpDownstream, SimulatedDownstream
+from timewheel.spark.targets import BatchFormat, HttpDownstream, SimulatedDownstream
 
 CHAT = "http://127.0.0.1:9/v1/chat/completions"
 SCHEMA = StructType([StructField("id", LongType()), StructField("text", StringType())])
@@ -54,16 +54,27 @@ def test_a_row_whose_body_is_no_object_fails_unsent() -> None:
 @pytest.mark.parametrize(
     ("target", "given", "field", "said"),
     [
+        (SimulatedDownstream(1, 2), {}, "reply_schema", "cannot ask for"),
+        (HttpDownstream("http://127.0.0.1:9/score", body=body), {}, "Answer.api", "'chat'"),
+        (
+            HttpDownstream(CHAT, method="GET"),
+            {},
+            "target",
+            "a typed answer needs requests with a body",
+        ),
+        (HttpDownstream(CHAT, body=body), {"reply_schema": 5}, "reply_schema", "or an Answer"),
         (
             HttpDownstream(CHAT, body=body),
-            {"batching": Batching(8)},
-            "Batching.size",
-            "reply_schema",
+            {"reply_schema": Answer("id int, label string"), "batching": Batching(8)},
+            "Answer.schema",
+            "names a field 'id'",
         ),
-        (SimulatedDownstream(1, 2), {}, "reply_schema", "does not ask for one"),
-        (HttpDownstream("http://127.0.0.1:9/score", body=body), {}, "Answer.api", "'chat'"),
-        (HttpDownstream(CHAT, method="GET"), {}, "target", "an Answer needs requests with a body"),
-        (HttpDownstream(CHAT, body=body), {"reply_schema": 5}, "reply_schema", "or an Answer"),
+        (
+            HttpDownstream(CHAT, body=body, batch=BatchFormat(reply="data[*]")),
+            {"batching": Batching(8)},
+            "target",
+            "makes each pack's body",
+        ),
     ],
 )
 def test_what_cannot_carry_an_answer_is_refused_before_any_job(
@@ -82,3 +93,12 @@ def test_a_provider_batch_refuses_an_answer_naming_it() -> None:
             id_col="id", reply_schema=ANSWER,
         )  # fmt: skip
     assert caught.value.field == "reply_schema" and "ProviderBatch" in str(caught.value)
+
+
+def test_an_answer_with_batching_packs_rows_and_splits_by_id() -> None:
+    job = plan(SCHEMA, HttpDownstream(CHAT, body=body), id_col="id", reply_schema=ANSWER,
+               batching=Batching(8))  # fmt: skip
+    assert type(job.target.batch_reply).__name__ == "PackSplit"  # type: ignore[attr-defined]
+    first = job.target.batch_part({"id": 1, "text": "a"})  # type: ignore[attr-defined]
+    second = job.target.batch_part({"id": 2, "text": "bb"})  # type: ignore[attr-defined]
+    assert first.line == second.line and (first.id, second.id) == (1, 2)  # one pack; sizes

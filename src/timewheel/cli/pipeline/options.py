@@ -586,6 +586,12 @@ def reply_schema(args: argparse.Namespace) -> Any:
             "--reply-schema and --answer-schema both fill the column 'reply': give one "
             "(--answer-schema for a model's answer, --reply-schema for the body's JSON)"
         )
+    if args.body_col is not None:
+        raise ValueError(
+            f"--body-col {args.body_col!r} sends each row's value as its body, and "
+            "--answer-schema adds its format to a JSON object: give the body's columns "
+            "with --body-cols (model,messages; model,input)"
+        )
     from ...spark import Answer
 
     return Answer(args.answer_schema, args.answer_api)

@@ -265,7 +265,10 @@ def run_identity(args: argparse.Namespace, key_cols: list[str], fmt: str | None)
         "reply_schema": args.reply_schema,
     }
     if getattr(args, "answer_schema", None) is not None:  # (absent: runs made before it)
-        identity["answer"] = {"schema": args.answer_schema, "api": args.answer_api}
+        from ...spark.answer.apis import api_of_url
+
+        api = args.answer_api or api_of_url(args.target)  # as the run resolved it
+        identity["answer"] = {"schema": args.answer_schema, "api": api}
     if getattr(args, "provider_batch", None) is not None:
         # What the batches' parts are cut by and where they are made: a resumed run must
         # cut the same parts and find them (the key, the polling and the prices may change).

@@ -82,6 +82,7 @@ FLAGS = {
     "id_col": "--id-col",
     "timeout_ms": "--timeout-ms",
     "reply_schema": "--reply-schema",
+    "target": "--target",
     "Answer.schema": "--answer-schema",
     "Answer.api": "--answer-api",
     "engine": "--engine",

@@ -10,6 +10,7 @@ from ..contract import DownstreamError
 from ..ddl import DdlField, parse_ddl
 from ..options import PlanError, PlanTypeError
 from .apis import APIS, answer_text, answer_value, api_of_url, ask
+from .pack import PackSplit, pack_prompt, pack_schema, prompt_of, with_prompt
 from .shape import json_schema, unsupported
 
 __all__ = ["Answer"]
@@ -49,7 +50,9 @@ class Answer:
         try:
             fields = parse_ddl(self.schema)
         except ValueError as exc:
-            raise PlanError("Answer.schema", self.schema, f"is not Spark DDL: {exc}") from None
+            raise PlanError(
+                "Answer.schema", self.schema, f"{self.schema!r} is not Spark DDL: {exc}"
+            ) from None
         found = unsupported(fields)
         if found is not None:
             raise PlanError(
@@ -92,6 +95,30 @@ class Answer:
                 retry_after_s=None,
             )
         return ask(self.api or "chat", payload, self.name, self.json_schema)
+
+    def pack_line(self, body: Any) -> tuple[str, int]:
+        """``(key, size)`` of a row's ``body`` in a pack: rows with one key share a pack
+        (equal bodies but for their prompts), ``size`` is its prompt's (in bytes: what its
+        share of a pack's input tokens goes by); DownstreamError (final) when the body
+        has no prompt a pack can hold."""
+        try:
+            _, prompt, key = prompt_of(self.api or "chat", body)
+        except ValueError as exc:
+            raise DownstreamError(f"{exc}: not sent", retry_after_s=None) from None
+        return key, len(prompt.encode())
+
+    def pack_request(self, bodies: list[Any]) -> dict[str, Any]:
+        """The body of one request holding the rows of ``bodies`` (one pack: the first's,
+        its prompt replaced by the pack's, asking for the pack's answer)."""
+        api = self.api or "chat"
+        path, _, _ = prompt_of(api, bodies[0])
+        prompts = [prompt_of(api, body)[1] for body in bodies]
+        packed = with_prompt(bodies[0], path, pack_prompt(prompts))
+        return ask(api, packed, self.name, pack_schema(self.fields))
+
+    def pack_split(self) -> PackSplit:
+        """What splits a pack's answer per row."""
+        return PackSplit(self.api or "chat", self.fields)
 
     def misfit(self, body: bytes | str | None) -> str | None:
         """Why an answer's ``body`` holds no answer that fits (the row's error); None

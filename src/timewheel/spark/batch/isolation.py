@@ -148,6 +148,43 @@ class Isolation:
             finals[i] = _ANSWERED
         self._left -= len(part.rows)
 
+    def ask_again(
+        self,
+        part: Part,
+        failed: Mapping[int, str],
+        again: Mapping[int, str],
+        now: float,
+    ) -> str:
+        """A 2xx whose rows in ``again`` (position to reason) got no answer that fits and
+        may be asked again (a model's answer to a pack of prompts): the others end ok, or
+        failed as ``failed`` says. When every row of a part of two or more is in
+        ``again`` (the answer had nothing to read), the part is halved and :data:`SPLIT`
+        returned; else those rows are queued again as one part (:data:`RETRY`) while
+        ``retries`` allow and their deadlines have not passed (else they end failed, or
+        timeout, with their reason), or :data:`ANSWERED` when none is queued."""
+        self._ended(part)
+        rows = part.rows
+        if len(again) == len(rows) > 1:
+            half = (len(rows) + 1) // 2
+            self._queued += [Part(rows[:half], part.tries), Part(rows[half:], part.tries)]
+            return SPLIT
+        keep = []
+        for i in rows:
+            why = again.get(i)
+            if why is None:
+                reason = failed.get(i)
+                self._final(i, OK if reason is None else FAILED, reason)
+            elif part.tries >= self.retries:
+                self._final(i, FAILED, why)
+            elif (deadline := self.deadlines[i]) is not None and deadline <= now:
+                self._final(i, TIMEOUT, f"deadline passed; last attempt: {why}")
+            else:
+                keep.append(i)
+        if not keep:
+            return ANSWERED
+        self._queued.append(Part(tuple(keep), part.tries + 1))
+        return RETRY
+
     def refused_as_bad_input(self, part: Part, reason: str) -> list[Part]:
         """A bad-input 4xx: halve ``part`` (both halves queued and returned), or fail its
         one row with ``reason``."""

@@ -30,11 +30,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from .._json import encoder, row_encoder
 
-__all__ = ["ReplySplit", "RowAnswer"]
+__all__ = ["ReplySplit", "RowAnswer", "Splitter"]
 
 _ENCODE = encoder(ascii=False, compact=True)
 # An id's form for matching (as the rows' idempotency keys read an id).
@@ -54,11 +54,25 @@ def _id_key(row_id: Any) -> str:
 
 
 class RowAnswer(NamedTuple):
-    """One row's part of a batch's answer: its element as JSON text, or why none."""
+    """One row's part of a batch's answer: its element as JSON text, or why none; ``again``:
+    the row may be asked again (a model's answer to a pack of prompts that missed it)."""
 
     ok: bool
     response: str | None
     reason: str | None
+    again: bool = False
+
+
+@runtime_checkable
+class Splitter(Protocol):
+    """What splits a batch's answer per row: a :class:`ReplySplit`, or a model's answer
+    to a pack of prompts (:class:`~timewheel.spark.answer.pack.PackSplit`)."""
+
+    def split(self, body: bytes | str | None, ids: Sequence[Any]) -> list[RowAnswer]:
+        """One answer per row, in the batch's order."""
+
+    def texts(self, body: bytes | str | None, n: int) -> list[str] | None:
+        """Every row's answer text when all are there; None to go through :meth:`split`."""
 
 
 def _parse(path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -19,8 +19,8 @@ from typing import Any, Callable, NamedTuple
 
 from ..contract import Reply, retry_after_of
 from ..outcome import FAILED, OK, TIMEOUT
-from .isolation import ANSWERED, REFUSED, RETRY, Isolation, Part, plan_for_status
-from .replies import ReplySplit
+from .isolation import ANSWERED, REFUSED, RETRY, SPLIT, Isolation, Part, plan_for_status
+from .replies import Splitter
 
 __all__ = ["AFTER_BACKOFF", "NOTHING", "NOW", "BatchRun", "RowEnd"]
 
@@ -52,14 +52,14 @@ class BatchRun:
     def __init__(
         self,
         ids: Sequence[Any],
-        split: ReplySplit,
+        split: Splitter,
         *,
         retries: int = 0,
         deadlines: Sequence[float | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not isinstance(split, ReplySplit):
-            raise TypeError(f"split must be a ReplySplit, got {split!r}")
+        if not isinstance(split, Splitter):
+            raise TypeError(f"split must be a ReplySplit (or split and texts), got {split!r}")
         self._iso = iso = Isolation(len(ids), retries=retries, deadlines=deadlines)
         #: Requests each row has been in (the isolation's own list, read as it changes).
         self.attempts = iso.attempts
@@ -111,14 +111,19 @@ class BatchRun:
             body = None if reply is None else reply.body
             answers = self.split.split(body, [self.ids[i] for i in part.rows])
             failed = {}
+            again = {}
             ends = []
             attempts = iso.attempts
             for i, answer in zip(part.rows, answers):
                 if answer.ok:
                     ends.append(RowEnd(i, OK, None, Reply(status, answer.response), attempts[i]))
+                elif answer.again:
+                    again[i] = str(answer.reason)
                 else:
                     failed[i] = why = str(answer.reason)
                     ends.append(RowEnd(i, FAILED, why, Reply(status, None), attempts[i]))
+            if again:
+                return self._asked_again(part, failed, again, ends, status)
             iso.answered(part, failed)
             return ends, NOTHING
         if verdict == RETRY:
@@ -129,6 +134,28 @@ class BatchRun:
         elif iso.refused_as_bad_input(part, reason):
             then = NOW
         return self._ends(part, reply), then
+
+    def _asked_again(
+        self,
+        part: Part,
+        failed: dict[int, str],
+        again: dict[int, str],
+        ends: list[RowEnd],
+        status: int | None,
+    ) -> tuple[list[RowEnd], str]:
+        """Rows of an answered part to ask again (see :meth:`Isolation.ask_again`): the
+        ``ends`` of the others, with those asked again that ended now; the halves are
+        sent now, a part asked again after the backoff."""
+        iso = self._iso
+        queued = iso.ask_again(part, failed, again, self.clock())
+        for i in again:
+            final = iso.finals[i]
+            if final is not None:
+                ends.append(
+                    RowEnd(i, final.status, final.reason, Reply(status, None), iso.attempts[i])
+                )
+        then = {ANSWERED: NOTHING, SPLIT: NOW, RETRY: AFTER_BACKOFF}[queued]
+        return ends, then
 
     def answered_whole(self, part: Part, reply: Reply) -> list[str] | None:
         """The common ending, made cheaply: a request of ``part`` that ended ok with

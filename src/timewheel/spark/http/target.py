@@ -268,7 +268,7 @@ class HttpDownstream:
         the URL's unless it names one) and every answer is held to it. Itself when
         nothing changes."""
         if (plan.batching or plan.answer) and self._shape == "none":
-            what = "batches need" if plan.batching else "an Answer needs"
+            what = "batches need" if plan.batching else "a typed answer needs"
             raise ValueError(
                 f"{what} requests with a body; {self!r} sends none (method {self.method}, "
                 f"body {self.body!r})"
@@ -282,6 +282,13 @@ class HttpDownstream:
         bound.id_col = id_col
         bound.rate_limit_headers = headers
         bound.answer = answer
+        if answer is not None and plan.batching:  # packs: made and read by the Answer
+            if self.batch != BatchFormat():
+                raise ValueError(
+                    "an Answer makes each pack's body and reads its answer: leave "
+                    f"batch={self.batch!r} out"
+                )
+            bound.batch_reply = answer.pack_split()
         bound._curl_settings = None
         return bound
 
@@ -361,16 +368,19 @@ class HttpDownstream:
     def _payload(self, row: Mapping[str, Any]) -> Any:
         """``row``'s body as a JSON value (``_NO_BODY`` for none), asking for the job's
         Answer when it has one (DownstreamError, final, when the body is not an object)."""
+        made = self._body(row)
+        return made if self.answer is None else self.answer.request(made)
+
+    def _body(self, row: Mapping[str, Any]) -> Any:
+        """``row``'s body as its shape makes it (``_NO_BODY`` for none)."""
         body = self._shape
         if body == "none":
             return _NO_BODY
         if body == "row":
-            made: Any = row
-        elif callable(body):
-            made = body(row)
-        else:
-            made = {col: row.get(col) for col in body}
-        return made if self.answer is None else self.answer.request(made)
+            return row
+        if callable(body):
+            return body(row)
+        return {col: row.get(col) for col in body}
 
     def body_of(self, row: Mapping[str, Any]) -> tuple[Any, str] | None:
         """``row``'s request body as a JSON value and as the JSON text :meth:`submit` would
@@ -487,6 +497,14 @@ class HttpDownstream:
                     retry_after_s=None,
                 )
             key = str(row_id) if type(row_id) is int else encode_key(row_id)
+        if self.answer is not None:  # a pack: by its line and the rest of its body
+            url, extra = self.url, dict[str, str]()
+            if self._pieces is not None or self.params or self.header_cols:
+                url, extra, _ = self._parts(row)
+                extra.pop(self.idempotency_header or "", None)
+            body = self._body(row)
+            rest, size = self.answer.pack_line(body)
+            return BatchPart((url, tuple(extra.items()), rest), body, key, size)
         if self._pieces is None and not self.params and not self.header_cols:
             # The common case: every row on the target's own URL and headers.
             return BatchPart(self._one_line, self._payload(row), key, row_id)
@@ -502,13 +520,17 @@ class HttpDownstream:
         on_done: OnDone,
     ) -> Any:
         """Send one request holding ``payloads`` (the rows' bodies, made by
-        ``batch.body``) on ``line``, with the batch's idempotency ``key``; as :meth:`submit`."""
+        ``batch.body``; with an Answer, the rows' prompts packed into the first's body) on
+        ``line``, with the batch's idempotency ``key``; as :meth:`submit`."""
         try:
-            body = self.batch.encoder.encode(payloads)
+            if self.answer is not None:
+                body = encode_json(self.answer.pack_request(payloads)).encode()
+            else:
+                body = self.batch.encoder.encode(payloads)
         except Exception as exc:  # the user's function, or a value JSON cannot hold
             on_done(False, Failure(f"BatchFormat.body: {type(exc).__name__}: {exc}", None))
             return None
-        url, own = line
+        url, own = line[0], line[1]
         extra = dict(own)
         if key is not None and self.idempotency_header is not None:
             extra[self.idempotency_header] = key
@@ -540,7 +562,7 @@ class HttpDownstream:
         given = headers if self.rate_limit_headers else None
         if errno == 0 and 200 <= status < 300:  # the common case, first
             ok, failure, reply = True, None, Reply(status, text or None, given)
-            misfit = None if self.answer is None else self.answer.misfit(text)
+            misfit = None if self.answer is None or rows else self.answer.misfit(text)
             if misfit is not None:  # billed, but not the answer asked for: ask again
                 ok, failure = False, Failure(misfit, 0.0)
         elif errno == 0:

@@ -1,0 +1,272 @@
+"""Many rows in one prompt: an :class:`~.spec.Answer` with batching packs the rows that
+share everything but their own prompt into one request, asks for the answer as a list
+keyed by a number per row, and splits it back.
+
+**The request.** Each row's body is made as for a request of its own; its *prompt* is
+its last user message's ``content`` (chat), or its ``input`` (the Responses API: a string,
+or the last user item's ``content``), a string. Rows whose bodies are equal but for that
+prompt share a pack (:func:`prompt_of` gives the key); the pack's body is the first row's
+with that prompt replaced by :func:`pack_prompt`: one line saying how to answer, then
+the rows as a one-line JSON array ``[{"id": 1, "input": "..."}, ...]`` (ids 1 to n, the
+rows' places in the pack: the rows' own ids never reach the prompt), and asks for
+:func:`pack_schema` (``{"answers": [{"id": 1, <the answer's fields>}, ...]}``, strict).
+
+**The answer** (:class:`PackSplit`). A pack's answer that has no list to read (not JSON,
+prose, a refusal, cut at its token limit) fails every row *again*: the engine halves the
+pack until the rows at fault stand alone, or asks a row of its own again. Each row
+takes the element with its id: none, two, or one that does not fit the schema fail that
+row *again* (it is asked again in a smaller pack, within ``Calls.retries``); elements
+with ids of no row are ignored, so no row is ever given an answer the model made up or
+meant for another. A row that fits gets a response of its own in the API's shape (its
+answer as the model's text, its share of the pack's ``usage``), so the ``reply`` column,
+``Cost.actual`` paths and the user read it as a single answer.
+
+**Usage shares.** Input tokens are shared by each row's prompt size, output tokens by
+each row's answer size, in whole tokens by largest remainder: the rows of a pack that
+all fit add up to its bill exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ..batch.replies import RowAnswer
+from ..ddl import DdlField
+from .apis import answer_text
+from .shape import json_schema, misfit
+
+__all__ = [
+    "PACK_NOTE",
+    "PackSplit",
+    "pack_prompt",
+    "pack_schema",
+    "prompt_of",
+    "usage_shares",
+    "with_prompt",
+]
+
+#: The line before the rows in a pack's prompt.
+PACK_NOTE = (
+    "Answer each of the {n} items below on its own, as JSON: "
+    '{{"answers": [...]}}, one object per item with the item\'s "id" and the '
+    "answer's fields. The items, as a JSON array:"
+)
+
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_KEY = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode
+
+Path = tuple[Any, ...]
+
+
+def prompt_of(api: str, body: Any) -> tuple[Path, str, str]:
+    """``(path, prompt, key)`` of a row's ``body``: where its prompt is, the prompt, and the
+    key of everything else (rows with one key share a pack); ValueError when the body
+    has no prompt a pack can hold."""
+    if not isinstance(body, dict):
+        raise ValueError(
+            f"a pack needs each row's body to be a JSON object, got {type(body).__name__}"
+        )
+    path: Path
+    if api == "chat":
+        items = body.get("messages")
+        at = _last_user(items)
+        if at is None:
+            raise ValueError("a packed row's body needs a user message in 'messages'")
+        path = ("messages", at, "content")
+    elif isinstance(body.get("input"), str):
+        path = ("input",)
+    else:
+        at = _last_user(body.get("input"))
+        if at is None:
+            raise ValueError("a packed row's body needs 'input': a string, or a user item")
+        path = ("input", at, "content")
+    prompt = _at(body, path)
+    if not isinstance(prompt, str):
+        raise ValueError("a packed row's prompt (its user message's content) must be a string")
+    return path, prompt, _KEY(with_prompt(body, path, None))
+
+
+def _last_user(items: Any) -> int | None:
+    if not isinstance(items, list):
+        return None
+    for at in range(len(items) - 1, -1, -1):
+        item = items[at]
+        if isinstance(item, dict) and item.get("role") == "user":
+            return at
+    return None
+
+
+def _at(body: Any, path: Path) -> Any:
+    for step in path:
+        body = body[step]
+    return body
+
+
+def with_prompt(body: Any, path: Path, prompt: Any) -> Any:
+    """A copy of ``body`` with ``prompt`` at ``path`` (only what the path crosses copied)."""
+    if not path:
+        return prompt
+    step, rest = path[0], path[1:]
+    copied = list(body) if isinstance(body, list) else dict(body)
+    copied[step] = with_prompt(body[step], rest, prompt)
+    return copied
+
+
+def pack_prompt(prompts: Sequence[str]) -> str:
+    """The prompt of a pack of ``prompts``: :data:`PACK_NOTE`, then the rows as a one-line
+    JSON array, ids 1 to n."""
+    items = [{"id": i, "input": text} for i, text in enumerate(prompts, 1)]
+    return PACK_NOTE.format(n=len(prompts)) + "\n" + _COMPACT(items)
+
+
+def pack_schema(fields: tuple[DdlField, ...]) -> dict[str, Any]:
+    """The strict JSON Schema of a pack's answer: ``{"answers": [{"id", fields...}]}``."""
+    item = json_schema(fields)
+    item["properties"] = {"id": {"type": "integer"}, **item["properties"]}
+    item["required"] = ["id", *item["required"]]
+    return {
+        "type": "object",
+        "properties": {"answers": {"type": "array", "items": item}},
+        "required": ["answers"],
+        "additionalProperties": False,
+    }
+
+
+# The usage fields of each API: (input, output, total).
+_USAGE = {
+    "chat": ("prompt_tokens", "completion_tokens", "total_tokens"),
+    "responses": ("input_tokens", "output_tokens", "total_tokens"),
+}
+
+
+class PackSplit:
+    """A pack's answer split into one :class:`RowAnswer` per row (see the module): the
+    batch engine's ``batch_reply`` for an Answer with batching."""
+
+    __slots__ = ("api", "fields")
+
+    def __init__(self, api: str, fields: tuple[DdlField, ...]) -> None:
+        self.api = api
+        self.fields = fields
+
+    def __repr__(self) -> str:
+        return f"PackSplit({self.api!r})"
+
+    def split(self, body: bytes | str | None, sizes: Sequence[Any]) -> list[RowAnswer]:
+        """One answer per row of a pack, in the pack's order; ``sizes`` are the rows'
+        prompt sizes (what the input tokens are shared by)."""
+        n = len(sizes)
+        whole, elements, answer = self._read(body, n)
+        if whole is not None:
+            return [RowAnswer(False, None, whole, True)] * n
+        out: list[RowAnswer] = []
+        texts: list[str | None] = []
+        for i in range(1, n + 1):
+            found = elements.get(i, [])
+            if len(found) != 1:
+                how = "no element" if not found else f"{len(found)} elements"
+                out.append(
+                    RowAnswer(False, None, f"the pack's answer has {how} for this row", True)
+                )
+                texts.append(None)
+                continue
+            value = {k: v for k, v in found[0].items() if k != "id"}
+            wrong = misfit(value, self.fields)
+            if wrong is not None:
+                why = f"the pack's answer for this row does not fit the schema: {wrong}"
+                out.append(RowAnswer(False, None, why, True))
+                texts.append(None)
+                continue
+            texts.append(_COMPACT(value))
+            out.append(RowAnswer(True, None, None))
+        responses = self._responses(answer, sizes, texts)
+        return [RowAnswer(True, responses[i], None) if row.ok else row for i, row in enumerate(out)]
+
+    def texts(self, body: bytes | str | None, n: int) -> list[str] | None:
+        """None: a pack's rows need their prompt sizes to share the usage, which only
+        :meth:`split` is given (the batch engine then reads every pack through it)."""
+        return None
+
+    def _read(
+        self, body: bytes | str | None, n: int
+    ) -> tuple[str | None, dict[int, list[dict[str, Any]]], Any]:
+        """``(why the whole pack failed, elements by id, the API's answer)``."""
+        text, why = answer_text(self.api, body)
+        if text is None:
+            return why, {}, None
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            return f"the pack's answer is not JSON ({exc})", {}, None
+        items = value.get("answers") if isinstance(value, dict) else None
+        if not isinstance(items, list):
+            return "the pack's answer has no list 'answers'", {}, None
+        elements: dict[int, list[dict[str, Any]]] = {}
+        for item in items:
+            key = item.get("id") if isinstance(item, dict) else None
+            if type(key) is int and 1 <= key <= n:
+                elements.setdefault(key, []).append(item)
+        return None, elements, json.loads(body) if body else None
+
+    def _responses(
+        self, answer: Any, sizes: Sequence[Any], texts: list[str | None]
+    ) -> list[str | None]:
+        """Each row's response in the API's shape: its text and its share of the usage."""
+        names = _USAGE[self.api]
+        usage = answer.get("usage") if isinstance(answer, dict) else None
+        usage = usage if isinstance(usage, dict) else {}
+        given_in, given_out = usage.get(names[0]), usage.get(names[1])
+        ins = usage_shares(given_in, [float(s) for s in sizes])
+        outs = usage_shares(given_out, [len(t) if t is not None else 0 for t in texts])
+        model = answer.get("model") if isinstance(answer, dict) else None
+        out: list[str | None] = []
+        for text, i, o in zip(texts, ins, outs):
+            if text is None:
+                out.append(None)
+                continue
+            share = None if i is None or o is None else {names[0]: i, names[1]: o, names[2]: i + o}
+            out.append(_COMPACT(self._one(text, share, model, len(texts))))
+        return out
+
+    def _one(
+        self, text: str, usage: dict[str, int] | None, model: Any, rows: int
+    ) -> dict[str, Any]:
+        """A row's response as the API would have answered it alone."""
+        if self.api == "chat":
+            message = {"role": "assistant", "content": text}
+            made: dict[str, Any] = {
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]
+            }
+        else:
+            part = {"type": "output_text", "text": text}
+            made = {
+                "status": "completed",
+                "output": [{"type": "message", "role": "assistant", "content": [part]}],
+            }
+        if model is not None:
+            made["model"] = model
+        if usage is not None:
+            made["usage"] = usage
+        made["pack"] = {"rows": rows}
+        return made
+
+
+def usage_shares(total: Any, weights: Sequence[float]) -> list[int | None]:
+    """``total`` (a whole number of tokens) shared by ``weights`` in whole tokens that add up
+    to it (largest remainder; equal shares when every weight is 0); None each when the
+    answer did not say it."""
+    if type(total) is not int or total < 0:
+        return [None] * len(weights)
+    whole = sum(weights)
+    exact = (
+        [total * w / whole for w in weights] if whole > 0 else [total / len(weights)] * len(weights)
+    )
+    shares = [int(x) for x in exact]
+    left = total - sum(shares)
+    order = sorted(range(len(weights)), key=lambda i: exact[i] - shares[i], reverse=True)
+    for i in order[:left]:
+        shares[i] += 1
+    made: list[int | None] = list(shares)
+    return made
