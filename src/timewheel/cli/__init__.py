@@ -37,6 +37,7 @@ def _benchmarks() -> tuple[ModuleType, ...]:
         job,
         metrics,
         operations,
+        packs,
         pbatch,
         pipeline,
         purgatory,
@@ -67,6 +68,7 @@ def _benchmarks() -> tuple[ModuleType, ...]:
         quota,
         stream,
         pbatch,
+        packs,
     )
 
 
