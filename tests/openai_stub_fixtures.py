@@ -37,3 +37,25 @@ class OpenAIStub(ChildCommand):
         except urllib.error.HTTPError as error:
             with error:
                 return error.code, dict(error.headers), json.loads(error.read())
+
+
+#: A schema with a field of each kind the stub answers by its rule.
+ANSWER_DDL = "label string, size int, half double, even boolean, words array<string>"
+
+
+def rule(text: str) -> dict[str, Any]:
+    """The stub's answer to a row of ``text`` in ANSWER_DDL (its stated rule: a string is
+    the text in upper case, an integer its length, a number half of it, a boolean whether
+    that is even, an array one item per word)."""
+    return {
+        "label": text.upper(),
+        "size": len(text),
+        "half": len(text) / 2,
+        "even": len(text) % 2 == 0,
+        "words": [w.upper() for w in text.split()],
+    }
+
+
+def chat_body(row: Any) -> dict[str, Any]:
+    """A chat completions request of the row's ``text`` (module level: Spark pickles it)."""
+    return {"model": "m", "messages": [{"role": "user", "content": row["text"]}]}

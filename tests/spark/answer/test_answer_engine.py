@@ -8,7 +8,6 @@ count against the budget, as the stub billed them."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -18,38 +17,14 @@ from hypothesis import strategies as st
 
 pytest.importorskip("pyspark")
 
-from openai_stub_fixtures import OpenAIStub
+from openai_stub_fixtures import ANSWER_DDL, OpenAIStub, chat_body, rule
 from timewheel.spark import Answer, Batching, Calls, Cost, Quota
 from timewheel.spark.planning import plan
 from timewheel.spark.quota.placement import QuotaRef
 from timewheel.spark.targets import HttpDownstream
 
-SCHEMA = "label string, size int, half double, even boolean, words array<string>"
+SCHEMA = ANSWER_DDL
 FAULTS = ("invalid", "prose", "type", "missing", "length", "refuse")
-
-
-def expected(text: str) -> dict[str, Any]:
-    """The stub's rule for SCHEMA."""
-    return {
-        "label": text.upper(),
-        "size": len(text),
-        "half": len(text) / 2,
-        "even": len(text) % 2 == 0,
-        "words": [w.upper() for w in text.split()],
-    }
-
-
-@pytest.fixture(scope="module")
-def stub() -> Iterator[OpenAIStub]:
-    server = OpenAIStub(rpm=100_000, tpm=10**9)
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-def chat_body(row: dict[str, Any]) -> dict[str, Any]:
-    return {"model": "m", "messages": [{"role": "user", "content": row["text"]}]}
 
 
 def responses_body(row: dict[str, Any]) -> dict[str, Any]:
@@ -93,7 +68,7 @@ def test_each_fault_is_asked_again_and_every_row_gets_its_own_answer(
         assert done.status == "ok", (done.row, done.error)
         assert done.attempts == (2 if done.row["id"] >= 100 else 1)
         answer = Answer(SCHEMA, api=api)
-        assert json.loads(answer.text(done.response) or "") == expected(done.row["text"])
+        assert json.loads(answer.text(done.response) or "") == rule(done.row["text"])
 
 
 @pytest.mark.parametrize(
@@ -146,7 +121,7 @@ def test_packed_rows_each_get_their_own_answer_whatever_the_faults(
     answer = Answer(SCHEMA, api=api)
     for done in outcomes:  # every row ok with the rule's answer for its own text
         assert done.status == "ok", (done.row, done.error)
-        assert json.loads(answer.text(done.response) or "") == expected(done.row["text"])
+        assert json.loads(answer.text(done.response) or "") == rule(done.row["text"])
         assert json.loads(done.response)["pack"]["rows"] >= 1
     requests = stub.stats()["requests"] - before
     assert requests < 40 / 2  # packs of up to 8, and the rows at fault asked again
@@ -219,7 +194,7 @@ def test_every_row_ends_once_with_its_own_answer_or_the_reason_whatever_the_faul
     answer = Answer(SCHEMA, api=api)
     for done, (kind, always) in zip(outcomes, faults):
         if done.status == "ok":  # never another row's answer, never a made-up one
-            assert json.loads(answer.text(done.response) or "") == expected(done.row["text"])
+            assert json.loads(answer.text(done.response) or "") == rule(done.row["text"])
         else:
             assert done.status == "failed" and done.error, done
         # A row faulty once is answered in the end (a try is left after its fault, or it

@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +21,10 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from openai_stub_fixtures import OpenAIStub
+from openai_stub_fixtures import ANSWER_DDL, OpenAIStub, chat_body, rule
 from spark_fixtures import pipeline_cli
 
-DDL = "label string, size int, half double, even boolean, words array<string>"
+DDL = ANSWER_DDL
 # The command line's case: other integer and number widths, and a nested struct.
 CLI_DDL = (
     "label string, size bigint, half float, words array<string>, "
@@ -33,18 +32,6 @@ CLI_DDL = (
 )
 FAULTS = ("invalid", "prose", "type", "missing", "length", "refuse")
 KEY = "Authorization: Bearer sk-test"
-
-
-def rule(text: str) -> dict[str, Any]:
-    """The stub's answer to ``text`` for DDL (string: upper case, integer: length, number:
-    half of it, boolean: whether even, array: one item per word)."""
-    return {
-        "label": text.upper(),
-        "size": len(text),
-        "half": len(text) / 2,
-        "even": len(text) % 2 == 0,
-        "words": [w.upper() for w in text.split()],
-    }
 
 
 def cli_rule(text: str) -> dict[str, Any]:
@@ -56,21 +43,6 @@ def cli_rule(text: str) -> dict[str, Any]:
         "words": [w.upper() for w in text.split()],
         "meta": {"even": len(text) % 2 == 0, "n": len(text)},
     }
-
-
-def chat_body(row: dict[str, Any]) -> dict[str, Any]:
-    """A chat completions request of the row's text (module level: pickled for Spark)."""
-    return {"model": "m", "messages": [{"role": "user", "content": row["text"]}]}
-
-
-@pytest.fixture(scope="module")
-def stub() -> Iterator[OpenAIStub]:
-    # Its one-time faults are remembered by text: every test's texts are its own.
-    server = OpenAIStub(rpm=100_000, tpm=10**9)
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 # -- the Python API ---------------------------------------------------------------------
