@@ -208,6 +208,56 @@ def test_the_command_asks_the_responses_api_and_a_resume_with_another_schema_is_
     assert (out / "summary.json").read_text() == before
 
 
+@pytest.mark.spark
+def test_the_command_packs_rows_and_a_resume_sends_only_the_row_left_failed(
+    spark: Any, stub: OpenAIStub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # ~3-5 s (2-core machine): a packed run, then its --resume.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = {i: f"packed cli row {i}" + " more" * (i % 3) for i in range(30)}
+    texts[7] += " [fault:drop]"  # missed once: asked again in a smaller pack
+    texts[11] += " [fault:prose]"  # its whole pack unreadable once: halved
+    texts[23] += " [fault:type:always]"  # never fits: failed, then sent again by --resume
+    messages = [[{"role": "user", "content": texts[i]}] for i in texts]
+    table = pa.table({"id": pa.array(list(texts), pa.int64()), "model": ["m"] * len(texts),
+                      "messages": messages})  # fmt: skip
+    pq.write_table(table, tmp_path / "in.parquet")
+    out = tmp_path / "out"
+    argv = [
+        "--input",
+        str(tmp_path / "in.parquet"),
+        "--target",
+        f"{stub.base_url}/chat/completions",
+    ]
+    argv += ["--body-cols", "model,messages", "--http-header", KEY, "--retries", "1"]
+    argv += ["--backoff-ms", "1", "--timeout-ms", "10000", "--max-failed", "1", "--quiet"]
+    argv += ["--answer-schema", DDL, "--batch-size", "10", "--output", str(out)]
+    before = stub.stats()["requests"]
+    assert pipeline_cli(argv) == 0
+    capsys.readouterr()
+    requests = stub.stats()["requests"] - before
+    assert requests < len(texts) / 2  # packs of up to 10, a few asked again
+    rows = {r["id"]: r for r in pq.read_table(out / "rows").to_pylist()}
+    for i, text in texts.items():
+        if i != 23:
+            assert rows[i]["status"] == "ok" and rows[i]["reply"] == rule(text), rows[i]
+            share = json.loads(rows[i]["response"])["usage"]
+            assert share["total_tokens"] == share["prompt_tokens"] + share["completion_tokens"]
+    assert rows[23]["status"] == "failed" and "field 'label' is a number" in rows[23]["error"]
+    # --resume sends the row left failed (alone: in a pack of one), and only it.
+    before = stub.stats()["requests"]
+    assert pipeline_cli([*argv, "--resume"]) == 0
+    capsys.readouterr()
+    assert stub.stats()["requests"] - before == 2  # asked, then asked again: still wrong
+    again = {r["id"]: r for r in pq.read_table(out / "rows").to_pylist()}
+    assert sorted(again) == sorted(texts) and again[23]["status"] == "failed"
+    assert {i: r["reply"] for i, r in again.items() if i != 23} == {
+        i: r["reply"] for i, r in rows.items() if i != 23
+    }
+
+
 # -- refused before Spark starts ----------------------------------------------------------
 
 # Runs ``timewheel pipeline ARGV`` for each ARGV in one process whose Spark cannot start
