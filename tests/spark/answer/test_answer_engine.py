@@ -8,6 +8,7 @@ count against the budget, as the stub billed them."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from typing import Any
 
@@ -164,8 +165,11 @@ _TOLD = ("invalid", "prose", "type", "missing", "length", "refuse", "drop", "rep
 _EXAMPLES = iter(range(10**9))
 
 
-@settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+@settings(  # .ci/slow runs it at TIMEWHEEL_INVARIANT_EXAMPLES=500
+    max_examples=int(os.environ.get("TIMEWHEEL_INVARIANT_EXAMPLES", "40")),
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     faults=st.lists(
