@@ -143,6 +143,31 @@ def test_the_responses_api_pack_answers_in_its_own_shape() -> None:
     assert json.loads(answer.text(row.response) or "") == {"label": "A", "n": 1}
 
 
+def test_a_messages_pack_is_asked_through_the_tool_and_answers_each_row_as_alone() -> None:
+    answer = Answer(SCHEMA, api="messages")
+    rows = [{"model": "claude", "max_tokens": 256, "system": "Label it.",
+             "messages": [{"role": "user", "content": text}]} for text in ("a", "bb")]  # fmt: skip
+    body = answer.pack_request(rows)
+    assert body["system"] == "Label it." and body["tool_choice"]["name"] == "answer"
+    assert body["tools"][0]["input_schema"]["required"] == ["answers"]
+    packed = {"answers": [{"id": 1, "label": "A", "n": 1}, {"id": 2, "label": "BB", "n": 2}]}
+    reply = {
+        "type": "message",
+        "content": [{"type": "tool_use", "name": "answer", "input": packed}],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 40, "output_tokens": 9},
+    }
+    got = answer.pack_split().split(json.dumps(reply), [1, 2])
+    assert [json.loads(answer.text(r.response) or "") for r in got] == [
+        {"label": "A", "n": 1},
+        {"label": "BB", "n": 2},
+    ]
+    shares = [json.loads(r.response or "")["usage"] for r in got]
+    assert sum(u["input_tokens"] for u in shares) == 40
+    assert sum(u["output_tokens"] for u in shares) == 9
+    assert all("total_tokens" not in u for u in shares)  # Anthropic's usage has none
+
+
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(st.integers(0, 10**7), st.lists(st.integers(0, 10**4), min_size=1, max_size=60))
 def test_usage_shares_are_whole_tokens_that_add_up_to_the_bill(

@@ -59,7 +59,7 @@ def test_a_schema_an_answer_cannot_be_held_to_is_refused_naming_it(
     [
         ({"schema": 3}, "Answer.schema"),
         ({"schema": None}, "Answer.schema"),
-        ({"schema": "a int", "api": "messages"}, "Answer.api"),
+        ({"schema": "a int", "api": "anthropic"}, "Answer.api"),
         ({"schema": "a int", "api": True}, "Answer.api"),
         ({"schema": "a int", "name": "a b"}, "Answer.name"),
         ({"schema": "a int", "name": "x" * 65}, "Answer.name"),
@@ -102,6 +102,43 @@ def test_asking_sets_each_apis_format_and_keeps_the_rest_of_the_body() -> None:
     with pytest.raises(DownstreamError, match="JSON object") as caught:
         Answer("a int", api="chat").request(["not", "an", "object"])
     assert caught.value.retry_after_s is None  # final: no retry makes it an object
+
+
+def test_anthropics_messages_api_is_asked_through_a_tool_whose_input_is_the_answer() -> None:
+    schema = {"type": "object"}
+    body = ask("messages", {"model": "claude", "max_tokens": 64, "tools": []}, "x", schema)
+    assert body["tools"] == [
+        {"name": "x", "description": "Give the answer.", "input_schema": schema}
+    ]
+    assert body["tool_choice"] == {"type": "tool", "name": "x"}
+    assert api_of_url("https://api.anthropic.com/v1/messages") == "messages"
+    assert Answer("a int").for_url("http://127.0.0.1:9/v1/messages").api == "messages"
+
+
+def messages(content: list[dict[str, Any]], stop: str = "tool_use") -> str:
+    return json.dumps({"type": "message", "content": content, "stop_reason": stop})
+
+
+@pytest.mark.parametrize(
+    ("body", "text", "reason"),
+    [
+        (messages([{"type": "tool_use", "name": "x", "input": {"a": 1}}]), '{"a":1}', None),
+        (
+            messages([{"type": "text", "text": "Sure."}, {"type": "tool_use", "input": {"é": 2}}]),
+            '{"é":2}',
+            None,
+        ),
+        (messages([{"type": "text", "text": "no"}], "refusal"), None, "the model refused"),
+        (messages([{"type": "tool_use", "input": {}}], "max_tokens"), None, "token limit"),
+        (messages([{"type": "text", "text": "just prose"}], "end_turn"), None, "no tool_use"),
+    ],
+)
+def test_a_messages_answer_gives_its_tool_input_or_says_why_not(
+    body: str, text: str | None, reason: str | None
+) -> None:
+    got, why = answer_text("messages", body)
+    assert got == text
+    assert (why is None) if reason is None else (why is not None and reason in why)
 
 
 def chat(content: Any, finish: str = "stop", refusal: str | None = None) -> str:

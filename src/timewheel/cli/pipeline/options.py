@@ -476,9 +476,10 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
     )
     request.add_argument(
         "--answer-api",
-        choices=("chat", "responses"),
-        help="the API --answer-schema asks (default: the one --target's path names: "
-        "/chat/completions or /responses)",
+        choices=("chat", "responses", "messages"),
+        help="the API --answer-schema asks: chat completions, the Responses API or "
+        "Anthropic's Messages API (default: the one --target's path names: "
+        "/chat/completions, /responses or /v1/messages)",
     )
     request.add_argument(
         "--max-reply-bytes",

@@ -8,6 +8,10 @@
   ...}``; the answer is the ``output_text`` of its ``message`` items; a ``refusal`` part
   is a refusal; ``status`` ``incomplete`` an answer cut short (``incomplete_details``
   says why).
+* ``"messages"`` (Anthropic's Messages API, whose way is a tool): ``tools`` holds one
+  tool whose ``input_schema`` is the answer's, and ``tool_choice`` makes the model call
+  it; the answer is that ``tool_use`` block's ``input``; ``stop_reason`` ``refusal`` is a
+  refusal, ``max_tokens`` an answer cut at its token limit.
 
 :func:`answer_value` reads an answer's body to the JSON value the model wrote, or says why
 it has none that fits: every reason is a row's ``error`` when no attempt fits.
@@ -25,21 +29,22 @@ from .shape import misfit
 __all__ = ["APIS", "answer_text", "answer_value", "api_of_url", "ask"]
 
 #: The APIs an answer is asked of.
-APIS = ("chat", "responses")
+APIS = ("chat", "responses", "messages")
 
 # Characters of a model's text quoted in an error.
 _QUOTED = 80
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
 def api_of_url(url: str) -> str | None:
     """The API a URL's path names (``.../chat/completions``: ``"chat"``,
-    ``.../responses``: ``"responses"``); None when it names neither."""
+    ``.../responses``: ``"responses"``, ``.../messages``: ``"messages"``); None when it
+    names none of them."""
     path = urllib.parse.urlsplit(url).path.rstrip("/")
-    if path.endswith("/chat/completions"):
-        return "chat"
-    if path.endswith("/responses"):
-        return "responses"
-    return None
+    for end, api in (("/chat/completions", "chat"), ("/responses", "responses")):
+        if path.endswith(end):
+            return api
+    return "messages" if path.endswith("/v1/messages") else None
 
 
 def ask(api: str, payload: dict[str, Any], name: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -48,6 +53,9 @@ def ask(api: str, payload: dict[str, Any], name: str, schema: dict[str, Any]) ->
     if api == "chat":
         given = {"name": name, "strict": True, "schema": schema}
         return {**payload, "response_format": {"type": "json_schema", "json_schema": given}}
+    if api == "messages":
+        tool = {"name": name, "description": "Give the answer.", "input_schema": schema}
+        return {**payload, "tools": [tool], "tool_choice": {"type": "tool", "name": name}}
     text = payload.get("text")
     text = dict(text) if isinstance(text, dict) else {}
     text["format"] = {"type": "json_schema", "name": name, "strict": True, "schema": schema}
@@ -61,8 +69,9 @@ def answer_text(api: str, body: bytes | str | None) -> tuple[str | None, str | N
         answer = json.loads(body) if body else None
     except ValueError:
         return None, "the service's answer is not JSON"
+    read = {"chat": _chat, "responses": _responses, "messages": _messages}[api]
     try:
-        return _chat(answer) if api == "chat" else _responses(answer)
+        return read(answer)
     except (KeyError, IndexError, TypeError, AttributeError):
         return None, f"the service's answer is not a {api} answer (no model text in it)"
 
@@ -102,6 +111,18 @@ def _responses(answer: Any) -> tuple[str | None, str | None]:
     if not texts or not all(isinstance(t, str) for t in texts):
         return None, "the model gave no text (no output_text in its output)"
     return "".join(texts), None
+
+
+def _messages(answer: Any) -> tuple[str | None, str | None]:
+    stop = answer.get("stop_reason")
+    if stop == "refusal":
+        return None, "the model refused (stop_reason refusal)"
+    if stop == "max_tokens":
+        return None, "the model's answer was cut at its token limit (stop_reason max_tokens)"
+    for block in answer["content"]:
+        if block.get("type") == "tool_use":
+            return _COMPACT(block["input"]), None
+    return None, "the model gave no answer (no tool_use block in its content)"
 
 
 def answer_value(

@@ -69,7 +69,7 @@ def prompt_of(api: str, body: Any) -> tuple[Path, str, str]:
             f"a pack needs each row's body to be a JSON object, got {type(body).__name__}"
         )
     path: Path
-    if api == "chat":
+    if api in ("chat", "messages"):
         items = body.get("messages")
         at = _last_user(items)
         if at is None:
@@ -134,10 +134,11 @@ def pack_schema(fields: tuple[DdlField, ...]) -> dict[str, Any]:
     }
 
 
-# The usage fields of each API: (input, output, total).
+# The usage fields of each API: (input, output, total; Anthropic's says no total).
 _USAGE = {
     "chat": ("prompt_tokens", "completion_tokens", "total_tokens"),
     "responses": ("input_tokens", "output_tokens", "total_tokens"),
+    "messages": ("input_tokens", "output_tokens", None),
 }
 
 
@@ -226,7 +227,11 @@ class PackSplit:
             if text is None:
                 out.append(None)
                 continue
-            share = None if i is None or o is None else {names[0]: i, names[1]: o, names[2]: i + o}
+            share = None
+            if i is not None and o is not None:
+                share = {names[0]: i, names[1]: o}
+                if names[2] is not None:
+                    share[names[2]] = i + o
             out.append(_COMPACT(self._one(text, share, model, len(texts))))
         return out
 
@@ -239,6 +244,10 @@ class PackSplit:
             made: dict[str, Any] = {
                 "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]
             }
+        elif self.api == "messages":
+            call = {"type": "tool_use", "id": "pack", "name": "answer", "input": json.loads(text)}
+            made = {"type": "message", "role": "assistant", "content": [call]}
+            made["stop_reason"] = "tool_use"
         else:
             part = {"type": "output_text", "text": text}
             made = {

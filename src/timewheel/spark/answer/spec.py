@@ -28,8 +28,10 @@ class Answer:
     required), and the model's JSON read into the output's ``reply`` column, typed.
     Strings, booleans, integers, float and double, arrays and structs of them (types a
     JSON value maps onto exactly). ``api``: ``"chat"`` (chat completions:
-    ``response_format``) or ``"responses"`` (the Responses API: ``text.format``); None:
-    the one the target's URL path names (``/chat/completions``, ``/responses``).
+    ``response_format``), ``"responses"`` (the Responses API: ``text.format``) or
+    ``"messages"`` (Anthropic's Messages API: a tool whose input is the answer); None: the
+    one the target's URL path names (``/chat/completions``, ``/responses``,
+    ``/v1/messages``).
     ``name``: the format's name (letters, digits, ``_`` and ``-``, at most 64).
 
     An answer that does not fit (not JSON, JSON in prose, a field missing or of another
@@ -81,7 +83,8 @@ class Answer:
         if api is None:
             raise ValueError(
                 "is not given and the target's URL path names no model API it knows: "
-                "give 'chat' (chat completions) or 'responses' (the Responses API)"
+                "give 'chat' (chat completions), 'responses' (the Responses API) or "
+                "'messages' (Anthropic's Messages API)"
             )
         return Answer(self.schema, api, self.name)
 
