@@ -10,10 +10,12 @@ why; and the flags refused before Spark starts, each naming itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,22 @@ from openai_stub_fixtures import ANSWER_DDL, OpenAIStub, chat_body, rule
 from spark_fixtures import pipeline_cli
 
 DDL = ANSWER_DDL
+
+
+@contextlib.contextmanager
+def sent_by_value() -> Iterator[None]:
+    """The workers cannot import the tests' helpers (only the package is on their path):
+    the module of ``chat_body`` goes by value in the jobs made meanwhile."""
+    from pyspark import cloudpickle
+
+    this = sys.modules[chat_body.__module__]
+    cloudpickle.register_pickle_by_value(this)
+    try:
+        yield
+    finally:
+        cloudpickle.unregister_pickle_by_value(this)
+
+
 # The command line's case: other integer and number widths, and a nested struct.
 CLI_DDL = (
     "label string, size bigint, half float, words array<string>, "
@@ -56,7 +74,6 @@ def test_dispatch_on_spark_types_each_rows_own_answer_and_asks_again_what_misfit
     # job (its Python workers start), as it does when this file runs alone.
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from pyspark import cloudpickle
     from pyspark.sql.types import DataType, StructType
 
     from timewheel.spark import Answer, Calls, dispatch
@@ -72,11 +89,7 @@ def test_dispatch_on_spark_types_each_rows_own_answer_and_asks_again_what_misfit
         headers={"Authorization": "Bearer sk-test"},
         body=chat_body,
     )
-    # The workers cannot import this test module (only the package is on their path):
-    # its functions (chat_body) go by value in the job dispatch makes.
-    this = sys.modules[chat_body.__module__]
-    cloudpickle.register_pickle_by_value(this)
-    try:
+    with sent_by_value():
         out = dispatch(
             df,
             target,
@@ -85,8 +98,6 @@ def test_dispatch_on_spark_types_each_rows_own_answer_and_asks_again_what_misfit
             calls=Calls(retries=2, backoff_ms=1),
             timeout_ms=10_000,
         )
-    finally:
-        cloudpickle.unregister_pickle_by_value(this)
     wanted = DataType.fromDDL(DDL)
     assert isinstance(wanted, StructType)
     assert out.schema["reply"].dataType == wanted  # before anything ran
@@ -382,3 +393,62 @@ def test_a_refusal_says_flags_not_the_python_api(
     # The Python API's names, and a {field} its message left for the caller to name.
     for python in ("Answer", "reply_schema", "Batching", "{"):
         assert python not in line, line
+
+
+@pytest.mark.spark
+def test_a_stream_packs_its_rows_and_a_micro_batch_run_again_asks_no_row_twice(
+    spark: Any, stub: OpenAIStub, tmp_path: Path
+) -> None:
+    # ~6-10 s (2-core machine): two runs of a three-file stream.
+    from timewheel.spark import Answer, Batching, Calls, Journal, dispatch
+    from timewheel.spark.targets import HttpDownstream
+
+    inp, sink, ck = tmp_path / "in", tmp_path / "sink", tmp_path / "ck"
+    texts = {i: f"streamed {i}" + " x" * (i % 4) for i in range(36)}
+    texts[5] += " [fault:missing]"
+    for f in range(3):  # a file a micro-batch
+        rows = [(i, texts[i]) for i in range(f * 12, f * 12 + 12)]
+        spark.createDataFrame(rows, "id long, text string").coalesce(1).write.parquet(
+            str(tmp_path / f"part{f}")
+        )
+        inp.mkdir(exist_ok=True)
+        for p in (tmp_path / f"part{f}").glob("*.parquet"):
+            p.rename(inp / f"file{f}.parquet")
+    target = HttpDownstream(
+        stub.base_url + "/chat/completions", headers={"Authorization": "Bearer sk-test"},
+        body=chat_body,
+    )  # fmt: skip
+
+    def run() -> None:
+        stream = spark.readStream.schema("id long, text string")
+        stream = stream.option("maxFilesPerTrigger", 1).parquet(str(inp))
+        with sent_by_value():
+            out = dispatch(
+                stream, target, id_col="id", reply_schema=Answer(DDL), timeout_ms=10_000,
+                calls=Calls(retries=1, backoff_ms=1), batching=Batching(6, linger_ms=100),
+                journal=Journal(str(tmp_path / "record")),
+            )  # fmt: skip
+
+            def write(batch: Any, batch_id: int) -> None:
+                batch.write.mode("overwrite").parquet(str(sink / f"batch={batch_id}"))
+
+            query = (
+                out.writeStream.foreachBatch(write)
+                .option("checkpointLocation", str(ck))
+                .trigger(availableNow=True)
+                .start()
+            )
+            assert query.awaitTermination(300) is not False
+            assert query.exception() is None
+
+    run()
+    sent = stub.stats()["requests"]
+    last = max(int(p.name) for p in (ck / "commits").iterdir() if p.name.isdigit())
+    (ck / "commits" / str(last)).unlink()  # as a driver killed before the commit
+    (ck / "commits" / f".{last}.crc").unlink(missing_ok=True)
+    run()
+    assert stub.stats()["requests"] == sent  # the record answered the batch run again
+    got = {r["id"]: r for r in spark.read.parquet(str(sink)).collect()}
+    assert sorted(got) == sorted(texts)
+    for i, text in texts.items():
+        assert got[i]["status"] == "ok" and got[i]["reply"].asDict(recursive=True) == rule(text)
