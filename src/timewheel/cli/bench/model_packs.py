@@ -53,6 +53,33 @@ pack holding it, if several do), ``[fault:KIND:always]`` every time. Markers els
 Every other item's fault is given with it, but for a refusal, which says no element (their
 faults are still to come). Each fault given counts in ``/stats`` and uses up a one-time
 marker, as a single row's does.
+
+**Anthropic's Messages API** (``/v1/messages``: :func:`message_object`) asks for a
+structured answer through a tool: ``tool_choice`` ``{"type": "tool", "name": N}`` makes
+the model call the tool ``N`` of ``tools``, whose ``input_schema`` is the schema (a
+single row's or a pack's, answered as above; ``T`` is the last user message's content,
+as chat's). The answer is the content ``[{"type": "tool_use", "id": "toolu_stubN",
+"name": N, "input": <the answer>}]``, ``stop_reason`` ``"tool_use"``; without a forced
+tool, ``[{"type": "text", "text": "ok ok ..."}]``, ``"end_turn"``. Its ``usage`` is
+``input_tokens`` (the ``system`` text's and every message's, not the tools' schemas) and
+``output_tokens`` (the answer's compact JSON's; a free text's, the stub's
+``--completion-tokens``). A tool's input is always an object, so the faults show as the
+API would show them:
+
+* ``invalid``: no ``tool_use`` block, but a text block holding the JSON without its last
+  character (``"end_turn"``); ``prose``: a text block holding the JSON inside a sentence
+  (``"end_turn"``);
+* ``type``, ``missing``: the input's first field of the wrong type, or left out (a
+  pack's: its element's), as above; where there is no field to spoil (a tool whose
+  schema has no property), the answer is not an object and is given as a text block;
+* ``length``, or an answer over the request's ``max_tokens``: ``stop_reason``
+  ``"max_tokens"``, ``output_tokens`` the cut (``max_tokens``, or half the answer's),
+  and the ``tool_use`` block's ``input`` ``{}`` (what a call cut short holds; a text
+  block is cut as text is);
+* ``refuse``: ``stop_reason`` ``"refusal"``, content ``[{"type": "text", "text":
+  "I can't help with that request."}]``;
+* a pack's ``drop``, ``repeat``, ``invent``, ``swap``: in the input's ``answers``, as
+  above.
 """
 
 from __future__ import annotations
@@ -79,6 +106,8 @@ __all__ = [
     "WHOLE_FAULT_KINDS",
     "answer_pack",
     "answer_request",
+    "message_content",
+    "message_object",
     "pack_fields",
     "pack_items",
 ]
@@ -245,3 +274,42 @@ def answer_request(
         if kind is not None and marker is not None and not marker[1]:
             once.add(given)  # a one-time fault: the first item with this text has it
     return answer_pack(schema, items, faults, limit=limit)
+
+
+def _text_block(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def message_content(answer: Answer, tool: str | None, *, serial: int) -> tuple[list[Any], str]:
+    """``(content, stop_reason)`` saying ``answer`` in the Messages API's shape: a call of
+    the forced ``tool`` (None: a text answer) with the faults shown as this module's
+    docstring says; ``serial``: the number in the ``tool_use`` block's id."""
+    if answer.refusal is not None:
+        return [_text_block(answer.refusal)], "refusal"
+    text = answer.text or ""
+    if tool is None or answer.fault in ("invalid", "prose"):
+        return [_text_block(text)], "max_tokens" if answer.truncated else "end_turn"
+    value = {} if answer.truncated else json.loads(text)
+    if not isinstance(value, dict):  # type or missing with no field to spoil
+        return [_text_block(text)], "end_turn"
+    call = {"type": "tool_use", "id": f"toolu_stub{serial}", "name": tool, "input": value}
+    return [call], "max_tokens" if answer.truncated else "tool_use"
+
+
+def message_object(
+    model: str, answer: Answer, input_tokens: int, *, tool: str | None, serial: int
+) -> dict[str, Any]:
+    """``answer`` as the Messages API's message object (``tool``: the forced tool's name,
+    or None; ``serial``: the number in its ids), with what the ``anthropic`` SDK needs to
+    read it."""
+    content, stop = message_content(answer, tool, serial=serial)
+    return {
+        "id": f"msg_stub{serial}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": {"input_tokens": input_tokens, "output_tokens": answer.completion_tokens},
+    }

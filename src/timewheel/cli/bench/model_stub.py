@@ -4,12 +4,18 @@ answer that fits the request's JSON schema, with faults when the text asks for t
 This module is the stub's answering logic and nothing else (no server, no I/O), so that a
 test can compute the answer a request will get. :mod:`.openai_stub` serves it.
 
-**The row's text** ``T``: chat's (``/v1/chat/completions``) is the ``content`` of the last
-message whose ``role`` is ``"user"``; the Responses API's (``/v1/responses``) is ``input``
-when it is a string, else the ``content`` of the last item of ``input`` whose ``role`` is
-``"user"``. A ``content`` is a string or a list of parts (``{"type": "text", "text": ...}``,
-``input_text`` or ``output_text``), whose texts are joined with ``"\\n"``. No user
-message: ``T`` is ``""``.
+**The row's text** ``T``: chat's (``/v1/chat/completions``) and Anthropic's Messages API's
+(``/v1/messages``) is the ``content`` of the last message whose ``role`` is ``"user"``;
+the Responses API's (``/v1/responses``) is ``input`` when it is a string, else the
+``content`` of the last item of ``input`` whose ``role`` is ``"user"``. A ``content`` is
+a string or a list of parts (``{"type": "text", "text": ...}``, ``input_text`` or
+``output_text``), whose texts are joined with ``"\\n"``. No user message: ``T`` is ``""``.
+
+**The schema** is chat's ``response_format``, the Responses API's ``text.format``, or the
+Messages API's forced tool's ``input_schema`` (``tool_choice`` ``{"type": "tool",
+"name": N}`` and a tool named ``N`` in ``tools``: :func:`forced_tool`); the answer's
+token limit is ``max_tokens`` / ``max_completion_tokens``, ``max_output_tokens``, or the
+Messages API's ``max_tokens`` (required there): :func:`output_limit`.
 
 **The rule**, for ``T`` and a node of the request's JSON schema:
 
@@ -43,7 +49,8 @@ instead of an answer); and a pack's (:data:`PACK_FAULT_KINDS`: ``drop``, ``repea
 ``invent``, ``swap``), which spoil one row of a pack: in a request that is not a pack
 their marker asks for nothing (the answer is right, and the marker's first time is still
 to come). A marker of another kind is a bad request; without a structured format a
-marker is plain text.
+marker is plain text. The Messages API, whose answer is a tool's input (an object),
+shows each fault in its own way: :mod:`.model_packs` states how.
 
 **Packs**: a request whose schema asks for ``{"answers": [{"id": ..., ...}, ...]}`` and
 whose ``T`` ends with a line listing its rows (``[{"id":1,"input":"..."},...]``) is many
@@ -75,6 +82,8 @@ __all__ = [
     "cut_to_tokens",
     "fault_marker",
     "faulted",
+    "forced_tool",
+    "messages_texts",
     "output_limit",
     "resolved",
     "response_object",
@@ -143,8 +152,50 @@ def row_text_responses(body: dict[str, Any]) -> str:
 
 
 def row_text(body: dict[str, Any], api: str) -> str:
-    """The row text of a ``"chat"`` or ``"responses"`` request (``api``)."""
-    return row_text_chat(body) if api == "chat" else row_text_responses(body)
+    """The row text of a ``"chat"``, ``"messages"`` or ``"responses"`` request (``api``)."""
+    return row_text_responses(body) if api == "responses" else row_text_chat(body)
+
+
+def messages_texts(body: Any) -> list[str]:
+    """The texts of a Messages API request that count as its prompt: ``system`` (when
+    given: a string, or text blocks joined with ``"\\n"``) and every message's content;
+    TypeError or KeyError when its ``messages`` are not a non-empty list of ``user`` and
+    ``assistant`` messages, or it has no ``model`` (the tools' schemas are not counted)."""
+    if not isinstance(body, dict):
+        raise TypeError("the body must be a JSON object")
+    if not isinstance(body["model"], str):
+        raise TypeError("model must be a string")
+    messages, system = body["messages"], body.get("system")
+    if not isinstance(messages, list) or not messages:
+        raise TypeError("messages must be a non-empty list")
+    if not all(isinstance(m, dict) and m.get("role") in ("user", "assistant") for m in messages):
+        raise TypeError("each message must be an object whose role is 'user' or 'assistant'")
+    texts = [] if system is None else [content_text(system)]
+    return texts + [content_text(m["content"]) for m in messages]
+
+
+def forced_tool(body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """``(name, input_schema)`` of the tool a Messages API request makes the model call
+    (``tool_choice`` ``{"type": "tool", "name": N}``), or None when it forces none;
+    TypeError, KeyError or ValueError when ``tools`` or ``tool_choice`` are malformed,
+    name no such tool, or its schema is not an object's."""
+    tools, choice = body.get("tools", []), body.get("tool_choice")
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise TypeError("tools must be a list of objects")
+    if choice is None:
+        return None
+    if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
+        raise ValueError(f"tool_choice must be auto, any, tool or none, got {choice!r}")
+    if choice["type"] != "tool":
+        return None
+    name = choice["name"]
+    tool = next((t for t in tools if t.get("name") == name), None)
+    if tool is None:
+        raise ValueError(f"tool_choice names {name!r}, which is not in tools")
+    schema = tool["input_schema"]
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        raise ValueError(f"tool {name!r}: input_schema must be an object's (type 'object')")
+    return name, schema
 
 
 def responses_texts(body: Any) -> list[str]:
@@ -165,9 +216,13 @@ def responses_texts(body: Any) -> list[str]:
 
 def structured_format(body: dict[str, Any], api: str) -> dict[str, Any] | None:
     """The JSON schema a request's answer must fit, or None for a free-text answer: chat's
-    ``response_format`` (``api`` ``"chat"``) or the Responses API's ``text.format``
-    (``"responses"``). ``json_object`` is an object with no fields; TypeError, KeyError
+    ``response_format`` (``api`` ``"chat"``), the Responses API's ``text.format``
+    (``"responses"``) or the Messages API's forced tool's ``input_schema``
+    (``"messages"``). ``json_object`` is an object with no fields; TypeError, KeyError
     or ValueError when the format is malformed."""
+    if api == "messages":
+        tool = forced_tool(body)
+        return None if tool is None else tool[1]
     if api == "chat":
         given = body.get("response_format")
     else:
@@ -194,11 +249,14 @@ def structured_format(body: dict[str, Any], api: str) -> dict[str, Any] | None:
 
 def output_limit(body: dict[str, Any], api: str) -> int | None:
     """The most tokens the answer may have: chat's ``max_completion_tokens`` or
-    ``max_tokens`` (the smaller if both), the Responses API's ``max_output_tokens``; None
-    when not given. TypeError or ValueError when one is not a positive integer."""
-    keys = ("max_completion_tokens", "max_tokens") if api == "chat" else ("max_output_tokens",)
+    ``max_tokens`` (the smaller if both), the Responses API's ``max_output_tokens``, the
+    Messages API's ``max_tokens`` (required: ValueError when not given); None when not
+    given. ValueError when one is not a positive integer."""
+    keys = {"chat": ("max_completion_tokens", "max_tokens"), "messages": ("max_tokens",)}
+    if api == "messages" and body.get("max_tokens") is None:
+        raise ValueError("max_tokens is required")
     limits = []
-    for key in keys:
+    for key in keys.get(api, ("max_output_tokens",)):
         given = body.get(key)
         if given is None:
             continue

@@ -1,7 +1,8 @@
 """An OpenAI-compatible stub that meters its callers as those APIs do, for quota tests and benches.
 
 ``POST /v1/embeddings``, ``POST /v1/chat/completions`` and ``POST /v1/responses`` (the
-Responses API) answer in OpenAI's shapes after ``--latency-ms``, each with ``usage``.
+Responses API) answer in OpenAI's shapes after ``--latency-ms``, each with ``usage``;
+``POST /v1/messages`` answers as Anthropic's Messages API does (below).
 Embeddings come at real sizes: ``--dimensions``
 numbers each (1536 by default, text-embedding-3-small's; 3072 is -large's), or as many as
 a request's ``dimensions`` asks (as OpenAI's parameter does), each written as OpenAI
@@ -40,6 +41,22 @@ Every answer carries ``x-ratelimit-limit-requests`` / ``-tokens``,
 ``x-ratelimit-reset-requests`` / ``-tokens`` (until the window is empty again: Go-style
 durations such as ``6m0s``, ``1s``, ``20ms``, as OpenAI sends them).
 
+``POST /v1/messages`` is Anthropic's Messages API on the same window and counts: the key
+is its ``x-api-key`` header, else ``Authorization: Bearer KEY`` (what the ``anthropic``
+SDK sends; neither: 401 ``authentication_error``), an ``anthropic-version`` header is
+required (400), and so are ``model``, ``max_tokens`` (a positive integer) and
+``messages`` (``user`` and ``assistant`` messages, content a string or text blocks);
+``system`` (a string or text blocks), ``tools`` and ``tool_choice`` are optional. A
+forced tool (``tool_choice`` ``{"type": "tool", "name": N}``) is answered by the rule
+(its ``input_schema`` is the schema), else the answer is text; the prompt's tokens are
+the ``system`` text's and every message's (not the tools' schemas'). :mod:`.model_packs`
+states the answer's shape and how each fault shows in it. Errors are in Anthropic's shape
+(``{"type": "error", "error": {"type": ..., "message": ...}}``: ``invalid_request_error``,
+``rate_limit_error``), and its rate-limit headers in Anthropic's
+(:func:`anthropic_headers`): ``anthropic-ratelimit-requests-limit`` / ``-remaining`` /
+``-reset`` and ``anthropic-ratelimit-tokens-*``, each reset an RFC 3339 time (when the
+window is empty again, rounded up to the second), and ``retry-after`` on a 429.
+
 ``GET /stats`` returns what it saw: requests answered, tokens counted and refusals,
 in total and per minute since it started (``minutes``: one entry per minute with
 ``requests``, ``tokens``, ``refused``), the most requests and tokens any key had in
@@ -65,13 +82,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .http_service import ChildService, serve_app
-from .model_packs import answer_request
+from .model_packs import answer_request, message_object
 from .model_stub import (
     Answer,
     FaultMemory,
     chat_completion,
     content_text,
     count_tokens,
+    forced_tool,
+    messages_texts,
     output_limit,
     response_object,
     responses_texts,
@@ -85,6 +104,7 @@ __all__ = [
     "Limits",
     "StubProcess",
     "WindowLimiter",
+    "anthropic_headers",
     "chat_answer",
     "count_tokens",
     "embedding_json",
@@ -93,6 +113,7 @@ __all__ = [
     "main",
     "request_dimensions",
     "request_texts",
+    "rfc3339",
 ]
 
 #: Numbers per embedding unless ``--dimensions`` or a request says otherwise
@@ -133,6 +154,8 @@ class Verdict:
     allowed: bool
     retry_after_s: int
     headers: dict[str, str]
+    #: Seconds until the key's window is empty again.
+    reset_s: float = 0.0
 
 
 class WindowLimiter:
@@ -174,7 +197,7 @@ class WindowLimiter:
         }
         if not allowed:
             headers["Retry-After"] = str(retry)
-        return Verdict(allowed, retry, headers)
+        return Verdict(allowed, retry, headers, reset)
 
     def _room_in(self, state: _Key, tokens: int, now: float) -> int:
         """Whole seconds until the window has room for one more request of ``tokens``."""
@@ -188,6 +211,28 @@ class WindowLimiter:
             count, used = count - 1, used - spent
             wait = stamp + lim.window_s - now
         return max(1, math.ceil(wait))
+
+
+def rfc3339(unix_s: float) -> str:
+    """The time ``unix_s`` (seconds since the epoch, rounded up to a second) in RFC 3339,
+    UTC: ``2025-01-01T00:01:00Z``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(math.ceil(unix_s)))
+
+
+def anthropic_headers(verdict: Verdict, now: float | None = None) -> dict[str, str]:
+    """``verdict``'s rate-limit headers as Anthropic sends them: each window's
+    ``anthropic-ratelimit-{requests,tokens}-limit`` / ``-remaining`` / ``-reset`` (an RFC
+    3339 time: ``now``, the wall clock, plus its reset), and ``retry-after`` on a refusal."""
+    reset = rfc3339((time.time() if now is None else now) + verdict.reset_s)
+    out = {}
+    for kind in ("requests", "tokens"):
+        out[f"anthropic-ratelimit-{kind}-limit"] = verdict.headers[f"x-ratelimit-limit-{kind}"]
+        remaining = verdict.headers[f"x-ratelimit-remaining-{kind}"]
+        out[f"anthropic-ratelimit-{kind}-remaining"] = remaining
+        out[f"anthropic-ratelimit-{kind}-reset"] = reset
+    if not verdict.allowed:
+        out["retry-after"] = str(verdict.retry_after_s)
+    return out
 
 
 def _float32(value: float) -> float:
@@ -213,10 +258,13 @@ def request_texts(body: Any, kind: str) -> list[str]:
     """The texts of a request's ``body`` that count as its prompt: an embeddings request's
     ``input`` (``kind`` ``"embeddings"``), a chat request's messages' ``content`` (``"chat"``:
     a string or a list of text parts), a Responses API request's ``instructions`` and
-    input (``"responses"``); TypeError or KeyError when the body has none."""
+    input (``"responses"``), a Messages API request's ``system`` and messages
+    (``"messages"``); TypeError or KeyError when the body has none."""
     if not isinstance(body, dict):
         raise TypeError("the body must be a JSON object")
-    if kind == "embeddings":
+    if kind == "messages":
+        texts = messages_texts(body)
+    elif kind == "embeddings":
         given = body["input"]
         texts = [given] if isinstance(given, str) else given
     elif kind == "responses":
@@ -293,15 +341,37 @@ class _Stub:
         index = int((time.monotonic() - self.started) // 60)
         return self.minutes.setdefault(index, {"requests": 0, "tokens": 0, "refused": 0})
 
-    def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> Any:
+    def _error(
+        self, status: int, message: str, headers: dict[str, str] | None = None, kind: str = ""
+    ) -> Any:
+        """An error answer, in Anthropic's shape for ``kind`` ``"messages"``."""
         from aiohttp import web
 
-        body = {"error": {"message": message, "type": "invalid_request_error"}}
-        return web.json_response(body, status=status, headers=headers)
+        if kind != "messages":
+            body: dict[str, Any] = {"error": {"message": message, "type": "invalid_request_error"}}
+            return web.json_response(body, status=status, headers=headers)
+        name = {401: "authentication_error", 429: "rate_limit_error"}
+        error = {"type": name.get(status, "invalid_request_error"), "message": message}
+        return web.json_response({"type": "error", "error": error}, status=status, headers=headers)
+
+    def _key(self, request: Any, kind: str) -> tuple[str, Any]:
+        """``(the API key, None)``, or ``("", the error answer)`` when the request has none
+        (or, for the Messages API, no ``anthropic-version``)."""
+        auth = request.headers.get("Authorization", "")
+        key = auth[7:].strip() if auth.startswith("Bearer ") else ""
+        if kind != "messages":
+            return key, None if key else self._error(401, "no API key (Authorization: Bearer KEY)")
+        key = request.headers.get("x-api-key", "").strip() or key
+        if not key:
+            return "", self._error(401, "no API key (x-api-key: KEY)", kind=kind)
+        if not request.headers.get("anthropic-version", "").strip():
+            self.totals["bad"] += 1
+            return "", self._error(400, "anthropic-version: header is required", kind=kind)
+        return key, None
 
     def _answer(self, body: dict[str, Any], kind: str) -> Answer:
-        """The answer to a chat or responses request, a pack's or a single row's (it is
-        computed before the request is admitted: its tokens count)."""
+        """The answer to a chat, responses or messages request, a pack's or a single row's
+        (it is computed before the request is admitted: its tokens count)."""
         schema = structured_format(body, kind)
         text = row_text(body, kind)
         limit = output_limit(body, kind)
@@ -312,27 +382,30 @@ class _Stub:
     async def _metered(self, request: Any, kind: str) -> Any:
         from aiohttp import web
 
-        auth = request.headers.get("Authorization", "")
-        if not auth.startswith("Bearer ") or not auth[7:].strip():
-            return self._error(401, "no API key (Authorization: Bearer KEY)")
-        answer = Answer("", 0)
+        key, refused = self._key(request, kind)
+        if refused is not None:
+            return refused
+        answer, named = Answer("", 0), None
         try:
             body = json.loads(await request.read())
             texts = request_texts(body, kind)
             dimensions = request_dimensions(body, self.dimensions) if kind == "embeddings" else 0
+            if kind == "messages":
+                named = forced_tool(body)
             if kind != "embeddings":
                 answer = self._answer(body, kind)
         except (ValueError, TypeError, KeyError) as exc:
             self.totals["bad"] += 1
-            return self._error(400, f"bad request: {exc}")
+            return self._error(400, f"bad request: {exc}", kind=kind)
         prompt = sum(count_tokens(t) for t in texts)
         completion = answer.completion_tokens
-        verdict = self.limiter.admit(auth[7:].strip(), prompt + completion)
+        verdict = self.limiter.admit(key, prompt + completion)
+        headers = anthropic_headers(verdict) if kind == "messages" else verdict.headers
         minute = self._minute()
         if not verdict.allowed:
             self.totals["refused"] += 1
             minute["refused"] += 1
-            return self._error(429, "rate limit reached", verdict.headers)
+            return self._error(429, "rate limit reached", headers, kind)
         self.faults.note(answer)  # before any wait: a twin sees it answered
         self.totals["requests"] += 1
         self.totals["tokens"] += prompt + completion
@@ -345,9 +418,13 @@ class _Stub:
         if kind == "embeddings":
             text = embeddings_answer(model, texts, dimensions, prompt)
             return web.Response(text=text, content_type="application/json", headers=verdict.headers)
+        if kind == "messages":
+            tool = None if named is None else named[0]
+            made = message_object(model, answer, prompt, tool=tool, serial=serial)
+            return web.json_response(made, headers=headers)
         build = chat_completion if kind == "chat" else response_object
         made = build(model, answer, prompt, created=int(time.time()), serial=serial)
-        return web.json_response(made, headers=verdict.headers)
+        return web.json_response(made, headers=headers)
 
     async def embeddings(self, request: Any) -> Any:
         return await self._metered(request, "embeddings")
@@ -357,6 +434,9 @@ class _Stub:
 
     async def responses(self, request: Any) -> Any:
         return await self._metered(request, "responses")
+
+    async def messages(self, request: Any) -> Any:
+        return await self._metered(request, "messages")
 
     async def stats(self, request: Any) -> Any:
         from aiohttp import web
@@ -385,6 +465,7 @@ async def _serve(args: argparse.Namespace) -> None:
     app.router.add_post("/v1/embeddings", stub.embeddings)
     app.router.add_post("/v1/chat/completions", stub.chat)
     app.router.add_post("/v1/responses", stub.responses)
+    app.router.add_post("/v1/messages", stub.messages)
     app.router.add_get("/stats", stub.stats)
     await serve_app(app, args.port, args.lifetime_s)
 
@@ -394,8 +475,9 @@ def parser() -> argparse.ArgumentParser:
     out = argparse.ArgumentParser(
         prog="python -m timewheel.cli.bench.openai_stub",
         description="An OpenAI-compatible stub on 127.0.0.1 (POST /v1/embeddings, "
-        "POST /v1/chat/completions, POST /v1/responses, GET /stats) that meters each API "
-        "key over a sliding window, as OpenAI does. A request for structured output gets "
+        "POST /v1/chat/completions, POST /v1/responses, Anthropic's POST /v1/messages, "
+        "GET /stats) that meters each API key over a sliding window, as OpenAI does. A "
+        "request for structured output (or a forced tool call) gets "
         "JSON that fits its schema, computed by a fixed rule from the row's text, and a "
         "marker [fault:KIND] or [fault:KIND:always] in that text makes the answer faulty "
         "(KIND: invalid, prose, type, missing, length, refuse; in a pack of rows, an "
