@@ -222,3 +222,32 @@ def test_a_row_asked_again_past_its_deadline_ends_timeout() -> None:
     assert iso2.finals[0] is not None and iso2.finals[0].status == "timeout"
     iso.answered(again)
     assert iso.done
+
+
+def test_a_packs_output_limit_is_its_rows_and_text_parts_are_a_prompt() -> None:
+    rows = [{**chat_body(t), "max_completion_tokens": 50} for t in ("a", "b", "c")]
+    body = ANSWER.pack_request(rows)
+    assert body["max_completion_tokens"] == 150  # the pack answers for its three rows
+    assert rows[0]["max_completion_tokens"] == 50
+    parts = {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}]}  # fmt: skip
+    assert prompt_of("chat", parts)[1] == "one\ntwo"
+    image = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}
+    with pytest.raises(DownstreamError, match="text parts"):
+        ANSWER.pack_line(image)
+
+
+def test_every_count_of_a_packs_usage_is_shared_and_adds_up() -> None:
+    answer = Answer(SCHEMA, api="messages", name="label_it")
+    packed = {"answers": [{"id": 1, "label": "A", "n": 1}, {"id": 2, "label": "B", "n": 2}]}
+    usage = {"input_tokens": 41, "output_tokens": 9, "cache_read_input_tokens": 300,
+             "cache_creation_input_tokens": 7, "service_tier": "standard"}  # fmt: skip
+    reply = {"type": "message", "stop_reason": "tool_use", "usage": usage,
+             "content": [{"type": "tool_use", "name": "label_it", "input": packed}]}  # fmt: skip
+    rows = answer.pack_split().split(json.dumps(reply), [3, 1])
+    made = [json.loads(r.response or "") for r in rows]
+    for name in ("input_tokens", "output_tokens", "cache_read_input_tokens"):
+        assert sum(m["usage"][name] for m in made) == usage[name]
+    assert made[0]["usage"]["cache_read_input_tokens"] == 225  # by prompt size, 3 to 1
+    assert all("service_tier" not in m["usage"] for m in made)  # not a count: not shared
+    assert made[0]["content"][0]["name"] == "label_it" and made[0]["stop_sequence"] is None

@@ -112,6 +112,7 @@ def test_anthropics_messages_api_is_asked_through_a_tool_whose_input_is_the_answ
     ]
     assert body["tool_choice"] == {"type": "tool", "name": "x"}
     assert api_of_url("https://api.anthropic.com/v1/messages") == "messages"
+    assert api_of_url("https://gateway.example/anthropic/messages") == "messages"
     assert Answer("a int").for_url("http://127.0.0.1:9/v1/messages").api == "messages"
 
 

@@ -38,13 +38,13 @@ _COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 def api_of_url(url: str) -> str | None:
     """The API a URL's path names (``.../chat/completions``: ``"chat"``,
-    ``.../responses``: ``"responses"``, ``.../messages``: ``"messages"``); None when it
-    names none of them."""
+    ``.../responses``: ``"responses"``, ``.../messages``: ``"messages"``, as a gateway's
+    ``.../anthropic/messages``); None when it names none of them."""
     path = urllib.parse.urlsplit(url).path.rstrip("/")
     for end, api in (("/chat/completions", "chat"), ("/responses", "responses")):
         if path.endswith(end):
             return api
-    return "messages" if path.endswith("/v1/messages") else None
+    return "messages" if path.endswith("/messages") else None
 
 
 def ask(api: str, payload: dict[str, Any], name: str, schema: dict[str, Any]) -> dict[str, Any]:

@@ -38,8 +38,10 @@ from .apis import answer_text
 from .shape import json_schema, misfit
 
 __all__ = [
+    "OUTPUT_LIMITS",
     "PACK_NOTE",
     "PackSplit",
+    "pack_body",
     "pack_prompt",
     "pack_schema",
     "prompt_of",
@@ -82,10 +84,47 @@ def prompt_of(api: str, body: Any) -> tuple[Path, str, str]:
         if at is None:
             raise ValueError("a packed row's body needs 'input': a string, or a user item")
         path = ("input", at, "content")
-    prompt = _at(body, path)
-    if not isinstance(prompt, str):
-        raise ValueError("a packed row's prompt (its user message's content) must be a string")
+    prompt = _text_of(_at(body, path))
+    if prompt is None:
+        raise ValueError(
+            "a packed row's prompt (its user message's content) must be a string or text parts"
+        )
     return path, prompt, _KEY(with_prompt(body, path, None))
+
+
+def _text_of(content: Any) -> str | None:
+    """A prompt's text: a string, or a list of text parts (``{"type": "text" or
+    "input_text", "text": ...}``) joined by newlines; None for anything else (an image)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        return None
+    texts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") not in ("text", "input_text"):
+            return None
+        if not isinstance(part.get("text"), str):
+            return None
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+#: The fields of a request that cap its answer's tokens: a pack's is its rows' sum.
+OUTPUT_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def pack_body(api: str, bodies: Sequence[Any]) -> Any:
+    """The body of a pack of ``bodies`` (rows sharing everything but their prompts): the
+    first's, its prompt replaced by :func:`pack_prompt` of theirs, and each limit on the
+    answer's tokens (:data:`OUTPUT_LIMITS`) the rows' sum: the pack answers for them all."""
+    path, _, _ = prompt_of(api, bodies[0])
+    prompts = [prompt_of(api, body)[1] for body in bodies]
+    packed = with_prompt(bodies[0], path, pack_prompt(prompts))
+    for name in OUTPUT_LIMITS:
+        limit = packed.get(name)
+        if type(limit) is int and limit > 0:
+            packed[name] = limit * len(bodies)  # (the rows' own, equal: one key)
+    return packed
 
 
 def _last_user(items: Any) -> int | None:
@@ -134,23 +173,24 @@ def pack_schema(fields: tuple[DdlField, ...]) -> dict[str, Any]:
     }
 
 
-# The usage fields of each API: (input, output, total; Anthropic's says no total).
-_USAGE = {
-    "chat": ("prompt_tokens", "completion_tokens", "total_tokens"),
-    "responses": ("input_tokens", "output_tokens", "total_tokens"),
-    "messages": ("input_tokens", "output_tokens", None),
-}
+# The usage field of each API's output tokens (shared by each row's answer size), and of
+# its total (the sum of a row's shares; Anthropic's usage has none). Every other whole
+# number in a usage (input tokens, cached input tokens) is shared by each row's prompt.
+_INPUT = {"chat": "prompt_tokens", "responses": "input_tokens", "messages": "input_tokens"}
+_OUTPUT = {"chat": "completion_tokens", "responses": "output_tokens", "messages": "output_tokens"}
+_TOTAL = {"chat": "total_tokens", "responses": "total_tokens", "messages": None}
 
 
 class PackSplit:
     """A pack's answer split into one :class:`RowAnswer` per row (see the module): the
-    batch engine's ``batch_reply`` for an Answer with batching."""
+    batch engine's ``batch_reply`` for an Answer with batching (``name``: its format's)."""
 
-    __slots__ = ("api", "fields")
+    __slots__ = ("api", "fields", "name")
 
-    def __init__(self, api: str, fields: tuple[DdlField, ...]) -> None:
+    def __init__(self, api: str, fields: tuple[DdlField, ...], name: str = "answer") -> None:
         self.api = api
         self.fields = fields
+        self.name = name
 
     def __repr__(self) -> str:
         return f"PackSplit({self.api!r})"
@@ -163,26 +203,25 @@ class PackSplit:
         if whole is not None:
             return [RowAnswer(False, None, whole, True)] * n
         out: list[RowAnswer] = []
-        texts: list[str | None] = []
+        values: list[Any] = []
         for i in range(1, n + 1):
             found = elements.get(i, [])
             if len(found) != 1:
                 how = "no element" if not found else f"{len(found)} elements"
-                out.append(
-                    RowAnswer(False, None, f"the pack's answer has {how} for this row", True)
-                )
-                texts.append(None)
+                why = f"the pack's answer has {how} for this row"
+                out.append(RowAnswer(False, None, why, True))
+                values.append(None)
                 continue
             value = {k: v for k, v in found[0].items() if k != "id"}
             wrong = misfit(value, self.fields)
             if wrong is not None:
                 why = f"the pack's answer for this row does not fit the schema: {wrong}"
                 out.append(RowAnswer(False, None, why, True))
-                texts.append(None)
+                values.append(None)
                 continue
-            texts.append(_COMPACT(value))
+            values.append(value)
             out.append(RowAnswer(True, None, None))
-        responses = self._responses(answer, sizes, texts)
+        responses = self._responses(answer, sizes, values)
         return [RowAnswer(True, responses[i], None) if row.ok else row for i, row in enumerate(out)]
 
     def texts(self, body: bytes | str | None, n: int) -> list[str] | None:
@@ -211,43 +250,43 @@ class PackSplit:
                 elements.setdefault(key, []).append(item)
         return None, elements, json.loads(body) if body else None
 
-    def _responses(
-        self, answer: Any, sizes: Sequence[Any], texts: list[str | None]
-    ) -> list[str | None]:
-        """Each row's response in the API's shape: its text and its share of the usage."""
-        names = _USAGE[self.api]
+    def _responses(self, answer: Any, sizes: Sequence[Any], values: list[Any]) -> list[str | None]:
+        """Each row's response in the API's shape: its answer and its share of the usage."""
+        texts = [None if v is None else _COMPACT(v) for v in values]
         usage = answer.get("usage") if isinstance(answer, dict) else None
         usage = usage if isinstance(usage, dict) else {}
-        given_in, given_out = usage.get(names[0]), usage.get(names[1])
-        ins = usage_shares(given_in, [float(s) for s in sizes])
-        outs = usage_shares(given_out, [len(t) if t is not None else 0 for t in texts])
+        output, total = _OUTPUT[self.api], _TOTAL[self.api]
+        answered = [len(t) if t is not None else 0 for t in texts]
+        prompts = [float(s) for s in sizes]
+        shares: dict[str, list[int | None]] = {}
+        for name, given in usage.items():
+            if type(given) is int and name != total:
+                shares[name] = usage_shares(given, answered if name == output else prompts)
         model = answer.get("model") if isinstance(answer, dict) else None
         out: list[str | None] = []
-        for text, i, o in zip(texts, ins, outs):
-            if text is None:
+        for i, value in enumerate(values):
+            if value is None:
                 out.append(None)
                 continue
-            share = None
-            if i is not None and o is not None:
-                share = {names[0]: i, names[1]: o}
-                if names[2] is not None:
-                    share[names[2]] = i + o
-            out.append(_COMPACT(self._one(text, share, model, len(texts))))
+            share = {name: each[i] for name, each in shares.items()}
+            ins, outs = share.get(_INPUT[self.api]), share.get(output)
+            if total is not None and total in usage and ins is not None and outs is not None:
+                share[total] = ins + outs
+            out.append(_COMPACT(self._one(value, texts[i] or "", share, model, len(values))))
         return out
 
     def _one(
-        self, text: str, usage: dict[str, int] | None, model: Any, rows: int
+        self, value: Any, text: str, usage: dict[str, Any], model: Any, rows: int
     ) -> dict[str, Any]:
         """A row's response as the API would have answered it alone."""
+        made: dict[str, Any]
         if self.api == "chat":
             message = {"role": "assistant", "content": text}
-            made: dict[str, Any] = {
-                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]
-            }
+            made = {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
         elif self.api == "messages":
-            call = {"type": "tool_use", "id": "pack", "name": "answer", "input": json.loads(text)}
-            made = {"type": "message", "role": "assistant", "content": [call]}
-            made["stop_reason"] = "tool_use"
+            call = {"type": "tool_use", "id": "pack", "name": self.name, "input": value}
+            made = {"id": "pack", "type": "message", "role": "assistant", "content": [call]}
+            made.update(stop_reason="tool_use", stop_sequence=None)
         else:
             part = {"type": "output_text", "text": text}
             made = {
@@ -256,7 +295,7 @@ class PackSplit:
             }
         if model is not None:
             made["model"] = model
-        if usage is not None:
+        if usage:
             made["usage"] = usage
         made["pack"] = {"rows": rows}
         return made

@@ -10,7 +10,7 @@ from ..contract import DownstreamError
 from ..ddl import DdlField, parse_ddl
 from ..options import PlanError, PlanTypeError
 from .apis import APIS, answer_text, answer_value, api_of_url, ask
-from .pack import PackSplit, pack_prompt, pack_schema, prompt_of, with_prompt
+from .pack import PackSplit, pack_body, pack_schema, prompt_of
 from .shape import json_schema, unsupported
 
 __all__ = ["Answer"]
@@ -114,14 +114,11 @@ class Answer:
         """The body of one request holding the rows of ``bodies`` (one pack: the first's,
         its prompt replaced by the pack's, asking for the pack's answer)."""
         api = self.api or "chat"
-        path, _, _ = prompt_of(api, bodies[0])
-        prompts = [prompt_of(api, body)[1] for body in bodies]
-        packed = with_prompt(bodies[0], path, pack_prompt(prompts))
-        return ask(api, packed, self.name, pack_schema(self.fields))
+        return ask(api, pack_body(api, bodies), self.name, pack_schema(self.fields))
 
     def pack_split(self) -> PackSplit:
         """What splits a pack's answer per row."""
-        return PackSplit(self.api or "chat", self.fields)
+        return PackSplit(self.api or "chat", self.fields, self.name)
 
     def misfit(self, body: bytes | str | None) -> str | None:
         """Why an answer's ``body`` holds no answer that fits (the row's error); None
