@@ -3,13 +3,14 @@ share everything but their own prompt into one request, asks for the answer as a
 keyed by a number per row, and splits it back.
 
 **The request.** Each row's body is made as for a request of its own; its *prompt* is
-its last user message's ``content`` (chat), or its ``input`` (the Responses API: a string,
-or the last user item's ``content``), a string. Rows whose bodies are equal but for that
-prompt share a pack (:func:`prompt_of` gives the key); the pack's body is the first row's
-with that prompt replaced by :func:`pack_prompt`: one line saying how to answer, then
-the rows as a one-line JSON array ``[{"id": 1, "input": "..."}, ...]`` (ids 1 to n, the
-rows' places in the pack: the rows' own ids never reach the prompt), and asks for
-:func:`pack_schema` (``{"answers": [{"id": 1, <the answer's fields>}, ...]}``, strict).
+its last user message's ``content`` (chat, Anthropic's messages), or its ``input`` (the
+Responses API: a string, or the last user item's ``content``): a string, or text parts.
+Rows whose bodies are equal but for that prompt share a pack (:func:`prompt_of` gives the
+key); the pack's body (:func:`pack_body`) is the first row's with that prompt replaced by
+:func:`pack_prompt`: one line saying how to answer, then the rows as a one-line JSON
+array ``[{"id": 1, "input": "..."}, ...]`` (ids 1 to n, the rows' places in the pack: the
+rows' own ids never reach the prompt), its limit on the answer's tokens the rows' sum;
+it asks for :func:`pack_schema` (``{"answers": [{"id": 1, <the answer's fields>}, ...]}``).
 
 **The answer** (:class:`PackSplit`). A pack's answer that has no list to read (not JSON,
 prose, a refusal, cut at its token limit) fails every row *again*: the engine halves the
@@ -21,9 +22,9 @@ meant for another. A row that fits gets a response of its own in the API's shape
 answer as the model's text, its share of the pack's ``usage``), so the ``reply`` column,
 ``Cost.actual`` paths and the user read it as a single answer.
 
-**Usage shares.** Input tokens are shared by each row's prompt size, output tokens by
-each row's answer size, in whole tokens by largest remainder: the rows of a pack that
-all fit add up to its bill exactly.
+**Usage shares.** Output tokens are shared by each row's answer size, every other count of
+the usage (input tokens, cached input tokens) by each row's prompt size, in whole tokens
+by largest remainder: the rows of a pack that all fit add up to its counts exactly.
 """
 
 from __future__ import annotations
