@@ -498,7 +498,21 @@ def sdk(stub: OpenAIStub) -> tuple[Any, Any]:
     installed: it is not in ``test``)."""
     anthropic = pytest.importorskip("anthropic")
     root = stub.base_url.removesuffix("/v1")
-    return anthropic, anthropic.Anthropic(base_url=root, api_key="sk-test", max_retries=0)
+    made = anthropic.Anthropic(base_url=root, api_key="sk-test", max_retries=0)
+    _CLIENTS.append(made)
+    return anthropic, made
+
+
+# The SDK clients a test made: closed when it ends (a client left to the collector warns of
+# its socket in whichever test runs then).
+_CLIENTS: list[Any] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _CLIENTS:
+        _CLIENTS.pop().close()
 
 
 def create(client: Any, text: str, schema: dict[str, Any] = TAGS, **extra: Any) -> Any:
@@ -565,6 +579,7 @@ def test_the_official_client_is_told_of_a_rate_limit() -> None:
         client = anthropic.Anthropic(
             base_url=stub.base_url.removesuffix("/v1"), api_key="sk-test", max_retries=0
         )
+        _CLIENTS.append(client)
         create(client, "sdk limited")
         with pytest.raises(anthropic.RateLimitError) as caught:
             create(client, "sdk limited")

@@ -522,8 +522,22 @@ def expected_tags(text: str) -> dict[str, Any]:
     return {"label": text.upper(), "size": n, "half": n / 2, "even": n % 2 == 0, "words": words}
 
 
+# The SDK clients a test made: closed when it ends (a client left to the collector warns of
+# its socket in whichever test runs then).
+_CLIENTS: list[Any] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _CLIENTS:
+        _CLIENTS.pop().close()
+
+
 def client(openai: Any, stub: OpenAIStub) -> Any:
-    return openai.OpenAI(base_url=stub.base_url, api_key="sk-test", max_retries=0, timeout=30)
+    made = openai.OpenAI(base_url=stub.base_url, api_key="sk-test", max_retries=0, timeout=30)
+    _CLIENTS.append(made)
+    return made
 
 
 def test_the_official_client_parses_chat_answers(stub: OpenAIStub) -> None:

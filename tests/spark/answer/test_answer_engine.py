@@ -7,6 +7,7 @@ count against the budget, as the stub billed them."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from dataclasses import replace
@@ -23,6 +24,9 @@ from timewheel.spark import Answer, Batching, Calls, Cost, Quota
 from timewheel.spark.planning import plan
 from timewheel.spark.quota.placement import QuotaRef
 from timewheel.spark.targets import HttpDownstream
+
+# A quota of its own for each job (an id() of a list may come again once it is freed).
+_KEYS = itertools.count()
 
 SCHEMA = ANSWER_DDL
 FAULTS = ("invalid", "prose", "type", "missing", "length", "refuse")
@@ -49,7 +53,7 @@ def run(stub: OpenAIStub, api: str, rows: list[dict[str, Any]], quota: Quota | N
     ref = None
     config = job.config
     if quota is not None:
-        ref = QuotaRef(quota, "static", 1.0, key=f"answer-test-{id(rows)}")
+        ref = QuotaRef(quota, "static", 1.0, key=f"answer-test-{next(_KEYS)}")
         config = replace(config, quota=ref)
     outcomes = list(job.engine(iter(rows), job.target, config))
     return sorted(outcomes, key=lambda o: o.row["id"]), ref

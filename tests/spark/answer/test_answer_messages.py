@@ -10,6 +10,7 @@ tokens count against the budget, as the stub billed them."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -28,6 +29,9 @@ from timewheel.spark.answer.pack import pack_prompt
 from timewheel.spark.planning import plan
 from timewheel.spark.quota.placement import QuotaRef
 from timewheel.spark.targets import HttpDownstream
+
+# A quota of its own for each job (an id() of a list may come again once it is freed).
+_KEYS = itertools.count()
 
 SCHEMA = ANSWER_DDL
 ANSWER = Answer(SCHEMA, api="messages")
@@ -70,7 +74,7 @@ def run(stub: OpenAIStub, rows: list[dict[str, Any]], quota: Quota | None = None
     ref = None
     config = job.config
     if quota is not None:
-        ref = QuotaRef(quota, "static", 1.0, key=f"answer-messages-{id(rows)}")
+        ref = QuotaRef(quota, "static", 1.0, key=f"answer-messages-{next(_KEYS)}")
         config = replace(config, quota=ref)
     outcomes = list(job.engine(iter(rows), job.target, config))
     return sorted(outcomes, key=lambda o: o.row["id"]), ref
