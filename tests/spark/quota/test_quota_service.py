@@ -35,9 +35,13 @@ def test_two_clients_in_threads_share_one_quota() -> None:
         peak = [0]
         lock = threading.Lock()
         in_flight = [0]
+        # Both start taking together: on a loaded machine one thread could take the 2,000
+        # before the other had started (seen once), which says nothing of sharing.
+        start = threading.Barrier(2, timeout=30)
 
         def task(i: int) -> None:
             quota = TaskQuota(service.client())
+            start.wait()
             try:
                 while True:
                     if quota.acquire() > 0:
