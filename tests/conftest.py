@@ -125,4 +125,5 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
+from openai_stub_fixtures import stub  # noqa: E402,F401  (the OpenAI stub, one per module)
 from spark_fixtures import recorder, spark  # noqa: E402,F401  (Spark, a recording HTTP service)

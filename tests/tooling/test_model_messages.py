@@ -9,14 +9,19 @@ from __future__ import annotations
 import calendar
 import json
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from openai_stub_fixtures import OpenAIStub, rule
+from openai_stub_fixtures import (  # closed_clients: autouse
+    ROW,
+    OpenAIStub,
+    closed_clients,  # noqa: F401
+    compact,
+    kept,
+    row_rule,
+    rule,
+)
 from timewheel.cli.bench.model_packs import answer_pack, message_content
 from timewheel.cli.bench.model_stub import (
     FAULT_KINDS,
@@ -32,13 +37,6 @@ from timewheel.cli.bench.model_stub import (
 from timewheel.cli.bench.openai_stub import Limits, WindowLimiter, anthropic_headers, rfc3339
 from timewheel.spark.ratelimit import parse_rate_limit_headers
 
-#: A row's schema, as a tool's input_schema.
-ROW: dict[str, Any] = {
-    "type": "object",
-    "properties": {"label": {"type": "string"}, "size": {"type": "integer"}},
-    "required": ["label", "size"],
-    "additionalProperties": False,
-}
 #: A pack's schema, as timewheel sends it.
 PACK: dict[str, Any] = {
     "type": "object",
@@ -71,22 +69,13 @@ TAGS: dict[str, Any] = {
 VERSION = {"anthropic-version": "2023-06-01"}
 
 
-def right(text: str) -> dict[str, Any]:
-    """What the rule answers to ``text`` for :data:`ROW`, written out by hand."""
-    return {"label": text.upper(), "size": len(text)}
-
-
-def compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
-
 def packed(inputs: list[str]) -> str:
     items = [{"id": i, "input": text} for i, text in enumerate(inputs, 1)]
     return "Answer each row, by its id.\n" + compact(items)
 
 
 def pack_value(inputs: list[str]) -> dict[str, Any]:
-    return {"answers": [{"id": i, **right(t)} for i, t in enumerate(inputs, 1)]}
+    return {"answers": [{"id": i, **row_rule(t)} for i, t in enumerate(inputs, 1)]}
 
 
 def body(
@@ -110,33 +99,14 @@ def post(
     stub: OpenAIStub, payload: Any, headers: dict[str, str] | None = None
 ) -> tuple[int, dict[str, str], Any]:
     """POST ``payload`` to ``/v1/messages`` (default headers: a key and the version)."""
-    sent = {"Content-Type": "application/json", "x-api-key": "sk-test", **VERSION}
-    if headers is not None:
-        sent = {"Content-Type": "application/json", **headers}
-    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    request = urllib.request.Request(stub.base_url + "/messages", data, sent, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, dict(response.headers), json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        with error:
-            return error.code, dict(error.headers), json.loads(error.read())
+    sent = {"x-api-key": "sk-test", **VERSION} if headers is None else headers
+    return stub.post("/messages", payload, headers=sent)
 
 
 def ask(stub: OpenAIStub, text: str, **extra: Any) -> dict[str, Any]:
     status, _, answer = post(stub, body(text, **extra))
     assert status == 200, answer
     return answer  # type: ignore[no-any-return]
-
-
-@pytest.fixture(scope="module")
-def stub() -> Iterator[OpenAIStub]:
-    """One stub for the module: each test sends texts of its own."""
-    started = OpenAIStub()
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 # -- the request, read ------------------------------------------------------------------
@@ -205,7 +175,7 @@ def test_max_tokens_is_required_and_a_positive_integer(bad: Any) -> None:
 
 
 def test_each_answer_is_said_in_the_messages_shape() -> None:
-    value = right("ab")
+    value = row_rule("ab")
     said = Answer(compact(value), 4)
     assert message_content(said, "row", serial=3) == (
         [{"type": "tool_use", "id": "toolu_stub3", "name": "row", "input": value}],
@@ -248,11 +218,11 @@ def test_a_forced_tool_is_called_with_the_rules_answer_and_usage(stub: OpenAIStu
     assert answer["id"].startswith("msg_stub") and answer["model"] == "claude"
     (call,) = answer["content"]
     assert call["type"] == "tool_use" and call["name"] == "row"
-    assert call["id"].startswith("toolu_stub") and call["input"] == right(text)
+    assert call["id"].startswith("toolu_stub") and call["input"] == row_rule(text)
     assert (answer["stop_reason"], answer["stop_sequence"]) == ("tool_use", None)
     assert answer["usage"] == {
         "input_tokens": count_tokens("be brief") + count_tokens(text),
-        "output_tokens": count_tokens(compact(right(text))),
+        "output_tokens": count_tokens(compact(row_rule(text))),
     }
     # Every message counts; the row is the last user message; text blocks are joined.
     blocks = [{"type": "text", "text": "part one"}, {"type": "text", "text": "two"}]
@@ -263,7 +233,7 @@ def test_a_forced_tool_is_called_with_the_rules_answer_and_usage(stub: OpenAIStu
     ]
     system = [{"type": "text", "text": "be"}, {"type": "text", "text": "brief"}]
     answer = ask(stub, "", messages=messages, system=system)
-    assert answer["content"][0]["input"] == right("part one\ntwo")
+    assert answer["content"][0]["input"] == row_rule("part one\ntwo")
     texts = ["be\nbrief", "earlier", "ok", "part one\ntwo"]
     assert answer["usage"]["input_tokens"] == sum(map(count_tokens, texts))
 
@@ -284,13 +254,13 @@ def test_without_a_forced_tool_the_answer_is_text(stub: OpenAIStub) -> None:
 
 def test_an_answer_over_max_tokens_is_a_call_cut_short(stub: OpenAIStub) -> None:
     text = "a longer messages row to cut"
-    full = compact(right(text))
+    full = compact(row_rule(text))
     cut = ask(stub, text, max_tokens=3)
     assert cut["content"] == [{"type": "tool_use", "id": cut["content"][0]["id"],
                                "name": "row", "input": {}}]  # fmt: skip
     assert (cut["stop_reason"], cut["usage"]["output_tokens"]) == ("max_tokens", 3)
     whole = ask(stub, text, max_tokens=count_tokens(full))
-    assert (whole["stop_reason"], whole["content"][0]["input"]) == ("tool_use", right(text))
+    assert (whole["stop_reason"], whole["content"][0]["input"]) == ("tool_use", row_rule(text))
 
 
 def expect_fault(kind: str, answer: dict[str, Any], value: dict[str, Any]) -> None:
@@ -328,10 +298,10 @@ KINDS = ["invalid", "prose", "type", "missing", "length", "refuse"]
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_fault_comes_the_first_time_only(stub: OpenAIStub, kind: str) -> None:
     text = f"once messages [fault:{kind}]"
-    expect_fault(kind, ask(stub, text), right(text))
+    expect_fault(kind, ask(stub, text), row_rule(text))
     for _ in range(2):
         answer = ask(stub, text)
-        assert answer["content"][0]["input"] == right(text)
+        assert answer["content"][0]["input"] == row_rule(text)
         assert answer["stop_reason"] == "tool_use"
 
 
@@ -339,7 +309,7 @@ def test_a_fault_comes_the_first_time_only(stub: OpenAIStub, kind: str) -> None:
 def test_an_always_fault_comes_every_time(stub: OpenAIStub, kind: str) -> None:
     text = f"every messages time [fault:{kind}:always]"
     for _ in range(3):
-        expect_fault(kind, ask(stub, text), right(text))
+        expect_fault(kind, ask(stub, text), row_rule(text))
 
 
 # -- packs ------------------------------------------------------------------------------
@@ -451,7 +421,7 @@ def test_the_window_is_the_keys_and_its_headers_are_anthropics() -> None:
         assert post(stub, body("abcd"), headers={"x-api-key": "other", **VERSION})[0] == 200
         stats = stub.stats()
         assert (stats["requests"], stats["refused"]) == (4, 1)
-        assert stats["tokens"] == 3 * 9 + 1 + count_tokens(compact(right("abcd")))
+        assert stats["tokens"] == 3 * 9 + 1 + count_tokens(compact(row_rule("abcd")))
     finally:
         stub.close()
 
@@ -499,20 +469,7 @@ def sdk(stub: OpenAIStub) -> tuple[Any, Any]:
     anthropic = pytest.importorskip("anthropic")
     root = stub.base_url.removesuffix("/v1")
     made = anthropic.Anthropic(base_url=root, api_key="sk-test", max_retries=0)
-    _CLIENTS.append(made)
-    return anthropic, made
-
-
-# The SDK clients a test made: closed when it ends (a client left to the collector warns of
-# its socket in whichever test runs then).
-_CLIENTS: list[Any] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _CLIENTS:
-        _CLIENTS.pop().close()
+    return anthropic, kept(made)
 
 
 def create(client: Any, text: str, schema: dict[str, Any] = TAGS, **extra: Any) -> Any:
@@ -555,7 +512,7 @@ def test_the_official_client_reads_a_forced_tool_call(stub: OpenAIStub) -> None:
     inputs = ["sdk pack", "[fault:swap] sdk pack"]
     packs = create(client, packed(inputs), schema=PACK)
     assert packs.content[0].input == {
-        "answers": [{"id": 2, **right(inputs[0])}, {"id": 1, **right(inputs[1])}]
+        "answers": [{"id": 2, **row_rule(inputs[0])}, {"id": 1, **row_rule(inputs[1])}]
     }
     with pytest.raises(anthropic.BadRequestError):
         create(client, "sdk m", tool_choice={"type": "tool", "name": "other"})
@@ -576,10 +533,11 @@ def test_the_official_client_is_told_of_a_rate_limit() -> None:
     anthropic = pytest.importorskip("anthropic")
     stub = OpenAIStub(rpm=1)
     try:
-        client = anthropic.Anthropic(
-            base_url=stub.base_url.removesuffix("/v1"), api_key="sk-test", max_retries=0
+        client = kept(
+            anthropic.Anthropic(
+                base_url=stub.base_url.removesuffix("/v1"), api_key="sk-test", max_retries=0
+            )
         )
-        _CLIENTS.append(client)
         create(client, "sdk limited")
         with pytest.raises(anthropic.RateLimitError) as caught:
             create(client, "sdk limited")

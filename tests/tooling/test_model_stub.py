@@ -6,12 +6,18 @@ the faults a marker asks for (a pack's row by row), over HTTP on both APIs, and 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from openai_stub_fixtures import OpenAIStub
+from openai_stub_fixtures import (  # closed_clients: autouse
+    ROW,
+    OpenAIStub,
+    closed_clients,  # noqa: F401
+    compact,
+    kept,
+    row_rule,
+)
 from timewheel.cli.bench.model_packs import (
     INVENTED,
     answer_pack,
@@ -39,23 +45,6 @@ from timewheel.cli.bench.model_stub import (
     row_text_responses,
     structured_format,
 )
-
-#: A row's schema, as a strict json_schema format gives it.
-ROW: dict[str, Any] = {
-    "type": "object",
-    "properties": {"label": {"type": "string"}, "size": {"type": "integer"}},
-    "required": ["label", "size"],
-    "additionalProperties": False,
-}
-
-
-def right(text: str) -> dict[str, Any]:
-    """What the rule answers to ``text`` for :data:`ROW`, written out by hand."""
-    return {"label": text.upper(), "size": len(text)}
-
-
-def compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
 
 
 def chat_body(text: str, schema: dict[str, Any] | None = ROW, **extra: Any) -> dict[str, Any]:
@@ -96,17 +85,6 @@ def said(api: str, answer: dict[str, Any]) -> tuple[str | None, int, bool]:
     part = answer["output"][0]["content"][0]
     cut = answer["status"] == "incomplete"
     return part.get("text"), answer["usage"]["output_tokens"], cut
-
-
-@pytest.fixture(scope="module")
-def stub() -> Iterator[OpenAIStub]:
-    """One stub for the module: each test sends texts of its own, since the stub remembers
-    the texts whose one-time fault it answered."""
-    started = OpenAIStub()
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 # -- the rule ---------------------------------------------------------------------------
@@ -291,7 +269,7 @@ def test_the_format_comes_from_response_format_or_text_format() -> None:
 
 
 def test_faults_change_the_right_answer_as_their_kind_says() -> None:
-    value = right("ab")
+    value = row_rule("ab")
     text = compact(value)
     assert faulted("invalid", value) == text[:-1] == '{"label":"AB","size":2'
     assert faulted("prose", value) == f"Here is the answer: {text} Let me know if you need more."
@@ -315,7 +293,7 @@ def test_faults_change_the_right_answer_as_their_kind_says() -> None:
 def test_answers_over_their_limit_are_cut_on_a_character() -> None:
     assert cut_to_tokens("abcdefgh", 1) == "abcd"
     assert cut_to_tokens("abcé", 1) == "abc"  # é's two bytes straddle the cut
-    text = compact(right("hello world"))  # 36 bytes: 9 tokens
+    text = compact(row_rule("hello world"))  # 36 bytes: 9 tokens
     assert answer_row(ROW, "hello world") == answer_row(ROW, "hello world", limit=9)
     cut = answer_row(ROW, "hello world", limit=4)
     assert (cut.text, cut.completion_tokens, cut.truncated) == (text[:16], 4, True)
@@ -352,7 +330,7 @@ def test_structured_answers_and_their_usage(stub: OpenAIStub, api: str) -> None:
     text = f"usage {api} row"
     answer = ask(stub, api, text)
     content, tokens, cut = said(api, answer)
-    assert content == compact(right(text)) and not cut
+    assert content == compact(row_rule(text)) and not cut
     assert tokens == count_tokens(content)
     usage = answer["usage"]
     if api == "chat":
@@ -376,7 +354,7 @@ def test_every_message_counts_toward_the_prompt(stub: OpenAIStub) -> None:
     assert answer["usage"]["prompt_tokens"] == count_tokens("be brief") + count_tokens(
         "part one\ntwo"
     )
-    assert answer["choices"][0]["message"]["content"] == compact(right("part one\ntwo"))
+    assert answer["choices"][0]["message"]["content"] == compact(row_rule("part one\ntwo"))
     items = [
         {"role": "user", "content": "earlier"},
         {"role": "user", "content": [{"type": "input_text", "text": "latest"}]},
@@ -385,7 +363,7 @@ def test_every_message_counts_toward_the_prompt(stub: OpenAIStub) -> None:
     assert answer["usage"]["input_tokens"] == sum(
         map(count_tokens, ["be brief", "earlier", "latest"])
     )
-    assert said("responses", answer)[0] == compact(right("latest"))
+    assert said("responses", answer)[0] == compact(row_rule("latest"))
 
 
 def test_json_object_answers_an_empty_object(stub: OpenAIStub) -> None:
@@ -404,13 +382,13 @@ def test_free_text_answers_as_before_and_ignores_markers(stub: OpenAIStub, api: 
         content, tokens, cut = said(api, ask(stub, api, text, schema=None))
         assert (content, tokens, cut) == ("ok " * 8, 8, False)
     # The marker was not used up: the first structured answer to the text has the fault.
-    assert said(api, ask(stub, api, text))[0] == compact(right(text))[:-1]
+    assert said(api, ask(stub, api, text))[0] == compact(row_rule(text))[:-1]
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
 def test_answers_over_max_tokens_are_cut(stub: OpenAIStub, api: str) -> None:
     text = f"a longer {api} row to cut"
-    full = compact(right(text))
+    full = compact(row_rule(text))
     keys = ["max_tokens", "max_completion_tokens"] if api == "chat" else ["max_output_tokens"]
     for key in keys:
         answer = ask(stub, api, text, **{key: 3})
@@ -430,7 +408,7 @@ def expect_fault(
 ) -> None:
     """``answer`` has the fault ``kind`` for the row ``text``, whose right answer is
     ``full`` (default: the rule's for :data:`ROW`; a pack's for a whole-answer fault)."""
-    full = compact(right(text)) if full is None else full
+    full = compact(row_rule(text)) if full is None else full
     content, tokens, cut = said(api, answer)
     if kind == "refuse":
         assert content is None and tokens == count_tokens(REFUSAL)
@@ -469,7 +447,11 @@ def test_a_fault_comes_the_first_time_only(stub: OpenAIStub, api: str, kind: str
     expect_fault(api, kind, text, ask(stub, api, text))
     for _ in range(2):
         content, tokens, cut = said(api, ask(stub, api, text))
-        assert (content, tokens, cut) == (compact(right(text)), count_tokens(content or ""), False)
+        assert (content, tokens, cut) == (
+            compact(row_rule(text)),
+            count_tokens(content or ""),
+            False,
+        )
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
@@ -522,22 +504,9 @@ def expected_tags(text: str) -> dict[str, Any]:
     return {"label": text.upper(), "size": n, "half": n / 2, "even": n % 2 == 0, "words": words}
 
 
-# The SDK clients a test made: closed when it ends (a client left to the collector warns of
-# its socket in whichever test runs then).
-_CLIENTS: list[Any] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _CLIENTS:
-        _CLIENTS.pop().close()
-
-
 def client(openai: Any, stub: OpenAIStub) -> Any:
     made = openai.OpenAI(base_url=stub.base_url, api_key="sk-test", max_retries=0, timeout=30)
-    _CLIENTS.append(made)
-    return made
+    return kept(made)
 
 
 def test_the_official_client_parses_chat_answers(stub: OpenAIStub) -> None:
@@ -618,7 +587,7 @@ def packed(inputs: list[str], ids: list[int] | None = None) -> str:
 
 def element(key: int, text: str) -> dict[str, Any]:
     """A pack's element for the row ``text`` with id ``key``, written out by hand."""
-    return {"id": key, **right(text)}
+    return {"id": key, **row_rule(text)}
 
 
 def answers(*elements: dict[str, Any]) -> str:
@@ -815,7 +784,7 @@ def test_the_memory_gives_each_rows_fault_once_unless_always() -> None:
     for kind in PACK_FAULT_KINDS:
         single = f"alone [fault:{kind}]"
         answer = answer_request(ROW, single, memory)
-        assert (answer.text, answer.fault, answer.given) == (compact(right(single)), None, ())
+        assert (answer.text, answer.fault, answer.given) == (compact(row_rule(single)), None, ())
         memory.note(answer)
         assert answer_request(PACK, packed([single, "v"]), memory).fault == kind
     with pytest.raises(ValueError, match="unknown fault 'slow'"):
@@ -910,7 +879,7 @@ def test_several_faulty_rows_in_one_pack_each_count() -> None:
         assert status == 400 and "unknown fault 'slow'" in body["error"]["message"]
         # A pack's own fault in a row alone: answered right, not counted.
         assert said("chat", ask(stub, "chat", "alone [fault:repeat]"))[0] == compact(
-            right("alone [fault:repeat]")
+            row_rule("alone [fault:repeat]")
         )
         stats = stub.stats()
         counted = {"drop": 1, "type": 1, "invalid": 1, "prose": 1, "refuse": 1, "swap": 1}
