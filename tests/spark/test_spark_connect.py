@@ -302,8 +302,8 @@ def test_a_stream_on_connect_calls_each_row_once_across_a_rerun(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from delivery.test_stream_dispatch import forget_last_commit  # (tests/spark/delivery/)
     from http_fixtures import ScriptedService
+    from stream_fixtures import forget_last_commit
     from timewheel.spark.targets import HttpDownstream
 
     inp, sink, ck = tmp_path / "in", tmp_path / "sink", tmp_path / "ck"

@@ -25,6 +25,7 @@ pytest.importorskip("pyspark")
 
 from openai_stub_fixtures import ANSWER_DDL, OpenAIStub, chat_body, rule
 from spark_fixtures import pipeline_cli
+from stream_fixtures import forget_last_commit, land_rows, run_to_sink, stream_of
 
 DDL = ANSWER_DDL
 
@@ -406,46 +407,25 @@ def test_a_stream_packs_its_rows_and_a_micro_batch_run_again_asks_no_row_twice(
     inp, sink, ck = tmp_path / "in", tmp_path / "sink", tmp_path / "ck"
     texts = {i: f"streamed {i}" + " x" * (i % 4) for i in range(36)}
     texts[5] += " [fault:missing]"
-    for f in range(3):  # a file a micro-batch
-        rows = [(i, texts[i]) for i in range(f * 12, f * 12 + 12)]
-        spark.createDataFrame(rows, "id long, text string").coalesce(1).write.parquet(
-            str(tmp_path / f"part{f}")
-        )
-        inp.mkdir(exist_ok=True)
-        for p in (tmp_path / f"part{f}").glob("*.parquet"):
-            p.rename(inp / f"file{f}.parquet")
+    files = [[(i, texts[i]) for i in range(f * 12, f * 12 + 12)] for f in range(3)]
+    land_rows(spark, inp, files, "id long, text string")  # a file a micro-batch
     target = HttpDownstream(
         stub.base_url + "/chat/completions", headers={"Authorization": "Bearer sk-test"},
         body=chat_body,
     )  # fmt: skip
 
     def run() -> None:
-        stream = spark.readStream.schema("id long, text string")
-        stream = stream.option("maxFilesPerTrigger", 1).parquet(str(inp))
         with sent_by_value():
             out = dispatch(
-                stream, target, id_col="id", reply_schema=Answer(DDL), timeout_ms=10_000,
-                calls=Calls(retries=1, backoff_ms=1), batching=Batching(6, linger_ms=100),
-                journal=Journal(str(tmp_path / "record")),
+                stream_of(spark, inp), target, id_col="id", reply_schema=Answer(DDL),
+                timeout_ms=10_000, calls=Calls(retries=1, backoff_ms=1),
+                batching=Batching(6, linger_ms=100), journal=Journal(str(tmp_path / "record")),
             )  # fmt: skip
-
-            def write(batch: Any, batch_id: int) -> None:
-                batch.write.mode("overwrite").parquet(str(sink / f"batch={batch_id}"))
-
-            query = (
-                out.writeStream.foreachBatch(write)
-                .option("checkpointLocation", str(ck))
-                .trigger(availableNow=True)
-                .start()
-            )
-            assert query.awaitTermination(300) is not False
-            assert query.exception() is None
+            assert run_to_sink(out, sink, ck) is None
 
     run()
     sent = stub.stats()["requests"]
-    last = max(int(p.name) for p in (ck / "commits").iterdir() if p.name.isdigit())
-    (ck / "commits" / str(last)).unlink()  # as a driver killed before the commit
-    (ck / "commits" / f".{last}.crc").unlink(missing_ok=True)
+    forget_last_commit(ck)  # as a driver killed before the commit
     run()
     assert stub.stats()["requests"] == sent  # the record answered the batch run again
     got = {r["id"]: r for r in spark.read.parquet(str(sink)).collect()}

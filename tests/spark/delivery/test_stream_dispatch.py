@@ -14,6 +14,7 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pycurl")
 
 from http_fixtures import ScriptedService
+from stream_fixtures import forget_last_commit, land_rows, run_to_sink, stream_of
 from timewheel.spark import Calls, Journal, dispatch
 from timewheel.spark.delivery.stream_record import RECORD_FILE, claim_record
 from timewheel.spark.targets import HttpDownstream
@@ -23,33 +24,6 @@ pytestmark = pytest.mark.spark
 FILES, PER_FILE = 3, 100
 # Rows whose ``plan`` scripts the service's answers to them (see http_fixtures).
 PLANNED = "id long, plan array<string>"
-
-
-def stream_of(spark: Any, inp: Path, schema: str = "id long, text string") -> Any:
-    """The files of ``inp`` as a stream, one file a micro-batch."""
-    return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(inp))
-
-
-def run_to_sink(out: Any, sink: Path, ck: Path) -> Any:
-    """``out`` until its input is drained, each micro-batch's rows written to
-    ``sink/batch=N`` (overwritten when the batch runs again); the query's exception, if
-    it failed."""
-
-    def write(batch: Any, batch_id: int) -> None:
-        batch.write.mode("overwrite").parquet(str(sink / f"batch={batch_id}"))
-
-    query = (
-        out.writeStream.foreachBatch(write)
-        .option("checkpointLocation", str(ck))
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        ended = query.awaitTermination(300)
-    except Exception:  # the query failed: its exception says why
-        return query.exception()
-    assert ended is not False, "the query did not end in 300 s"
-    return query.exception()
 
 
 def run_query(spark: Any, inp: Path, sink: Path, ck: Path, target: Any, journal: str | None) -> Any:
@@ -64,28 +38,10 @@ def run_query(spark: Any, inp: Path, sink: Path, ck: Path, target: Any, journal:
     return run_to_sink(out, sink, ck)
 
 
-def land_rows(spark: Any, inp: Path, files: list[list[tuple[Any, ...]]], schema: str) -> None:
-    """A parquet file in ``inp`` of each list of rows, in order."""
-    for f, rows in enumerate(files):
-        spark.createDataFrame(rows, schema).coalesce(1).write.parquet(str(inp / f"part{f}"))
-    # One directory of files: the stream reads them as they are listed.
-    for f in range(len(files)):
-        for p in (inp / f"part{f}").glob("*.parquet"):
-            p.rename(inp / f"file{f}.parquet")
-
-
 def land_files(spark: Any, inp: Path) -> None:
     """FILES parquet files of PER_FILE rows in ``inp``, ids 0 to FILES * PER_FILE - 1."""
     files = [[(f * PER_FILE + i, f"t{f}-{i}") for i in range(PER_FILE)] for f in range(FILES)]
     land_rows(spark, inp, files, "id long, text string")
-
-
-def forget_last_commit(ck: Path) -> None:
-    """As a driver killed after the last micro-batch ran, before it was committed:
-    the query restarted from ``ck`` runs that micro-batch again."""
-    last = max(int(p.name) for p in (ck / "commits").iterdir() if p.name.isdigit())
-    (ck / "commits" / str(last)).unlink()
-    (ck / "commits" / f".{last}.crc").unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize("journalled", [True, False])
