@@ -363,16 +363,15 @@ class HttpDownstream:
                     f"header column {col!r} holds a CR, LF or NUL: not sent", retry_after_s=None
                 )
             extra[name] = value
-        return url, extra, self._payload(row)
+        payload = self._payload(row)
+        if self.answer is not None:
+            payload = self.answer.request(payload)
+        return url, extra, payload
 
     def _payload(self, row: Mapping[str, Any]) -> Any:
-        """``row``'s body as a JSON value (``_NO_BODY`` for none), asking for the job's
-        Answer when it has one (DownstreamError, final, when the body is not an object)."""
-        made = self._body(row)
-        return made if self.answer is None else self.answer.request(made)
-
-    def _body(self, row: Mapping[str, Any]) -> Any:
-        """``row``'s body as its shape makes it (``_NO_BODY`` for none)."""
+        """``row``'s body as its shape makes it, a JSON value (``_NO_BODY`` for none): a
+        request asks for the job's Answer on top (``Answer.request``: DownstreamError,
+        final, when the body is not a JSON object)."""
         body = self._shape
         if body == "none":
             return _NO_BODY
@@ -388,7 +387,11 @@ class HttpDownstream:
         provider's batch takes. Only the body: no URL, no header, no secret.
         DownstreamError as ``submit`` fails the row (a body function that refuses it)."""
         payload = self._payload(row)
-        return None if payload is _NO_BODY else (payload, encode_json(payload))
+        if payload is _NO_BODY:
+            return None
+        if self.answer is not None:
+            payload = self.answer.request(payload)
+        return payload, encode_json(payload)
 
     def _request(self, row: Mapping[str, Any]) -> tuple[str, dict[str, str], bytes | None]:
         """The URL, extra headers and body of ``row``'s request (see :meth:`_parts`)."""
@@ -502,7 +505,7 @@ class HttpDownstream:
             if self._pieces is not None or self.params or self.header_cols:
                 url, extra, _ = self._parts(row)
                 extra.pop(self.idempotency_header or "", None)
-            body = self._body(row)
+            body = self._payload(row)
             rest, size = self.answer.pack_line(body)
             return BatchPart((url, tuple(extra.items()), rest), body, key, size)
         if self._pieces is None and not self.params and not self.header_cols:
@@ -562,9 +565,10 @@ class HttpDownstream:
         given = headers if self.rate_limit_headers else None
         if errno == 0 and 200 <= status < 300:  # the common case, first
             ok, failure, reply = True, None, Reply(status, text or None, given)
-            misfit = None if self.answer is None or rows else self.answer.misfit(text)
-            if misfit is not None:  # billed, but not the answer asked for: ask again
-                ok, failure = False, Failure(misfit, 0.0)
+            if self.answer is not None and not rows:  # (a pack's answer: split per row)
+                misfit = self.answer.misfit(text)
+                if misfit is not None:  # billed, but not the answer asked for: ask again
+                    ok, failure = False, Failure(misfit, 0.0)
         elif errno == 0:
             _, error, wait = verdict(status, text, headers.get, self.limits.max_retry_after_s)
             ok, failure = False, Failure(error or "failed", wait)
