@@ -41,6 +41,7 @@ from .contract import (
 from .ddl import check_ddl
 from .engine.contract import DispatchConfig, Engine
 from .engine.partition import timewheel_engine
+from .http.options import BatchFormat
 from .http.request import url_template
 from .http.target import HttpDownstream
 from .options import (
@@ -173,15 +174,8 @@ def plan(
     _check_reply_schema(reply_schema)
     _check_quota(quota, cost, engine)
     batching = _batching(batching, cost, target, engine)
-    packed = reply_schema if isinstance(reply_schema, Answer) and batching else None
-    if packed is not None and any(f.name == "id" for f in packed.fields):
-        raise PlanError(
-            "Answer.schema",
-            packed.schema,
-            "names a field 'id', which a pack's answer keys its rows by (rows many per "
-            "prompt, with {Batching.size}): rename the field",
-            ("Batching.size",),
-        )
+    if isinstance(reply_schema, Answer) and batching is not None:
+        _check_packs(reply_schema, target)
     if timeout_ms is None:
         timeout_ms = default_timeout_ms(batching)
     _check_dedupe(dedupe, calls, target)
@@ -463,6 +457,28 @@ def _check_batch_target(target: Any, option: ProviderBatch) -> None:
         raise PlanError("target", target, why)
 
 
+def _check_packs(answer: Answer, target: Target) -> None:
+    """Rows packed many per prompt: no answer's field named ``id`` (a pack's answer keys
+    rows by it), no batch format of the target's (the Answer makes and reads packs)."""
+    if any(f.name == "id" for f in answer.fields):
+        raise PlanError(
+            "Answer.schema",
+            answer.schema,
+            "names a field 'id', which a pack's answer keys its rows by (rows many per "
+            "prompt, with {Batching.size}): rename the field",
+            ("Batching.size",),
+        )
+    given = getattr(target, "batch", None)
+    if isinstance(given, BatchFormat) and given != BatchFormat():
+        raise PlanError(
+            "HttpDownstream.batch",
+            given,
+            "makes a batch's body and reads its answer, which {Answer.schema} does for rows "
+            "packed many per prompt (with {Batching.size}): leave it out",
+            ("Answer.schema", "Batching.size"),
+        )
+
+
 def _answer(target: Target, reply_schema: Any) -> Answer | None:
     """The Answer of ``reply_schema`` (None: none), its API the target's URL's unless
     given; PlanError naming ``Answer.api`` when the URL names none."""
@@ -476,8 +492,7 @@ def _answer(target: Target, reply_schema: Any) -> Answer | None:
 
 
 def _answer_taken(target: Target, answer: Answer) -> Answer:
-    """The Answer ``target`` took when bound (its ``api`` resolved); PlanError when it
-    took none (it cannot ask a model API for one)."""
+    """The Answer ``target`` took when bound (its ``api`` resolved); PlanError if none."""
     taken = getattr(target, "answer", None)
     if not isinstance(taken, Answer):
         raise PlanTypeError(

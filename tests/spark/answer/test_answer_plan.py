@@ -72,8 +72,8 @@ def test_a_row_whose_body_is_no_object_fails_unsent() -> None:
         (
             HttpDownstream(CHAT, body=body, batch=BatchFormat(reply="data[*]")),
             {"batching": Batching(8)},
-            "target",
-            "makes each pack's body",
+            "HttpDownstream.batch",
+            "makes a batch's body and reads its answer, which Answer.schema does",
         ),
     ],
 )

@@ -85,6 +85,7 @@ FLAGS = {
     "target": "--target",
     "Answer.schema": "--answer-schema",
     "Answer.api": "--answer-api",
+    "HttpDownstream.batch": "--batch-body, --batch-reply or --batch-id-field",
     "engine": "--engine",
     "df": "the input",
     "quota": "quota (--rate, --cost-rate, --concurrency, --budget or --max-requests)",

@@ -283,11 +283,6 @@ class HttpDownstream:
         bound.rate_limit_headers = headers
         bound.answer = answer
         if answer is not None and plan.batching:  # packs: made and read by the Answer
-            if self.batch != BatchFormat():
-                raise ValueError(
-                    "an Answer makes each pack's body and reads its answer: leave "
-                    f"batch={self.batch!r} out"
-                )
             bound.batch_reply = answer.pack_split()
         bound._curl_settings = None
         return bound
