@@ -281,3 +281,34 @@ def test_any_value_made_to_fit_fits_and_loses_its_fit_when_a_field_goes_or_turns
     turned = {**value, gone.name: wrong}
     said = answer.misfit(chat(json.dumps(turned))) or ""
     assert f"field {gone.name!r} is " in said
+
+
+# -- a model that echoes a secret: no part of it in a row's error -------------------------
+_KEY_CHARS = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # none in the prose around it
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    key=st.text(_KEY_CHARS, min_size=16, max_size=64),
+    at=st.integers(0, 120),  # where it starts: before, across and after where a quote is cut
+    prose=st.text("abc def.,:\n{}\"'", min_size=1, max_size=12),
+    after=st.text("abc def.,:\n{}\"'", max_size=160),
+    api=st.sampled_from(("chat", "responses")),
+)
+def test_no_part_of_a_secret_a_model_echoes_reaches_the_rows_error(
+    key: str, at: int, prose: str, after: str, api: str
+) -> None:
+    from timewheel.spark.scrubber import hide
+
+    hide("sk-" + key)  # as a header that carries a credential registers its value
+    before = (prose * at)[:at]
+    text = f"{before}sk-{key}{after}"
+    part = {"type": "output_text", "text": text}
+    body = chat(text) if api == "chat" else responses([part])
+    from timewheel.spark.scrubber import scrub
+
+    why = Answer("label string", api=api).misfit(body) or ""
+    assert why  # never an answer that fits: prose, or not JSON
+    why = scrub(why)  # as every error is, on its way out of the worker (columns.py)
+    for start in range(len(key) - 3):  # no 4 characters of it, wherever the quote is cut
+        assert key[start : start + 4] not in why, why

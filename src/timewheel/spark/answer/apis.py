@@ -24,6 +24,7 @@ import urllib.parse
 from typing import Any
 
 from ..ddl import DdlField
+from ..scrubber import scrub
 from .shape import misfit
 
 __all__ = ["APIS", "answer_text", "answer_value", "api_of_url", "ask"]
@@ -157,5 +158,8 @@ def _not_json(text: str, exc: ValueError) -> str:
 
 
 def _quoted(text: str) -> str:
-    """``text`` as an error quotes it: its start, in repr."""
+    """``text`` as an error quotes it: its start, in repr, scrubbed of the secrets' values
+    before it is cut (a value cut in two would no longer be known: a model that echoes a
+    request could leave part of a key in the row's error)."""
+    text = scrub(text)
     return repr(text if len(text) <= _QUOTED else text[:_QUOTED] + "...")
