@@ -5,7 +5,7 @@ keyed by a number per row, and splits it back.
 **The request.** Each row's body is made as for a request of its own; its *prompt* is
 its last user message's ``content`` (chat, Anthropic's messages), or its ``input`` (the
 Responses API: a string, or the last user item's ``content``): a string, or text parts.
-Rows whose bodies are equal but for that prompt share a pack (:func:`prompt_of` gives the
+Rows whose bodies are equal but for that prompt share a pack (:func:`pack_key` gives the
 key); the pack's body (:func:`pack_body`) is the first row's with that prompt replaced by
 :func:`pack_prompt`: one line saying how to answer, then the rows as a one-line JSON
 array ``[{"id": 1, "input": "..."}, ...]`` (ids 1 to n, the rows' places in the pack: the
@@ -43,6 +43,7 @@ __all__ = [
     "PACK_NOTE",
     "PackSplit",
     "pack_body",
+    "pack_key",
     "pack_prompt",
     "pack_schema",
     "prompt_of",
@@ -63,10 +64,16 @@ _KEY = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=Tru
 Path = tuple[Any, ...]
 
 
-def prompt_of(api: str, body: Any) -> tuple[Path, str, str]:
-    """``(path, prompt, key)`` of a row's ``body``: where its prompt is, the prompt, and the
-    key of everything else (rows with one key share a pack); ValueError when the body
-    has no prompt a pack can hold."""
+def pack_key(api: str, body: Any) -> tuple[str, str]:
+    """``(key, prompt)`` of a row's ``body``: the key of everything but its prompt (rows
+    with one key share a pack) and the prompt; ValueError as :func:`prompt_of`."""
+    path, prompt = prompt_of(api, body)
+    return _KEY(with_prompt(body, path, None)), prompt
+
+
+def prompt_of(api: str, body: Any) -> tuple[Path, str]:
+    """``(path, prompt)`` of a row's ``body``: where its prompt is, and the prompt;
+    ValueError when the body has no prompt a pack can hold."""
     if not isinstance(body, dict):
         raise ValueError(
             f"a pack needs each row's body to be a JSON object, got {type(body).__name__}"
@@ -90,7 +97,7 @@ def prompt_of(api: str, body: Any) -> tuple[Path, str, str]:
         raise ValueError(
             "a packed row's prompt (its user message's content) must be a string or text parts"
         )
-    return path, prompt, _KEY(with_prompt(body, path, None))
+    return path, prompt
 
 
 def _text_of(content: Any) -> str | None:
@@ -118,7 +125,7 @@ def pack_body(api: str, bodies: Sequence[Any]) -> Any:
     """The body of a pack of ``bodies`` (rows sharing everything but their prompts): the
     first's, its prompt replaced by :func:`pack_prompt` of theirs, and each limit on the
     answer's tokens (:data:`OUTPUT_LIMITS`) the rows' sum: the pack answers for them all."""
-    path, _, _ = prompt_of(api, bodies[0])
+    path, _ = prompt_of(api, bodies[0])
     prompts = [prompt_of(api, body)[1] for body in bodies]
     packed = with_prompt(bodies[0], path, pack_prompt(prompts))
     for name in OUTPUT_LIMITS:

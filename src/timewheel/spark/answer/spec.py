@@ -10,7 +10,7 @@ from ..contract import DownstreamError
 from ..ddl import DdlField, parse_ddl
 from ..options import PlanError, PlanTypeError
 from .apis import APIS, answer_text, answer_value, api_of_url, ask
-from .pack import PackSplit, pack_body, pack_schema, prompt_of
+from .pack import PackSplit, pack_body, pack_key, pack_schema
 from .shape import json_schema, unsupported
 
 __all__ = ["Answer"]
@@ -105,7 +105,7 @@ class Answer:
         share of a pack's input tokens goes by); DownstreamError (final) when the body
         has no prompt a pack can hold."""
         try:
-            _, prompt, key = prompt_of(self.api or "chat", body)
+            key, prompt = pack_key(self.api or "chat", body)
         except ValueError as exc:
             raise DownstreamError(f"{exc}: not sent", retry_after_s=None) from None
         return key, len(prompt.encode())
