@@ -407,6 +407,11 @@ def test_the_window_is_the_keys_and_its_headers_are_anthropics() -> None:
         at = calendar.timegm(time.strptime(reset, "%Y-%m-%dT%H:%M:%SZ"))
         assert started + 59 <= at <= time.time() + 61  # when the window is empty again
         assert not any(name.lower().startswith("x-ratelimit") for name in headers)
+        # What the quota reads of them: each window's remaining, its reset in seconds.
+        read = parse_rate_limit_headers(headers, now=time.time())
+        assert (read.remaining_requests, read.remaining_cost) == (2, 91)
+        assert read.reset_requests_s == read.reset_cost_s
+        assert read.reset_cost_s is not None and 58 <= read.reset_cost_s <= 61
         # The same key's window as chat's: a chat request counts in it.
         assert stub.post("/chat/completions", {"messages": [{"content": "abcd"}]})[0] == 200
         status, headers, _ = post(stub, body("abcd", schema=None))
@@ -417,6 +422,8 @@ def test_the_window_is_the_keys_and_its_headers_are_anthropics() -> None:
         assert 1 <= int(headers["retry-after"]) <= 60
         info = parse_rate_limit_headers(headers)
         assert info.retry_after_s == int(headers["retry-after"])
+        assert info.remaining_requests == 0
+        assert info.pause()[1] in ("retry-after", "anthropic-ratelimit-requests-reset")
         # Another key has a window of its own.
         assert post(stub, body("abcd"), headers={"x-api-key": "other", **VERSION})[0] == 200
         stats = stub.stats()

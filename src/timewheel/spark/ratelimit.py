@@ -1,11 +1,16 @@
 """What a service's rate-limit headers say about its quota, read into one :class:`RateLimitInfo`.
 
-Three families are read, whichever the answer carries:
+Four families are read, whichever the answer carries (of two that say the same
+window, the first in this list counts):
 
 * ``Retry-After`` (RFC 9110): delta-seconds or an HTTP date;
 * OpenAI's ``x-ratelimit-remaining-requests`` / ``-tokens`` and
   ``x-ratelimit-reset-requests`` / ``-tokens``, the resets as Go-style durations
   (``6m0s``, ``1s``, ``20ms``, ``1h2m3.5s``) or plain seconds;
+* Anthropic's ``anthropic-ratelimit-requests-remaining`` / ``-reset`` and the same for
+  ``tokens``, ``input-tokens`` and ``output-tokens``, the resets as RFC 3339 times
+  (``2025-01-01T00:01:00Z``); of the token windows, the one with the least remaining
+  counts (an input or output window used up stops calls as the combined one does);
 * the IETF ``RateLimit-Policy`` and ``RateLimit`` structured fields
   (draft-ietf-httpapi-ratelimit-headers): lists of named policies, ``q`` the quota,
   ``qu`` its unit (``requests`` unless given), ``w`` the window, ``r`` the remaining
@@ -19,6 +24,7 @@ module never raises on a service's answer.
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import math
 import re
@@ -27,12 +33,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
-__all__ = ["RateLimitInfo", "parse_duration", "parse_rate_limit_headers", "parse_retry_after"]
+__all__ = [
+    "RateLimitInfo",
+    "parse_duration",
+    "parse_rate_limit_headers",
+    "parse_retry_after",
+    "parse_time_until",
+]
 
 Headers = Union[Mapping[str, str], Callable[[str], Union[str, None]]]
 
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?)(h|ms|m|s|us|µs|ns)")
 _DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+# RFC 3339's date-time (section 5.6), by hand: datetime.fromisoformat takes neither "Z"
+# nor every fraction's length before Python 3.11.
+_RFC3339 = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]+)?"
+    r"(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))"
+)
 
 
 @dataclass(frozen=True)
@@ -129,6 +147,32 @@ def parse_retry_after(text: str | None, now: float | None = None) -> float | Non
     return max(0.0, when.timestamp() - wall)
 
 
+def parse_time_until(text: str | None, now: float | None = None) -> float | None:
+    """Seconds from ``now`` (the wall clock, ``time.time()`` unless given) until an RFC
+    3339 time (``2025-01-01T00:01:00Z``, ``...:00.250+02:00``); a past time: 0.0; None if
+    unreadable."""
+    if text is None:
+        return None
+    match = _RFC3339.fullmatch(text.strip())
+    if match is None:
+        return None
+    year, month, day, hour, minute, second = (int(g) for g in match.group(1, 2, 3, 4, 5, 6))
+    offset = 0
+    if match.group(9):
+        sign = -1 if match.group(9) == "-" else 1
+        offset = sign * (int(match.group(10)) * 3600 + int(match.group(11)) * 60)
+    try:
+        when = datetime.datetime(
+            year, month, day, hour, minute, min(second, 59), tzinfo=datetime.timezone.utc
+        )
+    except ValueError:  # no such day
+        return None
+    fraction = float(match.group(7)) if match.group(7) else 0.0
+    at = when.timestamp() + (second == 60) + fraction - offset  # 60: a leap second
+    wall = time.time() if now is None else now
+    return max(0.0, at - wall)
+
+
 def parse_duration(text: str | None) -> float | None:
     """Seconds in a Go-style duration (``6m0s``, ``20ms``, ``1h2m3.5s``) or a plain
     number of seconds; None if unreadable."""
@@ -196,10 +240,30 @@ def _ietf(
     return best.get("requests"), best.get("cost")
 
 
+def _anthropic(
+    get: Callable[[str], str | None], now: float | None
+) -> tuple[tuple[float | None, float | None], tuple[float | None, float | None], str]:
+    """``((remaining, reset) for requests, (remaining, reset) for cost, cost's header)``
+    from Anthropic's headers: of the token windows, the one with the least remaining."""
+    prefix = "anthropic-ratelimit-"
+    requests = (
+        _number(get(prefix + "requests-remaining")),
+        parse_time_until(get(prefix + "requests-reset"), now),
+    )
+    cost: tuple[float | None, float | None] = (None, None)
+    header = prefix + "tokens-reset"
+    for kind in ("tokens", "input-tokens", "output-tokens"):
+        remaining = _number(get(f"{prefix}{kind}-remaining"))
+        if remaining is not None and (cost[0] is None or remaining < cost[0]):
+            cost = (remaining, parse_time_until(get(f"{prefix}{kind}-reset"), now))
+            header = f"{prefix}{kind}-reset"
+    return requests, cost, header
+
+
 def parse_rate_limit_headers(headers: Headers, now: float | None = None) -> RateLimitInfo:
     """Read an answer's rate-limit headers (a mapping, any case, or a ``header(name)``
     function, asked lower-case names); ``now`` is the wall clock for an HTTP-date
-    ``Retry-After``."""
+    ``Retry-After`` and Anthropic's RFC 3339 resets."""
     if isinstance(headers, Mapping):
         lowered = {k.lower(): v for k, v in headers.items()}
 
@@ -219,6 +283,12 @@ def parse_rate_limit_headers(headers: Headers, now: float | None = None) -> Rate
         parse_duration(get("x-ratelimit-reset-tokens")),
     )
     names = ["x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"]
+    if requests[0] is None or cost[0] is None:
+        a_requests, a_cost, a_header = _anthropic(get, now)
+        if requests[0] is None and a_requests[0] is not None:
+            requests, names[0] = a_requests, "anthropic-ratelimit-requests-reset"
+        if cost[0] is None and a_cost[0] is not None:
+            cost, names[1] = a_cost, a_header
     ietf_requests, ietf_cost = _ietf(get("ratelimit-policy"), get("ratelimit"))
     if requests[0] is None and ietf_requests is not None:
         requests, names[0] = ietf_requests, "ratelimit"

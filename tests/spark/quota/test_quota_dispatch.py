@@ -7,6 +7,7 @@ and Redis on ``local[2]``.
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import pickle
@@ -460,32 +461,49 @@ def test_rate_limit_lines_keep_the_last_answers_rate_limit_headers() -> None:
         b"Retry-After: 2\r\n",
         b"x-ratelimit-remaining-tokens:  0 \r\n",
         b'RateLimit: "tokens";r=0;t=2\r\n',
+        b"Anthropic-RateLimit-Tokens-Remaining: 0\r\n",
+        b"anthropic-organization-id: org-1\r\n",
         b"\r\n",
     ]
     assert rate_limit_lines(lines) == {
         "retry-after": "2",
         "x-ratelimit-remaining-tokens": "0",
         "ratelimit": '"tokens";r=0;t=2',
+        "anthropic-ratelimit-tokens-remaining": "0",
     }
 
 
 class SaysRemaining:
-    """Answers ok, saying the service's token window has ``remaining`` left until ``reset``."""
+    """Answers ok, saying the service's ``window`` (tokens or requests) has ``remaining``
+    left until ``reset_s`` seconds from now, in OpenAI's headers or Anthropic's."""
 
-    def __init__(self, remaining: str, reset: str) -> None:
-        self.headers = {
-            "x-ratelimit-remaining-tokens": remaining,
-            "x-ratelimit-reset-tokens": reset,
-        }
+    def __init__(
+        self, remaining: str, reset_s: float, family: str = "openai", window: str = "tokens"
+    ) -> None:
+        self.remaining, self.reset_s, self.family = remaining, reset_s, family
+        self.window = window
         self.sent: list[float] = []
+
+    def headers(self) -> dict[str, str]:
+        if self.family == "openai":
+            return {
+                f"x-ratelimit-remaining-{self.window}": self.remaining,
+                f"x-ratelimit-reset-{self.window}": f"{self.reset_s}s",
+            }
+        at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=self.reset_s)
+        return {
+            f"anthropic-ratelimit-{self.window}-remaining": self.remaining,
+            f"anthropic-ratelimit-{self.window}-reset": at.isoformat(timespec="microseconds"),
+        }
 
     def submit(self, row: dict[str, Any], on_done: OnDone) -> None:
         self.sent.append(time.monotonic())
-        on_done(True, None, Reply(200, b"{}", self.headers))  # type: ignore[call-arg]
+        on_done(True, None, Reply(200, b"{}", self.headers()))  # type: ignore[call-arg]
 
 
-def test_the_services_headers_pause_the_job_when_its_window_is_used_up() -> None:
-    target = SaysRemaining("0", "400ms")
+@pytest.mark.parametrize("family", ["openai", "anthropic"])
+def test_the_services_headers_pause_the_job_when_its_window_is_used_up(family: str) -> None:
+    target = SaysRemaining("0", 0.4, family)
     ref = static_ref(Quota(cost_rate=1e6))
     out = list(
         timewheel_engine(
@@ -497,12 +515,13 @@ def test_the_services_headers_pause_the_job_when_its_window_is_used_up() -> None
     assert [o.status for o in out] == ["ok"] * 3
     # Each answer said the window was used up for 0.4 s: the next call waited for it.
     gaps = [b - a for a, b in zip(target.sent, target.sent[1:])]
-    assert all(gap >= 0.4 for gap in gaps), gaps
+    # (Anthropic's reset is a time of day, written to the microsecond: 1 ms allowed.)
+    assert all(gap >= 0.399 for gap in gaps), gaps
     assert ref.open().state().pauses == 3
 
 
 def test_headers_that_leave_room_cost_no_store_call() -> None:
-    target = SaysRemaining("900000", "1s")
+    target = SaysRemaining("900000", 1.0)
     ref = static_ref(Quota(cost_rate=1000))
     config = engine_config(quota=ref, cost=lambda r: 1.0)
     out = list(timewheel_engine(iter([{"id": i} for i in range(50)]), target, config))
@@ -551,6 +570,48 @@ def test_the_http_target_hands_over_the_stubs_headers_only_when_asked(tmp_path: 
             assert done.wait(10)
         read = [bool(r.headers) for r in replies[1:]]
         assert read == [True] + [False] * 7 + [True, False]
+    finally:
+        stub.close()
+
+
+def test_the_http_target_hands_over_anthropics_headers_to_the_quota() -> None:
+    pytest.importorskip("pycurl")  # the spark extra's HTTP client
+    from openai_stub_fixtures import OpenAIStub
+    from timewheel.spark.contract import TargetPlan, bind
+    from timewheel.spark.ratelimit import parse_rate_limit_headers
+    from timewheel.spark.targets import HttpDownstream
+
+    stub = OpenAIStub(rpm=1000, tpm=100)
+    try:
+        target = HttpDownstream(
+            f"{stub.base_url}/messages",
+            body=lambda row: {
+                "model": "m",
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": row["text"]}],
+            },
+            headers={"x-api-key": "sk-ant-test", "anthropic-version": "2023-06-01"},
+        )
+        replies: list[Reply] = []
+        done = threading.Event()
+
+        @accepts_reply
+        def on_done(ok: bool, error: Any, reply: Reply | None = None) -> None:
+            assert reply is not None
+            replies.append(reply)
+            done.set()
+
+        bind(target, TargetPlan("id", rate_limit_headers=True)).submit(
+            {"id": 1, "text": "abcd"}, on_done
+        )
+        assert done.wait(10)
+        headers = replies[0].headers
+        assert replies[0].status == 200 and headers is not None
+        info = parse_rate_limit_headers(headers)
+        # 1 token in, 8 out of the window's 100; its reset is a minute away (whole seconds).
+        assert (info.remaining_requests, info.remaining_cost) == (999, 91)
+        assert info.reset_cost_s is not None and 58 <= info.reset_cost_s <= 61
+        assert info.cost_header == "anthropic-ratelimit-tokens-reset"
     finally:
         stub.close()
 
@@ -669,11 +730,7 @@ def test_a_cost_known_only_from_the_answer_stays_within_the_budget(
 def test_one_answer_cannot_stall_the_job_its_pause_is_capped() -> None:
     # Each answer says no request is left for 1000 hours: the job pauses max_pause_s
     # after each, and ends.
-    target = SaysRemaining("0", "1000h")
-    target.headers = {
-        "x-ratelimit-remaining-requests": "0",
-        "x-ratelimit-reset-requests": "1000h",
-    }
+    target = SaysRemaining("0", 1000 * 3600.0, window="requests")
     ref = static_ref(Quota(rate=1000, max_pause_s=0.2))
     start = time.monotonic()
     out = list(

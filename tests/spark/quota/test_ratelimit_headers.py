@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import datetime
 import email.utils
+import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from timewheel.spark.ratelimit import (
     RateLimitInfo,
     parse_duration,
     parse_rate_limit_headers,
     parse_retry_after,
+    parse_time_until,
 )
 
 
@@ -169,3 +174,131 @@ def test_a_finer_reset_beats_a_whole_second_retry_after() -> None:
     assert info.pause() == (3.0, "ratelimit")
     # An answer with no Retry-After and a reset, but nothing used up: no pause.
     assert parse_rate_limit_headers({"x-ratelimit-reset-tokens": "2s"}).pause() == (0.0, "")
+
+
+NOW = 1_700_000_000.0  # 2023-11-14T22:13:20Z
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("2023-11-14T22:13:50Z", 30.0),
+        ("2023-11-14t22:13:50z", 30.0),
+        ("2023-11-14 22:13:20.25Z", 0.25),
+        ("2023-11-14T22:13:20.123456789Z", 0.123456789),
+        ("2023-11-15T00:14:20+02:00", 60.0),
+        ("2023-11-14T20:43:30-01:30", 10.0),
+        ("2023-11-14T22:13:00Z", 0.0),  # past: no wait
+        ("2023-11-14T23:59:60Z", 6400.0),  # a leap second: the next minute's first
+    ],
+)
+def test_rfc3339_times_as_seconds_from_now(text: str, seconds: float) -> None:
+    assert parse_time_until(text, now=NOW) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        None,
+        "",
+        "soon",
+        "2023-11-14T22:13:50",
+        "2023-02-30T00:00:00Z",
+        "2023-11-14T25:00:00Z",
+        "2023-11-14T22:13:50+2:00",
+        "1700000030",
+        "2023-11-14T22:13:50Z junk",
+    ],
+)
+def test_rfc3339_times_that_do_not_parse_say_nothing(text: str | None) -> None:
+    assert parse_time_until(text, now=NOW) is None
+
+
+def test_anthropic_headers_the_tightest_token_window() -> None:
+    headers = {
+        "anthropic-ratelimit-requests-limit": "50",
+        "anthropic-ratelimit-requests-remaining": "49",
+        "anthropic-ratelimit-requests-reset": "2023-11-14T22:13:21Z",
+        "anthropic-ratelimit-tokens-limit": "40000",
+        "anthropic-ratelimit-tokens-remaining": "3000",
+        "anthropic-ratelimit-tokens-reset": "2023-11-14T22:13:30Z",
+        "anthropic-ratelimit-input-tokens-remaining": "5000",
+        "anthropic-ratelimit-input-tokens-reset": "2023-11-14T22:13:25Z",
+        "anthropic-ratelimit-output-tokens-remaining": "0",
+        "anthropic-ratelimit-output-tokens-reset": "2023-11-14T22:13:32Z",
+    }
+    info = parse_rate_limit_headers(headers, now=NOW)
+    assert info == RateLimitInfo(
+        remaining_requests=49, reset_requests_s=1.0, remaining_cost=0, reset_cost_s=12.0
+    )
+    # The output window is used up: the job waits for it, and says which header asked.
+    assert info.pause() == (12.0, "anthropic-ratelimit-output-tokens-reset")
+    # With only the combined window, it counts; junk in one window says nothing of it.
+    del headers["anthropic-ratelimit-output-tokens-remaining"]
+    headers["anthropic-ratelimit-input-tokens-remaining"] = "lots"
+    info = parse_rate_limit_headers(headers, now=NOW)
+    assert (info.remaining_cost, info.reset_cost_s) == (3000, 10.0)
+    assert info.pause() == (0.0, "")
+    headers["anthropic-ratelimit-requests-remaining"] = "0"
+    assert parse_rate_limit_headers(headers, now=NOW).pause() == (
+        1.0,
+        "anthropic-ratelimit-requests-reset",
+    )
+
+
+def test_openai_headers_win_over_anthropics() -> None:
+    info = parse_rate_limit_headers(
+        {
+            "x-ratelimit-remaining-tokens": "10",
+            "x-ratelimit-reset-tokens": "2s",
+            "anthropic-ratelimit-tokens-remaining": "0",
+            "anthropic-ratelimit-tokens-reset": "2023-11-14T22:13:30Z",
+            "anthropic-ratelimit-requests-remaining": "0",
+            "anthropic-ratelimit-requests-reset": "2023-11-14T22:13:25Z",
+            "RateLimit": '"default";r=7;t=1',
+        },
+        now=NOW,
+    )
+    assert info == RateLimitInfo(
+        remaining_requests=0, reset_requests_s=5.0, remaining_cost=10, reset_cost_s=2.0
+    )
+
+
+NAMES = [
+    "retry-after",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+    "ratelimit",
+    "ratelimit-policy",
+    *(
+        f"anthropic-ratelimit-{kind}-{what}"
+        for kind in ("requests", "tokens", "input-tokens", "output-tokens")
+        for what in ("remaining", "reset")
+    ),
+]
+VALUES = st.one_of(
+    st.text(max_size=40),
+    st.sampled_from(["0", "-1", "nan", "inf", "1e400", "2s", "1h2m", '"a";r=0;t=2']),
+    st.datetimes(timezones=st.just(datetime.timezone.utc)).map(lambda d: d.isoformat()),
+    st.floats(allow_nan=True, allow_infinity=True).map(str),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(NAMES), VALUES, max_size=len(NAMES)))
+def test_any_answer_reads_without_raising_into_finite_waits(headers: dict[str, str]) -> None:
+    info = parse_rate_limit_headers(headers, now=NOW)
+    for value in (
+        info.retry_after_s,
+        info.remaining_requests,
+        info.reset_requests_s,
+        info.remaining_cost,
+        info.reset_cost_s,
+    ):
+        assert value is None or (math.isfinite(value) and value >= 0)
+    wait, header = info.pause()
+    assert math.isfinite(wait) and wait >= 0 and (header in NAMES or header in ("", "reset"))
+    soonest, _ = info.soonest()
+    assert math.isfinite(soonest) and soonest >= 0

@@ -121,7 +121,7 @@ def too_large(limits: HttpLimits, rows: int = 0, length: str | None = None) -> F
 
 
 # The headers a quota reads.
-_RATE_LIMIT_NAMES = (b"x-ratelimit-", b"ratelimit", b"retry-after")
+_RATE_LIMIT_NAMES = (b"x-ratelimit-", b"ratelimit", b"anthropic-ratelimit-", b"retry-after")
 
 
 def rate_limit_lines(lines: list[bytes]) -> dict[str, str]:
