@@ -350,6 +350,32 @@ def test_two_jobs_sharing_a_quota_stay_within_it_together_when_redis_dies(
 
 
 @needs_redis
+def test_close_closes_every_connection_it_opened(redis_server: RedisServer) -> None:
+    import redis
+
+    from timewheel.spark.quota.redis_store import check_reachable
+
+    watcher = redis.Redis.from_url(redis_server.url)
+    try:
+
+        def clients() -> int:
+            return int(watcher.info("clients")["connected_clients"])
+
+        before = clients()
+        store = RedisStore(redis_server.url, "closing", Quota(rate=100))
+        for task in [TaskQuota(store) for _ in range(3)]:
+            task.acquire()  # (each asks the store once: granted now, or a slot ahead)
+        assert clients() > before
+        store.close()  # (its pool's sockets closed now, not left to the collector)
+        assert clients() == before
+        check_reachable(redis_server.url)
+        reset_quota(redis_server.url, "closing")
+        assert clients() == before
+    finally:
+        watcher.close()
+
+
+@needs_redis
 def test_state_reset_and_errors(redis_server: RedisServer) -> None:
     store = RedisStore(redis_server.url, "reset-me", Quota(max_requests=10))
     task = TaskQuota(store)

@@ -427,6 +427,13 @@ def _client(url: str, timeout_s: float, password: str | None) -> Any:
     return redis.Redis(connection_pool=pool)
 
 
+def _close(client: Any) -> None:
+    """Close ``client`` and its pool's connections (a client made on a pool of its own
+    leaves the pool open when closed: its sockets would wait for the collector)."""
+    client.close()
+    client.connection_pool.disconnect()
+
+
 def check_reachable(url: str, *, password: str | None = None, timeout_s: float = 5.0) -> None:
     """QuotaStoreError unless the Redis at ``url`` answers a PING within ``timeout_s``:
     the driver asks before a job starts, so a store that is mistyped or down stops the
@@ -442,7 +449,7 @@ def check_reachable(url: str, *, password: str | None = None, timeout_s: float =
             f"the quota store {redact_url(url)} cannot be reached: {type(exc).__name__}: {exc}"
         ) from None
     finally:
-        client.close()
+        _close(client)
 
 
 def reset_quota(url: str, name: str, *, password: str | None = None, timeout_s: float = 5.0) -> int:
@@ -461,7 +468,7 @@ def reset_quota(url: str, name: str, *, password: str | None = None, timeout_s: 
     except redis.RedisError as exc:
         raise QuotaStoreError(f"Redis at {redact_url(url)}: {type(exc).__name__}: {exc}") from None
     finally:
-        client.close()
+        _close(client)
 
 
 class RedisStore:
@@ -630,4 +637,4 @@ class RedisStore:
 
     def close(self) -> None:
         """Close the connections (redis-py makes new ones in a forked child by itself)."""
-        self._redis.close()
+        _close(self._redis)
