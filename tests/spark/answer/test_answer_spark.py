@@ -142,6 +142,54 @@ def test_dispatch_on_spark_types_each_rows_own_answer_and_asks_again_what_misfit
     assert by_id == {**{i: rule(t) for i, t in {**texts, **once}.items()}, 200: None}
 
 
+@pytest.mark.spark
+def test_packs_with_dedupe_send_each_text_once_and_every_row_gets_its_answer(
+    spark: Any, stub: OpenAIStub
+) -> None:
+    # ~2-4 s (2-core machine). Rows whose text repeats are sent by one row (Dedupe by
+    # column), those rows packed (Answer with Batching): each distinct text is asked once,
+    # in a pack; every row, sent or not, gets the answer of its own text.
+    from timewheel.spark import Answer, Batching, Calls, Dedupe, dispatch
+    from timewheel.spark.targets import HttpDownstream
+
+    distinct = [f"dedupe pack row {n}" + " more" * (n % 3) for n in range(9)]
+    distinct[4] += " [fault:drop]"  # missed by its pack once: asked again, still once a row
+    rows = [(i, distinct[i % len(distinct)]) for i in range(36)]  # each text four times
+    df = spark.createDataFrame(rows, "id long, text string").repartition(3)
+    target = HttpDownstream(
+        stub.base_url + "/chat/completions",
+        headers={"Authorization": "Bearer sk-test"},
+        body=chat_body,
+    )
+    before = stub.stats()
+    with sent_by_value():
+        got = {
+            r["id"]: r
+            for r in dispatch(
+                df,
+                target,
+                id_col="id",
+                reply_schema=Answer(DDL),
+                batching=Batching(5),
+                dedupe=Dedupe("text"),
+                calls=Calls(retries=2, backoff_ms=1),
+                timeout_ms=10_000,
+            ).collect()
+        }
+    after = stub.stats()
+    assert sorted(got) == [i for i, _ in rows]
+    for i, text in rows:
+        row = got[i]
+        assert (row["status"], row["error"]) == ("ok", None), row
+        assert row["reply"].asDict() == rule(text), row  # its own text's answer
+    # Nine texts in packs of up to five: two requests at least, one more per partition
+    # that holds some of them, and the dropped row's ask again; without Dedupe, 36 rows
+    # would take eight at least.
+    requests = after["requests"] - before["requests"]
+    assert 2 <= requests <= 7, requests
+    assert after["faults"]["drop"] - before["faults"]["drop"] == 1
+
+
 # -- the command line -------------------------------------------------------------------
 
 
