@@ -54,6 +54,7 @@ from typing import Any
 from ..argtypes import positive
 from ..flags import Flag, add_flags
 from .command import bench_parser
+from .quota_driven import simulate_driven
 from .quota_sim import __doc__ as _SIMULATION
 from .quota_sim import add_simulation_flags, run_simulation
 
@@ -407,7 +408,7 @@ def _scenario(spark: Any, args: argparse.Namespace, name: str) -> dict[str, Any]
 
 def main(args: argparse.Namespace) -> int:
     if args.simulate:  # no Spark at all
-        return run_simulation(args)
+        return run_simulation(args, simulate_driven if args.driven else None)
     from ...spark.session import spark_session
 
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
