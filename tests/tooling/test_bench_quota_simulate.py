@@ -146,3 +146,21 @@ def test_a_driven_run_is_the_same_every_time_and_sends_every_row_once(
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "a driven clock, seed 1" in out and out.count("\nrate ") == 1
+
+
+def test_a_driven_task_whose_quota_raises_fails_the_run_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from timewheel.spark.quota.task import TaskQuota
+
+    def broken(self: TaskQuota, cost: float = 0.0, probe: bool = False) -> float:
+        raise RuntimeError("the store is gone")
+
+    monkeypatch.setattr(TaskQuota, "acquire", broken)
+    args = _parse("--driven", "--tasks", "8", "--runs", "rate", "--rates", "50", "--seconds", "1")
+    assert args.func(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "timewheel bench quota --simulate: rate 8: 8 task errors (RuntimeError: the store is "
+        "gone), 0 rows unfinished, 0 rows accepted twice"
+    ]

@@ -8,7 +8,7 @@ the design's own behaviour, the same on every machine and every time for one ``-
 no GIL, no sockets, no scheduling delays (the real run, :func:`~.quota_sim.simulate`,
 shows those). A 1,024-task run of 6 s takes about a second.
 
-Written by hand (not a discrete-event library): the loop is twenty lines, and it must call
+Written by hand (not a discrete-event library): the loop is a few lines, and it must call
 the quota's classes exactly as a task does (:func:`~.quota_sim._task`'s steps).
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import multiprocessing
 import random
-from typing import Any
+from typing import Any, Callable
 
 from .quota_sim import (
     DRAIN_S,
@@ -49,10 +49,9 @@ class _Clock:
 
 def simulate_driven(spec: RunSpec, seed: int = 1) -> RunResult:
     """Run ``spec`` on a driven clock (see the module's docstring); its record and figures
-    as :func:`~.quota_sim.simulate`'s (the store's calls counted and timed in this process,
-    the driver's CPU the whole run's)."""
+    as :func:`~.quota_sim.simulate`'s, but for the CPU and latency columns (not measured:
+    0). A task whose quota raises ends with the error in its record, as in the real run."""
     from ...spark.quota.bucket import LocalStore
-    from ...spark.quota.spec import BudgetSpent
     from ...spark.quota.task import TaskQuota
 
     clock, log = _Clock(), CallLog()
@@ -88,54 +87,16 @@ def simulate_driven(spec: RunSpec, seed: int = 1) -> RunResult:
         at(rng.uniform(0.0, 1e-3), i)
     while events:
         clock.now, _, i, answer = heapq.heappop(events)
-        task, record = tasks[i], records[i]
-        row = record["rows"]
-        actual = tokens_of(i, row) if spec.tokens else 0
-        estimate = actual * ESTIMATE_SHARE if spec.tokens else 0.0
-        if answer is not None:
-            accepted, retry_after = answer
-            task.done(estimate)
-            if accepted:
-                if spec.tokens:
-                    task.settle(estimate, float(actual))
-                record["rows"] = row + 1
-                out.discard(i)
-                at(clock.now, i)
-                continue
-            if spec.tokens:
-                task.settle(estimate, 0.0)
-            at(clock.now + task.refused(retry_after, "retry-after"), i)
-            continue
-        done = spec.task_rows and row >= spec.task_rows
-        if clock.now > hard or (
-            i not in out and (done or (not spec.task_rows and clock.now >= deadline))
-        ):
-            record["unfinished"] = i in out
-            record["end"] = clock.now
-            task.close()
-            continue
         try:
-            wait = task.acquire(estimate)
-        except BudgetSpent:
-            record["unfinished"], record["end"] = i in out, clock.now
-            continue
-        if "first_take_s" not in record:
-            record["first_take_s"], record["first_failed"] = 0.0, False
-        if wait > 0.0:
-            at(clock.now + wait, i)
-            continue
-        when, accepted, retry_after = stub.send(actual)
-        sends.append((when, accepted, actual, i, row))
-        out.add(i)
-        at(clock.now + answer_in(spec, when, accepted), i, (accepted, retry_after))
-    calls: dict[str, list[float]] = {name: [] for name in log.names}
-    for op, seconds in zip(log.ops, log.seconds):
-        calls[log.names[op]].append(seconds)
+            _step(spec, tasks[i], records[i], i, answer, out, stub, sends, at, deadline, hard)
+        except Exception as exc:  # the task dies, saying why (the run reports it)
+            records[i]["error"] = f"{type(exc).__name__}: {exc}"
+            records[i]["unfinished"], records[i]["end"] = i in out, clock.now
     result = RunResult(
         spec=spec,
         sends=sends,
         tasks=records,
-        calls=calls,
+        calls=log.by_method(),
         store_errors=log.errors,
         store_first_error=log.first_error,
         start=0.0,
@@ -146,3 +107,60 @@ def simulate_driven(spec: RunSpec, seed: int = 1) -> RunResult:
     )
     result.figures = figures(result)
     return result
+
+
+def _step(
+    spec: RunSpec,
+    task: Any,
+    record: dict[str, Any],
+    i: int,
+    answer: tuple[bool, float] | None,
+    out: set[int],
+    stub: Stub,
+    sends: list[tuple[float, bool, int, int, int]],
+    at: Callable[..., None],
+    deadline: float,
+    hard: float,
+) -> None:
+    """Task ``i``'s event at ``task.clock()``: an answer (``(accepted, retry_after)``) to
+    handle, or its turn to ask for the next call (the real run's steps, in order)."""
+    from ...spark.quota.spec import BudgetSpent
+
+    now = task.clock()
+    row = record["rows"]
+    actual = tokens_of(i, row) if spec.tokens else 0
+    estimate = actual * ESTIMATE_SHARE if spec.tokens else 0.0
+    if answer is not None:
+        accepted, retry_after = answer
+        task.done(estimate)
+        if accepted:
+            if spec.tokens:
+                task.settle(estimate, float(actual))
+            record["rows"] = row + 1
+            out.discard(i)
+            at(now, i)
+            return
+        if spec.tokens:
+            task.settle(estimate, 0.0)
+        at(now + task.refused(retry_after, "retry-after"), i)
+        return
+    done = spec.task_rows and row >= spec.task_rows
+    if now > hard or (i not in out and (done or (not spec.task_rows and now >= deadline))):
+        record["unfinished"], record["end"] = i in out, now
+        task.close()
+        return
+    try:
+        wait = task.acquire(estimate)
+    except BudgetSpent:
+        record["unfinished"], record["end"] = i in out, now
+        task.close()
+        return
+    record.setdefault("first_take_s", 0.0)
+    record.setdefault("first_failed", False)
+    if wait > 0.0:
+        at(now + wait, i)
+        return
+    when, accepted, retry_after = stub.send(actual)
+    sends.append((when, accepted, actual, i, row))
+    out.add(i)
+    at(now + answer_in(spec, when, accepted), i, (accepted, retry_after))

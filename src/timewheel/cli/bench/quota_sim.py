@@ -234,6 +234,13 @@ class CallLog:
     def thread_errors(self) -> int:
         return int(getattr(self.local, "errors", 0))
 
+    def by_method(self) -> dict[str, list[float]]:
+        """Each method's call durations (s), by its name."""
+        calls: dict[str, list[float]] = {name: [] for name in self.names}
+        for op, seconds in zip(self.ops, self.seconds):
+            calls[self.names[op]].append(seconds)
+        return calls
+
 
 class Counted:
     """A store whose every method call is counted and timed in ``log``: it names no
@@ -529,11 +536,8 @@ def _worker(w: _Worker, shared: _Shared) -> None:
         while not collect.wait(0.2):
             if stop.is_set():
                 return
-        calls = {log.names[i]: array("d") for i in range(len(log.names))}
-        for op, seconds in zip(log.ops, log.seconds):
-            calls[log.names[op]].append(seconds)
         errors = (log.errors, log.first_error)
-        out.put(("result", w.index, (sends, records, calls, errors, cpu)))
+        out.put(("result", w.index, (sends, records, log.by_method(), errors, cpu)))
     except BaseException as exc:
         out.put(("error", w.index, f"worker {w.index}: {type(exc).__name__}: {exc}"))
 
