@@ -529,6 +529,24 @@ def test_headers_that_leave_room_cost_no_store_call() -> None:
     assert ref.open().state().pauses == 0
 
 
+def replies_of(target: Any, row: dict[str, Any], times: int) -> list[Reply]:
+    """``target``'s replies to ``row`` sent ``times`` times, one after another."""
+    replies: list[Reply] = []
+    done = threading.Event()
+
+    @accepts_reply
+    def on_done(ok: bool, error: Any, reply: Reply | None = None) -> None:
+        assert reply is not None
+        replies.append(reply)
+        done.set()
+
+    for _ in range(times):
+        done.clear()
+        target.submit(row, on_done)
+        assert done.wait(10)
+    return replies
+
+
 def test_the_http_target_hands_over_the_stubs_headers_only_when_asked(tmp_path: Path) -> None:
     pytest.importorskip("pycurl")  # the spark extra's HTTP client
     from openai_stub_fixtures import OpenAIStub
@@ -542,20 +560,9 @@ def test_the_http_target_hands_over_the_stubs_headers_only_when_asked(tmp_path: 
             body=lambda row: {"input": row["text"]},
             headers={"Authorization": "Bearer sk-test"},
         )
-        replies: list[Reply] = []
-        done = threading.Event()
-
-        @accepts_reply
-        def on_done(ok: bool, error: Any, reply: Reply | None = None) -> None:
-            assert reply is not None
-            replies.append(reply)
-            done.set()
-
         quota_plan = TargetPlan("id", rate_limit_headers=True)
-        for target in (plain, bind(plain, quota_plan)):
-            done.clear()
-            target.submit({"id": 1, "text": "hello there"}, on_done)
-            assert done.wait(10)
+        row = {"id": 1, "text": "hello there"}
+        replies = replies_of(plain, row, 1) + replies_of(bind(plain, quota_plan), row, 1)
         assert replies[0].headers is None
         headers = replies[1].headers
         assert headers is not None
@@ -563,11 +570,7 @@ def test_the_http_target_hands_over_the_stubs_headers_only_when_asked(tmp_path: 
         assert int(headers["x-ratelimit-remaining-tokens"]) == 100_000 - 3 - 3
         # One answer in 8 per connection handle is read (a Python call per header line):
         # one request at a time reuses one handle (equal settings share handles).
-        reading = bind(plain, quota_plan)
-        for _ in range(9):
-            done.clear()
-            reading.submit({"id": 1, "text": "hello there"}, on_done)
-            assert done.wait(10)
+        replies += replies_of(bind(plain, quota_plan), row, 9)
         read = [bool(r.headers) for r in replies[1:]]
         assert read == [True] + [False] * 7 + [True, False]
     finally:
@@ -592,22 +595,10 @@ def test_the_http_target_hands_over_anthropics_headers_to_the_quota() -> None:
             },
             headers={"x-api-key": "sk-ant-test", "anthropic-version": "2023-06-01"},
         )
-        replies: list[Reply] = []
-        done = threading.Event()
-
-        @accepts_reply
-        def on_done(ok: bool, error: Any, reply: Reply | None = None) -> None:
-            assert reply is not None
-            replies.append(reply)
-            done.set()
-
         # One answer in 8 per connection handle is read (handles are shared with the
         # other tests' equal settings): nine requests, one after another, have one.
         reading = bind(target, TargetPlan("id", rate_limit_headers=True))
-        for _ in range(9):
-            done.clear()
-            reading.submit({"id": 1, "text": "abcd"}, on_done)
-            assert done.wait(10)
+        replies = replies_of(reading, {"id": 1, "text": "abcd"}, 9)
         assert all(r.status == 200 for r in replies)
         headers = next(r.headers for r in replies if r.headers)
         info = parse_rate_limit_headers(headers)
