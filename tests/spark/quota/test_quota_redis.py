@@ -7,10 +7,12 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import pickle
 import random
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -373,6 +375,53 @@ def test_close_closes_every_connection_it_opened(redis_server: RedisServer) -> N
         assert clients() == before
     finally:
         watcher.close()
+
+
+@needs_redis
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_store_is_usable_in_a_forked_child_and_collected_when_dropped(
+    redis_server: RedisServer,
+) -> None:
+    script = textwrap.dedent(
+        """
+        import gc, os, sys, warnings
+        import redis
+        from timewheel.spark.quota.redis_store import RedisStore
+        from timewheel.spark.quota.spec import Ask, Quota
+
+        warnings.simplefilter("error", ResourceWarning)  # a socket left open would say so
+        url = sys.argv[1]
+        watcher = redis.Redis.from_url(url)
+        clients = lambda: int(watcher.info("clients")["connected_clients"])
+        before = clients()
+        store = RedisStore(url, "forked", Quota(max_requests=100))
+        store.take("parent", Ask(1))
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:  # the child's own connection: the parent's is not shared
+                code = 0 if store.take("child", Ask(2)).requests == 2 else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        assert store.take("parent", Ask(1)).requests == 1  # the parent's still works
+        print(store.state().requests_taken)
+        assert clients() > before
+        del store  # dropped without close(): its connections go with it
+        gc.collect()
+        assert clients() == before, clients() - before
+        watcher.close()
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-W", "error::ResourceWarning", "-c", script, redis_server.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "4"
 
 
 @needs_redis
