@@ -218,16 +218,56 @@ def _sf_list(text: str) -> list[tuple[str, dict[str, str]]] | None:
     return out
 
 
-def _ietf(
-    policy: str | None, limit: str | None
-) -> tuple[tuple[float, float | None] | None, tuple[float, float | None] | None]:
-    """``((remaining, reset) for requests, (remaining, reset) for cost)`` from the two
-    IETF fields: the policy with the least remaining of each kind."""
+#: One window a service spoke of: what is left and the seconds until its reset (each None
+#: when not said), and the header the reset is read from (for the log line of a pause).
+Window = tuple[Union[float, None], Union[float, None], str]
+#: What one family of headers said: its window of requests and its window of cost.
+Said = tuple[Union[Window, None], Union[Window, None]]
+Get = Callable[[str], Union[str, None]]
+
+
+def _left(window: Window) -> float:
+    return math.inf if window[0] is None else window[0]
+
+
+def _window(remaining: float | None, reset: float | None, header: str) -> Window | None:
+    return None if remaining is None and reset is None else (remaining, reset, header)
+
+
+def _openai(get: Get, now: float | None) -> Said:
+    """OpenAI's ``x-ratelimit-remaining-*`` / ``x-ratelimit-reset-*`` (Go durations)."""
+
+    def window(kind: str) -> Window | None:
+        remaining = _number(get(f"x-ratelimit-remaining-{kind}"))
+        header = f"x-ratelimit-reset-{kind}"
+        return _window(remaining, parse_duration(get(header)), header)
+
+    return window("requests"), window("tokens")
+
+
+def _anthropic(get: Get, now: float | None) -> Said:
+    """Anthropic's ``anthropic-ratelimit-*-remaining`` / ``-reset`` (RFC 3339 times); of
+    its token windows, the one with the least remaining."""
+
+    def window(kind: str) -> Window | None:
+        remaining = _number(get(f"anthropic-ratelimit-{kind}-remaining"))
+        header = f"anthropic-ratelimit-{kind}-reset"
+        return (
+            None if remaining is None else (remaining, parse_time_until(get(header), now), header)
+        )
+
+    tokens = [w for w in map(window, ("tokens", "input-tokens", "output-tokens")) if w]
+    return window("requests"), min(tokens, key=_left, default=None)
+
+
+def _ietf(get: Get, now: float | None) -> Said:
+    """The IETF ``RateLimit-Policy`` and ``RateLimit`` fields: the policy with the least
+    remaining of each kind."""
     units: dict[str, str] = {}
-    for name, params in _sf_list(policy or "") or []:
+    for name, params in _sf_list(get("ratelimit-policy") or "") or []:
         units[name] = params.get("qu", '"requests"').strip('"')
-    best: dict[str, tuple[float, float | None]] = {}
-    for name, params in _sf_list(limit or "") or []:
+    best: dict[str, Window] = {}
+    for name, params in _sf_list(get("ratelimit") or "") or []:
         remaining = _number(params.get("r"))
         if remaining is None:
             continue
@@ -235,29 +275,21 @@ def _ietf(
         if kind == "concurrent-requests":
             continue
         kind = "requests" if kind == "requests" else "cost"
-        if kind not in best or remaining < best[kind][0]:
-            best[kind] = (remaining, _number(params.get("t")))
+        if kind not in best or remaining < _left(best[kind]):
+            best[kind] = (remaining, _number(params.get("t")), "ratelimit")
     return best.get("requests"), best.get("cost")
 
 
-def _anthropic(
-    get: Callable[[str], str | None], now: float | None
-) -> tuple[tuple[float | None, float | None], tuple[float | None, float | None], str]:
-    """``((remaining, reset) for requests, (remaining, reset) for cost, cost's header)``
-    from Anthropic's headers: of the token windows, the one with the least remaining."""
-    prefix = "anthropic-ratelimit-"
-    requests = (
-        _number(get(prefix + "requests-remaining")),
-        parse_time_until(get(prefix + "requests-reset"), now),
-    )
-    cost: tuple[float | None, float | None] = (None, None)
-    header = prefix + "tokens-reset"
-    for kind in ("tokens", "input-tokens", "output-tokens"):
-        remaining = _number(get(f"{prefix}{kind}-remaining"))
-        if remaining is not None and (cost[0] is None or remaining < cost[0]):
-            cost = (remaining, parse_time_until(get(f"{prefix}{kind}-reset"), now))
-            header = f"{prefix}{kind}-reset"
-    return requests, cost, header
+def _better(have: Window | None, said: Window | None) -> Window | None:
+    """Of two families' word on one window, the first's, unless only the second says
+    what is left (a reset alone is kept while no family says more)."""
+    if have is not None and have[0] is not None:
+        return have
+    return said if said is not None and said[0] is not None else (have or said)
+
+
+#: The families, in the order they count: of two that say the same window, the first.
+_FAMILIES = (_openai, _anthropic, _ietf)
 
 
 def parse_rate_limit_headers(headers: Headers, now: float | None = None) -> RateLimitInfo:
@@ -266,40 +298,22 @@ def parse_rate_limit_headers(headers: Headers, now: float | None = None) -> Rate
     ``Retry-After`` and Anthropic's RFC 3339 resets."""
     if isinstance(headers, Mapping):
         lowered = {k.lower(): v for k, v in headers.items()}
-
-        def get(name: str) -> str | None:
-            return lowered.get(name)
+        get: Get = lowered.get
     else:
-
-        def get(name: str) -> str | None:
-            return headers(name)
-
-    requests = (
-        _number(get("x-ratelimit-remaining-requests")),
-        parse_duration(get("x-ratelimit-reset-requests")),
-    )
-    cost = (
-        _number(get("x-ratelimit-remaining-tokens")),
-        parse_duration(get("x-ratelimit-reset-tokens")),
-    )
-    names = ["x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"]
-    if requests[0] is None or cost[0] is None:
-        a_requests, a_cost, a_header = _anthropic(get, now)
-        if requests[0] is None and a_requests[0] is not None:
-            requests, names[0] = a_requests, "anthropic-ratelimit-requests-reset"
-        if cost[0] is None and a_cost[0] is not None:
-            cost, names[1] = a_cost, a_header
-    ietf_requests, ietf_cost = _ietf(get("ratelimit-policy"), get("ratelimit"))
-    if requests[0] is None and ietf_requests is not None:
-        requests, names[0] = ietf_requests, "ratelimit"
-    if cost[0] is None and ietf_cost is not None:
-        cost, names[1] = ietf_cost, "ratelimit"
+        get = headers
+    requests: Window | None = None
+    cost: Window | None = None
+    for family in _FAMILIES:
+        said_requests, said_cost = family(get, now)
+        requests, cost = _better(requests, said_requests), _better(cost, said_cost)
+        if requests and cost and requests[0] is not None and cost[0] is not None:
+            break
     return RateLimitInfo(
         retry_after_s=parse_retry_after(get("retry-after"), now),
-        remaining_requests=requests[0],
-        reset_requests_s=requests[1],
-        remaining_cost=cost[0],
-        reset_cost_s=cost[1],
-        requests_header=names[0],
-        cost_header=names[1],
+        remaining_requests=None if requests is None else requests[0],
+        reset_requests_s=None if requests is None else requests[1],
+        remaining_cost=None if cost is None else cost[0],
+        reset_cost_s=None if cost is None else cost[1],
+        requests_header=None if requests is None else requests[2],
+        cost_header=None if cost is None else cost[2],
     )
