@@ -57,8 +57,8 @@ The figures, per run:
 
 ``--driven`` runs the same runs in this process on a driven clock (:mod:`.quota_driven`):
 no threads, sockets or worker processes, the same figures every time for one ``--seed``
-(the store's latency and the CPU columns read 0): the design alone, in about a second
-for 1,024 tasks. No ``--store redis``, no storm run.
+(the store's latency and the CPU columns read 0): the design alone, in about a tenth
+of the real run's time. No ``--store redis``, no storm run.
 
 Costs: the default matrix is 16 runs of ``--seconds`` (6) plus ~3 s of start and stop
 each: about 3 minutes on 2 cores. Exit 0; 1 when a run failed (one line); 2 for bad flags;
