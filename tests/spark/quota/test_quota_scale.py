@@ -58,10 +58,12 @@ def most_in_window(stamps: list[float], window_s: float) -> int:
 
 class Tasks:
     """``n`` tasks on one store and one clock, each sending whenever its quota lets it
-    and it is not held (a slow service keeps its calls out); every send recorded."""
+    and it is not held (a slow service keeps its calls out), one call at a time, each
+    answered after ``latency`` seconds; every send recorded."""
 
-    def __init__(self, store: Any, clock: Clock, n: int) -> None:
+    def __init__(self, store: Any, clock: Clock, n: int, latency: float = 0.0) -> None:
         self.clock = clock
+        self.latency = latency
         self.tasks = [TaskQuota(store, clock=clock, holder=f"t{i}") for i in range(n)]
         self.next_at = [clock.now] * n
         self.sent: list[tuple[float, int]] = []
@@ -80,6 +82,7 @@ class Tasks:
                         else:
                             self.sent.append((self.clock.now, i))
                             self.tasks[i].done()
+                            self.next_at[i] = self.clock.now + self.latency
             self.clock.now += step
 
 
@@ -103,6 +106,20 @@ def test_a_service_that_held_every_call_then_sped_up_sends_no_burst() -> None:
     stamps = [t for t, _ in tasks.sent]
     assert most_in_window(stamps, 1.0) <= 200 * limit + 1  # ... and never above it
     assert most_in_window(stamps, 0.1) <= 200 * 0.1 * 1.5 + 1
+
+
+def test_tasks_whose_calls_take_longer_than_their_spacing_keep_the_rate() -> None:
+    # 256 tasks share 2,000 calls/s, each call answered after 20 ms, one at a time. A
+    # grant's calls go at their own slots of the timeline, so a task sends them as its
+    # answers come; spread over its share of the timeline instead, each call later than
+    # the last by an answer's time, the grant's last calls ran past its end and were
+    # lost (0.93 of the quota here, 0.76 with 1,024 tasks).
+    clock = Clock()
+    tasks = Tasks(LocalStore(Quota(rate=2000), clock), clock, 256, latency=0.02)
+    tasks.run(3.0)
+    stamps = [t for t, _ in tasks.sent]
+    assert len(stamps) >= 2000 * 3 * 0.97
+    assert most_in_window(stamps, 1.0) <= 2000 * (1 + CATCH_UP_S) + 1
 
 
 def test_store_asks_grow_with_the_tasks_not_with_the_rate() -> None:

@@ -284,9 +284,9 @@ class Bucket:
         if crate:
             got_c = min(got_c, max(need_cost, grant_size(q, crate, active, booked)))
         # The grant's place on the timelines: from the later of the two (less the burst),
-        # or now; it takes there what it holds at the whole rate, and is spent over a term
-        # (so one task's grant runs at its share of the rate, the grants of all of them
-        # together at the rate).
+        # or now; it takes there what it holds at the whole rate (its calls go there), and
+        # its holder asks again a span on (so one task runs at its share of the rate, the
+        # grants of all of them together at the rate).
         start = now
         width_r = n / rate if rate else 0.0
         width_c = got_c / crate if crate else 0.0
@@ -307,9 +307,9 @@ class Bucket:
         span = 0.0
         if rate or crate:
             self.tail = holder
-            # Spent at the whole rate while the rates are free, at (SPREAD of) this holder's
-            # share of them, over a term at most, when others want them too: its place on
-            # the timelines is at the whole rate either way.
+            # Its span (until its holder asks again): its width while the rates are free;
+            # when others want them too, (SPREAD of) this holder's share of them, a term at
+            # most. Its calls go within its width, at their places on the timelines.
             width = max(width_r, width_c)
             spread = SPREAD * width * max(1, active) / q.weight if booked else 0.0
             span = max(width, min(term_of(active), spread))
@@ -328,6 +328,7 @@ class Bucket:
             requests_left=cap_left - n,
             start_s=start - now,
             span_s=span,
+            width_s=max(width_r, width_c),
             gen=self.gen,
             ratio=self.ratio,
         )

@@ -228,10 +228,10 @@ if op == 'take' then
   local budget_left, cap_left = math.huge, math.huge
   if budget > 0 then budget_left = budget - st.spent end
   if cap > 0 then cap_left = cap - st.taken end
-  local function reply(kind, n, c, s, wait, start, span)
+  local function reply(kind, n, c, s, wait, start, span, width)
     save()
     return {kind, tostring(n), f(c), tostring(s), f(wait), f(budget_left), f(cap_left),
-            f(start), f(span), st.gen, f(st.ratio)}
+            f(start), f(span), st.gen, f(st.ratio), f(width or 0)}
   end
   -- The holders whose calls out hold some of the budget, when they said so (Bucket);
   -- a job with no budget keeps none (and no command for it on each take).
@@ -286,7 +286,7 @@ if op == 'take' then
   local n = math.max(got_r, 1)
   local got_c = math.min(cost, math.max(need_cost, budget_left / LEFT_SHARE))
   if c > 0 then got_c = math.min(got_c, math.max(need_cost, size(c, holders, booked))) end
-  -- Its place on the timelines at the whole rate; spent over a term (Bucket.take).
+  -- Its place on the timelines at the whole rate; asked again a span on (Bucket.take).
   local start, width_r, width_c, span = now, 0, 0, 0
   if r > 0 then width_r = n / r; start = math.max(start, st.tr - BURST) end
   if c > 0 then width_c = got_c / c; start = math.max(start, st.tc - BURST) end
@@ -299,7 +299,7 @@ if op == 'take' then
   if c > 0 then st.tc = math.max(st.tc, start) + width_c end
   if r > 0 or c > 0 then
     st.tail = h
-    -- Spent at the whole rate while free, at its share when booked (as Bucket.take).
+    -- Its span: its width while free, its share when booked (as Bucket.take).
     local spread = 0
     if booked then
       spread = SPREAD * math.max(width_r, width_c) * math.max(1, holders) / weight
@@ -315,7 +315,7 @@ if op == 'take' then
   add(h, 'r', n); add(h, 'c', got_c); add(h, 's', got_s)
   budget_left = budget_left - got_c
   cap_left = cap_left - n
-  return reply('ok', n, got_c, got_s, 0, start - now, span)
+  return reply('ok', n, got_c, got_s, 0, start - now, span, math.max(width_r, width_c))
 elseif op == 'give_back' then
   local h = a[1]
   begin(h, tonumber(a[5]))
@@ -572,7 +572,7 @@ class RedisStore:
         kind = got[0].decode()
         n, c, s, wait, budget_left, cap_left, start, span = (self._f(x) for x in got[1:9])
         count = got[9].decode()
-        ratio = self._f(got[10])
+        ratio, width = self._f(got[10]), self._f(got[11])
         if kind == "spent":
             return Grant(spent=True, budget_left=budget_left, requests_left=cap_left, gen=count)
         if kind in ("wait", "pause"):
@@ -591,6 +591,7 @@ class RedisStore:
             requests_left=cap_left,
             start_s=start,
             span_s=span,
+            width_s=width,
             gen=count,
             ratio=ratio,
         )

@@ -61,11 +61,11 @@ CATCH_UP_S = 0.01
 TERM_S = 0.25
 #: The store is asked at most about this often: with more holders, the term grows.
 MAX_ASKS_PER_S = 250.0
-#: While the timeline is booked, a holder spends its grant over this share of its place
-#: among the holders asking (its width times their number), so it asks for the next a
-#: little before the timeline reaches now: booked just in time, every late wakeup or
-#: answer left the timeline idle (0.96 of a token rate with four tasks on a driven
-#: clock; 1.00 at 0.8). The grants' places on the timeline, and so the rate, are the same.
+#: While the timeline is booked, a holder's next ask is due this share of its place among
+#: the holders asking (its width times their number) after its grant's start (its span),
+#: so it asks a little before the timeline reaches now: booked just in time, every late
+#: wakeup or answer left the timeline idle (0.96 of a token rate with four tasks on a
+#: driven clock; 1.00 at 0.8). Its calls go at their places on the timeline all the same.
 SPREAD = 0.8
 #: The timelines are booked at most this far ahead: a task that would be granted a slot
 #: beyond it is told when to ask again instead (its turn in a queue, so the tasks
@@ -366,9 +366,12 @@ class Grant:
     """What one take got: requests, cost and slots, or why not.
 
     Granted: the requests and cost are the holder's to send from ``start_s`` seconds
-    after the store answered, spread over ``span_s`` seconds, its slot of the rate's
-    timeline (a quota without rates: 0 and 0, at once and for good). What the holder did
-    not send by the end of its span is gone: a rate does not keep. Nothing granted:
+    after the store answered, within ``width_s`` seconds, its slot of the rate's
+    timeline, and its next ask is due ``span_s`` after that start (its share of the
+    booked timeline: the calls go at their slots, never later for being spread, so no
+    window holds more than the rate). A quota without rates: 0, 0 and 0, at once and for
+    good. What the holder did not send by the end of its span is gone: a rate does not
+    keep. Nothing granted:
     ``wait_s`` is how long until asking again may succeed (a concurrency slot), or
     ``spent`` says the budget or the request cap is spent.
     """
@@ -381,6 +384,7 @@ class Grant:
     spent: bool = False
     start_s: float = 0.0
     span_s: float = 0.0
+    width_s: float = 0.0
     #: Which count of the store this is (see :class:`Ask`); "" from a fallback.
     gen: str = ""
 

@@ -306,8 +306,16 @@ class TaskQuota:
             # earlier one, however long the answer took to come.
             start = received + grant.start_s
             self.ready = self.ready_c = start  # (the last grant's calls are all gone)
-            self.step = grant.span_s / grant.requests if q.rate else 0.0
-            self.cost_step = grant.span_s / grant.cost if q.cost_rate and grant.cost > 0 else 0.0
+            # Its calls at their places on the timelines, within its width (later only as
+            # late as the task itself is); its next ask when its last call would have gone
+            # spread over its span (its share of a booked timeline: it asks once a grant, a
+            # little before its turn). Spread calls went up to the span after their places
+            # (a second could hold more than the rate), and a task whose answers took
+            # longer than their spacing lost its grant's last calls at its end.
+            width = grant.width_s or grant.span_s  # (a Grant made with no width: spread)
+            self.step = width / grant.requests if q.rate else 0.0
+            self.cost_step = width / grant.cost if q.cost_rate and grant.cost > 0 else 0.0
+            self.ask_at = start + grant.span_s * (1.0 - 1.0 / grant.requests)
             # Its calls may go until a term after the slot's start at least (a task held
             # up by its calls' latency sends what it was granted then), plus a lag.
             self.ends = start + max(grant.span_s, TERM_S) + CATCH_UP_S
