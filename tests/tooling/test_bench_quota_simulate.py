@@ -94,7 +94,17 @@ def test_a_tiny_simulation_sends_every_row_once_and_its_figures_add_up(
     assert f["store_errors"] == 0 and f["first_take_failed"] == 0
     assert f["store_p50_ms"] is not None and f["store_p50_ms"] <= f["store_p99_ms"]
     assert f["driver_cpu_cores"] >= 0 and f["cpu_ms_per_task_s"] is not None
-    assert (f["processes"], f["clients"]) == (2, 2)
+    # Two processes of tasks (0 and 2 in one, 1 in the other) and task 3 alone in a
+    # third: its store calls are among the run's, and also timed apart, with the state()
+    # its process's second connection asked every 20 ms (not among the run's calls).
+    assert (f["processes"], f["clients"]) == (3, 3)
+    probed = run.alone_calls.pop("state (probe)")
+    assert 0 < sum(len(v) for v in run.alone_calls.values()) < calls
+    assert len(probed) >= 0.25 * f["seconds"] / sim.PROBE_S  # (a slack for a busy machine)
+    assert f["alone_p50_ms"] is not None and f["alone_p50_ms"] <= f["alone_p99_ms"]
+    sent_alone = sum(1 for s in run.sends if s[3] == 3)  # (each send waits for its answer)
+    assert len(run.alone_late) == sent_alone and f["alone_late_p99_ms"] >= 0
+    assert all("late" not in t for t in run.tasks)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,10 @@ The pieces:
 * **the workers**: P processes (``min(N, --processes)``; at least ``--jobs``), each
   holding one store client, as a Spark Python worker does (``Failover(client, 1/N)``,
   each task's ``TaskQuota`` on it); the storm run gives each task a client of its own
-  (a cluster of N one-task workers), so the driver sees N connections at once;
+  (a cluster of N one-task workers), so the driver sees N connections at once. When the
+  processes hold several tasks each, one task runs alone in a process of its own, as
+  every task of a Spark job does (a Python worker runs one task at a time): its store
+  calls are timed apart (``alone p99``), free of the other processes' GIL;
 * **the tasks**: a thread each. ``wait = acquire(cost)``; a wait is slept and asked
   again; a grant sends the row to the stub. The answer comes after the stub's latency:
   then ``done()``, and ``settle(estimate, actual)`` for a token quota; a refusal pays
@@ -43,7 +46,12 @@ The figures, per run:
   to the last task's end), all processes; ``asks/send``: the same per call sent;
 * ``driver CPU``: the driver process's CPU time over the run, in cores (with
   ``--store redis``, ``redis CPU`` too: the server's, from ``INFO``);
-* ``ask p50``/``p99``: the store calls' latency as the worker saw it (its GIL included);
+* ``ask p50``/``p99``: the store calls' latency as the worker saw it (its GIL included:
+  with a hundred tasks a process, mostly the wait for it); ``alone p99``: the same for
+  the task alone in its process (what a Spark task sees), with a second connection's
+  ``state()`` every 20 ms there (:data:`PROBE_S`; not among the run's store calls); in
+  the JSON also ``alone_late_p99_ms``: how late that task's sleeps for its answers woke,
+  the machine's scheduling delay beside it;
 * ``use``: accepted calls (tokens) / (quota x (last send - first send)); ``use mid``: the
   same over the middle half of that span;
 * ``refused``: refused / sent; ``1s x``, ``100ms x``: the most sent (accepted or not)
@@ -347,6 +355,7 @@ class _Worker:
     fraction: float
     where: _Where
     job: str
+    alone: bool = False  # the task alone in its process (see the module's docstring)
 
 
 @dataclasses.dataclass
@@ -367,6 +376,10 @@ class RunResult:
     driver_cpu_s: float
     workers_cpu_s: float
     redis_cpu_s: float | None
+    #: the store calls of the task alone in its process (none: no such task), and how
+    #: late its waits for its answers woke (s): the machine's scheduling, beside them
+    alone_calls: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    alone_late: list[float] = dataclasses.field(default_factory=list)
     figures: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -403,6 +416,7 @@ def _task(
     t0 = go_time.value
     deadline, hard = t0 + spec.seconds, t0 + 2 * spec.seconds + DRAIN_S
     row, sent_row, first = 0, False, True
+    late = out["late"] = array("d")  # how late each wait for an answer woke (s)
     out.update(task=task, rows=0, unfinished=False, error=None)
     try:
         while True:
@@ -434,7 +448,9 @@ def _task(
             when, accepted, retry_after = stub.send(actual)
             sends.append((when, accepted, actual, task, row))
             sent_row = True
-            halt.wait(answer_in(spec, when - t0, accepted))  # the answer
+            answer, slept = answer_in(spec, when - t0, accepted), clock()
+            halt.wait(answer)
+            late.append(clock() - slept - answer)  # (the machine's, not the quota's)
             tq.done(estimate)
             if accepted:
                 if spec.tokens:
@@ -487,18 +503,19 @@ def _worker(w: _Worker, shared: _Shared) -> None:
     try:
         spec, log, where = w.spec, CallLog(), w.where
 
-        def client() -> tuple[Any, Counted]:
+        def connect() -> Any:
             quota = quota_of(spec, where.redis_url)
             if where.redis_url is not None:
                 from ...spark.quota.redis_store import RedisStore
 
-                primary: Any = RedisStore(where.redis_url, _REDIS_NAME, quota, job=w.job)
-            else:
-                from ...spark.quota.service_store import ServiceStore
+                return RedisStore(where.redis_url, _REDIS_NAME, quota, job=w.job)
+            from ...spark.quota.service_store import ServiceStore
 
-                assert where.address is not None and where.secret is not None
-                primary = ServiceStore(where.address, where.secret, quota)
-            counted = Counted(primary, log)
+            assert where.address is not None and where.secret is not None
+            return ServiceStore(where.address, where.secret, quota)
+
+        def client() -> tuple[Any, Counted]:
+            counted = Counted(connect(), log)
             return Failover(counted, w.fraction), counted
 
         one = None if spec.client_per_task else client()  # the process's one client
@@ -522,11 +539,19 @@ def _worker(w: _Worker, shared: _Shared) -> None:
                 return
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         start.set()
+        probed, probe_done = array("d"), threading.Event()
+        if w.alone:
+            prober = connect()
+            threading.Thread(target=_probe, args=(prober, probe_done, probed), daemon=True).start()
         for t in threads:
             while t.is_alive():
                 t.join(0.2)
                 if stop.is_set():
                     halt.set()
+        probe_done.set()
+        if w.alone:
+            with contextlib.suppress(Exception):
+                prober.close()
         for store in {id(s): s for s, _ in stores}.values():
             with contextlib.suppress(Exception):
                 store.close()
@@ -537,9 +562,28 @@ def _worker(w: _Worker, shared: _Shared) -> None:
             if stop.is_set():
                 return
         errors = (log.errors, log.first_error)
-        out.put(("result", w.index, (sends, records, log.by_method(), errors, cpu)))
+        payload = (sends, records, log.by_method(), errors, cpu, w.alone, probed)
+        out.put(("result", w.index, payload))
     except BaseException as exc:
         out.put(("error", w.index, f"worker {w.index}: {type(exc).__name__}: {exc}"))
+
+
+#: The task alone in its process: a second connection there asks the store's state this
+#: often while the tasks run (not counted among the run's store calls), so that its
+#: latency is read from hundreds of calls, not the task's few.
+PROBE_S = 0.02
+
+
+def _probe(store: Any, done: threading.Event, took: Any) -> None:
+    """Time ``store.state()`` every :data:`PROBE_S` into ``took`` until ``done``."""
+    clock = time.perf_counter
+    while not done.wait(PROBE_S):
+        start = clock()
+        try:
+            store.state()
+        except Exception:  # (the tasks' own calls say what failed; this only times)
+            continue
+        took.append(clock() - start)
 
 
 _REDIS_NAME = "timewheel-bench-simulate"
@@ -689,18 +733,22 @@ def _store(spec: RunSpec, stack: contextlib.ExitStack) -> tuple[_Where, Callable
 
 def _start_workers(ctx: Any, spec: RunSpec, where: _Where, shared: _Shared) -> list[Any]:
     """Start the worker processes, the tasks dealt to them in turn, each process a job
-    of ``spec.jobs`` in turn."""
+    of ``spec.jobs`` in turn; and the last task alone in a process when the others hold
+    several each."""
     n = spec.workers
+    alone = spec.tasks > n and not spec.client_per_task
+    dealt = spec.tasks - 1 if alone else spec.tasks
     run_id = secrets.token_hex(4)
     procs = []
-    for i in range(n):
+    for i in range(n + alone):
         w = _Worker(
             i,
-            tuple(range(i, spec.tasks, n)),
+            (dealt,) if i == n else tuple(range(i, dealt, n)),
             spec,
             1.0 / spec.tasks,  # a task slot's share, as dispatch gives a QuotaRef
             where,
             f"sim-{run_id}-job-{i % spec.jobs}",
+            alone=i == n,
         )
         procs.append(
             ctx.Process(
@@ -725,10 +773,18 @@ def _merge(
     sends: list[tuple[float, bool, int, int, int]] = []
     tasks: list[dict[str, Any]] = []
     calls: dict[str, list[float]] = {}
+    alone_calls: dict[str, list[float]] = {}
+    alone_late: list[float] = []
     errors, first_error, workers_cpu = 0, None, 0.0
-    for w_sends, w_tasks, w_calls, (w_errors, w_first), w_cpu in payloads:
+    for w_sends, w_tasks, w_calls, (w_errors, w_first), w_cpu, w_alone, w_probed in payloads:
         sends += w_sends
         tasks += w_tasks
+        if w_alone:
+            alone_late = [x for t in w_tasks for x in t.get("late", ())]
+            alone_calls = {name: list(seconds) for name, seconds in w_calls.items()}
+            alone_calls["state (probe)"] = list(w_probed)
+        for t in w_tasks:
+            t.pop("late", None)
         for name, seconds in w_calls.items():
             calls.setdefault(name, []).extend(seconds)
         errors += w_errors
@@ -748,6 +804,8 @@ def _merge(
         driver_cpu_s=driver,
         workers_cpu_s=workers_cpu,
         redis_cpu_s=redis,
+        alone_calls=alone_calls,
+        alone_late=alone_late,
     )
 
 
@@ -835,6 +893,7 @@ def figures(r: RunResult) -> dict[str, Any]:
         mid = sum(w for s, w in zip(r.sends, weight) if s[1] and lo <= s[0] < hi)
         use_mid = mid / (spec.rate * (hi - lo))
     durations = [d for ds in r.calls.values() for d in ds]
+    alone = [d for ds in r.alone_calls.values() for d in ds]
     calls = len(durations)
     firsts = [t["first_take_s"] for t in r.tasks if "first_take_s" in t]
     task_seconds = sum(max(0.0, t["end"] - r.start) for t in r.tasks)
@@ -850,8 +909,8 @@ def figures(r: RunResult) -> dict[str, Any]:
         "run": spec.kind,
         "store": spec.store if spec.jobs == 1 else f"{spec.store} x{spec.jobs} jobs",
         "tasks": spec.tasks,
-        "processes": spec.workers,
-        "clients": spec.tasks if spec.client_per_task else spec.workers,
+        "processes": spec.workers + bool(r.alone_calls),
+        "clients": spec.tasks if spec.client_per_task else spec.workers + bool(r.alone_calls),
         "quota": spec.rate,
         "unit": "tokens/s" if spec.tokens else "calls/s",
         "seconds": round(wall, 2),
@@ -876,6 +935,9 @@ def figures(r: RunResult) -> dict[str, Any]:
         "store_first_error": r.store_first_error,
         "store_p50_ms": rounded(_scale(_pct(durations, 0.5)), 3),
         "store_p99_ms": rounded(_scale(_pct(durations, 0.99)), 3),
+        "alone_p50_ms": rounded(_scale(_pct(alone, 0.5)), 3),
+        "alone_p99_ms": rounded(_scale(_pct(alone, 0.99)), 3),
+        "alone_late_p99_ms": rounded(_scale(_pct(r.alone_late, 0.99)), 3),
         "driver_cpu_cores": round(r.driver_cpu_s / wall, 3),
         "redis_cpu_cores": None if r.redis_cpu_s is None else round(r.redis_cpu_s / wall, 3),
         "use": rounded(use, 3),
@@ -1031,6 +1093,7 @@ def _row(f: dict[str, Any]) -> str:
         f"{f['run']:<7}{f['tasks']:>6}{quota:>12}{f['sends']:>8,}{f['store_calls_per_s']:>8,.0f}"
         f"{num(f['store_calls_per_send'], '.1f'):>8}{f['driver_cpu_cores']:>8.2f}"
         f"{num(f['store_p50_ms'], '.1f'):>8}{num(f['store_p99_ms'], ',.0f'):>8}"
+        f"{num(f['alone_p99_ms'], ',.1f'):>11}"
         f"{num(f['use'], '.2f'):>6}{num(f['use_mid'], '.2f'):>6}{f['refused_share']:>8.2%}"
         f"{f['max_1s_x']:>6.2f}{f['max_100ms_x']:>8.2f}{f['first_take_failed']:>9}"
         f"{num(f['first_take_p99_ms'], ',.0f'):>8}{num(f['cpu_ms_per_task_s'], '.2f'):>9}"
@@ -1040,7 +1103,7 @@ def _row(f: dict[str, Any]) -> str:
 
 HEADER = (
     f"{'run':<7}{'tasks':>6}{'quota':>12}{'sends':>8}{'asks/s':>8}{'ask/snd':>8}"
-    f"{'drv CPU':>8}{'ask p50':>8}{'ask p99':>8}{'use':>6}{'mid':>6}{'refused':>8}"
+    f"{'drv CPU':>8}{'ask p50':>8}{'ask p99':>8}{'alone p99':>11}{'use':>6}{'mid':>6}{'refused':>8}"
     f"{'1s x':>6}{'100ms x':>8}{'1st fail':>9}{'1st p99':>8}{'CPU/task':>9}{'reach':>8}"
 )
 
