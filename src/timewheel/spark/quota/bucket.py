@@ -304,13 +304,12 @@ class Bucket:
             self.tat_r = max(self.tat_r, start) + width_r
         if crate:
             self.tat_c = max(self.tat_c, start) + width_c
-        span = 0.0
+        span, width = 0.0, max(width_r, width_c)
         if rate or crate:
             self.tail = holder
             # Its span (until its holder asks again): its width while the rates are free;
             # when others want them too, (SPREAD of) this holder's share of them, a term at
             # most. Its calls go within its width, at their places on the timelines.
-            width = max(width_r, width_c)
             spread = SPREAD * width * max(1, active) / q.weight if booked else 0.0
             span = max(width, min(term_of(active), spread))
         got_s = 0 if q.concurrency is None else int(min(slots, free))
@@ -328,7 +327,7 @@ class Bucket:
             requests_left=cap_left - n,
             start_s=start - now,
             span_s=span,
-            width_s=max(width_r, width_c),
+            width_s=width,
             gen=self.gen,
             ratio=self.ratio,
         )

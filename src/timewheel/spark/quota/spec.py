@@ -367,11 +367,11 @@ class Grant:
 
     Granted: the requests and cost are the holder's to send from ``start_s`` seconds
     after the store answered, within ``width_s`` seconds, its slot of the rate's
-    timeline, and its next ask is due ``span_s`` after that start (its share of the
-    booked timeline: the calls go at their slots, never later for being spread, so no
-    window holds more than the rate). A quota without rates: 0, 0 and 0, at once and for
-    good. What the holder did not send by the end of its span is gone: a rate does not
-    keep. Nothing granted:
+    timeline, and its next ask is due about ``span_s`` after that start (its share of
+    the booked timeline). Its calls go at their places in the slot, later only as late
+    as the holder is (until the end of its span, or a term). A quota without rates: 0,
+    0 and 0, at once and for good. What the holder did not send by the end of its span
+    is gone: a rate does not keep. Nothing granted:
     ``wait_s`` is how long until asking again may succeed (a concurrency slot), or
     ``spent`` says the budget or the request cap is spent.
     """
