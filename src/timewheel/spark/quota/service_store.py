@@ -14,7 +14,6 @@ when the service cannot be reached at all, the call raises
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any, Callable
 
@@ -41,7 +40,9 @@ class _Store:
             holder, ask = args
             args = [holder, Ask(*ask)]
         result = getattr(self.store, op)(*args)
-        return dataclasses.asdict(result) if isinstance(result, (Grant, QuotaState)) else result
+        # (Their fields are flat: a copy of the instance's dict, not dataclasses.asdict's
+        # deep copy, which took a tenth of the service's time a take.)
+        return dict(vars(result)) if isinstance(result, (Grant, QuotaState)) else result
 
     def dropped(self, client: int) -> None:
         pass  # a holder not heard from is dropped after the quota's ttl_s
