@@ -312,7 +312,7 @@ class TaskQuota:
             # little before its turn). Spread calls went up to the span after their places
             # (a second could hold more than the rate), and a task whose answers took
             # longer than their spacing lost its grant's last calls at its end.
-            width = grant.width_s or grant.span_s  # (a Grant made with no width: spread)
+            width = grant.width_s
             self.step = width / grant.requests if q.rate else 0.0
             self.cost_step = width / grant.cost if q.cost_rate and grant.cost > 0 else 0.0
             self.ask_at = start + grant.span_s * (1.0 - 1.0 / grant.requests)
