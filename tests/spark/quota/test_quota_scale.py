@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
 import subprocess
 import sys
@@ -19,6 +20,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from redis_fixtures import needs_redis
 from timewheel.spark.quota.bucket import Failover, LocalStore
@@ -120,6 +123,36 @@ def test_tasks_whose_calls_take_longer_than_their_spacing_keep_the_rate() -> Non
     stamps = [t for t, _ in tasks.sent]
     assert len(stamps) >= 2000 * 3 * 0.97
     assert most_in_window(stamps, 1.0) <= 2000 * (1 + CATCH_UP_S) + 1
+
+
+@settings(  # .ci/slow runs it at TIMEWHEEL_INVARIANT_EXAMPLES=500
+    max_examples=int(os.environ.get("TIMEWHEEL_INVARIANT_EXAMPLES", "25")),
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+)
+@given(
+    n=st.integers(2, 64),
+    rate=st.sampled_from([20.0, 50.0, 200.0, 500.0]),
+    latency=st.sampled_from([0.0, 0.005, 0.02]),
+    phases=st.lists(st.tuples(st.floats(0.05, 1.5), st.integers(1, 64)), min_size=1, max_size=4),
+)
+def test_no_second_holds_more_than_the_rate_whatever_the_tasks_and_the_rate(
+    n: int, rate: float, latency: float, phases: list[tuple[float, int]]
+) -> None:
+    # Any number of tasks on any rate, their calls answered at once or after a while, and
+    # tasks finishing (closing) at random points: the calls in any sliding second stay
+    # within the rate (and a lag of CATCH_UP_S), however grants were sized and spread.
+    clock = Clock()
+    tasks = Tasks(LocalStore(Quota(rate=rate), clock), clock, n, latency=latency)
+    busy = n
+    for seconds, left in phases:
+        for task in tasks.tasks[min(left, busy) : busy]:
+            task.close()
+        busy = min(left, busy)
+        tasks.run(seconds, only=range(busy))
+    stamps = [t for t, _ in tasks.sent]
+    assert most_in_window(stamps, 1.0) <= rate * (1 + BURST_S + CATCH_UP_S) + 1
 
 
 def test_store_asks_grow_with_the_tasks_not_with_the_rate() -> None:
