@@ -312,6 +312,28 @@ def test_detach_then_resume_collects_the_same_batches(stub: BatchStub, tmp_path:
     no_secret(detached.stdout, detached.stderr, done.stdout, (out / "summary.json").read_text())
 
 
+@pytest.mark.slow
+def test_an_answer_schema_is_asked_in_detached_lines_and_typed_when_collected(
+    stub: BatchStub, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    args = argv(stub, "openai", chat_input(tmp_path, "openai"), out, "--batch-max-requests", "16")
+    at = args.index("--reply-schema")
+    args[at : at + 2] = ["--answer-schema", "label string, size int"]
+    detached = run([*args, "--detach"])
+    assert detached.returncode == 0, detached.stderr
+    done = run([*args, "--resume", "--quiet"])
+    assert done.returncode == 0, done.stderr
+    assert stub.stats()["openai"]["batches"] == 2  # the detached batches, collected
+    rows = pq.read_table(out / "rows").to_pylist()
+    assert sorted(r["id"] for r in rows) == list(range(ROWS))
+    for row in rows:  # the stub's model, asked for the schema: its rule, this row's text
+        text = "abcd" * (row["id"] + 1)
+        assert row["status"] == "ok" and row["attempts"] == 1, row
+        assert row["reply"] == {"label": text.upper(), "size": len(text)}
+    billed_once(stub, "openai")
+
+
 @kill_lane
 def test_a_run_killed_while_polling_is_resumed_without_a_second_batch(tmp_path: Path) -> None:
     provider = "openai"

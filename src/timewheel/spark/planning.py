@@ -76,8 +76,23 @@ __all__ = [
 ]
 
 
+class _Replied:
+    """A plan's ``reply`` column, of its ``reply_schema``."""
+
+    reply_schema: str | Answer | None
+
+    def reply(self) -> StructType | None:
+        """The ``reply`` column's StructType (parsed by Spark: needs an active session)."""
+        return _reply(self.reply_schema)
+
+    @property
+    def answer(self) -> Answer | None:
+        """The Answer asked for and held to (None: the body is read, or no column)."""
+        return self.reply_schema if isinstance(self.reply_schema, Answer) else None
+
+
 @dataclass(frozen=True)
-class DispatchPlan:
+class DispatchPlan(_Replied):
     """What :func:`plan` made of ``dispatch``'s arguments: everything checked together.
 
     ``target``: bound for the job (:func:`~timewheel.spark.contract.bind`); ``config``:
@@ -97,15 +112,6 @@ class DispatchPlan:
     dedupe: Dedupe | None = None
     journal: Journal | None = None
     streaming: bool = False
-
-    def reply(self) -> StructType | None:
-        """The ``reply`` column's StructType (parsed by Spark: needs an active session)."""
-        return _reply(self.reply_schema)
-
-    @property
-    def answer(self) -> Answer | None:
-        """The Answer the ``reply`` column is read from (None: the body, or no column)."""
-        return self.reply_schema if isinstance(self.reply_schema, Answer) else None
 
 
 def _reply(reply_schema: str | Answer | None) -> StructType | None:
@@ -215,7 +221,7 @@ def plan(
 
 
 @dataclass(frozen=True)
-class ProviderBatchPlan:
+class ProviderBatchPlan(_Replied):
     """What :func:`plan_provider_batch` made of a job sent through a provider's batches:
     ``target`` bound for the job (keyed on ``id_col`` unless it names its own), the
     option, the ``prices`` and the ``reply_schema`` as given."""
@@ -224,13 +230,9 @@ class ProviderBatchPlan:
     id_col: str
     provider_batch: ProviderBatch
     prices: BatchPrices | None = None
-    reply_schema: str | None = None
+    reply_schema: str | Answer | None = None
     #: With ``ProviderBatch.resend`` "online": the plan of the rows sent again online.
     online: DispatchPlan | None = None
-
-    def reply(self) -> StructType | None:
-        """The ``reply`` column's StructType (parsed by Spark: needs an active session)."""
-        return _reply(self.reply_schema)
 
 
 def plan_provider_batch(
@@ -239,7 +241,7 @@ def plan_provider_batch(
     provider_batch: ProviderBatch,
     *,
     id_col: str,
-    reply_schema: str | None = None,
+    reply_schema: str | Answer | None = None,
     prices: BatchPrices | None = None,
     streaming: bool = False,
     calls: Calls | None = None,
@@ -300,14 +302,10 @@ def plan_provider_batch(
         )
     check_target(target)
     _check_batch_target(target, provider_batch)
-    if isinstance(reply_schema, Answer):
-        raise PlanError(
-            "reply_schema",
-            reply_schema,
-            "is an Answer, which {ProviderBatch} does not ask for yet: give a DDL string "
-            "(the answer's body read as JSON), or send the job online",
-            ("ProviderBatch",),
-        )
+    answer = _answer(target, reply_schema)
+    why = None if answer is None else provider_batch.answer_refusal(answer.api)
+    if answer is not None and why is not None:
+        raise PlanError("Answer.api", answer.api, why, ("ProviderBatch.endpoint",))
     _check_reply_schema(reply_schema)
     if schema is not None:
         _check_columns(schema, target, id_col, Calls(), reply_schema, None, None)
@@ -332,8 +330,10 @@ def plan_provider_batch(
             cost=cost,
             journal=journal,
         )
-    bound = bind(target, TargetPlan(id_col, False, False))
+    bound = bind(target, TargetPlan(id_col, False, False, answer))
     assert isinstance(bound, HttpDownstream)
+    if answer is not None:
+        reply_schema = _answer_taken(bound, answer)
     return ProviderBatchPlan(bound, id_col, provider_batch, prices, reply_schema, online)
 
 

@@ -28,6 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from .answer.spec import Answer
 from .cluster import check_workers
 from .columns import ReplyParser, python_values
 from .contract import DownstreamError
@@ -37,7 +38,7 @@ from .outcome import FAILED, REPLY_COLUMN, RESULT_COLUMNS, Outcome
 from .planning import ProviderBatchPlan, plan_provider_batch
 from .provider_batch.estimate import BatchEstimate, estimate
 from .provider_batch.parts import Line, RowError, request_line
-from .provider_batch.results import BATCH_COLUMNS, RowResult
+from .provider_batch.results import BATCH_COLUMNS, Misfit, RowResult
 from .provider_batch.run import Progress, ProviderBatchRun, RunResult, Submitted
 from .provider_batch.spec import BatchPrices, ProviderBatch
 from .provider_online import column, resent_online
@@ -97,7 +98,7 @@ def dispatch_provider_batch(
     provider_batch: ProviderBatch,
     journal_path: str | os.PathLike[str],
     prices: BatchPrices | None = None,
-    reply_schema: str | None = None,
+    reply_schema: str | Answer | None = None,
     on_poll: Callable[[Progress], None] | None = None,
     sleep: Callable[[float], object] = time.sleep,
     calls: Calls | None = None,
@@ -143,8 +144,12 @@ def dispatch_provider_batch(
     (the status OpenAI gives the row's request; null for Anthropic's, which give none,
     and for a row not sent), ``response`` (the answer's body as JSON text), with
     ``reply_schema`` ``reply`` (``ok`` answers parsed into that struct, as ``dispatch``
-    does); and ``cost`` (money at the batch price; 0 for a row not answered ok; null
-    without ``prices``) and ``batch_id`` (the batch that last carried the row).
+    does; with an :class:`~timewheel.spark.answer.spec.Answer`, each line asks for it and
+    ``reply`` holds the model's answer, typed: one that does not fit fails its row,
+    retryably, so ``ProviderBatch.resend`` asks it again); and ``cost`` (money at the batch
+    price, every batch that carried the row, an answer that did not fit included; 0 for a
+    row not answered; null without ``prices``) and ``batch_id`` (the batch that last
+    carried the row).
 
     Every argument is checked first by
     :func:`~timewheel.spark.planning.plan_provider_batch` (a
@@ -160,14 +165,24 @@ def dispatch_provider_batch(
     job = _planned(df, target, provider_batch, id_col, reply_schema, prices, journal_path, online)
     reply = job.reply()
     run = ProviderBatchRun(
-        provider_batch, str(journal_path), prices=prices, on_poll=on_poll, sleep=sleep
+        provider_batch,
+        str(journal_path),
+        prices=prices,
+        on_poll=on_poll,
+        sleep=sleep,
+        misfit=_misfit(job),
     )
     marked = _marked(df, job.target, provider_batch)
     result = _sent(df, job, marked, run.run)
     # (only with rows to resend: the online step reads the input's lines again per branch)
     resend = job.online is not None and any(r.resendable for r in result.rows.values())
     results = results_frame(
-        df.sparkSession, result, reply, priced=prices is not None, resend=resend
+        df.sparkSession,
+        result,
+        reply,
+        priced=prices is not None,
+        resend=resend,
+        answer=job.answer,
     )
     joined = _joined(marked, results, df.columns, reply is not None, prices is not None, resend)
     if not resend:
@@ -192,16 +207,18 @@ def submit_provider_batch(
     provider_batch: ProviderBatch,
     journal_path: str | os.PathLike[str],
     prices: BatchPrices | None = None,
+    reply_schema: str | Answer | None = None,
 ) -> Submitted:
     """The first half of :func:`dispatch_provider_batch`, for a caller that comes back
     later: ``df``'s rows made into lines and sent (each part's batch made, journaled at
     ``journal_path``), without waiting for any batch; the ids of the batches, and the
     parts (and rows) that wait for room under the budget or the queue. The same
     :func:`dispatch_provider_batch` call on the same input and journal then re-attaches
-    to them, polls and collects (making no second batch for a row). Checked as
+    to them, polls and collects (making no second batch for a row): give it the same
+    ``reply_schema`` (an Answer is asked for in each line). Checked as
     :func:`dispatch_provider_batch` checks its arguments."""
-    job = _planned(df, target, provider_batch, id_col, None, prices, journal_path)
-    run = ProviderBatchRun(provider_batch, str(journal_path), prices=prices)
+    job = _planned(df, target, provider_batch, id_col, reply_schema, prices, journal_path)
+    run = ProviderBatchRun(provider_batch, str(journal_path), prices=prices, misfit=_misfit(job))
     marked = _marked(df, job.target, provider_batch)
     return _sent(df, job, marked, run.submit)
 
@@ -213,17 +230,24 @@ def estimate_provider_batch(
     id_col: str,
     provider_batch: ProviderBatch,
     prices: BatchPrices | None = None,
+    reply_schema: str | Answer | None = None,
 ) -> tuple[BatchEstimate, int]:
     """What :func:`dispatch_provider_batch` would send and cost, sending nothing: the
     :class:`~timewheel.spark.provider_batch.estimate.BatchEstimate` of ``df``'s lines (cut
     into batches as a run cuts them; with ``prices``, the cost online and in batches side
     by side, and the worst case a budget holds), and how many rows would not be sent (a
     null id, a body the provider refuses: they come back ``failed`` in a run). Checked as
-    :func:`dispatch_provider_batch` checks its arguments."""
-    job = _planned(df, target, provider_batch, id_col, None, prices, "")
+    :func:`dispatch_provider_batch` checks its arguments (an Answer in ``reply_schema``
+    is asked for in each line, and counted)."""
+    job = _planned(df, target, provider_batch, id_col, reply_schema, prices, "")
     lines = lined(df, job.target, provider_batch, made=True)
     unsent = int(lines.where(F.col(UNSENT).isNotNull()).count())
     return _sent(df, job, lines, lambda pairs: estimate(provider_batch, pairs, prices)), unsent
+
+
+def _misfit(job: ProviderBatchPlan) -> Misfit | None:
+    """What a result's answer is held to: the job's Answer (None: nothing)."""
+    return None if job.answer is None else job.answer.misfit_of
 
 
 def _planned(
@@ -231,7 +255,7 @@ def _planned(
     target: HttpDownstream,
     provider_batch: ProviderBatch,
     id_col: str,
-    reply_schema: str | None,
+    reply_schema: str | Answer | None,
     prices: BatchPrices | None,
     journal_path: Any,
     online: dict[str, Any] | None = None,
@@ -366,12 +390,13 @@ def results_frame(
     *,
     priced: bool,
     resend: bool = False,
+    answer: Answer | None = None,
 ) -> DataFrame:
     """The rows' results as a DataFrame made on the driver: ``custom_id``, the outcome
     columns (``reply`` parsed as ``dispatch`` parses it: an ``ok`` answer that does not
-    fit fails), ``cost`` and ``batch_id`` (with ``resend``, whether the row is resent
-    online)."""
-    parser = None if reply is None else ReplyParser(reply)
+    fit fails; with ``answer``, the model's answer inside it), ``cost`` and ``batch_id``
+    (with ``resend``, whether the row is resent online)."""
+    parser = None if reply is None else ReplyParser(reply, answer)
     fields = [
         pa.field(RESULT_ID, pa.string(), False),
         pa.field("status", pa.string(), False),

@@ -31,6 +31,7 @@ __all__ = ["column", "resent_online"]
 _KEY = "__timewheel_resent_key"
 _BATCH_ATTEMPTS = "__timewheel_batch_attempts"
 _BATCH_ID = "__timewheel_batch_id"
+_BATCH_COST = "__timewheel_batch_cost"
 _MODEL = "__timewheel_resent_model"
 _DONE = "__timewheel_done_key"
 
@@ -65,6 +66,7 @@ def resent_online(
         F.col("attempts").alias(_BATCH_ATTEMPTS),
         F.col(BATCH_COLUMNS[1]).alias(_BATCH_ID),
         F.col(model_col).alias(_MODEL),
+        F.col(BATCH_COLUMNS[0]).alias(_BATCH_COST),
     )
     if resume_from is not None:  # (of these rows only: dispatch gives back every row ok)
         resume_from = resume_from.join(prior, _key(key_col) == F.col(_KEY), "left_semi")
@@ -90,7 +92,8 @@ def resent_online(
     else:
         price = F.udf(lambda model, text: online_cost(prices, model, text), DoubleType())
         cost = F.when(F.col("status") == OK, price(F.col(_MODEL), F.col("response")))
-        cost = F.coalesce(cost, F.lit(0.0))
+        # (plus what its batch billed: an answer that did not fit an Answer is paid for)
+        cost = F.coalesce(cost, F.lit(0.0)) + F.coalesce(F.col(_BATCH_COST), F.lit(0.0))
     made = {
         "attempts": (F.col("attempts") + F.col(_BATCH_ATTEMPTS)).cast("int"),
         BATCH_COLUMNS[0]: cost,

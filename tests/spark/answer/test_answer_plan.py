@@ -86,13 +86,17 @@ def test_what_cannot_carry_an_answer_is_refused_before_any_job(
     assert caught.value.field == field and said in str(caught.value)
 
 
-def test_a_provider_batch_refuses_an_answer_naming_it() -> None:
-    with pytest.raises(PlanError) as caught:
-        plan_provider_batch(
-            SCHEMA, HttpDownstream(CHAT, body=body), ProviderBatch("openai", key="env:K"),
-            id_col="id", reply_schema=ANSWER,
-        )  # fmt: skip
-    assert caught.value.field == "reply_schema" and "ProviderBatch" in str(caught.value)
+def test_a_provider_batch_asks_each_line_for_the_answer() -> None:
+    job = plan_provider_batch(
+        SCHEMA, HttpDownstream(CHAT, body=body), ProviderBatch("openai", key="env:K"),
+        id_col="id", reply_schema=ANSWER,
+    )  # fmt: skip
+    assert job.answer is not None and job.answer.api == "chat"
+    line = job.target.body_of({"id": 1, "text": "hi"})
+    assert line is not None
+    asked = line[0]["response_format"]["json_schema"]
+    assert asked["strict"] is True and asked["schema"] == ANSWER.json_schema
+    assert json.loads(line[1]) == line[0]  # the line's text is that body
 
 
 def test_an_answer_with_batching_packs_rows_and_splits_by_id() -> None:

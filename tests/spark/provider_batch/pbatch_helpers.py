@@ -10,6 +10,7 @@ from typing import Any
 
 from batch_stub_fixtures import BatchStub
 from timewheel.spark.provider_batch import BatchPrices, ProviderBatch, ProviderBatchRun, RunResult
+from timewheel.spark.provider_batch.results import Misfit
 
 #: The stub's own prices for the models these tests use (its PRICES), as a table.
 STUB_PRICES = BatchPrices(
@@ -72,6 +73,7 @@ def run_with_kills(
     job_rows: list[tuple[str, dict[str, Any]]],
     kills: list[int],
     prices: BatchPrices | None = STUB_PRICES,
+    misfit: Misfit | None = None,
 ) -> tuple[RunResult, int, list[str]]:
     """Run until done, killed at each of ``kills`` in turn (a fresh ProviderBatchRun on the same
     journal each time, as a new process would be); the result, the runs made, the steps."""
@@ -81,7 +83,9 @@ def run_with_kills(
     while True:
         runs += 1
         hook, _ = kill_at(left[:1])
-        run = ProviderBatchRun(opt, str(journal), prices=prices, sleep=stub.advance, hook=hook)
+        run = ProviderBatchRun(
+            opt, str(journal), prices=prices, sleep=stub.advance, hook=hook, misfit=misfit
+        )
         try:
             result = run.run(job_rows)
         except Kill as kill:

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from pbatch_helpers import MODELS, STUB_PRICES, billed, option, run_with_kills
 
+from timewheel.spark import Answer
 from timewheel.spark.options import PlanError, PlanTypeError
 from timewheel.spark.provider_batch import (
     OK,
@@ -41,6 +42,13 @@ STUBS: dict[str, dict[str, Any]] = {
     "long answers": {"completion_tokens": 900, "delay_s": 5},
     "short answers, failures": {"completion_tokens": 8, "delay_s": 5, "fail_share": 0.3},
     "expiring": {"completion_tokens": 300, "lines_per_s": 1, "window_s": 12},
+}
+
+
+ANSWER_FAULTS = ("invalid", "prose", "type", "missing", "length", "refuse")
+TYPED = {
+    api: Answer("label string, size int", a)
+    for api, a in (("openai", "chat"), ("anthropic", "messages"))
 }
 
 
@@ -175,10 +183,17 @@ def budget_jobs(draw: st.DrawFn) -> dict[str, Any]:
     n = draw(st.integers(1, 45))
     texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=400)
     models = MODELS[provider]
+    # a typed answer asked (each line's schema; answers that do not fit are billed and
+    # asked again), some texts asking the stub's model for a fault
+    typed = draw(st.booleans())
+    faults = st.sampled_from(["", *(f" [fault:{k}]" for k in ANSWER_FAULTS)])
     rows = []
     for i in range(n):
         model = models[draw(st.integers(0, 1))]
-        body = _chat(provider, model, draw(texts), draw(st.integers(1, 1200)))
+        text = draw(texts) + (draw(faults) if typed else "")
+        body = _chat(provider, model, text, draw(st.integers(1, 1200)))
+        if typed:
+            body = TYPED[provider].request(body)
         rows.append((f"b{i}", body))
     stub = draw(st.sampled_from(sorted(STUBS)))
     max_requests = draw(st.integers(1, 25))
@@ -192,6 +207,7 @@ def budget_jobs(draw: st.DrawFn) -> dict[str, Any]:
         "max_requests": max_requests,
         "share": share,
         "kills": kills,
+        "typed": typed,
     }
 
 
@@ -217,15 +233,20 @@ def test_the_bill_never_passes_the_budget_whatever_the_rows_cost(
     opt = option(stub, provider, max_requests=job["max_requests"], budget=budget)
     before = stub.stats()["bill"]["cost_usd"]
     journal = tmp_path / f"{tag}.jsonl"
-    result, _, _ = run_with_kills(stub, opt, journal, rows, job["kills"])
+    misfit = TYPED[provider].misfit_of if job["typed"] else None
+    result, _, _ = run_with_kills(stub, opt, journal, rows, job["kills"], misfit=misfit)
     spent = stub.stats()["bill"]["cost_usd"] - before
     ids = [c for c, _ in rows]
     assert spent <= budget * (1 + 1e-9), (spent, budget)  # the stub bills exact micro-dollars
     assert list(result.rows) == ids
     assert result.cost() == pytest.approx(spent, rel=1e-9, abs=1e-12)
     got = billed(stub, provider, ids)
-    assert max(got.values()) <= 1  # no row billed twice, kills and resends included
+    # no row billed twice, kills and resends included; but an answer that did not fit
+    # its schema is billed, and its row asked again once
+    assert max(got.values()) <= (2 if job["typed"] else 1)
+    event(f"typed: {job['typed']}, billed twice: {max(got.values(), default=0) == 2}")
     for custom_id, row in result.rows.items():
+        assert got[custom_id] <= row.attempts  # billed once a batch that carried it, at most
         assert row.status in OUTCOMES
         if row.status == SKIPPED:
             assert row.attempts == 0 and got[custom_id] == 0

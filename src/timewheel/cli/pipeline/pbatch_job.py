@@ -180,6 +180,7 @@ class ProviderBatchJob(Job):
             "provider_batch": self.option,
             "journal_path": str(journal),
             "prices": self.prices,
+            "reply_schema": reply_schema(args),
         }
         if args.detach:
             with self.phases.phase(f"{said} {sending:,} rows in batches"), self.refused():
@@ -201,7 +202,6 @@ class ProviderBatchJob(Job):
             result = dispatch_provider_batch(
                 todo,
                 self.target,
-                reply_schema=reply_schema(args),
                 on_poll=self.polled,
                 sleep=self.wait,
                 **options,
@@ -260,6 +260,7 @@ class ProviderBatchJob(Job):
                 id_col=self.args.id_col,
                 provider_batch=self.option,
                 prices=self.prices,
+                reply_schema=reply_schema(self.args),
             )
         summary: dict[str, Any] = {"dry_run": True, **found.as_dict()}
         summary["rows"] = self.input_rows

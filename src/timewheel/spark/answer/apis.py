@@ -27,7 +27,7 @@ from ..ddl import DdlField
 from ..scrubber import scrub
 from .shape import misfit
 
-__all__ = ["APIS", "answer_text", "answer_value", "api_of_url", "ask"]
+__all__ = ["APIS", "answer_text", "answer_value", "api_of_url", "ask", "text_of", "value_of"]
 
 #: The APIs an answer is asked of.
 APIS = ("chat", "responses", "messages")
@@ -70,6 +70,11 @@ def answer_text(api: str, body: bytes | str | None) -> tuple[str | None, str | N
         answer = json.loads(body) if body else None
     except ValueError:
         return None, "the service's answer is not JSON"
+    return text_of(api, answer)
+
+
+def text_of(api: str, answer: Any) -> tuple[str | None, str | None]:
+    """:func:`answer_text` of a body already read as JSON (``answer``)."""
     read = {"chat": _chat, "responses": _responses, "messages": _messages}[api]
     try:
         return read(answer)
@@ -131,7 +136,14 @@ def answer_value(
 ) -> tuple[Any, str | None]:
     """``(value, None)``: the JSON value the model wrote in a body of ``api``, fitting an
     object of ``fields``; ``(None, reason)`` when there is none that does."""
-    text, reason = answer_text(api, body)
+    return value_of(answer_text(api, body), fields)
+
+
+def value_of(
+    read: tuple[str | None, str | None], fields: tuple[DdlField, ...]
+) -> tuple[Any, str | None]:
+    """:func:`answer_value` of ``read``, a model's text as :func:`text_of` read it."""
+    text, reason = read
     if text is None:
         return None, reason
     try:

@@ -9,7 +9,7 @@ from typing import Any
 from ..contract import DownstreamError
 from ..ddl import DdlField, parse_ddl
 from ..options import PlanError, PlanTypeError
-from .apis import APIS, answer_text, answer_value, api_of_url, ask
+from .apis import APIS, answer_text, answer_value, api_of_url, ask, text_of, value_of
 from .pack import PackSplit, pack_body, pack_key, pack_schema
 from .shape import json_schema, unsupported
 
@@ -124,6 +124,11 @@ class Answer:
         """Why an answer's ``body`` holds no answer that fits (the row's error); None
         when it does."""
         return answer_value(self.api or "chat", body, self.fields)[1]
+
+    def misfit_of(self, answer: Any) -> str | None:
+        """:meth:`misfit` of a body already read as JSON (``answer``: a provider's batch
+        result holds it as a value)."""
+        return value_of(text_of(self.api or "chat", answer), self.fields)[1]
 
     def text(self, body: bytes | str | None) -> str | None:
         """The model's text in an answer's ``body`` (None when it has none)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Optional
 
 from ..scrubber import scrub, scrub_json
 from .calls import BatchState
@@ -31,6 +31,7 @@ __all__ = [
     "OK",
     "OUTCOMES",
     "SKIPPED",
+    "Misfit",
     "ResultError",
     "RowResult",
     "online_cost",
@@ -48,6 +49,10 @@ BATCH_COLUMNS = ("cost", "batch_id")
 
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504, 529})
 _RETRYABLE_KINDS = frozenset({"api_error", "overloaded_error", "rate_limit_error", "server_error"})
+
+
+#: Why an answer's body (read as JSON) is not the answer asked for; None when it is.
+Misfit = Callable[[Any], Optional[str]]
 
 
 class ResultError(ValueError):
@@ -93,8 +98,12 @@ def split_results(
     state: BatchState,
     lines: Iterable[bytes],
     prices: BatchPrices | None,
+    misfit: Misfit | None = None,
 ) -> dict[str, RowResult]:
-    """Every row of ``part`` once, from the result ``lines`` of its batch (``state``, ended)."""
+    """Every row of ``part`` once, from the result ``lines`` of its batch (``state``, ended).
+    With ``misfit``: an answer it finds a reason in (an Answer's
+    :meth:`~timewheel.spark.answer.spec.Answer.misfit_of`) is the row's failure
+    (retryable: asked again, it may fit), billed as the answer it is."""
     expected = set(part.custom_ids)
     out: dict[str, RowResult] = {}
     for number, raw in enumerate(lines, 1):
@@ -116,16 +125,16 @@ def split_results(
                 f"{number}): a row's outcome is read once"
             )
         if "result" in item:
-            row = _anthropic(custom_id, state.id, item["result"])
+            row = _anthropic(custom_id, state.id, item["result"], misfit)
         else:
-            row = _openai(custom_id, state.id, item)
+            row = _openai(custom_id, state.id, item, misfit)
         row.attempts = part.attempt
         # What the provider wrote back passes the scrubber here, the one way into a row's
         # outcome (the response in _answered): a service that echoes the request (the
         # key, the URL's secret parts, in whatever encoding) puts none of it in an
         # answer or an error.
         row.error = None if row.error is None else scrub(row.error)
-        if row.status == OK and prices is not None:
+        if prices is not None and (row.status == OK or row.usage):  # billed, fit or not
             row.cost = prices.cost(
                 part.model, row.usage.get("input_tokens", 0), row.usage.get("output_tokens", 0)
             )
@@ -157,7 +166,18 @@ def _unanswered(custom_id: str, state: BatchState, attempt: int) -> RowResult:
     )
 
 
-def _openai(custom_id: str, batch_id: str, item: dict[str, Any]) -> RowResult:
+def _held(row: RowResult, misfit: Misfit | None, body: Any) -> RowResult:
+    """``row`` (answered ok, its ``body`` read), failed retryably when ``misfit`` finds
+    a reason in it."""
+    why = None if misfit is None else misfit(body)
+    if why is not None:
+        row.status, row.error, row.retryable = FAILED, why, True
+    return row
+
+
+def _openai(
+    custom_id: str, batch_id: str, item: dict[str, Any], misfit: Misfit | None
+) -> RowResult:
     response, error = item.get("response"), item.get("error")
     if isinstance(error, dict) and error:
         code = str(error.get("code") or "")
@@ -173,9 +193,10 @@ def _openai(custom_id: str, batch_id: str, item: dict[str, Any]) -> RowResult:
     body = response.get("body")
     if status == 200:
         usage = body.get("usage") if isinstance(body, dict) else None
-        return RowResult(
+        row = RowResult(
             custom_id, OK, batch_id, response=_text(body), usage=_usage(usage), http_status=200
         )
+        return _held(row, misfit, body)
     detail = body.get("error") if isinstance(body, dict) else None
     said = detail.get("message") if isinstance(detail, dict) else None
     return RowResult(
@@ -189,12 +210,13 @@ def _openai(custom_id: str, batch_id: str, item: dict[str, Any]) -> RowResult:
     )
 
 
-def _anthropic(custom_id: str, batch_id: str, result: Any) -> RowResult:
+def _anthropic(custom_id: str, batch_id: str, result: Any, misfit: Misfit | None) -> RowResult:
     kind = result.get("type") if isinstance(result, dict) else None
     if kind == "succeeded":
         message = result.get("message")
         usage = message.get("usage") if isinstance(message, dict) else None
-        return RowResult(custom_id, OK, batch_id, response=_text(message), usage=_usage(usage))
+        row = RowResult(custom_id, OK, batch_id, response=_text(message), usage=_usage(usage))
+        return _held(row, misfit, message)
     if kind == "expired":
         return RowResult(custom_id, EXPIRED, batch_id, error="expired")
     if kind == "canceled":

@@ -45,7 +45,7 @@ from .budget import MoneyBudget
 from .calls import Adapter, Ambiguous, BatchState, ProviderError
 from .journal import BatchJournal
 from .parts import Part, Row, parts_of
-from .results import SKIPPED, ResultError, RowResult, split_results
+from .results import SKIPPED, Misfit, ResultError, RowResult, split_results
 from .spec import BatchPrices, ProviderBatch
 
 __all__ = ["SKEW_S", "Progress", "ProviderBatchRun", "RunResult", "Submitted"]
@@ -126,7 +126,8 @@ class ProviderBatchRun:
     ``sleep(seconds)``: how the driver waits between polls and tries (a test moves the
     stub's clock instead). ``hook``: see :data:`Hook`. ``on_poll``: called with each
     poll's :class:`Progress`. ``adapter``: the provider's calls (made from ``option``
-    when None; the SDK is imported then).
+    when None; the SDK is imported then). ``misfit``: why an answer is not the one the
+    lines asked for (an Answer's ``misfit_of``): its row's failure, retryable (billed).
     """
 
     def __init__(
@@ -140,6 +141,7 @@ class ProviderBatchRun:
         hook: Hook | None = None,
         on_poll: Callable[[Progress], None] | None = None,
         adapter: Adapter | None = None,
+        misfit: Misfit | None = None,
     ) -> None:
         if not isinstance(option, ProviderBatch):
             raise TypeError(f"option must be a ProviderBatch, got {option!r}")
@@ -147,6 +149,7 @@ class ProviderBatchRun:
             raise TypeError(f"prices must be a BatchPrices or None, got {prices!r}")
         self.option = option
         self.prices = prices
+        self.misfit = misfit
         self.journal = BatchJournal(journal_path)
         self._sleep = sleep
         self._hook = hook
@@ -295,9 +298,13 @@ class ProviderBatchRun:
                     continue
                 del pending[part.key]
                 batches.append(state.id)
-                found.update(rows_of)
                 if self._budget is not None:
                     self._budget.settle(rows_of.values())
+                for custom_id, row in rows_of.items():  # a row's cost: every batch's bill
+                    first = found.get(custom_id)
+                    if first is not None and first.cost:
+                        row.cost = (row.cost or 0.0) + first.cost
+                found.update(rows_of)
                 again = self._resend(part, rows_of)
                 if again is not None:
                     pending[again.key] = again
@@ -576,7 +583,7 @@ class ProviderBatchRun:
         results were another's (journaled ``foreign``)."""
         lines = self._lines(part, state)
         if self._batch_id(part.key) == state.id:
-            return split_results(part, state, lines, self.prices)
+            return split_results(part, state, lines, self.prices, self.misfit)
         # a suspect: its results say whether it is the part's
         held = list(lines)
         ours = set(part.custom_ids)
@@ -588,7 +595,7 @@ class ProviderBatchRun:
                 raise ResultError(f"batch {state.id}: a result line with no custom_id") from None
         if ids and ids <= ours:
             self.journal.append("batch", part=part.key, id=state.id, found="results")
-            return split_results(part, state, held, self.prices)
+            return split_results(part, state, held, self.prices, self.misfit)
         if ids & ours:
             raise ResultError(
                 f"batch {state.id} answers some of part {part.key}'s rows and others: "

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from ..model_packs import message_object
 from ..openai_stub import count_tokens
 from .ledger import Batch, Ledger, Line, Refused, rfc3339, short_hash
 
@@ -23,7 +24,13 @@ _CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
 def message_answer(line: Line, message_id: str) -> dict[str, Any]:
-    """An Anthropic message answering ``line``, with ``usage``."""
+    """An Anthropic message answering ``line``, with ``usage`` (a structured answer as
+    the OpenAI stub's Messages API gives it: a call of the forced tool)."""
+    if line.answer is not None:
+        made = message_object(line.model, line.answer, line.prompt_tokens, tool=line.tool, serial=0)
+        made["id"] = message_id
+        made["usage"]["service_tier"] = "batch"
+        return made
     return {
         "id": message_id,
         "type": "message",
@@ -163,6 +170,10 @@ class AnthropicBatches:
         line.prompt_tokens = sum(count_tokens(t) for t in texts)
         line.completion_tokens = min(self.ledger.settings.completion_tokens, most)
         line.truncated = most < self.ledger.settings.completion_tokens
+        try:
+            self.ledger.ask_model(line, params, "messages")
+        except (TypeError, KeyError, ValueError) as exc:
+            line.rejected = f"tools: {exc}"
         return line
 
     def batch(self, batch_id: str) -> Batch:

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from ..model_packs import answer_request
+from ..model_stub import FaultMemory, forced_tool, output_limit, row_text, structured_format
+
 __all__ = [
     "ANTHROPIC_MAX_BYTES",
     "ANTHROPIC_MAX_REQUESTS",
@@ -171,6 +174,10 @@ class Line:
     rejected: str | None = None  # why the provider refuses its body (an error, not billed)
     fails: bool = False  # the stub fails it (--fail-share)
     truncated: bool = False  # an Anthropic answer stopped at the request's max_tokens
+    #: A request asking for a structured answer: the model stub's answer (a
+    #: :class:`~..model_stub.Answer`) and, for the Messages API, the forced tool's name.
+    answer: Any = None
+    tool: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -359,9 +366,26 @@ class Ledger:
         self.message_batches: dict[str, Batch] = {}  # Anthropic's
         self.attempts: dict[tuple[str, str], int] = {}
         self.bill = Bill()
+        self.faults = FaultMemory()  # the one-time faults the model stub has given
         self.counter = 0
         self.active: list[Batch] = []
         self.now = clock.now()  # when it last settled: what every answer shows
+
+    def ask_model(self, line: Line, body: dict[str, Any], api: str) -> None:
+        """A ``line`` whose request (``body``, of ``api``) asks for a structured answer
+        gets the model stub's answer to it, fault markers and all (a one-time fault goes
+        to the first line that carries its text): the OpenAI stub's rule
+        (:mod:`..model_stub`), its tokens billed. TypeError, KeyError or ValueError
+        when the request's format is malformed."""
+        schema = structured_format(body, api)
+        if schema is None:
+            return
+        limit = output_limit(body, api)
+        answer = answer_request(schema, row_text(body, api), self.faults, limit=limit)
+        self.faults.note(answer)
+        tool = forced_tool(body) if api == "messages" else None
+        line.answer, line.tool = answer, None if tool is None else tool[0]
+        line.completion_tokens, line.truncated = answer.completion_tokens, answer.truncated
 
     def new_id(self, prefix: str) -> str:
         self.counter += 1

@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from ..model_stub import chat_completion
 from ..openai_stub import (
     chat_answer,
     count_tokens,
@@ -128,6 +129,7 @@ class OpenAIBatches:
                 limits = [body.get(k) for k in ("max_completion_tokens", "max_tokens")]
                 given = [n for n in limits if type(n) is int and n > 0]
                 line.completion_tokens = min([self.ledger.settings.completion_tokens, *given])
+                self.ledger.ask_model(line, body, "chat")
             line.prompt_tokens = sum(count_tokens(t) for t in texts)
         except (TypeError, ValueError, KeyError) as exc:
             line.rejected = f"bad request: {exc}"
@@ -333,6 +335,15 @@ class OpenAIBatches:
             text = embeddings_answer(
                 line.model, list(line.texts), line.dimensions, line.prompt_tokens
             )
+        elif line.answer is not None:  # a structured answer, as the OpenAI stub gives it
+            made = chat_completion(
+                line.model,
+                line.answer,
+                line.prompt_tokens,
+                created=int(batch.created),
+                serial=index + 1,
+            )
+            text = json.dumps(made)
         else:
             text = json.dumps(chat_answer(line.model, line.prompt_tokens, line.completion_tokens))
         start = json.dumps({**head, "response": {"status_code": 200, "request_id": request_id}})
