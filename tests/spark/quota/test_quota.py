@@ -359,6 +359,41 @@ def test_slots_of_a_task_that_died_expire() -> None:
     assert store.state().holders == 1
 
 
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["take", "give_back", "leave"]),
+            st.integers(0, 12),
+            st.floats(0.0, 4.0),
+        ),
+        max_size=60,
+    )
+)
+def test_holders_expire_as_if_every_take_looked_them_all_over(
+    ops: list[tuple[str, int, float]],
+) -> None:
+    # A take looks the holders over only once one may have expired; the bucket that
+    # looks them over every time (as it did) must agree on every grant and every holder.
+    quota = Quota(rate=40, concurrency=6, ttl_s=3)
+    clock = Clock()
+    lazy, eager = Bucket(quota, clock), Bucket(quota, clock)
+    eager.gen = lazy.gen
+    for op, holder, advance in ops:
+        clock.now += advance
+        name = f"h{holder}"
+        eager.reap_at = -math.inf
+        if op == "take":
+            assert lazy.take(name, Ask(2, slots=1)) == eager.take(name, Ask(2, slots=1))
+        elif name in lazy.holders:
+            getattr(lazy, op)(name) if op == "leave" else lazy.give_back(name, slots=1)
+            getattr(eager, op)(name) if op == "leave" else eager.give_back(name, slots=1)
+        assert sorted(lazy.holders) == sorted(eager.holders)
+        assert lazy.slots_used == eager.slots_used
+        eager.reap_at = -math.inf
+        assert lazy.state() == eager.state()
+
+
 def test_keepalive_keeps_a_slow_task_holding_its_slots() -> None:
     clock = Clock()
     store = LocalStore(Quota(concurrency=1, ttl_s=9), clock)
