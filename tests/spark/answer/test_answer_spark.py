@@ -190,6 +190,64 @@ def test_packs_with_dedupe_send_each_text_once_and_every_row_gets_its_answer(
     assert after["faults"]["drop"] - before["faults"]["drop"] == 1
 
 
+@pytest.mark.spark
+def test_a_pack_over_the_models_context_is_halved_unbilled_until_it_fits(spark: Any) -> None:
+    # ~3 s (2-core machine). A model's context cannot be known before Spark reads the
+    # rows (it is the rows' text that fills it); a pack over it is refused by the API,
+    # unbilled, and halved until it fits: every row ends ok with its own answer.
+    from timewheel.cli.bench.model_packs import answer_request
+    from timewheel.cli.bench.model_stub import (
+        FaultMemory,
+        count_tokens,
+        row_text,
+        structured_format,
+    )
+    from timewheel.cli.bench.openai_stub import request_texts
+    from timewheel.spark import Answer, Batching, Calls, dispatch
+    from timewheel.spark.targets import HttpDownstream
+
+    texts = [f"context row {i:03d} word word" for i in range(40)]  # all one length
+    answer = Answer(DDL, "chat")
+
+    def pack_tokens(k: int) -> int:  # what the stub counts of a pack of k of them
+        body = answer.pack_request([chat_body({"text": t}) for t in texts[:k]])
+        prompt = sum(count_tokens(t) for t in request_texts(body, "chat"))
+        schema = structured_format(body, "chat")
+        return (
+            prompt + answer_request(schema, row_text(body, "chat"), FaultMemory()).completion_tokens
+        )
+
+    context = pack_tokens(6)  # packs of 20 do not fit, nor of 10; of 5 they do
+    assert pack_tokens(10) > context >= pack_tokens(5)
+    server = OpenAIStub(rpm=100_000, tpm=10**9, context_tokens=context)
+    try:
+        target = HttpDownstream(
+            server.base_url + "/chat/completions",
+            headers={"Authorization": "Bearer sk-test"},
+            body=chat_body,
+        )
+        df = spark.createDataFrame(list(enumerate(texts)), "id long, text string").coalesce(1)
+        with sent_by_value():
+            got = dispatch(
+                df,
+                target,
+                id_col="id",
+                reply_schema=Answer(DDL),
+                batching=Batching(20),
+                calls=Calls(retries=1, backoff_ms=1),
+                timeout_ms=10_000,
+            ).collect()
+        stats = server.stats()
+    finally:
+        server.close()
+    assert sorted(r["id"] for r in got) == list(range(40))
+    for r in got:
+        assert (r["status"], r["error"]) == ("ok", None), r
+        assert r["reply"].asDict() == rule(texts[r["id"]])
+    # two packs of 20 refused, their four halves too, then eight packs of 5 answered
+    assert stats["too_long"] == 6 and stats["requests"] == 8, stats
+
+
 # -- the command line -------------------------------------------------------------------
 
 

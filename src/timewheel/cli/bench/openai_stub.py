@@ -334,7 +334,8 @@ class _Stub:
         self.dimensions = args.dimensions
         self.started = time.monotonic()
         self.minutes: dict[int, dict[str, int]] = {}
-        self.totals = {"requests": 0, "tokens": 0, "refused": 0, "bad": 0}
+        self.totals = {"requests": 0, "tokens": 0, "refused": 0, "bad": 0, "too_long": 0}
+        self.context_tokens = args.context_tokens
         self.faults = FaultMemory()
 
     def _minute(self) -> dict[str, int]:
@@ -399,6 +400,15 @@ class _Stub:
             return self._error(400, f"bad request: {exc}", kind=kind)
         prompt = sum(count_tokens(t) for t in texts)
         completion = answer.completion_tokens
+        most = prompt + (0 if kind == "embeddings" else output_limit(body, kind) or completion)
+        if self.context_tokens and most > self.context_tokens:  # refused, as the API does
+            self.totals["too_long"] += 1
+            said = (
+                f"This model's maximum context length is {self.context_tokens} tokens. "
+                f"However, you requested {most} tokens ({prompt} in the messages, "
+                f"{most - prompt} in the completion)."
+            )
+            return self._error(400, said, kind=kind)
         verdict = self.limiter.admit(key, prompt + completion)
         headers = anthropic_headers(verdict) if kind == "messages" else verdict.headers
         minute = self._minute()
@@ -521,6 +531,15 @@ def parser() -> argparse.ArgumentParser:
         help="how long each admitted request waits before its answer (default: 0)",
     )
     add(
+        "--context-tokens",
+        metavar="N",
+        type=int,
+        default=0,
+        help="the model's context: a request whose prompt and output limit (or answer) "
+        "pass N tokens is refused, 400, as the API refuses it, not billed (default: 0, "
+        "no limit)",
+    )
+    add(
         "--completion-tokens",
         metavar="N",
         type=int,
@@ -572,13 +591,14 @@ class StubProcess(ChildService):
         latency_ms: float = 0.0,
         completion_tokens: int = 8,
         dimensions: int = DEFAULT_DIMENSIONS,
+        context_tokens: int = 0,
     ) -> None:
         super().__init__(
             "the OpenAI stub",
             "timewheel.cli.bench.openai_stub",
             *("--rpm", str(rpm), "--tpm", str(tpm), "--window-s", str(window_s)),
             *("--latency-ms", str(latency_ms), "--completion-tokens", str(completion_tokens)),
-            *("--dimensions", str(dimensions)),
+            *("--dimensions", str(dimensions), "--context-tokens", str(context_tokens)),
         )
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
 
