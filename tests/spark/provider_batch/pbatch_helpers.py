@@ -11,6 +11,7 @@ from typing import Any
 from batch_stub_fixtures import BatchStub
 from timewheel.spark.provider_batch import BatchPrices, ProviderBatch, ProviderBatchRun, RunResult
 from timewheel.spark.provider_batch.results import Misfit
+from timewheel.spark.targets import HttpDownstream
 
 #: The stub's own prices for the models these tests use (its PRICES), as a table.
 STUB_PRICES = BatchPrices(
@@ -95,6 +96,11 @@ def run_with_kills(
         finally:
             run.close()
         return result, runs, steps
+
+
+def custom_ids(target: HttpDownstream, ids: list[int]) -> list[str]:
+    """The rows' custom_ids: their idempotency keys (the target keys on ``id``)."""
+    return [str(target.idempotency_key({"id": i})) for i in ids]
 
 
 def batch_count(stub: BatchStub, provider: str) -> int:

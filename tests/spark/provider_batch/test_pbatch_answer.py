@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from pbatch_helpers import STUB_PRICES, billed, option
+from pbatch_helpers import STUB_PRICES, billed, custom_ids, option
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -56,10 +56,6 @@ def texts_rows(spark: Any, provider: str, tag: str, n: int) -> tuple[DataFrame, 
         message = F.struct(F.lit("user").alias("role"), F.col("text").alias("content"))
         df = df.withColumn("messages", F.array(message)).withColumn("max_tokens", F.lit(64))
     return df, texts
-
-
-def custom_ids(t: HttpDownstream, ids: list[int]) -> list[str]:
-    return [str(t.idempotency_key({"id": i})) for i in ids]
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])

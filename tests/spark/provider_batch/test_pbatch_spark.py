@@ -17,7 +17,15 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from pbatch_helpers import STUB_PRICES, Kill, batch_count, billed, journal_records, option
+from pbatch_helpers import (
+    STUB_PRICES,
+    Kill,
+    batch_count,
+    billed,
+    custom_ids,
+    journal_records,
+    option,
+)
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -75,11 +83,6 @@ def chat_rows(
         message = F.struct(F.lit("user").alias("role"), F.col("prompt").alias("content"))
         df = df.withColumn("messages", F.array(message)).withColumn("max_tokens", F.lit(64))
     return df
-
-
-def custom_ids(target: HttpDownstream, ids: list[int]) -> list[str]:
-    """The rows' custom_ids: their idempotency keys (the target keys on ``id``)."""
-    return [str(target.idempotency_key({"id": i})) for i in ids]
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
