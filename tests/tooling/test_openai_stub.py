@@ -204,6 +204,7 @@ def test_the_help_describes_every_flag(capsys: pytest.CaptureFixture[str]) -> No
         "--window-s",
         "--latency-ms",
         "--completion-tokens",
+        "--context-tokens",
         "--dimensions",
         "--lifetime-s",
     }

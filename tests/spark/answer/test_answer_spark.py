@@ -191,18 +191,12 @@ def test_packs_with_dedupe_send_each_text_once_and_every_row_gets_its_answer(
 
 
 @pytest.mark.spark
-def test_a_pack_over_the_models_context_is_halved_unbilled_until_it_fits(spark: Any) -> None:
+def test_a_pack_over_the_models_context_is_halved_unbilled_until_it_fits(
+    spark: Any, stub: OpenAIStub
+) -> None:
     # ~3 s (2-core machine). A model's context cannot be known before Spark reads the
     # rows (it is the rows' text that fills it); a pack over it is refused by the API,
     # unbilled, and halved until it fits: every row ends ok with its own answer.
-    from timewheel.cli.bench.model_packs import answer_request
-    from timewheel.cli.bench.model_stub import (
-        FaultMemory,
-        count_tokens,
-        row_text,
-        structured_format,
-    )
-    from timewheel.cli.bench.openai_stub import request_texts
     from timewheel.spark import Answer, Batching, Calls, dispatch
     from timewheel.spark.targets import HttpDownstream
 
@@ -211,11 +205,9 @@ def test_a_pack_over_the_models_context_is_halved_unbilled_until_it_fits(spark: 
 
     def pack_tokens(k: int) -> int:  # what the stub counts of a pack of k of them
         body = answer.pack_request([chat_body({"text": t}) for t in texts[:k]])
-        prompt = sum(count_tokens(t) for t in request_texts(body, "chat"))
-        schema = structured_format(body, "chat")
-        return (
-            prompt + answer_request(schema, row_text(body, "chat"), FaultMemory()).completion_tokens
-        )
+        status, _, made = stub.post("/chat/completions", body)
+        assert status == 200, made
+        return int(made["usage"]["total_tokens"])
 
     context = pack_tokens(6)  # packs of 20 do not fit, nor of 10; of 5 they do
     assert pack_tokens(10) > context >= pack_tokens(5)

@@ -17,14 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from timewheel.spark.quota.bucket import (
-    GIVE_UP_S,
-    MAX_RETRY_S,
-    SHARE_WINDOW_S,
-    Bucket,
-    Failover,
-    LocalStore,
-)
+from timewheel.spark.quota.bucket import Bucket, LocalStore
+from timewheel.spark.quota.failover import GIVE_UP_S, MAX_RETRY_S, SHARE_WINDOW_S, Failover
 from timewheel.spark.quota.spec import (
     BURST_S,
     HORIZON_S,

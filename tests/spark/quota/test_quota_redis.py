@@ -20,7 +20,8 @@ import pytest
 
 from redis_fixtures import RedisServer, needs_redis
 from timewheel.cli import main as timewheel_main
-from timewheel.spark.quota.bucket import RETRY_S, SHARE_WINDOW_S, Failover, LocalStore
+from timewheel.spark.quota.bucket import LocalStore
+from timewheel.spark.quota.failover import RETRY_S, SHARE_WINDOW_S, Failover
 from timewheel.spark.quota.placement import job_of, place_quota, redis_store_of
 from timewheel.spark.quota.redis_store import KEEP_JOB_S, RedisStore, reset_quota
 from timewheel.spark.quota.spec import (

@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from redis_fixtures import needs_redis
-from timewheel.spark.quota.bucket import Failover, LocalStore
+from timewheel.spark.quota.bucket import LocalStore
+from timewheel.spark.quota.failover import Failover
 from timewheel.spark.quota.service_store import QuotaService
 from timewheel.spark.quota.spec import (
     BURST_S,

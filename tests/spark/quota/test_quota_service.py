@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from timewheel.spark.quota.bucket import Failover
+from timewheel.spark.quota.failover import Failover
 from timewheel.spark.quota.service_store import QuotaService, ServiceStore
 from timewheel.spark.quota.spec import Ask, BudgetSpent, Quota, QuotaStoreError
 from timewheel.spark.quota.task import TaskQuota

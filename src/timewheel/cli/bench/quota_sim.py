@@ -490,7 +490,7 @@ def _worker(w: _Worker, shared: _Shared) -> None:
     """A worker process: one store client (or one per task), a thread per task."""
     import resource
 
-    from ...spark.quota.bucket import Failover
+    from ...spark.quota.failover import Failover
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver stops the workers, in order
     threading.Thread(target=_watch_driver, args=(shared.alive,), daemon=True).start()
@@ -667,6 +667,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child, before 
 _PRELOAD = [
     __name__,
     "timewheel.spark.quota.bucket",
+    "timewheel.spark.quota.failover",
     "timewheel.spark.quota.service_store",
     "timewheel.spark.quota.spec",
     "timewheel.spark.quota.task",

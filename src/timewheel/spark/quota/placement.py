@@ -24,9 +24,9 @@
   ``fraction`` of the quota, as ``rate`` did before quotas; one log line says so.
 
 On the executor, :meth:`QuotaRef.open` gives the store a task draws on: one per Python
-worker and quota, wrapped in a :class:`~timewheel.spark.quota.bucket.Failover`: if the store
+worker and quota, wrapped in a :class:`~timewheel.spark.quota.failover.Failover`: if the store
 cannot be reached, it says so once and falls back to the rates it was granted while the
-store was up (see :class:`~timewheel.spark.quota.bucket.Failover`), so the workers of every
+store was up (see :class:`~timewheel.spark.quota.failover.Failover`), so the workers of every
 job sharing the quota together stay within it, and to ``fraction`` of the budget and
 requests the store had left (they are the job's own). A worker granted nothing before
 the store failed waits for Redis (every job naming the quota may be sending); for the
@@ -43,7 +43,8 @@ from typing import Any
 
 from ..runtime import worker_runtime
 from ..service import driver_host
-from .bucket import Failover, LocalStore
+from .bucket import LocalStore
+from .failover import Failover
 from .spec import Quota, QuotaStore
 
 __all__ = [

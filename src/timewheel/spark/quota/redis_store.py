@@ -36,7 +36,7 @@ call: jobs sharing a ``name`` should give the same rates and concurrency.
 
 A Redis that refuses the connection, times out (``timeout_s``) or dies raises
 :class:`~timewheel.spark.quota.spec.QuotaStoreError`; a job's tasks draw on it through a
-:class:`~timewheel.spark.quota.bucket.Failover` (:mod:`timewheel.spark.quota.bucket`), which says
+:class:`~timewheel.spark.quota.failover.Failover`, which says
 so in one line and falls back to the share this process was granted while the store was
 up. A URL's password is never shown (``repr`` and errors print the URL through
 :func:`~timewheel.spark.secrets.redact_url`), and a store is

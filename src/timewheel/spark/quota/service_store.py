@@ -9,7 +9,7 @@ answer. A request whose answer was lost is sent again only if applying it twice 
 send above the quota (a take, a pause, a state, a settle that takes). Otherwise, and
 when the service cannot be reached at all, the call raises
 :class:`~timewheel.spark.quota.spec.QuotaStoreError` (a
-:class:`~timewheel.spark.quota.bucket.Failover` then falls back to the share it had).
+:class:`~timewheel.spark.quota.failover.Failover` then falls back to the share it had).
 """
 
 from __future__ import annotations

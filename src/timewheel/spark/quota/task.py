@@ -44,7 +44,7 @@ Where the timelines live is a *store* (:class:`QuotaStore`: take, give back, set
 pause, state): :class:`~timewheel.spark.quota.bucket.LocalStore` in this process,
 :class:`~timewheel.spark.quota.service_store.ServiceStore` in a service in the driver, and
 :class:`~timewheel.spark.quota.redis_store.RedisStore` in Redis.
-:class:`~timewheel.spark.quota.bucket.Failover` wraps a remote store: if it cannot be
+:class:`~timewheel.spark.quota.failover.Failover` wraps a remote store: if it cannot be
 reached, it says so in one log line and goes on with a local store holding the share the
 store granted this process over its last seconds, tries the store again every term, and
 draws on it again once it answers.
