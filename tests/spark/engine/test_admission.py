@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine_config import engine_config
 from timewheel.spark.contract import is_overload
-from timewheel.spark.engine.admission import Admission
+from timewheel.spark.engine.admission import Admission, Lookahead
 from timewheel.spark.engine.partition import timewheel_engine
 from timewheel.spark.targets import Failure, OnDone, Reply
 
@@ -105,3 +109,33 @@ def test_overload_is_429_or_503_only() -> None:
     assert is_overload("too many requests", Reply(429, b"")) and is_overload(None, Reply(503, None))
     assert not is_overload("HTTP 429: x", Reply(500, b""))
     assert not is_overload("x", Reply(None, None))  # no status: the words decide
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.integers(0, 300), depth=st.integers(1, 300))
+def test_the_input_read_ahead_gives_every_row_in_order_and_knows_what_is_left(
+    rows: int, depth: int
+) -> None:
+    # Under a rate, a task reads its input ahead (Lookahead) so that its quota is told
+    # the rows left: every row once, in order, ``left`` never wrong and known once
+    # fewer than half the depth remain, and never more than ``depth`` rows read ahead.
+    read = 0
+
+    def source() -> Iterator[dict[str, Any]]:
+        nonlocal read
+        for i in range(rows):
+            read += 1
+            yield {"id": i}
+
+    ahead = Lookahead(source(), depth)
+    seen: list[int] = []
+    for row in ahead:
+        seen.append(row["id"])
+        remaining = rows - len(seen)
+        assert ahead.left in (None, remaining)
+        if remaining < depth // 2:
+            assert ahead.left == remaining
+        assert read - len(seen) <= depth
+    assert seen == list(range(rows))
+    assert ahead.left == 0
+    assert next(ahead, None) is None

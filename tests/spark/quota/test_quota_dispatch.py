@@ -120,6 +120,38 @@ def test_uneven_tasks_share_one_rate_and_the_long_one_gets_all_of_it() -> None:
     assert len(tail) / (max(tail) - min(tail)) > rate * 0.8  # ... at the whole rate
 
 
+def test_a_task_that_has_read_all_its_rows_books_no_more_of_the_rate_than_they_need(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A task's asks double what it used (a slow start: 1, 2, 4, 8 calls ...), so the
+    # last could book twice the rows it has left, places of the rate that then pass
+    # idle for the whole job. The task reads its input ahead: once it has read it all,
+    # it asks for no more than the rows left. 10 rows: grants of 1, 2, 4 and 3 (15
+    # calls booked before, a third of them idle).
+    from timewheel.spark.quota.bucket import LocalStore
+
+    granted: list[int] = []
+    take = LocalStore.take
+
+    def counted(self: LocalStore, holder: str, ask: Any) -> Any:
+        grant = take(self, holder, ask)
+        granted.append(grant.requests)
+        return grant
+
+    monkeypatch.setattr(LocalStore, "take", counted)
+    for rows in (10, 1, 300):
+        granted.clear()
+        ref = static_ref(Quota(rate=2000))
+        out = list(
+            timewheel_engine(
+                iter({"id": i} for i in range(rows)), Service(), engine_config(quota=ref)
+            )
+        )
+        assert sorted(o.row["id"] for o in out) == list(range(rows))
+        assert {o.status for o in out} == {"ok"}
+        assert sum(granted) == rows, granted
+
+
 def test_concurrency_caps_the_calls_open_across_tasks() -> None:
     target = Service(hold_s=0.02)
     parts = [[{"id": p * 100 + i} for i in range(60)] for p in range(3)]

@@ -149,6 +149,8 @@ def _step(
         record["unfinished"], record["end"] = i in out, now
         task.close()
         return
+    if spec.task_rows:  # (as the engine tells it, its input read: see _Partition)
+        task.calls_left = spec.task_rows - row
     try:
         wait = task.acquire(estimate)
     except BudgetSpent:

@@ -435,6 +435,8 @@ def _task(
             estimate = actual * ESTIMATE_SHARE if spec.tokens else 0.0
             errors = log.thread_errors()
             failed_before = bool(counted.failed)
+            if spec.task_rows:  # (as the engine tells it, its input read: see _Partition)
+                tq.calls_left = spec.task_rows - row
             try:
                 wait = tq.acquire(estimate)
             except BudgetSpent:

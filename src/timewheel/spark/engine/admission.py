@@ -11,14 +11,20 @@ and holds new calls until the answer's ``Retry-After`` has passed; each answer t
 widens the window by about one call per round. A job thus settles at what the service
 accepts.
 A job's own limit (requests or cost per second, a budget) is its
-:class:`~timewheel.spark.quota.spec.Quota`, kept by :mod:`timewheel.spark.quota`.
+:class:`~timewheel.spark.quota.spec.Quota`, kept by :mod:`timewheel.spark.quota`; under
+one, a task reads its input a little ahead (:class:`Lookahead`), so that once all of it is
+read the quota is told how many calls are left.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["START_WINDOW", "Admission"]
+__all__ = ["START_WINDOW", "Admission", "Lookahead"]
 
 #: The calls a task keeps out before any has been answered.
 START_WINDOW = 4
@@ -71,3 +77,35 @@ class Admission:
             self.window = self.threshold = max(1.0, self.window / 2)
         if retry_after_s:
             self.paused_until = max(self.paused_until, time.monotonic() + retry_after_s)
+
+
+class Lookahead:
+    """A task's input, read up to ``depth`` rows ahead of what it has taken: once it is all
+    read, :attr:`left` says how many rows are still to come (None until then), which is
+    so while at least half of ``depth`` are. It reads when half of what it read ahead
+    is taken, in one C call; a row taken costs a ``popleft``."""
+
+    def __init__(self, rows: Iterator[dict[str, Any]], depth: int) -> None:
+        self.rows = rows
+        self.depth = max(1, depth)
+        self.ahead: deque[dict[str, Any]] = deque()
+        self.read_all = False
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        ahead = self.ahead
+        if not self.read_all and 2 * len(ahead) <= self.depth:
+            wanted = self.depth - len(ahead)
+            ahead.extend(itertools.islice(self.rows, wanted))
+            # (fewer than asked: the input has ended; more reads would find nothing)
+            self.read_all = len(ahead) < self.depth
+        if not ahead:
+            raise StopIteration
+        return ahead.popleft()
+
+    @property
+    def left(self) -> int | None:
+        """The rows not yet taken, once the whole input is read; else None."""
+        return len(self.ahead) if self.read_all else None

@@ -59,7 +59,7 @@ from ..contract import (
 from ..outcome import FAILED, OK, SKIPPED, TIMEOUT, Outcome, outcome
 from ..quota.gate import BUDGET_SPENT, SPENT, QuotaGate, RowRefused, Spent
 from ..runtime import worker_runtime
-from .admission import START_WINDOW, Admission
+from .admission import START_WINDOW, Admission, Lookahead
 from .attempt import Attempt
 from .batcher import Batcher
 from .contract import DispatchConfig, backoff_s, key_error, timeout_message
@@ -75,6 +75,9 @@ _BATCH = 1024
 # has): waking it per row would cost a thread switch per row; slots left empty
 # meanwhile are at most this share.
 _WAKE_SHARE = 32
+# The most rows a task under a rate reads ahead of those it sends (a term's worth of
+# the rate when less): the quota is told the rows left when at most half this many are.
+_AHEAD = 256
 # With a quota, the task's thread renews its hold at least this often (the quota drops a
 # holder not heard from for its ttl_s, 30 s by default).
 _KEEPALIVE_S = 5.0
@@ -213,6 +216,12 @@ class _Partition:
         # The job's probe, until its verdict is known (Calls.stop_after_failures).
         self.stop = None if config.early_stop is None else TaskStop(config.early_stop)
         self.gate = None if config.quota is None else QuotaGate(config.quota.open(), config.cost)
+        # Under a rate, the input read ahead: once all read, the quota books no more of
+        # the rate than the rows left (see Lookahead).
+        self.ahead: Lookahead | None = None
+        if self.gate is not None and self.gate.task.timed and config.batching is None:
+            depth = min(_AHEAD, self.gate.task.ask_requests)
+            self.rows = self.ahead = Lookahead(self.rows, depth)
         # With a quota: the row that waits for its share.
         self.pending: _Row | None = None
         # Rows refused for overload whose backoff has ended, waiting for room.
@@ -270,6 +279,9 @@ class _Partition:
                 except RowRefused as exc:
                     self.finish(row, FAILED, str(exc))
                     continue
+            left = None if self.ahead is None else self.ahead.left
+            if left is not None:  # (this row, those read ahead, and the refused ones)
+                gate.calls_left(left + 1 + len(self.parked))
             wait = self.take_quota(row)
             if wait is SPENT:
                 continue

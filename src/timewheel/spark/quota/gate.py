@@ -340,6 +340,11 @@ class QuotaGate:
         doubling = 2.0 ** min(self.refusals_in_a_row - 1, 30)
         return min(asked, REFUSAL_CALLS * earn * doubling)
 
+    def calls_left(self, calls: int) -> None:
+        """The task has at most ``calls`` calls left to make (its input is all read): its
+        asks book no more of the rate than that (see :attr:`TaskQuota.calls_left`)."""
+        self.task.calls_left = calls
+
     def keepalive(self) -> None:
         """Renew the task's hold on the quota (called from the task's loop)."""
         self.task.keepalive()

@@ -139,6 +139,12 @@ class TaskQuota:
         self.ends = math.inf
         # Requests of a grant whose slot ended unsent: given back with the next ask.
         self.unused = 0
+        #: The most calls this task has left to make, once its caller knows (None: not
+        #: known): no ask books more of the timeline than that. A task's last grant of a
+        #: slow start may be twice what it sent; with few rows left, the places it would
+        #: not use pass idle for every task (1,024 tasks of 20 rows at 2,000 calls/s used
+        #: 0.92 of the rate, 0.97 told this).
+        self.calls_left: int | None = None
         # The last grant's requests and cost, what it left unsent (a slow start: see
         # _ask) and what its calls took of its cost; the mean cost of a call of the last
         # grant (what an ask asks per request). Kept per grant, not per call.
@@ -247,6 +253,8 @@ class TaskQuota:
             want = 2 * sent if used_up else sent
             self.left = 0
             requests = max(1, min(want, self.ask_requests))
+            if self.calls_left is not None:
+                requests = max(1, min(requests, self.calls_left))
             asked_cost = max(cost, max(cost, self.mean_cost) * requests)
         else:
             requests = max(1, self.ask_requests - max(0, self.requests))
