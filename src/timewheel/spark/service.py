@@ -57,6 +57,7 @@ logger = logging.getLogger(__name__)
 _CHALLENGE = 16
 _MAC = hashlib.sha256().digest_size
 _HEADER = struct.Struct("!IQ")  # frame length (MAC + sequence + body), sequence number
+_SEQ = struct.Struct("!Q")
 _MAX_FRAME = 1 << 16
 _POLL_S = 0.5
 #: Out of file descriptors, the service stops accepting for this long.
@@ -95,16 +96,28 @@ class Handler(Protocol):
         """Connection ``client`` closed (its process may be gone)."""
 
 
-def _mac(secret: bytes, challenge: bytes, seq: int, direction: bytes, body: bytes) -> bytes:
-    message = challenge + struct.pack("!Q", seq) + direction + body
-    return hmac.new(secret, message, hashlib.sha256).digest()
+def _keyed(secret: bytes, challenge: bytes) -> Any:
+    """A connection's MAC state after its secret and challenge (an ``hmac.HMAC``): each
+    message's MAC copies it, so the key's two hashes are not made again a message (about
+    a third of a MAC's time)."""
+    return hmac.new(secret, challenge, hashlib.sha256)
+
+
+def _mac(keyed: Any, seq: int, direction: bytes, body: bytes) -> bytes:
+    mac = keyed.copy()
+    mac.update(_SEQ.pack(seq) + direction + body)
+    return bytes(mac.digest())
+
+
+def _frame(keyed: Any, seq: int, direction: bytes, body: bytes) -> bytes:
+    return _HEADER.pack(_MAC + 8 + len(body), seq) + _mac(keyed, seq, direction, body) + body
 
 
 def frame(secret: bytes, challenge: bytes, seq: int, direction: bytes, body: bytes) -> bytes:
-    """One message on the wire: its length and sequence number, its MAC, its body
+    """One message on the wire: its length and sequence number, its MAC
+    (``HMAC-SHA256(secret, challenge + sequence + direction + body)``), its body
     (``direction`` ``b"q"`` for a request, ``b"a"`` for an answer)."""
-    mac = _mac(secret, challenge, seq, direction, body)
-    return _HEADER.pack(_MAC + 8 + len(body), seq) + mac + body
+    return _frame(_keyed(secret, challenge), seq, direction, body)
 
 
 def _check_secret(secret: Any) -> bytes:
@@ -116,12 +129,13 @@ def _check_secret(secret: Any) -> bytes:
 class _Connection:
     """One client's connection, on the service's thread."""
 
-    __slots__ = ("buffer", "challenge", "number", "seq", "sock")
+    __slots__ = ("buffer", "challenge", "keyed", "number", "seq", "sock")
 
-    def __init__(self, sock: socket.socket, number: int) -> None:
+    def __init__(self, sock: socket.socket, number: int, secret: bytes) -> None:
         self.sock = sock
         self.number = number
         self.challenge = secrets.token_bytes(_CHALLENGE)
+        self.keyed = _keyed(secret, self.challenge)
         self.seq = 0
         self.buffer = b""
 
@@ -182,7 +196,7 @@ def _serve(
                                 )
                         continue
                     client.settimeout(5.0)
-                    conn = _Connection(client, next(numbers))
+                    conn = _Connection(client, next(numbers), secret)
                     try:
                         client.sendall(conn.challenge)
                     except OSError:
@@ -197,7 +211,7 @@ def _serve(
                     data = sock.recv(65536)
                 except OSError:
                     data = b""
-                if not data or not _handle(conn, data, handler, secret, name):
+                if not data or not _handle(conn, data, handler, name):
                     drop(conn)
     finally:
         for conn in list(connections.values()):
@@ -207,7 +221,7 @@ def _serve(
         wake.close()
 
 
-def _handle(conn: _Connection, data: bytes, handler: Handler, secret: bytes, name: str) -> bool:
+def _handle(conn: _Connection, data: bytes, handler: Handler, name: str) -> bool:
     """Answer the whole frames in ``conn``'s buffer; False: close the connection."""
     conn.buffer += data
     while len(conn.buffer) >= _HEADER.size:
@@ -220,7 +234,7 @@ def _handle(conn: _Connection, data: bytes, handler: Handler, secret: bytes, nam
         mac = conn.buffer[_HEADER.size : _HEADER.size + _MAC]
         body = conn.buffer[_HEADER.size + _MAC : end]
         conn.buffer = conn.buffer[end:]
-        expected = _mac(secret, conn.challenge, seq, b"q", body)
+        expected = _mac(conn.keyed, seq, b"q", body)
         if seq != conn.seq or not hmac.compare_digest(mac, expected):
             logger.warning("%s: refused a request that was not signed by this job", name)
             return False
@@ -235,7 +249,7 @@ def _handle(conn: _Connection, data: bytes, handler: Handler, secret: bytes, nam
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         out = json.dumps(reply).encode()
         try:
-            conn.sock.sendall(frame(secret, conn.challenge, seq, b"a", out))
+            conn.sock.sendall(_frame(conn.keyed, seq, b"a", out))
         except OSError:
             return False
     return True
@@ -367,6 +381,7 @@ class ServiceClient:
         self.timeout_s = timeout_s
         self._sock: socket.socket | None = None
         self._challenge = b""
+        self._keyed: Any = None
         self._seq = 0
         self._lock = threading.Lock()
         _atfork.reset(self)
@@ -391,6 +406,7 @@ class ServiceClient:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._challenge = self._read(sock, _CHALLENGE)
+            self._keyed = _keyed(self._secret, self._challenge)
         except BaseException:
             sock.close()
             raise
@@ -409,19 +425,21 @@ class ServiceClient:
 
     def _drop(self) -> None:
         sock, self._sock = self._sock, None
+        self._keyed = None  # (a new connection, a new challenge)
         if sock is not None:
             sock.close()
 
     def _exchange(self, sock: socket.socket, body: bytes) -> Any:
         seq = self._seq
         self._seq += 1
-        sock.sendall(frame(self._secret, self._challenge, seq, b"q", body))
+        keyed = self._keyed
+        sock.sendall(_frame(keyed, seq, b"q", body))
         length, got_seq = _HEADER.unpack(self._read(sock, _HEADER.size))
         if not _MAC + 8 <= length <= _MAX_FRAME or got_seq != seq:
             raise ConnectionError(f"{self.name}'s answer is out of order")
         rest = self._read(sock, length - 8)
         mac, answer = rest[:_MAC], rest[_MAC:]
-        if not hmac.compare_digest(mac, _mac(self._secret, self._challenge, seq, b"a", answer)):
+        if not hmac.compare_digest(mac, _mac(keyed, seq, b"a", answer)):
             raise ConnectionError(f"{self.name}'s answer is not signed by this job")
         reply = json.loads(answer)
         if "error" in reply:
