@@ -280,15 +280,6 @@ class ProviderBatch:
             "(ProviderBatch.endpoint): give the target that endpoint's URL"
         )
 
-    def answer_refusal(self, api: str | None) -> str | None:
-        """Why a typed answer asked of ``api`` (an Answer's) cannot be asked in these
-        batches' lines (None: it can): its API must be the endpoint's."""
-        own = {"/v1/chat/completions": "chat", "/v1/messages": "messages"}.get(str(self.endpoint))
-        if api == own:
-            return None
-        said = "no model text" if own is None else repr(own)
-        return f"is not what {self.endpoint} answers ({said}), which each line asks"
-
 
 @dataclass(frozen=True)
 class BatchPrices:
