@@ -226,6 +226,17 @@ def test_dimensions_out_of_range_exit_2(value: str, capsys: pytest.CaptureFixtur
     assert f"--dimensions must be between 1 and 8192, got {value}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--latency-ms", "--completion-tokens", "--context-tokens"])
+def test_a_negative_count_exits_2_naming_its_flag(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # (--context-tokens -1 would refuse every request as too long)
+    with pytest.raises(SystemExit) as exit:
+        main([flag, "-1"])
+    assert exit.value.code == 2
+    assert f"{flag} must be >= 0, got -1" in capsys.readouterr().err
+
+
 def test_the_dimensions_flag_sets_the_default() -> None:
     stub = OpenAIStub(dimensions=16)
     try:

@@ -574,8 +574,9 @@ def main(argv: list[str] | None = None) -> int:
         command.error("--rpm and --tpm must be >= 1 and --window-s > 0")
     if not 1 <= args.dimensions <= MAX_DIMENSIONS:
         command.error(f"--dimensions must be between 1 and {MAX_DIMENSIONS}, got {args.dimensions}")
-    if args.latency_ms < 0 or args.completion_tokens < 0:
-        command.error("--latency-ms and --completion-tokens must be >= 0")
+    for flag in ("latency_ms", "completion_tokens", "context_tokens"):
+        if getattr(args, flag) < 0:
+            command.error(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
     asyncio.run(_serve(args))
     return 0
 
