@@ -46,6 +46,17 @@ def rows(provider: str, n: int, tag: str, models: int = 1) -> list[tuple[str, di
     return out
 
 
+def with_messages(df: Any, provider: str, col: str) -> Any:
+    """``df`` as the provider's body columns want it: for Anthropic, ``messages`` (one user
+    message of ``col``) and ``max_tokens`` columns; for OpenAI, as it is."""
+    if provider != "anthropic":
+        return df
+    from pyspark.sql import functions as F
+
+    message = F.struct(F.lit("user").alias("role"), F.col(col).alias("content"))
+    return df.withColumn("messages", F.array(message)).withColumn("max_tokens", F.lit(64))
+
+
 def option(stub: BatchStub, provider: str, **more: Any) -> ProviderBatch:
     os.environ.setdefault(KEY_VARIABLE, "sk-test-0123456789abcdef0123456789abcdef")
     base = stub.openai_url if provider == "openai" else stub.base_url

@@ -13,9 +13,8 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from pbatch_helpers import STUB_PRICES, billed, custom_ids, option
+from pbatch_helpers import STUB_PRICES, billed, custom_ids, option, with_messages
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from timewheel.spark import Answer, PlanError, dispatch_provider_batch
 from timewheel.spark.planning import plan_provider_batch
@@ -52,10 +51,7 @@ def texts_rows(spark: Any, provider: str, tag: str, n: int) -> tuple[DataFrame, 
     df = spark.createDataFrame(
         [(i, t, model) for i, t in texts.items()], "id int, text string, model string"
     )
-    if provider == "anthropic":
-        message = F.struct(F.lit("user").alias("role"), F.col("text").alias("content"))
-        df = df.withColumn("messages", F.array(message)).withColumn("max_tokens", F.lit(64))
-    return df, texts
+    return with_messages(df, provider, "text"), texts
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])

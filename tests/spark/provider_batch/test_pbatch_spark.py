@@ -25,9 +25,9 @@ from pbatch_helpers import (
     custom_ids,
     journal_records,
     option,
+    with_messages,
 )
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from timewheel.spark import PlanError, dispatch_provider_batch, provider_dispatch
 from timewheel.spark.provider_batch import ProviderBatchRun
@@ -79,10 +79,7 @@ def chat_rows(
     if broken:
         data += [(None, "abcd", model), (first + n, "abcd", None)]
     df = spark.createDataFrame(data, "id long, prompt string, model string")
-    if provider == "anthropic":
-        message = F.struct(F.lit("user").alias("role"), F.col("prompt").alias("content"))
-        df = df.withColumn("messages", F.array(message)).withColumn("max_tokens", F.lit(64))
-    return df
+    return with_messages(df, provider, "prompt")
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
