@@ -124,3 +124,13 @@ def rule(text: str) -> dict[str, Any]:
 def chat_body(row: Any) -> dict[str, Any]:
     """A chat completions request of the row's ``text`` (module level: Spark pickles it)."""
     return {"model": "m", "messages": [{"role": "user", "content": row["text"]}]}
+
+
+def chat_target(base_url: str) -> Any:
+    """An HttpDownstream asking a stub's chat completions for each row's ``text``
+    (:func:`chat_body`), with the bearer key the stub wants."""
+    from timewheel.spark.targets import HttpDownstream
+
+    return HttpDownstream(
+        base_url + "/chat/completions", headers={"Authorization": "Bearer sk-test"}, body=chat_body
+    )

@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from openai_stub_fixtures import ANSWER_DDL, OpenAIStub, chat_body, rule
+from openai_stub_fixtures import ANSWER_DDL, OpenAIStub, chat_body, chat_target, rule
 from spark_fixtures import pipeline_cli
 from stream_fixtures import forget_last_commit, land_rows, run_to_sink, stream_of
 
@@ -78,18 +78,13 @@ def test_dispatch_on_spark_types_each_rows_own_answer_and_asks_again_what_misfit
     from pyspark.sql.types import DataType, StructType
 
     from timewheel.spark import Answer, Calls, dispatch
-    from timewheel.spark.targets import HttpDownstream
 
     texts = {i: f"api row {i} " + " ".join(["word"] * (i % 5)) + "x" * (i % 3) for i in range(33)}
     once = {100 + n: f"api once {kind} [fault:{kind}]" for n, kind in enumerate(FAULTS)}
     always = {200: "api always [fault:type:always]"}
     rows = [(i, t) for i, t in {**texts, **once, **always}.items()]
     df = spark.createDataFrame(rows, "id long, text string").repartition(2)
-    target = HttpDownstream(
-        stub.base_url + "/chat/completions",
-        headers={"Authorization": "Bearer sk-test"},
-        body=chat_body,
-    )
+    target = chat_target(stub.base_url)
     with sent_by_value():
         out = dispatch(
             df,
@@ -150,17 +145,12 @@ def test_packs_with_dedupe_send_each_text_once_and_every_row_gets_its_answer(
     # column), those rows packed (Answer with Batching): each distinct text is asked once,
     # in a pack; every row, sent or not, gets the answer of its own text.
     from timewheel.spark import Answer, Batching, Calls, Dedupe, dispatch
-    from timewheel.spark.targets import HttpDownstream
 
     distinct = [f"dedupe pack row {n}" + " more" * (n % 3) for n in range(9)]
     distinct[4] += " [fault:drop]"  # missed by its pack once: asked again, still once a row
     rows = [(i, distinct[i % len(distinct)]) for i in range(36)]  # each text four times
     df = spark.createDataFrame(rows, "id long, text string").repartition(3)
-    target = HttpDownstream(
-        stub.base_url + "/chat/completions",
-        headers={"Authorization": "Bearer sk-test"},
-        body=chat_body,
-    )
+    target = chat_target(stub.base_url)
     before = stub.stats()
     with sent_by_value():
         got = {
@@ -198,7 +188,6 @@ def test_a_pack_over_the_models_context_is_halved_unbilled_until_it_fits(
     # rows (it is the rows' text that fills it); a pack over it is refused by the API,
     # unbilled, and halved until it fits: every row ends ok with its own answer.
     from timewheel.spark import Answer, Batching, Calls, dispatch
-    from timewheel.spark.targets import HttpDownstream
 
     texts = [f"context row {i:03d} word word" for i in range(40)]  # all one length
     answer = Answer(DDL, "chat")
@@ -213,11 +202,7 @@ def test_a_pack_over_the_models_context_is_halved_unbilled_until_it_fits(
     assert pack_tokens(10) > context >= pack_tokens(5)
     server = OpenAIStub(rpm=100_000, tpm=10**9, context_tokens=context)
     try:
-        target = HttpDownstream(
-            server.base_url + "/chat/completions",
-            headers={"Authorization": "Bearer sk-test"},
-            body=chat_body,
-        )
+        target = chat_target(server.base_url)
         df = spark.createDataFrame(list(enumerate(texts)), "id long, text string").coalesce(1)
         with sent_by_value():
             got = dispatch(
@@ -503,17 +488,13 @@ def test_a_stream_packs_its_rows_and_a_micro_batch_run_again_asks_no_row_twice(
 ) -> None:
     # ~6-10 s (2-core machine): two runs of a three-file stream.
     from timewheel.spark import Answer, Batching, Calls, Journal, dispatch
-    from timewheel.spark.targets import HttpDownstream
 
     inp, sink, ck = tmp_path / "in", tmp_path / "sink", tmp_path / "ck"
     texts = {i: f"streamed {i}" + " x" * (i % 4) for i in range(36)}
     texts[5] += " [fault:missing]"
     files = [[(i, texts[i]) for i in range(f * 12, f * 12 + 12)] for f in range(3)]
     land_rows(spark, inp, files, "id long, text string")  # a file a micro-batch
-    target = HttpDownstream(
-        stub.base_url + "/chat/completions", headers={"Authorization": "Bearer sk-test"},
-        body=chat_body,
-    )  # fmt: skip
+    target = chat_target(stub.base_url)
 
     def run() -> None:
         with sent_by_value():
