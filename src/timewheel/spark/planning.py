@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from .._validate import check_int
 from ._json import not_json
-from .answer.apis import api_of_url
 from .answer.spec import Answer
 from .batch.spec import Batching, default_timeout_ms
 from .contract import (
@@ -304,10 +303,8 @@ def plan_provider_batch(
     check_target(target)
     _check_batch_target(target, provider_batch)
     answer = _answer(target, reply_schema)
-    own = api_of_url(str(provider_batch.endpoint))  # what each line of the batches asks
-    if answer is not None and answer.api != own:
-        said = "no model text" if own is None else repr(own)
-        why = f"is not what {provider_batch.endpoint} answers ({said}), which each line asks"
+    why = None if answer is None else answer.refusal_at(str(provider_batch.endpoint))
+    if answer is not None and why is not None:
         raise PlanError("Answer.api", answer.api, why, ("ProviderBatch.endpoint",))
     _check_reply_schema(reply_schema)
     if schema is not None:

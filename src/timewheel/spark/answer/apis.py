@@ -27,7 +27,16 @@ from ..ddl import DdlField
 from ..scrubber import scrub
 from .shape import misfit
 
-__all__ = ["APIS", "answer_text", "answer_value", "api_of_url", "ask", "text_of", "value_of"]
+__all__ = [
+    "APIS",
+    "answer_text",
+    "answer_value",
+    "api_of_url",
+    "ask",
+    "endpoint_refusal",
+    "text_of",
+    "value_of",
+]
 
 #: The APIs an answer is asked of.
 APIS = ("chat", "responses", "messages")
@@ -46,6 +55,16 @@ def api_of_url(url: str) -> str | None:
         if path.endswith(end):
             return api
     return "messages" if path.endswith("/messages") else None
+
+
+def endpoint_refusal(api: str | None, endpoint: str) -> str | None:
+    """Why an answer of ``api`` cannot be asked in requests to ``endpoint`` (a path, as a
+    provider's batch lines name it), whose API is its own; None when it can."""
+    own = api_of_url(endpoint)
+    if api == own:
+        return None
+    said = "no model text" if own is None else repr(own)
+    return f"is not what {endpoint} answers ({said}), which each line asks"
 
 
 def ask(api: str, payload: dict[str, Any], name: str, schema: dict[str, Any]) -> dict[str, Any]:

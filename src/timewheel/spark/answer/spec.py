@@ -9,7 +9,16 @@ from typing import Any
 from ..contract import DownstreamError
 from ..ddl import DdlField, parse_ddl
 from ..options import PlanError, PlanTypeError
-from .apis import APIS, answer_text, answer_value, api_of_url, ask, text_of, value_of
+from .apis import (
+    APIS,
+    answer_text,
+    answer_value,
+    api_of_url,
+    ask,
+    endpoint_refusal,
+    text_of,
+    value_of,
+)
 from .pack import PackSplit, pack_body, pack_key, pack_schema
 from .shape import json_schema, unsupported
 
@@ -124,6 +133,11 @@ class Answer:
         """Why an answer's ``body`` holds no answer that fits (the row's error); None
         when it does."""
         return answer_value(self.api or "chat", body, self.fields)[1]
+
+    def refusal_at(self, endpoint: str) -> str | None:
+        """Why this answer cannot be asked in requests to ``endpoint`` (a provider's batch
+        lines': their API is the endpoint's); None when it can."""
+        return endpoint_refusal(self.api, endpoint)
 
     def misfit_of(self, answer: Any) -> str | None:
         """:meth:`misfit` of a body already read as JSON (``answer``: a provider's batch
