@@ -13,6 +13,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,19 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def clients_once_settled(watcher: Any, expected: int, timeout_s: float = 10.0) -> int:
+    """Redis's count of connected clients once it is ``expected``, or the count at
+    ``timeout_s``. A connection closed by a client is counted until the server has read
+    its end, which it may do after answering another client's INFO: the count is asked
+    until it settles (Redis tells no one when it drops a client)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        count = int(watcher.info("clients")["connected_clients"])
+        if count == expected or time.monotonic() >= deadline:
+            return count
+        time.sleep(0.01)
 
 
 class RedisServer:

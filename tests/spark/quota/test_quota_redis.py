@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from redis_fixtures import RedisServer, needs_redis
+from redis_fixtures import RedisServer, clients_once_settled, needs_redis
 from timewheel.cli import main as timewheel_main
 from timewheel.spark.quota.bucket import LocalStore
 from timewheel.spark.quota.failover import RETRY_S, SHARE_WINDOW_S, Failover
@@ -35,6 +35,9 @@ from timewheel.spark.quota.spec import (
     QuotaStoreError,
 )
 from timewheel.spark.quota.task import TaskQuota
+
+#: The tests' folder (its helpers, for a script run in a child).
+TESTS = str(Path(__file__).resolve().parents[2])
 
 
 class Clock:
@@ -370,10 +373,10 @@ def test_close_closes_every_connection_it_opened(redis_server: RedisServer) -> N
             task.acquire()  # (each asks the store once: granted now, or a slot ahead)
         assert clients() > before
         store.close()  # (its pool's sockets closed now, not left to the collector)
-        assert clients() == before
+        assert clients_once_settled(watcher, before) == before
         check_reachable(redis_server.url)
         reset_quota(redis_server.url, "closing")
-        assert clients() == before
+        assert clients_once_settled(watcher, before) == before
     finally:
         watcher.close()
 
@@ -387,6 +390,8 @@ def test_a_store_is_usable_in_a_forked_child_and_collected_when_dropped(
         """
         import gc, os, sys, warnings
         import redis
+        sys.path.insert(0, sys.argv[2])  # the tests' own helpers
+        from redis_fixtures import clients_once_settled
         from timewheel.spark.quota.redis_store import RedisStore
         from timewheel.spark.quota.spec import Ask, Quota
 
@@ -411,12 +416,13 @@ def test_a_store_is_usable_in_a_forked_child_and_collected_when_dropped(
         assert clients() > before
         del store  # dropped without close(): its connections go with it
         gc.collect()
-        assert clients() == before, clients() - before
+        settled = clients_once_settled(watcher, before)
+        assert settled == before, settled - before
         watcher.close()
         """
     )
     result = subprocess.run(
-        [sys.executable, "-W", "error::ResourceWarning", "-c", script, redis_server.url],
+        [sys.executable, "-W", "error::ResourceWarning", "-c", script, redis_server.url, TESTS],
         capture_output=True,
         text=True,
         timeout=60,
