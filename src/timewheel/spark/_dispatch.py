@@ -86,7 +86,10 @@ def dispatch(
       key columns a row holds while in flight, retries and their backoff, and the early
       stop: at most ``stop_after_failures`` rows sent before one is answered ok, the rest
       ``skipped`` if they all failed the same way no retry fixes (see
-      :mod:`timewheel.spark.engine.early_stop`; not on Spark Connect);
+      :mod:`timewheel.spark.engine.early_stop`; not on Spark Connect). On a stream the
+      query's first rows are judged, and a task with rows the stop left unsent fails
+      (:class:`~timewheel.spark.columns.StreamStoppedEarly`), so that Spark does not
+      commit its micro-batch;
     * ``quota`` (:class:`~timewheel.spark.quota.spec.Quota`: requests and cost per second
       or minute, calls in flight, a budget, a request cap) holds for the whole job: every
       attempt of every task draws on it as it goes (see
@@ -172,14 +175,16 @@ def dispatch(
     if dedupe_col:
         df = df.sortWithinPartitions(dedupe_col)
     path = None if journal is None else journal.path
-    # On a stream, a row the budget skipped fails its micro-batch (unless the journal
-    # says to return it): committed, its rows would reach the sink skipped, never sent.
-    returned = journal is not None and journal.return_skipped
-    limit = quota_limit(quota) if streaming and quota is not None and not returned else None
+    # On a stream, a row the budget skipped, or the early stop left, fails its
+    # micro-batch (unless the journal says to return it): committed, its rows would
+    # reach the sink skipped, never sent.
+    fails = streaming and not (journal is not None and journal.return_skipped)
+    limit = quota_limit(quota) if fails and quota is not None else None
+    stop_fails = fails and config.early_stop is not None
     result = df.mapInArrow(
         PartitionDispatch(
             job.engine, target, config, worker_reports, reply, dedupe_col, path, recording,
-            limit, job.answer,
+            limit, job.answer, stop_fails,
         ),
         output_schema(df.schema, reply),
     )  # fmt: skip

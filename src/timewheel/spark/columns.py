@@ -38,6 +38,7 @@ from .delivery.stream_record import (
     task_batch,
 )
 from .engine.contract import DispatchConfig, Engine
+from .engine.early_stop import read_stop
 from .outcome import FAILED, OK, REPLY_COLUMN, RESULT_COLUMNS, SKIPPED, Outcome
 from .runtime import heap_frozen
 from .scrubber import scrub, scrubber
@@ -47,6 +48,7 @@ __all__ = [
     "PartitionDispatch",
     "ReplyParser",
     "StreamBudgetSpent",
+    "StreamStoppedEarly",
     "output_schema",
     "quota_limit",
     "reply_struct",
@@ -104,6 +106,13 @@ class StreamBudgetSpent(RuntimeError):
     sink; run again with a budget left, it sends the rows not sent."""
 
 
+class StreamStoppedEarly(RuntimeError):
+    """Raised by a stream's task whose rows the query's early stop
+    (``Calls.stop_after_failures``) left unsent: the task fails, and so does its
+    micro-batch, which Spark does not commit to the sink; started again once the cause
+    is fixed, the query sends the rows not sent."""
+
+
 def quota_limit(quota: Any) -> str | None:
     """The limits of ``quota`` that can skip rows, as a message names them
     (``Quota.budget 1,000``); None when it has neither a budget nor a request cap."""
@@ -121,7 +130,9 @@ class PartitionDispatch:
 
     ``budget_fails`` (a stream's, the quota's limits in words): a row the budget skipped
     fails the task with :class:`StreamBudgetSpent`, once its other rows have ended and
-    their answers are committed, instead of coming back ``skipped``."""
+    their answers are committed, instead of coming back ``skipped``. ``stop_fails`` (a
+    stream's): so does a row the early stop left unsent, with
+    :class:`StreamStoppedEarly`."""
 
     def __init__(
         self,
@@ -135,6 +146,7 @@ class PartitionDispatch:
         recording: Recording | None = None,
         budget_fails: str | None = None,
         answer: Answer | None = None,
+        stop_fails: bool = False,
     ) -> None:
         self.engine = engine
         self.target = target
@@ -146,6 +158,7 @@ class PartitionDispatch:
         # On a stream: how the journal is kept as the record looked up first.
         self.recording = recording
         self.budget_fails = budget_fails
+        self.stop_fails = stop_fails
         # The reply is the model's answer inside each body, not the body itself.
         self.answer = answer
 
@@ -211,12 +224,20 @@ class PartitionDispatch:
         # Every answer's text leaves the worker through here (to the journal and to
         # Spark): scrubbed of the secrets' values this process has read (see scrubber).
         hidden = scrubber()
-        skipped = 0  # rows the budget skipped, when they fail the task (budget_fails)
+        # Rows the budget skipped (budget_fails) and the early stop left (stop_fails),
+        # when they fail the task: the others go on, their answers committed.
+        skipped = stopped = 0
+        stop = None  # the stop's own words, as a skipped row's error says them
         try:
             for outcome in outcomes:
-                if self.budget_fails is not None and outcome.status == SKIPPED:
-                    skipped += 1  # the others go on: their answers are committed
-                    continue
+                if outcome.status == SKIPPED and (self.stop_fails or self.budget_fails):
+                    said = read_stop(outcome.error) if self.stop_fails else None
+                    if said is not None:
+                        stopped, stop = stopped + 1, outcome.error
+                        continue
+                    if self.budget_fails is not None:
+                        skipped += 1
+                        continue
                 if hidden:
                     outcome = _scrubbed(outcome)
                 out.append(outcome)
@@ -228,6 +249,8 @@ class PartitionDispatch:
                 if len(out) == _OUT_BATCH_ROWS:
                     yield self._batch(out, schemas[0], counts, parser)
                     out = []
+            if stop is not None:
+                raise self._stopped(stop, stopped, counts.admitted)
             if skipped:
                 raise self._spent(skipped, counts.admitted)
             if out:
@@ -247,19 +270,35 @@ class PartitionDispatch:
     def _spent(self, skipped: int, rows: int) -> StreamBudgetSpent:
         """The error failing a stream's task whose ``skipped`` of ``rows`` rows the
         budget skipped (the answers of the others are committed as the task ends)."""
+        return StreamBudgetSpent(
+            f"the quota's {self.budget_fails} was spent: {self._unsent(skipped, rows)} "
+            "with a budget left and it runs that micro-batch again "
+            f"({self._answered_again()})"
+        )
+
+    def _stopped(self, error: str, skipped: int, rows: int) -> StreamStoppedEarly:
+        """The error failing a stream's task whose ``skipped`` of ``rows`` rows the
+        early stop left unsent (``error``: what the stop said of them)."""
+        return StreamStoppedEarly(
+            f"{error.removesuffix(': not sent')}: {self._unsent(skipped, rows)} once "
+            f"the cause is fixed and it runs that micro-batch again ({self._answered_again()}"
+            "; those that failed stay failed)"
+        )
+
+    @staticmethod
+    def _unsent(skipped: int, rows: int) -> str:
         batch = task_batch()
         where = "" if batch is None else f" of micro-batch {batch}"
-        again = (
-            "its rows answered are in the journal and are not sent again"
-            if self.journal is not None
-            else "without a journal=Journal(...), its rows answered are sent again too"
+        return (
+            f"{skipped:,} of this task's {rows:,} rows{where} were not sent. The "
+            "micro-batch fails so that Spark does not commit them to the sink: start the "
+            "query again from its checkpoint"
         )
-        return StreamBudgetSpent(
-            f"the quota's {self.budget_fails} was spent: {skipped:,} of this task's "
-            f"{rows:,} rows{where} were not sent. The micro-batch fails so that Spark "
-            "does not commit them to the sink: start the query again from its checkpoint "
-            f"with a budget left and it runs that micro-batch again ({again})"
-        )
+
+    def _answered_again(self) -> str:
+        if self.journal is not None:
+            return "its rows answered are in the journal and are not sent again"
+        return "without a journal=Journal(...), its rows answered are sent again too"
 
     def _batch(
         self,

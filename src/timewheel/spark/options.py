@@ -124,12 +124,12 @@ class Calls:
     how many times a failed or timed-out call is tried again (0 to :data:`MAX_RETRIES`),
     after about ``backoff_ms`` (with +-50% jitter; 0 to :data:`MAX_DELAY_MS`).
 
-    ``stop_after_failures``: a batch job sends at most this many rows, across all its
-    tasks, before one is answered ok; when they all failed the same way no retry fixes
-    (one final 4xx, 429 or 503 on every retry, the target unreachable), the job stops:
-    the rows not sent come back ``skipped``, their ``error`` saying why. 0 (the default):
-    never (see :mod:`timewheel.spark.engine.early_stop`; up to
-    :data:`MAX_STOP_AFTER_FAILURES`).
+    ``stop_after_failures``: a job sends at most this many rows, across all its tasks,
+    before one is answered ok; when they all failed the same way no retry fixes (one
+    final 4xx, 429 or 503 on every retry, the target unreachable), the job stops: the
+    rows not sent come back ``skipped``, their ``error`` saying why (on a stream, their
+    task fails its micro-batch instead). 0 (the default): never (see
+    :mod:`timewheel.spark.engine.early_stop`; up to :data:`MAX_STOP_AFTER_FAILURES`).
     """
 
     max_in_flight: int = 256

@@ -196,13 +196,6 @@ def plan(
             "is for a stream's journal (a batch job returns "
             "the rows the budget skipped as skipped)",
         )
-    if calls.stop_after_failures and streaming:
-        raise PlanError(
-            "Calls.stop_after_failures",
-            calls.stop_after_failures,
-            "is for a batch job (a stream's micro-batches have no first rows to stop "
-            "by): give 0 on a stream",
-        )
     if schema is not None:
         _check_columns(schema, target, id_col, calls, reply_schema, cost, dedupe)
     rate_limit_headers = quota is not None  # a quota follows the answers' headers

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,39 @@ def test_one_quota_holds_across_the_micro_batches_and_its_end_fails_the_micro_ba
     rows = spark.read.parquet(str(sink)).collect()
     assert sorted(r["id"] for r in rows) == list(range(FILES * PER_FILE))
     assert {r["status"] for r in rows} == {"ok"}
+    assert len(service.seen.requests) == FILES * PER_FILE
+    assert set(service.seen.per_key.values()) == {1}
+
+
+def test_a_stream_whose_first_rows_all_fail_sends_the_threshold_and_commits_nothing(
+    spark: Any, service: ScriptedService, tmp_path: Path
+) -> None:
+    """401 on every call, Calls(stop_after_failures=5): the query's first 5 rows are
+    sent, and the task with rows the stop left unsent fails, naming the stop, so that
+    Spark commits none of micro-batch 0 to the sink (before, a stream could not be given
+    the stop, and the command line's watch of the journal let 2,593 requests through for
+    a threshold of 50). The key mended, the query started again runs micro-batch 0
+    again: its 5 answered rows come from the record (failed, as they were answered), the
+    rest are sent once, and every row reaches the sink once."""
+    inp, sink, ck = tmp_path / "in", tmp_path / "sink", tmp_path / "ck"
+    land_files(spark, inp)
+    target, journal = HttpDownstream(service.url), Journal(str(tmp_path / "record"))
+    service.plan_of = lambda body: ["401"]
+    calls = Calls(stop_after_failures=5, retries=1)
+    out = dispatch(stream_of(spark, inp), target, id_col="id", calls=calls, journal=journal)
+    failed = str(run_to_sink(out, sink, ck))
+    assert "StreamStoppedEarly: stopped early: the job's first 5 rows answered all failed" in (
+        failed
+    ), failed
+    assert "(HTTP 401): 95 of this task's 100 rows of micro-batch 0 were not sent" in failed
+    assert len(service.seen.requests) == 5
+    assert list(sink.glob("batch=*/*.parquet")) == []  # nothing of micro-batch 0 written
+    service.plan_of = lambda body: ["200"]
+    out = dispatch(stream_of(spark, inp), target, id_col="id", calls=calls, journal=journal)
+    assert run_to_sink(out, sink, ck) is None
+    rows = spark.read.parquet(str(sink)).collect()
+    assert sorted(r["id"] for r in rows) == list(range(FILES * PER_FILE))
+    assert Counter(r["status"] for r in rows) == {"ok": FILES * PER_FILE - 5, "failed": 5}
     assert len(service.seen.requests) == FILES * PER_FILE
     assert set(service.seen.per_key.values()) == {1}
 

@@ -195,24 +195,6 @@ def test_how_rows_count_toward_a_stop() -> None:
     assert stop_key("timeout", None, None) == OPEN and stop_key(OK, 200, None) == OPEN
 
 
-def test_a_stream_is_refused_a_stop_after_failures() -> None:
-    from pyspark.sql.types import LongType, StructField, StructType
-
-    from timewheel.spark import Calls, PlanError
-    from timewheel.spark.planning import plan
-    from timewheel.spark.targets import SimulatedDownstream
-
-    schema = StructType([StructField("id", LongType())])
-    with pytest.raises(PlanError, match=r"Calls\.stop_after_failures is for a batch job"):
-        plan(
-            schema,
-            SimulatedDownstream(1, 2),
-            id_col="id",
-            calls=Calls(stop_after_failures=5),
-            streaming=True,
-        )
-
-
 def test_a_task_the_secret_did_not_reach_sends_freely(monkeypatch: pytest.MonkeyPatch) -> None:
     from pyspark import TaskContext
 

@@ -31,6 +31,12 @@ So a job whose every call fails sends at most N requests (N times ``retries + 1`
 each is refused with 429 or 503), however many tasks it has; a task's own window of
 calls (:mod:`.admission`) starts small and grows as answers come back.
 
+On a stream the probe is placed once, when ``dispatch`` is called, and judges the
+query's first rows across its micro-batches (the thread that starts the query passes
+its local properties, the secret among them, to the query's own thread). A task with
+rows the stop left unsent fails its micro-batch instead of committing them ``skipped``
+(:class:`~timewheel.spark.columns.StreamStoppedEarly`).
+
 A task that cannot reach the driver's service (or is not given its secret: the job's
 action must run on the thread that called ``dispatch``) sends freely, one log line
 saying so. Spark Connect has no driver the tasks reach: ``dispatch`` places no probe
