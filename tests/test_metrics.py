@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import timewheel
 from timewheel import Implementation, ManualClock, Purgatory, QueueingSource, ResourceManager
 from timewheel import metrics as tw_metrics
-from timewheel.cli.pipeline.stream import _Numbers as StreamNumbers
+from timewheel.cli.pipeline.stream.batches import _Numbers as StreamNumbers
 from timewheel.metrics import METRICS, Metric
 from timewheel.purgatory import DelayedOperation
 from timewheel.spark.worker_metrics import WorkerMetrics

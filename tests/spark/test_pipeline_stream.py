@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,7 @@ def test_an_id_twice_in_a_micro_batch_is_sent_once_and_its_second_row_says_why(
 def test_each_micro_batch_reaches_the_metrics_with_its_lag(spark: Any, tmp_path: Path) -> None:
     from prometheus_client import CollectorRegistry
 
-    from timewheel.cli.pipeline.stream import _Batches
+    from timewheel.cli.pipeline.stream.batches import Batches
     from timewheel.metrics.prometheus import register_collector
 
     registry = CollectorRegistry()
@@ -107,7 +108,7 @@ def test_each_micro_batch_reaches_the_metrics_with_its_lag(spark: Any, tmp_path:
     (out / "record").mkdir()
     entry = {"path": "file:///in/x.csv", "timestamp": int((time.time() - 20) * 1000), "batchId": 3}
     (sources / "3").write_text("v1\n" + json.dumps(entry) + "\n")
-    batches = _Batches(out, None, quiet=True)
+    batches = Batches(out, None, quiet=True)
     rows = [(i, "ok" if i % 5 else "failed") for i in range(10)]
     batches(spark.createDataFrame(rows, "id long, status string"), 3)
     done = batches.seen[0]
@@ -370,7 +371,7 @@ def test_a_parquet_file_of_other_types_is_told_by_its_columns(tmp_path: Path) ->
     import pyarrow.parquet as pq
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    from timewheel.cli.pipeline.stream_files import column_difference
+    from timewheel.cli.pipeline.stream.files import column_difference
 
     schema = StructType([StructField("id", LongType()), StructField("text", StringType())])
     pq.write_table(pa.table({"id": pa.array([1], pa.int32()), "text": ["a"]}), tmp_path / "a")
@@ -451,7 +452,7 @@ def test_landed_files_are_checked_against_their_read_or_the_checkpoints_log(
     --output/landed.jsonl), else as the checkpoint's file-source log saw them (their
     modification time, for outputs of earlier versions); a micro-batch not committed
     runs again and reads its files anew: not checked."""
-    from timewheel.cli.pipeline.stream_files import FileWatch, landed_before, record_landed
+    from timewheel.cli.pipeline.stream.files import FileWatch, landed_before, record_landed
 
     files = [tmp_path / f"f{i}.csv" for i in range(4)]
     for f in files:
@@ -534,8 +535,47 @@ def test_a_service_refusing_every_call_stops_the_stream_saying_why(
     assert "rows this run answered all failed (HTTP 429: slow down)" in line, err
     assert "Traceback" not in err
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["stopped_early"]["rows"] >= 3
-    assert len(service.seen.requests) < 2 * 50  # not every row's two attempts
+    assert summary["stopped_early"]["rows"] == 3
+    assert len(service.seen.requests) == 3 * 2  # the first 3 rows, each tried twice
+
+
+@pytest.mark.slow  # three whole commands, ~20 s (2-core machine): .ci/slow
+def test_a_stream_whose_first_rows_all_fail_sends_the_threshold_then_resumes(
+    service: ScriptedService, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """401 on every call, 2,000 rows landed, --stop-after-failures 5: the stream sends
+    5 requests, not one a row (it sent 2,593 of 20,000 for a threshold of 50 while the
+    journal was watched: issue 49, item 12), stops saying why (exit 1, no traceback) and
+    commits nothing. The key mended, the next run sends the others (the 5 come from the
+    record, failed). The key broken again, --resume --stop-after-failures 2 sends 2 of
+    the 5 and stops too, the 3 others kept as they were; mended, --resume sends the 5:
+    every row ok, the 5 sent twice (the 2 three times), every other once."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    land(inp, 0, 0, rows=2000)
+    service.plan_of = lambda body: ["401"]
+    more = ["--quiet", "--stop-after-failures", "5"]
+    assert pipeline_cli(stream_argv(inp, out, service, *more)) == 1
+    err = capsys.readouterr().err
+    assert "the stream stopped early: the first 5 rows this run answered all failed" in err
+    assert "Traceback" not in err, err
+    assert json.loads((out / "summary.json").read_text())["stopped_early"]["rows"] == 5
+    assert len(service.seen.requests) == 5
+    assert list((out / "rows").glob("*/*.parquet")) == []  # micro-batch 0 not committed
+    service.plan_of = lambda body: ["200"]
+    assert pipeline_cli(stream_argv(inp, out, service, *more)) == 0  # within --max-failed
+    assert json.loads((out / "summary.json").read_text())["status"]["failed"] == 5
+    service.plan_of = lambda body: ["401"]
+    resume = ["--quiet", "--resume", "--stop-after-failures"]
+    assert pipeline_cli(stream_argv(inp, out, service, *resume, "2")) == 1
+    resent = json.loads((out / "summary.json").read_text())["resent"]
+    assert resent["stopped_early"]["rows"] == 2 and resent["rows_not_sent"] == 3, resent
+    assert len(service.seen.requests) == 2002
+    service.plan_of = lambda body: ["200"]
+    assert pipeline_cli(stream_argv(inp, out, service, *resume, "2")) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rows"] == 2000 and summary["status"]["ok"] == 2000, summary
+    assert Counter(service.seen.per_key.values()) == {1: 1995, 2: 3, 3: 2}
 
 
 @kill_lane

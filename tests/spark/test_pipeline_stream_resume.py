@@ -175,7 +175,7 @@ def test_a_resend_killed_between_its_renames_is_finished_each_row_once(
     applies the journal again (nothing more changes); every row once, its new status."""
     import argparse
 
-    from timewheel.cli.pipeline import stream_resend
+    from timewheel.cli.pipeline.stream import resend as stream_resend
     from timewheel.spark.delivery.stream_record import Record
 
     out = tmp_path / "out"
@@ -221,7 +221,7 @@ def test_a_resend_killed_between_its_renames_is_finished_each_row_once(
 
 
 def test_recover_finishes_or_undoes_each_swap_state(tmp_path: Path) -> None:
-    from timewheel.cli.pipeline.stream_resend import recover
+    from timewheel.cli.pipeline.stream.resend import recover
 
     rows = tmp_path / "rows"
     _folder(rows, 1, ["failed"]).rename(rows / ".old-micro_batch=1")

@@ -23,7 +23,7 @@ from typing import Any
 
 from ...spark.contract import OVERLOAD_STATUSES
 from ...spark.delivery.journal import read_batches
-from ...spark.engine.early_stop import IGNORE, OPEN, UNREACHABLE_KEY, stop_key
+from ...spark.engine.early_stop import IGNORE, OPEN, UNREACHABLE_KEY, read_stop, stop_key
 from ...spark.outcome import FAILED, TIMEOUT
 from ...spark.secrets import redact_url, scrub
 from .errors import note
@@ -143,7 +143,7 @@ def fail_fast(args: Any, journal: Path, stop: Callable[[], None], watch: bool = 
     """The run's :class:`FailFast` on its ``journal``, as ``--stop-after-failures`` asks
     (``watch`` False: the job stops itself, the journal is not watched)."""
     threshold = getattr(args, "stop_after_failures", 0) or 0
-    return FailFast(journal, threshold if watch else 0, stop, header_values(args.http_header))
+    return FailFast(journal, threshold, stop, header_values(args.http_header), watch=watch)
 
 
 def header_values(given: Iterable[str]) -> list[str]:
@@ -215,8 +215,11 @@ class FailFast:
         stop: Callable[[], None],
         hide: Iterable[str] = (),
         skip: Iterable[Path] = (),
+        watch: bool = True,
     ) -> None:
         self.journal = journal
+        # False: the job stops itself; the journal is read only when asked (check, said).
+        self.watch = watch
         # Files of the journal that are not this run's (a stream's record keeps earlier runs').
         self.skip = set(skip)
         self.threshold = threshold
@@ -227,11 +230,13 @@ class FailFast:
         self._rows = 0
         self._key: int | str | None = None
         self._reasons: Counter[str] = Counter()
+        self._verdict: bool | None = None
+        self._lock = threading.Lock()  # check() is called from the run's threads too
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="timewheel-failfast", daemon=True)
 
     def __enter__(self) -> FailFast:
-        if self.threshold > 0:
+        if self.threshold > 0 and self.watch:
             self._thread.start()
         return self
 
@@ -243,17 +248,42 @@ class FailFast:
     def _run(self) -> None:
         while not self._done.wait(self.POLL_S):
             try:
-                verdict = self.check()
+                verdict, reached = self._settle()
             except Exception:  # a file going away mid-read: read again next time
                 continue
             if verdict is not None:
-                if verdict:
+                if verdict and reached:
                     self.stop()
                 return
 
     def check(self) -> bool | None:
         """Read the journal's new rows: True (stop: :attr:`stopped` says why), False
-        (the watch is over: a row did not fail that way), None (not known yet)."""
+        (the watch is over: a row did not fail that way), None (not known yet). Any
+        thread; once True or False, always so."""
+        return self._settle()[0]
+
+    def _settle(self) -> tuple[bool | None, bool]:
+        """The verdict, and whether this call reached it (only the watch that did
+        stops the run: a stop :meth:`said` learnt of needs no cancelling)."""
+        with self._lock:
+            if self._verdict is not None:
+                return self._verdict, False
+            self._verdict = self._check()
+            return self._verdict, self._verdict is not None
+
+    def said(self, error: str | None) -> StoppedEarly | None:
+        """Why the run stopped, when ``error`` (a skipped row's) says the job stopped
+        itself (see :func:`~timewheel.spark.engine.early_stop.read_stop`): what the
+        journal says of its first rows, else the stop's own words; None when it does not."""
+        found = read_stop(error)
+        if found is None:
+            return None
+        if self.check() and self.stopped is not None:
+            return self.stopped
+        rows, what = found
+        return StoppedEarly(rows, what, way_of(what))
+
+    def _check(self) -> bool | None:
         if not self.journal.is_dir():
             return None
         for path in sorted(self.journal.glob("*.arrow")):

@@ -77,6 +77,9 @@ class Job:
         from ...spark import is_connect
 
         self.connect = is_connect(spark)
+        # The job stops itself (at most --stop-after-failures rows sent before one is ok,
+        # however many tasks), but for one its tasks cannot ask: the journal is watched.
+        self.stops_itself = not self.connect and args.engine in (None, DEFAULT_ENGINE)
         # Hidden directories this run is writing: removed however it ends.
         self.staging: list[Path] = []
         self.journal_damaged = 0  # journal parts set aside (their rows sent again)
@@ -104,7 +107,7 @@ class Job:
 
         args = self.args
         # A stream's micro-batch with rows the budget skipped is written aside and never
-        # committed (see stream._Batches): its rows come back skipped, to be counted.
+        # committed (see stream.batches): its rows come back skipped, to be counted.
         kept = None if journal is None else Journal(str(journal), return_skipped=df.isStreaming)
         try:
             return dispatch(
@@ -186,9 +189,6 @@ class Job:
             note(f"dispatching {sending:,} rows to {self.target!r} on {where}{before}")
         journal = run_dir(self.out_dir, manifest.runs)
         preload_plotting()
-        # The job stops itself (at most --stop-after-failures rows sent before one is ok,
-        # however many tasks), but for one its tasks cannot ask: the journal is watched.
-        self.stops_itself = not self.connect and args.engine in (None, DEFAULT_ENGINE)
         stop_after = args.stop_after_failures if self.stops_itself else 0
         accumulator = None if reports is None else reports.accumulator
         result = self.dispatch(todo, accumulator, journal, stop_after)
@@ -371,7 +371,7 @@ class Job:
     ) -> dict[str, Any] | None:
         """How the job stopped itself, its first rows all failed the same way (None: it
         did not): as many rows, the most common reason, the way (see failures.way_of)."""
-        if not summary["status"][SKIPPED] or not getattr(self, "stops_itself", False):
+        if not summary["status"][SKIPPED] or not self.stops_itself:
             return None
         said = read_stop(skipped_error(rows, written))
         if said is None:  # skipped by the quota

@@ -36,11 +36,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ...spark.outcome import OK, RESULT_COLUMNS, SKIPPED
-from .errors import UsageError, say
-from .failures import fail_fast
-from .progress import JournalCount, Progress
-from .stream_files import PARTITION, is_stream_output
+from ....spark.engine.early_stop import read_stop
+from ....spark.outcome import OK, RESULT_COLUMNS, SKIPPED
+from ..errors import UsageError, say
+from ..failures import fail_fast
+from ..progress import JournalCount, Progress
+from .files import PARTITION, is_stream_output
 
 __all__ = [
     "RESEND",
@@ -49,7 +50,7 @@ __all__ = [
     "not_ok_counts",
     "recover",
     "recover_output",
-    "resend",
+    "send_again",
 ]
 
 #: The journal of a resend, inside ``--output`` (there only while one runs, or was cut).
@@ -106,7 +107,7 @@ def recover(rows: Path) -> int:
         if not live.exists():  # cut between the two renames: the new one, else the old
             os.rename(ready if ready.is_dir() else old, live)
             fixed += 1
-    # (and a micro-batch's rows a killed stream was writing aside: see stream._Batches)
+    # (and a micro-batch's rows a killed stream was writing aside: see .batches)
     for prefix in (_OLD, _READY, _WRITING, "_writing-"):
         for left in rows.glob(f"{prefix}{PARTITION}=*"):
             shutil.rmtree(left, ignore_errors=True)
@@ -138,7 +139,7 @@ def _answers(journal: Path, id_col: str) -> tuple[Any, dict[Any, int]]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from ...spark.delivery.journal import read_batches
+    from ....spark.delivery.journal import read_batches
 
     batches = [b for path in sorted(journal.glob("*.arrow")) for b in read_batches(path)]
     if not batches:
@@ -151,6 +152,19 @@ def _answers(journal: Path, id_col: str) -> tuple[Any, dict[Any, int]]:
         if row_id is not None and (row_id not in best or statuses[best[row_id]] != OK):
             best[row_id] = i
     return table, best
+
+
+def _stop_error(journal: Path) -> str | None:
+    """The error of a row in ``journal`` the job's early stop left unsent (None: none)."""
+    from ....spark.delivery.journal import read_batches
+
+    for path in sorted(journal.glob("*.arrow")):
+        for batch in read_batches(path):
+            pairs = zip(batch.column("status").to_pylist(), batch.column("error").to_pylist())
+            found = next((e for status, e in pairs if status == SKIPPED and read_stop(e)), None)
+            if found is not None:
+                return str(found)
+    return None
 
 
 def apply_answers(out_dir: Path, id_col: str) -> Counter[str]:
@@ -178,9 +192,9 @@ def _apply(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ...spark.delivery.journal import JournalWriter
-    from ...spark.delivery.stream_record import batch_prefix
-    from ...spark.outcome import REPLY_COLUMN
+    from ....spark.delivery.journal import JournalWriter
+    from ....spark.delivery.stream_record import batch_prefix
+    from ....spark.outcome import REPLY_COLUMN
 
     live = rows / f"{PARTITION}={number}"
     table = pq.read_table(live)
@@ -247,13 +261,13 @@ def _to_send(rows: Path, folders: list[int], id_col: str) -> tuple[list[Any], in
     return ids, sum(bad[row_id] for row_id in ids)
 
 
-def resend(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) -> dict[str, Any]:
+def send_again(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) -> dict[str, Any]:
     """Send again the rows of ``out_dir/rows`` not ok, with ``job``'s options, and put
     their answers in place: what the summary says of it (``stopped`` when the stream is
     not to go on: the budget spent, the run stopped early or by a signal)."""
     from pyspark.sql import functions as F
 
-    from ...spark.outcome import REPLY_COLUMN
+    from ....spark.outcome import REPLY_COLUMN
 
     rows = out_dir / "rows"
     bad = not_ok_counts(rows)
@@ -281,12 +295,15 @@ def resend(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) -> d
         .dropDuplicates([args.id_col])
     )
     journal = out_dir / RESEND
-    result = job.dispatch(todo, None if reports is None else reports.accumulator, journal)
-    watch = None
+    # The job stops itself (see job.stops_itself), or the journal is watched.
+    stop_after = args.stop_after_failures if job.stops_itself else 0
+    accumulator = None if reports is None else reports.accumulator
+    result = job.dispatch(todo, accumulator, journal, stop_after)
+    watch = early = None
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(Progress(JournalCount(journal), len(ids), args.quiet))
-            watch = stack.enter_context(fail_fast(args, journal, job.cancel))
+            watch = stack.enter_context(fail_fast(args, journal, job.cancel, stop_after == 0))
             result.write.format("noop").mode("overwrite").save()
     except Exception:
         # A signal, or the first rows all failing one way, cancels the job: what was
@@ -294,8 +311,9 @@ def resend(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) -> d
         if not job.stopping.heard() and (watch is None or watch.stopped is None):
             raise
     finally:
+        if watch is not None:  # the job's own stop, said by the rows it left unsent
+            early = watch.stopped or watch.said(_stop_error(journal))
         statuses = apply_answers(out_dir, args.id_col)
-    early = None if watch is None else watch.stopped
     done["status"] = dict(statuses)
     not_sent = done["rows_not_sent"] = todo_rows - sum(statuses.values())
     done["stopped"] = bool(not_sent) or early is not None or job.stopping.heard()

@@ -7,7 +7,7 @@ calls no row twice) and writes each micro-batch's rows to
 ``--output/rows/micro_batch=N`` (written again whole if the batch runs again), with the
 query's checkpoint in ``--output/checkpoint``. Run again on the same ``--output``, it
 goes on from the checkpoint; ``--overwrite`` starts it afresh (every row sent again);
-``--resume`` first sends again its rows failed or timed out (:mod:`.stream_resend`).
+``--resume`` first sends again its rows failed or timed out (:mod:`.resend`).
 ``--once`` reads what is there and stops (``availableNow``); without it the query runs
 until SIGINT or SIGTERM (the micro-batch in progress is left for the next run: its rows
 already answered are not sent again). A line per phase and per micro-batch says what it
@@ -16,7 +16,7 @@ did; the summary at the end counts every row in ``--output/rows``.
 Files must land whole: a file's columns are checked before its micro-batch sends
 anything (a file without the stream's columns stops the stream, exit 1), and a file
 written to after its micro-batch read it, in this run or an earlier one, is said and
-counted (exit 1): see :mod:`.stream_files`.
+counted (exit 1): see :mod:`.files`.
 
 When the quota's budget (or request cap) is spent, the stream stops (exit 3) and the
 micro-batch it was in is not written: its rows the budget skipped were not sent, and
@@ -31,32 +31,20 @@ import contextlib
 import re
 import shutil
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ... import metrics
-from ...spark.outcome import FAILED, SKIPPED, STATUSES, TIMEOUT
-from .errors import UsageError, limit_text, note, one_line, say
-from .failures import FailFast, header_values
-from .phases import Phases, duration
-from .progress import Progress
-from .quota import QuotaWatch
-from .stopping import Stopping
-from .stream_files import (
-    PARTITION,
-    FileWatch,
-    SchemaChanged,
-    batch_files,
-    column_difference,
-    file_rows,
-    file_stats,
-    is_stream_output,
-    record_landed,
-)
-from .stream_resend import check_resumable, recover_output, resend
-from .summary import failure_budget, failure_reasons, summary_text
+from ....spark.outcome import FAILED, SKIPPED, STATUSES, TIMEOUT
+from ..errors import UsageError, limit_text, note, one_line, say
+from ..failures import FailFast, StoppedEarly, header_values
+from ..phases import Phases, duration
+from ..quota import QuotaWatch
+from ..stopping import Stopping
+from ..summary import failure_budget, failure_reasons, summary_text
+from .batches import STREAM_KIND, Batches, quantiles
+from .files import PARTITION, is_stream_output
+from .resend import check_resumable, recover_output, send_again
 
 __all__ = [
     "PARTITION",
@@ -136,223 +124,6 @@ def _reader(reader: Any, fmt: str) -> Any:
 
 
 #: The metric kind of a running ``--stream``, ``timewheel_spark_stream_*``.
-STREAM_KIND = "spark_stream"
-metrics.define(
-    STREAM_KIND,
-    lambda numbers: dict(numbers.values),
-    [
-        metrics.Metric(
-            STREAM_KIND,
-            "micro_batches",
-            "counter",
-            "micro-batches",
-            "Micro-batches of a timewheel pipeline --stream written to its output.",
-            "micro_batches",
-        ),
-        metrics.Metric(
-            STREAM_KIND,
-            "rows",
-            "counter",
-            "rows",
-            "Rows of a timewheel pipeline --stream written to its output.",
-            "rows",
-        ),
-        metrics.Metric(
-            STREAM_KIND,
-            "lag_seconds",
-            "gauge",
-            "seconds",
-            "The last micro-batch's longest lag: from a file landing to its rows written.",
-            "lag_seconds",
-        ),
-    ],
-)
-
-
-def quantiles(values: list[float]) -> dict[str, float] | None:
-    """p50, p99 and max of ``values`` (rounded to the millisecond), None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-
-    def at(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
-
-    return {"p50": at(0.5), "p99": at(0.99), "max": round(ordered[-1], 3)}
-
-
-class _Numbers:
-    """What a running ``--stream`` shows the exporters (registered while it runs)."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, float] = {"micro_batches": 0, "rows": 0, "lag_seconds": 0.0}
-        metrics.register(STREAM_KIND, self, "pipeline")
-
-
-class BudgetSpent(Exception):
-    """Raised in ``foreachBatch`` to stop the query, its micro-batch not committed, when
-    the quota's budget skipped rows of it."""
-
-
-class _Batches:
-    """The query's ``foreachBatch``: each micro-batch's files checked (the stream's
-    columns, when ``schema`` is given), its rows written whole (aside, then moved in
-    place of what a run before wrote of it), counted, its lag measured and its files
-    watched for changes."""
-
-    def __init__(
-        self,
-        out_dir: Path,
-        reports: Any,
-        quiet: bool,
-        fmt: str | None = None,
-        schema: Any = None,
-    ) -> None:
-        self.rows = out_dir / "rows"
-        self.record = out_dir / "record"
-        self.sources = out_dir / "checkpoint" / "sources" / "0"
-        self.reports = reports  # WorkerReports, for the calls (None on Connect)
-        self.quiet = quiet
-        self.fmt = fmt
-        self.schema = schema
-        self.seen: list[dict[str, Any]] = []
-        self.lags: list[float] = []  # every landed file's lag, this run
-        # The micro-batch the budget stopped (left for the next run), when it did.
-        self.spent: dict[str, int] | None = None
-        # The file whose columns stopped the stream, when one did.
-        self.changed_schema: SchemaChanged | None = None
-        self.watch = FileWatch(note)  # said even with --quiet: rows were not read
-        self.quota: QuotaWatch | None = None  # the cost spent, on the progress lines
-        # Stops the stream when this run's first rows all fail one way no retry fixes.
-        self.fail_fast: FailFast | None = None
-        # Dropped when the run ends (Spark may hold this object longer).
-        self.numbers: _Numbers | None = _Numbers()
-
-    def _engine(self) -> dict[str, int]:
-        totals: dict[str, int] = {}
-        if self.reports is not None:
-            for counts in self.reports.workers().values():
-                for key in ("rows_admitted", "rows_from_record", "retries", "batch_requests"):
-                    totals[key] = totals.get(key, 0) + counts[key]
-        return totals
-
-    def _check_columns(self, paths: list[str], batch_id: int) -> None:
-        """Raise SchemaChanged for the first file without the stream's columns."""
-        if self.schema is None or self.fmt is None:
-            return
-        for path in paths:
-            try:
-                difference = column_difference(path, self.fmt, self.schema)
-            except OSError:  # gone, or unreadable: Spark's read says so
-                continue
-            except Exception as exc:  # not a file of its format: Spark's read says so
-                difference = f"it cannot be read as {self.fmt}: {one_line(exc)}"
-            if difference is not None:
-                self.changed_schema = SchemaChanged(path, batch_id, difference)
-                raise self.changed_schema
-
-    def __call__(self, batch: Any, batch_id: int) -> None:
-        import pyarrow.parquet as pq
-
-        from ...spark.delivery.stream_record import mark
-
-        start = time.monotonic()
-        files = batch_files(self.sources, batch_id)
-        self._check_columns([path for path, _ in files], batch_id)
-        # Marked from here too: a micro-batch whose tasks sent nothing is marked all the
-        # same, so a checkpoint replaced later is told by check_checkpoint.
-        mark(str(self.record), batch_id)
-        before = self._engine()
-        path = self.rows / f"{PARTITION}={batch_id}"
-        # Written aside first: a micro-batch that fails leaves what a run before wrote.
-        aside = self.rows / f"_writing-{PARTITION}={batch_id}"
-        shutil.rmtree(aside, ignore_errors=True)
-        stats = file_stats(path for path, _ in files)  # as its files were before the read
-        # A bar on a terminal, else a line every few seconds (none with --quiet).
-        total = 0 if self.quiet else file_rows(stats, self.fmt)
-        with Progress(_BatchCount(self.record, batch_id), total, self.quiet, self.quota):
-            batch.write.parquet(str(aside))
-        # Read back (its status column, in this process: no Spark job), as counting the
-        # batch itself would compute it, and call, again.
-        counts = {status: 0 for status in STATUSES}
-        counts.update(Counter(pq.read_table(aside, columns=["status"])["status"].to_pylist()))
-        if counts[SKIPPED]:  # not committed: run again, it sends the rows not sent
-            shutil.rmtree(aside, ignore_errors=True)
-            rows = sum(counts.values())
-            self.spent = {"micro_batch": batch_id, "rows": rows, "rows_not_sent": counts[SKIPPED]}
-            raise BudgetSpent(f"the quota was spent in micro-batch {batch_id}")
-        shutil.rmtree(path, ignore_errors=True)
-        aside.rename(path)
-        record_landed(self.rows.parent, batch_id, stats)  # looked at by the runs after
-        self.watch.read(stats, batch_id)
-        self.watch.check()  # a file written to while it was read
-        now = time.time()
-        lags = [now - landed for _, landed in files]
-        done: dict[str, Any] = {"batch": batch_id, "rows": sum(counts.values()), "status": counts}
-        if self.reports is not None:
-            after = self._engine()
-            delta = {k: after[k] - before.get(k, 0) for k in after}
-            done["from_record"] = delta["rows_from_record"]
-            sent = delta["rows_admitted"] - delta["rows_from_record"]
-            done["calls"] = delta["batch_requests"] or sent + delta["retries"]
-        done["lag_s"] = quantiles(lags)
-        done["seconds"] = round(time.monotonic() - start, 3)
-        self.seen.append(done)
-        self.lags.extend(lags)
-        if self.numbers is not None:
-            values = self.numbers.values
-            values["micro_batches"] += 1
-            values["rows"] += done["rows"]
-            values["lag_seconds"] = max(lags, default=0.0)
-        if not self.quiet:
-            note(_line(done))
-
-
-class _BatchCount:
-    """The rows micro-batch ``batch_id`` has committed to the stream's record so far (the
-    progress's count; rows answered from the record before are not in it)."""
-
-    def __init__(self, record: Path, batch_id: int) -> None:
-        from ...spark.delivery.stream_record import batch_prefix
-
-        self.record = record
-        self.pattern = f"{batch_prefix(batch_id)}*.arrow"
-        self._counted: dict[Path, tuple[int, int]] = {}  # file: (size, rows)
-
-    @property
-    def value(self) -> int:
-        from ...spark.delivery.journal import read_batches
-
-        total = 0
-        for path in self.record.glob(self.pattern):
-            try:
-                size = path.stat().st_size
-            except OSError:  # removed meanwhile
-                continue
-            counted = self._counted.get(path)
-            if counted is None or counted[0] != size:  # a file still being written
-                counted = (size, sum(b.num_rows for b in read_batches(path)))
-                self._counted[path] = counted
-            total += counted[1]
-        return total
-
-
-def _line(done: dict[str, Any]) -> str:
-    """A micro-batch's line: its rows, statuses, calls and lag."""
-    parts = [f"{k} {v:,}" for k, v in done["status"].items() if v]
-    if "calls" in done:
-        parts.append(f"{done['calls']:,} calls")
-        if done["from_record"]:
-            parts.append(f"{done['from_record']:,} answered from the record")
-    if done["lag_s"] is not None:
-        parts.append(f"lag {done['lag_s']['max']:.1f} s")
-    return (
-        f"micro-batch {done['batch']}: {done['rows']:,} rows, "
-        + ", ".join(parts)
-        + f" ({done['seconds']:.1f} s)"
-    )
-
-
 def prepare_output(args: argparse.Namespace, out_dir: Path) -> bool:
     """Before Spark starts: whether the stream starts afresh on ``out_dir`` (nothing
     there, or ``--overwrite`` of what is: it is removed when the query is about to
@@ -411,8 +182,8 @@ def run_command(
 ) -> int:
     """``--stream``: the query on its own session (``session(args, name, stopping)``
     makes it); the summary printed and the exit status its rows call for."""
-    from ...spark.worker_metrics import WorkerReports
-    from .job import Job
+    from ....spark.worker_metrics import WorkerReports
+    from ..job import Job
 
     fresh = prepare_output(args, out_dir)
     began = time.monotonic()
@@ -474,8 +245,10 @@ def run_stream(
         shutil.rmtree(out_dir)
     stream = _reader(spark.readStream.schema(schema), fmt)(args.input)
     out_dir.mkdir(parents=True, exist_ok=True)
-    out = job.dispatch(stream, None if reports is None else reports.accumulator, out_dir / "record")
-    batches = _Batches(out_dir, reports, args.quiet, fmt, schema)
+    stop_after = args.stop_after_failures if job.stops_itself else 0  # (else watched)
+    accumulator = None if reports is None else reports.accumulator
+    out = job.dispatch(stream, accumulator, out_dir / "record", stop_after)
+    batches = Batches(out_dir, reports, args.quiet, fmt, schema)
     batches.watch.earlier(out_dir)  # files earlier runs read, written to since
     writer = out.writeStream.foreachBatch(batches).option(
         "checkpointLocation", str(out_dir / "checkpoint")
@@ -489,7 +262,7 @@ def run_stream(
     stopping = job.stopping
     try:
         stopping.check()  # nothing sent for a stop that came while the run got here
-        resent = resend(args, job, out_dir, reports) if args.resume else None
+        resent = send_again(args, job, out_dir, reports) if args.resume else None
         with contextlib.ExitStack() as stack:
             watch = batches.quota = _quota_watch(job, reports, stack)
             record = out_dir / "record"
@@ -500,6 +273,7 @@ def run_stream(
                     job.cancel,
                     header_values(args.http_header),
                     skip=set(record.glob("*.arrow")),  # earlier runs' rows
+                    watch=not job.stops_itself,
                 )
             )
             if resent is None or not resent["stopped"]:  # else the resend's stop
@@ -529,7 +303,7 @@ def _quota_watch(job: Any, reports: Any, stack: contextlib.ExitStack) -> QuotaWa
     return stack.enter_context(QuotaWatch(job.quota, store, reports))
 
 
-def _query(writer: Any, job: Any, batches: _Batches, args: Any, fmt: str) -> None:
+def _query(writer: Any, job: Any, batches: Batches, args: Any, fmt: str) -> None:
     """Run the query until it ends or a signal stops it; an error when it failed (not
     when the budget stopped it, or a landed file's columns did: the summary says)."""
     failure = None
@@ -554,10 +328,15 @@ def _query(writer: Any, job: Any, batches: _Batches, args: Any, fmt: str) -> Non
         if query.isActive:
             query.stop()
         batches.watch.check(final=True)
-    early = batches.fail_fast is not None and batches.fail_fast.stopped is not None
+    early = _early(batches) is not None
     stopped = early or batches.spent is not None or batches.changed_schema is not None
     if failure is not None and not job.stopping.heard() and not stopped:
         raise RuntimeError(f"the stream failed: {one_line(failure)}") from failure
+
+
+def _early(batches: Batches) -> StoppedEarly | None:
+    """How this run's first rows stopped the stream: the job's own stop or the watch's."""
+    return batches.early or (None if batches.fail_fast is None else batches.fail_fast.stopped)
 
 
 def stream_exit(args: argparse.Namespace, summary: dict[str, Any]) -> int:
@@ -628,7 +407,7 @@ def check_checkpoint(out_dir: Path) -> None:
     """UsageError, before the query starts, when ``out_dir``'s checkpoint and record of
     answered rows no longer belong together (one of them deleted): a micro-batch run
     again would call its rows twice."""
-    from ...spark.delivery.stream_record import RECORD_FILE, check_together
+    from ....spark.delivery.stream_record import RECORD_FILE, check_together
 
     def batches(name: str) -> set[int]:
         folder = out_dir / "checkpoint" / name
@@ -657,7 +436,7 @@ def check_checkpoint(out_dir: Path) -> None:
 def _summary(
     spark: Any,
     out_dir: Path,
-    batches: _Batches,
+    batches: Batches,
     elapsed: float,
     args: Any,
     watch: QuotaWatch | None,
@@ -673,7 +452,7 @@ def _summary(
             failures = failure_reasons(written, header_values(args.http_header))
     rows = sum(counts.values())
     changed = batches.changed_schema
-    early = None if batches.fail_fast is None else batches.fail_fast.stopped
+    early = _early(batches)
     return {
         "stream": True,
         "input": args.input,
