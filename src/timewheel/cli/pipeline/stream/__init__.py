@@ -22,6 +22,9 @@ When the quota's budget (or request cap) is spent, the stream stops (exit 3) and
 micro-batch it was in is not written: its rows the budget skipped were not sent, and
 the record does not hold them, so the next run (say with a larger budget) runs that
 micro-batch again and sends exactly those (the rows answered come from the record).
+So when this run's first ``--stop-after-failures`` rows all failed one way no retry fixes:
+the job stops itself (at most that many sent), the micro-batch is not written, exit 1.
+Each micro-batch's own work is :mod:`.batches`.
 """
 
 from __future__ import annotations
@@ -123,7 +126,6 @@ def _reader(reader: Any, fmt: str) -> Any:
     return reader.option("header", True).csv if fmt == "csv" else getattr(reader, fmt)
 
 
-#: The metric kind of a running ``--stream``, ``timewheel_spark_stream_*``.
 def prepare_output(args: argparse.Namespace, out_dir: Path) -> bool:
     """Before Spark starts: whether the stream starts afresh on ``out_dir`` (nothing
     there, or ``--overwrite`` of what is: it is removed when the query is about to

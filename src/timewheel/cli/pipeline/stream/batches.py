@@ -34,6 +34,7 @@ from .files import (
 
 __all__ = ["STREAM_KIND", "Batches", "BudgetSpent", "quantiles"]
 
+#: The metric kind of a running ``--stream``, ``timewheel_spark_stream_*``.
 STREAM_KIND = "spark_stream"
 metrics.define(
     STREAM_KIND,
