@@ -558,6 +558,7 @@ def test_a_stream_whose_first_rows_all_fail_sends_the_threshold_then_resumes(
     assert pipeline_cli(stream_argv(inp, out, service, *more)) == 1
     err = capsys.readouterr().err
     assert "the stream stopped early: the first 5 rows this run answered all failed" in err
+    assert "the micro-batch it stopped in was not written: fix the cause and run again" in err
     assert "Traceback" not in err, err
     assert json.loads((out / "summary.json").read_text())["stopped_early"]["rows"] == 5
     assert len(service.seen.requests) == 5
@@ -567,7 +568,11 @@ def test_a_stream_whose_first_rows_all_fail_sends_the_threshold_then_resumes(
     assert json.loads((out / "summary.json").read_text())["status"]["failed"] == 5
     service.plan_of = lambda body: ["401"]
     resume = ["--quiet", "--resume", "--stop-after-failures"]
+    capsys.readouterr()
     assert pipeline_cli(stream_argv(inp, out, service, *resume, "2")) == 1
+    err = capsys.readouterr().err
+    assert "the first 2 rows this run answered all failed (HTTP 401: no)" in err, err
+    assert "fix the cause, then --resume sends them again" in err, err
     resent = json.loads((out / "summary.json").read_text())["resent"]
     assert resent["stopped_early"]["rows"] == 2 and resent["rows_not_sent"] == 3, resent
     assert len(service.seen.requests) == 2002

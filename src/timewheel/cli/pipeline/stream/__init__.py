@@ -350,10 +350,16 @@ def stream_exit(args: argparse.Namespace, summary: dict[str, Any]) -> int:
     resent = summary.get("resent") or {}
     early = summary.get("stopped_early") or resent.get("stopped_early")
     if early is not None:
+        then = (
+            "fix the cause, then --resume sends them again"
+            if summary.get("stopped_early") is None  # --resume's: the others as they were
+            else "the micro-batch it stopped in was not written: fix the cause and run "
+            "again (that micro-batch runs again, its rows not sent are sent), then --resume "
+            "sends the failed ones again"
+        )
         note(
             f"the stream stopped early: the first {early['rows']:,} rows this run answered all "
-            f"failed ({early['why']}), which retries did not fix; they are in --output as "
-            "failed: fix the cause, then --resume sends them again (or give "
+            f"failed ({early['why']}), which retries did not fix; {then} (or give "
             "--stop-after-failures 0 to send every row anyway)"
         )
         code = 1
