@@ -24,9 +24,11 @@ pyspark = pytest.importorskip("pyspark")
 pytest.importorskip("grpc")
 
 import timewheel  # noqa: E402
+from http_fixtures import ScriptedService  # noqa: E402
 from test_spark_cluster import SPARK_HOME, free_port, stop  # noqa: E402
 from timewheel.spark import Calls, Dedupe, Journal, Quota, dispatch, output_schema  # noqa: E402
-from timewheel.spark.targets import SimulatedDownstream  # noqa: E402
+from timewheel.spark.engine.early_stop import read_stop  # noqa: E402
+from timewheel.spark.targets import HttpDownstream, SimulatedDownstream  # noqa: E402
 
 pytestmark = [
     pytest.mark.connect,
@@ -183,6 +185,36 @@ def test_the_cli_runs_on_connect(remote: str, tmp_path: Path) -> None:
         timeout=120,
     )
     assert refused.returncode == 2 and "Spark Connect does not have" in refused.stderr
+
+
+def test_a_hopeless_job_on_connect_stops_within_about_its_threshold(
+    remote: str, session: Any, service: ScriptedService, tmp_path: Path
+) -> None:
+    """401 on every call over Spark Connect, where the tasks cannot ask the client: each
+    worker sends its rows in rounds of its share and holds between them, so the
+    command's watch of the journal stops the job at about N requests (it let 3,410-4,947
+    through for 50 before: issue 49, item 12); without a watch (the Python API) each
+    worker stops at its own N: at most the slots times N, every row once."""
+    service.plan_of = lambda body: ["401"]
+    argv = [sys.executable, "-m", "timewheel", "pipeline", "--remote", remote, "--quiet"]
+    argv += ["--generate", "20000", "--output", str(tmp_path / "out"), "--target", service.url]
+    argv += ["--stop-after-failures", "50"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "stopped early: the first 50 rows answered all failed (HTTP 401" in done.stderr
+    # A round of 25 a worker, and the watch reads the 50 within HOLD_S (a second): 50
+    # here each time; a round more while a loaded machine reads it late.
+    assert 50 <= len(service.seen.requests) <= 3 * 50, len(service.seen.requests)
+    sent = len(service.seen.requests)
+    df = session.range(0, 2000, numPartitions=4)
+    target = HttpDownstream(service.url)
+    rows = dispatch(df, target, id_col="id", calls=Calls(stop_after_failures=10)).collect()
+    assert sorted(r["id"] for r in rows) == list(range(2000))
+    # At most N a worker (a task in a worker that has stopped sends none): local[2] has
+    # two at a time, a worker lost meanwhile a third; never more than a task each.
+    assert 10 <= len(service.seen.requests) - sent <= 4 * 10
+    said = {read_stop(r["error"]) for r in rows if r["status"] == "skipped"}
+    assert said == {(10, "HTTP 401")}
 
 
 def test_a_job_sent_in_provider_batches_runs_on_connect(remote: str, tmp_path: Path) -> None:

@@ -16,7 +16,6 @@ partitions may share a value of the second column).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -34,7 +33,7 @@ from .contract import Target
 from .delivery.dedupe import by_request
 from .delivery.stream_record import start_record
 from .engine.contract import Engine
-from .engine.early_stop import place_early_stop
+from .engine.early_stop import place_early_stop, place_local_stop
 from .options import Calls, Cost, Dedupe, Journal
 from .outcome import OK
 from .planning import plan
@@ -42,8 +41,6 @@ from .quota.placement import check_store, place_quota
 from .quota.spec import Quota
 
 __all__ = ["dispatch", "partition_dispatcher"]
-
-logger = logging.getLogger(__name__)
 
 
 def dispatch(
@@ -86,7 +83,8 @@ def dispatch(
       key columns a row holds while in flight, retries and their backoff, and the early
       stop: at most ``stop_after_failures`` rows sent before one is answered ok, the rest
       ``skipped`` if they all failed the same way no retry fixes (see
-      :mod:`timewheel.spark.engine.early_stop`; not on Spark Connect). On a stream the
+      :mod:`timewheel.spark.engine.early_stop`; on Spark Connect each Python worker
+      probes on its own, its rows sent in rounds). On a stream the
       query's first rows are judged, and a task with rows the stop left unsent fails
       (:class:`~timewheel.spark.columns.StreamStoppedEarly`), so that Spark does not
       commit its micro-batch;
@@ -161,13 +159,9 @@ def dispatch(
     if quota is not None:  # tasks share the quota as they go: partitions stay as they are
         config = replace(config, quota=place_quota(quota, spark, task_slots(spark), connect))
     after = config.calls.stop_after_failures
-    if after and not connect:
-        config = replace(config, early_stop=place_early_stop(spark, after))
-    elif after:
-        logger.warning(
-            "Spark Connect: the tasks cannot reach this client, so Calls.stop_after_failures "
-            "has no probe: the job sends every row"
-        )
+    if after:  # (on Connect the tasks cannot reach this client: each worker probes)
+        probe = place_local_stop(after, task_slots(spark)) if connect else None
+        config = replace(config, early_stop=probe or place_early_stop(spark, after))
     by = config.calls.key_cols[:1] or ((dedupe_col,) if dedupe_col else ())
     if by:
         same = connect or streaming  # (a stream has no rdd)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -28,6 +29,7 @@ from timewheel.spark.engine.early_stop import (
     UNREACHABLE_KEY,
     EarlyStopRef,
     place_early_stop,
+    place_local_stop,
     read_stop,
     stop_key,
 )
@@ -82,12 +84,14 @@ def unreachable(row: dict[str, Any]) -> tuple[bool, str, None]:
 
 
 def run_tasks(
-    driver: _Driver, target: Any, tasks: int, rows: int, after: int, **calls: Any
+    driver: _Driver | None, target: Any, tasks: int, rows: int, after: int, **calls: Any
 ) -> list[Any]:
     """``rows`` rows in ``tasks`` partitions run at once (threads, as a worker's tasks),
-    one job with ``stop_after_failures=after``: every outcome."""
+    one job with ``stop_after_failures=after``: every outcome. (``driver`` None: no
+    driver to ask, as on Spark Connect: the worker's own probe, ``tasks`` slots.)"""
     config = engine_config(stop_after_failures=after, **calls)
-    config = replace(config, early_stop=place_early_stop(driver, after))
+    ref = place_local_stop(after, tasks) if driver is None else place_early_stop(driver, after)
+    config = replace(config, early_stop=ref)
     out: list[Any] = []
     lock = threading.Lock()
 
@@ -195,6 +199,72 @@ def test_how_rows_count_toward_a_stop() -> None:
     assert stop_key("timeout", None, None) == OPEN and stop_key(OK, 200, None) == OPEN
 
 
+class TimedService(Service):
+    """A Service that also notes when each call came."""
+
+    def __init__(self, answer: Any) -> None:
+        super().__init__(answer)
+        self.times: list[float] = []
+
+    def submit(self, row: dict[str, Any], on_done: OnDone) -> None:
+        self.times.append(time.monotonic())
+        super().submit(row, on_done)
+
+
+def test_on_connect_a_worker_sends_rounds_of_its_share_and_holds_between_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No driver to ask (Spark Connect): N = 10 over 2 slots, a share of 5. A worker
+    whose every call is refused sends 5 rows, waits HOLD_S, sends 5 more and stops, its
+    own rows having reached N: the rest ``skipped`` with the stop's reason. (With the
+    command line's watch of the journal, the job is stopped within a round or two: 50
+    requests for 50 on a Connect server, from 3,410-4,947; .ci/connect.)"""
+    monkeypatch.setattr(early_stop, "HOLD_S", 0.3)
+    service = TimedService(refused)
+    ref = place_local_stop(10, 2)
+    assert (ref.share, ref.address) == (5, None)
+    config = replace(engine_config(stop_after_failures=10, max_in_flight=64), early_stop=ref)
+    out = list(timewheel_engine(iter([{"id": i} for i in range(200)]), service, config))
+    assert len(service.sent) == 10
+    gaps = [b - a for a, b in zip(service.times, service.times[1:])]
+    assert gaps.index(max(gaps)) == 4 and max(gaps) >= 0.3  # between the two rounds
+    unsent = [o for o in out if o.row["id"] not in set(service.sent)]
+    assert len(unsent) == 190 and {read_stop(o.error) for o in unsent} == {(10, "HTTP 401")}
+
+
+def test_on_connect_one_ok_answer_opens_the_worker_without_a_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(early_stop, "HOLD_S", 30.0)  # a hold would fail the test's time
+    service = TimedService(lambda row: (True, None, Reply(200, b"{}")))
+    start = time.monotonic()
+    out = run_tasks(None, service, tasks=4, rows=400, after=50, max_in_flight=16)
+    assert len(service.sent) == 400 and {o.status for o in out} == {OK}
+    assert time.monotonic() - start < 10
+
+
+def _local_verdict(ref: EarlyStopRef, queue: Any) -> None:
+    queue.put(ref.local().probe.verdict)
+
+
+def test_a_forked_worker_keeps_probes_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's own probes are made afresh in a forked child (its runtime is), never
+    the parent's with a verdict it did not reach."""
+    import multiprocessing
+
+    ref = place_local_stop(1, 1)
+    probe = ref.local()
+    assert probe.call("probe", ref.key, "h", 1, []) == [1, None]
+    assert probe.call("probe", ref.key, "h", 1, [[401, 1]])[1] == [1, "HTTP 401"]
+    assert ref.local() is probe
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_local_verdict, args=(ref, queue))
+    child.start()
+    assert queue.get(timeout=30) is None
+    child.join(30)
+
+
 def test_a_task_the_secret_did_not_reach_sends_freely(monkeypatch: pytest.MonkeyPatch) -> None:
     from pyspark import TaskContext
 
@@ -252,15 +322,26 @@ def test_a_task_granted_nothing_asks_the_driver_less_and_less_often(
     after=st.integers(1, 40),
     window=st.integers(1, 300),
     way=st.sampled_from(["refused", "unreachable"]),
+    local=st.booleans(),
 )
 def test_a_job_whose_every_call_fails_sends_at_most_the_threshold(
-    driver: _Driver, tasks: int, rows: int, after: int, window: int, way: str
+    driver: _Driver,
+    monkeypatch: pytest.MonkeyPatch,
+    tasks: int,
+    rows: int,
+    after: int,
+    window: int,
+    way: str,
+    local: bool,
 ) -> None:
-    """Over random task counts, rows, thresholds and windows: a job whose every call fails
+    """Over random task counts, rows, thresholds and windows, with the driver's probe or
+    a worker's own (Spark Connect's, its holds cut short): a job whose every call fails
     one way sends at most ``after`` requests, and every row comes back once (run_tasks),
     those not sent ``skipped`` with the stop's reason once the threshold was reached."""
+    monkeypatch.setattr(early_stop, "HOLD_S", 0.005)
     service = Service(refused if way == "refused" else unreachable)
-    out = run_tasks(driver, service, tasks, rows, after, max_in_flight=window, retries=2)
+    where = None if local else driver
+    out = run_tasks(where, service, tasks, rows, after, max_in_flight=window, retries=2)
     assert len(service.sent) == min(rows, after) == len(set(service.sent))
     unsent = [o for o in out if o.row["id"] not in set(service.sent)]
     assert {o.attempts for o in unsent} <= {0} and {o.status for o in unsent} <= {SKIPPED}

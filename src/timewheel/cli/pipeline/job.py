@@ -77,9 +77,12 @@ class Job:
         from ...spark import is_connect
 
         self.connect = is_connect(spark)
-        # The job stops itself (at most --stop-after-failures rows sent before one is ok,
-        # however many tasks), but for one its tasks cannot ask: the journal is watched.
-        self.stops_itself = not self.connect and args.engine in (None, DEFAULT_ENGINE)
+        # The job probes (timewheel's engine: --stop-after-failures given to dispatch),
+        # and stops itself (at most that many rows sent before one is ok, however many
+        # tasks), but where its tasks cannot ask the driver (Spark Connect: each worker
+        # probes on its own), or another engine runs: there the journal is watched too.
+        self.probes = args.engine in (None, DEFAULT_ENGINE)
+        self.stops_itself = self.probes and not self.connect
         # Hidden directories this run is writing: removed however it ends.
         self.staging: list[Path] = []
         self.journal_damaged = 0  # journal parts set aside (their rows sent again)
@@ -189,7 +192,7 @@ class Job:
             note(f"dispatching {sending:,} rows to {self.target!r} on {where}{before}")
         journal = run_dir(self.out_dir, manifest.runs)
         preload_plotting()
-        stop_after = args.stop_after_failures if self.stops_itself else 0
+        stop_after = args.stop_after_failures if self.probes else 0
         accumulator = None if reports is None else reports.accumulator
         result = self.dispatch(todo, accumulator, journal, stop_after)
         self.reports = reports
@@ -371,7 +374,7 @@ class Job:
     ) -> dict[str, Any] | None:
         """How the job stopped itself, its first rows all failed the same way (None: it
         did not): as many rows, the most common reason, the way (see failures.way_of)."""
-        if not summary["status"][SKIPPED] or not self.stops_itself:
+        if not summary["status"][SKIPPED] or not self.probes:
             return None
         said = read_stop(skipped_error(rows, written))
         if said is None:  # skipped by the quota

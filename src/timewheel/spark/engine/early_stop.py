@@ -39,8 +39,17 @@ rows the stop left unsent fails its micro-batch instead of committing them ``ski
 
 A task that cannot reach the driver's service (or is not given its secret: the job's
 action must run on the thread that called ``dispatch``) sends freely, one log line
-saying so. Spark Connect has no driver the tasks reach: ``dispatch`` places no probe
-there (its caller, ``timewheel pipeline``, watches the journal instead).
+saying so.
+
+**Spark Connect** has no driver the tasks reach (the client may be far from the
+cluster, and no secret can travel to the tasks but in the plan). There each Python
+worker is a probe of its own (:func:`place_local_stop`): it sends its rows in *rounds* of
+its share of N (N over the job's task slots, rounded up), and when a round's rows all
+failed the one way it waits :data:`HOLD_S` before the next round, so that the tasks
+together send about N a hold. A watcher of the journal (``timewheel pipeline
+--remote``'s) sees the job's first N failures within a round or two and stops the job:
+about N to 2N requests where it saw thousands. Without a watcher, a worker stops when
+its own rows reached N, all failed the one way (its later tasks too).
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ from ..runtime import worker_runtime
 from ..service import DriverService, ServiceClient, driver_host
 
 __all__ = [
+    "HOLD_S",
     "IGNORE",
     "MAX_POLL_S",
     "OPEN",
@@ -70,6 +80,7 @@ __all__ = [
     "TaskStop",
     "final_status",
     "place_early_stop",
+    "place_local_stop",
     "read_stop",
     "stop_error",
     "stop_key",
@@ -94,6 +105,9 @@ SECRET_PROPERTY = "timewheel.early_stop.secret"
 #: The probes a driver keeps (the oldest forgotten beyond: its tasks, if any still ask,
 #: are told to send freely).
 KEPT = 1024
+#: On Spark Connect, how long a worker whose round of rows all failed the one way waits
+#: before its next round (a watcher of the journal reads it four times meanwhile).
+HOLD_S = 1.0
 
 
 def final_status(http_status: int | None) -> bool:
@@ -236,13 +250,66 @@ _PROBES = _Probes()
 _SERVICE: list[tuple[DriverService, tuple[str, int]]] = []
 
 
+class _LocalProbe:
+    """A Python worker's own probe, where the driver cannot be asked (Spark Connect):
+    :class:`_Probe`'s verdict, granted in rounds of ``share`` rows with a hold of
+    :data:`HOLD_S` after each round that failed the one way. Any thread."""
+
+    def __init__(self, after: int, share: int) -> None:
+        self.probe = _Probe(after)
+        self.share = share
+        self.lock = threading.Lock()
+        self.ends = share  # the rows granted once this round is out
+        self.held = 0.0  # no grant before then (time.monotonic)
+        self.known: dict[str, Any] = {}  # (as a client's: the verdict, once known)
+
+    def call(self, op: str, key: str, holder: str, *args: Any) -> Any:
+        """What the driver's service answers ``op`` (``probe``, ``leave``)."""
+        probe = self.probe
+        with self.lock:
+            if op == "leave":
+                return probe.leave(holder, *args)
+            want, results = args
+            probe.probe(0, holder, 0, results)
+            if probe.verdict is None and probe.failed >= self.ends:  # a round failed
+                self.ends = probe.failed + self.share
+                self.held = time.monotonic() + HOLD_S
+            room = 0 if time.monotonic() < self.held else self.ends - probe.granted
+            return probe.probe(0, holder, max(0, min(int(want), room)), [])
+
+
+class _LocalProbes:
+    """A worker's own probes, by job (the oldest forgotten beyond :data:`KEPT`); made
+    afresh in a forked child, as the worker's runtime is."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.probes: OrderedDict[str, _LocalProbe] = OrderedDict()
+
+    def get(self, ref: EarlyStopRef) -> _LocalProbe:
+        with self.lock:
+            probe = self.probes.get(ref.key)
+            if probe is None:
+                probe = self.probes[ref.key] = _LocalProbe(ref.after, ref.share)
+                while len(self.probes) > KEPT:
+                    self.probes.popitem(last=False)
+            return probe
+
+
 @dataclass(frozen=True)
 class EarlyStopRef:
-    """What a task needs to take part in its job's probe: picklable, without the secret."""
+    """What a task needs to take part in its job's probe: picklable, without the secret
+    (``address`` None: no driver to ask, each worker a probe of its own granting rows in
+    rounds of ``share``: see :func:`place_local_stop`)."""
 
     after: int
-    address: tuple[str, int]
+    address: tuple[str, int] | None
     key: str
+    share: int = 0
+
+    def local(self) -> _LocalProbe:
+        """This worker's own probe of the job (Spark Connect)."""
+        return worker_runtime().shared("timewheel-early-stop-local", None, _LocalProbes).get(self)
 
     def client(self) -> _Client | None:
         """This worker's client of the driver's service (None: the secret did not reach
@@ -257,6 +324,7 @@ class EarlyStopRef:
                 "action on the thread that called dispatch): it sends freely"
             )
             return None
+        assert self.address is not None
         spec = (self.address, secret)
         return worker_runtime().shared("timewheel-early-stop", spec, lambda: _Client(*spec))
 
@@ -274,6 +342,14 @@ def place_early_stop(spark: Any, after: int) -> EarlyStopRef:
     _PROBES.add(key, after)
     spark.sparkContext.setLocalProperty(SECRET_PROPERTY, service.secret.hex())
     return EarlyStopRef(after, address, key)
+
+
+def place_local_stop(after: int, slots: int) -> EarlyStopRef:
+    """A probe of ``after`` rows kept by each Python worker, granting rows in rounds of
+    ``after / slots`` (``slots``: the job's task slots), where the tasks cannot reach the
+    driver (Spark Connect)."""
+    share = max(1, -(-after // max(1, slots)))
+    return EarlyStopRef(after, None, secrets.token_hex(8), share)
 
 
 # -- the executors -----------------------------------------------------------------------
@@ -306,7 +382,9 @@ class TaskStop:
 
     def __init__(self, ref: EarlyStopRef) -> None:
         self.ref = ref
-        self.client = ref.client()
+        self.client: _Client | _LocalProbe | None = (
+            ref.local() if ref.address is None else ref.client()
+        )
         self.holder = secrets.token_hex(8)
         known = None if self.client is None else self.client.known.get(ref.key)
         self.verdict: Any = OPEN if self.client is None else known
@@ -314,6 +392,8 @@ class TaskStop:
         self.results: deque[int | str] = deque()
         self.asked = 0.0  # when a task without a grant asks again
         self.poll = POLL_S  # and how long after that it waits if it gets none again
+        # (A worker's own probe costs nothing to ask: asked every POLL_S.)
+        self.max_poll = POLL_S if ref.address is None else MAX_POLL_S
 
     @property
     def deciding(self) -> bool:
@@ -349,7 +429,7 @@ class TaskStop:
                     self.poll = POLL_S
                 else:
                     self.asked = now + self.poll
-                    self.poll = min(MAX_POLL_S, 2 * self.poll)
+                    self.poll = min(self.max_poll, 2 * self.poll)
         if self.verdict is not None:
             return want if self.verdict == OPEN else 0
         return min(want, self.grants)

@@ -247,7 +247,7 @@ def run_stream(
         shutil.rmtree(out_dir)
     stream = _reader(spark.readStream.schema(schema), fmt)(args.input)
     out_dir.mkdir(parents=True, exist_ok=True)
-    stop_after = args.stop_after_failures if job.stops_itself else 0  # (else watched)
+    stop_after = args.stop_after_failures if job.probes else 0
     accumulator = None if reports is None else reports.accumulator
     out = job.dispatch(stream, accumulator, out_dir / "record", stop_after)
     batches = Batches(out_dir, reports, args.quiet, fmt, schema)

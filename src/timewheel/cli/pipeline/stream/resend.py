@@ -295,15 +295,15 @@ def send_again(args: argparse.Namespace, job: Any, out_dir: Path, reports: Any) 
         .dropDuplicates([args.id_col])
     )
     journal = out_dir / RESEND
-    # The job stops itself (see job.stops_itself), or the journal is watched.
-    stop_after = args.stop_after_failures if job.stops_itself else 0
+    # The job probes and stops itself, or the journal is watched too (see Job.probes).
+    stop_after = args.stop_after_failures if job.probes else 0
     accumulator = None if reports is None else reports.accumulator
     result = job.dispatch(todo, accumulator, journal, stop_after)
     watch = early = None
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(Progress(JournalCount(journal), len(ids), args.quiet))
-            watch = stack.enter_context(fail_fast(args, journal, job.cancel, stop_after == 0))
+            watch = stack.enter_context(fail_fast(args, journal, job.cancel, not job.stops_itself))
             result.write.format("noop").mode("overwrite").save()
     except Exception:
         # A signal, or the first rows all failing one way, cancels the job: what was
