@@ -275,7 +275,7 @@ def add_options(
         type=non_negative(int),
         default=DEFAULT_STOP_AFTER_FAILURES,
         metavar="N",
-        help="send at most N rows, across all tasks (not with --remote), before one is "
+        help="send at most N rows, across all tasks (about N with --remote), before one is "
         "answered ok; when they all failed the same way no retry fixes (HTTP 400, 401, "
         "403, 404, ...), all were refused (429, 503) on every retry, or the target could "
         "not be reached (each row then tried once), stop: the rows not sent end skipped, "
