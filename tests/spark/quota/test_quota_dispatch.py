@@ -117,7 +117,9 @@ def test_uneven_tasks_share_one_rate_and_the_long_one_gets_all_of_it() -> None:
     short_done = max(t for t, i in target.sent if i >= 1000)
     tail = [t for t, i in target.sent if i < 1000 and t > short_done]
     assert len(tail) >= 200  # the long task went on alone ...
-    assert len(tail) / (max(tail) - min(tail)) > rate * 0.8  # ... at the whole rate
+    # ... at the whole rate, not the half a static split gives it (200/s): 313/s and more
+    # on a 2-core machine running CI's lanes and a README run beside it (2026-12-01).
+    assert len(tail) / (max(tail) - min(tail)) > rate * 0.7
 
 
 def test_a_task_that_has_read_all_its_rows_books_no_more_of_the_rate_than_they_need(
