@@ -228,9 +228,10 @@ class PartitionDispatch:
         # when they fail the task: the others go on, their answers committed.
         skipped = stopped = 0
         stop = None  # the stop's own words, as a skipped row's error says them
+        fails = self.stop_fails or self.budget_fails is not None  # (a stream's: once a task)
         try:
             for outcome in outcomes:
-                if outcome.status == SKIPPED and (self.stop_fails or self.budget_fails):
+                if fails and outcome.status == SKIPPED:
                     said = read_stop(outcome.error) if self.stop_fails else None
                     if said is not None:
                         stopped, stop = stopped + 1, outcome.error
