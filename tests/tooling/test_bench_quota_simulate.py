@@ -174,6 +174,31 @@ def test_tasks_of_few_rows_told_what_is_left_use_the_rate_to_their_end() -> None
     assert f["max_1s_x"] <= 1.05
 
 
+def test_a_service_outage_reaches_every_task_within_the_horizon() -> None:
+    # 256 tasks at 200 calls/s; from 2 s the service refuses every call for 1 s, asking
+    # for a pause until then. The first refusal pauses the whole job, but what the tasks
+    # were granted within the horizon goes as granted: at most the horizon's worth of
+    # the rate is refused (53 here), all within the horizon of the outage's start. A
+    # design that booked each task's grant a term ahead (one ask a grant, no turns)
+    # refuses what the tasks hold for a term: about 200 of them here.
+    from timewheel.cli.bench.quota_driven import simulate_driven
+    from timewheel.spark.quota.spec import HORIZON_S
+
+    spec = sim.RunSpec("outage", 256, 200.0, seconds=6.0, outage_s=1.0)
+    result = simulate_driven(spec, seed=1)
+    f = result.figures
+    begin, end = spec.outage_at()
+    assert f["rows"] == f["accepted"] and f["rows_twice"] == f["unfinished"] == 0
+    refused = [when for when, accepted, *_ in result.sends if not accepted and when >= begin]
+    assert refused and max(refused) < begin + HORIZON_S + 0.05
+    assert len(refused) <= spec.rate * (HORIZON_S + 0.05)
+    # The job comes back when the service does, at its rate (and no faster).
+    back = [when for when, accepted, *_ in result.sends if accepted and when >= begin]
+    assert end <= back[0] < end + 0.5
+    assert 0.9 * spec.rate <= sum(1 for t in back if end + 0.5 <= t < end + 1.5)
+    assert f["max_1s_x"] <= 1.05
+
+
 def test_a_driven_task_whose_quota_raises_fails_the_run_in_one_line(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

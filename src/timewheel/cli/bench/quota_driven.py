@@ -63,6 +63,7 @@ def simulate_driven(spec: RunSpec, seed: int = 1) -> RunResult:
         limit if spec.tokens else 0,
         clock=clock,
     )
+    stub.outage[:] = list(spec.outage_at())
     rng = random.Random(seed)
     tasks = [
         TaskQuota(store, clock=clock, rng=random.Random(rng.random()), holder=f"t{i}")

@@ -37,8 +37,11 @@ The runs (``--runs``): ``rate``: each N of ``--tasks`` against each quota of
 ``--rates`` calls/s (the stub's limit is the quota); ``tokens``: each N against a token
 quota of 100 x ``--rate`` tokens/s, calls of 50 to 150 tokens (seeded) estimated 10%
 low and settled from the answer; ``burst``: each N at ``--rate`` calls/s under a service
-slow at first, then fast; ``storm``: the largest N at ``--rate``, one store client per
-task, every task's first take at the same moment.
+slow at first, then fast; ``outage``: each N at ``--rate`` calls/s, the service refusing
+every call for ``--outage-s`` from a third of ``--seconds`` on, each refusal asking for a
+pause until the outage ends (the calls refused are what the tasks held when it began: a
+pause reaches every task within the quota's horizon); ``storm``: the largest N at
+``--rate``, one store client per task, every task's first take at the same moment.
 
 The figures, per run:
 
@@ -70,8 +73,8 @@ no threads, sockets or worker processes, the same figures every time for one ``-
 (the store's latency and the CPU columns read 0): the design alone, in about a tenth
 of the real run's time. No ``--store redis``, no storm run.
 
-Costs: the default matrix is 16 runs of ``--seconds`` (6) plus ~3 s of start and stop
-each: about 3 minutes on 2 cores. Exit 0; 1 when a run failed (one line); 2 for bad flags;
+Costs: the default matrix is 19 runs of ``--seconds`` (6) plus ~3 s of start and stop
+each: about 3.5 minutes on 2 cores. Exit 0; 1 when a run failed (one line); 2 for bad flags;
 130/143 when stopped (the workers and any redis-server are stopped first).
 """
 
@@ -125,7 +128,7 @@ TOKENS_PER_CALL = 100
 DRAIN_S = 15.0
 #: How long the workers may take to start (spawn, import, connect nothing yet).
 START_S = 120.0
-RUNS = ("rate", "tokens", "burst", "storm")
+RUNS = ("rate", "tokens", "burst", "outage", "storm")
 
 
 class SimulationFailed(Exception):
@@ -151,6 +154,9 @@ class Stub:
         self.token_rate = token_rate  # tokens per window (0: none)
         self.lock = ctx.Lock()
         self.r_times = ctx.RawArray("d", max(1, rate))
+        # An outage: every call from [0] until [1] (clock times) is refused, asking for a
+        # pause until [1] (0, 0: none).
+        self.outage = ctx.RawArray("d", 2)
         slots = token_rate // TOKENS_LO + 2 if token_rate else 1
         self.t_times = ctx.RawArray("d", slots)
         self.t_tokens = ctx.RawArray("q", slots)
@@ -161,6 +167,8 @@ class Stub:
         rt, tt, tk, st = self.r_times, self.t_times, self.t_tokens, self.state
         with self.lock:
             now = self.clock()
+            if self.outage[0] <= now < self.outage[1]:
+                return now, False, self.outage[1] - now
             edge = now - WINDOW_S
             wait = 0.0
             if self.rate:
@@ -299,7 +307,7 @@ class Counted:
 class RunSpec:
     """One run of the simulation."""
 
-    kind: str  # rate, tokens, burst or storm
+    kind: str  # rate, tokens, burst, outage or storm
     tasks: int
     rate: float  # calls/s (tokens/s for a token run)
     seconds: float = 6.0
@@ -309,6 +317,7 @@ class RunSpec:
     latency_ms: float = 20.0
     slow_ms: float = 0.0
     slow_s: float = 0.0
+    outage_s: float = 0.0  # the outage run's: see outage_at
     task_rows: int = 0  # 0: rows until `seconds`
     client_per_task: bool = False
 
@@ -319,6 +328,12 @@ class RunSpec:
     @property
     def workers(self) -> int:
         return min(self.tasks, max(self.processes, self.jobs))
+
+    def outage_at(self) -> tuple[float, float]:
+        """When the service's outage begins and ends, in seconds from the run's start
+        (from a third of ``seconds``; none: 0, 0)."""
+        begin = self.seconds / 3 if self.outage_s else 0.0
+        return begin, begin + self.outage_s
 
     def name(self) -> str:
         unit = "tok/s" if self.tokens else "/s"
@@ -713,6 +728,8 @@ def simulate(spec: RunSpec) -> RunResult:
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         redis0 = redis_cpu() if redis_cpu else 0.0
         shared.go_time.value = start = time.monotonic()
+        begin, end = spec.outage_at()
+        shared.stub.outage[:] = [start + begin, start + end] if spec.outage_s else [0.0, 0.0]
         shared.go.set()
         limit = start + 2 * spec.seconds + DRAIN_S + 30.0
         _gather(shared.messages, procs, "done", n, limit)
@@ -1025,6 +1042,12 @@ def add_simulation_flags(parser: argparse.ArgumentParser) -> None:
             2.0,
             "how long the burst run's service is slow (default: %(default)s)",
         ),
+        Flag(
+            "--outage-s",
+            positive(float),
+            1.0,
+            "how long the outage run's service refuses every call (default: %(default)s)",
+        ),
         Flag("--task-rows", non_negative(int), 0, "rows per task (default: until --seconds)"),
         Flag("--seed", non_negative(int), 1, "--driven: the run's seed (default: 1)"),
     )
@@ -1066,6 +1089,9 @@ def _specs(args: argparse.Namespace) -> list[RunSpec]:
         elif run == "burst":
             slow = dict(slow_ms=args.slow_ms, slow_s=args.slow_s)
             out += [RunSpec("burst", n, args.rate, **common, **slow) for n in args.tasks]
+        elif run == "outage":
+            out += [RunSpec("outage", n, args.rate, **common, outage_s=args.outage_s)
+                    for n in args.tasks]  # fmt: skip
         elif run == "storm":
             out.append(RunSpec("storm", max(args.tasks), args.rate, **common, client_per_task=True))
     return out
