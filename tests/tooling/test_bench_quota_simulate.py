@@ -116,6 +116,7 @@ def test_a_tiny_simulation_sends_every_row_once_and_its_figures_add_up(
         (["--rates", "5"], "at least 10"),
         (["--driven", "--store", "redis"], "--driven"),
         (["--driven", "--runs", "storm"], "--driven"),
+        (["--runs", "outage", "--seconds", "3", "--outage-s", "2.5"], "--outage-s 2.5"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(

@@ -728,8 +728,8 @@ def simulate(spec: RunSpec) -> RunResult:
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         redis0 = redis_cpu() if redis_cpu else 0.0
         shared.go_time.value = start = time.monotonic()
-        begin, end = spec.outage_at()
-        shared.stub.outage[:] = [start + begin, start + end] if spec.outage_s else [0.0, 0.0]
+        begin, end = spec.outage_at()  # (none: an empty window)
+        shared.stub.outage[:] = [start + begin, start + end]
         shared.go.set()
         limit = start + 2 * spec.seconds + DRAIN_S + 30.0
         _gather(shared.messages, procs, "done", n, limit)
@@ -1109,6 +1109,11 @@ def _refusal(args: argparse.Namespace) -> str | None:
         return "--jobs is 1 to 10, and more than 1 only with --store redis"
     if args.driven and (args.store != "service" or "storm" in runs):
         return "--driven runs one store in this process: no --store redis, no storm run"
+    if "outage" in runs and args.outage_s > args.seconds * 2 / 3:
+        return (
+            f"--outage-s {args.outage_s:g} must end within the run: it starts at a third of "
+            f"--seconds {args.seconds:g}, so at most {args.seconds * 2 / 3:g}"
+        )
     if args.jobs > min(args.tasks):
         return f"--jobs {args.jobs} needs at least as many --tasks"
     if args.seconds > 3600 or max(args.tasks) > 20_000:
