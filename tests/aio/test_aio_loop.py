@@ -266,8 +266,8 @@ def test_a_clock_patched_after_the_loop_is_made_never_fires_a_timer_early(
     # The wait_for's sleep ends first unless the loop woke after both deadlines (a loaded
     # machine: then the timeout's cancel wins the turn): either way, never before its time.
     names = [r[0] for r in ran]
-    assert set(names) - {"wait_for", "wait_for timed out"} == {"a", "b", "at", "c", "sleep"}
-    assert len(names) == 6
+    assert sorted(names[:-1]) == ["a", "at", "b", "c", "sleep"]  # each once
+    assert names[-1] in ("wait_for", "wait_for timed out")
     for name, when, at in ran:
         assert at >= when, f"{name} ran {when - at:.3f} s early"
 
