@@ -67,12 +67,9 @@ def test_per_row_times_each_step_of_both_lanes(capsys: pytest.CaptureFixture[str
     assert args.func(args) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "timewheel bench pbatch --per-row: 300 rows"
-    steps = [line.split()[0:2] for line in out[1:5]]
-    assert steps == [
-        ["online:", "request"],
-        ["batch:", "the"],
-        ["batch:", "the"],
-        ["batch:", "the"],
-    ]
-    assert all(float(line.split()[-4]) > 0 for line in out[1:5])  # µs a row, measured
-    assert out[5].startswith("  the batch lane's steps over the online building: ")
+    steps = [line.split("(")[1].split(",")[0] for line in out[2:6]]
+    assert out[1].split()[0:2] == ["online:", "request"]
+    assert steps == ["executors", "driver", "executors", "driver"]
+    assert all(float(line.split()[-4]) > 0 for line in out[1:6])  # µs a row, measured
+    assert out[6].startswith("  the steps on the executors over the online building: ")
+    assert out[7].startswith("  the steps on the driver over the online building: ")

@@ -11,9 +11,13 @@
    input cuts the same parts, whatever the input's partitions), one partition at a time,
    into the run, which sends them, polls and splits the results, journaled so that a run
    killed anywhere and called again re-attaches to what it made;
-3. the results (one per row, small) become a DataFrame made on the driver, joined to the
-   input by the ``custom_id`` the executors make again from each row (it is a digest of
-   the row's id, the same every time). Every input row comes back once.
+3. each ended batch's result file is downloaded and split on an executor
+   (:mod:`.result_files`): the driver holds each row's outcome without its answer
+   (what the budget and the resend policy read). The outcomes become a DataFrame made on
+   the driver, the answers one the executors make by reading the files again when the
+   result is written; both are joined to the input by the ``custom_id`` the executors make
+   again from each row (it is a digest of the row's id, the same every time). Every input
+   row comes back once.
 """
 
 from __future__ import annotations
@@ -34,15 +38,16 @@ from .columns import ReplyParser, python_values
 from .contract import DownstreamError
 from .http.target import HttpDownstream
 from .options import Calls, Cost, Journal
-from .outcome import FAILED, REPLY_COLUMN, RESULT_COLUMNS, Outcome
+from .outcome import FAILED, REPLY_COLUMN, RESULT_COLUMNS
 from .planning import ProviderBatchPlan, plan_provider_batch
 from .provider_batch.estimate import BatchEstimate, estimate
 from .provider_batch.parts import Line, RowError, request_line
-from .provider_batch.results import BATCH_COLUMNS, Misfit, RowResult
+from .provider_batch.results import BATCH_COLUMNS, OK, Misfit, RowResult
 from .provider_batch.run import Progress, ProviderBatchRun, RunResult, Submitted
 from .provider_batch.spec import BatchPrices, ProviderBatch
 from .provider_online import column, resent_online
 from .quota.spec import Quota
+from .result_files import ANSWER_BATCH, ANSWER_ID, ExecutorSplit, check_key, responses_frame
 from .scrubber import scrub
 
 __all__ = [
@@ -85,6 +90,12 @@ NO_OUTCOME = (
     "the row was not among the rows sent: the input gave other rows when it was read "
     "again (make it deterministic, or write it out first)"
 )
+#: An ok row whose answer its batch's results no longer held when they were read again to
+#: write the result. Not expected (a provider's results do not change); said, not hidden.
+NO_ANSWER = (
+    "answered ok, but the answer was not among its batch's results when they were read "
+    "again to write the result (the provider's file changed, or was deleted)"
+)
 #: Rows per Arrow batch of the results made on the driver.
 _RESULT_BATCH_ROWS = 10_000
 T = TypeVar("T")
@@ -116,8 +127,8 @@ def dispatch_provider_batch(
     With ``ProviderBatch.resend`` "online", the rows that ended ``expired`` or ``failed``
     retryably are sent once more through the online engine, as :func:`dispatch` sends
     them, with ``calls``, ``quota``, ``cost``, ``journal`` and ``timeout_ms`` (the online
-    options, refused otherwise) and the target's own headers (its key: the batches'
-    ``ProviderBatch.key`` is the driver's alone); their outcome is the online call's,
+    options, refused otherwise) and the target's own headers (its key, not the batches'
+    ``ProviderBatch.key``); their outcome is the online call's,
     ``attempts`` counting the batch too, ``cost`` at the full price. Those calls are
     made, as ``dispatch``'s are, when an action computes the result: write it once.
     ``resume_from`` (with "online" only): an earlier result of this call (read back from
@@ -128,7 +139,9 @@ def dispatch_provider_batch(
     of ``ProviderBatch.endpoint``, POST, a JSON body) makes each row's request line: its
     body is the line's, the row's idempotency key (of ``id_col``, or the target's own
     ``id_col``) its ``custom_id``; the target's headers are not sent (the provider's key
-    is ``ProviderBatch.key``, read on the driver). Ids must be unique: a value of the id
+    is ``ProviderBatch.key``, read on the driver, which sends the batches, and on the
+    executors, which download their results: ValueError, naming it, before anything is
+    sent when they cannot read it). Ids must be unique: a value of the id
     column in two rows raises ValueError naming it, before anything is sent.
     ``journal_path``: the driver's journal of the job's files and batches; a call killed
     anywhere and made again with the same journal and input re-attaches to the batches it
@@ -163,26 +176,32 @@ def dispatch_provider_batch(
             "batches goes on from its journal (journal_path)"
         )
     job = _planned(df, target, provider_batch, id_col, reply_schema, prices, journal_path, online)
+    spark = df.sparkSession
+    check_key(spark, provider_batch)
     reply = job.reply()
+    misfit = _misfit(job)
     run = ProviderBatchRun(
         provider_batch,
         str(journal_path),
         prices=prices,
         on_poll=on_poll,
         sleep=sleep,
-        misfit=_misfit(job),
+        misfit=misfit,
+        split=ExecutorSplit(spark, provider_batch, prices, misfit),
     )
     marked = _marked(df, job.target, provider_batch)
     result = _sent(df, job, marked, run.run)
     # (only with rows to resend: the online step reads the input's lines again per branch)
     resend = job.online is not None and any(r.resendable for r in result.rows.values())
     results = results_frame(
-        df.sparkSession,
+        spark,
         result,
+        provider_batch,
         reply,
         priced=prices is not None,
         resend=resend,
         answer=job.answer,
+        misfit=misfit,
     )
     joined = _joined(marked, results, df.columns, reply is not None, prices is not None, resend)
     if not resend:
@@ -218,6 +237,7 @@ def submit_provider_batch(
     ``reply_schema`` (an Answer is asked for in each line). Checked as
     :func:`dispatch_provider_batch` checks its arguments."""
     job = _planned(df, target, provider_batch, id_col, reply_schema, prices, journal_path)
+    check_key(df.sparkSession, provider_batch)  # (they will read the results)
     run = ProviderBatchRun(provider_batch, str(journal_path), prices=prices, misfit=_misfit(job))
     marked = _marked(df, job.target, provider_batch)
     return _sent(df, job, marked, run.submit)
@@ -386,16 +406,20 @@ class RequestLines:
 def results_frame(
     spark: SparkSession,
     result: RunResult,
+    option: ProviderBatch,
     reply: StructType | None,
     *,
     priced: bool,
     resend: bool = False,
     answer: Answer | None = None,
+    misfit: Misfit | None = None,
 ) -> DataFrame:
-    """The rows' results as a DataFrame made on the driver: ``custom_id``, the outcome
-    columns (``reply`` parsed as ``dispatch`` parses it: an ``ok`` answer that does not
-    fit fails; with ``answer``, the model's answer inside it), ``cost`` and ``batch_id``
-    (with ``resend``, whether the row is resent online)."""
+    """The rows' results as a DataFrame: ``custom_id``, the outcome columns, ``cost`` and
+    ``batch_id`` (with ``resend``, whether the row is resent online). Their outcomes are
+    the driver's (``result``, no answers); each answer, and ``reply`` parsed from it as
+    ``dispatch`` parses it (an ``ok`` answer that does not fit fails; with ``answer``, the
+    model's answer inside it), is read again from its batch's results on the executors
+    (:func:`~.result_files.responses_frame`) and joined by ``custom_id`` and batch."""
     parser = None if reply is None else ReplyParser(reply, answer)
     fields = [
         pa.field(RESULT_ID, pa.string(), False),
@@ -403,47 +427,68 @@ def results_frame(
         pa.field("attempts", pa.int32(), False),
         pa.field("error", pa.string()),
         pa.field("http_status", pa.int32()),
-        pa.field("response", pa.string()),
+        pa.field("cost", pa.float64()),
+        pa.field("batch_id", pa.string()),
     ]
-    if parser is not None:
-        fields.append(pa.field(REPLY_COLUMN, parser.arrow_type))
-    fields += [pa.field("cost", pa.float64()), pa.field("batch_id", pa.string())]
     if resend:
         fields.append(pa.field(RESEND, pa.bool_(), False))
     schema = pa.schema(fields)
     rows = list(result.rows.values())
     batches = [
-        _results_batch(rows[at : at + _RESULT_BATCH_ROWS], schema, parser, priced)
+        _outcomes_batch(rows[at : at + _RESULT_BATCH_ROWS], schema, priced)
         for at in range(0, len(rows), _RESULT_BATCH_ROWS)
     ]
-    return spark.createDataFrame(pa.Table.from_batches(batches, schema))
+    outcomes = spark.createDataFrame(pa.Table.from_batches(batches, schema))
+    answers = responses_frame(
+        spark,
+        option,
+        result.ended.values(),
+        prices=None,
+        misfit=misfit,
+        reply=reply,
+        parser=parser,
+    ).withColumnsRenamed({"status": "__answer_status", "error": "__answer_error"})
+    on = (F.col(RESULT_ID) == F.col(ANSWER_ID)) & (F.col("batch_id") == F.col(ANSWER_BATCH))
+    joined = outcomes.join(answers, on, "left")
+    ok, found = F.col("status") == OK, F.col(ANSWER_ID).isNotNull()
+    status = (
+        F.when(ok & ~found, F.lit(FAILED))
+        .when(ok, F.col("__answer_status"))
+        .otherwise(F.col("status"))
+    )
+    error = (
+        F.when(ok & ~found, F.lit(NO_ANSWER))
+        .when(ok, F.col("__answer_error"))
+        .otherwise(F.col("error"))
+    )
+    replied = [F.when(status == OK, F.col(REPLY_COLUMN)).alias(REPLY_COLUMN)] if parser else []
+    return joined.select(
+        RESULT_ID,
+        status.alias("status"),
+        "attempts",
+        error.alias("error"),
+        "http_status",
+        "response",
+        *replied,
+        "cost",
+        "batch_id",
+        *([RESEND] if resend else []),
+    )
 
 
-def _results_batch(
-    rows: list[RowResult], schema: pa.Schema, parser: ReplyParser | None, priced: bool
-) -> pa.RecordBatch:
-    # (each response scrubbed when split from its batch's results)
-    outcomes = [
-        Outcome({}, r.status, r.attempts, 0.0, r.error, r.http_status, r.response) for r in rows
-    ]
-    columns = []
-    if parser is not None:
-        outcomes, parsed = parser.parse(outcomes)
-        columns.append(parsed)
-    values = [
+def _outcomes_batch(rows: list[RowResult], schema: pa.Schema, priced: bool) -> pa.RecordBatch:
+    values: list[list[Any]] = [
         [r.custom_id for r in rows],
-        [o.status for o in outcomes],
-        [o.attempts for o in outcomes],
-        [o.error for o in outcomes],
-        [o.http_status for o in outcomes],
-        [o.response for o in outcomes],
+        [r.status for r in rows],
+        [r.attempts for r in rows],
+        [r.error for r in rows],
+        [r.http_status for r in rows],
+        [(r.cost or 0.0) if priced else None for r in rows],
+        [r.batch_id for r in rows],
     ]
-    arrays = [pa.array(v, f.type) for v, f in zip(values, schema)]
-    costs = [(r.cost or 0.0) if priced else None for r in rows]
-    arrays += columns
-    arrays += [pa.array(costs, pa.float64()), pa.array([r.batch_id for r in rows], pa.string())]
     if RESEND in schema.names:
-        arrays.append(pa.array([r.resendable for r in rows], pa.bool_()))
+        values.append([r.resendable for r in rows])
+    arrays = [pa.array(v, f.type) for v, f in zip(values, schema)]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 

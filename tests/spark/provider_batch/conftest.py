@@ -3,11 +3,17 @@ settings, shared by a module's tests (each test names its rows and its job apart
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 import pytest
+from pbatch_helpers import KEY_VALUE, KEY_VARIABLE
 
 from batch_stub_fixtures import BatchStub
+
+# Set before any test starts Spark: its executors download the batches' results and read
+# the key there, from the environment their JVM started with.
+os.environ.setdefault(KEY_VARIABLE, KEY_VALUE)
 
 pytest.importorskip("openai")
 pytest.importorskip("anthropic")

@@ -27,6 +27,7 @@ MODELS = {
     "anthropic": ("claude-haiku-4-5", "claude-sonnet-4-5"),
 }
 KEY_VARIABLE = "TW_PBATCH_TEST_KEY"
+KEY_VALUE = "sk-test-0123456789abcdef0123456789abcdef"
 
 
 class Kill(Exception):
@@ -58,7 +59,7 @@ def with_messages(df: Any, provider: str, col: str) -> Any:
 
 
 def option(stub: BatchStub, provider: str, **more: Any) -> ProviderBatch:
-    os.environ.setdefault(KEY_VARIABLE, "sk-test-0123456789abcdef0123456789abcdef")
+    os.environ.setdefault(KEY_VARIABLE, KEY_VALUE)
     base = stub.openai_url if provider == "openai" else stub.base_url
     more.setdefault("poll_min_s", 1.0)
     more.setdefault("poll_max_s", 4.0)

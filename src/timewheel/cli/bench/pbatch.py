@@ -180,12 +180,15 @@ def main(args: argparse.Namespace) -> int:
 def per_row(rows: int) -> int:
     """``--per-row``: microseconds a row of each step, on ``rows`` chat requests, one
     registered secret (as a run has its key), the answers the stub's."""
+    import pyarrow as pa
+
     from ...spark.contract import TargetPlan
     from ...spark.http.target import HttpDownstream
     from ...spark.provider_batch import BatchPrices, BatchState, ProviderBatch
     from ...spark.provider_batch.parts import Line, cut_parts
-    from ...spark.provider_batch.results import split_results
+    from ...spark.provider_batch.results import checked_results, read_result
     from ...spark.provider_dispatch import RequestLines
+    from ...spark.result_files import OutcomeReader, outcomes_of
     from ...spark.scrubber import hide
     from .openai_stub import chat_answer
 
@@ -239,16 +242,33 @@ def per_row(rows: int) -> int:
     ]
     prices = BatchPrices({MODEL: PRICES})
 
-    def split() -> None:
-        for part, got in results:
-            n = len(part.custom_ids)
-            state = BatchState("batch_bench", "completed", True, n, done=n)
-            split_results(part, state, got, prices)
+    states = [
+        BatchState("batch_bench", "completed", True, len(p.custom_ids), done=len(p.custom_ids))
+        for p, _ in results
+    ]
+    read = OutcomeReader(option, prices, None)
 
-    timed("batch: the split (driver, split_results)", split)
-    batch = sum(v for k, v in figures.items() if k.startswith("batch"))
+    def split() -> list[pa.Table]:
+        tables = []
+        for (part, got), state in zip(results, states):
+            rows = [
+                read_result(raw, n, state.id, part.attempt, part.model, prices)
+                for n, raw in enumerate(got, 1)
+            ]
+            tables.append(pa.Table.from_batches([read.rows(rows)]))
+        return tables
+
+    tables = timed("batch: the split (executors, read_result)", split)
+
+    def outcomes() -> None:
+        for (part, _), state, table in zip(results, states, tables):
+            checked_results(part, state, outcomes_of(table, state.id, part.attempt))
+
+    timed("batch: the outcomes (driver, from Arrow, checked)", outcomes)
     online = figures["online: request building (HttpDownstream)"]
-    print(f"  the batch lane's steps over the online building: {batch / online:.2f}x")
+    for where in ("executors", "driver"):
+        steps = sum(v for k, v in figures.items() if k.startswith("batch") and where in k)
+        print(f"  the steps on the {where} over the online building: {steps / online:.2f}x")
     return 0
 
 

@@ -38,7 +38,8 @@ def add_provider_batch_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--batch-key",
         metavar="SECRET_REF",
-        help="where the provider's API key is read on the driver: env:NAME or file:PATH, "
+        help="where the provider's API key is read (on the driver, which sends the batches, "
+        "and on the executors, which download their results): env:NAME or file:PATH, "
         "never the key itself (default: env:OPENAI_API_KEY or env:ANTHROPIC_API_KEY)",
     )
     group.add_argument(

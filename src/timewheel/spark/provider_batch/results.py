@@ -14,6 +14,7 @@ batch's end (expired, cancelled, or failed with the batch's own error).
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -34,7 +35,9 @@ __all__ = [
     "Misfit",
     "ResultError",
     "RowResult",
+    "checked_results",
     "online_cost",
+    "read_result",
     "split_results",
 ]
 
@@ -60,7 +63,8 @@ class ResultError(ValueError):
     ``custom_id``, a line not JSON): the message names the batch and the ``custom_id``."""
 
 
-@dataclass
+#: (a row's outcome is held per row by the driver: no ``__dict__`` where Python allows it)
+@dataclass(**({"slots": True} if sys.version_info >= (3, 10) else {}))
 class RowResult:
     """One row's outcome: ``status`` (ok, failed, expired, cancelled, or skipped: not sent,
     as the job's budget would have been passed; ``attempts`` 0, no ``batch_id``), the
@@ -104,16 +108,61 @@ def split_results(
     With ``misfit``: an answer it finds a reason in (an Answer's
     :meth:`~timewheel.spark.answer.spec.Answer.misfit_of`) is the row's failure
     (retryable: asked again, it may fit), billed as the answer it is."""
+    read = (
+        read_result(raw, number, state.id, part.attempt, part.model, prices, misfit)
+        for number, raw in enumerate(lines, 1)
+    )
+    return checked_results(part, state, read)
+
+
+def read_result(
+    raw: bytes,
+    number: int,
+    batch_id: str,
+    attempt: int,
+    model: str,
+    prices: BatchPrices | None,
+    misfit: Misfit | None = None,
+) -> RowResult:
+    """Result line ``number`` of batch ``batch_id`` (whose rows are on their ``attempt``
+    and ask ``model``) as its row's outcome; ResultError when it is not a result."""
+    try:
+        item = json.loads(raw)
+        custom_id = item["custom_id"]
+    except (ValueError, TypeError, KeyError):
+        raise ResultError(
+            f"batch {batch_id}: result line {number} is not a result (no custom_id)"
+        ) from None
+    if not isinstance(custom_id, str):
+        raise ResultError(
+            f"batch {batch_id}: result line {number} has custom_id {custom_id!r}, not a string"
+        )
+    if "result" in item:
+        row = _anthropic(custom_id, batch_id, item["result"], misfit)
+    else:
+        row = _openai(custom_id, batch_id, item, misfit)
+    row.attempts = attempt
+    # What the provider wrote back passes the scrubber here, the one way into a row's
+    # outcome (the response in _text): a service that echoes the request (the key, the
+    # URL's secret parts, in whatever encoding) puts none of it in an answer or an error.
+    row.error = None if row.error is None else scrub(row.error)
+    if prices is not None and (row.status == OK or row.usage):  # billed, fit or not
+        row.cost = prices.cost(
+            model, row.usage.get("input_tokens", 0), row.usage.get("output_tokens", 0)
+        )
+    return row
+
+
+def checked_results(
+    part: Part, state: BatchState, read: Iterable[RowResult]
+) -> dict[str, RowResult]:
+    """Every row of ``part`` once: the outcomes ``read`` from its batch's result lines (in
+    their order), each for a row of the part and none twice (else ResultError), and the
+    rows with no line given theirs from the batch's end (``state``)."""
     expected = set(part.custom_ids)
     out: dict[str, RowResult] = {}
-    for number, raw in enumerate(lines, 1):
-        try:
-            item = json.loads(raw)
-            custom_id = item["custom_id"]
-        except (ValueError, TypeError, KeyError):
-            raise ResultError(
-                f"batch {state.id}: result line {number} is not a result (no custom_id)"
-            ) from None
+    for number, row in enumerate(read, 1):
+        custom_id = row.custom_id
         if custom_id not in expected:
             raise ResultError(
                 f"batch {state.id}: result line {number} is for custom_id {custom_id!r}, "
@@ -123,20 +172,6 @@ def split_results(
             raise ResultError(
                 f"batch {state.id}: custom_id {custom_id!r} has a second result (line "
                 f"{number}): a row's outcome is read once"
-            )
-        if "result" in item:
-            row = _anthropic(custom_id, state.id, item["result"], misfit)
-        else:
-            row = _openai(custom_id, state.id, item, misfit)
-        row.attempts = part.attempt
-        # What the provider wrote back passes the scrubber here, the one way into a row's
-        # outcome (the response in _answered): a service that echoes the request (the
-        # key, the URL's secret parts, in whatever encoding) puts none of it in an
-        # answer or an error.
-        row.error = None if row.error is None else scrub(row.error)
-        if prices is not None and (row.status == OK or row.usage):  # billed, fit or not
-            row.cost = prices.cost(
-                part.model, row.usage.get("input_tokens", 0), row.usage.get("output_tokens", 0)
             )
         out[custom_id] = row
     for custom_id in part.custom_ids:

@@ -48,7 +48,16 @@ from .parts import Part, Row, parts_of
 from .results import SKIPPED, Misfit, ResultError, RowResult, split_results
 from .spec import BatchPrices, ProviderBatch
 
-__all__ = ["SKEW_S", "Progress", "ProviderBatchRun", "RunResult", "Submitted"]
+__all__ = [
+    "SKEW_S",
+    "Ended",
+    "Progress",
+    "ProviderBatchRun",
+    "RunResult",
+    "Split",
+    "Submitted",
+    "adapter_for",
+]
 
 #: A batch made before a journaled intent, by more than this (clocks differ), is not
 #: looked at when a resumed run looks for the intent's batch.
@@ -64,6 +73,11 @@ MAX_QUEUE_REFUSALS = 12
 #: OpenAI's refusal for the queue says its limit: ``Limit: 90,000 enqueued tokens``.
 _QUEUE_LIMIT = re.compile(r"Limit: ([0-9][0-9,]*) enqueued tokens")
 _JOB = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+#: How an ended batch's rows are read, when not on the driver: given the part and its
+#: batch's state, every row of the part once (Spark's executors split the results, see
+#: :mod:`timewheel.spark.result_files`).
+Split = Callable[[Part, BatchState], dict[str, RowResult]]
 
 #: A hook called at each step (``uploaded``, ``created``, ``polled``, ``downloading``)
 #: with the part's key: tests raise from it to kill the run there.
@@ -97,13 +111,24 @@ class Submitted(NamedTuple):
     waiting_rows: int
 
 
+class Ended(NamedTuple):
+    """A batch whose results a run read: its state when it ended, and its part's attempt
+    and model (what its result lines are read with again)."""
+
+    state: BatchState
+    attempt: int
+    model: str
+
+
 @dataclass
 class RunResult:
-    """Every row once (``rows``, in the order given), the batches that carried them."""
+    """Every row once (``rows``, in the order given), the batches that carried them
+    (``batches``; ``ended``: each one's :class:`Ended`, by id)."""
 
     rows: dict[str, RowResult]
     batches: list[str] = field(default_factory=list)
     priced: bool = False
+    ended: dict[str, Ended] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -128,6 +153,8 @@ class ProviderBatchRun:
     poll's :class:`Progress`. ``adapter``: the provider's calls (made from ``option``
     when None; the SDK is imported then). ``misfit``: why an answer is not the one the
     lines asked for (an Answer's ``misfit_of``): its row's failure, retryable (billed).
+    ``split``: how an ended batch's rows are read (:data:`Split`; None: downloaded and
+    split here, on the driver).
     """
 
     def __init__(
@@ -142,6 +169,7 @@ class ProviderBatchRun:
         on_poll: Callable[[Progress], None] | None = None,
         adapter: Adapter | None = None,
         misfit: Misfit | None = None,
+        split: Split | None = None,
     ) -> None:
         if not isinstance(option, ProviderBatch):
             raise TypeError(f"option must be a ProviderBatch, got {option!r}")
@@ -150,6 +178,7 @@ class ProviderBatchRun:
         self.option = option
         self.prices = prices
         self.misfit = misfit
+        self._split = split
         self.journal = BatchJournal(journal_path)
         self._sleep = sleep
         self._hook = hook
@@ -200,11 +229,7 @@ class ProviderBatchRun:
     @property
     def adapter(self) -> Adapter:
         if self._adapter is None:
-            from .anthropic_api import AnthropicBatches
-            from .openai_api import OpenAIBatches
-
-            kind = OpenAIBatches if self.option.provider == "openai" else AnthropicBatches
-            self._adapter = kind(self.option, self._wait)
+            self._adapter = adapter_for(self.option, self._wait)
         return self._adapter
 
     def _wait(self, seconds: float) -> None:
@@ -280,7 +305,7 @@ class ProviderBatchRun:
         parts = self._parts(rows, order)
         pending: dict[str, Part] = {p.key: p for p in parts}
         found: dict[str, RowResult] = {}
-        batches: list[str] = []
+        ended_at: dict[str, Ended] = {}
         interval = self.option.poll_min_s
         while pending:
             self._send(pending, found)
@@ -297,7 +322,7 @@ class ProviderBatchRun:
                 if rows_of is None:  # a suspect that was not the part's
                     continue
                 del pending[part.key]
-                batches.append(state.id)
+                ended_at[state.id] = Ended(state, part.attempt, part.model)
                 if self._budget is not None:
                     self._budget.settle(rows_of.values())
                 for custom_id, row in rows_of.items():  # a row's cost: every batch's bill
@@ -313,7 +338,8 @@ class ProviderBatchRun:
             elif pending:
                 self._wait(interval)
                 interval = min(self.option.poll_max_s, interval * 1.5)
-        return RunResult({c: found[c] for c in order}, batches, self.prices is not None)
+        collected = {c: found[c] for c in order}
+        return RunResult(collected, list(ended_at), self.prices is not None, ended_at)
 
     def cancel(self) -> list[str]:
         """Cancel every batch of the journal not yet ended; return their ids. A run then
@@ -581,9 +607,12 @@ class ProviderBatchRun:
     def _collect(self, part: Part, state: BatchState) -> dict[str, RowResult] | None:
         """The rows of ``part`` from its ended batch; None when it was a suspect whose
         results were another's (journaled ``foreign``)."""
-        lines = self._lines(part, state)
         if self._batch_id(part.key) == state.id:
-            return split_results(part, state, lines, self.prices, self.misfit)
+            if self._split is not None:
+                self._step("downloading", part.key)
+                return self._split(part, state)
+            return split_results(part, state, self._lines(part, state), self.prices, self.misfit)
+        lines = self._lines(part, state)
         # a suspect: its results say whether it is the part's
         held = list(lines)
         ours = set(part.custom_ids)
@@ -628,6 +657,16 @@ class ProviderBatchRun:
         )
         self._part_record(resent, self.journal.last("part", key=resent.key))
         return resent
+
+
+def adapter_for(option: ProviderBatch, sleep: Callable[[float], None]) -> Adapter:
+    """``option``'s provider's calls (its SDK imported, its key read, here), waiting with
+    ``sleep`` between tries."""
+    from .anthropic_api import AnthropicBatches
+    from .openai_api import OpenAIBatches
+
+    kind = OpenAIBatches if option.provider == "openai" else AnthropicBatches
+    return kind(option, sleep)
 
 
 def _queue_limit(errors: str) -> int | None:
