@@ -47,7 +47,7 @@ from .provider_batch.run import Progress, ProviderBatchRun, RunResult, Submitted
 from .provider_batch.spec import BatchPrices, ProviderBatch
 from .provider_online import column, resent_online
 from .quota.spec import Quota
-from .result_files import ANSWER_BATCH, ANSWER_ID, ExecutorSplit, check_key, responses_frame
+from .result_files import ANSWER_ID, ExecutorSplit, check_key
 from .scrubber import scrub
 
 __all__ = [
@@ -179,30 +179,22 @@ def dispatch_provider_batch(
     spark = df.sparkSession
     check_key(spark, provider_batch)
     reply = job.reply()
-    misfit = _misfit(job)
+    parser = None if reply is None else ReplyParser(reply, job.answer)
+    split = ExecutorSplit(spark, provider_batch, prices, _misfit(job), reply, parser)
     run = ProviderBatchRun(
         provider_batch,
         str(journal_path),
         prices=prices,
         on_poll=on_poll,
         sleep=sleep,
-        misfit=misfit,
-        split=ExecutorSplit(spark, provider_batch, prices, misfit),
+        misfit=_misfit(job),
+        split=split,
     )
     marked = _marked(df, job.target, provider_batch)
     result = _sent(df, job, marked, run.run)
     # (only with rows to resend: the online step reads the input's lines again per branch)
     resend = job.online is not None and any(r.resendable for r in result.rows.values())
-    results = results_frame(
-        spark,
-        result,
-        provider_batch,
-        reply,
-        priced=prices is not None,
-        resend=resend,
-        answer=job.answer,
-        misfit=misfit,
-    )
+    results = results_frame(spark, result, split, priced=prices is not None, resend=resend)
     joined = _joined(marked, results, df.columns, reply is not None, prices is not None, resend)
     if not resend:
         return joined
@@ -406,21 +398,17 @@ class RequestLines:
 def results_frame(
     spark: SparkSession,
     result: RunResult,
-    option: ProviderBatch,
-    reply: StructType | None,
+    split: ExecutorSplit,
     *,
     priced: bool,
     resend: bool = False,
-    answer: Answer | None = None,
-    misfit: Misfit | None = None,
 ) -> DataFrame:
     """The rows' results as a DataFrame: ``custom_id``, the outcome columns, ``cost`` and
     ``batch_id`` (with ``resend``, whether the row is resent online). Their outcomes are
-    the driver's (``result``, no answers); each answer, and ``reply`` parsed from it as
-    ``dispatch`` parses it (an ``ok`` answer that does not fit fails; with ``answer``, the
-    model's answer inside it), is read again from its batch's results on the executors
-    (:func:`~.result_files.responses_frame`) and joined by ``custom_id`` and batch."""
-    parser = None if reply is None else ReplyParser(reply, answer)
+    the driver's (``result``, no answers); each answer, and the reply parsed from it as
+    ``dispatch`` parses it (an ``ok`` answer that does not fit fails; with an Answer, the
+    model's answer inside it), is the line ``split`` kept on the executors
+    (:meth:`~.result_files.ExecutorSplit.answers`), joined by ``custom_id``."""
     fields = [
         pa.field(RESULT_ID, pa.string(), False),
         pa.field("status", pa.string(), False),
@@ -439,17 +427,12 @@ def results_frame(
         for at in range(0, len(rows), _RESULT_BATCH_ROWS)
     ]
     outcomes = spark.createDataFrame(pa.Table.from_batches(batches, schema))
-    answers = responses_frame(
-        spark,
-        option,
-        result.ended.values(),
-        prices=None,
-        misfit=misfit,
-        reply=reply,
-        parser=parser,
+    answers = split.answers(
+        frozenset(c for c, r in result.rows.items() if r.attempts > 1)
     ).withColumnsRenamed({"status": "__answer_status", "error": "__answer_error"})
-    on = (F.col(RESULT_ID) == F.col(ANSWER_ID)) & (F.col("batch_id") == F.col(ANSWER_BATCH))
-    joined = outcomes.join(answers, on, "left")
+    # (merged, never broadcast: Spark sizes the answers by the few tasks that read them,
+    # and a broadcast would bring every answer to the driver)
+    joined = outcomes.join(answers.hint("merge"), F.col(RESULT_ID) == F.col(ANSWER_ID), "left")
     ok, found = F.col("status") == OK, F.col(ANSWER_ID).isNotNull()
     status = (
         F.when(ok & ~found, F.lit(FAILED))
@@ -461,7 +444,11 @@ def results_frame(
         .when(ok, F.col("__answer_error"))
         .otherwise(F.col("error"))
     )
-    replied = [F.when(status == OK, F.col(REPLY_COLUMN)).alias(REPLY_COLUMN)] if parser else []
+    replied = (
+        [F.when(status == OK, F.col(REPLY_COLUMN)).alias(REPLY_COLUMN)]
+        if split.reply is not None
+        else []
+    )
     return joined.select(
         RESULT_ID,
         status.alias("status"),

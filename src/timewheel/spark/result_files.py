@@ -1,14 +1,15 @@
 """A job's batch results read on Spark's executors, not the driver (issue 50).
 
 When a batch ends, its result file is downloaded and split by ``custom_id`` by an executor
-(:class:`ExecutorSplit`, one small Spark job a batch): the driver receives each row's
-outcome without its answer (status, error, retryability, cost: what the budget and the
-resend policy read), checks that every line is a row of the batch's part and none is there
-twice, and holds no answer. The answers reach the result when it is written: the
-executors read the ended batches' files once more (:func:`responses_frame`, one task a
-batch) and each answer joins its row by ``custom_id`` and batch id. A provider keeps a
-batch's results (OpenAI's files until deleted, Anthropic's for 29 days): reading them twice
-is not paying twice, and the two reads of a file give the same lines.
+(:class:`ExecutorSplit`: one small Spark job for the batches ended at a poll, a task a
+batch): the driver receives each row's outcome without its answer (status, error,
+retryability, cost: what the budget and the resend policy read), checks that every line is
+a row of the batch's part and none is there twice, and holds no answer. The answers reach
+the result when it is written: the executors read the ended batches' files once more
+(:func:`responses_frame`, one task a batch) and each answer joins its row by ``custom_id``
+(a row sent twice: its second batch's). A provider keeps a batch's results (OpenAI's files
+until deleted, Anthropic's for 29 days): reading them twice is not paying twice, and the
+two reads of a file give the same lines.
 
 The provider's key is read where the files are downloaded: on the executors, as every
 secret of a target is (:func:`check_key`, run before anything is sent, says so when they
@@ -26,11 +27,13 @@ import time
 from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from .columns import ReplyParser
-from .outcome import Outcome
+from .outcome import REPLY_COLUMN, Outcome
 from .provider_batch.calls import BatchState, ProviderError
 from .provider_batch.parts import Part
 from .provider_batch.results import Misfit, ResultError, RowResult, checked_results, read_result
@@ -38,11 +41,10 @@ from .provider_batch.run import Ended, adapter_for
 from .provider_batch.spec import BatchPrices, ProviderBatch
 from .scrubber import scrub
 
-__all__ = ["ExecutorSplit", "OutcomeReader", "check_key", "outcomes_of", "responses_frame"]
+__all__ = ["ANSWER_ID", "OUTCOME_COLUMNS", "ExecutorSplit", "Lines", "check_key", "outcomes_of"]
 
 #: The answers' columns (the other side of the join to the rows' outcomes).
 ANSWER_ID = "__timewheel_answer_id"
-ANSWER_BATCH = "__timewheel_answer_batch"
 #: Rows per Arrow batch an executor yields.
 _CHUNK = 10_000
 
@@ -54,19 +56,31 @@ _TASKS = pa.schema(
         pa.field("model", pa.string()),
     ]
 )
-#: What the driver receives a row: its outcome without its answer; ``fault``: why the
-#: batch's results could not be read (the other columns then null).
-_OUTCOMES = pa.schema(
+#: A result line as the executors keep it: its batch, row, attempt; its outcome as the
+#: driver reads it (no answer); its answer, and its status and error after the reply's
+#: parse (``answer_status``, ``answer_error``: an ok answer that does not fit fails);
+#: ``fault``: why the batch's results could not be read (the columns but the batch then
+#: null). With a reply schema, the parsed ``reply`` after these.
+_LINES = pa.schema(
     [
+        pa.field("batch", pa.string()),
         pa.field("custom_id", pa.string()),
+        pa.field("attempt", pa.int32()),
         pa.field("status", pa.string()),
         pa.field("error", pa.string()),
         pa.field("retryable", pa.bool_()),
         pa.field("cost", pa.float64()),
         pa.field("http_status", pa.int32()),
+        pa.field("response", pa.string()),
+        pa.field("answer_status", pa.string()),
+        pa.field("answer_error", pa.string()),
         pa.field("fault", pa.string()),
     ]
 )
+#: The columns the driver reads of each line.
+OUTCOME_COLUMNS = ("batch", "custom_id", "status", "error", "retryable", "cost", "http_status")
+#: The answers' columns, and the kept lines' columns each is taken from.
+_SOURCE = {ANSWER_ID: "custom_id", "status": "answer_status", "error": "answer_error"}
 
 
 def _tasks(spark: SparkSession, ended: Iterable[Ended]) -> DataFrame:
@@ -92,21 +106,30 @@ def _state_of(text: str) -> BatchState:
     return BatchState(**fields)
 
 
-class _Read:
-    """The function ``mapInArrow`` runs on the tasks: each batch's result lines,
-    downloaded here and read into rows (:meth:`rows` makes a chunk's columns)."""
-
-    schema: pa.Schema
+class Lines:
+    """The function ``mapInArrow`` runs on the tasks: each batch's result lines, downloaded
+    here and read into rows (:data:`_LINES`: each line's outcome as the driver reads it,
+    its answer, and its status and error after ``parser``'s parse of the reply). A download
+    or a line that fails becomes one row saying why (``fault``)."""
 
     def __init__(
-        self, option: ProviderBatch, prices: BatchPrices | None, misfit: Misfit | None
+        self,
+        option: ProviderBatch,
+        prices: BatchPrices | None,
+        misfit: Misfit | None,
+        parser: ReplyParser | None = None,
     ) -> None:
         self.option = option
         self.prices = prices
         self.misfit = misfit
+        self.parser = parser
+        fields = list(_LINES)
+        if parser is not None:
+            fields.append(pa.field(REPLY_COLUMN, parser.arrow_type))
+        self.schema = pa.schema(fields)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        adapter = None
+        adapter, batch_id = None, None
         try:
             for batch in batches:
                 for batch_id, text, attempt, model in zip(*(c.to_pylist() for c in batch)):
@@ -115,74 +138,20 @@ class _Read:
                         adapter = adapter_for(self.option, time.sleep)
                     chunk: list[RowResult] = []
                     for number, raw in enumerate(adapter.results(state), 1):
-                        chunk.append(
-                            read_result(
-                                raw, number, batch_id, attempt, model, self.prices, self.misfit
-                            )
+                        row = read_result(
+                            raw, number, batch_id, attempt, model, self.prices, self.misfit
                         )
+                        chunk.append(row)
                         if len(chunk) == _CHUNK:
                             yield self.rows(chunk)
                             chunk = []
                     if chunk:
                         yield self.rows(chunk)
         except Exception as exc:  # said by the driver, in the provider's words
-            yield self.fault(exc)
+            yield self.fault(exc, batch_id)
         finally:
             if adapter is not None:
                 adapter.close()
-
-    def rows(self, rows: list[RowResult]) -> pa.RecordBatch:
-        raise NotImplementedError
-
-    def fault(self, exc: Exception) -> pa.RecordBatch:
-        why = scrub(f"{type(exc).__name__}: {exc}")
-        columns = [pa.nulls(1, f.type) for f in self.schema]
-        columns[-1] = pa.array([why], pa.string())
-        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
-
-
-class OutcomeReader(_Read):
-    """Each line's outcome without its answer (what the driver holds)."""
-
-    schema = _OUTCOMES
-
-    def rows(self, rows: list[RowResult]) -> pa.RecordBatch:
-        values = [
-            [r.custom_id for r in rows],
-            [r.status for r in rows],
-            [r.error for r in rows],
-            [r.retryable for r in rows],
-            [r.cost for r in rows],
-            [r.http_status for r in rows],
-            [None] * len(rows),
-        ]
-        arrays = [pa.array(v, f.type) for v, f in zip(values, self.schema)]
-        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
-
-
-class _Answers(_Read):
-    """Each line's answer, its row's status and error after the reply's parse (an ok
-    answer that does not fit ``reply``: failed), and the reply."""
-
-    def __init__(
-        self,
-        option: ProviderBatch,
-        prices: BatchPrices | None,
-        misfit: Misfit | None,
-        parser: ReplyParser | None,
-    ) -> None:
-        super().__init__(option, prices, misfit)
-        self.parser = parser
-        fields = [
-            pa.field(ANSWER_ID, pa.string()),
-            pa.field(ANSWER_BATCH, pa.string()),
-            pa.field("status", pa.string()),
-            pa.field("error", pa.string()),
-            pa.field("response", pa.string()),
-        ]
-        if parser is not None:
-            fields.append(pa.field("reply", parser.arrow_type))
-        self.schema = pa.schema(fields)
 
     def rows(self, rows: list[RowResult]) -> pa.RecordBatch:
         outcomes = [
@@ -193,20 +162,60 @@ class _Answers(_Read):
             outcomes, reply = self.parser.parse(outcomes)
             parsed.append(reply)
         values = [
-            [r.custom_id for r in rows],
             [r.batch_id for r in rows],
+            [r.custom_id for r in rows],
+            [r.attempts for r in rows],
+            [r.status for r in rows],
+            [r.error for r in rows],
+            [r.retryable for r in rows],
+            [r.cost for r in rows],
+            [r.http_status for r in rows],
+            [r.response for r in rows],
             [o.status for o in outcomes],
             [o.error for o in outcomes],
-            [o.response for o in outcomes],
+            [None] * len(rows),
         ]
         arrays = [pa.array(v, f.type) for v, f in zip(values, self.schema)]
-        arrays += parsed
-        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        return pa.RecordBatch.from_arrays([*arrays, *parsed], schema=self.schema)
 
-    def fault(self, exc: Exception) -> pa.RecordBatch:
-        # (read when the result is written: the write fails, saying why)
+    def fault(self, exc: Exception, batch_id: str | None) -> pa.RecordBatch:
         why = scrub(f"{type(exc).__name__}: {exc}")
-        raise RuntimeError(f"a batch's results could not be read again: {why}") from None
+        columns = [pa.nulls(1, f.type) for f in self.schema]
+        columns[0] = pa.array([batch_id], pa.string())
+        columns[_LINES.names.index("fault")] = pa.array([why], pa.string())
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+
+class _Answers:
+    """The function ``mapInArrow`` runs over the kept lines when the result is written:
+    each row's answer, its first attempt's line left out for a row ``superseded`` (sent
+    again: its answer is the second batch's); a fault (the lines read again, their cache
+    lost, and the file gone) fails the write, saying why."""
+
+    def __init__(self, superseded: frozenset[str], schema: pa.Schema) -> None:
+        self.superseded = pa.array(sorted(superseded), pa.string())
+        self.schema = schema
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            fault = batch.column(batch.schema.get_field_index("fault"))
+            if fault.null_count < len(fault):
+                why = pc.drop_null(fault)[0].as_py()
+                raise RuntimeError(f"a batch's results could not be read again: {why}")
+            keep = pc.invert(
+                pc.and_(
+                    pc.equal(batch.column(batch.schema.get_field_index("attempt")), 1),
+                    pc.is_in(
+                        batch.column(batch.schema.get_field_index("custom_id")),
+                        value_set=self.superseded,
+                    ),
+                )
+            )
+            kept = batch.filter(keep)
+            columns = [
+                kept.schema.get_field_index(_SOURCE.get(f.name, f.name)) for f in self.schema
+            ]
+            yield pa.RecordBatch.from_arrays([kept.column(i) for i in columns], schema=self.schema)
 
 
 def _spark_schema(schema: pa.Schema, reply: StructType | None) -> StructType:
@@ -216,7 +225,7 @@ def _spark_schema(schema: pa.Schema, reply: StructType | None) -> StructType:
 
     fields = []
     for f in schema:
-        kind = reply if f.name == "reply" and reply is not None else from_arrow_type(f.type)
+        kind = reply if f.name == REPLY_COLUMN and reply is not None else from_arrow_type(f.type)
         fields.append(StructField(f.name, kind, True))
     return StructType(fields)
 
@@ -228,10 +237,12 @@ def _raise_fault(batch_id: str, why: str) -> None:
 
 
 class ExecutorSplit:
-    """A run's :data:`~.provider_batch.run.Split`: an ended batch's results downloaded and
-    read on an executor (one Spark job), each row's outcome brought to the driver without
-    its answer, checked there against the part (a line not of the part, or a second line
-    of a row: ResultError)."""
+    """A run's :data:`~.provider_batch.run.Split`: the batches ended at a poll, their
+    results downloaded and read on the executors (one Spark job, a task a batch), each
+    row's outcome brought to the driver without its answer, checked there against its part
+    (a line not of the part, or a second line of a row: ResultError). The lines read are
+    kept on the executors (Spark's cache, in memory only: a block evicted is read from the
+    provider again when needed), and :meth:`answers` gives them to the result."""
 
     def __init__(
         self,
@@ -239,23 +250,58 @@ class ExecutorSplit:
         option: ProviderBatch,
         prices: BatchPrices | None,
         misfit: Misfit | None,
+        reply: StructType | None = None,
+        parser: ReplyParser | None = None,
     ) -> None:
         self.spark = spark
-        self.read = OutcomeReader(option, prices, misfit)
+        self.read = Lines(option, prices, misfit, parser)
+        self.reply = reply if parser is not None else None
+        self.schema = _spark_schema(self.read.schema, self.reply)
+        self.kept: list[DataFrame] = []
 
-    def __call__(self, part: Part, state: BatchState) -> dict[str, RowResult]:
-        tasks = _tasks(self.spark, [Ended(state, part.attempt, part.model)])
-        table = tasks.mapInArrow(self.read, _spark_schema(_OUTCOMES, None)).toArrow()
-        faults = [f for f in table.column("fault").to_pylist() if f is not None]
-        if faults:
-            _raise_fault(state.id, faults[0])
-        return checked_results(part, state, outcomes_of(table, state.id, part.attempt))
+    def __call__(self, ended: list[tuple[Part, BatchState]]) -> list[dict[str, RowResult]]:
+        tasks = _tasks(self.spark, [Ended(s, p.attempt, p.model) for p, s in ended])
+        lines = tasks.mapInArrow(self.read, self.schema).persist(StorageLevel.MEMORY_ONLY)
+        table = lines.select(*OUTCOME_COLUMNS, "fault").toArrow()
+        faults = table.filter(pc.is_valid(table.column("fault")))
+        if faults.num_rows:
+            lines.unpersist()
+            _raise_fault(str(faults.column("batch")[0]), str(faults.column("fault")[0]))
+        self.kept.append(lines)
+        batch = table.column("batch")
+        return [
+            checked_results(
+                part,
+                state,
+                outcomes_of(table.filter(pc.equal(batch, state.id)), state.id, part.attempt),
+            )
+            for part, state in ended
+        ]
+
+    def answers(self, superseded: frozenset[str]) -> DataFrame:
+        """Each row's answer (``ANSWER_ID``, its status and error after the reply's parse,
+        ``response`` and with a reply schema the reply) from the lines kept, a row sent
+        twice its second batch's."""
+        names = [ANSWER_ID, "status", "error", "response", *self._replied()]
+        schema = pa.schema(
+            [pa.field(n, self.read.schema.field(_SOURCE.get(n, n)).type) for n in names]
+        )
+        spark_schema = _spark_schema(schema, self.reply)
+        if not self.kept:
+            return self.spark.createDataFrame([], spark_schema)
+        every = self.kept[0]
+        for more in self.kept[1:]:
+            every = every.unionByName(more)
+        return every.mapInArrow(_Answers(superseded, schema), spark_schema)
+
+    def _replied(self) -> list[str]:
+        return [REPLY_COLUMN] if self.read.parser is not None else []
 
 
 def outcomes_of(table: pa.Table, batch_id: str, attempt: int) -> Iterator[RowResult]:
-    """The rows of an :class:`OutcomeReader`'s ``table`` (of batch ``batch_id``, on their
+    """The rows of a :class:`Lines` ``table`` (of batch ``batch_id``, on their
     ``attempt``), each a :class:`RowResult` without its answer."""
-    columns = [table.column(name).to_pylist() for name in _OUTCOMES.names[:-1]]
+    columns = [table.column(name).to_pylist() for name in OUTCOME_COLUMNS[1:]]
     for custom_id, status, error, retryable, cost, http_status in zip(*columns):
         yield RowResult(
             custom_id,
@@ -267,28 +313,6 @@ def outcomes_of(table: pa.Table, batch_id: str, attempt: int) -> Iterator[RowRes
             cost=cost,
             http_status=http_status,
         )
-
-
-def responses_frame(
-    spark: SparkSession,
-    option: ProviderBatch,
-    ended: Iterable[Ended],
-    *,
-    prices: BatchPrices | None,
-    misfit: Misfit | None,
-    reply: StructType | None,
-    parser: ReplyParser | None,
-) -> DataFrame:
-    """The answers of the ``ended`` batches, read again on the executors when an action
-    computes the frame: a row a result line (``ANSWER_ID``, ``ANSWER_BATCH``, its status
-    and error after ``parser``'s parse of the reply, ``response``, with ``reply`` the
-    parsed reply). A file that cannot be read again fails the action, saying why."""
-    items = list(ended)
-    read = _Answers(option, prices, misfit, parser)
-    schema = _spark_schema(read.schema, reply)
-    if not items:
-        return spark.createDataFrame([], schema)
-    return _tasks(spark, items).mapInArrow(read, schema)
 
 
 def check_key(spark: SparkSession, option: ProviderBatch) -> None:

@@ -4,6 +4,7 @@ key the executors cannot read stops the job saying why, not as a worker's traceb
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -146,22 +147,41 @@ def test_a_result_file_gone_before_its_split_stops_the_run_in_the_providers_word
     assert seen == ["p00000"]
 
 
-def test_a_result_file_gone_before_the_write_fails_the_write_saying_so(
+def test_the_answers_kept_on_the_executors_or_read_again_when_their_cache_is_lost(
     spark: Any, stubs: Any, tmp_path: Path
 ) -> None:
     stub = stubs(delay_s=2)
     df, target = _chat(spark, stub, 5)
-    out = dispatch_provider_batch(
-        df,
-        target,
-        id_col="id",
-        provider_batch=option(stub, "openai"),
-        journal_path=str(tmp_path / "j.jsonl"),
-        sleep=stub.advance,
-    )
+
+    def sent(tag: str) -> Any:
+        return dispatch_provider_batch(
+            df,
+            target,
+            id_col="id",
+            provider_batch=option(stub, "openai"),
+            journal_path=str(tmp_path / f"{tag}.jsonl"),
+            sleep=stub.advance,
+        )
+
+    def answered(out: Any) -> list[Any]:
+        got = sorted(out.collect(), key=lambda r: r.id)
+        assert [r.id for r in got] == list(range(5)) and {r.status for r in got} == {"ok"}
+        return [json.loads(r.response)["choices"][0]["message"]["content"] for r in got]
+
+    # (each result computed once: a second action on one DataFrame may reuse its shuffles)
+    # Kept: the provider's files may go once the run has read them.
+    kept = sent("kept")
+    assert _delete_outputs(stub) >= 1
+    first = answered(kept)
+    # Lost (evicted, or cleared): read from the provider again; and said, when gone too.
+    again = sent("again")
+    spark.catalog.clearCache()
+    assert answered(again) == first
+    gone = sent("gone")
+    spark.catalog.clearCache()
     assert _delete_outputs(stub) >= 1
     with pytest.raises(Exception, match="a batch's results could not be read again") as raised:
-        out.collect()
+        gone.collect()
     assert "404" in str(raised.value)
 
 

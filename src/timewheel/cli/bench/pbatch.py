@@ -188,7 +188,7 @@ def per_row(rows: int) -> int:
     from ...spark.provider_batch.parts import Line, cut_parts
     from ...spark.provider_batch.results import checked_results, read_result
     from ...spark.provider_dispatch import RequestLines
-    from ...spark.result_files import OutcomeReader, outcomes_of
+    from ...spark.result_files import Lines, outcomes_of
     from ...spark.scrubber import hide
     from .openai_stub import chat_answer
 
@@ -246,7 +246,7 @@ def per_row(rows: int) -> int:
         BatchState("batch_bench", "completed", True, len(p.custom_ids), done=len(p.custom_ids))
         for p, _ in results
     ]
-    read = OutcomeReader(option, prices, None)
+    read = Lines(option, prices, None)
 
     def split() -> list[pa.Table]:
         tables = []

@@ -74,10 +74,10 @@ MAX_QUEUE_REFUSALS = 12
 _QUEUE_LIMIT = re.compile(r"Limit: ([0-9][0-9,]*) enqueued tokens")
 _JOB = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
-#: How an ended batch's rows are read, when not on the driver: given the part and its
-#: batch's state, every row of the part once (Spark's executors split the results, see
-#: :mod:`timewheel.spark.result_files`).
-Split = Callable[[Part, BatchState], dict[str, RowResult]]
+#: How ended batches' rows are read, when not on the driver: given parts and their
+#: batches' states (those ended at one poll), every row of each part once, in their order
+#: (Spark's executors split the results, see :mod:`timewheel.spark.result_files`).
+Split = Callable[[list[tuple[Part, BatchState]]], list[dict[str, RowResult]]]
 
 #: A hook called at each step (``uploaded``, ``created``, ``polled``, ``downloading``)
 #: with the part's key: tests raise from it to kill the run there.
@@ -314,11 +314,14 @@ class ProviderBatchRun:
             progress, ended = self._poll(pending)
             if self._on_poll is not None:
                 self._on_poll(progress)
+            kept = []
             for part, state in ended:
-                if self._queue_refused(part, state):
-                    continue
-                self._room_made(part.model)
-                rows_of = self._collect(part, state)
+                if not self._queue_refused(part, state):
+                    self._room_made(part.model)
+                    kept.append((part, state))
+            collected = self._collected(kept)
+            for part, state in kept:
+                rows_of = collected[part.key]
                 if rows_of is None:  # a suspect that was not the part's
                     continue
                 del pending[part.key]
@@ -338,8 +341,8 @@ class ProviderBatchRun:
             elif pending:
                 self._wait(interval)
                 interval = min(self.option.poll_max_s, interval * 1.5)
-        collected = {c: found[c] for c in order}
-        return RunResult(collected, list(ended_at), self.prices is not None, ended_at)
+        every = {c: found[c] for c in order}
+        return RunResult(every, list(ended_at), self.prices is not None, ended_at)
 
     def cancel(self) -> list[str]:
         """Cancel every batch of the journal not yet ended; return their ids. A run then
@@ -604,13 +607,26 @@ class ProviderBatchRun:
                     break
         return progress, ended
 
+    def _collected(
+        self, ended: list[tuple[Part, BatchState]]
+    ) -> dict[str, dict[str, RowResult] | None]:
+        """Each part's rows from its ended batch (:meth:`_collect`), by the part's key; the
+        parts' own batches read together by the run's :data:`Split` when it has one."""
+        out: dict[str, dict[str, RowResult] | None] = {}
+        own = [(p, s) for p, s in ended if self._batch_id(p.key) == s.id]
+        if self._split is not None and own:
+            for part, _ in own:
+                self._step("downloading", part.key)
+            out.update((p.key, rows) for (p, _), rows in zip(own, self._split(own)))
+        for part, state in ended:
+            if part.key not in out:
+                out[part.key] = self._collect(part, state)
+        return out
+
     def _collect(self, part: Part, state: BatchState) -> dict[str, RowResult] | None:
         """The rows of ``part`` from its ended batch; None when it was a suspect whose
         results were another's (journaled ``foreign``)."""
         if self._batch_id(part.key) == state.id:
-            if self._split is not None:
-                self._step("downloading", part.key)
-                return self._split(part, state)
             return split_results(part, state, self._lines(part, state), self.prices, self.misfit)
         lines = self._lines(part, state)
         # a suspect: its results say whether it is the part's
