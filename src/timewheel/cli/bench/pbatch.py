@@ -258,7 +258,7 @@ def per_row(rows: int) -> int:
             tables.append(pa.Table.from_batches([read.rows(rows)]))
         return tables
 
-    tables = timed("batch: the split (executors, read_result)", split)
+    tables = timed("batch: the split (executors, Lines: read, kept)", split)
 
     def outcomes() -> None:
         for (part, _), state, table in zip(results, states, tables):
