@@ -12,12 +12,11 @@
    into the run, which sends them, polls and splits the results, journaled so that a run
    killed anywhere and called again re-attaches to what it made;
 3. each ended batch's result file is downloaded and split on an executor
-   (:mod:`.result_files`): the driver holds each row's outcome without its answer
-   (what the budget and the resend policy read). The outcomes become a DataFrame made on
-   the driver, the answers one the executors make by reading the files again when the
-   result is written; both are joined to the input by the ``custom_id`` the executors make
-   again from each row (it is a digest of the row's id, the same every time). Every input
-   row comes back once.
+   (:mod:`.result_files`), its lines kept in Spark's cache: the driver holds each row's
+   outcome without its answer (what the budget and the resend policy read). The outcomes
+   become a DataFrame made on the driver, joined to the kept answers and to the input by
+   the ``custom_id`` the executors make again from each row (it is a digest of the row's
+   id, the same every time). Every input row comes back once.
 """
 
 from __future__ import annotations
@@ -90,11 +89,11 @@ NO_OUTCOME = (
     "the row was not among the rows sent: the input gave other rows when it was read "
     "again (make it deterministic, or write it out first)"
 )
-#: An ok row whose answer its batch's results no longer held when they were read again to
-#: write the result. Not expected (a provider's results do not change); said, not hidden.
+#: An ok row whose answer its batch's lines did not hold when the result was written (read
+#: again from the provider, their cache lost, they gave other lines). Not expected; said.
 NO_ANSWER = (
-    "answered ok, but the answer was not among its batch's results when they were read "
-    "again to write the result (the provider's file changed, or was deleted)"
+    "answered ok, but its answer was not among its batch's result lines when the result "
+    "was written (read again from the provider, they were not the same)"
 )
 #: Rows per Arrow batch of the results made on the driver.
 _RESULT_BATCH_ROWS = 10_000
@@ -180,14 +179,15 @@ def dispatch_provider_batch(
     check_key(spark, provider_batch)
     reply = job.reply()
     parser = None if reply is None else ReplyParser(reply, job.answer)
-    split = ExecutorSplit(spark, provider_batch, prices, _misfit(job), reply, parser)
+    misfit = _misfit(job)
+    split = ExecutorSplit(spark, provider_batch, prices, misfit, reply, parser)
     run = ProviderBatchRun(
         provider_batch,
         str(journal_path),
         prices=prices,
         on_poll=on_poll,
         sleep=sleep,
-        misfit=_misfit(job),
+        misfit=misfit,
         split=split,
     )
     marked = _marked(df, job.target, provider_batch)
