@@ -25,6 +25,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -154,12 +155,14 @@ class Lines:
                 adapter.close()
 
     def rows(self, rows: list[RowResult]) -> pa.RecordBatch:
-        outcomes = [
-            Outcome({}, r.status, r.attempts, 0.0, r.error, r.http_status, r.response) for r in rows
-        ]
         parsed = []
+        answered: list[Any] = rows  # (no reply to parse: each line's own status and error)
         if self.parser is not None:
-            outcomes, reply = self.parser.parse(outcomes)
+            outcomes = [
+                Outcome({}, r.status, r.attempts, 0.0, r.error, r.http_status, r.response)
+                for r in rows
+            ]
+            answered, reply = self.parser.parse(outcomes)
             parsed.append(reply)
         values = [
             [r.batch_id for r in rows],
@@ -171,8 +174,8 @@ class Lines:
             [r.cost for r in rows],
             [r.http_status for r in rows],
             [r.response for r in rows],
-            [o.status for o in outcomes],
-            [o.error for o in outcomes],
+            [o.status for o in answered],
+            [o.error for o in answered],
             [None] * len(rows),
         ]
         arrays = [pa.array(v, f.type) for v, f in zip(values, self.schema)]
