@@ -10,6 +10,7 @@ import json
 import os
 from typing import Any
 
+import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +18,8 @@ from secret_shapes import encodings
 from timewheel.spark.provider_batch import ProviderBatch
 from timewheel.spark.provider_batch.calls import BatchState
 from timewheel.spark.provider_batch.parts import Part
-from timewheel.spark.provider_batch.results import split_results
+from timewheel.spark.provider_batch.results import read_result, split_results
+from timewheel.spark.result_files import Lines
 
 KEY = "sk-echo-7Hq2+/x=Zr9mN4pL0wVb"
 VARIABLE = "TW_PBATCH_ECHO_KEY"
@@ -81,3 +83,17 @@ def test_no_shape_of_the_key_reaches_a_rows_outcome(
     shown_ascii = json.dumps([(r.answer, r.error) for r in got.values()])
     left = [e for e in encodings(KEY) if e in shown or e in shown_ascii]
     assert not left, (where, shape, shown)
+    # ... nor in what an executor keeps and sends of the lines (read on the executors),
+    # nor in the words of a download that failed there.
+    reader = Lines(ProviderBatch("openai", key=f"env:{VARIABLE}"), None, None)
+    kept = pa.Table.from_batches(
+        [
+            reader.rows(
+                [read_result(raw, n, "batch_1", 1, "m", None) for n, raw in enumerate(lines, 1)]
+            ),
+            reader.fault(RuntimeError(f"the provider said: {echo}"), "batch_1"),
+        ]
+    )
+    texts = json.dumps(kept.to_pylist(), ensure_ascii=False, default=str)
+    left = [e for e in encodings(KEY) if e in texts or e in json.dumps(texts)]
+    assert not left, (where, shape, texts)
