@@ -109,8 +109,13 @@ def test_uneven_tasks_share_one_rate_and_the_long_one_gets_all_of_it() -> None:
     assert sorted(o.row["id"] for p in out for o in p) == sorted(r["id"] for p in parts for r in p)
     assert {o.status for p in out for o in p} == {"ok"}
     stamps = [t for t, _ in target.sent]
-    # At most the rate plus its burst and a catch-up in any one second.
-    assert most_in_window(stamps) <= rate * (1 + BURST_S + CATCH_UP_S) + 1
+    # Over the run, at most the rate plus its burst and a catch-up (the first call at 0)...
+    span = max(stamps) - min(stamps)
+    assert len(stamps) <= rate * span * (1 + BURST_S + CATCH_UP_S) + 1
+    # ... and in any one second at most the spec's 1.1x (test_quota_scale.py's bound): the
+    # stamps are taken as the service gets each call, so a task's thread held up between
+    # its slot and its send (a loaded machine) lands calls of two slots in one second.
+    assert most_in_window(stamps) <= rate * 1.1
     # A static half each would take 800 / 200 = 4 s; one shared rate takes 1000 / 400
     # (2.6-2.9 s measured on the 2-core machine; the bound leaves room for a busy one).
     assert elapsed < 0.9 * 800 / (rate / 2)
